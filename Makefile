@@ -1,0 +1,28 @@
+# The quick start: `make demo` and `make test` on a fresh machine with Python >= 3.10.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint bench
+
+setup: $(VENV)/.installed
+
+# torch is pinned by constraints.txt (its CPU build lies on the CI machine's disk).
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[examples,dev]'
+	touch $@
+
+demo: setup
+	$(BIN)/dione run examples/demo.py --out runs/demo
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python benchmarks/overhead.py

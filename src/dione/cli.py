@@ -1,0 +1,238 @@
+"""The ``dione`` command: parses arguments and calls the parts; no logic of its own."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+__all__ = ["main"]
+
+EXIT_FAILED = 1  # training failed
+EXIT_BAD_INPUT = 2  # the command, workload or cluster is wrong: nothing started
+
+# Off a terminal (CI logs, pipes) rich would fold tables at 80 columns: give them room.
+_WIDTH = None if sys.stdout.isatty() else 160
+console = Console(highlight=False, markup=False, width=_WIDTH, soft_wrap=True)
+# Errors are never folded: a message must stay greppable whole, whatever the width.
+errors = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
+
+
+def _complain(label: str, message: str) -> None:
+    """Print ``label: message`` to stderr, the label in red (the message never as markup)."""
+    errors.print(Text(f"{label}: ", style="red") + Text(message))
+
+
+class BadInput(Exception):
+    """An input problem: printed as is, exit status 2."""
+
+
+def _parse_knob(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise BadInput(f"--knob {text!r}: write KEY=VALUE, "
+                       "e.g. --knob activation_checkpointing=true")
+    lowered = raw.strip().lower()
+    if lowered in ("true", "false"):
+        return key, lowered == "true"
+    for kind in (int, float):
+        try:
+            return key, kind(raw)
+        except ValueError:
+            pass
+    return key, raw
+
+
+def _load(path: str) -> Any:
+    from dione.spec.workload import WorkloadFileError, load_workload
+
+    try:
+        return load_workload(path)
+    except WorkloadFileError as err:
+        raise BadInput(str(err)) from None
+
+
+def _default_run_dir(workload: str) -> Path:
+    return Path("runs") / Path(workload).stem
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from dione.spec.cluster import local_cluster
+    from dione.spec.validate import validate_workload
+    from dione.techniques import technique_names
+
+    workload = _load(args.workload)
+    devices = local_cluster(args.devices).nodes[0].devices if args.devices else None
+    problems = validate_workload(workload, devices, technique_names())
+    if problems:
+        raise BadInput("\n".join([f"{len(problems)} problem(s):", *(f"  - {p}" for p in problems)]))
+    console.print(f"{args.workload}: {len(workload)} task(s), no problems")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from dione.launch.slice import SliceError, local_placement, run_slice
+    from dione.spec.cluster import Node, local_cluster
+    from dione.spec.validate import check_task
+    from dione.techniques import get_technique, technique_names
+
+    workload = _load(args.workload)
+    try:
+        task = workload.task(args.task)
+        technique = get_technique(args.technique)
+    except KeyError as err:
+        raise BadInput(err.args[0]) from None
+    if workload.names().count(args.task) > 1:
+        raise BadInput(f"task {args.task!r}: {workload.names().count(args.task)} tasks share "
+                       "this name; names must be unique")
+    problems = check_task(task, args.devices, technique_names())
+    if problems:
+        raise BadInput("\n".join([f"{len(problems)} problem(s):", *(f"  - {p}" for p in problems)]))
+    node = local_cluster().nodes[0]
+    if node.kind == "cpu" and args.devices > node.devices:
+        # CPU slots are virtual: allow more than the cores, each rank then gets one thread.
+        node = Node(node.name, args.devices, "cpu", node.cores)
+    elif args.devices > node.devices:
+        raise BadInput(f"--devices {args.devices}: this machine has {node.devices} {node.kind} "
+                       "devices")
+    knobs = dict(_parse_knob(k) for k in args.knob)
+    reasons = technique.check(task, args.devices, knobs, node.kind)
+    if reasons:
+        raise BadInput(f"{technique.name} cannot train task {task.name!r} on {args.devices} "
+                       "device(s): " + "; ".join(reasons))
+    run_dir = Path(args.out) if args.out else _default_run_dir(args.workload)
+    try:
+        result = run_slice(task, technique, run_dir, local_placement(node, range(args.devices)),
+                           knobs=knobs, steps=args.steps, timeout=args.timeout)
+    except SliceError as err:
+        _complain("error", str(err))
+        return EXIT_FAILED
+    for index, (loss, seconds) in enumerate(zip(result.losses, result.step_seconds, strict=True)):
+        console.print(f"step {result.start_step + index + 1:>6}  loss {loss:.6f}  "
+                      f"{seconds * 1000:8.2f} ms")
+    console.print(
+        f"task {task.name}: steps {result.start_step}-{result.end_step} under {technique.name} on "
+        f"{args.devices} device(s) in {result.seconds:.1f} s; checkpoint {result.checkpoint}"
+    )
+    if result.evaluation:
+        console.print("evaluation: " + ", ".join(f"{k}={v:.4f}" for k, v in
+                                                 result.evaluation.items()))
+    if result.evaluation_error:
+        _complain("evaluation failed", result.evaluation_error)
+        return EXIT_FAILED
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from dione.orchestrate.sequential import run_sequential
+    from dione.spec.cluster import ClusterError, local_cluster
+    from dione.spec.validate import split_valid
+    from dione.techniques import technique_names
+
+    workload = _load(args.workload)
+    try:
+        cluster = local_cluster(args.devices)
+    except ClusterError as err:
+        raise BadInput(str(err)) from None
+    node = cluster.nodes[0]
+    run_dir = Path(args.out) if args.out else _default_run_dir(args.workload)
+    tasks, problems = split_valid(workload, None, technique_names())
+    for problem in problems:
+        _complain("invalid", str(problem))
+    if not tasks:
+        raise BadInput("no task of the workload is valid; nothing started")
+    console.print(f"dione run: {len(tasks)} task(s) on {node.devices} {node.kind} device(s) of "
+                  f"{node.name}, each in turn on all devices (current practice); run dir "
+                  f"{run_dir}")
+
+    def report(task: Any, result: Any) -> None:
+        loss = f"{result.losses[-1]:.4f}" if result.losses else "-"
+        console.print(f"  {task.name}: steps {result.start_step}-{result.end_step} under "
+                      f"{result.technique} in {result.seconds:.1f} s, loss {loss}")
+
+    outcomes = run_sequential(tasks, cluster, run_dir, technique=args.technique,
+                              slice_steps=args.slice_steps, timeout=args.timeout,
+                              on_slice=report)
+    metrics = sorted({k for o in outcomes for k in o.evaluation})
+    table = Table(title=f"results ({run_dir})")
+    table.add_column("task", no_wrap=True)
+    for column in ("technique", "devices", "seconds", "final loss", *metrics, "status"):
+        table.add_column(column, justify="left" if column in ("technique", "status") else "right")
+    for o in outcomes:
+        table.add_row(
+            o.task, o.technique or "-", str(o.devices), f"{o.seconds:.1f}",
+            "-" if o.final_loss is None else f"{o.final_loss:.4f}",
+            *(f"{o.evaluation[m]:.4f}" if m in o.evaluation else "-" for m in metrics),
+            "failed" if o.error else "done",
+        )
+    console.print(table)
+    failed = [o for o in outcomes if o.error]
+    for o in failed:
+        _complain(f"task {o.task} failed", str(o.error))
+    return EXIT_FAILED if failed or problems else 0
+
+
+def _cmd_techniques(args: argparse.Namespace) -> int:
+    from dione.techniques import techniques
+
+    rows = [{"name": t.name, "exact": t.exact, "knobs": dict(t.knobs)} for t in techniques()]
+    console.print_json(json.dumps(rows))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dione", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="train every task of a workload to the end")
+    run.add_argument("workload", help="a Python file that defines `workload`")
+    run.add_argument("--devices", help="e.g. cpu:4 or cuda:8 (default: every GPU, else one "
+                     "CPU slot per core)")
+    run.add_argument("--out", help="run directory (default: runs/<workload name>)")
+    run.add_argument("--technique", help="force one technique for every task")
+    run.add_argument("--slice-steps", type=int, help="checkpoint every this many steps")
+    run.add_argument("--timeout", type=float, help="seconds after which a slice is stopped")
+    run.set_defaults(handler=_cmd_run)
+
+    train = commands.add_parser("train", help="train one slice of one task")
+    train.add_argument("workload")
+    train.add_argument("--task", required=True)
+    train.add_argument("--technique", required=True)
+    train.add_argument("--devices", type=int, default=1)
+    train.add_argument("--steps", type=int, help="steps in this slice (default: to the end)")
+    train.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE")
+    train.add_argument("--out", help="run directory (default: runs/<workload name>)")
+    train.add_argument("--timeout", type=float, help="seconds after which the gang is stopped")
+    train.set_defaults(handler=_cmd_train)
+
+    validate = commands.add_parser("validate", help="report every problem of a workload")
+    validate.add_argument("workload")
+    validate.add_argument("--devices", help="check batch sizes against this device count")
+    validate.set_defaults(handler=_cmd_validate)
+
+    listing = commands.add_parser("techniques", help="list registered techniques and knobs")
+    listing.set_defaults(handler=_cmd_techniques)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except BadInput as err:
+        _complain("error", str(err))
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        errors.print("interrupted; every gang was stopped, checkpoints kept")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

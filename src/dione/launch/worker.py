@@ -1,0 +1,111 @@
+"""The worker entry point: one rank of a gang, ``python -m dione.launch.worker DIR RANK``.
+
+It imports the workload files named in ``DIR/modules.json``, reads the slice from
+``DIR/slice.pkl``, joins the gang through the launcher's TCPStore, runs the technique
+and writes ``DIR/result-<rank>.pkl``; on any error it writes ``DIR/error-<rank>.json``
+(with the traceback) and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+__all__ = ["COMM_ERROR_MARKERS", "main"]
+
+# Errors a rank sees because *another* rank died; never the root cause of a failure.
+COMM_ERROR_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "Gloo connectFullMesh failed",
+    "NCCL communicator was aborted",
+    "Socket Timeout",
+    "Timed out waiting",
+)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this worker if the launcher dies, so no gang outlives it."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() != int(os.environ.get("DIONE_LAUNCHER_PID", os.getppid())):
+        os._exit(1)  # the launcher died before prctl took effect
+
+
+def _write_error(folder: Path, rank: int, err: BaseException) -> None:
+    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    dist_error = type(err).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError")
+    record = {
+        "rank": rank,
+        "type": type(err).__name__,
+        "message": str(err),
+        "traceback": text,
+        "time": time.time(),
+        "communication": dist_error or any(m in text for m in COMM_ERROR_MARKERS),
+    }
+    (folder / f"error-{rank}.json").write_text(json.dumps(record))
+
+
+def main(folder: Path, rank: int) -> int:
+    _die_with_parent()
+    cores = os.environ.get("DIONE_CORES")
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
+    try:
+        import cloudpickle
+        import torch
+        import torch.distributed as dist
+
+        from dione.spec.devices import backend_for
+        from dione.spec.workload import import_workload_file
+        from dione.techniques.base import SliceContext, SliceSpec
+        from dione.techniques.evaluate import evaluate_checkpoint
+
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        for module, path in json.loads((folder / "modules.json").read_text()).items():
+            import_workload_file(module, path)
+        spec: SliceSpec = cloudpickle.loads((folder / "slice.pkl").read_bytes())
+        world = spec.world
+        if spec.device_kind == "cuda":
+            torch.cuda.set_device(spec.device_ids[rank])
+        timeout = timedelta(seconds=float(os.environ.get("DIONE_COLLECTIVE_TIMEOUT", "1800")))
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            os.environ["DIONE_STORE_HOST"], int(os.environ["DIONE_STORE_PORT"]), world,
+            is_master=False, timeout=timeout)
+        dist.init_process_group(backend_for(spec.device_kind), store=store, rank=rank,
+                                world_size=world, timeout=timeout)
+        ctx = SliceContext(spec, rank, world)
+        outcome = spec.technique.train(ctx)
+        dist.destroy_process_group()
+        if rank == 0 and spec.evaluate and outcome.checkpoint is not None:
+            try:  # a broken evaluation must not lose the training it follows
+                outcome.evaluation = evaluate_checkpoint(spec.task, outcome.checkpoint,
+                                                         ctx.device)
+            except Exception as err:
+                outcome.extra["evaluation_error"] = "".join(
+                    traceback.format_exception(type(err), err, err.__traceback__))
+        partial = folder / f"result-{rank}.pkl.partial"
+        partial.write_bytes(cloudpickle.dumps(outcome))
+        partial.rename(folder / f"result-{rank}.pkl")
+        return 0
+    except BaseException as err:  # the launcher reads the file: report everything
+        _write_error(folder, rank, err)
+        traceback.print_exc()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]), int(sys.argv[2])))

@@ -1,0 +1,117 @@
+"""The cluster: named nodes of devices, the local default and the ``--devices`` syntax."""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from dione.spec.devices import (
+    DeviceKind,
+    available_cores,
+    local_device_count,
+    local_device_kind,
+)
+
+__all__ = ["Cluster", "ClusterError", "Node", "local_cluster", "parse_devices"]
+
+
+class ClusterError(ValueError):
+    """A cluster description that cannot be used; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine: ``devices`` devices of one kind; ``cores`` CPU cores they share."""
+
+    name: str
+    devices: int
+    kind: DeviceKind = "cpu"
+    cores: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ClusterError("a node needs a name")
+        if not isinstance(self.devices, int) or self.devices < 1:
+            raise ClusterError(f"node {self.name!r}: devices must be a positive integer")
+        if self.kind not in ("cpu", "cuda"):
+            raise ClusterError(
+                f"node {self.name!r}: kind must be 'cpu' or 'cuda', not {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The nodes dione may use; a task never spans nodes."""
+
+    nodes: tuple[Node, ...]
+
+    def __init__(self, nodes: Iterable[Node]) -> None:
+        nodes = tuple(nodes)
+        if not nodes:
+            raise ClusterError("a cluster needs at least one node")
+        names = [n.name for n in nodes]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ClusterError(f"node names must be unique; repeated: {', '.join(dupes)}")
+        object.__setattr__(self, "nodes", nodes)
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        names = ", ".join(n.name for n in self)
+        raise ClusterError(f"no node named {name!r}; the cluster has: {names}")
+
+    @property
+    def max_devices(self) -> int:
+        return max(n.devices for n in self.nodes)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``cluster`` object of a problem JSON."""
+        return {"nodes": [{"name": n.name, "devices": n.devices, "kind": n.kind} for n in self]}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> Cluster:
+        try:
+            return Cluster(
+                Node(str(n["name"]), int(n["devices"]), cast(DeviceKind, n.get("kind", "cpu")))
+                for n in data["nodes"]
+            )
+        except (KeyError, TypeError) as err:
+            raise ClusterError(
+                'a cluster is {"nodes": [{"name": "n0", "devices": 8}]}; ' f"missing {err}"
+            ) from None
+
+
+_DEVICES = re.compile(r"^(?:(cpu|cuda):)?(\d+)$")
+
+
+def parse_devices(text: str) -> tuple[DeviceKind, int]:
+    """Parse ``cpu:4``, ``cuda:2`` or ``4`` (the local kind) into (kind, count)."""
+    match = _DEVICES.match(text.strip())
+    if not match or int(match.group(2)) < 1:
+        raise ClusterError(
+            f"--devices {text!r} is not understood; write e.g. 'cpu:4', 'cuda:2' or '4'"
+        )
+    kind = cast(DeviceKind, match.group(1) or local_device_kind())
+    return kind, int(match.group(2))
+
+
+def local_cluster(devices: str | None = None) -> Cluster:
+    """This machine as a one-node cluster: its GPUs, else one CPU slot per core."""
+    if devices is None:
+        kind: DeviceKind = local_device_kind()
+        count = local_device_count(kind)
+    else:
+        kind, count = parse_devices(devices)
+        if kind == "cuda" and count > local_device_count("cuda"):
+            raise ClusterError(
+                f"--devices {devices}: this machine has {local_device_count('cuda')} CUDA "
+                "devices; ask for fewer, or for cpu slots (cpu:N)"
+            )
+    return Cluster([Node(socket.gethostname() or "local", count, kind, len(available_cores()))])

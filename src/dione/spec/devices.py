@@ -1,0 +1,67 @@
+"""The one place that says what a device is here: a CUDA GPU, or a CPU worker slot."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "DeviceKind",
+    "available_cores",
+    "backend_for",
+    "cores_for_slot",
+    "local_device_count",
+    "local_device_kind",
+    "threads_per_slot",
+    "torch_device",
+]
+
+DeviceKind = Literal["cpu", "cuda"]
+
+
+def local_device_kind() -> DeviceKind:
+    """``cuda`` where this machine has a usable GPU, else ``cpu`` (worker slots)."""
+    return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "cpu"
+
+
+def available_cores() -> list[int]:
+    """The CPU cores this process may run on (its affinity mask, not the machine's total)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def local_device_count(kind: DeviceKind) -> int:
+    """Default device count: every GPU, or one CPU slot per available core."""
+    if kind == "cuda":
+        return torch.cuda.device_count()
+    return len(available_cores())
+
+
+def backend_for(kind: DeviceKind) -> str:
+    """The collective backend a gang on ``kind`` devices talks over."""
+    return "nccl" if kind == "cuda" else "gloo"
+
+
+def torch_device(kind: DeviceKind, device_id: int) -> torch.device:
+    """The torch device a worker bound to ``device_id`` computes on."""
+    return torch.device("cuda", device_id) if kind == "cuda" else torch.device("cpu")
+
+
+def threads_per_slot(slots: int, cores: int) -> int:
+    """Intra-op threads for one worker when ``slots`` devices share ``cores`` cores.
+
+    Workers that each take every core oversubscribe the machine and slow every gang
+    down, so each takes its share (at least one).
+    """
+    return max(1, cores // max(1, slots))
+
+
+def cores_for_slot(slot: int, slots: int, cores: list[int]) -> list[int] | None:
+    """The cores CPU slot ``slot`` is pinned to, or None when slots outnumber cores."""
+    share = len(cores) // slots if slots else 0
+    if share < 1:
+        return None
+    return cores[slot * share : (slot + 1) * share]

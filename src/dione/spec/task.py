@@ -1,0 +1,72 @@
+"""What one training task is: model, data, loss, optimizer, batch, length, seed."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "DataFactory",
+    "EvaluateFn",
+    "LossFn",
+    "ModelFactory",
+    "OptimizerFactory",
+    "SchedulerFactory",
+    "Task",
+]
+
+ModelFactory = Callable[[], nn.Module]
+# A map-style dataset whose items are (inputs, target) pairs, or a TensorDataset.
+DataFactory = Callable[[], "torch.utils.data.Dataset[Any]"]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], "torch.optim.lr_scheduler.LRScheduler"]
+EvaluateFn = Callable[[nn.Module], Mapping[str, float]]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One model to train; its training is defined here, never by the technique.
+
+    The global batch size, the order of samples (from ``seed``), the optimizer and
+    its hyperparameters belong to the task: every exact technique reproduces the
+    loss trajectory of single-device training, whatever the device count.
+
+    ``loss(output, target)`` must return the *mean* over the batch, so that ranks
+    holding equal shares of the global batch average to the global loss.
+    ``evaluate(model)`` runs once the task has finished, on a full, unwrapped copy
+    of the model in eval mode, and returns named metrics (higher or lower is better
+    as the metric's name says; ``hyperparameters`` are free-form labels for reports).
+    """
+
+    name: str
+    model: ModelFactory
+    data: DataFactory
+    loss: LossFn
+    optimizer: OptimizerFactory
+    batch_size: int
+    steps: int | None = None
+    epochs: float | None = None
+    seed: int = 0
+    evaluate: EvaluateFn | None = None
+    techniques: tuple[str, ...] | None = None
+    split_points: tuple[str, ...] | None = None
+    lr_scheduler: SchedulerFactory | None = None
+    hyperparameters: Mapping[str, Any] = field(default_factory=dict)
+
+    def total_steps(self, dataset_size: int) -> int:
+        """Steps to train: ``steps`` as given, or ``epochs`` over a data set of that size."""
+        if self.steps is not None:
+            return self.steps
+        if self.epochs is None:
+            raise ValueError(f"task {self.name!r}: give steps or epochs")
+        return max(1, math.ceil(self.epochs * dataset_size / self.batch_size))
+
+    def allows(self, technique: str) -> bool:
+        """Whether the task lets ``technique`` train it (no allowlist: every technique)."""
+        return self.techniques is None or technique in self.techniques

@@ -1,0 +1,200 @@
+"""Validation of a workload before anything starts: every problem at once, each named."""
+
+from __future__ import annotations
+
+import re
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from dione.spec.task import Task
+from dione.spec.workload import Workload
+
+__all__ = ["Problem", "WorkloadError", "check_task", "split_valid", "validate_workload"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}$")
+_FACTORIES = ("model", "data", "loss", "optimizer", "evaluate", "lr_scheduler")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with one field of one task (task None: the workload as a whole)."""
+
+    task: str | None
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"task {self.task!r}" if self.task is not None else "workload"
+        return f"{where}, field {self.field!r}: {self.message}"
+
+
+class WorkloadError(ValueError):
+    """A workload with problems; ``problems`` lists every one of them."""
+
+    def __init__(self, problems: Iterable[Problem]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"the workload has {len(self.problems)} problem(s):\n{lines}")
+
+
+def _exception_line(err: BaseException) -> str:
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(err).__name__}: {err}{where}"
+
+
+def _build_model(factory: Callable[[], nn.Module]) -> nn.Module:
+    """Build on the meta device (no memory, no time for big models); fall back to CPU."""
+    try:
+        with torch.device("meta"):
+            return factory()
+    except Exception:
+        return factory()
+
+
+def _check_picklable(task: Task) -> list[Problem]:
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(task)
+        return []
+    except Exception as whole:
+        problems = []
+        for field in ("name", *_FACTORIES, "hyperparameters"):
+            try:
+                cloudpickle.dumps(getattr(task, field))
+            except Exception as err:
+                problems.append(
+                    Problem(
+                        task.name,
+                        field,
+                        f"cannot be pickled for worker processes ({_exception_line(err)}); "
+                        "use a module-level function, functools.partial or a lambda that "
+                        "captures no open files, locks or processes",
+                    )
+                )
+        return problems or [Problem(task.name, "task", f"cannot be pickled: {whole}")]
+
+
+def check_task(
+    task: Task, devices: int | None = None, techniques: Iterable[str] | None = None
+) -> list[Problem]:
+    """Every problem of one task on its own (names across tasks are the workload's)."""
+    name = task.name if isinstance(task.name, str) else repr(task.name)
+    problems: list[Problem] = []
+
+    def bad(field: str, message: str) -> None:
+        problems.append(Problem(name, field, message))
+
+    if not isinstance(task.name, str) or not _NAME.match(task.name):
+        bad("name", "must be 1-100 letters, digits or ._=+- and start with a letter or digit "
+            "(it names the task's folder)")
+    if not isinstance(task.batch_size, int) or isinstance(task.batch_size, bool) \
+            or task.batch_size < 1:
+        bad("batch_size", f"must be a positive integer, not {task.batch_size!r}")
+    elif devices is not None and task.batch_size % devices:
+        bad("batch_size", f"{task.batch_size} is not divisible by the {devices} devices asked "
+            f"for; each device takes an equal share of the global batch: use a multiple of "
+            f"{devices}, or fewer devices")
+    if (task.steps is None) == (task.epochs is None):
+        bad("steps", "give exactly one of steps or epochs")
+    elif task.steps is not None and (not isinstance(task.steps, int) or task.steps < 1):
+        bad("steps", f"must be a positive integer, not {task.steps!r}")
+    elif task.epochs is not None and not (
+        isinstance(task.epochs, (int, float)) and task.epochs > 0
+    ):
+        bad("epochs", f"must be a positive number, not {task.epochs!r}")
+    if not isinstance(task.seed, int):
+        bad("seed", f"must be an integer, not {task.seed!r}")
+    for field in _FACTORIES:
+        value = getattr(task, field)
+        optional = field in ("evaluate", "lr_scheduler")
+        if not callable(value) and not (optional and value is None):
+            bad(field, f"must be callable, not {type(value).__name__}")
+    if task.techniques is not None:
+        known = set(techniques or ())
+        if isinstance(task.techniques, str) or not task.techniques:
+            bad("techniques", "must be a non-empty tuple of technique names, e.g. ('ddp', 'fsdp')")
+        elif techniques is not None:
+            for t in task.techniques:
+                if t not in known:
+                    bad("techniques", f"unknown technique {t!r}; known: {', '.join(sorted(known))}")
+    if problems:  # factories are only worth calling once the fields make sense
+        return problems
+    problems += _check_picklable(task)
+
+    model: nn.Module | None = None
+    try:
+        model = _build_model(task.model)
+        if not isinstance(model, nn.Module):
+            bad("model", f"returned {type(model).__name__}, not a torch.nn.Module")
+            model = None
+        elif not any(p.requires_grad for p in model.parameters()):
+            bad("model", "the model has no trainable parameters")
+            model = None
+    except Exception as err:
+        bad("model", f"the model factory raised {_exception_line(err)}")
+    if model is not None:
+        try:
+            optimizer = task.optimizer(model.parameters())
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                bad("optimizer",
+                    f"returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
+        except Exception as err:
+            bad("optimizer", f"the optimizer factory raised {_exception_line(err)}")
+        if task.split_points:
+            modules = {n for n, _ in model.named_modules()}
+            for point in task.split_points:
+                if point not in modules:
+                    bad("split_points", f"{point!r} is not a submodule of the model")
+    try:
+        dataset: Any = task.data()
+        size = len(dataset)
+        if size < task.batch_size:
+            bad("data", f"has {size} samples, fewer than one batch of {task.batch_size}")
+        else:
+            item = dataset[0]
+            if not (isinstance(item, (tuple, list)) and len(item) == 2):
+                bad("data", "items must be (inputs, target) pairs")
+    except Exception as err:
+        bad("data", f"the data factory (or indexing its result) raised {_exception_line(err)}")
+    return problems
+
+
+def validate_workload(
+    workload: Workload, devices: int | None = None, techniques: Iterable[str] | None = None
+) -> list[Problem]:
+    """Every problem of the workload; empty when it can start.
+
+    ``devices`` is the device count a run will use (batch sizes must divide it);
+    ``techniques`` are the registered technique names a task's allowlist may use.
+    """
+    problems: list[Problem] = []
+    if not len(workload):
+        problems.append(Problem(None, "tasks", "the workload has no tasks"))
+    counts = Counter(t.name for t in workload)
+    for name, count in counts.items():
+        if count > 1:
+            problems.append(Problem(name, "name", f"{count} tasks share this name; names "
+                                    "must be unique (grid() makes unique names)"))
+    known = list(techniques) if techniques is not None else None
+    for task in workload:
+        problems += check_task(task, devices, known)
+    return problems
+
+
+def split_valid(
+    workload: Workload, devices: int | None = None, techniques: Iterable[str] | None = None
+) -> tuple[list[Task], list[Problem]]:
+    """The tasks that can run, and the problems of the others (a bad task stops only itself)."""
+    problems = validate_workload(workload, devices, techniques)
+    bad = {p.task for p in problems}
+    if None in bad:
+        return [], problems
+    return [t for t in workload if t.name not in bad], problems

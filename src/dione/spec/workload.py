@@ -1,0 +1,158 @@
+"""A workload: the tasks to train together, a grid helper and the workload-file loader."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import itertools
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from dione.spec.task import Task
+
+__all__ = [
+    "Workload",
+    "WorkloadFileError",
+    "grid",
+    "import_workload_file",
+    "load_workload",
+    "loaded_workload_files",
+]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The tasks dione trains together; order is the user's, names are unique once valid."""
+
+    tasks: tuple[Task, ...]
+
+    def __init__(self, tasks: Iterable[Task]) -> None:
+        object.__setattr__(self, "tasks", tuple(tasks))
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self.tasks)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def names(self) -> list[str]:
+        return [t.name for t in self.tasks]
+
+    def task(self, name: str) -> Task:
+        """The task called ``name``; a KeyError that lists the names there are."""
+        for t in self.tasks:
+            if t.name == name:
+                return t
+        raise KeyError(f"no task named {name!r}; the workload has: {', '.join(self.names())}")
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return format(value, "g")
+    return str(value)
+
+
+def grid(prefix: str, build: Callable[..., Task], **axes: Sequence[Any]) -> list[Task]:
+    """One task per point of the cartesian product of ``axes``.
+
+    ``build(**point)`` returns the task for that point; its name is replaced by
+    ``prefix-key1value1-key2value2`` and the point is kept as its hyperparameters:
+
+    >>> grid("digits", make_digits_task, lr=[1e-3, 3e-3], batch_size=[32, 64])  # doctest: +SKIP
+    [Task(name='digits-lr0.001-batch_size32', ...), ...]
+    """
+    if not axes:
+        raise ValueError("grid needs at least one axis, e.g. lr=[1e-3, 3e-3]")
+    for key, values in axes.items():
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+            raise ValueError(f"grid axis {key!r} must be a non-empty list of values")
+    keys = list(axes)
+    tasks = []
+    for values in itertools.product(*(axes[k] for k in keys)):
+        point = dict(zip(keys, values, strict=True))
+        task = build(**point)
+        if not isinstance(task, Task):
+            raise TypeError(f"grid build function returned {type(task).__name__}, not a Task")
+        name = "-".join([prefix, *(f"{k}{_format_value(v)}" for k, v in point.items())])
+        tasks.append(replace(task, name=name, hyperparameters={**task.hyperparameters, **point}))
+    return tasks
+
+
+_LOADED: dict[str, str] = {}
+
+
+def _module_name(file: Path) -> str:
+    digest = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:12]
+    return f"dione_workload_{digest}"
+
+
+def loaded_workload_files() -> dict[str, str]:
+    """Module name to path of every workload file loaded in this process."""
+    return dict(_LOADED)
+
+
+def import_workload_file(module_name: str, path: str) -> None:
+    """Import a workload file under the module name the launcher gave it (in a worker)."""
+    if module_name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise WorkloadFileError(f"cannot import workload file {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+
+
+class WorkloadFileError(Exception):
+    """A workload file could not be loaded; the message says where and how to fix it."""
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Import a workload file (a Python file defining ``workload``) and return its workload.
+
+    Worker processes import the same file under the same module name before they read
+    their slice (see ``loaded_workload_files``), so the functions it defines travel by
+    reference and their tracebacks show the file's own lines; lambdas and closures
+    travel by value. Keep the file cheap to import: every worker imports it.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise WorkloadFileError(f"workload file {str(file)!r} does not exist")
+    module_name = _module_name(file)
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise WorkloadFileError(f"{file}: not a Python file; a workload file ends in .py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as err:
+        sys.modules.pop(module_name, None)
+        raise WorkloadFileError(
+            f"{file}:{err.lineno}: syntax error: {err.msg}\n    {(err.text or '').rstrip()}"
+        ) from None
+    except Exception as err:
+        sys.modules.pop(module_name, None)
+        trace = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+        raise WorkloadFileError(
+            f"{file}: raised {type(err).__name__} while loading: {err}\n{trace}"
+        ) from None
+    _LOADED[module_name] = str(file.resolve())
+    if not hasattr(module, "workload"):
+        raise WorkloadFileError(
+            f"{file}: defines no `workload`; end the file with e.g. "
+            "`workload = Workload([task1, task2])`"
+        )
+    value = module.workload
+    if isinstance(value, Workload):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(t, Task) for t in value):
+        return Workload(value)
+    raise WorkloadFileError(
+        f"{file}: `workload` is a {type(value).__name__}; it must be a dione.Workload "
+        "(or a list of dione.Task)"
+    )

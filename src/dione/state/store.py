@@ -1,0 +1,330 @@
+"""The run store: one SQLite file per run directory with tasks, slices, metrics, checkpoints.
+
+Only the launching process writes it (workers never do), every change is one
+transaction, and a checkpoint is recorded only once its folder is complete, so a crash
+at any moment leaves a consistent store whose latest checkpoint is usable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CheckpointRecord", "RunStore", "SliceRecord", "TaskRecord"]
+
+STORE_FILE = "dione.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    name TEXT PRIMARY KEY,
+    total_steps INTEGER NOT NULL,
+    batch_size INTEGER NOT NULL,
+    hyperparameters TEXT NOT NULL DEFAULT '{}',
+    status TEXT NOT NULL DEFAULT 'pending'
+        CHECK (status IN ('pending', 'running', 'done', 'failed')),
+    error TEXT,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS slices (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task TEXT NOT NULL REFERENCES tasks(name),
+    technique TEXT NOT NULL,
+    knobs TEXT NOT NULL,
+    node TEXT NOT NULL,
+    device_ids TEXT NOT NULL,
+    start_step INTEGER NOT NULL,
+    end_step INTEGER NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed', 'interrupted')),
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    error TEXT,
+    checkpoint TEXT,
+    host TEXT NOT NULL,
+    owner_pid INTEGER NOT NULL,
+    timings TEXT,
+    peak_memory_bytes INTEGER
+);
+CREATE TABLE IF NOT EXISTS metrics (
+    task TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    slice_id INTEGER NOT NULL REFERENCES slices(id),
+    loss REAL NOT NULL,
+    seconds REAL NOT NULL,
+    PRIMARY KEY (task, step)
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    task TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    slice_id INTEGER NOT NULL REFERENCES slices(id),
+    created_at REAL NOT NULL,
+    PRIMARY KEY (task, step)
+);
+CREATE TABLE IF NOT EXISTS evaluations (
+    task TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    metric TEXT NOT NULL,
+    value REAL NOT NULL,
+    PRIMARY KEY (task, step, metric)
+);
+"""
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    name: str
+    total_steps: int
+    batch_size: int
+    hyperparameters: dict[str, Any]
+    status: str
+    error: str | None
+
+
+@dataclass(frozen=True)
+class SliceRecord:
+    id: int
+    task: str
+    technique: str
+    knobs: dict[str, Any]
+    node: str
+    device_ids: list[int]
+    start_step: int
+    end_step: int
+    status: str
+    started_at: float
+    ended_at: float | None
+    error: str | None
+    checkpoint: str | None
+    timings: dict[str, float]
+    peak_memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    task: str
+    step: int
+    path: str
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunStore:
+    """The SQLite file of one run directory (created on first use)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / STORE_FILE
+        # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE) below.
+        self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(_SCHEMA)  # idempotent; executescript commits on its own
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        if self._db.in_transaction:  # nested: part of the outer one
+            yield self._db
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # -- tasks -------------------------------------------------------------------------
+
+    def register_task(
+        self, name: str, total_steps: int, batch_size: int,
+        hyperparameters: Mapping[str, Any] | None = None,
+    ) -> TaskRecord:
+        """Record a task, or check that a recorded one still has the same training."""
+        existing = self.task(name)
+        if existing is not None:
+            if (existing.total_steps, existing.batch_size) != (total_steps, batch_size):
+                raise ValueError(
+                    f"task {name!r} was recorded in {self.run_dir} with {existing.total_steps} "
+                    f"steps of batch {existing.batch_size}; it now says {total_steps} steps of "
+                    f"batch {batch_size}: use a new run directory for changed training"
+                )
+            return existing
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO tasks (name, total_steps, batch_size, hyperparameters, updated_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (name, total_steps, batch_size,
+                 json.dumps(dict(hyperparameters or {}), default=str), time.time()),
+            )
+        record = self.task(name)
+        assert record is not None
+        return record
+
+    def task(self, name: str) -> TaskRecord | None:
+        row = self._db.execute("SELECT * FROM tasks WHERE name = ?", (name,)).fetchone()
+        return None if row is None else self._task(row)
+
+    def tasks(self) -> list[TaskRecord]:
+        return [self._task(r) for r in self._db.execute("SELECT * FROM tasks ORDER BY rowid")]
+
+    @staticmethod
+    def _task(row: sqlite3.Row) -> TaskRecord:
+        return TaskRecord(row["name"], row["total_steps"], row["batch_size"],
+                          json.loads(row["hyperparameters"]), row["status"], row["error"])
+
+    def set_task_status(self, name: str, status: str, error: str | None = None) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE tasks SET status = ?, error = ?, updated_at = ? WHERE name = ?",
+                       (status, error, time.time(), name))
+
+    # -- slices ------------------------------------------------------------------------
+
+    def begin_slice(
+        self, task: str, technique: str, knobs: Mapping[str, Any], node: str,
+        device_ids: Sequence[int], start_step: int, end_step: int,
+    ) -> int:
+        """Record a slice as running; returns its id."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO slices (task, technique, knobs, node, device_ids, start_step,"
+                " end_step, status, started_at, host, owner_pid)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?)",
+                (task, technique, json.dumps(dict(knobs), sort_keys=True), node,
+                 json.dumps(list(device_ids)), start_step, end_step, time.time(),
+                 socket.gethostname(), os.getpid()),
+            )
+            db.execute("UPDATE tasks SET status = 'running', error = NULL, updated_at = ?"
+                       " WHERE name = ? AND status != 'done'", (time.time(), task))
+            assert cursor.lastrowid is not None
+            return cursor.lastrowid
+
+    def finish_slice(
+        self, slice_id: int, losses: Sequence[float], step_seconds: Sequence[float],
+        checkpoint: str | None, timings: Mapping[str, float] | None = None,
+        peak_memory_bytes: int | None = None, evaluation: Mapping[str, float] | None = None,
+    ) -> None:
+        """In one transaction: the slice's metrics, checkpoint, evaluation and status."""
+        record = self.slice(slice_id)
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO metrics (task, step, slice_id, loss, seconds)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [(record.task, record.start_step + i + 1, slice_id, loss, sec)
+                 for i, (loss, sec) in enumerate(zip(losses, step_seconds, strict=True))],
+            )
+            if checkpoint is not None:
+                db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)",
+                           (record.task, record.end_step, checkpoint, slice_id, time.time()))
+            db.executemany("INSERT OR REPLACE INTO evaluations VALUES (?, ?, ?, ?)",
+                           [(record.task, record.end_step, k, float(v))
+                            for k, v in (evaluation or {}).items()])
+            db.execute(
+                "UPDATE slices SET status = 'done', ended_at = ?, checkpoint = ?, timings = ?,"
+                " peak_memory_bytes = ? WHERE id = ?",
+                (time.time(), checkpoint, json.dumps(dict(timings or {})), peak_memory_bytes,
+                 slice_id),
+            )
+            total = db.execute("SELECT total_steps FROM tasks WHERE name = ?",
+                               (record.task,)).fetchone()[0]
+            status = "done" if record.end_step >= total else "pending"
+            db.execute("UPDATE tasks SET status = ?, error = NULL, updated_at = ? WHERE name = ?",
+                       (status, time.time(), record.task))
+
+    def fail_slice(self, slice_id: int, error: str, status: str = "failed") -> None:
+        """Record why a slice ended without a checkpoint; its task goes back to pending."""
+        record = self.slice(slice_id)
+        with self._transaction() as db:
+            db.execute("UPDATE slices SET status = ?, ended_at = ?, error = ? WHERE id = ?",
+                       (status, time.time(), error, slice_id))
+            db.execute("UPDATE tasks SET status = 'pending', updated_at = ?"
+                       " WHERE name = ? AND status = 'running'", (time.time(), record.task))
+
+    def recover_interrupted(self) -> list[int]:
+        """Mark running slices whose launching process is gone as interrupted."""
+        host = socket.gethostname()
+        stale = [row["id"] for row in self._db.execute(
+            "SELECT id, host, owner_pid FROM slices WHERE status = 'running'")
+            if row["host"] == host and not _pid_alive(row["owner_pid"])]
+        for slice_id in stale:
+            self.fail_slice(slice_id, "the launching process died before the slice ended",
+                            status="interrupted")
+        return stale
+
+    def slice(self, slice_id: int) -> SliceRecord:
+        row = self._db.execute("SELECT * FROM slices WHERE id = ?", (slice_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no slice {slice_id} in {self.path}")
+        return self._slice(row)
+
+    def slices(self, task: str | None = None) -> list[SliceRecord]:
+        if task is None:
+            rows = self._db.execute("SELECT * FROM slices ORDER BY id")
+        else:
+            rows = self._db.execute("SELECT * FROM slices WHERE task = ? ORDER BY id", (task,))
+        return [self._slice(r) for r in rows]
+
+    @staticmethod
+    def _slice(row: sqlite3.Row) -> SliceRecord:
+        return SliceRecord(
+            row["id"], row["task"], row["technique"], json.loads(row["knobs"]), row["node"],
+            json.loads(row["device_ids"]), row["start_step"], row["end_step"], row["status"],
+            row["started_at"], row["ended_at"], row["error"], row["checkpoint"],
+            json.loads(row["timings"] or "{}"), row["peak_memory_bytes"],
+        )
+
+    # -- metrics, checkpoints, evaluations ---------------------------------------------
+
+    def losses(self, task: str) -> list[tuple[int, float]]:
+        """(step, loss) of every step trained so far, in order."""
+        return [(r[0], r[1]) for r in self._db.execute(
+            "SELECT step, loss FROM metrics WHERE task = ? ORDER BY step", (task,))]
+
+    def checkpoints(self, task: str) -> list[CheckpointRecord]:
+        return [CheckpointRecord(task, r[0], r[1]) for r in self._db.execute(
+            "SELECT step, path FROM checkpoints WHERE task = ? ORDER BY step", (task,))]
+
+    def latest_checkpoint(self, task: str) -> CheckpointRecord | None:
+        """The newest recorded checkpoint whose folder is still complete on disk."""
+        for record in reversed(self.checkpoints(task)):
+            if (Path(record.path) / "progress.json").is_file():
+                return record
+        return None
+
+    def forget_checkpoints(self, task: str, paths: Sequence[str]) -> None:
+        with self._transaction() as db:
+            db.executemany("DELETE FROM checkpoints WHERE task = ? AND path = ?",
+                           [(task, p) for p in paths])
+
+    def evaluation(self, task: str) -> dict[str, float]:
+        """The metrics of the task's latest evaluation."""
+        rows = self._db.execute(
+            "SELECT metric, value FROM evaluations WHERE task = ? AND step ="
+            " (SELECT MAX(step) FROM evaluations WHERE task = ?)", (task, task))
+        return {r[0]: r[1] for r in rows}

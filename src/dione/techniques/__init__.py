@@ -1,0 +1,26 @@
+"""How one task trains on g devices: the built-in techniques and the registry."""
+
+from dione.techniques.base import SliceContext, SliceOutcome, SliceSpec, Technique, TechniqueError
+from dione.techniques.ddp import DDP
+from dione.techniques.fsdp import FSDP
+from dione.techniques.registry import get_technique, register, technique_names, techniques
+from dione.techniques.single import Single
+
+register(Single())
+register(DDP())
+register(FSDP())
+
+__all__ = [
+    "DDP",
+    "FSDP",
+    "Single",
+    "SliceContext",
+    "SliceOutcome",
+    "SliceSpec",
+    "Technique",
+    "TechniqueError",
+    "get_technique",
+    "register",
+    "technique_names",
+    "techniques",
+]

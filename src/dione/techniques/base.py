@@ -1,0 +1,238 @@
+"""The technique interface, the slice a gang trains, and the worker-side helpers."""
+
+from __future__ import annotations
+
+import functools
+import resource
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dione.spec.devices import DeviceKind, torch_device
+from dione.spec.task import Task
+from dione.state.checkpoint import (
+    Progress,
+    checkpoint_path,
+    load_checkpoint,
+    reseed,
+    save_checkpoint,
+)
+
+__all__ = [
+    "Knobs",
+    "SliceContext",
+    "SliceOutcome",
+    "SliceSpec",
+    "Technique",
+    "TechniqueError",
+]
+
+Knobs = Mapping[str, Any]
+
+
+class TechniqueError(ValueError):
+    """A technique asked to do what it cannot (wrong device count, unknown knob, ...)."""
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """One slice of one task, steps ``[start_step, end_step)``: what every worker needs.
+
+    ``resume_from`` is the checkpoint to start from (None: from scratch, which must be
+    step 0); the new checkpoint goes to ``<run_dir>/checkpoints/<task>/step-<end_step>``.
+    """
+
+    task: Task
+    technique: Technique
+    knobs: Knobs
+    device_kind: DeviceKind
+    device_ids: tuple[int, ...]
+    start_step: int
+    end_step: int
+    resume_from: str | None
+    run_dir: str
+    save: bool = True
+    evaluate: bool = False
+
+    @property
+    def world(self) -> int:
+        return len(self.device_ids)
+
+
+@dataclass
+class SliceOutcome:
+    """What a slice produced, as rank 0 reports it.
+
+    ``losses`` are the global mean loss of each step (the same numbers single-device
+    training prints); ``step_seconds`` each step's wall time on this rank.
+    """
+
+    losses: list[float]
+    step_seconds: list[float]
+    checkpoint: str | None
+    timings: dict[str, float] = field(default_factory=dict)
+    peak_memory_bytes: int = 0
+    evaluation: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Technique(ABC):
+    """How one task trains on g devices. Register instances with ``dione.register``.
+
+    ``knobs`` maps each knob to its default; ``knob_settings`` proposes the settings
+    worth trying on g devices, cheapest (fastest) first, and none where the technique
+    does not apply. ``train`` runs inside every worker process of the gang.
+    """
+
+    name: ClassVar[str]
+    exact: ClassVar[bool] = True
+    knobs: ClassVar[Mapping[str, Any]] = {}
+
+    def knob_settings(self, task: Task, devices: int, kind: DeviceKind) -> list[dict[str, Any]]:
+        """Settings worth profiling for ``task`` on ``devices`` devices (default: defaults)."""
+        return [] if self.check(task, devices, {}, kind) else [dict(self.knobs)]
+
+    def check(self, task: Task, devices: int, knobs: Knobs, kind: DeviceKind) -> list[str]:
+        """Why this technique cannot train ``task`` so (empty: it can)."""
+        reasons = []
+        if not task.allows(self.name):
+            allowed = ", ".join(task.techniques or ())
+            reasons.append(f"task {task.name!r} allows only: {allowed}")
+        for knob, value in knobs.items():
+            if knob not in self.knobs:
+                known = ", ".join(self.knobs) or "none"
+                reasons.append(f"{self.name} has no knob {knob!r} (its knobs: {known})")
+            elif type(value) is not type(self.knobs[knob]):
+                reasons.append(
+                    f"{self.name} knob {knob!r} takes a {type(self.knobs[knob]).__name__}, "
+                    f"not {value!r}"
+                )
+        if task.batch_size % devices:
+            reasons.append(
+                f"batch size {task.batch_size} of task {task.name!r} is not divisible by "
+                f"{devices} devices"
+            )
+        return reasons
+
+    def resolve(self, knobs: Knobs) -> dict[str, Any]:
+        """The knobs with defaults filled in."""
+        return {**self.knobs, **knobs}
+
+    @abstractmethod
+    def train(self, ctx: SliceContext) -> SliceOutcome:
+        """Train ``ctx.spec``'s steps from its checkpoint to a new one (in every worker)."""
+
+    def __repr__(self) -> str:
+        return f"<technique {self.name}>"
+
+
+def _peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    # ru_maxrss is in KiB on Linux: the process's peak resident memory.
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class SliceContext:
+    """A worker's view of its slice: rank, device, and the shared training chores."""
+
+    def __init__(self, spec: SliceSpec, rank: int, world: int) -> None:
+        self.spec = spec
+        self.task = spec.task
+        self.rank = rank
+        self.world = world
+        self.device = torch_device(spec.device_kind, spec.device_ids[rank])
+        self.knobs = spec.technique.resolve(spec.knobs)
+        self.timings: dict[str, float] = {"begin": time.perf_counter()}
+
+    @functools.cached_property
+    def dataset(self) -> Any:
+        return self.task.data()
+
+    def build_model(self) -> nn.Module:
+        """The task's model, initialised from its seed (identical on every rank)."""
+        torch.manual_seed(self.task.seed)
+        model = self.task.model()
+        return model.to(self.device)
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.device, non_blocking=True)
+
+    def restore(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer],
+        scheduler: Any | None = None,
+    ) -> None:
+        """Load the slice's starting checkpoint (collective), or seed a fresh start."""
+        if self.spec.resume_from is None:
+            if self.spec.start_step != 0:
+                raise RuntimeError("a slice that does not start at step 0 needs a checkpoint")
+            reseed(self.task.seed, 0, self.rank)
+        else:
+            progress = load_checkpoint(
+                self.spec.resume_from, model, optimizer, batch_size=self.task.batch_size,
+                seed=self.task.seed, scheduler=scheduler,
+            )
+            if progress.step != self.spec.start_step:
+                raise RuntimeError(
+                    f"checkpoint {self.spec.resume_from} is at step {progress.step}, "
+                    f"but the slice starts at step {self.spec.start_step}"
+                )
+        self.timings["restored"] = time.perf_counter()
+
+    def save(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer],
+        scheduler: Any | None = None,
+    ) -> str | None:
+        """Write the checkpoint at the slice's end step (collective); its folder."""
+        self.timings["trained"] = time.perf_counter()
+        if not self.spec.save:
+            return None
+        progress = Progress(
+            task=self.task.name,
+            step=self.spec.end_step,
+            samples_seen=self.spec.end_step * self.task.batch_size,
+            batch_size=self.task.batch_size,
+            technique=self.spec.technique.name,
+            knobs=dict(self.knobs),
+            world=self.world,
+        )
+        path = checkpoint_path(self.spec.run_dir, self.task.name, self.spec.end_step)
+        folder = save_checkpoint(path, model, optimizer, progress, scheduler)
+        self.timings["saved"] = time.perf_counter()
+        return str(folder)
+
+    def outcome(
+        self,
+        losses: Sequence[torch.Tensor],
+        step_seconds: Sequence[float],
+        checkpoint: str | None,
+        loss_ranks: Sequence[int] | None = None,
+    ) -> SliceOutcome:
+        """Average each step's loss over the ranks in ``loss_ranks`` (default: all)."""
+        local = (torch.stack([loss.detach().float() for loss in losses]) if losses
+                 else torch.zeros(0, device=self.device))
+        holders = list(range(self.world)) if loss_ranks is None else list(loss_ranks)
+        if self.world > 1:
+            if self.rank not in holders:
+                local = torch.zeros(len(step_seconds), device=self.device)
+            dist.all_reduce(local)
+        mean = (local / len(holders)).cpu().tolist()
+        base = self.timings["begin"]
+        timings = {k: v - base for k, v in self.timings.items() if k != "begin"}
+        return SliceOutcome(
+            losses=[float(x) for x in mean],
+            step_seconds=list(step_seconds),
+            checkpoint=checkpoint,
+            timings=timings,
+            peak_memory_bytes=_peak_memory_bytes(self.device),
+        )

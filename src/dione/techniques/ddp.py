@@ -1,0 +1,27 @@
+"""``ddp``: a full replica per device, gradients averaged by DistributedDataParallel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from dione.spec.devices import DeviceKind
+from dione.spec.task import Task
+from dione.techniques.base import SliceContext
+from dione.techniques.data_parallel import DataParallelTechnique
+
+__all__ = ["DDP"]
+
+
+class DDP(DataParallelTechnique):
+    name = "ddp"
+
+    def knob_settings(self, task: Task, devices: int, kind: DeviceKind) -> list[dict[str, Any]]:
+        # On one device DDP is single with extra work: not worth a trial.
+        return [] if devices < 2 else super().knob_settings(task, devices, kind)
+
+    def wrap(self, model: nn.Module, ctx: SliceContext) -> nn.Module:
+        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)

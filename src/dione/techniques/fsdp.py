@@ -1,0 +1,90 @@
+"""``fsdp``: parameters, gradients and optimizer state sharded over devices (FSDP2).
+
+Knobs: ``reshard_after_forward`` (free gathered parameters after forward, re-gather in
+backward: less memory, more communication), ``activation_checkpointing`` (recompute
+each block's activations in backward), ``cpu_offload`` (keep shards and optimizer state
+in host memory; CUDA only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+from torch.utils.checkpoint import checkpoint
+
+from dione.spec.devices import DeviceKind
+from dione.spec.task import Task
+from dione.techniques.base import Knobs, SliceContext
+from dione.techniques.data_parallel import DataParallelTechnique
+
+__all__ = ["FSDP", "checkpoint_activations", "shard_units"]
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The blocks sharded (and checkpointed) one by one: a Sequential's children, else the
+    items of every ModuleList; each with trainable parameters of its own."""
+    if isinstance(model, nn.Sequential):
+        candidates = list(model)
+    else:
+        candidates = [m for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst]
+    return [m for m in candidates if any(p.requires_grad for p in m.parameters())]
+
+
+def checkpoint_activations(module: nn.Module) -> None:
+    """Recompute ``module``'s activations in backward; its parameter names stay the same
+    (a wrapper module would add a prefix to every name in the checkpoint)."""
+    forward: Callable[..., Any] = module.forward
+
+    def recomputed_forward(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    module.forward = recomputed_forward
+
+
+class FSDP(DataParallelTechnique):
+    name = "fsdp"
+    knobs: ClassVar[Mapping[str, Any]] = {
+        "reshard_after_forward": True, "activation_checkpointing": False, "cpu_offload": False}
+
+    def check(self, task: Task, devices: int, knobs: Knobs, kind: DeviceKind) -> list[str]:
+        reasons = super().check(task, devices, knobs, kind)
+        if knobs.get("cpu_offload") and kind != "cuda":
+            reasons.append("fsdp cpu_offload moves state from GPU to host memory; "
+                           "on CPU devices there is nothing to offload: drop the knob")
+        return reasons
+
+    def knob_settings(self, task: Task, devices: int, kind: DeviceKind) -> list[dict[str, Any]]:
+        if devices < 2 and kind != "cuda":
+            return []  # one CPU device: nothing to shard, nothing to offload to
+        settings = [
+            {"reshard_after_forward": False, "activation_checkpointing": False,
+             "cpu_offload": False},
+            {"reshard_after_forward": True, "activation_checkpointing": False,
+             "cpu_offload": False},
+            {"reshard_after_forward": True, "activation_checkpointing": True,
+             "cpu_offload": False},
+        ]
+        if kind == "cuda":
+            settings.append({"reshard_after_forward": True, "activation_checkpointing": True,
+                             "cpu_offload": True})
+        return [s for s in settings if not self.check(task, devices, s, kind)]
+
+    def wrap(self, model: nn.Module, ctx: SliceContext) -> nn.Module:
+        mesh = init_device_mesh(ctx.device.type, (ctx.world,))
+        offload: OffloadPolicy = (CPUOffloadPolicy() if ctx.knobs["cpu_offload"]
+                                  else OffloadPolicy())
+        reshard = bool(ctx.knobs["reshard_after_forward"])
+        for unit in shard_units(model):
+            if ctx.knobs["activation_checkpointing"]:
+                checkpoint_activations(unit)
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, offload_policy=offload)
+        # The root's parameters are needed again at once in backward: never reshard them.
+        fully_shard(model, mesh=mesh, reshard_after_forward=False, offload_policy=offload)
+        if ctx.knobs["cpu_offload"]:
+            torch.cuda.synchronize(ctx.device)
+        return model

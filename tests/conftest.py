@@ -1,0 +1,77 @@
+"""Shared fixtures: small real tasks, a two-slot CPU node, and a leak check for workers."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from dione.spec.cluster import Node
+from dione.spec.task import Task
+from dione.zoo import CharGPT, digits_mlp, digits_train, sequence_cross_entropy, text_train
+
+# Two CPU slots whatever the machine: the gangs in tests are the gangs CI runs.
+TEST_NODE = Node("test", 2, "cpu")
+
+
+def char_task(name: str = "char", steps: int = 8, batch_size: int = 8, lr: float = 3e-3,
+              **extra: object) -> Task:
+    """A 2-block character GPT on stdlib text: attention, layer norm, embeddings, AdamW."""
+    task = Task(
+        name=name,
+        model=functools.partial(CharGPT, context=32, width=32, layers=2, heads=2),
+        data=functools.partial(text_train, 32),
+        loss=sequence_cross_entropy,
+        optimizer=functools.partial(torch.optim.AdamW, lr=lr, weight_decay=0.1),
+        batch_size=batch_size,
+        steps=steps,
+        seed=7,
+    )
+    return replace(task, **extra)
+
+
+def digits_task(name: str = "digits", steps: int = 12, batch_size: int = 16,
+                **extra: object) -> Task:
+    task = Task(
+        name=name,
+        model=functools.partial(digits_mlp, hidden=32, depth=2),
+        data=digits_train,
+        loss=torch.nn.functional.cross_entropy,
+        optimizer=functools.partial(torch.optim.Adam, lr=1e-2),
+        batch_size=batch_size,
+        steps=steps,
+        seed=3,
+    )
+    return replace(task, **extra)
+
+
+def worker_processes() -> list[int]:
+    """Pids of live dione worker processes on this machine (zombies excluded)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            state = (entry / "stat").read_text().split(") ")[1][0]
+        except OSError:
+            continue
+        if b"dione.launch.worker" in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_workers() -> Iterator[None]:
+    """Every test must leave no worker process behind."""
+    before = set(worker_processes())
+    yield
+    left = set(worker_processes()) - before
+    for pid in left:
+        os.kill(pid, 9)
+    assert not left, f"worker processes left behind: {sorted(left)}"

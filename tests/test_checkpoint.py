@@ -1,0 +1,72 @@
+"""Checkpoint folders: complete or absent, refusing changed training, pruned on request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dione.state import (
+    CheckpointError,
+    Progress,
+    checkpoint_path,
+    latest_on_disk,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
+
+
+def model_and_optimizer(seed: int):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def save(run_dir: Path, step: int, model, optimizer) -> Path:
+    progress = Progress(task="t", step=step, samples_seen=step * 8, batch_size=8,
+                        technique="single")
+    return save_checkpoint(checkpoint_path(run_dir, "t", step), model, optimizer, progress)
+
+
+def test_round_trip_restores_model_optimizer_and_rng(tmp_path: Path) -> None:
+    model, optimizer = model_and_optimizer(0)
+    torch.manual_seed(99)
+    folder = save(tmp_path, 5, model, optimizer)
+    expected_draw = torch.rand(3)
+    other, other_optimizer = model_and_optimizer(1)
+    progress = load_checkpoint(folder, other, other_optimizer, batch_size=8, seed=0)
+    assert progress.step == 5 and progress.samples_seen == 40
+    for a, b in zip(model.parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b)
+        assert torch.equal(optimizer.state[a]["exp_avg"], other_optimizer.state[b]["exp_avg"])
+    assert torch.equal(torch.rand(3), expected_draw)
+
+
+def test_changed_batch_size_is_refused(tmp_path: Path) -> None:
+    model, optimizer = model_and_optimizer(0)
+    folder = save(tmp_path, 5, model, optimizer)
+    with pytest.raises(CheckpointError, match="global batch size 8, but the task now says 16"):
+        load_checkpoint(folder, model, optimizer, batch_size=16, seed=0)
+
+
+def test_partial_folders_are_never_the_latest(tmp_path: Path) -> None:
+    model, optimizer = model_and_optimizer(0)
+    save(tmp_path, 5, model, optimizer)
+    half_written = checkpoint_path(tmp_path, "t", 9).with_name("step-00000009.partial")
+    half_written.mkdir()
+    (half_written / "progress.json").write_text("{}")
+    assert latest_on_disk(tmp_path, "t") == checkpoint_path(tmp_path, "t", 5)
+
+
+def test_prune_keeps_the_newest(tmp_path: Path) -> None:
+    model, optimizer = model_and_optimizer(0)
+    for step in (1, 2, 3):
+        save(tmp_path, step, model, optimizer)
+    gone = prune_checkpoints(tmp_path, "t", keep=2)
+    assert gone == [checkpoint_path(tmp_path, "t", 1)]
+    assert latest_on_disk(tmp_path, "t") == checkpoint_path(tmp_path, "t", 3)

@@ -1,0 +1,145 @@
+"""Faults end the whole gang cleanly: a clear error, a non-zero exit, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import worker_processes
+from dione.state import RunStore
+
+WORKLOAD = '''
+import functools, os, signal, time
+import torch
+import torch.distributed as dist
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+FAULT = os.environ.get("FAULT", "none")
+calls = 0
+
+def loss(output, target):
+    global calls
+    calls += 1
+    if dist.get_rank() == 1 and calls == 3:
+        if FAULT == "raise":
+            raise ValueError("injected failure on rank 1")
+        if FAULT == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if FAULT == "hang":
+            time.sleep(3600)
+    return torch.nn.functional.cross_entropy(output, target)
+
+def task(name, loss_fn):
+    return Task(name=name, model=functools.partial(digits_mlp, hidden=16, depth=1),
+                data=digits_train, loss=loss_fn,
+                optimizer=functools.partial(torch.optim.Adam, lr=1e-2), batch_size=16, steps=6)
+
+workload = Workload([task("good", torch.nn.functional.cross_entropy), task("faulty", loss)])
+'''
+
+
+def dione(*args: str, env: dict[str, str] | None = None, timeout: float = 120):
+    return subprocess.run([sys.executable, "-m", "dione.cli", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+@pytest.fixture
+def run_with_good_task(tmp_path: Path):
+    """A workload file and a run dir in which task `good` already has a checkpoint."""
+    workload = tmp_path / "workload.py"
+    workload.write_text(WORKLOAD)
+    run_dir = tmp_path / "run"
+    done = dione("train", str(workload), "--task", "good", "--technique", "ddp", "--devices",
+                 "2", "--steps", "3", "--out", str(run_dir))
+    assert done.returncode == 0, done.stderr
+    return workload, run_dir
+
+
+def snapshot(run_dir: Path, task: str):
+    """Everything recorded about ``task``: its store rows and its checkpoint files."""
+    with RunStore(run_dir) as store:
+        rows = (store.task(task), store.slices(task), store.losses(task), store.checkpoints(task))
+    files = {p: p.stat().st_mtime_ns for p in (run_dir / "checkpoints" / task).rglob("*")}
+    return rows, files
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ("raise", "rank 1 (device 1) raised ValueError: injected failure on rank 1"),
+        ("kill", "rank 1 (device 1) was killed by SIGKILL"),
+        ("hang", "ran past its timeout of 15 s"),
+    ],
+)
+def test_faulty_worker_ends_the_gang(run_with_good_task, fault: str, expected: str) -> None:
+    workload, run_dir = run_with_good_task
+    before = snapshot(run_dir, "good")
+    result = dione("train", str(workload), "--task", "faulty", "--technique", "ddp",
+                   "--devices", "2", "--out", str(run_dir), "--timeout", "15",
+                   env={"FAULT": fault})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert expected in result.stderr
+    assert "task 'faulty', steps 0-6, ddp" in result.stderr
+    if fault == "raise":  # the traceback of the rank that failed, not of its peer
+        assert 'raise ValueError("injected failure on rank 1")' in result.stderr
+    assert worker_processes() == []
+    assert snapshot(run_dir, "good") == before
+    with RunStore(run_dir) as store:
+        (failed,) = store.slices("faulty")
+        assert failed.status == "failed" and expected in failed.error
+        assert store.checkpoints("faulty") == [] and store.task("faulty").status == "pending"
+    # The fault gone, the same task trains in the same run dir.
+    again = dione("train", str(workload), "--task", "faulty", "--technique", "ddp",
+                  "--devices", "2", "--out", str(run_dir))
+    assert again.returncode == 0, again.stderr
+
+
+def test_ctrl_c_stops_the_gang_and_keeps_the_run(run_with_good_task) -> None:
+    workload, run_dir = run_with_good_task
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dione.cli", "train", str(workload), "--task", "faulty",
+         "--technique", "ddp", "--devices", "2", "--out", str(run_dir)],
+        env={**os.environ, "FAULT": "hang"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    deadline = time.monotonic() + 60
+    while len(worker_processes()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # into the training loop, where rank 1 hangs
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "interrupted" in stderr
+    assert worker_processes() == []
+    with RunStore(run_dir) as store:
+        assert [s.status for s in store.slices("faulty")] == ["interrupted"]
+        assert store.latest_checkpoint("good").step == 3
+
+
+def test_launcher_killed_takes_its_workers_along(run_with_good_task) -> None:
+    """Even SIGKILL of the launcher (no chance to clean up) leaves no worker running."""
+    workload, run_dir = run_with_good_task
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dione.cli", "train", str(workload), "--task", "faulty",
+         "--technique", "ddp", "--devices", "2", "--out", str(run_dir)],
+        env={**os.environ, "FAULT": "hang"}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(worker_processes()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(worker_processes()) == 2
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 10
+    while worker_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert worker_processes() == []
+    with RunStore(run_dir) as store:  # the next user of the run dir sees what happened
+        assert store.recover_interrupted() == [store.slices("faulty")[0].id]
+        assert store.slices("faulty")[0].status == "interrupted"

@@ -1,0 +1,97 @@
+"""Stopping and resuming loses nothing: exact on the same technique, close across them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TEST_NODE, char_task
+from dione.launch import local_placement, run_slice
+from dione.state import RunStore, load_checkpoint
+from test_equivalence import assert_same_training, final_parameters
+
+STEPS, FIRST = 8, 3
+ONE, TWO = [0], [0, 1]
+
+
+def train_in_slices(task, plan, run_dir: Path):
+    """Run ``plan``'s slices [(technique, device ids, steps), ...] one after another."""
+    results = [run_slice(task, technique, run_dir, local_placement(TEST_NODE, devices),
+                         steps=steps) for technique, devices, steps in plan]
+    return results
+
+
+def joined(results):
+    """The slices' losses as one trajectory, with the last slice's checkpoint."""
+    last = results[-1]
+    losses = [loss for r in results for loss in r.losses]
+    return type(last)(**{**last.__dict__, "losses": losses})
+
+
+@pytest.mark.parametrize(("technique", "devices"), [("single", ONE), ("ddp", TWO),
+                                                    ("fsdp", TWO)])
+def test_same_technique_resumes_bit_identically(technique, devices, tmp_path: Path) -> None:
+    task = char_task(steps=STEPS)
+    whole = train_in_slices(task, [(technique, devices, STEPS)], tmp_path / "whole")[0]
+    parts = train_in_slices(task, [(technique, devices, FIRST), (technique, devices, None)],
+                            tmp_path / "parts")
+    assert [(p.start_step, p.end_step) for p in parts] == [(0, FIRST), (FIRST, STEPS)]
+    assert joined(parts).losses == whole.losses  # bit for bit
+    resumed = final_parameters(task, parts[-1].checkpoint)
+    for name, value in final_parameters(task, whole.checkpoint).items():
+        assert torch.equal(resumed[name], value), name
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        [("ddp", TWO, FIRST), ("single", ONE, None)],
+        [("single", ONE, FIRST), ("fsdp", TWO, None)],
+        [("fsdp", TWO, 2), ("ddp", TWO, 3), ("single", ONE, None)],
+    ],
+    ids=["ddp2-single", "single-fsdp2", "fsdp2-ddp2-single"],
+)
+def test_resume_under_another_technique(plan, tmp_path: Path) -> None:
+    task = char_task(steps=STEPS)
+    whole = train_in_slices(task, [("single", ONE, STEPS)], tmp_path / "whole")[0]
+    parts = joined(train_in_slices(task, plan, tmp_path / "parts"))
+    assert_same_training(parts, final_parameters(task, parts.checkpoint), whole,
+                         final_parameters(task, whole.checkpoint))
+
+
+def _adam_state(task, checkpoint: str) -> dict[str, dict[str, torch.Tensor]]:
+    """The optimizer state in a checkpoint, as a plain one-process model sees it, by name."""
+    model = task.model()
+    optimizer = task.optimizer(model.parameters())
+    load_checkpoint(checkpoint, model, optimizer, batch_size=task.batch_size, seed=task.seed)
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: dict(optimizer.state[p]) for p in model.parameters()}
+
+
+def test_adam_moments_survive_a_move(tmp_path: Path) -> None:
+    """A ddp x2 checkpoint read by a one-device AdamW holds the moments single would have."""
+    task = char_task(steps=STEPS)
+    moved = train_in_slices(task, [("ddp", TWO, FIRST)], tmp_path / "ddp")[0]
+    single = train_in_slices(task, [("single", ONE, FIRST)], tmp_path / "single")[0]
+    got, want = _adam_state(task, moved.checkpoint), _adam_state(task, single.checkpoint)
+    assert got.keys() == want.keys() and len(got) == len(list(task.model().parameters()))
+    for name in want:
+        assert float(got[name]["step"]) == FIRST
+        for moment in ("exp_avg", "exp_avg_sq"):
+            assert want[name][moment].abs().sum() > 0, "the reference moment must be non-zero"
+            torch.testing.assert_close(got[name][moment], want[name][moment],
+                                       rtol=1e-4, atol=1e-7)
+
+
+def test_store_records_every_slice_and_step(tmp_path: Path) -> None:
+    task = char_task(steps=STEPS)
+    train_in_slices(task, [("single", ONE, FIRST), ("ddp", TWO, None)], tmp_path)
+    with RunStore(tmp_path) as store:
+        slices = store.slices(task.name)
+        assert [(s.technique, s.start_step, s.end_step, s.status) for s in slices] == [
+            ("single", 0, FIRST, "done"), ("ddp", FIRST, STEPS, "done")]
+        assert [step for step, _ in store.losses(task.name)] == list(range(1, STEPS + 1))
+        assert store.task(task.name).status == "done"
+        assert store.latest_checkpoint(task.name).step == STEPS

@@ -1,0 +1,152 @@
+"""The workload spec: tasks, grids, workload files, and validation of every field."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import digits_task
+from dione.spec import (
+    ClusterError,
+    Task,
+    Workload,
+    WorkloadFileError,
+    grid,
+    load_workload,
+    local_cluster,
+    parse_devices,
+    split_valid,
+    validate_workload,
+)
+from dione.techniques import technique_names
+
+
+def problems_of(*tasks: Task, devices: int | None = None) -> list[tuple[str | None, str]]:
+    found = validate_workload(Workload(tasks), devices, technique_names())
+    return [(p.task, p.field) for p in found]
+
+
+def test_a_valid_workload_has_no_problems() -> None:
+    assert problems_of(digits_task("a"), digits_task("b"), devices=2) == []
+
+
+def test_grid_names_each_point_and_keeps_its_hyperparameters() -> None:
+    def build(lr: float, batch_size: int) -> Task:
+        return digits_task(batch_size=batch_size,
+                           optimizer=functools.partial(torch.optim.SGD, lr=lr))
+
+    tasks = grid("sweep", build, lr=[1e-3, 0.01], batch_size=[32, 64])
+    assert [t.name for t in tasks] == [
+        "sweep-lr0.001-batch_size32", "sweep-lr0.001-batch_size64",
+        "sweep-lr0.01-batch_size32", "sweep-lr0.01-batch_size64"]
+    assert tasks[1].hyperparameters == {"lr": 1e-3, "batch_size": 64}
+    assert tasks[2].optimizer.keywords == {"lr": 0.01}
+    with pytest.raises(ValueError, match="axis 'lr' must be a non-empty list"):
+        grid("sweep", build, lr=[])
+
+
+def test_every_problem_is_reported_at_once_with_task_and_field() -> None:
+    lock = threading.Lock()
+
+    def broken_model() -> torch.nn.Module:
+        raise RuntimeError("out of ideas")
+
+    tasks = [
+        digits_task("dup"),
+        digits_task("dup"),
+        digits_task("odd-batch", batch_size=10),
+        digits_task("unpicklable", data=lambda: (lock, digits_task().data())[1]),
+        digits_task("raising-model", model=broken_model),
+        digits_task("no-length", steps=None),
+        digits_task("bad name!"),
+        digits_task("unknown-technique", techniques=("zero3",)),
+        digits_task("bad-split", split_points=("nowhere",)),
+        digits_task("huge-batch", batch_size=4000),
+    ]
+    found = problems_of(*tasks, devices=4)
+    assert ("dup", "name") in found
+    assert ("odd-batch", "batch_size") in found
+    assert ("unpicklable", "data") in found
+    assert ("raising-model", "model") in found
+    assert ("no-length", "steps") in found
+    assert ("bad name!", "name") in found
+    assert ("unknown-technique", "techniques") in found
+    assert ("bad-split", "split_points") in found
+    assert ("huge-batch", "data") in found
+    assert len(found) == 9  # the two "dup" tasks share one problem
+
+
+def test_messages_say_what_to_do() -> None:
+    def broken_model() -> torch.nn.Module:
+        raise RuntimeError("out of ideas")
+
+    messages = [str(p) for p in validate_workload(Workload([
+        digits_task("odd", batch_size=10), digits_task("raising", model=broken_model)]),
+        devices=4)]
+    assert any("task 'odd', field 'batch_size': 10 is not divisible by the 4 devices" in m
+               and "use a multiple of 4" in m for m in messages)
+    assert any("task 'raising', field 'model': the model factory raised RuntimeError: out of "
+               "ideas" in m for m in messages)
+
+
+def test_a_bad_task_does_not_stop_the_others() -> None:
+    good, bad = digits_task("good"), digits_task("bad", steps=-1)
+    valid, problems = split_valid(Workload([good, bad]), None, technique_names())
+    assert [t.name for t in valid] == ["good"]
+    assert [(p.task, p.field) for p in problems] == [("bad", "steps")]
+
+
+def test_epochs_become_steps() -> None:
+    task = digits_task(steps=None, epochs=2.0, batch_size=16)
+    assert task.total_steps(1437) == 180  # ceil(2 * 1437 / 16)
+
+
+def test_workload_file_errors(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.py"
+    with pytest.raises(WorkloadFileError, match="does not exist"):
+        load_workload(missing)
+    syntax = tmp_path / "syntax.py"
+    syntax.write_text("workload = [\n  1 +\n")
+    with pytest.raises(WorkloadFileError, match=r"syntax.py:\d+: syntax error"):
+        load_workload(syntax)
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    with pytest.raises(WorkloadFileError, match="defines no `workload`"):
+        load_workload(empty)
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text("workload = 42\n")
+    with pytest.raises(WorkloadFileError, match="`workload` is a int"):
+        load_workload(wrong)
+    raising = tmp_path / "raising.py"
+    raising.write_text("import nonexistent_module_xyz\n")
+    with pytest.raises(WorkloadFileError, match="raised ModuleNotFoundError"):
+        load_workload(raising)
+
+
+def test_workload_file_lambdas_travel_by_value(tmp_path: Path) -> None:
+    import cloudpickle
+
+    file = tmp_path / "lambdas.py"
+    file.write_text(
+        "import torch\nfrom dione import Task, Workload\n"
+        "workload = Workload([Task(name='t', model=lambda: torch.nn.Linear(2, 2),"
+        " data=lambda: [(torch.zeros(2), torch.zeros(2))] * 4, loss=torch.nn.functional.mse_loss,"
+        " optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batch_size=2, steps=1)])\n")
+    task = load_workload(file).task("t")
+    copy = cloudpickle.loads(cloudpickle.dumps(task))
+    assert isinstance(copy.model(), torch.nn.Linear)
+    assert problems_of(task) == []
+
+
+def test_devices_syntax() -> None:
+    assert parse_devices("cpu:4") == ("cpu", 4)
+    assert parse_devices(" cuda:2 ") == ("cuda", 2)
+    for bad in ("cpu:0", "gpu:2", "four", "cpu:"):
+        with pytest.raises(ClusterError, match=r"write e\.g\. 'cpu:4'"):
+            parse_devices(bad)
+    cluster = local_cluster("cpu:3")
+    assert [(n.kind, n.devices) for n in cluster] == [("cpu", 3)]
