@@ -2,11 +2,12 @@
 
     python benchmarks/overhead.py [--steps 300] [--repeats 3] [--models chargpt digits]
 
-For each model and (technique, devices) the two run alternately, ``--repeats`` times
-each, on the same cores with the same thread counts; each run's steady-state step time
-is the median of its steps after a warm-up, and the ratio is dione's median over the
-plain loop's. Slice start-up (process start, data, checkpoint save) is reported apart:
-it is paid once per slice, not per step.
+For each model and (technique, devices) the two run as ``--repeats`` back-to-back pairs
+on the same cores with the same thread counts; each run's steady-state step time is
+the median of its steps after a warm-up. This machine is shared and its speed drifts by
+10% and more between runs, so the figure is the median of the pairs' ratios (each pair
+close in time) with their range. Slice start-up (process start, data, checkpoint save)
+is reported apart: it is paid once per slice, not per step.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from dione.spec import Node, Task
 from dione.spec.devices import available_cores
 
 WARMUP = 20
-CONFIGS = [("single", 1), ("ddp", 2)]
 
 
 def steady(step_seconds: list[float]) -> float:
@@ -42,7 +42,9 @@ def plain(model: str, world: int, steps: int, threads: int, cores: list[list[int
                str(world), str(steps), str(out), str(threads)]
     if cores:
         command.append(json.dumps(cores))
-    subprocess.run(command, check=True)
+    # The same thread settings dione's workers get (torchrun sets OMP_NUM_THREADS too).
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    subprocess.run(command, check=True, env=env)
     return steady(json.loads(out.read_text())["step_seconds"])
 
 
@@ -58,11 +60,22 @@ def dione(model: str, technique: str, world: int, steps: int, node: Node,
     return steady(result.step_seconds), result.seconds - training
 
 
+def spread(seconds: list[float]) -> str:
+    """Median of the runs, and their range, in milliseconds."""
+    values = [s * 1e3 for s in seconds]
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def ratio_spread(ratios: list[float]) -> str:
+    return f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--models", nargs="+", default=["chargpt-wide", "chargpt", "digits"])
+    parser.add_argument("--configs", nargs="+", default=["single:1", "ddp:2"])
     args = parser.parse_args()
     cores = available_cores()
     node = Node("bench", len(cores), "cpu", len(cores))
@@ -70,7 +83,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for model in args.models:
-            for technique, world in CONFIGS:
+            for technique, world in ((c.split(":")[0], int(c.split(":")[1]))
+                                     for c in args.configs):
                 if world > len(cores):
                     continue
                 placement = local_placement(node, range(world))
@@ -82,17 +96,18 @@ def main() -> None:
                     step, startup = dione(model, technique, world, args.steps, node, folder)
                     diones.append(step)
                     startups.append(startup)
-                p, d = statistics.median(plains), statistics.median(diones)
-                rows.append((model, f"{technique} x{world}", p * 1e3, d * 1e3, d / p,
+                ratios = [d / p for d, p in zip(diones, plains, strict=True)]
+                rows.append((model, f"{technique} x{world}", plains, diones, ratios,
                              statistics.median(startups)))
-                print(f"{model} {technique} x{world}: plain {p * 1e3:.2f} ms, dione "
-                      f"{d * 1e3:.2f} ms, ratio {d / p:.3f}", flush=True)
+                print(f"{model} {technique} x{world}: plain {spread(plains)}, dione "
+                      f"{spread(diones)}, ratio {ratio_spread(ratios)}", flush=True)
     print()
-    print("| model | technique | plain loop ms/step | dione ms/step | dione / plain | "
-          "slice start-up + save, s |")
+    print("| model | technique | plain loop ms/step | dione ms/step | dione / plain, "
+          "median of pairs (range) | slice start-up + save, s |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
-    for model, config, p, d, ratio, startup in rows:
-        print(f"| {model} | {config} | {p:.2f} | {d:.2f} | {ratio:.3f} | {startup:.1f} |")
+    for model, config, plains, diones, ratios, startup in rows:
+        print(f"| {model} | {config} | {spread(plains)} | {spread(diones)} | "
+              f"{ratio_spread(ratios)} | {startup:.1f} |")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def train(rank: int, world: int, name: str, steps: int, out: str, port: int, thr
         last = now
     if rank == 0:
         with open(out, "w") as file:
-            json.dump({"step_seconds": times, "final_loss": float(loss)}, file)
+            json.dump({"step_seconds": times, "final_loss": float(loss.detach())}, file)
     if world > 1:
         dist.destroy_process_group()
 

@@ -179,6 +179,51 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed or problems else 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from dione.plan import ProblemError, check_plan, load_plan, load_problem, solve
+
+    if args.check:
+        if len(args.files) != 2:
+            raise BadInput("--check takes PLAN.json PROBLEM.json")
+        plan_file, problem_file = args.files
+    else:
+        if len(args.files) != 1:
+            raise BadInput("give one PROBLEM.json (or --check PLAN.json PROBLEM.json)")
+        problem_file, plan_file = args.files[0], None
+    try:
+        problem = load_problem(problem_file)
+    except ProblemError as err:
+        raise BadInput(f"{problem_file}: {err}") from None
+    if plan_file is not None:
+        try:
+            plan = load_plan(plan_file)
+        except (OSError, ValueError) as err:
+            raise BadInput(f"{plan_file}: {err}") from None
+        reasons = check_plan(plan, problem)
+        if reasons:
+            for reason in reasons:
+                _complain("invalid", reason)
+            return EXIT_FAILED
+        console.print(f"{plan_file}: a valid plan of {problem_file}, makespan "
+                      f"{plan.makespan:.1f} s")
+        return 0
+    try:
+        plan = solve(problem, args.solver, args.time_limit, args.threads)
+    except ValueError as err:
+        raise BadInput(str(err)) from None
+    text = json.dumps(plan.to_json(), indent=1)
+    summary = (f"{plan.solver}: {plan.status}, makespan {plan.makespan:.1f} s, lower bound "
+               f"{plan.lower_bound:.1f} s (gap {plan.gap:.2%}), solved in "
+               f"{plan.solve_seconds:.2f} s")
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+        console.print(summary)
+    else:
+        print(text)
+        errors.print(summary)
+    return 0 if plan.assignments else EXIT_FAILED
+
+
 def _cmd_techniques(args: argparse.Namespace) -> int:
     from dione.techniques import techniques
 
@@ -216,6 +261,18 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("workload")
     validate.add_argument("--devices", help="check batch sizes against this device count")
     validate.set_defaults(handler=_cmd_validate)
+
+    plan = commands.add_parser("plan", help="solve a problem JSON into a plan JSON, or "
+                               "--check a plan")
+    plan.add_argument("files", nargs="+", metavar="FILE",
+                      help="PROBLEM.json, or with --check: PLAN.json PROBLEM.json")
+    plan.add_argument("--check", action="store_true", help="check that a plan is valid")
+    plan.add_argument("--solver", default="cpsat",
+                      choices=["cpsat", "greedy", "sequential", "saturn-milp"])
+    plan.add_argument("--time-limit", type=float, default=10.0, help="seconds (default 10)")
+    plan.add_argument("--threads", type=int, help="solver threads (default: every core)")
+    plan.add_argument("-o", "--output", help="write the plan JSON here (default: stdout)")
+    plan.set_defaults(handler=_cmd_plan)
 
     listing = commands.add_parser("techniques", help="list registered techniques and knobs")
     listing.set_defaults(handler=_cmd_techniques)

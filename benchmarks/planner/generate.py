@@ -1,0 +1,134 @@
+"""Planner benchmark instances from a documented cost model; fixed seeds, committed output.
+
+    python benchmarks/planner/generate.py        # rewrites benchmarks/planner/instances/
+
+Cost model (every figure a stated assumption, chosen to look like Saturn's workloads of
+fine-tuning GPT-style models on nodes of 8 A100-80GB GPUs):
+
+* A task fine-tunes a decoder of P parameters (GPT-3 sizes, 125M to 13B) on T tokens
+  (lognormal, median 300M, clipped to 30M-3B). Its work is 6 P T FLOPs (Kaplan et al.,
+  2020). One GPU delivers 125 TFLOP/s (312 TFLOP/s bf16 peak at 40% utilisation).
+* Memory per GPU, 80 GB available: model states take 16 bytes per parameter (bf16
+  weights and gradients, fp32 master weights and two Adam moments); activations of the
+  task's batch take 6 GB x (P / 1B)^0.6 on one GPU and shrink with the share of the
+  batch (or of the layers) a GPU holds.
+* Communication per doubling of devices costs a fraction c(P) = 0.15 (1B / P)^0.35 of
+  the compute for DDP (small models scale worst: their gradients are all-reduced as
+  often while each GPU computes little; 125M on 8 GPUs runs 4.1x as fast as on one,
+  13B 6.8x), and 1.5 c(P) for FSDP (it all-gathers parameters twice and
+  reduce-scatters gradients).
+* Options, on g in {1, 2, 4, 8} GPUs of one node (time = work / (g x 125 TFLOP/s) /
+  efficiency; an option exists only if it fits in memory):
+    - single (g = 1):       states + activations;                       efficiency 1
+    - ddp:                  states + activations / g;                   1 / (1 + c log2 g)
+    - fsdp:                 states / g + activations / g;               1 / (1 + 1.5 c log2 g)
+      with activation checkpointing: activations / 5, compute x 4/3;
+      with CPU offload: states / g moved to host (2 bytes/param stay), compute x 1.6
+    - gpipe (g >= 2, 8 micro-batches): states / g + activations / g;    0.97 x 8 / (8 + g - 1)
+    - 1f1b  (g >= 2, 8 micro-batches): states / g + activations / g x g / 8 (at most g
+      micro-batches in flight);                                          same bubble as gpipe
+* Each option's seconds get a lognormal factor (sigma 0.05): profiled runtimes are
+  measurements, not formulas.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+GPU_MEMORY_GB = 80.0
+GPU_FLOPS = 125e12
+SIZES_B = [0.125, 0.35, 0.76, 1.3, 2.7, 6.7, 13.0]
+SIZE_WEIGHTS = [3, 4, 4, 4, 3, 2, 1]
+DEVICE_COUNTS = [1, 2, 4, 8]
+MICROBATCHES = 8
+
+FAMILIES: dict[str, list[tuple[int, int]]] = {
+    # (tasks, nodes) per instance
+    "small": [(4, 1), (8, 1), (12, 1), (16, 1), (8, 2), (16, 2)],
+    "medium": [(50, 8), (75, 8), (100, 8)],
+    "large": [(1000, 64), (1200, 64)],
+}
+
+
+def options_for(params_b: float, tokens: float, rng: random.Random) -> list[dict[str, Any]]:
+    """Every option of one task that fits in memory, with its seconds."""
+    params = params_b * 1e9
+    work = 6 * params * tokens
+    states = 16 * params / 1e9  # GB
+    activations = 6.0 * params_b**0.6
+    options = []
+
+    def add(technique: str, g: int, memory: float, efficiency: float,
+            knobs: dict[str, Any] | None = None) -> None:
+        if memory <= GPU_MEMORY_GB:
+            seconds = work / (g * GPU_FLOPS) / efficiency * math.exp(rng.gauss(0, 0.05))
+            options.append({"technique": technique, "knobs": knobs or {}, "devices": g,
+                            "seconds": round(seconds, 1)})
+
+    communication = 0.15 * (1.0 / params_b) ** 0.35
+    for g in DEVICE_COUNTS:
+        log_g = math.log2(g)
+        if g == 1:
+            add("single", 1, states + activations, 1.0)
+        else:
+            add("ddp", g, states + activations / g, 1 / (1 + communication * log_g))
+            bubble = 0.97 * MICROBATCHES / (MICROBATCHES + g - 1)
+            add("gpipe", g, states / g + activations / g, bubble,
+                {"microbatches": MICROBATCHES})
+            add("1f1b", g, states / g + activations / g * min(g, MICROBATCHES) / MICROBATCHES,
+                bubble, {"microbatches": MICROBATCHES})
+        fsdp = 1 / (1 + 1.5 * communication * log_g)
+        add("fsdp", g, states / g + activations / g, fsdp,
+            {"activation_checkpointing": False, "cpu_offload": False})
+        add("fsdp", g, states / g + activations / g / 5, fsdp * 0.75,
+            {"activation_checkpointing": True, "cpu_offload": False})
+        add("fsdp", g, 2 * params / 1e9 / g + activations / g / 5, fsdp * 0.75 / 1.6,
+            {"activation_checkpointing": True, "cpu_offload": True})
+    return options
+
+
+def instance(tasks: int, nodes: int, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    entries = []
+    while len(entries) < tasks:
+        size = rng.choices(SIZES_B, SIZE_WEIGHTS)[0]
+        tokens = min(3e9, max(3e7, math.exp(rng.gauss(math.log(3e8), 0.8))))
+        options = options_for(size, tokens, rng)
+        if options:
+            lr = rng.choice(["1e-5", "3e-5", "1e-4"])
+            name = f"gpt{size:g}b-{len(entries):04d}-lr{lr}"
+            entries.append({"name": name, "options": options})
+    return {"cluster": {"nodes": [{"name": f"n{i}", "devices": 8} for i in range(nodes)]},
+            "tasks": entries}
+
+
+def write(data: dict[str, Any], path: Path) -> None:
+    """One task per line, diffable; the large family gzip-compressed (2 MB -> 0.2 MB)."""
+    lines = ["{", f' "cluster": {json.dumps(data["cluster"])},', ' "tasks": [']
+    lines += [f"  {json.dumps(t)}," for t in data["tasks"]]
+    lines[-1] = lines[-1].rstrip(",")
+    lines += [" ]", "}"]
+    text = "\n".join(lines) + "\n"
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text.encode(), mtime=0))
+    else:
+        path.write_text(text)
+
+
+def main() -> None:
+    folder = Path(__file__).with_name("instances")
+    folder.mkdir(exist_ok=True)
+    for number, (family, shapes) in enumerate(FAMILIES.items(), start=1):
+        for index, (tasks, nodes) in enumerate(shapes, start=1):
+            seed = 1000 * number + index  # fixed: the instances never change
+            suffix = ".json.gz" if family == "large" else ".json"
+            write(instance(tasks, nodes, seed), folder / f"{family}-{index}{suffix}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""Fast heuristics: list scheduling of efficient options, then widening the critical tasks.
+
+``greedy`` chooses every task's option for a target makespan T, as two-phase schedulers
+of malleable tasks do: the fewest device-seconds among the options no longer than T
+(the fastest if none is). Each target's choice is list-scheduled, longest first, onto
+the node where each task ends earliest; the best of a sweep of targets is then improved
+by giving the task that ends last (and, failing that, the longest tasks) a faster, wider
+option while that shortens the plan. ``sequential`` is current practice: each task in
+turn on a whole node at its fastest option there.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from dione.plan.bounds import lower_bound
+from dione.plan.plan import Plan, assign_device_ids, left_shift
+from dione.plan.problem import Option, PlanningProblem, TaskOptions
+from dione.plan.timeline import NodeTimeline
+
+__all__ = [
+    "Placement",
+    "greedy",
+    "greedy_placements",
+    "list_schedule",
+    "placements_plan",
+    "sequential",
+]
+
+Placement = tuple[str, Option, str, float]  # task, option, node, start
+
+
+def _timelines(problem: PlanningProblem) -> dict[str, NodeTimeline]:
+    lines = {n.name: NodeTimeline(n.devices) for n in problem.nodes}
+    for b in problem.busy:
+        lines[b.node].reserve(0.0, b.until, len(b.device_ids))
+    return lines
+
+
+def list_schedule(
+    problem: PlanningProblem, choice: dict[str, Option], order: Sequence[str],
+    demand: Callable[[Option, int], int] = lambda option, _: option.devices,
+) -> tuple[list[Placement], float]:
+    """Place tasks in ``order``, each at the node and time where its chosen option ends
+    earliest; ``demand(option, node devices)`` is the devices it blocks. Returns the
+    placements and their makespan."""
+    lines = _timelines(problem)
+    placed: list[Placement] = []
+    makespan = max((b.until for b in problem.busy), default=0.0)
+    for name in order:
+        option = choice[name]
+        best: tuple[float, float, str] | None = None
+        for node in problem.nodes:
+            if option.devices > node.devices:
+                continue
+            need = demand(option, node.devices)
+            start = lines[node.name].earliest_start(need, option.seconds)
+            if best is None or start + option.seconds < best[0] - 1e-9:
+                best = (start + option.seconds, start, node.name)
+        if best is None:
+            raise ValueError(f"task {name!r}: option {option.technique} on {option.devices} "
+                             "devices fits no node")
+        end, start, node_name = best
+        lines[node_name].reserve(start, end, demand(option, problem.node(node_name).devices))
+        placed.append((name, option, node_name, start))
+        makespan = max(makespan, end)
+    return placed, makespan
+
+
+def placements_plan(
+    solver: str, status: str, problem: PlanningProblem, placed: Sequence[Placement],
+    began: float, bound: float | None = None, notes: dict[str, object] | None = None,
+) -> Plan:
+    """A plan from placements: device ids assigned, makespan and bound reported."""
+    assignments = left_shift(assign_device_ids(placed, problem), problem)
+    makespan = max([a.end for a in assignments] + [b.until for b in problem.busy] + [0.0])
+    return Plan(solver=solver, status=status, makespan=makespan,
+                lower_bound=lower_bound(problem) if bound is None else bound,
+                assignments=tuple(sorted(assignments, key=lambda a: (a.start, a.task))),
+                solve_seconds=time.perf_counter() - began, notes=notes or {})
+
+
+def _fits(task: TaskOptions, problem: PlanningProblem) -> list[Option]:
+    widest = max(n.devices for n in problem.nodes)
+    return [o for o in task.options if o.devices <= widest]
+
+
+def _orders(problem: PlanningProblem, choice: dict[str, Option]) -> list[list[str]]:
+    names = [t.name for t in problem.tasks]
+    return [
+        sorted(names, key=lambda n: (-choice[n].seconds, n)),  # longest first
+        sorted(names, key=lambda n: (-choice[n].device_seconds, n)),  # most work first
+        sorted(names, key=lambda n: (-choice[n].devices, -choice[n].seconds, n)),  # widest
+    ]
+
+
+def _best_order(problem: PlanningProblem, choice: dict[str, Option]
+                ) -> tuple[list[Placement], float]:
+    results = [list_schedule(problem, choice, order) for order in _orders(problem, choice)]
+    return min(results, key=lambda r: r[1])
+
+
+def greedy(problem: PlanningProblem, time_limit: float = 10.0) -> Plan:
+    """List scheduling with improvement passes; stops improving at ``time_limit`` s."""
+    began = time.perf_counter()
+    placed, _, trials = greedy_placements(problem, time_limit)
+    return placements_plan("greedy", "feasible", problem, placed, began,
+                           notes={"improvement_trials": trials})
+
+
+# Targets, as multiples of the lower bound; infinity: every task at its fewest
+# device-seconds, whatever its length.
+TARGETS = (1.0, 1.05, 1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0, math.inf)
+
+
+def allotment(problem: PlanningProblem, target: float) -> dict[str, Option]:
+    """Per task, the fewest device-seconds among options of at most ``target`` seconds
+    (the fastest option where none is that short)."""
+    choice = {}
+    for task in problem.tasks:
+        fits = _fits(task, problem)
+        short = [o for o in fits if o.seconds <= target]
+        choice[task.name] = (min(short, key=lambda o: (o.device_seconds, o.seconds)) if short
+                             else min(fits, key=lambda o: (o.seconds, o.device_seconds)))
+    return choice
+
+
+def greedy_placements(problem: PlanningProblem, time_limit: float = 10.0
+                      ) -> tuple[list[Placement], float, int]:
+    """The greedy placements, their makespan, and how many improvements were tried.
+
+    Every target's allotment is improved, not just the best one: a tight target can
+    start worse than a loose one and still improve to a better plan (one long task made
+    wide, then the tasks that had to wait for it widened in turn).
+    """
+    began = time.perf_counter()
+    bound = lower_bound(problem)
+    best: tuple[list[Placement], float] | None = None
+    trials = 0
+    for index, factor in enumerate(TARGETS):
+        now = time.perf_counter()
+        if best is not None and now > began + time_limit:
+            break
+        share = (began + time_limit - now) / (len(TARGETS) - index)
+        choice = allotment(problem, bound * factor)
+        placed, makespan = _best_order(problem, choice)
+        placed, makespan, tried = _improve(problem, choice, placed, makespan, now + share)
+        trials += tried
+        if best is None or makespan < best[1] - 1e-9:
+            best = (placed, makespan)
+    assert best is not None
+    return best[0], best[1], trials
+
+
+def _improve(problem: PlanningProblem, choice: dict[str, Option], placed: list[Placement],
+             makespan: float, deadline: float) -> tuple[list[Placement], float, int]:
+    """Widen the last-ending, then the longest tasks, one faster option at a time, while
+    that shortens the plan (first improvement wins, then start over)."""
+    tasks = {t.name: t for t in problem.tasks}
+    trials = 0
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        ends = sorted(((start + option.seconds, name) for name, option, _, start in placed),
+                      reverse=True)
+        last = [name for _, name in ends[:3]]
+        longest = sorted(tasks, key=lambda n: -choice[n].seconds)[:10]
+        for name in dict.fromkeys(last + longest):
+            faster = sorted((o for o in _fits(tasks[name], problem)
+                             if o.seconds < choice[name].seconds),
+                            key=lambda o: o.device_seconds)
+            for option in faster:
+                trial = {**choice, name: option}
+                trial_placed, trial_makespan = _best_order(problem, trial)
+                trials += 1
+                if trial_makespan < makespan - 1e-9:
+                    choice, placed, makespan = trial, trial_placed, trial_makespan
+                    improved = True
+                    break
+                if time.perf_counter() > deadline:
+                    break
+            if improved or time.perf_counter() > deadline:
+                break
+    return placed, makespan, trials
+
+
+def sequential(problem: PlanningProblem) -> Plan:
+    """Current practice: tasks in the given order, each alone on a whole node at its
+    fastest option there; nodes work side by side, each on one task at a time."""
+    began = time.perf_counter()
+    widest = max(n.devices for n in problem.nodes)
+    choice = {}
+    for task in problem.tasks:
+        at_width = [o for o in task.options if o.devices == widest]
+        choice[task.name] = min(at_width or _fits(task, problem), key=lambda o: o.seconds)
+    placed, _ = list_schedule(problem, choice, [t.name for t in problem.tasks],
+                              demand=lambda _, node_devices: node_devices)
+    return placements_plan("sequential", "feasible", problem, placed, began)

@@ -1,0 +1,223 @@
+"""A plan: for every task one option, a node, device ids and a start time; and its checker."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dione.plan.problem import Option, PlanningProblem
+
+__all__ = [
+    "Assignment",
+    "Plan",
+    "assign_device_ids",
+    "check_plan",
+    "left_shift",
+    "load_plan",
+]
+
+# Plans are JSON with times in seconds: allow float rounding, never real overlap.
+TIME_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Task ``task`` runs ``option`` on ``device_ids`` of ``node`` from ``start`` to ``end``."""
+
+    task: str
+    technique: str
+    knobs: Mapping[str, Any]
+    node: str
+    device_ids: tuple[int, ...]
+    start: float
+    end: float
+
+    @property
+    def devices(self) -> int:
+        return len(self.device_ids)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"task": self.task, "technique": self.technique, "knobs": dict(self.knobs),
+                "node": self.node, "device_ids": list(self.device_ids),
+                "start": self.start, "end": self.end}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The solver's answer, with its status, makespan and proven lower bound together."""
+
+    solver: str
+    status: str  # optimal | feasible | infeasible | unknown
+    makespan: float
+    lower_bound: float
+    assignments: tuple[Assignment, ...]
+    solve_seconds: float = 0.0
+    notes: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float:
+        """makespan / lower bound - 1 (0: proven optimal)."""
+        return self.makespan / self.lower_bound - 1 if self.lower_bound > 0 else 0.0
+
+    def assignment(self, task: str) -> Assignment:
+        for a in self.assignments:
+            if a.task == task:
+                return a
+        raise KeyError(task)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"solver": self.solver, "status": self.status, "makespan": self.makespan,
+                "lower_bound": self.lower_bound, "solve_seconds": self.solve_seconds,
+                "notes": dict(self.notes),
+                "assignments": [a.to_json() for a in self.assignments]}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> Plan:
+        try:
+            return Plan(
+                solver=str(data["solver"]), status=str(data["status"]),
+                makespan=float(data["makespan"]), lower_bound=float(data["lower_bound"]),
+                solve_seconds=float(data.get("solve_seconds", 0.0)),
+                notes=dict(data.get("notes", {})),
+                assignments=tuple(
+                    Assignment(str(a["task"]), str(a["technique"]), dict(a.get("knobs", {})),
+                               str(a["node"]), tuple(int(d) for d in a["device_ids"]),
+                               float(a["start"]), float(a["end"]))
+                    for a in data["assignments"]),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"not a plan: {type(err).__name__}: {err}") from None
+
+
+def load_plan(path: str | Path) -> Plan:
+    return Plan.from_json(json.loads(Path(path).read_text()))
+
+
+def _matching_option(assignment: Assignment, options: Sequence[Option]) -> Option | None:
+    knobs = json.dumps(dict(assignment.knobs), sort_keys=True)
+    for option in options:
+        if option.key() == (assignment.technique, knobs, assignment.devices):
+            return option
+    return None
+
+
+def check_plan(plan: Plan, problem: PlanningProblem) -> list[str]:
+    """Every reason ``plan`` is not a valid plan of ``problem`` (empty: it is valid).
+
+    Valid (DESIGN.md): every task has exactly one assignment taken from its options,
+    its length equals that option's seconds, and no device holds two tasks at once
+    (nor a task while it is busy with one already running).
+    """
+    reasons = []
+    nodes = {n.name: n for n in problem.nodes}
+    tasks = {t.name: t for t in problem.tasks}
+    seen: dict[str, int] = defaultdict(int)
+    for a in plan.assignments:
+        seen[a.task] += 1
+    for name in tasks:
+        if seen[name] == 0:
+            reasons.append(f"task {name!r} has no assignment")
+        elif seen[name] > 1:
+            reasons.append(f"task {name!r} has {seen[name]} assignments")
+    for name in seen:
+        if name not in tasks:
+            reasons.append(f"task {name!r} is not in the problem")
+    occupancy: dict[tuple[str, int], list[tuple[float, float, str]]] = defaultdict(list)
+    for b in problem.busy:
+        for device in b.device_ids:
+            occupancy[(b.node, device)].append((0.0, b.until, f"running task {b.task!r}"))
+    for a in plan.assignments:
+        where = f"task {a.task!r}"
+        if a.task in tasks:
+            option = _matching_option(a, tasks[a.task].options)
+            if option is None:
+                reasons.append(f"{where}: {a.technique} {dict(a.knobs)} on {a.devices} devices "
+                               "is not one of its options")
+            elif abs((a.end - a.start) - option.seconds) > TIME_TOLERANCE * max(
+                    1.0, option.seconds):
+                reasons.append(f"{where}: runs {a.end - a.start:g} s, but its option takes "
+                               f"{option.seconds:g} s")
+        if a.start < -TIME_TOLERANCE:
+            reasons.append(f"{where}: starts at {a.start:g} s, before time 0")
+        node = nodes.get(a.node)
+        if node is None:
+            reasons.append(f"{where}: unknown node {a.node!r}")
+            continue
+        if len(set(a.device_ids)) != len(a.device_ids):
+            reasons.append(f"{where}: device ids {list(a.device_ids)} repeat a device")
+        outside = [d for d in a.device_ids if not 0 <= d < node.devices]
+        if outside:
+            reasons.append(f"{where}: node {a.node!r} has no device(s) {outside}")
+        for device in set(a.device_ids):
+            occupancy[(a.node, device)].append((a.start, a.end, where))
+    for (node_name, device), spans in occupancy.items():
+        spans.sort()
+        for (_, end, first), (start, _, second) in itertools.pairwise(spans):
+            if start < end - TIME_TOLERANCE:
+                reasons.append(f"device {device} of node {node_name!r} holds {first} and "
+                               f"{second} at once (from {start:g} s to {end:g} s)")
+    if plan.assignments:  # the running tasks count: the makespan is when all work ends
+        latest = max([a.end for a in plan.assignments] + [b.until for b in problem.busy])
+        if abs(latest - plan.makespan) > TIME_TOLERANCE * max(1.0, latest):
+            reasons.append(f"makespan {plan.makespan:g} s is not the last end, {latest:g} s")
+    return reasons
+
+
+def assign_device_ids(
+    placed: Sequence[tuple[str, Option, str, float]], problem: PlanningProblem
+) -> list[Assignment]:
+    """Give each placed (task, option, node, start) device ids, in start order.
+
+    Any placement within each node's device count admits this: at a task's start at
+    most ``capacity - demand`` devices are busy, so enough are free. Among the free
+    devices it takes those that became free last, which keeps long idle devices
+    together for wide tasks.
+    """
+    free_at: dict[str, list[float]] = {n.name: [0.0] * n.devices for n in problem.nodes}
+    for b in problem.busy:
+        for device in b.device_ids:
+            free_at[b.node][device] = max(free_at[b.node][device], b.until)
+    result = []
+    for task, option, node, start in sorted(placed, key=lambda p: (p[3], -p[1].devices)):
+        times = free_at[node]
+        if option.seconds <= TIME_TOLERANCE:  # no device time to speak of: any devices do
+            chosen = sorted(range(len(times)), key=lambda d: (times[d], d))[: option.devices]
+            result.append(Assignment(task, option.technique, dict(option.knobs), node,
+                                     tuple(sorted(chosen)), start, start))
+            continue
+        free = [d for d, t in enumerate(times) if t <= start + TIME_TOLERANCE * max(1.0, start)]
+        if len(free) < option.devices:
+            raise ValueError(f"task {task!r}: only {len(free)} of {option.devices} devices of "
+                             f"node {node!r} are free at {start:g} s; the placement "
+                             "exceeds the node's capacity")
+        chosen = sorted(sorted(free, key=lambda d: (-times[d], d))[: option.devices])
+        end = start + option.seconds
+        for d in chosen:
+            times[d] = end
+        result.append(Assignment(task, option.technique, dict(option.knobs), node,
+                                 tuple(chosen), start, end))
+    return result
+
+
+def left_shift(assignments: Sequence[Assignment], problem: PlanningProblem) -> list[Assignment]:
+    """Re-time assignments exactly: in their start order, each starts as soon as all its
+    devices are free. Keeps every device's order, so it stays valid and ends no later;
+    it removes what rounding (integer ticks, solver tolerances) added to the times."""
+    free = {(n.name, d): 0.0 for n in problem.nodes for d in range(n.devices)}
+    for b in problem.busy:
+        for d in b.device_ids:
+            free[(b.node, d)] = max(free[(b.node, d)], b.until)
+    result = []
+    for a in sorted(assignments, key=lambda a: (a.start, a.task)):
+        begin = max(free[(a.node, d)] for d in a.device_ids)
+        length = a.end - a.start
+        for d in a.device_ids:
+            free[(a.node, d)] = begin + length
+        result.append(Assignment(a.task, a.technique, dict(a.knobs), a.node, a.device_ids,
+                                 begin, begin + length))
+    return result

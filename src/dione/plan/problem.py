@@ -1,0 +1,268 @@
+"""The planning problem: a cluster and, per task, its options (technique, devices, seconds).
+
+Read from the JSON of DESIGN.md and checked strictly: every problem in the file is
+reported at once, each naming its task, so a hand-written problem is easy to fix.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Busy",
+    "NodeSpec",
+    "Option",
+    "PlanningProblem",
+    "ProblemError",
+    "TaskOptions",
+    "load_problem",
+]
+
+
+class ProblemError(ValueError):
+    """A problem file with mistakes; ``reasons`` lists every one."""
+
+    def __init__(self, reasons: Iterable[str]) -> None:
+        self.reasons = list(reasons)
+        lines = "\n".join(f"  - {r}" for r in self.reasons)
+        super().__init__(f"the problem has {len(self.reasons)} mistake(s):\n{lines}")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node of the cluster: its name and device count."""
+
+    name: str
+    devices: int
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to train a task: a technique with knobs on ``devices`` devices of one node."""
+
+    technique: str
+    devices: int
+    seconds: float
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def device_seconds(self) -> float:
+        return self.devices * self.seconds
+
+    def key(self) -> tuple[str, str, int]:
+        return self.technique, json.dumps(dict(self.knobs), sort_keys=True), self.devices
+
+    def to_json(self) -> dict[str, Any]:
+        return {"technique": self.technique, "knobs": dict(self.knobs),
+                "devices": self.devices, "seconds": self.seconds}
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """A task to place and the options it may take."""
+
+    name: str
+    options: tuple[Option, ...]
+
+    def fitting(self, node: NodeSpec) -> list[Option]:
+        return [o for o in self.options if o.devices <= node.devices]
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Devices a task already running holds until ``until`` seconds from now (re-planning)."""
+
+    task: str
+    node: str
+    device_ids: tuple[int, ...]
+    until: float
+
+
+@dataclass(frozen=True)
+class PlanningProblem:
+    """Nodes, tasks with options, and devices already busy; times in seconds from now."""
+
+    nodes: tuple[NodeSpec, ...]
+    tasks: tuple[TaskOptions, ...]
+    busy: tuple[Busy, ...] = ()
+
+    def __iter__(self) -> Iterator[TaskOptions]:
+        return iter(self.tasks)
+
+    def node(self, name: str) -> NodeSpec:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def task(self, name: str) -> TaskOptions:
+        for t in self.tasks:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    @property
+    def total_devices(self) -> int:
+        return sum(n.devices for n in self.nodes)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "cluster": {"nodes": [{"name": n.name, "devices": n.devices} for n in self.nodes]},
+            "tasks": [{"name": t.name, "options": [o.to_json() for o in t.options]}
+                      for t in self.tasks],
+        }
+        if self.busy:
+            data["busy"] = [{"task": b.task, "node": b.node, "device_ids": list(b.device_ids),
+                             "until": b.until} for b in self.busy]
+        return data
+
+    @staticmethod
+    def from_json(data: Any) -> PlanningProblem:
+        return _parse(data)
+
+
+def _unknown(where: str, item: Mapping[str, Any], allowed: set[str]) -> list[str]:
+    extra = sorted(set(item) - allowed)
+    return [f"{where}: unknown field(s) {', '.join(map(repr, extra))} "
+            f"(allowed: {', '.join(sorted(allowed))})"] if extra else []
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _parse_nodes(data: Any, reasons: list[str]) -> list[NodeSpec]:
+    cluster = data.get("cluster")
+    if not isinstance(cluster, Mapping) or not isinstance(cluster.get("nodes"), list) \
+            or not cluster["nodes"]:
+        reasons.append('cluster: must be {"nodes": [{"name": "n0", "devices": 8}, ...]}')
+        return []
+    reasons += _unknown("cluster", cluster, {"nodes"})
+    nodes = []
+    for i, node in enumerate(cluster["nodes"]):
+        if not isinstance(node, Mapping):
+            reasons.append(f"cluster node {i}: must be an object")
+            continue
+        reasons += _unknown(f"cluster node {i}", node, {"name", "devices", "kind"})
+        name, devices = node.get("name"), node.get("devices")
+        if not isinstance(name, str) or not name:
+            reasons.append(f"cluster node {i}: needs a name")
+        elif not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+            reasons.append(f"cluster node {name!r}: devices must be a positive integer")
+        else:
+            nodes.append(NodeSpec(name, devices))
+    names = [n.name for n in nodes]
+    reasons += [f"cluster: node name {n!r} is used twice" for n in sorted(set(names))
+                if names.count(n) > 1]
+    return nodes
+
+
+def _parse_option(where: str, item: Any, reasons: list[str]) -> Option | None:
+    if not isinstance(item, Mapping):
+        reasons.append(f"{where}: must be an object")
+        return None
+    bad = _unknown(where, item, {"technique", "knobs", "devices", "seconds"})
+    technique: Any = item.get("technique")
+    devices: Any = item.get("devices")
+    seconds: Any = item.get("seconds")
+    knobs: Any = item.get("knobs", {})
+    if not isinstance(technique, str) or not technique:
+        bad.append(f"{where}: technique must be a name")
+    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+        bad.append(f"{where}: devices must be a positive integer, not {devices!r}")
+    if not _number(seconds) or seconds < 0:
+        bad.append(f"{where}: seconds must be a finite number >= 0, not {seconds!r}")
+    if not isinstance(knobs, Mapping):
+        bad.append(f"{where}: knobs must be an object")
+    reasons += bad
+    if bad:
+        return None
+    return Option(technique, devices, float(seconds), dict(knobs))
+
+
+def _parse(data: Any) -> PlanningProblem:
+    reasons: list[str] = []
+    if not isinstance(data, Mapping):
+        raise ProblemError(["the problem must be a JSON object with cluster and tasks"])
+    reasons += _unknown("problem", data, {"cluster", "tasks", "busy"})
+    nodes = _parse_nodes(data, reasons)
+    tasks: list[TaskOptions] = []
+    raw_tasks = data.get("tasks")
+    if not isinstance(raw_tasks, list) or not raw_tasks:
+        reasons.append("tasks: must be a non-empty list")
+        raw_tasks = []
+    widest = max((n.devices for n in nodes), default=0)
+    for i, raw in enumerate(raw_tasks):
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str) \
+                or not raw["name"]:
+            reasons.append(f"task {i}: must be an object with a name and options")
+            continue
+        name = raw["name"]
+        where = f"task {name!r}"
+        reasons += _unknown(where, raw, {"name", "options"})
+        raw_options = raw.get("options")
+        if not isinstance(raw_options, list) or not raw_options:
+            reasons.append(f"{where}: options must be a non-empty list")
+            continue
+        options = [_parse_option(f"{where}, option {j}", o, reasons)
+                   for j, o in enumerate(raw_options)]
+        valid = tuple(o for o in options if o is not None)
+        if len(valid) == len(options):
+            if nodes and not any(o.devices <= widest for o in valid):
+                reasons.append(f"{where}: no option fits any node (the widest has {widest} "
+                               f"devices, the narrowest option needs "
+                               f"{min(o.devices for o in valid)})")
+            tasks.append(TaskOptions(name, valid))
+    names = [t.name for t in tasks]
+    reasons += [f"task {n!r}: the name is used twice" for n in sorted(set(names))
+                if names.count(n) > 1]
+    busy = _parse_busy(data.get("busy", []), nodes, reasons)
+    if reasons:
+        raise ProblemError(reasons)
+    return PlanningProblem(tuple(nodes), tuple(tasks), tuple(busy))
+
+
+def _parse_busy(raw: Any, nodes: list[NodeSpec], reasons: list[str]) -> list[Busy]:
+    if not isinstance(raw, list):
+        reasons.append("busy: must be a list")
+        return []
+    sizes = {n.name: n.devices for n in nodes}
+    busy = []
+    for i, item in enumerate(raw):
+        where = f"busy {i}"
+        if not isinstance(item, Mapping):
+            reasons.append(f"{where}: must be an object")
+            continue
+        reasons += _unknown(where, item, {"task", "node", "device_ids", "until"})
+        node: Any = item.get("node")
+        ids: Any = item.get("device_ids")
+        until: Any = item.get("until")
+        if node not in sizes:
+            reasons.append(f"{where}: unknown node {node!r}")
+        elif not isinstance(ids, list) or not ids or any(
+                not isinstance(d, int) or not 0 <= d < sizes[node] for d in ids):
+            reasons.append(f"{where}: device_ids must list devices of node {node!r}")
+        elif not _number(until) or until < 0:
+            reasons.append(f"{where}: until must be a number >= 0")
+        else:
+            busy.append(Busy(str(item.get("task", "")), node, tuple(ids), float(until)))
+    return busy
+
+
+def load_problem(path: str | Path) -> PlanningProblem:
+    """Read and check a problem JSON file (``.json.gz``: gzip-compressed JSON)."""
+    file = Path(path)
+    try:
+        raw = gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
+        data = json.loads(raw)
+    except OSError as err:
+        raise ProblemError([f"cannot read {path}: {err.strerror}"]) from None
+    except json.JSONDecodeError as err:
+        raise ProblemError([f"{path}:{err.lineno}:{err.colno}: not JSON: {err.msg}"]) from None
+    return _parse(data)

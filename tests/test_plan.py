@@ -1,0 +1,300 @@
+"""The planner: strict problems, the plan checker, every solver's plans, proven optima."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dione.plan import (
+    Assignment,
+    Busy,
+    NodeSpec,
+    Option,
+    Plan,
+    PlanningProblem,
+    ProblemError,
+    TaskOptions,
+    check_plan,
+    lower_bound,
+    solve,
+)
+from dione.plan.greedy import list_schedule
+from dione.plan.simulate import noisy_lengths, simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def problem_of(tasks: dict[str, list[tuple[int, float]]], nodes: dict[str, int],
+               busy: tuple[Busy, ...] = ()) -> PlanningProblem:
+    return PlanningProblem(
+        tuple(NodeSpec(n, d) for n, d in nodes.items()),
+        tuple(TaskOptions(name, tuple(Option("ddp" if d > 1 else "single", d, s)
+                                      for d, s in options))
+              for name, options in tasks.items()),
+        busy,
+    )
+
+
+SMALL = problem_of({"a": [(1, 100.0), (2, 60.0)], "b": [(1, 80.0), (2, 50.0)],
+                    "c": [(2, 90.0)]}, {"n0": 2, "n1": 2})
+
+
+# -- problems ------------------------------------------------------------------------------
+
+def test_problem_json_round_trips() -> None:
+    again = PlanningProblem.from_json(json.loads(json.dumps(SMALL.to_json())))
+    assert again == SMALL
+
+
+def test_every_mistake_in_a_problem_is_named() -> None:
+    data = {
+        "cluster": {"nodes": [{"name": "n0", "devices": 4}], "zone": "x"},
+        "tasks": [
+            {"name": "neg", "options": [{"technique": "ddp", "devices": 2, "seconds": -5}]},
+            {"name": "wide", "options": [{"technique": "ddp", "devices": 8, "seconds": 5}]},
+            {"name": "extra", "options": [{"technique": "ddp", "devices": 1, "seconds": 5,
+                                           "cost": 3}]},
+            {"name": "wide", "options": [{"technique": "single", "devices": 1,
+                                          "seconds": 1}]},
+            {"name": "none", "options": []},
+        ],
+        "deadline": 3,
+    }
+    with pytest.raises(ProblemError) as caught:
+        PlanningProblem.from_json(data)
+    text = str(caught.value)
+    for expected in [
+        "problem: unknown field(s) 'deadline'",
+        "cluster: unknown field(s) 'zone'",
+        "task 'neg', option 0: seconds must be a finite number >= 0, not -5",
+        "task 'wide': no option fits any node (the widest has 4 devices",
+        "task 'extra', option 0: unknown field(s) 'cost'",
+        "task 'wide': the name is used twice",
+        "task 'none': options must be a non-empty list",
+    ]:
+        assert expected in text
+    assert len(caught.value.reasons) == 7
+
+
+# -- the plan checker ------------------------------------------------------------------------
+
+def valid_plan() -> Plan:
+    return Plan("hand", "feasible", 150.0, 0.0, (
+        Assignment("c", "ddp", {}, "n0", (0, 1), 0.0, 90.0),
+        Assignment("a", "ddp", {}, "n1", (0, 1), 0.0, 60.0),
+        Assignment("b", "single", {}, "n1", (0,), 60.0, 140.0),
+    ))
+
+
+def with_assignments(*assignments: Assignment, makespan: float | None = None) -> Plan:
+    end = max(a.end for a in assignments)
+    return replace(valid_plan(), assignments=assignments,
+                   makespan=end if makespan is None else makespan)
+
+
+def test_a_valid_plan_has_no_reasons() -> None:
+    plan = replace(valid_plan(), makespan=140.0)
+    assert check_plan(plan, SMALL) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda a: a[:2], "task 'b' has no assignment"),
+        (lambda a: (*a, a[2]), "task 'b' has 2 assignments"),
+        (lambda a: (*a, replace(a[2], task="zz")), "task 'zz' is not in the problem"),
+        (lambda a: (a[0], a[1], replace(a[2], technique="fsdp")),
+         "task 'b': fsdp {} on 1 devices is not one of its options"),
+        (lambda a: (a[0], a[1], replace(a[2], end=150.0)),
+         "task 'b': runs 90 s, but its option takes 80 s"),
+        (lambda a: (a[0], a[1], replace(a[2], start=50.0, end=130.0)),
+         "device 0 of node 'n1' holds task 'a' and task 'b' at once"),
+        (lambda a: (a[0], a[1], replace(a[2], device_ids=(2,))),
+         "node 'n1' has no device(s) [2]"),
+        (lambda a: (a[0], replace(a[1], device_ids=(1, 1)), a[2]),
+         "device ids [1, 1] repeat a device"),
+        (lambda a: (a[0], a[1], replace(a[2], node="n9")), "unknown node 'n9'"),
+        (lambda a: (replace(a[0], start=-10.0, end=80.0), a[1], a[2]),
+         "starts at -10 s, before time 0"),
+    ],
+)
+def test_the_checker_catches_each_kind_of_invalid_plan(change, expected: str) -> None:
+    plan = with_assignments(*change(valid_plan().assignments))
+    reasons = check_plan(plan, SMALL)
+    assert any(expected in r for r in reasons), reasons
+
+
+def test_the_checker_catches_a_wrong_makespan_and_busy_devices() -> None:
+    plan = replace(valid_plan(), makespan=999.0)
+    assert any("makespan 999 s is not the last end, 140 s" in r
+               for r in check_plan(plan, SMALL))
+    busy = replace(SMALL, busy=(Busy("old", "n0", (1,), 30.0),))
+    fixed = replace(valid_plan(), makespan=140.0)
+    assert any("holds running task 'old' and task 'c'" in r for r in check_plan(fixed, busy))
+
+
+# -- solvers -----------------------------------------------------------------------------
+
+def brute_force_optimum(problem: PlanningProblem) -> float:
+    """Every option and node per task and every priority order, list-scheduled on the
+    chosen nodes: serial schedule generation over all orders reaches an optimal
+    (active) schedule of a cumulative problem."""
+    choices = [[(o, n) for o in t.options for n in problem.nodes if o.devices <= n.devices]
+               for t in problem.tasks]
+    names = [t.name for t in problem.tasks]
+    best = float("inf")
+    for combo in itertools.product(*choices):
+        for order in itertools.permutations(range(len(names))):
+            single_node = [replace(problem, nodes=(n,)) for _, n in combo]
+            # Schedule each task on its own chosen node: tasks of one node share a line.
+            lines: dict[str, list[tuple[str, Option]]] = {}
+            for i in order:
+                option, node = combo[i]
+                lines.setdefault(node.name, []).append((names[i], option))
+            span = 0.0
+            for node_name, items in lines.items():
+                sub = replace(problem, nodes=(problem.node(node_name),),
+                              tasks=tuple(TaskOptions(n, (o,)) for n, o in items))
+                _, makespan = list_schedule(sub, {n: o for n, o in items},
+                                            [n for n, _ in items])
+                span = max(span, makespan)
+            best = min(best, span)
+            del single_node
+    return best
+
+
+TINY = [
+    problem_of({"a": [(1, 30.0), (2, 17.0)], "b": [(1, 20.0), (2, 12.0)],
+                "c": [(1, 25.0), (2, 14.0)]}, {"n0": 2}),
+    problem_of({"a": [(1, 40.0), (2, 21.0), (4, 12.0)], "b": [(2, 30.0), (4, 16.0)],
+                "c": [(1, 10.0)], "d": [(1, 35.0), (4, 10.0)]}, {"n0": 4}),
+    problem_of({"a": [(1, 9.0), (2, 5.0)], "b": [(1, 7.0), (2, 4.5)], "c": [(2, 6.0)],
+                "d": [(1, 3.0)]}, {"n0": 2, "n1": 1}),
+]
+
+
+@pytest.mark.parametrize("problem", TINY, ids=["3x2", "4x4", "4x2+1"])
+def test_cpsat_proves_the_optimum_found_by_enumeration(problem: PlanningProblem) -> None:
+    optimum = brute_force_optimum(problem)
+    plan = solve(problem, "cpsat", time_limit=10)
+    assert check_plan(plan, problem) == []
+    assert plan.status == "optimal"
+    assert plan.makespan == pytest.approx(optimum, rel=1e-4)
+    assert plan.lower_bound <= optimum + 1e-9
+
+
+@st.composite
+def problems(draw: st.DrawFn) -> PlanningProblem:
+    sizes = draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=3))
+    widest = max(sizes)
+    tasks = {}
+    for i in range(draw(st.integers(1, 7))):
+        counts = draw(st.lists(st.sampled_from([c for c in (1, 2, 4, 8) if c <= widest]),
+                               min_size=1, max_size=3, unique=True))
+        tasks[f"t{i}"] = [(c, draw(st.floats(0.0, 1000.0))) for c in counts]
+    busy = ()
+    if draw(st.booleans()):
+        busy = (Busy("running", "n0", tuple(range(sizes[0])), draw(st.floats(1.0, 500.0))),)
+    return problem_of(tasks, {f"n{i}": s for i, s in enumerate(sizes)}, busy)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_every_solver_returns_valid_plans(problem: PlanningProblem) -> None:
+    bound = lower_bound(problem)
+    plans = {s: solve(problem, s, time_limit=2, threads=1)
+             for s in ("sequential", "greedy", "cpsat", "saturn-milp")}
+    for name, plan in plans.items():
+        if name == "saturn-milp" and not plan.assignments:
+            continue  # HiGHS may find nothing in its time: it then says so, plan-less
+        assert check_plan(plan, problem) == [], name
+        assert plan.makespan >= bound * (1 - 1e-9) - 1e-6, name
+    assert plans["cpsat"].makespan <= plans["greedy"].makespan + 1e-6
+
+
+def test_running_tasks_keep_their_devices() -> None:
+    problem = replace(SMALL, busy=(Busy("old", "n0", (0, 1), 500.0),))
+    for solver in ("greedy", "cpsat", "sequential", "saturn-milp"):
+        plan = solve(problem, solver, time_limit=5)
+        assert check_plan(plan, problem) == [], solver
+        assert all(a.node == "n1" or a.start >= 500.0 for a in plan.assignments), solver
+
+
+def test_unknown_solver_and_bad_time_limit() -> None:
+    with pytest.raises(ValueError, match="unknown solver 'gurobi'; choose one of cpsat"):
+        solve(SMALL, "gurobi")
+    with pytest.raises(ValueError, match="time limit must be positive"):
+        solve(SMALL, "cpsat", time_limit=0)
+
+
+# -- execution simulator ---------------------------------------------------------------------
+
+def test_replay_without_noise_keeps_the_plan() -> None:
+    problem = TINY[1]
+
+    def planner(p: PlanningProblem) -> Plan:
+        return solve(p, "greedy")
+
+    exact = {t.name: 1.0 for t in problem.tasks}
+    once = simulate(problem, planner, exact, replan=False)
+    assert once.makespan <= once.planned_makespan + 1e-9
+    again = simulate(problem, planner, exact, replan=True)
+    assert again.replans == len(problem.tasks) - 1 or again.replans <= len(problem.tasks)
+    assert again.makespan <= once.planned_makespan * 1.5
+
+
+def test_noise_is_seeded() -> None:
+    assert noisy_lengths(TINY[0], 0.3, 1) == noisy_lengths(TINY[0], 0.3, 1)
+    assert noisy_lengths(TINY[0], 0.3, 1) != noisy_lengths(TINY[0], 0.3, 2)
+
+
+# -- the command ----------------------------------------------------------------------------
+
+def dione(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dione.cli", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_plan_command_solves_and_checks(tmp_path: Path) -> None:
+    problem_file = tmp_path / "problem.json"
+    problem_file.write_text(json.dumps(SMALL.to_json()))
+    plan_file = tmp_path / "plan.json"
+    result = dione("plan", str(problem_file), "--solver", "cpsat", "--time-limit", "5",
+                   "-o", str(plan_file))
+    assert result.returncode == 0, result.stderr
+    assert "cpsat: optimal" in result.stdout
+    checked = dione("plan", "--check", str(plan_file), str(problem_file))
+    assert checked.returncode == 0 and "a valid plan" in checked.stdout
+    plan = json.loads(plan_file.read_text())
+    plan["assignments"][0]["end"] += 5
+    plan_file.write_text(json.dumps(plan))
+    broken = dione("plan", "--check", str(plan_file), str(problem_file))
+    assert broken.returncode == 1 and "but its option takes" in broken.stderr
+
+
+def test_plan_command_names_the_bad_task(tmp_path: Path) -> None:
+    bad = SMALL.to_json()
+    bad["tasks"][1]["options"][0]["seconds"] = -1
+    problem_file = tmp_path / "bad.json"
+    problem_file.write_text(json.dumps(bad))
+    result = dione("plan", str(problem_file))
+    assert result.returncode == 2
+    assert "task 'b', option 0: seconds must be a finite number >= 0, not -1" in result.stderr
+
+
+def test_committed_instances_load() -> None:
+    from dione.plan import load_problem
+
+    files = sorted((ROOT / "benchmarks" / "planner" / "instances").glob("*.json*"))
+    assert {f.name.split("-")[0] for f in files} == {"small", "medium", "large"}
+    for file in files:
+        problem = load_problem(file)
+        assert lower_bound(problem) > 0
