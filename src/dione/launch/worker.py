@@ -9,6 +9,7 @@ and writes ``DIR/result-<rank>.pkl``; on any error it writes ``DIR/error-<rank>.
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import signal
@@ -81,15 +82,23 @@ def main(folder: Path, rank: int) -> int:
         world = spec.world
         if spec.device_kind == "cuda":
             torch.cuda.set_device(spec.device_ids[rank])
-        timeout = timedelta(seconds=float(os.environ.get("DIONE_COLLECTIVE_TIMEOUT", "1800")))
-        store = dist.TCPStore(  # type: ignore[attr-defined]
-            os.environ["DIONE_STORE_HOST"], int(os.environ["DIONE_STORE_PORT"]), world,
-            is_master=False, timeout=timeout)
-        dist.init_process_group(backend_for(spec.device_kind), store=store, rank=rank,
-                                world_size=world, timeout=timeout)
+        # One rank needs no gang: skip the process group, whose communication thread
+        # would wake a hundred times a second on the core the rank is pinned to.
+        grouped = world > 1 or spec.technique.needs_process_group
+        if grouped:
+            timeout = timedelta(
+                seconds=float(os.environ.get("DIONE_COLLECTIVE_TIMEOUT", "1800")))
+            store = dist.TCPStore(  # type: ignore[attr-defined]
+                os.environ["DIONE_STORE_HOST"], int(os.environ["DIONE_STORE_PORT"]), world,
+                is_master=False, timeout=timeout)
+            dist.init_process_group(backend_for(spec.device_kind), store=store, rank=rank,
+                                    world_size=world, timeout=timeout)
         ctx = SliceContext(spec, rank, world)
         outcome = spec.technique.train(ctx)
-        dist.destroy_process_group()
+        if grouped:
+            # FSDP's modules sit in reference cycles: free them while their group lives.
+            gc.collect()
+            dist.destroy_process_group()
         if rank == 0 and spec.evaluate and outcome.checkpoint is not None:
             try:  # a broken evaluation must not lose the training it follows
                 outcome.evaluation = evaluate_checkpoint(spec.task, outcome.checkpoint,
@@ -108,4 +117,10 @@ def main(folder: Path, rank: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1]), int(sys.argv[2])))
+    status = main(Path(sys.argv[1]), int(sys.argv[2]))
+    # Skip interpreter teardown: the result is on disk, and destroying torch's C++ threads
+    # at exit has aborted a finished FSDP rank ("terminate called without an active
+    # exception"), which would fail a slice whose work was done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

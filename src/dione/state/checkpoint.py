@@ -87,8 +87,13 @@ def latest_on_disk(run_dir: str | Path, task: str) -> Path | None:
     return done[-1] if done else None
 
 
+def _grouped() -> bool:
+    """Whether this process is part of a process group (a one-rank slice is not)."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def _rank() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
+    if _grouped():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
@@ -141,7 +146,8 @@ def save_checkpoint(
         partial.mkdir(parents=True)
     _barrier()
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp_save({"model": model_state, "optim": optim_state}, checkpoint_id=partial)
+    dcp_save({"model": model_state, "optim": optim_state}, checkpoint_id=partial,
+             no_dist=not _grouped())
     (partial / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), partial / "rng" / f"rank{rank}.pt")
     _barrier()
@@ -182,7 +188,7 @@ def load_checkpoint(
         )
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
-    dcp_load(state, checkpoint_id=folder)
+    dcp_load(state, checkpoint_id=folder, no_dist=not _grouped())
     set_state_dict(model, optimizer, model_state_dict=cast(Any, state["model"]),
                    optim_state_dict=cast(Any, state["optim"]))
     if scheduler is not None and (folder / "scheduler.pt").is_file():

@@ -93,6 +93,9 @@ class Technique(ABC):
     name: ClassVar[str]
     exact: ClassVar[bool] = True
     knobs: ClassVar[Mapping[str, Any]] = {}
+    # Whether train() needs torch.distributed initialised even on one device (FSDP's
+    # device mesh does); a one-rank slice of a technique that does not runs without one.
+    needs_process_group: ClassVar[bool] = True
 
     def knob_settings(self, task: Task, devices: int, kind: DeviceKind) -> list[dict[str, Any]]:
         """Settings worth profiling for ``task`` on ``devices`` devices (default: defaults)."""

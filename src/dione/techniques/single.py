@@ -14,6 +14,7 @@ __all__ = ["Single"]
 
 class Single(DataParallelTechnique):
     name = "single"
+    needs_process_group = False
 
     def check(self, task: Task, devices: int, knobs: Knobs, kind: DeviceKind) -> list[str]:
         reasons = super().check(task, devices, knobs, kind)
