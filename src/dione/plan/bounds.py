@@ -37,11 +37,7 @@ def lower_bound(problem: PlanningProblem) -> float:
     for b in problem.busy:
         busy_area[b.node] += b.until * len(b.device_ids)
     # No task starts before some device somewhere is free.
-    free_at = {n.name: [0.0] * n.devices for n in problem.nodes}
-    for b in problem.busy:
-        for device in b.device_ids:
-            free_at[b.node][device] = max(free_at[b.node][device], b.until)
-    earliest = min(min(times) for times in free_at.values())
+    earliest = min(min(times) for times in problem.free_at().values())
     bound = max(earliest + min_seconds(t, problem) for t in tasks)
     area = sum(min_device_seconds(t, problem) for t in tasks) + sum(busy_area.values())
     bound = max(bound, area / problem.total_devices)

@@ -178,10 +178,7 @@ def assign_device_ids(
     devices it takes those that became free last, which keeps long idle devices
     together for wide tasks.
     """
-    free_at: dict[str, list[float]] = {n.name: [0.0] * n.devices for n in problem.nodes}
-    for b in problem.busy:
-        for device in b.device_ids:
-            free_at[b.node][device] = max(free_at[b.node][device], b.until)
+    free_at = problem.free_at()
     result = []
     for task, option, node, start in sorted(placed, key=lambda p: (p[3], -p[1].devices)):
         times = free_at[node]
@@ -208,16 +205,13 @@ def left_shift(assignments: Sequence[Assignment], problem: PlanningProblem) -> l
     """Re-time assignments exactly: in their start order, each starts as soon as all its
     devices are free. Keeps every device's order, so it stays valid and ends no later;
     it removes what rounding (integer ticks, solver tolerances) added to the times."""
-    free = {(n.name, d): 0.0 for n in problem.nodes for d in range(n.devices)}
-    for b in problem.busy:
-        for d in b.device_ids:
-            free[(b.node, d)] = max(free[(b.node, d)], b.until)
+    free = problem.free_at()
     result = []
     for a in sorted(assignments, key=lambda a: (a.start, a.task)):
-        begin = max(free[(a.node, d)] for d in a.device_ids)
+        begin = max(free[a.node][d] for d in a.device_ids)
         length = a.end - a.start
         for d in a.device_ids:
-            free[(a.node, d)] = begin + length
+            free[a.node][d] = begin + length
         result.append(Assignment(a.task, a.technique, dict(a.knobs), a.node, a.device_ids,
                                  begin, begin + length))
     return result

@@ -111,6 +111,14 @@ class PlanningProblem:
     def total_devices(self) -> int:
         return sum(n.devices for n in self.nodes)
 
+    def free_at(self) -> dict[str, list[float]]:
+        """Per node, when each device is free of the tasks already running (0: now)."""
+        times = {n.name: [0.0] * n.devices for n in self.nodes}
+        for b in self.busy:
+            for device in b.device_ids:
+                times[b.node][device] = max(times[b.node][device], b.until)
+        return times
+
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "cluster": {"nodes": [{"name": n.name, "devices": n.devices} for n in self.nodes]},
