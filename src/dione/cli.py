@@ -64,15 +64,18 @@ def _default_run_dir(workload: str) -> Path:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from dione.spec.cluster import local_cluster
-    from dione.spec.validate import validate_workload
+    from dione.spec.cluster import ClusterError, local_cluster
+    from dione.spec.validate import WorkloadError, validate_workload
     from dione.techniques import technique_names
 
     workload = _load(args.workload)
-    devices = local_cluster(args.devices).nodes[0].devices if args.devices else None
+    try:
+        devices = local_cluster(args.devices).nodes[0].devices if args.devices else None
+    except ClusterError as err:
+        raise BadInput(str(err)) from None
     problems = validate_workload(workload, devices, technique_names())
     if problems:
-        raise BadInput("\n".join([f"{len(problems)} problem(s):", *(f"  - {p}" for p in problems)]))
+        raise BadInput(str(WorkloadError(problems)))
     console.print(f"{args.workload}: {len(workload)} task(s), no problems")
     return 0
 
@@ -80,7 +83,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from dione.launch.slice import SliceError, local_placement, run_slice
     from dione.spec.cluster import Node, local_cluster
-    from dione.spec.validate import check_task
+    from dione.spec.validate import WorkloadError, check_task
     from dione.techniques import get_technique, technique_names
 
     workload = _load(args.workload)
@@ -94,7 +97,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                        "this name; names must be unique")
     problems = check_task(task, args.devices, technique_names())
     if problems:
-        raise BadInput("\n".join([f"{len(problems)} problem(s):", *(f"  - {p}" for p in problems)]))
+        raise BadInput(str(WorkloadError(problems)))
     node = local_cluster().nodes[0]
     if node.kind == "cpu" and args.devices > node.devices:
         # CPU slots are virtual: allow more than the cores, each rank then gets one thread.
