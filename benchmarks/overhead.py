@@ -8,6 +8,10 @@ the median of its steps after a warm-up. This machine is shared and its speed dr
 10% and more between runs, so the figure is the median of the pairs' ratios (each pair
 close in time) with their range. Slice start-up (process start, data, checkpoint save)
 is reported apart: it is paid once per slice, not per step.
+
+A second table runs dione's training loop (the `single` technique, called directly) and
+the plain loop alternately in this one process on one core: what dione's loop itself
+adds per step, apart from where the operating system puts each process.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 from models import MODELS
@@ -44,7 +49,7 @@ def plain(model: str, world: int, steps: int, threads: int, cores: list[list[int
         command.append(json.dumps(cores))
     # The same thread settings dione's workers get (torchrun sets OMP_NUM_THREADS too).
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    subprocess.run(command, check=True, env=env)
+    subprocess.run(command, check=True, env=env, timeout=900)
     return steady(json.loads(out.read_text())["step_seconds"])
 
 
@@ -58,6 +63,65 @@ def dione(model: str, technique: str, world: int, steps: int, node: Node,
                            evaluate=False)
     training = sum(result.step_seconds)
     return steady(result.step_seconds), result.seconds - training
+
+
+def in_process_table(models: list[str], steps: int, repeats: int) -> str:
+    """dione's training loop and the plain loop, alternating in one process on one core:
+    what dione's loop itself adds per step, free of process start and placement."""
+    import torch
+
+    from dione.techniques import SliceContext, SliceSpec, get_technique
+
+    os.sched_setaffinity(0, {available_cores()[0]})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    lines = ["| model | plain loop ms/step | dione loop ms/step | dione / plain, median of "
+             "pairs (range) |", "| --- | ---: | ---: | ---: |"]
+    for model in models:
+        setup = MODELS[model]
+        task = Task(name=model, model=setup.model, data=setup.data, loss=setup.loss,
+                    optimizer=setup.optimizer, batch_size=setup.batch_size, steps=steps)
+        single = get_technique("single")
+        plains, diones = [], []
+        for _ in range(repeats):
+            spec = SliceSpec(task=task, technique=single, knobs={}, device_kind="cpu",
+                             device_ids=(0,), start_step=0, end_step=steps, resume_from=None,
+                             run_dir="unused", save=False)
+            diones.append(steady(single.train(SliceContext(spec, 0, 1)).step_seconds))
+            plains.append(steady(plain_steps(setup, steps)))
+        ratios = [d / p for d, p in zip(diones, plains, strict=True)]
+        lines.append(f"| {model} | {spread(plains)} | {spread(diones)} | "
+                     f"{ratio_spread(ratios)} |")
+    torch.set_num_threads(threads)
+    os.sched_setaffinity(0, set(available_cores()))
+    return "\n".join(lines)
+
+
+def plain_steps(setup: Any, steps: int) -> list[float]:
+    """The plain loop's step times, in this process (the same code as plain_loop.py)."""
+    import time
+
+    import torch
+
+    torch.manual_seed(0)
+    model = setup.model()
+    optimizer = setup.optimizer(model.parameters())
+    inputs, targets = setup.data().tensors
+    order = torch.randperm(len(inputs))
+    times, last, position = [], time.perf_counter(), 0
+    for _ in range(steps):
+        if position + setup.batch_size > len(order):
+            order, position = torch.randperm(len(inputs)), 0
+        index = order[position: position + setup.batch_size]
+        position += setup.batch_size
+        loss = setup.loss(model(inputs[index]), targets[index])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        now = time.perf_counter()
+        times.append(now - last)
+        last = now
+    return times
 
 
 def spread(seconds: list[float]) -> str:
@@ -90,17 +154,24 @@ def main() -> None:
                 placement = local_placement(node, range(world))
                 pins = [list(c) for c in placement.cores] if placement.cores else None
                 plains, diones, startups = [], [], []
-                for _ in range(args.repeats):  # alternate, so drift hits both alike
-                    plains.append(plain(model, world, args.steps, placement.threads, pins,
-                                        folder))
-                    step, startup = dione(model, technique, world, args.steps, node, folder)
-                    diones.append(step)
-                    startups.append(startup)
+                for repeat in range(args.repeats):
+                    # Pairs alternate which goes first, so drift and order hit both alike.
+                    for first in ((True, False) if repeat % 2 else (False, True)):
+                        if first:
+                            step, startup = dione(model, technique, world, args.steps, node,
+                                                  folder)
+                            diones.append(step)
+                            startups.append(startup)
+                        else:
+                            plains.append(plain(model, world, args.steps, placement.threads,
+                                                pins, folder))
                 ratios = [d / p for d, p in zip(diones, plains, strict=True)]
                 rows.append((model, f"{technique} x{world}", plains, diones, ratios,
                              statistics.median(startups)))
                 print(f"{model} {technique} x{world}: plain {spread(plains)}, dione "
                       f"{spread(diones)}, ratio {ratio_spread(ratios)}", flush=True)
+    print()
+    print(in_process_table(args.models, args.steps, args.repeats))
     print()
     print("| model | technique | plain loop ms/step | dione ms/step | dione / plain, "
           "median of pairs (range) | slice start-up + save, s |")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 
@@ -59,6 +60,8 @@ def train(rank: int, world: int, name: str, steps: int, out: str, port: int, thr
         with open(out, "w") as file:
             json.dump({"step_seconds": times, "final_loss": float(loss.detach())}, file)
     if world > 1:
+        # The DDP wrapper must go before its process group, or its destructor can hang.
+        del model, optimizer
         dist.destroy_process_group()
 
 
@@ -66,7 +69,9 @@ def main() -> None:
     name, world, steps, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     threads = int(sys.argv[5])
     cores = json.loads(sys.argv[6]) if len(sys.argv) > 6 else None
-    port = 29500 + os.getpid() % 1000
+    with socket.socket() as probe:  # a port free right now, for the gang's rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     if world == 1:
         train(0, 1, name, steps, out, port, threads, cores)
     else:
