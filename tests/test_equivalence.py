@@ -1,8 +1,9 @@
 """Every exact technique follows single-device training: same losses, same parameters.
 
 Tolerance. The techniques differ from ``single`` only in reduction order: each of two
-ranks takes the mean loss of half the batch and the gradients are summed and halved
-across ranks, where ``single`` takes one mean over the whole batch. Measured here, the
+ranks (or each micro-batch of a pipeline) takes the mean loss of its part of the batch
+and the gradients are summed and divided by the number of parts, where ``single`` takes
+one mean over the whole batch. Measured here, the
 per-step losses then agree to one or two float32 ulps (about 5e-7 at a loss of 4), so
 losses must agree within rtol 1e-5. Adam divides each gradient entry by the root of its
 running square, so entries whose gradient is nearly zero turn those ulps into visible
@@ -58,8 +59,13 @@ def reference(tmp_path_factory: pytest.TempPathFactory):
         ("fsdp", {}),
         ("fsdp", {"reshard_after_forward": False}),
         ("fsdp", {"activation_checkpointing": True}),
+        ("gpipe", {}),
+        ("1f1b", {}),
+        ("gpipe", {"micro_batches": 8, "activation_checkpointing": True, "balance": "time"}),
+        ("1f1b", {"micro_batches": 2, "balance": "time"}),
     ],
-    ids=["ddp", "fsdp", "fsdp-no-reshard", "fsdp-activation-checkpointing"],
+    ids=["ddp", "fsdp", "fsdp-no-reshard", "fsdp-activation-checkpointing", "gpipe", "1f1b",
+         "gpipe-8-checkpointed-by-time", "1f1b-2-by-time"],
 )
 def test_two_devices_match_single(reference, technique, knobs, tmp_path: Path) -> None:
     task, single, single_params = reference

@@ -32,7 +32,7 @@ def joined(results):
 
 
 @pytest.mark.parametrize(("technique", "devices"), [("single", ONE), ("ddp", TWO),
-                                                    ("fsdp", TWO)])
+                                                    ("fsdp", TWO), ("1f1b", TWO)])
 def test_same_technique_resumes_bit_identically(technique, devices, tmp_path: Path) -> None:
     task = char_task(steps=STEPS)
     whole = train_in_slices(task, [(technique, devices, STEPS)], tmp_path / "whole")[0]
@@ -51,8 +51,11 @@ def test_same_technique_resumes_bit_identically(technique, devices, tmp_path: Pa
         [("ddp", TWO, FIRST), ("single", ONE, None)],
         [("single", ONE, FIRST), ("fsdp", TWO, None)],
         [("fsdp", TWO, 2), ("ddp", TWO, 3), ("single", ONE, None)],
+        [("1f1b", TWO, 2), ("fsdp", TWO, 3), ("single", ONE, None)],
+        [("single", ONE, 3), ("gpipe", TWO, None)],
     ],
-    ids=["ddp2-single", "single-fsdp2", "fsdp2-ddp2-single"],
+    ids=["ddp2-single", "single-fsdp2", "fsdp2-ddp2-single", "1f1b2-fsdp2-single",
+         "single-gpipe2"],
 )
 def test_resume_under_another_technique(plan, tmp_path: Path) -> None:
     task = char_task(steps=STEPS)

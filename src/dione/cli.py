@@ -117,6 +117,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except SliceError as err:
         _complain("error", str(err))
         return EXIT_FAILED
+    if result.extra.get("stages"):
+        console.print("stages: " + "; ".join(
+            f"{k}: {s}" for k, s in enumerate(result.extra["stages"])))
     for index, (loss, seconds) in enumerate(zip(result.losses, result.step_seconds, strict=True)):
         console.print(f"step {result.start_step + index + 1:>6}  loss {loss:.6f}  "
                       f"{seconds * 1000:8.2f} ms")

@@ -85,9 +85,15 @@ def _end(processes: Sequence[subprocess.Popen[bytes]]) -> None:
 
 
 def _describe_failure(
-    folder: Path, codes: dict[int, int], ended_by_us: set[int], placement: Placement
+    folder: Path, codes: dict[int, int], ended_by_us: set[int], spec: SliceSpec,
+    placement: Placement,
 ) -> GangError:
     """The root cause among the ranks that failed on their own."""
+
+    def who(rank: int) -> str:
+        role = spec.technique.rank_role(rank, len(placement.device_ids))
+        return f"rank {rank} (device {placement.device_ids[rank]}{', ' + role if role else ''})"
+
     errors = {}
     for rank in codes:
         file = folder / f"error-{rank}.json"
@@ -98,7 +104,7 @@ def _describe_failure(
         rank = signalled[0]
         tail = _log_tail(folder / f"rank{rank}.log")
         return GangError(
-            f"rank {rank} (device {placement.device_ids[rank]}) was killed by "
+            f"{who(rank)} was killed by "
             f"{_signal_name(codes[rank])}; the gang was stopped."
             + (f"\nlast lines of its log:\n{tail}" if tail else ""),
             rank, "signal",
@@ -108,14 +114,14 @@ def _describe_failure(
         rank = min(own, key=lambda r: errors[r]["time"])
         err = errors[rank]
         return GangError(
-            f"rank {rank} (device {placement.device_ids[rank]}) raised {err['type']}: "
+            f"{who(rank)} raised {err['type']}: "
             f"{err['message']}\n{err['traceback']}",
             rank, "raised",
         )
     rank = next(r for r, c in codes.items() if c != 0 and r not in ended_by_us)
     tail = _log_tail(folder / f"rank{rank}.log")
     return GangError(
-        f"rank {rank} (device {placement.device_ids[rank]}) exited with status {codes[rank]}"
+        f"{who(rank)} exited with status {codes[rank]}"
         + (f"\nlast lines of its log:\n{tail}" if tail else ""),
         rank, "exit",
     )
@@ -165,7 +171,7 @@ def run_local_gang(
                 ended_by_us = {r for r, c in codes.items() if c is None}
                 _end(processes)
                 final = {r: p.returncode for r, p in enumerate(processes)}
-                raise _describe_failure(folder, final, ended_by_us, placement)
+                raise _describe_failure(folder, final, ended_by_us, spec, placement)
             if deadline is not None and time.monotonic() > deadline:
                 _end(processes)
                 running = [r for r, c in codes.items() if c is None]

@@ -45,6 +45,7 @@ class SliceResult:
     peak_memory_bytes: list[int] = field(default_factory=list)
     evaluation: dict[str, float] = field(default_factory=dict)
     evaluation_error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # what the technique adds
 
 
 def local_placement(node: Node, device_ids: Sequence[int]) -> Placement:
@@ -143,6 +144,7 @@ def run_slice(
             checkpoint=lead.checkpoint, seconds=seconds, timings=lead.timings,
             peak_memory_bytes=peak, evaluation=lead.evaluation,
             evaluation_error=evaluation_error,
+            extra={k: v for k, v in lead.extra.items() if k != "evaluation_error"},
         )
     finally:
         if own_store:

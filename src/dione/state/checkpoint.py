@@ -28,7 +28,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -46,6 +50,10 @@ __all__ = [
 ]
 
 PROGRESS = "progress.json"
+# Optimizer state and hyperparameters keyed per parameter name ("param_groups.<fqn>.lr"),
+# not per group index: pipeline stages each hold different parameters, and group 0 of
+# one stage must not overwrite group 0 of another in the shared checkpoint.
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 class CheckpointError(RuntimeError):
@@ -145,7 +153,7 @@ def save_checkpoint(
         shutil.rmtree(partial, ignore_errors=True)  # left by a gang that died mid-save
         partial.mkdir(parents=True)
     _barrier()
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
     dcp_save({"model": model_state, "optim": optim_state}, checkpoint_id=partial,
              no_dist=not _grouped())
     (partial / "rng").mkdir(exist_ok=True)
@@ -186,11 +194,11 @@ def load_checkpoint(
             f"{folder} was written with global batch size {progress.batch_size}, but the task "
             f"now says {batch_size}: the task's training changed; use a new run directory"
         )
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
     state = {"model": model_state, "optim": optim_state}
     dcp_load(state, checkpoint_id=folder, no_dist=not _grouped())
     set_state_dict(model, optimizer, model_state_dict=cast(Any, state["model"]),
-                   optim_state_dict=cast(Any, state["optim"]))
+                   optim_state_dict=cast(Any, state["optim"]), options=_OPTIONS)
     if scheduler is not None and (folder / "scheduler.pt").is_file():
         scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
     if restore_rng:

@@ -3,16 +3,22 @@
 from dione.techniques.base import SliceContext, SliceOutcome, SliceSpec, Technique, TechniqueError
 from dione.techniques.ddp import DDP
 from dione.techniques.fsdp import FSDP
+from dione.techniques.pipeline import GPipe, OneFOneB, PipelineTechnique
 from dione.techniques.registry import get_technique, register, technique_names, techniques
 from dione.techniques.single import Single
 
 register(Single())
 register(DDP())
 register(FSDP())
+register(GPipe())
+register(OneFOneB())
 
 __all__ = [
     "DDP",
     "FSDP",
+    "GPipe",
+    "OneFOneB",
+    "PipelineTechnique",
     "Single",
     "SliceContext",
     "SliceOutcome",

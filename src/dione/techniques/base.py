@@ -116,12 +116,22 @@ class Technique(ABC):
                     f"{self.name} knob {knob!r} takes a {type(self.knobs[knob]).__name__}, "
                     f"not {value!r}"
                 )
-        if task.batch_size % devices:
+        parts, what = self.batch_parts(devices, self.resolve(knobs))
+        if isinstance(parts, int) and parts > 0 and task.batch_size % parts:
             reasons.append(
                 f"batch size {task.batch_size} of task {task.name!r} is not divisible by "
-                f"{devices} devices"
+                f"{parts} {what}"
             )
         return reasons
+
+    def batch_parts(self, devices: int, knobs: Knobs) -> tuple[int, str]:
+        """Into how many equal parts the global batch is split, and what they are called
+        (data parallelism: one share per device)."""
+        return devices, "devices"
+
+    def rank_role(self, rank: int, world: int) -> str:
+        """What ``rank`` does in the gang, for error messages (e.g. its pipeline stage)."""
+        return ""
 
     def resolve(self, knobs: Knobs) -> dict[str, Any]:
         """The knobs with defaults filled in."""

@@ -1,0 +1,105 @@
+"""Pipeline techniques in real gangs: a dying stage ends the gang and is named; models that
+cannot be cut are refused before anything starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TEST_NODE, char_task
+from dione.launch import local_placement, run_slice
+
+WORKLOAD = '''
+import functools, os, signal, time
+import torch
+from torch import nn
+from dione import Task, Workload
+from dione.zoo import digits_train
+
+FAULT = os.environ.get("FAULT", "none")
+
+
+class Faulty(nn.Linear):
+    """The last layer: fails in its third forward, i.e. inside step 1 on stage 1."""
+
+    calls = 0
+
+    def forward(self, x):
+        Faulty.calls += 1
+        if Faulty.calls == 3:
+            if FAULT == "raise":
+                raise ValueError("injected failure in the last stage")
+            if FAULT == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().forward(x)
+
+
+def model():
+    return nn.Sequential(nn.Sequential(nn.Linear(64, 16), nn.ReLU()), Faulty(16, 10))
+
+
+class NotSequential(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = model()
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def task(name, factory):
+    return Task(name=name, model=factory, data=digits_train,
+                loss=torch.nn.functional.cross_entropy,
+                optimizer=functools.partial(torch.optim.Adam, lr=1e-2), batch_size=16, steps=4)
+
+workload = Workload([task("pipe", model), task("opaque", NotSequential)])
+'''
+
+
+def dione(*args: str, env: dict[str, str] | None = None):
+    return subprocess.run([sys.executable, "-m", "dione.cli", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("technique", "fault", "expected"),
+    [
+        ("gpipe", "raise", "rank 1 (device 1, pipeline stage 1 of 2) raised ValueError: "
+         "injected failure in the last stage"),
+        ("1f1b", "kill", "rank 1 (device 1, pipeline stage 1 of 2) was killed by SIGKILL"),
+    ],
+)
+def test_a_dying_stage_ends_the_gang_and_is_named(technique, fault, expected,
+                                                  tmp_path: Path) -> None:
+    workload = tmp_path / "workload.py"
+    workload.write_text(WORKLOAD)
+    result = dione("train", str(workload), "--task", "pipe", "--technique", technique,
+                   "--devices", "2", "--knob", "micro_batches=2", "--out", str(tmp_path / "run"),
+                   env={"FAULT": fault})
+    assert result.returncode == 1
+    assert expected in result.stderr
+    # The same slice without the fault trains: the failure was the stage's, not the setup's.
+    healthy = dione("train", str(workload), "--task", "pipe", "--technique", technique,
+                    "--devices", "2", "--knob", "micro_batches=2", "--out", str(tmp_path / "ok"))
+    assert healthy.returncode == 0, healthy.stderr
+
+
+def test_a_model_that_cannot_be_cut_is_refused_before_starting(tmp_path: Path) -> None:
+    workload = tmp_path / "workload.py"
+    workload.write_text(WORKLOAD)
+    result = dione("train", str(workload), "--task", "opaque", "--technique", "gpipe",
+                   "--devices", "2", "--out", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert ("task 'opaque': pipelines cut a model between the top-level layers of an "
+            "nn.Sequential, and its model is a NotSequential") in result.stderr
+    assert not (tmp_path / "run" / "logs").exists()  # no gang was started
+
+
+def test_stages_are_reported(tmp_path: Path) -> None:
+    task = char_task(steps=2)
+    result = run_slice(task, "gpipe", tmp_path, local_placement(TEST_NODE, [0, 1]))
+    assert result.extra["stages"] == ["layers 0-1", "layers 2-3"]
