@@ -6,12 +6,14 @@ from dione.techniques.fsdp import FSDP
 from dione.techniques.pipeline import GPipe, OneFOneB, PipelineTechnique
 from dione.techniques.registry import get_technique, register, technique_names, techniques
 from dione.techniques.single import Single
+from dione.techniques.xpipe import XPipe
 
 register(Single())
 register(DDP())
 register(FSDP())
 register(GPipe())
 register(OneFOneB())
+register(XPipe())
 
 __all__ = [
     "DDP",
@@ -25,6 +27,7 @@ __all__ = [
     "SliceSpec",
     "Technique",
     "TechniqueError",
+    "XPipe",
     "get_technique",
     "register",
     "technique_names",

@@ -1,0 +1,151 @@
+"""XPipe: its schedule and version accounting, weight prediction, and real runs."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import TEST_NODE, char_task, digits_task
+from dione.launch import local_placement, run_slice
+from dione.schedules import StageTimes, gpipe, simulate, xpipe
+from dione.techniques import get_technique
+from dione.techniques.prediction import predict_weights, prediction_problem
+from dione.techniques.xpipe import real_timeline
+
+TWO = [0, 1]
+
+
+def test_schedule_and_staleness_follow_the_design_example() -> None:
+    """DESIGN.md: K = 2, T = 2; stage 0's bellwether F2 starts before U0 (s = 1),
+    stage 1's after it (s = 0)."""
+    schedule = xpipe(2, 2, 2)
+    assert schedule.text() == ("stage 0: F0 F1 B0 F2 B1 U0 F3 B2 B3 U1\n"
+                               "stage 1: F0 B0 F1 B1 U0 F2 B2 F3 B3 U1")
+    assert schedule.staleness() == {(0, 0): 0, (1, 0): 1, (0, 1): 0, (1, 1): 0}
+
+
+def test_deeper_pipelines_are_staler_and_more_micro_batches_fresher() -> None:
+    def steady(stages: int, micro: int) -> list[int]:
+        found = xpipe(stages, micro, 12).staleness()
+        return [found[(10, k)] for k in range(stages)]
+
+    assert steady(4, 1) == [3, 2, 1, 0]  # stage k: K-k-1 updates behind
+    assert steady(4, 4) == [1, 1, 1, 0]
+    assert steady(2, 4) == [1, 0]
+    assert all(a >= b for a, b in zip(steady(4, 1), steady(4, 4), strict=True))
+
+
+def test_no_flush_means_no_bubble_in_steady_state() -> None:
+    stages, micro, minibatches = 4, 4, 16
+    times = StageTimes.uniform(stages, 1.0, 2.0)
+    asynchronous = simulate(xpipe(stages, micro, minibatches), times)
+    synchronous = simulate(gpipe(stages, micro, minibatches), times)
+    # Only the fill and drain of the whole slice are idle: (K-1) of (n*T + K-1) slots.
+    assert asynchronous.makespan == pytest.approx((minibatches * micro + stages - 1) * 3.0)
+    assert synchronous.makespan == pytest.approx(minibatches * (micro + stages - 1) * 3.0)
+    assert asynchronous.bubble_fraction < 0.05 < synchronous.bubble_fraction
+    # Stage 0 holds at most K micro-batches in flight, as in 1F1B.
+    assert max(xpipe(stages, micro, minibatches).in_flight_peak(k)
+               for k in range(stages)) == stages
+
+
+@pytest.mark.parametrize(
+    ("factory", "first", "then", "steps"),
+    [
+        # betas 0: the moments are the last gradient, so the same gradient again makes
+        # the optimizer's next steps exactly the predicted ones.
+        (functools.partial(torch.optim.Adam, lr=0.1, betas=(0.0, 0.0)),
+         [0.3, -0.2, 1.0], [0.3, -0.2, 1.0], 2),
+        (functools.partial(torch.optim.AdamW, lr=0.1, betas=(0.0, 0.0), weight_decay=0.5),
+         [0.3, -0.2, 1.0], [0.3, -0.2, 1.0], 1),
+        # SGD, momentum 0.75: a first gradient g leaves buffer g; then gradients of
+        # (1 - 0.75) * g keep the buffer, so every step is lr * buffer.
+        (functools.partial(torch.optim.SGD, lr=0.1, momentum=0.75),
+         [1.6, -3.2, 0.8], [0.4, -0.8, 0.2], 3),
+    ],
+    ids=["adam", "adamw-decoupled-decay", "sgd-momentum"],
+)
+def test_prediction_is_the_optimizers_own_next_steps(factory, first, then, steps) -> None:
+    param = nn.Parameter(torch.tensor([1.0, -2.0, 0.5]))
+    optimizer = factory([param])
+    param.grad = torch.tensor(first)
+    optimizer.step()
+    predicted = predict_weights(optimizer, {"w": param}, steps)["w"]
+    for _ in range(steps):
+        param.grad = torch.tensor(then)
+        optimizer.step()
+    torch.testing.assert_close(predicted, param.detach())
+    assert predicted.requires_grad and predicted.is_leaf
+
+
+def test_prediction_before_any_step_keeps_the_weights() -> None:
+    param = nn.Parameter(torch.ones(3))
+    predicted = predict_weights(torch.optim.Adam([param]), {"w": param}, 5)["w"]
+    assert torch.equal(predicted, param.detach()) and predicted is not param
+
+
+def test_optimizers_without_a_rule_are_named() -> None:
+    params = [nn.Parameter(torch.ones(2))]
+    assert prediction_problem(torch.optim.Adam(params)) is None
+    assert prediction_problem(torch.optim.SGD(params, lr=0.1, momentum=0.9)) is None
+    assert "SGD without momentum" in str(prediction_problem(torch.optim.SGD(params, lr=0.1)))
+    assert "not Adagrad; set the xpipe knob prediction=false" in str(
+        prediction_problem(torch.optim.Adagrad(params)))
+    task = digits_task(optimizer=functools.partial(torch.optim.Adagrad, lr=0.1))
+    technique = get_technique("xpipe")
+    assert any("not Adagrad" in r for r in technique.check(task, 2, {}, "cpu"))
+    assert technique.check(task, 2, {"prediction": False}, "cpu") == []
+
+
+def test_real_run_uses_the_versions_the_schedule_says(tmp_path: Path) -> None:
+    steps, micro = 6, 2
+    task = char_task(steps=steps)
+    result = run_slice(task, "xpipe", tmp_path, local_placement(TEST_NODE, TWO),
+                       knobs={"micro_batches": micro})
+    staleness = xpipe(2, micro, steps).staleness()
+    for stage, logged in enumerate(result.extra["versions"]):
+        assert [i for i, _, _ in logged] == list(range(steps))
+        for i, version, s in logged:
+            assert i - version == s == staleness[(i, stage)]
+    # The first mini-batch sees the initial weights everywhere: single's first loss.
+    single = run_slice(char_task(steps=1), "single", tmp_path / "single",
+                       local_placement(TEST_NODE, [0]))
+    assert result.losses[0] == pytest.approx(single.losses[0], rel=1e-5)
+    # The real timeline has every action of the schedule, in order, without overlap.
+    timeline = real_timeline(result.extra, steps)
+    for spans in timeline.spans:
+        assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(spans))
+    assert timeline.render(timeline.makespan / 60).count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [functools.partial(torch.optim.Adam, lr=3e-3),
+     functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9)],
+    ids=["adam", "sgd-momentum"],
+)
+def test_prediction_lands_closer_than_stale_weights(optimizer, tmp_path: Path) -> None:
+    """Mean of |W_hat - W_target| / |W_stale - W_target| over every update with s > 0."""
+    task = char_task(steps=16, optimizer=optimizer)
+    result = run_slice(task, "xpipe", tmp_path, local_placement(TEST_NODE, TWO),
+                       knobs={"micro_batches": 1, "log_prediction": True})
+    ratios = [hat / stale for stage in result.extra["prediction"] for _, _, hat, stale in stage
+              if stale > 0]
+    assert len(ratios) >= 10
+    assert statistics.mean(ratios) < 1
+
+
+def test_an_xpipe_checkpoint_resumes_under_any_technique(tmp_path: Path) -> None:
+    task = char_task(steps=6)
+    first = run_slice(task, "xpipe", tmp_path, local_placement(TEST_NODE, TWO), steps=3,
+                      knobs={"prediction": False})
+    assert (first.start_step, first.end_step) == (0, 3)
+    rest = run_slice(task, "single", tmp_path, local_placement(TEST_NODE, [0]))
+    assert (rest.start_step, rest.end_step) == (3, 6)
+    assert rest.losses[-1] < first.losses[0]
