@@ -13,7 +13,9 @@ the predicted weights and of the stale weights to the weights the update is appl
 the table gives the mean ratio per stage for AdamW and for SGD with momentum.
 
 Timeline: the first mini-batches of one real xpipe run, beside the simulator's timeline
-for the mean measured time of each stage's forward, backward and update.
+for the mean measured time of each stage's forward, backward and update (work only,
+after the input arrived). With actions of about a millisecond on 4 processes sharing 2
+cores, the real run is mostly waiting; `pipeline_sim.py` shows a larger model.
 """
 
 from __future__ import annotations

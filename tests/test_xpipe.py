@@ -121,6 +121,15 @@ def test_real_run_uses_the_versions_the_schedule_says(tmp_path: Path) -> None:
     timeline = real_timeline(result.extra, steps)
     for spans in timeline.spans:
         assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(spans))
+    # ... and work starts only once its input has arrived from the neighbouring stage.
+    ends = {(k, span.action): span.end for k, spans in enumerate(timeline.spans)
+            for span in spans}
+    for span in timeline.spans[1]:
+        if span.action.kind == "F":
+            assert span.start >= ends[(0, span.action)]
+    for span in timeline.spans[0]:
+        if span.action.kind == "B":
+            assert span.start >= ends[(1, span.action)]
     assert timeline.render(timeline.makespan / 60).count("\n") == 1
 
 

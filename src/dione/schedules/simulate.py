@@ -75,9 +75,10 @@ class Timeline:
             return 0.0
         return 1.0 - sum(self.busy(k) for k in range(len(self.spans))) / total
 
-    def render(self, unit: float | None = None, until: float | None = None) -> str:
+    def render(self, unit: float | None = None, until: float | None = None,
+               since: float = 0.0) -> str:
         """One row per stage, one cell per ``unit`` seconds (default: the shortest action),
-        idle cells as dots, up to time ``until`` (default: the end):
+        idle cells as dots, from time ``since`` to ``until`` (default: the end):
         ``stage 0: F0 F1 .. .. B0 B0 U0``."""
         durations = [s.end - s.start for stage in self.spans for s in stage if s.end > s.start]
         if unit is None:
@@ -85,7 +86,7 @@ class Timeline:
         if unit <= 0:
             raise ValueError(f"a cell must last a positive time, not {unit}")
         end = self.makespan if until is None else min(until, self.makespan)
-        cells = max(1, round(end / unit))
+        cells = max(1, round((end - since) / unit))
         t = self.schedule.micro_batches
         width = max((len(s.action.label(t)) for stage in self.spans for s in stage), default=2)
         rows = []
@@ -94,9 +95,9 @@ class Timeline:
             for span in stage:
                 if span.end <= span.start:
                     continue  # an instant (an update that costs nothing) takes no cell
-                first = round(span.start / unit)
-                last = max(first + 1, round(span.end / unit))
-                for c in range(first, min(last, cells)):
+                first = round((span.start - since) / unit)
+                last = max(first + 1, round((span.end - since) / unit))
+                for c in range(max(first, 0), min(last, cells)):
                     row[c] = span.action.label(t).ljust(width)
             rows.append(f"stage {k}: " + " ".join(row))
         return "\n".join(rows)

@@ -197,6 +197,7 @@ class XPipe(PipelineTechnique):
                 else:
                     received = links.receive_activation(u)
                     x = received.requires_grad_(received.is_floating_point())
+                    begin = time.perf_counter()  # the span is the work, not the wait
                 out = functional_call(model, weights[i], (x,))
                 if last:
                     loss = task.loss(out, ctx.to_device(chunk(i)[1][j]))
@@ -212,7 +213,9 @@ class XPipe(PipelineTechnique):
                 if last:
                     out.backward()  # type: ignore[no-untyped-call]
                 else:
-                    out.backward(links.receive_gradient(out, u))  # type: ignore[no-untyped-call]
+                    gradient = links.receive_gradient(out, u)
+                    begin = time.perf_counter()
+                    out.backward(gradient)  # type: ignore[no-untyped-call]
                 if received is not None and received.grad is not None:
                     links.send_gradient(received.grad, u)
             else:  # the update of mini-batch i, on version i of the real weights
@@ -250,8 +253,9 @@ class XPipe(PipelineTechnique):
             micro_batches=micro_batches,
             versions=[r["versions"] for r in gathered],
             prediction=[r["prediction"] for r in gathered],
-            # Per stage, each action's (start, end) in seconds from the first stage's start
-            # (perf_counter is one clock for every process of a machine).
+            # Per stage, each action's (start, end) of work, after its input arrived, in
+            # seconds from the first stage's start (perf_counter is one clock for every
+            # process of a machine).
             spans=[[(a + r["origin"] - start, b + r["origin"] - start) for a, b in r["spans"]]
                    for r in gathered],
         )
