@@ -180,6 +180,7 @@ class XPipe(PipelineTechnique):
         origin = last_update = time.perf_counter()
         for action in schedule.stages[stage]:
             begin = time.perf_counter()
+            finish = None  # the work's end, before its result is sent on
             i, j = action.minibatch, action.micro
             if action.kind == "F":
                 assert j is not None
@@ -204,6 +205,7 @@ class XPipe(PipelineTechnique):
                     micro_losses.setdefault(i, []).append(loss.detach())
                     saved[u] = (received, loss / micro_batches)  # mean over the mini-batch
                 else:
+                    finish = time.perf_counter()
                     links.send_activation(out, u)
                     saved[u] = (received, out)
             elif action.kind == "B":
@@ -217,6 +219,7 @@ class XPipe(PipelineTechnique):
                     begin = time.perf_counter()
                     out.backward(gradient)  # type: ignore[no-untyped-call]
                 if received is not None and received.grad is not None:
+                    finish = time.perf_counter()
                     links.send_gradient(received.grad, u)
             else:  # the update of mini-batch i, on version i of the real weights
                 mine = weights.pop(i)
@@ -238,7 +241,8 @@ class XPipe(PipelineTechnique):
                 now = time.perf_counter()
                 step_seconds.append(now - last_update)
                 last_update = now
-            spans.append((begin - origin, time.perf_counter() - origin))
+            end = time.perf_counter() if finish is None else finish
+            spans.append((begin - origin, end - origin))
         links.drain()
         checkpoint = ctx.save(model, optimizer, scheduler)
         outcome = ctx.outcome(losses, step_seconds, checkpoint, loss_ranks=[stages - 1])
