@@ -8,9 +8,12 @@ prediction uses only measurements taken apart from any pipeline: each stage's fo
 GPipe's pattern over m distinct micro-batches (10 rounds after a warm-up, medians),
 measured in two processes at once, each on its own core with one thread as a worker
 has; and the one-way time of one activation between two gloo processes (half a
-ping-pong). This machine's speed drifts by tens of percent over minutes, so each
-round measures the stages, then runs one real slice of every (technique, m) right
-after, and the error is the median over rounds of predicted / measured - 1.
+ping-pong). The runtime's own cost per forward or backward (Python, posting sends and
+receives, waking up when one arrives) is measured with a real slice of each technique
+on a model with next to no compute, and added to every action. This machine's speed
+drifts by tens of percent over minutes, so each round measures the stages and the
+overheads, then runs one real slice of every (technique, m) right after, and the error
+is the median over rounds of predicted / measured - 1.
 Both sides use the same statistic: the median interval between stage 0's successive
 optimizer steps (for xpipe, the steady state without fill and drain; the real side
 skips the first steps as warm-up).
@@ -23,6 +26,8 @@ error lies in the stage times fed to it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -77,6 +82,32 @@ def in_run_times(result: Any, steps: int, transfer: float) -> StageTimes:
             per.setdefault((k, span.action.kind), []).append(span.end - span.start)
     return StageTimes(*(tuple(statistics.median(per[(k, kind)]) for k in range(2))
                         for kind in "FBU"), transfer=transfer)
+
+
+def tiny_model() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16))
+
+
+def tiny_data() -> Any:
+    generator = torch.Generator().manual_seed(0)
+    return torch.utils.data.TensorDataset(torch.randn(1024, 16, generator=generator),
+                                          torch.randn(1024, 16, generator=generator))
+
+
+def action_overhead(name: str, m: int, steps: int, placement: Any, folder: Path) -> float:
+    """Seconds the runtime of ``name`` spends per forward or backward beyond the work:
+    a real slice of a model with next to no compute (two 16x16 layers), divided by
+    what the schedule makes of one second per action."""
+    task = Task(name="tiny", model=tiny_model, data=tiny_data,
+                loss=torch.nn.functional.mse_loss,
+                optimizer=functools.partial(torch.optim.SGD, lr=1e-3, momentum=0.9),
+                batch_size=32, steps=steps)
+    result = run_slice(task, name, folder, placement, knobs={"micro_batches": m},
+                       evaluate=False)
+    schedule = get_technique(name).schedule(2, m, steps)  # type: ignore[attr-defined]
+    unit = update_interval(simulate(schedule, StageTimes((0.0,) * 2, (0.0,) * 2, (0.0,) * 2,
+                                                         overhead=1.0)))
+    return statistics.median(result.step_seconds[WARMUP:]) / unit
 
 
 def make_task(model: str, steps: int) -> Task:
@@ -204,14 +235,19 @@ def main() -> None:
     last_times: dict[int, StageTimes] = {}
     timelines: dict[tuple[str, int], Timeline] = {}
     xpipe_runs: dict[int, Any] = {}
+    overheads: dict[tuple[str, int], float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             # This machine's speed drifts by tens of percent over minutes: measure the
             # stages again right before each round of real slices, and compare in pairs.
             last_times = stage_times(args.model, args.micro_batches)
             for name, m in configs:
+                overheads[(name, m)] = action_overhead(
+                    name, m, args.steps, placement, Path(tmp) / f"tiny-{name}-{m}-{repeat}")
+            for name, m in configs:
                 schedule = get_technique(name).schedule(2, m, args.steps)  # type: ignore[attr-defined]
-                timelines[(name, m)] = simulate(schedule, last_times[m])
+                times = dataclasses.replace(last_times[m], overhead=overheads[(name, m)])
+                timelines[(name, m)] = simulate(schedule, times)
                 predicted[(name, m)].append(update_interval(timelines[(name, m)]))
                 result = run_slice(task, name, Path(tmp) / f"{name}-{m}-{repeat}", placement,
                                    knobs={"micro_batches": m}, evaluate=False)
@@ -225,9 +261,9 @@ def main() -> None:
     print(f"model {args.model}, global batch {task.batch_size}, 2 stages, {args.steps} steps "
           f"per slice, {args.repeats} rounds (stage times measured, then one slice each)\n")
     print("| technique | micro-batches | stage F / B ms per micro-batch (0; 1), last round | "
-          "update ms (0; 1) | transfer ms | predicted ms/step | bubble | measured ms/step | "
-          "error, median of rounds (range) |")
-    print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+          "update ms (0; 1) | transfer ms | overhead ms per action | predicted ms/step | "
+          "bubble | measured ms/step | error, median of rounds (range) |")
+    print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     errors = []
     for name, m in configs:
         times = last_times[m]
@@ -237,7 +273,7 @@ def main() -> None:
         errors.append(abs(error))
         ms = [f"{t * 1000:.1f}" for t in (*times.forward, *times.backward, *times.update)]
         print(f"| {name} | {m} | {ms[0]} / {ms[2]}; {ms[1]} / {ms[3]} | {ms[4]}; {ms[5]} | "
-              f"{times.transfer * 1000:.2f} | "
+              f"{times.transfer * 1000:.2f} | {overheads[(name, m)] * 1000:.2f} | "
               f"{statistics.median(predicted[(name, m)]) * 1000:.1f} | "
               f"{timelines[(name, m)].bubble_fraction:.0%} | "
               f"{statistics.median(measured[(name, m)]) * 1000:.1f} | {error:+.1%} "

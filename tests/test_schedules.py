@@ -74,6 +74,13 @@ def test_transfers_delay_the_receiver() -> None:
     assert slow.makespan == pytest.approx(fast.makespan + 4 * 0.5)
 
 
+def test_per_action_overhead_lengthens_every_forward_and_backward() -> None:
+    plain = simulate(gpipe(2, 4), StageTimes.uniform(2, 1.0, 2.0, update=1.0))
+    slow = simulate(gpipe(2, 4), StageTimes((1.0, 1.0), (2.0, 2.0), (1.0, 1.0), overhead=0.5))
+    # The same as stage times 1.5 and 2.5: (m + K - 1) forwards and backwards, one update.
+    assert slow.makespan == pytest.approx(plain.makespan + (4 + 1) * 2 * 0.5)
+
+
 def test_uneven_stages_are_bound_by_the_slowest() -> None:
     timeline = simulate(gpipe(2, 8), StageTimes((1.0, 3.0), (2.0, 6.0), (0.0, 0.0)))
     assert timeline.makespan == pytest.approx(1.0 + 8 * 9.0 + 2.0)

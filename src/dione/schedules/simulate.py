@@ -21,12 +21,15 @@ __all__ = ["Span", "StageTimes", "Timeline", "simulate", "spans_of"]
 @dataclass(frozen=True)
 class StageTimes:
     """Seconds per micro-batch of each stage's forward and backward, per mini-batch of
-    its optimizer step, and of one activation or gradient transfer between stages."""
+    its optimizer step, and of one activation or gradient transfer between stages.
+    ``overhead`` is added to every forward and backward: what the runtime itself costs
+    per action (its Python, posting sends and receives, waking up when one arrives)."""
 
     forward: tuple[float, ...]
     backward: tuple[float, ...]
     update: tuple[float, ...]
     transfer: float = 0.0
+    overhead: float = 0.0
 
     @classmethod
     def uniform(cls, stages: int, forward: float, backward: float, update: float = 0.0,
@@ -35,7 +38,7 @@ class StageTimes:
 
     def duration(self, stage: int, action: Action) -> float:
         table = {"F": self.forward, "B": self.backward, "U": self.update}[action.kind]
-        return table[stage]
+        return table[stage] + (self.overhead if action.kind != "U" else 0.0)
 
 
 @dataclass(frozen=True)
