@@ -168,11 +168,21 @@ class SliceContext:
     def dataset(self) -> Any:
         return self.task.data()
 
-    def build_model(self) -> nn.Module:
-        """The task's model, initialised from its seed (identical on every rank)."""
+    def build_model(self, on_device: bool = True) -> nn.Module:
+        """The task's model, initialised from its seed (identical on every rank); on the
+        host with ``on_device=False`` (a pipeline cuts its stage out first)."""
         torch.manual_seed(self.task.seed)
         model = self.task.model()
-        return model.to(self.device)
+        return model.to(self.device) if on_device else model
+
+    def start_training(self, model: nn.Module) -> tuple[torch.optim.Optimizer, Any | None]:
+        """The task's optimizer and scheduler over ``model``'s parameters, restored from
+        the slice's checkpoint (collective), with the model in training mode."""
+        optimizer = self.task.optimizer(model.parameters())
+        scheduler = self.task.lr_scheduler(optimizer) if self.task.lr_scheduler else None
+        self.restore(model, optimizer, scheduler)
+        model.train()
+        return optimizer, scheduler
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.device, non_blocking=True)

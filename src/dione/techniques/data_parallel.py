@@ -31,10 +31,7 @@ class DataParallelTechnique(Technique):
         source = BatchSource(ctx.dataset, task.batch_size, task.seed, ctx.rank, ctx.world)
         ctx.timings["data_ready"] = time.perf_counter()
         model = self.wrap(ctx.build_model(), ctx)
-        optimizer = task.optimizer(model.parameters())
-        scheduler = task.lr_scheduler(optimizer) if task.lr_scheduler else None
-        ctx.restore(model, optimizer, scheduler)
-        model.train()
+        optimizer, scheduler = ctx.start_training(model)
         losses: list[torch.Tensor] = []
         step_seconds: list[float] = []
         last = time.perf_counter()

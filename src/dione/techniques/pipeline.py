@@ -152,6 +152,17 @@ class PipelineTechnique(Technique):
         return partition_model(model, ctx.world, ctx.task.name, costs=box[0],
                                split_points=ctx.task.split_points)
 
+    def build_stage(self, ctx: SliceContext, source: BatchSource) -> tuple[nn.Module, Partition]:
+        """This rank's stage on its device, cut from the whole model built from the seed
+        on the host (so every stage starts from single's weights), and the partition."""
+        model = ctx.build_model(on_device=False)
+        partition = self._partition(model, ctx, source)
+        keep_stage(model, partition, ctx.rank)
+        if ctx.knobs.get("activation_checkpointing"):
+            for name in partition.layers(ctx.rank):
+                checkpoint_activations(getattr(model, name))
+        return model.to(ctx.device), partition
+
     def train(self, ctx: SliceContext) -> SliceOutcome:
         # Imported here, in the workers only: it is slow to import.
         from torch.distributed import pipelining
@@ -160,22 +171,12 @@ class PipelineTechnique(Technique):
         first, last = ctx.rank == 0, ctx.rank == ctx.world - 1
         source = BatchSource(ctx.dataset, task.batch_size, task.seed)
         ctx.timings["data_ready"] = time.perf_counter()
-        torch.manual_seed(task.seed)
-        model = task.model()  # whole, on the host: every stage starts from single's weights
-        partition = self._partition(model, ctx, source)
-        keep_stage(model, partition, ctx.rank)
-        if ctx.knobs["activation_checkpointing"]:
-            for name in partition.layers(ctx.rank):
-                checkpoint_activations(getattr(model, name))
-        model.to(ctx.device)
+        model, partition = self.build_stage(ctx, source)
         stage = pipelining.PipelineStage(model, ctx.rank, ctx.world, ctx.device)
         schedule_class = getattr(pipelining, self.torch_schedule)
         runner = schedule_class(stage, n_microbatches=ctx.knobs["micro_batches"],
                                 loss_fn=task.loss, scale_grads=True)
-        optimizer = task.optimizer(model.parameters())
-        scheduler = task.lr_scheduler(optimizer) if task.lr_scheduler else None
-        ctx.restore(model, optimizer, scheduler)
-        model.train()
+        optimizer, scheduler = ctx.start_training(model)
         losses: list[torch.Tensor] = []
         step_seconds: list[float] = []
         last_time = time.perf_counter()

@@ -40,7 +40,7 @@ from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceContext, SliceOutcome
 from dione.techniques.batches import BatchSource
-from dione.techniques.pipeline import PipelineTechnique, keep_stage
+from dione.techniques.pipeline import PipelineTechnique
 from dione.techniques.prediction import predict_weights, prediction_problem
 
 __all__ = ["XPipe", "real_timeline"]
@@ -145,15 +145,8 @@ class XPipe(PipelineTechnique):
         minibatches = spec.end_step - spec.start_step
         source = BatchSource(ctx.dataset, task.batch_size, task.seed)
         ctx.timings["data_ready"] = time.perf_counter()
-        torch.manual_seed(task.seed)
-        model = task.model()  # whole, on the host: every stage starts from single's weights
-        partition = self._partition(model, ctx, source)
-        keep_stage(model, partition, stage)
-        model.to(ctx.device)
-        optimizer = task.optimizer(model.parameters())
-        scheduler = task.lr_scheduler(optimizer) if task.lr_scheduler else None
-        ctx.restore(model, optimizer, scheduler)
-        model.train()
+        model, partition = self.build_stage(ctx, source)
+        optimizer, scheduler = ctx.start_training(model)
         params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         schedule = xpipe(stages, micro_batches, minibatches)
         staleness = schedule.staleness()
