@@ -73,17 +73,6 @@ def median_seconds(run: Any, samples: int = SAMPLES) -> float:
     return statistics.median(times)
 
 
-def in_run_times(result: Any, steps: int, transfer: float) -> StageTimes:
-    """Each stage's median action durations as an xpipe run logged them."""
-    timeline = real_timeline(result.extra, steps)
-    per: dict[tuple[int, str], list[float]] = {}
-    for k, spans in enumerate(timeline.spans):
-        for span in spans:
-            per.setdefault((k, span.action.kind), []).append(span.end - span.start)
-    return StageTimes(*(tuple(statistics.median(per[(k, kind)]) for k in range(2))
-                        for kind in "FBU"), transfer=transfer)
-
-
 def tiny_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16))
 
@@ -285,7 +274,8 @@ def main() -> None:
           "times | predicted from in-run times | measured (last run) |")
     print("| ---: | --- | ---: | ---: | ---: |")
     for m, result in xpipe_runs.items():
-        inside = in_run_times(result, args.steps, last_times[m].transfer)
+        inside = real_timeline(result.extra, args.steps).action_times(
+            transfer=last_times[m].transfer)
         again = update_interval(simulate(get_technique("xpipe").schedule(2, m, args.steps),  # type: ignore[attr-defined]
                                          inside))
         ms = [f"{t * 1000:.1f}" for t in (*inside.forward, *inside.backward)]

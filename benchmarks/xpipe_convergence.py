@@ -32,7 +32,7 @@ import torch
 
 from dione.launch import local_placement, run_slice
 from dione.launch.slice import SliceResult
-from dione.schedules import StageTimes, simulate, xpipe
+from dione.schedules import simulate
 from dione.spec import Node, Task
 from dione.zoo import digits_accuracy, digits_mlp, digits_train
 
@@ -55,18 +55,6 @@ def run(task: Task, technique: str, devices: int, knobs: dict[str, Any],
 def mean_spread(values: list[float]) -> str:
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.4f} ± {spread:.4f}"
-
-
-def measured_times(result: SliceResult, stages: int) -> StageTimes:
-    """Each stage's mean action durations in a real run, for the simulator."""
-    schedule = xpipe(stages, int(result.extra["micro_batches"]), len(result.losses))
-    per: dict[tuple[int, str], list[float]] = defaultdict(list)
-    for k, (actions, spans) in enumerate(zip(schedule.stages, result.extra["spans"],
-                                             strict=True)):
-        for action, (start, end) in zip(actions, spans, strict=True):
-            per[(k, action.kind)].append(end - start)
-    return StageTimes(*(tuple(statistics.mean(per[(k, kind)]) for k in range(stages))
-                        for kind in "FBU"))
 
 
 def main() -> None:
@@ -127,7 +115,7 @@ def main() -> None:
         from dione.techniques.xpipe import real_timeline
 
         real = real_timeline(example.extra, len(example.losses))
-        predicted = simulate(real.schedule, measured_times(example, args.stages))
+        predicted = simulate(real.schedule, real.action_times(statistics.mean))
         unit = statistics.median(e - s for spans in example.extra["spans"]
                                  for s, e in spans if e > s)
         until = 24 * args.stages * unit

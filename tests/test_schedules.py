@@ -81,6 +81,11 @@ def test_per_action_overhead_lengthens_every_forward_and_backward() -> None:
     assert slow.makespan == pytest.approx(plain.makespan + (4 + 1) * 2 * 0.5)
 
 
+def test_action_times_read_back_what_a_timeline_ran() -> None:
+    times = StageTimes((1.0, 3.0), (2.0, 6.0), (0.5, 0.25), transfer=0.1)
+    assert simulate(gpipe(2, 4, 2), times).action_times(transfer=0.1) == times
+
+
 def test_uneven_stages_are_bound_by_the_slowest() -> None:
     timeline = simulate(gpipe(2, 8), StageTimes((1.0, 3.0), (2.0, 6.0), (0.0, 0.0)))
     assert timeline.makespan == pytest.approx(1.0 + 8 * 9.0 + 2.0)

@@ -10,7 +10,8 @@ the receiver but does not occupy either stage.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dione.schedules.actions import Action, Schedule, ScheduleError
@@ -77,6 +78,19 @@ class Timeline:
         if total == 0:
             return 0.0
         return 1.0 - sum(self.busy(k) for k in range(len(self.spans))) / total
+
+    def action_times(self, statistic: Callable[[list[float]], float] = statistics.median,
+                     transfer: float = 0.0) -> StageTimes:
+        """Each stage's forward, backward and update durations summarised by
+        ``statistic``: stage times for the simulator, from a real run's timeline."""
+        durations: dict[tuple[int, str], list[float]] = {}
+        for k, spans in enumerate(self.spans):
+            for span in spans:
+                durations.setdefault((k, span.action.kind), []).append(span.end - span.start)
+        forward, backward, update = (
+            tuple(statistic(durations.get((k, kind), [0.0])) for k in range(len(self.spans)))
+            for kind in "FBU")
+        return StageTimes(forward, backward, update, transfer)
 
     def render(self, unit: float | None = None, until: float | None = None,
                since: float = 0.0) -> str:
