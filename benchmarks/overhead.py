@@ -98,30 +98,13 @@ def in_process_table(models: list[str], steps: int, repeats: int) -> str:
 
 
 def plain_steps(setup: Any, steps: int) -> list[float]:
-    """The plain loop's step times, in this process (the same code as plain_loop.py)."""
-    import time
-
+    """The plain loop's step times, in this process (plain_loop.py's own loop)."""
     import torch
+    from plain_loop import run_steps
 
     torch.manual_seed(0)
     model = setup.model()
-    optimizer = setup.optimizer(model.parameters())
-    inputs, targets = setup.data().tensors
-    order = torch.randperm(len(inputs))
-    times, last, position = [], time.perf_counter(), 0
-    for _ in range(steps):
-        if position + setup.batch_size > len(order):
-            order, position = torch.randperm(len(inputs)), 0
-        index = order[position: position + setup.batch_size]
-        position += setup.batch_size
-        loss = setup.loss(model(inputs[index]), targets[index])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        now = time.perf_counter()
-        times.append(now - last)
-        last = now
-    return times
+    return run_steps(setup, model, setup.optimizer(model.parameters()), steps)[0]
 
 
 def spread(seconds: list[float]) -> str:

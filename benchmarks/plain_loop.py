@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,20 +24,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from models import MODELS
 
 
-def train(rank: int, world: int, name: str, steps: int, out: str, port: int, threads: int,
-          cores: list[list[int]] | None) -> None:
-    if cores:
-        os.sched_setaffinity(0, set(cores[rank]))
-    torch.set_num_threads(threads)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if world > 1:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-    setup = MODELS[name]
-    torch.manual_seed(0)
-    model = setup.model()
-    if world > 1:
-        model = DistributedDataParallel(model)
-    optimizer = setup.optimizer(model.parameters())
+def run_steps(setup: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              steps: int, rank: int = 0, world: int = 1) -> tuple[list[float], torch.Tensor]:
+    """The loop itself: rank's share of each batch of a seeded permutation per epoch,
+    forward, loss, backward, step; each step's wall time and the last loss."""
     inputs, targets = setup.data().tensors
     share = setup.batch_size // world
     generator = torch.Generator().manual_seed(0)
@@ -56,6 +47,24 @@ def train(rank: int, world: int, name: str, steps: int, out: str, port: int, thr
         now = time.perf_counter()
         times.append(now - last)
         last = now
+    return times, loss
+
+
+def train(rank: int, world: int, name: str, steps: int, out: str, port: int, threads: int,
+          cores: list[list[int]] | None) -> None:
+    if cores:
+        os.sched_setaffinity(0, set(cores[rank]))
+    torch.set_num_threads(threads)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if world > 1:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    setup = MODELS[name]
+    torch.manual_seed(0)
+    model = setup.model()
+    if world > 1:
+        model = DistributedDataParallel(model)
+    optimizer = setup.optimizer(model.parameters())
+    times, loss = run_steps(setup, model, optimizer, steps, rank, world)
     if rank == 0:
         with open(out, "w") as file:
             json.dump({"step_seconds": times, "final_loss": float(loss.detach())}, file)
