@@ -185,6 +185,137 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed or problems else 0
 
 
+def _parse_bytes(text: str) -> int:
+    units = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    raw = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = raw[-1] if raw and raw[-1] in units else ""
+    try:
+        value = float(raw[: len(raw) - len(unit)] if unit else raw)
+    except ValueError:
+        raise BadInput(f"--memory-cap {text!r}: write a size such as 2GiB, 512MiB or "
+                       "1000000000") from None
+    if value <= 0:
+        raise BadInput(f"--memory-cap {text!r} must be positive")
+    return int(value * units[unit])
+
+
+def _profile(args: argparse.Namespace, tasks: Any, cluster: Any) -> Any:
+    """Profile ``tasks`` with a progress bar; the Profile."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from dione.profile import Catalog, ProfileEvent, TrialOptions, profile_workload
+
+    options = TrialOptions(warmup_steps=args.warmup_steps, measure_steps=args.measure_steps,
+                           timeout=args.trial_timeout,
+                           memory_cap_bytes=_parse_bytes(args.memory_cap)
+                           if args.memory_cap else None)
+    progress = Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.description}"), console=console,
+                        disable=not console.is_terminal)
+    bar = progress.add_task("", total=None)
+
+    def show(event: ProfileEvent) -> None:
+        if event.total:
+            progress.update(bar, total=event.total)
+        if event.kind in ("finished", "skipped"):
+            progress.advance(bar)
+        if event.kind == "started":
+            progress.update(bar, description=f"{event.label} ({', '.join(event.tasks)[:60]})")
+        if not console.is_terminal and event.kind in ("finished", "skipped"):
+            record = event.record
+            what = (f"{record.status}" + (f", {record.step_seconds * 1000:.1f} ms/step"
+                                          if record.step_seconds else "")
+                    if record else f"skipped: {event.reason}")
+            console.print(f"  trial {event.label}: {what}")
+
+    with Catalog(args.catalog) as catalog, progress:
+        return profile_workload(tasks, cluster, catalog, options=options,
+                                reprofile=args.reprofile, budget=args.budget,
+                                parallel=not args.serial, on_event=show)
+
+
+def _print_profile(profile: Any) -> None:
+    """Per task: its chosen options, its failed trials and deliberate skips."""
+    from dione.techniques import get_technique
+
+    table = Table(title=f"profile: {profile.trials_run} trial(s) run, {profile.trials_cached} "
+                  f"from the catalog, {profile.seconds:.0f} s")
+    for column in ("task", "technique", "devices", "knobs", "ms/step", "spread",
+                   "seconds (all steps)", "peak MiB", "note"):
+        table.add_column(column, overflow="fold")
+    for task in profile.tasks:
+        if task.error:
+            table.add_row(task.task, "-", "-", "-", "-", "-", "-", "-",
+                          f"not profiled: {task.error}")
+            continue
+        chosen = {o.record.fingerprint for o in task.options}
+        shown = [r for r in task.trials if r.fingerprint in chosen or not r.feasible]
+        for record in sorted(shown, key=lambda r: (r.devices, r.technique)):
+            defaults = get_technique(record.technique).knobs
+            knobs = ", ".join(f"{k}={v}" for k, v in record.knobs.items()
+                              if defaults.get(k) != v)
+            seconds = (f"{record.slice_seconds(task.total_steps) + task.evaluation_seconds:.1f}"
+                       if record.feasible else "-")
+            note = (record.simulation_note or "" if record.feasible else
+                    f"{record.status}: {(record.reason or '').splitlines()[0][:200]}")
+            table.add_row(
+                task.task, record.technique, str(record.devices), knobs,
+                f"{record.step_seconds * 1000:.1f}" if record.step_seconds else "-",
+                f"{record.spread:.0%}" if record.spread is not None else "-", seconds,
+                f"{record.peak_memory_bytes / 2**20:.0f}" if record.peak_memory_bytes else "-",
+                note)
+        for what, reason in task.skipped:
+            table.add_row(task.task, what, "", "", "", "", "", "", f"skipped: {reason}")
+    console.print(table)
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from dione.spec.cluster import ClusterError, local_cluster
+    from dione.spec.validate import split_valid
+    from dione.techniques import technique_names
+
+    workload = _load(args.workload)
+    try:
+        cluster = local_cluster(args.devices)
+    except ClusterError as err:
+        raise BadInput(str(err)) from None
+    tasks, problems = split_valid(workload, None, technique_names())
+    for problem in problems:
+        _complain("invalid", str(problem))
+    if not tasks:
+        raise BadInput("no task of the workload is valid; nothing profiled")
+    profile = _profile(args, tasks, cluster)
+    _print_profile(profile)
+    problem = profile.problem()
+    text = json.dumps(problem, indent=1)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+        console.print(f"problem for the planner: {args.output} ({len(problem['tasks'])} "
+                      "task(s)); next: dione plan " + args.output)
+    unprofiled = [t.task for t in profile.tasks if not t.options]
+    for name in unprofiled:
+        _complain("no feasible option", f"task {name}: every configuration failed or was "
+                  "skipped; see the table")
+    return EXIT_FAILED if unprofiled or problems else 0
+
+
+def _add_profile_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--catalog", help="trial catalog SQLite file (default: $DIONE_CATALOG "
+                        "or ~/.cache/dione/catalog.sqlite)")
+    parser.add_argument("--reprofile", action="store_true",
+                        help="run every trial again, ignoring the catalog")
+    parser.add_argument("--budget", type=float, help="seconds of profiling after which no "
+                        "new trial starts")
+    parser.add_argument("--memory-cap", help="memory per device, e.g. 2GiB: a trial above it "
+                        "counts as out of memory (default: the device's own limit)")
+    parser.add_argument("--warmup-steps", type=int, default=3, help="steps not timed (3)")
+    parser.add_argument("--measure-steps", type=int, default=8, help="steps timed (8)")
+    parser.add_argument("--trial-timeout", type=float, default=300.0,
+                        help="seconds after which a trial counts as timed out (300)")
+    parser.add_argument("--serial", action="store_true",
+                        help="one trial at a time, even where devices allow more")
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from dione.plan import ProblemError, check_plan, load_plan, load_problem, solve
 
@@ -251,6 +382,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--slice-steps", type=int, help="checkpoint every this many steps")
     run.add_argument("--timeout", type=float, help="seconds after which a slice is stopped")
     run.set_defaults(handler=_cmd_run)
+
+    prof = commands.add_parser("profile", help="time each task's configurations with short "
+                               "real trials; write the planner's problem")
+    prof.add_argument("workload")
+    prof.add_argument("--devices", help="e.g. cpu:4 or cuda:8 (default: the local machine)")
+    prof.add_argument("-o", "--output", help="write the problem JSON here")
+    _add_profile_options(prof)
+    prof.set_defaults(handler=_cmd_profile)
 
     train = commands.add_parser("train", help="train one slice of one task")
     train.add_argument("workload")

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from dione.spec.devices import DeviceKind
 from dione.spec.workload import loaded_workload_files
 from dione.techniques.base import SliceOutcome, SliceSpec
 
-__all__ = ["GangError", "Placement", "run_local_gang"]
+__all__ = ["GangError", "GangInterrupted", "Placement", "run_local_gang"]
 
 _POLL_SECONDS = 0.02
 _TERMINATE_GRACE_SECONDS = 3.0
@@ -44,13 +45,19 @@ class Placement:
     cores: tuple[tuple[int, ...], ...] | None = None
 
 
+class GangInterrupted(Exception):
+    """The caller asked a running gang to stop (its cancel event was set)."""
+
+
 class GangError(RuntimeError):
     """A gang that did not finish: which rank, why, and what it said."""
 
-    def __init__(self, message: str, rank: int | None, reason: str) -> None:
+    def __init__(self, message: str, rank: int | None, reason: str,
+                 error_type: str | None = None) -> None:
         super().__init__(message)
         self.rank = rank
         self.reason = reason  # raised | signal | exit | timeout | interrupted
+        self.error_type = error_type  # the exception's type name when reason is raised
 
 
 def _signal_name(code: int) -> str:
@@ -116,7 +123,7 @@ def _describe_failure(
         return GangError(
             f"{who(rank)} raised {err['type']}: "
             f"{err['message']}\n{err['traceback']}",
-            rank, "raised",
+            rank, "raised", err["type"],
         )
     rank = next(r for r, c in codes.items() if c != 0 and r not in ended_by_us)
     tail = _log_tail(folder / f"rank{rank}.log")
@@ -128,9 +135,11 @@ def _describe_failure(
 
 
 def run_local_gang(
-    spec: SliceSpec, placement: Placement, folder: str | Path, timeout: float | None = None
+    spec: SliceSpec, placement: Placement, folder: str | Path, timeout: float | None = None,
+    cancel: threading.Event | None = None,
 ) -> list[SliceOutcome]:
-    """Run ``spec`` as a gang of local processes; each rank's outcome, or a GangError."""
+    """Run ``spec`` as a gang of local processes; each rank's outcome, or a GangError.
+    Setting ``cancel`` (from another thread) stops the gang and raises GangInterrupted."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     for stale in [*folder.glob("result-*"), *folder.glob("error-*")]:
@@ -172,6 +181,9 @@ def run_local_gang(
                 _end(processes)
                 final = {r: p.returncode for r, p in enumerate(processes)}
                 raise _describe_failure(folder, final, ended_by_us, spec, placement)
+            if cancel is not None and cancel.is_set():
+                _end(processes)
+                raise GangInterrupted("the gang was asked to stop")
             if deadline is not None and time.monotonic() > deadline:
                 _end(processes)
                 running = [r for r, c in codes.items() if c is None]

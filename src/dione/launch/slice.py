@@ -6,6 +6,7 @@ and the orchestrator all call ``run_slice``.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,11 +22,32 @@ from dione.state.store import RunStore
 from dione.techniques.base import SliceSpec, Technique
 from dione.techniques.registry import get_technique
 
-__all__ = ["SliceError", "SliceResult", "local_placement", "run_slice", "total_steps"]
+__all__ = [
+    "SliceError",
+    "SliceResult",
+    "TrialSettings",
+    "local_placement",
+    "run_slice",
+    "total_steps",
+]
 
 
 class SliceError(RuntimeError):
     """A slice that cannot start or did not finish; the message says why."""
+
+    def __init__(self, message: str, reason: str = "refused", error_type: str | None = None):
+        super().__init__(message)
+        self.reason = reason  # refused | raised | signal | exit | timeout
+        self.error_type = error_type  # the failing rank's exception type, when it raised
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """What a profiling trial adds to a slice."""
+
+    memory_cap_bytes: int | None = None
+    probe_load: bool = True
+    evaluate: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,10 +103,17 @@ def run_slice(
     keep_checkpoints: int = 2,
     evaluate: bool = True,
     store: RunStore | None = None,
+    trial: TrialSettings | None = None,
+    cancel: threading.Event | None = None,
 ) -> SliceResult:
     """Train ``task`` from its latest checkpoint in ``run_dir`` for ``steps`` steps (None:
     to the end) under ``technique`` on ``placement``; record it; raise SliceError if it
-    cannot start or fails (the store then says why, and no checkpoint is lost)."""
+    cannot start or fails (the store then says why, and no checkpoint is lost).
+
+    ``evaluate``: run the task's evaluation when the slice ends the task; ``trial``
+    adds what the trial runner measures (a memory cap, a load probe, an evaluation
+    whatever the step). Setting ``cancel`` stops the gang; the slice is then recorded
+    as interrupted and GangInterrupted raised."""
     method = get_technique(technique) if isinstance(technique, str) else technique
     knobs = dict(knobs or {})
     devices = len(placement.device_ids)
@@ -110,19 +139,22 @@ def run_slice(
             task=task, technique=method, knobs=knobs, device_kind=placement.kind,
             device_ids=placement.device_ids, start_step=start, end_step=end,
             resume_from=latest.path if latest else None, run_dir=str(Path(run_dir).resolve()),
-            evaluate=evaluate and end == total and task.evaluate is not None,
+            evaluate=task.evaluate is not None and (
+                (evaluate and end == total) or (trial is not None and trial.evaluate)),
+            memory_cap_bytes=trial.memory_cap_bytes if trial else None,
+            probe_load=trial.probe_load if trial else False,
         )
         slice_id = db.begin_slice(task.name, method.name, method.resolve(knobs), placement.node,
                                   placement.device_ids, start, end)
         began = time.perf_counter()
         folder = Path(run_dir) / "logs" / f"slice-{slice_id:06d}-{task.name}"
         try:
-            outcomes = run_local_gang(spec, placement, folder, timeout)
+            outcomes = run_local_gang(spec, placement, folder, timeout, cancel)
         except GangError as err:
             message = (f"task {task.name!r}, steps {start}-{end}, {method.name} on "
                        f"{placement.node} devices {list(placement.device_ids)}: {err}")
             db.fail_slice(slice_id, message)
-            raise SliceError(message) from err
+            raise SliceError(message, err.reason, err.error_type) from err
         except BaseException as err:
             db.fail_slice(slice_id, f"interrupted: {type(err).__name__}", status="interrupted")
             raise

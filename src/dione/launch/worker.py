@@ -101,8 +101,10 @@ def main(folder: Path, rank: int) -> int:
             dist.destroy_process_group()
         if rank == 0 and spec.evaluate and outcome.checkpoint is not None:
             try:  # a broken evaluation must not lose the training it follows
+                began = time.perf_counter()
                 outcome.evaluation = evaluate_checkpoint(spec.task, outcome.checkpoint,
                                                          ctx.device)
+                outcome.timings["evaluate_seconds"] = time.perf_counter() - began
             except Exception as err:
                 outcome.extra["evaluation_error"] = "".join(
                     traceback.format_exception(type(err), err, err.__traceback__))

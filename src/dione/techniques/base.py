@@ -59,6 +59,10 @@ class SliceSpec:
     run_dir: str
     save: bool = True
     evaluate: bool = False
+    # Trials only: the memory a device may use (exceeding it is an out-of-memory
+    # failure, as on a GPU), and whether to time a load of the checkpoint just saved.
+    memory_cap_bytes: int | None = None
+    probe_load: bool = False
 
     @property
     def world(self) -> int:
@@ -96,6 +100,9 @@ class Technique(ABC):
     # Whether train() needs torch.distributed initialised even on one device (FSDP's
     # device mesh does); a one-rank slice of a technique that does not runs without one.
     needs_process_group: ClassVar[bool] = True
+    # Whether more devices mean less memory per device (sharding, stages); the trial
+    # runner skips a replicating technique where one with fewer devices ran out of memory.
+    shards_memory: ClassVar[bool] = False
 
     def knob_settings(self, task: Task, devices: int, kind: DeviceKind) -> list[dict[str, Any]]:
         """Settings worth profiling for ``task`` on ``devices`` devices (default: defaults)."""
@@ -232,7 +239,23 @@ class SliceContext:
         path = checkpoint_path(self.spec.run_dir, self.task.name, self.spec.end_step)
         folder = save_checkpoint(path, model, optimizer, progress, scheduler)
         self.timings["saved"] = time.perf_counter()
+        if self.spec.probe_load:
+            # What the next slice's start will pay: the same checkpoint into the same
+            # wrapped model. It loads the state just saved, so training is unchanged.
+            load_checkpoint(str(folder), model, optimizer, batch_size=self.task.batch_size,
+                            seed=self.task.seed, scheduler=scheduler)
+            self.timings["load_probed"] = time.perf_counter()
         return str(folder)
+
+    def check_memory(self) -> None:
+        """Fail like an out-of-memory GPU when this rank's peak passes the slice's cap."""
+        cap = self.spec.memory_cap_bytes
+        if cap is not None:
+            peak = _peak_memory_bytes(self.device)
+            if peak > cap:
+                raise torch.OutOfMemoryError(
+                    f"peak memory {peak / 2**20:.0f} MiB exceeds the device's memory cap of "
+                    f"{cap / 2**20:.0f} MiB")
 
     def outcome(
         self,

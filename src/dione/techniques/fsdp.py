@@ -48,6 +48,7 @@ def checkpoint_activations(module: nn.Module) -> None:
 
 class FSDP(DataParallelTechnique):
     name = "fsdp"
+    shards_memory = True
     knobs: ClassVar[Mapping[str, Any]] = {
         "reshard_after_forward": True, "activation_checkpointing": False, "cpu_offload": False}
 

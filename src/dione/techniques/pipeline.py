@@ -80,6 +80,7 @@ def layer_times(layers: Sequence[nn.Module], sample: torch.Tensor, device: torch
 class PipelineTechnique(Technique):
     """One stage per device; subclasses choose the torch schedule and its data twin."""
 
+    shards_memory = True
     knobs: ClassVar[Mapping[str, Any]] = {
         "micro_batches": 4, "activation_checkpointing": False, "balance": "parameters"}
     torch_schedule: ClassVar[str]
@@ -204,6 +205,7 @@ class PipelineTechnique(Technique):
             # Equal micro-batches: the mean of their mean losses is the batch's mean loss.
             losses.append(torch.stack(micro_losses).mean().detach() if last
                           else torch.zeros((), device=ctx.device))
+            ctx.check_memory()
             now = time.perf_counter()
             step_seconds.append(now - last_time)
             last_time = now

@@ -1,0 +1,146 @@
+"""The catalog: one SQLite file of trial results keyed by fingerprint, shared by workloads.
+
+A trial is stored once it has finished, feasible or not (out of memory, crash,
+timeout, each with its reason), so a second profile of the same workload runs none.
+Trials skipped for a reason of the moment (the profiling budget ran out) are not
+stored: the next profile runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Catalog", "TrialRecord", "default_catalog_path"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS trials (
+    fingerprint TEXT PRIMARY KEY,
+    record TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS evaluation_costs (
+    key TEXT PRIMARY KEY,
+    seconds REAL NOT NULL,
+    created_at REAL NOT NULL
+);
+"""
+
+
+def default_catalog_path() -> Path:
+    """``$DIONE_CATALOG``, else ``~/.cache/dione/catalog.sqlite`` (shared by workloads)."""
+    if os.environ.get("DIONE_CATALOG"):
+        return Path(os.environ["DIONE_CATALOG"])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "dione" / "catalog.sqlite"
+
+
+@dataclass
+class TrialRecord:
+    """One trial's measurements; ``status`` ok | oom | crash | timeout.
+
+    A slice of N steps is predicted as ``fixed_seconds + warmup_excess_seconds +
+    N * step_seconds`` plus ``load_seconds`` when it resumes from a checkpoint:
+    ``fixed_seconds`` is the trial's wall time less its steps and its load probe
+    (process start, data, model build, checkpoint save, exit), all measured.
+    """
+
+    fingerprint: str
+    technique: str
+    knobs: dict[str, Any]
+    devices: int
+    device: str
+    status: str
+    reason: str | None = None
+    step_seconds: float | None = None  # median over the measured steps
+    spread: float | None = None  # interquartile range / median of the measured steps
+    measured_steps: int = 0
+    warmup_excess_seconds: float = 0.0
+    fixed_seconds: float = 0.0
+    load_seconds: float = 0.0
+    save_seconds: float = 0.0
+    peak_memory_bytes: int | None = None
+    trial_seconds: float = 0.0
+    simulated_step_seconds: float | None = None  # the schedule simulator's, for pipelines
+    simulation_note: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def feasible(self) -> bool:
+        return self.status == "ok"
+
+    def slice_seconds(self, steps: int, resumed: bool = False) -> float:
+        """Predicted seconds for a slice of ``steps`` steps under this configuration."""
+        if self.step_seconds is None:
+            raise ValueError(f"trial {self.fingerprint[:12]} is {self.status}: no prediction")
+        return (self.fixed_seconds + self.warmup_excess_seconds + steps * self.step_seconds
+                + (self.load_seconds if resumed else 0.0))
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> TrialRecord:
+        return TrialRecord(**data)
+
+
+class Catalog:
+    """Trial results and evaluation costs in one SQLite file (WAL; one writer at a time)."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else default_catalog_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
+                                   check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def get(self, fingerprint: str) -> TrialRecord | None:
+        row = self._db.execute("SELECT record FROM trials WHERE fingerprint = ?",
+                               (fingerprint,)).fetchone()
+        return TrialRecord.from_json(json.loads(row[0])) if row else None
+
+    def put(self, record: TrialRecord) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO trials VALUES (?, ?, ?)",
+                       (record.fingerprint, json.dumps(record.to_json()), time.time()))
+
+    def records(self) -> list[TrialRecord]:
+        rows = self._db.execute("SELECT record FROM trials ORDER BY created_at").fetchall()
+        return [TrialRecord.from_json(json.loads(r[0])) for r in rows]
+
+    def evaluation_seconds(self, key: str) -> float | None:
+        row = self._db.execute("SELECT seconds FROM evaluation_costs WHERE key = ?",
+                               (key,)).fetchone()
+        return float(row[0]) if row else None
+
+    def put_evaluation_seconds(self, key: str, seconds: float) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO evaluation_costs VALUES (?, ?, ?)",
+                       (key, seconds, time.time()))

@@ -1,0 +1,121 @@
+"""Fingerprints of what decides a task's training speed, so equal-speed trials are shared.
+
+Two tasks that differ only in learning rate, seed or length train at the same speed:
+their ``speed_signature`` is equal. A trial's fingerprint adds the technique, its
+knobs, the device count and kind (with the CPU slot's thread count or GPU model) and
+the torch and dione versions, so a catalog never serves a measurement taken under
+different conditions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch import nn
+
+import dione
+from dione.spec.devices import DeviceKind
+from dione.spec.task import Task
+
+__all__ = ["device_description", "speed_signature", "trial_fingerprint"]
+
+# Optimizer settings that change the work of a step (not its numbers).
+_OPTIMIZER_SPEED_KEYS = ("foreach", "fused", "amsgrad", "nesterov", "capturable",
+                         "differentiable", "decoupled_weight_decay")
+
+
+def _shapes(value: Any) -> Any:
+    """Shapes and dtypes of a sample (tensors, numbers, nested tuples)."""
+    if isinstance(value, torch.Tensor):
+        return [list(value.shape), str(value.dtype)]
+    if isinstance(value, (tuple, list)):
+        return [_shapes(v) for v in value]
+    return type(value).__name__
+
+
+def _qualname(value: Any) -> str:
+    func = getattr(value, "func", value)  # functools.partial
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+
+
+@lru_cache(maxsize=64)
+def _sample_shapes(data: Any) -> Any:
+    """The first sample's shapes (cached per data factory: a data set is built once)."""
+    return _shapes(data()[0])
+
+
+def speed_signature(task: Task) -> dict[str, Any]:
+    """What of ``task`` decides its speed: architecture and parameter shapes, global
+    batch and sample shapes, loss, optimizer kind, split points. Not: learning rate,
+    seed, length, name."""
+    with torch.device("meta"):
+        model = task.model()
+        optimizer = task.optimizer(model.parameters())
+    params = [[name, list(p.shape), str(p.dtype)] for name, p in model.named_parameters()]
+    buffers = [[name, list(b.shape), str(b.dtype)] for name, b in model.named_buffers()]
+    defaults = optimizer.defaults
+    momentum = defaults.get("momentum")
+    try:
+        samples = _sample_shapes(task.data)
+    except TypeError:  # an unhashable factory: build the data set again
+        samples = _shapes(task.data()[0])
+    return {
+        "architecture": _architecture(model),
+        "parameters": params,
+        "buffers": buffers,
+        "batch_size": task.batch_size,
+        "sample": samples,
+        "loss": _qualname(task.loss),
+        "optimizer": [type(optimizer).__qualname__,
+                      {k: defaults[k] for k in _OPTIMIZER_SPEED_KEYS if k in defaults},
+                      bool(momentum) if momentum is not None else None],
+        "lr_scheduler": task.lr_scheduler is not None,
+        "split_points": list(task.split_points or ()),
+    }
+
+
+def _architecture(model: nn.Module) -> str:
+    # The module tree as torch prints it: layer types and their constructor arguments.
+    return repr(model)
+
+
+@lru_cache(maxsize=4)
+def device_description(kind: DeviceKind, threads: int) -> str:
+    """The device's model as it affects speed: the GPU's name, or the CPU's model and
+    the threads each CPU slot gets."""
+    if kind == "cuda":
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cuda"
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}; {threads} thread(s) per slot"
+
+
+def trial_fingerprint(
+    signature: Mapping[str, Any], technique: str, knobs: Mapping[str, Any], devices: int,
+    kind: DeviceKind, threads: int,
+) -> str:
+    """A hex digest of everything that decides one trial's speed."""
+    key = {
+        "signature": signature,
+        "technique": technique,
+        "knobs": dict(knobs),
+        "devices": devices,
+        "device": [kind, device_description(kind, threads)],
+        "torch": torch.__version__,
+        "dione": dione.__version__,
+    }
+    text = json.dumps(key, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,382 @@
+"""Profile a workload: which trials to run, run them (in parallel where devices allow),
+choose each task's options, and write the planner's problem.
+
+Trials are enumerated per task x technique x device count (1, 2, 4, ... and the
+node's own count) x knob setting the technique proposes; tasks with equal speed
+signatures share them, and trials already in the catalog are not run again. A
+replicating technique (single, ddp) is skipped at device counts where one with fewer
+devices already ran out of memory; configurations the task or technique excludes are
+skipped with the reason; an overall time budget stops new trials.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dione.launch.slice import total_steps
+from dione.profile.catalog import Catalog, TrialRecord
+from dione.profile.fingerprint import device_description, speed_signature, trial_fingerprint
+from dione.profile.trial import TrialOptions, TrialSpec, run_trial, simulated_step_seconds
+from dione.spec.cluster import Cluster, Node
+from dione.spec.devices import available_cores, threads_per_slot
+from dione.spec.task import Task
+from dione.techniques.registry import get_technique, techniques
+
+__all__ = [
+    "Option",
+    "Profile",
+    "ProfileEvent",
+    "TaskProfile",
+    "device_counts",
+    "profile_workload",
+]
+
+
+def device_counts(devices: int) -> list[int]:
+    """1, 2, 4, ... up to ``devices``, and ``devices`` itself."""
+    counts, count = [], 1
+    while count < devices:
+        counts.append(count)
+        count *= 2
+    return [*counts, devices]
+
+
+@dataclass(frozen=True)
+class Option:
+    """A feasible way to train a task, with its fastest knob setting and its trial."""
+
+    technique: str
+    knobs: dict[str, Any]
+    devices: int
+    record: TrialRecord
+
+    def seconds(self, steps: int, resumed: bool = False, evaluation: float = 0.0) -> float:
+        """Predicted seconds to train ``steps`` steps in one slice (and evaluate)."""
+        return self.record.slice_seconds(steps, resumed) + evaluation
+
+
+@dataclass
+class TaskProfile:
+    """What profiling found for one task."""
+
+    task: str
+    group: str  # tasks with the same group share trials
+    total_steps: int
+    options: list[Option] = field(default_factory=list)
+    trials: list[TrialRecord] = field(default_factory=list)  # every knob setting, any status
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (configuration, reason)
+    # Configurations a technique cannot take at all (e.g. single on 2 devices).
+    not_applicable: list[tuple[str, str]] = field(default_factory=list)
+    evaluation_seconds: float = 0.0
+    error: str | None = None  # the task could not be profiled at all
+
+    def option(self, technique: str, devices: int) -> Option | None:
+        return next((o for o in self.options
+                     if o.technique == technique and o.devices == devices), None)
+
+    def problem_options(self, steps: int | None = None,
+                        resumed: bool = False) -> list[dict[str, Any]]:
+        """The problem JSON's options for ``steps`` remaining steps (default: all)."""
+        remaining = self.total_steps if steps is None else steps
+        return [{"technique": o.technique, "knobs": o.knobs, "devices": o.devices,
+                 "seconds": round(o.seconds(remaining, resumed, self.evaluation_seconds), 3)}
+                for o in self.options]
+
+
+@dataclass
+class Profile:
+    """A workload's profile: per task its options, and what the profiling cost."""
+
+    cluster: Cluster
+    tasks: list[TaskProfile]
+    trials_run: int = 0
+    trials_cached: int = 0
+    seconds: float = 0.0
+
+    def task(self, name: str) -> TaskProfile:
+        return next(t for t in self.tasks if t.task == name)
+
+    def problem(self) -> dict[str, Any]:
+        """The planner's problem JSON (DESIGN.md): every task that has an option."""
+        return {"cluster": self.cluster.to_json(),
+                "tasks": [{"name": t.task, "options": t.problem_options()}
+                          for t in self.tasks if t.options]}
+
+
+@dataclass(frozen=True)
+class ProfileEvent:
+    """Progress for a caller's display: a trial ``started``, ``finished``, ``cached``
+    or ``skipped`` (with its reason)."""
+
+    kind: str
+    label: str
+    tasks: tuple[str, ...]
+    record: TrialRecord | None = None
+    reason: str | None = None
+    total: int = 0  # trials to run in this profile
+
+
+@dataclass
+class _Pending:
+    spec: TrialSpec
+    group: str
+    tasks: list[str]
+    shards_memory: bool
+    evaluation_key: str | None
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _evaluation_key(signature: Mapping[str, Any], task: Task, device: str) -> str | None:
+    if task.evaluate is None:
+        return None
+    func = getattr(task.evaluate, "func", task.evaluate)
+    return _digest([signature, getattr(func, "__module__", ""),
+                    getattr(func, "__qualname__", repr(func)), device])
+
+
+def profile_workload(
+    tasks: Sequence[Task],
+    cluster: Cluster,
+    catalog: Catalog,
+    *,
+    options: TrialOptions | None = None,
+    reprofile: bool = False,
+    budget: float | None = None,
+    parallel: bool = True,
+    scratch: str | Path | None = None,
+    on_event: Callable[[ProfileEvent], None] | None = None,
+) -> Profile:
+    """Profile ``tasks`` on ``cluster``'s first node (nodes are assumed alike), reusing
+    the catalog unless ``reprofile``; never raises for a failing trial or task."""
+    options = options or TrialOptions()
+    began = time.monotonic()
+    node = cluster.nodes[0]
+    threads = (threads_per_slot(node.devices, len(available_cores())) if node.kind == "cpu"
+               else 1)
+    device = device_description(node.kind, threads)
+    emit = on_event or (lambda event: None)
+    profiles: list[TaskProfile] = []
+    wanted: dict[str, _Pending] = {}  # fingerprint -> trial
+    by_task: dict[str, list[str]] = {}
+    for task in tasks:
+        try:
+            signature = speed_signature(task)
+            steps = total_steps(task)
+        except Exception as err:  # one broken task must not stop the others
+            profiles.append(TaskProfile(task.name, "", 0,
+                                        error=f"{type(err).__name__}: {err}"))
+            continue
+        group = _digest(signature)
+        profile = TaskProfile(task.name, group, steps)
+        profiles.append(profile)
+        by_task[task.name] = []
+        eval_key = _evaluation_key(signature, task, device)
+        if eval_key is not None:
+            cached_eval = catalog.evaluation_seconds(eval_key)
+            if cached_eval is not None and not reprofile:
+                profile.evaluation_seconds = cached_eval
+        for technique in techniques():
+            if not task.allows(technique.name):
+                profile.skipped.append((technique.name, f"task {task.name!r} allows only "
+                                        f"{', '.join(task.techniques or ())}"))
+                continue
+            for count in device_counts(node.devices):
+                settings = technique.knob_settings(task, count, node.kind)
+                if not settings:
+                    reasons = technique.check(task, count, {}, node.kind)
+                    profile.not_applicable.append((
+                        f"{technique.name} x{count}",
+                        "; ".join(reasons) or f"{technique.name} proposes no setting"))
+                    continue
+                for setting in settings:
+                    knobs = technique.resolve(setting)
+                    fingerprint = trial_fingerprint(signature, technique.name, knobs, count,
+                                                    node.kind, threads)
+                    by_task[task.name].append(fingerprint)
+                    if fingerprint in wanted:
+                        wanted[fingerprint].tasks.append(task.name)
+                        continue
+                    wanted[fingerprint] = _Pending(
+                        TrialSpec(task, technique.name, knobs, count, fingerprint, device),
+                        group, [task.name], technique.shards_memory, eval_key)
+    results: dict[str, TrialRecord] = {}
+    pending: list[_Pending] = []
+    for fingerprint, trial in wanted.items():
+        cached = None if reprofile else catalog.get(fingerprint)
+        if cached is not None:
+            results[fingerprint] = cached
+            emit(ProfileEvent("cached", trial.spec.label, tuple(trial.tasks), cached))
+        else:
+            pending.append(trial)
+    group_of = {f: w.group for f, w in wanted.items()}
+    trials_run, skips = _run_pending(pending, results, group_of, node, catalog, options,
+                                     budget, parallel, scratch, began, emit, profiles)
+    _cross_check(results, group_of, catalog)
+    for profile in profiles:
+        if profile.error is not None:
+            continue
+        fingerprints = by_task[profile.task]
+        profile.trials = [results[f] for f in fingerprints if f in results]
+        profile.skipped += [(wanted[f].spec.label, reason) for f, reason in skips.items()
+                            if f in fingerprints]
+        best: dict[tuple[str, int], TrialRecord] = {}
+        for record in profile.trials:
+            if not record.feasible:
+                continue
+            key = (record.technique, record.devices)
+            steps = profile.total_steps
+            if key not in best or record.slice_seconds(steps) < best[key].slice_seconds(steps):
+                best[key] = record
+        profile.options = [Option(r.technique, dict(r.knobs), r.devices, r)
+                           for r in sorted(best.values(), key=lambda r: (r.devices, r.technique))]
+    return Profile(cluster, profiles, trials_run, len(wanted) - len(pending),
+                   time.monotonic() - began)
+
+
+def _run_pending(
+    pending: list[_Pending], results: dict[str, TrialRecord], group_of: Mapping[str, str],
+    node: Node, catalog: Catalog, options: TrialOptions, budget: float | None,
+    parallel: bool, scratch: str | Path | None, began: float,
+    emit: Callable[[ProfileEvent], None], profiles: list[TaskProfile],
+) -> tuple[int, dict[str, str]]:
+    """Run the pending trials on ``node``'s devices, filling ``results``; how many ran,
+    and why each trial not run was skipped (by fingerprint)."""
+    skips: dict[str, str] = {}
+    # Fewer devices first: a replicating technique's failure there prunes the rest.
+    pending.sort(key=lambda p: (p.spec.devices, p.spec.technique))
+    total = len(pending)
+    free = list(range(node.devices))
+    running: dict[Future[tuple[TrialRecord, float | None]], tuple[_Pending, list[int]]] = {}
+    evaluated: set[str] = set()  # evaluation keys measured or being measured
+    cancel = threading.Event()
+    run_count = 0
+    lanes = node.devices if parallel else 1
+
+    def oom_below(trial: _Pending) -> TrialRecord | None:
+        """A replicating trial of the same group, on no more devices, out of memory."""
+        if trial.shards_memory:
+            return None
+        return next((other for fingerprint, other in results.items()
+                     if other.status == "oom" and other.devices <= trial.spec.devices
+                     and not get_technique(other.technique).shards_memory
+                     and group_of.get(fingerprint) == trial.group), None)
+
+    def waits_for(trial: _Pending) -> bool:
+        """Whether a replicating trial of its group on fewer devices is still to finish."""
+        if trial.shards_memory:
+            return False
+        earlier = [*queue, *(p for p, _ in running.values())]
+        return any(not p.shards_memory and p.group == trial.group
+                   and p.spec.devices < trial.spec.devices for p in earlier)
+
+    def skip(trial: _Pending, reason: str) -> None:
+        queue.remove(trial)
+        skips[trial.spec.fingerprint] = reason
+        emit(ProfileEvent("skipped", trial.spec.label, tuple(trial.tasks), reason=reason,
+                          total=total))
+
+    queue = list(pending)
+    with tempfile.TemporaryDirectory(prefix="dione-trials-") as own_scratch, \
+            ThreadPoolExecutor(max_workers=max(1, lanes)) as pool:
+        root = Path(scratch) if scratch is not None else Path(own_scratch)
+        try:
+            while queue or running:
+                for trial in list(queue):
+                    if budget is not None and time.monotonic() - began > budget:
+                        skip(trial, f"over the profiling budget of {budget:g} s")
+                        continue
+                    culprit = oom_below(trial)
+                    if culprit is not None:
+                        skip(trial, f"{culprit.technique} x{culprit.devices} ran out of memory "
+                             f"and {trial.spec.technique} keeps a whole model replica per "
+                             "device")
+                        continue
+                    if (len(running) >= lanes or trial.spec.devices > len(free)
+                            or waits_for(trial)):
+                        continue
+                    queue.remove(trial)
+                    devices, free[:] = free[:trial.spec.devices], free[trial.spec.devices:]
+                    spec = trial.spec
+                    if trial.evaluation_key and trial.evaluation_key not in evaluated:
+                        evaluated.add(trial.evaluation_key)
+                        spec = dataclasses.replace(spec, evaluate=True)
+                    emit(ProfileEvent("started", spec.label, tuple(trial.tasks), total=total))
+                    running[pool.submit(run_trial, spec, node, devices, root, options,
+                                        cancel)] = (trial, devices)
+                if not running:
+                    if queue:
+                        raise RuntimeError("trial scheduling is stuck: nothing runs and "
+                                           f"{len(queue)} trial(s) wait")
+                    continue
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for future in done:
+                    trial, devices = running.pop(future)
+                    free.extend(devices)
+                    free.sort()
+                    record, evaluation = future.result()
+                    run_count += 1
+                    results[trial.spec.fingerprint] = record
+                    catalog.put(record)
+                    if trial.evaluation_key is not None:
+                        if evaluation is not None:
+                            catalog.put_evaluation_seconds(trial.evaluation_key, evaluation)
+                            for profile in profiles:
+                                if profile.group == trial.group:
+                                    profile.evaluation_seconds = evaluation
+                        elif not any(p.evaluation_key == trial.evaluation_key
+                                     for p, _ in running.values()):
+                            evaluated.discard(trial.evaluation_key)  # another trial times it
+                    emit(ProfileEvent("finished", trial.spec.label, tuple(trial.tasks), record,
+                                      total=total))
+        except BaseException:
+            cancel.set()  # every running gang stops; the pool then joins its threads
+            raise
+    return run_count, skips
+
+
+def _cross_check(results: dict[str, TrialRecord], group_of: Mapping[str, str],
+                 catalog: Catalog) -> None:
+    """For pipeline trials, the schedule simulator's step time from per-stage action times
+    (the trial's own, or an xpipe trial's on the same stages and micro-batches); the
+    measured time stays the one predictions use."""
+    for fingerprint, record in results.items():
+        if not record.feasible or "micro_batches" not in record.knobs:
+            continue
+        if record.simulated_step_seconds is not None:
+            continue
+        source = record if "stage_times" in record.extra else None
+        if source is None:
+            source = next((other for other_fp, other in results.items()
+                           if other.feasible and "stage_times" in other.extra
+                           and group_of.get(other_fp) == group_of.get(fingerprint)
+                           and other.devices == record.devices
+                           and other.knobs.get("micro_batches") == record.knobs["micro_batches"]),
+                          None)
+        if source is None:
+            record.simulation_note = ("measured; no per-action stage times to simulate "
+                                      "(torch's schedules do not log them; an xpipe trial on "
+                                      "the same stages would)")
+            continue
+        simulated = simulated_step_seconds(record.technique, source.extra["stage_times"],
+                                           int(record.knobs["micro_batches"]))
+        record.simulated_step_seconds = simulated
+        assert record.step_seconds is not None
+        error = simulated / record.step_seconds - 1
+        record.simulation_note = (
+            f"measured {record.step_seconds * 1000:.1f} ms/step used; the simulator gives "
+            f"{simulated * 1000:.1f} ms ({error:+.0%}) from "
+            f"{'its own' if source is record else 'xpipe'} action times")
+        catalog.put(record)

@@ -1,0 +1,152 @@
+"""One trial: a short real slice in a real gang, through the same path as ``dione train``.
+
+The trial trains ``warmup + measure`` steps from scratch in a scratch run directory,
+saves its checkpoint and times a load of it (what the next slice's start pays); its
+step times, peak memory and timings become a ``TrialRecord``. A failure is recorded,
+not raised: out of memory, crash or timeout, with the failing rank's reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import statistics
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dione.launch.slice import SliceError, TrialSettings, local_placement, run_slice, total_steps
+from dione.profile.catalog import TrialRecord
+from dione.schedules.simulate import StageTimes, Timeline, simulate, spans_of
+from dione.spec.cluster import Node
+from dione.spec.task import Task
+from dione.techniques.registry import get_technique
+
+__all__ = ["TrialOptions", "TrialSpec", "run_trial", "simulated_step_seconds"]
+
+_REASON_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class TrialOptions:
+    """How trials measure: steps discarded, steps timed, limits."""
+
+    warmup_steps: int = 3
+    measure_steps: int = 8
+    timeout: float = 300.0
+    memory_cap_bytes: int | None = None  # per device; None: the device's own limit
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """A configuration to try: a task (standing for its speed group), technique, knobs,
+    device count, and the fingerprint under which its result is stored."""
+
+    task: Task
+    technique: str
+    knobs: Mapping[str, Any]
+    devices: int
+    fingerprint: str
+    device: str  # the device description the fingerprint was made with
+    evaluate: bool = False  # also time the task's evaluation (once per task)
+
+    @property
+    def label(self) -> str:
+        knobs = ",".join(f"{k}={v}" for k, v in sorted(self.knobs.items()))
+        return f"{self.technique} x{self.devices}" + (f" [{knobs}]" if knobs else "")
+
+
+def _classify(err: SliceError) -> str:
+    if err.error_type == "OutOfMemoryError" or "out of memory" in str(err).lower():
+        return "oom"
+    return "timeout" if err.reason == "timeout" else "crash"
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS] + " ..."
+
+
+def run_trial(
+    spec: TrialSpec, node: Node, device_ids: Sequence[int], scratch: Path, options: TrialOptions,
+    cancel: threading.Event | None = None,
+) -> tuple[TrialRecord, float | None]:
+    """Run ``spec`` on ``device_ids`` of ``node``; its record and, when asked, the
+    seconds the task's evaluation took."""
+    folder = scratch / spec.fingerprint[:16]
+    shutil.rmtree(folder, ignore_errors=True)
+    steps = min(options.warmup_steps + options.measure_steps, total_steps(spec.task))
+    base = dict(fingerprint=spec.fingerprint, technique=spec.technique, knobs=dict(spec.knobs),
+                devices=spec.devices, device=spec.device)
+    try:
+        result = run_slice(
+            spec.task, spec.technique, folder, local_placement(node, device_ids),
+            knobs=spec.knobs, steps=steps, timeout=options.timeout, keep_checkpoints=1,
+            evaluate=False, trial=TrialSettings(options.memory_cap_bytes, True, spec.evaluate),
+            cancel=cancel,
+        )
+    except SliceError as err:
+        status = _classify(err)
+        return TrialRecord(**base, status=status, reason=_shorten(str(err))), None  # type: ignore[arg-type]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    times = result.step_seconds
+    warmup = min(options.warmup_steps, len(times) // 2)
+    measured = times[warmup:]
+    median = statistics.median(measured)
+    quartiles = statistics.quantiles(measured, n=4) if len(measured) > 1 else [median] * 3
+    timings = result.timings
+    load = timings.get("load_probed", timings.get("saved", 0.0)) - timings.get("saved", 0.0)
+    save = timings.get("saved", 0.0) - timings.get("trained", 0.0)
+    evaluation = timings.get("evaluate_seconds")
+    record = TrialRecord(
+        **base,  # type: ignore[arg-type]
+        status="ok",
+        step_seconds=median,
+        spread=(quartiles[2] - quartiles[0]) / median if median > 0 else 0.0,
+        measured_steps=len(measured),
+        warmup_excess_seconds=max(0.0, sum(times[:warmup]) - warmup * median),
+        fixed_seconds=max(0.0, result.seconds - sum(times) - load - (evaluation or 0.0)),
+        load_seconds=load,
+        save_seconds=save,
+        peak_memory_bytes=max(result.peak_memory_bytes) if result.peak_memory_bytes else None,
+        trial_seconds=result.seconds,
+        extra=_stage_times(result.extra, len(times), warmup),
+    )
+    return record, evaluation
+
+
+def _stage_times(extra: Mapping[str, Any], minibatches: int, warmup: int) -> dict[str, Any]:
+    """Per-stage action times of a pipeline trial that logged its spans (xpipe), for the
+    schedule simulator; the stage layout of any pipeline."""
+    kept: dict[str, Any] = {}
+    if "stages" in extra:
+        kept["stages"] = list(extra["stages"])
+    spans = extra.get("spans")
+    if spans and "micro_batches" in extra:
+        technique = get_technique("xpipe")
+        schedule = technique.schedule(len(spans), int(extra["micro_batches"]),  # type: ignore[attr-defined]
+                                      minibatches)
+        timeline: Timeline = spans_of(schedule, spans)
+        times = timeline.action_times()
+        kept["stage_times"] = {"forward": list(times.forward), "backward": list(times.backward),
+                               "update": list(times.update)}
+    return kept
+
+
+def simulated_step_seconds(
+    technique: str, stage_times: Mapping[str, Sequence[float]], micro_batches: int,
+    minibatches: int = 16,
+) -> float:
+    """The simulator's steady-state seconds per step (median interval between stage 0's
+    updates) for ``technique``'s schedule on the given per-stage action times."""
+    times = StageTimes(tuple(stage_times["forward"]), tuple(stage_times["backward"]),
+                       tuple(stage_times["update"]))
+    stages = len(times.forward)
+    schedule = get_technique(technique).schedule(stages, micro_batches,  # type: ignore[attr-defined]
+                                                 minibatches)
+    timeline = simulate(schedule, times)
+    ends = [s.end for s in timeline.spans[0] if s.action.kind == "U"]
+    gaps = [b - a for a, b in itertools.pairwise(ends)]
+    return statistics.median(gaps[len(gaps) // 2:]) if gaps else timeline.per_minibatch

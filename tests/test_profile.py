@@ -1,0 +1,189 @@
+"""The trial runner and catalog: shared and cached trials, failures recorded, the problem."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TEST_NODE, digits_task
+
+from dione.plan import load_problem, solve
+from dione.profile import Catalog, TrialOptions, device_counts, profile_workload
+from dione.spec.cluster import Cluster
+from dione.spec.workload import load_workload
+
+CLUSTER = Cluster([TEST_NODE])
+QUICK = TrialOptions(warmup_steps=1, measure_steps=3, timeout=120)
+DATA_PARALLEL = ("single", "ddp")
+
+
+def test_device_counts() -> None:
+    assert device_counts(1) == [1]
+    assert device_counts(2) == [1, 2]
+    assert device_counts(6) == [1, 2, 4, 6]
+    assert device_counts(8) == [1, 2, 4, 8]
+
+
+def test_shared_cached_and_reprofiled_only_where_changed(tmp_path: Path) -> None:
+    a = digits_task("a", techniques=DATA_PARALLEL)
+    b = replace(digits_task("b", techniques=DATA_PARALLEL), seed=11,
+                optimizer=functools.partial(torch.optim.Adam, lr=3e-2))
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        first = profile_workload([a, b], CLUSTER, catalog, options=QUICK)
+        # Two tasks that differ in learning rate and seed share one set of trials.
+        assert first.trials_run == 2
+        assert first.task("a").group == first.task("b").group
+        assert [r.fingerprint for r in first.task("a").trials] == [
+            r.fingerprint for r in first.task("b").trials]
+        assert {(o.technique, o.devices) for o in first.task("a").options} == {
+            ("single", 1), ("ddp", 2)}
+        for record in first.task("a").trials:
+            assert record.status == "ok", record.reason
+            assert record.step_seconds and record.step_seconds > 0
+            assert record.measured_steps == 3
+            assert record.peak_memory_bytes and record.peak_memory_bytes > 0
+            assert record.load_seconds > 0 and record.save_seconds > 0
+            # The trial's wall time is fully accounted for by its measured parts.
+            steps = QUICK.warmup_steps + QUICK.measure_steps
+            assert record.slice_seconds(steps, resumed=True) == pytest.approx(
+                record.trial_seconds, rel=0.5)
+
+        again = profile_workload([a, b], CLUSTER, catalog, options=QUICK)
+        assert again.trials_run == 0 and again.trials_cached == 2
+        assert again.problem() == first.problem()
+
+        bigger = replace(b, batch_size=32)
+        changed = profile_workload([a, bigger], CLUSTER, catalog, options=QUICK)
+        assert changed.trials_run == 2  # b's trials only; a's come from the catalog
+        assert changed.task("a").group != changed.task("b").group
+
+        forced = profile_workload([a], CLUSTER, catalog, options=QUICK, reprofile=True)
+        assert forced.trials_run == 2
+
+
+OOM_AND_CRASH = '''
+import functools, torch
+from torch import nn
+from dione import Task, Workload, register
+from dione.techniques.single import Single
+from dione.zoo import digits_mlp, digits_train
+
+
+class Crashes(Single):
+    """single, except that it always fails."""
+    name = "crashes"
+
+    def train(self, ctx):
+        raise RuntimeError("this technique always crashes")
+
+
+register(Crashes())
+
+
+def big_model():
+    # About 2.4 GB with gradients and Adam's two moments: over a 1 GiB cap.
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 4096),
+                         *(nn.Linear(4096, 4096) for _ in range(8)), nn.Linear(4096, 10))
+
+
+def task(name, model, techniques):
+    return Task(name=name, model=model, data=digits_train,
+                loss=torch.nn.functional.cross_entropy,
+                optimizer=functools.partial(torch.optim.Adam, lr=1e-3), batch_size=8,
+                steps=6, techniques=techniques)
+
+
+workload = Workload([
+    task("big", big_model, ("single", "ddp", "fsdp")),
+    task("small", functools.partial(digits_mlp, hidden=16, depth=1), ("single", "crashes")),
+])
+'''
+
+
+def test_out_of_memory_and_crash_are_recorded_and_the_rest_completes(tmp_path: Path) -> None:
+    file = tmp_path / "oom_and_crash.py"
+    file.write_text(OOM_AND_CRASH)
+    tasks = list(load_workload(file))
+    options = replace(QUICK, memory_cap_bytes=2**30)
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        profile = profile_workload(tasks, CLUSTER, catalog, options=options)
+    big, small = profile.task("big"), profile.task("small")
+    statuses = {(r.technique, r.devices): r for r in big.trials}
+    assert statuses[("single", 1)].status == "oom"
+    assert "exceeds the device's memory cap" in (statuses[("single", 1)].reason or "")
+    # ddp replicates the model: after single ran out of memory it is not even tried.
+    assert ("ddp", 2) not in statuses
+    assert any(what.startswith("ddp x2") and "ran out of memory" in reason
+               for what, reason in big.skipped)
+    # fsdp shards it over both devices, so it is tried (and fits or not, but is recorded).
+    assert any(r.technique == "fsdp" for r in big.trials)
+    crashed = next(r for r in small.trials if r.technique == "crashes")
+    assert crashed.status == "crash"
+    assert "this technique always crashes" in (crashed.reason or "")
+    assert [(o.technique, o.devices) for o in small.options] == [("single", 1)]
+    # Infeasible results are cached too: profiling again runs nothing.
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        again = profile_workload(tasks, CLUSTER, catalog, options=options)
+    assert again.trials_run == 0
+    assert again.task("big").trials[0].status == "oom"
+
+
+def test_budget_skips_trials_and_does_not_cache_the_skips(tmp_path: Path) -> None:
+    task = digits_task("a", techniques=DATA_PARALLEL)
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        none = profile_workload([task], CLUSTER, catalog, options=QUICK, budget=0.0)
+        assert none.trials_run == 0
+        skipped = dict(none.task("a").skipped)
+        assert skipped["single x1"] == skipped["ddp x2"] == "over the profiling budget of 0 s"
+        assert skipped["fsdp"] == "task 'a' allows only single, ddp"
+        assert none.problem()["tasks"] == []
+        later = profile_workload([task], CLUSTER, catalog, options=QUICK)
+        assert later.trials_run == 2
+
+
+SMALL = '''
+import functools, torch
+from dione import Task, Workload, grid
+from dione.zoo import digits_mlp, digits_train
+
+def task(lr):
+    return Task(name="digits", model=functools.partial(digits_mlp, hidden=16, depth=1),
+                data=digits_train, loss=torch.nn.functional.cross_entropy,
+                optimizer=functools.partial(torch.optim.SGD, lr=lr), batch_size=16, steps=40,
+                techniques=("single", "ddp"))
+
+workload = grid("digits", task, lr=[0.05, 0.1])
+'''
+
+
+def test_cli_profile_writes_a_problem_the_planner_solves(tmp_path: Path) -> None:
+    file = tmp_path / "small.py"
+    file.write_text(SMALL)
+    env = {**os.environ, "DIONE_CATALOG": str(tmp_path / "catalog.sqlite")}
+
+    def profile() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dione.cli", "profile", str(file), "--devices", "cpu:2",
+             "--warmup-steps", "1", "--measure-steps", "3", "-o", str(tmp_path / "p.json")],
+            capture_output=True, text=True, env=env, timeout=300)
+
+    done = profile()
+    assert done.returncode == 0, done.stderr
+    assert "2 trial(s) run, 0 from the catalog" in done.stdout
+    problem = load_problem(tmp_path / "p.json")
+    assert [t.name for t in problem.tasks] == ["digits-lr0.05", "digits-lr0.1"]
+    raw = json.loads((tmp_path / "p.json").read_text())
+    for task in raw["tasks"]:
+        assert {o["technique"] for o in task["options"]} == {"single", "ddp"}
+        assert all(o["seconds"] > 0 for o in task["options"])
+    assert solve(problem, "cpsat", 5.0).assignments
+    again = profile()
+    assert again.returncode == 0, again.stderr
+    assert "0 trial(s) run, 2 from the catalog" in again.stdout
