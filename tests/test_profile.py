@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TEST_NODE, digits_task
 
+from conftest import TEST_NODE, digits_task
 from dione.plan import load_problem, solve
 from dione.profile import Catalog, TrialOptions, device_counts, profile_workload
 from dione.spec.cluster import Cluster

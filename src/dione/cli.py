@@ -136,7 +136,151 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trial_options(args: argparse.Namespace) -> Any:
+    from dione.profile import TrialOptions
+
+    return TrialOptions(warmup_steps=args.warmup_steps, measure_steps=args.measure_steps,
+                        timeout=args.trial_timeout,
+                        memory_cap_bytes=_parse_bytes(args.memory_cap)
+                        if args.memory_cap else None)
+
+
+def _run_options(args: argparse.Namespace) -> Any:
+    from dione.orchestrate import RunOptions
+
+    return RunOptions(
+        solver=args.solver, time_limit=args.time_limit, replan=not args.no_replan,
+        replan_interval=args.replan_interval, slice_steps=args.slice_steps,
+        slice_seconds=args.slice_seconds, max_failures=args.max_failures,
+        timeout=args.timeout, catalog=args.catalog, reprofile=args.reprofile,
+        profile_budget=args.budget, trial=_trial_options(args))
+
+
+def _execute(workload_file: str, args: argparse.Namespace, run_dir: Path) -> int:
+    """Validate, profile, plan, run, report: the body of ``run`` and ``resume``."""
+    from dione.orchestrate import RunEvent, run_workload
+    from dione.orchestrate.progress import LiveProgress
+    from dione.spec.cluster import ClusterError, local_cluster
+    from dione.spec.validate import split_valid
+    from dione.techniques import technique_names
+
+    workload = _load(workload_file)
+    try:
+        cluster = local_cluster(args.devices)
+    except ClusterError as err:
+        raise BadInput(str(err)) from None
+    tasks, problems = split_valid(workload, None, technique_names())
+    for problem in problems:
+        _complain("invalid", str(problem))
+    if not tasks:
+        raise BadInput("no task of the workload is valid; nothing started")
+    node = cluster.nodes[0]
+    console.print(f"dione run: {len(tasks)} task(s) on {node.devices} {node.kind} device(s) of "
+                  f"{node.name}; run dir {run_dir}")
+    options = _run_options(args)
+    with LiveProgress(console) as live:
+        def said(event: RunEvent) -> None:
+            live.event(f"[{event.kind}] {event.message}")
+
+        result = run_workload(tasks, cluster, run_dir, options, on_event=said,
+                              on_profile_event=_profile_printer(), view=live.update)
+    metrics = sorted({k for t in result.tasks for k in t.evaluation})
+    table = Table(title=f"results ({run_dir}): makespan {result.makespan:.1f} s, first plan "
+                  f"{result.planned_makespan:.1f} s, {result.plans_adopted} plan(s), profiling "
+                  f"{result.profile_seconds:.0f} s")
+    table.add_column("task", no_wrap=True)
+    for column in ("status", "techniques", "devices", "seconds", "final loss", *metrics):
+        table.add_column(column, justify="left" if column in ("status", "techniques")
+                         else "right")
+    for t in result.tasks:
+        table.add_row(t.task, t.status, ", ".join(t.techniques) or "-",
+                      ", ".join(map(str, t.devices)) or "-", f"{t.seconds:.1f}",
+                      "-" if t.final_loss is None else f"{t.final_loss:.4f}",
+                      *(f"{t.evaluation[m]:.4f}" if m in t.evaluation else "-"
+                        for m in metrics))
+    console.print(table)
+    console.print(f"report: {run_dir / 'report'} (summary.md, gantt.png, timeline.csv, "
+                  "metrics.csv); plans: " + str(run_dir / "plans"))
+    failed = [t for t in result.tasks if t.status != "done"]
+    for t in failed:
+        _complain(f"task {t.task} {t.status}", str(t.error or ""))
+    return EXIT_FAILED if failed or problems else 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.current_practice:
+        return _run_current_practice(args)
+    if args.technique:
+        raise BadInput("--technique forces one technique for current practice; add "
+                       "--current-practice, or restrict techniques in the task")
+    run_dir = Path(args.out) if args.out else _default_run_dir(args.workload)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    saved = {k: v for k, v in vars(args).items() if k not in ("handler",)}
+    saved["workload"] = str(Path(args.workload).resolve())
+    (run_dir / "run.json").write_text(json.dumps(saved, indent=1) + "\n")
+    return _execute(args.workload, args, run_dir)
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    saved_file = run_dir / "run.json"
+    if not saved_file.is_file():
+        raise BadInput(f"{run_dir} has no run.json: it was not started by `dione run` "
+                       "(give the run directory that `dione run --out` wrote)")
+    saved = json.loads(saved_file.read_text())
+    parsed = build_parser().parse_args(["run", saved["workload"]])
+    for key, value in saved.items():
+        setattr(parsed, key, value)
+    if args.timeout is not None:
+        parsed.timeout = args.timeout
+    console.print(f"resuming {run_dir} ({saved['workload']})")
+    return _execute(saved["workload"], parsed, run_dir)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from dione.report import write_report
+
+    try:
+        folder = write_report(args.run_dir)
+    except FileNotFoundError as err:
+        raise BadInput(str(err)) from None
+    console.print((folder / "summary.md").read_text())
+    console.print(f"written: {folder}")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import time
+
+    from dione.report import read_plans, summaries
+    from dione.state.store import STORE_FILE, RunStore
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / STORE_FILE).is_file():
+        raise BadInput(f"{run_dir} is not a dione run directory (no {STORE_FILE})")
+    with RunStore(run_dir) as store:
+        tasks = summaries(store)
+        running = [s for s in store.slices() if s.status == "running"]
+    plans = read_plans(run_dir)
+    table = Table(title=f"{run_dir}: {sum(t.status == 'done' for t in tasks)} of {len(tasks)} "
+                  f"task(s) done, {len(plans)} plan(s) adopted")
+    for column in ("task", "status", "steps", "techniques", "final loss", "evaluation",
+                   "running now"):
+        table.add_column(column)
+    for t in tasks:
+        now = [s for s in running if s.task == t.task]
+        table.add_row(t.task, t.status, f"{t.steps}/{t.total_steps}",
+                      ", ".join(t.techniques) or "-",
+                      "-" if t.final_loss is None else f"{t.final_loss:.4f}",
+                      ", ".join(f"{k}={v:.4f}" for k, v in t.evaluation.items()) or "-",
+                      "; ".join(f"{s.technique} on {s.node}:{s.device_ids} steps "
+                                f"{s.start_step}-{s.end_step} for "
+                                f"{time.time() - s.started_at:.0f} s" for s in now) or "-")
+    console.print(table)
+    return 0
+
+
+def _run_current_practice(args: argparse.Namespace) -> int:
     from dione.orchestrate.sequential import run_sequential
     from dione.spec.cluster import ClusterError, local_cluster
     from dione.spec.validate import split_valid
@@ -199,20 +343,33 @@ def _parse_bytes(text: str) -> int:
     return int(value * units[unit])
 
 
+def _profile_printer() -> Any:
+    """A progress callback for profile events: a bar on a terminal, lines elsewhere."""
+    from dione.profile import ProfileEvent
+
+    def show(event: ProfileEvent) -> None:
+        if event.kind in ("finished", "skipped"):
+            record = event.record
+            what = (f"{record.status}" + (f", {record.step_seconds * 1000:.1f} ms/step"
+                                          if record.step_seconds else "")
+                    if record else f"skipped: {event.reason}")
+            console.print(Text(f"  trial {event.label} ({', '.join(event.tasks)[:60]}): "
+                               f"{what}"))
+
+    return show
+
+
 def _profile(args: argparse.Namespace, tasks: Any, cluster: Any) -> Any:
-    """Profile ``tasks`` with a progress bar; the Profile."""
+    """Profile ``tasks``, with a progress bar on a terminal; the Profile."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from dione.profile import Catalog, ProfileEvent, TrialOptions, profile_workload
+    from dione.profile import Catalog, ProfileEvent, profile_workload
 
-    options = TrialOptions(warmup_steps=args.warmup_steps, measure_steps=args.measure_steps,
-                           timeout=args.trial_timeout,
-                           memory_cap_bytes=_parse_bytes(args.memory_cap)
-                           if args.memory_cap else None)
     progress = Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.description}"), console=console,
                         disable=not console.is_terminal)
     bar = progress.add_task("", total=None)
+    lines = _profile_printer()
 
     def show(event: ProfileEvent) -> None:
         if event.total:
@@ -221,15 +378,11 @@ def _profile(args: argparse.Namespace, tasks: Any, cluster: Any) -> Any:
             progress.advance(bar)
         if event.kind == "started":
             progress.update(bar, description=f"{event.label} ({', '.join(event.tasks)[:60]})")
-        if not console.is_terminal and event.kind in ("finished", "skipped"):
-            record = event.record
-            what = (f"{record.status}" + (f", {record.step_seconds * 1000:.1f} ms/step"
-                                          if record.step_seconds else "")
-                    if record else f"skipped: {event.reason}")
-            console.print(f"  trial {event.label}: {what}")
+        if not console.is_terminal:
+            lines(event)
 
     with Catalog(args.catalog) as catalog, progress:
-        return profile_workload(tasks, cluster, catalog, options=options,
+        return profile_workload(tasks, cluster, catalog, options=_trial_options(args),
                                 reprofile=args.reprofile, budget=args.budget,
                                 parallel=not args.serial, on_event=show)
 
@@ -308,8 +461,8 @@ def _add_profile_options(parser: argparse.ArgumentParser) -> None:
                         "new trial starts")
     parser.add_argument("--memory-cap", help="memory per device, e.g. 2GiB: a trial above it "
                         "counts as out of memory (default: the device's own limit)")
-    parser.add_argument("--warmup-steps", type=int, default=3, help="steps not timed (3)")
-    parser.add_argument("--measure-steps", type=int, default=8, help="steps timed (8)")
+    parser.add_argument("--warmup-steps", type=int, default=5, help="steps not timed (5)")
+    parser.add_argument("--measure-steps", type=int, default=20, help="steps timed (20)")
     parser.add_argument("--trial-timeout", type=float, default=300.0,
                         help="seconds after which a trial counts as timed out (300)")
     parser.add_argument("--serial", action="store_true",
@@ -373,15 +526,43 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dione", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    run = commands.add_parser("run", help="train every task of a workload to the end")
+    run = commands.add_parser("run", help="profile, plan and train every task of a workload "
+                              "to the end, re-planning as real speeds come in")
     run.add_argument("workload", help="a Python file that defines `workload`")
     run.add_argument("--devices", help="e.g. cpu:4 or cuda:8 (default: every GPU, else one "
                      "CPU slot per core)")
     run.add_argument("--out", help="run directory (default: runs/<workload name>)")
-    run.add_argument("--technique", help="force one technique for every task")
+    run.add_argument("--solver", default="cpsat",
+                     choices=["cpsat", "greedy", "sequential", "saturn-milp"])
+    run.add_argument("--time-limit", type=float, default=10.0,
+                     help="seconds for the first plan (10)")
+    run.add_argument("--no-replan", action="store_true", help="keep the first plan")
+    run.add_argument("--replan-interval", type=float, default=60.0,
+                     help="re-plan at least this often, in seconds (60)")
     run.add_argument("--slice-steps", type=int, help="checkpoint every this many steps")
+    run.add_argument("--slice-seconds", type=float,
+                     help="aim for slices of this many seconds (default: one slice per task)")
+    run.add_argument("--max-failures", type=int, default=3,
+                     help="a task whose slices failed this often is failed (3)")
     run.add_argument("--timeout", type=float, help="seconds after which a slice is stopped")
+    run.add_argument("--current-practice", action="store_true",
+                     help="no profiling or planning: each task in turn on all devices")
+    run.add_argument("--technique", help="with --current-practice: force this technique")
+    _add_profile_options(run)
     run.set_defaults(handler=_cmd_run)
+
+    resume = commands.add_parser("resume", help="finish a run that was stopped or killed")
+    resume.add_argument("run_dir")
+    resume.add_argument("--timeout", type=float, help="seconds after which a slice is stopped")
+    resume.set_defaults(handler=_cmd_resume)
+
+    report = commands.add_parser("report", help="(re)write a run's report and print it")
+    report.add_argument("run_dir")
+    report.set_defaults(handler=_cmd_report)
+
+    status = commands.add_parser("status", help="show a running or finished run")
+    status.add_argument("run_dir")
+    status.set_defaults(handler=_cmd_status)
 
     prof = commands.add_parser("profile", help="time each task's configurations with short "
                                "real trials; write the planner's problem")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +105,7 @@ def run_slice(
     store: RunStore | None = None,
     trial: TrialSettings | None = None,
     cancel: threading.Event | None = None,
+    on_begin: Callable[[int, Path], None] | None = None,
 ) -> SliceResult:
     """Train ``task`` from its latest checkpoint in ``run_dir`` for ``steps`` steps (None:
     to the end) under ``technique`` on ``placement``; record it; raise SliceError if it
@@ -113,7 +114,9 @@ def run_slice(
     ``evaluate``: run the task's evaluation when the slice ends the task; ``trial``
     adds what the trial runner measures (a memory cap, a load probe, an evaluation
     whatever the step). Setting ``cancel`` stops the gang; the slice is then recorded
-    as interrupted and GangInterrupted raised."""
+    as interrupted and GangInterrupted raised. ``on_begin(slice_id, folder)`` is called
+    once the slice is recorded, before its gang starts (its workers write progress
+    files into ``folder``)."""
     method = get_technique(technique) if isinstance(technique, str) else technique
     knobs = dict(knobs or {})
     devices = len(placement.device_ids)
@@ -148,6 +151,8 @@ def run_slice(
                                   placement.device_ids, start, end)
         began = time.perf_counter()
         folder = Path(run_dir) / "logs" / f"slice-{slice_id:06d}-{task.name}"
+        if on_begin is not None:
+            on_begin(slice_id, folder)
         try:
             outcomes = run_local_gang(spec, placement, folder, timeout, cancel)
         except GangError as err:

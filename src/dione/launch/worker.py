@@ -94,6 +94,7 @@ def main(folder: Path, rank: int) -> int:
             dist.init_process_group(backend_for(spec.device_kind), store=store, rank=rank,
                                     world_size=world, timeout=timeout)
         ctx = SliceContext(spec, rank, world)
+        ctx.progress_path = folder / f"progress-{rank}.json"
         outcome = spec.technique.train(ctx)
         if grouped:
             # FSDP's modules sit in reference cycles: free them while their group lives.

@@ -1,5 +1,15 @@
-"""The run loop: for now the current-practice baseline (each task in turn)."""
+"""The run loop: profile, plan, execute in slices, re-plan; and the current-practice baseline."""
 
+from dione.orchestrate.run import RunEvent, RunOptions, RunResult, TaskResult, run_workload
 from dione.orchestrate.sequential import TaskOutcome, choose_technique, run_sequential
 
-__all__ = ["TaskOutcome", "choose_technique", "run_sequential"]
+__all__ = [
+    "RunEvent",
+    "RunOptions",
+    "RunResult",
+    "TaskOutcome",
+    "TaskResult",
+    "choose_technique",
+    "run_sequential",
+    "run_workload",
+]

@@ -59,7 +59,7 @@ class TrialRecord:
     device: str
     status: str
     reason: str | None = None
-    step_seconds: float | None = None  # median over the measured steps
+    step_seconds: float | None = None  # mean over the measured steps
     spread: float | None = None  # interquartile range / median of the measured steps
     measured_steps: int = 0
     warmup_excess_seconds: float = 0.0

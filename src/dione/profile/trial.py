@@ -33,8 +33,8 @@ _REASON_CHARS = 4000
 class TrialOptions:
     """How trials measure: steps discarded, steps timed, limits."""
 
-    warmup_steps: int = 3
-    measure_steps: int = 8
+    warmup_steps: int = 5
+    measure_steps: int = 20
     timeout: float = 300.0
     memory_cap_bytes: int | None = None  # per device; None: the device's own limit
 
@@ -94,6 +94,9 @@ def run_trial(
     times = result.step_seconds
     warmup = min(options.warmup_steps, len(times) // 2)
     measured = times[warmup:]
+    # The mean, not the median: a slice's time is the sum of its steps, and step times
+    # are skewed (a collective or the scheduler now and then adds a long one).
+    mean = statistics.fmean(measured)
     median = statistics.median(measured)
     quartiles = statistics.quantiles(measured, n=4) if len(measured) > 1 else [median] * 3
     timings = result.timings
@@ -103,10 +106,10 @@ def run_trial(
     record = TrialRecord(
         **base,  # type: ignore[arg-type]
         status="ok",
-        step_seconds=median,
+        step_seconds=mean,
         spread=(quartiles[2] - quartiles[0]) / median if median > 0 else 0.0,
         measured_steps=len(measured),
-        warmup_excess_seconds=max(0.0, sum(times[:warmup]) - warmup * median),
+        warmup_excess_seconds=max(0.0, sum(times[:warmup]) - warmup * mean),
         fixed_seconds=max(0.0, result.seconds - sum(times) - load - (evaluation or 0.0)),
         load_seconds=load,
         save_seconds=save,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import json
 import resource
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -170,6 +172,10 @@ class SliceContext:
         self.device = torch_device(spec.device_kind, spec.device_ids[rank])
         self.knobs = spec.technique.resolve(spec.knobs)
         self.timings: dict[str, float] = {"begin": time.perf_counter()}
+        self.steps_done = 0
+        self.progress_path: Path | None = None  # set by the worker
+        self._last_progress = self.timings["begin"]
+        self._first_step_done = self.timings["begin"]
 
     @functools.cached_property
     def dataset(self) -> Any:
@@ -246,6 +252,27 @@ class SliceContext:
                             seed=self.task.seed, scheduler=scheduler)
             self.timings["load_probed"] = time.perf_counter()
         return str(folder)
+
+    def step_done(self, loss: torch.Tensor | None = None) -> None:
+        """After each step: enforce the memory cap, and at most once a second write this
+        rank's progress (steps done, latest loss it holds) for the orchestrator's display."""
+        self.check_memory()
+        self.steps_done += 1
+        now = time.perf_counter()
+        if self.steps_done == 1:
+            self._first_step_done = now
+        if self.progress_path is None or now - self._last_progress < 1.0:
+            return
+        self._last_progress = now
+        record = {"step": self.spec.start_step + self.steps_done,
+                  "loss": None if loss is None else float(loss),
+                  "seconds": now - self.timings["begin"],
+                  # The pace since the first step: start-up excluded.
+                  "seconds_per_step": (now - self._first_step_done) / (self.steps_done - 1)
+                  if self.steps_done > 1 else None}
+        partial = self.progress_path.with_suffix(".partial")
+        partial.write_text(json.dumps(record))
+        partial.replace(self.progress_path)
 
     def check_memory(self) -> None:
         """Fail like an out-of-memory GPU when this rank's peak passes the slice's cap."""

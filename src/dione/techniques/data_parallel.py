@@ -44,7 +44,7 @@ class DataParallelTechnique(Technique):
             if scheduler is not None:
                 scheduler.step()
             losses.append(loss.detach())
-            ctx.check_memory()
+            ctx.step_done(losses[-1])
             now = time.perf_counter()
             step_seconds.append(now - last)
             last = now

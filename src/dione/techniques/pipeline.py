@@ -205,7 +205,7 @@ class PipelineTechnique(Technique):
             # Equal micro-batches: the mean of their mean losses is the batch's mean loss.
             losses.append(torch.stack(micro_losses).mean().detach() if last
                           else torch.zeros((), device=ctx.device))
-            ctx.check_memory()
+            ctx.step_done(losses[-1] if last else None)
             now = time.perf_counter()
             step_seconds.append(now - last_time)
             last_time = now

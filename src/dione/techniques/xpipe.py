@@ -231,7 +231,7 @@ class XPipe(PipelineTechnique):
                 chunks.pop(i, None)
                 losses.append(torch.stack(micro_losses.pop(i)).mean() if last
                               else torch.zeros((), device=ctx.device))
-                ctx.check_memory()
+                ctx.step_done(losses[-1] if last else None)
                 now = time.perf_counter()
                 step_seconds.append(now - last_update)
                 last_update = now

@@ -1,0 +1,79 @@
+"""Live progress of a run in the terminal (``rich``); plain event lines off a terminal."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+__all__ = ["LiveProgress"]
+
+
+class LiveProgress:
+    """Per task: status, technique, devices, step of total, latest loss, ETA; and the
+    workload's estimated finish. Use as a context manager around the run."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.live = Live(console=console, refresh_per_second=2, transient=False) \
+            if console.is_terminal else None
+        self._last = 0.0
+
+    def __enter__(self) -> LiveProgress:
+        if self.live is not None:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def event(self, message: str) -> None:
+        """A line for the log: above the live table on a terminal, plain elsewhere."""
+        self.console.print(Text(message))
+
+    def update(self, state: Any) -> None:
+        if self.live is None:
+            return
+        now = time.time()
+        if now - self._last < 0.4:
+            return
+        self._last = now
+        self.live.update(self.render(state))
+
+    @staticmethod
+    def render(state: Any) -> Group:
+        clock = time.time() - state.clock_zero
+        table = Table(expand=False)
+        for column in ("task", "status", "technique", "devices", "step", "loss", "ETA s"):
+            table.add_column(column, justify="right" if column in ("step", "loss", "ETA s")
+                             else "left")
+        plan = {a["task"]: a for a in state.plan}
+        for name in state.tasks:
+            status = state.status[name]
+            running = state.running.get(name)
+            where = running.assignment if running else plan.get(name)
+            step = state.done_steps[name]
+            if running is not None and running.folder is not None:
+                try:
+                    import json
+
+                    step = json.loads((running.folder / "progress-0.json").read_text())["step"]
+                except (OSError, ValueError, KeyError):
+                    pass
+            eta = "-"
+            if status in ("running", "pending") and where is not None:
+                end = running.predicted_end if running else where["end"]
+                eta = f"{max(0.0, end - clock):.0f}"
+            loss = state.last_loss.get(name)
+            table.add_row(
+                name, status, where["technique"] if where else "-",
+                f"{where['node']}:{','.join(map(str, where['device_ids']))}" if where else "-",
+                f"{step}/{state.total[name]}", "-" if loss is None else f"{loss:.4f}", eta)
+        finish = Text(f"elapsed {clock:.0f} s, estimated finish at "
+                      f"{state.estimated_finish:.0f} s")
+        return Group(table, finish)

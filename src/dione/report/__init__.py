@@ -1,0 +1,7 @@
+"""The report of a run: timeline, metrics, summary, leaderboard and a Gantt chart."""
+
+from dione.report.files import TaskSummary, lower_is_better, read_plans, summaries, write_report
+from dione.report.gantt import draw_gantt
+
+__all__ = ["TaskSummary", "draw_gantt", "lower_is_better", "read_plans", "summaries",
+           "write_report"]

@@ -1,0 +1,172 @@
+"""The report of a run directory: timeline, metrics, per-task summary, leaderboard, Gantt.
+
+Everything is read back from the run store and the adopted plans, so ``dione report``
+redraws it at any time, for a running, finished or interrupted run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dione.state.store import STORE_FILE, RunStore
+
+__all__ = ["TaskSummary", "lower_is_better", "read_plans", "summaries", "write_report"]
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a smaller value of ``metric`` is better (losses, errors, perplexities)."""
+    return any(word in metric.lower() for word in ("loss", "error", "perplexity", "mse", "mae"))
+
+
+@dataclass
+class TaskSummary:
+    """One task as the report shows it."""
+
+    task: str
+    status: str
+    steps: int
+    total_steps: int
+    techniques: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    final_loss: float | None = None
+    evaluation: dict[str, float] = field(default_factory=dict)
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def read_plans(run_dir: Path) -> list[dict[str, Any]]:
+    """Every plan adopted, in order."""
+    return [json.loads(p.read_text()) for p in sorted((run_dir / "plans").glob("plan-*.json"))]
+
+
+def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskSummary]:
+    result = []
+    for record in store.tasks():
+        if names is not None and record.name not in names:
+            continue
+        slices = store.slices(record.name)
+        done = [s for s in slices if s.status == "done"]
+        techniques: list[str] = []
+        devices: list[str] = []
+        for s in done:
+            if not techniques or techniques[-1] != s.technique:
+                techniques.append(s.technique)
+            where = f"{s.node}:{','.join(map(str, s.device_ids))}"
+            if where not in devices:
+                devices.append(where)
+        latest = store.latest_checkpoint(record.name)
+        losses = store.losses(record.name)
+        result.append(TaskSummary(
+            record.name, record.status, latest.step if latest else 0, record.total_steps,
+            techniques, devices, sum((s.ended_at or s.started_at) - s.started_at for s in done),
+            losses[-1][1] if losses else None, store.evaluation(record.name),
+            dict(record.hyperparameters), record.error))
+    return result
+
+
+def _run_start(store: RunStore, plans: list[dict[str, Any]]) -> float:
+    starts = [p["clock_zero"] for p in plans if "clock_zero" in p]
+    starts += [s.started_at for s in store.slices()]
+    return min(starts) if starts else 0.0
+
+
+def write_report(run_dir: str | Path, names: Sequence[Any] | None = None) -> Path:
+    """Write ``<run_dir>/report/``; its folder. ``names``: tasks (or their names) to
+    include (default: every task in the store)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / STORE_FILE).is_file():
+        raise FileNotFoundError(f"{run_dir} is not a dione run directory (no {STORE_FILE})")
+    folder = run_dir / "report"
+    folder.mkdir(parents=True, exist_ok=True)
+    wanted = None if names is None else [getattr(n, "name", n) for n in names]
+    plans = read_plans(run_dir)
+    with RunStore(run_dir) as store:
+        zero = _run_start(store, plans)
+        slices = [s for s in store.slices() if wanted is None or s.task in wanted]
+        with open(folder / "timeline.csv", "w", newline="") as out:
+            writer = csv.writer(out)
+            writer.writerow(["slice", "task", "technique", "knobs", "node", "device_ids",
+                             "start_step", "end_step", "start_s", "end_s", "status", "error"])
+            for s in slices:
+                writer.writerow([s.id, s.task, s.technique, json.dumps(s.knobs), s.node,
+                                 " ".join(map(str, s.device_ids)), s.start_step, s.end_step,
+                                 f"{s.started_at - zero:.3f}",
+                                 "" if s.ended_at is None else f"{s.ended_at - zero:.3f}",
+                                 s.status, (s.error or "").splitlines()[0] if s.error else ""])
+        with open(folder / "metrics.csv", "w", newline="") as out:
+            writer = csv.writer(out)
+            writer.writerow(["task", "step", "loss", "step_seconds"])
+            for task in store.tasks():
+                if wanted is not None and task.name not in wanted:
+                    continue
+                rows = store._db.execute("SELECT step, loss, seconds FROM metrics WHERE task = ?"
+                                         " ORDER BY step", (task.name,)).fetchall()
+                writer.writerows([task.name, r[0], r[1], r[2]] for r in rows)
+        tasks = summaries(store, wanted)
+    metrics = sorted({m for t in tasks for m in t.evaluation})
+    with open(folder / "summary.csv", "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["task", "status", "steps", "total_steps", "techniques", "devices",
+                         "seconds", "final_loss", *metrics, "hyperparameters", "error"])
+        for t in tasks:
+            writer.writerow([t.task, t.status, t.steps, t.total_steps, " ".join(t.techniques),
+                             " ".join(t.devices), f"{t.seconds:.2f}",
+                             "" if t.final_loss is None else f"{t.final_loss:.6f}",
+                             *(t.evaluation.get(m, "") for m in metrics),
+                             json.dumps(t.hyperparameters), (t.error or "").splitlines()[0]
+                             if t.error else ""])
+    (folder / "summary.md").write_text(_markdown(tasks, metrics, plans, slices, zero))
+    from dione.report.gantt import draw_gantt
+
+    draw_gantt(plans[0] if plans else None, slices, zero, folder / "gantt.png")
+    return folder
+
+
+def leaderboard(tasks: Sequence[TaskSummary], metric: str) -> list[TaskSummary]:
+    """Finished tasks with ``metric``, best first."""
+    scored = [t for t in tasks if metric in t.evaluation]
+    return sorted(scored, key=lambda t: t.evaluation[metric],
+                  reverse=not lower_is_better(metric))
+
+
+def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
+              plans: list[dict[str, Any]], slices: Sequence[Any], zero: float) -> str:
+    lines = ["# dione run report", ""]
+    ended = [s.ended_at - zero for s in slices if s.ended_at is not None]
+    if plans:
+        first = plans[0]
+        lines.append(f"Planned makespan (first plan, {first['solver']}, {first['status']}): "
+                     f"{first['makespan'] + first.get('at', 0.0):.1f} s; plans adopted: "
+                     f"{len(plans)}.")
+    if ended:
+        lines.append(f"Actual: last slice ended at {max(ended):.1f} s.")
+    lines += ["", "## Tasks", "",
+              "| task | status | steps | techniques | devices | seconds | final loss | "
+              + " | ".join(metrics) + " |",
+              "|" + " --- |" * (7 + len(metrics))]
+    for t in tasks:
+        loss = "-" if t.final_loss is None else f"{t.final_loss:.4f}"
+        values = [f"{t.evaluation[m]:.4f}" if m in t.evaluation else "-" for m in metrics]
+        lines.append(f"| {t.task} | {t.status} | {t.steps}/{t.total_steps} | "
+                     f"{', '.join(t.techniques) or '-'} | {', '.join(t.devices) or '-'} | "
+                     f"{t.seconds:.1f} | {loss} | " + " | ".join(values) + " |")
+    for metric in metrics:
+        board = leaderboard(tasks, metric)
+        order = "lower" if lower_is_better(metric) else "higher"
+        lines += ["", f"## Leaderboard by {metric} ({order} is better)", "",
+                  "| rank | task | " + metric + " | hyperparameters |", "| --- | --- | --- | --- |"]
+        for rank, t in enumerate(board, 1):
+            lines.append(f"| {rank} | {t.task} | {t.evaluation[metric]:.4f} | "
+                         f"{json.dumps(t.hyperparameters)} |")
+    failed = [t for t in tasks if t.status == "failed"]
+    if failed:
+        lines += ["", "## Failed tasks", ""]
+        lines += [f"- {t.task}: {(t.error or '').splitlines()[0] if t.error else ''}"
+                  for t in failed]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,57 @@
+"""A Gantt chart of the first plan against what actually ran, one row per device."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["draw_gantt"]
+
+
+def draw_gantt(plan: dict[str, Any] | None, slices: Sequence[Any], zero: float,
+               path: Path) -> None:
+    """Two panels sharing the time axis: the first adopted plan and the actual slices
+    (failed or interrupted ones hatched), seconds from the run's start."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    planned = []
+    if plan is not None:
+        offset = plan.get("clock_zero", zero) - zero
+        for a in plan.get("assignments_run_clock", []):
+            for device in a["device_ids"]:
+                planned.append((f"{a['node']}:{device}", a["task"], a["technique"],
+                                a["start"] + offset, a["end"] + offset, "done"))
+    actual = []
+    for s in slices:
+        end = s.ended_at if s.ended_at is not None else s.started_at
+        for device in s.device_ids:
+            actual.append((f"{s.node}:{device}", s.task, s.technique, s.started_at - zero,
+                           end - zero, s.status))
+    rows = sorted({r[0] for r in planned + actual})
+    tasks = sorted({r[1] for r in planned + actual})
+    colours = plt.get_cmap("tab20")
+    colour = {t: colours(i % 20) for i, t in enumerate(tasks)}
+    figure, axes = plt.subplots(2, 1, sharex=True, figsize=(11, 1.2 + 0.5 * len(rows) * 2 + 1),
+                                squeeze=True)
+    for ax, bars, title in ((axes[0], planned, "plan (first adopted)"),
+                            (axes[1], actual, "actual")):
+        for row, task, technique, start, end, status in bars:
+            y = rows.index(row)
+            ax.barh(y, max(end - start, 1e-3), left=start, color=colour[task],
+                    edgecolor="black", linewidth=0.5,
+                    hatch="//" if status not in ("done", "running") else None)
+            if end - start > 0:
+                ax.text(start + (end - start) / 2, y, f"{task}\n{technique}", ha="center",
+                        va="center", fontsize=6, clip_on=True)
+        ax.set_yticks(range(len(rows)), rows)
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[1].set_xlabel("seconds from the run's start")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

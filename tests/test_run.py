@@ -1,0 +1,207 @@
+"""`dione run` end to end: plan, execute in slices, re-plan, report, survive kills and crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from dione.orchestrate import RunOptions, run_workload
+from dione.plan import check_plan, load_plan
+from dione.plan.problem import PlanningProblem
+from dione.profile import TrialOptions
+from dione.spec.cluster import Cluster, Node
+from dione.spec.workload import load_workload
+from dione.state.checkpoint import load_model_weights
+from dione.state.store import RunStore
+
+QUICK = TrialOptions(warmup_steps=1, measure_steps=3, timeout=120)
+
+WORKLOAD = '''
+import functools, os, time
+from pathlib import Path
+import torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+
+def loss(name, output, target):
+    # Tests inject trouble through the environment, which the trials do not see.
+    if os.environ.get("SLOW_TASK") == name:
+        time.sleep(0.05)
+    marker = os.environ.get("FLAKY_MARKER")
+    if name == "flaky" and marker and not Path(marker).exists():
+        loss.calls = getattr(loss, "calls", 0) + 1
+        if loss.calls > 5:
+            Path(marker).touch()
+            raise RuntimeError("flaky failure, once")
+    if name == "broken" and os.environ.get("BREAK"):
+        loss.calls = getattr(loss, "calls", 0) + 1
+        if loss.calls > 5:
+            raise RuntimeError("broken task fails after five steps, always")
+    return torch.nn.functional.cross_entropy(output, target)
+
+
+def task(name, lr, steps=12):
+    return Task(name=name, model=functools.partial(digits_mlp, hidden=16, depth=1),
+                data=digits_train, loss=functools.partial(loss, name),
+                optimizer=functools.partial(torch.optim.Adam, lr=lr), batch_size=16,
+                steps=steps, seed=5, techniques=("single",), hyperparameters={"lr": lr})
+
+
+workload = Workload([task(os.environ.get("TASK_PREFIX", "") + name, lr, steps)
+                     for name, lr, steps in (("a", 1e-2, 12), ("b", 3e-2, 12),
+                                             ("c", 1e-1, 12), ("flaky", 1e-2, 12),
+                                             ("broken", 1e-2, 12))
+                     if name in os.environ.get("TASKS", "a b c").split()])
+'''
+
+
+def write_workload(folder: Path) -> Path:
+    file = folder / "workload.py"
+    file.write_text(WORKLOAD)
+    return file
+
+
+def dione(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "dione.cli", *args], env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def final_parameters(run_dir: Path, task: object) -> dict[str, torch.Tensor]:
+    with RunStore(run_dir) as store:
+        latest = store.latest_checkpoint(task.name)  # type: ignore[attr-defined]
+    assert latest is not None
+    model = task.model()  # type: ignore[attr-defined]
+    load_model_weights(latest.path, model)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_run_plans_executes_and_reports(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TASKS", "a b c")
+    tasks = list(load_workload(write_workload(tmp_path)))
+    cluster = Cluster([Node("test", 2, "cpu")])
+    run_dir = tmp_path / "run"
+    events = []
+    result = run_workload(tasks, cluster, run_dir,
+                          RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                                     slice_steps=6, time_limit=5.0),
+                          on_event=events.append)
+    assert [t.status for t in result.tasks] == ["done"] * 3
+    for t in result.tasks:
+        assert t.steps == t.total_steps == 12
+        assert t.techniques == ["single"] and t.final_loss is not None
+        assert t.checkpoint and Path(t.checkpoint).is_dir()
+    # Two single-device tasks at a time on two devices: some slices overlap in time.
+    with RunStore(run_dir) as store:
+        slices = [s for s in store.slices() if s.status == "done"]
+    assert len(slices) == 6  # 12 steps in slices of 6
+    overlaps = sum(1 for x in slices for y in slices if x.id < y.id
+                   and x.started_at < (y.ended_at or 0) and y.started_at < (x.ended_at or 0))
+    assert overlaps > 0
+    assert {tuple(s.device_ids) for s in slices} == {(0,), (1,)}
+    # Every plan adopted is a valid plan of the problem it was made for.
+    for path in sorted((run_dir / "plans").glob("plan-*.json")):
+        body = json.loads(path.read_text())
+        problem = PlanningProblem.from_json(body["problem"])
+        assert check_plan(load_plan(path), problem) == []
+    report = run_dir / "report"
+    for name in ("summary.md", "summary.csv", "timeline.csv", "metrics.csv", "gantt.png"):
+        assert (report / name).is_file(), name
+    metrics = (report / "metrics.csv").read_text().splitlines()
+    assert len(metrics) == 1 + 3 * 12
+    assert {e.kind for e in events} >= {"profiled", "planned", "slice_started",
+                                        "slice_finished", "finished"}
+
+
+def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: Path) -> None:
+    file = write_workload(tmp_path)
+    env = {"DIONE_CATALOG": str(tmp_path / "catalog.sqlite"), "TASKS": "a b c"}
+    common = ["--devices", "cpu:2", "--slice-steps", "4", "--warmup-steps", "1",
+              "--measure-steps", "3", "--time-limit", "5"]
+    whole = dione("run", str(file), "--out", str(tmp_path / "whole"), *common, env=env)
+    out, _ = whole.communicate(timeout=600)
+    assert whole.returncode == 0, out
+
+    killed_dir = tmp_path / "killed"
+    killed = dione("run", str(file), "--out", str(killed_dir), *common, env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and killed.poll() is None:
+        if (killed_dir / "dione.sqlite").is_file():
+            with RunStore(killed_dir) as store:
+                checkpoints = sum(len(store.checkpoints(t.name)) for t in store.tasks())
+            if checkpoints >= 2:
+                break
+        time.sleep(0.1)
+    assert killed.poll() is None, "the run ended before it could be killed"
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.communicate(timeout=60)
+    with RunStore(killed_dir) as store:
+        assert any(t.status != "done" for t in store.tasks())
+
+    resumed = dione("resume", str(killed_dir), env=env)
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out
+    tasks = list(load_workload(file))
+    for task in tasks:
+        ours, theirs = (final_parameters(tmp_path / d, task) for d in ("killed", "whole"))
+        for name in theirs:
+            assert torch.equal(ours[name], theirs[name]), (task.name, name)
+    with RunStore(killed_dir) as store:
+        assert all(t.status == "done" for t in store.tasks())
+        statuses = {s.status for s in store.slices()}
+    assert "interrupted" in statuses  # the killed run's slices are on record as such
+
+    status = subprocess.run([sys.executable, "-m", "dione.cli", "status", str(killed_dir)],
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0 and "3 of 3 task(s) done" in status.stdout
+    report = subprocess.run([sys.executable, "-m", "dione.cli", "report", str(killed_dir)],
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0 and "Leaderboard" not in report.stdout  # no metric defined
+    assert "| a | done | 12/12 |" in report.stdout
+
+
+def test_a_crash_is_retried_and_an_always_failing_task_is_reported(
+        tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TASKS", "a flaky broken")
+    monkeypatch.setenv("FLAKY_MARKER", str(tmp_path / "flaked"))
+    monkeypatch.setenv("BREAK", "1")
+    tasks = list(load_workload(write_workload(tmp_path)))
+    cluster = Cluster([Node("test", 2, "cpu")])
+    run_dir = tmp_path / "run"
+    result = run_workload(tasks, cluster, run_dir,
+                          RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                                     max_failures=2, time_limit=5.0))
+    assert result.task("a").status == "done"
+    assert result.task("flaky").status == "done"
+    broken = result.task("broken")
+    assert broken.status == "failed"
+    assert "broken task fails after five steps, always" in (broken.error or "")
+    with RunStore(run_dir) as store:
+        flaky = [s.status for s in store.slices("flaky")]
+        assert flaky == ["failed", "done"]
+        assert [s.status for s in store.slices("broken")] == ["failed", "failed"]
+    assert "broken" in (run_dir / "report" / "summary.md").read_text().split("## Failed")[1]
+
+
+def test_replanning_adopts_a_new_plan_when_a_task_runs_slow(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TASKS", "a b c")
+    tasks = list(load_workload(write_workload(tmp_path)))
+    cluster = Cluster([Node("test", 2, "cpu")])
+    catalog = str(tmp_path / "catalog.sqlite")
+    options = RunOptions(catalog=catalog, trial=QUICK, slice_steps=4, time_limit=5.0)
+    # Profile without the slowdown, then make task a ten times slower than profiled.
+    run_workload(tasks, cluster, tmp_path / "warm", options)
+    monkeypatch.setenv("SLOW_TASK", "a")
+    events = []
+    result = run_workload(tasks, cluster, tmp_path / "slow", options, on_event=events.append)
+    assert all(t.status == "done" for t in result.tasks)
+    assert any(e.kind == "replanned" for e in events)
+    assert len(list((tmp_path / "slow" / "plans").glob("plan-*.json"))) >= 2
