@@ -187,3 +187,16 @@ def test_cli_profile_writes_a_problem_the_planner_solves(tmp_path: Path) -> None
     again = profile()
     assert again.returncode == 0, again.stderr
     assert "0 trial(s) run, 2 from the catalog" in again.stdout
+
+
+def test_memory_saving_knobs_are_tried_only_where_memory_ran_out(tmp_path: Path) -> None:
+    task = digits_task("a", techniques=("fsdp",))
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        profile = profile_workload([task], CLUSTER, catalog, options=QUICK)
+    result = profile.task("a")
+    assert [(r.technique, r.knobs["reshard_after_forward"], r.status) for r in result.trials] \
+        == [("fsdp", False, "ok")]
+    reasons = [why for what, why in result.skipped if what.startswith("fsdp x2")]
+    assert len(reasons) == 2
+    assert all("fits in memory" in why and "only trades speed for memory" in why
+               for why in reasons)

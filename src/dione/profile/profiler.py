@@ -133,6 +133,20 @@ class _Pending:
     tasks: list[str]
     shards_memory: bool
     evaluation_key: str | None
+    # Fingerprints of the same configuration with one memory-saving knob off: this
+    # trial runs only if each of them ran out of memory.
+    lighter: list[str] = field(default_factory=list)
+
+
+def _lighter_settings(knobs: Mapping[str, Any], memory_knobs: Sequence[str],
+                      settings: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Settings among ``settings`` equal to ``knobs`` but with one memory knob off."""
+    lighter = []
+    for knob in memory_knobs:
+        if knobs.get(knob) is True:
+            candidate = {**knobs, knob: False}
+            lighter += [s for s in settings if dict(s) == candidate]
+    return lighter
 
 
 def _digest(value: Any) -> str:
@@ -201,17 +215,23 @@ def profile_workload(
                         f"{technique.name} x{count}",
                         "; ".join(reasons) or f"{technique.name} proposes no setting"))
                     continue
-                for setting in settings:
-                    knobs = technique.resolve(setting)
-                    fingerprint = trial_fingerprint(signature, technique.name, knobs, count,
-                                                    node.kind, threads)
+                resolved = [technique.resolve(s) for s in settings]
+                fingerprints = {
+                    json.dumps(k, sort_keys=True, default=str): trial_fingerprint(
+                        signature, technique.name, k, count, node.kind, threads)
+                    for k in resolved}
+                for knobs in resolved:
+                    fingerprint = fingerprints[json.dumps(knobs, sort_keys=True, default=str)]
                     by_task[task.name].append(fingerprint)
                     if fingerprint in wanted:
                         wanted[fingerprint].tasks.append(task.name)
                         continue
+                    lighter = [fingerprints[json.dumps(k, sort_keys=True, default=str)]
+                               for k in _lighter_settings(knobs, technique.memory_knobs,
+                                                          resolved)]
                     wanted[fingerprint] = _Pending(
                         TrialSpec(task, technique.name, knobs, count, fingerprint, device),
-                        group, [task.name], technique.shards_memory, eval_key)
+                        group, [task.name], technique.shards_memory, eval_key, lighter)
     results: dict[str, TrialRecord] = {}
     pending: list[_Pending] = []
     for fingerprint, trial in wanted.items():
@@ -228,10 +248,10 @@ def profile_workload(
     for profile in profiles:
         if profile.error is not None:
             continue
-        fingerprints = by_task[profile.task]
-        profile.trials = [results[f] for f in fingerprints if f in results]
+        own = by_task[profile.task]
+        profile.trials = [results[f] for f in own if f in results]
         profile.skipped += [(wanted[f].spec.label, reason) for f, reason in skips.items()
-                            if f in fingerprints]
+                            if f in own]
         best: dict[tuple[str, int], TrialRecord] = {}
         for record in profile.trials:
             if not record.feasible:
@@ -275,12 +295,27 @@ def _run_pending(
                      and group_of.get(fingerprint) == trial.group), None)
 
     def waits_for(trial: _Pending) -> bool:
-        """Whether a replicating trial of its group on fewer devices is still to finish."""
+        """Whether a trial whose result decides this one's fate is still to finish: a
+        replicating trial of its group on fewer devices, or a lighter knob setting."""
+        earlier = [*queue, *(p for p, _ in running.values())]
+        if any(p.spec.fingerprint in trial.lighter for p in earlier):
+            return True
         if trial.shards_memory:
             return False
-        earlier = [*queue, *(p for p, _ in running.values())]
         return any(not p.shards_memory and p.group == trial.group
                    and p.spec.devices < trial.spec.devices for p in earlier)
+
+    # Trials skipped because a lighter setting fits: the record that showed it.
+    covered: dict[str, TrialRecord] = {}
+
+    def fits_lighter(trial: _Pending) -> TrialRecord | None:
+        """A lighter setting (memory knobs off) that did not run out of memory."""
+        for f in trial.lighter:
+            if f in results and results[f].status != "oom":
+                return results[f]
+            if f in covered:
+                return covered[f]
+        return None
 
     def skip(trial: _Pending, reason: str) -> None:
         queue.remove(trial)
@@ -304,8 +339,18 @@ def _run_pending(
                              f"and {trial.spec.technique} keeps a whole model replica per "
                              "device")
                         continue
-                    if (len(running) >= lanes or trial.spec.devices > len(free)
-                            or waits_for(trial)):
+                    if waits_for(trial):
+                        continue
+                    lighter = fits_lighter(trial)
+                    if lighter is not None:
+                        covered[trial.spec.fingerprint] = lighter
+                        off = [k for k, v in lighter.knobs.items() if trial.spec.knobs[k] != v]
+                        skip(trial, f"the same setting without {', '.join(off)} "
+                             + ("fits in memory" if lighter.feasible else
+                                f"failed ({lighter.status}), not for lack of memory")
+                             + f", and {', '.join(off)} only trades speed for memory")
+                        continue
+                    if len(running) >= lanes or trial.spec.devices > len(free):
                         continue
                     queue.remove(trial)
                     devices, free[:] = free[:trial.spec.devices], free[trial.spec.devices:]

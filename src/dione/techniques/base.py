@@ -105,6 +105,10 @@ class Technique(ABC):
     # Whether more devices mean less memory per device (sharding, stages); the trial
     # runner skips a replicating technique where one with fewer devices ran out of memory.
     shards_memory: ClassVar[bool] = False
+    # Boolean knobs that only trade speed for memory when on (recomputation, resharding,
+    # offloading): the trial runner tries a setting with one on only where the same
+    # setting with it off ran out of memory.
+    memory_knobs: ClassVar[tuple[str, ...]] = ()
 
     def knob_settings(self, task: Task, devices: int, kind: DeviceKind) -> list[dict[str, Any]]:
         """Settings worth profiling for ``task`` on ``devices`` devices (default: defaults)."""

@@ -49,6 +49,7 @@ def checkpoint_activations(module: nn.Module) -> None:
 class FSDP(DataParallelTechnique):
     name = "fsdp"
     shards_memory = True
+    memory_knobs = ("reshard_after_forward", "activation_checkpointing", "cpu_offload")
     knobs: ClassVar[Mapping[str, Any]] = {
         "reshard_after_forward": True, "activation_checkpointing": False, "cpu_offload": False}
 

@@ -81,6 +81,7 @@ class PipelineTechnique(Technique):
     """One stage per device; subclasses choose the torch schedule and its data twin."""
 
     shards_memory = True
+    memory_knobs: ClassVar[tuple[str, ...]] = ("activation_checkpointing",)
     knobs: ClassVar[Mapping[str, Any]] = {
         "micro_batches": 4, "activation_checkpointing": False, "balance": "parameters"}
     torch_schedule: ClassVar[str]
