@@ -14,7 +14,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[examples,dev]'
 	touch $@
 
+# A fresh run directory each time; trials stay in the catalog (~/.cache/dione).
 demo: setup
+	rm -rf runs/demo
 	$(BIN)/dione run examples/demo.py --out runs/demo
 
 lint: setup

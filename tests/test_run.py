@@ -205,3 +205,30 @@ def test_replanning_adopts_a_new_plan_when_a_task_runs_slow(tmp_path: Path, monk
     assert all(t.status == "done" for t in result.tasks)
     assert any(e.kind == "replanned" for e in events)
     assert len(list((tmp_path / "slow" / "plans").glob("plan-*.json"))) >= 2
+
+
+def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(tmp_path: Path) -> None:
+    file = write_workload(tmp_path)
+    env = {"DIONE_CATALOG": str(tmp_path / "catalog.sqlite"), "TASKS": "a b"}
+    run_dir = tmp_path / "run"
+    run = dione("run", str(file), "--out", str(run_dir), "--devices", "cpu:2",
+                "--slice-steps", "4", "--warmup-steps", "1", "--measure-steps", "3", env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and run.poll() is None:
+        if (run_dir / "dione.sqlite").is_file():
+            with RunStore(run_dir) as store:
+                if any(s.status == "running" for s in store.slices()) and any(
+                        store.checkpoints(t.name) for t in store.tasks()):
+                    break
+        time.sleep(0.05)
+    assert run.poll() is None, "the run ended before it could be interrupted"
+    os.kill(run.pid, signal.SIGINT)
+    out, _ = run.communicate(timeout=120)
+    assert run.returncode == 130, out
+    assert "interrupted; every gang was stopped, checkpoints kept" in out
+    with RunStore(run_dir) as store:
+        statuses = [s.status for s in store.slices()]
+    assert "running" not in statuses and "interrupted" in statuses
+    resumed = dione("resume", str(run_dir), env=env)
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out

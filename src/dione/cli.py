@@ -160,6 +160,7 @@ def _execute(workload_file: str, args: argparse.Namespace, run_dir: Path) -> int
     """Validate, profile, plan, run, report: the body of ``run`` and ``resume``."""
     from dione.orchestrate import RunEvent, run_workload
     from dione.orchestrate.progress import LiveProgress
+    from dione.orchestrate.run import RunDirError
     from dione.spec.cluster import ClusterError, local_cluster
     from dione.spec.validate import split_valid
     from dione.techniques import technique_names
@@ -182,8 +183,11 @@ def _execute(workload_file: str, args: argparse.Namespace, run_dir: Path) -> int
         def said(event: RunEvent) -> None:
             live.event(f"[{event.kind}] {event.message}")
 
-        result = run_workload(tasks, cluster, run_dir, options, on_event=said,
-                              on_profile_event=_profile_printer(), view=live.update)
+        try:
+            result = run_workload(tasks, cluster, run_dir, options, on_event=said,
+                                  on_profile_event=_profile_printer(), view=live.update)
+        except RunDirError as err:
+            raise BadInput(str(err)) from None
     metrics = sorted({k for t in result.tasks for k in t.evaluation})
     table = Table(title=f"results ({run_dir}): makespan {result.makespan:.1f} s, first plan "
                   f"{result.planned_makespan:.1f} s, {result.plans_adopted} plan(s), profiling "

@@ -35,7 +35,11 @@ from dione.spec.cluster import Cluster
 from dione.spec.task import Task
 from dione.state.store import RunStore
 
-__all__ = ["RunEvent", "RunOptions", "RunResult", "TaskResult", "run_workload"]
+__all__ = ["RunDirError", "RunEvent", "RunOptions", "RunResult", "TaskResult", "run_workload"]
+
+
+class RunDirError(ValueError):
+    """The run directory holds a different workload (say, a task with other steps)."""
 
 
 @dataclass(frozen=True)
@@ -143,8 +147,12 @@ class Runner:
         self.store.recover_interrupted()
         total = {t.name: self.profile.task(t.name).total_steps for t in tasks}
         for task in tasks:
-            self.store.register_task(task.name, total[task.name], task.batch_size,
-                                     task.hyperparameters)
+            try:
+                self.store.register_task(task.name, total[task.name], task.batch_size,
+                                         task.hyperparameters)
+            except ValueError as err:
+                self.store.close()
+                raise RunDirError(str(err)) from None
         done_steps = {}
         status = {}
         for task in tasks:
@@ -173,19 +181,14 @@ class Runner:
         return time.time() - self.state.clock_zero
 
     def _measured_step(self, name: str, technique: str, devices: int) -> float | None:
-        """The median step time this task measured under (technique, devices), if any."""
-        times = []
+        """The mean step time this task measured under (technique, devices), if any
+        (each slice's first step, which pays for warm-up, left out)."""
+        times: list[float] = []
         for record in self.store.slices(name):
             if (record.status == "done" and record.technique == technique
                     and len(record.device_ids) == devices):
-                times += [s for step, s in self._step_seconds(record.id)]
-        return statistics.median(times[1:]) if len(times) > 2 else None
-
-    def _step_seconds(self, slice_id: int) -> list[tuple[int, float]]:
-        rows = self.store._db.execute(
-            "SELECT step, seconds FROM metrics WHERE slice_id = ? ORDER BY step",
-            (slice_id,)).fetchall()
-        return [(int(r[0]), float(r[1])) for r in rows]
+                times += self.store.slice_step_seconds(record.id)[1:]
+        return statistics.fmean(times) if len(times) >= 2 else None
 
     def option_seconds(self, name: str, option: Option, steps: int) -> float:
         """Predicted seconds for ``steps`` more steps of ``name`` under ``option``: the
@@ -285,6 +288,18 @@ class Runner:
         self.emit(RunEvent("planned" if first else "replanned",
                            f"{plan.solver} ({plan.status}): finish at "
                            f"{self.state.estimated_finish:.1f} s"))
+
+    def _drifted(self) -> bool:
+        """Whether a running slice's pace puts its end off the plan by more than 5%
+        (then its new end becomes the expectation, so one drift triggers one re-plan)."""
+        drifted = False
+        for name, running in self.state.running.items():
+            expected = self.predicted_task_end(name)
+            length = max(running.predicted_end - running.began, 1.0)
+            if abs(expected - running.predicted_end) > 0.05 * length:
+                running.predicted_end = expected
+                drifted = True
+        return drifted and any(s == "pending" for s in self.state.status.values())
 
     def _running_end(self) -> float:
         return max((self.predicted_task_end(n) for n in self.state.running), default=0.0)
@@ -432,7 +447,7 @@ class Runner:
                     for future in done:
                         depart |= self.finished(futures.pop(future), future)
                     interval = self.now() - last_replan > self.options.replan_interval
-                    if self.options.replan and (depart or interval):
+                    if self.options.replan and (depart or interval or self._drifted()):
                         self.replan()
                         last_replan = self.now()
                     elif done:

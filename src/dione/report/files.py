@@ -105,9 +105,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None) -> Pat
             for task in store.tasks():
                 if wanted is not None and task.name not in wanted:
                     continue
-                rows = store._db.execute("SELECT step, loss, seconds FROM metrics WHERE task = ?"
-                                         " ORDER BY step", (task.name,)).fetchall()
-                writer.writerows([task.name, r[0], r[1], r[2]] for r in rows)
+                writer.writerows([task.name, *row] for row in store.metrics(task.name))
         tasks = summaries(store, wanted)
     metrics = sorted({m for t in tasks for m in t.evaluation})
     with open(folder / "summary.csv", "w", newline="") as out:

@@ -306,6 +306,16 @@ class RunStore:
         return [(r[0], r[1]) for r in self._db.execute(
             "SELECT step, loss FROM metrics WHERE task = ? ORDER BY step", (task,))]
 
+    def metrics(self, task: str) -> list[tuple[int, float, float]]:
+        """(step, loss, step seconds) of every step trained so far, in order."""
+        return [(r[0], r[1], r[2]) for r in self._db.execute(
+            "SELECT step, loss, seconds FROM metrics WHERE task = ? ORDER BY step", (task,))]
+
+    def slice_step_seconds(self, slice_id: int) -> list[float]:
+        """Each step's seconds in one slice, in order."""
+        return [r[0] for r in self._db.execute(
+            "SELECT seconds FROM metrics WHERE slice_id = ? ORDER BY step", (slice_id,))]
+
     def checkpoints(self, task: str) -> list[CheckpointRecord]:
         return [CheckpointRecord(task, r[0], r[1]) for r in self._db.execute(
             "SELECT step, path FROM checkpoints WHERE task = ? ORDER BY step", (task,))]
