@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -232,3 +233,16 @@ def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(tmp_path: Path) -> N
     resumed = dione("resume", str(run_dir), env=env)
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out
+
+
+def test_dione_run_from_python_leaves_out_invalid_tasks(tmp_path: Path, monkeypatch) -> None:
+    import dione
+
+    monkeypatch.setenv("TASKS", "a b")
+    workload = list(load_workload(write_workload(tmp_path)))
+    bad = dataclasses.replace(workload[1], name="odd", steps=0)
+    result = dione.run([*workload, bad], devices="cpu:2", run_dir=str(tmp_path / "run"),
+                       catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK, time_limit=5.0)
+    assert [(t.task, t.status) for t in result.tasks] == [("a", "done"), ("b", "done")]
+    assert all(t.final_loss is not None and t.checkpoint for t in result.tasks)
+    assert len(result.invalid) == 1 and "odd" in result.invalid[0]

@@ -461,6 +461,9 @@ class Runner:
                 wait(list(futures))  # their errors (GangInterrupted) stay in the futures
                 raise
             finally:
+                if not self.state.running and not any(
+                        s == "pending" for s in self.state.status.values()):
+                    self.state.estimated_finish = self.now()  # nothing left to estimate
                 self.view(self.state)
 
 
