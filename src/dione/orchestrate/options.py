@@ -1,0 +1,43 @@
+"""What a run is told (options) and tells (events); shared by the run loop and its callers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dione.profile.trial import TrialOptions
+
+__all__ = ["RunDirError", "RunEvent", "RunOptions"]
+
+
+class RunDirError(ValueError):
+    """The run directory holds a different workload (say, a task with other steps)."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How ``run_workload`` profiles, plans, slices and re-plans."""
+
+    solver: str = "cpsat"
+    time_limit: float = 10.0  # seconds for the first plan
+    replan_time_limit: float = 2.0
+    replan: bool = True
+    replan_interval: float = 60.0  # seconds between re-plans without a slice end
+    replan_margin: float = 0.03  # adopt a plan that ends earlier by more than this share
+    slice_steps: int | None = None  # steps per slice (None: ``slice_seconds`` or all)
+    slice_seconds: float | None = None  # aim for slices of about this length
+    max_failures: int = 3  # a task whose slices failed this many times is failed
+    timeout: float | None = None  # per slice
+    catalog: str | None = None
+    reprofile: bool = False
+    profile_budget: float | None = None
+    trial: TrialOptions = field(default_factory=TrialOptions)
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """For a live display: ``profiled``, ``planned``, ``replanned``, ``slice_started``,
+    ``slice_finished``, ``slice_failed``, ``task_failed``, ``finished``."""
+
+    kind: str
+    message: str
+    task: str | None = None

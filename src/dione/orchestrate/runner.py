@@ -1,0 +1,393 @@
+"""One session of a run: launch planned slices as gangs, watch them, re-plan.
+
+Each assignment starts when its devices are free, in each device's planned order; a
+gang runs in a thread of its own (run_slice), so several train at once. At slice ends,
+on drift and every ``replan_interval`` seconds the remaining work is planned again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dione.launch.slice import SliceError, SliceResult, local_placement, run_slice
+from dione.orchestrate.options import RunDirError, RunEvent, RunOptions
+from dione.plan.plan import Plan
+from dione.plan.problem import PlanningProblem
+from dione.plan.solve import solve
+from dione.profile.profiler import Option, Profile
+from dione.spec.cluster import Cluster
+from dione.spec.task import Task
+from dione.state.store import RunStore
+
+__all__ = ["Runner"]
+
+
+@dataclass
+class _Running:
+    assignment: dict[str, Any]
+    began: float  # run clock
+    start_step: int
+    end_step: int
+    predicted_end: float  # run clock
+    folder: Path | None = None
+
+
+@dataclass
+class _State:
+    """What the loop knows; read by the live view (from the loop's thread only)."""
+
+    tasks: dict[str, Task]
+    total: dict[str, int]
+    done_steps: dict[str, int]
+    status: dict[str, str]  # pending | running | done | failed
+    failures: dict[str, int]
+    plan: list[dict[str, Any]]  # assignments, times on the run clock
+    running: dict[str, _Running] = field(default_factory=dict)
+    last_loss: dict[str, float] = field(default_factory=dict)
+    estimated_finish: float = 0.0
+    clock_zero: float = 0.0  # time.time() of run-clock 0 in this session
+
+
+class Runner:
+    """One session of a run: executes and re-plans until every task is done or failed."""
+
+    def __init__(self, tasks: Sequence[Task], cluster: Cluster, run_dir: Path,
+                 profile: Profile, options: RunOptions,
+                 on_event: Callable[[RunEvent], None], view: Callable[[_State], None]) -> None:
+        self.cluster = cluster
+        self.run_dir = run_dir
+        self.profile = profile
+        self.options = options
+        self.emit = on_event
+        self.view = view
+        self.store = RunStore(run_dir)
+        self.store.recover_interrupted()
+        total = {t.name: self.profile.task(t.name).total_steps for t in tasks}
+        for task in tasks:
+            try:
+                self.store.register_task(task.name, total[task.name], task.batch_size,
+                                         task.hyperparameters)
+            except ValueError as err:
+                self.store.close()
+                raise RunDirError(str(err)) from None
+        done_steps = {}
+        status = {}
+        for task in tasks:
+            latest = self.store.latest_checkpoint(task.name)
+            done_steps[task.name] = latest.step if latest else 0
+            record = self.store.task(task.name)
+            finished = record is not None and record.status == "done"
+            status[task.name] = "done" if finished or done_steps[task.name] >= total[
+                task.name] else "pending"
+            if not self.profile.task(task.name).options and status[task.name] != "done":
+                status[task.name] = "failed"
+                reason = self.profile.task(task.name).error or (
+                    "no configuration fits: every trial failed or was skipped (see "
+                    "`dione profile`)")
+                self.store.set_task_status(task.name, "failed", reason)
+                self.emit(RunEvent("task_failed", f"{task.name}: {reason}", task.name))
+        self.state = _State({t.name: t for t in tasks}, total, done_steps, status,
+                            {t.name: 0 for t in tasks}, [], clock_zero=time.time())
+        self.plans_adopted = len(list((run_dir / "plans").glob("plan-*.json")))
+        self.first_planned: float | None = None
+        self.cancel = threading.Event()
+
+    # -- estimates -------------------------------------------------------------------
+
+    def now(self) -> float:
+        return time.time() - self.state.clock_zero
+
+    def _measured_step(self, name: str, technique: str, devices: int) -> float | None:
+        """The mean step time this task measured under (technique, devices), if any
+        (each slice's first step, which pays for warm-up, left out)."""
+        times: list[float] = []
+        for record in self.store.slices(name):
+            if (record.status == "done" and record.technique == technique
+                    and len(record.device_ids) == devices):
+                times += self.store.slice_step_seconds(record.id)[1:]
+        return statistics.fmean(times) if len(times) >= 2 else None
+
+    def option_seconds(self, name: str, option: Option, steps: int) -> float:
+        """Predicted seconds for ``steps`` more steps of ``name`` under ``option``: the
+        catalog's, with the measured step time where this task already ran so."""
+        task_profile = self.profile.task(name)
+        resumed = self.state.done_steps[name] > 0
+        seconds = option.seconds(steps, resumed, task_profile.evaluation_seconds)
+        measured = self._measured_step(name, option.technique, option.devices)
+        if measured is not None and option.record.step_seconds is not None:
+            seconds += steps * (measured - option.record.step_seconds)
+        return seconds
+
+    def _slice_steps(self, name: str, option: Option) -> int:
+        remaining = self.state.total[name] - self.state.done_steps[name]
+        if self.options.slice_steps:
+            return min(remaining, self.options.slice_steps)
+        if self.options.slice_seconds and option.record.step_seconds:
+            steps = math.ceil(self.options.slice_seconds / option.record.step_seconds)
+            return min(remaining, max(1, steps))
+        return remaining
+
+    # -- planning --------------------------------------------------------------------
+
+    def problem(self) -> tuple[dict[str, Any], float]:
+        """The remaining work as a planner problem, and the run-clock time it starts at."""
+        now = self.now()
+        tasks = []
+        for name, status in self.state.status.items():
+            if status != "pending":
+                continue
+            remaining = self.state.total[name] - self.state.done_steps[name]
+            options = [{"technique": o.technique, "knobs": o.knobs, "devices": o.devices,
+                        "seconds": round(max(0.001, self.option_seconds(name, o, remaining)), 3)}
+                       for o in self.profile.task(name).options]
+            tasks.append({"name": name, "options": options})
+        busy = [{"task": name, "node": r.assignment["node"],
+                 "device_ids": list(r.assignment["device_ids"]),
+                 "until": round(max(0.0, self.predicted_task_end(name) - now), 3)}
+                for name, r in self.state.running.items()]
+        problem = {"cluster": self.cluster.to_json(), "tasks": tasks}
+        if busy:
+            problem["busy"] = busy
+        return problem, now
+
+    def predicted_task_end(self, name: str) -> float:
+        """Run-clock time a running task ends its current slice: its pace so far times
+        the steps left, plus what the plan allowed for the slice's save and exit."""
+        running = self.state.running[name]
+        progress = self._progress(running)
+        if progress is None:
+            return max(running.predicted_end, self.now())
+        step, pace = progress
+        option = self.profile.task(name).option(running.assignment["technique"],
+                                                running.assignment["devices"])
+        tail = option.record.save_seconds if option is not None else 0.0
+        return self.now() + pace * (running.end_step - step) + tail
+
+    def _progress(self, running: _Running) -> tuple[int, float] | None:
+        """(steps done, seconds per step) of a running slice, from its workers' files."""
+        if running.folder is None:
+            return None
+        try:
+            record = json.loads((running.folder / "progress-0.json").read_text())
+        except (OSError, ValueError):
+            return None
+        for path in running.folder.glob("progress-*.json"):
+            try:
+                loss = json.loads(path.read_text()).get("loss")
+            except (OSError, ValueError):
+                continue
+            if loss is not None:
+                self.state.last_loss[running.assignment["task"]] = float(loss)
+        pace = record.get("seconds_per_step")
+        return None if pace is None else (int(record["step"]), float(pace))
+
+    def replan(self, first: bool = False) -> None:
+        if not any(s == "pending" for s in self.state.status.values()):
+            return
+        problem_json, at = self.problem()
+        problem = PlanningProblem.from_json(problem_json)
+        limit = self.options.time_limit if first else self.options.replan_time_limit
+        plan = solve(problem, self.options.solver, limit)
+        candidate = self._absolute(plan, at)
+        if not first:
+            current = self._retimed_current(problem_json, at)
+            new_end = max((a["end"] for a in candidate), default=at)
+            if current is not None and new_end >= current - self.options.replan_margin * max(
+                    current - at, 0.0):
+                self.state.estimated_finish = max(current, self._running_end())
+                return
+        self.state.plan = candidate
+        self.state.estimated_finish = max(max((a["end"] for a in candidate), default=at),
+                                          self._running_end())
+        if self.first_planned is None:
+            self.first_planned = self.state.estimated_finish
+        self._save_plan(plan, problem_json, at)
+        self.emit(RunEvent("planned" if first else "replanned",
+                           f"{plan.solver} ({plan.status}): finish at "
+                           f"{self.state.estimated_finish:.1f} s"))
+
+    def _drifted(self) -> bool:
+        """Whether a running slice's pace puts its end off the plan by more than 5%
+        (then its new end becomes the expectation, so one drift triggers one re-plan)."""
+        drifted = False
+        for name, running in self.state.running.items():
+            expected = self.predicted_task_end(name)
+            length = max(running.predicted_end - running.began, 1.0)
+            if abs(expected - running.predicted_end) > 0.05 * length:
+                running.predicted_end = expected
+                drifted = True
+        return drifted and any(s == "pending" for s in self.state.status.values())
+
+    def _running_end(self) -> float:
+        return max((self.predicted_task_end(n) for n in self.state.running), default=0.0)
+
+    def _absolute(self, plan: Plan, at: float) -> list[dict[str, Any]]:
+        return [{"task": a.task, "technique": a.technique, "knobs": dict(a.knobs),
+                 "devices": len(a.device_ids), "node": a.node,
+                 "device_ids": list(a.device_ids), "start": at + a.start, "end": at + a.end}
+                for a in plan.assignments]
+
+    def _retimed_current(self, problem_json: Mapping[str, Any], at: float) -> float | None:
+        """When the current plan would finish under today's estimates (each device keeps
+        its order); None if it no longer covers the pending tasks."""
+        seconds = {(t["name"], o["technique"], o["devices"]): o["seconds"]
+                   for t in problem_json["tasks"] for o in t["options"]}
+        free: dict[tuple[str, int], float] = {}
+        for busy in problem_json.get("busy", []):
+            for device in busy["device_ids"]:
+                free[(busy["node"], device)] = at + busy["until"]
+        pending = {t["name"] for t in problem_json["tasks"]}
+        end = at
+        covered = set()
+        for a in sorted(self.state.plan, key=lambda a: a["start"]):
+            if a["task"] not in pending:
+                continue
+            key = (a["task"], a["technique"], a["devices"])
+            if key not in seconds:
+                return None
+            devices = [(a["node"], d) for d in a["device_ids"]]
+            start = max([at, *(free.get(d, at) for d in devices)])
+            finish = start + seconds[key]
+            for d in devices:
+                free[d] = finish
+            end = max(end, finish)
+            covered.add(a["task"])
+        return end if covered == pending else None
+
+    def _save_plan(self, plan: Plan, problem: Mapping[str, Any], at: float) -> None:
+        folder = self.run_dir / "plans"
+        folder.mkdir(parents=True, exist_ok=True)
+        body = {**plan.to_json(), "at": at, "clock_zero": self.state.clock_zero,
+                "assignments_run_clock": self.state.plan, "problem": problem}
+        path = folder / f"plan-{self.plans_adopted:03d}.json"
+        path.write_text(json.dumps(body, indent=1) + "\n")
+        self.plans_adopted += 1
+
+    # -- execution -------------------------------------------------------------------
+
+    def launchable(self) -> list[dict[str, Any]]:
+        """Assignments whose devices are free and that come first on each of them."""
+        busy = {(r.assignment["node"], d) for r in self.state.running.values()
+                for d in r.assignment["device_ids"]}
+        first_on: dict[tuple[str, int], str] = {}
+        for a in sorted(self.state.plan, key=lambda a: a["start"]):
+            if self.state.status[a["task"]] != "pending":
+                continue
+            for d in a["device_ids"]:
+                first_on.setdefault((a["node"], d), a["task"])
+        ready = []
+        for a in self.state.plan:
+            if self.state.status[a["task"]] != "pending":
+                continue
+            devices = [(a["node"], d) for d in a["device_ids"]]
+            if any(d in busy for d in devices):
+                continue
+            if all(first_on.get(d) == a["task"] for d in devices):
+                ready.append(a)
+                busy.update(devices)
+        return ready
+
+    def launch(self, pool: ThreadPoolExecutor, a: dict[str, Any]) -> Future[SliceResult]:
+        name = a["task"]
+        option = self.profile.task(name).option(a["technique"], a["devices"])
+        assert option is not None
+        steps = self._slice_steps(name, option)
+        start = self.state.done_steps[name]
+        running = _Running(a, self.now(), start, start + steps,
+                           self.now() + self.option_seconds(name, option, steps))
+        self.state.running[name] = running
+        self.state.status[name] = "running"
+        node = self.cluster.node(a["node"])
+
+        def began(slice_id: int, folder: Path) -> None:
+            running.folder = folder
+
+        self.emit(RunEvent("slice_started", f"{name}: steps {start}-{start + steps} under "
+                           f"{a['technique']} on {a['node']} devices {a['device_ids']}", name))
+        return pool.submit(run_slice, self.state.tasks[name], a["technique"], self.run_dir,
+                           local_placement(node, a["device_ids"]), knobs=a["knobs"],
+                           steps=steps, timeout=self.options.timeout, cancel=self.cancel,
+                           on_begin=began)
+
+    def finished(self, name: str, future: Future[SliceResult]) -> bool:
+        """Record a slice's end; whether it departs from the plan enough to re-plan."""
+        running = self.state.running.pop(name)
+        try:
+            result = future.result()
+        except SliceError as err:
+            self.state.failures[name] += 1
+            if self.state.failures[name] >= self.options.max_failures:
+                self.state.status[name] = "failed"
+                self.store.set_task_status(name, "failed", str(err))
+                self.emit(RunEvent("task_failed", f"{name} failed {self.state.failures[name]} "
+                                   f"times; giving up: {err}", name))
+            else:
+                self.state.status[name] = "pending"
+                self.emit(RunEvent("slice_failed", f"{name} failed (attempt "
+                                   f"{self.state.failures[name]} of "
+                                   f"{self.options.max_failures}), will retry: "
+                                   f"{str(err).splitlines()[0]}", name))
+            return True
+        self.state.done_steps[name] = result.end_step
+        if result.losses:
+            self.state.last_loss[name] = result.losses[-1]
+        finished = result.end_step >= self.state.total[name]
+        self.state.status[name] = "done" if finished else "pending"
+        if finished:
+            self.store.set_task_status(name, "done", result.evaluation_error)
+        elapsed = self.now() - running.began
+        planned = running.predicted_end - running.began
+        self.emit(RunEvent("slice_finished", f"{name}: steps {result.start_step}-"
+                           f"{result.end_step} in {elapsed:.1f} s (predicted {planned:.1f} s)"
+                           + (" - done" if finished else ""), name))
+        return not finished or abs(elapsed - planned) > 0.05 * max(planned, 1.0)
+
+    def run(self) -> None:
+        self.replan(first=True)
+        lanes = sum(n.devices for n in self.cluster)
+        futures: dict[Future[SliceResult], str] = {}
+        last_replan = self.now()
+        with ThreadPoolExecutor(max_workers=max(1, lanes)) as pool:
+            try:
+                while True:
+                    for a in self.launchable():
+                        futures[self.launch(pool, a)] = a["task"]
+                    if not futures:
+                        if any(s == "pending" for s in self.state.status.values()):
+                            self.replan(first=True)  # the plan lost its tasks: plan again
+                            if not self.launchable():
+                                raise RuntimeError("no pending task can be placed")
+                            continue
+                        break
+                    done, _ = wait(list(futures), timeout=1.0, return_when=FIRST_COMPLETED)
+                    depart = False
+                    for future in done:
+                        depart |= self.finished(futures.pop(future), future)
+                    interval = self.now() - last_replan > self.options.replan_interval
+                    if self.options.replan and (depart or interval or self._drifted()):
+                        self.replan()
+                        last_replan = self.now()
+                    elif done:
+                        self.state.estimated_finish = max(
+                            max((a["end"] for a in self.state.plan
+                                 if self.state.status[a["task"]] == "pending"), default=0.0),
+                            self._running_end())
+                    self.view(self.state)
+            except BaseException:
+                self.cancel.set()  # every gang stops; their slices are recorded interrupted
+                wait(list(futures))  # their errors (GangInterrupted) stay in the futures
+                raise
+            finally:
+                if not self.state.running and not any(
+                        s == "pending" for s in self.state.status.values()):
+                    self.state.estimated_finish = self.now()  # nothing left to estimate
+                self.view(self.state)
