@@ -70,7 +70,9 @@ def main() -> int:
                     knobs = ", ".join(f"{k}={v}" for k, v in option.knobs.items()
                                       if k in ("micro_batches", "reshard_after_forward",
                                                "activation_checkpointing"))
-                    steps_predicted = tp.total_steps * (option.record.step_seconds or 0.0)
+                    # The warm-up excess is part of the steps on both sides.
+                    steps_predicted = (tp.total_steps * (option.record.step_seconds or 0.0)
+                                       + option.record.warmup_excess_seconds)
                     steps_measured = sum(result.step_seconds)
                     print(f"| {task.name} | {option.technique} | {option.devices} | {knobs} | "
                           f"{predicted:.2f} | {measured:.2f} | {error:+.1%} | "
