@@ -161,7 +161,8 @@ class Runner:
 
     def predicted_task_end(self, name: str) -> float:
         """Run-clock time a running task ends its current slice: its pace so far times
-        the steps left, plus what the plan allowed for the slice's save and exit."""
+        the steps left, plus the save (and evaluation, at the task's end) measured in its
+        trial."""
         running = self.state.running[name]
         progress = self._progress(running)
         if progress is None:
@@ -170,6 +171,8 @@ class Runner:
         option = self.profile.task(name).option(running.assignment["technique"],
                                                 running.assignment["devices"])
         tail = option.record.save_seconds if option is not None else 0.0
+        if running.end_step >= self.state.total[name]:
+            tail += self.profile.task(name).evaluation_seconds  # the last slice evaluates
         return self.now() + pace * (running.end_step - step) + tail
 
     def _progress(self, running: _Running) -> tuple[int, float] | None:
