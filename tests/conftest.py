@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -50,18 +51,27 @@ def digits_task(name: str = "digits", steps: int = 12, batch_size: int = 16,
     return replace(task, **extra)
 
 
+# Every process this test session starts inherits the marker, so the leak check counts
+# this session's workers only (another suite or benchmark may run on the machine).
+SESSION_MARKER = f"DIONE_TEST_SESSION={uuid.uuid4().hex}".encode()
+os.environ["DIONE_TEST_SESSION"] = SESSION_MARKER.split(b"=", 1)[1].decode()
+
+
 def worker_processes() -> list[int]:
-    """Pids of live dione worker processes on this machine (zombies excluded)."""
+    """Pids of this test session's live dione worker processes (zombies excluded)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            if b"dione.launch.worker" not in cmdline:
+                continue
             state = (entry / "stat").read_text().split(") ")[1][0]
+            ours = SESSION_MARKER in (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"dione.launch.worker" in cmdline and state != "Z":
+        if ours and state != "Z":
             pids.append(int(entry.name))
     return pids
 
