@@ -59,6 +59,26 @@ def _load(path: str) -> Any:
         raise BadInput(str(err)) from None
 
 
+def _valid_tasks(workload_file: str, devices: str | None, what: str) -> tuple[Any, Any, Any]:
+    """The workload's valid tasks, the problems of the others (printed), and the local
+    cluster; BadInput when the cluster is wrong or no task is valid (nothing ``what``)."""
+    from dione.spec.cluster import ClusterError, local_cluster
+    from dione.spec.validate import split_valid
+    from dione.techniques import technique_names
+
+    workload = _load(workload_file)
+    try:
+        cluster = local_cluster(devices)
+    except ClusterError as err:
+        raise BadInput(str(err)) from None
+    tasks, problems = split_valid(workload, None, technique_names())
+    for problem in problems:
+        _complain("invalid", str(problem))
+    if not tasks:
+        raise BadInput(f"no task of the workload is valid; nothing {what}")
+    return tasks, problems, cluster
+
+
 def _default_run_dir(workload: str) -> Path:
     return Path("runs") / Path(workload).stem
 
@@ -161,20 +181,8 @@ def _execute(workload_file: str, args: argparse.Namespace, run_dir: Path) -> int
     from dione.orchestrate import RunEvent, run_workload
     from dione.orchestrate.progress import LiveProgress
     from dione.orchestrate.run import RunDirError
-    from dione.spec.cluster import ClusterError, local_cluster
-    from dione.spec.validate import split_valid
-    from dione.techniques import technique_names
 
-    workload = _load(workload_file)
-    try:
-        cluster = local_cluster(args.devices)
-    except ClusterError as err:
-        raise BadInput(str(err)) from None
-    tasks, problems = split_valid(workload, None, technique_names())
-    for problem in problems:
-        _complain("invalid", str(problem))
-    if not tasks:
-        raise BadInput("no task of the workload is valid; nothing started")
+    tasks, problems, cluster = _valid_tasks(workload_file, args.devices, "started")
     node = cluster.nodes[0]
     console.print(f"dione run: {len(tasks)} task(s) on {node.devices} {node.kind} device(s) of "
                   f"{node.name}; run dir {run_dir}")
@@ -286,22 +294,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _run_current_practice(args: argparse.Namespace) -> int:
     from dione.orchestrate.sequential import run_sequential
-    from dione.spec.cluster import ClusterError, local_cluster
-    from dione.spec.validate import split_valid
-    from dione.techniques import technique_names
 
-    workload = _load(args.workload)
-    try:
-        cluster = local_cluster(args.devices)
-    except ClusterError as err:
-        raise BadInput(str(err)) from None
+    tasks, problems, cluster = _valid_tasks(args.workload, args.devices, "started")
     node = cluster.nodes[0]
     run_dir = Path(args.out) if args.out else _default_run_dir(args.workload)
-    tasks, problems = split_valid(workload, None, technique_names())
-    for problem in problems:
-        _complain("invalid", str(problem))
-    if not tasks:
-        raise BadInput("no task of the workload is valid; nothing started")
     console.print(f"dione run: {len(tasks)} task(s) on {node.devices} {node.kind} device(s) of "
                   f"{node.name}, each in turn on all devices (current practice); run dir "
                   f"{run_dir}")
@@ -427,20 +423,7 @@ def _print_profile(profile: Any) -> None:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from dione.spec.cluster import ClusterError, local_cluster
-    from dione.spec.validate import split_valid
-    from dione.techniques import technique_names
-
-    workload = _load(args.workload)
-    try:
-        cluster = local_cluster(args.devices)
-    except ClusterError as err:
-        raise BadInput(str(err)) from None
-    tasks, problems = split_valid(workload, None, technique_names())
-    for problem in problems:
-        _complain("invalid", str(problem))
-    if not tasks:
-        raise BadInput("no task of the workload is valid; nothing profiled")
+    tasks, problems, cluster = _valid_tasks(args.workload, args.devices, "profiled")
     profile = _profile(args, tasks, cluster)
     _print_profile(profile)
     problem = profile.problem()
