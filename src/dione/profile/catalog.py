@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dione.state.sqlite import SQLiteFile
 
 __all__ = ["Catalog", "TrialRecord", "default_catalog_path"]
 
@@ -91,35 +90,16 @@ class TrialRecord:
         return TrialRecord(**data)
 
 
-class Catalog:
-    """Trial results and evaluation costs in one SQLite file (WAL; one writer at a time)."""
+class Catalog(SQLiteFile):
+    """Trial results and evaluation costs in one SQLite file, shared by workloads."""
 
     def __init__(self, path: str | Path | None = None) -> None:
-        self.path = Path(path) if path is not None else default_catalog_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
-                                   check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(_SCHEMA)
-
-    def close(self) -> None:
-        self._db.close()
+        path = Path(path) if path is not None else default_catalog_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        super().__init__(path, _SCHEMA, timeout=30.0, any_thread=True)
 
     def __enter__(self) -> Catalog:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
     def get(self, fingerprint: str) -> TrialRecord | None:
         row = self._db.execute("SELECT record FROM trials WHERE fingerprint = ?",

@@ -12,11 +12,12 @@ import os
 import socket
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dione.state.sqlite import SQLiteFile
 
 __all__ = ["CheckpointRecord", "RunStore", "SliceRecord", "TaskRecord"]
 
@@ -124,41 +125,16 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-class RunStore:
+class RunStore(SQLiteFile):
     """The SQLite file of one run directory (created on first use)."""
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / STORE_FILE
-        # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE) below.
-        self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(_SCHEMA)  # idempotent; executescript commits on its own
-
-    def close(self) -> None:
-        self._db.close()
+        super().__init__(self.run_dir / STORE_FILE, _SCHEMA)
 
     def __enter__(self) -> RunStore:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        if self._db.in_transaction:  # nested: part of the outer one
-            yield self._db
-            return
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
     # -- tasks -------------------------------------------------------------------------
 
