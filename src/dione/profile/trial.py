@@ -19,10 +19,11 @@ from typing import Any
 
 from dione.launch.slice import SliceError, TrialSettings, local_placement, run_slice, total_steps
 from dione.profile.catalog import TrialRecord
-from dione.schedules.simulate import StageTimes, Timeline, simulate, spans_of
+from dione.schedules.simulate import StageTimes, simulate
 from dione.spec.cluster import Node
 from dione.spec.task import Task
 from dione.techniques.registry import get_technique
+from dione.techniques.xpipe import real_timeline
 
 __all__ = ["TrialOptions", "TrialSpec", "run_trial", "simulated_step_seconds"]
 
@@ -115,24 +116,19 @@ def run_trial(
         save_seconds=save,
         peak_memory_bytes=max(result.peak_memory_bytes) if result.peak_memory_bytes else None,
         trial_seconds=result.seconds,
-        extra=_stage_times(result.extra, len(times), warmup),
+        extra=_stage_times(result.extra, len(times)),
     )
     return record, evaluation
 
 
-def _stage_times(extra: Mapping[str, Any], minibatches: int, warmup: int) -> dict[str, Any]:
+def _stage_times(extra: Mapping[str, Any], minibatches: int) -> dict[str, Any]:
     """Per-stage action times of a pipeline trial that logged its spans (xpipe), for the
     schedule simulator; the stage layout of any pipeline."""
     kept: dict[str, Any] = {}
     if "stages" in extra:
         kept["stages"] = list(extra["stages"])
-    spans = extra.get("spans")
-    if spans and "micro_batches" in extra:
-        technique = get_technique("xpipe")
-        schedule = technique.schedule(len(spans), int(extra["micro_batches"]),  # type: ignore[attr-defined]
-                                      minibatches)
-        timeline: Timeline = spans_of(schedule, spans)
-        times = timeline.action_times()
+    if extra.get("spans") and "micro_batches" in extra:
+        times = real_timeline(extra, minibatches).action_times()
         kept["stage_times"] = {"forward": list(times.forward), "backward": list(times.backward),
                                "update": list(times.update)}
     return kept
