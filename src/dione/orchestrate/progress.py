@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from typing import Any
 
@@ -59,12 +61,8 @@ class LiveProgress:
             where = running.assignment if running else plan.get(name)
             step = state.done_steps[name]
             if running is not None and running.folder is not None:
-                try:
-                    import json
-
+                with contextlib.suppress(OSError, ValueError, KeyError):
                     step = json.loads((running.folder / "progress-0.json").read_text())["step"]
-                except (OSError, ValueError, KeyError):
-                    pass
             eta = "-"
             if status in ("running", "pending") and where is not None:
                 end = running.predicted_end if running else where["end"]

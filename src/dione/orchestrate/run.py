@@ -23,6 +23,7 @@ from dione.orchestrate.options import RunDirError, RunEvent, RunOptions
 from dione.orchestrate.runner import Runner
 from dione.profile.catalog import Catalog
 from dione.profile.profiler import ProfileEvent, profile_workload
+from dione.report.files import summaries, write_report
 from dione.spec.cluster import Cluster
 from dione.spec.task import Task
 from dione.state.store import RunStore
@@ -64,29 +65,14 @@ class RunResult:
 
 
 def _results(tasks: Sequence[Task], run_dir: Path) -> list[TaskResult]:
-    results = []
     with RunStore(run_dir) as store:
-        for task in tasks:
-            record = store.task(task.name)
-            slices = [s for s in store.slices(task.name) if s.status == "done"]
-            losses = store.losses(task.name)
-            latest = store.latest_checkpoint(task.name)
-            techniques: list[str] = []
-            for s in slices:
-                if not techniques or techniques[-1] != s.technique:
-                    techniques.append(s.technique)
-            results.append(TaskResult(
-                task=task.name, status=record.status if record else "pending",
-                techniques=techniques,
-                devices=sorted({len(s.device_ids) for s in slices}),
-                seconds=sum((s.ended_at or s.started_at) - s.started_at for s in slices),
-                steps=latest.step if latest else 0,
-                total_steps=record.total_steps if record else 0,
-                final_loss=losses[-1][1] if losses else None,
-                evaluation=store.evaluation(task.name),
-                checkpoint=latest.path if latest else None,
-                error=record.error if record else None))
-    return results
+        recorded = {s.task: s for s in summaries(store, [t.name for t in tasks])}
+    return [TaskResult(
+        task=s.task, status=s.status, techniques=s.techniques, devices=s.device_counts,
+        seconds=s.seconds, steps=s.steps, total_steps=s.total_steps, final_loss=s.final_loss,
+        evaluation=s.evaluation, checkpoint=s.checkpoint, error=s.error)
+        if (s := recorded.get(t.name)) is not None else TaskResult(t.name, "pending")
+        for t in tasks]
 
 
 def run_workload(
@@ -117,8 +103,6 @@ def run_workload(
         runner.run()
     finally:
         runner.store.close()
-    from dione.report.files import write_report
-
     makespan = runner.now()
     write_report(run_dir, tasks)
     emit(RunEvent("finished", f"makespan {makespan:.1f} s"))

@@ -38,6 +38,8 @@ class TaskSummary:
     evaluation: dict[str, float] = field(default_factory=dict)
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    checkpoint: str | None = None  # the latest complete one
+    device_counts: list[int] = field(default_factory=list)  # of the slices that trained it
 
 
 def read_plans(run_dir: Path) -> list[dict[str, Any]]:
@@ -66,7 +68,8 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
             record.name, record.status, latest.step if latest else 0, record.total_steps,
             techniques, devices, sum((s.ended_at or s.started_at) - s.started_at for s in done),
             losses[-1][1] if losses else None, store.evaluation(record.name),
-            dict(record.hyperparameters), record.error))
+            dict(record.hyperparameters), record.error, latest.path if latest else None,
+            sorted({len(s.device_ids) for s in done})))
     return result
 
 
