@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import statistics
 import subprocess
 import sys
 from dataclasses import replace
@@ -16,6 +17,8 @@ import torch
 from conftest import TEST_NODE, digits_task
 from dione.plan import load_problem, solve
 from dione.profile import Catalog, TrialOptions, device_counts, profile_workload
+from dione.profile.catalog import TrialRecord
+from dione.profile.profiler import _options
 from dione.spec.cluster import Cluster
 from dione.spec.workload import load_workload
 
@@ -29,6 +32,25 @@ def test_device_counts() -> None:
     assert device_counts(2) == [1, 2]
     assert device_counts(6) == [1, 2, 4, 6]
     assert device_counts(8) == [1, 2, 4, 8]
+
+
+def test_an_option_takes_the_fastest_steps_and_the_median_fixed_cost() -> None:
+    def trial(technique: str, micro_batches: int, step: float, fixed: float,
+              status: str = "ok") -> TrialRecord:
+        return TrialRecord(f"{technique}{micro_batches}", technique,
+                           {"micro_batches": micro_batches}, 2, "cpu", status,
+                           step_seconds=step if status == "ok" else None, fixed_seconds=fixed)
+
+    trials = [trial("gpipe", 2, 0.010, 3.0), trial("gpipe", 4, 0.008, 5.0),
+              trial("gpipe", 8, 0.012, 2.0), trial("gpipe", 16, 0.0, 0.0, "oom"),
+              trial("ddp", 1, 0.020, 4.0)]
+    gpipe, ddp = sorted(_options(trials, 100), key=lambda o: o.technique, reverse=True)
+    # m=4 has the fastest steps; its own start-up (5 s) was the slowest, and m=8's (2 s)
+    # the luckiest: the option's fixed cost is the median of the feasible three.
+    assert (gpipe.technique, gpipe.knobs) == ("gpipe", {"micro_batches": 4})
+    assert gpipe.record.fixed_seconds == 3.0
+    assert gpipe.seconds(100) == pytest.approx(3.0 + 100 * 0.008)
+    assert (ddp.technique, ddp.record.fixed_seconds) == ("ddp", 4.0)
 
 
 def test_shared_cached_and_reprofiled_only_where_changed(tmp_path: Path) -> None:
@@ -105,6 +127,29 @@ workload = Workload([
     task("small", functools.partial(digits_mlp, hidden=16, depth=1), ("single", "crashes")),
 ])
 '''
+
+
+def test_repeated_trials_keep_the_median_of_their_runs(tmp_path: Path) -> None:
+    task = digits_task("a", techniques=DATA_PARALLEL)
+    twice = replace(QUICK, repeats=2)
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        first = profile_workload([task], CLUSTER, catalog, options=twice)
+        # single x1 and ddp x2, each once and then again after the other.
+        assert first.trials_run == 4
+        for option in first.task("a").options:
+            runs = option.record.extra["runs"]
+            assert len(runs) == 2 and option.record.measured_steps == 6
+            assert option.record.step_seconds == pytest.approx(
+                statistics.median(r["step_seconds"] for r in runs))
+            assert option.record.fixed_seconds == pytest.approx(
+                statistics.median(r["fixed_seconds"] for r in runs))
+            assert catalog.get(option.record.fingerprint) == option.record
+        # The catalog holds both runs: the same request runs nothing, one more runs each
+        # option's setting once more.
+        assert profile_workload([task], CLUSTER, catalog, options=twice).trials_run == 0
+        thrice = profile_workload([task], CLUSTER, catalog, options=replace(QUICK, repeats=3))
+        assert thrice.trials_run == 2
+        assert [len(o.record.extra["runs"]) for o in thrice.task("a").options] == [3, 3]
 
 
 def test_out_of_memory_and_crash_are_recorded_and_the_rest_completes(tmp_path: Path) -> None:

@@ -160,7 +160,7 @@ def _trial_options(args: argparse.Namespace) -> Any:
     from dione.profile import TrialOptions
 
     return TrialOptions(warmup_steps=args.warmup_steps, measure_steps=args.measure_steps,
-                        timeout=args.trial_timeout,
+                        timeout=args.trial_timeout, repeats=args.trial_repeats,
                         memory_cap_bytes=_parse_bytes(args.memory_cap)
                         if args.memory_cap else None)
 
@@ -329,6 +329,17 @@ def _run_current_practice(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed or problems else 0
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (argparse names the option)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1: use 1 or more")
+    return value
+
+
 def _parse_bytes(text: str) -> int:
     units = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
     raw = text.strip().lower().removesuffix("ib").removesuffix("b")
@@ -450,6 +461,10 @@ def _add_profile_options(parser: argparse.ArgumentParser) -> None:
                         "counts as out of memory (default: the device's own limit)")
     parser.add_argument("--warmup-steps", type=int, default=5, help="steps not timed (5)")
     parser.add_argument("--measure-steps", type=int, default=20, help="steps timed (20)")
+    parser.add_argument("--trial-repeats", type=_positive_int, default=1,
+                        help="times each option's fastest setting is measured, at different "
+                        "moments; the median is kept (1; 3 outvotes one slow spell of a "
+                        "shared machine)")
     parser.add_argument("--trial-timeout", type=float, default=300.0,
                         help="seconds after which a trial counts as timed out (300)")
     parser.add_argument("--serial", action="store_true",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import statistics
 import tempfile
 import threading
 import time
@@ -136,6 +137,7 @@ class _Pending:
     # Fingerprints of the same configuration with one memory-saving knob off: this
     # trial runs only if each of them ran out of memory.
     lighter: list[str] = field(default_factory=list)
+    repeat: bool = False  # a feasible trial run again, merged into its record
 
 
 def _lighter_settings(knobs: Mapping[str, Any], memory_knobs: Sequence[str],
@@ -244,6 +246,19 @@ def profile_workload(
     group_of = {f: w.group for f, w in wanted.items()}
     trials_run, skips = _run_pending(pending, results, group_of, node, catalog, options,
                                      budget, parallel, scratch, began, emit, profiles)
+    # Repeats: each option's chosen setting again, at a later moment (a whole pass of
+    # other trials lies between), until it has ``options.repeats`` runs; a repeat can
+    # change which setting is fastest, so a few more passes may follow.
+    counted = trials_run + len(skips)
+    for _ in range(2 * (options.repeats - 1)):
+        again = _repeats_due(profiles, by_task, wanted, results, options.repeats)
+        if not again:
+            break
+        # A repeat skipped (over the budget) leaves its record with fewer runs: no skip.
+        ran, skipped = _run_pending(again, results, group_of, node, catalog, options, budget,
+                                    parallel, scratch, began, emit, profiles, counted)
+        trials_run += ran
+        counted += ran + len(skipped)
     _cross_check(results, group_of, catalog)
     for profile in profiles:
         if profile.error is not None:
@@ -252,32 +267,94 @@ def profile_workload(
         profile.trials = [results[f] for f in own if f in results]
         profile.skipped += [(wanted[f].spec.label, reason) for f, reason in skips.items()
                             if f in own]
-        best: dict[tuple[str, int], TrialRecord] = {}
-        for record in profile.trials:
-            if not record.feasible:
-                continue
-            key = (record.technique, record.devices)
-            steps = profile.total_steps
-            if key not in best or record.slice_seconds(steps) < best[key].slice_seconds(steps):
-                best[key] = record
-        profile.options = [Option(r.technique, dict(r.knobs), r.devices, r)
-                           for r in sorted(best.values(), key=lambda r: (r.devices, r.technique))]
+        profile.options = _options(profile.trials, profile.total_steps)
     return Profile(cluster, profiles, trials_run, len(wanted) - len(pending),
                    time.monotonic() - began)
+
+
+def _options(trials: Sequence[TrialRecord], steps: int) -> list[Option]:
+    """Per (technique, devices) the knob setting whose steps are fastest, its fixed cost
+    the median over every feasible setting's trial.
+
+    The knobs (micro-batches, resharding, activation checkpointing) change the steps,
+    not the start-up, save and exit that make up the fixed cost; and picking the
+    setting with the smallest *whole* prediction would also pick the trial whose
+    start-up happened to be quickest: a prediction biased low by the noise of one
+    process start (up to 0.5 s on a small CPU).
+    """
+    by_key: dict[tuple[str, int], list[TrialRecord]] = {}
+    for record in trials:
+        if record.feasible:
+            by_key.setdefault((record.technique, record.devices), []).append(record)
+    options = []
+    for (technique, devices), records in sorted(by_key.items(), key=lambda kv: kv[0][::-1]):
+        best = min(records, key=lambda r: r.warmup_excess_seconds + steps * (r.step_seconds or 0))
+        fixed = statistics.median(r.fixed_seconds for r in records)
+        options.append(Option(technique, dict(best.knobs), devices,
+                              dataclasses.replace(best, fixed_seconds=fixed)))
+    return options
+
+
+def _runs(record: TrialRecord) -> list[dict[str, float]]:
+    """A record's runs: each run's own timings (one run unless the trial was repeated)."""
+    return list(record.extra.get("runs") or [{
+        "step_seconds": record.step_seconds or 0.0, "fixed_seconds": record.fixed_seconds,
+        "warmup_excess_seconds": record.warmup_excess_seconds,
+        "load_seconds": record.load_seconds, "trial_seconds": record.trial_seconds}])
+
+
+def _merged(old: TrialRecord, new: TrialRecord) -> TrialRecord:
+    """One record from a trial and its repeat: each timing the median over the runs
+    (a run that hit a slow spell of a shared machine is outvoted from three on)."""
+    if not new.feasible:  # a repeat that failed where the first run fitted: keep the runs
+        return dataclasses.replace(old, extra={**old.extra, "failed_repeat": new.reason})
+    runs = _runs(old) + _runs(new)
+
+    def median(key: str) -> float:
+        return statistics.median(run[key] for run in runs)
+
+    return dataclasses.replace(
+        old, step_seconds=median("step_seconds"), fixed_seconds=median("fixed_seconds"),
+        warmup_excess_seconds=median("warmup_excess_seconds"),
+        load_seconds=median("load_seconds"),
+        measured_steps=old.measured_steps + new.measured_steps,
+        trial_seconds=old.trial_seconds + new.trial_seconds,
+        peak_memory_bytes=max((m for m in (old.peak_memory_bytes, new.peak_memory_bytes)
+                               if m is not None), default=None),
+        extra={**old.extra, "runs": runs})
+
+
+def _repeats_due(profiles: Sequence[TaskProfile], by_task: Mapping[str, list[str]],
+                 wanted: Mapping[str, _Pending], results: Mapping[str, TrialRecord],
+                 repeats: int) -> list[_Pending]:
+    """The chosen settings (one per task, technique and device count) that have fewer
+    than ``repeats`` runs: trials to run again, without timing the evaluation again."""
+    due: dict[str, _Pending] = {}
+    for profile in profiles:
+        if profile.error is not None:
+            continue
+        trials = [results[f] for f in by_task[profile.task] if f in results]
+        for option in _options(trials, profile.total_steps):
+            fingerprint = option.record.fingerprint
+            if len(_runs(results[fingerprint])) < repeats and fingerprint in wanted:
+                due[fingerprint] = dataclasses.replace(
+                    wanted[fingerprint], evaluation_key=None, lighter=[], repeat=True)
+    return list(due.values())
 
 
 def _run_pending(
     pending: list[_Pending], results: dict[str, TrialRecord], group_of: Mapping[str, str],
     node: Node, catalog: Catalog, options: TrialOptions, budget: float | None,
     parallel: bool, scratch: str | Path | None, began: float,
-    emit: Callable[[ProfileEvent], None], profiles: list[TaskProfile],
+    emit: Callable[[ProfileEvent], None], profiles: list[TaskProfile], counted: int = 0,
 ) -> tuple[int, dict[str, str]]:
     """Run the pending trials on ``node``'s devices, filling ``results``; how many ran,
-    and why each trial not run was skipped (by fingerprint)."""
+    and why each trial not run was skipped (by fingerprint). Events count ``counted``
+    earlier trials of the same profile in their total."""
     skips: dict[str, str] = {}
     # Fewer devices first: a replicating technique's failure there prunes the rest.
     pending.sort(key=lambda p: (p.spec.devices, p.spec.technique))
-    total = len(pending)
+    total = counted + len(pending)
     free = list(range(node.devices))
     running: dict[Future[tuple[TrialRecord, float | None]], tuple[_Pending, list[int]]] = {}
     evaluated: set[str] = set()  # evaluation keys measured or being measured
@@ -373,6 +450,8 @@ def _run_pending(
                     free.sort()
                     record, evaluation = future.result()
                     run_count += 1
+                    if trial.repeat:
+                        record = _merged(results[trial.spec.fingerprint], record)
                     results[trial.spec.fingerprint] = record
                     catalog.put(record)
                     if trial.evaluation_key is not None:

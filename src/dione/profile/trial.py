@@ -38,6 +38,7 @@ class TrialOptions:
     measure_steps: int = 20
     timeout: float = 300.0
     memory_cap_bytes: int | None = None  # per device; None: the device's own limit
+    repeats: int = 1  # runs of each option's chosen setting, at different moments
 
 
 @dataclass(frozen=True)
