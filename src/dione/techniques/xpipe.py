@@ -59,14 +59,26 @@ class _Links:
     are kept until they complete.
     """
 
-    def __init__(self, rank: int, device: torch.device) -> None:
+    def __init__(self, rank: int, device: torch.device, kept: int) -> None:
         self.rank = rank
         self.device = device
+        self.kept = kept  # sends left unwaited; see _send
         self.pending: list[tuple[Any, torch.Tensor]] = []
+        self.most_pending = 0  # the longest the list of unwaited sends grew
 
     def _send(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
-        self.pending = [(w, t) for w, t in self.pending if not w.is_completed()]
         self.pending.append((dist.isend(tensor, peer, tag=tag), tensor))
+        self.most_pending = max(self.most_pending, len(self.pending))
+        if len(self.pending) > 2 * self.kept:
+            # A gloo send never reports itself completed until waited on, so the list
+            # (and every buffer in it) used to grow all slice long, and filtering it made
+            # each send slower than the last. A gloo send's wait lasts until the peer
+            # receives, so only sends the peer has surely received are waited on: a stage
+            # cannot get ``kept`` sends past a message before the peer has taken it (see
+            # ``_sends_kept``), so the wait returns at once and cannot deadlock.
+            for work, _ in self.pending[: -self.kept]:
+                work.wait()
+            del self.pending[: -self.kept]
 
     def send_activation(self, tensor: torch.Tensor, micro: int) -> None:
         tensor = tensor.detach().contiguous()
@@ -97,6 +109,18 @@ class _Links:
         for work, _ in self.pending:
             work.wait()
         self.pending.clear()
+
+
+def _sends_kept(schedule: Schedule) -> int:
+    """More sends than a stage can make between sending a message and its peer taking
+    it. An activation sent at F(u) is taken before the gradient of u comes back, which
+    the stage awaits at B(u); a gradient sent at B(u) is taken at the previous stage's
+    B(u), before which that stage sends at most its in-flight micro-batches' activations
+    on, and so bounds this stage's progress. Each micro-batch makes at most three sends
+    (a header and an activation forward, a gradient back): three per micro-batch in
+    flight, plus one, at the busiest stage, with room to spare."""
+    peak = max(schedule.in_flight_peak(k) for k in range(len(schedule.stages)))
+    return 2 * 3 * (peak + 1)
 
 
 def _norm(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
@@ -150,7 +174,7 @@ class XPipe(PipelineTechnique):
         params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         schedule = xpipe(stages, micro_batches, minibatches)
         staleness = schedule.staleness()
-        links = _Links(stage, ctx.device)
+        links = _Links(stage, ctx.device, _sends_kept(schedule))
 
         weights: dict[int, dict[str, torch.Tensor]] = {}  # per mini-batch in flight
         stale: dict[int, dict[str, torch.Tensor]] = {}
@@ -242,7 +266,7 @@ class XPipe(PipelineTechnique):
         outcome = ctx.outcome(losses, step_seconds, checkpoint, loss_ranks=[stages - 1])
         # Every stage's record, gathered on rank 0 (whose outcome the launcher keeps).
         record = {"versions": versions, "prediction": prediction_log, "spans": spans,
-                  "origin": origin}
+                  "origin": origin, "most_pending": links.most_pending}
         gathered: list[Any] = [None] * stages
         dist.all_gather_object(gathered, record)
         start = min(r["origin"] for r in gathered)
@@ -251,6 +275,7 @@ class XPipe(PipelineTechnique):
             micro_batches=micro_batches,
             versions=[r["versions"] for r in gathered],
             prediction=[r["prediction"] for r in gathered],
+            most_pending_sends=[r["most_pending"] for r in gathered],
             # Per stage, each action's (start, end) of work, after its input arrived, in
             # seconds from the first stage's start (perf_counter is one clock for every
             # process of a machine).
