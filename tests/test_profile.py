@@ -131,6 +131,8 @@ workload = Workload([
 
 def test_repeated_trials_keep_the_median_of_their_runs(tmp_path: Path) -> None:
     task = digits_task("a", techniques=DATA_PARALLEL)
+    with pytest.raises(ValueError, match="repeats is 0"):
+        replace(QUICK, repeats=0)
     twice = replace(QUICK, repeats=2)
     with Catalog(tmp_path / "catalog.sqlite") as catalog:
         first = profile_workload([task], CLUSTER, catalog, options=twice)

@@ -40,6 +40,11 @@ class TrialOptions:
     memory_cap_bytes: int | None = None  # per device; None: the device's own limit
     repeats: int = 1  # runs of each option's chosen setting, at different moments
 
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"TrialOptions.repeats is {self.repeats}: each trial runs at "
+                             "least once, so use 1 (the default) or more")
+
 
 @dataclass(frozen=True)
 class TrialSpec:
