@@ -4,16 +4,21 @@
 
 Two stages on two CPU slots of this machine, m in {2, 4, 8} micro-batches. The
 prediction uses only measurements taken apart from any pipeline: each stage's forward
-(the last one with the loss) and backward per micro-batch and its optimizer step, in
-GPipe's pattern over m distinct micro-batches (10 rounds after a warm-up, medians),
-measured in two processes at once, each on its own core with one thread as a worker
-has; and the one-way time of one activation between two gloo processes (half a
+(the last one with the loss) and backward per micro-batch and its update, running the
+stage's own action list from the technique's schedule on distinct micro-batches (30
+mini-batches after a warm-up, medians; xpipe's on predicted weights through
+``functional_call``, its prediction counted with the update), measured in two
+processes at once, each on its own core with one thread as a worker has; and the
+one-way time of one activation between the two over gloo (half a
 ping-pong). The runtime's own cost per forward or backward (Python, posting sends and
-receives, waking up when one arrives) is measured with a real slice of each technique
-on a model with next to no compute, and added to every action. This machine's speed
-drifts by tens of percent over minutes, so each round measures the stages and the
-overheads, then runs one real slice of every (technique, m) right after, and the error
-is the median over rounds of predicted / measured - 1.
+receives and copying their tensors, waking up when one arrives, the loss's bookkeeping,
+fetching the batch) is measured with a real slice (200 steps) of the same technique and m on the
+task hollowed out: its real data, loss and optimizer, but each stage one layer that
+hands on a tensor of the real activation's (or output's) shape at next to no compute;
+its time per step over the schedule's number of actions is added to every action.
+This machine's speed drifts by tens of percent over minutes, so right before every
+real slice the stage times and the overhead are measured again, and the error is the
+median over rounds of predicted / measured - 1.
 Both sides use the same statistic: the median interval between stage 0's successive
 optimizer steps (for xpipe, the steady state without fill and drain; the real side
 skips the first steps as warm-up).
@@ -30,7 +35,9 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -41,6 +48,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import nn
+from torch.func import functional_call
+from torch.nn import functional
 
 sys.path.insert(0, os.path.dirname(__file__))
 from models import MODELS
@@ -51,10 +61,15 @@ from dione.spec import Node, Task
 from dione.techniques import get_technique
 from dione.techniques.batches import BatchSource
 from dione.techniques.pipeline import keep_stage
+from dione.techniques.prediction import predict_weights
 from dione.techniques.xpipe import real_timeline
 
 WARMUP = 8
-SAMPLES = 20
+# Short measurements caught this machine's slow spells whole: with 10 mini-batches per
+# stage measurement and 40-step hollow slices, the predictions varied twice as much
+# between rounds as the real slices did.
+STAGE_MINIBATCHES = 30
+HOLLOW_STEPS = 200
 
 
 def update_interval(timeline: Timeline) -> float:
@@ -63,40 +78,58 @@ def update_interval(timeline: Timeline) -> float:
     return statistics.median(b - a for a, b in itertools.pairwise(ends))
 
 
-def median_seconds(run: Any, samples: int = SAMPLES) -> float:
-    run()  # warm-up
-    times = []
-    for _ in range(samples):
-        begin = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - begin)
-    return statistics.median(times)
+class Boundary(nn.Module):
+    """Any input to a tensor of ``shape`` per sample at next to no compute: a scaled copy,
+    padded or cut to size, so a stage hands on the real model's shape, with a gradient."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.shape = shape
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(len(x), -1).to(torch.float32)
+        size = math.prod(self.shape)
+        if flat.shape[1] != size:
+            flat = functional.pad(flat, (0, size - flat.shape[1]))  # negative: cuts
+        return (flat * self.scale).reshape(len(x), *self.shape)
 
 
-def tiny_model() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16))
+def hollow_model(activation: tuple[int, ...], output: tuple[int, ...]) -> nn.Module:
+    return nn.Sequential(Boundary(activation), Boundary(output))
 
 
-def tiny_data() -> Any:
-    generator = torch.Generator().manual_seed(0)
-    return torch.utils.data.TensorDataset(torch.randn(1024, 16, generator=generator),
-                                          torch.randn(1024, 16, generator=generator))
-
-
-def action_overhead(name: str, m: int, steps: int, placement: Any, folder: Path) -> float:
+def action_overhead(name: str, m: int, placement: Any, folder: Path, task: Task,
+                    shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> float:
     """Seconds the runtime of ``name`` spends per forward or backward beyond the work:
-    a real slice of a model with next to no compute (two 16x16 layers), divided by
-    what the schedule makes of one second per action."""
-    task = Task(name="tiny", model=tiny_model, data=tiny_data,
-                loss=torch.nn.functional.mse_loss,
-                optimizer=functools.partial(torch.optim.SGD, lr=1e-3, momentum=0.9),
-                batch_size=32, steps=steps)
-    result = run_slice(task, name, folder, placement, knobs={"micro_batches": m},
+    a real slice of the task hollowed out (its data, loss and optimizer, but each stage
+    one ``Boundary`` that hands on the real activation and output shapes, so sends,
+    receives and their copies cost what they really cost), divided by what the schedule
+    makes of one second per action. It also counts what the stage times hold already:
+    the hollow layers' own work (a copy per action), the loss and an update of two
+    scalars, together 1-4 ms a step on this machine (m=2 to 8), a small overcount."""
+    activation, output = shapes
+    hollow = dataclasses.replace(
+        task, name=f"{task.name}-hollow", steps=HOLLOW_STEPS,
+        model=functools.partial(hollow_model, activation, output))
+    result = run_slice(hollow, name, folder, placement, knobs={"micro_batches": m},
                        evaluate=False)
-    schedule = get_technique(name).schedule(2, m, steps)  # type: ignore[attr-defined]
+    schedule = get_technique(name).schedule(2, m, HOLLOW_STEPS)  # type: ignore[attr-defined]
     unit = update_interval(simulate(schedule, StageTimes((0.0,) * 2, (0.0,) * 2, (0.0,) * 2,
                                                          overhead=1.0)))
     return statistics.median(result.step_seconds[WARMUP:]) / unit
+
+
+def boundary_shapes(task: Task) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per sample: the activation between the two stages, and the model's output."""
+    model = task.model()
+    partition = partition_model(model, 2, task.name)
+    inputs, _ = BatchSource(task.data(), task.batch_size, task.seed).global_batch(0)
+    with torch.no_grad():
+        x = inputs[:1]
+        for layer in list(model)[: partition.bounds[0][1]]:
+            x = layer(x)
+        return tuple(x.shape[1:]), tuple(model(inputs[:1]).shape[1:])
 
 
 def make_task(model: str, steps: int) -> Task:
@@ -105,79 +138,104 @@ def make_task(model: str, steps: int) -> Task:
                 optimizer=setup.optimizer, batch_size=setup.batch_size, steps=steps)
 
 
-def _measure_stage(rank: int, model: str, micro_batches: list[int], out: str) -> None:
-    """Stage ``rank``'s forward, backward and update per m, on core ``rank``, one thread,
-    while the other stage is measured on the other core at the same time (as in a real
-    pipeline, where both cores are busy: measured alone, a stage ran up to 2x faster)."""
+def _measure_stage(rank: int, model: str, technique: str, m: int, port: int, out: str) -> None:
+    """Stage ``rank``'s forward, backward and update for ``technique`` with ``m``
+    micro-batches, on core ``rank``, one thread, while the other stage is measured on
+    the other core at the same time (as in a real pipeline, where both cores are busy:
+    measured alone, a stage ran up to 2x faster); then the one-way time of one
+    activation between the two (half a gloo ping-pong).
+
+    The stage runs its own action list from the technique's schedule, as the technique
+    runs it, on distinct micro-batches, with the other stage's activations (or
+    gradients: ones) made up front: ``gpipe``/``1f1b`` call the stage module and scale
+    the gradients by 1/m before the update as torch's schedules do; ``xpipe`` predicts
+    each mini-batch's weights at its first forward (counted with the update: both are
+    once per mini-batch) and runs the stage on them with ``functional_call``. The first
+    two mini-batches are a warm-up."""
     os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
     torch.set_num_threads(1)
     task = make_task(model, 1)
     partition = partition_model(task.model(), 2, task.name)
     inputs, target = BatchSource(task.data(), task.batch_size, task.seed).global_batch(0)
-    found = {}
-    for m in micro_batches:
-        size = task.batch_size // m
-        torch.manual_seed(task.seed)
-        whole = task.model()
-        chunks = [(inputs[j * size:(j + 1) * size], target[j * size:(j + 1) * size])
-                  for j in range(m)]
-        with torch.no_grad():  # stage 0's outputs: stage 1's inputs
-            activations = []
-            for x, _ in chunks:
-                for layer in list(whole)[: partition.bounds[0][1]]:
-                    x = layer(x)
-                activations.append(x)
-        stage = keep_stage(whole, partition, rank)
-        optimizer = task.optimizer(stage.parameters())
-        forwards: list[float] = []
-        backwards: list[float] = []
-        updates: list[float] = []
-        # GPipe's pattern on distinct micro-batches: every forward, then every backward,
-        # then the update; round 0 is a warm-up.
-        for round_ in range(1 + SAMPLES // 2):
-            outs = []
-            for j, (x, y) in enumerate(chunks):
+    size = task.batch_size // m
+    torch.manual_seed(task.seed)
+    whole = task.model()
+    chunks = [(inputs[j * size:(j + 1) * size], target[j * size:(j + 1) * size])
+              for j in range(m)]
+    with torch.no_grad():  # stage 0's outputs: stage 1's inputs
+        activations = []
+        for x, _ in chunks:
+            for layer in list(whole)[: partition.bounds[0][1]]:
+                x = layer(x)
+            activations.append(x)
+    stage = keep_stage(whole, partition, rank)
+    optimizer = task.optimizer(stage.parameters())
+    params = dict(stage.named_parameters())
+    predicting = technique == "xpipe"
+    warmup = 2
+    schedule = get_technique(technique).schedule(2, m, warmup + STAGE_MINIBATCHES)  # type: ignore[attr-defined]
+    spent: dict[str, list[float]] = {"F": [], "B": [], "U": [], "P": []}
+    weights: dict[int, dict[str, torch.Tensor]] = {}
+    outs: dict[tuple[int, int], torch.Tensor] = {}
+    for action in schedule.stages[rank]:
+        i, j = action.minibatch, action.micro
+        begin = time.perf_counter()
+        if action.kind == "F":
+            assert j is not None
+            if predicting and j == 0:
+                weights[i] = predict_weights(optimizer, params, 1)
+                if i >= warmup:
+                    spent["P"].append(time.perf_counter() - begin)
                 begin = time.perf_counter()
-                if rank == 0:
-                    outs.append(stage(x))
-                else:
-                    incoming = activations[j].clone().requires_grad_(True)
-                    outs.append(task.loss(stage(incoming), y))
-                if round_:
-                    forwards.append(time.perf_counter() - begin)
-            for out_tensor in outs:
-                begin = time.perf_counter()
-                out_tensor.backward(torch.ones_like(out_tensor))
-                if round_:
-                    backwards.append(time.perf_counter() - begin)
-            begin = time.perf_counter()
+            x, y = chunks[j]
+            if rank == 1:
+                x = activations[j].clone().requires_grad_(True)
+            result = functional_call(stage, weights[i], (x,)) if predicting else stage(x)
+            outs[(i, j)] = task.loss(result, y) if rank == 1 else result
+        elif action.kind == "B":
+            assert j is not None
+            result = outs.pop((i, j))
+            result.backward(torch.ones_like(result))
+        else:
+            if predicting:
+                mine = weights.pop(i)
+                for name, param in params.items():
+                    param.grad = mine[name].grad
+            else:
+                for param in params.values():
+                    if param.grad is not None:
+                        param.grad.div_(m)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if round_:
-                updates.append(time.perf_counter() - begin)
-        found[m] = (statistics.median(forwards), statistics.median(backwards),
-                    statistics.median(updates), tuple(activations[0].shape))
-    Path(f"{out}.{rank}").write_text(json.dumps(found))
+        if i >= warmup:
+            spent[action.kind].append(time.perf_counter() - begin)
+    found = [statistics.median(spent[kind]) for kind in "FBU"]
+    if predicting:
+        found[2] += statistics.median(spent["P"])
+    transfer = _ping_pong(rank, tuple(activations[0].shape), port)
+    Path(f"{out}.{rank}").write_text(json.dumps([*found, transfer]))
 
 
-def stage_times(model: str, micro_batches: list[int]) -> dict[int, StageTimes]:
-    """Per m: each stage's forward/backward per micro-batch and update, both stages
-    measured at once on their own cores, and the one-way transfer of an activation."""
+def stage_times(model: str, technique: str, m: int) -> StageTimes:
+    """Each stage's forward/backward per micro-batch and update for ``technique`` with
+    ``m`` micro-batches, both stages measured at once on their own cores, and the
+    one-way transfer of an activation."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     with tempfile.TemporaryDirectory() as folder:
         out = str(Path(folder) / "stage")
-        mp.start_processes(_measure_stage, args=(model, micro_batches, out), nprocs=2,
+        mp.start_processes(_measure_stage, args=(model, technique, m, port, out), nprocs=2,
                            start_method="spawn")
-        per_rank = [json.loads(Path(f"{out}.{k}").read_text()) for k in range(2)]
-    times = {}
-    for m in micro_batches:
-        (f0, b0, u0, shape), (f1, b1, u1, _) = per_rank[0][str(m)], per_rank[1][str(m)]
-        times[m] = StageTimes((f0, f1), (b0, b1), (u0, u1), one_way_transfer(tuple(shape)))
-    return times
+        (f0, b0, u0, transfer), (f1, b1, u1, _) = (
+            json.loads(Path(f"{out}.{k}").read_text()) for k in range(2))
+    return StageTimes((f0, f1), (b0, b1), (u0, u1), transfer)
 
 
-def _ping_pong(rank: int, shape: tuple[int, ...], port: int, out: str) -> None:
-    os.sched_setaffinity(0, {rank % os.cpu_count()})  # type: ignore[operator]
-    torch.set_num_threads(1)
+def _ping_pong(rank: int, shape: tuple[int, ...], port: int) -> float:
+    """Half the median round trip of a tensor of ``shape`` between ranks 0 and 1."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
     tensor = torch.randn(shape)
@@ -191,51 +249,73 @@ def _ping_pong(rank: int, shape: tuple[int, ...], port: int, out: str) -> None:
             dist.recv(tensor, 0)
             dist.send(tensor, 0)
         times.append(time.perf_counter() - begin)
-    if rank == 0:
-        Path(out).write_text(str(statistics.median(times[10:]) / 2))
     dist.destroy_process_group()
+    return statistics.median(times[10:]) / 2
 
 
-def one_way_transfer(shape: tuple[int, ...]) -> float:
-    import socket
+ROUND_LINE = re.compile(r"(\S+) m=(\d+) repeat (\d+): predicted ([\d.]+) ms, "
+                        r"measured ([\d.]+) ms")
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    with tempfile.NamedTemporaryFile(suffix=".txt") as out:
-        mp.start_processes(_ping_pong, args=(shape, port, out.name), nprocs=2,
-                           start_method="spawn")
-        return float(Path(out.name).read_text())
+
+def pool(outputs: list[str]) -> None:
+    """The errors' table over every round in the saved outputs of earlier runs."""
+    errors: dict[tuple[str, int], list[float]] = {}
+    for output in outputs:
+        for line in Path(output).read_text().splitlines():
+            found = ROUND_LINE.fullmatch(line.strip())
+            if found:
+                key = (found[1], int(found[2]))
+                errors.setdefault(key, []).append(float(found[4]) / float(found[5]) - 1)
+    if not errors:
+        raise SystemExit(f"no per-round lines in {', '.join(outputs)}: pass the saved "
+                         "output of a run of this script")
+    print(f"{len(outputs)} runs pooled: {', '.join(outputs)}\n")
+    print("| technique | micro-batches | rounds | error, median of rounds (range) |")
+    print("| --- | ---: | ---: | ---: |")
+    for (name, m), ratios in errors.items():
+        print(f"| {name} | {m} | {len(ratios)} | {statistics.median(ratios):+.1%} "
+              f"({min(ratios):+.1%} to {max(ratios):+.1%}) |")
+    medians = [abs(statistics.median(r)) for r in errors.values()]
+    print(f"\nlargest |error| {max(medians):.1%}, median {statistics.median(medians):.1%}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--pool", nargs="+", metavar="OUTPUT",
+                        help="only summarise the rounds in these saved outputs of earlier "
+                        "runs together")
     parser.add_argument("--model", default="chargpt-wide")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--micro-batches", type=int, nargs="+", default=[2, 4, 8])
     args = parser.parse_args()
+    if args.pool:
+        pool(args.pool)
+        return
     task = make_task(args.model, args.steps)
     node = Node("bench", 2, "cpu")
     placement = local_placement(node, [0, 1])
     configs = [(name, m) for m in args.micro_batches for name in ("gpipe", "1f1b", "xpipe")]
     predicted: dict[tuple[str, int], list[float]] = {key: [] for key in configs}
     measured: dict[tuple[str, int], list[float]] = {key: [] for key in configs}
-    last_times: dict[int, StageTimes] = {}
+    last_times: dict[tuple[str, int], StageTimes] = {}
+    shapes = boundary_shapes(task)
     timelines: dict[tuple[str, int], Timeline] = {}
     xpipe_runs: dict[int, Any] = {}
     overheads: dict[tuple[str, int], float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             # This machine's speed drifts by tens of percent over minutes: measure the
-            # stages again right before each round of real slices, and compare in pairs.
-            last_times = stage_times(args.model, args.micro_batches)
+            # stages and the runtime's overhead again right before each real slice, and
+            # compare in pairs.
             for name, m in configs:
+                measured_times = stage_times(args.model, name, m)
                 overheads[(name, m)] = action_overhead(
-                    name, m, args.steps, placement, Path(tmp) / f"tiny-{name}-{m}-{repeat}")
-            for name, m in configs:
+                    name, m, placement, Path(tmp) / f"hollow-{name}-{m}-{repeat}",
+                    task, shapes)
+                last_times[(name, m)] = measured_times
                 schedule = get_technique(name).schedule(2, m, args.steps)  # type: ignore[attr-defined]
-                times = dataclasses.replace(last_times[m], overhead=overheads[(name, m)])
+                times = dataclasses.replace(measured_times, overhead=overheads[(name, m)])
                 timelines[(name, m)] = simulate(schedule, times)
                 predicted[(name, m)].append(update_interval(timelines[(name, m)]))
                 result = run_slice(task, name, Path(tmp) / f"{name}-{m}-{repeat}", placement,
@@ -248,14 +328,15 @@ def main() -> None:
                       f"{measured[(name, m)][-1] * 1000:.1f} ms", flush=True)
     print()
     print(f"model {args.model}, global batch {task.batch_size}, 2 stages, {args.steps} steps "
-          f"per slice, {args.repeats} rounds (stage times measured, then one slice each)\n")
+          f"per slice, {args.repeats} rounds (stage times and overhead measured right before "
+          "each slice)\n")
     print("| technique | micro-batches | stage F / B ms per micro-batch (0; 1), last round | "
           "update ms (0; 1) | transfer ms | overhead ms per action | predicted ms/step | "
           "bubble | measured ms/step | error, median of rounds (range) |")
     print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     errors = []
     for name, m in configs:
-        times = last_times[m]
+        times = last_times[(name, m)]
         ratios = [a / b - 1 for a, b in zip(predicted[(name, m)], measured[(name, m)],
                                             strict=True)]
         error = statistics.median(ratios)
@@ -275,7 +356,7 @@ def main() -> None:
     print("| ---: | --- | ---: | ---: | ---: |")
     for m, result in xpipe_runs.items():
         inside = real_timeline(result.extra, args.steps).action_times(
-            transfer=last_times[m].transfer)
+            transfer=last_times[("xpipe", m)].transfer)
         again = update_interval(simulate(get_technique("xpipe").schedule(2, m, args.steps),  # type: ignore[attr-defined]
                                          inside))
         ms = [f"{t * 1000:.1f}" for t in (*inside.forward, *inside.backward)]
