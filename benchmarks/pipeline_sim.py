@@ -56,7 +56,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from models import MODELS
 
 from dione.launch import local_placement, run_slice
-from dione.schedules import StageTimes, Timeline, partition_model, simulate
+from dione.schedules import Partition, StageTimes, Timeline, partition_model, simulate
 from dione.spec import Node, Task
 from dione.techniques import get_technique
 from dione.techniques.batches import BatchSource
@@ -120,16 +120,24 @@ def action_overhead(name: str, m: int, placement: Any, folder: Path, task: Task,
     return statistics.median(result.step_seconds[WARMUP:]) / unit
 
 
+def first_stage_output(model: nn.Module, partition: Partition, x: torch.Tensor) -> torch.Tensor:
+    """What stage 0 of ``model`` hands on for input ``x`` (no gradient)."""
+    with torch.no_grad():
+        for layer in list(model)[: partition.bounds[0][1]]:
+            x = layer(x)
+    return x
+
+
 def boundary_shapes(task: Task) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Per sample: the activation between the two stages, and the model's output."""
     model = task.model()
     partition = partition_model(model, 2, task.name)
     inputs, _ = BatchSource(task.data(), task.batch_size, task.seed).global_batch(0)
+    sample = inputs[:1]
+    activation = first_stage_output(model, partition, sample)
     with torch.no_grad():
-        x = inputs[:1]
-        for layer in list(model)[: partition.bounds[0][1]]:
-            x = layer(x)
-        return tuple(x.shape[1:]), tuple(model(inputs[:1]).shape[1:])
+        output = model(sample)
+    return tuple(activation.shape[1:]), tuple(output.shape[1:])
 
 
 def make_task(model: str, steps: int) -> Task:
@@ -155,19 +163,15 @@ def _measure_stage(rank: int, model: str, technique: str, m: int, port: int, out
     os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
     torch.set_num_threads(1)
     task = make_task(model, 1)
-    partition = partition_model(task.model(), 2, task.name)
     inputs, target = BatchSource(task.data(), task.batch_size, task.seed).global_batch(0)
     size = task.batch_size // m
     torch.manual_seed(task.seed)
     whole = task.model()
+    partition = partition_model(whole, 2, task.name)
     chunks = [(inputs[j * size:(j + 1) * size], target[j * size:(j + 1) * size])
               for j in range(m)]
-    with torch.no_grad():  # stage 0's outputs: stage 1's inputs
-        activations = []
-        for x, _ in chunks:
-            for layer in list(whole)[: partition.bounds[0][1]]:
-                x = layer(x)
-            activations.append(x)
+    # Stage 0's outputs: stage 1's inputs.
+    activations = [first_stage_output(whole, partition, x) for x, _ in chunks]
     stage = keep_stage(whole, partition, rank)
     optimizer = task.optimizer(stage.parameters())
     params = dict(stage.named_parameters())
