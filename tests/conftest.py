@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -74,6 +75,14 @@ def worker_processes() -> list[int]:
         if ours and state != "Z":
             pids.append(int(entry.name))
     return pids
+
+
+def interruptible() -> None:
+    """In a child process about to start: let SIGINT interrupt it, as Ctrl-C does a
+    command in a terminal. A shell starts background jobs with SIGINT ignored, children
+    inherit that, and Python then installs no KeyboardInterrupt at all, so a test that
+    sends SIGINT would hang whenever the suite itself runs in the background."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import worker_processes
+from conftest import interruptible, worker_processes
 from dione.state import RunStore
 
 WORKLOAD = '''
@@ -107,13 +107,17 @@ def test_ctrl_c_stops_the_gang_and_keeps_the_run(run_with_good_task) -> None:
         [sys.executable, "-m", "dione.cli", "train", str(workload), "--task", "faulty",
          "--technique", "ddp", "--devices", "2", "--out", str(run_dir)],
         env={**os.environ, "FAULT": "hang"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
-    deadline = time.monotonic() + 60
-    while len(worker_processes()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(3)  # into the training loop, where rank 1 hangs
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
+        text=True, preexec_fn=interruptible)
+    try:
+        deadline = time.monotonic() + 60
+        while len(worker_processes()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # into the training loop, where rank 1 hangs
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()  # its workers die with it: nothing outlives a failed test
+        process.wait()
     assert process.returncode == 130, stderr
     assert "interrupted" in stderr
     assert worker_processes() == []

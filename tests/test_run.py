@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from conftest import interruptible
 from dione.orchestrate import RunOptions, run_workload
 from dione.plan import check_plan, load_plan
 from dione.plan.problem import PlanningProblem
@@ -73,7 +74,7 @@ def write_workload(folder: Path) -> Path:
 def dione(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "dione.cli", *args], env={**os.environ, **env},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=interruptible)
 
 
 def final_parameters(run_dir: Path, task: object) -> dict[str, torch.Tensor]:
