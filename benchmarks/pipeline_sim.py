@@ -16,9 +16,10 @@ fetching the batch) is measured with a real slice (200 steps) of the same techni
 task hollowed out: its real data, loss and optimizer, but each stage one layer that
 hands on a tensor of the real activation's (or output's) shape at next to no compute;
 its time per step over the schedule's number of actions is added to every action.
-This machine's speed drifts by tens of percent over minutes, so right before every
-real slice the stage times and the overhead are measured again, and the error is the
-median over rounds of predicted / measured - 1.
+This machine's speed drifts by tens of percent over minutes, so next to every real
+slice the stage times and the overhead are measured again (right before it in even
+rounds, right after it in odd ones, so that an order effect cancels), and the error is
+the median over rounds of predicted / measured - 1.
 Both sides use the same statistic: the median interval between stage 0's successive
 optimizer steps (for xpipe, the steady state without fill and drain; the real side
 skips the first steps as warm-up).
@@ -310,21 +311,31 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             # This machine's speed drifts by tens of percent over minutes: measure the
-            # stages and the runtime's overhead again right before each real slice, and
+            # stages and the runtime's overhead again next to each real slice, and
             # compare in pairs.
             for name, m in configs:
-                measured_times = stage_times(args.model, name, m)
-                overheads[(name, m)] = action_overhead(
-                    name, m, placement, Path(tmp) / f"hollow-{name}-{m}-{repeat}",
-                    task, shapes)
-                last_times[(name, m)] = measured_times
-                schedule = get_technique(name).schedule(2, m, args.steps)  # type: ignore[attr-defined]
-                times = dataclasses.replace(measured_times, overhead=overheads[(name, m)])
-                timelines[(name, m)] = simulate(schedule, times)
-                predicted[(name, m)].append(update_interval(timelines[(name, m)]))
+
+                def predict(name: str = name, m: int = m, repeat: int = repeat) -> None:
+                    measured_times = stage_times(args.model, name, m)
+                    overheads[(name, m)] = action_overhead(
+                        name, m, placement, Path(tmp) / f"hollow-{name}-{m}-{repeat}",
+                        task, shapes)
+                    last_times[(name, m)] = measured_times
+                    schedule = get_technique(name).schedule(2, m, args.steps)  # type: ignore[attr-defined]
+                    times = dataclasses.replace(measured_times, overhead=overheads[(name, m)])
+                    timelines[(name, m)] = simulate(schedule, times)
+                    predicted[(name, m)].append(update_interval(timelines[(name, m)]))
+
+                # Odd rounds run the real slice first: whatever follows a slice (its
+                # processes ending, its checkpoint written back) or drifts in one
+                # direction then weighs on both sides alike.
+                if repeat % 2 == 0:
+                    predict()
                 result = run_slice(task, name, Path(tmp) / f"{name}-{m}-{repeat}", placement,
                                    knobs={"micro_batches": m}, evaluate=False)
                 measured[(name, m)].append(statistics.median(result.step_seconds[WARMUP:]))
+                if repeat % 2 == 1:
+                    predict()
                 if name == "xpipe":
                     xpipe_runs[m] = result
                 print(f"{name} m={m} repeat {repeat}: predicted "
@@ -332,8 +343,8 @@ def main() -> None:
                       f"{measured[(name, m)][-1] * 1000:.1f} ms", flush=True)
     print()
     print(f"model {args.model}, global batch {task.batch_size}, 2 stages, {args.steps} steps "
-          f"per slice, {args.repeats} rounds (stage times and overhead measured right before "
-          "each slice)\n")
+          f"per slice, {args.repeats} rounds (stage times and overhead measured next to each "
+          "slice: before it in even rounds, after it in odd ones)\n")
     print("| technique | micro-batches | stage F / B ms per micro-batch (0; 1), last round | "
           "update ms (0; 1) | transfer ms | overhead ms per action | predicted ms/step | "
           "bubble | measured ms/step | error, median of rounds (range) |")
@@ -353,6 +364,14 @@ def main() -> None:
               f"{statistics.median(measured[(name, m)]) * 1000:.1f} | {error:+.1%} "
               f"({min(ratios):+.1%} to {max(ratios):+.1%}) |")
     print(f"\nlargest |error| {max(errors):.1%}, median {statistics.median(errors):.1%}")
+    if args.repeats > 1:
+        # Does it matter whether the prediction's measurements come before or after?
+        for parity, when in ((0, "before"), (1, "after")):
+            ratios = [a / b - 1 for key in configs
+                      for a, b in itertools.islice(zip(predicted[key], measured[key],
+                                                       strict=True), parity, None, 2)]
+            print(f"measured {when} the slice: median error {statistics.median(ratios):+.1%} "
+                  f"over {len(ratios)} rounds of every configuration")
     # Is the error in the schedule model or in its inputs? Simulate xpipe again from the
     # action times its own run logged (work only, after inputs arrived).
     print("\n| xpipe, micro-batches | F / B ms inside the run (0; 1) | predicted from isolated "
