@@ -34,6 +34,7 @@ from dione.launch import local_placement, run_slice
 from dione.launch.slice import SliceResult
 from dione.schedules import simulate
 from dione.spec import Node, Task
+from dione.techniques import get_technique
 from dione.zoo import digits_accuracy, digits_mlp, digits_train
 
 SEEDS = (0, 1, 2)
@@ -112,9 +113,7 @@ def main() -> None:
             s = ", ".join(map(str, sorted(staleness[k] - {0})))
             print(f"| {name} | {k} | {s} | {len(values)} | {statistics.mean(values):.3f} |")
     if example is not None:
-        from dione.techniques.xpipe import real_timeline
-
-        real = real_timeline(example.extra, len(example.losses))
+        real = get_technique("xpipe").real_timeline(example.extra, len(example.losses))  # type: ignore[attr-defined]
         predicted = simulate(real.schedule, real.action_times(statistics.mean))
         unit = statistics.median(e - s for spans in example.extra["spans"]
                                  for s, e in spans if e > s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import signal
 import uuid
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dione.schedules import Timeline
 from dione.spec.cluster import Node
 from dione.spec.task import Task
 from dione.zoo import CharGPT, digits_mlp, digits_train, sequence_cross_entropy, text_train
@@ -94,3 +96,19 @@ def no_leftover_workers() -> Iterator[None]:
     for pid in left:
         os.kill(pid, 9)
     assert not left, f"worker processes left behind: {sorted(left)}"
+
+
+def check_real_timeline(timeline: Timeline) -> None:
+    """A real run's timeline: each stage's actions in its list's order without overlap,
+    each one's work only after its input arrived from the neighbouring stage."""
+    for spans in timeline.spans:
+        assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(spans))
+    ends = {(k, span.action): span.end for k, spans in enumerate(timeline.spans)
+            for span in spans}
+    for k, spans in enumerate(timeline.spans):
+        for span in spans:
+            if span.action.kind == "F" and k > 0:
+                assert span.start >= ends[(k - 1, span.action)]
+            if span.action.kind == "B" and k < len(timeline.spans) - 1:
+                assert span.start >= ends[(k + 1, span.action)]
+    assert timeline.render(timeline.makespan / 60).count("\n") == len(timeline.spans) - 1

@@ -3,6 +3,7 @@ cannot be cut are refused before anything starts."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -10,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_NODE, char_task
+from conftest import TEST_NODE, char_task, check_real_timeline
 from dione.launch import local_placement, run_slice
+from dione.techniques import get_technique
 
 WORKLOAD = '''
 import functools, os, signal, time
@@ -103,3 +105,22 @@ def test_stages_are_reported(tmp_path: Path) -> None:
     task = char_task(steps=2)
     result = run_slice(task, "gpipe", tmp_path, local_placement(TEST_NODE, [0, 1]))
     assert result.extra["stages"] == ["layers 0-1", "layers 2-3"]
+
+
+@pytest.mark.parametrize("technique", ["gpipe", "1f1b"])
+def test_torch_runs_the_schedule_lists_and_the_run_logs_its_timeline(technique: str,
+                                                                     tmp_path: Path) -> None:
+    """Each stage ran exactly the actions of dione's list for the technique, in order (the
+    simulator's model of torch's schedule), and logged when each one worked."""
+    steps, micro = 3, 4
+    result = run_slice(char_task(steps=steps), technique, tmp_path,
+                       local_placement(TEST_NODE, [0, 1]), knobs={"micro_batches": micro})
+    assert "timeline_note" not in result.extra
+    timeline = get_technique(technique).real_timeline(result.extra, steps)  # type: ignore[attr-defined]
+    check_real_timeline(timeline)
+    assert [len(spans) for spans in timeline.spans] == [steps * (2 * micro + 1)] * 2
+    # The logged update interval is the step time the run measured on stage 0.
+    updates = [span.end for span in timeline.spans[0] if span.action.kind == "U"]
+    intervals = [b - a for a, b in itertools.pairwise(updates)]
+    for logged, measured in zip(intervals, result.step_seconds[1:], strict=True):
+        assert logged == pytest.approx(measured, abs=1e-3)

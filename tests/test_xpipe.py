@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import statistics
 from pathlib import Path
 
@@ -11,13 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import TEST_NODE, char_task, digits_task
+from conftest import TEST_NODE, char_task, check_real_timeline, digits_task
 from dione.launch import local_placement, run_slice
 from dione.schedules import StageTimes, gpipe, simulate, xpipe
 from dione.spec import Node
 from dione.techniques import get_technique
 from dione.techniques.prediction import predict_weights, prediction_problem
-from dione.techniques.xpipe import _sends_kept, real_timeline
+from dione.techniques.xpipe import _sends_kept
 
 TWO = [0, 1]
 
@@ -118,20 +117,7 @@ def test_real_run_uses_the_versions_the_schedule_says(tmp_path: Path) -> None:
     single = run_slice(char_task(steps=1), "single", tmp_path / "single",
                        local_placement(TEST_NODE, [0]))
     assert result.losses[0] == pytest.approx(single.losses[0], rel=1e-5)
-    # The real timeline has every action of the schedule, in order, without overlap.
-    timeline = real_timeline(result.extra, steps)
-    for spans in timeline.spans:
-        assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(spans))
-    # ... and work starts only once its input has arrived from the neighbouring stage.
-    ends = {(k, span.action): span.end for k, spans in enumerate(timeline.spans)
-            for span in spans}
-    for span in timeline.spans[1]:
-        if span.action.kind == "F":
-            assert span.start >= ends[(0, span.action)]
-    for span in timeline.spans[0]:
-        if span.action.kind == "B":
-            assert span.start >= ends[(1, span.action)]
-    assert timeline.render(timeline.makespan / 60).count("\n") == 1
+    check_real_timeline(get_technique("xpipe").real_timeline(result.extra, steps))
 
 
 def test_sends_are_waited_on_in_a_long_deep_pipeline(tmp_path: Path) -> None:

@@ -474,8 +474,8 @@ def _run_pending(
 def _cross_check(results: dict[str, TrialRecord], group_of: Mapping[str, str],
                  catalog: Catalog) -> None:
     """For pipeline trials, the schedule simulator's step time from per-stage action times
-    (the trial's own, or an xpipe trial's on the same stages and micro-batches); the
-    measured time stays the one predictions use."""
+    (the trial's own, or those of another pipeline trial on the same stages and
+    micro-batches); the measured time stays the one predictions use."""
     for fingerprint, record in results.items():
         if not record.feasible or "micro_batches" not in record.knobs:
             continue
@@ -491,8 +491,7 @@ def _cross_check(results: dict[str, TrialRecord], group_of: Mapping[str, str],
                           None)
         if source is None:
             record.simulation_note = ("measured; no per-action stage times to simulate "
-                                      "(torch's schedules do not log them; an xpipe trial on "
-                                      "the same stages would)")
+                                      "(the trial logged no timeline)")
             continue
         simulated = simulated_step_seconds(record.technique, source.extra["stage_times"],
                                            int(record.knobs["micro_batches"]))
@@ -502,5 +501,5 @@ def _cross_check(results: dict[str, TrialRecord], group_of: Mapping[str, str],
         record.simulation_note = (
             f"measured {record.step_seconds * 1000:.1f} ms/step used; the simulator gives "
             f"{simulated * 1000:.1f} ms ({error:+.0%}) from "
-            f"{'its own' if source is record else 'xpipe'} action times")
+            f"{'its own' if source is record else source.technique + ' trial'} action times")
         catalog.put(record)

@@ -22,8 +22,8 @@ from dione.profile.catalog import TrialRecord
 from dione.schedules.simulate import StageTimes, simulate
 from dione.spec.cluster import Node
 from dione.spec.task import Task
+from dione.techniques.pipeline import PipelineTechnique
 from dione.techniques.registry import get_technique
-from dione.techniques.xpipe import real_timeline
 
 __all__ = ["TrialOptions", "TrialSpec", "run_trial", "simulated_step_seconds"]
 
@@ -122,19 +122,20 @@ def run_trial(
         save_seconds=save,
         peak_memory_bytes=max(result.peak_memory_bytes) if result.peak_memory_bytes else None,
         trial_seconds=result.seconds,
-        extra=_stage_times(result.extra, len(times)),
+        extra=_stage_times(result.technique, result.extra, len(times)),
     )
     return record, evaluation
 
 
-def _stage_times(extra: Mapping[str, Any], minibatches: int) -> dict[str, Any]:
-    """Per-stage action times of a pipeline trial that logged its spans (xpipe), for the
-    schedule simulator; the stage layout of any pipeline."""
+def _stage_times(technique: str, extra: Mapping[str, Any], minibatches: int) -> dict[str, Any]:
+    """Per-stage action times of a pipeline trial that logged its spans, for the schedule
+    simulator; the stage layout of any pipeline."""
     kept: dict[str, Any] = {}
     if "stages" in extra:
         kept["stages"] = list(extra["stages"])
-    if extra.get("spans") and "micro_batches" in extra:
-        times = real_timeline(extra, minibatches).action_times()
+    method = get_technique(technique)
+    if extra.get("spans") and "micro_batches" in extra and isinstance(method, PipelineTechnique):
+        times = method.real_timeline(extra, minibatches).action_times()
         kept["stage_times"] = {"forward": list(times.forward), "backward": list(times.backward),
                                "update": list(times.update)}
     return kept

@@ -11,6 +11,10 @@ Each step splits the global batch into ``micro_batches`` equal micro-batches; th
 of each is its mean, and the schedule divides the accumulated gradients by their
 number, so every step applies the global batch's mean gradient, as on one device.
 
+Every rank logs when each forward, backward and update of its stage ran (the work, not
+the waits for inputs), so a slice's outcome holds its real timeline, as xpipe's does:
+the report's and the simulator's view of what torch's schedule actually did.
+
 Knobs: ``micro_batches``; ``activation_checkpointing`` (recompute each layer of the
 stage in backward); ``balance`` (``parameters``: equal parameter counts per stage;
 ``time``: equal measured forward+backward time per stage, measured by rank 0).
@@ -20,14 +24,24 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from dione.schedules import Partition, PartitionError, Schedule, gpipe, one_f_one_b
+from dione.schedules import (
+    Action,
+    Partition,
+    PartitionError,
+    Schedule,
+    Timeline,
+    gpipe,
+    one_f_one_b,
+    spans_of,
+)
+from dione.schedules.actions import Kind
 from dione.schedules.partition import partition_model, pipeline_layers
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
@@ -35,7 +49,7 @@ from dione.techniques.base import Knobs, SliceContext, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource
 from dione.techniques.fsdp import checkpoint_activations
 
-__all__ = ["GPipe", "OneFOneB", "PipelineTechnique", "keep_stage", "layer_times"]
+__all__ = ["ActionLog", "GPipe", "OneFOneB", "PipelineTechnique", "keep_stage", "layer_times"]
 
 BALANCES = ("parameters", "time")
 
@@ -77,6 +91,79 @@ def layer_times(layers: Sequence[nn.Module], sample: torch.Tensor, device: torch
     return [statistics.median(m) for m in measured]
 
 
+class ActionLog:
+    """The forwards, backwards and updates one stage ran, in order, with the
+    ``time.perf_counter`` seconds at which each one's work began and ended. torch's
+    schedules wait for a stage's inputs before they call it, so the waits stay out."""
+
+    def __init__(self) -> None:
+        self.actions: list[Action] = []
+        self.spans: list[tuple[float, float]] = []
+        self.minibatch = 0
+        self._update_began: float | None = None
+        self._forward_ended = False  # the last action logged is a forward
+
+    def watch(self, stage: Any) -> None:
+        """Time ``stage``'s forwards and backwards, and mark where the update begins: at
+        the gradients' scaling, the last thing torch's step does."""
+        forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
+        reduce = stage.perform_reduce_grad
+
+        def timed(kind: Kind, method: Callable[..., Any]) -> Callable[..., Any]:
+            def run(chunk: int, *args: Any, **kwargs: Any) -> Any:
+                begin = time.perf_counter()
+                result = method(chunk, *args, **kwargs)
+                self.actions.append(Action(kind, self.minibatch, chunk))
+                self.spans.append((begin, time.perf_counter()))
+                self._forward_ended = kind == "F"
+                return result
+            return run
+
+        def scale(*args: Any, **kwargs: Any) -> Any:
+            self._update_began = time.perf_counter()
+            return reduce(*args, **kwargs)
+
+        # Instance attributes shadow the methods the schedule calls.
+        setattr(stage, "forward_one_chunk", timed("F", forward))  # noqa: B010
+        setattr(stage, "backward_one_chunk", timed("B", backward))  # noqa: B010
+        setattr(stage, "perform_reduce_grad", scale)  # noqa: B010
+
+    def timed_loss(self, loss: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        """``loss`` counted with the forward it follows (the last stage's). torch also
+        calls it once on its own, to infer shapes before the first step: not counted."""
+
+        def run(output: Any, target: Any, **kwargs: Any) -> torch.Tensor:
+            value = loss(output, target, **kwargs)
+            if self._forward_ended:
+                begin, _ = self.spans[-1]
+                self.spans[-1] = (begin, time.perf_counter())
+                self._forward_ended = False
+            return value
+
+        return run
+
+    def update_done(self, step_returned: float) -> None:
+        """The optimizer step of this mini-batch is done: log the update."""
+        began = step_returned if self._update_began is None else self._update_began
+        self.actions.append(Action("U", self.minibatch))
+        self.spans.append((began, time.perf_counter()))
+        self._update_began = None
+        self._forward_ended = False
+        self.minibatch += 1
+
+    def matches(self, schedule: Schedule, stage: int) -> str | None:
+        """None if the stage ran exactly its list in ``schedule``, else what differs."""
+        expected = list(schedule.stages[stage])
+        if self.actions == expected:
+            return None
+        first = next((k for k, (a, b) in enumerate(zip(self.actions, expected, strict=False))
+                      if a != b), min(len(self.actions), len(expected)))
+        ran = self.actions[first] if first < len(self.actions) else "nothing"
+        due = expected[first] if first < len(expected) else "nothing"
+        return (f"stage {stage} ran {ran} where dione's {schedule.name} list has {due} "
+                f"(action {first}); no timeline kept")
+
+
 class PipelineTechnique(Technique):
     """One stage per device; subclasses choose the torch schedule and its data twin."""
 
@@ -89,6 +176,16 @@ class PipelineTechnique(Technique):
     def schedule(self, stages: int, micro_batches: int, minibatches: int = 1) -> Schedule:
         """The schedule as data, for the simulator."""
         raise NotImplementedError
+
+    def real_timeline(self, extra: Mapping[str, Any], minibatches: int) -> Timeline:
+        """The timeline a finished slice of ``minibatches`` steps logged (its outcome's
+        ``extra``): every action of the schedule, when its work began and ended."""
+        if not extra.get("spans"):
+            raise ValueError(f"this {self.name} slice logged no timeline"
+                             + (f": {extra['timeline_note']}" if "timeline_note" in extra
+                                else ""))
+        schedule = self.schedule(len(extra["spans"]), int(extra["micro_batches"]), minibatches)
+        return spans_of(schedule, extra["spans"])
 
     def batch_parts(self, devices: int, knobs: Knobs) -> tuple[int, str]:
         return knobs.get("micro_batches", 0), "micro-batches"
@@ -175,9 +272,11 @@ class PipelineTechnique(Technique):
         ctx.timings["data_ready"] = time.perf_counter()
         model, partition = self.build_stage(ctx, source)
         stage = pipelining.PipelineStage(model, ctx.rank, ctx.world, ctx.device)
+        log = ActionLog()
+        log.watch(stage)
         schedule_class = getattr(pipelining, self.torch_schedule)
         runner = schedule_class(stage, n_microbatches=ctx.knobs["micro_batches"],
-                                loss_fn=task.loss, scale_grads=True)
+                                loss_fn=log.timed_loss(task.loss), scale_grads=True)
         optimizer, scheduler = ctx.start_training(model)
         losses: list[torch.Tensor] = []
         step_seconds: list[float] = []
@@ -200,6 +299,7 @@ class PipelineTechnique(Technique):
                 if "failed to run" in str(err) and isinstance(err.__cause__, Exception):
                     raise err.__cause__ from None
                 raise
+            returned = time.perf_counter()
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
@@ -207,12 +307,28 @@ class PipelineTechnique(Technique):
             losses.append(torch.stack(micro_losses).mean().detach() if last
                           else torch.zeros((), device=ctx.device))
             ctx.step_done(losses[-1] if last else None)
+            log.update_done(returned)
             now = time.perf_counter()
             step_seconds.append(now - last_time)
             last_time = now
         checkpoint = ctx.save(model, optimizer, scheduler)
         outcome = ctx.outcome(losses, step_seconds, checkpoint, loss_ranks=[ctx.world - 1])
         outcome.extra["stages"] = [partition.describe(k) for k in range(partition.stages)]
+        steps = spec.end_step - spec.start_step
+        mismatch = log.matches(self.schedule(ctx.world, ctx.knobs["micro_batches"], steps),
+                               ctx.rank)
+        gathered: list[Any] = [None] * ctx.world
+        dist.all_gather_object(gathered, (log.spans, mismatch))
+        notes = [note for _, note in gathered if note]
+        if notes:  # a torch whose schedule differs from the list: say so, train on
+            outcome.extra["timeline_note"] = "; ".join(notes)
+        else:
+            start = min(spans[0][0] for spans, _ in gathered)
+            outcome.extra["micro_batches"] = ctx.knobs["micro_batches"]
+            # Per stage, each action's (start, end) of work in seconds from the first
+            # stage's first action (perf_counter is one clock for a machine's processes).
+            outcome.extra["spans"] = [[(a - start, b - start) for a, b in spans]
+                                      for spans, _ in gathered]
         return outcome
 
 

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.func import functional_call
 
-from dione.schedules import Schedule, Timeline, spans_of, xpipe
+from dione.schedules import Schedule, xpipe
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceContext, SliceOutcome
@@ -43,7 +43,7 @@ from dione.techniques.batches import BatchSource
 from dione.techniques.pipeline import PipelineTechnique
 from dione.techniques.prediction import predict_weights, prediction_problem
 
-__all__ = ["XPipe", "real_timeline"]
+__all__ = ["XPipe"]
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
            torch.int32]
@@ -283,9 +283,3 @@ class XPipe(PipelineTechnique):
                    for r in gathered],
         )
         return outcome
-
-
-def real_timeline(extra: Mapping[str, Any], minibatches: int) -> Timeline:
-    """The timeline of a finished xpipe slice, from its outcome's ``extra``."""
-    schedule = xpipe(len(extra["spans"]), int(extra["micro_batches"]), minibatches)
-    return spans_of(schedule, extra["spans"])
