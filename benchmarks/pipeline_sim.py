@@ -1,32 +1,43 @@
 """The schedule simulator's time per mini-batch against real `gpipe`, `1f1b`, `xpipe` slices.
 
     python benchmarks/pipeline_sim.py [--model chargpt-wide] [--steps 40] [--repeats 5]
+    python benchmarks/pipeline_sim.py --pool OUTPUT...   # the rounds of saved runs together
 
-Two stages on two CPU slots of this machine, m in {2, 4, 8} micro-batches. The
-prediction uses only measurements taken apart from any pipeline: each stage's forward
-(the last one with the loss) and backward per micro-batch and its update, running the
-stage's own action list from the technique's schedule on distinct micro-batches (30
-mini-batches after a warm-up, medians; xpipe's on predicted weights through
-``functional_call``, its prediction counted with the update), measured in two
-processes at once, each on its own core with one thread as a worker has; and the
-one-way time of one activation between the two over gloo (half a
-ping-pong). The runtime's own cost per forward or backward (Python, posting sends and
-receives and copying their tensors, waking up when one arrives, the loss's bookkeeping,
-fetching the batch) is measured with a real slice (200 steps) of the same technique and m on the
-task hollowed out: its real data, loss and optimizer, but each stage one layer that
-hands on a tensor of the real activation's (or output's) shape at next to no compute;
-its time per step over the schedule's number of actions is added to every action.
-This machine's speed drifts by tens of percent over minutes, so next to every real
-slice the stage times and the overhead are measured again (right before it in even
-rounds, right after it in odd ones, so that an order effect cancels), and the error is
-the median over rounds of predicted / measured - 1.
-Both sides use the same statistic: the median interval between stage 0's successive
-optimizer steps (for xpipe, the steady state without fill and drain; the real side
-skips the first steps as warm-up).
+Two stages on two CPU slots of this machine, m in {2, 4, 8} micro-batches. Each round
+runs a real slice of every technique and m, and predicts its time per mini-batch with
+the simulator from two sources of stage times:
 
-A second table simulates xpipe again from the action times its own run logged (work
-only, after each input arrived): if that matches, the schedule model is right and any
-error lies in the stage times fed to it.
+- **Logged by another run**: every pipeline slice logs when each stage's forwards,
+  backwards and updates worked (waits for inputs left out). The prediction for round r
+  takes the per-stage medians that the same configuration's slice logged in round r-1,
+  minutes earlier in other processes. Nothing of the slice being predicted goes into it.
+- **Measured apart**, from first principles: each stage's forward (the last one with
+  the loss) and backward per micro-batch and its update, running the stage's own action
+  list from the technique's schedule on distinct micro-batches (30 mini-batches after a
+  warm-up, medians; xpipe's on predicted weights through ``functional_call``, its
+  prediction counted with the update), measured in two processes at once, each on its
+  own core with one thread as a worker has.
+
+Both add what a stage time leaves out, measured next to the slice: the one-way time of
+one activation between the two processes over gloo (half a ping-pong), and the
+runtime's own cost per forward or backward (Python, posting sends and receives and
+copying their tensors, waking up when one arrives, the loss's bookkeeping, fetching
+the batch). That cost comes from a real slice (200 steps) of the same technique and m
+on the task hollowed out: its real data, loss and optimizer, but each stage one layer
+that hands on a tensor of the real activation's (or output's) shape at next to no
+compute; its time per step over the schedule's number of actions is added to every
+action.
+
+This machine's speed drifts by tens of percent over minutes, so the overhead and the
+stage times apart are measured again next to every real slice (right before it in
+even rounds, right after it in odd ones, so that an order effect cancels), and each
+error is the median over rounds of predicted / measured - 1. Both sides use the same
+statistic: the median interval between stage 0's successive optimizer steps (for
+xpipe, the steady state without fill and drain; the real side skips the first steps
+as warm-up).
+
+The second table also gives each stage's forward plus backward inside the run against
+the same stage measured apart, and the prediction from the run's own logged times.
 """
 
 from __future__ import annotations
@@ -57,13 +68,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 from models import MODELS
 
 from dione.launch import local_placement, run_slice
-from dione.schedules import Partition, StageTimes, Timeline, partition_model, simulate
+from dione.schedules import Partition, Schedule, StageTimes, Timeline, partition_model, simulate
 from dione.spec import Node, Task
 from dione.techniques import get_technique
 from dione.techniques.batches import BatchSource
 from dione.techniques.pipeline import keep_stage
 from dione.techniques.prediction import predict_weights
-from dione.techniques.xpipe import real_timeline
 
 WARMUP = 8
 # Short measurements caught this machine's slow spells whole: with 10 mini-batches per
@@ -260,28 +270,49 @@ def _ping_pong(rank: int, shape: tuple[int, ...], port: int) -> float:
 
 ROUND_LINE = re.compile(r"(\S+) m=(\d+) repeat (\d+): predicted ([\d.]+) ms, "
                         r"measured ([\d.]+) ms")
+LAST_RUN_LINE = re.compile(r"(\S+) m=(\d+) repeat (\d+): from the last round's logged "
+                           r"action times ([\d.]+) ms")
 
 
 def pool(outputs: list[str]) -> None:
     """The errors' table over every round in the saved outputs of earlier runs."""
     errors: dict[tuple[str, int], list[float]] = {}
+    last_errors: dict[tuple[str, int], list[float]] = {}
     for output in outputs:
+        measured: dict[tuple[str, int, int], float] = {}
         for line in Path(output).read_text().splitlines():
             found = ROUND_LINE.fullmatch(line.strip())
             if found:
                 key = (found[1], int(found[2]))
+                measured[(*key, int(found[3]))] = float(found[5])
                 errors.setdefault(key, []).append(float(found[4]) / float(found[5]) - 1)
+            found = LAST_RUN_LINE.fullmatch(line.strip())
+            if found:
+                key = (found[1], int(found[2]))
+                last_errors.setdefault(key, []).append(
+                    float(found[4]) / measured[(*key, int(found[3]))] - 1)
     if not errors:
         raise SystemExit(f"no per-round lines in {', '.join(outputs)}: pass the saved "
                          "output of a run of this script")
     print(f"{len(outputs)} runs pooled: {', '.join(outputs)}\n")
-    print("| technique | micro-batches | rounds | error, median of rounds (range) |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| technique | micro-batches | rounds | error from stage times measured apart, "
+          "median of rounds (range) | rounds | error from the last round's run's action "
+          "times, median of rounds (range) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+
+    def summary(ratios: list[float]) -> str:
+        if not ratios:
+            return "0 | - |"
+        return (f"{len(ratios)} | {statistics.median(ratios):+.1%} "
+                f"({min(ratios):+.1%} to {max(ratios):+.1%}) |")
+
     for (name, m), ratios in errors.items():
-        print(f"| {name} | {m} | {len(ratios)} | {statistics.median(ratios):+.1%} "
-              f"({min(ratios):+.1%} to {max(ratios):+.1%}) |")
-    medians = [abs(statistics.median(r)) for r in errors.values()]
-    print(f"\nlargest |error| {max(medians):.1%}, median {statistics.median(medians):.1%}")
+        print(f"| {name} | {m} | {summary(ratios)} {summary(last_errors.get((name, m), []))}")
+    for label, table in (("measured apart", errors), ("the last round's run", last_errors)):
+        medians = [abs(statistics.median(r)) for r in table.values() if r]
+        if medians:
+            print(f"\nfrom {label}: largest |error| {max(medians):.1%}, median "
+                  f"{statistics.median(medians):.1%}")
 
 
 def main() -> None:
@@ -306,8 +337,16 @@ def main() -> None:
     last_times: dict[tuple[str, int], StageTimes] = {}
     shapes = boundary_shapes(task)
     timelines: dict[tuple[str, int], Timeline] = {}
-    xpipe_runs: dict[int, Any] = {}
+    real_timelines: dict[tuple[str, int], Timeline] = {}
     overheads: dict[tuple[str, int], float] = {}
+    # Per round: each stage's F+B in the run over the same measured apart, and the
+    # prediction from the run's own action times with the same overhead.
+    inside_ratios: dict[tuple[str, int], list[tuple[float, float]]] = {key: [] for key in configs}
+    from_inside: dict[tuple[str, int], list[float]] = {key: [] for key in configs}
+    # ... and from the action times the previous round's run of the configuration logged:
+    # a prediction of this run from another one.
+    logged: dict[tuple[str, int], StageTimes] = {}
+    from_last_run: dict[tuple[str, int], list[tuple[float, float]]] = {key: [] for key in configs}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             # This machine's speed drifts by tens of percent over minutes: measure the
@@ -336,11 +375,34 @@ def main() -> None:
                 measured[(name, m)].append(statistics.median(result.step_seconds[WARMUP:]))
                 if repeat % 2 == 1:
                     predict()
-                if name == "xpipe":
-                    xpipe_runs[m] = result
+                technique = get_technique(name)
+                real = technique.real_timeline(result.extra, args.steps)  # type: ignore[attr-defined]
+                real_timelines[(name, m)] = real
+                apart = last_times[(name, m)]
+                schedule = technique.schedule(2, m, args.steps)  # type: ignore[attr-defined]
+
+                def from_logged(times: StageTimes, key: tuple[str, int] = (name, m),
+                                schedule: Schedule = schedule) -> float:
+                    # This round's transfer and overhead: measured next to this slice.
+                    return update_interval(simulate(schedule, dataclasses.replace(
+                        times, transfer=last_times[key].transfer, overhead=overheads[key])))
+
+                inside = real.action_times()
+                work_inside, work_apart = ([t.forward[k] + t.backward[k] for k in range(2)]
+                                           for t in (inside, apart))
+                inside_ratios[(name, m)].append(
+                    (work_inside[0] / work_apart[0], work_inside[1] / work_apart[1]))
+                from_inside[(name, m)].append(from_logged(inside))
+                if (name, m) in logged:
+                    from_last_run[(name, m)].append(
+                        (from_logged(logged[(name, m)]), measured[(name, m)][-1]))
+                logged[(name, m)] = inside
                 print(f"{name} m={m} repeat {repeat}: predicted "
                       f"{predicted[(name, m)][-1] * 1000:.1f} ms, measured "
                       f"{measured[(name, m)][-1] * 1000:.1f} ms", flush=True)
+                if from_last_run[(name, m)] and len(from_last_run[(name, m)]) == repeat:
+                    print(f"{name} m={m} repeat {repeat}: from the last round's logged action "
+                          f"times {from_last_run[(name, m)][-1][0] * 1000:.1f} ms", flush=True)
     print()
     print(f"model {args.model}, global batch {task.batch_size}, 2 stages, {args.steps} steps "
           f"per slice, {args.repeats} rounds (stage times and overhead measured next to each "
@@ -372,23 +434,32 @@ def main() -> None:
                                                        strict=True), parity, None, 2)]
             print(f"measured {when} the slice: median error {statistics.median(ratios):+.1%} "
                   f"over {len(ratios)} rounds of every configuration")
-    # Is the error in the schedule model or in its inputs? Simulate xpipe again from the
-    # action times its own run logged (work only, after inputs arrived).
-    print("\n| xpipe, micro-batches | F / B ms inside the run (0; 1) | predicted from isolated "
-          "times | predicted from in-run times | measured (last run) |")
-    print("| ---: | --- | ---: | ---: | ---: |")
-    for m, result in xpipe_runs.items():
-        inside = real_timeline(result.extra, args.steps).action_times(
-            transfer=last_times[("xpipe", m)].transfer)
-        again = update_interval(simulate(get_technique("xpipe").schedule(2, m, args.steps),  # type: ignore[attr-defined]
-                                         inside))
-        ms = [f"{t * 1000:.1f}" for t in (*inside.forward, *inside.backward)]
-        print(f"| {m} | {ms[0]} / {ms[2]}; {ms[1]} / {ms[3]} | "
-              f"{predicted[('xpipe', m)][-1] * 1000:.1f} | "
-              f"{again * 1000:.1f} | "
-              f"{statistics.median(result.step_seconds[WARMUP:]) * 1000:.1f} |")
+    # Is the error in the schedule model or in its inputs? Each run logged when its
+    # stages worked (after their inputs arrived): how long, against the same stage
+    # measured apart; and what the simulator predicts from such logged action times, the
+    # previous round's run's (a prediction of this run from another one) and this run's.
+    print("\n| technique | micro-batches | F+B in the run / measured apart (stage 0; 1), "
+          "median of rounds | error predicted from the last round's run's action times, "
+          "median of rounds (range) | the same from this run's own |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    last_errors = []
+    for name, m in configs:
+        own = [a / b - 1 for a, b in zip(from_inside[(name, m)], measured[(name, m)],
+                                         strict=True)]
+        last = [a / b - 1 for a, b in from_last_run[(name, m)]]
+        stage_ratios = [statistics.median(r[k] for r in inside_ratios[(name, m)])
+                        for k in range(2)]
+        if last:
+            last_errors.append(abs(statistics.median(last)))
+        print(f"| {name} | {m} | {stage_ratios[0]:.2f}; {stage_ratios[1]:.2f} | "
+              + (f"{statistics.median(last):+.1%} ({min(last):+.1%} to {max(last):+.1%}) | "
+                 if last else "- | ")
+              + f"{statistics.median(own):+.1%} ({min(own):+.1%} to {max(own):+.1%}) |")
+    if last_errors:
+        print(f"\nfrom the last round's run: largest |error| {max(last_errors):.1%}, median "
+              f"{statistics.median(last_errors):.1%}")
     m = args.micro_batches[len(args.micro_batches) // 2]
-    real = real_timeline(xpipe_runs[m].extra, args.steps)
+    real = real_timelines[("xpipe", m)]
     simulated = timelines[("xpipe", m)]
     for label, timeline in (("real", real), ("simulated", simulated)):
         ends = [s.end for s in timeline.spans[0] if s.action.kind == "U"]
