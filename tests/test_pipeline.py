@@ -3,7 +3,6 @@ cannot be cut are refused before anything starts."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import subprocess
 import sys
@@ -119,8 +118,3 @@ def test_torch_runs_the_schedule_lists_and_the_run_logs_its_timeline(technique: 
     timeline = get_technique(technique).real_timeline(result.extra, steps)  # type: ignore[attr-defined]
     check_real_timeline(timeline)
     assert [len(spans) for spans in timeline.spans] == [steps * (2 * micro + 1)] * 2
-    # The logged update interval is the step time the run measured on stage 0.
-    updates = [span.end for span in timeline.spans[0] if span.action.kind == "U"]
-    intervals = [b - a for a, b in itertools.pairwise(updates)]
-    for logged, measured in zip(intervals, result.step_seconds[1:], strict=True):
-        assert logged == pytest.approx(measured, abs=1e-3)

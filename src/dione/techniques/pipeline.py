@@ -49,7 +49,8 @@ from dione.techniques.base import Knobs, SliceContext, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource
 from dione.techniques.fsdp import checkpoint_activations
 
-__all__ = ["ActionLog", "GPipe", "OneFOneB", "PipelineTechnique", "keep_stage", "layer_times"]
+__all__ = ["ActionLog", "GPipe", "OneFOneB", "PipelineTechnique", "keep_stage", "layer_times",
+           "on_one_clock"]
 
 BALANCES = ("parameters", "time")
 
@@ -91,12 +92,24 @@ def layer_times(layers: Sequence[nn.Module], sample: torch.Tensor, device: torch
     return [statistics.median(m) for m in measured]
 
 
+def on_one_clock(
+    origins: Sequence[float], per_stage: Sequence[Sequence[tuple[float, float]]],
+) -> list[list[tuple[float, float]]]:
+    """Each stage's (start, end) spans, logged in seconds from that stage's own
+    ``origin``, in seconds from the earliest origin instead (``time.perf_counter`` is
+    one clock for every process of a machine)."""
+    start = min(origins)
+    return [[(a + origin - start, b + origin - start) for a, b in spans]
+            for origin, spans in zip(origins, per_stage, strict=True)]
+
+
 class ActionLog:
-    """The forwards, backwards and updates one stage ran, in order, with the
-    ``time.perf_counter`` seconds at which each one's work began and ended. torch's
-    schedules wait for a stage's inputs before they call it, so the waits stay out."""
+    """The forwards, backwards and updates one stage ran, in order, each with the
+    seconds from ``origin`` at which its work began and ended. torch's schedules wait
+    for a stage's inputs before they call it, so the waits stay out."""
 
     def __init__(self) -> None:
+        self.origin = time.perf_counter()
         self.actions: list[Action] = []
         self.spans: list[tuple[float, float]] = []
         self.minibatch = 0
@@ -111,10 +124,10 @@ class ActionLog:
 
         def timed(kind: Kind, method: Callable[..., Any]) -> Callable[..., Any]:
             def run(chunk: int, *args: Any, **kwargs: Any) -> Any:
-                begin = time.perf_counter()
+                begin = time.perf_counter() - self.origin
                 result = method(chunk, *args, **kwargs)
                 self.actions.append(Action(kind, self.minibatch, chunk))
-                self.spans.append((begin, time.perf_counter()))
+                self.spans.append((begin, time.perf_counter() - self.origin))
                 self._forward_ended = kind == "F"
                 return result
             return run
@@ -136,7 +149,7 @@ class ActionLog:
             value = loss(output, target, **kwargs)
             if self._forward_ended:
                 begin, _ = self.spans[-1]
-                self.spans[-1] = (begin, time.perf_counter())
+                self.spans[-1] = (begin, time.perf_counter() - self.origin)
                 self._forward_ended = False
             return value
 
@@ -146,7 +159,7 @@ class ActionLog:
         """The optimizer step of this mini-batch is done: log the update."""
         began = step_returned if self._update_began is None else self._update_began
         self.actions.append(Action("U", self.minibatch))
-        self.spans.append((began, time.perf_counter()))
+        self.spans.append((began - self.origin, time.perf_counter() - self.origin))
         self._update_began = None
         self._forward_ended = False
         self.minibatch += 1
@@ -318,17 +331,15 @@ class PipelineTechnique(Technique):
         mismatch = log.matches(self.schedule(ctx.world, ctx.knobs["micro_batches"], steps),
                                ctx.rank)
         gathered: list[Any] = [None] * ctx.world
-        dist.all_gather_object(gathered, (log.spans, mismatch))
-        notes = [note for _, note in gathered if note]
+        dist.all_gather_object(gathered, (log.origin, log.spans, mismatch))
+        notes = [note for _, _, note in gathered if note]
         if notes:  # a torch whose schedule differs from the list: say so, train on
             outcome.extra["timeline_note"] = "; ".join(notes)
         else:
-            start = min(spans[0][0] for spans, _ in gathered)
             outcome.extra["micro_batches"] = ctx.knobs["micro_batches"]
-            # Per stage, each action's (start, end) of work in seconds from the first
-            # stage's first action (perf_counter is one clock for a machine's processes).
-            outcome.extra["spans"] = [[(a - start, b - start) for a, b in spans]
-                                      for spans, _ in gathered]
+            # Per stage, each action's (start, end) of work, from the first stage's start.
+            outcome.extra["spans"] = on_one_clock([o for o, _, _ in gathered],
+                                                  [s for _, s, _ in gathered])
         return outcome
 
 

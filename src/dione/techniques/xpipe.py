@@ -40,7 +40,7 @@ from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceContext, SliceOutcome
 from dione.techniques.batches import BatchSource
-from dione.techniques.pipeline import PipelineTechnique
+from dione.techniques.pipeline import PipelineTechnique, on_one_clock
 from dione.techniques.prediction import predict_weights, prediction_problem
 
 __all__ = ["XPipe"]
@@ -269,7 +269,6 @@ class XPipe(PipelineTechnique):
                   "origin": origin, "most_pending": links.most_pending}
         gathered: list[Any] = [None] * stages
         dist.all_gather_object(gathered, record)
-        start = min(r["origin"] for r in gathered)
         outcome.extra.update(
             stages=[partition.describe(k) for k in range(partition.stages)],
             micro_batches=micro_batches,
@@ -277,9 +276,7 @@ class XPipe(PipelineTechnique):
             prediction=[r["prediction"] for r in gathered],
             most_pending_sends=[r["most_pending"] for r in gathered],
             # Per stage, each action's (start, end) of work, after its input arrived, in
-            # seconds from the first stage's start (perf_counter is one clock for every
-            # process of a machine).
-            spans=[[(a + r["origin"] - start, b + r["origin"] - start) for a, b in r["spans"]]
-                   for r in gathered],
+            # seconds from the first stage's start.
+            spans=on_one_clock([r["origin"] for r in gathered], [r["spans"] for r in gathered]),
         )
         return outcome
