@@ -353,17 +353,24 @@ def main() -> None:
             # stages and the runtime's overhead again next to each real slice, and
             # compare in pairs.
             for name, m in configs:
+                key = (name, m)
+                technique = get_technique(name)
+                schedule = technique.schedule(2, m, args.steps)  # type: ignore[attr-defined]
 
-                def predict(name: str = name, m: int = m, repeat: int = repeat) -> None:
-                    measured_times = stage_times(args.model, name, m)
-                    overheads[(name, m)] = action_overhead(
+                def simulated(times: StageTimes, key: tuple[str, int] = key,
+                              schedule: Schedule = schedule) -> Timeline:
+                    # This round's transfer and overhead: measured next to this slice.
+                    return simulate(schedule, dataclasses.replace(
+                        times, transfer=last_times[key].transfer, overhead=overheads[key]))
+
+                def predict(name: str = name, m: int = m, repeat: int = repeat,
+                            key: tuple[str, int] = key) -> None:
+                    last_times[key] = stage_times(args.model, name, m)
+                    overheads[key] = action_overhead(
                         name, m, placement, Path(tmp) / f"hollow-{name}-{m}-{repeat}",
                         task, shapes)
-                    last_times[(name, m)] = measured_times
-                    schedule = get_technique(name).schedule(2, m, args.steps)  # type: ignore[attr-defined]
-                    times = dataclasses.replace(measured_times, overhead=overheads[(name, m)])
-                    timelines[(name, m)] = simulate(schedule, times)
-                    predicted[(name, m)].append(update_interval(timelines[(name, m)]))
+                    timelines[key] = simulated(last_times[key])
+                    predicted[key].append(update_interval(timelines[key]))
 
                 # Odd rounds run the real slice first: whatever follows a slice (its
                 # processes ending, its checkpoint written back) or drifts in one
@@ -372,37 +379,26 @@ def main() -> None:
                     predict()
                 result = run_slice(task, name, Path(tmp) / f"{name}-{m}-{repeat}", placement,
                                    knobs={"micro_batches": m}, evaluate=False)
-                measured[(name, m)].append(statistics.median(result.step_seconds[WARMUP:]))
+                measured[key].append(statistics.median(result.step_seconds[WARMUP:]))
                 if repeat % 2 == 1:
                     predict()
-                technique = get_technique(name)
                 real = technique.real_timeline(result.extra, args.steps)  # type: ignore[attr-defined]
-                real_timelines[(name, m)] = real
-                apart = last_times[(name, m)]
-                schedule = technique.schedule(2, m, args.steps)  # type: ignore[attr-defined]
-
-                def from_logged(times: StageTimes, key: tuple[str, int] = (name, m),
-                                schedule: Schedule = schedule) -> float:
-                    # This round's transfer and overhead: measured next to this slice.
-                    return update_interval(simulate(schedule, dataclasses.replace(
-                        times, transfer=last_times[key].transfer, overhead=overheads[key])))
-
-                inside = real.action_times()
+                real_timelines[key] = real
+                inside, apart = real.action_times(), last_times[key]
                 work_inside, work_apart = ([t.forward[k] + t.backward[k] for k in range(2)]
                                            for t in (inside, apart))
-                inside_ratios[(name, m)].append(
+                inside_ratios[key].append(
                     (work_inside[0] / work_apart[0], work_inside[1] / work_apart[1]))
-                from_inside[(name, m)].append(from_logged(inside))
-                if (name, m) in logged:
-                    from_last_run[(name, m)].append(
-                        (from_logged(logged[(name, m)]), measured[(name, m)][-1]))
-                logged[(name, m)] = inside
+                from_inside[key].append(update_interval(simulated(inside)))
                 print(f"{name} m={m} repeat {repeat}: predicted "
-                      f"{predicted[(name, m)][-1] * 1000:.1f} ms, measured "
-                      f"{measured[(name, m)][-1] * 1000:.1f} ms", flush=True)
-                if from_last_run[(name, m)] and len(from_last_run[(name, m)]) == repeat:
+                      f"{predicted[key][-1] * 1000:.1f} ms, measured "
+                      f"{measured[key][-1] * 1000:.1f} ms", flush=True)
+                if key in logged:
+                    from_last = update_interval(simulated(logged[key]))
+                    from_last_run[key].append((from_last, measured[key][-1]))
                     print(f"{name} m={m} repeat {repeat}: from the last round's logged action "
-                          f"times {from_last_run[(name, m)][-1][0] * 1000:.1f} ms", flush=True)
+                          f"times {from_last * 1000:.1f} ms", flush=True)
+                logged[key] = inside
     print()
     print(f"model {args.model}, global batch {task.batch_size}, 2 stages, {args.steps} steps "
           f"per slice, {args.repeats} rounds (stage times and overhead measured next to each "
