@@ -7,14 +7,19 @@ A checkpoint is a folder ``<run>/checkpoints/<task>/step-00000120/``::
                           whatever technique and device count loads it
     rng/rank<r>.pt        each rank's RNG states (restored when the world size matches)
     scheduler.pt          the learning-rate scheduler's state, if the task has one
+    digests.json          the SHA-256 of every file above
     progress.json         written last: step, samples seen, who wrote it
 
 It is written to ``step-N.partial`` and renamed once every rank is done, so a folder
-without ``.partial`` is always complete.
+without ``.partial`` is always complete. Before a checkpoint is loaded its files are
+checked against ``digests.json`` (``verify_checkpoint``); one that fails is renamed
+``step-N.corrupt`` and the task resumes from an older one. RNG and scheduler states
+load with ``weights_only=True``, which runs no code.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -38,18 +43,22 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 __all__ = [
     "CheckpointError",
+    "CorruptCheckpoint",
     "Progress",
     "checkpoint_path",
     "latest_on_disk",
     "load_checkpoint",
     "load_model_weights",
     "prune_checkpoints",
+    "quarantine",
     "read_progress",
     "reseed",
     "save_checkpoint",
+    "verify_checkpoint",
 ]
 
 PROGRESS = "progress.json"
+DIGESTS = "digests.json"
 # Optimizer state and hyperparameters keyed per parameter name ("param_groups.<fqn>.lr"),
 # not per group index: pipeline stages each hold different parameters, and group 0 of
 # one stage must not overwrite group 0 of another in the shared checkpoint.
@@ -58,6 +67,75 @@ _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, incomplete or belongs to different training."""
+
+
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint whose files are not what was written: ``file`` names the first."""
+
+    def __init__(self, message: str, folder: Path, file: str) -> None:
+        super().__init__(message)
+        self.folder = folder
+        self.file = file
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _payload(folder: Path) -> list[Path]:
+    """The files a checkpoint's digests cover: all but the digests and progress."""
+    return sorted(p for p in folder.rglob("*")
+                  if p.is_file() and p.name not in (DIGESTS, PROGRESS))
+
+
+def verify_checkpoint(path: str | Path) -> None:
+    """Check every file of a complete checkpoint against its ``digests.json``; raise
+    CorruptCheckpoint naming the first file missing, added, changed or not private.
+    A checkpoint written before dione kept digests is accepted as it is."""
+    from dione.state.private import UnsafePathError, check_private
+
+    folder = Path(path)
+    read_progress(folder)
+    try:
+        for item in [folder, *folder.rglob("*")]:
+            check_private(item)
+    except UnsafePathError as err:
+        raise CorruptCheckpoint(f"checkpoint {folder} cannot be trusted: {err}", folder,
+                                str(err).split(" ", 1)[0]) from None
+    digests_file = folder / DIGESTS
+    if not digests_file.is_file():
+        return
+    try:
+        expected = json.loads(digests_file.read_text())
+    except (OSError, ValueError) as err:
+        raise CorruptCheckpoint(f"checkpoint {folder}: {DIGESTS} is unreadable ({err})",
+                                folder, DIGESTS) from None
+    found = {str(p.relative_to(folder)) for p in _payload(folder)}
+    for name in sorted(set(expected) | found):
+        file = folder / name
+        if name not in found:
+            problem = "is missing"
+        elif name not in expected:
+            problem = "was not written with the checkpoint"
+        elif _sha256(file) != expected[name]:
+            problem = "does not match the digest written with it (changed or truncated)"
+        else:
+            continue
+        raise CorruptCheckpoint(f"checkpoint {folder}: file {name} {problem}", folder, name)
+
+
+def quarantine(folder: str | Path) -> Path:
+    """Move a corrupt checkpoint aside as ``step-N.corrupt`` (kept for a look, never
+    loaded again); its new path."""
+    source = Path(folder)
+    target = source.with_name(source.name + ".corrupt")
+    shutil.rmtree(target, ignore_errors=True)
+    source.rename(target)
+    return target
 
 
 @dataclass(frozen=True)
@@ -112,10 +190,14 @@ def _barrier() -> None:
 
 
 def _rng_state() -> dict[str, Any]:
+    # Plain tensors, numbers and tuples only, so that loading needs no pickled classes
+    # (numpy's state holds an ndarray: stored as a tensor).
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (str(kind), torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos),
+                  int(has_gauss), float(cached)),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         state["cuda"] = torch.cuda.get_rng_state()
@@ -125,7 +207,8 @@ def _rng_state() -> dict[str, Any]:
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 
@@ -162,8 +245,13 @@ def save_checkpoint(
     if rank == 0:
         if scheduler is not None:
             torch.save(scheduler.state_dict(), partial / "scheduler.pt")
+        digests = {str(p.relative_to(partial)): _sha256(p) for p in _payload(partial)}
+        (partial / DIGESTS).write_text(json.dumps(digests, indent=1))
         stamped = Progress(**{**asdict(progress), "saved_at": time.time()})
         (partial / PROGRESS).write_text(json.dumps(asdict(stamped), indent=1))
+        for item in [partial, *partial.rglob("*")]:
+            # Private whatever the ranks' umask: a loader refuses what others may write.
+            item.chmod(0o700 if item.is_dir() else 0o600)
         if final.exists():  # the same step trained again, e.g. after a failed record
             shutil.rmtree(final)
         partial.rename(final)
@@ -200,15 +288,25 @@ def load_checkpoint(
     set_state_dict(model, optimizer, model_state_dict=cast(Any, state["model"]),
                    optim_state_dict=cast(Any, state["optim"]), options=_OPTIONS)
     if scheduler is not None and (folder / "scheduler.pt").is_file():
-        scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+        scheduler.load_state_dict(_load_plain(folder / "scheduler.pt"))
     if restore_rng:
         rank, world = _rank()
         saved = folder / "rng" / f"rank{rank}.pt"
         if world == progress.world and saved.is_file():
-            _set_rng_state(torch.load(saved, weights_only=False))
+            _set_rng_state(_load_plain(saved))
         else:
             reseed(seed, progress.step, rank)
     return progress
+
+
+def _load_plain(path: Path) -> Any:
+    """A torch.save file of tensors, numbers and containers; never runs code from it."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as err:
+        raise CheckpointError(
+            f"{path} cannot be loaded safely (it holds more than tensors, numbers and "
+            f"containers, or is damaged): {type(err).__name__}: {str(err)[:300]}") from None
 
 
 def load_model_weights(path: str | Path, model: nn.Module) -> Progress:

@@ -3,11 +3,16 @@
 Only the launching process writes it (workers never do), every change is one
 transaction, and a checkpoint is recorded only once its folder is complete, so a crash
 at any moment leaves a consistent store whose latest checkpoint is usable.
+
+A loss that is not finite ends its task as ``diverged``: the slice's metrics up to
+that step are kept (NaN as NULL), its checkpoint is not, and the task keeps its last
+finite checkpoint.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sqlite3
@@ -17,11 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dione.state.private import private_dir, private_file
 from dione.state.sqlite import SQLiteFile
 
 __all__ = ["CheckpointRecord", "RunStore", "SliceRecord", "TaskRecord"]
 
 STORE_FILE = "dione.sqlite"
+# PRAGMA user_version of the schema below; older files are rebuilt to it on open.
+_VERSION = 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -30,7 +38,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     batch_size INTEGER NOT NULL,
     hyperparameters TEXT NOT NULL DEFAULT '{}',
     status TEXT NOT NULL DEFAULT 'pending'
-        CHECK (status IN ('pending', 'running', 'done', 'failed')),
+        CHECK (status IN ('pending', 'running', 'done', 'failed', 'diverged')),
     error TEXT,
     updated_at REAL NOT NULL
 );
@@ -43,7 +51,8 @@ CREATE TABLE IF NOT EXISTS slices (
     device_ids TEXT NOT NULL,
     start_step INTEGER NOT NULL,
     end_step INTEGER NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed', 'interrupted')),
+    status TEXT NOT NULL
+        CHECK (status IN ('running', 'done', 'failed', 'interrupted', 'diverged')),
     started_at REAL NOT NULL,
     ended_at REAL,
     error TEXT,
@@ -57,7 +66,7 @@ CREATE TABLE IF NOT EXISTS metrics (
     task TEXT NOT NULL,
     step INTEGER NOT NULL,
     slice_id INTEGER NOT NULL REFERENCES slices(id),
-    loss REAL NOT NULL,
+    loss REAL,  -- NULL: NaN, which SQLite cannot store (inf it can)
     seconds REAL NOT NULL,
     PRIMARY KEY (task, step)
 );
@@ -115,6 +124,41 @@ class CheckpointRecord:
     path: str
 
 
+def _loss(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Rebuild tables of a store written by an older dione (no ``diverged`` status, a
+    loss that could not be NaN) to the current schema, keeping every row."""
+    if db.execute("PRAGMA user_version").fetchone()[0] >= _VERSION:
+        return
+    old = db.execute("SELECT sql FROM sqlite_master WHERE name = 'tasks'").fetchone()
+    if old is not None and "diverged" not in old[0]:
+        tables = ("tasks", "slices", "metrics")
+        # Renames must not rewrite the foreign keys of the other tables.
+        db.execute("PRAGMA foreign_keys=OFF")
+        db.execute("PRAGMA legacy_alter_table=ON")
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for table in tables:
+                db.execute(f"ALTER TABLE {table} RENAME TO old_{table}")
+            for statement in _SCHEMA.split(";"):
+                if any(f"EXISTS {table} (" in statement for table in tables):
+                    db.execute(statement)
+            for table in tables:
+                db.execute(f"INSERT INTO {table} SELECT * FROM old_{table}")
+            for table in reversed(tables):
+                db.execute(f"DROP TABLE old_{table}")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        db.execute("PRAGMA legacy_alter_table=OFF")
+        db.execute("PRAGMA foreign_keys=ON")
+    db.execute(f"PRAGMA user_version={_VERSION}")
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -129,9 +173,10 @@ class RunStore(SQLiteFile):
     """The SQLite file of one run directory (created on first use)."""
 
     def __init__(self, run_dir: str | Path) -> None:
-        self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = private_dir(run_dir)
         super().__init__(self.run_dir / STORE_FILE, _SCHEMA)
+        private_file(self.path)
+        _migrate(self._db)
 
     def __enter__(self) -> RunStore:
         return self
@@ -233,6 +278,26 @@ class RunStore(SQLiteFile):
             db.execute("UPDATE tasks SET status = ?, error = NULL, updated_at = ? WHERE name = ?",
                        (status, time.time(), record.task))
 
+    def diverge_slice(
+        self, slice_id: int, losses: Sequence[float], step_seconds: Sequence[float], error: str,
+    ) -> None:
+        """In one transaction: a slice whose loss stopped being finite. Its metrics up to
+        and including the first such step are kept, its checkpoint is not; the slice
+        and its task end ``diverged`` with ``error``."""
+        record = self.slice(slice_id)
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO metrics (task, step, slice_id, loss, seconds)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [(record.task, record.start_step + i + 1, slice_id,
+                  None if math.isnan(loss) else loss, sec)
+                 for i, (loss, sec) in enumerate(zip(losses, step_seconds, strict=True))],
+            )
+            db.execute("UPDATE slices SET status = 'diverged', ended_at = ?, error = ?"
+                       " WHERE id = ?", (time.time(), error, slice_id))
+            db.execute("UPDATE tasks SET status = 'diverged', error = ?, updated_at = ?"
+                       " WHERE name = ?", (error, time.time(), record.task))
+
     def fail_slice(self, slice_id: int, error: str, status: str = "failed") -> None:
         """Record why a slice ended without a checkpoint; its task goes back to pending."""
         record = self.slice(slice_id)
@@ -279,12 +344,12 @@ class RunStore(SQLiteFile):
 
     def losses(self, task: str) -> list[tuple[int, float]]:
         """(step, loss) of every step trained so far, in order."""
-        return [(r[0], r[1]) for r in self._db.execute(
+        return [(r[0], _loss(r[1])) for r in self._db.execute(
             "SELECT step, loss FROM metrics WHERE task = ? ORDER BY step", (task,))]
 
     def metrics(self, task: str) -> list[tuple[int, float, float]]:
         """(step, loss, step seconds) of every step trained so far, in order."""
-        return [(r[0], r[1], r[2]) for r in self._db.execute(
+        return [(r[0], _loss(r[1]), r[2]) for r in self._db.execute(
             "SELECT step, loss, seconds FROM metrics WHERE task = ? ORDER BY step", (task,))]
 
     def slice_step_seconds(self, slice_id: int) -> list[float]:
