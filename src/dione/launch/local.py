@@ -1,10 +1,13 @@
 """Gangs of local worker processes: start, watch, and end them together.
 
-The launcher hosts the gang's TCPStore on a port the OS picks (no free-port race),
-starts one process per rank in its own process group, and watches them. The first
-failure ends the whole gang: the others are terminated, then killed, with their
-children; the error names the rank that caused it, not the ranks that merely lost
-their peer. A gang past its timeout is ended the same way.
+The gang rendezvouses through a FileStore in a private scratch folder (0700, see
+``scratch``) that holds the pickled slice and the ranks' results and errors too: no
+port that another host or user could reach, nothing unpickled from a run directory.
+Gloo binds to the loopback interface. The launcher starts one process per rank in its
+own process group and watches them. The first failure ends the whole gang: the others
+are terminated, then killed, with their children; the error names the rank that
+caused it, not the ranks that merely lost their peer. A gang past its timeout is ended
+the same way.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,10 +24,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
-import torch.distributed as dist
 
+from dione.launch.scratch import scratch_dir
 from dione.spec.devices import DeviceKind
 from dione.spec.workload import loaded_workload_files
 from dione.techniques.base import SliceOutcome, SliceSpec
@@ -91,8 +96,19 @@ def _end(processes: Sequence[subprocess.Popen[bytes]]) -> None:
         p.wait()
 
 
+def _error_report(file: Path) -> dict[str, Any] | None:
+    """A rank's error report, or None where there is none or it is unreadable (a rank
+    killed while writing it): a failure report must never become a second failure."""
+    try:
+        report = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    keys = ("type", "message", "traceback", "time", "communication")
+    return report if isinstance(report, dict) and all(k in report for k in keys) else None
+
+
 def _describe_failure(
-    folder: Path, codes: dict[int, int], ended_by_us: set[int], spec: SliceSpec,
+    folder: Path, private: Path, codes: dict[int, int], ended_by_us: set[int], spec: SliceSpec,
     placement: Placement,
 ) -> GangError:
     """The root cause among the ranks that failed on their own."""
@@ -103,9 +119,9 @@ def _describe_failure(
 
     errors = {}
     for rank in codes:
-        file = folder / f"error-{rank}.json"
-        if file.is_file():
-            errors[rank] = json.loads(file.read_text())
+        report = _error_report(private / f"error-{rank}.json")
+        if report is not None:
+            errors[rank] = report
     signalled = [r for r, c in codes.items() if c < 0 and r not in ended_by_us]
     if signalled:
         rank = signalled[0]
@@ -142,26 +158,25 @@ def run_local_gang(
     Setting ``cancel`` (from another thread) stops the gang and raises GangInterrupted."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    for stale in [*folder.glob("result-*"), *folder.glob("error-*")]:
-        stale.unlink()
+    private = scratch_dir("gang")
     # Workers import the workload files first: the slice refers to their functions.
-    (folder / "modules.json").write_text(json.dumps(loaded_workload_files()))
-    (folder / "slice.pkl").write_bytes(cloudpickle.dumps(spec))
+    (private / "modules.json").write_text(json.dumps(loaded_workload_files()))
+    (private / "slice.pkl").write_bytes(cloudpickle.dumps(spec))
     world = len(placement.device_ids)
-    store = dist.TCPStore(  # type: ignore[attr-defined]
-        "127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
     processes: list[subprocess.Popen[bytes]] = []
     try:
         for rank in range(world):
             env = {
                 **os.environ,
-                "DIONE_STORE_HOST": "127.0.0.1",
-                "DIONE_STORE_PORT": str(store.port),
+                "DIONE_PRIVATE_DIR": str(private),
                 "DIONE_LAUNCHER_PID": str(os.getpid()),
                 "OMP_NUM_THREADS": str(placement.threads),
                 "MKL_NUM_THREADS": str(placement.threads),
                 "PYTHONUNBUFFERED": "1",
             }
+            # A local gang talks over loopback only: no other host can reach its ranks.
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            env.setdefault("NCCL_SOCKET_IFNAME", "lo")
             if placement.cores is not None:
                 env["DIONE_CORES"] = ",".join(map(str, placement.cores[rank]))
             with open(folder / f"rank{rank}.log", "wb") as log:
@@ -180,7 +195,7 @@ def run_local_gang(
                 ended_by_us = {r for r, c in codes.items() if c is None}
                 _end(processes)
                 final = {r: p.returncode for r, p in enumerate(processes)}
-                raise _describe_failure(folder, final, ended_by_us, spec, placement)
+                raise _describe_failure(folder, private, final, ended_by_us, spec, placement)
             if cancel is not None and cancel.is_set():
                 _end(processes)
                 raise GangInterrupted("the gang was asked to stop")
@@ -193,9 +208,10 @@ def run_local_gang(
                     "is just slow, else look for a hang in rank logs under "
                     f"{folder}", running[0] if running else None, "timeout")
             time.sleep(_POLL_SECONDS)
+        return [cloudpickle.loads((private / f"result-{r}.pkl").read_bytes())
+                for r in range(world)]
     except BaseException:
         _end(processes)  # Ctrl-C or any launcher error: no rank survives the launcher
         raise
     finally:
-        del store
-    return [cloudpickle.loads((folder / f"result-{r}.pkl").read_bytes()) for r in range(world)]
+        shutil.rmtree(private, ignore_errors=True)

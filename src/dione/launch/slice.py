@@ -6,6 +6,8 @@ and the orchestrator all call ``run_slice``.
 
 from __future__ import annotations
 
+import math
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,8 +19,13 @@ from dione.launch.local import GangError, Placement, run_local_gang
 from dione.spec.cluster import Node
 from dione.spec.devices import available_cores, cores_for_slot, threads_per_slot
 from dione.spec.task import Task
-from dione.state.checkpoint import prune_checkpoints
-from dione.state.store import RunStore
+from dione.state.checkpoint import (
+    CorruptCheckpoint,
+    prune_checkpoints,
+    quarantine,
+    verify_checkpoint,
+)
+from dione.state.store import CheckpointRecord, RunStore
 from dione.techniques.base import SliceSpec, Technique
 from dione.techniques.registry import get_technique
 
@@ -32,13 +39,28 @@ __all__ = [
 ]
 
 
+# What a rank raises when no retry can succeed: the disk or the permissions must change.
+_PERMANENT_TYPES = ("PermissionError", "UnsafePathError")
+_PERMANENT_TEXT = ("Read-only file system", "No space left on device", "Permission denied",
+                   "Disk quota exceeded")
+
+
 class SliceError(RuntimeError):
     """A slice that cannot start or did not finish; the message says why."""
 
     def __init__(self, message: str, reason: str = "refused", error_type: str | None = None):
         super().__init__(message)
-        self.reason = reason  # refused | raised | signal | exit | timeout
+        self.reason = reason  # refused | raised | signal | exit | timeout | diverged
         self.error_type = error_type  # the failing rank's exception type, when it raised
+
+    @property
+    def retryable(self) -> bool:
+        """Whether running the slice again could succeed: not for a diverged loss, nor
+        for a disk that is read-only or full, nor for a permission refused."""
+        if self.reason == "diverged":
+            return False
+        return not (self.error_type in _PERMANENT_TYPES
+                    or any(text in str(self) for text in _PERMANENT_TEXT))
 
 
 @dataclass(frozen=True)
@@ -68,6 +90,7 @@ class SliceResult:
     evaluation: dict[str, float] = field(default_factory=dict)
     evaluation_error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # what the technique adds
+    warnings: list[str] = field(default_factory=list)  # e.g. a corrupt checkpoint set aside
 
 
 def local_placement(node: Node, device_ids: Sequence[int]) -> Placement:
@@ -82,6 +105,23 @@ def local_placement(node: Node, device_ids: Sequence[int]) -> Placement:
         node.name, "cpu", tuple(device_ids), threads_per_slot(slots, len(cores)),
         None if any(p is None for p in pins) else tuple(tuple(p) for p in pins if p),
     )
+
+
+def _intact_checkpoint(db: RunStore, task: str, warnings: list[str]
+                       ) -> CheckpointRecord | None:
+    """The task's newest checkpoint whose files match their digests; each corrupt one on
+    the way is quarantined, forgotten by the store and named in ``warnings``."""
+    while (latest := db.latest_checkpoint(task)) is not None:
+        try:
+            verify_checkpoint(latest.path)
+            return latest
+        except CorruptCheckpoint as err:
+            moved = quarantine(latest.path)
+            db.forget_checkpoints(task, [latest.path])
+            older = db.latest_checkpoint(task)
+            warnings.append(f"{err}; it was moved to {moved} and task {task!r} resumes from "
+                            + (f"step {older.step}" if older else "scratch"))
+    return None
 
 
 def total_steps(task: Task) -> int:
@@ -130,7 +170,8 @@ def run_slice(
         total = total_steps(task)
         db.register_task(task.name, total, task.batch_size, task.hyperparameters)
         db.recover_interrupted()
-        latest = db.latest_checkpoint(task.name)
+        warnings: list[str] = []
+        latest = _intact_checkpoint(db, task.name, warnings)
         start = latest.step if latest else 0
         if start >= total:
             raise SliceError(f"task {task.name!r} is already trained to step {start} of {total} "
@@ -157,7 +198,8 @@ def run_slice(
             outcomes = run_local_gang(spec, placement, folder, timeout, cancel)
         except GangError as err:
             message = (f"task {task.name!r}, steps {start}-{end}, {method.name} on "
-                       f"{placement.node} devices {list(placement.device_ids)}: {err}")
+                       f"{placement.node} devices {list(placement.device_ids)}: {err}"
+                       + "".join(f"\n{w}" for w in warnings))
             db.fail_slice(slice_id, message)
             raise SliceError(message, err.reason, err.error_type) from err
         except BaseException as err:
@@ -165,6 +207,21 @@ def run_slice(
             raise
         seconds = time.perf_counter() - began
         lead = outcomes[0]
+        diverged = next((i for i, loss in enumerate(lead.losses) if not math.isfinite(loss)),
+                        None)
+        if diverged is not None:
+            if lead.checkpoint is not None:  # weights past a non-finite loss: worthless
+                shutil.rmtree(lead.checkpoint, ignore_errors=True)
+            message = (
+                f"task {task.name!r} diverged: its loss was {lead.losses[diverged]} at step "
+                f"{start + diverged + 1} ({method.name} on {placement.node} devices "
+                f"{list(placement.device_ids)}); its last finite checkpoint is "
+                + (f"step {start} ({latest.path})" if latest else "none (step 0)")
+                + ". Lower the learning rate, or look for a loss or data problem, then "
+                "train it again" + "".join(f"\n{w}" for w in warnings))
+            db.diverge_slice(slice_id, lead.losses[:diverged + 1],
+                             lead.step_seconds[:diverged + 1], message)
+            raise SliceError(message, "diverged")
         evaluation_error = lead.extra.get("evaluation_error")
         peak = [o.peak_memory_bytes for o in outcomes]
         db.finish_slice(slice_id, lead.losses, lead.step_seconds, lead.checkpoint,
@@ -182,6 +239,7 @@ def run_slice(
             peak_memory_bytes=peak, evaluation=lead.evaluation,
             evaluation_error=evaluation_error,
             extra={k: v for k, v in lead.extra.items() if k != "evaluation_error"},
+            warnings=warnings,
         )
     finally:
         if own_store:

@@ -1,9 +1,11 @@
 """The worker entry point: one rank of a gang, ``python -m dione.launch.worker DIR RANK``.
 
-It imports the workload files named in ``DIR/modules.json``, reads the slice from
-``DIR/slice.pkl``, joins the gang through the launcher's TCPStore, runs the technique
-and writes ``DIR/result-<rank>.pkl``; on any error it writes ``DIR/error-<rank>.json``
-(with the traceback) and exits with status 1.
+From the launcher's private folder (``$DIONE_PRIVATE_DIR``, checked to be this user's
+and writable by no one else) it imports the workload files named in ``modules.json``,
+reads the slice from ``slice.pkl``, joins the gang through the FileStore there, runs
+the technique and writes ``result-<rank>.pkl``; on any error it writes
+``error-<rank>.json`` (with the traceback, atomically) and exits with status 1. Its
+progress files go to ``DIR``, the slice's log folder in the run directory.
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ def _die_with_parent() -> None:
         os._exit(1)  # the launcher died before prctl took effect
 
 
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all: the launcher may read it at any moment."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(data)
+    partial.replace(path)
+
+
 def _write_error(folder: Path, rank: int, err: BaseException) -> None:
     text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
     dist_error = type(err).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError")
@@ -57,7 +66,7 @@ def _write_error(folder: Path, rank: int, err: BaseException) -> None:
         "time": time.time(),
         "communication": dist_error or any(m in text for m in COMM_ERROR_MARKERS),
     }
-    (folder / f"error-{rank}.json").write_text(json.dumps(record))
+    _write_atomically(folder / f"error-{rank}.json", json.dumps(record).encode())
 
 
 def main(folder: Path, rank: int) -> int:
@@ -65,6 +74,7 @@ def main(folder: Path, rank: int) -> int:
     cores = os.environ.get("DIONE_CORES")
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
+    private = Path(os.environ["DIONE_PRIVATE_DIR"])
     try:
         import cloudpickle
         import torch
@@ -72,13 +82,17 @@ def main(folder: Path, rank: int) -> int:
 
         from dione.spec.devices import backend_for
         from dione.spec.workload import import_workload_file
+        from dione.state.private import check_private
         from dione.techniques.base import SliceContext, SliceSpec
         from dione.techniques.evaluate import evaluate_checkpoint
 
+        # What follows imports and unpickles: only from a folder no one else can write.
+        for path in (private, private / "modules.json", private / "slice.pkl"):
+            check_private(path)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        for module, path in json.loads((folder / "modules.json").read_text()).items():
-            import_workload_file(module, path)
-        spec: SliceSpec = cloudpickle.loads((folder / "slice.pkl").read_bytes())
+        for module, file in json.loads((private / "modules.json").read_text()).items():
+            import_workload_file(module, file)
+        spec: SliceSpec = cloudpickle.loads((private / "slice.pkl").read_bytes())
         world = spec.world
         if spec.device_kind == "cuda":
             torch.cuda.set_device(spec.device_ids[rank])
@@ -88,9 +102,8 @@ def main(folder: Path, rank: int) -> int:
         if grouped:
             timeout = timedelta(
                 seconds=float(os.environ.get("DIONE_COLLECTIVE_TIMEOUT", "1800")))
-            store = dist.TCPStore(  # type: ignore[attr-defined]
-                os.environ["DIONE_STORE_HOST"], int(os.environ["DIONE_STORE_PORT"]), world,
-                is_master=False, timeout=timeout)
+            store = dist.FileStore(str(private / "store"), world)  # type: ignore[attr-defined]
+            store.set_timeout(timeout)
             dist.init_process_group(backend_for(spec.device_kind), store=store, rank=rank,
                                     world_size=world, timeout=timeout)
         ctx = SliceContext(spec, rank, world)
@@ -109,12 +122,10 @@ def main(folder: Path, rank: int) -> int:
             except Exception as err:
                 outcome.extra["evaluation_error"] = "".join(
                     traceback.format_exception(type(err), err, err.__traceback__))
-        partial = folder / f"result-{rank}.pkl.partial"
-        partial.write_bytes(cloudpickle.dumps(outcome))
-        partial.rename(folder / f"result-{rank}.pkl")
+        _write_atomically(private / f"result-{rank}.pkl", cloudpickle.dumps(outcome))
         return 0
     except BaseException as err:  # the launcher reads the file: report everything
-        _write_error(folder, rank, err)
+        _write_error(private, rank, err)
         traceback.print_exc()
         return 1
 

@@ -1,0 +1,46 @@
+"""Private scratch folders of a launcher, and the cleaning of those dead launchers left.
+
+A gang's rendezvous, its pickled slice and its results live in a folder only this user
+can enter (``mkdtemp`` makes it 0700), never in a run directory others might reach;
+the launcher's pid in the name lets the next launcher remove what a killed one left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+__all__ = ["clean_stale_scratch", "scratch_dir"]
+
+_PREFIX = "dione-"
+
+
+def scratch_dir(kind: str) -> Path:
+    """A new private folder ``dione-<kind>-<pid>-*`` in the system's temporary folder."""
+    return Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{kind}-{os.getpid()}-"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_scratch(root: str | Path | None = None) -> list[Path]:
+    """Remove this user's scratch folders whose launcher is dead; those removed."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{_PREFIX}*-*-*"):
+        parts = folder.name.split("-")
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if folder.stat().st_uid != os.getuid() or _alive(int(parts[2])):
+                continue
+            shutil.rmtree(folder)
+            removed.append(folder)
+    return removed
