@@ -83,6 +83,17 @@ def _default_run_dir(workload: str) -> Path:
     return Path("runs") / Path(workload).stem
 
 
+def _claimed(run_dir: Path) -> Any:
+    """The run directory created private and locked for this command; BadInput saying
+    why it cannot be (another live launcher, not private, not writable)."""
+    from dione.orchestrate.options import RunDirError, claim_run_dir
+
+    try:
+        return claim_run_dir(run_dir)
+    except RunDirError as err:
+        raise BadInput(str(err)) from None
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from dione.spec.cluster import ClusterError, local_cluster
     from dione.spec.validate import WorkloadError, validate_workload
@@ -102,7 +113,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from dione.launch.slice import SliceError, local_placement, run_slice
-    from dione.spec.cluster import Node, local_cluster
+    from dione.spec.cluster import ClusterError, Node, check_cpu_slots, local_cluster
     from dione.spec.validate import WorkloadError, check_task
     from dione.techniques import get_technique, technique_names
 
@@ -119,6 +130,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if problems:
         raise BadInput(str(WorkloadError(problems)))
     node = local_cluster().nodes[0]
+    try:
+        check_cpu_slots(node.kind, args.devices, f"--devices {args.devices}")
+    except ClusterError as err:
+        raise BadInput(str(err)) from None
     if node.kind == "cpu" and args.devices > node.devices:
         # CPU slots are virtual: allow more than the cores, each rank then gets one thread.
         node = Node(node.name, args.devices, "cpu", node.cores)
@@ -131,12 +146,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise BadInput(f"{technique.name} cannot train task {task.name!r} on {args.devices} "
                        "device(s): " + "; ".join(reasons))
     run_dir = Path(args.out) if args.out else _default_run_dir(args.workload)
-    try:
-        result = run_slice(task, technique, run_dir, local_placement(node, range(args.devices)),
-                           knobs=knobs, steps=args.steps, timeout=args.timeout)
-    except SliceError as err:
-        _complain("error", str(err))
-        return EXIT_FAILED
+    with _claimed(run_dir):
+        try:
+            result = run_slice(task, technique, run_dir,
+                               local_placement(node, range(args.devices)), knobs=knobs,
+                               steps=args.steps, timeout=args.timeout)
+        except SliceError as err:
+            _complain("diverged" if err.reason == "diverged" else "error", str(err))
+            return EXIT_FAILED
+    for warning in result.warnings:
+        _complain("warning", warning)
     if result.extra.get("stages"):
         console.print("stages: " + "; ".join(
             f"{k}: {s}" for k, s in enumerate(result.extra["stages"])))
@@ -176,26 +195,45 @@ def _run_options(args: argparse.Namespace) -> Any:
         profile_budget=args.budget, trial=_trial_options(args))
 
 
-def _execute(workload_file: str, args: argparse.Namespace, run_dir: Path) -> int:
-    """Validate, profile, plan, run, report: the body of ``run`` and ``resume``."""
+def _execute(workload_file: str, args: argparse.Namespace, run_dir: Path,
+             saved: dict[str, Any] | None = None) -> int:
+    """Validate, profile, plan, run, report: the body of ``run`` and ``resume``. The run
+    directory is touched only once the workload is known to start; ``saved`` is then
+    written to its ``run.json`` (for ``dione resume``)."""
     from dione.orchestrate import RunEvent, run_workload
     from dione.orchestrate.progress import LiveProgress
     from dione.orchestrate.run import RunDirError
 
     tasks, problems, cluster = _valid_tasks(workload_file, args.devices, "started")
     node = cluster.nodes[0]
-    console.print(f"dione run: {len(tasks)} task(s) on {node.devices} {node.kind} device(s) of "
-                  f"{node.name}; run dir {run_dir}")
     options = _run_options(args)
-    with LiveProgress(console) as live:
-        def said(event: RunEvent) -> None:
-            live.event(f"[{event.kind}] {event.message}")
+    with _claimed(run_dir):
+        if saved is not None:
+            try:
+                (run_dir / "run.json").write_text(json.dumps(saved, indent=1) + "\n")
+            except OSError as err:
+                raise BadInput(f"cannot write {run_dir / 'run.json'}: {err.strerror}; give "
+                               "a run directory you can write (--out)") from None
+        console.print(f"dione run: {len(tasks)} task(s) on {node.devices} {node.kind} "
+                      f"device(s) of {node.name}; run dir {run_dir}")
+        with LiveProgress(console) as live:
+            def said(event: RunEvent) -> None:
+                live.event(f"[{event.kind}] {event.message}")
 
-        try:
-            result = run_workload(tasks, cluster, run_dir, options, on_event=said,
-                                  on_profile_event=_profile_printer(), view=live.update)
-        except RunDirError as err:
-            raise BadInput(str(err)) from None
+            try:
+                result = run_workload(tasks, cluster, run_dir, options, on_event=said,
+                                      on_profile_event=_profile_printer(), view=live.update)
+            except RunDirError as err:
+                raise BadInput(str(err)) from None
+    _print_results(result, run_dir)
+    failed = [t for t in result.tasks if t.status != "done"]
+    for t in failed:
+        _complain(f"task {t.task} {t.status}", str(t.error or ""))
+    return EXIT_FAILED if failed or problems else 0
+
+
+def _print_results(result: Any, run_dir: Path) -> None:
+    """The run's table of per-task results, and where its report went."""
     metrics = sorted({k for t in result.tasks for k in t.evaluation})
     table = Table(title=f"results ({run_dir}): makespan {result.makespan:.1f} s, first plan "
                   f"{result.planned_makespan:.1f} s, {result.plans_adopted} plan(s), profiling "
@@ -213,10 +251,6 @@ def _execute(workload_file: str, args: argparse.Namespace, run_dir: Path) -> int
     console.print(table)
     console.print(f"report: {run_dir / 'report'} (summary.md, gantt.png, timeline.csv, "
                   "metrics.csv); plans: " + str(run_dir / "plans"))
-    failed = [t for t in result.tasks if t.status != "done"]
-    for t in failed:
-        _complain(f"task {t.task} {t.status}", str(t.error or ""))
-    return EXIT_FAILED if failed or problems else 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -226,11 +260,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise BadInput("--technique forces one technique for current practice; add "
                        "--current-practice, or restrict techniques in the task")
     run_dir = Path(args.out) if args.out else _default_run_dir(args.workload)
-    run_dir.mkdir(parents=True, exist_ok=True)
     saved = {k: v for k, v in vars(args).items() if k not in ("handler",)}
     saved["workload"] = str(Path(args.workload).resolve())
-    (run_dir / "run.json").write_text(json.dumps(saved, indent=1) + "\n")
-    return _execute(args.workload, args, run_dir)
+    return _execute(args.workload, args, run_dir, saved)
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
@@ -239,14 +271,20 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     if not saved_file.is_file():
         raise BadInput(f"{run_dir} has no run.json: it was not started by `dione run` "
                        "(give the run directory that `dione run --out` wrote)")
-    saved = json.loads(saved_file.read_text())
-    parsed = build_parser().parse_args(["run", saved["workload"]])
+    try:
+        saved = json.loads(saved_file.read_text())
+        workload = saved["workload"]
+        parsed = build_parser().parse_args(["run", workload])
+    except (OSError, ValueError, KeyError, TypeError, SystemExit) as err:
+        raise BadInput(f"{saved_file} is unreadable or damaged ({type(err).__name__}: {err}); "
+                       "start the run again with `dione run WORKLOAD --out "
+                       f"{run_dir}`, which keeps every checkpoint") from None
     for key, value in saved.items():
         setattr(parsed, key, value)
     if args.timeout is not None:
         parsed.timeout = args.timeout
-    console.print(f"resuming {run_dir} ({saved['workload']})")
-    return _execute(saved["workload"], parsed, run_dir)
+    console.print(f"resuming {run_dir} ({workload})")
+    return _execute(workload, parsed, run_dir)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -262,20 +300,36 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    import sqlite3
     import time
 
     from dione.report import read_plans, summaries
+    from dione.state.lock import lock_holder
     from dione.state.store import STORE_FILE, RunStore
 
     run_dir = Path(args.run_dir)
     if not (run_dir / STORE_FILE).is_file():
         raise BadInput(f"{run_dir} is not a dione run directory (no {STORE_FILE})")
-    with RunStore(run_dir) as store:
-        tasks = summaries(store)
-        running = [s for s in store.slices() if s.status == "running"]
-    plans = read_plans(run_dir)
+    try:
+        with RunStore(run_dir) as store:
+            tasks = summaries(store)
+            running = [s for s in store.slices() if s.status == "running"]
+        plans = read_plans(run_dir)
+    except (OSError, sqlite3.Error, ValueError) as err:
+        raise BadInput(f"{run_dir} cannot be read ({type(err).__name__}: {err})") from None
+    holder = lock_holder(run_dir)
+    if holder is not None and holder.alive:
+        live = f"live: launcher pid {holder.pid} on {holder.host}"
+    elif running:
+        # The store says running, but no launcher holds the directory: it died.
+        live = ("dead: its launcher "
+                + (f"(pid {holder.pid} on {holder.host}) " if holder is not None else "")
+                + "is gone; `dione resume` continues from the last checkpoints")
+        running = []
+    else:
+        live = "no launcher running"
     table = Table(title=f"{run_dir}: {sum(t.status == 'done' for t in tasks)} of {len(tasks)} "
-                  f"task(s) done, {len(plans)} plan(s) adopted")
+                  f"task(s) done, {len(plans)} plan(s) adopted; {live}")
     for column in ("task", "status", "steps", "techniques", "final loss", "evaluation",
                    "running now"):
         table.add_column(column)

@@ -3,14 +3,34 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dione.profile.trial import TrialOptions
+from dione.state.lock import RunDirBusy, RunLock
+from dione.state.private import UnsafePathError, private_dir
 
-__all__ = ["RunDirError", "RunEvent", "RunOptions"]
+__all__ = ["RunDirError", "RunEvent", "RunOptions", "claim_run_dir"]
 
 
 class RunDirError(ValueError):
-    """The run directory holds a different workload (say, a task with other steps)."""
+    """A run directory that cannot be used: another workload's (say, a task with other
+    steps), held by another live launcher, not private, or not writable."""
+
+
+def claim_run_dir(run_dir: str | Path) -> RunLock:
+    """Create ``run_dir`` private to this user (or check an existing one) and take its
+    lock for this launcher; RunDirError saying why not and what to do."""
+    try:
+        private_dir(run_dir)
+        lock = RunLock(run_dir)
+        lock.acquire()
+    except (RunDirBusy, UnsafePathError) as err:
+        raise RunDirError(str(err)) from None
+    except OSError as err:
+        where = err.filename or run_dir
+        raise RunDirError(f"cannot use run directory {run_dir}: {err.strerror or err} "
+                          f"({where}); give a directory you can write (--out)") from None
+    return lock
 
 
 @dataclass(frozen=True)

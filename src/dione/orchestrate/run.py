@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dione.orchestrate.options import RunDirError, RunEvent, RunOptions
+from dione.orchestrate.options import RunDirError, RunEvent, RunOptions, claim_run_dir
 from dione.orchestrate.runner import Runner
 from dione.profile.catalog import Catalog
 from dione.profile.profiler import ProfileEvent, profile_workload
@@ -28,7 +28,8 @@ from dione.spec.cluster import Cluster
 from dione.spec.task import Task
 from dione.state.store import RunStore
 
-__all__ = ["RunDirError", "RunEvent", "RunOptions", "RunResult", "TaskResult", "run_workload"]
+__all__ = ["RunDirError", "RunEvent", "RunOptions", "RunResult", "TaskResult", "claim_run_dir",
+           "run_workload"]
 
 
 @dataclass
@@ -36,7 +37,7 @@ class TaskResult:
     """How one task ended: what trained it, its final loss, metrics and checkpoint."""
 
     task: str
-    status: str  # done | failed | pending
+    status: str  # done | failed | diverged | pending
     techniques: list[str] = field(default_factory=list)
     devices: list[int] = field(default_factory=list)
     seconds: float = 0.0
@@ -88,7 +89,15 @@ def run_workload(
     """Train every task to its end as early as possible; resumes what ``run_dir`` holds."""
     options = options or RunOptions()
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with claim_run_dir(run_dir):
+        return _run_claimed(tasks, cluster, run_dir, options, on_event, on_profile_event, view)
+
+
+def _run_claimed(
+    tasks: Sequence[Task], cluster: Cluster, run_dir: Path, options: RunOptions,
+    on_event: Callable[[RunEvent], None] | None,
+    on_profile_event: Callable[[ProfileEvent], None] | None, view: Callable[[Any], None] | None,
+) -> RunResult:
     emit = on_event or (lambda event: None)
     began = time.perf_counter()
     with Catalog(options.catalog) as catalog:

@@ -48,7 +48,7 @@ class _State:
     tasks: dict[str, Task]
     total: dict[str, int]
     done_steps: dict[str, int]
-    status: dict[str, str]  # pending | running | done | failed
+    status: dict[str, str]  # pending | running | done | failed | diverged
     failures: dict[str, int]
     plan: list[dict[str, Any]]  # assignments, times on the run clock
     running: dict[str, _Running] = field(default_factory=dict)
@@ -88,11 +88,14 @@ class Runner:
             finished = record is not None and record.status == "done"
             status[task.name] = "done" if finished or done_steps[task.name] >= total[
                 task.name] else "pending"
+            if record is not None and record.status == "diverged":
+                # Training it on would repeat the divergence: the user must change it.
+                status[task.name] = "diverged"
+                continue
             if not self.profile.task(task.name).options and status[task.name] != "done":
                 status[task.name] = "failed"
-                reason = self.profile.task(task.name).error or (
-                    "no configuration fits: every trial failed or was skipped (see "
-                    "`dione profile`)")
+                reason = self.profile.task(task.name).error or self.profile.task(
+                    task.name).why_no_option()
                 self.store.set_task_status(task.name, "failed", reason)
                 self.emit(RunEvent("task_failed", f"{task.name}: {reason}", task.name))
         self.state = _State({t.name: t for t in tasks}, total, done_steps, status,
@@ -328,7 +331,16 @@ class Runner:
             result = future.result()
         except SliceError as err:
             self.state.failures[name] += 1
-            if self.state.failures[name] >= self.options.max_failures:
+            if err.reason == "diverged":  # the store already says so, with the step
+                self.state.status[name] = "diverged"
+                self.emit(RunEvent("task_diverged", str(err).splitlines()[0], name))
+            elif not err.retryable:
+                self.state.status[name] = "failed"
+                self.store.set_task_status(name, "failed", str(err))
+                self.emit(RunEvent("task_failed", f"{name} failed, and no retry can succeed "
+                                   "until the disk or the permissions change: "
+                                   f"{str(err).splitlines()[0]}", name))
+            elif self.state.failures[name] >= self.options.max_failures:
                 self.state.status[name] = "failed"
                 self.store.set_task_status(name, "failed", str(err))
                 self.emit(RunEvent("task_failed", f"{name} failed {self.state.failures[name]} "
@@ -340,6 +352,8 @@ class Runner:
                                    f"{self.options.max_failures}), will retry: "
                                    f"{str(err).splitlines()[0]}", name))
             return True
+        for warning in result.warnings:
+            self.emit(RunEvent("checkpoint_quarantined", warning, name))
         self.state.done_steps[name] = result.end_step
         if result.losses:
             self.state.last_loss[name] = result.losses[-1]

@@ -1,7 +1,7 @@
 """Current practice: each task in turn, on all devices of one node, to the end.
 
-This is the baseline dione's planner must beat (Saturn's "current practice"), and
-``dione run`` until the planner and orchestrator land.
+This is the baseline dione's planner must beat (Saturn's "current practice"):
+``dione run --current-practice``.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dione.launch.slice import SliceError, SliceResult, local_placement, run_slice
+from dione.orchestrate.options import claim_run_dir
 from dione.spec.cluster import Cluster
 from dione.spec.task import Task
 from dione.state.store import RunStore
@@ -70,7 +71,7 @@ def run_sequential(
     """
     node = cluster.nodes[0]
     outcomes = []
-    with RunStore(run_dir) as store:
+    with claim_run_dir(run_dir), RunStore(run_dir) as store:
         for task in tasks:
             outcome = TaskOutcome(task.name, None, node.devices)
             outcomes.append(outcome)
@@ -91,7 +92,8 @@ def run_sequential(
             except SliceError as err:
                 outcome.error = str(err)
                 store_record = store.task(task.name)
-                if store_record is not None:
+                # A diverged task is already recorded so, with its step.
+                if store_record is not None and err.reason != "diverged":
                     store.set_task_status(task.name, "failed", str(err))
             losses = store.losses(task.name)
             outcome.final_loss = losses[-1][1] if losses else None

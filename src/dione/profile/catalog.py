@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dione.state.private import private_dir, private_file
 from dione.state.sqlite import SQLiteFile
 
 __all__ = ["Catalog", "TrialRecord", "default_catalog_path"]
@@ -43,7 +44,8 @@ def default_catalog_path() -> Path:
 
 @dataclass
 class TrialRecord:
-    """One trial's measurements; ``status`` ok | oom | crash | timeout.
+    """One trial's measurements; ``status`` ok | oom | crash | timeout | diverged
+    (a diverged trial is never stored: it depends on the learning rate).
 
     A slice of N steps is predicted as ``fixed_seconds + warmup_excess_seconds +
     N * step_seconds`` plus ``load_seconds`` when it resumes from a checkpoint:
@@ -95,8 +97,10 @@ class Catalog(SQLiteFile):
 
     def __init__(self, path: str | Path | None = None) -> None:
         path = Path(path) if path is not None else default_catalog_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.parent.exists():
+            private_dir(path.parent)
         super().__init__(path, _SCHEMA, timeout=30.0, any_thread=True)
+        private_file(path)
 
     def __enter__(self) -> Catalog:
         return self

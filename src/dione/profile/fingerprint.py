@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import sys
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -22,8 +23,9 @@ from torch import nn
 import dione
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
+from dione.spec.workload import loaded_workload_files
 
-__all__ = ["device_description", "speed_signature", "trial_fingerprint"]
+__all__ = ["code_digest", "device_description", "speed_signature", "trial_fingerprint"]
 
 # Optimizer settings that change the work of a step (not its numbers).
 _OPTIMIZER_SPEED_KEYS = ("foreach", "fused", "amsgrad", "nesterov", "capturable",
@@ -119,3 +121,22 @@ def trial_fingerprint(
     }
     text = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def code_digest(task: Task) -> str:
+    """A digest of the source files ``task``'s code comes from (the workload files and
+    the modules of its factories): a crash cached under it is run again once they change."""
+    files = set(loaded_workload_files().values())
+    for factory in (task.model, task.data, task.loss, task.optimizer, task.evaluate):
+        module = sys.modules.get(getattr(getattr(factory, "func", factory), "__module__", ""))
+        if module is not None and getattr(module, "__file__", None):
+            files.add(str(module.__file__))
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.encode())
+        try:
+            with open(path, "rb") as file:
+                digest.update(file.read())
+        except OSError:
+            digest.update(b"unreadable")
+    return digest.hexdigest()

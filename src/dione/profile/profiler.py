@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,9 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dione.launch.scratch import clean_stale_scratch, scratch_dir
 from dione.launch.slice import total_steps
 from dione.profile.catalog import Catalog, TrialRecord
-from dione.profile.fingerprint import device_description, speed_signature, trial_fingerprint
+from dione.profile.fingerprint import (
+    code_digest,
+    device_description,
+    speed_signature,
+    trial_fingerprint,
+)
 from dione.profile.trial import TrialOptions, TrialSpec, run_trial, simulated_step_seconds
 from dione.spec.cluster import Cluster, Node
 from dione.spec.devices import available_cores, threads_per_slot
@@ -80,6 +86,16 @@ class TaskProfile:
     not_applicable: list[tuple[str, str]] = field(default_factory=list)
     evaluation_seconds: float = 0.0
     error: str | None = None  # the task could not be profiled at all
+
+    def why_no_option(self) -> str:
+        """Why no configuration fits, from the trials' failures and the skips."""
+        reasons = [f"{r.technique} x{r.devices}: {r.status}"
+                   + (f" ({(r.reason or '').strip().splitlines()[-1][:160]})" if r.reason else "")
+                   for r in self.trials if not r.feasible]
+        reasons += [f"{what}: {why}" for what, why in [*self.skipped, *self.not_applicable]]
+        return ("no configuration fits: every trial failed or was skipped"
+                + (":\n  " + "\n  ".join(reasons[:12]) if reasons else "")
+                + ("\n  ..." if len(reasons) > 12 else "") + "\n(see `dione profile`)")
 
     def option(self, technique: str, devices: int) -> Option | None:
         return next((o for o in self.options
@@ -138,6 +154,7 @@ class _Pending:
     # trial runs only if each of them ran out of memory.
     lighter: list[str] = field(default_factory=list)
     repeat: bool = False  # a feasible trial run again, merged into its record
+    code: str = ""  # the digest of the task's code (a crash is cached with it)
 
 
 def _lighter_settings(knobs: Mapping[str, Any], memory_knobs: Sequence[str],
@@ -196,6 +213,7 @@ def profile_workload(
                                         error=f"{type(err).__name__}: {err}"))
             continue
         group = _digest(signature)
+        code = code_digest(task)
         profile = TaskProfile(task.name, group, steps)
         profiles.append(profile)
         by_task[task.name] = []
@@ -233,11 +251,15 @@ def profile_workload(
                                                           resolved)]
                     wanted[fingerprint] = _Pending(
                         TrialSpec(task, technique.name, knobs, count, fingerprint, device),
-                        group, [task.name], technique.shards_memory, eval_key, lighter)
+                        group, [task.name], technique.shards_memory, eval_key, lighter,
+                        code=code)
     results: dict[str, TrialRecord] = {}
     pending: list[_Pending] = []
     for fingerprint, trial in wanted.items():
         cached = None if reprofile else catalog.get(fingerprint)
+        if cached is not None and cached.status == "crash" and cached.extra.get(
+                "code") != trial.code:
+            cached = None  # it crashed under code that has changed since: try again
         if cached is not None:
             results[fingerprint] = cached
             emit(ProfileEvent("cached", trial.spec.label, tuple(trial.tasks), cached))
@@ -401,9 +423,10 @@ def _run_pending(
                           total=total))
 
     queue = list(pending)
-    with tempfile.TemporaryDirectory(prefix="dione-trials-") as own_scratch, \
-            ThreadPoolExecutor(max_workers=max(1, lanes)) as pool:
-        root = Path(scratch) if scratch is not None else Path(own_scratch)
+    clean_stale_scratch()  # what killed launchers left behind
+    own_scratch = scratch_dir("trials")
+    with ThreadPoolExecutor(max_workers=max(1, lanes)) as pool:
+        root = Path(scratch) if scratch is not None else own_scratch
         try:
             while queue or running:
                 for trial in list(queue):
@@ -453,7 +476,12 @@ def _run_pending(
                     if trial.repeat:
                         record = _merged(results[trial.spec.fingerprint], record)
                     results[trial.spec.fingerprint] = record
-                    catalog.put(record)
+                    if record.status == "crash":
+                        record.extra["code"] = trial.code
+                    # A divergence depends on the learning rate, which the fingerprint
+                    # leaves out: it must not stand for the task's whole group later.
+                    if record.status != "diverged":
+                        catalog.put(record)
                     if trial.evaluation_key is not None:
                         if evaluation is not None:
                             catalog.put_evaluation_seconds(trial.evaluation_key, evaluation)
@@ -468,6 +496,8 @@ def _run_pending(
         except BaseException:
             cancel.set()  # every running gang stops; the pool then joins its threads
             raise
+        finally:
+            shutil.rmtree(own_scratch, ignore_errors=True)
     return run_count, skips
 
 

@@ -66,6 +66,8 @@ class TrialSpec:
 
 
 def _classify(err: SliceError) -> str:
+    if err.reason == "diverged":
+        return "diverged"
     if err.error_type == "OutOfMemoryError" or "out of memory" in str(err).lower():
         return "oom"
     return "timeout" if err.reason == "timeout" else "crash"

@@ -130,8 +130,9 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None) -> Pat
 
 
 def leaderboard(tasks: Sequence[TaskSummary], metric: str) -> list[TaskSummary]:
-    """Finished tasks with ``metric``, best first."""
-    scored = [t for t in tasks if metric in t.evaluation]
+    """Tasks with ``metric``, best first (a diverged task is ranked by no metric: it is
+    listed after the board)."""
+    scored = [t for t in tasks if metric in t.evaluation and t.status != "diverged"]
     return sorted(scored, key=lambda t: t.evaluation[metric],
                   reverse=not lower_is_better(metric))
 
@@ -165,9 +166,11 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
         for rank, t in enumerate(board, 1):
             lines.append(f"| {rank} | {t.task} | {t.evaluation[metric]:.4f} | "
                          f"{json.dumps(t.hyperparameters)} |")
-    failed = [t for t in tasks if t.status == "failed"]
+        lines += [f"| - | {t.task} | diverged | {json.dumps(t.hyperparameters)} |"
+                  for t in tasks if t.status == "diverged"]
+    failed = [t for t in tasks if t.status in ("failed", "diverged")]
     if failed:
-        lines += ["", "## Failed tasks", ""]
-        lines += [f"- {t.task}: {(t.error or '').splitlines()[0] if t.error else ''}"
-                  for t in failed]
+        lines += ["", "## Failed and diverged tasks", ""]
+        lines += [f"- {t.task} ({t.status}): "
+                  f"{(t.error or '').splitlines()[0] if t.error else ''}" for t in failed]
     return "\n".join(lines) + "\n"

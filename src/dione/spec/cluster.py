@@ -9,13 +9,16 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from dione.spec.devices import (
+    CPU_SLOTS_PER_CORE,
     DeviceKind,
     available_cores,
     local_device_count,
     local_device_kind,
+    max_cpu_slots,
 )
 
-__all__ = ["Cluster", "ClusterError", "Node", "local_cluster", "parse_devices"]
+__all__ = ["Cluster", "ClusterError", "Node", "check_cpu_slots", "local_cluster",
+           "parse_devices"]
 
 
 class ClusterError(ValueError):
@@ -102,6 +105,15 @@ def parse_devices(text: str) -> tuple[DeviceKind, int]:
     return kind, int(match.group(2))
 
 
+def check_cpu_slots(kind: DeviceKind, count: int, what: str) -> None:
+    """Refuse far more CPU slots than this machine's cores can run, saying the limit."""
+    if kind == "cpu" and count > max_cpu_slots():
+        raise ClusterError(
+            f"{what}: {count} CPU slots is more than this machine runs ({max_cpu_slots()}: "
+            f"{CPU_SLOTS_PER_CORE} per core on {len(available_cores())} core(s)); each slot "
+            "is a worker process, so ask for fewer")
+
+
 def local_cluster(devices: str | None = None) -> Cluster:
     """This machine as a one-node cluster: its GPUs, else one CPU slot per core."""
     if devices is None:
@@ -114,4 +126,5 @@ def local_cluster(devices: str | None = None) -> Cluster:
                 f"--devices {devices}: this machine has {local_device_count('cuda')} CUDA "
                 "devices; ask for fewer, or for cpu slots (cpu:N)"
             )
+        check_cpu_slots(kind, count, f"--devices {devices}")
     return Cluster([Node(socket.gethostname() or "local", count, kind, len(available_cores()))])

@@ -14,6 +14,7 @@ __all__ = [
     "cores_for_slot",
     "local_device_count",
     "local_device_kind",
+    "max_cpu_slots",
     "threads_per_slot",
     "torch_device",
 ]
@@ -38,6 +39,17 @@ def local_device_count(kind: DeviceKind) -> int:
     if kind == "cuda":
         return torch.cuda.device_count()
     return len(available_cores())
+
+
+# CPU slots beyond the cores share them: a few per core still test a gang's logic; far
+# more only queue dozens of processes on each core (cpu:999 on 2 cores would start
+# 999-rank gangs).
+CPU_SLOTS_PER_CORE = 4
+
+
+def max_cpu_slots() -> int:
+    """The most CPU worker slots this machine takes: ``CPU_SLOTS_PER_CORE`` per core."""
+    return CPU_SLOTS_PER_CORE * len(available_cores())
 
 
 def backend_for(kind: DeviceKind) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import traceback
 from collections import Counter
@@ -82,6 +83,41 @@ def _check_picklable(task: Task) -> list[Problem]:
         return problems or [Problem(task.name, "task", f"cannot be pickled: {whole}")]
 
 
+def _numbers(value: Any) -> list[float] | None:
+    """The numbers in a hyperparameter (a number, a one-number tensor, or a tuple of
+    them, like Adam's betas); None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return [float(value)]
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_meta:
+        return [float(value)]
+    if isinstance(value, (tuple, list)) and value:
+        parts = [_numbers(v) for v in value]
+        if all(p is not None and len(p) == 1 for p in parts):
+            return [p[0] for p in parts if p is not None]
+    return None
+
+
+def _hyperparameter_problems(optimizer: torch.optim.Optimizer) -> list[str]:
+    """Non-finite hyperparameters and non-positive learning rates, which would make
+    every step's update NaN or send training the wrong way."""
+    problems = []
+    for index, group in enumerate(optimizer.param_groups):
+        where = f" (parameter group {index})" if len(optimizer.param_groups) > 1 else ""
+        for key, value in group.items():
+            numbers = _numbers(value)
+            if key == "params" or numbers is None:
+                continue
+            if not all(math.isfinite(x) for x in numbers):
+                problems.append(f"{key}={value!r}{where} is not a finite number; every "
+                                "update would be NaN")
+            elif key == "lr" and numbers[0] <= 0:
+                problems.append(f"lr={value!r}{where} must be positive: a learning rate "
+                                "of zero trains nothing and a negative one climbs the loss")
+    return problems
+
+
 def check_task(
     task: Task, devices: int | None = None, techniques: Iterable[str] | None = None
 ) -> list[Problem]:
@@ -107,9 +143,9 @@ def check_task(
     elif task.steps is not None and (not isinstance(task.steps, int) or task.steps < 1):
         bad("steps", f"must be a positive integer, not {task.steps!r}")
     elif task.epochs is not None and not (
-        isinstance(task.epochs, (int, float)) and task.epochs > 0
+        isinstance(task.epochs, (int, float)) and math.isfinite(task.epochs) and task.epochs > 0
     ):
-        bad("epochs", f"must be a positive number, not {task.epochs!r}")
+        bad("epochs", f"must be a positive, finite number, not {task.epochs!r}")
     if not isinstance(task.seed, int):
         bad("seed", f"must be an integer, not {task.seed!r}")
     for field in _FACTORIES:
@@ -146,6 +182,9 @@ def check_task(
             if not isinstance(optimizer, torch.optim.Optimizer):
                 bad("optimizer",
                     f"returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
+            else:
+                for message in _hyperparameter_problems(optimizer):
+                    bad("optimizer", message)
         except Exception as err:
             bad("optimizer", f"the optimizer factory raised {_exception_line(err)}")
         if task.split_points:
