@@ -1,0 +1,490 @@
+"""Faults and hostile input: a diverging task, a corrupt checkpoint, a second launcher, a
+planted pickle, a stranger at the gang's door, and bad input caught before anything runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TEST_NODE, digits_task, interruptible, worker_processes
+from dione.cli import main as dione_main
+from dione.launch.local import Placement, _describe_failure
+from dione.launch.scratch import clean_stale_scratch, scratch_dir
+from dione.launch.slice import SliceError, local_placement, run_slice
+from dione.profile import Catalog, TrialOptions, profile_workload
+from dione.spec.cluster import Cluster
+from dione.spec.workload import load_workload
+from dione.state import RunStore
+from dione.techniques import get_technique
+from dione.techniques.base import SliceSpec
+
+# A model that counts its forward passes in a buffer (so the count survives checkpoints)
+# and makes the loss NaN or +inf from the 7th on: trials (3 steps) pass, the run's
+# second slice (steps 4-8) diverges at step 7.
+DIVERGING = '''
+import functools, math, os
+import torch
+from torch import nn
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+BAD = os.environ.get("BAD_VALUE", "nan")
+
+class Diverging(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = digits_mlp(hidden=16, depth=1)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        self.calls += 1
+        out = self.net(x)
+        if int(self.calls) < 7:
+            return out
+        if BAD == "nan":
+            return out * math.nan
+        # Only class 0 possible: the cross-entropy of every other target is +inf.
+        impossible = torch.full_like(out, -math.inf)
+        impossible[:, 0] = 0.0
+        return out * 0 + impossible
+
+def task(name, model):
+    return Task(name=name, model=model, data=digits_train,
+                loss=torch.nn.functional.cross_entropy,
+                optimizer=functools.partial(torch.optim.Adam, lr=1e-2), batch_size=16,
+                steps=12, techniques=("single",))
+
+workload = Workload([task("good", functools.partial(digits_mlp, hidden=16, depth=1)),
+                     task("diverging", Diverging)])
+'''
+
+# Rank 1 sleeps in its third step: a gang that stays up long enough to look at.
+HANGING = '''
+import functools, time
+import torch
+import torch.distributed as dist
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+calls = 0
+
+def loss(output, target):
+    global calls
+    calls += 1
+    if dist.get_rank() == 1 and calls == 3:
+        time.sleep(120)
+    return torch.nn.functional.cross_entropy(output, target)
+
+workload = Workload([Task(name="hang", model=functools.partial(digits_mlp, hidden=16, depth=1),
+                          data=digits_train, loss=loss,
+                          optimizer=functools.partial(torch.optim.Adam, lr=1e-2),
+                          batch_size=16, steps=6)])
+'''
+
+
+def dione(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
+          cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dione.cli", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=timeout,
+                          cwd=cwd)
+
+
+# -- a rank's error report --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", ["", '{"rank": 1, "type": "Val'])
+def test_an_unreadable_error_report_is_no_report(tmp_path: Path, content: str) -> None:
+    """An error file read while empty or half-written (its rank was being killed) must
+    not become a second failure: the slice fails with what is known."""
+    (tmp_path / "error-1.json").write_text(content)
+    (tmp_path / "rank1.log").write_text("Traceback ...\nValueError: boom\n")
+    spec = SliceSpec(digits_task(), get_technique("ddp"), {}, "cpu", (0, 1), 0, 4, None,
+                     str(tmp_path))
+    error = _describe_failure(tmp_path, tmp_path, {0: -15, 1: 1}, {0}, spec,
+                              Placement("n", "cpu", (0, 1), 1))
+    assert error.rank == 1 and error.reason == "exit"
+    assert "exited with status 1" in str(error) and "ValueError: boom" in str(error)
+
+
+# -- diverging tasks --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+def test_a_diverging_task_ends_diverged_and_the_others_go_on(tmp_path: Path, bad: str) -> None:
+    workload = tmp_path / "diverging.py"
+    workload.write_text(DIVERGING)
+    run_dir = tmp_path / "run"
+    common = ["--devices", "cpu:2", "--catalog", str(tmp_path / "catalog.sqlite")]
+    env = {"BAD_VALUE": bad}
+    ran = dione("run", str(workload), "--out", str(run_dir), "--slice-steps", "4",
+                "--warmup-steps", "1", "--measure-steps", "2", "--solver", "greedy",
+                *common, env=env)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert "task diverging diverged" in ran.stderr
+    with RunStore(run_dir) as store:
+        good, diverging = store.task("good"), store.task("diverging")
+        assert good is not None and good.status == "done"
+        assert diverging is not None and diverging.status == "diverged"
+        assert "at step 7" in (diverging.error or "")
+        assert "last finite checkpoint is step 4" in (diverging.error or "")
+        latest = store.latest_checkpoint("diverging")
+        assert latest is not None and latest.step == 4  # the last finite one, kept
+        losses = dict(store.losses("diverging"))
+        assert all(math.isfinite(losses[s]) for s in range(1, 7))
+        assert (math.isnan if bad == "nan" else math.isinf)(losses[7])
+        assert 8 not in losses  # nothing recorded past the divergence
+        statuses = [s.status for s in store.slices("diverging")]
+    assert statuses == ["done", "diverged"]
+    assert not (run_dir / "checkpoints" / "diverging" / "step-00000008").exists()
+    # Resuming does not crash, and does not train the diverged task again.
+    resumed = dione("resume", str(run_dir), env=env)
+    assert resumed.returncode == 1, resumed.stdout + resumed.stderr
+    assert "Traceback" not in resumed.stderr
+    with RunStore(run_dir) as store:
+        assert [s.status for s in store.slices("diverging")] == ["done", "diverged"]
+    summary = (run_dir / "report" / "summary.md").read_text()
+    assert "| diverging | diverged |" in summary and "(diverged)" in summary
+    status = dione("status", str(run_dir))
+    assert status.returncode == 0 and "diverged" in status.stdout
+
+
+def test_a_trial_that_diverges_is_recorded_so_and_not_kept(tmp_path: Path) -> None:
+    task = digits_task("nan-loss", loss=lambda output, target: output.sum() * math.nan,
+                       techniques=("single",))
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        profile = profile_workload([task], Cluster([TEST_NODE]), catalog,
+                                   options=TrialOptions(warmup_steps=1, measure_steps=2))
+        assert [r.status for r in profile.task("nan-loss").trials] == ["diverged"]
+        assert not profile.task("nan-loss").options
+        # It depends on the learning rate, which the catalog's key leaves out.
+        assert catalog.records() == []
+
+
+# -- the gang's rendezvous --------------------------------------------------------------
+
+
+def _listening(pid: int) -> list[str]:
+    """The local addresses (hex, as /proc/net shows them) on which ``pid`` listens."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                found.append(fields[1].split(":")[0])
+    return found
+
+
+_LOOPBACK = ("0100007F", "00000000000000000000000001000000")  # 127.0.0.1, ::1
+
+
+def test_a_local_gang_listens_on_loopback_only_and_rendezvouses_in_private(
+        tmp_path: Path) -> None:
+    workload = tmp_path / "hanging.py"
+    workload.write_text(HANGING)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "dione.cli", "train", str(workload), "--task", "hang",
+         "--technique", "ddp", "--devices", "2", "--out", str(tmp_path / "run")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=interruptible)
+    try:
+        # Wait until both ranks listen (gloo's pairs: the process group is up).
+        deadline = time.monotonic() + 120
+        workers: list[int] = []
+        while time.monotonic() < deadline:
+            workers = worker_processes()
+            if len(workers) == 2 and all(_listening(pid) for pid in workers):
+                break
+            time.sleep(0.2)
+        assert len(workers) == 2 and all(_listening(pid) for pid in workers)
+        addresses = [a for pid in [launcher.pid, *workers] for a in _listening(pid)]
+        assert all(a in _LOOPBACK for a in addresses), addresses
+        private = {dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ")
+                        .read_text().split("\0") if "=" in line)["DIONE_PRIVATE_DIR"]
+                   for pid in workers}
+        assert len(private) == 1
+        folder = Path(private.pop())
+        assert (folder.stat().st_mode & 0o777) == 0o700
+        assert folder.stat().st_uid == os.getuid()
+        assert not str(folder).startswith(str(tmp_path))  # not in the run directory
+    finally:
+        launcher.send_signal(signal.SIGINT)
+        launcher.wait(60)
+
+
+# -- one launcher per run directory -----------------------------------------------------
+
+
+def test_a_second_launcher_is_refused_and_status_tells_a_dead_run(tmp_path: Path) -> None:
+    workload = tmp_path / "hanging.py"
+    workload.write_text(HANGING)
+    run_dir = tmp_path / "run"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "dione.cli", "train", str(workload), "--task", "hang",
+         "--technique", "ddp", "--devices", "2", "--out", str(run_dir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not list(run_dir.glob("logs/slice-*")):
+            time.sleep(0.2)
+        live = dione("status", str(run_dir))
+        assert f"live: launcher pid {first.pid}" in live.stdout, live.stdout
+        for second in (["run", str(workload), "--devices", "cpu:2"],
+                       ["train", str(workload), "--task", "hang", "--technique", "single"]):
+            refused = dione(*second, "--out", str(run_dir))
+            assert refused.returncode == 2, refused.stdout + refused.stderr
+            assert f"in use by another dione launcher (pid {first.pid}" in refused.stderr
+        first.kill()  # as the OOM killer would: no chance to clean up
+        first.wait(30)
+        deadline = time.monotonic() + 30
+        while worker_processes() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        dead = dione("status", str(run_dir))
+        assert dead.returncode == 0
+        assert f"dead: its launcher (pid {first.pid}" in dead.stdout, dead.stdout
+        assert not re.search(r"steps \d+-\d+ for \d+ s", dead.stdout)  # not "running"
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(30)
+
+
+# -- checkpoints you can trust ----------------------------------------------------------
+
+
+def _damage(folder: Path, how: str) -> str:
+    """Damage one model shard of a checkpoint; the file's name."""
+    shard = sorted(folder.glob("*.distcp"))[0]
+    data = shard.read_bytes()
+    if how == "flip":  # same size, other bytes: only a digest sees it
+        middle = len(data) // 2
+        shard.write_bytes(data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 64])
+                          + data[middle + 64:])
+    elif how == "truncate":
+        shard.write_bytes(data[: len(data) // 2])
+    else:
+        shard.unlink()
+    return shard.name
+
+
+@pytest.fixture(scope="module")
+def resumed_from_step_4(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    """Losses of steps 5-12 of a task resumed from its step-4 checkpoint, undamaged."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    placement = local_placement(TEST_NODE, [0])
+    run_slice(digits_task(), "single", run_dir, placement, steps=4)
+    return run_slice(digits_task(), "single", run_dir, placement).losses
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "delete"])
+def test_a_damaged_checkpoint_is_quarantined_and_the_previous_one_used(
+        tmp_path: Path, how: str, resumed_from_step_4: list[float]) -> None:
+    placement = local_placement(TEST_NODE, [0])
+    for _ in range(2):
+        run_slice(digits_task(), "single", tmp_path, placement, steps=4)
+    step_8 = tmp_path / "checkpoints" / "digits" / "step-00000008"
+    name = _damage(step_8, how)
+    result = run_slice(digits_task(), "single", tmp_path, placement)
+    assert result.start_step == 4 and result.end_step == 12
+    assert result.losses == resumed_from_step_4  # as if it had resumed from step 4
+    [warning] = result.warnings
+    assert f"file {name}" in warning and str(step_8) in warning and "from step 4" in warning
+    assert step_8.with_name("step-00000008.corrupt").is_dir()
+
+
+def test_a_planted_pickle_in_a_checkpoint_is_not_run(tmp_path: Path) -> None:
+    """Even with its digest forged to match, an RNG file that would run code on
+    unpickling is refused: it loads with weights_only."""
+    placement = local_placement(TEST_NODE, [0])
+    run_slice(digits_task(), "single", tmp_path, placement, steps=4)
+    folder = tmp_path / "checkpoints" / "digits" / "step-00000004"
+    marker = tmp_path / "pwned"
+
+    class Planted:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"torch": Planted()}, folder / "rng" / "rank0.pt")
+    import hashlib
+    digests = json.loads((folder / "digests.json").read_text())
+    digests["rng/rank0.pt"] = hashlib.sha256((folder / "rng" / "rank0.pt").read_bytes()
+                                             ).hexdigest()
+    (folder / "digests.json").write_text(json.dumps(digests))
+    with pytest.raises(SliceError, match="cannot be loaded safely"):
+        run_slice(digits_task(), "single", tmp_path, placement, steps=2)
+    assert not marker.exists()
+
+
+def test_nothing_a_worker_unpickles_or_imports_lies_in_the_run_directory(
+        tmp_path: Path) -> None:
+    run_slice(digits_task(), "ddp", tmp_path, local_placement(TEST_NODE, [0, 1]), steps=2)
+    [folder] = (tmp_path / "logs").iterdir()
+    names = sorted(p.name for p in folder.iterdir())
+    assert not [n for n in names if n.endswith((".pkl", ".json")) and "progress" not in n], names
+    assert (tmp_path.stat().st_mode & 0o077) == 0  # created private
+
+
+def test_a_run_directory_others_can_write_is_refused(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    workload = tmp_path / "diverging.py"
+    workload.write_text(DIVERGING)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    code = dione_main(["train", str(workload), "--task", "good", "--technique", "single",
+                       "--out", str(shared)])
+    assert code == 2
+    assert "writable by others (mode 777)" in capsys.readouterr().err
+    assert list(shared.iterdir()) == []  # nothing was written into it
+
+
+# -- bad input, caught up front ---------------------------------------------------------
+
+BAD_OPTIMIZERS = '''
+import functools, math
+import torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+def task(name, optimizer, **extra):
+    fields = dict(steps=4)
+    fields.update(extra)
+    return Task(name=name, model=functools.partial(digits_mlp, hidden=16, depth=1),
+                data=digits_train, loss=torch.nn.functional.cross_entropy,
+                optimizer=optimizer, batch_size=16, **fields)
+
+workload = Workload([
+    task("nan-lr", functools.partial(torch.optim.SGD, lr=float("nan"))),
+    task("zero-lr", functools.partial(torch.optim.SGD, lr=0.0)),
+    task("inf-momentum", functools.partial(torch.optim.SGD, lr=0.1, momentum=math.inf)),
+    task("inf-epochs", functools.partial(torch.optim.Adam, lr=1e-3), steps=None,
+         epochs=float("inf")),
+    task("fine", functools.partial(torch.optim.Adam, lr=1e-3)),
+])
+'''
+
+
+def test_bad_hyperparameters_and_lengths_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workload = tmp_path / "bad.py"
+    workload.write_text(BAD_OPTIMIZERS)
+    assert dione_main(["validate", str(workload)]) == 2
+    err = capsys.readouterr().err
+    assert "the workload has 4 problem(s)" in err
+    assert "task 'nan-lr', field 'optimizer': lr=nan is not a finite number" in err
+    assert "task 'zero-lr', field 'optimizer': lr=0.0 must be positive" in err
+    assert "task 'inf-momentum', field 'optimizer': momentum=inf is not a finite number" in err
+    assert "task 'inf-epochs', field 'epochs': must be a positive, finite number, not inf" in err
+    assert "'fine'" not in err
+
+
+def test_a_failed_start_leaves_run_json_alone_and_bad_run_dirs_say_why(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    saved = run_dir / "run.json"
+    saved.write_text('{"workload": "/somewhere/work.py", "devices": "cpu:2"}\n')
+    before = saved.read_bytes()
+    workload = tmp_path / "bad.py"
+    workload.write_text(BAD_OPTIMIZERS)
+    assert dione_main(["run", str(tmp_path / "missing.py"), "--out", str(run_dir)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert dione_main(["run", str(workload), "--devices", "cpu:999", "--out",
+                       str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "999 CPU slots is more than this machine runs" in err and "per core" in err
+    assert saved.read_bytes() == before
+    saved.write_text('{"workload": ')  # damaged
+    assert dione_main(["resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "run.json is unreadable or damaged" in err and "Traceback" not in err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for unusable in (blocker / "run", Path("/proc/dione-run")):
+        assert dione_main(["train", str(workload), "--task", "fine", "--technique", "single",
+                           "--out", str(unusable)]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot use run directory {unusable}" in err and "Traceback" not in err
+
+
+def test_a_crash_cached_in_the_catalog_is_tried_again_once_the_code_is_fixed(
+        tmp_path: Path) -> None:
+    source = '''
+import functools, torch
+from dione import Task, Workload
+from dione.zoo import digits_train
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        BODY
+
+workload = Workload([Task(name="net", model=Net, data=digits_train,
+                          loss=torch.nn.functional.cross_entropy,
+                          optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
+                          batch_size=16, steps=4, techniques=("single",))])
+'''
+    file = tmp_path / "net.py"
+    options = TrialOptions(warmup_steps=1, measure_steps=1)
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        file.write_text(source.replace("BODY", 'raise ValueError("a bug in forward")'))
+        broken = profile_workload(list(load_workload(file)), Cluster([TEST_NODE]), catalog,
+                                  options=options)
+        assert [r.status for r in broken.task("net").trials] == ["crash"]
+        reason = broken.task("net").why_no_option()
+        assert "no configuration fits" in reason and "a bug in forward" in reason
+        again = profile_workload(list(load_workload(file)), Cluster([TEST_NODE]), catalog,
+                                 options=options)
+        assert again.trials_run == 0  # the same code: the cached crash stands
+        file.write_text(source.replace("BODY", "return self.layer(x)"))
+        fixed = profile_workload(list(load_workload(file)), Cluster([TEST_NODE]), catalog,
+                                 options=options)
+        assert fixed.trials_run == 1 and fixed.task("net").options
+
+
+def test_errors_no_retry_can_fix_are_not_retried() -> None:
+    assert SliceError("rank 0 raised OSError: [Errno 30] Read-only file system: '/x'",
+                      "raised", "OSError").retryable is False
+    assert SliceError("rank 1 raised CheckpointException: ... No space left on device",
+                      "raised", "CheckpointException").retryable is False
+    assert SliceError("rank 0 raised PermissionError: [Errno 13] Permission denied",
+                      "raised", "PermissionError").retryable is False
+    assert SliceError("diverged", "diverged").retryable is False
+    assert SliceError("rank 1 was killed by SIGKILL", "signal").retryable is True
+
+
+def test_scratch_folders_of_dead_launchers_are_cleaned(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = tmp_path / f"dione-trials-{gone.pid}-abc"
+    stale.mkdir()
+    (stale / "leftover").write_text("x")
+    live = tmp_path / f"dione-gang-{os.getpid()}-def"
+    live.mkdir()
+    assert clean_stale_scratch(tmp_path) == [stale]
+    assert not stale.exists() and live.exists()
+    mine = scratch_dir("gang")
+    try:
+        assert (mine.stat().st_mode & 0o777) == 0o700 and f"-{os.getpid()}-" in mine.name
+    finally:
+        shutil.rmtree(mine)
