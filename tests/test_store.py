@@ -66,3 +66,43 @@ def test_slices_of_a_dead_launcher_become_interrupted(tmp_path: Path) -> None:
         assert store.recover_interrupted() == [stale.id]
         assert store.slice(stale.id).status == "interrupted"
         assert store.task("t").status == "pending"
+
+
+def test_a_store_of_an_older_dione_is_rebuilt_with_every_row(tmp_path: Path) -> None:
+    """A run directory written before `diverged` existed (status CHECKs without it, a
+    loss that could not be NULL) opens, keeps its rows, and takes a NaN and a divergence."""
+    import math
+    import sqlite3
+
+    old = sqlite3.connect(tmp_path / "dione.sqlite")
+    old.executescript("""
+        CREATE TABLE tasks (name TEXT PRIMARY KEY, total_steps INTEGER NOT NULL,
+            batch_size INTEGER NOT NULL, hyperparameters TEXT NOT NULL DEFAULT '{}',
+            status TEXT NOT NULL DEFAULT 'pending'
+                CHECK (status IN ('pending', 'running', 'done', 'failed')),
+            error TEXT, updated_at REAL NOT NULL);
+        CREATE TABLE slices (id INTEGER PRIMARY KEY AUTOINCREMENT,
+            task TEXT NOT NULL REFERENCES tasks(name), technique TEXT NOT NULL,
+            knobs TEXT NOT NULL, node TEXT NOT NULL, device_ids TEXT NOT NULL,
+            start_step INTEGER NOT NULL, end_step INTEGER NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed', 'interrupted')),
+            started_at REAL NOT NULL, ended_at REAL, error TEXT, checkpoint TEXT,
+            host TEXT NOT NULL, owner_pid INTEGER NOT NULL, timings TEXT,
+            peak_memory_bytes INTEGER);
+        CREATE TABLE metrics (task TEXT NOT NULL, step INTEGER NOT NULL,
+            slice_id INTEGER NOT NULL REFERENCES slices(id), loss REAL NOT NULL,
+            seconds REAL NOT NULL, PRIMARY KEY (task, step));
+        INSERT INTO tasks VALUES ('t', 4, 8, '{}', 'pending', NULL, 0);
+        INSERT INTO slices VALUES (1, 't', 'single', '{}', 'n0', '[0]', 0, 1, 'done', 0, 1,
+            NULL, NULL, 'h', 1, '{}', NULL);
+        INSERT INTO metrics VALUES ('t', 1, 1, 2.5, 0.1);
+    """)
+    old.close()
+    with RunStore(tmp_path) as store:
+        assert store.losses("t") == [(1, 2.5)] and store.slice(1).status == "done"
+        slice_id = store.begin_slice("t", "single", {}, "n0", [0], 1, 3)
+        store.diverge_slice(slice_id, [1.0, math.nan], [0.1, 0.1], "loss nan at step 3")
+        assert store.task("t").status == "diverged"
+        assert math.isnan(store.losses("t")[-1][1])
+    with RunStore(tmp_path) as store:  # opening it again changes nothing
+        assert [s for s, _ in store.losses("t")] == [1, 2, 3]
