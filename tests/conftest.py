@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dione.launch.pool import shutdown_local_pool
 from dione.schedules import Timeline
 from dione.spec.cluster import Node
 from dione.spec.task import Task
@@ -89,9 +90,11 @@ def interruptible() -> None:
 
 @pytest.fixture(autouse=True)
 def no_leftover_workers() -> Iterator[None]:
-    """Every test must leave no worker process behind."""
+    """Every test must leave no worker process behind (its process's warm workers end
+    with it: the next test starts from cold, as a new launcher would)."""
     before = set(worker_processes())
     yield
+    shutdown_local_pool()
     left = set(worker_processes()) - before
     for pid in left:
         os.kill(pid, 9)

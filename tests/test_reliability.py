@@ -9,9 +9,13 @@ import os
 import re
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,7 @@ import torch
 from conftest import TEST_NODE, digits_task, interruptible, worker_processes
 from dione.cli import main as dione_main
 from dione.launch.local import Placement, _describe_failure
+from dione.launch.pool import WarmWorker, local_pool
 from dione.launch.scratch import clean_stale_scratch, scratch_dir
 from dione.launch.slice import SliceError, local_placement, run_slice
 from dione.profile import Catalog, TrialOptions, profile_workload
@@ -103,15 +108,22 @@ def dione(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
 # -- a rank's error report --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("content", ["", '{"rank": 1, "type": "Val'])
-def test_an_unreadable_error_report_is_no_report(tmp_path: Path, content: str) -> None:
-    """An error file read while empty or half-written (its rank was being killed) must
-    not become a second failure: the slice fails with what is known."""
-    (tmp_path / "error-1.json").write_text(content)
+def test_a_half_written_reply_is_no_report(tmp_path: Path) -> None:
+    """A reply cut off by its worker's death (or garbled) must not become a second
+    failure: the rank counts as lost, and the slice fails with what is known."""
+    ours, theirs = socket.socketpair()
+    process = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    worker = WarmWorker(("cpu", 1), process, Connection(ours.detach()), tmp_path / "log")
+    try:
+        theirs.sendall(struct.pack("!i", 4000) + b"half a pickle")  # then the sender died
+        theirs.close()
+        assert worker.reply() == ("lost", None)
+    finally:
+        local_pool().end([worker])
     (tmp_path / "rank1.log").write_text("Traceback ...\nValueError: boom\n")
     spec = SliceSpec(digits_task(), get_technique("ddp"), {}, "cpu", (0, 1), 0, 4, None,
                      str(tmp_path))
-    error = _describe_failure(tmp_path, tmp_path, {0: -15, 1: 1}, {0}, spec,
+    error = _describe_failure(tmp_path, {}, {1: 1}, {0}, spec,
                               Placement("n", "cpu", (0, 1), 1))
     assert error.rank == 1 and error.reason == "exit"
     assert "exited with status 1" in str(error) and "ValueError: boom" in str(error)
@@ -216,11 +228,9 @@ def test_a_local_gang_listens_on_loopback_only_and_rendezvouses_in_private(
         assert len(workers) == 2 and all(_listening(pid) for pid in workers)
         addresses = [a for pid in [launcher.pid, *workers] for a in _listening(pid)]
         assert all(a in _LOOPBACK for a in addresses), addresses
-        private = {dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ")
-                        .read_text().split("\0") if "=" in line)["DIONE_PRIVATE_DIR"]
-                   for pid in workers}
-        assert len(private) == 1
-        folder = Path(private.pop())
+        # The rendezvous: the gang's FileStore, in its launcher's private scratch folder.
+        [folder] = Path(tempfile.gettempdir()).glob(f"dione-gang-{launcher.pid}-*")
+        assert (folder / "store").is_file()
         assert (folder.stat().st_mode & 0o777) == 0o700
         assert folder.stat().st_uid == os.getuid()
         assert not str(folder).startswith(str(tmp_path))  # not in the run directory

@@ -1,27 +1,33 @@
-"""The worker entry point: one rank of a gang, ``python -m dione.launch.worker DIR RANK``.
+"""A warm worker: one long-lived process per device slot, ``python -m dione.launch.worker FD``.
 
-From the launcher's private folder (``$DIONE_PRIVATE_DIR``, checked to be this user's
-and writable by no one else) it imports the workload files named in ``modules.json``,
-reads the slice from ``slice.pkl``, joins the gang through the FileStore there, runs
-the technique and writes ``result-<rank>.pkl``; on any error it writes
-``error-<rank>.json`` (with the traceback, atomically) and exits with status 1. Its
-progress files go to ``DIR``, the slice's log folder in the run directory.
+It pays for Python, torch and dione once, then serves slices over the connection on
+file descriptor FD (a socket its launcher holds the other end of; nothing is read from
+disk that others could write):
+
+    loop { take a Job · fresh workload modules · join the gang's rendezvous · train ·
+           send the outcome or the error · reset }
+
+A worker outlives slices, not failures: after a rank raised, died, hung or was
+cancelled its launcher ends the whole gang's workers and starts new ones. What one
+slice could leave to the next is reset explicitly (``_Baseline``); see there for what
+is and is not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
-import json
 import os
 import signal
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
+from typing import Any
 
-__all__ = ["COMM_ERROR_MARKERS", "main"]
+__all__ = ["COMM_ERROR_MARKERS", "Job", "main"]
 
 # Errors a rank sees because *another* rank died; never the root cause of a failure.
 COMM_ERROR_MARKERS = (
@@ -33,6 +39,22 @@ COMM_ERROR_MARKERS = (
     "Socket Timeout",
     "Timed out waiting",
 )
+
+
+@dataclass(frozen=True)
+class Job:
+    """One rank's share of a slice, as its launcher sends it."""
+
+    spec: bytes  # the SliceSpec, cloudpickled (its functions refer to the modules below)
+    modules: dict[str, str]  # workload module name -> file, imported afresh for each job
+    rank: int
+    store: str  # the gang's FileStore, in the launcher's private scratch folder
+    log: str  # this rank's output goes here for the job
+    progress: str  # this rank's progress file (steps, loss) for the live view
+    threads: int
+    cores: tuple[int, ...] | None = None
+    timeout_seconds: float = 1800.0  # collectives and the rendezvous
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def _die_with_parent() -> None:
@@ -48,17 +70,10 @@ def _die_with_parent() -> None:
         os._exit(1)  # the launcher died before prctl took effect
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write ``path`` whole or not at all: the launcher may read it at any moment."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(data)
-    partial.replace(path)
-
-
-def _write_error(folder: Path, rank: int, err: BaseException) -> None:
+def _error_record(rank: int, err: BaseException) -> dict[str, Any]:
     text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
     dist_error = type(err).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError")
-    record = {
+    return {
         "rank": rank,
         "type": type(err).__name__,
         "message": str(err),
@@ -66,33 +81,115 @@ def _write_error(folder: Path, rank: int, err: BaseException) -> None:
         "time": time.time(),
         "communication": dist_error or any(m in text for m in COMM_ERROR_MARKERS),
     }
-    _write_atomically(folder / f"error-{rank}.json", json.dumps(record).encode())
 
 
-def main(folder: Path, rank: int) -> int:
-    _die_with_parent()
-    cores = os.environ.get("DIONE_CORES")
-    if cores and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
-    private = Path(os.environ["DIONE_PRIVATE_DIR"])
-    try:
-        import cloudpickle
+def _reset_peak_rss() -> None:
+    """Start this slice's CPU peak-memory count afresh (Linux: VmHWM := current RSS)."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+
+
+class _Baseline:
+    """The process state a fresh worker starts a slice with, taken before the first
+    job and put back after each one, so that a slice sees what a fresh process would:
+
+    - environment variables and the working directory (a workload may set either);
+    - torch's default dtype, grad mode, anomaly detection and deterministic-algorithms
+      flags (global switches a training script may flip);
+    - module hooks registered globally (``register_module_forward_hook`` and friends);
+    - CPU affinity; intra-op threads are set per job;
+    - the process group (destroyed), garbage (collected), CUDA's cache and peak
+      statistics (emptied and reset), the CPU peak-memory count (cleared).
+
+    Workload files are imported afresh for every job, so their globals start as on
+    import. Not reset: modules a workload imports from elsewhere keep their globals,
+    and caches inside third-party libraries stay warm, which is the point of a warm
+    worker; RNG needs no reset (every slice seeds or restores it).
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        self.environ = dict(os.environ)
+        self.cwd = os.getcwd()
+        self.dtype = torch.get_default_dtype()
+        self.deterministic = torch.are_deterministic_algorithms_enabled()
+        self.warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+        self.anomaly = torch.is_anomaly_enabled()
+        self.affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        self.hooks = {name: dict(getattr(torch.nn.modules.module, name))
+                      for name in _GLOBAL_HOOKS}
+
+    def restore(self) -> None:
         import torch
         import torch.distributed as dist
 
-        from dione.spec.devices import backend_for
-        from dione.spec.workload import import_workload_file
-        from dione.state.private import check_private
-        from dione.techniques.base import SliceContext, SliceSpec
-        from dione.techniques.evaluate import evaluate_checkpoint
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(self.environ)
+        with contextlib.suppress(OSError):
+            os.chdir(self.cwd)
+        torch.set_default_dtype(self.dtype)
+        torch.use_deterministic_algorithms(self.deterministic, warn_only=self.warn_only)
+        torch.set_grad_enabled(True)
+        torch.autograd.set_detect_anomaly(self.anomaly)
+        for name, saved in self.hooks.items():
+            hooks = getattr(torch.nn.modules.module, name)
+            for key in [k for k in hooks if k not in saved]:
+                del hooks[key]
+        if self.affinity is not None:
+            os.sched_setaffinity(0, self.affinity)
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            torch.cuda.empty_cache()
+            for device in range(torch.cuda.device_count()):
+                torch.cuda.reset_peak_memory_stats(device)
 
-        # What follows imports and unpickles: only from a folder no one else can write.
-        for path in (private, private / "modules.json", private / "slice.pkl"):
-            check_private(path)
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        for module, file in json.loads((private / "modules.json").read_text()).items():
-            import_workload_file(module, file)
-        spec: SliceSpec = cloudpickle.loads((private / "slice.pkl").read_bytes())
+
+_GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks",
+                 "_global_backward_pre_hooks", "_global_backward_hooks",
+                 "_global_module_registration_hooks", "_global_parameter_registration_hooks",
+                 "_global_buffer_registration_hooks")
+
+
+def _fresh_module(name: str, path: str) -> None:
+    """Import a workload file anew under the launcher's module name: its globals start
+    as a fresh process would see them, whatever the previous slice did to them."""
+    import importlib.util
+
+    sys.modules.pop(name, None)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import workload file {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+
+
+def run_job(job: Job) -> tuple[str, Any]:
+    """Train one rank's share of a slice: ``("result", SliceOutcome)`` or ``("error",
+    record)``; output goes to the job's log file."""
+    from pathlib import Path
+
+    import cloudpickle
+    import torch
+    import torch.distributed as dist
+
+    from dione.spec.devices import backend_for
+    from dione.techniques.base import SliceContext, SliceSpec
+    from dione.techniques.evaluate import evaluate_checkpoint
+
+    rank = job.rank
+    try:
+        os.environ.update(job.env)
+        if job.cores and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, set(job.cores))
+        torch.set_num_threads(job.threads)
+        _reset_peak_rss()
+        for module, file in job.modules.items():
+            _fresh_module(module, file)
+        spec: SliceSpec = cloudpickle.loads(job.spec)
         world = spec.world
         if spec.device_kind == "cuda":
             torch.cuda.set_device(spec.device_ids[rank])
@@ -100,14 +197,13 @@ def main(folder: Path, rank: int) -> int:
         # would wake a hundred times a second on the core the rank is pinned to.
         grouped = world > 1 or spec.technique.needs_process_group
         if grouped:
-            timeout = timedelta(
-                seconds=float(os.environ.get("DIONE_COLLECTIVE_TIMEOUT", "1800")))
-            store = dist.FileStore(str(private / "store"), world)  # type: ignore[attr-defined]
+            timeout = timedelta(seconds=job.timeout_seconds)
+            store = dist.FileStore(job.store, world)  # type: ignore[attr-defined]
             store.set_timeout(timeout)
             dist.init_process_group(backend_for(spec.device_kind), store=store, rank=rank,
                                     world_size=world, timeout=timeout)
         ctx = SliceContext(spec, rank, world)
-        ctx.progress_path = folder / f"progress-{rank}.json"
+        ctx.progress_path = Path(job.progress)
         outcome = spec.technique.train(ctx)
         if grouped:
             # FSDP's modules sit in reference cycles: free them while their group lives.
@@ -122,19 +218,69 @@ def main(folder: Path, rank: int) -> int:
             except Exception as err:
                 outcome.extra["evaluation_error"] = "".join(
                     traceback.format_exception(type(err), err, err.__traceback__))
-        _write_atomically(private / f"result-{rank}.pkl", cloudpickle.dumps(outcome))
-        return 0
-    except BaseException as err:  # the launcher reads the file: report everything
-        _write_error(private, rank, err)
+        return "result", outcome
+    except BaseException as err:  # the launcher reads the record: report everything
         traceback.print_exc()
-        return 1
+        return "error", _error_record(rank, err)
+
+
+def _redirected(path: str) -> contextlib.AbstractContextManager[None]:
+    """Point this process's stdout and stderr (C-level too) at ``path`` for a job."""
+
+    @contextlib.contextmanager
+    def redirect() -> Any:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+    return redirect()
+
+
+def main(fd: int) -> int:
+    _die_with_parent()
+    from multiprocessing.connection import Connection
+
+    import cloudpickle
+    import torch
+
+    import dione.techniques  # noqa: F401 - the built-in techniques, registered once
+
+    connection = Connection(fd)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    baseline = _Baseline()
+    connection.send_bytes(cloudpickle.dumps(("ready", os.getpid())))
+    while True:
+        try:
+            message = connection.recv_bytes()
+        except EOFError:
+            return 0  # the launcher closed the pool
+        job: Job = cloudpickle.loads(message)
+        with _redirected(job.log):
+            kind, payload = run_job(job)
+        try:
+            reply = cloudpickle.dumps((kind, payload))
+        except Exception as err:  # an outcome that cannot travel is this rank's error
+            reply = cloudpickle.dumps(("error", _error_record(job.rank, err)))
+        connection.send_bytes(reply)
+        baseline.restore()
 
 
 if __name__ == "__main__":
-    status = main(Path(sys.argv[1]), int(sys.argv[2]))
-    # Skip interpreter teardown: the result is on disk, and destroying torch's C++ threads
-    # at exit has aborted a finished FSDP rank ("terminate called without an active
-    # exception"), which would fail a slice whose work was done.
+    status = main(int(sys.argv[1]))
+    # Skip interpreter teardown: destroying torch's C++ threads at exit has aborted a
+    # finished FSDP rank ("terminate called without an active exception").
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)

@@ -161,7 +161,15 @@ class Technique(ABC):
 def _peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    # ru_maxrss is in KiB on Linux: the process's peak resident memory.
+    # The peak resident memory since the worker began this slice (VmHWM, which a warm
+    # worker resets per slice); ru_maxrss (KiB on Linux, whole process life) elsewhere.
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 

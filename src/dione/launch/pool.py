@@ -1,0 +1,188 @@
+"""Warm workers on this machine: one process per device slot, kept between slices.
+
+A worker is started the first time its slot is asked for and handed back after every
+slice its gang finished; one whose gang failed, timed out or was cancelled is ended
+(with its process group) and the next slice starts a fresh one. Workers die with the
+launcher: at exit the pool ends them, and each asked Linux to kill it should the
+launcher die first (PR_SET_PDEATHSIG, which fires when the *thread* that started the
+process ends, so one long-lived thread starts them all).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from dione.launch.scratch import scratch_dir
+
+__all__ = ["WarmWorker", "WorkerPool", "local_pool", "shutdown_local_pool"]
+
+_TERMINATE_GRACE_SECONDS = 3.0
+_POLL_SECONDS = 0.02
+
+Slot = tuple[str, int]  # (device kind, device id)
+
+
+@dataclass
+class WarmWorker:
+    """A worker process and the launcher's end of its connection."""
+
+    slot: Slot
+    process: subprocess.Popen[bytes]
+    connection: Connection
+    log: Path  # its output outside jobs (start-up, crashes between jobs)
+    slices: int = 0  # slices it has finished
+
+    def send(self, job: Any) -> bool:
+        """Hand over a job; False when the worker is gone."""
+        try:
+            self.connection.send_bytes(cloudpickle.dumps(job))
+            return True
+        except OSError:
+            return False
+
+    def reply(self) -> tuple[str, Any] | None:
+        """The worker's reply if one is waiting: ``("result", outcome)``, ``("error",
+        record)``, or ``("lost", None)`` when the connection closed or a reply came
+        half-written (the worker died while sending): a failure report must never
+        become a second failure. None while nothing is there."""
+        try:
+            while self.connection.poll(0):
+                kind, payload = cloudpickle.loads(self.connection.recv_bytes())
+                if kind != "ready":
+                    return kind, payload
+        except Exception:  # EOF, a reset connection, a truncated or unreadable pickle
+            return "lost", None
+        return None
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def _end(workers: Sequence[WarmWorker]) -> None:
+    """Terminate each worker's process group, kill what is left, reap all."""
+    alive = [w for w in workers if w.alive()]
+    for w in alive:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(w.process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + _TERMINATE_GRACE_SECONDS
+    while any(w.alive() for w in alive) and time.monotonic() < deadline:
+        time.sleep(_POLL_SECONDS)
+    for w in workers:
+        # The whole group: a worker's own children must not outlive it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(w.process.pid, signal.SIGKILL)
+        w.process.wait()
+        w.connection.close()
+
+
+class WorkerPool:
+    """Warm workers of this process, one per (device kind, device id) when idle."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[Slot, WarmWorker] = {}
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dione-spawner")
+        self._folder: Path | None = None
+        self.started = 0  # workers started so far (a measure of warmth)
+
+    def take(self, kind: str, device_ids: Sequence[int], threads: int) -> list[WarmWorker]:
+        """A worker for each device: the idle one of its slot, else a new one."""
+        workers = []
+        for device in device_ids:
+            with self._lock:
+                worker = self._idle.pop((kind, device), None)
+            if worker is not None and not worker.alive():
+                _end([worker])
+                worker = None
+            if worker is None:
+                worker = self._spawner.submit(self._start, (kind, device), threads).result()
+            workers.append(worker)
+        return workers
+
+    def give_back(self, workers: Sequence[WarmWorker]) -> None:
+        """Keep finished workers for the next slice on their devices."""
+        surplus = []
+        with self._lock:
+            for worker in workers:
+                worker.slices += 1
+                if worker.alive() and worker.slot not in self._idle:
+                    self._idle[worker.slot] = worker
+                else:
+                    surplus.append(worker)
+        _end(surplus)
+
+    def end(self, workers: Sequence[WarmWorker]) -> None:
+        """End workers that must not serve again (their gang failed or was stopped)."""
+        _end(workers)
+
+    def shutdown(self) -> None:
+        """End every idle worker (busy ones belong to their gang, which ends them)."""
+        with self._lock:
+            idle, self._idle = list(self._idle.values()), {}
+        _end(idle)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+    def _start(self, slot: Slot, threads: int) -> WarmWorker:
+        if self._folder is None:
+            self._folder = scratch_dir("pool")
+        ours, theirs = socket.socketpair()
+        env = {
+            **os.environ,
+            "DIONE_LAUNCHER_PID": str(os.getpid()),
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "PYTHONUNBUFFERED": "1",
+        }
+        # A local gang talks over loopback only: no other host can reach its ranks.
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        log = self._folder / f"worker-{slot[0]}{slot[1]}-{self.started}.log"
+        with open(log, "wb") as output:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "dione.launch.worker", str(theirs.fileno())],
+                env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), start_new_session=True)
+        theirs.close()
+        self.started += 1
+        return WarmWorker(slot, process, Connection(ours.detach()), log)
+
+
+_POOL: WorkerPool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def local_pool() -> WorkerPool:
+    """This process's pool of warm workers (created on first use, ended at exit)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = WorkerPool()
+            atexit.register(shutdown_local_pool)
+        return _POOL
+
+
+def shutdown_local_pool() -> None:
+    """End this process's idle warm workers; the next slice starts new ones."""
+    with _POOL_LOCK:
+        pool = _POOL
+    if pool is not None:
+        pool.shutdown()
