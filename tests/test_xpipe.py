@@ -68,8 +68,19 @@ def test_no_flush_means_no_bubble_in_steady_state() -> None:
         # (1 - 0.75) * g keep the buffer, so every step is lr * buffer.
         (functools.partial(torch.optim.SGD, lr=0.1, momentum=0.75),
          [1.6, -3.2, 0.8], [0.4, -0.8, 0.2], 3),
+        # maximize: torch negates the gradient before it enters the moments and the
+        # momentum buffer, so the step direction needs no second negation (issue 19:
+        # Adam from [1.1, -2.1, 0.6] was predicted at [1.0, -2.0, 0.5], reached [1.4, ...]).
+        (functools.partial(torch.optim.Adam, lr=0.1, betas=(0.0, 0.0), maximize=True),
+         [0.3, -0.2, 1.0], [0.3, -0.2, 1.0], 2),
+        (functools.partial(torch.optim.AdamW, lr=0.1, betas=(0.0, 0.0), weight_decay=0.5,
+                           maximize=True),
+         [0.3, -0.2, 1.0], [0.3, -0.2, 1.0], 1),
+        (functools.partial(torch.optim.SGD, lr=0.1, momentum=0.75, maximize=True),
+         [1.6, -3.2, 0.8], [0.4, -0.8, 0.2], 3),
     ],
-    ids=["adam", "adamw-decoupled-decay", "sgd-momentum"],
+    ids=["adam", "adamw-decoupled-decay", "sgd-momentum", "adam-maximize",
+         "adamw-maximize", "sgd-momentum-maximize"],
 )
 def test_prediction_is_the_optimizers_own_next_steps(factory, first, then, steps) -> None:
     param = nn.Parameter(torch.tensor([1.0, -2.0, 0.5]))

@@ -8,6 +8,9 @@ from its own state (Guan et al. 2019, "XPipe", Sec. 3.2):
   the decay is decoupled (AdamW). Adam's own L2 decay is inside the moments already.
 - SGD with momentum: ``d`` = the momentum buffer (weight decay and dampening are in it).
 
+``maximize=True`` needs nothing more: torch negates the gradient before it enters the
+moments or the buffer, so ``d`` already points the way the optimizer will step.
+
 Before the optimizer's first step there is no state, hence no direction: the weights
 are predicted to stay (``W_hat = W``). An optimizer without a rule gets a
 PredictionError at check time, naming the way out (``prediction=false``).
@@ -67,7 +70,9 @@ def step_direction(optimizer: torch.optim.Optimizer, group: Mapping[str, Any],
         direction = buffer
     else:
         raise PredictionError(prediction_problem(optimizer) or "no prediction rule")
-    return -direction if group.get("maximize") else direction
+    # No sign flip for ``maximize``: torch negates the gradient before it enters the
+    # moments and the momentum buffer, and then steps along -lr * d as usual.
+    return direction
 
 
 def predict_weights(optimizer: torch.optim.Optimizer, params: Mapping[str, nn.Parameter],
