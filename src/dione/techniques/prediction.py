@@ -39,10 +39,11 @@ def prediction_problem(optimizer: torch.optim.Optimizer) -> str | None:
         if all(group["momentum"] > 0 for group in optimizer.param_groups):
             return None
         return ("SGD without momentum keeps no state to predict its next step from; give "
-                "it momentum, or set the xpipe knob prediction=false (plain staleness)")
+                "it momentum, or set the xpipe knob prediction=false (weight stashing, no "
+                "prediction)")
     return (f"xpipe predicts weights for Adam, AdamW and SGD with momentum, not "
-            f"{type(optimizer).__name__}; set the xpipe knob prediction=false (plain "
-            "staleness) or use one of those")
+            f"{type(optimizer).__name__}; set the xpipe knob prediction=false (weight "
+            "stashing, no prediction) or use one of those")
 
 
 def step_direction(optimizer: torch.optim.Optimizer, group: Mapping[str, Any],
