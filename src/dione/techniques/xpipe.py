@@ -269,7 +269,12 @@ class XPipe(PipelineTechnique):
                 out.backward()  # type: ignore[no-untyped-call]
             else:
                 out.backward(arrived.pop(Message("gradient", u, stage)))  # type: ignore[no-untyped-call]
-            if received is not None and received.grad is not None:
+            if received is not None:
+                if received.grad is None:  # the previous stage waits for it: say why not
+                    raise RuntimeError(
+                        f"xpipe stage {stage}: the input of micro-batch {u} got no gradient "
+                        f"(a {received.dtype} activation, or one the stage's output does not "
+                        "depend on); xpipe needs a floating activation between stages")
                 outgoing[Message("gradient", u, stage - 1)] = received.grad
 
         def update(i: int) -> None:
