@@ -12,6 +12,7 @@ import pytest
 
 from conftest import TEST_NODE, char_task, check_real_timeline
 from dione.launch import local_placement, run_slice
+from dione.spec import Node
 from dione.techniques import get_technique
 
 WORKLOAD = '''
@@ -118,3 +119,30 @@ def test_torch_runs_the_schedule_lists_and_the_run_logs_its_timeline(technique: 
     timeline = get_technique(technique).real_timeline(result.extra, steps)  # type: ignore[attr-defined]
     check_real_timeline(timeline)
     assert [len(spans) for spans in timeline.spans] == [steps * (2 * micro + 1)] * 2
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory: pytest.TempPathFactory):
+    from test_equivalence import STEPS, final_parameters
+
+    task = char_task(steps=STEPS)
+    result = run_slice(task, "single", tmp_path_factory.mktemp("single"),
+                       local_placement(TEST_NODE, [0]))
+    return task, result, final_parameters(task, result.checkpoint)
+
+
+@pytest.mark.parametrize("stages", [3, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("technique", ["gpipe", "1f1b"])
+def test_deeper_pipelines_match_single(single_run, technique: str, stages: int,
+                                       tmp_path: Path) -> None:
+    """3 and 4 stages (the char GPT's embedding, two blocks and head, one per stage at 4),
+    with the suite's tolerance for reduction order (see test_equivalence.py)."""
+    from test_equivalence import assert_same_training, final_parameters
+
+    task, single, single_params = single_run
+    node = Node(f"n{stages}", stages, "cpu")
+    result = run_slice(task, technique, tmp_path, local_placement(node, list(range(stages))),
+                       knobs={"micro_batches": 4}, timeout=300)
+    assert len(result.extra["stages"]) == stages
+    assert_same_training(result, final_parameters(task, result.checkpoint), single,
+                         single_params)

@@ -173,3 +173,17 @@ def test_pipeline_techniques_check_the_model_and_the_micro_batches() -> None:
     assert any("needs at least 2 devices" in r for r in gpipe_technique.check(task, 1, {}, "cpu"))
     settings_ = get_technique("1f1b").knob_settings(char_task(batch_size=16), 2, "cpu")
     assert {s["micro_batches"] for s in settings_} == {2, 4, 8}
+
+
+def test_minibatches_in_flight_bound_xpipes_weight_copies() -> None:
+    """One weight copy per mini-batch in flight: K-k with one micro-batch per mini-batch,
+    two with T = K (one finishing, one started), never above ceil(K / T) + 1."""
+    from dione.schedules import xpipe
+
+    assert [xpipe(4, 1, 12).minibatches_in_flight_peak(k) for k in range(4)] == [4, 3, 2, 1]
+    assert [xpipe(4, 4, 12).minibatches_in_flight_peak(k) for k in range(4)] == [2, 2, 2, 1]
+    for stages in (2, 3, 4, 8):
+        for micro in (1, 2, 3, stages, 2 * stages):
+            schedule = xpipe(stages, micro, 10)
+            assert max(schedule.minibatches_in_flight_peak(k) for k in range(stages)) <= (
+                -(-stages // micro) + 1)

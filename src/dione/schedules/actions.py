@@ -89,6 +89,18 @@ class Schedule:
             peak = max(peak, live)
         return peak
 
+    def minibatches_in_flight_peak(self, stage: int) -> int:
+        """The most mini-batches whose first forward ran on ``stage`` and update did not
+        yet: how many weight copies XPipe's stage holds at once (one per mini-batch)."""
+        live = peak = 0
+        for a in self.stages[stage]:
+            if a.kind == "F" and a.micro == 0:
+                live += 1
+            elif a.kind == "U":
+                live -= 1
+            peak = max(peak, live)
+        return peak
+
     def staleness(self) -> dict[tuple[int, int], int]:
         """For each (mini-batch i, stage k): how many of the stage's updates lie between
         the forward of i's first micro-batch (the bellwether) and i's own update,

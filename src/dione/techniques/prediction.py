@@ -8,6 +8,9 @@ from its own state (Guan et al. 2019, "XPipe", Sec. 3.2):
   the decay is decoupled (AdamW). Adam's own L2 decay is inside the moments already.
 - SGD with momentum: ``d`` = the momentum buffer (weight decay and dampening are in it).
 
+``maximize=True`` needs nothing more: torch negates the gradient before it enters the
+moments or the buffer, so ``d`` already points the way the optimizer will step.
+
 Before the optimizer's first step there is no state, hence no direction: the weights
 are predicted to stay (``W_hat = W``). An optimizer without a rule gets a
 PredictionError at check time, naming the way out (``prediction=false``).
@@ -36,10 +39,11 @@ def prediction_problem(optimizer: torch.optim.Optimizer) -> str | None:
         if all(group["momentum"] > 0 for group in optimizer.param_groups):
             return None
         return ("SGD without momentum keeps no state to predict its next step from; give "
-                "it momentum, or set the xpipe knob prediction=false (plain staleness)")
+                "it momentum, or set the xpipe knob prediction=false (weight stashing, no "
+                "prediction)")
     return (f"xpipe predicts weights for Adam, AdamW and SGD with momentum, not "
-            f"{type(optimizer).__name__}; set the xpipe knob prediction=false (plain "
-            "staleness) or use one of those")
+            f"{type(optimizer).__name__}; set the xpipe knob prediction=false (weight "
+            "stashing, no prediction) or use one of those")
 
 
 def step_direction(optimizer: torch.optim.Optimizer, group: Mapping[str, Any],
@@ -67,7 +71,9 @@ def step_direction(optimizer: torch.optim.Optimizer, group: Mapping[str, Any],
         direction = buffer
     else:
         raise PredictionError(prediction_problem(optimizer) or "no prediction rule")
-    return -direction if group.get("maximize") else direction
+    # No sign flip for ``maximize``: torch negates the gradient before it enters the
+    # moments and the momentum buffer, and then steps along -lr * d as usual.
+    return direction
 
 
 def predict_weights(optimizer: torch.optim.Optimizer, params: Mapping[str, nn.Parameter],

@@ -6,17 +6,32 @@ XPipe schedule (``dione.schedules.xpipe``): micro-batches of successive mini-bat
 flow without a flush, and each stage applies its optimizer step as soon as the last
 micro-batch of a mini-batch is back.
 
-When the first micro-batch of mini-batch i reaches stage k, the stage makes a separate
-copy of its weights for i, predicted ``s`` updates ahead (``s`` counted from the
-schedule; see ``dione.techniques.prediction``). All micro-batches of i run forward and
-backward on that copy through ``torch.func.functional_call``; its gradients are moved
-onto the real parameters at i's update. Autograd never sees a weight change under it.
-Memory: one copy of the stage's weights per mini-batch in flight on the stage (at most
-``ceil(K / T) + 1``), plus, with ``log_prediction``, one more for the stale weights.
+When the first micro-batch of mini-batch i (the bellwether) reaches stage k, the stage
+makes a separate copy of its weights for i, predicted ``s`` updates ahead (``s``
+counted from the schedule; see ``dione.techniques.prediction``). All micro-batches of
+i run forward and backward on that copy through ``torch.func.functional_call``; its
+gradients are moved onto the real parameters at i's update, and the copy is dropped
+there. Autograd never sees a weight change under it. Memory: one copy of the stage's
+weights (and, once its backwards ran, their gradients) per mini-batch in flight on the
+stage, ``Schedule.minibatches_in_flight_peak`` (at most ``ceil(K / T) + 1``), plus,
+with ``log_prediction``, one more per mini-batch for the stale weights.
 
-Knobs: ``micro_batches`` (T), ``prediction`` (off: the ``async`` ablation, plain
-staleness on the same schedule), ``balance`` (as ``gpipe``), ``log_prediction``
-(record the prediction error at each update).
+Point-to-point follows each stage's plan (``dione.schedules.messages``): both ends of
+a link post its messages in one order, so NCCL's in-order pairing cannot cross, and a
+stage keeps a send unwaited only until a later receive on the same link arrives (at
+most its in-flight micro-batches' activations plus one gradient, and the activations'
+data is the output the stage keeps for their backwards anyway).
+
+Knobs: ``micro_batches`` (T); which weights a mini-batch runs on, three ways:
+
+- ``prediction=true`` (default): XPipe, the bellwether's copy predicted ``s`` ahead;
+- ``prediction=false``: weight stashing (PipeDream): the bellwether's copy as it is,
+  used by all of the mini-batch's forwards and backwards, with no prediction;
+- ``prediction=false, stashing=false``: no stashing, plain staleness: each forward and
+  each backward runs on the weights the stage holds at that moment (no copy at all);
+
+``balance`` (as ``gpipe``), ``log_prediction`` (record the prediction error at each
+update; needs stashing).
 
 A slice boundary drains the pipeline: the slice's mini-batches all finish, so the
 checkpoint holds the real weights after the last update and any technique can resume
@@ -28,6 +43,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -36,6 +52,7 @@ import torch.distributed as dist
 from torch.func import functional_call
 
 from dione.schedules import Schedule, xpipe
+from dione.schedules.messages import LinkOp, Message, stage_plan
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceContext, SliceOutcome
@@ -51,76 +68,69 @@ _HEADER = 10  # dtype code, number of dimensions, up to 8 sizes
 
 
 class _Links:
-    """Point-to-point traffic of one stage: activations forward, gradients back.
+    """This stage's point-to-point traffic, operation by operation as its plan says
+    (``dione.schedules.messages``): activations forward, gradients back.
 
-    An activation travels with a small header (dtype and shape) so the receiver can
-    allocate it; a gradient has the shape of the activation it answers. Tags keep the
-    messages of different micro-batches apart. Sends are asynchronous; their buffers
-    are kept until they complete.
+    An activation travels as a small header (dtype and shape) and its data, posted back
+    to back, so the receiver can allocate it; a gradient has the shape of the activation
+    it answers, so its receive is posted ahead into a buffer of that shape. No tags: NCCL
+    ignores them and pairs each link's messages in the order they are posted, and gloo
+    pairs untagged messages between two ranks in that order too, so a CPU run depends on
+    the plan's link order exactly as a CUDA run does. A send is kept (with its buffers)
+    until the plan says it has arrived.
     """
 
-    def __init__(self, rank: int, device: torch.device, kept: int) -> None:
+    def __init__(self, rank: int, device: torch.device) -> None:
         self.rank = rank
         self.device = device
-        self.kept = kept  # sends left unwaited; see _send
-        self.pending: list[tuple[Any, torch.Tensor]] = []
-        self.most_pending = 0  # the longest the list of unwaited sends grew
+        self.unwaited: dict[Message, list[tuple[Any, torch.Tensor]]] = {}
+        self.posted: dict[Message, tuple[Any, torch.Tensor]] = {}
+        self.most_unwaited = 0  # the most sends kept at once (a header and data: one)
 
-    def _send(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
-        self.pending.append((dist.isend(tensor, peer, tag=tag), tensor))
-        self.most_pending = max(self.most_pending, len(self.pending))
-        if len(self.pending) > 2 * self.kept:
-            # A gloo send never reports itself completed until waited on, so the list
-            # (and every buffer in it) used to grow all slice long, and filtering it made
-            # each send slower than the last. A gloo send's wait lasts until the peer
-            # receives, so only sends the peer has surely received are waited on: a stage
-            # cannot get ``kept`` sends past a message before the peer has taken it (see
-            # ``_sends_kept``), so the wait returns at once and cannot deadlock.
-            for work, _ in self.pending[: -self.kept]:
-                work.wait()
-            del self.pending[: -self.kept]
+    def _peer(self, message: Message) -> int:
+        return message.link + 1 if message.link == self.rank else message.link
 
-    def send_activation(self, tensor: torch.Tensor, micro: int) -> None:
+    def send(self, message: Message, tensor: torch.Tensor) -> None:
         tensor = tensor.detach().contiguous()
-        header = torch.zeros(_HEADER, dtype=torch.int64)
-        header[0], header[1] = _DTYPES.index(tensor.dtype), tensor.dim()
-        header[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape)
-        self._send(header.to(self.device), self.rank + 1, 4 * micro)
-        self._send(tensor, self.rank + 1, 4 * micro + 1)
+        peer = self._peer(message)
+        works = []
+        if message.kind == "activation":
+            header = torch.zeros(_HEADER, dtype=torch.int64)
+            header[0], header[1] = _DTYPES.index(tensor.dtype), tensor.dim()
+            header[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape)
+            header = header.to(self.device)
+            works.append((dist.isend(header, peer), header))
+            works.append((dist.isend(tensor, peer), tensor))
+        else:
+            works.append((dist.isend(tensor, peer), tensor))
+        self.unwaited[message] = works
+        self.most_unwaited = max(self.most_unwaited, len(self.unwaited))
 
-    def receive_activation(self, micro: int) -> torch.Tensor:
-        header = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
-        dist.recv(header, self.rank - 1, tag=4 * micro)
-        values = header.tolist()
+    def post_receive(self, message: Message, like: torch.Tensor | None) -> None:
+        """Post the receive of a gradient into a buffer shaped ``like``, or of an
+        activation's header (its data is posted once the header says its shape)."""
+        peer = self._peer(message)
+        if message.kind == "gradient":
+            assert like is not None
+            buffer = torch.empty_like(like)
+        else:
+            buffer = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
+        self.posted[message] = (dist.irecv(buffer, peer), buffer)
+
+    def wait(self, message: Message) -> torch.Tensor:
+        work, buffer = self.posted.pop(message)
+        work.wait()
+        if message.kind == "gradient":
+            return buffer
+        values = buffer.tolist()
         shape = values[2 : 2 + values[1]]
         tensor = torch.empty(shape, dtype=_DTYPES[values[0]], device=self.device)
-        dist.recv(tensor, self.rank - 1, tag=4 * micro + 1)
+        dist.recv(tensor, self._peer(message))
         return tensor
 
-    def send_gradient(self, tensor: torch.Tensor, micro: int) -> None:
-        self._send(tensor.contiguous(), self.rank - 1, 4 * micro + 2)
-
-    def receive_gradient(self, like: torch.Tensor, micro: int) -> torch.Tensor:
-        gradient = torch.empty_like(like)
-        dist.recv(gradient, self.rank + 1, tag=4 * micro + 2)
-        return gradient
-
-    def drain(self) -> None:
-        for work, _ in self.pending:
+    def done(self, message: Message) -> None:
+        for work, _ in self.unwaited.pop(message):
             work.wait()
-        self.pending.clear()
-
-
-def _sends_kept(schedule: Schedule) -> int:
-    """More sends than a stage can make between sending a message and its peer taking
-    it. An activation sent at F(u) is taken before the gradient of u comes back, which
-    the stage awaits at B(u); a gradient sent at B(u) is taken at the previous stage's
-    B(u), before which that stage sends at most its in-flight micro-batches' activations
-    on, and so bounds this stage's progress. Each micro-batch makes at most three sends
-    (a header and an activation forward, a gradient back): three per micro-batch in
-    flight, plus one, at the busiest stage, with room to spare."""
-    peak = max(schedule.in_flight_peak(k) for k in range(len(schedule.stages)))
-    return 2 * 3 * (peak + 1)
 
 
 def _norm(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
@@ -131,7 +141,7 @@ class XPipe(PipelineTechnique):
     name = "xpipe"
     exact = False
     knobs: ClassVar[Mapping[str, Any]] = {
-        "micro_batches": 4, "prediction": True, "balance": "parameters",
+        "micro_batches": 4, "prediction": True, "stashing": True, "balance": "parameters",
         "log_prediction": False}
 
     def schedule(self, stages: int, micro_batches: int, minibatches: int = 1) -> Schedule:
@@ -142,7 +152,14 @@ class XPipe(PipelineTechnique):
 
     def check(self, task: Task, devices: int, knobs: Knobs, kind: DeviceKind) -> list[str]:
         reasons = super().check(task, devices, knobs, kind)
-        if self.resolve(knobs)["prediction"]:
+        resolved = self.resolve(knobs)
+        if not resolved["stashing"] and resolved["prediction"]:
+            reasons.append("xpipe predicts weights into the copy it stashes: prediction=true "
+                           "needs stashing=true (for no stashing, set prediction=false too)")
+        if not resolved["stashing"] and resolved["log_prediction"]:
+            reasons.append("xpipe logs the prediction error of a stashed copy: "
+                           "log_prediction=true needs stashing=true")
+        if resolved["prediction"]:
             try:
                 with torch.device("meta"):
                     optimizer = task.optimizer(task.model().parameters())
@@ -156,8 +173,8 @@ class XPipe(PipelineTechnique):
     def knob_settings(self, task: Task, devices: int, kind: DeviceKind) -> list[dict[str, Any]]:
         if devices < 2:
             return []
-        settings = [{"micro_batches": m, "prediction": True, "balance": "time",
-                     "log_prediction": False}
+        settings = [{"micro_batches": m, "prediction": True, "stashing": True,
+                     "balance": "time", "log_prediction": False}
                     for m in sorted({devices, 2 * devices, 4 * devices})]
         return [s for s in settings if not self.check(task, devices, s, kind)]
 
@@ -174,11 +191,20 @@ class XPipe(PipelineTechnique):
         params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         schedule = xpipe(stages, micro_batches, minibatches)
         staleness = schedule.staleness()
-        links = _Links(stage, ctx.device, _sends_kept(schedule))
+        plan = stage_plan(schedule, stage)
+        links = _Links(stage, ctx.device)
+        predicting, stashing = bool(knobs["prediction"]), bool(knobs["stashing"])
 
-        weights: dict[int, dict[str, torch.Tensor]] = {}  # per mini-batch in flight
+        # Per mini-batch in flight: the weights its forwards and backwards run on. Stashed,
+        # a copy (predicted or not) taken at its bellwether; not stashed, aliases of the
+        # real parameters (``.data`` shares their storage but not their version counter),
+        # so a backward sees whatever the stage holds by then and autograd lets it.
+        weights: dict[int, dict[str, torch.Tensor]] = {}
+        copies: weakref.WeakSet[torch.Tensor] = weakref.WeakSet()  # one tensor per copy
         stale: dict[int, dict[str, torch.Tensor]] = {}
         saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        outgoing: dict[Message, torch.Tensor] = {}
+        arrived: dict[Message, torch.Tensor] = {}
         chunks: dict[int, tuple[Any, Any]] = {}
         micro_losses: dict[int, list[torch.Tensor]] = {}
         losses: list[torch.Tensor] = []
@@ -186,6 +212,7 @@ class XPipe(PipelineTechnique):
         versions: list[tuple[int, int, int]] = []  # (mini-batch, version seen, s predicted)
         prediction_log: list[tuple[int, int, float, float]] = []
         spans: list[tuple[float, float]] = []
+        most_copies = 0
         updates = 0
 
         def chunk(i: int) -> tuple[Any, Any]:
@@ -194,79 +221,108 @@ class XPipe(PipelineTechnique):
                 chunks[i] = (inputs.chunk(micro_batches), target.chunk(micro_batches))
             return chunks[i]
 
-        origin = last_update = time.perf_counter()
-        for action in schedule.stages[stage]:
-            begin = time.perf_counter()
-            finish = None  # the work's end, before its result is sent on
-            i, j = action.minibatch, action.micro
-            if action.kind == "F":
-                assert j is not None
-                u = i * micro_batches + j
-                if j == 0:  # the bellwether: this mini-batch's weights are fixed now
-                    s = staleness[(i, stage)]
-                    versions.append((i, updates, s))
-                    weights[i] = predict_weights(optimizer, params,
-                                                 s if knobs["prediction"] else 0)
-                    if knobs["log_prediction"]:
-                        stale[i] = {n: p.detach().clone() for n, p in params.items()}
-                if first:
-                    x = ctx.to_device(chunk(i)[0][j])
-                    received = None
+        def play(ops: tuple[LinkOp, ...]) -> None:
+            for op in ops:
+                m = op.message
+                if op.verb == "send":
+                    links.send(m, outgoing.pop(m))
+                elif op.verb == "recv":
+                    links.post_receive(m, saved[m.micro][1] if m.kind == "gradient" else None)
+                elif op.verb == "wait":
+                    arrived[m] = links.wait(m)
                 else:
-                    received = links.receive_activation(u)
-                    x = received.requires_grad_(received.is_floating_point())
-                    begin = time.perf_counter()  # the span is the work, not the wait
-                out = functional_call(model, weights[i], (x,))
-                if last:
-                    loss = task.loss(out, ctx.to_device(chunk(i)[1][j]))
-                    micro_losses.setdefault(i, []).append(loss.detach())
-                    saved[u] = (received, loss / micro_batches)  # mean over the mini-batch
+                    links.done(m)
+
+        # Each action's work is a function, so nothing it made (a weight copy, a graph
+        # that holds one) outlives it in a local variable.
+        def forward(i: int, j: int) -> None:
+            u = i * micro_batches + j
+            if j == 0:  # the bellwether: this mini-batch's weights are fixed now
+                s = staleness[(i, stage)]
+                versions.append((i, updates, s))
+                if stashing:
+                    weights[i] = predict_weights(optimizer, params, s if predicting else 0)
+                    copies.add(next(iter(weights[i].values())))
                 else:
-                    finish = time.perf_counter()
-                    links.send_activation(out, u)
-                    saved[u] = (received, out)
-            elif action.kind == "B":
-                assert j is not None
-                u = i * micro_batches + j
-                received, out = saved.pop(u)
-                if last:
-                    out.backward()  # type: ignore[no-untyped-call]
-                else:
-                    gradient = links.receive_gradient(out, u)
-                    begin = time.perf_counter()
-                    out.backward(gradient)  # type: ignore[no-untyped-call]
-                if received is not None and received.grad is not None:
-                    finish = time.perf_counter()
-                    links.send_gradient(received.grad, u)
-            else:  # the update of mini-batch i, on version i of the real weights
-                mine = weights.pop(i)
+                    weights[i] = {n: p.data.requires_grad_(True) for n, p in params.items()}
                 if knobs["log_prediction"]:
-                    seen = stale.pop(i)
-                    s = staleness[(i, stage)]
-                    if s:
-                        prediction_log.append((i, s, _norm(mine, params), _norm(seen, params)))
-                for name, param in params.items():
-                    param.grad = mine[name].grad
-                optimizer.step()
-                if scheduler is not None:
-                    scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                updates += 1
-                chunks.pop(i, None)
-                losses.append(torch.stack(micro_losses.pop(i)).mean() if last
-                              else torch.zeros((), device=ctx.device))
-                ctx.step_done(losses[-1] if last else None)
+                    stale[i] = {n: p.detach().clone() for n, p in params.items()}
+            received: torch.Tensor | None = None
+            if first:
+                x = ctx.to_device(chunk(i)[0][j])
+            else:
+                received = arrived.pop(Message("activation", u, stage - 1))
+                x = received.requires_grad_(received.is_floating_point())
+            out = functional_call(model, weights[i], (x,))
+            if last:
+                loss = task.loss(out, ctx.to_device(chunk(i)[1][j]))
+                micro_losses.setdefault(i, []).append(loss.detach())
+                saved[u] = (received, loss / micro_batches)  # mean over the mini-batch
+            else:
+                outgoing[Message("activation", u, stage)] = out
+                saved[u] = (received, out)
+
+        def backward(i: int, j: int) -> None:
+            u = i * micro_batches + j
+            received, out = saved.pop(u)
+            if last:
+                out.backward()  # type: ignore[no-untyped-call]
+            else:
+                out.backward(arrived.pop(Message("gradient", u, stage)))  # type: ignore[no-untyped-call]
+            if received is not None:
+                if received.grad is None:  # the previous stage waits for it: say why not
+                    raise RuntimeError(
+                        f"xpipe stage {stage}: the input of micro-batch {u} got no gradient "
+                        f"(a {received.dtype} activation, or one the stage's output does not "
+                        "depend on); xpipe needs a floating activation between stages")
+                outgoing[Message("gradient", u, stage - 1)] = received.grad
+
+        def update(i: int) -> None:
+            nonlocal updates
+            mine = weights.pop(i)
+            if knobs["log_prediction"]:
+                seen = stale.pop(i)
+                s = staleness[(i, stage)]
+                if s:
+                    prediction_log.append((i, s, _norm(mine, params), _norm(seen, params)))
+            for name, param in params.items():
+                param.grad = mine[name].grad
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            # Drops the gradients; the copy itself goes when ``mine`` does, on return.
+            optimizer.zero_grad(set_to_none=True)
+            updates += 1
+            chunks.pop(i, None)
+            losses.append(torch.stack(micro_losses.pop(i)).mean() if last
+                          else torch.zeros((), device=ctx.device))
+            ctx.step_done(losses[-1] if last else None)
+
+        origin = last_update = time.perf_counter()
+        for index, action in enumerate(schedule.stages[stage]):
+            play(plan.before[index])  # the receives this work waits for
+            begin = time.perf_counter()  # the span is the work, not the wait
+            if action.kind == "F":
+                assert action.micro is not None
+                forward(action.minibatch, action.micro)
+            elif action.kind == "B":
+                assert action.micro is not None
+                backward(action.minibatch, action.micro)
+            else:  # the update of mini-batch i, on version i of the real weights
+                update(action.minibatch)
                 now = time.perf_counter()
                 step_seconds.append(now - last_update)
                 last_update = now
-            end = time.perf_counter() if finish is None else finish
-            spans.append((begin - origin, end - origin))
-        links.drain()
+            spans.append((begin - origin, time.perf_counter() - origin))
+            play(plan.after[index])  # its results sent on, receives posted ahead
+            most_copies = max(most_copies, len(copies))
+        play(plan.final)
         checkpoint = ctx.save(model, optimizer, scheduler)
         outcome = ctx.outcome(losses, step_seconds, checkpoint, loss_ranks=[stages - 1])
         # Every stage's record, gathered on rank 0 (whose outcome the launcher keeps).
         record = {"versions": versions, "prediction": prediction_log, "spans": spans,
-                  "origin": origin, "most_pending": links.most_pending}
+                  "origin": origin, "most_unwaited": links.most_unwaited,
+                  "most_copies": most_copies}
         gathered: list[Any] = [None] * stages
         dist.all_gather_object(gathered, record)
         outcome.extra.update(
@@ -274,7 +330,10 @@ class XPipe(PipelineTechnique):
             micro_batches=micro_batches,
             versions=[r["versions"] for r in gathered],
             prediction=[r["prediction"] for r in gathered],
-            most_pending_sends=[r["most_pending"] for r in gathered],
+            # Per stage, the most sends kept unwaited at once and the most weight copies
+            # alive at once (between actions): the bounds the tests hold them to.
+            most_unwaited_sends=[r["most_unwaited"] for r in gathered],
+            most_weight_copies=[r["most_copies"] for r in gathered],
             # Per stage, each action's (start, end) of work, after its input arrived, in
             # seconds from the first stage's start.
             spans=on_one_clock([r["origin"] for r in gathered], [r["spans"] for r in gathered]),
