@@ -128,6 +128,11 @@ class WorkerPool:
                     surplus.append(worker)
         _end(surplus)
 
+    def idle(self) -> list[WarmWorker]:
+        """The workers waiting for a slice now, by slot."""
+        with self._lock:
+            return [self._idle[slot] for slot in sorted(self._idle)]
+
     def end(self, workers: Sequence[WarmWorker]) -> None:
         """End workers that must not serve again (their gang failed or was stopped)."""
         _end(workers)

@@ -1,0 +1,88 @@
+"""Warm workers: many slices through the same processes train exactly as fresh ones do,
+hold their memory steady, and a worker lost between slices is replaced."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TEST_NODE, char_task, digits_task
+from dione.launch.pool import local_pool, shutdown_local_pool
+from dione.launch.slice import local_placement, run_slice
+from dione.state import load_model_weights
+
+# Three tasks, each always under its own exact technique, that take turns on the same
+# two device slots (and so the same two workers).
+PLAN = [
+    (digits_task("digits-single", steps=34), "single", [0]),
+    (digits_task("digits-ddp", steps=34, batch_size=32), "ddp", [0, 1]),
+    (char_task("char-fsdp", steps=16, batch_size=8), "fsdp", [0, 1]),
+]
+SLICES = 50
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def _weights(task: object, checkpoint: str) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    model = task.model()  # type: ignore[attr-defined]
+    load_model_weights(checkpoint, model)
+    return model.state_dict()
+
+
+@pytest.mark.slow
+def test_fifty_slices_through_warm_workers_match_fresh_processes(tmp_path: Path) -> None:
+    warm, fresh = tmp_path / "warm", tmp_path / "fresh"
+    losses: dict[str, list[float]] = {task.name: [] for task, _, _ in PLAN}
+    checkpoints: dict[str, str] = {}
+    rss: list[dict[int, int]] = []
+    pool = local_pool()
+    started = pool.started
+    for index in range(SLICES):
+        task, technique, devices = PLAN[index % len(PLAN)]
+        steps = 2 if technique != "fsdp" else 1
+        result = run_slice(task, technique, warm, local_placement(TEST_NODE, devices),
+                           steps=steps)
+        losses[task.name] += result.losses
+        if result.checkpoint is not None:
+            checkpoints[task.name] = result.checkpoint
+        rss.append({w.process.pid: _rss_bytes(w.process.pid) for w in pool.idle()})
+    assert pool.started - started == 2  # one worker per slot for all 50 slices
+    # Memory: after a few slices have warmed every code path, no worker keeps growing.
+    settled = dict(rss[5])
+    for after in rss[6:]:
+        for pid, size in after.items():
+            assert size <= settled[pid] + 48 * 2**20, (
+                f"worker {pid} grew from {settled[pid] / 2**20:.0f} MiB to "
+                f"{size / 2**20:.0f} MiB")
+    # The same training, each task in one slice on fresh workers of its own.
+    for task, technique, devices in PLAN:
+        shutdown_local_pool()
+        result = run_slice(task, technique, fresh, local_placement(TEST_NODE, devices))
+        assert result.losses == losses[task.name], task.name  # bit for bit
+        ours, theirs = _weights(task, checkpoints[task.name]), _weights(task, result.checkpoint)
+        assert all(torch.equal(ours[k], theirs[k]) for k in ours), task.name
+
+
+def test_a_worker_killed_between_slices_is_replaced(tmp_path: Path) -> None:
+    task = digits_task(steps=6)
+    placement = local_placement(TEST_NODE, [0, 1])
+    pool = local_pool()
+    started = pool.started
+    first = run_slice(task, "ddp", tmp_path, placement, steps=2)
+    [victim, *_] = pool.idle()
+    os.kill(victim.process.pid, signal.SIGKILL)
+    victim.process.wait()
+    second = run_slice(task, "ddp", tmp_path, placement, steps=2)
+    assert second.start_step == 2 and len(second.losses) == 2
+    assert pool.started - started == 3  # the lost one's slot got a new one; the other stayed
+    assert first.losses != second.losses
