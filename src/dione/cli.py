@@ -597,7 +597,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="re-plan at least this often, in seconds (60)")
     run.add_argument("--slice-steps", type=int, help="checkpoint every this many steps")
     run.add_argument("--slice-seconds", type=float,
-                     help="aim for slices of this many seconds (default: one slice per task)")
+                     help="aim for slices of this many seconds (default: at least 300, and "
+                     "20 times the slice start-up each option measured)")
     run.add_argument("--max-failures", type=int, default=3,
                      help="a task whose slices failed this often is failed (3)")
     run.add_argument("--timeout", type=float, help="seconds after which a slice is stopped")

@@ -44,7 +44,9 @@ class RunOptions:
     replan_interval: float = 60.0  # seconds between re-plans without a slice end
     replan_margin: float = 0.03  # adopt a plan that ends earlier by more than this share
     slice_steps: int | None = None  # steps per slice (None: ``slice_seconds`` or all)
-    slice_seconds: float | None = None  # aim for slices of about this length
+    # Aim for slices of about this length (None: auto_slice_seconds, from the start-up
+    # each option measured: at least 5 minutes, with start-up at most 5% of a slice).
+    slice_seconds: float | None = None
     max_failures: int = 3  # a task whose slices failed this many times is failed
     timeout: float | None = None  # per slice
     catalog: str | None = None

@@ -28,7 +28,20 @@ from dione.spec.cluster import Cluster
 from dione.spec.task import Task
 from dione.state.store import RunStore
 
-__all__ = ["Runner"]
+__all__ = ["AUTO_SLICE_FLOOR_SECONDS", "AUTO_SLICE_START_UP_SHARE", "Runner",
+           "auto_slice_seconds"]
+
+# The default slice: long enough that its start-up (warm workers: about 0.2-0.8 s on 2
+# CPU cores, benchmarks/RESULTS.md) is at most this share of it, and at least the floor,
+# so that re-planning (a solve at every slice end) runs about once per task per floor.
+AUTO_SLICE_START_UP_SHARE = 0.05
+AUTO_SLICE_FLOOR_SECONDS = 300.0
+
+
+def auto_slice_seconds(start_up_seconds: float) -> float:
+    """The default slice length for an option whose slices cost ``start_up_seconds`` to
+    start (its trial's fixed cost plus the checkpoint load a resumed slice adds)."""
+    return max(AUTO_SLICE_FLOOR_SECONDS, start_up_seconds / AUTO_SLICE_START_UP_SHARE)
 
 
 @dataclass
@@ -134,8 +147,10 @@ class Runner:
         remaining = self.state.total[name] - self.state.done_steps[name]
         if self.options.slice_steps:
             return min(remaining, self.options.slice_steps)
-        if self.options.slice_seconds and option.record.step_seconds:
-            steps = math.ceil(self.options.slice_seconds / option.record.step_seconds)
+        seconds = self.options.slice_seconds or auto_slice_seconds(
+            option.record.fixed_seconds + option.record.load_seconds)
+        if option.record.step_seconds:
+            steps = math.ceil(seconds / option.record.step_seconds)
             return min(remaining, max(1, steps))
         return remaining
 
