@@ -23,7 +23,7 @@ import torch
 
 from conftest import TEST_NODE, digits_task, interruptible, worker_processes
 from dione.cli import main as dione_main
-from dione.launch.local import Placement, _describe_failure
+from dione.launch.gang import Lost, Placement, describe_failure
 from dione.launch.pool import WarmWorker, local_pool
 from dione.launch.scratch import clean_stale_scratch, scratch_dir
 from dione.launch.slice import SliceError, local_placement, run_slice
@@ -123,8 +123,8 @@ def test_a_half_written_reply_is_no_report(tmp_path: Path) -> None:
     (tmp_path / "rank1.log").write_text("Traceback ...\nValueError: boom\n")
     spec = SliceSpec(digits_task(), get_technique("ddp"), {}, "cpu", (0, 1), 0, 4, None,
                      str(tmp_path))
-    error = _describe_failure(tmp_path, {}, {1: 1}, {0}, spec,
-                              Placement("n", "cpu", (0, 1), 1))
+    error = describe_failure(tmp_path, {}, {1: Lost("exit", "exited with status 1")}, spec,
+                             Placement("n", "cpu", (0, 1), 1))
     assert error.rank == 1 and error.reason == "exit"
     assert "exited with status 1" in str(error) and "ValueError: boom" in str(error)
 

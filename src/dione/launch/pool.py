@@ -29,12 +29,15 @@ from typing import Any
 
 import cloudpickle
 
+from dione.launch.gang import Lost, signal_name
 from dione.launch.scratch import scratch_dir
 
 __all__ = ["WarmWorker", "WorkerPool", "local_pool", "shutdown_local_pool"]
 
 _TERMINATE_GRACE_SECONDS = 3.0
 _POLL_SECONDS = 0.02
+# How long a worker that stopped answering gets to show its exit status.
+_EXIT_GRACE_SECONDS = 5.0
 
 Slot = tuple[str, int]  # (device kind, device id)
 
@@ -74,6 +77,18 @@ class WarmWorker:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def lost(self) -> Lost:
+        """How it ended, once it stopped answering (its exit status may take a moment)."""
+        deadline = time.monotonic() + _EXIT_GRACE_SECONDS
+        while self.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(_POLL_SECONDS)
+        code = self.process.poll()
+        if code is None:
+            return Lost("exit", "stopped answering")
+        if code < 0:
+            return Lost("signal", f"was killed by {signal_name(code)}")
+        return Lost("exit", f"exited with status {code}")
+
 
 def _end(workers: Sequence[WarmWorker]) -> None:
     """Terminate each worker's process group, kill what is left, reap all."""
@@ -85,10 +100,11 @@ def _end(workers: Sequence[WarmWorker]) -> None:
     while any(w.alive() for w in alive) and time.monotonic() < deadline:
         time.sleep(_POLL_SECONDS)
     for w in workers:
-        # The whole group: a worker's own children must not outlive it.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(w.process.pid, signal.SIGKILL)
-        w.process.wait()
+        if w.process.returncode is None:  # not reaped yet, so its pid is still its own
+            # The whole group: a worker's own children must not outlive it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(w.process.pid, signal.SIGKILL)
+            w.process.wait()
         w.connection.close()
 
 

@@ -9,7 +9,7 @@ disk that others could write):
 
 A worker outlives slices, not failures: after a rank raised, died, hung or was
 cancelled its launcher ends the whole gang's workers and starts new ones. What one
-slice could leave to the next is reset explicitly (``_Baseline``); see there for what
+slice could leave to the next is reset explicitly (``Baseline``); see there for what
 is and is not.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import gc
 import os
 import signal
@@ -27,7 +28,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["COMM_ERROR_MARKERS", "Job", "main"]
+__all__ = ["COMM_ERROR_MARKERS", "Baseline", "Job", "main", "redirected", "rendezvous_folder",
+           "run_job"]
 
 # Errors a rank sees because *another* rank died; never the root cause of a failure.
 COMM_ERROR_MARKERS = (
@@ -46,15 +48,22 @@ class Job:
     """One rank's share of a slice, as its launcher sends it."""
 
     spec: bytes  # the SliceSpec, cloudpickled (its functions refer to the modules below)
-    modules: dict[str, str]  # workload module name -> file, imported afresh for each job
+    # Workload module name -> (file, source): imported afresh for each job, from the
+    # source the launcher read (by value: a worker on another host may not have it).
+    modules: dict[str, tuple[str, str]]
     rank: int
-    store: str  # the gang's FileStore, in the launcher's private scratch folder
+    # The gang's rendezvous folder: an absolute path the launcher made private, or a
+    # name (holding the gang's secret) the ranks create privately in their node's
+    # temporary folder: a gang never spans nodes.
+    store: str
     log: str  # this rank's output goes here for the job
     progress: str  # this rank's progress file (steps, loss) for the live view
     threads: int
     cores: tuple[int, ...] | None = None
     timeout_seconds: float = 1800.0  # collectives and the rendezvous
     env: dict[str, str] = field(default_factory=dict)
+    # Where the runtime shows each worker one GPU as cuda:0 (Ray): that index.
+    visible_device: int | None = None
 
 
 def _die_with_parent() -> None:
@@ -89,7 +98,7 @@ def _reset_peak_rss() -> None:
         refs.write("5")
 
 
-class _Baseline:
+class Baseline:
     """The process state a fresh worker starts a slice with, taken before the first
     job and put back after each one, so that a slice sees what a fresh process would:
 
@@ -153,18 +162,28 @@ _GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks",
                  "_global_buffer_registration_hooks")
 
 
-def _fresh_module(name: str, path: str) -> None:
+def _fresh_module(name: str, path: str, source: str) -> None:
     """Import a workload file anew under the launcher's module name: its globals start
     as a fresh process would see them, whatever the previous slice did to them."""
-    import importlib.util
+    import types
 
-    sys.modules.pop(name, None)
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import workload file {path}")
-    module = importlib.util.module_from_spec(spec)
+    module = types.ModuleType(name)
+    module.__file__ = path
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    exec(compile(source, path, "exec"), module.__dict__)
+
+
+def rendezvous_folder(store: str) -> str:
+    """The gang's private rendezvous folder on this node (see ``Job.store``)."""
+    import tempfile
+
+    from dione.state.private import check_private
+
+    folder = store if os.path.isabs(store) else os.path.join(tempfile.gettempdir(), store)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o700)
+    check_private(folder)
+    return folder
 
 
 def run_job(job: Job) -> tuple[str, Any]:
@@ -187,9 +206,11 @@ def run_job(job: Job) -> tuple[str, Any]:
             os.sched_setaffinity(0, set(job.cores))
         torch.set_num_threads(job.threads)
         _reset_peak_rss()
-        for module, file in job.modules.items():
-            _fresh_module(module, file)
+        for module, (file, source) in job.modules.items():
+            _fresh_module(module, file, source)
         spec: SliceSpec = cloudpickle.loads(job.spec)
+        if job.visible_device is not None:
+            spec = dataclasses.replace(spec, device_ids=(job.visible_device,) * spec.world)
         world = spec.world
         if spec.device_kind == "cuda":
             torch.cuda.set_device(spec.device_ids[rank])
@@ -198,7 +219,8 @@ def run_job(job: Job) -> tuple[str, Any]:
         grouped = world > 1 or spec.technique.needs_process_group
         if grouped:
             timeout = timedelta(seconds=job.timeout_seconds)
-            store = dist.FileStore(job.store, world)  # type: ignore[attr-defined]
+            store = dist.FileStore(  # type: ignore[attr-defined]
+                os.path.join(rendezvous_folder(job.store), "store"), world)
             store.set_timeout(timeout)
             dist.init_process_group(backend_for(spec.device_kind), store=store, rank=rank,
                                     world_size=world, timeout=timeout)
@@ -224,7 +246,7 @@ def run_job(job: Job) -> tuple[str, Any]:
         return "error", _error_record(rank, err)
 
 
-def _redirected(path: str) -> contextlib.AbstractContextManager[None]:
+def redirected(path: str) -> contextlib.AbstractContextManager[None]:
     """Point this process's stdout and stderr (C-level too) at ``path`` for a job."""
 
     @contextlib.contextmanager
@@ -232,6 +254,7 @@ def _redirected(path: str) -> contextlib.AbstractContextManager[None]:
         sys.stdout.flush()
         sys.stderr.flush()
         saved = os.dup(1), os.dup(2)
+        os.makedirs(os.path.dirname(path), exist_ok=True)  # on a node that lacks it
         with open(path, "ab") as log:
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
@@ -259,7 +282,7 @@ def main(fd: int) -> int:
 
     connection = Connection(fd)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    baseline = _Baseline()
+    baseline = Baseline()
     connection.send_bytes(cloudpickle.dumps(("ready", os.getpid())))
     while True:
         try:
@@ -267,7 +290,7 @@ def main(fd: int) -> int:
         except EOFError:
             return 0  # the launcher closed the pool
         job: Job = cloudpickle.loads(message)
-        with _redirected(job.log):
+        with redirected(job.log):
             kind, payload = run_job(job)
         try:
             reply = cloudpickle.dumps((kind, payload))

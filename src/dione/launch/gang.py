@@ -1,0 +1,185 @@
+"""A gang, whatever runs it: hand each rank its job, watch replies and deaths, end together.
+
+Both launchers (local warm workers, Ray actors) drive their members through this one
+loop. A member takes a job, may reply (``result``, ``error``, or ``lost`` when it died
+or its reply was cut short), and says how it ended when lost. The first failure ends
+the whole gang; the error names the rank that caused it, not the ranks that merely
+lost their peer. A gang past its timeout, or cancelled, is ended the same way.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from dione.spec.devices import DeviceKind
+from dione.spec.workload import loaded_workload_files
+from dione.techniques.base import SliceOutcome, SliceSpec
+
+__all__ = [
+    "GangError",
+    "GangInterrupted",
+    "Lost",
+    "Member",
+    "Placement",
+    "describe_failure",
+    "signal_name",
+    "watch_gang",
+    "workload_sources",
+]
+
+_POLL_SECONDS = 0.02
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a gang runs: a node's devices, and each rank's threads and CPU cores."""
+
+    node: str
+    kind: DeviceKind
+    device_ids: tuple[int, ...]
+    threads: int
+    cores: tuple[tuple[int, ...], ...] | None = None
+
+
+class GangInterrupted(Exception):
+    """The caller asked a running gang to stop (its cancel event was set)."""
+
+
+class GangError(RuntimeError):
+    """A gang that did not finish: which rank, why, and what it said."""
+
+    def __init__(self, message: str, rank: int | None, reason: str,
+                 error_type: str | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        # raised | signal | exit | timeout | interrupted | node_lost
+        self.reason = reason
+        self.error_type = error_type  # the exception's type name when reason is raised
+
+
+@dataclass(frozen=True)
+class Lost:
+    """How a member that stopped answering ended: ``reason`` (signal | exit |
+    node_lost) and a phrase that follows "rank r (device d)"."""
+
+    reason: str
+    what: str
+
+
+class Member(Protocol):
+    """One rank's worker, as the gang loop drives it."""
+
+    def send(self, job: Any) -> bool:
+        """Hand over a job; False when the worker is already gone."""
+
+    def reply(self) -> tuple[str, Any] | None:
+        """``("result", outcome)``, ``("error", record)``, ``("lost", None)``, or None
+        while the job runs."""
+
+    def lost(self) -> Lost:
+        """How it ended, once it replied ``lost``."""
+
+
+def signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").rstrip().splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+def workload_sources() -> dict[str, tuple[str, str]]:
+    """Each workload file loaded here: module name -> (path, source), for workers to
+    import afresh (by value: on another host the path may not exist)."""
+    return {name: (path, Path(path).read_text()) for name, path in
+            loaded_workload_files().items()}
+
+
+def describe_failure(
+    folder: Path, errors: dict[int, dict[str, Any]], lost: dict[int, Lost],
+    spec: SliceSpec, placement: Placement,
+) -> GangError:
+    """The root cause: a rank that died on its own (killed, its node lost) before one
+    that raised, and among those that raised, the first whose error was its own rather
+    than a peer's disappearance; else the first that stopped answering."""
+
+    def who(rank: int) -> str:
+        role = spec.technique.rank_role(rank, len(placement.device_ids))
+        return f"rank {rank} (device {placement.device_ids[rank]}{', ' + role if role else ''})"
+
+    died = [r for r, how in sorted(lost.items()) if how.reason in ("signal", "node_lost")]
+    if died:
+        rank = died[0]
+        tail = _log_tail(folder / f"rank{rank}.log")
+        return GangError(f"{who(rank)} {lost[rank].what}; the gang was stopped."
+                         + (f"\nlast lines of its log:\n{tail}" if tail else ""),
+                         rank, lost[rank].reason)
+    own = [r for r in errors if not errors[r]["communication"]] or list(errors)
+    if own:
+        rank = min(own, key=lambda r: float(errors[r]["time"]))
+        err = errors[rank]
+        return GangError(f"{who(rank)} raised {err['type']}: {err['message']}\n"
+                         f"{err['traceback']}", rank, "raised", str(err["type"]))
+    rank = min(lost, default=0)
+    tail = _log_tail(folder / f"rank{rank}.log")
+    what = lost[rank].what if rank in lost else "stopped answering"
+    return GangError(f"{who(rank)} {what}" + (f"\nlast lines of its log:\n{tail}" if tail else ""),
+                     rank, "exit")
+
+
+def watch_gang(
+    members: Sequence[Member], jobs: Sequence[Any], spec: SliceSpec, placement: Placement,
+    folder: Path, end: Callable[[], None], timeout: float | None = None,
+    cancel: threading.Event | None = None,
+) -> list[SliceOutcome]:
+    """Send each member its job and wait for every outcome; on the first failure, a
+    timeout or a cancel, ``end()`` the gang and raise GangError or GangInterrupted."""
+    world = len(members)
+    replies: dict[int, tuple[str, Any]] = {}
+    for rank, (member, job) in enumerate(zip(members, jobs, strict=True)):
+        if not member.send(job):
+            replies[rank] = ("lost", None)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        for rank, member in enumerate(members):
+            if rank not in replies:
+                reply = member.reply()
+                if reply is not None:
+                    replies[rank] = reply
+        if len(replies) == world and all(k == "result" for k, _ in replies.values()):
+            return [replies[r][1] for r in range(world)]
+        if any(kind != "result" for kind, _ in replies.values()):
+            lost = {r: members[r].lost() for r, (kind, _) in replies.items() if kind == "lost"}
+            still = set(range(world)) - set(replies)
+            end()
+            for rank in still:  # what the others said before they were ended
+                reply = members[rank].reply()
+                if reply is not None and reply[0] == "error":
+                    replies[rank] = reply
+            errors = {r: p for r, (kind, p) in replies.items() if kind == "error"}
+            raise describe_failure(folder, errors, lost, spec, placement)
+        if cancel is not None and cancel.is_set():
+            end()
+            raise GangInterrupted("the gang was asked to stop")
+        if deadline is not None and time.monotonic() > deadline:
+            end()
+            running = [r for r in range(world) if r not in replies]
+            raise GangError(
+                f"the gang ran past its timeout of {timeout:g} s and was stopped "
+                f"(ranks still running: {running}); raise the timeout if the slice "
+                "is just slow, else look for a hang in rank logs under "
+                f"{folder}", running[0] if running else None, "timeout")
+        time.sleep(_POLL_SECONDS)
