@@ -10,9 +10,10 @@ __version__ = "0.1.0"
 
 
 def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione",
-        **options: Any) -> Any:
+        ray: str | None = None, **options: Any) -> Any:
     """Profile, plan and train every task of ``workload`` (a Workload, a list of tasks or
-    a workload file's path) on this machine (``devices`` as ``--devices``), as ``dione
+    a workload file's path) on this machine (``devices`` as ``--devices``), or on the Ray
+    cluster at ``ray`` (an address as ``ray.init`` takes it, e.g. ``"auto"``), as ``dione
     run`` does; ``options`` are ``dione.orchestrate.RunOptions`` fields. Returns the
     ``RunResult``: per task its status, final loss, evaluation and checkpoint; invalid
     tasks are left out and listed in its ``invalid``. Calling it
@@ -28,7 +29,17 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     if not tasks:
         raise ValueError("no task of the workload is valid:\n"
                          + "\n".join(str(p) for p in problems))
-    result = run_workload(tasks, local_cluster(devices), run_dir, RunOptions(**options))
+    if ray is None:
+        result = run_workload(tasks, local_cluster(devices), run_dir, RunOptions(**options))
+    else:
+        from dione.launch.ray_launcher import RayLauncher
+
+        launcher = RayLauncher(ray)
+        try:
+            result = run_workload(tasks, Cluster(launcher.nodes()), run_dir,
+                                  RunOptions(**options), launcher=launcher)
+        finally:
+            launcher.shutdown()
     result.invalid = [str(p) for p in problems]  # a bad task stops only itself
     return result
 

@@ -59,16 +59,18 @@ def _load(path: str) -> Any:
         raise BadInput(str(err)) from None
 
 
-def _valid_tasks(workload_file: str, devices: str | None, what: str) -> tuple[Any, Any, Any]:
-    """The workload's valid tasks, the problems of the others (printed), and the local
-    cluster; BadInput when the cluster is wrong or no task is valid (nothing ``what``)."""
-    from dione.spec.cluster import ClusterError, local_cluster
+def _valid_tasks(workload_file: str, devices: str | None, what: str,
+                 launcher: Any = None) -> tuple[Any, Any, Any]:
+    """The workload's valid tasks, the problems of the others (printed), and the cluster
+    (the local machine, or the Ray launcher's nodes); BadInput when the cluster is wrong
+    or no task is valid (nothing ``what``)."""
+    from dione.spec.cluster import Cluster, ClusterError, local_cluster
     from dione.spec.validate import split_valid
     from dione.techniques import technique_names
 
     workload = _load(workload_file)
     try:
-        cluster = local_cluster(devices)
+        cluster = local_cluster(devices) if launcher is None else Cluster(launcher.nodes())
     except ClusterError as err:
         raise BadInput(str(err)) from None
     tasks, problems = split_valid(workload, None, technique_names())
@@ -77,6 +79,22 @@ def _valid_tasks(workload_file: str, devices: str | None, what: str) -> tuple[An
     if not tasks:
         raise BadInput(f"no task of the workload is valid; nothing {what}")
     return tasks, problems, cluster
+
+
+def _launcher(args: argparse.Namespace) -> Any:
+    """The Ray launcher when ``--ray`` was given (None: this machine's workers)."""
+    if getattr(args, "ray", None) is None:
+        return None
+    if getattr(args, "devices", None):
+        raise BadInput("--devices describes this machine; with --ray the cluster's nodes "
+                       "and devices come from Ray: leave --devices out")
+    from dione.launch.ray_launcher import RayLauncher
+    from dione.spec.cluster import ClusterError
+
+    try:
+        return RayLauncher(args.ray)
+    except ClusterError as err:
+        raise BadInput(str(err)) from None
 
 
 def _default_run_dir(workload: str) -> Path:
@@ -200,12 +218,22 @@ def _execute(workload_file: str, args: argparse.Namespace, run_dir: Path,
     """Validate, profile, plan, run, report: the body of ``run`` and ``resume``. The run
     directory is touched only once the workload is known to start; ``saved`` is then
     written to its ``run.json`` (for ``dione resume``)."""
+    launcher = _launcher(args)
+    try:
+        return _execute_on(workload_file, args, run_dir, saved, launcher)
+    finally:
+        if launcher is not None:
+            launcher.shutdown()
+
+
+def _execute_on(workload_file: str, args: argparse.Namespace, run_dir: Path,
+                saved: dict[str, Any] | None, launcher: Any) -> int:
     from dione.orchestrate import RunEvent, run_workload
     from dione.orchestrate.progress import LiveProgress
     from dione.orchestrate.run import RunDirError
+    from dione.spec.cluster import ClusterError
 
-    tasks, problems, cluster = _valid_tasks(workload_file, args.devices, "started")
-    node = cluster.nodes[0]
+    tasks, problems, cluster = _valid_tasks(workload_file, args.devices, "started", launcher)
     options = _run_options(args)
     with _claimed(run_dir):
         if saved is not None:
@@ -214,16 +242,17 @@ def _execute(workload_file: str, args: argparse.Namespace, run_dir: Path,
             except OSError as err:
                 raise BadInput(f"cannot write {run_dir / 'run.json'}: {err.strerror}; give "
                                "a run directory you can write (--out)") from None
-        console.print(f"dione run: {len(tasks)} task(s) on {node.devices} {node.kind} "
-                      f"device(s) of {node.name}; run dir {run_dir}")
+        where = ", ".join(f"{n.devices} {n.kind} device(s) of {n.name}" for n in cluster)
+        console.print(f"dione run: {len(tasks)} task(s) on {where}; run dir {run_dir}")
         with LiveProgress(console) as live:
             def said(event: RunEvent) -> None:
                 live.event(f"[{event.kind}] {event.message}")
 
             try:
                 result = run_workload(tasks, cluster, run_dir, options, on_event=said,
-                                      on_profile_event=_profile_printer(), view=live.update)
-            except RunDirError as err:
+                                      on_profile_event=_profile_printer(), view=live.update,
+                                      launcher=launcher)
+            except (RunDirError, ClusterError) as err:
                 raise BadInput(str(err)) from None
     _print_results(result, run_dir)
     failed = [t for t in result.tasks if t.status != "done"]
@@ -424,7 +453,7 @@ def _profile_printer() -> Any:
     return show
 
 
-def _profile(args: argparse.Namespace, tasks: Any, cluster: Any) -> Any:
+def _profile(args: argparse.Namespace, tasks: Any, cluster: Any, launcher: Any = None) -> Any:
     """Profile ``tasks``, with a progress bar on a terminal; the Profile."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -449,7 +478,8 @@ def _profile(args: argparse.Namespace, tasks: Any, cluster: Any) -> Any:
     with Catalog(args.catalog) as catalog, progress:
         return profile_workload(tasks, cluster, catalog, options=_trial_options(args),
                                 reprofile=args.reprofile, budget=args.budget,
-                                parallel=not args.serial, on_event=show)
+                                parallel=not args.serial, on_event=show,
+                                **({"launcher": launcher} if launcher is not None else {}))
 
 
 def _print_profile(profile: Any) -> None:
@@ -488,8 +518,14 @@ def _print_profile(profile: Any) -> None:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    tasks, problems, cluster = _valid_tasks(args.workload, args.devices, "profiled")
-    profile = _profile(args, tasks, cluster)
+    launcher = _launcher(args)
+    try:
+        tasks, problems, cluster = _valid_tasks(args.workload, args.devices, "profiled",
+                                                launcher)
+        profile = _profile(args, tasks, cluster, launcher)
+    finally:
+        if launcher is not None:
+            launcher.shutdown()
     _print_profile(profile)
     problem = profile.problem()
     text = json.dumps(problem, indent=1)
@@ -523,6 +559,13 @@ def _add_profile_options(parser: argparse.ArgumentParser) -> None:
                         help="seconds after which a trial counts as timed out (300)")
     parser.add_argument("--serial", action="store_true",
                         help="one trial at a time, even where devices allow more")
+
+
+def _add_ray_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS",
+                        help="run on a Ray cluster (ADDRESS as ray.init takes it; default "
+                        "auto): its alive nodes and their GPUs (else CPUs) are the cluster; "
+                        "a task stays within one node; needs `pip install 'dione[ray]'`")
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -588,6 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--devices", help="e.g. cpu:4 or cuda:8 (default: every GPU, else one "
                      "CPU slot per core)")
     run.add_argument("--out", help="run directory (default: runs/<workload name>)")
+    _add_ray_option(run)
     run.add_argument("--solver", default="cpsat",
                      choices=["cpsat", "greedy", "sequential", "saturn-milp"])
     run.add_argument("--time-limit", type=float, default=10.0,
@@ -626,6 +670,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("workload")
     prof.add_argument("--devices", help="e.g. cpu:4 or cuda:8 (default: the local machine)")
     prof.add_argument("-o", "--output", help="write the problem JSON here")
+    _add_ray_option(prof)
     _add_profile_options(prof)
     prof.set_defaults(handler=_cmd_profile)
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import cloudpickle
 
@@ -28,9 +30,12 @@ from dione.launch.gang import (
 from dione.launch.pool import WarmWorker, local_pool
 from dione.launch.scratch import scratch_dir
 from dione.launch.worker import Job
+from dione.spec.cluster import Node
+from dione.spec.devices import available_cores, cores_for_slot, threads_per_slot
 from dione.techniques.base import SliceOutcome, SliceSpec
 
-__all__ = ["GangError", "GangInterrupted", "Placement", "collective_timeout", "run_local_gang"]
+__all__ = ["LOCAL", "GangError", "GangInterrupted", "Launcher", "LocalLauncher", "Placement",
+           "collective_timeout", "local_placement", "run_local_gang"]
 
 
 def collective_timeout() -> float:
@@ -67,3 +72,56 @@ def run_local_gang(
         raise
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+def local_placement(node: Node, device_ids: Sequence[int]) -> Placement:
+    """A placement on this machine: each CPU slot pinned to its share of the cores."""
+    cores = available_cores()
+    if node.kind == "cuda":
+        return Placement(node.name, "cuda", tuple(device_ids),
+                         threads_per_slot(node.devices, len(cores)))
+    slots = max(node.devices, max(device_ids) + 1)
+    pins = [cores_for_slot(i, slots, cores) for i in device_ids]
+    return Placement(
+        node.name, "cpu", tuple(device_ids), threads_per_slot(slots, len(cores)),
+        None if any(p is None for p in pins) else tuple(tuple(p) for p in pins if p),
+    )
+
+
+class Launcher(Protocol):
+    """What runs gangs: this machine's warm workers, or a Ray cluster's actors."""
+
+    def placement(self, node: Node, device_ids: Sequence[int]) -> Placement:
+        """Where a gang on ``device_ids`` of ``node`` runs, with its threads."""
+
+    def run_gang(self, spec: SliceSpec, placement: Placement, folder: str | Path,
+                 timeout: float | None = None, cancel: threading.Event | None = None,
+                 ) -> list[SliceOutcome]:
+        """Each rank's outcome, or GangError / GangInterrupted."""
+
+    def forget_node(self, name: str) -> None:
+        """Drop a node that left the cluster."""
+
+    def shutdown(self) -> None:
+        """End every worker this launcher keeps."""
+
+
+class LocalLauncher:
+    """Gangs of this machine's warm workers; a cluster of one node, this machine."""
+
+    def placement(self, node: Node, device_ids: Sequence[int]) -> Placement:
+        return local_placement(node, device_ids)
+
+    def run_gang(self, spec: SliceSpec, placement: Placement, folder: str | Path,
+                 timeout: float | None = None, cancel: threading.Event | None = None,
+                 ) -> list[SliceOutcome]:
+        return run_local_gang(spec, placement, folder, timeout, cancel)
+
+    def forget_node(self, name: str) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None  # the pool is the process's, shared by its runs; it ends at exit
+
+
+LOCAL = LocalLauncher()

@@ -10,14 +10,12 @@ import math
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dione.launch.local import GangError, Placement, run_local_gang
-from dione.spec.cluster import Node
-from dione.spec.devices import available_cores, cores_for_slot, threads_per_slot
+from dione.launch.local import LOCAL, GangError, Launcher, Placement, local_placement
 from dione.spec.task import Task
 from dione.state.checkpoint import (
     CorruptCheckpoint,
@@ -93,20 +91,6 @@ class SliceResult:
     warnings: list[str] = field(default_factory=list)  # e.g. a corrupt checkpoint set aside
 
 
-def local_placement(node: Node, device_ids: Sequence[int]) -> Placement:
-    """A placement on this machine: each CPU slot pinned to its share of the cores."""
-    cores = available_cores()
-    if node.kind == "cuda":
-        return Placement(node.name, "cuda", tuple(device_ids),
-                         threads_per_slot(node.devices, len(cores)))
-    slots = max(node.devices, max(device_ids) + 1)
-    pins = [cores_for_slot(i, slots, cores) for i in device_ids]
-    return Placement(
-        node.name, "cpu", tuple(device_ids), threads_per_slot(slots, len(cores)),
-        None if any(p is None for p in pins) else tuple(tuple(p) for p in pins if p),
-    )
-
-
 def _intact_checkpoint(db: RunStore, task: str, warnings: list[str]
                        ) -> CheckpointRecord | None:
     """The task's newest checkpoint whose files match their digests; each corrupt one on
@@ -146,6 +130,7 @@ def run_slice(
     trial: TrialSettings | None = None,
     cancel: threading.Event | None = None,
     on_begin: Callable[[int, Path], None] | None = None,
+    launcher: Launcher | None = None,
 ) -> SliceResult:
     """Train ``task`` from its latest checkpoint in ``run_dir`` for ``steps`` steps (None:
     to the end) under ``technique`` on ``placement``; record it; raise SliceError if it
@@ -156,7 +141,8 @@ def run_slice(
     whatever the step). Setting ``cancel`` stops the gang; the slice is then recorded
     as interrupted and GangInterrupted raised. ``on_begin(slice_id, folder)`` is called
     once the slice is recorded, before its gang starts (its workers write progress
-    files into ``folder``)."""
+    files into ``folder``). ``launcher``: what runs the gang (default: this machine's
+    warm workers)."""
     method = get_technique(technique) if isinstance(technique, str) else technique
     knobs = dict(knobs or {})
     devices = len(placement.device_ids)
@@ -195,7 +181,7 @@ def run_slice(
         if on_begin is not None:
             on_begin(slice_id, folder)
         try:
-            outcomes = run_local_gang(spec, placement, folder, timeout, cancel)
+            outcomes = (launcher or LOCAL).run_gang(spec, placement, folder, timeout, cancel)
         except GangError as err:
             message = (f"task {task.name!r}, steps {start}-{end}, {method.name} on "
                        f"{placement.node} devices {list(placement.device_ids)}: {err}"

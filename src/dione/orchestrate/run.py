@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dione.launch.local import LOCAL, Launcher
 from dione.orchestrate.options import RunDirError, RunEvent, RunOptions, claim_run_dir
 from dione.orchestrate.runner import Runner
 from dione.profile.catalog import Catalog
 from dione.profile.profiler import ProfileEvent, profile_workload
 from dione.report.files import summaries, write_report
-from dione.spec.cluster import Cluster
+from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.task import Task
 from dione.state.store import RunStore
 
@@ -85,29 +86,42 @@ def run_workload(
     on_event: Callable[[RunEvent], None] | None = None,
     on_profile_event: Callable[[ProfileEvent], None] | None = None,
     view: Callable[[Any], None] | None = None,
+    launcher: Launcher | None = None,
 ) -> RunResult:
-    """Train every task to its end as early as possible; resumes what ``run_dir`` holds."""
+    """Train every task to its end as early as possible; resumes what ``run_dir`` holds.
+    ``launcher``: what runs the gangs (default: this machine's warm workers, which take
+    a cluster of one node; a cluster of several needs a RayLauncher)."""
     options = options or RunOptions()
     run_dir = Path(run_dir)
+    if launcher is None:
+        if len(cluster.nodes) > 1:
+            raise ClusterError(
+                f"a cluster of {len(cluster.nodes)} nodes needs Ray to reach them: run with "
+                "--ray ADDRESS (Python: dione.run(..., ray=ADDRESS)); without Ray, dione "
+                "trains on this machine only, as one node")
+        launcher = LOCAL
     with claim_run_dir(run_dir):
-        return _run_claimed(tasks, cluster, run_dir, options, on_event, on_profile_event, view)
+        return _run_claimed(tasks, cluster, run_dir, options, on_event, on_profile_event, view,
+                            launcher)
 
 
 def _run_claimed(
     tasks: Sequence[Task], cluster: Cluster, run_dir: Path, options: RunOptions,
     on_event: Callable[[RunEvent], None] | None,
     on_profile_event: Callable[[ProfileEvent], None] | None, view: Callable[[Any], None] | None,
+    launcher: Launcher,
 ) -> RunResult:
     emit = on_event or (lambda event: None)
     began = time.perf_counter()
     with Catalog(options.catalog) as catalog:
         profile = profile_workload(tasks, cluster, catalog, options=options.trial,
                                    reprofile=options.reprofile, budget=options.profile_budget,
-                                   on_event=on_profile_event)
+                                   on_event=on_profile_event, launcher=launcher)
     profile_seconds = time.perf_counter() - began
     emit(RunEvent("profiled", f"{profile.trials_run} trial(s) run, {profile.trials_cached} "
                   f"from the catalog, in {profile_seconds:.0f} s"))
-    runner = Runner(tasks, cluster, run_dir, profile, options, emit, view or (lambda s: None))
+    runner = Runner(tasks, cluster, run_dir, profile, options, emit, view or (lambda s: None),
+                    launcher)
     try:
         runner.run()
     finally:

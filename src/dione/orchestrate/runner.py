@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dione.launch.slice import SliceError, SliceResult, local_placement, run_slice
+from dione.launch.local import Launcher
+from dione.launch.slice import SliceError, SliceResult, run_slice
 from dione.orchestrate.options import RunDirError, RunEvent, RunOptions
 from dione.plan.plan import Plan
 from dione.plan.problem import PlanningProblem
@@ -75,8 +76,10 @@ class Runner:
 
     def __init__(self, tasks: Sequence[Task], cluster: Cluster, run_dir: Path,
                  profile: Profile, options: RunOptions,
-                 on_event: Callable[[RunEvent], None], view: Callable[[_State], None]) -> None:
+                 on_event: Callable[[RunEvent], None], view: Callable[[_State], None],
+                 launcher: Launcher) -> None:
         self.cluster = cluster
+        self.launcher = launcher
         self.run_dir = run_dir
         self.profile = profile
         self.options = options
@@ -168,10 +171,12 @@ class Runner:
                         "seconds": round(max(0.001, self.option_seconds(name, o, remaining)), 3)}
                        for o in self.profile.task(name).options]
             tasks.append({"name": name, "options": options})
+        nodes = {n.name for n in self.cluster}
         busy = [{"task": name, "node": r.assignment["node"],
                  "device_ids": list(r.assignment["device_ids"]),
                  "until": round(max(0.0, self.predicted_task_end(name) - now), 3)}
-                for name, r in self.state.running.items()]
+                for name, r in self.state.running.items()
+                if r.assignment["node"] in nodes]  # a lost node's slices are ending
         problem = {"cluster": self.cluster.to_json(), "tasks": tasks}
         if busy:
             problem["busy"] = busy
@@ -335,9 +340,9 @@ class Runner:
         self.emit(RunEvent("slice_started", f"{name}: steps {start}-{start + steps} under "
                            f"{a['technique']} on {a['node']} devices {a['device_ids']}", name))
         return pool.submit(run_slice, self.state.tasks[name], a["technique"], self.run_dir,
-                           local_placement(node, a["device_ids"]), knobs=a["knobs"],
+                           self.launcher.placement(node, a["device_ids"]), knobs=a["knobs"],
                            steps=steps, timeout=self.options.timeout, cancel=self.cancel,
-                           on_begin=began)
+                           on_begin=began, launcher=self.launcher)
 
     def finished(self, name: str, future: Future[SliceResult]) -> bool:
         """Record a slice's end; whether it departs from the plan enough to re-plan."""
@@ -345,6 +350,9 @@ class Runner:
         try:
             result = future.result()
         except SliceError as err:
+            if err.reason == "node_lost":  # not the task's fault: plan it anew elsewhere
+                self._lose_node(running.assignment["node"], name, err)
+                return True
             self.state.failures[name] += 1
             if err.reason == "diverged":  # the store already says so, with the step
                 self.state.status[name] = "diverged"
@@ -382,6 +390,21 @@ class Runner:
                            f"{result.end_step} in {elapsed:.1f} s (predicted {planned:.1f} s)"
                            + (" - done" if finished else ""), name))
         return not finished or abs(elapsed - planned) > 0.05 * max(planned, 1.0)
+
+    def _lose_node(self, node: str, name: str, err: SliceError) -> None:
+        """A node left the cluster under a running slice: the task goes back to pending
+        (from its last checkpoint), the node's devices leave the plan."""
+        self.state.status[name] = "pending"
+        if any(n.name == node for n in self.cluster):
+            left = [n for n in self.cluster if n.name != node]
+            if not left:
+                raise RuntimeError(f"node {node} was lost and no node is left to train on")
+            self.cluster = Cluster(left)
+            self.launcher.forget_node(node)
+            self.state.plan = [a for a in self.state.plan if a["node"] != node]
+            self.emit(RunEvent("node_lost", f"node {node} left the cluster; its work is "
+                               "planned again on the others", name))
+        self.emit(RunEvent("slice_failed", f"{name}: {str(err).splitlines()[0]}", name))
 
     def run(self) -> None:
         self.replan(first=True)

@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dione.launch.slice import SliceError, SliceResult, local_placement, run_slice
+from dione.launch.local import local_placement
+from dione.launch.slice import SliceError, SliceResult, run_slice
 from dione.orchestrate.options import claim_run_dir
 from dione.spec.cluster import Cluster
 from dione.spec.task import Task

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dione.launch.local import LOCAL, Launcher
 from dione.launch.scratch import clean_stale_scratch, scratch_dir
 from dione.launch.slice import total_steps
 from dione.profile.catalog import Catalog, TrialRecord
@@ -191,6 +192,7 @@ def profile_workload(
     parallel: bool = True,
     scratch: str | Path | None = None,
     on_event: Callable[[ProfileEvent], None] | None = None,
+    launcher: Launcher = LOCAL,
 ) -> Profile:
     """Profile ``tasks`` on ``cluster``'s first node (nodes are assumed alike), reusing
     the catalog unless ``reprofile``; never raises for a failing trial or task."""
@@ -267,7 +269,8 @@ def profile_workload(
             pending.append(trial)
     group_of = {f: w.group for f, w in wanted.items()}
     trials_run, skips = _run_pending(pending, results, group_of, node, catalog, options,
-                                     budget, parallel, scratch, began, emit, profiles)
+                                     budget, parallel, scratch, began, emit, profiles,
+                                     launcher=launcher)
     # Repeats: each option's chosen setting again, at a later moment (a whole pass of
     # other trials lies between), until it has ``options.repeats`` runs; a repeat can
     # change which setting is fastest, so a few more passes may follow.
@@ -278,7 +281,8 @@ def profile_workload(
             break
         # A repeat skipped (over the budget) leaves its record with fewer runs: no skip.
         ran, skipped = _run_pending(again, results, group_of, node, catalog, options, budget,
-                                    parallel, scratch, began, emit, profiles, counted)
+                                    parallel, scratch, began, emit, profiles, counted,
+                                    launcher=launcher)
         trials_run += ran
         counted += ran + len(skipped)
     _cross_check(results, group_of, catalog)
@@ -369,6 +373,7 @@ def _run_pending(
     node: Node, catalog: Catalog, options: TrialOptions, budget: float | None,
     parallel: bool, scratch: str | Path | None, began: float,
     emit: Callable[[ProfileEvent], None], profiles: list[TaskProfile], counted: int = 0,
+    launcher: Launcher = LOCAL,
 ) -> tuple[int, dict[str, str]]:
     """Run the pending trials on ``node``'s devices, filling ``results``; how many ran,
     and why each trial not run was skipped (by fingerprint). Events count ``counted``
@@ -460,7 +465,7 @@ def _run_pending(
                         spec = dataclasses.replace(spec, evaluate=True)
                     emit(ProfileEvent("started", spec.label, tuple(trial.tasks), total=total))
                     running[pool.submit(run_trial, spec, node, devices, root, options,
-                                        cancel)] = (trial, devices)
+                                        cancel, launcher)] = (trial, devices)
                 if not running:
                     if queue:
                         raise RuntimeError("trial scheduling is stuck: nothing runs and "

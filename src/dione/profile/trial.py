@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dione.launch.slice import SliceError, TrialSettings, local_placement, run_slice, total_steps
+from dione.launch.local import LOCAL, Launcher
+from dione.launch.slice import SliceError, TrialSettings, run_slice, total_steps
 from dione.profile.catalog import TrialRecord
 from dione.schedules.simulate import StageTimes, simulate
 from dione.spec.cluster import Node
@@ -79,7 +80,7 @@ def _shorten(text: str) -> str:
 
 def run_trial(
     spec: TrialSpec, node: Node, device_ids: Sequence[int], scratch: Path, options: TrialOptions,
-    cancel: threading.Event | None = None,
+    cancel: threading.Event | None = None, launcher: Launcher = LOCAL,
 ) -> tuple[TrialRecord, float | None]:
     """Run ``spec`` on ``device_ids`` of ``node``; its record and, when asked, the
     seconds the task's evaluation took."""
@@ -90,10 +91,10 @@ def run_trial(
                 devices=spec.devices, device=spec.device)
     try:
         result = run_slice(
-            spec.task, spec.technique, folder, local_placement(node, device_ids),
+            spec.task, spec.technique, folder, launcher.placement(node, device_ids),
             knobs=spec.knobs, steps=steps, timeout=options.timeout, keep_checkpoints=1,
             evaluate=False, trial=TrialSettings(options.memory_cap_bytes, True, spec.evaluate),
-            cancel=cancel,
+            cancel=cancel, launcher=launcher,
         )
     except SliceError as err:
         status = _classify(err)

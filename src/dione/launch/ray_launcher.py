@@ -1,0 +1,294 @@
+"""Gangs on a Ray cluster: warm actors per device, pinned to their node, running the same
+job as a local warm worker (``worker.run_job``), watched by the same loop (``gang``).
+
+    RayLauncher(address)            ray.init(address); the alive nodes become dione Nodes
+      per node: a placement group, one bundle per device, STRICT_PACK, pinned to the node
+                (label ray.io/node-id), reserved while the launcher lives
+      per device: one actor in its bundle, started on first use, kept across slices;
+                ended (and replaced later) when its gang fails, times out or is cancelled
+      per gang:  a rendezvous folder with a random name (the gang's secret) that the
+                ranks create privately in their node's temporary folder: a gang never
+                spans nodes, so no port is opened for it
+
+Results and errors come back as Ray object refs; an actor that dies is a lost rank,
+and one whose node left the cluster is reported as "node lost". Ray is optional:
+``pip install dione[ray]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from dione.launch.gang import Lost, Placement, watch_gang, workload_sources
+from dione.launch.local import collective_timeout
+from dione.launch.worker import Job
+from dione.spec.cluster import ClusterError, Node
+from dione.spec.devices import threads_per_slot
+from dione.techniques.base import SliceOutcome, SliceSpec
+
+__all__ = ["RayLauncher", "RayNotInstalled"]
+
+
+class RayNotInstalled(ClusterError):
+    """``--ray`` without Ray installed."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise RayNotInstalled("Ray is not installed; install it with `pip install "
+                              "'dione[ray]'` (or `pip install ray`) on every node") from None
+    return ray
+
+
+def _remove_group(group: Any) -> None:
+    from ray.util import remove_placement_group
+
+    remove_placement_group(group)
+
+
+class _Actor:
+    """The warm worker as a Ray actor: the local worker's job runner and reset."""
+
+    def __init__(self) -> None:
+        import dione.techniques  # noqa: F401 - the built-in techniques, registered once
+        from dione.launch.worker import Baseline
+
+        self.baseline = Baseline()
+
+    def run(self, job: Job) -> bytes:
+        from dione.launch.worker import redirected, run_job
+
+        with redirected(job.log):
+            reply = run_job(job)
+        try:
+            data: bytes = cloudpickle.dumps(reply)
+        except Exception as err:  # an outcome that cannot travel is this rank's error
+            from dione.launch.worker import _error_record
+
+            data = cloudpickle.dumps(("error", _error_record(job.rank, err)))
+        self.baseline.restore()
+        return data
+
+    def forget(self, store: str) -> None:
+        """Remove a finished gang's rendezvous folder on this node."""
+        import shutil
+
+        from dione.launch.worker import rendezvous_folder
+
+        shutil.rmtree(rendezvous_folder(store), ignore_errors=True)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class _RayMember:
+    """One rank's actor and its job in flight."""
+
+    def __init__(self, launcher: RayLauncher, node: Node, device: int, actor: Any) -> None:
+        self.launcher = launcher
+        self.node = node
+        self.device = device
+        self.actor = actor
+        self.ref: Any = None
+        self.death = ""
+
+    def send(self, job: Job) -> bool:
+        self.ref = self.actor.run.remote(job)
+        return True
+
+    def reply(self) -> tuple[str, Any] | None:
+        ray = self.launcher.ray
+        if self.ref is None:
+            return None
+        ready, _ = ray.wait([self.ref], timeout=0)
+        if not ready:
+            return None
+        try:
+            kind, payload = cloudpickle.loads(ray.get(self.ref))
+            return str(kind), payload
+        except Exception as err:  # the actor died, or its node went away
+            self.death = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+            return "lost", None
+
+    def lost(self) -> Lost:
+        if not self.launcher.node_alive(self.node):
+            return Lost("node_lost", f"was lost with its node {self.node.name} (node lost)")
+        return Lost("signal", f"was killed ({self.death})")
+
+
+class RayLauncher:
+    """Runs gangs on the nodes of a Ray cluster; one per run (``shutdown`` at its end)."""
+
+    def __init__(self, address: str | None = "auto", env: dict[str, str] | None = None) -> None:
+        """Connect to the cluster at ``address`` (unless this process already is);
+        ``env``: environment variables the actors get besides dione's own."""
+        self.ray = _ray()
+        self.env = dict(env or {})
+        if not self.ray.is_initialized():
+            try:
+                self.ray.init(address=address, log_to_driver=False,
+                              logging_level="ERROR", configure_logging=False)
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                raise ClusterError(f"cannot connect to a Ray cluster at {address!r}: {err}; "
+                                   "start one (`ray start --head`) or give its address "
+                                   "(--ray HOST:PORT)") from None
+        self._lock = threading.Lock()
+        self._ids: dict[str, str] = {}  # dione node name -> Ray node id
+        self._groups: dict[str, Any] = {}  # node name -> placement group
+        self._idle: dict[tuple[str, int], Any] = {}  # (node, device) -> actor
+        self._busy: set[Any] = set()
+        self._actor_class = self.ray.remote(_Actor)
+        self.actors_started = 0
+
+    # -- the cluster -----------------------------------------------------------------
+
+    def nodes(self) -> list[Node]:
+        """The alive nodes with devices: their GPUs, else their CPUs as slots."""
+        found = []
+        for info in sorted(self.ray.nodes(), key=lambda n: n["NodeID"]):
+            resources = info.get("Resources", {})
+            gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
+            if not info.get("Alive") or (gpus == 0 and cpus == 0):
+                continue
+            name = f"{info.get('NodeManagerHostname', 'node')}-{info['NodeID'][:6]}"
+            self._ids[name] = info["NodeID"]
+            found.append(Node(name, gpus or cpus, "cuda" if gpus else "cpu", max(cpus, 1)))
+        if not found:
+            raise ClusterError("the Ray cluster has no alive node with CPUs or GPUs")
+        return found
+
+    def node_alive(self, node: Node) -> bool:
+        node_id = self._ids.get(node.name)
+        return any(n["NodeID"] == node_id and n.get("Alive") for n in self.ray.nodes())
+
+    def placement(self, node: Node, device_ids: Sequence[int]) -> Placement:
+        """A gang's placement on ``node``: Ray, not dione, pins processes to cores."""
+        return Placement(node.name, node.kind, tuple(device_ids),
+                         threads_per_slot(node.devices, node.cores or node.devices))
+
+    # -- actors ----------------------------------------------------------------------
+
+    def _group(self, node: Node) -> Any:
+        """The node's placement group: one bundle per device, all on that node."""
+        if node.name not in self._groups:
+            from ray.util import placement_group
+
+            bundle = {"GPU": 1.0} if node.kind == "cuda" else {"CPU": 1.0}
+            group = placement_group([bundle] * node.devices, strategy="STRICT_PACK",
+                                    bundle_label_selector=[{"ray.io/node-id":
+                                                            self._ids[node.name]}]
+                                    * node.devices)
+            try:
+                self.ray.get(group.ready(), timeout=120)
+            except Exception as err:
+                _remove_group(group)
+                raise ClusterError(f"cannot reserve the {node.devices} devices of node "
+                                   f"{node.name} on Ray: {err}") from None
+            self._groups[node.name] = group
+        return self._groups[node.name]
+
+    def _actor(self, node: Node, device: int, threads: int) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        with self._lock:
+            actor = self._idle.pop((node.name, device), None)
+            if actor is not None:
+                return actor
+            group = self._group(node)
+        env = {**self.env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+               # A gang stays on its node: its ranks talk over loopback.
+               "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+               "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}
+        if "DIONE_TEST_SESSION" in os.environ:  # lets the test suite count its workers
+            env["DIONE_TEST_SESSION"] = os.environ["DIONE_TEST_SESSION"]
+        resources = {"num_gpus": 1} if node.kind == "cuda" else {"num_cpus": 1}
+        self.actors_started += 1
+        return self._actor_class.options(
+            **resources, runtime_env={"env_vars": env}, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, device),
+        ).remote()
+
+    def _end(self, actors: list[Any]) -> None:
+        for actor in actors:
+            with contextlib.suppress(Exception):  # already gone with its node
+                self.ray.kill(actor, no_restart=True)
+        with self._lock:
+            self._busy.difference_update(actors)
+
+    # -- gangs -----------------------------------------------------------------------
+
+    def run_gang(self, spec: SliceSpec, placement: Placement, folder: str | Path,
+                 timeout: float | None = None, cancel: threading.Event | None = None,
+                 ) -> list[SliceOutcome]:
+        """Run ``spec`` on one warm actor per device of ``placement.node``."""
+        folder = Path(folder)
+        node = next((n for n in self.nodes() if n.name == placement.node), None)
+        if node is None:
+            from dione.launch.gang import GangError
+
+            raise GangError(f"node {placement.node} is not in the Ray cluster (node lost)",
+                            None, "node_lost")
+        members = [_RayMember(self, node, device, self._actor(node, device, placement.threads))
+                   for device in placement.device_ids]
+        actors = [m.actor for m in members]
+        with self._lock:
+            self._busy.update(actors)
+        store = f"dione-gang-{uuid.uuid4().hex}"  # the gang's secret
+        payload, modules = cloudpickle.dumps(spec), workload_sources()
+        visible = 0 if node.kind == "cuda" else None  # Ray shows each actor its one GPU
+        jobs = [Job(payload, modules, rank, store, str(folder / f"rank{rank}.log"),
+                    str(folder / f"progress-{rank}.json"), placement.threads, None,
+                    collective_timeout(), visible_device=visible)
+                for rank in range(len(members))]
+        try:
+            outcomes = watch_gang(members, jobs, spec, placement, folder,
+                                  lambda: self._end(actors), timeout, cancel)
+        except BaseException:
+            self._end(actors)
+            raise
+        actors[0].forget.remote(store)
+        with self._lock:
+            self._busy.difference_update(actors)
+            for device, actor in zip(placement.device_ids, actors, strict=True):
+                if (node.name, device) in self._idle:
+                    self._end([actor])
+                else:
+                    self._idle[(node.name, device)] = actor
+        return outcomes
+
+    def forget_node(self, name: str) -> None:
+        """Drop what this launcher holds on a node that left the cluster."""
+        with self._lock:
+            gone = [k for k in self._idle if k[0] == name]
+            actors = [self._idle.pop(k) for k in gone]
+            group = self._groups.pop(name, None)
+        self._end(actors)
+        if group is not None:
+            with contextlib.suppress(Exception):  # already gone with its node
+                _remove_group(group)
+
+    def shutdown(self) -> None:
+        """End every actor and free every placement group of this launcher."""
+        with self._lock:
+            actors = [*self._idle.values(), *self._busy]
+            self._idle.clear()
+            groups = list(self._groups.values())
+            self._groups.clear()
+        self._end(actors)
+        for group in groups:
+            with contextlib.suppress(Exception):  # already gone with its node
+                _remove_group(group)
+
+    def __repr__(self) -> str:
+        return f"<RayLauncher on {socket.gethostname()}>"

@@ -1,0 +1,213 @@
+"""A real Ray cluster on this machine (ray.cluster_utils.Cluster, two fake nodes): gangs
+run on the node the plan chose, fail as local gangs do, survive the loss of a node, and
+leave no actor or placement group behind."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import digits_task
+from dione.launch.local import local_placement
+from dione.launch.slice import SliceError, run_slice
+from dione.orchestrate import RunOptions, run_workload
+from dione.profile import TrialOptions
+from dione.spec.cluster import Cluster, ClusterError, Node
+from dione.spec.workload import load_workload
+from dione.state import RunStore, load_model_weights
+
+ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'dione[ray]'")
+from ray.cluster_utils import Cluster as RayTestCluster  # noqa: E402
+
+from dione.launch.ray_launcher import RayLauncher  # noqa: E402
+
+QUICK = TrialOptions(warmup_steps=1, measure_steps=2)
+
+FAULTY = '''
+import functools, os, signal, time
+import torch
+import torch.distributed as dist
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+FAULT = os.environ.get("FAULT", "none")
+calls = 0
+
+def loss(output, target):
+    global calls
+    calls += 1
+    if dist.get_rank() == 1 and calls == 3:
+        if FAULT == "raise":
+            raise ValueError("injected failure on rank 1")
+        if FAULT == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if FAULT == "hang":
+            time.sleep(3600)
+    return torch.nn.functional.cross_entropy(output, target)
+
+workload = Workload([Task(name="faulty", model=functools.partial(digits_mlp, hidden=16, depth=1),
+                          data=digits_train, loss=loss,
+                          optimizer=functools.partial(torch.optim.Adam, lr=1e-2),
+                          batch_size=16, steps=6)])
+'''
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """One Ray cluster for the module: a head with no devices and two 2-CPU nodes."""
+    test_cluster = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    for _ in range(2):
+        test_cluster.add_node(num_cpus=2)
+    ray.init(address=test_cluster.address, log_to_driver=False)
+    test_cluster.wait_for_nodes()
+    yield test_cluster
+    ray.shutdown()
+    test_cluster.shutdown()
+
+
+def _left_behind() -> tuple[list[Any], list[Any]]:
+    from ray.util.state import list_actors, list_placement_groups
+
+    deadline = time.monotonic() + 30
+    while True:
+        actors = [a for a in list_actors() if a.state not in ("DEAD",)]
+        groups = [g for g in list_placement_groups() if g.state not in ("REMOVED",)]
+        if not (actors or groups) or time.monotonic() > deadline:
+            return actors, groups
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def launcher(cluster: Any, request: pytest.FixtureRequest) -> Iterator[RayLauncher]:
+    """A launcher for one test; afterwards no actor or placement group may be left."""
+    env = getattr(request, "param", None) or {}
+    ours = RayLauncher(env=env)
+    yield ours
+    ours.shutdown()
+    actors, groups = _left_behind()
+    assert not actors and not groups, (actors, groups)
+
+
+def test_a_cluster_of_several_nodes_is_refused_without_ray(tmp_path: Path) -> None:
+    cluster = Cluster([Node("gpu-node-a", 2, "cpu"), Node("gpu-node-b", 2, "cpu")])
+    with pytest.raises(ClusterError, match="a cluster of 2 nodes needs Ray"):
+        run_workload([digits_task()], cluster, tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+def _final_weights(task: Any, checkpoint: str) -> dict[str, torch.Tensor]:
+    model = task.model()
+    load_model_weights(checkpoint, model)
+    return model.state_dict()
+
+
+def test_two_nodes_train_as_planned_and_match_a_local_run(
+        launcher: RayLauncher, tmp_path: Path) -> None:
+    tasks = [digits_task(f"d{i}", steps=24, batch_size=16,
+                         optimizer=functools.partial(torch.optim.Adam, lr=1e-2 * (i + 1)),
+                         techniques=("single", "ddp"))
+             for i in range(4)]
+    nodes = launcher.nodes()
+    result = run_workload(tasks, Cluster(nodes), tmp_path / "run",
+                          RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                                     solver="greedy", time_limit=5.0),
+                          launcher=launcher)
+    assert all(t.status == "done" for t in result.tasks), result.tasks
+    with RunStore(tmp_path / "run") as store:
+        slices = [s for s in store.slices() if s.status == "done"]
+    assert {s.node for s in slices} == {n.name for n in nodes}  # both nodes trained
+    # Exact techniques: the same final weights as the same (technique, devices) here.
+    for task in tasks:
+        ran = [s for s in slices if s.task == task.name]
+        assert len(ran) == 1
+        local = run_slice(task, ran[0].technique, tmp_path / "local",
+                          local_placement(Node("here", 2, "cpu"), ran[0].device_ids))
+        done = result.task(task.name)
+        assert done.final_loss == local.losses[-1], task.name
+        ours = _final_weights(task, str(done.checkpoint))
+        theirs = _final_weights(task, str(local.checkpoint))
+        assert all(torch.equal(ours[k], theirs[k]) for k in ours), task.name
+
+
+@pytest.mark.parametrize(
+    ("launcher", "expected"),
+    [({"FAULT": "raise"}, "rank 1 (device 1) raised ValueError: injected failure on rank 1"),
+     ({"FAULT": "kill"}, "rank 1 (device 1) was killed"),
+     ({"FAULT": "hang"}, "ran past its timeout of 20 s")],
+    indirect=["launcher"], ids=["raise", "kill", "hang"])
+def test_a_failing_rank_reads_as_it_does_locally(
+        launcher: RayLauncher, tmp_path: Path, expected: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    file = tmp_path / "faulty.py"
+    file.write_text(FAULTY)
+    task = load_workload(file).task("faulty")
+    node = launcher.nodes()[1]
+    with pytest.raises(SliceError) as on_ray:
+        run_slice(task, "ddp", tmp_path / "ray", launcher.placement(node, [0, 1]),
+                  launcher=launcher, timeout=20)
+    monkeypatch.setenv("FAULT", launcher.env["FAULT"])  # the local workers' environment
+    with pytest.raises(SliceError) as here:
+        run_slice(task, "ddp", tmp_path / "local",
+                  local_placement(Node("here", 2, "cpu"), [0, 1]), timeout=20)
+    for err in (on_ray.value, here.value):
+        assert expected in str(err)
+    assert on_ray.value.reason == here.value.reason
+    with RunStore(tmp_path / "ray") as store:
+        assert [s.status for s in store.slices()] == ["failed"]
+
+
+def test_losing_a_node_mid_run_replans_onto_the_others(
+        cluster: Any, tmp_path: Path) -> None:
+    extra = cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    launcher = RayLauncher()
+    try:
+        nodes = launcher.nodes()
+        doomed = next(n for n in nodes if extra.node_id.startswith(n.name.rsplit("-", 1)[1]))
+        tasks = [digits_task(f"t{i}", steps=80, batch_size=16, techniques=("single",))
+                 for i in range(6)]
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            outcome["result"] = run_workload(
+                tasks, Cluster(nodes), tmp_path / "run",
+                RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                           solver="greedy", slice_steps=20, time_limit=5.0),
+                launcher=launcher)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and thread.is_alive():
+            if (tmp_path / "run" / "dione.sqlite").exists():
+                with RunStore(tmp_path / "run") as store:
+                    if any(s.node == doomed.name and s.status == "running"
+                           and s.start_step > 0 for s in store.slices()):
+                        break
+            time.sleep(0.5)
+        cluster.remove_node(extra)
+        thread.join(600)
+        assert not thread.is_alive()
+        result = outcome["result"]
+        assert all(t.status == "done" for t in result.tasks), result.tasks
+        with RunStore(tmp_path / "run") as store:
+            lost = [s for s in store.slices() if s.status == "failed"]
+            assert lost and all("node lost" in (s.error or "") for s in lost)
+            assert all(s.node == doomed.name for s in lost)
+            for task in tasks:
+                # No step lost before the last checkpoint: every step trained, and every
+                # slice started where a checkpoint was.
+                assert [step for step, _ in store.losses(task.name)] == list(range(1, 81))
+                done = [s for s in store.slices(task.name) if s.status == "done"]
+                assert [s.start_step for s in done] == [0, 20, 40, 60]
+    finally:
+        launcher.shutdown()
+    actors, groups = _left_behind()
+    assert not actors and not groups, (actors, groups)
