@@ -105,3 +105,17 @@ def test_the_demo_workload_is_valid() -> None:
     result = dione("validate", str(ROOT / "examples" / "demo.py"), "--devices", "cpu:2")
     assert result.returncode == 0, result.stderr
     assert "6 task(s), no problems" in result.stdout
+
+
+def test_version_and_train_devices_as_every_command_takes_them(tmp_path: Path) -> None:
+    version = dione("--version")
+    assert version.returncode == 0 and version.stdout.startswith("dione 0.")
+    file = tmp_path / "one.py"
+    file.write_text(BAD_FIELDS.split("workload = ")[0] + "workload = Workload([task('ok')])\n")
+    trained = dione("train", str(file), "--task", "ok", "--technique", "ddp", "--devices",
+                    "cpu:2", "--out", str(tmp_path / "run"))
+    assert trained.returncode == 0, trained.stderr
+    assert "under ddp on 2 device(s)" in trained.stdout
+    wrong = dione("train", str(file), "--task", "ok", "--technique", "ddp", "--devices",
+                  "gpu:2", "--out", str(tmp_path / "run"))
+    assert wrong.returncode == 2 and "--devices 'gpu:2' is not understood" in wrong.stderr

@@ -131,7 +131,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from dione.launch.slice import SliceError, local_placement, run_slice
-    from dione.spec.cluster import ClusterError, Node, check_cpu_slots, local_cluster
+    from dione.spec.cluster import ClusterError, Node, local_cluster
     from dione.spec.validate import WorkloadError, check_task
     from dione.techniques import get_technique, technique_names
 
@@ -144,30 +144,30 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if workload.names().count(args.task) > 1:
         raise BadInput(f"task {args.task!r}: {workload.names().count(args.task)} tasks share "
                        "this name; names must be unique")
-    problems = check_task(task, args.devices, technique_names())
+    try:  # cpu:N, cuda:N, or N of this machine's kind, as every other command takes it
+        asked = local_cluster(args.devices).nodes[0]
+    except ClusterError as err:
+        raise BadInput(str(err)) from None
+    count = asked.devices
+    problems = check_task(task, count, technique_names())
     if problems:
         raise BadInput(str(WorkloadError(problems)))
     node = local_cluster().nodes[0]
-    try:
-        check_cpu_slots(node.kind, args.devices, f"--devices {args.devices}")
-    except ClusterError as err:
-        raise BadInput(str(err)) from None
-    if node.kind == "cpu" and args.devices > node.devices:
+    if asked.kind != node.kind:  # CPU slots asked for on a machine with GPUs
+        node = Node(node.name, max(count, node.cores or 1), "cpu", node.cores)
+    if node.kind == "cpu" and count > node.devices:
         # CPU slots are virtual: allow more than the cores, each rank then gets one thread.
-        node = Node(node.name, args.devices, "cpu", node.cores)
-    elif args.devices > node.devices:
-        raise BadInput(f"--devices {args.devices}: this machine has {node.devices} {node.kind} "
-                       "devices")
+        node = Node(node.name, count, "cpu", node.cores)
     knobs = dict(_parse_knob(k) for k in args.knob)
-    reasons = technique.check(task, args.devices, knobs, node.kind)
+    reasons = technique.check(task, count, knobs, node.kind)
     if reasons:
-        raise BadInput(f"{technique.name} cannot train task {task.name!r} on {args.devices} "
+        raise BadInput(f"{technique.name} cannot train task {task.name!r} on {count} "
                        "device(s): " + "; ".join(reasons))
     run_dir = Path(args.out) if args.out else _default_run_dir(args.workload)
     with _claimed(run_dir):
         try:
             result = run_slice(task, technique, run_dir,
-                               local_placement(node, range(args.devices)), knobs=knobs,
+                               local_placement(node, range(count)), knobs=knobs,
                                steps=args.steps, timeout=args.timeout)
         except SliceError as err:
             _complain("diverged" if err.reason == "diverged" else "error", str(err))
@@ -182,7 +182,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                       f"{seconds * 1000:8.2f} ms")
     console.print(
         f"task {task.name}: steps {result.start_step}-{result.end_step} under {technique.name} on "
-        f"{args.devices} device(s) in {result.seconds:.1f} s; checkpoint {result.checkpoint}"
+        f"{count} device(s) in {result.seconds:.1f} s; checkpoint {result.checkpoint}"
     )
     if result.evaluation:
         console.print("evaluation: " + ", ".join(f"{k}={v:.4f}" for k, v in
@@ -622,7 +622,14 @@ def _cmd_techniques(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from importlib.metadata import PackageNotFoundError, version
+
     parser = argparse.ArgumentParser(prog="dione", description=__doc__)
+    try:
+        installed = version("dione")
+    except PackageNotFoundError:
+        installed = "unknown (not installed)"
+    parser.add_argument("--version", action="version", version=f"dione {installed}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="profile, plan and train every task of a workload "
@@ -678,7 +685,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("workload")
     train.add_argument("--task", required=True)
     train.add_argument("--technique", required=True)
-    train.add_argument("--devices", type=int, default=1)
+    train.add_argument("--devices", default="1",
+                       help="e.g. cpu:2 or cuda:2, or 2 of this machine's kind (1)")
     train.add_argument("--steps", type=int, help="steps in this slice (default: to the end)")
     train.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE")
     train.add_argument("--out", help="run directory (default: runs/<workload name>)")
