@@ -22,6 +22,7 @@ from dione.profile import TrialOptions
 from dione.spec.cluster import Cluster, ClusterError, Node
 from dione.spec.workload import load_workload
 from dione.state import RunStore, load_model_weights
+from test_faults import WORKLOAD as FAULTY
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'dione[ray]'")
 from ray.cluster_utils import Cluster as RayTestCluster  # noqa: E402
@@ -30,33 +31,6 @@ from dione.launch.ray_launcher import RayLauncher  # noqa: E402
 
 QUICK = TrialOptions(warmup_steps=1, measure_steps=2)
 
-FAULTY = '''
-import functools, os, signal, time
-import torch
-import torch.distributed as dist
-from dione import Task, Workload
-from dione.zoo import digits_mlp, digits_train
-
-FAULT = os.environ.get("FAULT", "none")
-calls = 0
-
-def loss(output, target):
-    global calls
-    calls += 1
-    if dist.get_rank() == 1 and calls == 3:
-        if FAULT == "raise":
-            raise ValueError("injected failure on rank 1")
-        if FAULT == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if FAULT == "hang":
-            time.sleep(3600)
-    return torch.nn.functional.cross_entropy(output, target)
-
-workload = Workload([Task(name="faulty", model=functools.partial(digits_mlp, hidden=16, depth=1),
-                          data=digits_train, loss=loss,
-                          optimizer=functools.partial(torch.optim.Adam, lr=1e-2),
-                          batch_size=16, steps=6)])
-'''
 
 
 @pytest.fixture(scope="module")

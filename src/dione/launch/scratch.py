@@ -13,6 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from dione.state.lock import pid_alive
+
 __all__ = ["clean_stale_scratch", "scratch_dir"]
 
 _PREFIX = "dione-"
@@ -23,23 +25,13 @@ def scratch_dir(kind: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{kind}-{os.getpid()}-"))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale_scratch(root: str | Path | None = None) -> list[Path]:
     """Remove this user's scratch folders whose launcher is dead; those removed."""
     removed = []
     for folder in Path(root or tempfile.gettempdir()).glob(f"{_PREFIX}*-*-*"):
         parts = folder.name.split("-")
         with contextlib.suppress(OSError, ValueError, IndexError):
-            if folder.stat().st_uid != os.getuid() or _alive(int(parts[2])):
+            if folder.stat().st_uid != os.getuid() or pid_alive(int(parts[2])):
                 continue
             shutil.rmtree(folder)
             removed.append(folder)

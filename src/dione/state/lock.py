@@ -17,9 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
-__all__ = ["LOCK_FILE", "LockHolder", "RunDirBusy", "RunLock", "lock_holder"]
+__all__ = ["LOCK_FILE", "LockHolder", "RunDirBusy", "RunLock", "lock_holder", "pid_alive"]
 
 LOCK_FILE = "lock"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class RunDirBusy(RuntimeError):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dione.state.lock import pid_alive
 from dione.state.private import private_dir, private_file
 from dione.state.sqlite import SQLiteFile
 
@@ -157,16 +158,6 @@ def _migrate(db: sqlite3.Connection) -> None:
         db.execute("PRAGMA legacy_alter_table=OFF")
         db.execute("PRAGMA foreign_keys=ON")
     db.execute(f"PRAGMA user_version={_VERSION}")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class RunStore(SQLiteFile):
@@ -312,7 +303,7 @@ class RunStore(SQLiteFile):
         host = socket.gethostname()
         stale = [row["id"] for row in self._db.execute(
             "SELECT id, host, owner_pid FROM slices WHERE status = 'running'")
-            if row["host"] == host and not _pid_alive(row["owner_pid"])]
+            if row["host"] == host and not pid_alive(row["owner_pid"])]
         for slice_id in stale:
             self.fail_slice(slice_id, "the launching process died before the slice ended",
                             status="interrupted")
