@@ -34,6 +34,9 @@ __all__ = [
 ]
 
 _POLL_SECONDS = 0.02
+# When the first rank to fail only lost its peer, how long the others get to report:
+# the rank that caused it has usually raised a moment before.
+_ROOT_CAUSE_GRACE_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,21 @@ def describe_failure(
                      rank, "exit")
 
 
+def _await_root_cause(members: Sequence[Member], replies: dict[int, tuple[str, Any]]) -> None:
+    """While every failure so far is a rank that only lost its peer, give the other
+    ranks a moment to report: ending them now would lose the root cause's own error."""
+    deadline = time.monotonic() + _ROOT_CAUSE_GRACE_SECONDS
+    while time.monotonic() < deadline and all(
+            kind == "result" or (kind == "error" and payload["communication"])
+            for kind, payload in replies.values()) and len(replies) < len(members):
+        for rank, member in enumerate(members):
+            if rank not in replies:
+                reply = member.reply()
+                if reply is not None:
+                    replies[rank] = reply
+        time.sleep(_POLL_SECONDS)
+
+
 def watch_gang(
     members: Sequence[Member], jobs: Sequence[Any], spec: SliceSpec, placement: Placement,
     folder: Path, end: Callable[[], None], timeout: float | None = None,
@@ -162,6 +180,7 @@ def watch_gang(
         if len(replies) == world and all(k == "result" for k, _ in replies.values()):
             return [replies[r][1] for r in range(world)]
         if any(kind != "result" for kind, _ in replies.values()):
+            _await_root_cause(members, replies)
             lost = {r: members[r].lost() for r, (kind, _) in replies.items() if kind == "lost"}
             still = set(range(world)) - set(replies)
             end()

@@ -40,6 +40,7 @@ COMM_ERROR_MARKERS = (
     "NCCL communicator was aborted",
     "Socket Timeout",
     "Timed out waiting",
+    "remote worker crashing",  # gloo: "This is typically caused by a remote worker crashing"
 )
 
 
