@@ -3,6 +3,11 @@ deterministic-time search repeats itself, and the lower bounds stay bounds."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -150,3 +155,18 @@ def test_the_lower_bound_stays_below_the_proven_optimum(problem: PlanningProblem
     plan = cpsat(problem, time_limit=20, threads=1)
     assert plan.status == "optimal"
     assert lower_bound(problem) <= plan.makespan + 1e-6
+
+
+def test_plan_command_takes_a_deterministic_time(tmp_path: Path) -> None:
+    problem_file = tmp_path / "problem.json"
+    problem_file.write_text(json.dumps(SYMMETRIC[2].to_json()))
+    plans = []
+    for run in range(2):
+        out = tmp_path / f"plan-{run}.json"
+        result = subprocess.run(
+            [sys.executable, "-m", "dione.cli", "plan", str(problem_file), "--threads", "2",
+             "--deterministic-time", "0.5", "-o", str(out)],
+            capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        plans.append(json.loads(out.read_text())["assignments"])
+    assert plans[0] == plans[1]

@@ -500,7 +500,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                       f"{plan.makespan:.1f} s")
         return 0
     try:
-        plan = solve(problem, args.solver, args.time_limit, args.threads)
+        plan = solve(problem, args.solver, args.time_limit, args.threads,
+                     args.deterministic_time)
     except ValueError as err:
         raise BadInput(str(err)) from None
     text = json.dumps(plan.to_json(), indent=1)
@@ -599,6 +600,11 @@ def build_parser() -> argparse.ArgumentParser:
                       choices=["cpsat", "greedy", "sequential", "saturn-milp"])
     plan.add_argument("--time-limit", type=float, default=10.0, help="seconds (default 10)")
     plan.add_argument("--threads", type=int, help="solver threads (default: every core)")
+    plan.add_argument("--deterministic-time", type=float, metavar="UNITS",
+                      help="cpsat only: bound the search by CP-SAT's deterministic time "
+                      "instead of the clock, so the same problem gives the same plan on a "
+                      "busy machine (the time limit then stops nothing; a unit is roughly "
+                      "1-6 s of one core)")
     plan.add_argument("-o", "--output", help="write the plan JSON here (default: stdout)")
     plan.set_defaults(handler=_cmd_plan)
 
