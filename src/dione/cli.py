@@ -603,8 +603,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--deterministic-time", type=float, metavar="UNITS",
                       help="cpsat only: bound the search by CP-SAT's deterministic time "
                       "instead of the clock, so the same problem gives the same plan on a "
-                      "busy machine (the time limit then stops nothing; a unit is roughly "
-                      "1-6 s of one core)")
+                      "busy machine (the time limit then stops nothing; measured here: a "
+                      "unit took about 5 s on one thread, and 20-45 s on two interleaved "
+                      "threads)")
     plan.add_argument("-o", "--output", help="write the plan JSON here (default: stdout)")
     plan.set_defaults(handler=_cmd_plan)
 
