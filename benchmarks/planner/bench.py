@@ -1,12 +1,16 @@
 """Planner quality and speed on the committed instances, and what re-planning is worth.
 
-    python benchmarks/planner/bench.py quality [--families small medium large]
+    python benchmarks/planner/bench.py quality [--families small medium large hard]
+        [--solvers ...] [--threads 2] [--json results.jsonl]
     python benchmarks/planner/bench.py introspection [--families small medium]
 
-``quality``: per instance, every solver's makespan over the instance's lower bound, its
-solve seconds, and cpsat's gain over sequential (current practice) and over Saturn's
-MILP at the same time limit (10 s on small instances, 60 s on the others). Every plan
-is checked by the validator; an invalid plan stops the benchmark.
+``quality``: per instance, every solver's makespan over the best lower bound known (the
+analytic bound or any solver's proven one), its solve seconds, the share of the
+possible gain over sequential it captures, (sequential - plan) / (sequential - bound),
+and cpsat's gain over sequential (current practice) and over Saturn's MILP at the same
+time limit (10 s on instances of at most 24 tasks, 60 s on the others). Every plan is
+checked by the validator; an invalid plan stops the benchmark. A summary follows: mean
+share captured per solver, and issue 22's goals checked row by row.
 
 ``introspection``: each instance replayed with actual lengths = estimate x lognormal
 noise (sigma 0.1 and 0.3, three seeds), planned once or re-planned whenever a task
@@ -17,17 +21,30 @@ short).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 from dione.plan import Plan, PlanningProblem, check_plan, load_problem, lower_bound, solve
 from dione.plan.greedy import greedy
 from dione.plan.simulate import noisy_lengths, simulate
 
 INSTANCES = Path(__file__).with_name("instances")
-TIME_LIMITS = {"small": 10.0, "medium": 60.0, "large": 60.0}
 SOLVERS = ["sequential", "greedy", "saturn-milp", "cpsat"]
+FAMILIES = ["small", "medium", "large", "hard"]
+SMALL_TASKS = 24  # up to this many tasks: a 10 s limit, and cpsat should prove the optimum
+HARD_MEDIUM = range(40, 81)  # tasks of a hard medium instance: cpsat within 1.03 x bound
+
+
+def time_limit(problem: PlanningProblem) -> float:
+    return 10.0 if len(problem.tasks) <= SMALL_TASKS else 60.0
+
+
+def captured(sequential: float, plan: float, bound: float) -> float:
+    """The share of the possible gain over sequential that a plan captures (1: all)."""
+    return (sequential - plan) / (sequential - bound) if sequential > bound else 1.0
 
 
 def instances(families: list[str]) -> list[tuple[str, str, PlanningProblem]]:
@@ -47,35 +64,98 @@ def checked(plan: Plan, problem: PlanningProblem, name: str) -> Plan:
     return plan
 
 
-def quality(families: list[str], threads: int | None) -> None:
+def quality(families: list[str], threads: int | None, solvers: list[str],
+            record: Path | None, milp_max_tasks: int) -> None:
+    rows: list[dict[str, Any]] = []
     for family in families:
-        limit = TIME_LIMITS[family]
-        print(f"\n### {family} (time limit {limit:g} s, threads {threads or 'all'})\n")
-        print("| instance | tasks | nodes | lower bound, h | " + " | ".join(
-            f"{s} / LB" for s in SOLVERS) + " | cpsat status | cpsat s | saturn-milp s | "
-            "cpsat vs sequential | cpsat vs saturn-milp |")
-        print("| --- | ---: | ---: | ---: | " + " | ".join("---:" for _ in SOLVERS)
-              + " | --- | ---: | ---: | ---: | ---: |")
+        print(f"\n### {family} (threads {threads or 'all'}; time limit 10 s up to "
+              f"{SMALL_TASKS} tasks, 60 s above)\n")
+        print("| instance | tasks | nodes | limit s | best bound, h | " + " | ".join(
+            f"{s} / LB" for s in solvers) + " | " + " | ".join(
+            f"{s} captured" for s in solvers if s != "sequential")
+            + " | cpsat status | cpsat from | cpsat s | saturn-milp s |")
+        print("| --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in solvers)
+              + " | " + " | ".join("---:" for s in solvers if s != "sequential")
+              + " | --- | --- | ---: | ---: |")
         for _, name, problem in instances([family]):
-            bound = lower_bound(problem)
+            limit = time_limit(problem)
             plans = {s: checked(solve(problem, s, limit, threads), problem, name)
-                     for s in SOLVERS}
-            bound = max([bound] + [p.lower_bound for p in plans.values()])
-            cells = []
-            for s in SOLVERS:
+                     for s in dict.fromkeys(["sequential", *solvers])
+                     if s != "saturn-milp" or len(problem.tasks) <= milp_max_tasks}
+            bound = max([lower_bound(problem)] + [p.lower_bound for p in plans.values()])
+            seq = plans["sequential"].makespan
+            row: dict[str, Any] = {"instance": name, "family": family,
+                                   "tasks": len(problem.tasks), "nodes": len(problem.nodes),
+                                   "limit": limit, "bound": bound, "threads": threads,
+                                   "plans": {s: {"makespan": p.makespan, "status": p.status,
+                                                 "seconds": p.solve_seconds,
+                                                 "bound": p.lower_bound,
+                                                 "from": p.notes.get("plan_from")}
+                                             for s, p in plans.items()}}
+            rows.append(row)
+            ratios, shares = [], []
+            for s in solvers:
+                if s not in plans:
+                    ratios.append("skipped")
+                    shares.append("-")
+                    continue
                 plan = plans[s]
                 if plan.assignments:
-                    cells.append(f"{plan.makespan / bound:.3f}")
+                    ratios.append(f"{plan.makespan / bound:.3f}")
+                    if s != "sequential":
+                        shares.append(f"{captured(seq, plan.makespan, bound):.1%}")
                 else:
-                    cells.append("not built" if "reason" in plan.notes else "none found")
-            cpsat, seq, milp = plans["cpsat"], plans["sequential"], plans["saturn-milp"]
-            versus_milp = (f"{1 - cpsat.makespan / milp.makespan:.1%} lower"
-                           if milp.assignments else "-")
-            print(f"| {name} | {len(problem.tasks)} | {len(problem.nodes)} | "
-                  f"{bound / 3600:.2f} | " + " | ".join(cells)
-                  + f" | {cpsat.status} | {cpsat.solve_seconds:.1f} | "
-                  f"{milp.solve_seconds:.1f} | {1 - cpsat.makespan / seq.makespan:.1%} lower"
-                  f" | {versus_milp} |", flush=True)
+                    ratios.append("not built" if "reason" in plan.notes else "none found")
+                    if s != "sequential":
+                        shares.append("-")
+            cpsat = plans.get("cpsat")
+            milp = plans.get("saturn-milp")
+            print(f"| {name} | {len(problem.tasks)} | {len(problem.nodes)} | {limit:g} | "
+                  f"{bound / 3600:.2f} | " + " | ".join(ratios) + " | " + " | ".join(shares)
+                  + f" | {cpsat.status if cpsat else '-'}"
+                  f" | {cpsat.notes.get('plan_from', '-') if cpsat else '-'}"
+                  f" | {f'{cpsat.solve_seconds:.1f}' if cpsat else '-'}"
+                  f" | {f'{milp.solve_seconds:.1f}' if milp else '-'} |", flush=True)
+            if record is not None:
+                with record.open("a") as out:
+                    out.write(json.dumps(row) + "\n")
+    summary(rows, solvers)
+
+
+def summary(rows: list[dict[str, Any]], solvers: list[str]) -> None:
+    """Mean share captured per solver, and issue 22's goals row by row."""
+    if not rows:
+        return
+    print("\n| solver | instances with a plan | mean share of the gain captured | "
+          "mean plan / LB |")
+    print("| --- | ---: | ---: | ---: |")
+    for s in solvers:
+        if s == "sequential":
+            continue
+        found = [r for r in rows
+                 if s in r["plans"] and r["plans"][s]["makespan"] != float("inf")]
+        if not found:
+            continue
+        share = statistics.mean(captured(r["plans"]["sequential"]["makespan"],
+                                         r["plans"][s]["makespan"], r["bound"])
+                                for r in found)
+        ratio = statistics.mean(r["plans"][s]["makespan"] / r["bound"] for r in found)
+        print(f"| {s} | {len(found)} of {len(rows)} | {share:.1%} | {ratio:.3f} |")
+    if "cpsat" not in solvers:
+        return
+    worse = [r["instance"] for r in rows
+             if "greedy" in r["plans"] and r["plans"]["cpsat"]["makespan"]
+             > r["plans"]["greedy"]["makespan"] + 1e-6]
+    small = [r for r in rows if r["tasks"] <= SMALL_TASKS]
+    unproven = [r["instance"] for r in small if r["plans"]["cpsat"]["status"] != "optimal"]
+    medium = [r for r in rows if r["family"] == "hard" and r["tasks"] in HARD_MEDIUM]
+    far = [f"{r['instance']} {r['plans']['cpsat']['makespan'] / r['bound']:.3f}"
+           for r in medium if r["plans"]["cpsat"]["makespan"] > 1.03 * r["bound"]]
+    print(f"\n- cpsat above greedy: {', '.join(worse) or 'none'}")
+    print(f"- instances of at most {SMALL_TASKS} tasks not proven optimal within 10 s: "
+          f"{', '.join(unproven) or 'none'} (of {len(small)})")
+    print(f"- hard medium instances above 1.03 x the best bound: {', '.join(far) or 'none'} "
+          f"(of {len(medium)})")
 
 
 def introspection(families: list[str], seeds: int) -> None:
@@ -104,12 +184,19 @@ def introspection(families: list[str], seeds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("what", choices=["quality", "introspection"])
-    parser.add_argument("--families", nargs="+", default=None)
+    parser.add_argument("--families", nargs="+", default=None, choices=FAMILIES)
+    parser.add_argument("--solvers", nargs="+", default=SOLVERS, choices=SOLVERS)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--milp-max-tasks", type=int, default=SMALL_TASKS,
+                        help="skip saturn-milp above this many tasks: it overran 60 s by "
+                        "70-480 s on medium instances without a plan (issue 6)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="append one JSON line per instance here (raw figures)")
     args = parser.parse_args()
     if args.what == "quality":
-        quality(args.families or ["small", "medium", "large"], args.threads)
+        quality(args.families or FAMILIES, args.threads, args.solvers, args.json,
+                args.milp_max_tasks)
     else:
         introspection(args.families or ["small", "medium"], args.seeds)
 

@@ -29,6 +29,21 @@ fine-tuning GPT-style models on nodes of 8 A100-80GB GPUs):
       micro-batches in flight);                                          same bubble as gpipe
 * Each option's seconds get a lognormal factor (sigma 0.05): profiled runtimes are
   measurements, not formulas.
+
+The ``hard`` family (issue 22) has fewer, longer and wider tasks per node, where the
+plain area bound is loose and list scheduling leaves holes:
+
+* tasks come in grids: one base fine-tune (model, tokens) and 1-4 learning-rate
+  variants with *identical* options (a grid's variants share every profiled runtime);
+* a fifth to a third of the tasks are long-context fine-tunes of 6.7B-13B models whose
+  activations fit only when sharded over at least half a node: their options below
+  4 GPUs are dropped; the others fine-tune 125M-2.7B models;
+* tokens are heavy-tailed (Pareto, shape 1.1: from 30M, clipped at 600M; long-context
+  ones from 10M, clipped at 120M), so a few tasks run 10-30 times longer than the
+  median; a task whose fastest option is longer than 0.7 x the area bound (total
+  least device-time over all devices) is re-drawn, so that no instance is trivially
+  bound by one task;
+* 12 to 200 tasks on 1 to 16 nodes of 8 GPUs: 4 to 12 tasks per node.
 """
 
 from __future__ import annotations
@@ -107,6 +122,63 @@ def instance(tasks: int, nodes: int, seed: int) -> dict[str, Any]:
             "tasks": entries}
 
 
+# (tasks, nodes) per hard instance: two small, three medium, three large.
+HARD: list[tuple[int, int]] = [(12, 1), (24, 2), (40, 4), (60, 6), (80, 8), (120, 12),
+                               (160, 14), (200, 16)]
+WIDE_SIZES_B = [6.7, 13.0]
+WIDE_DEVICES = 4
+DOMINANT_SHARE = 0.7  # no task's fastest option longer than this share of the area bound
+
+
+def heavy_tailed_tokens(rng: random.Random, least: float, most: float) -> float:
+    """Pareto(1.1) tokens from ``least``, clipped at ``most``: most tasks short, a few long."""
+    return min(most, least * (1.0 - rng.random()) ** (-1 / 1.1))
+
+
+def _hard_options(size: float, is_wide: bool, rng: random.Random) -> list[dict[str, Any]]:
+    tokens = heavy_tailed_tokens(rng, 1e7, 1.2e8) if is_wide else \
+        heavy_tailed_tokens(rng, 3e7, 6e8)
+    options = options_for(size, tokens, rng)
+    return [o for o in options if o["devices"] >= WIDE_DEVICES] if is_wide else options
+
+
+def hard_instance(tasks: int, nodes: int, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    wide_target = round(tasks * rng.uniform(0.2, 1 / 3))
+    groups: list[dict[str, Any]] = []  # one base fine-tune and its variants
+    count = wide = 0
+    while count < tasks:
+        is_wide = wide < wide_target
+        size = rng.choice(WIDE_SIZES_B) if is_wide else \
+            rng.choices(SIZES_B[:5], SIZE_WEIGHTS[:5])[0]
+        options = _hard_options(size, is_wide, rng)
+        if not options:
+            continue
+        variants = min(rng.randint(1, 4), tasks - count)
+        if is_wide:
+            variants = min(variants, wide_target - wide)
+            wide += variants
+        groups.append({"base": f"{'long-' if is_wide else ''}gpt{size:g}b-{count:04d}",
+                       "size": size, "wide": is_wide, "options": options,
+                       "variants": variants})
+        count += variants
+    # A task longer than most of the per-node work would make the instance bound by that
+    # one task (trivial for every planner): re-draw its tokens until none is.
+    for _ in range(1000):
+        area = sum(g["variants"] * min(o["devices"] * o["seconds"] for o in g["options"])
+                   for g in groups) / (8 * nodes)
+        longest = max(groups, key=lambda g: min(o["seconds"] for o in g["options"]))
+        if min(o["seconds"] for o in longest["options"]) <= DOMINANT_SHARE * area:
+            break
+        longest["options"] = _hard_options(longest["size"], longest["wide"], rng) \
+            or longest["options"]
+    entries = [{"name": f"{g['base']}-lr{lr}", "options": g["options"]}
+               for g in groups for lr in ["1e-5", "3e-5", "1e-4", "3e-4"][:g["variants"]]]
+    rng.shuffle(entries)  # grids are not submitted in one block
+    return {"cluster": {"nodes": [{"name": f"n{i}", "devices": 8} for i in range(nodes)]},
+            "tasks": entries}
+
+
 def write(data: dict[str, Any], path: Path) -> None:
     """One task per line, diffable; the large family gzip-compressed (2 MB -> 0.2 MB)."""
     lines = ["{", f' "cluster": {json.dumps(data["cluster"])},', ' "tasks": [']
@@ -128,6 +200,8 @@ def main() -> None:
             seed = 1000 * number + index  # fixed: the instances never change
             suffix = ".json.gz" if family == "large" else ".json"
             write(instance(tasks, nodes, seed), folder / f"{family}-{index}{suffix}")
+    for index, (tasks, nodes) in enumerate(HARD, start=1):
+        write(hard_instance(tasks, nodes, 9000 + index), folder / f"hard-{index}.json")
 
 
 if __name__ == "__main__":

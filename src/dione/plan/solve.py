@@ -10,10 +10,11 @@ from dione.plan.problem import PlanningProblem
 __all__ = ["SOLVERS", "solve"]
 
 
-def _cpsat(problem: PlanningProblem, time_limit: float, threads: int | None) -> Plan:
+def _cpsat(problem: PlanningProblem, time_limit: float, threads: int | None,
+           deterministic_time: float | None = None) -> Plan:
     from dione.plan.cpsat import cpsat
 
-    return cpsat(problem, time_limit, threads)
+    return cpsat(problem, time_limit, threads, deterministic_time)
 
 
 def _greedy(problem: PlanningProblem, time_limit: float, threads: int | None) -> Plan:
@@ -43,10 +44,20 @@ SOLVERS: dict[str, Callable[[PlanningProblem, float, int | None], Plan]] = {
 
 
 def solve(problem: PlanningProblem, solver: str = "cpsat", time_limit: float = 10.0,
-          threads: int | None = None) -> Plan:
-    """Plan ``problem`` with ``solver`` within ``time_limit`` seconds on ``threads``."""
+          threads: int | None = None, deterministic_time: float | None = None) -> Plan:
+    """Plan ``problem`` with ``solver`` within ``time_limit`` seconds on ``threads``;
+    ``deterministic_time`` (cpsat only) bounds the search by CP-SAT's deterministic time
+    instead, for the same plan on a busy machine as on a quiet one."""
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     if time_limit <= 0:
         raise ValueError(f"the time limit must be positive, not {time_limit}")
+    if deterministic_time is not None:
+        if solver != "cpsat":
+            raise ValueError(f"a deterministic time applies to the cpsat solver only, not "
+                             f"{solver!r}; drop it or choose cpsat")
+        if deterministic_time <= 0:
+            raise ValueError(f"the deterministic time must be positive, not "
+                             f"{deterministic_time}")
+        return _cpsat(problem, time_limit, threads, deterministic_time)
     return SOLVERS[solver](problem, time_limit, threads)
