@@ -4,9 +4,9 @@
 
 Overhead: the same demo workload with the local launcher on 2 CPU slots and with the
 Ray launcher on one fake Ray node of 2 CPUs (``ray.cluster_utils.Cluster`` on this
-machine), alternating which goes first each round; the run's makespan (after profiling,
-which the catalog serves from the first round on) and each slice's fixed cost (wall
-time less its steps and evaluation).
+machine), alternating which goes first each round, both starting cold (new workers or
+actors); the run's makespan (after profiling, which the catalog serves from the first
+round on) and each slice's fixed cost (wall time less its steps and evaluation).
 
 Scale: the workload on one fake node of 1 CPU slot against two such nodes (this machine
 has 2 cores, so two 1-slot nodes is all it can scale to honestly), makespan as a ratio,
@@ -41,9 +41,13 @@ def _fixed_costs(run_dir: Path) -> list[float]:
 
 def run_once(label: str, tasks: list[Any], folder: Path, catalog: Path,
              launcher: Any = None, devices: str = "cpu:2") -> tuple[float, list[float], Path]:
+    from dione.launch.pool import shutdown_local_pool
     from dione.orchestrate import RunOptions, run_workload
     from dione.spec.cluster import Cluster, local_cluster
 
+    # Both launchers start cold in every run: a Ray cluster is new each time, and this
+    # process's warm local workers would otherwise carry over from the previous run.
+    shutdown_local_pool()
     cluster = local_cluster(devices) if launcher is None else Cluster(launcher.nodes())
     run_dir = folder / f"{label}-{len(list(folder.glob(label + '-*')))}"
     result = run_workload(tasks, cluster, run_dir, RunOptions(catalog=str(catalog)),
