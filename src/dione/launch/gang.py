@@ -144,17 +144,20 @@ def describe_failure(
 
 
 def _await_root_cause(members: Sequence[Member], replies: dict[int, tuple[str, Any]]) -> None:
-    """While every failure so far is a rank that only lost its peer, give the other
-    ranks a moment to report: ending them now would lose the root cause's own error."""
+    """Collect what the other ranks have said, and while every failure so far is a rank
+    that only lost its peer, give them a moment more: ending them now would lose the
+    root cause's own error."""
     deadline = time.monotonic() + _ROOT_CAUSE_GRACE_SECONDS
-    while time.monotonic() < deadline and all(
-            kind == "result" or (kind == "error" and payload["communication"])
-            for kind, payload in replies.values()) and len(replies) < len(members):
+    while True:
         for rank, member in enumerate(members):
             if rank not in replies:
                 reply = member.reply()
                 if reply is not None:
                     replies[rank] = reply
+        only_peers_lost = all(kind == "result" or (kind == "error" and payload["communication"])
+                              for kind, payload in replies.values())
+        if not only_peers_lost or len(replies) == len(members) or time.monotonic() > deadline:
+            return
         time.sleep(_POLL_SECONDS)
 
 
@@ -182,12 +185,7 @@ def watch_gang(
         if any(kind != "result" for kind, _ in replies.values()):
             _await_root_cause(members, replies)
             lost = {r: members[r].lost() for r, (kind, _) in replies.items() if kind == "lost"}
-            still = set(range(world)) - set(replies)
-            end()
-            for rank in still:  # what the others said before they were ended
-                reply = members[rank].reply()
-                if reply is not None and reply[0] == "error":
-                    replies[rank] = reply
+            end()  # the ranks still running only wait for peers that will never come
             errors = {r: p for r, (kind, p) in replies.items() if kind == "error"}
             raise describe_failure(folder, errors, lost, spec, placement)
         if cancel is not None and cancel.is_set():
