@@ -99,6 +99,9 @@ class Launcher(Protocol):
                  ) -> list[SliceOutcome]:
         """Each rank's outcome, or GangError / GangInterrupted."""
 
+    def warm_up(self, node: Node) -> None:
+        """Start the workers of every device of ``node`` and wait until they are ready."""
+
     def forget_node(self, name: str) -> None:
         """Drop a node that left the cluster."""
 
@@ -116,6 +119,10 @@ class LocalLauncher:
                  timeout: float | None = None, cancel: threading.Event | None = None,
                  ) -> list[SliceOutcome]:
         return run_local_gang(spec, placement, folder, timeout, cancel)
+
+    def warm_up(self, node: Node) -> None:
+        placement = local_placement(node, range(node.devices))
+        local_pool().warm_up(node.kind, placement.device_ids, placement.threads)
 
     def forget_node(self, name: str) -> None:
         return None

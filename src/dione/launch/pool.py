@@ -51,6 +51,7 @@ class WarmWorker:
     connection: Connection
     log: Path  # its output outside jobs (start-up, crashes between jobs)
     slices: int = 0  # slices it has finished
+    ready: bool = False  # it has imported what every slice needs
 
     def send(self, job: Any) -> bool:
         """Hand over a job; False when the worker is gone."""
@@ -68,11 +69,20 @@ class WarmWorker:
         try:
             while self.connection.poll(0):
                 kind, payload = cloudpickle.loads(self.connection.recv_bytes())
-                if kind != "ready":
+                if kind == "ready":
+                    self.ready = True
+                else:
                     return kind, payload
         except Exception:  # EOF, a reset connection, a truncated or unreadable pickle
             return "lost", None
         return None
+
+    def wait_ready(self, timeout: float) -> None:
+        """Wait until the worker has started (or died, or ``timeout`` passed)."""
+        deadline = time.monotonic() + timeout
+        while not self.ready and self.alive() and time.monotonic() < deadline:
+            if self.connection.poll(_POLL_SECONDS) and self.reply() is not None:
+                return  # not a start-up message: leave it to the gang (cannot happen idle)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -131,6 +141,15 @@ class WorkerPool:
                 worker = self._spawner.submit(self._start, (kind, device), threads).result()
             workers.append(worker)
         return workers
+
+    def warm_up(self, kind: str, device_ids: Sequence[int], threads: int,
+                timeout: float = 300.0) -> None:
+        """Start the workers of these devices now and wait until each is ready, so that
+        no slice (nor a trial that measures one) pays a worker's start."""
+        workers = self.take(kind, device_ids, threads)
+        for worker in workers:
+            worker.wait_ready(timeout)
+        self.give_back(workers)
 
     def give_back(self, workers: Sequence[WarmWorker]) -> None:
         """Keep finished workers for the next slice on their devices."""

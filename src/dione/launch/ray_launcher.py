@@ -267,6 +267,15 @@ class RayLauncher:
                     self._idle[(node.name, device)] = actor
         return outcomes
 
+    def warm_up(self, node: Node) -> None:
+        """Start the actors of every device of ``node`` and wait until they are ready."""
+        threads = self.placement(node, range(node.devices)).threads
+        actors = [self._actor(node, device, threads) for device in range(node.devices)]
+        self.ray.get([actor.pid.remote() for actor in actors], timeout=300)
+        with self._lock:
+            for device, actor in enumerate(actors):
+                self._idle.setdefault((node.name, device), actor)
+
     def forget_node(self, name: str) -> None:
         """Drop what this launcher holds on a node that left the cluster."""
         with self._lock:

@@ -122,6 +122,8 @@ def _run_claimed(
                   f"from the catalog, in {profile_seconds:.0f} s"))
     runner = Runner(tasks, cluster, run_dir, profile, options, emit, view or (lambda s: None),
                     launcher)
+    for node in cluster:  # the trials measured slices on warm workers: so do the slices
+        launcher.warm_up(node)
     try:
         runner.run()
     finally:

@@ -268,6 +268,9 @@ def profile_workload(
         else:
             pending.append(trial)
     group_of = {f: w.group for f, w in wanted.items()}
+    if pending:
+        # A trial times a slice on warm workers, as the run will: none pays a start.
+        launcher.warm_up(node)
     trials_run, skips = _run_pending(pending, results, group_of, node, catalog, options,
                                      budget, parallel, scratch, began, emit, profiles,
                                      launcher=launcher)
