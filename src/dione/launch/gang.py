@@ -143,17 +143,22 @@ def describe_failure(
                      rank, "exit")
 
 
+def _collect(members: Sequence[Member], replies: dict[int, tuple[str, Any]]) -> None:
+    """Add the reply of every rank that has one waiting and had none yet."""
+    for rank, member in enumerate(members):
+        if rank not in replies:
+            reply = member.reply()
+            if reply is not None:
+                replies[rank] = reply
+
+
 def _await_root_cause(members: Sequence[Member], replies: dict[int, tuple[str, Any]]) -> None:
     """Collect what the other ranks have said, and while every failure so far is a rank
     that only lost its peer, give them a moment more: ending them now would lose the
     root cause's own error."""
     deadline = time.monotonic() + _ROOT_CAUSE_GRACE_SECONDS
     while True:
-        for rank, member in enumerate(members):
-            if rank not in replies:
-                reply = member.reply()
-                if reply is not None:
-                    replies[rank] = reply
+        _collect(members, replies)
         only_peers_lost = all(kind == "result" or (kind == "error" and payload["communication"])
                               for kind, payload in replies.values())
         if not only_peers_lost or len(replies) == len(members) or time.monotonic() > deadline:
@@ -175,11 +180,7 @@ def watch_gang(
             replies[rank] = ("lost", None)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        for rank, member in enumerate(members):
-            if rank not in replies:
-                reply = member.reply()
-                if reply is not None:
-                    replies[rank] = reply
+        _collect(members, replies)
         if len(replies) == world and all(k == "result" for k, _ in replies.values()):
             return [replies[r][1] for r in range(world)]
         if any(kind != "result" for kind, _ in replies.values()):
