@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -62,7 +62,6 @@ class Job:
     threads: int
     cores: tuple[int, ...] | None = None
     timeout_seconds: float = 1800.0  # collectives and the rendezvous
-    env: dict[str, str] = field(default_factory=dict)
     # Where the runtime shows each worker one GPU as cuda:0 (Ray): that index.
     visible_device: int | None = None
 
@@ -202,7 +201,6 @@ def run_job(job: Job) -> tuple[str, Any]:
 
     rank = job.rank
     try:
-        os.environ.update(job.env)
         if job.cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, set(job.cores))
         torch.set_num_threads(job.threads)
