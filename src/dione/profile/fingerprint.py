@@ -33,11 +33,13 @@ _OPTIMIZER_SPEED_KEYS = ("foreach", "fused", "amsgrad", "nesterov", "capturable"
 
 
 def _shapes(value: Any) -> Any:
-    """Shapes and dtypes of a sample (tensors, numbers, nested tuples)."""
+    """Shapes and dtypes of a sample (tensors, numbers, nested tuples and dicts)."""
     if isinstance(value, torch.Tensor):
         return [list(value.shape), str(value.dtype)]
     if isinstance(value, (tuple, list)):
         return [_shapes(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _shapes(v) for k, v in value.items()}
     return type(value).__name__
 
 
@@ -67,7 +69,7 @@ def speed_signature(task: Task) -> dict[str, Any]:
         samples = _sample_shapes(task.data)
     except TypeError:  # an unhashable factory: build the data set again
         samples = _shapes(task.data()[0])
-    return {
+    signature = {
         "architecture": _architecture(model),
         "parameters": params,
         "buffers": buffers,
@@ -80,6 +82,12 @@ def speed_signature(task: Task) -> dict[str, Any]:
         "lr_scheduler": task.lr_scheduler is not None,
         "split_points": list(task.split_points or ()),
     }
+    # Only where set, so that catalogs of tasks without them keep their keys.
+    if task.precision != "fp32":
+        signature["precision"] = task.precision
+    if task.clip_grad_norm is not None:
+        signature["clip_grad_norm"] = True
+    return signature
 
 
 def _architecture(model: nn.Module) -> str:

@@ -158,15 +158,12 @@ class _Pending:
     code: str = ""  # the digest of the task's code (a crash is cached with it)
 
 
-def _lighter_settings(knobs: Mapping[str, Any], memory_knobs: Sequence[str],
+def _lighter_settings(knobs: Mapping[str, Any], technique: Any,
                       settings: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Settings among ``settings`` equal to ``knobs`` but with one memory knob off."""
-    lighter = []
-    for knob in memory_knobs:
-        if knobs.get(knob) is True:
-            candidate = {**knobs, knob: False}
-            lighter += [s for s in settings if dict(s) == candidate]
-    return lighter
+    """Settings among ``settings`` one memory-saving step lighter than ``knobs`` (the
+    technique says which: a memory knob off, fewer accumulation parts)."""
+    candidates = [technique.resolve(k) for k in technique.lighter(knobs)]
+    return [s for s in settings if dict(s) in candidates]
 
 
 def _digest(value: Any) -> str:
@@ -249,8 +246,7 @@ def profile_workload(
                         wanted[fingerprint].tasks.append(task.name)
                         continue
                     lighter = [fingerprints[json.dumps(k, sort_keys=True, default=str)]
-                               for k in _lighter_settings(knobs, technique.memory_knobs,
-                                                          resolved)]
+                               for k in _lighter_settings(knobs, technique, resolved)]
                     wanted[fingerprint] = _Pending(
                         TrialSpec(task, technique.name, knobs, count, fingerprint, device),
                         group, [task.name], technique.shards_memory, eval_key, lighter,

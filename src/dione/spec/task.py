@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 __all__ = [
+    "PRECISIONS",
     "DataFactory",
     "EvaluateFn",
     "LossFn",
@@ -21,12 +22,17 @@ __all__ = [
 ]
 
 ModelFactory = Callable[[], nn.Module]
-# A map-style dataset whose items are (inputs, target) pairs, or a TensorDataset.
+# A map-style dataset whose items are (inputs, target) pairs (a TensorDataset's are), or
+# dicts of tensors (a tokenizer's output, with "labels" for the target).
 DataFactory = Callable[[], "torch.utils.data.Dataset[Any]"]
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# (the model's output: a tensor, a tuple or a ModelOutput, and the target) -> mean loss.
+LossFn = Callable[[Any, Any], torch.Tensor]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], "torch.optim.lr_scheduler.LRScheduler"]
 EvaluateFn = Callable[[nn.Module], Mapping[str, float]]
+
+# Autocast dtypes a task may train in; fp32 is no autocast.
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -37,8 +43,19 @@ class Task:
     its hyperparameters belong to the task: every exact technique reproduces the
     loss trajectory of single-device training, whatever the device count.
 
+    A batch is what the data set's items collate to. With ``loss`` given, the model is
+    called on the inputs (``model(inputs)``, or ``model(**inputs)`` for a dict) and
     ``loss(output, target)`` must return the *mean* over the batch, so that ranks
-    holding equal shares of the global batch average to the global loss.
+    holding equal shares of the global batch average to the global loss; for a dict
+    batch the target is its ``labels`` field and the model gets the other fields. With
+    ``loss`` left out, the model gets the whole batch (``model(**batch)`` for a dict,
+    ``model(*batch)`` for a tuple) and returns its own mean loss: a scalar tensor, or an
+    output with ``.loss`` (a Hugging Face model given ``labels``).
+
+    ``precision`` trains under autocast (``bf16``; ``fp16`` with a gradient scaler, on
+    CUDA only); the weights and the optimizer stay in float32. ``clip_grad_norm`` clips
+    each step's gradient to that global L2 norm (over the whole model, whatever the
+    technique shards or stages).
     ``evaluate(model)`` runs once the task has finished, on a full, unwrapped copy
     of the model in eval mode, and returns named metrics (higher or lower is better
     as the metric's name says; ``hyperparameters`` are free-form labels for reports).
@@ -47,9 +64,10 @@ class Task:
     name: str
     model: ModelFactory
     data: DataFactory
-    loss: LossFn
+    _: KW_ONLY
     optimizer: OptimizerFactory
     batch_size: int
+    loss: LossFn | None = None
     steps: int | None = None
     epochs: float | None = None
     seed: int = 0
@@ -58,6 +76,8 @@ class Task:
     split_points: tuple[str, ...] | None = None
     lr_scheduler: SchedulerFactory | None = None
     hyperparameters: Mapping[str, Any] = field(default_factory=dict)
+    precision: str = "fp32"
+    clip_grad_norm: float | None = None
 
     def total_steps(self, dataset_size: int) -> int:
         """Steps to train: ``steps`` as given, or ``epochs`` over a data set of that size."""

@@ -7,6 +7,7 @@ A checkpoint is a folder ``<run>/checkpoints/<task>/step-00000120/``::
                           whatever technique and device count loads it
     rng/rank<r>.pt        each rank's RNG states (restored when the world size matches)
     scheduler.pt          the learning-rate scheduler's state, if the task has one
+    grad_scaler.pt        fp16's loss-scaler state, if the task trains in fp16
     digests.json          the SHA-256 of every file above
     progress.json         written last: step, samples seen, who wrote it
 
@@ -227,6 +228,7 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer],
     progress: Progress,
     scheduler: Any | None = None,
+    scaler: Any | None = None,
 ) -> Path:
     """Collective: every rank of the gang calls it; returns the finished folder."""
     final = Path(path)
@@ -245,6 +247,8 @@ def save_checkpoint(
     if rank == 0:
         if scheduler is not None:
             torch.save(scheduler.state_dict(), partial / "scheduler.pt")
+        if scaler is not None:
+            torch.save(scaler.state_dict(), partial / "grad_scaler.pt")
         digests = {str(p.relative_to(partial)): _sha256(p) for p in _payload(partial)}
         (partial / DIGESTS).write_text(json.dumps(digests, indent=1))
         stamped = Progress(**{**asdict(progress), "saved_at": time.time()})
@@ -267,6 +271,7 @@ def load_checkpoint(
     batch_size: int,
     seed: int,
     scheduler: Any | None = None,
+    scaler: Any | None = None,
     restore_rng: bool = True,
 ) -> Progress:
     """Collective: load a checkpoint written by any technique and device count.
@@ -289,6 +294,8 @@ def load_checkpoint(
                    optim_state_dict=cast(Any, state["optim"]), options=_OPTIONS)
     if scheduler is not None and (folder / "scheduler.pt").is_file():
         scheduler.load_state_dict(_load_plain(folder / "scheduler.pt"))
+    if scaler is not None and (folder / "grad_scaler.pt").is_file():
+        scaler.load_state_dict(_load_plain(folder / "grad_scaler.pt"))
     if restore_rng:
         rank, world = _rank()
         saved = folder / "rng" / f"rank{rank}.pt"

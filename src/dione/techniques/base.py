@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import resource
@@ -25,6 +26,8 @@ from dione.state.checkpoint import (
     reseed,
     save_checkpoint,
 )
+from dione.techniques.batches import batch_map
+from dione.techniques.gradients import clip_gradients
 
 __all__ = [
     "Knobs",
@@ -137,6 +140,12 @@ class Technique(ABC):
             )
         return reasons
 
+    def lighter(self, knobs: Knobs) -> list[dict[str, Any]]:
+        """Settings that must have run out of memory before ``knobs`` is worth a trial:
+        ``knobs`` with one boolean memory knob off (override for other memory knobs)."""
+        return [{**knobs, knob: False} for knob in self.memory_knobs
+                if knobs.get(knob) is True]
+
     def batch_parts(self, devices: int, knobs: Knobs) -> tuple[int, str]:
         """Into how many equal parts the global batch is split, and what they are called
         (data parallelism: one share per device)."""
@@ -209,8 +218,44 @@ class SliceContext:
         model.train()
         return optimizer, scheduler
 
-    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.to(self.device, non_blocking=True)
+    def to_device(self, batch: Any) -> Any:
+        """``batch`` (a tensor, or tuples and dicts of them) on this rank's device."""
+        return batch_map(lambda t: t.to(self.device, non_blocking=True), batch)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The task's precision for a forward and its loss (fp32: nothing to do)."""
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.task.precision)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    @functools.cached_property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """fp16's loss scaler (bf16 has float32's range and needs none); checkpointed."""
+        if self.task.precision != "fp16":
+            return None
+        return torch.amp.GradScaler(self.device.type)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, scaled under fp16."""
+        scaled = self.scaler.scale(loss) if self.scaler is not None else loss
+        scaled.backward()  # type: ignore[no-untyped-call]
+
+    def apply_update(self, optimizer: torch.optim.Optimizer,
+                     parameters: Iterable[nn.Parameter],
+                     group: dist.ProcessGroup | None = None) -> None:
+        """One optimizer step on the gradients ``backward`` left: unscaled (fp16), clipped
+        to the task's global norm (summed over ``group``'s ranks when each holds part of
+        the model: pipeline stages), then applied."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        if self.task.clip_grad_norm is not None:
+            clip_gradients(parameters, self.task.clip_grad_norm, group)
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
 
     def restore(
         self,
@@ -226,7 +271,7 @@ class SliceContext:
         else:
             progress = load_checkpoint(
                 self.spec.resume_from, model, optimizer, batch_size=self.task.batch_size,
-                seed=self.task.seed, scheduler=scheduler,
+                seed=self.task.seed, scheduler=scheduler, scaler=self.scaler,
             )
             if progress.step != self.spec.start_step:
                 raise RuntimeError(
@@ -255,13 +300,13 @@ class SliceContext:
             world=self.world,
         )
         path = checkpoint_path(self.spec.run_dir, self.task.name, self.spec.end_step)
-        folder = save_checkpoint(path, model, optimizer, progress, scheduler)
+        folder = save_checkpoint(path, model, optimizer, progress, scheduler, self.scaler)
         self.timings["saved"] = time.perf_counter()
         if self.spec.probe_load:
             # What the next slice's start will pay: the same checkpoint into the same
             # wrapped model. It loads the state just saved, so training is unchanged.
             load_checkpoint(str(folder), model, optimizer, batch_size=self.task.batch_size,
-                            seed=self.task.seed, scheduler=scheduler)
+                            seed=self.task.seed, scheduler=scheduler, scaler=self.scaler)
             self.timings["load_probed"] = time.perf_counter()
         return str(folder)
 

@@ -8,19 +8,52 @@ technique or device count, and no RNG state is needed to continue it::
     stream:  | epoch 0 permutation        | epoch 1 permutation        | ...
     batches: [ t=0 ][ t=1 ][ t=2 ][ t=3 ][ t=4 ] ...     (a batch may straddle epochs)
     ranks:   [r0|r1]                                     (equal, contiguous shares)
+
+A batch is whatever the data set's items collate to: an ``(inputs, target)`` pair, a
+tuple of tensors, or a dict of tensors (a tokenizer's output). Every split here is of
+sample positions, so it does not care which.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
-__all__ = ["BatchSource", "SampleOrder"]
+__all__ = ["Batch", "BatchSource", "SampleOrder", "batch_map", "batch_rows", "slice_batch"]
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+# A collated batch: tensors, possibly in (nested) tuples, lists and dicts.
+Batch = Any
+
+
+def batch_map(fn: Callable[[torch.Tensor], Any], batch: Batch) -> Batch:
+    """``batch`` with ``fn`` applied to each of its tensors, its structure kept."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: batch_map(fn, v) for k, v in batch.items()})  # type: ignore[call-arg]
+    if isinstance(batch, tuple):
+        return tuple(batch_map(fn, v) for v in batch)
+    if isinstance(batch, list):
+        return [batch_map(fn, v) for v in batch]
+    return batch
+
+
+def batch_rows(batch: Batch) -> int:
+    """The number of samples in ``batch`` (its tensors' first dimension)."""
+    rows: list[int] = []
+    batch_map(lambda t: rows.append(t.shape[0] if t.dim() else 1), batch)
+    if not rows:
+        raise ValueError("a batch holds no tensor")
+    return rows[0]
+
+
+def slice_batch(batch: Batch, start: int, stop: int) -> Batch:
+    """Samples ``[start, stop)`` of ``batch``."""
+    return batch_map(lambda t: t[start:stop] if t.dim() else t, batch)
 
 
 class SampleOrder:
@@ -55,12 +88,10 @@ class SampleOrder:
 
 def _fetch(dataset: Dataset[Any], indices: torch.Tensor) -> Batch:
     if isinstance(dataset, TensorDataset):
-        inputs, target = (t[indices] for t in dataset.tensors)
-        return inputs, target
+        return tuple(t[indices] for t in dataset.tensors)
     getitems = getattr(dataset, "__getitems__", None)
     items = getitems(indices.tolist()) if getitems else [dataset[i] for i in indices.tolist()]
-    inputs, target = default_collate(items)  # type: ignore[no-untyped-call]
-    return inputs, target
+    return default_collate(items)  # type: ignore[no-untyped-call]
 
 
 class BatchSource:
@@ -77,10 +108,15 @@ class BatchSource:
         self.rank = rank
         self.order = SampleOrder(len(dataset), seed)  # type: ignore[arg-type]
 
-    def batch(self, step: int) -> Batch:
-        """This rank's share of global batch ``step``."""
-        start = step * self.batch_size + self.rank * self.share
-        return _fetch(self.dataset, self.order.indices(start, self.share))
+    def batch(self, step: int, part: int = 0, parts: int = 1) -> Batch:
+        """This rank's share of global batch ``step``, or part ``part`` of ``parts``
+        equal, contiguous parts of it (gradient accumulation)."""
+        if self.share % parts:
+            raise ValueError(f"a share of {self.share} samples is not divisible into "
+                             f"{parts} parts")
+        size = self.share // parts
+        start = step * self.batch_size + self.rank * self.share + part * size
+        return _fetch(self.dataset, self.order.indices(start, size))
 
     def global_batch(self, step: int) -> Batch:
         """The whole global batch ``step`` (what single-device training sees)."""

@@ -3,18 +3,30 @@
 Each rank runs the whole model on its equal share of the global batch; the wrapper a
 technique puts around the model averages gradients over ranks, so each optimizer
 step sees the global batch's mean gradient, as on one device.
+
+Knob ``accumulation``: the share goes through the model in that many equal parts, one
+after the other, their gradients summed (each part's loss divided by the number of
+parts), and the ranks synchronise gradients only after the last part. The global
+batch, and so the training, is unchanged; activations are held for one part at a
+time, so memory falls as the knob rises.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from abc import abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from dione.techniques.base import SliceContext, SliceOutcome, Technique
+from dione.spec.devices import DeviceKind
+from dione.spec.task import Task
+from dione.techniques.base import Knobs, SliceContext, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource
+from dione.techniques.forward import loss_of
 
 __all__ = ["DataParallelTechnique"]
 
@@ -22,12 +34,51 @@ __all__ = ["DataParallelTechnique"]
 class DataParallelTechnique(Technique):
     """A technique that differs from the others only in how it wraps the model."""
 
+    knobs: ClassVar[Mapping[str, Any]] = {"accumulation": 1}
+
     @abstractmethod
     def wrap(self, model: nn.Module, ctx: SliceContext) -> nn.Module:
         """The model as this technique trains it (the original module's FQNs kept)."""
 
+    def without_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """A context in which backward leaves gradients unsynchronised across ranks
+        (every part of an accumulated step but the last)."""
+        return contextlib.nullcontext()
+
+    def batch_parts(self, devices: int, knobs: Knobs) -> tuple[int, str]:
+        parts = knobs.get("accumulation", 1)
+        if isinstance(parts, int) and parts > 1:
+            return devices * parts, f"parts ({devices} device(s) x accumulation {parts})"
+        return devices, "devices"
+
+    def check(self, task: Task, devices: int, knobs: Knobs, kind: DeviceKind) -> list[str]:
+        reasons = super().check(task, devices, knobs, kind)
+        parts = self.resolve(knobs).get("accumulation", 1)
+        if isinstance(parts, int) and parts < 1:
+            reasons.append(f"{self.name} knob 'accumulation' must be at least 1, not {parts}")
+        return reasons
+
+    def knob_settings(self, task: Task, devices: int, kind: DeviceKind) -> list[dict[str, Any]]:
+        """The defaults, then accumulation 2 and 4 (tried only where fewer parts ran out
+        of memory) where the share divides."""
+        base = super().knob_settings(task, devices, kind)
+        settings = list(base)
+        for setting in base:
+            settings += [{**setting, "accumulation": parts} for parts in (2, 4)
+                         if not self.check(task, devices, {**setting, "accumulation": parts},
+                                           kind)]
+        return settings
+
+    def lighter(self, knobs: Knobs) -> list[dict[str, Any]]:
+        lighter = super().lighter(knobs)
+        parts = knobs.get("accumulation", 1)
+        if isinstance(parts, int) and parts > 1:
+            lighter.append({**knobs, "accumulation": parts // 2})
+        return lighter
+
     def train(self, ctx: SliceContext) -> SliceOutcome:
         task, spec = ctx.task, ctx.spec
+        parts = int(ctx.knobs.get("accumulation", 1))
         source = BatchSource(ctx.dataset, task.batch_size, task.seed, ctx.rank, ctx.world)
         ctx.timings["data_ready"] = time.perf_counter()
         model = self.wrap(ctx.build_model(), ctx)
@@ -36,14 +87,20 @@ class DataParallelTechnique(Technique):
         step_seconds: list[float] = []
         last = time.perf_counter()
         for step in range(spec.start_step, spec.end_step):
-            inputs, target = source.batch(step)
-            loss = task.loss(model(ctx.to_device(inputs)), ctx.to_device(target))
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
+            total = torch.zeros((), device=ctx.device)
+            for part in range(parts):
+                batch = ctx.to_device(source.batch(step, part, parts))
+                sync = part == parts - 1
+                with (contextlib.nullcontext() if sync else self.without_sync(model)):
+                    with ctx.autocast():
+                        loss = loss_of(model, task, batch)
+                    ctx.backward(loss / parts if parts > 1 else loss)
+                total = total + loss.detach().float()
+            ctx.apply_update(optimizer, model.parameters())
             if scheduler is not None:
                 scheduler.step()
-            losses.append(loss.detach())
+            losses.append(total / parts if parts > 1 else total)
             ctx.step_done(losses[-1])
             now = time.perf_counter()
             step_seconds.append(now - last)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from torch import nn
@@ -25,3 +26,6 @@ class DDP(DataParallelTechnique):
     def wrap(self, model: nn.Module, ctx: SliceContext) -> nn.Module:
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
+
+    def without_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        return model.no_sync()  # type: ignore[operator,no-any-return]

@@ -8,7 +8,8 @@ in host memory; CUDA only).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -51,7 +52,8 @@ class FSDP(DataParallelTechnique):
     shards_memory = True
     memory_knobs = ("reshard_after_forward", "activation_checkpointing", "cpu_offload")
     knobs: ClassVar[Mapping[str, Any]] = {
-        "reshard_after_forward": True, "activation_checkpointing": False, "cpu_offload": False}
+        "reshard_after_forward": True, "activation_checkpointing": False, "cpu_offload": False,
+        "accumulation": 1}
 
     def check(self, task: Task, devices: int, knobs: Knobs, kind: DeviceKind) -> list[str]:
         reasons = super().check(task, devices, knobs, kind)
@@ -65,16 +67,30 @@ class FSDP(DataParallelTechnique):
             return []  # one CPU device: nothing to shard, nothing to offload to
         settings = [
             {"reshard_after_forward": False, "activation_checkpointing": False,
-             "cpu_offload": False},
+             "cpu_offload": False, "accumulation": 1},
             {"reshard_after_forward": True, "activation_checkpointing": False,
-             "cpu_offload": False},
+             "cpu_offload": False, "accumulation": 1},
             {"reshard_after_forward": True, "activation_checkpointing": True,
-             "cpu_offload": False},
+             "cpu_offload": False, "accumulation": 1},
         ]
         if kind == "cuda":
             settings.append({"reshard_after_forward": True, "activation_checkpointing": True,
-                             "cpu_offload": True})
+                             "cpu_offload": True, "accumulation": 1})
+        # Accumulation after the other memory knobs: on the lightest setting so far.
+        lightest = settings[-1]
+        settings += [{**lightest, "accumulation": parts} for parts in (2, 4)]
         return [s for s in settings if not self.check(task, devices, s, kind)]
+
+    def without_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        @contextlib.contextmanager
+        def unsynced() -> Iterator[None]:
+            # FSDP2: keep the part's gradients unreduced (and parameters gathered).
+            model.set_requires_gradient_sync(False)  # type: ignore[operator]
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)  # type: ignore[operator]
+        return unsynced()
 
     def wrap(self, model: nn.Module, ctx: SliceContext) -> nn.Module:
         mesh = init_device_mesh(ctx.device.type, (ctx.world,))

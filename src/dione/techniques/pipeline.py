@@ -212,6 +212,9 @@ class PipelineTechnique(Technique):
         if devices < 2:
             reasons.append(f"{self.name} needs at least 2 devices, one per stage; on one "
                            "device use single")
+        if task.loss is None:
+            reasons.append(f"{self.name} needs the task's loss (its last stage computes it on "
+                           "the model's output); this task's model computes its own")
         micro = resolved["micro_batches"]
         if isinstance(micro, int) and micro < 1:
             reasons.append(f"{self.name} knob 'micro_batches' must be at least 1, not {micro}")
@@ -241,6 +244,12 @@ class PipelineTechnique(Technique):
         settings.append({"micro_batches": 2 * devices, "activation_checkpointing": True,
                          "balance": "time"})
         return [s for s in settings if not self.check(task, devices, s, kind)]
+
+    def stage_loss(self, task: Task) -> Callable[[Any, Any], torch.Tensor]:
+        """The loss the last stage computes (``check`` refuses a task without one)."""
+        if task.loss is None:
+            raise RuntimeError(f"{self.name} needs the task's loss")
+        return task.loss
 
     def _partition(self, model: nn.Module, ctx: SliceContext, source: BatchSource) -> Partition:
         if ctx.knobs["balance"] == "parameters":
@@ -289,7 +298,8 @@ class PipelineTechnique(Technique):
         log.watch(stage)
         schedule_class = getattr(pipelining, self.torch_schedule)
         runner = schedule_class(stage, n_microbatches=ctx.knobs["micro_batches"],
-                                loss_fn=log.timed_loss(task.loss), scale_grads=True)
+                                loss_fn=log.timed_loss(self.stage_loss(task)),
+                                scale_grads=True)
         optimizer, scheduler = ctx.start_training(model)
         losses: list[torch.Tensor] = []
         step_seconds: list[float] = []

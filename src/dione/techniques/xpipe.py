@@ -255,7 +255,7 @@ class XPipe(PipelineTechnique):
                 x = received.requires_grad_(received.is_floating_point())
             out = functional_call(model, weights[i], (x,))
             if last:
-                loss = task.loss(out, ctx.to_device(chunk(i)[1][j]))
+                loss = self.stage_loss(task)(out, ctx.to_device(chunk(i)[1][j]))
                 micro_losses.setdefault(i, []).append(loss.detach())
                 saved[u] = (received, loss / micro_batches)  # mean over the mini-batch
             else:
