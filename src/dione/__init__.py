@@ -43,6 +43,25 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     result.invalid = [str(p) for p in problems]  # a bad task stops only itself
     return result
 
+
+def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
+         latest: bool = False) -> Any:
+    """The trained model of ``task`` in ``run_dir``: a fresh, unwrapped model (on the
+    CPU, in eval mode) with the weights of its final checkpoint, whatever technique
+    trained it. ``workload`` (a file, a Workload or a list of tasks) defaults to the
+    file the run was started with (its ``run.json``); ``latest`` takes the newest
+    checkpoint of a task that is not done."""
+    from dione.state.export import load_trained, trained_checkpoint, workload_of_run
+
+    run_dir = os.fspath(run_dir)
+    if workload is None or isinstance(workload, (str, os.PathLike)):
+        workload = load_workload(os.fspath(workload or workload_of_run(run_dir)))
+    matching = [t for t in workload if t.name == task]
+    if not matching:
+        raise KeyError(f"the workload has no task {task!r}; its tasks: "
+                       + ", ".join(t.name for t in workload))
+    return load_trained(matching[0], trained_checkpoint(run_dir, task, latest))
+
 __all__ = [
     "Cluster",
     "Node",
@@ -54,6 +73,7 @@ __all__ = [
     "__version__",
     "get_technique",
     "grid",
+    "load",
     "load_workload",
     "local_cluster",
     "register",

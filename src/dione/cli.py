@@ -73,7 +73,7 @@ def _valid_tasks(workload_file: str, devices: str | None, what: str,
         cluster = local_cluster(devices) if launcher is None else Cluster(launcher.nodes())
     except ClusterError as err:
         raise BadInput(str(err)) from None
-    tasks, problems = split_valid(workload, None, technique_names())
+    tasks, problems = split_valid(workload, None, technique_names(), cluster.nodes[0].kind)
     for problem in problems:
         _complain("invalid", str(problem))
     if not tasks:
@@ -149,7 +149,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except ClusterError as err:
         raise BadInput(str(err)) from None
     count = asked.devices
-    problems = check_task(task, count, technique_names())
+    problems = check_task(task, count, technique_names(), asked.kind)
     if problems:
         raise BadInput(str(WorkloadError(problems)))
     node = local_cluster().nodes[0]
@@ -437,6 +437,11 @@ def _parse_bytes(text: str) -> int:
     return int(value * units[unit])
 
 
+def _task_list(names: Sequence[str], shown: int = 4) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def _profile_printer() -> Any:
     """A progress callback for profile events: a bar on a terminal, lines elsewhere."""
     from dione.profile import ProfileEvent
@@ -449,6 +454,9 @@ def _profile_printer() -> Any:
                     if record else f"skipped: {event.reason}")
             console.print(Text(f"  trial {event.label} ({', '.join(event.tasks)[:60]}): "
                                f"{what}"))
+        elif event.kind == "not_tried":
+            console.print(Text(f"  not tried: {event.label} for {_task_list(event.tasks)}: "
+                               f"{event.reason}"))
 
     return show
 
@@ -472,7 +480,7 @@ def _profile(args: argparse.Namespace, tasks: Any, cluster: Any, launcher: Any =
             progress.advance(bar)
         if event.kind == "started":
             progress.update(bar, description=f"{event.label} ({', '.join(event.tasks)[:60]})")
-        if not console.is_terminal:
+        if not console.is_terminal and event.kind != "not_tried":  # the table says it
             lines(event)
 
     with Catalog(args.catalog) as catalog, progress:
@@ -514,6 +522,8 @@ def _print_profile(profile: Any) -> None:
                 note)
         for what, reason in task.skipped:
             table.add_row(task.task, what, "", "", "", "", "", "", f"skipped: {reason}")
+        for technique, reason in task.not_tried():
+            table.add_row(task.task, technique, "", "", "", "", "", "", f"not tried: {reason}")
     console.print(table)
 
 
@@ -612,6 +622,31 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(text)
         errors.print(summary)
     return 0 if plan.assignments else EXIT_FAILED
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from dione.state.export import (
+        ExportError,
+        export_model,
+        load_trained,
+        trained_checkpoint,
+        workload_of_run,
+    )
+
+    try:
+        checkpoint = trained_checkpoint(args.run_dir, args.task, args.latest)
+        workload = _load(args.workload or workload_of_run(args.run_dir))
+        task = workload.task(args.task)
+    except ExportError as err:
+        raise BadInput(str(err)) from None
+    except KeyError as err:
+        raise BadInput(f"{err.args[0]}; give the workload the run was started with "
+                       "(--workload)") from None
+    model = load_trained(task, checkpoint)
+    folder = export_model(model, args.output, task, checkpoint)
+    files = ", ".join(sorted(p.name for p in folder.iterdir()))
+    console.print(f"task {task.name}: weights of {checkpoint} written to {folder} ({files})")
+    return 0
 
 
 def _cmd_techniques(args: argparse.Namespace) -> int:
@@ -716,6 +751,18 @@ def build_parser() -> argparse.ArgumentParser:
                       "threads)")
     plan.add_argument("-o", "--output", help="write the plan JSON here (default: stdout)")
     plan.set_defaults(handler=_cmd_plan)
+
+    export = commands.add_parser(
+        "export", help="write a finished task's trained weights as safetensors (Hugging "
+        "Face models: save_pretrained output)")
+    export.add_argument("run_dir")
+    export.add_argument("task")
+    export.add_argument("-o", "--output", required=True, help="folder to write")
+    export.add_argument("--workload", help="the workload file (default: the one the run "
+                        "was started with, from its run.json)")
+    export.add_argument("--latest", action="store_true",
+                        help="take the newest checkpoint of a task that is not done")
+    export.set_defaults(handler=_cmd_export)
 
     listing = commands.add_parser("techniques", help="list registered techniques and knobs")
     listing.set_defaults(handler=_cmd_techniques)

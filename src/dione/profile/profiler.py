@@ -98,6 +98,25 @@ class TaskProfile:
                 + (":\n  " + "\n  ".join(reasons[:12]) if reasons else "")
                 + ("\n  ..." if len(reasons) > 12 else "") + "\n(see `dione profile`)")
 
+    def not_tried(self) -> list[tuple[str, str]]:
+        """(technique, why) for each technique this task had no trial of at any device
+        count, and why not (e.g. "gpipe": the model is not an nn.Sequential): the
+        reasons at the largest device count, where a count is least often the reason."""
+        tried = {r.technique for r in self.trials} | {what.split(" ")[0]
+                                                     for what, _ in self.skipped}
+        widest: dict[str, tuple[int, str]] = {}
+        for what, why in self.not_applicable:
+            technique, _, count = what.rpartition(" x")
+            if technique not in tried and int(count) >= widest.get(technique, (0, ""))[0]:
+                widest[technique] = (int(count), why)
+        result = []
+        for technique, (_, why) in widest.items():
+            # The task's name out of its reasons, so that tasks with one reason group.
+            parts = [part.replace(f"task {self.task!r}: ", "").replace(f" {self.task!r}", "")
+                     for part in why.split("; ")]
+            result.append((technique, "; ".join(dict.fromkeys(parts))))
+        return result
+
     def option(self, technique: str, devices: int) -> Option | None:
         return next((o for o in self.options
                      if o.technique == technique and o.devices == devices), None)
@@ -134,7 +153,8 @@ class Profile:
 @dataclass(frozen=True)
 class ProfileEvent:
     """Progress for a caller's display: a trial ``started``, ``finished``, ``cached``
-    or ``skipped`` (with its reason)."""
+    or ``skipped`` (with its reason); at the end, per technique a task could not use at
+    all, ``not_tried`` (label: the technique, with the reason)."""
 
     kind: str
     label: str
@@ -293,6 +313,13 @@ def profile_workload(
         profile.skipped += [(wanted[f].spec.label, reason) for f, reason in skips.items()
                             if f in own]
         profile.options = _options(profile.trials, profile.total_steps)
+    # Say once, per technique and reason, which techniques a task could not use and why.
+    not_tried: dict[tuple[str, str], list[str]] = {}
+    for profile in profiles:
+        for name, why in profile.not_tried():
+            not_tried.setdefault((name, why), []).append(profile.task)
+    for (name, why), names in not_tried.items():
+        emit(ProfileEvent("not_tried", name, tuple(names), reason=why))
     return Profile(cluster, profiles, trials_run, len(wanted) - len(pending),
                    time.monotonic() - began)
 
@@ -448,11 +475,12 @@ def _run_pending(
                     lighter = fits_lighter(trial)
                     if lighter is not None:
                         covered[trial.spec.fingerprint] = lighter
-                        off = [k for k, v in lighter.knobs.items() if trial.spec.knobs[k] != v]
-                        skip(trial, f"the same setting without {', '.join(off)} "
+                        off = [f"{k}={v}" for k, v in lighter.knobs.items()
+                               if trial.spec.knobs[k] != v]
+                        skip(trial, f"the lighter setting {', '.join(off)} "
                              + ("fits in memory" if lighter.feasible else
                                 f"failed ({lighter.status}), not for lack of memory")
-                             + f", and {', '.join(off)} only trades speed for memory")
+                             + ", and this one only trades speed for memory")
                         continue
                     if len(running) >= lanes or trial.spec.devices > len(free):
                         continue

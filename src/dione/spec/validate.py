@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from dione.spec.task import Task
+from dione.spec.devices import DeviceKind, local_device_kind
+from dione.spec.task import PRECISIONS, Task
 from dione.spec.workload import Workload
 
 __all__ = ["Problem", "WorkloadError", "check_task", "split_valid", "validate_workload"]
@@ -57,6 +58,55 @@ def _build_model(factory: Callable[[], nn.Module]) -> nn.Module:
             return factory()
     except Exception:
         return factory()
+
+
+# A model up to this size is built for real to try one batch through it (meta tensors
+# cannot run models that read a tensor's value, as Hugging Face's masks do).
+_REAL_FORWARD_BYTES = 1 << 30
+
+
+def _forward_problems(task: Task, model: nn.Module, dataset: Any) -> list[Problem]:
+    """Put a batch of two samples through the model and the loss, as training will (on
+    the CPU, in float32): a batch the model cannot take, or a loss the model does not
+    return, is named before any worker starts."""
+    from torch.utils.data._utils.collate import default_collate
+
+    from dione.techniques.forward import call_model, own_loss, split_target
+
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    if size > _REAL_FORWARD_BYTES:
+        return []  # too big to try here; a worker reports the same error by rank
+    try:
+        items = [dataset[i] for i in range(min(2, task.batch_size, len(dataset)))]
+        batch = default_collate(items)  # type: ignore[no-untyped-call]
+        inputs, target = split_target(task, batch)
+    except Exception as err:
+        return [Problem(task.name, "data", f"a batch of its items cannot be made: "
+                        f"{_exception_line(err)}")]
+    torch.manual_seed(task.seed)
+    real = task.model()
+    try:
+        with torch.no_grad():
+            output = call_model(real, task, inputs)
+    except Exception as err:
+        return [Problem(task.name, "data", f"the model cannot take a batch of this data "
+                        f"({type(inputs).__name__}"
+                        + (f" with fields {', '.join(map(str, inputs))}"
+                           if isinstance(inputs, dict) else "")
+                        + f"): {_exception_line(err)}")]
+    try:
+        with torch.no_grad():
+            loss = own_loss(task, output) if task.loss is None else task.loss(output, target)
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+            return [Problem(task.name, "loss", "must return a one-number tensor (the batch's "
+                            f"mean loss), not {type(loss).__name__}"
+                            + (f" of shape {tuple(loss.shape)}"
+                               if isinstance(loss, torch.Tensor) else ""))]
+    except Exception as err:
+        field = "loss"
+        message = str(err) if task.loss is None else f"raised {_exception_line(err)}"
+        return [Problem(task.name, field, message)]
+    return []
 
 
 def _check_picklable(task: Task) -> list[Problem]:
@@ -119,9 +169,11 @@ def _hyperparameter_problems(optimizer: torch.optim.Optimizer) -> list[str]:
 
 
 def check_task(
-    task: Task, devices: int | None = None, techniques: Iterable[str] | None = None
+    task: Task, devices: int | None = None, techniques: Iterable[str] | None = None,
+    kind: DeviceKind | None = None,
 ) -> list[Problem]:
-    """Every problem of one task on its own (names across tasks are the workload's)."""
+    """Every problem of one task on its own (names across tasks are the workload's), for
+    devices of ``kind`` (default: this machine's)."""
     name = task.name if isinstance(task.name, str) else repr(task.name)
     problems: list[Problem] = []
 
@@ -148,9 +200,22 @@ def check_task(
         bad("epochs", f"must be a positive, finite number, not {task.epochs!r}")
     if not isinstance(task.seed, int):
         bad("seed", f"must be an integer, not {task.seed!r}")
+    kind = kind or local_device_kind()
+    if task.precision not in PRECISIONS:
+        bad("precision", f"must be one of {', '.join(PRECISIONS)}, not {task.precision!r}")
+    elif task.precision == "fp16" and kind != "cuda":
+        bad("precision", "fp16 needs CUDA devices (its loss scaler guards float16's narrow "
+            "range on GPUs); on CPU devices use bf16, which has float32's range")
+    elif task.precision == "bf16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
+        bad("precision", "this GPU cannot compute in bf16; use fp16")
+    clip = task.clip_grad_norm
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))
+                             or not math.isfinite(clip) or clip <= 0):
+        bad("clip_grad_norm", f"must be a positive, finite number (the largest global "
+            f"gradient norm) or None, not {clip!r}")
     for field in _FACTORIES:
         value = getattr(task, field)
-        optional = field in ("evaluate", "lr_scheduler")
+        optional = field in ("evaluate", "lr_scheduler", "loss")
         if not callable(value) and not (optional and value is None):
             bad(field, f"must be callable, not {type(value).__name__}")
     if task.techniques is not None:
@@ -199,15 +264,21 @@ def check_task(
             bad("data", f"has {size} samples, fewer than one batch of {task.batch_size}")
         else:
             item = dataset[0]
-            if not (isinstance(item, (tuple, list)) and len(item) == 2):
-                bad("data", "items must be (inputs, target) pairs")
+            if isinstance(item, dict) or (task.loss is None and isinstance(item, (tuple, list))):
+                pass  # a dict (labels for the loss), or a batch the model takes whole
+            elif not (isinstance(item, (tuple, list)) and len(item) == 2):
+                bad("data", "items must be (inputs, target) pairs or dicts of tensors "
+                    f"(with 'labels' for the task's loss), not {type(item).__name__}")
+            if model is not None and not problems:
+                problems += _forward_problems(task, model, dataset)
     except Exception as err:
         bad("data", f"the data factory (or indexing its result) raised {_exception_line(err)}")
     return problems
 
 
 def validate_workload(
-    workload: Workload, devices: int | None = None, techniques: Iterable[str] | None = None
+    workload: Workload, devices: int | None = None, techniques: Iterable[str] | None = None,
+    kind: DeviceKind | None = None,
 ) -> list[Problem]:
     """Every problem of the workload; empty when it can start.
 
@@ -224,15 +295,16 @@ def validate_workload(
                                     "must be unique (grid() makes unique names)"))
     known = list(techniques) if techniques is not None else None
     for task in workload:
-        problems += check_task(task, devices, known)
+        problems += check_task(task, devices, known, kind)
     return problems
 
 
 def split_valid(
-    workload: Workload, devices: int | None = None, techniques: Iterable[str] | None = None
+    workload: Workload, devices: int | None = None, techniques: Iterable[str] | None = None,
+    kind: DeviceKind | None = None,
 ) -> tuple[list[Task], list[Problem]]:
     """The tasks that can run, and the problems of the others (a bad task stops only itself)."""
-    problems = validate_workload(workload, devices, techniques)
+    problems = validate_workload(workload, devices, techniques, kind)
     bad = {p.task for p in problems}
     if None in bad:
         return [], problems

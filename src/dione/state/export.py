@@ -1,0 +1,110 @@
+"""A task's trained model out of a run directory: into Python, or into safetensors files.
+
+The weights come from the task's checkpoint (whatever technique and device count wrote
+it), loaded into a fresh, unwrapped model of the task; the export is the model's plain
+``state_dict`` in ``model.safetensors`` (shared tensors such as tied embeddings stored
+once), or, for a model with ``save_pretrained`` (Hugging Face), that method's output,
+which ``from_pretrained`` reads back. ``dione.json`` beside it says where it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dione.spec.task import Task
+from dione.state.checkpoint import latest_on_disk, load_model_weights, read_progress
+
+__all__ = ["ExportError", "export_model", "load_trained", "trained_checkpoint",
+           "workload_of_run"]
+
+WEIGHTS_FILE = "model.safetensors"
+PROVENANCE_FILE = "dione.json"
+
+
+class ExportError(ValueError):
+    """The run directory has no trained model of that task to give (the message says why)."""
+
+
+def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> Path:
+    """The checkpoint holding ``task``'s trained weights: its final one once the run
+    store says it is done; with ``latest``, its newest one whatever its status. A run
+    directory of ``dione train`` (no store) gives its newest checkpoint."""
+    from dione.state.store import STORE_FILE, RunStore
+
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise ExportError(f"{run} is not a directory; give the run directory that "
+                          "`dione run --out` or `dione train --out` wrote")
+    if not (run / STORE_FILE).is_file():
+        found = latest_on_disk(run, task)
+        if found is None:
+            raise ExportError(f"{run} holds no checkpoint of task {task!r} (and no run "
+                              f"store); check the task's name and the run directory")
+        return found
+    with RunStore(run) as store:
+        record = store.task(task)
+        names = [t.name for t in store.tasks()]
+        checkpoint = store.latest_checkpoint(task) if record is not None else None
+    if record is None:
+        raise ExportError(f"run {run} has no task {task!r}; its tasks: "
+                          f"{', '.join(names) or 'none'}")
+    if record.status != "done" and not latest:
+        step = f"; its newest checkpoint is at step {checkpoint.step}" if checkpoint else ""
+        raise ExportError(f"task {task!r} is {record.status}, not done{step}: finish it with "
+                          f"`dione resume {run}`, or take its newest checkpoint as it is "
+                          "(--latest; dione.load(..., latest=True))")
+    if checkpoint is None or not Path(checkpoint.path).is_dir():
+        raise ExportError(f"task {task!r} of run {run} has no checkpoint on disk"
+                          + (f" (the store names {checkpoint.path})" if checkpoint else ""))
+    return Path(checkpoint.path)
+
+
+def workload_of_run(run_dir: str | Path) -> str:
+    """The workload file ``dione run`` started ``run_dir`` with (from its run.json)."""
+    saved = Path(run_dir) / "run.json"
+    try:
+        workload = str(json.loads(saved.read_text())["workload"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ExportError(f"cannot tell which workload {run_dir} was run with ({saved}: "
+                          f"{type(err).__name__}); give the workload file "
+                          "(--workload; dione.load(..., workload=))") from None
+    if not Path(workload).is_file():
+        raise ExportError(f"{run_dir} was run with {workload}, which is gone; give the "
+                          "workload file (--workload; dione.load(..., workload=))")
+    return workload
+
+
+def load_trained(task: Task, checkpoint: str | Path) -> nn.Module:
+    """A fresh, unwrapped model of ``task`` on the CPU with the checkpoint's weights, in
+    eval mode."""
+    torch.manual_seed(task.seed)
+    model = task.model()
+    load_model_weights(checkpoint, model)
+    return model.eval()
+
+
+def export_model(model: nn.Module, folder: str | Path, task: Task,
+                 checkpoint: str | Path) -> Path:
+    """Write ``model``'s weights into ``folder`` (created; files there are replaced)."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    save_pretrained = getattr(model, "save_pretrained", None)
+    if callable(save_pretrained):
+        save_pretrained(str(out))
+    else:
+        from safetensors.torch import save_model
+
+        save_model(model, str(out / WEIGHTS_FILE))
+    progress = read_progress(checkpoint)
+    (out / PROVENANCE_FILE).write_text(json.dumps({
+        "task": task.name, "step": progress.step, "technique": progress.technique,
+        "checkpoint": str(Path(checkpoint).resolve()), "weights": WEIGHTS_FILE,
+        "hugging_face": callable(save_pretrained), "exported_at": time.time(),
+        "hyperparameters": {k: str(v) for k, v in task.hyperparameters.items()},
+    }, indent=1) + "\n")
+    return out
