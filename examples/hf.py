@@ -12,7 +12,6 @@ tasks give a loss on the logits instead, clip gradients and train in bf16 autoca
 import functools
 
 import torch
-from torch.nn.functional import cross_entropy
 
 from dione import Task, Workload, grid
 from dione.zoo.hf import (
@@ -21,13 +20,9 @@ from dione.zoo.hf import (
     gpt2_tiny,
     lm_data,
     lm_validation_loss,
+    logits_cross_entropy,
     module_data,
 )
-
-
-def logits_cross_entropy(output, labels):
-    """The classifier's loss from its ``logits`` (a ModelOutput, not a tensor)."""
-    return cross_entropy(output.logits, labels)
 
 
 def gpt2_task(lr: float) -> Task:

@@ -29,6 +29,7 @@ __all__ = [
     "gpt2_tiny",
     "lm_data",
     "lm_validation_loss",
+    "logits_cross_entropy",
     "module_data",
 ]
 
@@ -114,6 +115,11 @@ def bert_tiny(classes: int = len(CLASSIFIED_MODULES), context: int = 32, layers:
                         attention_probs_dropout_prob=dropout, pad_token_id=0)
     config.num_labels = classes  # a PretrainedConfig property, not a BertConfig argument
     return BertForSequenceClassification(config)
+
+
+def logits_cross_entropy(output: Any, labels: torch.Tensor) -> torch.Tensor:
+    """A classifier's mean cross-entropy from its output's ``logits`` (a ModelOutput)."""
+    return nn.functional.cross_entropy(output.logits, labels)
 
 
 def _batches(data: DictDataset, limit: int, size: int = 64) -> list[dict[str, torch.Tensor]]:

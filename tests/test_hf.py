@@ -1,0 +1,255 @@
+"""Hugging Face models, dict batches, the model's own loss, bf16, clipping, accumulation, export.
+
+Tiny GPT-2 and BERT built from configs (no download), dropout 0, tokenizer-style dict
+batches. The exact techniques follow single within the tolerance of
+``test_equivalence`` (reduction order only). bf16 autocast rounds every matmul to
+8 bits of mantissa, so there the techniques follow single bf16 within a tolerance
+measured here (see ``BF16_LOSS_TOLERANCE``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_model
+
+from conftest import TEST_NODE, digits_task
+from dione.launch import local_placement, run_slice
+from dione.spec.task import Task
+from dione.spec.validate import check_task
+from dione.state.export import export_model, load_trained
+from dione.zoo.hf import (
+    DictDataset,
+    bert_tiny,
+    gpt2_tiny,
+    lm_data,
+    lm_validation_loss,
+    logits_cross_entropy,
+    module_data,
+)
+from test_equivalence import LOSS_TOLERANCE, assert_same_training, final_parameters
+
+transformers = pytest.importorskip("transformers")
+
+STEPS = 5
+# Measured over these 5 steps: the losses of ddp, fsdp and accumulation 2 under bf16
+# differ from single bf16's by at most 9.5e-6 relative (the ranks round different
+# partial sums to bf16), and single bf16's from single fp32's by 2.8e-5 (the losses are
+# computed in float32, the matmuls in bf16). Ten times the first, as a bound:
+BF16_LOSS_TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "hf.py"
+
+
+def gpt2_task(**extra: object) -> Task:
+    """The model's own loss (``labels`` in the batch), AdamW."""
+    task = Task(name="gpt2", model=functools.partial(gpt2_tiny, context=32, width=32),
+                data=lm_data, optimizer=functools.partial(torch.optim.AdamW, lr=3e-3),
+                batch_size=8, steps=STEPS, seed=5)
+    return replace(task, **extra)
+
+
+def bert_task(**extra: object) -> Task:
+    """The task's loss on the output's logits; the model never sees ``labels``."""
+    task = Task(name="bert", model=functools.partial(bert_tiny, width=32), data=module_data,
+                loss=logits_cross_entropy,
+                optimizer=functools.partial(torch.optim.AdamW, lr=3e-3), batch_size=8,
+                steps=STEPS, seed=5)
+    return replace(task, **extra)
+
+
+def train(task: Task, technique: str, run_dir: Path, knobs: dict | None = None):
+    devices = [0] if technique == "single" else [0, 1]
+    result = run_slice(task, technique, run_dir, local_placement(TEST_NODE, devices),
+                       knobs=knobs or {})
+    assert len(result.losses) == task.steps
+    return result, final_parameters(task, result.checkpoint)
+
+
+@pytest.fixture(scope="module")
+def gpt2_single(tmp_path_factory: pytest.TempPathFactory):
+    return train(gpt2_task(), "single", tmp_path_factory.mktemp("gpt2-single"))
+
+
+@pytest.mark.parametrize(("technique", "knobs"), [
+    ("ddp", {}), ("fsdp", {}), ("single", {"accumulation": 2}), ("ddp", {"accumulation": 2}),
+    ("fsdp", {"accumulation": 4}),
+], ids=["ddp", "fsdp", "single-accumulate-2", "ddp-accumulate-2", "fsdp-accumulate-4"])
+def test_gpt2_dict_batches_own_loss_match_single(gpt2_single, technique, knobs,
+                                                 tmp_path: Path) -> None:
+    reference, reference_params = gpt2_single
+    result, params = train(gpt2_task(), technique, tmp_path, knobs)
+    assert_same_training(result, params, reference, reference_params)
+    # The tied embeddings stay one tensor in the trained model.
+    model = load_trained(gpt2_task(), result.checkpoint)
+    assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
+
+
+def test_gpt2_really_learns(gpt2_single) -> None:
+    reference, _ = gpt2_single
+    assert reference.losses[-1] < reference.losses[0] - 0.3
+
+
+@pytest.mark.parametrize("technique", ["ddp", "fsdp"])
+def test_bert_task_loss_on_logits_matches_single(technique, tmp_path: Path) -> None:
+    reference, reference_params = train(bert_task(), "single", tmp_path / "single")
+    result, params = train(bert_task(), technique, tmp_path / technique)
+    assert_same_training(result, params, reference, reference_params)
+
+
+def test_clipping_matches_single_and_really_clips(gpt2_single, tmp_path: Path) -> None:
+    clipped = gpt2_task(clip_grad_norm=0.05)
+    reference, reference_params = train(clipped, "single", tmp_path / "single")
+    for technique, knobs in (("ddp", {}), ("fsdp", {}), ("ddp", {"accumulation": 2})):
+        result, params = train(clipped, technique, tmp_path / f"{technique}{len(knobs)}",
+                               knobs)
+        assert_same_training(result, params, reference, reference_params)
+    # A norm bound this low binds: the clipped run trains differently from the free one.
+    unclipped, _ = gpt2_single
+    assert unclipped.losses[0] == pytest.approx(reference.losses[0], rel=1e-6)
+    assert abs(unclipped.losses[-1] - reference.losses[-1]) > 1e-3
+
+
+def test_bf16_under_every_data_parallel_technique(gpt2_single, tmp_path: Path) -> None:
+    task = gpt2_task(precision="bf16")
+    reference, _ = train(task, "single", tmp_path / "single")
+    fp32, _ = gpt2_single
+    for technique, knobs in (("ddp", {}), ("fsdp", {}), ("single", {"accumulation": 2})):
+        result, _ = train(task, technique, tmp_path / f"{technique}{len(knobs)}", knobs)
+        torch.testing.assert_close(torch.tensor(result.losses), torch.tensor(reference.losses),
+                                   **BF16_LOSS_TOLERANCE)
+    # Autocast really ran: bf16's losses are not fp32's.
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(torch.tensor(reference.losses), torch.tensor(fp32.losses),
+                                   **LOSS_TOLERANCE)
+
+
+# Bad input: refused at validation, the task and the field named.
+
+def unlabelled_lm_data() -> DictDataset:
+    fields = lm_data().fields
+    return DictDataset({"input_ids": fields["input_ids"],
+                        "attention_mask": fields["attention_mask"]})
+
+
+def misnamed_lm_data() -> DictDataset:
+    fields = lm_data().fields
+    return DictDataset({"tokens": fields["input_ids"], "labels": fields["labels"]})
+
+
+def test_a_batch_the_model_cannot_take_is_named() -> None:
+    problems = check_task(gpt2_task(data=misnamed_lm_data), kind="cpu")
+    assert [(p.task, p.field) for p in problems] == [("gpt2", "data")]
+    assert "cannot take a batch" in problems[0].message
+    assert "tokens" in problems[0].message
+
+
+def test_a_left_out_loss_needs_a_model_that_returns_one() -> None:
+    problems = check_task(gpt2_task(data=unlabelled_lm_data), kind="cpu")
+    assert [(p.task, p.field) for p in problems] == [("gpt2", "loss")]
+    assert "leaves loss out" in problems[0].message and "labels" in problems[0].message
+    # A plain model given its input returns logits, not a loss: refused the same way.
+    problems = check_task(digits_task(loss=None, data=_digits_as_dicts), kind="cpu")
+    assert [p.field for p in problems] == ["loss"]
+
+
+def _digits_as_dicts() -> DictDataset:
+    from dione.zoo import digits_train
+
+    inputs, _ = digits_train().tensors
+    return DictDataset({"input": inputs})  # nn.Sequential.forward(input)
+
+
+def test_a_loss_with_a_dict_batch_needs_labels() -> None:
+    problems = check_task(bert_task(data=unlabelled_lm_data), kind="cpu")
+    assert [p.field for p in problems] == ["data"]
+    assert "'labels'" in problems[0].message
+
+
+def test_fp16_on_cpu_devices_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    problems = check_task(gpt2_task(precision="fp16"), kind="cpu")
+    assert [(p.field) for p in problems] == ["precision"]
+    assert "bf16" in problems[0].message
+    assert [p.field for p in check_task(gpt2_task(precision="fp8"), kind="cpu")] == [
+        "precision"]
+    assert [p.field for p in check_task(gpt2_task(clip_grad_norm=-1.0), kind="cpu")] == [
+        "clip_grad_norm"]
+    # The same through the command line: exit 2, nothing written.
+    workload = tmp_path / "fp16.py"
+    workload.write_text(
+        "import functools, torch\n"
+        "from dione import Task, Workload\n"
+        "from dione.zoo.hf import gpt2_tiny, lm_data\n"
+        "workload = Workload([Task(name='g', model=gpt2_tiny, data=lm_data, "
+        "optimizer=functools.partial(torch.optim.AdamW, lr=1e-3), batch_size=8, steps=2, "
+        "precision='fp16')])\n")
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "dione.cli", "train", str(workload), "--task", "g",
+                           "--technique", "single", "--devices", "cpu:1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "task 'g', field 'precision'" in done.stdout + done.stderr
+    assert not out.exists()
+
+
+# Getting results out.
+
+def test_export_after_fsdp_loads_into_plain_and_pretrained_models(tmp_path: Path) -> None:
+    task = gpt2_task()
+    result, params = train(task, "fsdp", tmp_path / "run")
+    model = load_trained(task, result.checkpoint)
+    folder = export_model(model, tmp_path / "out", task, result.checkpoint)
+    assert json.loads((folder / "dione.json").read_text())["step"] == STEPS
+    # from_pretrained: the same weights, the same evaluation.
+    pretrained = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    for name, value in pretrained.state_dict().items():
+        torch.testing.assert_close(value, params[name], rtol=0, atol=0)
+    with torch.no_grad():
+        assert lm_validation_loss(pretrained) == lm_validation_loss(model)
+    # A plain model of the task, from the safetensors file alone.
+    plain = task.model()
+    load_model(plain, folder / "model.safetensors")
+    for name, value in plain.state_dict().items():
+        torch.testing.assert_close(value, params[name], rtol=0, atol=0)
+
+
+def test_export_of_a_plain_model_is_a_state_dict(tmp_path: Path) -> None:
+    task = digits_task(steps=3)
+    result, params = train(task, "ddp", tmp_path / "run")
+    folder = export_model(load_trained(task, result.checkpoint), tmp_path / "out", task,
+                          result.checkpoint)
+    plain = task.model()
+    load_model(plain, folder / "model.safetensors")
+    for name, value in plain.state_dict().items():
+        torch.testing.assert_close(value, params[name], rtol=0, atol=0)
+
+
+def test_the_example_runs_end_to_end_and_exports(tmp_path: Path) -> None:
+    """``examples/hf.py`` through the README's commands: run, export, load."""
+    import dione
+
+    run_dir = tmp_path / "hf"
+    done = subprocess.run([sys.executable, "-m", "dione.cli", "run", str(EXAMPLE), "--out",
+                           str(run_dir)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "not tried: gpipe" in done.stdout  # and why, per technique
+    out = tmp_path / "gpt2"
+    done = subprocess.run([sys.executable, "-m", "dione.cli", "export", str(run_dir),
+                           "gpt2-lr0.003", "-o", str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    exported = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    loaded = dione.load(run_dir, "gpt2-lr0.003")
+    for name, value in exported.state_dict().items():
+        torch.testing.assert_close(value, loaded.state_dict()[name], rtol=0, atol=0)
+    # An unknown task is named with the run's tasks.
+    done = subprocess.run([sys.executable, "-m", "dione.cli", "export", str(run_dir), "gpt3",
+                           "-o", str(tmp_path / "x")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and "gpt2-lr0.001" in done.stdout + done.stderr
