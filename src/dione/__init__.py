@@ -1,12 +1,29 @@
 """dione: train many deep-learning models at once, finishing the whole batch early."""
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dione.spec import Cluster, Node, Task, Workload, grid, load_workload, local_cluster
-from dione.techniques import SliceContext, SliceOutcome, Technique, get_technique, register
+from dione._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from dione.spec import Cluster, Node, Task, Workload, grid, load_workload, local_cluster
+    from dione.techniques import (
+        SliceContext,
+        SliceOutcome,
+        Technique,
+        get_technique,
+        register,
+    )
 
 __version__ = "0.1.0"
+
+# Imported on first use: `import dione` (the CLI, every worker) must not pay for torch.
+__getattr__ = lazy_exports(__name__, {
+    **dict.fromkeys(("Cluster", "Node", "Task", "Workload", "grid", "load_workload",
+                     "local_cluster"), "dione.spec"),
+    **dict.fromkeys(("SliceContext", "SliceOutcome", "Technique", "get_technique",
+                     "register"), "dione.techniques"),
+})
 
 
 def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione",
@@ -20,6 +37,7 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     again with the same ``run_dir`` resumes an interrupted run."""
     # Imported here: workers import this package and need none of the planning stack.
     from dione.orchestrate import RunOptions, run_workload
+    from dione.spec import Cluster, Workload, load_workload, local_cluster
     from dione.spec.validate import split_valid
     from dione.techniques import technique_names
 
@@ -51,6 +69,7 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
     trained it. ``workload`` (a file, a Workload or a list of tasks) defaults to the
     file the run was started with (its ``run.json``); ``latest`` takes the newest
     checkpoint of a task that is not done."""
+    from dione.spec import load_workload
     from dione.state.export import load_trained, trained_checkpoint, workload_of_run
 
     run_dir = os.fspath(run_dir)

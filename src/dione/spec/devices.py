@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "DeviceKind",
@@ -24,6 +25,8 @@ DeviceKind = Literal["cpu", "cuda"]
 
 def local_device_kind() -> DeviceKind:
     """``cuda`` where this machine has a usable GPU, else ``cpu`` (worker slots)."""
+    import torch  # here, not at the top: the planner and the store ask nothing of torch
+
     return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "cpu"
 
 
@@ -37,6 +40,8 @@ def available_cores() -> list[int]:
 def local_device_count(kind: DeviceKind) -> int:
     """Default device count: every GPU, or one CPU slot per available core."""
     if kind == "cuda":
+        import torch
+
         return torch.cuda.device_count()
     return len(available_cores())
 
@@ -59,6 +64,8 @@ def backend_for(kind: DeviceKind) -> str:
 
 def torch_device(kind: DeviceKind, device_id: int) -> torch.device:
     """The torch device a worker bound to ``device_id`` computes on."""
+    import torch
+
     return torch.device("cuda", device_id) if kind == "cuda" else torch.device("cpu")
 
 
