@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 BAD_FIELDS = '''
@@ -73,7 +75,8 @@ def test_train_refuses_what_cannot_work(tmp_path: Path) -> None:
     technique = dione("train", str(file), "--task", "odd", "--technique", "zero")
     assert technique.returncode == 2 and "unknown technique 'zero'" in technique.stderr
     split = dione("train", str(file), "--task", "odd", "--technique", "ddp", "--devices", "2")
-    assert split.returncode == 2 and "15 is not divisible by the 2 devices" in split.stderr
+    assert split.returncode == 2 and "15 of task 'odd' is not divisible by 2 devices" in \
+        split.stderr
     knob = dione("train", str(file), "--task", "broken", "--technique", "single",
                  "--knob", "fast=true")
     assert knob.returncode == 2 and "the model factory raised" in knob.stderr
@@ -119,3 +122,43 @@ def test_version_and_train_devices_as_every_command_takes_them(tmp_path: Path) -
     wrong = dione("train", str(file), "--task", "ok", "--technique", "ddp", "--devices",
                   "gpu:2", "--out", str(tmp_path / "run"))
     assert wrong.returncode == 2 and "--devices 'gpu:2' is not understood" in wrong.stderr
+
+
+PIPELINE_BATCH = '''
+import functools, torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+workload = Workload([Task(name="b32", model=functools.partial(digits_mlp, depth=3),
+                          data=digits_train, loss=torch.nn.functional.cross_entropy,
+                          optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+                          batch_size=32, steps=3)])
+'''
+
+
+def losses_printed(stdout: str) -> list[float]:
+    return [float(line.split("loss")[1].split()[0]) for line in stdout.splitlines()
+            if line.lstrip().startswith("step") and "loss" in line]
+
+
+def test_a_pipeline_splits_a_batch_that_no_device_count_divides(tmp_path: Path) -> None:
+    """A batch of 32 on 3 devices: no data-parallel split, but a 3-stage pipeline of 4
+    micro-batches of 8 trains it, and follows single (issue 16: one split rule, the
+    technique's)."""
+    file = tmp_path / "b32.py"
+    file.write_text(PIPELINE_BATCH)
+    piped = dione("train", str(file), "--task", "b32", "--technique", "gpipe", "--devices",
+                  "cpu:3", "--steps", "3", "--out", str(tmp_path / "gpipe"))
+    assert piped.returncode == 0, piped.stderr
+    single = dione("train", str(file), "--task", "b32", "--technique", "single", "--devices",
+                   "cpu:1", "--steps", "3", "--out", str(tmp_path / "single"))
+    assert single.returncode == 0, single.stderr
+    assert len(losses_printed(piped.stdout)) == 3
+    # Within the suite's loss tolerance (test_equivalence): micro-batch means, summed.
+    assert losses_printed(piped.stdout) == pytest.approx(losses_printed(single.stdout),
+                                                         rel=1e-5)
+    # Data parallelism cannot split it, and says so by the technique's rule.
+    ddp = dione("train", str(file), "--task", "b32", "--technique", "ddp", "--devices",
+                "cpu:3", "--steps", "3", "--out", str(tmp_path / "ddp"))
+    assert ddp.returncode == 2 and "32 of task 'b32' is not divisible by 3 devices" in \
+        ddp.stderr

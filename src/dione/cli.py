@@ -149,7 +149,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except ClusterError as err:
         raise BadInput(str(err)) from None
     count = asked.devices
-    problems = check_task(task, count, technique_names(), asked.kind)
+    # The batch split is the technique's to judge (below): a pipeline splits into
+    # micro-batches, not into one share per device.
+    problems = check_task(task, None, technique_names(), asked.kind)
     if problems:
         raise BadInput(str(WorkloadError(problems)))
     node = local_cluster().nodes[0]

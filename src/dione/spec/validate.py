@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dione.spec.batch import split_problem
 from dione.spec.devices import DeviceKind, local_device_kind
 from dione.spec.task import PRECISIONS, Task
 from dione.spec.workload import Workload
@@ -71,7 +72,7 @@ def _forward_problems(task: Task, model: nn.Module, dataset: Any) -> list[Proble
     return, is named before any worker starts."""
     from torch.utils.data._utils.collate import default_collate
 
-    from dione.techniques.forward import call_model, own_loss, split_target
+    from dione.spec.batch import call_model, own_loss, split_target
 
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     if size > _REAL_FORWARD_BYTES:
@@ -186,10 +187,12 @@ def check_task(
     if not isinstance(task.batch_size, int) or isinstance(task.batch_size, bool) \
             or task.batch_size < 1:
         bad("batch_size", f"must be a positive integer, not {task.batch_size!r}")
-    elif devices is not None and task.batch_size % devices:
+    elif devices is not None and split_problem(task.batch_size, devices, "devices"):
         bad("batch_size", f"{task.batch_size} is not divisible by the {devices} devices asked "
-            f"for; each device takes an equal share of the global batch: use a multiple of "
-            f"{devices}, or fewer devices")
+            f"for; under data parallelism (single, ddp, fsdp) each device takes an equal "
+            f"share of the global batch: use a multiple of {devices}, or fewer devices (a "
+            f"pipeline splits it into micro-batches instead: `dione train --technique gpipe "
+            f"--knob micro_batches=M` with M dividing {task.batch_size})")
     if (task.steps is None) == (task.epochs is None):
         bad("steps", "give exactly one of steps or epochs")
     elif task.steps is not None and (not isinstance(task.steps, int) or task.steps < 1):
@@ -282,8 +285,9 @@ def validate_workload(
 ) -> list[Problem]:
     """Every problem of the workload; empty when it can start.
 
-    ``devices`` is the device count a run will use (batch sizes must divide it);
-    ``techniques`` are the registered technique names a task's allowlist may use.
+    ``devices`` is the device count data parallelism will split batches over (`dione
+    validate --devices`); ``techniques`` are the registered technique names a task's
+    allowlist may use.
     """
     problems: list[Problem] = []
     if not len(workload):

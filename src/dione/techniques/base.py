@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dione.spec.batch import split_problem
 from dione.spec.devices import DeviceKind, torch_device
 from dione.spec.task import Task
 from dione.state.checkpoint import (
@@ -133,11 +134,10 @@ class Technique(ABC):
                     f"not {value!r}"
                 )
         parts, what = self.batch_parts(devices, self.resolve(knobs))
-        if isinstance(parts, int) and parts > 0 and task.batch_size % parts:
-            reasons.append(
-                f"batch size {task.batch_size} of task {task.name!r} is not divisible by "
-                f"{parts} {what}"
-            )
+        problem = (split_problem(task.batch_size, parts, what, task.name)
+                   if isinstance(parts, int) else None)
+        if problem is not None:
+            reasons.append(problem)
         return reasons
 
     def lighter(self, knobs: Knobs) -> list[dict[str, Any]]:

@@ -23,6 +23,8 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
+from dione.spec.batch import split_problem
+
 __all__ = ["Batch", "BatchSource", "SampleOrder", "batch_map", "batch_rows", "slice_batch"]
 
 # A collated batch: tensors, possibly in (nested) tuples, lists and dicts.
@@ -100,8 +102,9 @@ class BatchSource:
     def __init__(
         self, dataset: Dataset[Any], batch_size: int, seed: int, rank: int = 0, world: int = 1
     ) -> None:
-        if batch_size % world:
-            raise ValueError(f"batch size {batch_size} is not divisible by {world} ranks")
+        problem = split_problem(batch_size, world, "ranks")
+        if problem is not None:
+            raise ValueError(problem)
         self.dataset = dataset
         self.batch_size = batch_size
         self.share = batch_size // world
@@ -111,9 +114,9 @@ class BatchSource:
     def batch(self, step: int, part: int = 0, parts: int = 1) -> Batch:
         """This rank's share of global batch ``step``, or part ``part`` of ``parts``
         equal, contiguous parts of it (gradient accumulation)."""
-        if self.share % parts:
-            raise ValueError(f"a share of {self.share} samples is not divisible into "
-                             f"{parts} parts")
+        problem = split_problem(self.share, parts, "accumulation parts")
+        if problem is not None:
+            raise ValueError(f"rank {self.rank}'s share: {problem}")
         size = self.share // parts
         start = step * self.batch_size + self.rank * self.share + part * size
         return _fetch(self.dataset, self.order.indices(start, size))

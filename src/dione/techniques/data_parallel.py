@@ -22,11 +22,11 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from dione.spec.batch import loss_of
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceContext, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource
-from dione.techniques.forward import loss_of
 
 __all__ = ["DataParallelTechnique"]
 

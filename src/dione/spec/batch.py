@@ -1,10 +1,16 @@
-"""How a batch goes through a task's model to its loss, whatever the batch's shape.
+"""A task's batches: how the global batch splits, and how a batch reaches the model and
+its loss, whatever the batch's shape. One home for each rule: validation, every
+technique and the batch source call these.
+
+Splitting: the global batch divides into equal parts (data-parallel shares, pipeline
+micro-batches, accumulation parts), each the mean of its samples, so that the mean of
+the parts' mean losses is the batch's mean loss.
 
 With the task's ``loss``, the batch is an ``(inputs, target)`` pair or a dict whose
 ``labels`` field is the target; the model gets the inputs (a dict as keywords). With
 ``loss`` left out, the model gets the whole batch (a dict as keywords, a tuple as
 arguments) and returns its own loss, as a Hugging Face model does when given
-``labels``. One home for this rule: every technique and the validator call it.
+``labels``.
 """
 
 from __future__ import annotations
@@ -17,9 +23,19 @@ from torch import nn
 
 from dione.spec.task import Task
 
-__all__ = ["LABELS", "call_model", "loss_of", "model_arguments", "own_loss", "split_target"]
+__all__ = ["LABELS", "call_model", "loss_of", "model_arguments", "own_loss", "split_problem",
+           "split_target"]
 
 LABELS = "labels"
+
+
+def split_problem(batch_size: int, parts: int, what: str, task: str | None = None) -> str | None:
+    """Why a global batch of ``batch_size`` (of ``task``) does not split into ``parts``
+    equal ``what`` (e.g. "devices", "micro-batches"); None when it does."""
+    if parts < 1 or batch_size % parts == 0:
+        return None
+    owner = f" of task {task!r}" if task is not None else ""
+    return f"batch size {batch_size}{owner} is not divisible by {parts} {what}"
 
 
 def split_target(task: Task, batch: Any) -> tuple[Any, Any]:
