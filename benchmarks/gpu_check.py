@@ -12,6 +12,7 @@ On whatever GPUs this machine has (checks needing more are listed as skipped):
   (each run has a timeout, so a hang is reported, not waited out);
 - the profiler's trial runner records a real CUDA out-of-memory (a layer whose
   activations need twice the GPU's memory) as infeasible;
+- fp16 (gradient scaler), bf16, clipping and accumulation under single, ddp and fsdp;
 - each run's CUDA peak memory (largest over ranks) and median step time, and the median
   step time of a plain torch loop on one GPU training the same model on the same batches.
 
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +69,9 @@ class Check:
     losses: list[float] = field(default_factory=list)
 
 
-def busy_task(steps: int = STEPS) -> Task:
+def busy_task(steps: int = STEPS, **changes: Any) -> Task:
     """A character GPT large enough that a step is GPU work, not launch overhead."""
-    return Task(
+    return replace(Task(
         name="gpu-check-gpt",
         model=functools.partial(CharGPT, context=SIZE["context"], width=SIZE["width"],
                                 layers=SIZE["layers"], heads=SIZE["heads"]),
@@ -80,7 +81,7 @@ def busy_task(steps: int = STEPS) -> Task:
         batch_size=SIZE["batch"],
         steps=steps,
         seed=0,
-    )
+    ), **changes)
 
 
 def oom_task(total_bytes: int) -> Task:
@@ -109,11 +110,12 @@ def median_ms(seconds: list[float]) -> float:
 
 
 def run_technique(check: Check, technique: str, knobs: dict[str, Any], gpus: int,
-                  scratch: Path) -> None:
+                  scratch: Path, changes: dict[str, Any] | None = None) -> None:
     node = Node("gpus", gpus, KIND)
     began = time.perf_counter()
     try:
-        result = run_slice(busy_task(), technique, scratch / check.name.replace(" ", "_"),
+        result = run_slice(busy_task(**(changes or {})), technique,
+                           scratch / check.name.replace(" ", "_"),
                            local_placement(node, list(range(check.devices))), knobs=knobs,
                            timeout=RUN_TIMEOUT, evaluate=False)
     except Exception as err:  # a failure is a finding: record it, run the rest
@@ -201,16 +203,18 @@ def plan(gpus: int) -> list[tuple[Check, Callable[[Check, Path], None] | None]]:
     """Every check, with how to run it, or None where this machine has too few GPUs."""
     rows: list[tuple[Check, Callable[[Check, Path], None] | None]] = []
 
-    def technique(name: str, devices: int, tech: str, knobs: dict[str, Any]) -> None:
+    def technique(name: str, devices: int, tech: str, knobs: dict[str, Any],
+                  **changes: Any) -> None:
         check = Check(name, devices)
         if devices > gpus:
             check.detail = f"needs {devices} GPUs, this machine has {gpus}"
             rows.append((check, None))
-        elif KIND == "cpu" and knobs.get("cpu_offload"):
+        elif KIND == "cpu" and (knobs.get("cpu_offload") or changes.get("precision") == "fp16"):
             check.detail = "CUDA only (dry run on CPU)"
             rows.append((check, None))
         else:
-            rows.append((check, lambda c, scratch: run_technique(c, tech, knobs, gpus, scratch)))
+            rows.append((check, lambda c, scratch: run_technique(c, tech, knobs, gpus, scratch,
+                                                                 changes)))
 
     cuda = KIND == "cuda"
     rows.append((Check("plain torch loop", 1), (lambda c, scratch: plain_loop(c)) if cuda
@@ -220,6 +224,13 @@ def plan(gpus: int) -> list[tuple[Check, Callable[[Check, Path], None] | None]]:
     technique("ddp", 2, "ddp", {})
     technique("fsdp", 2, "fsdp", {})
     technique("fsdp cpu_offload", 2, "fsdp", {"cpu_offload": True})
+    # Mixed precision on CUDA (issue 20): fp16's gradient scaler (its unscale and inf check
+    # over DDP's averaged and FSDP2's sharded gradients) has never run elsewhere.
+    technique("single fp16", 1, "single", {}, precision="fp16")
+    technique("ddp fp16 clip", 2, "ddp", {}, precision="fp16", clip_grad_norm=1.0)
+    technique("fsdp fp16 clip accumulate", 2, "fsdp", {"accumulation": 2}, precision="fp16",
+              clip_grad_norm=1.0)
+    technique("fsdp bf16 clip", 2, "fsdp", {}, precision="bf16", clip_grad_norm=1.0)
     for k in (2, 4):
         technique(f"gpipe x{k}", k, "gpipe", {"micro_batches": 2 * k})
         technique(f"1f1b x{k}", k, "1f1b", {"micro_batches": 2 * k})
