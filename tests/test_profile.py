@@ -244,6 +244,7 @@ def test_memory_saving_knobs_are_tried_only_where_memory_ran_out(tmp_path: Path)
     assert [(r.technique, r.knobs["reshard_after_forward"], r.status) for r in result.trials] \
         == [("fsdp", False, "ok")]
     reasons = [why for what, why in result.skipped if what.startswith("fsdp x2")]
-    assert len(reasons) == 2
+    # resharding, then activation checkpointing, then accumulation 2 and 4 on top.
+    assert len(reasons) == 4
     assert all("fits in memory" in why and "only trades speed for memory" in why
                for why in reasons)

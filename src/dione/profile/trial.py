@@ -62,7 +62,10 @@ class TrialSpec:
 
     @property
     def label(self) -> str:
-        knobs = ",".join(f"{k}={v}" for k, v in sorted(self.knobs.items()))
+        """``technique xN [knobs that differ from the technique's defaults]``."""
+        defaults = get_technique(self.technique).knobs
+        knobs = ",".join(f"{k}={v}" for k, v in sorted(self.knobs.items())
+                         if k not in defaults or defaults[k] != v)
         return f"{self.technique} x{self.devices}" + (f" [{knobs}]" if knobs else "")
 
 
