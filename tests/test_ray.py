@@ -89,11 +89,17 @@ def test_two_nodes_train_as_planned_and_match_a_local_run(
                          techniques=("single", "ddp"))
              for i in range(4)]
     nodes = launcher.nodes()
+    shared = tmp_path / "shared"  # the storage every node reaches (here: one disk)
     result = run_workload(tasks, Cluster(nodes), tmp_path / "run",
                           RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
-                                     solver="greedy", time_limit=5.0),
+                                     solver="greedy", time_limit=5.0, storage=str(shared)),
                           launcher=launcher)
     assert all(t.status == "done" for t in result.tasks), result.tasks
+    # Checkpoints went to the storage, the run store stayed in the run directory; the
+    # trials left nothing behind there.
+    assert all(Path(str(t.checkpoint)).is_relative_to(shared) for t in result.tasks)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert [p.name for p in shared.iterdir()] == ["checkpoints"]
     with RunStore(tmp_path / "run") as store:
         slices = [s for s in store.slices() if s.status == "done"]
     assert {s.node for s in slices} == {n.name for n in nodes}  # both nodes trained
@@ -133,8 +139,25 @@ def test_a_failing_rank_reads_as_it_does_locally(
     for err in (on_ray.value, here.value):
         assert expected in str(err)
     assert on_ray.value.reason == here.value.reason
+    if launcher.env["FAULT"] == "raise":  # the rank's output came back from its node
+        for root in (tmp_path / "ray", tmp_path / "local"):
+            assert "injected failure" in next((root / "logs").glob("*/rank1.log")).read_text()
     with RunStore(tmp_path / "ray") as store:
         assert [s.status for s in store.slices()] == ["failed"]
+
+
+def test_progress_comes_back_through_the_launcher(launcher: RayLauncher, tmp_path: Path) -> None:
+    task = digits_task("p", steps=6)
+    heard: dict[str, list[tuple[int, int]]] = {"ray": [], "local": []}
+    node = launcher.nodes()[0]
+    run_slice(task, "ddp", tmp_path / "ray", launcher.placement(node, [0, 1]),
+              launcher=launcher, on_progress=lambda rank, record: heard["ray"].append(
+                  (rank, record["step"])))
+    run_slice(task, "ddp", tmp_path / "local", local_placement(Node("here", 2, "cpu"), [0, 1]),
+              on_progress=lambda rank, record: heard["local"].append((rank, record["step"])))
+    for said in heard.values():  # every rank reports its first step at once
+        assert {(0, 1), (1, 1)} <= set(said), heard
+    assert not list(tmp_path.glob("**/progress-*.json"))  # no file carried it
 
 
 def test_losing_a_node_mid_run_replans_onto_the_others(

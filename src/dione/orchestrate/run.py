@@ -116,7 +116,8 @@ def _run_claimed(
     with Catalog(options.catalog) as catalog:
         profile = profile_workload(tasks, cluster, catalog, options=options.trial,
                                    reprofile=options.reprofile, budget=options.profile_budget,
-                                   on_event=on_profile_event, launcher=launcher)
+                                   on_event=on_profile_event, launcher=launcher,
+                                   storage=options.storage)
     profile_seconds = time.perf_counter() - began
     emit(RunEvent("profiled", f"{profile.trials_run} trial(s) run, {profile.trials_cached} "
                   f"from the catalog, in {profile_seconds:.0f} s"))

@@ -52,7 +52,9 @@ class _Running:
     start_step: int
     end_step: int
     predicted_end: float  # run clock
-    folder: Path | None = None
+    # Each rank's latest progress record, as its launcher passed it on (gang threads
+    # write, the loop reads: each record is replaced whole).
+    progress: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -199,22 +201,13 @@ class Runner:
         return self.now() + pace * (running.end_step - step) + tail
 
     def _progress(self, running: _Running) -> tuple[int, float] | None:
-        """(steps done, seconds per step) of a running slice, from its workers' files."""
-        if running.folder is None:
-            return None
-        try:
-            record = json.loads((running.folder / "progress-0.json").read_text())
-        except (OSError, ValueError):
-            return None
-        for path in running.folder.glob("progress-*.json"):
-            try:
-                loss = json.loads(path.read_text()).get("loss")
-            except (OSError, ValueError):
-                continue
-            if loss is not None:
-                self.state.last_loss[running.assignment["task"]] = float(loss)
-        pace = record.get("seconds_per_step")
-        return None if pace is None else (int(record["step"]), float(pace))
+        """(steps done, seconds per step) of a running slice, as its ranks reported."""
+        for said in list(running.progress.values()):
+            if said.get("loss") is not None:
+                self.state.last_loss[running.assignment["task"]] = float(said["loss"])
+        record = running.progress.get(0)
+        pace = None if record is None else record.get("seconds_per_step")
+        return None if record is None or pace is None else (int(record["step"]), float(pace))
 
     def replan(self, first: bool = False) -> None:
         if not any(s == "pending" for s in self.state.status.values()):
@@ -334,15 +327,16 @@ class Runner:
         self.state.status[name] = "running"
         node = self.cluster.node(a["node"])
 
-        def began(slice_id: int, folder: Path) -> None:
-            running.folder = folder
+        def heard(rank: int, record: dict[str, Any]) -> None:
+            running.progress[rank] = record
 
         self.emit(RunEvent("slice_started", f"{name}: steps {start}-{start + steps} under "
                            f"{a['technique']} on {a['node']} devices {a['device_ids']}", name))
         return pool.submit(run_slice, self.state.tasks[name], a["technique"], self.run_dir,
                            self.launcher.placement(node, a["device_ids"]), knobs=a["knobs"],
                            steps=steps, timeout=self.options.timeout, cancel=self.cancel,
-                           on_begin=began, launcher=self.launcher)
+                           on_progress=heard, launcher=self.launcher,
+                           storage=self.options.storage)
 
     def finished(self, name: str, future: Future[SliceResult]) -> bool:
         """Record a slice's end; whether it departs from the plan enough to re-plan."""

@@ -16,6 +16,7 @@ import hashlib
 import json
 import shutil
 import statistics
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -190,9 +191,12 @@ def profile_workload(
     scratch: str | Path | None = None,
     on_event: Callable[[ProfileEvent], None] | None = None,
     launcher: Launcher = LOCAL,
+    storage: str | Path | None = None,
 ) -> Profile:
     """Profile ``tasks`` on ``cluster``'s first node (nodes are assumed alike), reusing
-    the catalog unless ``reprofile``; never raises for a failing trial or task."""
+    the catalog unless ``reprofile``; never raises for a failing trial or task.
+    ``storage``: where trials write their checkpoints, a folder every node can reach
+    (default: a private folder on this machine)."""
     options = options or TrialOptions()
     began = time.monotonic()
     node = cluster.nodes[0]
@@ -269,7 +273,7 @@ def profile_workload(
         launcher.warm_up(node)
     trials_run, skips = _run_pending(pending, results, group_of, node, catalog, options,
                                      budget, parallel, scratch, began, emit, profiles,
-                                     launcher=launcher)
+                                     launcher=launcher, storage=storage)
     # Repeats: each option's chosen setting again, at a later moment (a whole pass of
     # other trials lies between), until it has ``options.repeats`` runs; a repeat can
     # change which setting is fastest, so a few more passes may follow.
@@ -281,7 +285,7 @@ def profile_workload(
         # A repeat skipped (over the budget) leaves its record with fewer runs: no skip.
         ran, skipped = _run_pending(again, results, group_of, node, catalog, options, budget,
                                     parallel, scratch, began, emit, profiles, counted,
-                                    launcher=launcher)
+                                    launcher=launcher, storage=storage)
         trials_run += ran
         counted += ran + len(skipped)
     _cross_check(results, group_of, catalog)
@@ -372,7 +376,7 @@ def _run_pending(
     node: Node, catalog: Catalog, options: TrialOptions, budget: float | None,
     parallel: bool, scratch: str | Path | None, began: float,
     emit: Callable[[ProfileEvent], None], profiles: list[TaskProfile], counted: int = 0,
-    launcher: Launcher = LOCAL,
+    launcher: Launcher = LOCAL, storage: str | Path | None = None,
 ) -> tuple[int, dict[str, str]]:
     """Run the pending trials on ``node``'s devices, filling ``results``; how many ran,
     and why each trial not run was skipped (by fingerprint). Events count ``counted``
@@ -429,6 +433,10 @@ def _run_pending(
     queue = list(pending)
     clean_stale_scratch()  # what killed launchers left behind
     own_scratch = scratch_dir("trials")
+    shared = None
+    if storage is not None:  # trials' checkpoints, where the nodes that run them reach
+        Path(storage).mkdir(parents=True, exist_ok=True)
+        shared = Path(tempfile.mkdtemp(prefix="dione-trials-", dir=storage))
     with ThreadPoolExecutor(max_workers=max(1, lanes)) as pool:
         root = Path(scratch) if scratch is not None else own_scratch
         try:
@@ -464,7 +472,7 @@ def _run_pending(
                         spec = dataclasses.replace(spec, evaluate=True)
                     emit(ProfileEvent("started", spec.label, tuple(trial.tasks), total=total))
                     running[pool.submit(run_trial, spec, node, devices, root, options,
-                                        cancel, launcher)] = (trial, devices)
+                                        cancel, launcher, shared)] = (trial, devices)
                 if not running:
                     if queue:
                         raise RuntimeError("trial scheduling is stuck: nothing runs and "
@@ -502,6 +510,8 @@ def _run_pending(
             raise
         finally:
             shutil.rmtree(own_scratch, ignore_errors=True)
+            if shared is not None:
+                shutil.rmtree(shared, ignore_errors=True)
     return run_count, skips
 
 
