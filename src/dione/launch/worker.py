@@ -110,7 +110,8 @@ class Baseline:
       flags (global switches a training script may flip);
     - module hooks registered globally (``register_module_forward_hook`` and friends);
     - CPU affinity; intra-op threads are set per job;
-    - the process group (destroyed), garbage (collected), CUDA's cache and peak
+    - the process group (destroyed), garbage (collected; what the worker held before
+      its first job is frozen, never collected), CUDA's cache and peak
       statistics (emptied and reset), the CPU peak-memory count (cleared).
 
     Workload files are imported afresh for every job, so their globals start as on
@@ -131,6 +132,11 @@ class Baseline:
         self.affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
         self.hooks = {name: dict(getattr(torch.nn.modules.module, name))
                       for name in _GLOBAL_HOOKS}
+        # What the worker holds before its first job (Python, torch, dione; Ray in an
+        # actor) is never garbage: keep it out of the collection each restore runs,
+        # which over a Ray actor's 330,000 objects took 0.13 s of every slice.
+        gc.collect()
+        gc.freeze()
 
     def restore(self) -> None:
         import torch
