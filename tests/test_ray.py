@@ -18,7 +18,7 @@ from conftest import digits_task
 from dione.launch.local import local_placement
 from dione.launch.slice import SliceError, run_slice
 from dione.orchestrate import RunOptions, run_workload
-from dione.profile import TrialOptions
+from dione.profile import Catalog, ProfileEvent, TrialOptions, profile_workload
 from dione.spec.cluster import Cluster, ClusterError, Node
 from dione.spec.workload import load_workload
 from dione.state import RunStore, load_model_weights
@@ -146,6 +146,22 @@ def test_a_failing_rank_reads_as_it_does_locally(
         assert [s.status for s in store.slices()] == ["failed"]
 
 
+def test_trials_run_side_by_side_on_every_node(launcher: RayLauncher, tmp_path: Path) -> None:
+    tasks = [digits_task("a", techniques=("single", "ddp")),
+             digits_task("b", batch_size=32, techniques=("single", "ddp"))]
+    nodes = launcher.nodes()
+    events: list[ProfileEvent] = []
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        first = profile_workload(tasks, Cluster(nodes), catalog, options=QUICK,
+                                 on_event=events.append, launcher=launcher)
+        # Nodes of the same kind share catalog entries: one node alone runs nothing anew.
+        again = profile_workload(tasks, Cluster(nodes[1:]), catalog, options=QUICK,
+                                 launcher=launcher)
+    assert first.trials_run >= 4 and all(t.options for t in first.tasks)
+    assert {e.node for e in events if e.kind == "started"} == {n.name for n in nodes}
+    assert again.trials_run == 0 and again.trials_cached == first.trials_run
+
+
 def test_progress_comes_back_through_the_launcher(launcher: RayLauncher, tmp_path: Path) -> None:
     task = digits_task("p", steps=6)
     heard: dict[str, list[tuple[int, int]]] = {"ray": [], "local": []}
@@ -208,3 +224,4 @@ def test_losing_a_node_mid_run_replans_onto_the_others(
         launcher.shutdown()
     actors, groups = _left_behind()
     assert not actors and not groups, (actors, groups)
+
