@@ -17,7 +17,7 @@ import torch
 from conftest import digits_task
 from dione.launch.local import local_placement
 from dione.launch.slice import SliceError, run_slice
-from dione.orchestrate import RunOptions, run_workload
+from dione.orchestrate import RunEvent, RunOptions, run_workload
 from dione.profile import Catalog, ProfileEvent, TrialOptions, profile_workload
 from dione.spec.cluster import Cluster, ClusterError, Node
 from dione.spec.workload import load_workload
@@ -225,3 +225,43 @@ def test_losing_a_node_mid_run_replans_onto_the_others(
     actors, groups = _left_behind()
     assert not actors and not groups, (actors, groups)
 
+
+def test_a_node_that_joins_mid_run_is_planned_at_the_next_replan(
+        cluster: Any, tmp_path: Path) -> None:
+    launcher = RayLauncher()
+    joined = None
+    try:
+        tasks = [digits_task(f"j{i}", steps=100, batch_size=16, techniques=("single",))
+                 for i in range(6)]
+        events: list[RunEvent] = []
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            outcome["result"] = run_workload(
+                tasks, Cluster(launcher.nodes()), tmp_path / "run",
+                RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                           solver="greedy", slice_steps=20, time_limit=5.0),
+                launcher=launcher, on_event=events.append)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and thread.is_alive() and not any(
+                e.kind == "slice_started" for e in events):
+            time.sleep(0.2)
+        joined = cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        thread.join(600)
+        assert not thread.is_alive()
+        assert all(t.status == "done" for t in outcome["result"].tasks)
+        new = next(n.name for n in launcher.nodes()
+                   if joined.node_id.startswith(n.name.rsplit("-", 1)[1]))
+        assert any(e.kind == "node_joined" and new in e.message for e in events)
+        with RunStore(tmp_path / "run") as store:
+            assert any(s.node == new and s.status == "done" for s in store.slices())
+    finally:
+        launcher.shutdown()
+        if joined is not None:
+            cluster.remove_node(joined)
+    actors, groups = _left_behind()
+    assert not actors and not groups, (actors, groups)

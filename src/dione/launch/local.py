@@ -121,6 +121,9 @@ class Launcher(Protocol):
     def forget_node(self, name: str) -> None:
         """Drop a node that left the cluster."""
 
+    def alive_nodes(self) -> list[Node] | None:
+        """The cluster's nodes alive now, which may have changed (None: a fixed one)."""
+
     def shutdown(self) -> None:
         """End every worker this launcher keeps."""
 
@@ -142,6 +145,9 @@ class LocalLauncher:
 
     def forget_node(self, name: str) -> None:
         return None
+
+    def alive_nodes(self) -> list[Node] | None:
+        return None  # this machine, as --devices describes it
 
     def shutdown(self) -> None:
         return None  # the pool is the process's, shared by its runs; it ends at exit

@@ -215,6 +215,10 @@ class RayLauncher:
             raise ClusterError("the Ray cluster has no alive node with CPUs or GPUs")
         return found
 
+    def alive_nodes(self) -> list[Node] | None:
+        """The nodes alive now: a run plans a node that joined at its next re-plan."""
+        return self.nodes()
+
     def node_alive(self, node: Node) -> bool:
         node_id = self._ids.get(node.name)
         return any(n["NodeID"] == node_id and n.get("Alive") for n in self.ray.nodes())
