@@ -162,6 +162,39 @@ def test_trials_run_side_by_side_on_every_node(launcher: RayLauncher, tmp_path: 
     assert again.trials_run == 0 and again.trials_cached == first.trials_run
 
 
+def test_a_node_lost_while_profiling_leaves_the_profile_not_the_catalog(
+        cluster: Any, tmp_path: Path) -> None:
+    extra = cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    launcher = RayLauncher()
+    try:
+        nodes = launcher.nodes()
+        doomed = next(n for n in nodes if extra.node_id.startswith(n.name.rsplit("-", 1)[1]))
+        tasks = [digits_task(f"p{i}", steps=400, batch_size=16 * (i + 1),
+                             techniques=("single", "ddp")) for i in range(3)]
+        events: list[ProfileEvent] = []
+
+        def heard(event: ProfileEvent) -> None:
+            events.append(event)
+            if event.kind == "started" and event.node == doomed.name and not any(
+                    e.node == doomed.name for e in events[:-1]):
+                threading.Thread(target=cluster.remove_node, args=(extra,)).start()
+
+        with Catalog(tmp_path / "catalog.sqlite") as catalog:
+            profile = profile_workload(tasks, Cluster(nodes), catalog, launcher=launcher,
+                                       options=TrialOptions(warmup_steps=1, measure_steps=300),
+                                       on_event=heard)
+            records = [catalog.get(r.fingerprint) for t in profile.tasks for r in t.trials]
+        assert all(t.options for t in profile.tasks), [t.why_no_option() for t in profile.tasks]
+        assert all(r is not None and r.status == "ok" for r in records), records
+        print("started:", [(e.label, e.tasks, e.node == doomed.name) for e in events
+                           if e.kind == "started"])
+    finally:
+        launcher.shutdown()
+    actors, groups = _left_behind()
+    assert not actors and not groups, (actors, groups)
+
+
 def test_progress_comes_back_through_the_launcher(launcher: RayLauncher, tmp_path: Path) -> None:
     task = digits_task("p", steps=6)
     heard: dict[str, list[tuple[int, int]]] = {"ray": [], "local": []}

@@ -468,8 +468,8 @@ def _run_pending(
                                 f"failed ({lighter.status}), not for lack of memory")
                              + f", and {', '.join(off)} only trades speed for memory")
                         continue
-                    node = next((n for n in nodes if len(free[n.name]) >= trial.spec.devices),
-                                None)
+                    node = next((n for n in nodes
+                                 if len(free.get(n.name, ())) >= trial.spec.devices), None)
                     if len(running) >= lanes or node is None:
                         continue
                     queue.remove(trial)
@@ -491,8 +491,19 @@ def _run_pending(
                 done, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for future in done:
                     trial, node, devices = running.pop(future)
-                    free[node.name] = sorted(free[node.name] + devices)
                     record, evaluation = future.result()
+                    if record.status == "node_lost" and any(n != node.name for n in free):
+                        # Not the trial's doing: the node leaves the profile, and the
+                        # trial runs again on another; nothing goes to the catalog.
+                        if free.pop(node.name, None) is not None:
+                            launcher.forget_node(node.name)
+                            lanes = max(1, lanes - node.devices) if parallel else 1
+                        queue.append(trial)
+                        if trial.evaluation_key is not None:
+                            evaluated.discard(trial.evaluation_key)
+                        continue
+                    if node.name in free:
+                        free[node.name] = sorted(free[node.name] + devices)
                     run_count += 1
                     if trial.repeat:
                         record = _merged(results[trial.spec.fingerprint], record)
@@ -500,8 +511,9 @@ def _run_pending(
                     if record.status == "crash":
                         record.extra["code"] = trial.code
                     # A divergence depends on the learning rate, which the fingerprint
-                    # leaves out: it must not stand for the task's whole group later.
-                    if record.status != "diverged":
+                    # leaves out: it must not stand for the task's whole group later; a
+                    # lost node (the last one) says nothing about the configuration.
+                    if record.status not in ("diverged", "node_lost"):
                         catalog.put(record)
                     if trial.evaluation_key is not None:
                         if evaluation is not None:

@@ -67,8 +67,8 @@ class TrialSpec:
 
 
 def _classify(err: SliceError) -> str:
-    if err.reason == "diverged":
-        return "diverged"
+    if err.reason in ("diverged", "node_lost"):
+        return err.reason
     if err.error_type == "OutOfMemoryError" or "out of memory" in str(err).lower():
         return "oom"
     return "timeout" if err.reason == "timeout" else "crash"
