@@ -2,7 +2,7 @@
 
 Both launchers (local warm workers, Ray actors) drive their members through this one
 loop. A member takes a job, says how it goes (``progress`` records for the live view,
-``log`` text when its output stays on another node: appended to the rank's log here),
+``log`` bytes when its output stays on another node: appended to the rank's log here),
 replies (``result``, ``error``, or ``lost`` when it died or its reply was cut short),
 and says how it ended when lost. The first failure ends
 the whole gang; the error names the rank that caused it, not the ranks that merely
@@ -84,7 +84,7 @@ class Member(Protocol):
         """Hand over a job; False when the worker is already gone."""
 
     def reply(self) -> tuple[str, Any] | None:
-        """The next message: ``("progress", record)`` or ``("log", text)`` while the job
+        """The next message: ``("progress", record)`` or ``("log", bytes)`` while the job
         runs, then ``("result", outcome)``, ``("error", record)`` or ``("lost", None)``;
         None while nothing new is there."""
 
@@ -167,7 +167,7 @@ def _hearing(folder: Path, on_progress: Callable[[int, dict[str, Any]], None] | 
 
     def heard(rank: int, kind: str, payload: Any) -> None:
         if kind == "log":
-            with open(folder / f"rank{rank}.log", "a") as log:
+            with open(folder / f"rank{rank}.log", "ab") as log:
                 log.write(payload)
         elif on_progress is not None:
             on_progress(rank, payload)

@@ -125,15 +125,16 @@ class _Actor:
         return os.getpid()
 
 
-def _grown(log: Path, offset: int) -> tuple[str, int]:
-    """What ``log`` gained past ``offset``, and the new offset."""
+def _grown(log: Path, offset: int) -> tuple[bytes, int]:
+    """What ``log`` gained past ``offset`` (bytes: a character may straddle two
+    reads), and the new offset."""
     try:
         with open(log, "rb") as file:
             file.seek(offset)
             data = file.read()
     except OSError:
-        return "", offset
-    return data.decode(errors="replace"), offset + len(data)
+        return b"", offset
+    return data, offset + len(data)
 
 
 class _RayMember:
