@@ -394,7 +394,7 @@ def _run_current_practice(args: argparse.Namespace) -> int:
 
     outcomes = run_sequential(tasks, cluster, run_dir, technique=args.technique,
                               slice_steps=args.slice_steps, timeout=args.timeout,
-                              on_slice=report)
+                              on_slice=report, storage=args.storage)
     metrics = sorted({k for o in outcomes for k in o.evaluation})
     table = Table(title=f"results ({run_dir})")
     table.add_column("task", no_wrap=True)
