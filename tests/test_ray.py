@@ -5,6 +5,7 @@ leave no actor or placement group behind."""
 from __future__ import annotations
 
 import functools
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -129,6 +130,7 @@ def test_a_failing_rank_reads_as_it_does_locally(
     file.write_text(FAULTY)
     task = load_workload(file).task("faulty")
     node = launcher.nodes()[1]
+    began = time.time()
     with pytest.raises(SliceError) as on_ray:
         run_slice(task, "ddp", tmp_path / "ray", launcher.placement(node, [0, 1]),
                   launcher=launcher, timeout=20)
@@ -142,6 +144,20 @@ def test_a_failing_rank_reads_as_it_does_locally(
     if launcher.env["FAULT"] == "raise":  # the rank's output came back from its node
         for root in (tmp_path / "ray", tmp_path / "local"):
             assert "injected failure" in next((root / "logs").glob("*/rank1.log")).read_text()
+        # The failed gang's folder on the node (its rendezvous, its ranks' output) goes
+        # with the node's next finished gang.
+        run_slice(digits_task("next", steps=2), "ddp", tmp_path / "next",
+                  launcher.placement(node, [0, 1]), launcher=launcher)
+
+        def failed_gangs_left() -> list[Path]:  # this test's (the machine may hold others)
+            return [p for p in Path(tempfile.gettempdir()).glob("dione-gang-*/rank1.log")
+                    if p.stat().st_mtime >= began
+                    and "injected failure on rank 1" in p.read_text(errors="replace")]
+
+        deadline = time.monotonic() + 30
+        while failed_gangs_left() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not failed_gangs_left()
     with RunStore(tmp_path / "ray") as store:
         assert [s.status for s in store.slices()] == ["failed"]
 

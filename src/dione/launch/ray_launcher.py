@@ -196,6 +196,9 @@ class RayLauncher:
         self._groups: dict[str, Any] = {}  # node name -> placement group
         self._idle: dict[tuple[str, int], Any] = {}  # (node, device) -> actor
         self._busy: set[Any] = set()
+        # Per node: rendezvous folders (and the rank logs in them) of gangs that failed,
+        # whose actors were ended before they could remove them.
+        self._stale: dict[str, list[str]] = {}
         self._actor_class = self.ray.remote(_Actor)
         self.actors_started = 0
 
@@ -308,8 +311,13 @@ class RayLauncher:
                                   lambda: self._end(actors), timeout, cancel, on_progress)
         except BaseException:
             self._end(actors)
+            with self._lock:  # its folder goes with the node's next finished gang
+                self._stale.setdefault(node.name, []).append(store)
             raise
-        actors[0].forget.remote(store)
+        with self._lock:
+            stale = [store, *self._stale.pop(node.name, [])]
+        for folder_name in stale:  # the gang's folder, and those failed gangs left there
+            actors[0].forget.remote(folder_name)
         with self._lock:
             self._busy.difference_update(actors)
             for device, actor in zip(placement.device_ids, actors, strict=True):
