@@ -5,6 +5,7 @@ leave no actor or placement group behind."""
 from __future__ import annotations
 
 import functools
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -17,8 +18,8 @@ import torch
 from conftest import digits_task
 from dione.launch.local import local_placement
 from dione.launch.slice import SliceError, run_slice
-from dione.orchestrate import RunOptions, run_workload
-from dione.profile import TrialOptions
+from dione.orchestrate import RunEvent, RunOptions, run_workload
+from dione.profile import Catalog, ProfileEvent, TrialOptions, profile_workload
 from dione.spec.cluster import Cluster, ClusterError, Node
 from dione.spec.workload import load_workload
 from dione.state import RunStore, load_model_weights
@@ -89,11 +90,17 @@ def test_two_nodes_train_as_planned_and_match_a_local_run(
                          techniques=("single", "ddp"))
              for i in range(4)]
     nodes = launcher.nodes()
+    shared = tmp_path / "shared"  # the storage every node reaches (here: one disk)
     result = run_workload(tasks, Cluster(nodes), tmp_path / "run",
                           RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
-                                     solver="greedy", time_limit=5.0),
+                                     solver="greedy", time_limit=5.0, storage=str(shared)),
                           launcher=launcher)
     assert all(t.status == "done" for t in result.tasks), result.tasks
+    # Checkpoints went to the storage, the run store stayed in the run directory; the
+    # trials left nothing behind there.
+    assert all(Path(str(t.checkpoint)).is_relative_to(shared) for t in result.tasks)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert [p.name for p in shared.iterdir()] == ["checkpoints"]
     with RunStore(tmp_path / "run") as store:
         slices = [s for s in store.slices() if s.status == "done"]
     assert {s.node for s in slices} == {n.name for n in nodes}  # both nodes trained
@@ -123,6 +130,7 @@ def test_a_failing_rank_reads_as_it_does_locally(
     file.write_text(FAULTY)
     task = load_workload(file).task("faulty")
     node = launcher.nodes()[1]
+    began = time.time()
     with pytest.raises(SliceError) as on_ray:
         run_slice(task, "ddp", tmp_path / "ray", launcher.placement(node, [0, 1]),
                   launcher=launcher, timeout=20)
@@ -133,8 +141,88 @@ def test_a_failing_rank_reads_as_it_does_locally(
     for err in (on_ray.value, here.value):
         assert expected in str(err)
     assert on_ray.value.reason == here.value.reason
+    if launcher.env["FAULT"] == "raise":  # the rank's output came back from its node
+        for root in (tmp_path / "ray", tmp_path / "local"):
+            assert "injected failure" in next((root / "logs").glob("*/rank1.log")).read_text()
+        # The failed gang's folder on the node (its rendezvous, its ranks' output) goes
+        # with the node's next finished gang.
+        run_slice(digits_task("next", steps=2), "ddp", tmp_path / "next",
+                  launcher.placement(node, [0, 1]), launcher=launcher)
+
+        def failed_gangs_left() -> list[Path]:  # this test's (the machine may hold others)
+            return [p for p in Path(tempfile.gettempdir()).glob("dione-gang-*/rank1.log")
+                    if p.stat().st_mtime >= began
+                    and "injected failure on rank 1" in p.read_text(errors="replace")]
+
+        deadline = time.monotonic() + 30
+        while failed_gangs_left() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not failed_gangs_left()
     with RunStore(tmp_path / "ray") as store:
         assert [s.status for s in store.slices()] == ["failed"]
+
+
+def test_trials_run_side_by_side_on_every_node(launcher: RayLauncher, tmp_path: Path) -> None:
+    tasks = [digits_task("a", techniques=("single", "ddp")),
+             digits_task("b", batch_size=32, techniques=("single", "ddp"))]
+    nodes = launcher.nodes()
+    events: list[ProfileEvent] = []
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        first = profile_workload(tasks, Cluster(nodes), catalog, options=QUICK,
+                                 on_event=events.append, launcher=launcher)
+        # Nodes of the same kind share catalog entries: one node alone runs nothing anew.
+        again = profile_workload(tasks, Cluster(nodes[1:]), catalog, options=QUICK,
+                                 launcher=launcher)
+    assert first.trials_run >= 4 and all(t.options for t in first.tasks)
+    assert {e.node for e in events if e.kind == "started"} == {n.name for n in nodes}
+    assert again.trials_run == 0 and again.trials_cached == first.trials_run
+
+
+def test_a_node_lost_while_profiling_leaves_the_profile_not_the_catalog(
+        cluster: Any, tmp_path: Path) -> None:
+    extra = cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    launcher = RayLauncher()
+    try:
+        nodes = launcher.nodes()
+        doomed = next(n for n in nodes if extra.node_id.startswith(n.name.rsplit("-", 1)[1]))
+        tasks = [digits_task(f"p{i}", steps=400, batch_size=16 * (i + 1),
+                             techniques=("single", "ddp")) for i in range(3)]
+        events: list[ProfileEvent] = []
+
+        def heard(event: ProfileEvent) -> None:
+            events.append(event)
+            if event.kind == "started" and event.node == doomed.name and not any(
+                    e.node == doomed.name for e in events[:-1]):
+                threading.Thread(target=cluster.remove_node, args=(extra,)).start()
+
+        with Catalog(tmp_path / "catalog.sqlite") as catalog:
+            profile = profile_workload(tasks, Cluster(nodes), catalog, launcher=launcher,
+                                       options=TrialOptions(warmup_steps=1, measure_steps=300),
+                                       on_event=heard)
+            records = [catalog.get(r.fingerprint) for t in profile.tasks for r in t.trials]
+        assert all(t.options for t in profile.tasks), [t.why_no_option() for t in profile.tasks]
+        assert all(r is not None and r.status == "ok" for r in records), records
+        print("started:", [(e.label, e.tasks, e.node == doomed.name) for e in events
+                           if e.kind == "started"])
+    finally:
+        launcher.shutdown()
+    actors, groups = _left_behind()
+    assert not actors and not groups, (actors, groups)
+
+
+def test_progress_comes_back_through_the_launcher(launcher: RayLauncher, tmp_path: Path) -> None:
+    task = digits_task("p", steps=6)
+    heard: dict[str, list[tuple[int, int]]] = {"ray": [], "local": []}
+    node = launcher.nodes()[0]
+    run_slice(task, "ddp", tmp_path / "ray", launcher.placement(node, [0, 1]),
+              launcher=launcher, on_progress=lambda rank, record: heard["ray"].append(
+                  (rank, record["step"])))
+    run_slice(task, "ddp", tmp_path / "local", local_placement(Node("here", 2, "cpu"), [0, 1]),
+              on_progress=lambda rank, record: heard["local"].append((rank, record["step"])))
+    for said in heard.values():  # every rank reports its first step at once
+        assert {(0, 1), (1, 1)} <= set(said), heard
+    assert not list(tmp_path.glob("**/progress-*.json"))  # no file carried it
 
 
 def test_losing_a_node_mid_run_replans_onto_the_others(
@@ -183,5 +271,46 @@ def test_losing_a_node_mid_run_replans_onto_the_others(
                 assert [s.start_step for s in done] == [0, 20, 40, 60]
     finally:
         launcher.shutdown()
+    actors, groups = _left_behind()
+    assert not actors and not groups, (actors, groups)
+
+
+def test_a_node_that_joins_mid_run_is_planned_at_the_next_replan(
+        cluster: Any, tmp_path: Path) -> None:
+    launcher = RayLauncher()
+    joined = None
+    try:
+        tasks = [digits_task(f"j{i}", steps=100, batch_size=16, techniques=("single",))
+                 for i in range(6)]
+        events: list[RunEvent] = []
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            outcome["result"] = run_workload(
+                tasks, Cluster(launcher.nodes()), tmp_path / "run",
+                RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                           solver="greedy", slice_steps=20, time_limit=5.0),
+                launcher=launcher, on_event=events.append)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and thread.is_alive() and not any(
+                e.kind == "slice_started" for e in events):
+            time.sleep(0.2)
+        joined = cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        thread.join(600)
+        assert not thread.is_alive()
+        assert all(t.status == "done" for t in outcome["result"].tasks)
+        new = next(n.name for n in launcher.nodes()
+                   if joined.node_id.startswith(n.name.rsplit("-", 1)[1]))
+        assert any(e.kind == "node_joined" and new in e.message for e in events)
+        with RunStore(tmp_path / "run") as store:
+            assert any(s.node == new and s.status == "done" for s in store.slices())
+    finally:
+        launcher.shutdown()
+        if joined is not None:
+            cluster.remove_node(joined)
     actors, groups = _left_behind()
     assert not actors and not groups, (actors, groups)

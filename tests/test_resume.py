@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TEST_NODE, char_task
+from conftest import TEST_NODE, char_task, digits_task
 from dione.launch import local_placement, run_slice
 from dione.state import RunStore, load_checkpoint
 from test_equivalence import assert_same_training, final_parameters
@@ -114,3 +114,20 @@ def test_learning_rate_schedule_continues_across_slices(tmp_path: Path) -> None:
     constant = train_in_slices(char_task(steps=STEPS), [("single", ONE, STEPS)],
                                tmp_path / "constant")[0]
     assert abs(constant.losses[-1] - whole.losses[-1]) > 1e-3
+
+
+def test_checkpoints_go_to_the_storage_and_the_store_stays_in_the_run(tmp_path: Path) -> None:
+    task = digits_task("stored", steps=9)
+    run_dir, shared = tmp_path / "run", tmp_path / "shared"
+    placement = local_placement(TEST_NODE, [0])
+    slices = [run_slice(task, "single", run_dir, placement, steps=3, storage=shared,
+                        keep_checkpoints=2) for _ in range(3)]
+    assert [s.start_step for s in slices] == [0, 3, 6]  # each resumed from the storage
+    assert all(Path(str(s.checkpoint)).is_relative_to(shared) for s in slices)
+    assert not (run_dir / "checkpoints").exists() and (run_dir / "dione.sqlite").exists()
+    # Pruning keeps the newest two, in the storage, and the store forgets the oldest.
+    kept = sorted(p.name for p in (shared / "checkpoints" / "stored").iterdir())
+    assert kept == ["step-00000006", "step-00000009"]
+    with RunStore(run_dir) as store:
+        latest = store.latest_checkpoint("stored")
+        assert latest is not None and Path(latest.path).is_relative_to(shared.resolve())

@@ -212,7 +212,7 @@ def _run_options(args: argparse.Namespace) -> Any:
         replan_interval=args.replan_interval, slice_steps=args.slice_steps,
         slice_seconds=args.slice_seconds, max_failures=args.max_failures,
         timeout=args.timeout, catalog=args.catalog, reprofile=args.reprofile,
-        profile_budget=args.budget, trial=_trial_options(args))
+        profile_budget=args.budget, trial=_trial_options(args), storage=args.storage)
 
 
 def _execute(workload_file: str, args: argparse.Namespace, run_dir: Path,
@@ -291,6 +291,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise BadInput("--technique forces one technique for current practice; add "
                        "--current-practice, or restrict techniques in the task")
     run_dir = Path(args.out) if args.out else _default_run_dir(args.workload)
+    if args.storage:  # workers on other nodes, and a later resume, need it absolute
+        args.storage = str(Path(args.storage).resolve())
     saved = {k: v for k, v in vars(args).items() if k not in ("handler",)}
     saved["workload"] = str(Path(args.workload).resolve())
     return _execute(args.workload, args, run_dir, saved)
@@ -394,7 +396,7 @@ def _run_current_practice(args: argparse.Namespace) -> int:
 
     outcomes = run_sequential(tasks, cluster, run_dir, technique=args.technique,
                               slice_steps=args.slice_steps, timeout=args.timeout,
-                              on_slice=report)
+                              on_slice=report, storage=args.storage)
     metrics = sorted({k for o in outcomes for k in o.evaluation})
     table = Table(title=f"results ({run_dir})")
     table.add_column("task", no_wrap=True)
@@ -488,7 +490,7 @@ def _profile(args: argparse.Namespace, tasks: Any, cluster: Any, launcher: Any =
     with Catalog(args.catalog) as catalog, progress:
         return profile_workload(tasks, cluster, catalog, options=_trial_options(args),
                                 reprofile=args.reprofile, budget=args.budget,
-                                parallel=not args.serial, on_event=show,
+                                parallel=not args.serial, on_event=show, storage=args.storage,
                                 **({"launcher": launcher} if launcher is not None else {}))
 
 
@@ -578,6 +580,9 @@ def _add_ray_option(parser: argparse.ArgumentParser) -> None:
                         help="run on a Ray cluster (ADDRESS as ray.init takes it; default "
                         "auto): its alive nodes and their GPUs (else CPUs) are the cluster; "
                         "a task stays within one node; needs `pip install 'dione[ray]'`")
+    parser.add_argument("--storage", metavar="PATH",
+                        help="where checkpoints go (default: the run directory); with more "
+                        "than one node, a folder every node reaches at this same path")
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:

@@ -1,8 +1,10 @@
 """A gang, whatever runs it: hand each rank its job, watch replies and deaths, end together.
 
 Both launchers (local warm workers, Ray actors) drive their members through this one
-loop. A member takes a job, may reply (``result``, ``error``, or ``lost`` when it died
-or its reply was cut short), and says how it ended when lost. The first failure ends
+loop. A member takes a job, says how it goes (``progress`` records for the live view,
+``log`` bytes when its output stays on another node: appended to the rank's log here),
+replies (``result``, ``error``, or ``lost`` when it died or its reply was cut short),
+and says how it ended when lost. The first failure ends
 the whole gang; the error names the rank that caused it, not the ranks that merely
 lost their peer. A gang past its timeout, or cancelled, is ended the same way.
 """
@@ -82,8 +84,9 @@ class Member(Protocol):
         """Hand over a job; False when the worker is already gone."""
 
     def reply(self) -> tuple[str, Any] | None:
-        """``("result", outcome)``, ``("error", record)``, ``("lost", None)``, or None
-        while the job runs."""
+        """The next message: ``("progress", record)`` or ``("log", bytes)`` while the job
+        runs, then ``("result", outcome)``, ``("error", record)`` or ``("lost", None)``;
+        None while nothing new is there."""
 
     def lost(self) -> Lost:
         """How it ended, once it replied ``lost``."""
@@ -143,22 +146,43 @@ def describe_failure(
                      rank, "exit")
 
 
-def _collect(members: Sequence[Member], replies: dict[int, tuple[str, Any]]) -> None:
-    """Add the reply of every rank that has one waiting and had none yet."""
+Heard = Callable[[int, str, Any], None]
+
+
+def _collect(members: Sequence[Member], replies: dict[int, tuple[str, Any]],
+             heard: Heard) -> None:
+    """Add the reply of every rank that has one waiting and had none yet; pass on what
+    the ranks said meanwhile (progress, output)."""
     for rank, member in enumerate(members):
-        if rank not in replies:
-            reply = member.reply()
-            if reply is not None:
+        while rank not in replies and (reply := member.reply()) is not None:
+            if reply[0] in ("progress", "log"):
+                heard(rank, *reply)
+            else:
                 replies[rank] = reply
 
 
-def _await_root_cause(members: Sequence[Member], replies: dict[int, tuple[str, Any]]) -> None:
+def _hearing(folder: Path, on_progress: Callable[[int, dict[str, Any]], None] | None
+             ) -> Heard:
+    """What to do with a rank's messages: progress to ``on_progress``, output to its log."""
+
+    def heard(rank: int, kind: str, payload: Any) -> None:
+        if kind == "log":
+            with open(folder / f"rank{rank}.log", "ab") as log:
+                log.write(payload)
+        elif on_progress is not None:
+            on_progress(rank, payload)
+
+    return heard
+
+
+def _await_root_cause(members: Sequence[Member], replies: dict[int, tuple[str, Any]],
+                      heard: Heard) -> None:
     """Collect what the other ranks have said, and while every failure so far is a rank
     that only lost its peer, give them a moment more: ending them now would lose the
     root cause's own error."""
     deadline = time.monotonic() + _ROOT_CAUSE_GRACE_SECONDS
     while True:
-        _collect(members, replies)
+        _collect(members, replies, heard)
         only_peers_lost = all(kind == "result" or (kind == "error" and payload["communication"])
                               for kind, payload in replies.values())
         if not only_peers_lost or len(replies) == len(members) or time.monotonic() > deadline:
@@ -170,21 +194,24 @@ def watch_gang(
     members: Sequence[Member], jobs: Sequence[Any], spec: SliceSpec, placement: Placement,
     folder: Path, end: Callable[[], None], timeout: float | None = None,
     cancel: threading.Event | None = None,
+    on_progress: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> list[SliceOutcome]:
-    """Send each member its job and wait for every outcome; on the first failure, a
-    timeout or a cancel, ``end()`` the gang and raise GangError or GangInterrupted."""
+    """Send each member its job and wait for every outcome, passing each rank's
+    progress to ``on_progress(rank, record)``; on the first failure, a timeout or a
+    cancel, ``end()`` the gang and raise GangError or GangInterrupted."""
     world = len(members)
+    heard = _hearing(folder, on_progress)
     replies: dict[int, tuple[str, Any]] = {}
     for rank, (member, job) in enumerate(zip(members, jobs, strict=True)):
         if not member.send(job):
             replies[rank] = ("lost", None)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        _collect(members, replies)
+        _collect(members, replies, heard)
         if len(replies) == world and all(k == "result" for k, _ in replies.values()):
             return [replies[r][1] for r in range(world)]
         if any(kind != "result" for kind, _ in replies.values()):
-            _await_root_cause(members, replies)
+            _await_root_cause(members, replies, heard)
             lost = {r: members[r].lost() for r, (kind, _) in replies.items() if kind == "lost"}
             end()  # the ranks still running only wait for peers that will never come
             errors = {r: p for r, (kind, p) in replies.items() if kind == "error"}

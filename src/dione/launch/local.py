@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import cloudpickle
 
@@ -34,8 +35,21 @@ from dione.spec.cluster import Node
 from dione.spec.devices import available_cores, cores_for_slot, threads_per_slot
 from dione.techniques.base import SliceOutcome, SliceSpec
 
-__all__ = ["LOCAL", "GangError", "GangInterrupted", "Launcher", "LocalLauncher", "Placement",
-           "collective_timeout", "local_placement", "run_local_gang"]
+__all__ = [
+    "LOCAL",
+    "GangError",
+    "GangInterrupted",
+    "Launcher",
+    "LocalLauncher",
+    "OnProgress",
+    "Placement",
+    "collective_timeout",
+    "local_placement",
+    "run_local_gang",
+]
+
+# Hears a rank's progress record (steps done, loss, pace) while its slice runs.
+OnProgress = Callable[[int, dict[str, Any]], None]
 
 
 def collective_timeout() -> float:
@@ -46,10 +60,11 @@ def collective_timeout() -> float:
 def run_local_gang(
     spec: SliceSpec, placement: Placement, folder: str | Path, timeout: float | None = None,
     cancel: threading.Event | None = None,
+    on_progress: OnProgress | None = None,
 ) -> list[SliceOutcome]:
     """Run ``spec`` on a gang of warm workers, one per device; each rank's outcome, or a
     GangError. Setting ``cancel`` (from another thread) stops the gang and raises
-    GangInterrupted."""
+    GangInterrupted; ``on_progress(rank, record)`` hears each rank's progress."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     pool = local_pool()
@@ -59,12 +74,12 @@ def run_local_gang(
         workers = pool.take(placement.kind, placement.device_ids, placement.threads)
         payload, modules = cloudpickle.dumps(spec), workload_sources()
         jobs = [Job(payload, modules, rank, str(private), str(folder / f"rank{rank}.log"),
-                    str(folder / f"progress-{rank}.json"), placement.threads,
+                    placement.threads,
                     placement.cores[rank] if placement.cores is not None else None,
                     collective_timeout())
                 for rank in range(len(workers))]
         outcomes = watch_gang(workers, jobs, spec, placement, folder,
-                              lambda: pool.end(workers), timeout, cancel)
+                              lambda: pool.end(workers), timeout, cancel, on_progress)
         pool.give_back(workers)
         return outcomes
     except BaseException:
@@ -96,14 +111,18 @@ class Launcher(Protocol):
 
     def run_gang(self, spec: SliceSpec, placement: Placement, folder: str | Path,
                  timeout: float | None = None, cancel: threading.Event | None = None,
-                 ) -> list[SliceOutcome]:
-        """Each rank's outcome, or GangError / GangInterrupted."""
+                 on_progress: OnProgress | None = None) -> list[SliceOutcome]:
+        """Each rank's outcome, or GangError / GangInterrupted; its progress meanwhile to
+        ``on_progress(rank, record)``; its output in ``folder``'s ``rank<r>.log``."""
 
     def warm_up(self, node: Node) -> None:
         """Start the workers of every device of ``node`` and wait until they are ready."""
 
     def forget_node(self, name: str) -> None:
         """Drop a node that left the cluster."""
+
+    def alive_nodes(self) -> list[Node] | None:
+        """The cluster's nodes alive now, which may have changed (None: a fixed one)."""
 
     def shutdown(self) -> None:
         """End every worker this launcher keeps."""
@@ -117,8 +136,8 @@ class LocalLauncher:
 
     def run_gang(self, spec: SliceSpec, placement: Placement, folder: str | Path,
                  timeout: float | None = None, cancel: threading.Event | None = None,
-                 ) -> list[SliceOutcome]:
-        return run_local_gang(spec, placement, folder, timeout, cancel)
+                 on_progress: OnProgress | None = None) -> list[SliceOutcome]:
+        return run_local_gang(spec, placement, folder, timeout, cancel, on_progress)
 
     def warm_up(self, node: Node) -> None:
         placement = local_placement(node, range(node.devices))
@@ -127,8 +146,18 @@ class LocalLauncher:
     def forget_node(self, name: str) -> None:
         return None
 
+    def alive_nodes(self) -> list[Node] | None:
+        return None  # this machine, as --devices describes it
+
     def shutdown(self) -> None:
         return None  # the pool is the process's, shared by its runs; it ends at exit
 
 
 LOCAL = LocalLauncher()
+
+
+def warm_up(launcher: Launcher, nodes: Sequence[Node]) -> None:
+    """Warm every device's worker of ``nodes``, the nodes side by side (a Ray actor's
+    start takes seconds; one node after another would add them up)."""
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        list(pool.map(launcher.warm_up, nodes))

@@ -10,7 +10,10 @@ job as a local warm worker (``worker.run_job``), watched by the same loop (``gan
                 ranks create privately in their node's temporary folder: a gang never
                 spans nodes, so no port is opened for it
 
-Results and errors come back as Ray object refs; an actor that dies is a lost rank,
+An actor streams what its job says back as Ray objects (a streaming generator): its
+progress, its output (kept in the gang's folder on its node, sent as it grows), then
+its result or error; it resets itself after the reply, while the gang moves on. Nothing
+travels through files the nodes would have to share. An actor that dies is a lost rank,
 and one whose node left the cluster is reported as "node lost". Ray is optional:
 ``pip install dione[ray]``.
 """
@@ -19,23 +22,28 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import socket
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 
 from dione.launch.gang import Lost, Placement, watch_gang, workload_sources
-from dione.launch.local import collective_timeout
+from dione.launch.local import OnProgress, collective_timeout
 from dione.launch.worker import Job
 from dione.spec.cluster import ClusterError, Node
 from dione.spec.devices import threads_per_slot
 from dione.techniques.base import SliceOutcome, SliceSpec
 
 __all__ = ["RayLauncher", "RayNotInstalled"]
+
+
+# How often a running job's new output is sent back (and its progress, at the latest).
+_LOG_SECONDS = 0.5
 
 
 class RayNotInstalled(ClusterError):
@@ -66,19 +74,44 @@ class _Actor:
 
         self.baseline = Baseline()
 
-    def run(self, job: Job) -> bytes:
-        from dione.launch.worker import redirected, run_job
+    def run(self, job: Job) -> Iterator[bytes]:
+        """Run ``job`` in a thread while streaming what it says: progress records, the
+        output it adds to its log, then its reply; the reset comes after the reply."""
+        from dione.launch.worker import _error_record, redirected, rendezvous_folder, run_job
 
-        with redirected(job.log):
-            reply = run_job(job)
-        try:
-            data: bytes = cloudpickle.dumps(reply)
-        except Exception as err:  # an outcome that cannot travel is this rank's error
-            from dione.launch.worker import _error_record
+        said: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        log = Path(rendezvous_folder(job.store)) / f"rank{job.rank}.log"
 
-            data = cloudpickle.dumps(("error", _error_record(job.rank, err)))
+        def work() -> None:
+            try:
+                with redirected(str(log)):
+                    reply = run_job(job, lambda kind, payload: said.put((kind, payload)))
+            except BaseException as err:  # the redirect failed: the job never ran
+                reply = ("error", _error_record(job.rank, err))
+            said.put(("done", reply))
+
+        threading.Thread(target=work, name="dione-job", daemon=True).start()
+        offset = 0
+        while True:
+            try:
+                message: tuple[str, Any] | None = said.get(timeout=_LOG_SECONDS)
+            except queue.Empty:
+                message = None
+            text, offset = _grown(log, offset)
+            if text:
+                yield cloudpickle.dumps(("log", text))
+            if message is None:
+                continue
+            if message[0] != "done":
+                yield cloudpickle.dumps(message)
+                continue
+            try:
+                data: bytes = cloudpickle.dumps(message[1])
+            except Exception as err:  # an outcome that cannot travel is this rank's error
+                data = cloudpickle.dumps(("error", _error_record(job.rank, err)))
+            yield data
+            break
         self.baseline.restore()
-        return data
 
     def forget(self, store: str) -> None:
         """Remove a finished gang's rendezvous folder on this node."""
@@ -92,6 +125,18 @@ class _Actor:
         return os.getpid()
 
 
+def _grown(log: Path, offset: int) -> tuple[bytes, int]:
+    """What ``log`` gained past ``offset`` (bytes: a character may straddle two
+    reads), and the new offset."""
+    try:
+        with open(log, "rb") as file:
+            file.seek(offset)
+            data = file.read()
+    except OSError:
+        return b"", offset
+    return data, offset + len(data)
+
+
 class _RayMember:
     """One rank's actor and its job in flight."""
 
@@ -100,23 +145,26 @@ class _RayMember:
         self.node = node
         self.device = device
         self.actor = actor
-        self.ref: Any = None
+        self.stream: Any = None  # the job's messages (a Ray ObjectRefGenerator)
         self.death = ""
 
     def send(self, job: Job) -> bool:
-        self.ref = self.actor.run.remote(job)
+        self.stream = self.actor.run.options(num_returns="streaming").remote(job)
         return True
 
     def reply(self) -> tuple[str, Any] | None:
         ray = self.launcher.ray
-        if self.ref is None:
+        if self.stream is None:
             return None
-        ready, _ = ray.wait([self.ref], timeout=0)
+        ready, _ = ray.wait([self.stream], timeout=0)
         if not ready:
             return None
         try:
-            kind, payload = cloudpickle.loads(ray.get(self.ref))
+            kind, payload = cloudpickle.loads(ray.get(next(self.stream)))
             return str(kind), payload
+        except StopIteration:  # cannot happen: the stream ends with the reply
+            self.death = "ended its job without a reply"
+            return "lost", None
         except Exception as err:  # the actor died, or its node went away
             self.death = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
             return "lost", None
@@ -148,6 +196,9 @@ class RayLauncher:
         self._groups: dict[str, Any] = {}  # node name -> placement group
         self._idle: dict[tuple[str, int], Any] = {}  # (node, device) -> actor
         self._busy: set[Any] = set()
+        # Per node: rendezvous folders (and the rank logs in them) of gangs that failed,
+        # whose actors were ended before they could remove them.
+        self._stale: dict[str, list[str]] = {}
         self._actor_class = self.ray.remote(_Actor)
         self.actors_started = 0
 
@@ -167,6 +218,10 @@ class RayLauncher:
         if not found:
             raise ClusterError("the Ray cluster has no alive node with CPUs or GPUs")
         return found
+
+    def alive_nodes(self) -> list[Node] | None:
+        """The nodes alive now: a run plans a node that joined at its next re-plan."""
+        return self.nodes()
 
     def node_alive(self, node: Node) -> bool:
         node_id = self._ids.get(node.name)
@@ -230,9 +285,10 @@ class RayLauncher:
 
     def run_gang(self, spec: SliceSpec, placement: Placement, folder: str | Path,
                  timeout: float | None = None, cancel: threading.Event | None = None,
-                 ) -> list[SliceOutcome]:
+                 on_progress: OnProgress | None = None) -> list[SliceOutcome]:
         """Run ``spec`` on one warm actor per device of ``placement.node``."""
         folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)  # the ranks' logs, as they arrive
         node = next((n for n in self.nodes() if n.name == placement.node), None)
         if node is None:
             from dione.launch.gang import GangError
@@ -247,17 +303,21 @@ class RayLauncher:
         store = f"dione-gang-{uuid.uuid4().hex}"  # the gang's secret
         payload, modules = cloudpickle.dumps(spec), workload_sources()
         visible = 0 if node.kind == "cuda" else None  # Ray shows each actor its one GPU
-        jobs = [Job(payload, modules, rank, store, str(folder / f"rank{rank}.log"),
-                    str(folder / f"progress-{rank}.json"), placement.threads, None,
+        jobs = [Job(payload, modules, rank, store, None, placement.threads, None,
                     collective_timeout(), visible_device=visible)
                 for rank in range(len(members))]
         try:
             outcomes = watch_gang(members, jobs, spec, placement, folder,
-                                  lambda: self._end(actors), timeout, cancel)
+                                  lambda: self._end(actors), timeout, cancel, on_progress)
         except BaseException:
             self._end(actors)
+            with self._lock:  # its folder goes with the node's next finished gang
+                self._stale.setdefault(node.name, []).append(store)
             raise
-        actors[0].forget.remote(store)
+        with self._lock:
+            stale = [store, *self._stale.pop(node.name, [])]
+        for folder_name in stale:  # the gang's folder, and those failed gangs left there
+            actors[0].forget.remote(folder_name)
         with self._lock:
             self._busy.difference_update(actors)
             for device, actor in zip(placement.device_ids, actors, strict=True):

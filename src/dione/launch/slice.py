@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dione.launch.local import LOCAL, GangError, Launcher, Placement, local_placement
+from dione.launch.local import LOCAL, GangError, Launcher, OnProgress, Placement, local_placement
 from dione.spec.task import Task
 from dione.state.checkpoint import (
     CorruptCheckpoint,
@@ -131,6 +131,8 @@ def run_slice(
     cancel: threading.Event | None = None,
     on_begin: Callable[[int, Path], None] | None = None,
     launcher: Launcher | None = None,
+    storage: str | Path | None = None,
+    on_progress: OnProgress | None = None,
 ) -> SliceResult:
     """Train ``task`` from its latest checkpoint in ``run_dir`` for ``steps`` steps (None:
     to the end) under ``technique`` on ``placement``; record it; raise SliceError if it
@@ -140,9 +142,11 @@ def run_slice(
     adds what the trial runner measures (a memory cap, a load probe, an evaluation
     whatever the step). Setting ``cancel`` stops the gang; the slice is then recorded
     as interrupted and GangInterrupted raised. ``on_begin(slice_id, folder)`` is called
-    once the slice is recorded, before its gang starts (its workers write progress
-    files into ``folder``). ``launcher``: what runs the gang (default: this machine's
-    warm workers)."""
+    once the slice is recorded, before its gang starts (its ranks' logs go to
+    ``folder``); ``on_progress(rank, record)`` hears each rank's progress while it
+    trains. ``launcher``: what runs the gang (default: this machine's
+    warm workers). ``storage``: where checkpoints go, a folder every node of the
+    cluster can reach (default: ``run_dir``); the run store stays in ``run_dir``."""
     method = get_technique(technique) if isinstance(technique, str) else technique
     knobs = dict(knobs or {})
     devices = len(placement.device_ids)
@@ -168,7 +172,8 @@ def run_slice(
         spec = SliceSpec(
             task=task, technique=method, knobs=knobs, device_kind=placement.kind,
             device_ids=placement.device_ids, start_step=start, end_step=end,
-            resume_from=latest.path if latest else None, run_dir=str(Path(run_dir).resolve()),
+            resume_from=latest.path if latest else None,
+            run_dir=str(Path(storage or run_dir).resolve()),
             evaluate=task.evaluate is not None and (
                 (evaluate and end == total) or (trial is not None and trial.evaluate)),
             memory_cap_bytes=trial.memory_cap_bytes if trial else None,
@@ -181,7 +186,8 @@ def run_slice(
         if on_begin is not None:
             on_begin(slice_id, folder)
         try:
-            outcomes = (launcher or LOCAL).run_gang(spec, placement, folder, timeout, cancel)
+            outcomes = (launcher or LOCAL).run_gang(spec, placement, folder, timeout, cancel,
+                                                    on_progress)
         except GangError as err:
             message = (f"task {task.name!r}, steps {start}-{end}, {method.name} on "
                        f"{placement.node} devices {list(placement.device_ids)}: {err}"
@@ -215,7 +221,7 @@ def run_slice(
         if evaluation_error:
             db.set_task_status(task.name, "done" if end == total else "pending",
                                f"evaluation failed:\n{evaluation_error}")
-        gone = prune_checkpoints(run_dir, task.name, keep_checkpoints)
+        gone = prune_checkpoints(storage or run_dir, task.name, keep_checkpoints)
         if gone:
             db.forget_checkpoints(task.name, [str(p) for p in gone])
         return SliceResult(

@@ -53,6 +53,9 @@ class RunOptions:
     reprofile: bool = False
     profile_budget: float | None = None
     trial: TrialOptions = field(default_factory=TrialOptions)
+    # Where checkpoints (the run's and the trials') go: a folder every node can reach
+    # (None: the run directory, which must then be shared for more than one node).
+    storage: str | None = None
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import time
 from typing import Any
 
@@ -60,9 +58,8 @@ class LiveProgress:
             running = state.running.get(name)
             where = running.assignment if running else plan.get(name)
             step = state.done_steps[name]
-            if running is not None and running.folder is not None:
-                with contextlib.suppress(OSError, ValueError, KeyError):
-                    step = json.loads((running.folder / "progress-0.json").read_text())["step"]
+            if running is not None and 0 in running.progress:
+                step = running.progress[0].get("step", step)
             eta = "-"
             if status in ("running", "pending") and where is not None:
                 end = running.predicted_end if running else where["end"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dione.launch.local import LOCAL, Launcher
+from dione.launch.local import LOCAL, Launcher, warm_up
 from dione.orchestrate.options import RunDirError, RunEvent, RunOptions, claim_run_dir
 from dione.orchestrate.runner import Runner
 from dione.profile.catalog import Catalog
@@ -116,14 +116,14 @@ def _run_claimed(
     with Catalog(options.catalog) as catalog:
         profile = profile_workload(tasks, cluster, catalog, options=options.trial,
                                    reprofile=options.reprofile, budget=options.profile_budget,
-                                   on_event=on_profile_event, launcher=launcher)
+                                   on_event=on_profile_event, launcher=launcher,
+                                   storage=options.storage)
     profile_seconds = time.perf_counter() - began
     emit(RunEvent("profiled", f"{profile.trials_run} trial(s) run, {profile.trials_cached} "
                   f"from the catalog, in {profile_seconds:.0f} s"))
     runner = Runner(tasks, cluster, run_dir, profile, options, emit, view or (lambda s: None),
                     launcher)
-    for node in cluster:  # the trials measured slices on warm workers: so do the slices
-        launcher.warm_up(node)
+    warm_up(launcher, cluster.nodes)  # the trials measured slices on warm workers: so do they
     try:
         runner.run()
     finally:

@@ -2,7 +2,8 @@
 
 Each assignment starts when its devices are free, in each device's planned order; a
 gang runs in a thread of its own (run_slice), so several train at once. At slice ends,
-on drift and every ``replan_interval`` seconds the remaining work is planned again.
+on drift and every ``replan_interval`` seconds the remaining work is planned again,
+over the nodes alive then: a lost node leaves the plan, one that joined (Ray) enters it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ class _Running:
     start_step: int
     end_step: int
     predicted_end: float  # run clock
-    folder: Path | None = None
+    # Each rank's latest progress record, as its launcher passed it on (gang threads
+    # write, the loop reads: each record is replaced whole).
+    progress: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -116,6 +119,8 @@ class Runner:
                 self.emit(RunEvent("task_failed", f"{task.name}: {reason}", task.name))
         self.state = _State({t.name: t for t in tasks}, total, done_steps, status,
                             {t.name: 0 for t in tasks}, [], clock_zero=time.time())
+        # Nodes this run has known: another that the launcher reports later joined.
+        self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]}
         self.plans_adopted = len(list((run_dir / "plans").glob("plan-*.json")))
         self.first_planned: float | None = None
         self.cancel = threading.Event()
@@ -199,26 +204,32 @@ class Runner:
         return self.now() + pace * (running.end_step - step) + tail
 
     def _progress(self, running: _Running) -> tuple[int, float] | None:
-        """(steps done, seconds per step) of a running slice, from its workers' files."""
-        if running.folder is None:
-            return None
-        try:
-            record = json.loads((running.folder / "progress-0.json").read_text())
-        except (OSError, ValueError):
-            return None
-        for path in running.folder.glob("progress-*.json"):
-            try:
-                loss = json.loads(path.read_text()).get("loss")
-            except (OSError, ValueError):
-                continue
-            if loss is not None:
-                self.state.last_loss[running.assignment["task"]] = float(loss)
-        pace = record.get("seconds_per_step")
-        return None if pace is None else (int(record["step"]), float(pace))
+        """(steps done, seconds per step) of a running slice, as its ranks reported."""
+        for said in list(running.progress.values()):
+            if said.get("loss") is not None:
+                self.state.last_loss[running.assignment["task"]] = float(said["loss"])
+        record = running.progress.get(0)
+        pace = None if record is None else record.get("seconds_per_step")
+        return None if record is None or pace is None else (int(record["step"]), float(pace))
+
+    def _join_new_nodes(self) -> None:
+        """Add the nodes that joined the cluster since (of the kind the profile measured,
+        whose options stand for every such node)."""
+        kind = self.cluster.nodes[0].kind
+        joined = [n for n in self.launcher.alive_nodes() or []
+                  if n.name not in self.known and n.kind == kind]
+        if not joined:
+            return
+        self.known |= {n.name for n in joined}
+        self.cluster = Cluster([*self.cluster, *joined])
+        for node in joined:
+            self.emit(RunEvent("node_joined", f"node {node.name} ({node.devices} {node.kind} "
+                               "device(s)) joined the cluster; the plan now uses it"))
 
     def replan(self, first: bool = False) -> None:
         if not any(s == "pending" for s in self.state.status.values()):
             return
+        self._join_new_nodes()
         problem_json, at = self.problem()
         problem = PlanningProblem.from_json(problem_json)
         limit = self.options.time_limit if first else self.options.replan_time_limit
@@ -334,15 +345,16 @@ class Runner:
         self.state.status[name] = "running"
         node = self.cluster.node(a["node"])
 
-        def began(slice_id: int, folder: Path) -> None:
-            running.folder = folder
+        def heard(rank: int, record: dict[str, Any]) -> None:
+            running.progress[rank] = record
 
         self.emit(RunEvent("slice_started", f"{name}: steps {start}-{start + steps} under "
                            f"{a['technique']} on {a['node']} devices {a['device_ids']}", name))
         return pool.submit(run_slice, self.state.tasks[name], a["technique"], self.run_dir,
                            self.launcher.placement(node, a["device_ids"]), knobs=a["knobs"],
                            steps=steps, timeout=self.options.timeout, cancel=self.cancel,
-                           on_begin=began, launcher=self.launcher)
+                           on_progress=heard, launcher=self.launcher,
+                           storage=self.options.storage)
 
     def finished(self, name: str, future: Future[SliceResult]) -> bool:
         """Record a slice's end; whether it departs from the plan enough to re-plan."""
@@ -408,10 +420,10 @@ class Runner:
 
     def run(self) -> None:
         self.replan(first=True)
-        lanes = sum(n.devices for n in self.cluster)
         futures: dict[Future[SliceResult], str] = {}
         last_replan = self.now()
-        with ThreadPoolExecutor(max_workers=max(1, lanes)) as pool:
+        # A thread per running gang; nodes may join, and threads start only when needed.
+        with ThreadPoolExecutor(max_workers=1024) as pool:
             try:
                 while True:
                     for a in self.launchable():

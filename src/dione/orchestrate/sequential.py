@@ -64,6 +64,7 @@ def run_sequential(
     slice_steps: int | None = None,
     timeout: float | None = None,
     on_slice: Callable[[Task, SliceResult], None] | None = None,
+    storage: str | Path | None = None,
 ) -> list[TaskOutcome]:
     """Train every task to its end, one after another, on the first node's devices.
 
@@ -85,7 +86,7 @@ def run_sequential(
                     if record is not None and record.status == "done":
                         break
                     result = run_slice(task, method, run_dir, placement, steps=slice_steps,
-                                       timeout=timeout, store=store)
+                                       timeout=timeout, store=store, storage=storage)
                     outcome.slices.append(result)
                     outcome.seconds += result.seconds
                     if on_slice is not None:

@@ -45,6 +45,7 @@ def default_catalog_path() -> Path:
 @dataclass
 class TrialRecord:
     """One trial's measurements; ``status`` ok | oom | crash | timeout | diverged
+    (never stored, as node_lost)
     (a diverged trial is never stored: it depends on the learning rate).
 
     A slice of N steps is predicted as ``fixed_seconds + warmup_excess_seconds +

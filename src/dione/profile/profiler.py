@@ -16,6 +16,7 @@ import hashlib
 import json
 import shutil
 import statistics
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dione.launch.local import LOCAL, Launcher
+from dione.launch.local import LOCAL, Launcher, warm_up
 from dione.launch.scratch import clean_stale_scratch, scratch_dir
 from dione.launch.slice import total_steps
 from dione.profile.catalog import Catalog, TrialRecord
@@ -36,7 +37,6 @@ from dione.profile.fingerprint import (
 )
 from dione.profile.trial import TrialOptions, TrialSpec, run_trial, simulated_step_seconds
 from dione.spec.cluster import Cluster, Node
-from dione.spec.devices import available_cores, threads_per_slot
 from dione.spec.task import Task
 from dione.techniques.registry import get_technique, techniques
 
@@ -162,6 +162,7 @@ class ProfileEvent:
     record: TrialRecord | None = None
     reason: str | None = None
     total: int = 0  # trials to run in this profile
+    node: str | None = None  # where a trial ``started``
 
 
 @dataclass
@@ -210,14 +211,21 @@ def profile_workload(
     scratch: str | Path | None = None,
     on_event: Callable[[ProfileEvent], None] | None = None,
     launcher: Launcher = LOCAL,
+    storage: str | Path | None = None,
 ) -> Profile:
-    """Profile ``tasks`` on ``cluster``'s first node (nodes are assumed alike), reusing
-    the catalog unless ``reprofile``; never raises for a failing trial or task."""
+    """Profile ``tasks`` for ``cluster``'s first node (nodes are assumed alike), reusing
+    the catalog unless ``reprofile``; never raises for a failing trial or task. Trials
+    run side by side on every node of the same kind and threads per device (they share
+    catalog entries), each where its devices are free.
+    ``storage``: where trials write their checkpoints, a folder every node can reach
+    (default: a private folder on this machine)."""
     options = options or TrialOptions()
     began = time.monotonic()
     node = cluster.nodes[0]
-    threads = (threads_per_slot(node.devices, len(available_cores())) if node.kind == "cpu"
-               else 1)
+    # The threads a slot gets where the trials run (a Ray node's cores, not this machine's).
+    threads = launcher.placement(node, [0]).threads if node.kind == "cpu" else 1
+    alike = [n for n in cluster if n.kind == node.kind and n.devices >= node.devices
+             and (n.kind != "cpu" or launcher.placement(n, [0]).threads == threads)]
     device = device_description(node.kind, threads)
     emit = on_event or (lambda event: None)
     profiles: list[TaskProfile] = []
@@ -286,10 +294,10 @@ def profile_workload(
     group_of = {f: w.group for f, w in wanted.items()}
     if pending:
         # A trial times a slice on warm workers, as the run will: none pays a start.
-        launcher.warm_up(node)
-    trials_run, skips = _run_pending(pending, results, group_of, node, catalog, options,
+        warm_up(launcher, alike)
+    trials_run, skips = _run_pending(pending, results, group_of, alike, catalog, options,
                                      budget, parallel, scratch, began, emit, profiles,
-                                     launcher=launcher)
+                                     launcher=launcher, storage=storage)
     # Repeats: each option's chosen setting again, at a later moment (a whole pass of
     # other trials lies between), until it has ``options.repeats`` runs; a repeat can
     # change which setting is fastest, so a few more passes may follow.
@@ -299,9 +307,9 @@ def profile_workload(
         if not again:
             break
         # A repeat skipped (over the budget) leaves its record with fewer runs: no skip.
-        ran, skipped = _run_pending(again, results, group_of, node, catalog, options, budget,
+        ran, skipped = _run_pending(again, results, group_of, alike, catalog, options, budget,
                                     parallel, scratch, began, emit, profiles, counted,
-                                    launcher=launcher)
+                                    launcher=launcher, storage=storage)
         trials_run += ran
         counted += ran + len(skipped)
     _cross_check(results, group_of, catalog)
@@ -396,24 +404,26 @@ def _repeats_due(profiles: Sequence[TaskProfile], by_task: Mapping[str, list[str
 
 def _run_pending(
     pending: list[_Pending], results: dict[str, TrialRecord], group_of: Mapping[str, str],
-    node: Node, catalog: Catalog, options: TrialOptions, budget: float | None,
+    nodes: Sequence[Node], catalog: Catalog, options: TrialOptions, budget: float | None,
     parallel: bool, scratch: str | Path | None, began: float,
     emit: Callable[[ProfileEvent], None], profiles: list[TaskProfile], counted: int = 0,
-    launcher: Launcher = LOCAL,
+    launcher: Launcher = LOCAL, storage: str | Path | None = None,
 ) -> tuple[int, dict[str, str]]:
-    """Run the pending trials on ``node``'s devices, filling ``results``; how many ran,
+    """Run the pending trials on ``nodes``' devices (each trial on one node, where enough
+    are free), filling ``results``; how many ran,
     and why each trial not run was skipped (by fingerprint). Events count ``counted``
     earlier trials of the same profile in their total."""
     skips: dict[str, str] = {}
     # Fewer devices first: a replicating technique's failure there prunes the rest.
     pending.sort(key=lambda p: (p.spec.devices, p.spec.technique))
     total = counted + len(pending)
-    free = list(range(node.devices))
-    running: dict[Future[tuple[TrialRecord, float | None]], tuple[_Pending, list[int]]] = {}
+    free = {n.name: list(range(n.devices)) for n in nodes}
+    running: dict[Future[tuple[TrialRecord, float | None]],
+                  tuple[_Pending, Node, list[int]]] = {}
     evaluated: set[str] = set()  # evaluation keys measured or being measured
     cancel = threading.Event()
     run_count = 0
-    lanes = node.devices if parallel else 1
+    lanes = sum(n.devices for n in nodes) if parallel else 1
 
     def oom_below(trial: _Pending) -> TrialRecord | None:
         """A replicating trial of the same group, on no more devices, out of memory."""
@@ -427,7 +437,7 @@ def _run_pending(
     def waits_for(trial: _Pending) -> bool:
         """Whether a trial whose result decides this one's fate is still to finish: a
         replicating trial of its group on fewer devices, or a lighter knob setting."""
-        earlier = [*queue, *(p for p, _ in running.values())]
+        earlier = [*queue, *(p for p, _, _ in running.values())]
         if any(p.spec.fingerprint in trial.lighter for p in earlier):
             return True
         if trial.shards_memory:
@@ -456,6 +466,10 @@ def _run_pending(
     queue = list(pending)
     clean_stale_scratch()  # what killed launchers left behind
     own_scratch = scratch_dir("trials")
+    shared = None
+    if storage is not None:  # trials' checkpoints, where the nodes that run them reach
+        Path(storage).mkdir(parents=True, exist_ok=True)
+        shared = Path(tempfile.mkdtemp(prefix="dione-trials-", dir=storage))
     with ThreadPoolExecutor(max_workers=max(1, lanes)) as pool:
         root = Path(scratch) if scratch is not None else own_scratch
         try:
@@ -482,17 +496,21 @@ def _run_pending(
                                 f"failed ({lighter.status}), not for lack of memory")
                              + ", and this one only trades speed for memory")
                         continue
-                    if len(running) >= lanes or trial.spec.devices > len(free):
+                    node = next((n for n in nodes
+                                 if len(free.get(n.name, ())) >= trial.spec.devices), None)
+                    if len(running) >= lanes or node is None:
                         continue
                     queue.remove(trial)
-                    devices, free[:] = free[:trial.spec.devices], free[trial.spec.devices:]
+                    left = free[node.name]
+                    devices, left[:] = left[:trial.spec.devices], left[trial.spec.devices:]
                     spec = trial.spec
                     if trial.evaluation_key and trial.evaluation_key not in evaluated:
                         evaluated.add(trial.evaluation_key)
                         spec = dataclasses.replace(spec, evaluate=True)
-                    emit(ProfileEvent("started", spec.label, tuple(trial.tasks), total=total))
+                    emit(ProfileEvent("started", spec.label, tuple(trial.tasks), total=total,
+                                      node=node.name))
                     running[pool.submit(run_trial, spec, node, devices, root, options,
-                                        cancel, launcher)] = (trial, devices)
+                                        cancel, launcher, shared)] = (trial, node, devices)
                 if not running:
                     if queue:
                         raise RuntimeError("trial scheduling is stuck: nothing runs and "
@@ -500,10 +518,20 @@ def _run_pending(
                     continue
                 done, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for future in done:
-                    trial, devices = running.pop(future)
-                    free.extend(devices)
-                    free.sort()
+                    trial, node, devices = running.pop(future)
                     record, evaluation = future.result()
+                    if record.status == "node_lost" and any(n != node.name for n in free):
+                        # Not the trial's doing: the node leaves the profile, and the
+                        # trial runs again on another; nothing goes to the catalog.
+                        if free.pop(node.name, None) is not None:
+                            launcher.forget_node(node.name)
+                            lanes = max(1, lanes - node.devices) if parallel else 1
+                        queue.append(trial)
+                        if trial.evaluation_key is not None:
+                            evaluated.discard(trial.evaluation_key)
+                        continue
+                    if node.name in free:
+                        free[node.name] = sorted(free[node.name] + devices)
                     run_count += 1
                     if trial.repeat:
                         record = _merged(results[trial.spec.fingerprint], record)
@@ -511,8 +539,9 @@ def _run_pending(
                     if record.status == "crash":
                         record.extra["code"] = trial.code
                     # A divergence depends on the learning rate, which the fingerprint
-                    # leaves out: it must not stand for the task's whole group later.
-                    if record.status != "diverged":
+                    # leaves out: it must not stand for the task's whole group later; a
+                    # lost node (the last one) says nothing about the configuration.
+                    if record.status not in ("diverged", "node_lost"):
                         catalog.put(record)
                     if trial.evaluation_key is not None:
                         if evaluation is not None:
@@ -521,7 +550,7 @@ def _run_pending(
                                 if profile.group == trial.group:
                                     profile.evaluation_seconds = evaluation
                         elif not any(p.evaluation_key == trial.evaluation_key
-                                     for p, _ in running.values()):
+                                     for p, _, _ in running.values()):
                             evaluated.discard(trial.evaluation_key)  # another trial times it
                     emit(ProfileEvent("finished", trial.spec.label, tuple(trial.tasks), record,
                                       total=total))
@@ -530,6 +559,8 @@ def _run_pending(
             raise
         finally:
             shutil.rmtree(own_scratch, ignore_errors=True)
+            if shared is not None:
+                shutil.rmtree(shared, ignore_errors=True)
     return run_count, skips
 
 

@@ -70,8 +70,8 @@ class TrialSpec:
 
 
 def _classify(err: SliceError) -> str:
-    if err.reason == "diverged":
-        return "diverged"
+    if err.reason in ("diverged", "node_lost"):
+        return err.reason
     if err.error_type == "OutOfMemoryError" or "out of memory" in str(err).lower():
         return "oom"
     return "timeout" if err.reason == "timeout" else "crash"
@@ -84,11 +84,16 @@ def _shorten(text: str) -> str:
 def run_trial(
     spec: TrialSpec, node: Node, device_ids: Sequence[int], scratch: Path, options: TrialOptions,
     cancel: threading.Event | None = None, launcher: Launcher = LOCAL,
+    storage: Path | None = None,
 ) -> tuple[TrialRecord, float | None]:
     """Run ``spec`` on ``device_ids`` of ``node``; its record and, when asked, the
-    seconds the task's evaluation took."""
+    seconds the task's evaluation took. Its store lives in ``scratch``, its checkpoint
+    in ``storage`` (a folder the node can reach; default ``scratch``)."""
     folder = scratch / spec.fingerprint[:16]
-    shutil.rmtree(folder, ignore_errors=True)
+    checkpoints = None if storage is None else storage / spec.fingerprint[:16]
+    for path in (folder, checkpoints):
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
     steps = min(options.warmup_steps + options.measure_steps, total_steps(spec.task))
     base = dict(fingerprint=spec.fingerprint, technique=spec.technique, knobs=dict(spec.knobs),
                 devices=spec.devices, device=spec.device)
@@ -97,13 +102,15 @@ def run_trial(
             spec.task, spec.technique, folder, launcher.placement(node, device_ids),
             knobs=spec.knobs, steps=steps, timeout=options.timeout, keep_checkpoints=1,
             evaluate=False, trial=TrialSettings(options.memory_cap_bytes, True, spec.evaluate),
-            cancel=cancel, launcher=launcher,
+            cancel=cancel, launcher=launcher, storage=checkpoints,
         )
     except SliceError as err:
         status = _classify(err)
         return TrialRecord(**base, status=status, reason=_shorten(str(err))), None  # type: ignore[arg-type]
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        for path in (folder, checkpoints):
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
     times = result.step_seconds
     warmup = min(options.warmup_steps, len(times) // 2)
     measured = times[warmup:]

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import resource
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -62,7 +60,7 @@ class SliceSpec:
     start_step: int
     end_step: int
     resume_from: str | None
-    run_dir: str
+    run_dir: str  # the checkpoints' root: the run's storage (``--storage``)
     save: bool = True
     evaluate: bool = False
     # Trials only: the memory a device may use (exceeding it is an out-of-memory
@@ -194,8 +192,9 @@ class SliceContext:
         self.knobs = spec.technique.resolve(spec.knobs)
         self.timings: dict[str, float] = {"begin": time.perf_counter()}
         self.steps_done = 0
-        self.progress_path: Path | None = None  # set by the worker
-        self._last_progress = self.timings["begin"]
+        # Set by the worker: hands a progress record to the launcher (no file involved).
+        self.on_progress: Callable[[dict[str, Any]], None] | None = None
+        self._last_progress = float("-inf")  # the first step reports at once
         self._first_step_done = self.timings["begin"]
 
     @functools.cached_property
@@ -311,14 +310,14 @@ class SliceContext:
         return str(folder)
 
     def step_done(self, loss: torch.Tensor | None = None) -> None:
-        """After each step: enforce the memory cap, and at most once a second write this
+        """After each step: enforce the memory cap, and at most once a second send this
         rank's progress (steps done, latest loss it holds) for the orchestrator's display."""
         self.check_memory()
         self.steps_done += 1
         now = time.perf_counter()
         if self.steps_done == 1:
             self._first_step_done = now
-        if self.progress_path is None or now - self._last_progress < 1.0:
+        if self.on_progress is None or now - self._last_progress < 1.0:
             return
         self._last_progress = now
         record = {"step": self.spec.start_step + self.steps_done,
@@ -327,9 +326,7 @@ class SliceContext:
                   # The pace since the first step: start-up excluded.
                   "seconds_per_step": (now - self._first_step_done) / (self.steps_done - 1)
                   if self.steps_done > 1 else None}
-        partial = self.progress_path.with_suffix(".partial")
-        partial.write_text(json.dumps(record))
-        partial.replace(self.progress_path)
+        self.on_progress(record)
 
     def check_memory(self) -> None:
         """Fail like an out-of-memory GPU when this rank's peak passes the slice's cap."""
