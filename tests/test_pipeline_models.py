@@ -183,17 +183,20 @@ def test_tied_gpt2_with_clipping_matches_single(tmp_path: Path) -> None:
                          reference_params)
 
 
-def test_tied_gpt2_under_xpipe_keeps_one_value_and_its_accounting(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stages", [2, pytest.param(3, marks=pytest.mark.slow)])
+def test_tied_gpt2_under_xpipe_keeps_one_value_and_its_accounting(stages: int,
+                                                                  tmp_path: Path) -> None:
     """The tied weight's gradients are summed at each update on both stages, which step it
     alike: the two stages' copies (saved under its two names) stay identical."""
     task = gpt2_task(name="gpt2-xpipe", steps=5)
-    result = train(task, "xpipe", tmp_path, 2, micro_batches=2)
-    assert result.extra["shared_weights"] == ["transformer.wte.weight: stages [0, 1]"]
+    result = train(task, "xpipe", tmp_path, stages, micro_batches=2)
+    assert result.extra["shared_weights"] == [
+        f"transformer.wte.weight: stages [0, {stages - 1}]"]
     params = final_parameters(task, result.checkpoint)
     saved = checkpoint_tensors(result.checkpoint, ["transformer.wte.weight", "lm_head.weight"],
                                params)
     assert torch.equal(saved["transformer.wte.weight"], saved["lm_head.weight"])
-    staleness = xpipe(2, 2, 5).staleness()
+    staleness = xpipe(stages, 2, 5).staleness()
     for stage, logged in enumerate(result.extra["versions"]):
         assert [i for i, _, _ in logged] == list(range(5))
         assert all(i - version == s == staleness[(i, stage)] for i, version, s in logged)
@@ -333,3 +336,52 @@ def test_an_lstm_pipeline_balanced_by_time_matches_single(technique: str,
     assert result.extra["stages"][1] != "layers 1-4"
     assert_same_training(result, final_parameters(task, result.checkpoint), reference,
                          reference_params)
+
+
+# --- models whose stages would train wrong: refused, or stopped with the reason -----------
+
+
+class Leaky(nn.Module):
+    """Declares its stages, but feeds the embedding to every block beside the hidden state:
+    a later stage has no embedding to give them."""
+
+    dione_stages: ClassVar = {"blocks": "blocks", "first": ["embed"], "last": ["head"]}
+
+    def __init__(self, declare_head: bool = True) -> None:
+        super().__init__()
+        self.embed = nn.Linear(64, 16)
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
+        self.head = nn.Linear(16, 10)
+        if not declare_head:
+            self.dione_stages = {"blocks": "blocks", "first": ["embed"]}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e = self.embed(x)
+        h = e
+        for block in self.blocks:
+            h = torch.tanh(block(h)) + e
+        return self.head(h)
+
+
+def leaky_task(**extra: object) -> Task:
+    from dione.zoo import digits_train
+
+    task = Task(name="leaky", model=Leaky, data=digits_train, loss=nn.functional.cross_entropy,
+                optimizer=functools.partial(torch.optim.Adam, lr=1e-2), batch_size=16, steps=2)
+    return replace(task, **extra)
+
+
+def test_a_parameter_no_stage_runs_is_refused() -> None:
+    task = leaky_task(model=functools.partial(Leaky, declare_head=False))
+    reasons = get_technique("gpipe").check(task, 2, {}, "cpu")
+    assert any("parameter head.weight is in no block and in no module the stage plan places"
+               in r for r in reasons), reasons
+
+
+def test_a_stubbed_module_feeding_the_blocks_stops_the_first_step(tmp_path: Path) -> None:
+    """Wrong training without an error is the worst outcome: the later stage's stubbed
+    embedding is NaN, which reaches its output, and the first step says why."""
+    from dione.launch.slice import SliceError
+
+    with pytest.raises(SliceError, match="feeds the blocks by some path other than the hidden"):
+        train(leaky_task(), "gpipe", tmp_path, 2, micro_batches=2)

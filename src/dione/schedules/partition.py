@@ -3,11 +3,12 @@
 A pipeline cuts between a model's blocks (``dione.schedules.stage_plan``): the top-level
 layers of an ``nn.Sequential``, or the repeated blocks of an embeddings → blocks → head
 model, with the embeddings' cost counted in the first block and the head's in the last.
-Each block has a cost (its parameter count, or its measured forward+backward time, as torchgpipe's
+Each block has a cost (its parameter count, or its measured time, as torchgpipe's
 ``balance_by_time`` does); the cut minimises the most expensive stage, exactly, by
-dynamic programming. A task's ``split_points`` (names of layers a stage may begin
-at) restrict where the cuts may go. Every stage gets a layer with trainable
-parameters, so every stage has something to optimise.
+dynamic programming. A task's ``split_points`` (full names of blocks a stage may begin
+at: ``"2"`` for a Sequential, ``"transformer.h.2"`` for GPT-2) and the runtime (a stage
+sends tensors only) restrict where the cuts may go. Every stage gets a block with
+trainable parameters, so every stage has something to optimise.
 """
 
 from __future__ import annotations

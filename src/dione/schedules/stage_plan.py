@@ -85,18 +85,24 @@ def _declared(model: nn.Module, declared: object) -> StagePlan:
                      first, last)
 
 
-def _block_list(model: nn.Module) -> str | None:
-    """The path of the ModuleList of >= 2 same-class modules holding the most parameters."""
-    best, best_size = None, 0
+def _block_lists(model: nn.Module) -> list[str]:
+    """Paths of the ModuleLists of >= 2 same-class modules with parameters, the one
+    holding the most parameters first, leaving out those inside it (a block's experts)."""
+    found: list[tuple[int, str]] = []
     for path, module in model.named_modules():
         children = list(module.children())
         if (not isinstance(module, nn.ModuleList) or len(children) < 2
                 or len({type(c) for c in children}) != 1):
             continue
         size = sum(p.numel() for p in module.parameters())
-        if size > best_size:
-            best, best_size = path, size
-    return best
+        if size:
+            found.append((size, path))
+    found.sort(key=lambda item: -item[0])
+    if not found:
+        return []
+    best = found[0][1]
+    return [best] + [path for _, path in found[1:]
+                     if not path.startswith(best + ".") and not best.startswith(path + ".")]
 
 
 def find_stage_plan(model: nn.Module) -> StagePlan:
@@ -107,7 +113,15 @@ def find_stage_plan(model: nn.Module) -> StagePlan:
         return _declared(model, declared)
     if isinstance(model, nn.Sequential):
         return StagePlan("", tuple(name for name, _ in model.named_children()))
-    container = _block_list(model)
+    lists = _block_lists(model)
+    if len(lists) > 1:
+        raise _PlanError(
+            f"its model ({type(model).__name__}) has more than one list of repeated blocks "
+            f"({', '.join(lists)}), as an encoder-decoder does, whose second half takes the "
+            "first's output beside its hidden state; give the model class a "
+            f"{STAGES_ATTRIBUTE} attribute (see dione.schedules.stage_plan) if its forward "
+            "passes only the hidden state from block to block, or leave the pipelines out")
+    container = lists[0] if lists else None
     if container is None:
         raise _PlanError(
             f"its model is a {type(model).__name__}, neither an nn.Sequential nor a model with "

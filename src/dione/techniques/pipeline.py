@@ -83,7 +83,7 @@ from dione.techniques.stages import (
 )
 
 __all__ = ["ActionLog", "GPipe", "OneFOneB", "PipelineStagePart", "PipelineTechnique",
-           "block_times", "layer_times", "on_one_clock", "tensor_starts"]
+           "block_times", "keep_stage", "layer_times", "on_one_clock", "tensor_starts"]
 
 BALANCES = ("parameters", "time")
 
@@ -98,6 +98,16 @@ class PipelineStagePart:
     partition: Partition
     shared: SharedGradients
     notes: dict[str, Any] = field(default_factory=dict)
+
+
+def keep_stage(model: nn.Sequential, partition: Partition, stage: int) -> nn.Sequential:
+    """An ``nn.Sequential`` with every layer outside ``stage`` replaced by ``nn.Identity``
+    (in place): a one-process stand-in for a stage, for references in tests."""
+    mine = set(partition.layers(stage))
+    for name in partition.names:
+        if name not in mine:
+            setattr(model, name, nn.Identity())
+    return model
 
 
 def _synchronize(device: torch.device) -> None:
