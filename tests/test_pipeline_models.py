@@ -396,3 +396,18 @@ def test_a_stubbed_module_feeding_the_blocks_stops_the_first_step(tmp_path: Path
 
     with pytest.raises(SliceError, match="feeds the blocks by some path other than the hidden"):
         train(leaky_task(), "gpipe", tmp_path, 2, micro_batches=2)
+
+
+def test_the_profiler_finds_pipeline_options_for_an_lstm(tmp_path: Path) -> None:
+    """Its trials cut by time (the profiler's setting), which used to crash on the tuple."""
+    from dione.profile import Catalog, TrialOptions, profile_workload
+    from dione.spec.cluster import Cluster
+
+    task = replace(lstm_task(), techniques=("gpipe",))
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        profile = profile_workload([task], Cluster([TEST_NODE]), catalog,
+                                   options=TrialOptions(warmup_steps=1, measure_steps=2,
+                                                        timeout=120), scratch=tmp_path / "s")
+    (found,) = profile.tasks
+    assert [(o.technique, o.devices) for o in found.options] == [("gpipe", 2)]
+    assert all(t.status == "ok" for t in found.trials), [(t.knobs, t.status) for t in found.trials]
