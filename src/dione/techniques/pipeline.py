@@ -460,6 +460,7 @@ class PipelineTechnique(Technique):
         runner = schedule_class(stage, n_microbatches=ctx.knobs["micro_batches"],
                                 loss_fn=log.timed_loss(_its_own_loss), scale_grads=True)
         optimizer, scheduler = ctx.start_training(model)
+        part.shared.forget_state(optimizer)
         part.module.unchecked = 1  # torch's shape inference, on placeholder inputs
         losses: list[torch.Tensor] = []
         step_seconds: list[float] = []

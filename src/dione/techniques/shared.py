@@ -37,6 +37,14 @@ class SharedGradients:
             if rank in weight.stages:
                 self.mine.append((params[weight.name], group, weight.stages[0]))
 
+    def forget_state(self, optimizer: torch.optim.Optimizer) -> None:
+        """After a restore, on the holders that do not step a shared weight: drop the
+        optimizer state the checkpoint gave it, which would go stale as the owner steps
+        and then be saved beside the owner's under the same name."""
+        for param, _, owner in self.mine:
+            if self.rank != owner:
+                optimizer.state.pop(param, None)
+
     def _gradient(self, param: nn.Parameter) -> torch.Tensor:
         if param.grad is None:  # a stage whose micro-batches did not reach it
             param.grad = torch.zeros_like(param)
