@@ -191,6 +191,19 @@ def test_tied_gpt2_matches_single(gpt2_single, technique: str, stages: int,
         assert torch.equal(value, params[name]), name
 
 
+def test_tied_gpt2_cut_by_time_and_recomputed_matches_single(gpt2_single,
+                                                             tmp_path: Path) -> None:
+    """balance=time times each block inside the model's own forward; activation
+    checkpointing recomputes each block of the stage in backward."""
+    task, reference, reference_params = gpt2_single
+    result = train(task, "gpipe", tmp_path, 2, micro_batches=4, balance="time",
+                   activation_checkpointing=True)
+    assert "balance_note" not in result.extra
+    assert all(s.startswith("layers transformer.h.") for s in result.extra["stages"])
+    assert_same_training(result, final_parameters(task, result.checkpoint), reference,
+                         reference_params)
+
+
 def test_tied_gpt2_with_clipping_matches_single(tmp_path: Path) -> None:
     """The shared weight counts once in the global norm over both stages."""
     task = gpt2_task(name="gpt2-clip", clip_grad_norm=0.5)
