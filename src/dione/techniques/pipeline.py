@@ -10,7 +10,7 @@ part of one state dict, and any technique reads it back.
 
 Every stage gets the whole micro-batch (tensor, tuple or dict) and runs the model's own
 forward on it, its input replaced by the previous stage's hidden state at its first
-block, so the batch reaches the model and the loss by ``dione.techniques.forward``'s
+block, so the batch reaches the model and the loss by ``dione.spec.batch``'s
 one rule: the task's ``loss`` on the last stage's output, or, with ``loss`` left out,
 the model's own (a Hugging Face model given ``labels``).
 
@@ -65,12 +65,12 @@ from dione.schedules import (
 from dione.schedules.actions import Kind
 from dione.schedules.partition import partition_model, pipeline_layers, stage_plan
 from dione.schedules.stage_plan import StagePlan
+from dione.spec.batch import loss_of, split_target
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceContext, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource, batch_rows, slice_batch
 from dione.techniques.exactness import batch_norm_layers, dropout_layers
-from dione.techniques.forward import loss_of, split_target
 from dione.techniques.fsdp import checkpoint_activations
 from dione.techniques.shared import SharedGradients
 from dione.techniques.stages import (

@@ -35,8 +35,8 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from dione.schedules import Partition, PartitionError
 from dione.schedules.stage_plan import StagePlan
+from dione.spec.batch import loss_of
 from dione.spec.task import Task
-from dione.techniques.forward import loss_of
 
 __all__ = ["Absent", "SharedWeight", "StageModule", "batch_fields", "cut_stage", "meta_twin",
            "shared_weights", "stage_modules"]
