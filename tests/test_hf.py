@@ -238,7 +238,8 @@ def test_the_example_runs_end_to_end_and_exports(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "dione.cli", "run", str(EXAMPLE), "--out",
                            str(run_dir)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "not tried: gpipe" in done.stdout  # and why, per technique
+    # And why, per technique: the BERT tasks clip gradients, which xpipe cannot do exactly.
+    assert "not tried: xpipe" in done.stdout and "clips gradients" in done.stdout
     out = tmp_path / "gpt2"
     done = subprocess.run([sys.executable, "-m", "dione.cli", "export", str(run_dir),
                            "gpt2-lr0.003", "-o", str(out)], capture_output=True, text=True,

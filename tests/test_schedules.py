@@ -144,11 +144,11 @@ def test_partition_follows_costs_and_split_points() -> None:
     ("model", "stages", "split", "message"),
     [
         (lambda: nn.Transformer(d_model=8, nhead=2), 2, None,
-         "task 't': pipelines cut a model between the top-level layers of an nn.Sequential, "
-         "and its model is a Transformer"),
+         "task 't': pipelines cut a model between its blocks, and its model (Transformer) "
+         "has more than one list of repeated blocks (decoder.layers, encoder.layers)"),
         (lambda: digits_mlp(depth=1), 3, None,
-         "its model has 2 top-level layers (0, 1), too few for 3 pipeline stages"),
-        (lambda: CharGPT(layers=2), 2, ["block"], "split points ['block'] are not top-level"),
+         "its model has 2 blocks (0, 1), too few for 3 pipeline stages"),
+        (lambda: CharGPT(layers=2), 2, ["block"], "split points ['block'] are not blocks"),
         (lambda: CharGPT(layers=2), 3, ["2"], "lets a pipeline cut only before ['2']: at most "
          "2 stages, not 3"),
         (lambda: nn.Sequential(nn.Linear(2, 2), nn.ReLU()), 2, None,

@@ -1,23 +1,42 @@
 """``gpipe`` and ``1f1b``: the model cut into one stage per device, micro-batches piped through.
 
 Built on ``torch.distributed.pipelining`` (``ScheduleGPipe``, ``Schedule1F1B``) with
-stages made by hand: every rank builds the whole model from the task's seed (so its
-initial weights are single's), keeps its own layers and replaces the others with
-``nn.Identity``. The stage keeps the original parameter names, so checkpoints stay
-technique-neutral: a pipeline writes each stage's part of one state dict, and any
-technique reads it back.
+stages made by hand (``dione.techniques.stages``): every rank builds the whole model from
+the task's seed (so its initial weights are single's) and cuts out its blocks, between
+the layers of an ``nn.Sequential`` or the repeated blocks of a GPT-2-, Llama- or
+BERT-shaped model (``dione.schedules.stage_plan``). The stage keeps the original
+parameter names, so checkpoints stay technique-neutral: a pipeline writes each stage's
+part of one state dict, and any technique reads it back.
+
+Every stage gets the whole micro-batch (tensor, tuple or dict) and runs the model's own
+forward on it, its input replaced by the previous stage's hidden state at its first
+block, so the batch reaches the model and the loss by ``dione.spec.batch``'s
+one rule: the task's ``loss`` on the last stage's output, or, with ``loss`` left out,
+the model's own (a Hugging Face model given ``labels``).
 
 Each step splits the global batch into ``micro_batches`` equal micro-batches; the loss
 of each is its mean, and the schedule divides the accumulated gradients by their
-number, so every step applies the global batch's mean gradient, as on one device.
+number, so every step applies the global batch's mean gradient, as on one device. (A
+loss that averages over counted tokens, as HF's does with ``-100`` labels, is the global
+mean only when every micro-batch counts as many tokens.)
+
+A weight two stages use (tied embeddings) is kept by both; its gradients are summed on
+the first of them, which steps it and sends the new value to the others
+(``dione.techniques.shared``). ``precision=bf16`` runs each stage's forward and the loss
+under autocast; ``clip_grad_norm`` clips by the norm over all stages (each weight once).
+``fp16`` is refused: its loss scaler would need an overflow check agreed by all stages
+around torch's schedule, which scales no loss. Dropout makes a pipeline statistically,
+not bitwise, equivalent to single (said in the outcome's ``extra["exactness"]``);
+BatchNorm is refused (``dione.techniques.exactness``).
 
 Every rank logs when each forward, backward and update of its stage ran (the work, not
 the waits for inputs), so a slice's outcome holds its real timeline, as xpipe's does:
 the report's and the simulator's view of what torch's schedule actually did.
 
-Knobs: ``micro_batches``; ``activation_checkpointing`` (recompute each layer of the
+Knobs: ``micro_batches``; ``activation_checkpointing`` (recompute each block of the
 stage in backward); ``balance`` (``parameters``: equal parameter counts per stage;
-``time``: equal measured forward+backward time per stage, measured by rank 0).
+``time``: equal measured time per stage, measured by rank 0; should timing fail, the
+cut falls back to parameters and the outcome says so).
 """
 
 from __future__ import annotations
@@ -25,11 +44,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
 
 from dione.schedules import (
     Action,
@@ -42,22 +63,46 @@ from dione.schedules import (
     spans_of,
 )
 from dione.schedules.actions import Kind
-from dione.schedules.partition import partition_model, pipeline_layers
+from dione.schedules.partition import partition_model, pipeline_layers, stage_plan
+from dione.schedules.stage_plan import StagePlan
+from dione.spec.batch import loss_of, split_target
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceContext, SliceOutcome, Technique
-from dione.techniques.batches import BatchSource
+from dione.techniques.batches import BatchSource, batch_rows, slice_batch
+from dione.techniques.exactness import batch_norm_layers, dropout_layers
 from dione.techniques.fsdp import checkpoint_activations
+from dione.techniques.shared import SharedGradients
+from dione.techniques.stages import (
+    SharedWeight,
+    StageModule,
+    batch_fields,
+    cut_stage,
+    meta_twin,
+    shared_weights,
+)
 
-__all__ = ["ActionLog", "GPipe", "OneFOneB", "PipelineTechnique", "keep_stage", "layer_times",
-           "on_one_clock"]
+__all__ = ["ActionLog", "GPipe", "OneFOneB", "PipelineStagePart", "PipelineTechnique",
+           "block_times", "keep_stage", "layer_times", "on_one_clock", "tensor_starts"]
 
 BALANCES = ("parameters", "time")
 
 
-def keep_stage(model: nn.Module, partition: Partition, stage: int) -> nn.Module:
-    """``model`` with every layer outside ``stage`` replaced by ``nn.Identity`` (in place):
-    the stage's parameters keep the names they have in the whole model."""
+@dataclass
+class PipelineStagePart:
+    """A rank's stage: the cut model (optimise and checkpoint it), the module a runtime
+    runs, the cut, its shared weights, and notes for the outcome."""
+
+    model: nn.Module
+    module: StageModule
+    partition: Partition
+    shared: SharedGradients
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def keep_stage(model: nn.Sequential, partition: Partition, stage: int) -> nn.Sequential:
+    """An ``nn.Sequential`` with every layer outside ``stage`` replaced by ``nn.Identity``
+    (in place): a one-process stand-in for a stage, for references in tests."""
     mine = set(partition.layers(stage))
     for name in partition.names:
         if name not in mine:
@@ -70,19 +115,28 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def layer_times(layers: Sequence[nn.Module], sample: torch.Tensor, device: torch.device,
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+
+
+def layer_times(layers: Sequence[nn.Module], sample: Any, device: torch.device,
                 repeats: int = 3) -> list[float]:
     """Median seconds of each layer's forward plus backward on ``sample`` (after one
-    warm-up), each layer fed the previous one's output."""
+    warm-up), each layer fed the previous one's output. A layer may take and return a
+    tuple (an ``nn.LSTM`` returns ``(output, (h, c))``): its backward runs from every
+    floating tensor in its output."""
     measured: list[list[float]] = [[] for _ in layers]
     for repeat in range(repeats + 1):
         x = sample
         for index, layer in enumerate(layers):
-            x = x.detach().requires_grad_(x.is_floating_point())
+            x = tree_map(lambda t: t.detach().requires_grad_(t.is_floating_point())
+                         if isinstance(t, torch.Tensor) else t, x)
             _synchronize(device)
             begin = time.perf_counter()
             out = layer(x)
-            out.backward(torch.ones_like(out))
+            roots = [t for t in _tensors(out) if t.requires_grad]
+            if roots:
+                torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
             _synchronize(device)
             if repeat:
                 measured[index].append(time.perf_counter() - begin)
@@ -90,6 +144,64 @@ def layer_times(layers: Sequence[nn.Module], sample: torch.Tensor, device: torch
     for layer in layers:
         layer.zero_grad(set_to_none=True)
     return [statistics.median(m) for m in measured]
+
+
+def block_times(model: nn.Module, plan: StagePlan, task: Task, batch: Any,
+                device: torch.device, repeats: int = 3) -> list[float]:
+    """Median seconds of each block's forward within the model's own forward on
+    ``batch``; the time before the first block (embeddings) counts in it, the time after
+    the last (head, loss) in the last. Backward is left out: it scales with the forward
+    block for block, so the cut is the same."""
+    blocks = [model.get_submodule(name) for name in plan.blocks]
+    marks: list[float] = []
+
+    def mark(*_: Any) -> None:
+        _synchronize(device)
+        marks.append(time.perf_counter())
+
+    handles = [h for block in blocks for h in (block.register_forward_pre_hook(mark),
+                                               block.register_forward_hook(mark))]
+    measured: list[list[float]] = [[] for _ in blocks]
+    try:
+        for repeat in range(repeats + 1):
+            marks.clear()
+            with torch.no_grad():
+                _synchronize(device)
+                begin = time.perf_counter()
+                loss_of(model, task, batch)
+                _synchronize(device)
+                end = time.perf_counter()
+            if len(marks) != 2 * len(blocks):
+                raise RuntimeError("the model's forward did not call each block once")
+            if repeat:
+                for index in range(len(blocks)):
+                    measured[index].append(marks[2 * index + 1] - marks[2 * index])
+                measured[0][-1] += marks[0] - begin
+                measured[-1][-1] += end - marks[-1]
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [statistics.median(m) for m in measured]
+
+
+def tensor_starts(model: nn.Module, task: Task, batch: Any) -> set[int] | None:
+    """The layers of an ``nn.Sequential`` a stage may begin at: those whose previous
+    layer returns a single tensor (a stage sends tensors only). Traced on the meta
+    device; None (no restriction) if the trace fails (the stage then says so at run
+    time rather than train wrong)."""
+    twin = meta_twin(model)
+    inputs, _ = split_target(task, batch)
+    x = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, inputs)
+    starts = set()
+    try:
+        with torch.no_grad():
+            for index, layer in enumerate(twin.children()):
+                x = layer(x)
+                if isinstance(x, torch.Tensor):
+                    starts.add(index + 1)
+    except Exception:
+        return None
+    return starts
 
 
 def on_one_clock(
@@ -212,26 +324,46 @@ class PipelineTechnique(Technique):
         if devices < 2:
             reasons.append(f"{self.name} needs at least 2 devices, one per stage; on one "
                            "device use single")
-        if task.loss is None:
-            reasons.append(f"{self.name} needs the task's loss (its last stage computes it on "
-                           "the model's output); this task's model computes its own")
+        if task.precision == "fp16":
+            reasons.append(
+                f"{self.name} does not train in fp16: its loss scaler must skip a step on "
+                "every stage when any stage's gradients overflow, which a pipeline's stages "
+                "do not agree on; use bf16 (float32's range, no scaler)")
         micro = resolved["micro_batches"]
         if isinstance(micro, int) and micro < 1:
             reasons.append(f"{self.name} knob 'micro_batches' must be at least 1, not {micro}")
         if resolved["balance"] not in BALANCES:
             reasons.append(f"{self.name} knob 'balance' is one of {', '.join(BALANCES)}, "
                            f"not {resolved['balance']!r}")
+        try:  # the structure only: a model on the meta device costs no memory
+            with torch.device("meta"):
+                model = task.model()
+        except Exception:
+            return reasons  # validation reports a model factory that raises
+        norms = batch_norm_layers(model)
+        if norms:
+            reasons.append(
+                f"task {task.name!r}: its model normalises by batch statistics ("
+                f"{', '.join(norms[:3])}{', ...' if len(norms) > 3 else ''}), which a "
+                f"pipeline computes per micro-batch (and torch's runtime moves once more on "
+                f"placeholder inputs before the first step): not single's training; use "
+                "single, ddp or fsdp, or a norm without batch statistics (LayerNorm, "
+                "GroupNorm)")
         if devices >= 2:
-            try:  # the structure only: a model on the meta device costs no memory
-                with torch.device("meta"):
-                    model = task.model()
-            except Exception:
-                return reasons  # validation reports a model factory that raises
             try:
-                partition_model(model, devices, task.name, split_points=task.split_points)
+                plan = stage_plan(model, task.name)
+                partition = partition_model(model, devices, task.name,
+                                            split_points=task.split_points)
+                shared = shared_weights(model, plan, partition, task.name)
             except PartitionError as err:
                 reasons.append(str(err))
+            else:
+                reasons.extend(self.shared_problems(task, shared))
         return reasons
+
+    def shared_problems(self, task: Task, shared: Sequence[SharedWeight]) -> list[str]:
+        """Why this technique cannot train weights shared by stages (gpipe, 1f1b: it can)."""
+        return []
 
     def knob_settings(self, task: Task, devices: int, kind: DeviceKind) -> list[dict[str, Any]]:
         if devices < 2:
@@ -245,89 +377,121 @@ class PipelineTechnique(Technique):
                          "balance": "time"})
         return [s for s in settings if not self.check(task, devices, s, kind)]
 
-    def stage_loss(self, task: Task) -> Callable[[Any, Any], torch.Tensor]:
-        """The loss the last stage computes (``check`` refuses a task without one)."""
-        if task.loss is None:
-            raise RuntimeError(f"{self.name} needs the task's loss")
-        return task.loss
-
-    def _partition(self, model: nn.Module, ctx: SliceContext, source: BatchSource) -> Partition:
+    def _partition(self, model: nn.Module, plan: StagePlan, ctx: SliceContext,
+                   sample: Any) -> tuple[Partition, str | None]:
+        """The cut every rank agrees on, and a note when ``balance=time`` fell back."""
+        task, micro = ctx.task, ctx.knobs["micro_batches"]
+        starts = tensor_starts(model, task, sample) if plan.sequential else None
         if ctx.knobs["balance"] == "parameters":
-            return partition_model(model, ctx.world, ctx.task.name,
-                                   split_points=ctx.task.split_points)
+            return partition_model(model, ctx.world, task.name, split_points=task.split_points,
+                                   starts=starts), None
         # By time: rank 0 measures, everyone cuts by its numbers (ranks must agree).
         box: list[Any] = [None]
         if ctx.rank == 0:
-            inputs, _ = source.global_batch(ctx.spec.start_step)
-            sample = inputs[: max(1, len(inputs) // ctx.knobs["micro_batches"])]
-            layers = [m for _, m in pipeline_layers(model, ctx.task.name)]
-            # Timing runs the layers: put back any buffer it moves (batch-norm statistics).
+            part = slice_batch(sample, 0, max(1, batch_rows(sample) // micro))
+            # Timing runs the layers: put back any buffer it moves.
             buffers = {name: b.clone() for name, b in model.named_buffers()}
             model.to(ctx.device)
-            box[0] = layer_times(layers, ctx.to_device(sample), ctx.device)
+            try:
+                batch = ctx.to_device(part)
+                with ctx.autocast():
+                    if plan.sequential:
+                        layers = [m for _, m in pipeline_layers(model, task.name)]
+                        box[0] = layer_times(layers, split_target(task, batch)[0], ctx.device)
+                    else:
+                        box[0] = block_times(model, plan, task, batch, ctx.device)
+            except Exception as err:  # a layer the timer cannot run: cut by parameters
+                box[0] = f"balance=time failed ({type(err).__name__}: {err}); cut by parameters"
             model.to("cpu")
             with torch.no_grad():
                 for name, b in model.named_buffers():
                     b.copy_(buffers[name])
         dist.broadcast_object_list(box, src=0)
-        return partition_model(model, ctx.world, ctx.task.name, costs=box[0],
-                               split_points=ctx.task.split_points)
+        if isinstance(box[0], str):
+            return partition_model(model, ctx.world, task.name, split_points=task.split_points,
+                                   starts=starts), box[0]
+        return partition_model(model, ctx.world, task.name, costs=box[0],
+                               split_points=task.split_points, starts=starts), None
 
-    def build_stage(self, ctx: SliceContext, source: BatchSource) -> tuple[nn.Module, Partition]:
+    def build_stage(self, ctx: SliceContext, source: BatchSource) -> PipelineStagePart:
         """This rank's stage on its device, cut from the whole model built from the seed
-        on the host (so every stage starts from single's weights), and the partition."""
+        on the host (so every stage starts from single's weights)."""
         model = ctx.build_model(on_device=False)
-        partition = self._partition(model, ctx, source)
-        keep_stage(model, partition, ctx.rank)
+        plan = stage_plan(model, ctx.task.name)
+        sample = source.global_batch(ctx.spec.start_step)
+        partition, note = self._partition(model, plan, ctx, sample)
+        shared = shared_weights(model, plan, partition, ctx.task.name)
+        dropout = dropout_layers(model)
+        cut_stage(model, plan, partition, ctx.rank)
         if ctx.knobs.get("activation_checkpointing"):
             for name in partition.layers(ctx.rank):
-                checkpoint_activations(getattr(model, name))
-        return model.to(ctx.device), partition
+                checkpoint_activations(model.get_submodule(name))
+        model.to(ctx.device)
+        _, structure = batch_fields(sample)
+        module = StageModule(model, ctx.task, plan, partition, ctx.rank, structure,
+                             ctx.autocast)
+        notes: dict[str, Any] = {}
+        if note:
+            notes["balance_note"] = note
+        if dropout:
+            notes["exactness"] = (
+                f"statistical, not bitwise: dropout in {', '.join(dropout[:3])}"
+                f"{', ...' if len(dropout) > 3 else ''} draws other masks than single")
+        if shared:
+            notes["shared_weights"] = [f"{w.name}: stages {list(w.stages)}" for w in shared]
+        return PipelineStagePart(model, module, partition, SharedGradients(shared, model,
+                                                                           ctx.rank), notes)
 
     def train(self, ctx: SliceContext) -> SliceOutcome:
         # Imported here, in the workers only: it is slow to import.
         from torch.distributed import pipelining
 
         task, spec = ctx.task, ctx.spec
-        first, last = ctx.rank == 0, ctx.rank == ctx.world - 1
+        last = ctx.rank == ctx.world - 1
         source = BatchSource(ctx.dataset, task.batch_size, task.seed)
         ctx.timings["data_ready"] = time.perf_counter()
-        model, partition = self.build_stage(ctx, source)
-        stage = pipelining.PipelineStage(model, ctx.rank, ctx.world, ctx.device)
+        part = self.build_stage(ctx, source)
+        model = part.model
+        stage = pipelining.PipelineStage(part.module, ctx.rank, ctx.world, ctx.device)
         log = ActionLog()
         log.watch(stage)
         schedule_class = getattr(pipelining, self.torch_schedule)
+        # The last stage's module returns the micro-batch's loss itself.
         runner = schedule_class(stage, n_microbatches=ctx.knobs["micro_batches"],
-                                loss_fn=log.timed_loss(self.stage_loss(task)),
-                                scale_grads=True)
+                                loss_fn=log.timed_loss(_its_own_loss), scale_grads=True)
         optimizer, scheduler = ctx.start_training(model)
+        part.shared.forget_state(optimizer)
+        part.module.unchecked = 1  # torch's shape inference, on placeholder inputs
         losses: list[torch.Tensor] = []
         step_seconds: list[float] = []
         last_time = time.perf_counter()
+        # Sample positions, split like the batch: the target torch hands the loss (unused).
+        rows = torch.arange(task.batch_size, device=ctx.device)
         for step in range(spec.start_step, spec.end_step):
-            inputs, target = source.global_batch(step)
+            fields, _ = batch_fields(ctx.to_device(source.global_batch(step)))
             optimizer.zero_grad(set_to_none=True)
             micro_losses: list[torch.Tensor] = []
             try:
-                if first:
-                    runner.step(ctx.to_device(inputs))
-                elif last:
-                    runner.step(target=ctx.to_device(target), losses=micro_losses,
-                                return_outputs=False)
+                if last:
+                    runner.step(target=rows, losses=micro_losses, return_outputs=False,
+                                **fields)
                 else:
-                    runner.step()
+                    runner.step(**fields)
             except RuntimeError as err:
                 # torch wraps the stage's own error in "[Stage k] failed to run ...":
                 # report the user's exception, with its traceback, as the cause.
                 if "failed to run" in str(err) and isinstance(err.__cause__, Exception):
                     raise err.__cause__ from None
                 raise
+            part.module.verify = False
             returned = time.perf_counter()
-            optimizer.step()
+            part.shared.to_owner()
+            ctx.apply_update(optimizer, model.parameters(), group=dist.group.WORLD)
+            part.shared.from_owner()
             if scheduler is not None:
                 scheduler.step()
             # Equal micro-batches: the mean of their mean losses is the batch's mean loss.
-            losses.append(torch.stack(micro_losses).mean().detach() if last
+            losses.append(torch.stack(micro_losses).mean().detach().float() if last
                           else torch.zeros((), device=ctx.device))
             ctx.step_done(losses[-1] if last else None)
             log.update_done(returned)
@@ -336,7 +500,9 @@ class PipelineTechnique(Technique):
             last_time = now
         checkpoint = ctx.save(model, optimizer, scheduler)
         outcome = ctx.outcome(losses, step_seconds, checkpoint, loss_ranks=[ctx.world - 1])
-        outcome.extra["stages"] = [partition.describe(k) for k in range(partition.stages)]
+        outcome.extra["stages"] = [part.partition.describe(k)
+                                   for k in range(part.partition.stages)]
+        outcome.extra.update(part.notes)
         steps = spec.end_step - spec.start_step
         mismatch = log.matches(self.schedule(ctx.world, ctx.knobs["micro_batches"], steps),
                                ctx.rank)
@@ -353,6 +519,11 @@ class PipelineTechnique(Technique):
         return outcome
 
 
+def _its_own_loss(output: torch.Tensor, target: Any) -> torch.Tensor:
+    """The loss the last stage's module computed (the task's, or the model's own)."""
+    return output
+
+
 class GPipe(PipelineTechnique):
     name = "gpipe"
     torch_schedule = "ScheduleGPipe"
@@ -364,6 +535,16 @@ class GPipe(PipelineTechnique):
 class OneFOneB(PipelineTechnique):
     name = "1f1b"
     torch_schedule = "Schedule1F1B"
+
+    def check(self, task: Task, devices: int, knobs: Knobs, kind: DeviceKind) -> list[str]:
+        reasons = super().check(task, devices, knobs, kind)
+        micro = self.resolve(knobs)["micro_batches"]
+        if isinstance(micro, int) and 1 <= micro < devices:
+            # torch's Schedule1F1B refuses it at run time; say so before anything starts.
+            reasons.append(f"1f1b needs at least as many micro-batches ({micro}) as stages "
+                           f"({devices}): its warm-up fills every stage; use gpipe, or "
+                           f"micro_batches >= {devices}")
+        return reasons
 
     def schedule(self, stages: int, micro_batches: int, minibatches: int = 1) -> Schedule:
         return one_f_one_b(stages, micro_batches, minibatches)

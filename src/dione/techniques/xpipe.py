@@ -22,6 +22,14 @@ stage keeps a send unwaited only until a later receive on the same link arrives 
 most its in-flight micro-batches' activations plus one gradient, and the activations'
 data is the output the stage keeps for their backwards anyway).
 
+Stages are cut as ``gpipe``'s (``dione.techniques.stages``): any batch shape, the task's
+loss or the model's own, ``precision=bf16`` under autocast. A weight two stages share
+(tied embeddings) gets the sum of their gradients at its update on each of them (a
+collective between those stages: the later one waits for the earlier's update of the
+same mini-batch), and both optimizers step it alike, so its copies stay identical and
+both predict from the same optimizer state. ``clip_grad_norm`` is refused: the stages
+update at different times, so there is no one global norm to clip by; ``fp16`` too.
+
 Knobs: ``micro_batches`` (T); which weights a mini-batch runs on, three ways:
 
 - ``prediction=true`` (default): XPipe, the bellwether's copy predicted ``s`` ahead;
@@ -56,9 +64,10 @@ from dione.schedules.messages import LinkOp, Message, stage_plan
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceContext, SliceOutcome
-from dione.techniques.batches import BatchSource
+from dione.techniques.batches import BatchSource, slice_batch
 from dione.techniques.pipeline import PipelineTechnique, on_one_clock
 from dione.techniques.prediction import predict_weights, prediction_problem
+from dione.techniques.stages import batch_fields
 
 __all__ = ["XPipe"]
 
@@ -156,6 +165,12 @@ class XPipe(PipelineTechnique):
         if not resolved["stashing"] and resolved["prediction"]:
             reasons.append("xpipe predicts weights into the copy it stashes: prediction=true "
                            "needs stashing=true (for no stashing, set prediction=false too)")
+        if task.clip_grad_norm is not None:
+            reasons.append(
+                f"task {task.name!r} clips gradients by their global norm, and xpipe's stages "
+                "update at different times: no moment holds one mini-batch's gradients on "
+                "every stage to take the norm of (per-stage clipping would be different "
+                "training); use gpipe or 1f1b, or leave clip_grad_norm out")
         if not resolved["stashing"] and resolved["log_prediction"]:
             reasons.append("xpipe logs the prediction error of a stashed copy: "
                            "log_prediction=true needs stashing=true")
@@ -186,7 +201,8 @@ class XPipe(PipelineTechnique):
         minibatches = spec.end_step - spec.start_step
         source = BatchSource(ctx.dataset, task.batch_size, task.seed)
         ctx.timings["data_ready"] = time.perf_counter()
-        model, partition = self.build_stage(ctx, source)
+        part = self.build_stage(ctx, source)
+        model, partition, module = part.model, part.partition, part.module
         optimizer, scheduler = ctx.start_training(model)
         params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         schedule = xpipe(stages, micro_batches, minibatches)
@@ -205,7 +221,7 @@ class XPipe(PipelineTechnique):
         saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
         outgoing: dict[Message, torch.Tensor] = {}
         arrived: dict[Message, torch.Tensor] = {}
-        chunks: dict[int, tuple[Any, Any]] = {}
+        chunks: dict[int, list[dict[str, torch.Tensor]]] = {}
         micro_losses: dict[int, list[torch.Tensor]] = {}
         losses: list[torch.Tensor] = []
         step_seconds: list[float] = []
@@ -215,10 +231,13 @@ class XPipe(PipelineTechnique):
         most_copies = 0
         updates = 0
 
-        def chunk(i: int) -> tuple[Any, Any]:
+        def chunk(i: int) -> list[dict[str, torch.Tensor]]:
+            """Mini-batch i's micro-batches, as the fields every stage's module takes."""
             if i not in chunks:
-                inputs, target = source.global_batch(spec.start_step + i)
-                chunks[i] = (inputs.chunk(micro_batches), target.chunk(micro_batches))
+                batch = ctx.to_device(source.global_batch(spec.start_step + i))
+                size = task.batch_size // micro_batches
+                chunks[i] = [batch_fields(slice_batch(batch, j * size, (j + 1) * size))[0]
+                             for j in range(micro_batches)]
             return chunks[i]
 
         def play(ops: tuple[LinkOp, ...]) -> None:
@@ -248,15 +267,16 @@ class XPipe(PipelineTechnique):
                 if knobs["log_prediction"]:
                     stale[i] = {n: p.detach().clone() for n, p in params.items()}
             received: torch.Tensor | None = None
-            if first:
-                x = ctx.to_device(chunk(i)[0][j])
-            else:
+            args: tuple[torch.Tensor, ...] = ()
+            if not first:
                 received = arrived.pop(Message("activation", u, stage - 1))
-                x = received.requires_grad_(received.is_floating_point())
-            out = functional_call(model, weights[i], (x,))
-            if last:
-                loss = self.stage_loss(task)(out, ctx.to_device(chunk(i)[1][j]))
-                micro_losses.setdefault(i, []).append(loss.detach())
+                args = (received.requires_grad_(received.is_floating_point()),)
+            # The module holds the cut model as "model": its weights by those names.
+            out = functional_call(module, {f"model.{n}": w for n, w in weights[i].items()},
+                                  args, chunk(i)[j])
+            if last:  # the module returned the micro-batch's loss
+                loss = out
+                micro_losses.setdefault(i, []).append(loss.detach().float())
                 saved[u] = (received, loss / micro_batches)  # mean over the mini-batch
             else:
                 outgoing[Message("activation", u, stage)] = out
@@ -287,7 +307,9 @@ class XPipe(PipelineTechnique):
                     prediction_log.append((i, s, _norm(mine, params), _norm(seen, params)))
             for name, param in params.items():
                 param.grad = mine[name].grad
+            part.shared.summed()  # a weight other stages hold too: the sum of their gradients
             optimizer.step()
+            module.verify = False
             if scheduler is not None:
                 scheduler.step()
             # Drops the gradients; the copy itself goes when ``mine`` does, on return.
@@ -325,6 +347,7 @@ class XPipe(PipelineTechnique):
                   "most_copies": most_copies}
         gathered: list[Any] = [None] * stages
         dist.all_gather_object(gathered, record)
+        outcome.extra.update(part.notes)
         outcome.extra.update(
             stages=[partition.describe(k) for k in range(partition.stages)],
             micro_batches=micro_batches,
