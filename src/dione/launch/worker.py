@@ -207,7 +207,8 @@ def run_job(job: Job, report: Report | None = None) -> tuple[str, Any]:
     import torch.distributed as dist
 
     from dione.spec.devices import backend_for
-    from dione.techniques.base import SliceContext, SliceSpec
+    from dione.techniques.base import SliceSpec
+    from dione.techniques.context import SliceContext
     from dione.techniques.evaluate import evaluate_checkpoint
 
     rank = job.rank

@@ -1,6 +1,7 @@
 """How one task trains on g devices: the built-in techniques and the registry."""
 
-from dione.techniques.base import SliceContext, SliceOutcome, SliceSpec, Technique, TechniqueError
+from dione.techniques.base import SliceOutcome, SliceSpec, Technique, TechniqueError
+from dione.techniques.context import SliceContext
 from dione.techniques.ddp import DDP
 from dione.techniques.fsdp import FSDP
 from dione.techniques.pipeline import GPipe, OneFOneB, PipelineTechnique

@@ -25,8 +25,9 @@ from torch import nn
 from dione.spec.batch import loss_of
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
-from dione.techniques.base import Knobs, SliceContext, SliceOutcome, Technique
+from dione.techniques.base import Knobs, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource
+from dione.techniques.context import SliceContext
 
 __all__ = ["DataParallelTechnique"]
 

@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
-from dione.techniques.base import SliceContext
+from dione.techniques.context import SliceContext
 from dione.techniques.data_parallel import DataParallelTechnique
 
 __all__ = ["DDP"]

@@ -20,7 +20,8 @@ from torch.utils.checkpoint import checkpoint
 
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
-from dione.techniques.base import Knobs, SliceContext
+from dione.techniques.base import Knobs
+from dione.techniques.context import SliceContext
 from dione.techniques.data_parallel import DataParallelTechnique
 
 __all__ = ["FSDP", "checkpoint_activations", "shard_units"]

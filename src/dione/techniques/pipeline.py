@@ -68,8 +68,9 @@ from dione.schedules.stage_plan import StagePlan
 from dione.spec.batch import loss_of, split_target
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
-from dione.techniques.base import Knobs, SliceContext, SliceOutcome, Technique
+from dione.techniques.base import Knobs, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource, batch_rows, slice_batch
+from dione.techniques.context import SliceContext
 from dione.techniques.exactness import batch_norm_layers, dropout_layers
 from dione.techniques.fsdp import checkpoint_activations
 from dione.techniques.shared import SharedGradients

@@ -6,7 +6,8 @@ from torch import nn
 
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
-from dione.techniques.base import Knobs, SliceContext
+from dione.techniques.base import Knobs
+from dione.techniques.context import SliceContext
 from dione.techniques.data_parallel import DataParallelTechnique
 
 __all__ = ["Single"]

@@ -63,8 +63,9 @@ from dione.schedules import Schedule, xpipe
 from dione.schedules.messages import LinkOp, Message, stage_plan
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
-from dione.techniques.base import Knobs, SliceContext, SliceOutcome
+from dione.techniques.base import Knobs, SliceOutcome
 from dione.techniques.batches import BatchSource, slice_batch
+from dione.techniques.context import SliceContext
 from dione.techniques.pipeline import PipelineTechnique, on_one_clock
 from dione.techniques.prediction import predict_weights, prediction_problem
 from dione.techniques.stages import batch_fields

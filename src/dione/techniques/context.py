@@ -1,0 +1,229 @@
+"""A worker's view of its slice: rank, device, and the training chores every technique
+shares (model and optimizer from the checkpoint, autocast, the update, progress, saving)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import resource
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dione.spec.devices import torch_device
+from dione.state.checkpoint import (
+    Progress,
+    checkpoint_path,
+    load_checkpoint,
+    reseed,
+    save_checkpoint,
+)
+from dione.techniques.base import SliceOutcome, SliceSpec
+from dione.techniques.batches import batch_map
+from dione.techniques.gradients import clip_gradients
+
+__all__ = ["SliceContext"]
+
+
+def _peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    # The peak resident memory since the worker began this slice (VmHWM, which a warm
+    # worker resets per slice); ru_maxrss (KiB on Linux, whole process life) elsewhere.
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class SliceContext:
+    """A worker's view of its slice: rank, device, and the shared training chores."""
+
+    def __init__(self, spec: SliceSpec, rank: int, world: int) -> None:
+        self.spec = spec
+        self.task = spec.task
+        self.rank = rank
+        self.world = world
+        self.device = torch_device(spec.device_kind, spec.device_ids[rank])
+        self.knobs = spec.technique.resolve(spec.knobs)
+        self.timings: dict[str, float] = {"begin": time.perf_counter()}
+        self.steps_done = 0
+        # Set by the worker: hands a progress record to the launcher (no file involved).
+        self.on_progress: Callable[[dict[str, Any]], None] | None = None
+        self._last_progress = float("-inf")  # the first step reports at once
+        self._first_step_done = self.timings["begin"]
+
+    @functools.cached_property
+    def dataset(self) -> Any:
+        return self.task.data()
+
+    def build_model(self, on_device: bool = True) -> nn.Module:
+        """The task's model, initialised from its seed (identical on every rank); on the
+        host with ``on_device=False`` (a pipeline cuts its stage out first)."""
+        torch.manual_seed(self.task.seed)
+        model = self.task.model()
+        return model.to(self.device) if on_device else model
+
+    def start_training(self, model: nn.Module) -> tuple[torch.optim.Optimizer, Any | None]:
+        """The task's optimizer and scheduler over ``model``'s parameters, restored from
+        the slice's checkpoint (collective), with the model in training mode."""
+        optimizer = self.task.optimizer(model.parameters())
+        scheduler = self.task.lr_scheduler(optimizer) if self.task.lr_scheduler else None
+        self.restore(model, optimizer, scheduler)
+        model.train()
+        return optimizer, scheduler
+
+    def to_device(self, batch: Any) -> Any:
+        """``batch`` (a tensor, or tuples and dicts of them) on this rank's device."""
+        return batch_map(lambda t: t.to(self.device, non_blocking=True), batch)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The task's precision for a forward and its loss (fp32: nothing to do)."""
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.task.precision)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    @functools.cached_property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """fp16's loss scaler (bf16 has float32's range and needs none); checkpointed."""
+        if self.task.precision != "fp16":
+            return None
+        return torch.amp.GradScaler(self.device.type)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, scaled under fp16."""
+        scaled = self.scaler.scale(loss) if self.scaler is not None else loss
+        scaled.backward()  # type: ignore[no-untyped-call]
+
+    def apply_update(self, optimizer: torch.optim.Optimizer,
+                     parameters: Iterable[nn.Parameter],
+                     group: dist.ProcessGroup | None = None) -> None:
+        """One optimizer step on the gradients ``backward`` left: unscaled (fp16), clipped
+        to the task's global norm (summed over ``group``'s ranks when each holds part of
+        the model: pipeline stages), then applied."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        if self.task.clip_grad_norm is not None:
+            clip_gradients(parameters, self.task.clip_grad_norm, group)
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+
+    def restore(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer],
+        scheduler: Any | None = None,
+    ) -> None:
+        """Load the slice's starting checkpoint (collective), or seed a fresh start."""
+        if self.spec.resume_from is None:
+            if self.spec.start_step != 0:
+                raise RuntimeError("a slice that does not start at step 0 needs a checkpoint")
+            reseed(self.task.seed, 0, self.rank)
+        else:
+            progress = load_checkpoint(
+                self.spec.resume_from, model, optimizer, batch_size=self.task.batch_size,
+                seed=self.task.seed, scheduler=scheduler, scaler=self.scaler,
+            )
+            if progress.step != self.spec.start_step:
+                raise RuntimeError(
+                    f"checkpoint {self.spec.resume_from} is at step {progress.step}, "
+                    f"but the slice starts at step {self.spec.start_step}"
+                )
+        self.timings["restored"] = time.perf_counter()
+
+    def save(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer],
+        scheduler: Any | None = None,
+    ) -> str | None:
+        """Write the checkpoint at the slice's end step (collective); its folder."""
+        self.timings["trained"] = time.perf_counter()
+        if not self.spec.save:
+            return None
+        progress = Progress(
+            task=self.task.name,
+            step=self.spec.end_step,
+            samples_seen=self.spec.end_step * self.task.batch_size,
+            batch_size=self.task.batch_size,
+            technique=self.spec.technique.name,
+            knobs=dict(self.knobs),
+            world=self.world,
+        )
+        path = checkpoint_path(self.spec.run_dir, self.task.name, self.spec.end_step)
+        folder = save_checkpoint(path, model, optimizer, progress, scheduler, self.scaler)
+        self.timings["saved"] = time.perf_counter()
+        if self.spec.probe_load:
+            # What the next slice's start will pay: the same checkpoint into the same
+            # wrapped model. It loads the state just saved, so training is unchanged.
+            load_checkpoint(str(folder), model, optimizer, batch_size=self.task.batch_size,
+                            seed=self.task.seed, scheduler=scheduler, scaler=self.scaler)
+            self.timings["load_probed"] = time.perf_counter()
+        return str(folder)
+
+    def step_done(self, loss: torch.Tensor | None = None) -> None:
+        """After each step: enforce the memory cap, and at most once a second send this
+        rank's progress (steps done, latest loss it holds) for the orchestrator's display."""
+        self.check_memory()
+        self.steps_done += 1
+        now = time.perf_counter()
+        if self.steps_done == 1:
+            self._first_step_done = now
+        if self.on_progress is None or now - self._last_progress < 1.0:
+            return
+        self._last_progress = now
+        record = {"step": self.spec.start_step + self.steps_done,
+                  "loss": None if loss is None else float(loss),
+                  "seconds": now - self.timings["begin"],
+                  # The pace since the first step: start-up excluded.
+                  "seconds_per_step": (now - self._first_step_done) / (self.steps_done - 1)
+                  if self.steps_done > 1 else None}
+        self.on_progress(record)
+
+    def check_memory(self) -> None:
+        """Fail like an out-of-memory GPU when this rank's peak passes the slice's cap."""
+        cap = self.spec.memory_cap_bytes
+        if cap is not None:
+            peak = _peak_memory_bytes(self.device)
+            if peak > cap:
+                raise torch.OutOfMemoryError(
+                    f"peak memory {peak / 2**20:.0f} MiB exceeds the device's memory cap of "
+                    f"{cap / 2**20:.0f} MiB")
+
+    def outcome(
+        self,
+        losses: Sequence[torch.Tensor],
+        step_seconds: Sequence[float],
+        checkpoint: str | None,
+        loss_ranks: Sequence[int] | None = None,
+    ) -> SliceOutcome:
+        """Average each step's loss over the ranks in ``loss_ranks`` (default: all)."""
+        local = (torch.stack([loss.detach().float() for loss in losses]) if losses
+                 else torch.zeros(0, device=self.device))
+        holders = list(range(self.world)) if loss_ranks is None else list(loss_ranks)
+        if self.world > 1:
+            if self.rank not in holders:
+                local = torch.zeros(len(step_seconds), device=self.device)
+            dist.all_reduce(local)
+        mean = (local / len(holders)).cpu().tolist()
+        base = self.timings["begin"]
+        timings = {k: v - base for k, v in self.timings.items() if k != "begin"}
+        return SliceOutcome(
+            losses=[float(x) for x in mean],
+            step_seconds=list(step_seconds),
+            checkpoint=checkpoint,
+            timings=timings,
+            peak_memory_bytes=_peak_memory_bytes(self.device),
+        )
