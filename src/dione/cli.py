@@ -170,7 +170,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         try:
             result = run_slice(task, technique, run_dir,
                                local_placement(node, range(count)), knobs=knobs,
-                               steps=args.steps, timeout=args.timeout)
+                               steps=args.steps, timeout=args.timeout,
+                               on_progress=_live_steps())
         except SliceError as err:
             _complain("diverged" if err.reason == "diverged" else "error", str(err))
             return EXIT_FAILED
@@ -193,6 +194,27 @@ def _cmd_train(args: argparse.Namespace) -> int:
         _complain("evaluation failed", result.evaluation_error)
         return EXIT_FAILED
     return 0
+
+
+def _live_steps() -> Any:
+    """Progress while a slice trains (each rank reports about once a second): the step
+    rank 0 reached, its pace, and the latest loss a rank holds (its share of the batch;
+    the exact global losses follow when the slice ends)."""
+    latest: dict[int, dict[str, Any]] = {}
+
+    def show(rank: int, record: dict[str, Any]) -> None:
+        latest[rank] = record
+        if rank != 0:
+            return
+        pace = record.get("seconds_per_step")
+        holder = next((r for r in sorted(latest) if latest[r].get("loss") is not None), None)
+        console.print(Text(
+            f"  ... step {record['step']}"
+            + (f", {pace * 1000:.1f} ms/step" if pace else "")
+            + (f", loss {latest[holder]['loss']:.4f} (rank {holder})" if holder is not None
+               else "")))
+
+    return show
 
 
 def _trial_options(args: argparse.Namespace) -> Any:
