@@ -1,10 +1,11 @@
-"""Two runs of ``bench.py quality --json`` side by side: cpsat's plan / bound and status in each.
+"""Runs of ``bench.py quality --json`` side by side: cpsat's plan / bound and status in each.
 
-    python benchmarks/planner/compare.py quiet.jsonl busy.jsonl [--names quiet busy]
+    python benchmarks/planner/compare.py alone.jsonl busy.jsonl [more.jsonl ...]
+        [--names alone busy ...]
 
-The bound of each row is the best known in either run (so that a plan is measured against
-the same bound in both), and the machine's load average during each row is shown, so a
-difference can be read against how busy the machine was.
+The bound of each row is the best known in any of the runs (so that a plan is measured
+against the same bound in all), and the machine's load average during each row is
+shown, so a difference can be read against how busy the machine was.
 """
 
 from __future__ import annotations
@@ -27,35 +28,36 @@ def rows(path: Path) -> dict[str, dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("first", type=Path)
-    parser.add_argument("second", type=Path)
-    parser.add_argument("--names", nargs=2, default=["first", "second"])
+    parser.add_argument("runs", type=Path, nargs="+")
+    parser.add_argument("--names", nargs="+", default=None)
     args = parser.parse_args()
-    first, second = rows(args.first), rows(args.second)
-    a, b = args.names
-    print(f"| instance | best bound, h | greedy / LB | cpsat / LB, {a} | cpsat / LB, {b} | "
-          f"cpsat status, {a} / {b} | cpsat from, {a} / {b} | load, {a} | load, {b} |")
-    print("| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |")
-    ratios: dict[str, list[float]] = {a: [], b: []}
-    for name in [n for n in first if n in second]:
-        one, two = first[name], second[name]
-        bound = max(one["bound"], two["bound"])
-        greedy = one["plans"]["greedy"]["makespan"] / bound
+    names = args.names or [p.stem for p in args.runs]
+    if len(names) != len(args.runs):
+        parser.error("give one name per run")
+    runs = [rows(p) for p in args.runs]
+    print("| instance | best bound, h | greedy / LB | " + " | ".join(
+        f"cpsat / LB, {n}" for n in names) + " | cpsat status | load |")
+    print("| --- | ---: | ---: | " + " | ".join("---:" for _ in names) + " | --- | --- |")
+    ratios: dict[str, list[float]] = {n: [] for n in names}
+    for instance in [i for i in runs[0] if all(i in run for run in runs)]:
+        mine = [run[instance] for run in runs]
+        bound = max(r["bound"] for r in mine)
+        greedy = mine[0]["plans"]["greedy"]["makespan"] / bound
         cells = []
-        for label, row in ((a, one), (b, two)):
+        for name, row in zip(names, mine, strict=True):
             ratio = row["plans"]["cpsat"]["makespan"] / bound
-            ratios[label].append(ratio)
+            ratios[name].append(ratio)
             cells.append(f"{ratio:.3f}")
-        status = " / ".join(r["plans"]["cpsat"]["status"] for r in (one, two))
-        source = " / ".join(str(r["plans"]["cpsat"]["from"]) for r in (one, two))
-        loads = [f"{r['load'][0]:.1f}-{r['load'][1]:.1f}" if "load" in r else "-"
-                 for r in (one, two)]
-        print(f"| {name} | {bound / 3600:.2f} | {greedy:.3f} | {cells[0]} | {cells[1]} | "
-              f"{status} | {source} | {loads[0]} | {loads[1]} |")
-    for label in (a, b):
-        if ratios[label]:
-            print(f"\n- {label}: mean cpsat / LB {statistics.mean(ratios[label]):.4f}, "
-                  f"worst {max(ratios[label]):.3f}")
+        status = " / ".join(r["plans"]["cpsat"]["status"] for r in mine)
+        loads = " / ".join(f"{r['load'][0]:.1f}-{r['load'][1]:.1f}" if "load" in r else "-"
+                           for r in mine)
+        print(f"| {instance} | {bound / 3600:.2f} | {greedy:.3f} | " + " | ".join(cells)
+              + f" | {status} | {loads} |")
+    print()
+    for name in names:
+        if ratios[name]:
+            print(f"- {name}: mean cpsat / LB {statistics.mean(ratios[name]):.4f}, "
+                  f"worst {max(ratios[name]):.3f}")
 
 
 if __name__ == "__main__":
