@@ -223,3 +223,19 @@ def test_the_search_around_a_plan_only_improves_it(problem: PlanningProblem) -> 
     again, _ = improve(problem, start.placed, Budget(0.2, deterministic=True), threads=1)
     assert placements_plan("lns", "feasible", problem, again, 0.0).makespan <= \
         start.makespan + 1e-6
+
+
+def test_a_plan_that_meets_a_bound_found_on_the_way_is_called_optimal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The whole model finds no plan but proves greedy's makespan a bound: greedy's plan
+    # is then optimal, and says why.
+    greedy_makespan = greedy(PAIRS).makespan
+    monkeypatch.setattr(cpsat_module, "_solve",
+                        lambda *args, **kwargs: (None, "UNKNOWN", greedy_makespan))
+    monkeypatch.setattr(cpsat_module, "improve", nothing_better)
+    plan = cpsat(PAIRS, time_limit=1, threads=1)
+    assert check_plan(plan, PAIRS) == []
+    assert plan.status == "optimal"
+    assert plan.makespan == pytest.approx(greedy_makespan)
+    assert plan.notes["plan_from"] == "greedy"
+    assert plan.notes["why_optimal"] == "the plan meets the bound"

@@ -23,6 +23,7 @@ machine is.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -351,6 +352,6 @@ def _finish(problem: PlanningProblem, best: Sequence[Placement], source: str, st
                                 "why": "the search found nothing shorter than greedy's plan"})
     chosen = plan if plan.makespan < fallback.makespan - 1e-9 else fallback
     if chosen.makespan <= bound * (1 + 1e-9) and chosen.status != "optimal":
-        chosen = placements_plan("cpsat", "optimal", problem, best, began, bound,
-                                 {**chosen.notes, "why_optimal": "the plan meets the bound"})
+        chosen = dataclasses.replace(chosen, status="optimal", notes={
+            **chosen.notes, "why_optimal": "the plan meets the bound"})
     return chosen
