@@ -1,5 +1,6 @@
 """cpsat's promises: never worse than greedy, symmetry breaking loses no optimum, the
-deterministic-time search repeats itself, and the lower bounds stay bounds."""
+deterministic-time search repeats itself, the search around a plan only improves it,
+and the lower bounds stay bounds."""
 
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ from dione.plan import (
     solve,
 )
 from dione.plan import cpsat as cpsat_module
-from dione.plan.bounds import work_within_bound
+from dione.plan.bounds import energetic_bound, work_within_bound
+from dione.plan.budget import Budget
 from dione.plan.cpsat import cpsat, identical_groups
-from dione.plan.greedy import greedy
+from dione.plan.greedy import greedy, greedy_placements, placements_plan
+from dione.plan.lns import LnsStats, improve
+from dione.plan.options import Placement
 
 
 def grid_problem(groups: list[tuple[int, list[tuple[int, float]]]], nodes: list[int]
@@ -70,14 +74,22 @@ PAIRS = grid_problem([(3, [(1, 50.0), (2, 30.0), (4, 18.0)]), (2, [(2, 40.0), (4
                       (1, [(4, 35.0)])], [4, 4])
 
 
+def nothing_better(problem: PlanningProblem, placed: list[Placement], *args: object,
+                   **kwargs: object) -> tuple[list[Placement], LnsStats]:
+    """A search around the incumbent that finds nothing better."""
+    return list(placed), LnsStats()
+
+
 def test_cpsat_returns_greedys_plan_and_says_so_when_cpsat_finds_nothing(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpsat_module, "_solve", lambda *args, **kwargs: (None, "UNKNOWN", 0.0))
+    monkeypatch.setattr(cpsat_module, "improve", nothing_better)
     plan = cpsat(PAIRS, time_limit=1, threads=1)
     assert check_plan(plan, PAIRS) == []
     assert plan.makespan == pytest.approx(greedy(PAIRS).makespan)
     assert plan.notes["plan_from"] == "greedy"
-    assert "CP-SAT found no plan (UNKNOWN)" in str(plan.notes["why"])
+    assert plan.notes["whole_model"] == "CP-SAT found no plan (UNKNOWN)"
+    assert "nothing shorter than greedy's plan" in str(plan.notes["why"])
 
 
 def test_cpsat_returns_greedys_plan_when_cpsats_is_longer(
@@ -92,6 +104,7 @@ def test_cpsat_returns_greedys_plan_when_cpsats_is_longer(
         return placed, "FEASIBLE", 0.0
 
     monkeypatch.setattr(cpsat_module, "_solve", everything_in_a_row)
+    monkeypatch.setattr(cpsat_module, "improve", nothing_better)
     plan = cpsat(PAIRS, time_limit=1, threads=1)
     assert plan.makespan == pytest.approx(greedy(PAIRS).makespan)
     assert plan.notes["plan_from"] == "greedy"
@@ -170,3 +183,59 @@ def test_plan_command_takes_a_deterministic_time(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
         plans.append(json.loads(out.read_text())["assignments"])
     assert plans[0] == plans[1]
+
+
+def test_the_energetic_bound_sees_tasks_that_cannot_overlap() -> None:
+    # Two tasks on 3 of 4 devices: the area says 15 s, but they cannot run side by side,
+    # and both would have to cover the middle of any plan shorter than 20 s.
+    problem = grid_problem([(2, [(3, 10.0)])], [4])
+    assert lower_bound(problem) == pytest.approx(15.0)
+    assert energetic_bound(problem, 15.0, 30.0) == pytest.approx(20.0, rel=1e-4)
+    assert cpsat(problem, time_limit=5, threads=1).makespan == pytest.approx(20.0)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(wide_problems())
+def test_the_energetic_bound_stays_below_every_plan(problem: PlanningProblem) -> None:
+    simple = lower_bound(problem)
+    plan = cpsat(problem, time_limit=2, threads=1)
+    bound = energetic_bound(problem, simple, 2 * plan.makespan)
+    assert simple <= bound <= plan.makespan + 1e-6
+
+
+@pytest.mark.parametrize("problem", SYMMETRIC, ids=IDS)
+def test_the_search_around_a_plan_only_improves_it(problem: PlanningProblem) -> None:
+    # From the worst start: every task in a row on the first node, at its first option.
+    placed: list[Placement] = []
+    clock = 0.0
+    for task in problem.tasks:
+        option = task.options[0]
+        placed.append((task.name, option, problem.nodes[0].name, clock))
+        clock += option.seconds
+    budget = Budget(0.3, deterministic=True)
+    found, stats = improve(problem, placed, budget, threads=1)
+    plan = placements_plan("lns", "feasible", problem, found, 0.0)
+    assert check_plan(plan, problem) == []
+    assert plan.makespan < clock
+    assert sum(stats.improvements.values()) >= 1
+    # and from greedy's plan it never ends later
+    start = greedy_placements(problem, None)
+    again, _ = improve(problem, start.placed, Budget(0.2, deterministic=True), threads=1)
+    assert placements_plan("lns", "feasible", problem, again, 0.0).makespan <= \
+        start.makespan + 1e-6
+
+
+def test_a_plan_that_meets_a_bound_found_on_the_way_is_called_optimal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The whole model finds no plan but proves greedy's makespan a bound: greedy's plan
+    # is then optimal, and says why.
+    greedy_makespan = greedy(PAIRS).makespan
+    monkeypatch.setattr(cpsat_module, "_solve",
+                        lambda *args, **kwargs: (None, "UNKNOWN", greedy_makespan))
+    monkeypatch.setattr(cpsat_module, "improve", nothing_better)
+    plan = cpsat(PAIRS, time_limit=1, threads=1)
+    assert check_plan(plan, PAIRS) == []
+    assert plan.status == "optimal"
+    assert plan.makespan == pytest.approx(greedy_makespan)
+    assert plan.notes["plan_from"] == "greedy"
+    assert plan.notes["why_optimal"] == "the plan meets the bound"

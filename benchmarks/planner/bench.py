@@ -1,7 +1,8 @@
 """Planner quality and speed on the committed instances, and what re-planning is worth.
 
     python benchmarks/planner/bench.py quality [--families small medium large hard]
-        [--solvers ...] [--threads 2] [--json results.jsonl]
+        [--solvers ...] [--threads 2] [--json results.jsonl] [--instances hard-3 ...]
+        [--deterministic-time UNITS]
     python benchmarks/planner/bench.py introspection [--families small medium]
 
 ``quality``: per instance, every solver's makespan over the best lower bound known (the
@@ -10,7 +11,11 @@ possible gain over sequential it captures, (sequential - plan) / (sequential - b
 and cpsat's gain over sequential (current practice) and over Saturn's MILP at the same
 time limit (10 s on instances of at most 24 tasks, 60 s on the others). Every plan is
 checked by the validator; an invalid plan stops the benchmark. A summary follows: mean
-share captured per solver, and issue 22's goals checked row by row.
+share captured per solver, and issue 22's goals checked row by row. Each row records the
+machine's load average before and after it (the machine may be shared), and
+``--deterministic-time`` bounds cpsat by CP-SAT's deterministic time instead of the
+clock (the same plan however busy the machine is). ``compare.py`` sets two runs side by
+side.
 
 ``introspection``: each instance replayed with actual lengths = estimate x lognormal
 noise (sigma 0.1 and 0.3, three seeds), planned once or re-planned whenever a task
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -65,7 +71,8 @@ def checked(plan: Plan, problem: PlanningProblem, name: str) -> Plan:
 
 
 def quality(families: list[str], threads: int | None, solvers: list[str],
-            record: Path | None, milp_max_tasks: int) -> None:
+            record: Path | None, milp_max_tasks: int, only: list[str] | None = None,
+            deterministic_time: float | None = None) -> None:
     rows: list[dict[str, Any]] = []
     for family in families:
         print(f"\n### {family} (threads {threads or 'all'}; time limit 10 s up to "
@@ -73,13 +80,18 @@ def quality(families: list[str], threads: int | None, solvers: list[str],
         print("| instance | tasks | nodes | limit s | best bound, h | " + " | ".join(
             f"{s} / LB" for s in solvers) + " | " + " | ".join(
             f"{s} captured" for s in solvers if s != "sequential")
-            + " | cpsat status | cpsat from | cpsat s | saturn-milp s |")
+            + " | cpsat status | cpsat from | cpsat s | saturn-milp s | load |")
         print("| --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in solvers)
               + " | " + " | ".join("---:" for s in solvers if s != "sequential")
-              + " | --- | --- | ---: | ---: |")
+              + " | --- | --- | ---: | ---: | ---: |")
         for _, name, problem in instances([family]):
+            if only and name not in only:
+                continue
             limit = time_limit(problem)
-            plans = {s: checked(solve(problem, s, limit, threads), problem, name)
+            load_before = os.getloadavg()[0]
+            plans = {s: checked(solve(problem, s, limit, threads,
+                                      deterministic_time if s == "cpsat" else None),
+                                problem, name)
                      for s in dict.fromkeys(["sequential", *solvers])
                      if s != "saturn-milp" or len(problem.tasks) <= milp_max_tasks}
             bound = max([lower_bound(problem)] + [p.lower_bound for p in plans.values()])
@@ -87,6 +99,8 @@ def quality(families: list[str], threads: int | None, solvers: list[str],
             row: dict[str, Any] = {"instance": name, "family": family,
                                    "tasks": len(problem.tasks), "nodes": len(problem.nodes),
                                    "limit": limit, "bound": bound, "threads": threads,
+                                   "deterministic_time": deterministic_time,
+                                   "load": [load_before, os.getloadavg()[0]],
                                    "plans": {s: {"makespan": p.makespan, "status": p.status,
                                                  "seconds": p.solve_seconds,
                                                  "bound": p.lower_bound,
@@ -115,7 +129,8 @@ def quality(families: list[str], threads: int | None, solvers: list[str],
                   + f" | {cpsat.status if cpsat else '-'}"
                   f" | {cpsat.notes.get('plan_from', '-') if cpsat else '-'}"
                   f" | {f'{cpsat.solve_seconds:.1f}' if cpsat else '-'}"
-                  f" | {f'{milp.solve_seconds:.1f}' if milp else '-'} |", flush=True)
+                  f" | {f'{milp.solve_seconds:.1f}' if milp else '-'}"
+                  f" | {load_before:.1f}-{row['load'][1]:.1f} |", flush=True)
             if record is not None:
                 with record.open("a") as out:
                     out.write(json.dumps(row) + "\n")
@@ -191,12 +206,16 @@ def main() -> None:
     parser.add_argument("--milp-max-tasks", type=int, default=SMALL_TASKS,
                         help="skip saturn-milp above this many tasks: it overran 60 s by "
                         "70-480 s on medium instances without a plan (issue 6)")
+    parser.add_argument("--instances", nargs="+", default=None,
+                        help="only these instances (e.g. hard-3 hard-5)")
+    parser.add_argument("--deterministic-time", type=float, default=None,
+                        help="bound cpsat by this much CP-SAT deterministic time instead")
     parser.add_argument("--json", type=Path, default=None,
                         help="append one JSON line per instance here (raw figures)")
     args = parser.parse_args()
     if args.what == "quality":
         quality(args.families or FAMILIES, args.threads, args.solvers, args.json,
-                args.milp_max_tasks)
+                args.milp_max_tasks, args.instances, args.deterministic_time)
     else:
         introspection(args.families or ["small", "medium"], args.seeds)
 

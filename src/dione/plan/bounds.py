@@ -5,9 +5,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
+import numpy as np
+
 from dione.plan.problem import Option, PlanningProblem, TaskOptions
 
-__all__ = ["lower_bound", "min_device_seconds", "min_seconds", "work_within_bound"]
+__all__ = ["energetic_bound", "lower_bound", "min_device_seconds", "min_seconds",
+           "work_within_bound"]
 
 
 def min_seconds(task: TaskOptions, problem: PlanningProblem) -> float:
@@ -91,3 +94,76 @@ def lower_bound(problem: PlanningProblem) -> float:
             need += sum(busy_area[n.name] for n in wide)
             bound = max(bound, need / sum(n.devices for n in wide))
     return bound
+
+
+def _overloaded(problem: PlanningProblem, makespan: float, lengths_kept: int) -> bool:
+    """Whether energetic reasoning proves that no plan ends by ``makespan``.
+
+    Every task runs within [0, M] at an option no longer than M; in any window [a, b] a
+    task of length L on d devices occupies at least d x max(0, min(b - a, L - a,
+    b - (M - L))) device-seconds (pushed as far left, or right, as it can go), and a
+    moldable task at least the least of that over its options. When the tasks need
+    more than the cluster's devices x (b - a) in some window, no plan ends by M. The
+    window [0, M] is the area bound; the narrower ones catch long tasks that must
+    overlap the middle of the plan. Windows start at 0 or M - L and end at M or L for
+    the options' lengths L (``lengths_kept`` of them at most, spread over the range).
+    """
+    widest = max(n.devices for n in problem.nodes)
+    options = []
+    for task in problem.tasks:
+        fitting = [(o.devices, o.seconds) for o in task.options
+                   if o.devices <= widest and o.seconds <= makespan]
+        if not fitting:
+            return True
+        options.append(fitting)
+    # Running tasks: from 0 until they end, on their devices.
+    options += [[(len(b.device_ids), b.until)] for b in problem.busy if b.until > 0]
+    count = max(len(o) for o in options)
+    devices = np.array([[o[min(j, len(o) - 1)][0] for j in range(count)] for o in options],
+                       dtype=float)
+    seconds = np.array([[o[min(j, len(o) - 1)][1] for j in range(count)] for o in options])
+    held = np.array([0.0] * len(problem.tasks) + [1.0] * (len(options) - len(problem.tasks)))
+    lengths = np.unique(seconds)
+    if len(lengths) > lengths_kept:
+        lengths = lengths[np.linspace(0, len(lengths) - 1, lengths_kept).astype(int)]
+    begins = np.unique(np.concatenate([[0.0], makespan - lengths, lengths]))
+    ends = np.unique(np.concatenate([[makespan], lengths, makespan - lengths]))
+    begins = begins[(begins >= 0) & (begins < makespan)][:, None]
+    ends = ends[(ends > 0) & (ends <= makespan)][None, :]
+    width = ends - begins
+    need = np.zeros(width.shape)
+    for i in range(len(options)):
+        least = None
+        for j in range(count):
+            length = seconds[i, j]
+            if held[i]:  # fixed at [0, until]: its overlap with the window
+                overlap = np.minimum(length, ends) - begins
+            else:
+                overlap = np.minimum(np.minimum(width, length - begins),
+                                     ends - (makespan - length))
+            energy = devices[i, j] * np.maximum(overlap, 0.0)
+            least = energy if least is None else np.minimum(least, energy)
+        assert least is not None
+        need += least
+    capacity = problem.total_devices * width
+    return bool(np.any((width > 1e-9) & (need > capacity * (1 + 1e-9) + 1e-6)))
+
+
+def energetic_bound(problem: PlanningProblem, at_least: float, at_most: float,
+                    steps: int = 24, lengths_kept: int = 64) -> float:
+    """A lower bound by energetic reasoning (``_overloaded``), searched by bisection in
+    [``at_least``, ``at_most``]; ``at_least`` when it proves nothing more.
+
+    Any makespan it finds overloaded is a valid bound, so the bisection needs no
+    monotonicity to be sound (only to be as tight as it could be).
+    """
+    low, high = at_least, at_most
+    if not problem.tasks or high <= low or not _overloaded(problem, low, lengths_kept):
+        return at_least
+    for _ in range(steps):
+        middle = (low + high) / 2
+        if _overloaded(problem, middle, lengths_kept):
+            low = middle
+        else:
+            high = middle
+    return low
