@@ -67,6 +67,21 @@ _REAL_FORWARD_BYTES = 1 << 30
 
 
 def _forward_problems(task: Task, model: nn.Module, dataset: Any) -> list[Problem]:
+    """``_try_forward`` inside a one-process gloo group when none exists: the task's code
+    runs in a gang, where it may ask torch.distributed for its rank."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() or not dist.is_available():
+        return _try_forward(task, model, dataset)
+    store = dist.HashStore()  # type: ignore[attr-defined]  # exported untyped by torch
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        return _try_forward(task, model, dataset)
+    finally:
+        dist.destroy_process_group()
+
+
+def _try_forward(task: Task, model: nn.Module, dataset: Any) -> list[Problem]:
     """Put a batch of two samples through the model and the loss, as training will (on
     the CPU, in float32): a batch the model cannot take, or a loss the model does not
     return, is named before any worker starts."""
