@@ -178,6 +178,12 @@ def test_trials_run_side_by_side_on_every_node(launcher: RayLauncher, tmp_path: 
     assert again.trials_run == 0 and again.trials_cached == first.trials_run
 
 
+def dione_node(nodes: list[Node], added: Any) -> Node:
+    """The node dione names for a node ``cluster.add_node`` made (its name ends with a
+    prefix of Ray's node id)."""
+    return next(n for n in nodes if added.node_id.startswith(n.name.rsplit("-", 1)[1]))
+
+
 def test_a_node_lost_while_profiling_leaves_the_profile_not_the_catalog(
         cluster: Any, tmp_path: Path) -> None:
     extra = cluster.add_node(num_cpus=2)
@@ -185,7 +191,7 @@ def test_a_node_lost_while_profiling_leaves_the_profile_not_the_catalog(
     launcher = RayLauncher()
     try:
         nodes = launcher.nodes()
-        doomed = next(n for n in nodes if extra.node_id.startswith(n.name.rsplit("-", 1)[1]))
+        doomed = dione_node(nodes, extra)
         tasks = [digits_task(f"p{i}", steps=400, batch_size=16 * (i + 1),
                              techniques=("single", "ddp")) for i in range(3)]
         events: list[ProfileEvent] = []
@@ -232,7 +238,7 @@ def test_losing_a_node_mid_run_replans_onto_the_others(
     launcher = RayLauncher()
     try:
         nodes = launcher.nodes()
-        doomed = next(n for n in nodes if extra.node_id.startswith(n.name.rsplit("-", 1)[1]))
+        doomed = dione_node(nodes, extra)
         tasks = [digits_task(f"t{i}", steps=80, batch_size=16, techniques=("single",))
                  for i in range(6)]
         outcome: dict[str, Any] = {}
