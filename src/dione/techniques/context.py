@@ -56,6 +56,11 @@ class SliceContext:
         self.knobs = spec.technique.resolve(spec.knobs)
         self.timings: dict[str, float] = {"begin": time.perf_counter()}
         self.steps_done = 0
+        # Each step's loss on this rank (zero where the rank holds none) and its seconds,
+        # kept by ``step_done`` for ``outcome``.
+        self.losses: list[torch.Tensor] = []
+        self.step_seconds: list[float] = []
+        self._step_began = self.timings["begin"]
         # Set by the worker: hands a progress record to the launcher (no file involved).
         self.on_progress: Callable[[dict[str, Any]], None] | None = None
         self._last_progress = float("-inf")  # the first step reports at once
@@ -79,6 +84,7 @@ class SliceContext:
         scheduler = self.task.lr_scheduler(optimizer) if self.task.lr_scheduler else None
         self.restore(model, optimizer, scheduler)
         model.train()
+        self._step_began = time.perf_counter()  # the first step's time starts here
         return optimizer, scheduler
 
     def to_device(self, batch: Any) -> Any:
@@ -173,12 +179,20 @@ class SliceContext:
             self.timings["load_probed"] = time.perf_counter()
         return str(folder)
 
-    def step_done(self, loss: torch.Tensor | None = None) -> None:
-        """After each step: enforce the memory cap, and at most once a second send this
-        rank's progress (steps done, latest loss it holds) for the orchestrator's display."""
+    def step_done(self, loss: torch.Tensor | None, scheduler: Any | None = None) -> None:
+        """After each optimizer update: step the learning-rate scheduler, keep the step's
+        loss (``None``: this rank holds none, as a pipeline's early stages) and its time,
+        enforce the memory cap, and at most once a second send this rank's progress
+        (steps done, latest loss it holds) for the orchestrator's display."""
+        if scheduler is not None:
+            scheduler.step()
+        self.losses.append(loss.detach().float() if loss is not None
+                           else torch.zeros((), device=self.device))
         self.check_memory()
         self.steps_done += 1
         now = time.perf_counter()
+        self.step_seconds.append(now - self._step_began)
+        self._step_began = now
         if self.steps_done == 1:
             self._first_step_done = now
         if self.on_progress is None or now - self._last_progress < 1.0:
@@ -202,14 +216,11 @@ class SliceContext:
                     f"peak memory {peak / 2**20:.0f} MiB exceeds the device's memory cap of "
                     f"{cap / 2**20:.0f} MiB")
 
-    def outcome(
-        self,
-        losses: Sequence[torch.Tensor],
-        step_seconds: Sequence[float],
-        checkpoint: str | None,
-        loss_ranks: Sequence[int] | None = None,
-    ) -> SliceOutcome:
-        """Average each step's loss over the ranks in ``loss_ranks`` (default: all)."""
+    def outcome(self, checkpoint: str | None, loss_ranks: Sequence[int] | None = None
+                ) -> SliceOutcome:
+        """The slice's outcome from the steps ``step_done`` kept: each step's loss averaged
+        over the ranks in ``loss_ranks`` (default: all)."""
+        losses, step_seconds = self.losses, self.step_seconds
         local = (torch.stack([loss.detach().float() for loss in losses]) if losses
                  else torch.zeros(0, device=self.device))
         holders = list(range(self.world)) if loss_ranks is None else list(loss_ranks)

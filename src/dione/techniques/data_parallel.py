@@ -84,9 +84,6 @@ class DataParallelTechnique(Technique):
         ctx.timings["data_ready"] = time.perf_counter()
         model = self.wrap(ctx.build_model(), ctx)
         optimizer, scheduler = ctx.start_training(model)
-        losses: list[torch.Tensor] = []
-        step_seconds: list[float] = []
-        last = time.perf_counter()
         for step in range(spec.start_step, spec.end_step):
             optimizer.zero_grad(set_to_none=True)
             total = torch.zeros((), device=ctx.device)
@@ -99,12 +96,6 @@ class DataParallelTechnique(Technique):
                     ctx.backward(loss / parts if parts > 1 else loss)
                 total = total + loss.detach().float()
             ctx.apply_update(optimizer, model.parameters())
-            if scheduler is not None:
-                scheduler.step()
-            losses.append(total / parts if parts > 1 else total)
-            ctx.step_done(losses[-1])
-            now = time.perf_counter()
-            step_seconds.append(now - last)
-            last = now
+            ctx.step_done(total / parts if parts > 1 else total, scheduler)
         checkpoint = ctx.save(model, optimizer, scheduler)
-        return ctx.outcome(losses, step_seconds, checkpoint)
+        return ctx.outcome(checkpoint)

@@ -463,9 +463,6 @@ class PipelineTechnique(Technique):
         optimizer, scheduler = ctx.start_training(model)
         part.shared.forget_state(optimizer)
         part.module.unchecked = 1  # torch's shape inference, on placeholder inputs
-        losses: list[torch.Tensor] = []
-        step_seconds: list[float] = []
-        last_time = time.perf_counter()
         # Sample positions, split like the batch: the target torch hands the loss (unused).
         rows = torch.arange(task.batch_size, device=ctx.device)
         for step in range(spec.start_step, spec.end_step):
@@ -489,18 +486,11 @@ class PipelineTechnique(Technique):
             part.shared.to_owner()
             ctx.apply_update(optimizer, model.parameters(), group=dist.group.WORLD)
             part.shared.from_owner()
-            if scheduler is not None:
-                scheduler.step()
             # Equal micro-batches: the mean of their mean losses is the batch's mean loss.
-            losses.append(torch.stack(micro_losses).mean().detach().float() if last
-                          else torch.zeros((), device=ctx.device))
-            ctx.step_done(losses[-1] if last else None)
+            ctx.step_done(torch.stack(micro_losses).mean() if last else None, scheduler)
             log.update_done(returned)
-            now = time.perf_counter()
-            step_seconds.append(now - last_time)
-            last_time = now
         checkpoint = ctx.save(model, optimizer, scheduler)
-        outcome = ctx.outcome(losses, step_seconds, checkpoint, loss_ranks=[ctx.world - 1])
+        outcome = ctx.outcome(checkpoint, loss_ranks=[ctx.world - 1])
         outcome.extra["stages"] = [part.partition.describe(k)
                                    for k in range(part.partition.stages)]
         outcome.extra.update(part.notes)

@@ -224,8 +224,6 @@ class XPipe(PipelineTechnique):
         arrived: dict[Message, torch.Tensor] = {}
         chunks: dict[int, list[dict[str, torch.Tensor]]] = {}
         micro_losses: dict[int, list[torch.Tensor]] = {}
-        losses: list[torch.Tensor] = []
-        step_seconds: list[float] = []
         versions: list[tuple[int, int, int]] = []  # (mini-batch, version seen, s predicted)
         prediction_log: list[tuple[int, int, float, float]] = []
         spans: list[tuple[float, float]] = []
@@ -311,17 +309,13 @@ class XPipe(PipelineTechnique):
             part.shared.summed()  # a weight other stages hold too: the sum of their gradients
             optimizer.step()
             module.verify = False
-            if scheduler is not None:
-                scheduler.step()
             # Drops the gradients; the copy itself goes when ``mine`` does, on return.
             optimizer.zero_grad(set_to_none=True)
             updates += 1
             chunks.pop(i, None)
-            losses.append(torch.stack(micro_losses.pop(i)).mean() if last
-                          else torch.zeros((), device=ctx.device))
-            ctx.step_done(losses[-1] if last else None)
+            ctx.step_done(torch.stack(micro_losses.pop(i)).mean() if last else None, scheduler)
 
-        origin = last_update = time.perf_counter()
+        origin = time.perf_counter()
         for index, action in enumerate(schedule.stages[stage]):
             play(plan.before[index])  # the receives this work waits for
             begin = time.perf_counter()  # the span is the work, not the wait
@@ -333,15 +327,12 @@ class XPipe(PipelineTechnique):
                 backward(action.minibatch, action.micro)
             else:  # the update of mini-batch i, on version i of the real weights
                 update(action.minibatch)
-                now = time.perf_counter()
-                step_seconds.append(now - last_update)
-                last_update = now
             spans.append((begin - origin, time.perf_counter() - origin))
             play(plan.after[index])  # its results sent on, receives posted ahead
             most_copies = max(most_copies, len(copies))
         play(plan.final)
         checkpoint = ctx.save(model, optimizer, scheduler)
-        outcome = ctx.outcome(losses, step_seconds, checkpoint, loss_ranks=[stages - 1])
+        outcome = ctx.outcome(checkpoint, loss_ranks=[stages - 1])
         # Every stage's record, gathered on rank 0 (whose outcome the launcher keeps).
         record = {"versions": versions, "prediction": prediction_log, "spans": spans,
                   "origin": origin, "most_unwaited": links.most_unwaited,
