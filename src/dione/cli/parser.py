@@ -146,12 +146,16 @@ class _Help(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
+        if "(default" in text:  # the text says what leaving it out means
+            return text
         field = getattr(action, _FIELD, None)
         default = _field_default(field) if field else action.default
+        # None, off and empty: nothing to show (a switch's --no- form says it).
         if default is None or default is False or default == [] \
-                or default is argparse.SUPPRESS or "(default" in text:
+                or default is argparse.SUPPRESS:
             return text
-        return f"{text} (default: {default})"
+        # argparse %-formats help text: a default's own % must stay literal.
+        return f"{text} (default: {str(default).replace('%', '%%')})"
 
 
 def _solve_default(name: str) -> Any:
