@@ -176,8 +176,8 @@ def test_the_parser_writes_no_default_that_the_options_own() -> None:
     parser = build_parser()
     for argv in (["run", "w.py"], ["resume", "runs/w"], ["profile", "w.py"]):
         values = vars(parser.parse_args(argv))
-        assert {f.dest: values[f.dest] for f in OPTION_FLAGS if f.dest in values} == \
-            dict.fromkeys((f.dest for f in OPTION_FLAGS if f.dest in values), None), argv
+        unset = {f.name: values[f.dest] for f in OPTION_FLAGS if f.dest in values}
+        assert unset and set(unset.values()) == {None}, (argv, unset)
     assert run_options(vars(parser.parse_args(["run", "w.py"]))) == RunOptions()
     for flag in OPTION_FLAGS:  # every flag names a field that exists
         owner: object = RunOptions()
