@@ -162,3 +162,124 @@ def test_a_pipeline_splits_a_batch_that_no_device_count_divides(tmp_path: Path) 
                 "cpu:3", "--steps", "3", "--out", str(tmp_path / "ddp"))
     assert ddp.returncode == 2 and "32 of task 'b32' is not divisible by 3 devices" in \
         ddp.stderr
+
+
+def test_the_parser_writes_no_default_that_the_options_own() -> None:
+    """Option flags take their defaults from RunOptions/TrialOptions (issue 16): a default
+    written into the parser as well would show here as a flag that is not None unset."""
+    import inspect
+
+    from dione.cli.parser import OPTION_FLAGS, build_parser, run_options
+    from dione.orchestrate import RunOptions
+    from dione.plan import solve
+
+    parser = build_parser()
+    for argv in (["run", "w.py"], ["resume", "runs/w"], ["profile", "w.py"]):
+        values = vars(parser.parse_args(argv))
+        unset = {f.name: values[f.dest] for f in OPTION_FLAGS if f.dest in values}
+        assert unset and set(unset.values()) == {None}, (argv, unset)
+    assert run_options(vars(parser.parse_args(["run", "w.py"]))) == RunOptions()
+    for flag in OPTION_FLAGS:  # every flag names a field that exists
+        owner: object = RunOptions()
+        for name in flag.field.split("."):
+            owner = getattr(owner, name)
+    plan = parser.parse_args(["plan", "problem.json"])
+    defaults = inspect.signature(solve).parameters
+    assert (plan.solver, plan.time_limit) == (defaults["solver"].default,
+                                              defaults["time_limit"].default)
+
+
+def test_help_shows_the_defaults_of_the_options(capsys: pytest.CaptureFixture[str]) -> None:
+    from dione.cli.parser import build_parser
+    from dione.orchestrate import RunOptions
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    options = RunOptions()
+    for shown in (f"steps not timed (default: {options.trial.warmup_steps})",
+                  f"seconds for the first plan (default: {options.time_limit})",
+                  f"this often is failed (default: {options.max_failures})"):
+        assert shown in text
+
+
+def test_resume_keeps_the_saved_options_and_applies_the_flags_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from dione.cli import main
+    from dione.cli.commands import resume
+    from dione.cli.saved_run import SavedRun, load_saved_run
+    from dione.orchestrate import RunOptions
+    from dione.profile import TrialOptions
+
+    started = SavedRun(str(tmp_path / "w.py"), RunOptions(
+        solver="greedy", time_limit=3.0, replan=False, slice_steps=4, timeout=50.0,
+        trial=TrialOptions(warmup_steps=1, measure_steps=3, memory_cap_bytes=2**30)),
+        devices="cpu:2")
+    started.write(tmp_path)
+    assert load_saved_run(tmp_path) == started
+    resumed: list[SavedRun] = []
+    monkeypatch.setattr(resume, "execute",
+                        lambda workload, run, run_dir, record: resumed.append(run) or 0)
+    assert main(["resume", str(tmp_path), "--timeout", "9", "--replan",
+                 "--measure-steps", "7"]) == 0
+    assert resumed == [dataclasses.replace(started, options=dataclasses.replace(
+        started.options, timeout=9.0, replan=True,
+        trial=dataclasses.replace(started.options.trial, measure_steps=7)))]
+    assert main(["resume", str(tmp_path)]) == 0
+    assert resumed[-1] == started
+
+
+def test_resume_reads_the_flags_an_older_dione_saved(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    import json
+
+    from dione.cli.saved_run import load_saved_run
+
+    # run.json as `dione run` wrote it before the options were saved whole: its flags.
+    (tmp_path / "run.json").write_text(json.dumps({
+        "command": "run", "workload": "/w.py", "devices": "cpu:2", "out": None, "ray": None,
+        "storage": None, "solver": "greedy", "time_limit": 5.0, "no_replan": True,
+        "replan_interval": 60.0, "slice_steps": 4, "slice_seconds": None, "max_failures": 3,
+        "timeout": None, "current_practice": False, "technique": None, "catalog": None,
+        "reprofile": False, "budget": 30.0, "memory_cap": "1GiB", "warmup_steps": 1,
+        "measure_steps": 3, "trial_repeats": 1, "trial_timeout": 300.0, "serial": False}))
+    old = load_saved_run(tmp_path)
+    assert (old.workload, old.devices, old.ray) == ("/w.py", "cpu:2", None)
+    options = old.options
+    assert (options.solver, options.time_limit, options.replan, options.slice_steps,
+            options.profile_budget) == ("greedy", 5.0, False, 4, 30.0)
+    assert (options.trial.memory_cap_bytes, options.trial.warmup_steps,
+            options.trial.measure_steps) == (2**30, 1, 3)
+    # A field this dione does not know is named and left out, not a damaged file.
+    (tmp_path / "run.json").write_text(json.dumps(
+        {"workload": "/w.py", "options": {"solver": "greedy", "gone": 1,
+                                          "trial": {"warmup_steps": 2, "old": 0}}}))
+    options = load_saved_run(tmp_path).options
+    assert (options.solver, options.trial.warmup_steps) == ("greedy", 2)
+    err = capsys.readouterr().err
+    assert "gone is not an option" in err and "trial.old is not an option" in err
+
+
+def test_light_commands_do_not_import_torch(tmp_path: Path) -> None:
+    """`dione --help`, `plan`, `status` and `report` start without torch (issue 16)."""
+    from dione.state.store import RunStore
+
+    with RunStore(tmp_path / "run"):
+        pass
+    problem = ROOT / "benchmarks" / "planner" / "instances" / "small-1.json"
+    script = f'''
+import contextlib, sys
+from dione.cli import main
+with contextlib.suppress(SystemExit):
+    main(["--help"])
+codes = [main(["plan", {str(problem)!r}, "--solver", "greedy", "-o", {str(tmp_path / "p.json")!r}]),
+         main(["status", {str(tmp_path / "run")!r}]), main(["report", {str(tmp_path / "run")!r}])]
+print("exit", codes, "torch" in sys.modules)
+'''
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=os.environ, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "exit [0, 0, 0] False"

@@ -1,0 +1,36 @@
+"""One module per ``dione`` command, each with ``command(args) -> exit status``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from dione.cli.commands import (
+    export,
+    plan,
+    profile,
+    report,
+    resume,
+    run,
+    status,
+    techniques,
+    train,
+    validate,
+)
+
+__all__ = ["COMMANDS"]
+
+# Each module imports what it needs (torch, OR-Tools, Ray) inside its function, so that
+# importing them all here costs `dione --help`, `plan`, `status` and `report` nothing.
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": run.command,
+    "resume": resume.command,
+    "report": report.command,
+    "status": status.command,
+    "profile": profile.command,
+    "train": train.command,
+    "validate": validate.command,
+    "plan": plan.command,
+    "export": export.command,
+    "techniques": techniques.command,
+}

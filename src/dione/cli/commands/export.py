@@ -1,0 +1,36 @@
+"""``dione export``: a trained task's weights as safetensors or ``save_pretrained`` output."""
+
+from __future__ import annotations
+
+import argparse
+
+from dione.cli.console import console
+from dione.cli.errors import BadInput
+from dione.cli.inputs import load
+
+__all__ = ["command"]
+
+
+def command(args: argparse.Namespace) -> int:
+    from dione.state.export import (
+        ExportError,
+        export_model,
+        load_trained,
+        trained_checkpoint,
+        workload_of_run,
+    )
+
+    try:
+        checkpoint = trained_checkpoint(args.run_dir, args.task, args.latest)
+        workload = load(args.workload or workload_of_run(args.run_dir))
+        task = workload.task(args.task)
+    except ExportError as err:
+        raise BadInput(str(err)) from None
+    except KeyError as err:
+        raise BadInput(f"{err.args[0]}; give the workload the run was started with "
+                       "(--workload)") from None
+    model = load_trained(task, checkpoint)
+    folder = export_model(model, args.output, task, checkpoint)
+    files = ", ".join(sorted(p.name for p in folder.iterdir()))
+    console.print(f"task {task.name}: weights of {checkpoint} written to {folder} ({files})")
+    return 0

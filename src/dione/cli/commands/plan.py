@@ -1,0 +1,58 @@
+"""``dione plan``: solve a problem JSON into a plan JSON, or check a plan against one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dione.cli.console import complain, console, errors
+from dione.cli.errors import EXIT_FAILED, BadInput
+
+__all__ = ["command"]
+
+
+def command(args: argparse.Namespace) -> int:
+    from dione.plan import ProblemError, check_plan, load_plan, load_problem, solve
+
+    if args.check:
+        if len(args.files) != 2:
+            raise BadInput("--check takes PLAN.json PROBLEM.json")
+        plan_file, problem_file = args.files
+    else:
+        if len(args.files) != 1:
+            raise BadInput("give one PROBLEM.json (or --check PLAN.json PROBLEM.json)")
+        problem_file, plan_file = args.files[0], None
+    try:
+        problem = load_problem(problem_file)
+    except ProblemError as err:
+        raise BadInput(f"{problem_file}: {err}") from None
+    if plan_file is not None:
+        try:
+            plan = load_plan(plan_file)
+        except (OSError, ValueError) as err:
+            raise BadInput(f"{plan_file}: {err}") from None
+        reasons = check_plan(plan, problem)
+        if reasons:
+            for reason in reasons:
+                complain("invalid", reason)
+            return EXIT_FAILED
+        console.print(f"{plan_file}: a valid plan of {problem_file}, makespan "
+                      f"{plan.makespan:.1f} s")
+        return 0
+    try:
+        plan = solve(problem, args.solver, args.time_limit, args.threads,
+                     args.deterministic_time)
+    except ValueError as err:
+        raise BadInput(str(err)) from None
+    text = json.dumps(plan.to_json(), indent=1)
+    summary = (f"{plan.solver}: {plan.status}, makespan {plan.makespan:.1f} s, lower bound "
+               f"{plan.lower_bound:.1f} s (gap {plan.gap:.2%}), solved in "
+               f"{plan.solve_seconds:.2f} s")
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+        console.print(summary)
+    else:
+        print(text)  # plain: the plan JSON must reach a pipe unstyled and unfolded
+        errors.print(summary)
+    return 0 if plan.assignments else EXIT_FAILED

@@ -1,0 +1,51 @@
+"""``dione profile``: short real trials of each task's configurations; the planner's problem."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from dione.cli.console import complain, console
+from dione.cli.errors import EXIT_FAILED
+from dione.cli.inputs import ray_launcher, valid_tasks
+from dione.cli.parser import run_options
+from dione.cli.views import print_profile, profile_progress
+
+__all__ = ["command"]
+
+
+def command(args: argparse.Namespace) -> int:
+    options = run_options(vars(args))
+    launcher = ray_launcher(args.ray, args.devices)
+    try:
+        tasks, problems, cluster = valid_tasks(args.workload, args.devices, "profiled",
+                                               launcher)
+        profile = _profile(tasks, cluster, options, not args.serial, launcher)
+    finally:
+        if launcher is not None:
+            launcher.shutdown()
+    print_profile(profile)
+    problem = profile.problem()
+    text = json.dumps(problem, indent=1)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+        console.print(f"problem for the planner: {args.output} ({len(problem['tasks'])} "
+                      "task(s)); next: dione plan " + args.output)
+    unprofiled = [t.task for t in profile.tasks if not t.options]
+    for name in unprofiled:
+        complain("no feasible option", f"task {name}: every configuration failed or was "
+                 "skipped; see the table")
+    return EXIT_FAILED if unprofiled or problems else 0
+
+
+def _profile(tasks: Any, cluster: Any, options: Any, parallel: bool, launcher: Any) -> Any:
+    """Profile ``tasks`` on ``cluster`` as ``options`` say, showing progress; the Profile."""
+    from dione.profile import Catalog, profile_workload
+
+    with Catalog(options.catalog) as catalog, profile_progress() as show:
+        return profile_workload(tasks, cluster, catalog, options=options.trial,
+                                reprofile=options.reprofile, budget=options.profile_budget,
+                                parallel=parallel, on_event=show, storage=options.storage,
+                                **({"launcher": launcher} if launcher is not None else {}))

@@ -1,0 +1,22 @@
+"""``dione report``: (re)write a run's report and print its summary."""
+
+from __future__ import annotations
+
+import argparse
+
+from dione.cli.console import console
+from dione.cli.errors import BadInput
+
+__all__ = ["command"]
+
+
+def command(args: argparse.Namespace) -> int:
+    from dione.report import write_report
+
+    try:
+        folder = write_report(args.run_dir)
+    except FileNotFoundError as err:
+        raise BadInput(str(err)) from None
+    console.print((folder / "summary.md").read_text())
+    console.print(f"written: {folder}")
+    return 0

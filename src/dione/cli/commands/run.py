@@ -1,0 +1,95 @@
+"""``dione run``: validate, profile, plan and train a workload to its end; or, with
+``--current-practice``, each task in turn on all devices."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from dione.cli.console import complain, console
+from dione.cli.errors import EXIT_FAILED, BadInput
+from dione.cli.inputs import claimed, default_run_dir, ray_launcher, valid_tasks
+from dione.cli.parser import run_options
+from dione.cli.saved_run import SavedRun
+from dione.cli.views import print_results, print_sequential_results, profile_lines
+
+__all__ = ["command", "execute"]
+
+
+def command(args: argparse.Namespace) -> int:
+    options = run_options(vars(args))
+    run_dir = Path(args.out) if args.out else default_run_dir(args.workload)
+    if args.current_practice:
+        return _current_practice(args, options, run_dir)
+    if args.technique:
+        raise BadInput("--technique forces one technique for current practice; add "
+                       "--current-practice, or restrict techniques in the task")
+    run = SavedRun(str(Path(args.workload).resolve()), options, args.devices, args.ray)
+    return execute(args.workload, run, run_dir, record=True)
+
+
+def execute(workload_file: str, run: SavedRun, run_dir: Path, *, record: bool) -> int:
+    """Validate, profile, plan, run, report: the body of ``run`` and ``resume``. The run
+    directory is touched only once the workload is known to start; with ``record``,
+    ``run`` is then written to its ``run.json`` (for ``dione resume``)."""
+    launcher = ray_launcher(run.ray, run.devices)
+    try:
+        return _execute_on(workload_file, run, run_dir, record, launcher)
+    finally:
+        if launcher is not None:
+            launcher.shutdown()
+
+
+def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: bool,
+                launcher: Any) -> int:
+    from dione.orchestrate import RunEvent, run_workload
+    from dione.orchestrate.progress import LiveProgress
+    from dione.orchestrate.run import RunDirError
+    from dione.spec.cluster import ClusterError
+
+    tasks, problems, cluster = valid_tasks(workload_file, run.devices, "started", launcher)
+    with claimed(run_dir):
+        if record:
+            run.write(run_dir)
+        where = ", ".join(f"{n.devices} {n.kind} device(s) of {n.name}" for n in cluster)
+        console.print(f"dione run: {len(tasks)} task(s) on {where}; run dir {run_dir}")
+        with LiveProgress(console) as live:
+            def said(event: RunEvent) -> None:
+                live.event(f"[{event.kind}] {event.message}")
+
+            try:
+                result = run_workload(tasks, cluster, run_dir, run.options, on_event=said,
+                                      on_profile_event=profile_lines(), view=live.update,
+                                      launcher=launcher)
+            except (RunDirError, ClusterError) as err:
+                raise BadInput(str(err)) from None
+    print_results(result, run_dir)
+    failed = [t for t in result.tasks if t.status != "done"]
+    for t in failed:
+        complain(f"task {t.task} {t.status}", str(t.error or ""))
+    return EXIT_FAILED if failed or problems else 0
+
+
+def _current_practice(args: argparse.Namespace, options: Any, run_dir: Path) -> int:
+    from dione.orchestrate.sequential import run_sequential
+
+    tasks, problems, cluster = valid_tasks(args.workload, args.devices, "started")
+    node = cluster.nodes[0]
+    console.print(f"dione run: {len(tasks)} task(s) on {node.devices} {node.kind} device(s) of "
+                  f"{node.name}, each in turn on all devices (current practice); run dir "
+                  f"{run_dir}")
+
+    def report(task: Any, result: Any) -> None:
+        loss = f"{result.losses[-1]:.4f}" if result.losses else "-"
+        console.print(f"  {task.name}: steps {result.start_step}-{result.end_step} under "
+                      f"{result.technique} in {result.seconds:.1f} s, loss {loss}")
+
+    outcomes = run_sequential(tasks, cluster, run_dir, technique=args.technique,
+                              slice_steps=options.slice_steps, timeout=options.timeout,
+                              on_slice=report, storage=options.storage)
+    print_sequential_results(outcomes, run_dir)
+    failed = [o for o in outcomes if o.error]
+    for o in failed:
+        complain(f"task {o.task} failed", str(o.error))
+    return EXIT_FAILED if failed or problems else 0

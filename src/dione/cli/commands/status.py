@@ -1,0 +1,43 @@
+"""``dione status``: a run's tasks and running slices, and whether its launcher lives."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dione.cli.errors import BadInput
+from dione.cli.views import print_status
+
+__all__ = ["command"]
+
+
+def command(args: argparse.Namespace) -> int:
+    import sqlite3
+
+    from dione.report import read_plans, summaries
+    from dione.state.lock import lock_holder
+    from dione.state.store import STORE_FILE, RunStore
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / STORE_FILE).is_file():
+        raise BadInput(f"{run_dir} is not a dione run directory (no {STORE_FILE})")
+    try:
+        with RunStore(run_dir) as store:
+            tasks = summaries(store)
+            running = [s for s in store.slices() if s.status == "running"]
+        plans = read_plans(run_dir)
+    except (OSError, sqlite3.Error, ValueError) as err:
+        raise BadInput(f"{run_dir} cannot be read ({type(err).__name__}: {err})") from None
+    holder = lock_holder(run_dir)
+    if holder is not None and holder.alive:
+        launcher = f"live: launcher pid {holder.pid} on {holder.host}"
+    elif running:
+        # The store says running, but no launcher holds the directory: it died.
+        launcher = ("dead: its launcher "
+                    + (f"(pid {holder.pid} on {holder.host}) " if holder is not None else "")
+                    + "is gone; `dione resume` continues from the last checkpoints")
+        running = []
+    else:
+        launcher = "no launcher running"
+    print_status(run_dir, tasks, len(plans), running, launcher)
+    return 0

@@ -1,0 +1,81 @@
+"""``dione train``: one slice of one task under a named technique, printing each step."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dione.cli.console import complain, console
+from dione.cli.errors import EXIT_FAILED, BadInput
+from dione.cli.inputs import claimed, default_run_dir, load
+from dione.cli.values import parse_knob
+from dione.cli.views import live_steps
+
+__all__ = ["command"]
+
+
+def command(args: argparse.Namespace) -> int:
+    from dione.launch.slice import SliceError, local_placement, run_slice
+    from dione.spec.cluster import ClusterError, Node, local_cluster
+    from dione.spec.validate import WorkloadError, check_task
+    from dione.techniques import get_technique, technique_names
+
+    workload = load(args.workload)
+    try:
+        task = workload.task(args.task)
+        technique = get_technique(args.technique)
+    except KeyError as err:
+        raise BadInput(err.args[0]) from None
+    if workload.names().count(args.task) > 1:
+        raise BadInput(f"task {args.task!r}: {workload.names().count(args.task)} tasks share "
+                       "this name; names must be unique")
+    try:  # cpu:N, cuda:N, or N of this machine's kind, as every other command takes it
+        asked = local_cluster(args.devices).nodes[0]
+    except ClusterError as err:
+        raise BadInput(str(err)) from None
+    count = asked.devices
+    # The batch split is the technique's to judge (below): a pipeline splits into
+    # micro-batches, not into one share per device.
+    problems = check_task(task, None, technique_names(), asked.kind)
+    if problems:
+        raise BadInput(str(WorkloadError(problems)))
+    node = local_cluster().nodes[0]
+    if asked.kind != node.kind:  # CPU slots asked for on a machine with GPUs
+        node = Node(node.name, max(count, node.cores or 1), "cpu", node.cores)
+    if node.kind == "cpu" and count > node.devices:
+        # CPU slots are virtual: allow more than the cores, each rank then gets one thread.
+        node = Node(node.name, count, "cpu", node.cores)
+    knobs = dict(parse_knob(k) for k in args.knob)
+    reasons = technique.check(task, count, knobs, node.kind)
+    if reasons:
+        raise BadInput(f"{technique.name} cannot train task {task.name!r} on {count} "
+                       "device(s): " + "; ".join(reasons))
+    run_dir = Path(args.out) if args.out else default_run_dir(args.workload)
+    with claimed(run_dir):
+        try:
+            result = run_slice(task, technique, run_dir,
+                               local_placement(node, range(count)), knobs=knobs,
+                               steps=args.steps, timeout=args.timeout,
+                               on_progress=live_steps())
+        except SliceError as err:
+            complain("diverged" if err.reason == "diverged" else "error", str(err))
+            return EXIT_FAILED
+    for warning in result.warnings:
+        complain("warning", warning)
+    if result.extra.get("stages"):
+        console.print("stages: " + "; ".join(
+            f"{k}: {s}" for k, s in enumerate(result.extra["stages"])))
+    for index, (loss, seconds) in enumerate(zip(result.losses, result.step_seconds, strict=True)):
+        console.print(f"step {result.start_step + index + 1:>6}  loss {loss:.6f}  "
+                      f"{seconds * 1000:8.2f} ms")
+    console.print(
+        f"task {task.name}: steps {result.start_step}-{result.end_step} under {technique.name} on "
+        f"{count} device(s) in {result.seconds:.1f} s; checkpoint {result.checkpoint}"
+    )
+    if result.evaluation:
+        console.print("evaluation: " + ", ".join(f"{k}={v:.4f}" for k, v in
+                                                 result.evaluation.items()))
+    if result.evaluation_error:
+        complain("evaluation failed", result.evaluation_error)
+        return EXIT_FAILED
+    return 0

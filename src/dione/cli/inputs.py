@@ -1,0 +1,76 @@
+"""A command's inputs made real: the workload, its valid tasks, the cluster, the run
+directory; BadInput saying what is wrong with any of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dione.cli.console import complain
+from dione.cli.errors import BadInput
+
+__all__ = ["claimed", "default_run_dir", "load", "ray_launcher", "valid_tasks"]
+
+
+def load(path: str) -> Any:
+    """The ``Workload`` a workload file defines."""
+    from dione.spec.workload import WorkloadFileError, load_workload
+
+    try:
+        return load_workload(path)
+    except WorkloadFileError as err:
+        raise BadInput(str(err)) from None
+
+
+def valid_tasks(workload_file: str, devices: str | None, what: str,
+                launcher: Any = None) -> tuple[Any, Any, Any]:
+    """The workload's valid tasks, the problems of the others (printed), and the cluster
+    (the local machine, or the Ray launcher's nodes); BadInput when the cluster is wrong
+    or no task is valid (nothing ``what``)."""
+    from dione.spec.cluster import Cluster, ClusterError, local_cluster
+    from dione.spec.validate import split_valid
+    from dione.techniques import technique_names
+
+    workload = load(workload_file)
+    try:
+        cluster = local_cluster(devices) if launcher is None else Cluster(launcher.nodes())
+    except ClusterError as err:
+        raise BadInput(str(err)) from None
+    tasks, problems = split_valid(workload, None, technique_names(), cluster.nodes[0].kind)
+    for problem in problems:
+        complain("invalid", str(problem))
+    if not tasks:
+        raise BadInput(f"no task of the workload is valid; nothing {what}")
+    return tasks, problems, cluster
+
+
+def ray_launcher(address: str | None, devices: str | None) -> Any:
+    """The Ray launcher for ``--ray ADDRESS`` (None without it: this machine's workers)."""
+    if address is None:
+        return None
+    if devices:
+        raise BadInput("--devices describes this machine; with --ray the cluster's nodes "
+                       "and devices come from Ray: leave --devices out")
+    from dione.launch.ray_launcher import RayLauncher
+    from dione.spec.cluster import ClusterError
+
+    try:
+        return RayLauncher(address)
+    except ClusterError as err:
+        raise BadInput(str(err)) from None
+
+
+def default_run_dir(workload: str) -> Path:
+    """``runs/<workload file's name>``."""
+    return Path("runs") / Path(workload).stem
+
+
+def claimed(run_dir: Path) -> Any:
+    """The run directory created private and locked for this command; BadInput saying
+    why it cannot be (another live launcher, not private, not writable)."""
+    from dione.orchestrate.options import RunDirError, claim_run_dir
+
+    try:
+        return claim_run_dir(run_dir)
+    except RunDirError as err:
+        raise BadInput(str(err)) from None

@@ -1,0 +1,276 @@
+"""The ``dione`` argument parser, and the one step from parsed flags to ``RunOptions``.
+
+Flags that set a field of ``RunOptions`` (or of its ``TrialOptions``) are declared once,
+in ``OPTION_FLAGS``, by the field they set; the parser gives them no default of its own,
+so an absent flag leaves the dataclass's default, or on ``dione resume`` the value the run
+was started with. Help shows those defaults, read from the dataclasses when help is asked
+for: importing the dataclasses imports torch, which ``dione --help``, ``plan``, ``status``
+and ``report`` must not pay for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dione.cli.values import parse_bytes, positive_int
+from dione.plan.solve import SOLVERS, solve
+
+if TYPE_CHECKING:
+    from dione.orchestrate.options import RunOptions
+
+__all__ = ["OPTION_FLAGS", "OptionFlag", "build_parser", "given_options", "run_options"]
+
+DESCRIPTION = ("Train many deep-learning models at once: profile, plan and run every task "
+               "of a workload, finishing the whole batch early.")
+
+
+_FIELD = "dione_field"  # the attribute of an option flag's argparse action
+
+
+def _absolute(path: str) -> str:
+    # Workers on other nodes, and a resume from another folder, need the same place.
+    return str(Path(path).expanduser().resolve())
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionFlag:
+    """A flag that sets ``field`` of ``RunOptions`` (``trial.NAME``: of its TrialOptions)."""
+
+    name: str  # --time-limit
+    field: str
+    help: str
+    type: Callable[[str], Any] | None = None  # what argparse parses the text with
+    convert: Callable[[Any], Any] | None = None  # parsed value -> field value (BadInput)
+    switch: bool = False  # --name / --no-name
+    choices: Sequence[str] | None = None
+    metavar: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.name.removeprefix("--").replace("-", "_")
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        """Add this flag to ``parser``, without a default."""
+        if self.switch:
+            action = parser.add_argument(self.name, dest=self.dest, help=self.help,
+                                         action=argparse.BooleanOptionalAction, default=None)
+        else:
+            action = parser.add_argument(self.name, dest=self.dest, help=self.help,
+                                         type=self.type or str, choices=self.choices,
+                                         metavar=self.metavar, default=None)
+        # Read by the help formatter, which shows the dataclass's default.
+        setattr(action, _FIELD, self.field)
+
+
+# What `run` plans, slices and retries with; `resume` may change each.
+_RUN = (
+    OptionFlag("--solver", "solver", "the planner", choices=tuple(SOLVERS)),
+    OptionFlag("--time-limit", "time_limit", "seconds for the first plan", type=float),
+    OptionFlag("--replan", "replan", "re-plan as real speeds come in; --no-replan keeps "
+               "the first plan", switch=True),
+    OptionFlag("--replan-interval", "replan_interval",
+               "re-plan at least this often, in seconds", type=float),
+    OptionFlag("--slice-steps", "slice_steps", "checkpoint every this many steps", type=int),
+    OptionFlag("--slice-seconds", "slice_seconds", "aim for slices of this many seconds "
+               "(default: at least 300, and 20 times the slice start-up each option "
+               "measured)", type=float),
+    OptionFlag("--max-failures", "max_failures",
+               "a task whose slices failed this often is failed", type=int),
+    OptionFlag("--timeout", "timeout", "seconds after which a slice is stopped", type=float),
+)
+# How trials measure and what the catalog keeps: `run`, `resume` and `profile`.
+_PROFILE = (
+    OptionFlag("--catalog", "catalog", "trial catalog SQLite file (default: $DIONE_CATALOG "
+               "or ~/.cache/dione/catalog.sqlite)", convert=_absolute),
+    OptionFlag("--reprofile", "reprofile", "run every trial again, ignoring the catalog",
+               switch=True),
+    OptionFlag("--budget", "profile_budget", "seconds of profiling after which no new "
+               "trial starts", type=float),
+    OptionFlag("--memory-cap", "trial.memory_cap_bytes", "memory per device, e.g. 2GiB: a "
+               "trial above it counts as out of memory (default: the device's own limit)",
+               convert=parse_bytes),
+    OptionFlag("--warmup-steps", "trial.warmup_steps", "steps not timed", type=int),
+    OptionFlag("--measure-steps", "trial.measure_steps", "steps timed", type=int),
+    OptionFlag("--trial-repeats", "trial.repeats", "times each option's fastest setting is "
+               "measured, at different moments; the median is kept (3 outvotes one slow "
+               "spell of a shared machine)", type=positive_int),
+    OptionFlag("--trial-timeout", "trial.timeout",
+               "seconds after which a trial counts as timed out", type=float),
+)
+_STORAGE = OptionFlag("--storage", "storage", "where checkpoints go (default: the run "
+                      "directory); with more than one node, a folder every node reaches at "
+                      "this same path", convert=_absolute, metavar="PATH")
+OPTION_FLAGS: tuple[OptionFlag, ...] = (*_RUN, *_PROFILE, _STORAGE)
+
+
+def given_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Field path -> value for every option flag given in ``values`` (parsed flags by
+    dest, as ``vars(args)``); absent flags (None) are left out."""
+    given = {}
+    for flag in OPTION_FLAGS:
+        value = values.get(flag.dest)
+        if value is not None:
+            given[flag.field] = flag.convert(value) if flag.convert else value
+    return given
+
+
+def run_options(values: Mapping[str, Any], base: RunOptions | None = None) -> RunOptions:
+    """``base`` (default: ``RunOptions()``) with every option flag given in ``values``
+    applied on top; the trial fields go to its ``TrialOptions``."""
+    from dione.orchestrate.options import RunOptions
+
+    base = base or RunOptions()
+    given = given_options(values)
+    trial = {k.removeprefix("trial."): v for k, v in given.items() if k.startswith("trial.")}
+    top = {k: v for k, v in given.items() if not k.startswith("trial.")}
+    return dataclasses.replace(base, **top, trial=dataclasses.replace(base.trial, **trial))
+
+
+def _field_default(path: str) -> Any:
+    from dione.orchestrate.options import RunOptions
+
+    value: Any = RunOptions()
+    for name in path.split("."):
+        value = getattr(value, name)
+    return value
+
+
+class _Help(argparse.HelpFormatter):
+    """Help that ends each option with its default: the dataclass field's for option
+    flags, the parser's for the others."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "(default" in text:  # the text says what leaving it out means
+            return text
+        field = getattr(action, _FIELD, None)
+        default = _field_default(field) if field else action.default
+        # None, off and empty: nothing to show (a switch's --no- form says it).
+        if default is None or default is False or default == [] \
+                or default is argparse.SUPPRESS:
+            return text
+        # argparse %-formats help text: a default's own % must stay literal.
+        return f"{text} (default: {str(default).replace('%', '%%')})"
+
+
+def _solve_default(name: str) -> Any:
+    # The planner's own defaults, so `dione plan` and `solve()` cannot drift apart.
+    return inspect.signature(solve).parameters[name].default
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``dione`` parser; each command's parse sets ``command`` to its name."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    parser = argparse.ArgumentParser(prog="dione", description=DESCRIPTION)
+    try:
+        installed = version("dione")
+    except PackageNotFoundError:
+        installed = "unknown (not installed)"
+    parser.add_argument("--version", action="version", version=f"dione {installed}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, help: str, formatter: type[argparse.HelpFormatter] = _Help
+                ) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help, description=help,
+                                   formatter_class=formatter)
+
+    run = command("run", "profile, plan and train every task of a workload to the end, "
+                  "re-planning as real speeds come in")
+    run.add_argument("workload", help="a Python file that defines `workload`")
+    run.add_argument("--devices", help="e.g. cpu:4 or cuda:8 (default: every GPU, else one "
+                     "CPU slot per core)")
+    run.add_argument("--out", help="run directory (default: runs/<workload name>)")
+    _add_ray(run)
+    for flag in _RUN:
+        flag.add_to(run)
+    run.add_argument("--current-practice", action="store_true",
+                     help="no profiling or planning: each task in turn on all devices")
+    run.add_argument("--technique", help="with --current-practice: force this technique")
+    _add_profiling(run)
+
+    # No defaults in resume's help: an absent flag keeps what the run was started with.
+    resume = command("resume", "finish a run that was stopped or killed, with the options "
+                     "it was started with (a flag given here replaces the saved value)",
+                     argparse.HelpFormatter)
+    resume.add_argument("run_dir")
+    for flag in _RUN:
+        flag.add_to(resume)
+    for flag in _PROFILE:
+        flag.add_to(resume)
+
+    command("report", "(re)write a run's report and print it").add_argument("run_dir")
+    command("status", "show a running or finished run").add_argument("run_dir")
+
+    profile = command("profile", "time each task's configurations with short real trials; "
+                      "write the planner's problem")
+    profile.add_argument("workload")
+    profile.add_argument("--devices", help="e.g. cpu:4 or cuda:8 (default: the local machine)")
+    profile.add_argument("-o", "--output", help="write the problem JSON here")
+    _add_ray(profile)
+    _add_profiling(profile)
+
+    train = command("train", "train one slice of one task")
+    train.add_argument("workload")
+    train.add_argument("--task", required=True)
+    train.add_argument("--technique", required=True)
+    train.add_argument("--devices", default="1",
+                       help="e.g. cpu:2 or cuda:2, or 2 of this machine's kind")
+    train.add_argument("--steps", type=int, help="steps in this slice (default: to the end)")
+    train.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE")
+    train.add_argument("--out", help="run directory (default: runs/<workload name>)")
+    train.add_argument("--timeout", type=float, help="seconds after which the gang is stopped")
+
+    validate = command("validate", "report every problem of a workload")
+    validate.add_argument("workload")
+    validate.add_argument("--devices", help="check batch sizes against this device count")
+
+    plan = command("plan", "solve a problem JSON into a plan JSON, or --check a plan")
+    plan.add_argument("files", nargs="+", metavar="FILE",
+                      help="PROBLEM.json, or with --check: PLAN.json PROBLEM.json")
+    plan.add_argument("--check", action="store_true", help="check that a plan is valid")
+    plan.add_argument("--solver", default=_solve_default("solver"), choices=tuple(SOLVERS),
+                      help="the planner")
+    plan.add_argument("--time-limit", type=float, default=_solve_default("time_limit"),
+                      help="seconds")
+    plan.add_argument("--threads", type=int, help="solver threads (default: every core)")
+    plan.add_argument("--deterministic-time", type=float, metavar="UNITS",
+                      help="cpsat only: bound the search by CP-SAT's deterministic time "
+                      "instead of the clock, so the same problem gives the same plan on a "
+                      "busy machine (the time limit then stops nothing; measured here: a "
+                      "unit took about 5 s on one thread, and 20-45 s on two interleaved "
+                      "threads)")
+    plan.add_argument("-o", "--output", help="write the plan JSON here (default: stdout)")
+
+    export = command("export", "write a finished task's trained weights as safetensors "
+                     "(Hugging Face models: save_pretrained output)")
+    export.add_argument("run_dir")
+    export.add_argument("task")
+    export.add_argument("-o", "--output", required=True, help="folder to write")
+    export.add_argument("--workload", help="the workload file (default: the one the run "
+                        "was started with, from its run.json)")
+    export.add_argument("--latest", action="store_true",
+                        help="take the newest checkpoint of a task that is not done")
+
+    command("techniques", "list registered techniques and knobs")
+    return parser
+
+
+def _add_ray(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS",
+                        help="run on a Ray cluster (ADDRESS as ray.init takes it; default "
+                        "auto): its alive nodes and their GPUs (else CPUs) are the cluster; "
+                        "a task stays within one node; needs `pip install 'dione[ray]'`")
+    _STORAGE.add_to(parser)
+
+
+def _add_profiling(parser: argparse.ArgumentParser) -> None:
+    for flag in _PROFILE:
+        flag.add_to(parser)
+    parser.add_argument("--serial", action="store_true",
+                        help="one trial at a time, even where devices allow more")

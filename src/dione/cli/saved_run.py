@@ -1,0 +1,90 @@
+"""What ``dione run`` records in ``RUN_DIR/run.json``, and ``dione resume`` reads back."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dione.cli.console import complain
+from dione.cli.errors import BadInput
+from dione.cli.parser import run_options
+
+if TYPE_CHECKING:
+    from dione.orchestrate.options import RunOptions
+
+__all__ = ["SavedRun", "load_saved_run"]
+
+RUN_FILE = "run.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedRun:
+    """How a run was started: its workload file (absolute), its options, and the
+    cluster it was given (``--devices``, ``--ray``)."""
+
+    workload: str
+    options: RunOptions
+    devices: str | None = None
+    ray: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        # `workload` stays at the top: `dione export` and `dione.load` read it there.
+        return {"workload": self.workload, "devices": self.devices, "ray": self.ray,
+                "options": dataclasses.asdict(self.options)}
+
+    def write(self, run_dir: Path) -> None:
+        """Write ``run_dir/run.json``; BadInput if it cannot be written."""
+        path = run_dir / RUN_FILE
+        try:
+            path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        except OSError as err:
+            raise BadInput(f"cannot write {path}: {err.strerror}; give a run directory you "
+                           "can write (--out)") from None
+
+
+def load_saved_run(run_dir: Path) -> SavedRun:
+    """The run ``run_dir/run.json`` records; BadInput when there is none or it is damaged."""
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        raise BadInput(f"{run_dir} has no run.json: it was not started by `dione run` "
+                       "(give the run directory that `dione run --out` wrote)")
+    try:
+        saved = json.loads(path.read_text())
+        options = saved.get("options")
+        return SavedRun(workload=str(saved["workload"]),
+                        options=_flags_of_old_run(saved) if options is None
+                        else _options(options),
+                        devices=saved.get("devices"), ray=saved.get("ray"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise BadInput(f"{path} is unreadable or damaged ({type(err).__name__}: {err}); "
+                       "start the run again with `dione run WORKLOAD --out "
+                       f"{run_dir}`, which keeps every checkpoint") from None
+
+
+def _options(saved: dict[str, Any]) -> RunOptions:
+    """RunOptions from their ``asdict`` form; a field this dione no longer has is named
+    and left out (the run goes on with the others)."""
+    from dione.orchestrate.options import RunOptions
+    from dione.profile.trial import TrialOptions
+
+    def known(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
+        names = {f.name for f in dataclasses.fields(cls)}
+        for name in sorted(set(values) - names):
+            complain("warning", f"run.json: {where}{name} is not an option of this dione "
+                     "version; ignored")
+        return {k: v for k, v in values.items() if k in names}
+
+    fields = known(RunOptions, saved, "")
+    if "trial" in fields:
+        fields["trial"] = TrialOptions(**known(TrialOptions, fields["trial"], "trial."))
+    return RunOptions(**fields)
+
+
+def _flags_of_old_run(saved: dict[str, Any]) -> RunOptions:
+    """RunOptions from a run.json of a dione that saved its parsed flags by name."""
+    flags = dict(saved)
+    if "no_replan" in flags:  # then a store_true flag; now --replan/--no-replan
+        flags["replan"] = not flags.pop("no_replan")
+    return run_options(flags)

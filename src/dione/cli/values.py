@@ -1,0 +1,53 @@
+"""Command-line text turned into values: knob settings, sizes, counts."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from dione.cli.errors import BadInput
+
+__all__ = ["parse_bytes", "parse_knob", "positive_int"]
+
+
+def parse_knob(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` as a knob: true/false, a whole number, a number, else the text."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise BadInput(f"--knob {text!r}: write KEY=VALUE, "
+                       "e.g. --knob activation_checkpointing=true")
+    lowered = raw.strip().lower()
+    if lowered in ("true", "false"):
+        return key, lowered == "true"
+    for kind in (int, float):
+        try:
+            return key, kind(raw)
+        except ValueError:
+            pass
+    return key, raw
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (argparse names the option)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1: use 1 or more")
+    return value
+
+
+def parse_bytes(text: str) -> int:
+    """``--memory-cap`` as bytes: 2GiB, 512MiB, 1000000000 (binary units)."""
+    units = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    raw = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = raw[-1] if raw and raw[-1] in units else ""
+    try:
+        value = float(raw[: len(raw) - len(unit)] if unit else raw)
+    except ValueError:
+        raise BadInput(f"--memory-cap {text!r}: write a size such as 2GiB, 512MiB or "
+                       "1000000000") from None
+    if value <= 0:
+        raise BadInput(f"--memory-cap {text!r} must be positive")
+    return int(value * units[unit])

@@ -1,0 +1,182 @@
+"""What the commands show: result tables, the profile table, progress while things run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from dione.cli.console import console
+
+__all__ = ["live_steps", "print_profile", "print_results", "print_sequential_results",
+           "print_status", "profile_lines", "profile_progress"]
+
+
+def live_steps() -> Callable[[int, dict[str, Any]], None]:
+    """Progress while a slice trains (each rank reports about once a second): the step
+    rank 0 reached, its pace, and the latest loss a rank holds (its share of the batch;
+    the exact global losses follow when the slice ends)."""
+    latest: dict[int, dict[str, Any]] = {}
+
+    def show(rank: int, record: dict[str, Any]) -> None:
+        latest[rank] = record
+        if rank != 0:
+            return
+        pace = record.get("seconds_per_step")
+        holder = next((r for r in sorted(latest) if latest[r].get("loss") is not None), None)
+        console.print(Text(
+            f"  ... step {record['step']}"
+            + (f", {pace * 1000:.1f} ms/step" if pace else "")
+            + (f", loss {latest[holder]['loss']:.4f} (rank {holder})" if holder is not None
+               else "")))
+
+    return show
+
+
+def _task_list(names: Sequence[str], shown: int = 4) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def profile_lines() -> Callable[[Any], None]:
+    """A callback printing one line per finished, skipped or not-tried trial."""
+
+    def show(event: Any) -> None:
+        if event.kind in ("finished", "skipped"):
+            record = event.record
+            what = (f"{record.status}" + (f", {record.step_seconds * 1000:.1f} ms/step"
+                                          if record.step_seconds else "")
+                    if record else f"skipped: {event.reason}")
+            console.print(Text(f"  trial {event.label} ({', '.join(event.tasks)[:60]}): "
+                               f"{what}"))
+        elif event.kind == "not_tried":
+            console.print(Text(f"  not tried: {event.label} for {_task_list(event.tasks)}: "
+                               f"{event.reason}"))
+
+    return show
+
+
+@contextmanager
+def profile_progress() -> Iterator[Callable[[Any], None]]:
+    """A callback for profile events while the block runs: a bar on a terminal, lines
+    elsewhere."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    progress = Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.description}"), console=console,
+                        disable=not console.is_terminal)
+    bar = progress.add_task("", total=None)
+    lines = profile_lines()
+
+    def show(event: Any) -> None:
+        if event.total:
+            progress.update(bar, total=event.total)
+        if event.kind in ("finished", "skipped"):
+            progress.advance(bar)
+        if event.kind == "started":
+            progress.update(bar, description=f"{event.label} ({', '.join(event.tasks)[:60]})")
+        if not console.is_terminal and event.kind != "not_tried":  # the table says it
+            lines(event)
+
+    with progress:
+        yield show
+
+
+def print_profile(profile: Any) -> None:
+    """Per task: its chosen options, its failed trials and deliberate skips."""
+    from dione.techniques import get_technique
+
+    table = Table(title=f"profile: {profile.trials_run} trial(s) run, {profile.trials_cached} "
+                  f"from the catalog, {profile.seconds:.0f} s")
+    for column in ("task", "technique", "devices", "knobs", "ms/step", "spread",
+                   "seconds (all steps)", "peak MiB", "note"):
+        table.add_column(column, overflow="fold")
+    for task in profile.tasks:
+        if task.error:
+            table.add_row(task.task, "-", "-", "-", "-", "-", "-", "-",
+                          f"not profiled: {task.error}")
+            continue
+        chosen = {o.record.fingerprint for o in task.options}
+        shown = [r for r in task.trials if r.fingerprint in chosen or not r.feasible]
+        for record in sorted(shown, key=lambda r: (r.devices, r.technique)):
+            defaults = get_technique(record.technique).knobs
+            knobs = ", ".join(f"{k}={v}" for k, v in record.knobs.items()
+                              if defaults.get(k) != v)
+            seconds = (f"{record.slice_seconds(task.total_steps) + task.evaluation_seconds:.1f}"
+                       if record.feasible else "-")
+            note = (record.simulation_note or "" if record.feasible else
+                    f"{record.status}: {(record.reason or '').splitlines()[0][:200]}")
+            table.add_row(
+                task.task, record.technique, str(record.devices), knobs,
+                f"{record.step_seconds * 1000:.1f}" if record.step_seconds else "-",
+                f"{record.spread:.0%}" if record.spread is not None else "-", seconds,
+                f"{record.peak_memory_bytes / 2**20:.0f}" if record.peak_memory_bytes else "-",
+                note)
+        for what, reason in task.skipped:
+            table.add_row(task.task, what, "", "", "", "", "", "", f"skipped: {reason}")
+        for technique, reason in task.not_tried():
+            table.add_row(task.task, technique, "", "", "", "", "", "", f"not tried: {reason}")
+    console.print(table)
+
+
+def print_results(result: Any, run_dir: Path) -> None:
+    """A run's table of per-task results, and where its report went."""
+    metrics = sorted({k for t in result.tasks for k in t.evaluation})
+    table = Table(title=f"results ({run_dir}): makespan {result.makespan:.1f} s, first plan "
+                  f"{result.planned_makespan:.1f} s, {result.plans_adopted} plan(s), profiling "
+                  f"{result.profile_seconds:.0f} s")
+    table.add_column("task", no_wrap=True)
+    for column in ("status", "techniques", "devices", "seconds", "final loss", *metrics):
+        table.add_column(column, justify="left" if column in ("status", "techniques")
+                         else "right")
+    for t in result.tasks:
+        table.add_row(t.task, t.status, ", ".join(t.techniques) or "-",
+                      ", ".join(map(str, t.devices)) or "-", f"{t.seconds:.1f}",
+                      "-" if t.final_loss is None else f"{t.final_loss:.4f}",
+                      *(f"{t.evaluation[m]:.4f}" if m in t.evaluation else "-"
+                        for m in metrics))
+    console.print(table)
+    console.print(f"report: {run_dir / 'report'} (summary.md, gantt.png, timeline.csv, "
+                  "metrics.csv); plans: " + str(run_dir / "plans"))
+
+
+def print_sequential_results(outcomes: Sequence[Any], run_dir: Path) -> None:
+    """The current-practice baseline's table of per-task outcomes."""
+    metrics = sorted({k for o in outcomes for k in o.evaluation})
+    table = Table(title=f"results ({run_dir})")
+    table.add_column("task", no_wrap=True)
+    for column in ("technique", "devices", "seconds", "final loss", *metrics, "status"):
+        table.add_column(column, justify="left" if column in ("technique", "status") else "right")
+    for o in outcomes:
+        table.add_row(
+            o.task, o.technique or "-", str(o.devices), f"{o.seconds:.1f}",
+            "-" if o.final_loss is None else f"{o.final_loss:.4f}",
+            *(f"{o.evaluation[m]:.4f}" if m in o.evaluation else "-" for m in metrics),
+            "failed" if o.error else "done",
+        )
+    console.print(table)
+
+
+def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Sequence[Any],
+                 launcher: str) -> None:
+    """A run's tasks as its store has them, with the slices running now."""
+    table = Table(title=f"{run_dir}: {sum(t.status == 'done' for t in tasks)} of {len(tasks)} "
+                  f"task(s) done, {plans} plan(s) adopted; {launcher}")
+    for column in ("task", "status", "steps", "techniques", "final loss", "evaluation",
+                   "running now"):
+        table.add_column(column)
+    for t in tasks:
+        now = [s for s in running if s.task == t.task]
+        table.add_row(t.task, t.status, f"{t.steps}/{t.total_steps}",
+                      ", ".join(t.techniques) or "-",
+                      "-" if t.final_loss is None else f"{t.final_loss:.4f}",
+                      ", ".join(f"{k}={v:.4f}" for k, v in t.evaluation.items()) or "-",
+                      "; ".join(f"{s.technique} on {s.node}:{s.device_ids} steps "
+                                f"{s.start_step}-{s.end_step} for "
+                                f"{time.time() - s.started_at:.0f} s" for s in now) or "-")
+    console.print(table)
