@@ -214,6 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("-o", "--output", help="write the problem JSON here")
     _add_ray(profile)
     _add_profiling(profile)
+    # Only here: a run profiles side by side where its devices allow (the flag was
+    # accepted by `run` too, and ignored there).
+    profile.add_argument("--serial", action="store_true",
+                         help="one trial at a time, even where devices allow more")
 
     train = command("train", "train one slice of one task")
     train.add_argument("workload")
@@ -272,5 +276,4 @@ def _add_ray(parser: argparse.ArgumentParser) -> None:
 def _add_profiling(parser: argparse.ArgumentParser) -> None:
     for flag in _PROFILE:
         flag.add_to(parser)
-    parser.add_argument("--serial", action="store_true",
-                        help="one trial at a time, even where devices allow more")
+
