@@ -26,7 +26,8 @@ from pathlib import Path
 from dione.launch import local_placement, run_slice, total_steps
 from dione.plan import PlanningProblem, solve
 from dione.profile import Catalog, ProfileEvent, TrialOptions, profile_workload
-from dione.profile.profiler import Option, TaskProfile, _runs
+from dione.profile.choice import trial_runs
+from dione.profile.results import Option, TaskProfile
 from dione.spec import load_workload, local_cluster
 
 
@@ -52,9 +53,9 @@ class FirstPass:
 def first_run_prediction(tp: TaskProfile, option: Option) -> float:
     """The option's prediction had each trial run once: the chosen setting's first run,
     the fixed cost the median of every setting's first run."""
-    first = [_runs(r)[0] for r in tp.trials
+    first = [trial_runs(r)[0] for r in tp.trials
              if r.feasible and r.technique == option.technique and r.devices == option.devices]
-    own = _runs(option.record)[0]
+    own = trial_runs(option.record)[0]
     return (statistics.median(run["fixed_seconds"] for run in first)
             + own["warmup_excess_seconds"] + tp.total_steps * own["step_seconds"]
             + tp.evaluation_seconds)

@@ -18,7 +18,7 @@ from conftest import TEST_NODE, digits_task
 from dione.plan import load_problem, solve
 from dione.profile import Catalog, TrialOptions, device_counts, profile_workload
 from dione.profile.catalog import TrialRecord
-from dione.profile.profiler import _options
+from dione.profile.choice import choose_options
 from dione.spec.cluster import Cluster
 from dione.spec.workload import load_workload
 
@@ -44,7 +44,7 @@ def test_an_option_takes_the_fastest_steps_and_the_median_fixed_cost() -> None:
     trials = [trial("gpipe", 2, 0.010, 3.0), trial("gpipe", 4, 0.008, 5.0),
               trial("gpipe", 8, 0.012, 2.0), trial("gpipe", 16, 0.0, 0.0, "oom"),
               trial("ddp", 1, 0.020, 4.0)]
-    gpipe, ddp = sorted(_options(trials, 100), key=lambda o: o.technique, reverse=True)
+    gpipe, ddp = sorted(choose_options(trials, 100), key=lambda o: o.technique, reverse=True)
     # m=4 has the fastest steps; its own start-up (5 s) was the slowest, and m=8's (2 s)
     # the luckiest: the option's fixed cost is the median of the feasible three.
     assert (gpipe.technique, gpipe.knobs) == ("gpipe", {"micro_batches": 4})

@@ -23,7 +23,8 @@ from dione.launch.local import LOCAL, Launcher, warm_up
 from dione.orchestrate.options import RunDirError, RunEvent, RunOptions, claim_run_dir
 from dione.orchestrate.runner import Runner
 from dione.profile.catalog import Catalog
-from dione.profile.profiler import ProfileEvent, profile_workload
+from dione.profile.profiler import profile_workload
+from dione.profile.results import ProfileEvent
 from dione.report.files import summaries, write_report
 from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.task import Task

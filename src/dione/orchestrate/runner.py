@@ -25,7 +25,7 @@ from dione.orchestrate.options import RunDirError, RunEvent, RunOptions
 from dione.plan.plan import Plan
 from dione.plan.problem import PlanningProblem
 from dione.plan.solve import solve
-from dione.profile.profiler import Option, Profile
+from dione.profile.results import Option, Profile
 from dione.spec.cluster import Cluster
 from dione.spec.task import Task
 from dione.state.store import RunStore
