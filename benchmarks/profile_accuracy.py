@@ -20,14 +20,13 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from dione.launch import local_placement, run_slice, total_steps
 from dione.plan import PlanningProblem, solve
 from dione.profile import Catalog, ProfileEvent, TrialOptions, profile_workload
 from dione.profile.choice import trial_runs
-from dione.profile.results import Option, TaskProfile
+from dione.profile.results import Option, TaskProfile, planning_nodes
 from dione.spec import load_workload, local_cluster
 
 
@@ -162,13 +161,10 @@ def main() -> int:
             fastest = 0.0
             for task in tasks:
                 tp = profile.task(task.name)
-                steps = total_steps(task) * factor
-                tp_long = replace(tp, total_steps=steps)
-                options = tp_long.problem_options()
-                fastest += min(o["seconds"] for o in options)
-                problem_tasks.append({"name": task.name, "options": options})
-            problem = PlanningProblem.from_json(
-                {"cluster": cluster.to_json(), "tasks": problem_tasks})
+                options = tp.task_options(total_steps(task) * factor)
+                fastest += min(o.seconds for o in options.options)
+                problem_tasks.append(options)
+            problem = PlanningProblem(planning_nodes(cluster), tuple(problem_tasks)).check()
             plan = solve(problem, "cpsat", 10.0)
             print(f"| {Path(args.workload).stem} x{factor} steps | {profile_seconds:.0f} | "
                   f"{fastest:.0f} | {plan.makespan:.0f} | "

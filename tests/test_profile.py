@@ -15,10 +15,21 @@ import pytest
 import torch
 
 from conftest import TEST_NODE, digits_task
-from dione.plan import load_problem, solve
-from dione.profile import Catalog, TrialOptions, device_counts, profile_workload
+from dione.launch.local import LOCAL
+from dione.orchestrate.options import RunOptions
+from dione.orchestrate.runner import Runner
+from dione.plan import PlanningProblem, check_plan, load_problem, solve
+from dione.profile import (
+    Catalog,
+    Profile,
+    TaskProfile,
+    TrialOptions,
+    device_counts,
+    profile_workload,
+)
 from dione.profile.catalog import TrialRecord
 from dione.profile.choice import choose_options
+from dione.report import read_plans
 from dione.spec.cluster import Cluster
 from dione.spec.workload import load_workload
 
@@ -51,6 +62,38 @@ def test_an_option_takes_the_fastest_steps_and_the_median_fixed_cost() -> None:
     assert gpipe.record.fixed_seconds == 3.0
     assert gpipe.seconds(100) == pytest.approx(3.0 + 100 * 0.008)
     assert (ddp.technique, ddp.record.fixed_seconds) == ("ddp", 4.0)
+
+
+def test_the_problem_from_profile_to_run_is_typed_and_round_trips(tmp_path: Path) -> None:
+    """The profile's problem and the run's (its remaining work, as re-planning builds it)
+    are typed objects; their files read back as equal objects."""
+    task = digits_task("a", techniques=DATA_PARALLEL)
+    trials = [TrialRecord("s", "single", {"accumulation": 1}, 1, "cpu", "ok",
+                          step_seconds=0.01, fixed_seconds=1.0),
+              TrialRecord("d", "ddp", {"accumulation": 1}, 2, "cpu", "ok",
+                          step_seconds=0.006, fixed_seconds=1.5)]
+    found = TaskProfile("a", "g", 12, options=choose_options(trials, 12), trials=trials,
+                        evaluation_seconds=0.5)
+    profile = Profile(CLUSTER, [found, TaskProfile("b", "g", 12)])  # b: no option, left out
+    problem = profile.planning_problem()
+    assert [(t.name, [(o.technique, o.devices) for o in t.options]) for t in problem] == [
+        ("a", [("single", 1), ("ddp", 2)])]
+    assert problem.task("a").options[0].seconds == pytest.approx(1.0 + 12 * 0.01 + 0.5)
+    assert problem.nodes[0].kind == TEST_NODE.kind
+    assert PlanningProblem.from_json(json.loads(json.dumps(profile.problem()))) == problem
+
+    runner = Runner([task], CLUSTER, tmp_path / "run", profile, RunOptions(time_limit=2.0),
+                    lambda event: None, lambda state: None, LOCAL)
+    try:
+        remaining, _ = runner.problem()
+        assert PlanningProblem.from_json(json.loads(json.dumps(remaining.to_json()))) == remaining
+        runner.replan(first=True)
+        (adopted,) = read_plans(tmp_path / "run")
+        assert adopted.run_clock == tuple(runner.state.plan)
+        assert [a.task for a in adopted.plan.assignments] == ["a"]
+        assert check_plan(adopted.plan, adopted.problem) == []
+    finally:
+        runner.store.close()
 
 
 def test_shared_cached_and_reprofiled_only_where_changed(tmp_path: Path) -> None:

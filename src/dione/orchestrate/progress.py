@@ -52,7 +52,7 @@ class LiveProgress:
         for column in ("task", "status", "technique", "devices", "step", "loss", "ETA s"):
             table.add_column(column, justify="right" if column in ("step", "loss", "ETA s")
                              else "left")
-        plan = {a["task"]: a for a in state.plan}
+        plan = {a.task: a for a in state.plan}
         for name in state.tasks:
             status = state.status[name]
             running = state.running.get(name)
@@ -62,12 +62,12 @@ class LiveProgress:
                 step = running.progress[0].get("step", step)
             eta = "-"
             if status in ("running", "pending") and where is not None:
-                end = running.predicted_end if running else where["end"]
+                end = running.predicted_end if running else where.end
                 eta = f"{max(0.0, end - clock):.0f}"
             loss = state.last_loss.get(name)
             table.add_row(
-                name, status, where["technique"] if where else "-",
-                f"{where['node']}:{','.join(map(str, where['device_ids']))}" if where else "-",
+                name, status, where.technique if where else "-",
+                f"{where.node}:{','.join(map(str, where.device_ids))}" if where else "-",
                 f"{step}/{state.total[name]}", "-" if loss is None else f"{loss:.4f}", eta)
         finish = Text(f"elapsed {clock:.0f} s, estimated finish at "
                       f"{state.estimated_finish:.0f} s")

@@ -6,10 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dione.plan import problem as planning
 from dione.profile.catalog import TrialRecord
 from dione.spec.cluster import Cluster
 
-__all__ = ["Option", "Profile", "ProfileEvent", "TaskProfile"]
+__all__ = ["Option", "Profile", "ProfileEvent", "TaskProfile", "planning_nodes"]
+
+
+def planning_nodes(cluster: Cluster) -> tuple[planning.NodeSpec, ...]:
+    """The cluster's nodes as a planning problem names them."""
+    return tuple(planning.NodeSpec(n.name, n.devices, n.kind) for n in cluster)
 
 
 @dataclass(frozen=True)
@@ -24,6 +30,10 @@ class Option:
     def seconds(self, steps: int, resumed: bool = False, evaluation: float = 0.0) -> float:
         """Predicted seconds to train ``steps`` steps in one slice (and evaluate)."""
         return self.record.slice_seconds(steps, resumed) + evaluation
+
+    def planned(self, seconds: float) -> planning.Option:
+        """This option as the planner sees it, taking ``seconds``."""
+        return planning.Option(self.technique, self.devices, seconds, dict(self.knobs))
 
 
 @dataclass
@@ -74,13 +84,14 @@ class TaskProfile:
         return next((o for o in self.options
                      if o.technique == technique and o.devices == devices), None)
 
-    def problem_options(self, steps: int | None = None,
-                        resumed: bool = False) -> list[dict[str, Any]]:
-        """The problem JSON's options for ``steps`` remaining steps (default: all)."""
+    def task_options(self, steps: int | None = None,
+                     resumed: bool = False) -> planning.TaskOptions:
+        """The planner's options for ``steps`` remaining steps (default: all)."""
         remaining = self.total_steps if steps is None else steps
-        return [{"technique": o.technique, "knobs": o.knobs, "devices": o.devices,
-                 "seconds": round(o.seconds(remaining, resumed, self.evaluation_seconds), 3)}
-                for o in self.options]
+        # Milliseconds: what the problem file has always held, so plans stay the same.
+        return planning.TaskOptions(self.task, tuple(
+            o.planned(round(o.seconds(remaining, resumed, self.evaluation_seconds), 3))
+            for o in self.options))
 
 
 @dataclass
@@ -96,11 +107,14 @@ class Profile:
     def task(self, name: str) -> TaskProfile:
         return next(t for t in self.tasks if t.task == name)
 
+    def planning_problem(self) -> planning.PlanningProblem:
+        """The planner's problem: every task that has an option."""
+        return planning.PlanningProblem(planning_nodes(self.cluster), tuple(
+            t.task_options() for t in self.tasks if t.options))
+
     def problem(self) -> dict[str, Any]:
-        """The planner's problem JSON (DESIGN.md): every task that has an option."""
-        return {"cluster": self.cluster.to_json(),
-                "tasks": [{"name": t.task, "options": t.problem_options()}
-                          for t in self.tasks if t.options]}
+        """The problem as ``problem.json`` holds it (DESIGN.md), for the file's writer."""
+        return self.planning_problem().to_json()
 
 
 @dataclass(frozen=True)
