@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:  # the runner pulls in launchers and solvers; the view needs its types only
+    from dione.orchestrate.runner import RunState
 
 __all__ = ["LiveProgress"]
 
@@ -36,7 +39,7 @@ class LiveProgress:
         """A line for the log: above the live table on a terminal, plain elsewhere."""
         self.console.print(Text(message))
 
-    def update(self, state: Any) -> None:
+    def update(self, state: RunState) -> None:
         if self.live is None:
             return
         now = time.time()
@@ -46,7 +49,7 @@ class LiveProgress:
         self.live.update(self.render(state))
 
     @staticmethod
-    def render(state: Any) -> Group:
+    def render(state: RunState) -> Group:
         clock = time.time() - state.clock_zero
         table = Table(expand=False)
         for column in ("task", "status", "technique", "devices", "step", "loss", "ETA s"):

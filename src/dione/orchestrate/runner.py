@@ -30,8 +30,8 @@ from dione.spec.cluster import Cluster
 from dione.spec.task import Task
 from dione.state.store import RunStore
 
-__all__ = ["AUTO_SLICE_FLOOR_SECONDS", "AUTO_SLICE_START_UP_SHARE", "Runner",
-           "auto_slice_seconds"]
+__all__ = ["AUTO_SLICE_FLOOR_SECONDS", "AUTO_SLICE_START_UP_SHARE", "RunState", "Runner",
+           "RunningSlice", "auto_slice_seconds"]
 
 # The default slice: long enough that its start-up (warm workers: about 0.2-0.8 s on 2
 # CPU cores, benchmarks/RESULTS.md) is at most this share of it, and at least the floor,
@@ -47,7 +47,9 @@ def auto_slice_seconds(start_up_seconds: float) -> float:
 
 
 @dataclass
-class _Running:
+class RunningSlice:
+    """A slice training now: its assignment, steps, and what its ranks last reported."""
+
     assignment: Assignment  # times on the run clock
     began: float  # run clock
     start_step: int
@@ -59,7 +61,7 @@ class _Running:
 
 
 @dataclass
-class _State:
+class RunState:
     """What the loop knows; read by the live view (from the loop's thread only)."""
 
     tasks: dict[str, Task]
@@ -68,7 +70,7 @@ class _State:
     status: dict[str, str]  # pending | running | done | failed | diverged
     failures: dict[str, int]
     plan: list[Assignment]  # times on the run clock
-    running: dict[str, _Running] = field(default_factory=dict)
+    running: dict[str, RunningSlice] = field(default_factory=dict)
     last_loss: dict[str, float] = field(default_factory=dict)
     estimated_finish: float = 0.0
     clock_zero: float = 0.0  # time.time() of run-clock 0 in this session
@@ -79,7 +81,7 @@ class Runner:
 
     def __init__(self, tasks: Sequence[Task], cluster: Cluster, run_dir: Path,
                  profile: Profile, options: RunOptions,
-                 on_event: Callable[[RunEvent], None], view: Callable[[_State], None],
+                 on_event: Callable[[RunEvent], None], view: Callable[[RunState], None],
                  launcher: Launcher) -> None:
         self.cluster = cluster
         self.launcher = launcher
@@ -117,7 +119,7 @@ class Runner:
                     task.name).why_no_option()
                 self.store.set_task_status(task.name, "failed", reason)
                 self.emit(RunEvent("task_failed", f"{task.name}: {reason}", task.name))
-        self.state = _State({t.name: t for t in tasks}, total, done_steps, status,
+        self.state = RunState({t.name: t for t in tasks}, total, done_steps, status,
                             {t.name: 0 for t in tasks}, [], clock_zero=time.time())
         # Nodes this run has known: another that the launcher reports later joined.
         self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]}
@@ -198,7 +200,7 @@ class Runner:
             tail += self.profile.task(name).evaluation_seconds  # the last slice evaluates
         return self.now() + pace * (running.end_step - step) + tail
 
-    def _progress(self, running: _Running) -> tuple[int, float] | None:
+    def _progress(self, running: RunningSlice) -> tuple[int, float] | None:
         """(steps done, seconds per step) of a running slice, as its ranks reported."""
         for said in list(running.progress.values()):
             if said.get("loss") is not None:
@@ -329,7 +331,7 @@ class Runner:
         assert option is not None
         steps = self._slice_steps(name, option)
         start = self.state.done_steps[name]
-        running = _Running(a, self.now(), start, start + steps,
+        running = RunningSlice(a, self.now(), start, start + steps,
                            self.now() + self.option_seconds(name, option, steps))
         self.state.running[name] = running
         self.state.status[name] = "running"
