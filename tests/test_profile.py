@@ -29,6 +29,7 @@ from dione.profile import (
 )
 from dione.profile.catalog import TrialRecord
 from dione.profile.choice import choose_options
+from dione.profile.simulated import cross_check, is_pipeline, simulated_step_seconds
 from dione.report import read_plans
 from dione.spec.cluster import Cluster
 from dione.spec.workload import load_workload
@@ -94,6 +95,25 @@ def test_the_problem_from_profile_to_run_is_typed_and_round_trips(tmp_path: Path
         assert check_plan(adopted.plan, adopted.problem) == []
     finally:
         runner.store.close()
+
+
+def test_the_simulator_cross_checks_pipeline_trials_only(tmp_path: Path) -> None:
+    assert all(is_pipeline(name) for name in ("gpipe", "1f1b", "xpipe"))
+    assert not any(is_pipeline(name) for name in ("single", "ddp", "fsdp", "no-such"))
+    times = {"forward": [0.01, 0.01], "backward": [0.02, 0.02], "update": [0.001, 0.001]}
+    gpipe = TrialRecord("g", "gpipe", {"micro_batches": 2}, 2, "cpu", "ok", step_seconds=0.1,
+                        extra={"stage_times": times})
+    onefoneb = TrialRecord("o", "1f1b", {"micro_batches": 2}, 2, "cpu", "ok", step_seconds=0.1)
+    ddp = TrialRecord("d", "ddp", {"accumulation": 1}, 2, "cpu", "ok", step_seconds=0.1)
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        cross_check({"g": gpipe, "o": onefoneb, "d": ddp}, dict.fromkeys("god", "group"),
+                    catalog)
+    assert gpipe.simulated_step_seconds == simulated_step_seconds("gpipe", times, 2)
+    assert "from its own action times" in (gpipe.simulation_note or "")
+    # 1f1b logged none: gpipe's, on the same stages and micro-batches, stand in.
+    assert onefoneb.simulated_step_seconds == simulated_step_seconds("1f1b", times, 2)
+    assert "from gpipe trial action times" in (onefoneb.simulation_note or "")
+    assert ddp.simulated_step_seconds is None and ddp.simulation_note is None
 
 
 def test_shared_cached_and_reprofiled_only_where_changed(tmp_path: Path) -> None:
