@@ -20,13 +20,13 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from dione.launch import local_placement, run_slice, total_steps
 from dione.plan import PlanningProblem, solve
 from dione.profile import Catalog, ProfileEvent, TrialOptions, profile_workload
-from dione.profile.profiler import Option, TaskProfile, _runs
+from dione.profile.choice import trial_runs
+from dione.profile.results import Option, TaskProfile, planning_nodes
 from dione.spec import load_workload, local_cluster
 
 
@@ -52,9 +52,9 @@ class FirstPass:
 def first_run_prediction(tp: TaskProfile, option: Option) -> float:
     """The option's prediction had each trial run once: the chosen setting's first run,
     the fixed cost the median of every setting's first run."""
-    first = [_runs(r)[0] for r in tp.trials
+    first = [trial_runs(r)[0] for r in tp.trials
              if r.feasible and r.technique == option.technique and r.devices == option.devices]
-    own = _runs(option.record)[0]
+    own = trial_runs(option.record)[0]
     return (statistics.median(run["fixed_seconds"] for run in first)
             + own["warmup_excess_seconds"] + tp.total_steps * own["step_seconds"]
             + tp.evaluation_seconds)
@@ -161,13 +161,10 @@ def main() -> int:
             fastest = 0.0
             for task in tasks:
                 tp = profile.task(task.name)
-                steps = total_steps(task) * factor
-                tp_long = replace(tp, total_steps=steps)
-                options = tp_long.problem_options()
-                fastest += min(o["seconds"] for o in options)
-                problem_tasks.append({"name": task.name, "options": options})
-            problem = PlanningProblem.from_json(
-                {"cluster": cluster.to_json(), "tasks": problem_tasks})
+                options = tp.task_options(total_steps(task) * factor)
+                fastest += min(o.seconds for o in options.options)
+                problem_tasks.append(options)
+            problem = PlanningProblem(planning_nodes(cluster), tuple(problem_tasks)).check()
             plan = solve(problem, "cpsat", 10.0)
             print(f"| {Path(args.workload).stem} x{factor} steps | {profile_seconds:.0f} | "
                   f"{fastest:.0f} | {plan.makespan:.0f} | "

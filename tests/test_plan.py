@@ -28,6 +28,7 @@ from dione.plan import (
 )
 from dione.plan.greedy import list_schedule
 from dione.plan.simulate import noisy_lengths, simulate
+from dione.report.plans import AdoptedPlan, read_plans, write_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,6 +53,45 @@ SMALL = problem_of({"a": [(1, 100.0), (2, 60.0)], "b": [(1, 80.0), (2, 50.0)],
 def test_problem_json_round_trips() -> None:
     again = PlanningProblem.from_json(json.loads(json.dumps(SMALL.to_json())))
     assert again == SMALL
+
+
+def test_a_problem_built_in_code_is_held_to_the_file_rules() -> None:
+    wide = replace(SMALL, tasks=(*SMALL.tasks, TaskOptions("wide", (Option("ddp", 8, 5.0),)),
+                                 TaskOptions("a", (Option("single", 1, float("inf")),))))
+    with pytest.raises(ProblemError) as caught:
+        wide.check()
+    assert caught.value.reasons == [
+        "task 'wide': no option fits any node (the widest has 2 devices, the narrowest "
+        "option needs 8)",
+        "task 'a', option 0: seconds must be a finite number >= 0, not inf",
+        "task 'a': the name is used twice",
+    ]
+    assert SMALL.check() is SMALL
+
+
+def test_an_adopted_plan_round_trips_through_its_file(tmp_path: Path) -> None:
+    """The orchestrator's problem (node kinds, knobs, running tasks) and plan, on the run
+    clock, written and read back as equal objects."""
+    problem = PlanningProblem(
+        (NodeSpec("n0", 2, "cpu"), NodeSpec("n1", 2, "cpu")),
+        (TaskOptions("a", (Option("single", 1, 30.0, {"accumulation": 1}),
+                           Option("gpipe", 2, 20.0, {"micro_batches": 4}))),
+         TaskOptions("b", (Option("ddp", 2, 25.0, {}),))),
+        (Busy("c", "n0", (0,), 12.5),))
+    assert PlanningProblem.from_json(json.loads(json.dumps(problem.to_json()))) == problem
+    plan = solve(problem, "greedy")
+    assert Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    at, clock_zero = 7.25, 1.7e9
+    adopted = AdoptedPlan(plan, at, clock_zero, tuple(a.shifted(at) for a in plan.assignments),
+                          problem)
+    (tmp_path / "plans").mkdir()
+    write_plan(tmp_path / "plans" / "plan-000.json", adopted)
+    assert read_plans(tmp_path) == [adopted]
+    body = json.loads((tmp_path / "plans" / "plan-000.json").read_text())
+    assert body["problem"]["cluster"]["nodes"][0] == {"name": "n0", "devices": 2, "kind": "cpu"}
+    first = body["assignments_run_clock"][0]
+    assert first["devices"] == len(first["device_ids"])
+    assert first["start"] == plan.assignment(first["task"]).start + at
 
 
 def test_every_mistake_in_a_problem_is_named() -> None:

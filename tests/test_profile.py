@@ -15,10 +15,22 @@ import pytest
 import torch
 
 from conftest import TEST_NODE, digits_task
-from dione.plan import load_problem, solve
-from dione.profile import Catalog, TrialOptions, device_counts, profile_workload
+from dione.launch.local import LOCAL
+from dione.orchestrate.options import RunOptions
+from dione.orchestrate.runner import Runner
+from dione.plan import PlanningProblem, check_plan, load_problem, solve
+from dione.profile import (
+    Catalog,
+    Profile,
+    TaskProfile,
+    TrialOptions,
+    device_counts,
+    profile_workload,
+)
 from dione.profile.catalog import TrialRecord
-from dione.profile.profiler import _options
+from dione.profile.choice import choose_options
+from dione.profile.simulated import cross_check, is_pipeline, simulated_step_seconds
+from dione.report import read_plans
 from dione.spec.cluster import Cluster
 from dione.spec.workload import load_workload
 
@@ -44,13 +56,64 @@ def test_an_option_takes_the_fastest_steps_and_the_median_fixed_cost() -> None:
     trials = [trial("gpipe", 2, 0.010, 3.0), trial("gpipe", 4, 0.008, 5.0),
               trial("gpipe", 8, 0.012, 2.0), trial("gpipe", 16, 0.0, 0.0, "oom"),
               trial("ddp", 1, 0.020, 4.0)]
-    gpipe, ddp = sorted(_options(trials, 100), key=lambda o: o.technique, reverse=True)
+    gpipe, ddp = sorted(choose_options(trials, 100), key=lambda o: o.technique, reverse=True)
     # m=4 has the fastest steps; its own start-up (5 s) was the slowest, and m=8's (2 s)
     # the luckiest: the option's fixed cost is the median of the feasible three.
     assert (gpipe.technique, gpipe.knobs) == ("gpipe", {"micro_batches": 4})
     assert gpipe.record.fixed_seconds == 3.0
     assert gpipe.seconds(100) == pytest.approx(3.0 + 100 * 0.008)
     assert (ddp.technique, ddp.record.fixed_seconds) == ("ddp", 4.0)
+
+
+def test_the_problem_from_profile_to_run_is_typed_and_round_trips(tmp_path: Path) -> None:
+    """The profile's problem and the run's (its remaining work, as re-planning builds it)
+    are typed objects; their files read back as equal objects."""
+    task = digits_task("a", techniques=DATA_PARALLEL)
+    trials = [TrialRecord("s", "single", {"accumulation": 1}, 1, "cpu", "ok",
+                          step_seconds=0.01, fixed_seconds=1.0),
+              TrialRecord("d", "ddp", {"accumulation": 1}, 2, "cpu", "ok",
+                          step_seconds=0.006, fixed_seconds=1.5)]
+    found = TaskProfile("a", "g", 12, options=choose_options(trials, 12), trials=trials,
+                        evaluation_seconds=0.5)
+    profile = Profile(CLUSTER, [found, TaskProfile("b", "g", 12)])  # b: no option, left out
+    problem = profile.planning_problem()
+    assert [(t.name, [(o.technique, o.devices) for o in t.options]) for t in problem] == [
+        ("a", [("single", 1), ("ddp", 2)])]
+    assert problem.task("a").options[0].seconds == pytest.approx(1.0 + 12 * 0.01 + 0.5)
+    assert problem.nodes[0].kind == TEST_NODE.kind
+    assert PlanningProblem.from_json(json.loads(json.dumps(profile.problem()))) == problem
+
+    runner = Runner([task], CLUSTER, tmp_path / "run", profile, RunOptions(time_limit=2.0),
+                    lambda event: None, lambda state: None, LOCAL)
+    try:
+        remaining, _ = runner.problem()
+        assert PlanningProblem.from_json(json.loads(json.dumps(remaining.to_json()))) == remaining
+        runner.replan(first=True)
+        (adopted,) = read_plans(tmp_path / "run")
+        assert adopted.run_clock == tuple(runner.state.plan)
+        assert [a.task for a in adopted.plan.assignments] == ["a"]
+        assert check_plan(adopted.plan, adopted.problem) == []
+    finally:
+        runner.store.close()
+
+
+def test_the_simulator_cross_checks_pipeline_trials_only(tmp_path: Path) -> None:
+    assert all(is_pipeline(name) for name in ("gpipe", "1f1b", "xpipe"))
+    assert not any(is_pipeline(name) for name in ("single", "ddp", "fsdp", "no-such"))
+    times = {"forward": [0.01, 0.01], "backward": [0.02, 0.02], "update": [0.001, 0.001]}
+    gpipe = TrialRecord("g", "gpipe", {"micro_batches": 2}, 2, "cpu", "ok", step_seconds=0.1,
+                        extra={"stage_times": times})
+    onefoneb = TrialRecord("o", "1f1b", {"micro_batches": 2}, 2, "cpu", "ok", step_seconds=0.1)
+    ddp = TrialRecord("d", "ddp", {"accumulation": 1}, 2, "cpu", "ok", step_seconds=0.1)
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        cross_check({"g": gpipe, "o": onefoneb, "d": ddp}, dict.fromkeys("god", "group"),
+                    catalog)
+    assert gpipe.simulated_step_seconds == simulated_step_seconds("gpipe", times, 2)
+    assert "from its own action times" in (gpipe.simulation_note or "")
+    # 1f1b logged none: gpipe's, on the same stages and micro-batches, stand in.
+    assert onefoneb.simulated_step_seconds == simulated_step_seconds("1f1b", times, 2)
+    assert "from gpipe trial action times" in (onefoneb.simulation_note or "")
+    assert ddp.simulated_step_seconds is None and ddp.simulation_note is None
 
 
 def test_shared_cached_and_reprofiled_only_where_changed(tmp_path: Path) -> None:

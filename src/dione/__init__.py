@@ -4,6 +4,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from dione._lazy import lazy_exports
+from dione._version import __version__
 
 if TYPE_CHECKING:
     from dione.spec import Cluster, Node, Task, Workload, grid, load_workload, local_cluster
@@ -15,7 +16,6 @@ if TYPE_CHECKING:
         register,
     )
 
-__version__ = "0.1.0"
 
 # Imported on first use: `import dione` (the CLI, every worker) must not pay for torch.
 __getattr__ = lazy_exports(__name__, {

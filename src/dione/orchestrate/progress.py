@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:  # the runner pulls in launchers and solvers; the view needs its types only
+    from dione.orchestrate.runner import RunState
 
 __all__ = ["LiveProgress"]
 
@@ -36,7 +39,7 @@ class LiveProgress:
         """A line for the log: above the live table on a terminal, plain elsewhere."""
         self.console.print(Text(message))
 
-    def update(self, state: Any) -> None:
+    def update(self, state: RunState) -> None:
         if self.live is None:
             return
         now = time.time()
@@ -46,13 +49,13 @@ class LiveProgress:
         self.live.update(self.render(state))
 
     @staticmethod
-    def render(state: Any) -> Group:
+    def render(state: RunState) -> Group:
         clock = time.time() - state.clock_zero
         table = Table(expand=False)
         for column in ("task", "status", "technique", "devices", "step", "loss", "ETA s"):
             table.add_column(column, justify="right" if column in ("step", "loss", "ETA s")
                              else "left")
-        plan = {a["task"]: a for a in state.plan}
+        plan = {a.task: a for a in state.plan}
         for name in state.tasks:
             status = state.status[name]
             running = state.running.get(name)
@@ -62,12 +65,12 @@ class LiveProgress:
                 step = running.progress[0].get("step", step)
             eta = "-"
             if status in ("running", "pending") and where is not None:
-                end = running.predicted_end if running else where["end"]
+                end = running.predicted_end if running else where.end
                 eta = f"{max(0.0, end - clock):.0f}"
             loss = state.last_loss.get(name)
             table.add_row(
-                name, status, where["technique"] if where else "-",
-                f"{where['node']}:{','.join(map(str, where['device_ids']))}" if where else "-",
+                name, status, where.technique if where else "-",
+                f"{where.node}:{','.join(map(str, where.device_ids))}" if where else "-",
                 f"{step}/{state.total[name]}", "-" if loss is None else f"{loss:.4f}", eta)
         finish = Text(f"elapsed {clock:.0f} s, estimated finish at "
                       f"{state.estimated_finish:.0f} s")

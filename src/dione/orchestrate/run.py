@@ -17,13 +17,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from dione.launch.local import LOCAL, Launcher, warm_up
 from dione.orchestrate.options import RunDirError, RunEvent, RunOptions, claim_run_dir
-from dione.orchestrate.runner import Runner
+from dione.orchestrate.runner import Runner, RunState
 from dione.profile.catalog import Catalog
-from dione.profile.profiler import ProfileEvent, profile_workload
+from dione.profile.profiler import profile_workload
+from dione.profile.results import ProfileEvent
 from dione.report.files import summaries, write_report
 from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.task import Task
@@ -85,7 +85,7 @@ def run_workload(
     *,
     on_event: Callable[[RunEvent], None] | None = None,
     on_profile_event: Callable[[ProfileEvent], None] | None = None,
-    view: Callable[[Any], None] | None = None,
+    view: Callable[[RunState], None] | None = None,
     launcher: Launcher | None = None,
 ) -> RunResult:
     """Train every task to its end as early as possible; resumes what ``run_dir`` holds.
@@ -108,8 +108,8 @@ def run_workload(
 def _run_claimed(
     tasks: Sequence[Task], cluster: Cluster, run_dir: Path, options: RunOptions,
     on_event: Callable[[RunEvent], None] | None,
-    on_profile_event: Callable[[ProfileEvent], None] | None, view: Callable[[Any], None] | None,
-    launcher: Launcher,
+    on_profile_event: Callable[[ProfileEvent], None] | None,
+    view: Callable[[RunState], None] | None, launcher: Launcher,
 ) -> RunResult:
     emit = on_event or (lambda event: None)
     began = time.perf_counter()

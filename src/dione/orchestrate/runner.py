@@ -8,12 +8,11 @@ over the nodes alive then: a lost node leaves the plan, one that joined (Ray) en
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,16 +21,17 @@ from typing import Any
 from dione.launch.local import Launcher
 from dione.launch.slice import SliceError, SliceResult, run_slice
 from dione.orchestrate.options import RunDirError, RunEvent, RunOptions
-from dione.plan.plan import Plan
-from dione.plan.problem import PlanningProblem
+from dione.plan.plan import Assignment, Plan
+from dione.plan.problem import Busy, PlanningProblem, TaskOptions
 from dione.plan.solve import solve
-from dione.profile.profiler import Option, Profile
+from dione.profile.results import Option, Profile, planning_nodes
+from dione.report.plans import AdoptedPlan, write_plan
 from dione.spec.cluster import Cluster
 from dione.spec.task import Task
 from dione.state.store import RunStore
 
-__all__ = ["AUTO_SLICE_FLOOR_SECONDS", "AUTO_SLICE_START_UP_SHARE", "Runner",
-           "auto_slice_seconds"]
+__all__ = ["AUTO_SLICE_FLOOR_SECONDS", "AUTO_SLICE_START_UP_SHARE", "RunState", "Runner",
+           "RunningSlice", "auto_slice_seconds"]
 
 # The default slice: long enough that its start-up (warm workers: about 0.2-0.8 s on 2
 # CPU cores, benchmarks/RESULTS.md) is at most this share of it, and at least the floor,
@@ -47,8 +47,10 @@ def auto_slice_seconds(start_up_seconds: float) -> float:
 
 
 @dataclass
-class _Running:
-    assignment: dict[str, Any]
+class RunningSlice:
+    """A slice training now: its assignment, steps, and what its ranks last reported."""
+
+    assignment: Assignment  # times on the run clock
     began: float  # run clock
     start_step: int
     end_step: int
@@ -59,7 +61,7 @@ class _Running:
 
 
 @dataclass
-class _State:
+class RunState:
     """What the loop knows; read by the live view (from the loop's thread only)."""
 
     tasks: dict[str, Task]
@@ -67,8 +69,8 @@ class _State:
     done_steps: dict[str, int]
     status: dict[str, str]  # pending | running | done | failed | diverged
     failures: dict[str, int]
-    plan: list[dict[str, Any]]  # assignments, times on the run clock
-    running: dict[str, _Running] = field(default_factory=dict)
+    plan: list[Assignment]  # times on the run clock
+    running: dict[str, RunningSlice] = field(default_factory=dict)
     last_loss: dict[str, float] = field(default_factory=dict)
     estimated_finish: float = 0.0
     clock_zero: float = 0.0  # time.time() of run-clock 0 in this session
@@ -79,7 +81,7 @@ class Runner:
 
     def __init__(self, tasks: Sequence[Task], cluster: Cluster, run_dir: Path,
                  profile: Profile, options: RunOptions,
-                 on_event: Callable[[RunEvent], None], view: Callable[[_State], None],
+                 on_event: Callable[[RunEvent], None], view: Callable[[RunState], None],
                  launcher: Launcher) -> None:
         self.cluster = cluster
         self.launcher = launcher
@@ -117,7 +119,7 @@ class Runner:
                     task.name).why_no_option()
                 self.store.set_task_status(task.name, "failed", reason)
                 self.emit(RunEvent("task_failed", f"{task.name}: {reason}", task.name))
-        self.state = _State({t.name: t for t in tasks}, total, done_steps, status,
+        self.state = RunState({t.name: t for t in tasks}, total, done_steps, status,
                             {t.name: 0 for t in tasks}, [], clock_zero=time.time())
         # Nodes this run has known: another that the launcher reports later joined.
         self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]}
@@ -164,7 +166,7 @@ class Runner:
 
     # -- planning --------------------------------------------------------------------
 
-    def problem(self) -> tuple[dict[str, Any], float]:
+    def problem(self) -> tuple[PlanningProblem, float]:
         """The remaining work as a planner problem, and the run-clock time it starts at."""
         now = self.now()
         tasks = []
@@ -172,20 +174,15 @@ class Runner:
             if status != "pending":
                 continue
             remaining = self.state.total[name] - self.state.done_steps[name]
-            options = [{"technique": o.technique, "knobs": o.knobs, "devices": o.devices,
-                        "seconds": round(max(0.001, self.option_seconds(name, o, remaining)), 3)}
-                       for o in self.profile.task(name).options]
-            tasks.append({"name": name, "options": options})
+            tasks.append(TaskOptions(name, tuple(
+                o.planned(round(max(0.001, self.option_seconds(name, o, remaining)), 3))
+                for o in self.profile.task(name).options)))
         nodes = {n.name for n in self.cluster}
-        busy = [{"task": name, "node": r.assignment["node"],
-                 "device_ids": list(r.assignment["device_ids"]),
-                 "until": round(max(0.0, self.predicted_task_end(name) - now), 3)}
-                for name, r in self.state.running.items()
-                if r.assignment["node"] in nodes]  # a lost node's slices are ending
-        problem = {"cluster": self.cluster.to_json(), "tasks": tasks}
-        if busy:
-            problem["busy"] = busy
-        return problem, now
+        busy = tuple(Busy(name, r.assignment.node, r.assignment.device_ids,
+                          round(max(0.0, self.predicted_task_end(name) - now), 3))
+                     for name, r in self.state.running.items()
+                     if r.assignment.node in nodes)  # a lost node's slices are ending
+        return PlanningProblem(planning_nodes(self.cluster), tuple(tasks), busy), now
 
     def predicted_task_end(self, name: str) -> float:
         """Run-clock time a running task ends its current slice: its pace so far times
@@ -196,18 +193,18 @@ class Runner:
         if progress is None:
             return max(running.predicted_end, self.now())
         step, pace = progress
-        option = self.profile.task(name).option(running.assignment["technique"],
-                                                running.assignment["devices"])
+        option = self.profile.task(name).option(running.assignment.technique,
+                                                running.assignment.devices)
         tail = option.record.save_seconds if option is not None else 0.0
         if running.end_step >= self.state.total[name]:
             tail += self.profile.task(name).evaluation_seconds  # the last slice evaluates
         return self.now() + pace * (running.end_step - step) + tail
 
-    def _progress(self, running: _Running) -> tuple[int, float] | None:
+    def _progress(self, running: RunningSlice) -> tuple[int, float] | None:
         """(steps done, seconds per step) of a running slice, as its ranks reported."""
         for said in list(running.progress.values()):
             if said.get("loss") is not None:
-                self.state.last_loss[running.assignment["task"]] = float(said["loss"])
+                self.state.last_loss[running.assignment.task] = float(said["loss"])
         record = running.progress.get(0)
         pace = None if record is None else record.get("seconds_per_step")
         return None if record is None or pace is None else (int(record["step"]), float(pace))
@@ -230,24 +227,24 @@ class Runner:
         if not any(s == "pending" for s in self.state.status.values()):
             return
         self._join_new_nodes()
-        problem_json, at = self.problem()
-        problem = PlanningProblem.from_json(problem_json)
+        problem, at = self.problem()
+        problem.check()  # what a problem file must be, the solvers may rely on
         limit = self.options.time_limit if first else self.options.replan_time_limit
         plan = solve(problem, self.options.solver, limit)
         candidate = self._absolute(plan, at)
         if not first:
-            current = self._retimed_current(problem_json, at)
-            new_end = max((a["end"] for a in candidate), default=at)
+            current = self._retimed_current(problem, at)
+            new_end = max((a.end for a in candidate), default=at)
             if current is not None and new_end >= current - self.options.replan_margin * max(
                     current - at, 0.0):
                 self.state.estimated_finish = max(current, self._running_end())
                 return
         self.state.plan = candidate
-        self.state.estimated_finish = max(max((a["end"] for a in candidate), default=at),
+        self.state.estimated_finish = max(max((a.end for a in candidate), default=at),
                                           self._running_end())
         if self.first_planned is None:
             self.first_planned = self.state.estimated_finish
-        self._save_plan(plan, problem_json, at)
+        self._save_plan(plan, problem, at)
         self.emit(RunEvent("planned" if first else "replanned",
                            f"{plan.solver} ({plan.status}): finish at "
                            f"{self.state.estimated_finish:.1f} s"))
@@ -267,91 +264,86 @@ class Runner:
     def _running_end(self) -> float:
         return max((self.predicted_task_end(n) for n in self.state.running), default=0.0)
 
-    def _absolute(self, plan: Plan, at: float) -> list[dict[str, Any]]:
-        return [{"task": a.task, "technique": a.technique, "knobs": dict(a.knobs),
-                 "devices": len(a.device_ids), "node": a.node,
-                 "device_ids": list(a.device_ids), "start": at + a.start, "end": at + a.end}
-                for a in plan.assignments]
+    def _absolute(self, plan: Plan, at: float) -> list[Assignment]:
+        return [a.shifted(at) for a in plan.assignments]
 
-    def _retimed_current(self, problem_json: Mapping[str, Any], at: float) -> float | None:
+    def _retimed_current(self, problem: PlanningProblem, at: float) -> float | None:
         """When the current plan would finish under today's estimates (each device keeps
         its order); None if it no longer covers the pending tasks."""
-        seconds = {(t["name"], o["technique"], o["devices"]): o["seconds"]
-                   for t in problem_json["tasks"] for o in t["options"]}
+        seconds = {(t.name, o.technique, o.devices): o.seconds
+                   for t in problem.tasks for o in t.options}
         free: dict[tuple[str, int], float] = {}
-        for busy in problem_json.get("busy", []):
-            for device in busy["device_ids"]:
-                free[(busy["node"], device)] = at + busy["until"]
-        pending = {t["name"] for t in problem_json["tasks"]}
+        for busy in problem.busy:
+            for device in busy.device_ids:
+                free[(busy.node, device)] = at + busy.until
+        pending = {t.name for t in problem.tasks}
         end = at
         covered = set()
-        for a in sorted(self.state.plan, key=lambda a: a["start"]):
-            if a["task"] not in pending:
+        for a in sorted(self.state.plan, key=lambda a: a.start):
+            if a.task not in pending:
                 continue
-            key = (a["task"], a["technique"], a["devices"])
+            key = (a.task, a.technique, a.devices)
             if key not in seconds:
                 return None
-            devices = [(a["node"], d) for d in a["device_ids"]]
+            devices = [(a.node, d) for d in a.device_ids]
             start = max([at, *(free.get(d, at) for d in devices)])
             finish = start + seconds[key]
             for d in devices:
                 free[d] = finish
             end = max(end, finish)
-            covered.add(a["task"])
+            covered.add(a.task)
         return end if covered == pending else None
 
-    def _save_plan(self, plan: Plan, problem: Mapping[str, Any], at: float) -> None:
+    def _save_plan(self, plan: Plan, problem: PlanningProblem, at: float) -> None:
         folder = self.run_dir / "plans"
         folder.mkdir(parents=True, exist_ok=True)
-        body = {**plan.to_json(), "at": at, "clock_zero": self.state.clock_zero,
-                "assignments_run_clock": self.state.plan, "problem": problem}
-        path = folder / f"plan-{self.plans_adopted:03d}.json"
-        path.write_text(json.dumps(body, indent=1) + "\n")
+        adopted = AdoptedPlan(plan, at, self.state.clock_zero, tuple(self.state.plan), problem)
+        write_plan(folder / f"plan-{self.plans_adopted:03d}.json", adopted)
         self.plans_adopted += 1
 
     # -- execution -------------------------------------------------------------------
 
-    def launchable(self) -> list[dict[str, Any]]:
+    def launchable(self) -> list[Assignment]:
         """Assignments whose devices are free and that come first on each of them."""
-        busy = {(r.assignment["node"], d) for r in self.state.running.values()
-                for d in r.assignment["device_ids"]}
+        busy = {(r.assignment.node, d) for r in self.state.running.values()
+                for d in r.assignment.device_ids}
         first_on: dict[tuple[str, int], str] = {}
-        for a in sorted(self.state.plan, key=lambda a: a["start"]):
-            if self.state.status[a["task"]] != "pending":
+        for a in sorted(self.state.plan, key=lambda a: a.start):
+            if self.state.status[a.task] != "pending":
                 continue
-            for d in a["device_ids"]:
-                first_on.setdefault((a["node"], d), a["task"])
+            for d in a.device_ids:
+                first_on.setdefault((a.node, d), a.task)
         ready = []
         for a in self.state.plan:
-            if self.state.status[a["task"]] != "pending":
+            if self.state.status[a.task] != "pending":
                 continue
-            devices = [(a["node"], d) for d in a["device_ids"]]
+            devices = [(a.node, d) for d in a.device_ids]
             if any(d in busy for d in devices):
                 continue
-            if all(first_on.get(d) == a["task"] for d in devices):
+            if all(first_on.get(d) == a.task for d in devices):
                 ready.append(a)
                 busy.update(devices)
         return ready
 
-    def launch(self, pool: ThreadPoolExecutor, a: dict[str, Any]) -> Future[SliceResult]:
-        name = a["task"]
-        option = self.profile.task(name).option(a["technique"], a["devices"])
+    def launch(self, pool: ThreadPoolExecutor, a: Assignment) -> Future[SliceResult]:
+        name = a.task
+        option = self.profile.task(name).option(a.technique, a.devices)
         assert option is not None
         steps = self._slice_steps(name, option)
         start = self.state.done_steps[name]
-        running = _Running(a, self.now(), start, start + steps,
+        running = RunningSlice(a, self.now(), start, start + steps,
                            self.now() + self.option_seconds(name, option, steps))
         self.state.running[name] = running
         self.state.status[name] = "running"
-        node = self.cluster.node(a["node"])
+        node = self.cluster.node(a.node)
 
         def heard(rank: int, record: dict[str, Any]) -> None:
             running.progress[rank] = record
 
         self.emit(RunEvent("slice_started", f"{name}: steps {start}-{start + steps} under "
-                           f"{a['technique']} on {a['node']} devices {a['device_ids']}", name))
-        return pool.submit(run_slice, self.state.tasks[name], a["technique"], self.run_dir,
-                           self.launcher.placement(node, a["device_ids"]), knobs=a["knobs"],
+                           f"{a.technique} on {a.node} devices {list(a.device_ids)}", name))
+        return pool.submit(run_slice, self.state.tasks[name], a.technique, self.run_dir,
+                           self.launcher.placement(node, list(a.device_ids)), knobs=dict(a.knobs),
                            steps=steps, timeout=self.options.timeout, cancel=self.cancel,
                            on_progress=heard, launcher=self.launcher,
                            storage=self.options.storage)
@@ -363,7 +355,7 @@ class Runner:
             result = future.result()
         except SliceError as err:
             if err.reason == "node_lost":  # not the task's fault: plan it anew elsewhere
-                self._lose_node(running.assignment["node"], name, err)
+                self._lose_node(running.assignment.node, name, err)
                 return True
             self.state.failures[name] += 1
             if err.reason == "diverged":  # the store already says so, with the step
@@ -413,7 +405,7 @@ class Runner:
                 raise RuntimeError(f"node {node} was lost and no node is left to train on")
             self.cluster = Cluster(left)
             self.launcher.forget_node(node)
-            self.state.plan = [a for a in self.state.plan if a["node"] != node]
+            self.state.plan = [a for a in self.state.plan if a.node != node]
             self.emit(RunEvent("node_lost", f"node {node} left the cluster; its work is "
                                "planned again on the others", name))
         self.emit(RunEvent("slice_failed", f"{name}: {str(err).splitlines()[0]}", name))
@@ -427,7 +419,7 @@ class Runner:
             try:
                 while True:
                     for a in self.launchable():
-                        futures[self.launch(pool, a)] = a["task"]
+                        futures[self.launch(pool, a)] = a.task
                     if not futures:
                         if any(s == "pending" for s in self.state.status.values()):
                             self.replan(first=True)  # the plan lost its tasks: plan again
@@ -445,8 +437,8 @@ class Runner:
                         last_replan = self.now()
                     elif done:
                         self.state.estimated_finish = max(
-                            max((a["end"] for a in self.state.plan
-                                 if self.state.status[a["task"]] == "pending"), default=0.0),
+                            max((a.end for a in self.state.plan
+                                 if self.state.status[a.task] == "pending"), default=0.0),
                             self._running_end())
                     self.view(self.state)
             except BaseException:

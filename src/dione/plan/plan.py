@@ -6,7 +6,7 @@ import itertools
 import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ __all__ = [
     "Assignment",
     "Plan",
     "assign_device_ids",
+    "assignment_from_json",
     "check_plan",
     "left_shift",
     "load_plan",
@@ -40,6 +41,11 @@ class Assignment:
     @property
     def devices(self) -> int:
         return len(self.device_ids)
+
+    def shifted(self, seconds: float) -> Assignment:
+        """The same assignment ``seconds`` later (a plan's times moved onto a run's clock)."""
+        return replace(self, knobs=dict(self.knobs), start=self.start + seconds,
+                       end=self.end + seconds)
 
     def to_json(self) -> dict[str, Any]:
         return {"task": self.task, "technique": self.technique, "knobs": dict(self.knobs),
@@ -84,14 +90,17 @@ class Plan:
                 makespan=float(data["makespan"]), lower_bound=float(data["lower_bound"]),
                 solve_seconds=float(data.get("solve_seconds", 0.0)),
                 notes=dict(data.get("notes", {})),
-                assignments=tuple(
-                    Assignment(str(a["task"]), str(a["technique"]), dict(a.get("knobs", {})),
-                               str(a["node"]), tuple(int(d) for d in a["device_ids"]),
-                               float(a["start"]), float(a["end"]))
-                    for a in data["assignments"]),
+                assignments=tuple(assignment_from_json(a) for a in data["assignments"]),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"not a plan: {type(err).__name__}: {err}") from None
+
+
+def assignment_from_json(data: Mapping[str, Any]) -> Assignment:
+    """An assignment as ``Assignment.to_json`` writes it (extra fields ignored)."""
+    return Assignment(str(data["task"]), str(data["technique"]), dict(data.get("knobs", {})),
+                      str(data["node"]), tuple(int(d) for d in data["device_ids"]),
+                      float(data["start"]), float(data["end"]))
 
 
 def load_plan(path: str | Path) -> Plan:

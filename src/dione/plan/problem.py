@@ -36,10 +36,15 @@ class ProblemError(ValueError):
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """A node of the cluster: its name and device count."""
+    """A node of the cluster: its name, device count and (if known) device kind."""
 
     name: str
     devices: int
+    kind: str | None = None  # carried for the reader of the file; solvers ignore it
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "devices": self.devices,
+                **({"kind": self.kind} if self.kind is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -119,9 +124,46 @@ class PlanningProblem:
                 times[b.node][device] = max(times[b.node][device], b.until)
         return times
 
+    def mistakes(self) -> list[str]:
+        """Every rule of a problem file this problem breaks (empty: none), in the words
+        the file's checker uses: a problem built in code is held to the same rules."""
+        reasons = []
+        if not self.nodes:
+            reasons.append('cluster: must be {"nodes": [{"name": "n0", "devices": 8}, ...]}')
+        reasons += [f"cluster node {n.name!r}: devices must be a positive integer"
+                    for n in self.nodes if n.devices < 1]
+        reasons += _used_twice("cluster: node name", [n.name for n in self.nodes])
+        if not self.tasks:
+            reasons.append("tasks: must be a non-empty list")
+        widest = max((n.devices for n in self.nodes), default=0)
+        for task in self.tasks:
+            where = f"task {task.name!r}"
+            if not task.options:
+                reasons.append(f"{where}: options must be a non-empty list")
+                continue
+            bad = [reason for j, o in enumerate(task.options)
+                   for reason in _option_mistakes(f"{where}, option {j}", o.technique,
+                                                  o.devices, o.seconds)]
+            reasons += bad
+            if not bad and self.nodes:
+                reasons += _fits_no_node(where, task.options, widest)
+        reasons += [f"task {n!r}: the name is used twice"
+                    for n in _twice([t.name for t in self.tasks])]
+        sizes = {n.name: n.devices for n in self.nodes}
+        for i, b in enumerate(self.busy):
+            reasons += _busy_mistakes(f"busy {i}", b.node, list(b.device_ids), b.until, sizes)
+        return reasons
+
+    def check(self) -> PlanningProblem:
+        """This problem, if it breaks no rule of a problem file; else ProblemError."""
+        reasons = self.mistakes()
+        if reasons:
+            raise ProblemError(reasons)
+        return self
+
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "cluster": {"nodes": [{"name": n.name, "devices": n.devices} for n in self.nodes]},
+            "cluster": {"nodes": [n.to_json() for n in self.nodes]},
             "tasks": [{"name": t.name, "options": [o.to_json() for o in t.options]}
                       for t in self.tasks],
         }
@@ -145,6 +187,45 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _twice(names: list[str]) -> list[str]:
+    return [n for n in sorted(set(names)) if names.count(n) > 1]
+
+
+def _used_twice(what: str, names: list[str]) -> list[str]:
+    return [f"{what} {n!r} is used twice" for n in _twice(names)]
+
+
+def _option_mistakes(where: str, technique: Any, devices: Any, seconds: Any) -> list[str]:
+    bad = []
+    if not isinstance(technique, str) or not technique:
+        bad.append(f"{where}: technique must be a name")
+    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+        bad.append(f"{where}: devices must be a positive integer, not {devices!r}")
+    if not _number(seconds) or seconds < 0:
+        bad.append(f"{where}: seconds must be a finite number >= 0, not {seconds!r}")
+    return bad
+
+
+def _fits_no_node(where: str, options: Iterable[Option], widest: int) -> list[str]:
+    options = list(options)
+    if any(o.devices <= widest for o in options):
+        return []
+    return [f"{where}: no option fits any node (the widest has {widest} devices, the "
+            f"narrowest option needs {min(o.devices for o in options)})"]
+
+
+def _busy_mistakes(where: str, node: Any, ids: Any, until: Any,
+                   sizes: Mapping[str, int]) -> list[str]:
+    if node not in sizes:
+        return [f"{where}: unknown node {node!r}"]
+    if not isinstance(ids, list) or not ids or any(
+            not isinstance(d, int) or not 0 <= d < sizes[node] for d in ids):
+        return [f"{where}: device_ids must list devices of node {node!r}"]
+    if not _number(until) or until < 0:
+        return [f"{where}: until must be a number >= 0"]
+    return []
+
+
 def _parse_nodes(data: Any, reasons: list[str]) -> list[NodeSpec]:
     cluster = data.get("cluster")
     if not isinstance(cluster, Mapping) or not isinstance(cluster.get("nodes"), list) \
@@ -164,10 +245,9 @@ def _parse_nodes(data: Any, reasons: list[str]) -> list[NodeSpec]:
         elif not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
             reasons.append(f"cluster node {name!r}: devices must be a positive integer")
         else:
-            nodes.append(NodeSpec(name, devices))
-    names = [n.name for n in nodes]
-    reasons += [f"cluster: node name {n!r} is used twice" for n in sorted(set(names))
-                if names.count(n) > 1]
+            kind = node.get("kind")
+            nodes.append(NodeSpec(name, devices, kind if isinstance(kind, str) else None))
+    reasons += _used_twice("cluster: node name", [n.name for n in nodes])
     return nodes
 
 
@@ -180,12 +260,7 @@ def _parse_option(where: str, item: Any, reasons: list[str]) -> Option | None:
     devices: Any = item.get("devices")
     seconds: Any = item.get("seconds")
     knobs: Any = item.get("knobs", {})
-    if not isinstance(technique, str) or not technique:
-        bad.append(f"{where}: technique must be a name")
-    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
-        bad.append(f"{where}: devices must be a positive integer, not {devices!r}")
-    if not _number(seconds) or seconds < 0:
-        bad.append(f"{where}: seconds must be a finite number >= 0, not {seconds!r}")
+    bad += _option_mistakes(where, technique, devices, seconds)
     if not isinstance(knobs, Mapping):
         bad.append(f"{where}: knobs must be an object")
     reasons += bad
@@ -222,14 +297,10 @@ def _parse(data: Any) -> PlanningProblem:
                    for j, o in enumerate(raw_options)]
         valid = tuple(o for o in options if o is not None)
         if len(valid) == len(options):
-            if nodes and not any(o.devices <= widest for o in valid):
-                reasons.append(f"{where}: no option fits any node (the widest has {widest} "
-                               f"devices, the narrowest option needs "
-                               f"{min(o.devices for o in valid)})")
+            if nodes:
+                reasons += _fits_no_node(where, valid, widest)
             tasks.append(TaskOptions(name, valid))
-    names = [t.name for t in tasks]
-    reasons += [f"task {n!r}: the name is used twice" for n in sorted(set(names))
-                if names.count(n) > 1]
+    reasons += [f"task {n!r}: the name is used twice" for n in _twice([t.name for t in tasks])]
     busy = _parse_busy(data.get("busy", []), nodes, reasons)
     if reasons:
         raise ProblemError(reasons)
@@ -251,14 +322,9 @@ def _parse_busy(raw: Any, nodes: list[NodeSpec], reasons: list[str]) -> list[Bus
         node: Any = item.get("node")
         ids: Any = item.get("device_ids")
         until: Any = item.get("until")
-        if node not in sizes:
-            reasons.append(f"{where}: unknown node {node!r}")
-        elif not isinstance(ids, list) or not ids or any(
-                not isinstance(d, int) or not 0 <= d < sizes[node] for d in ids):
-            reasons.append(f"{where}: device_ids must list devices of node {node!r}")
-        elif not _number(until) or until < 0:
-            reasons.append(f"{where}: until must be a number >= 0")
-        else:
+        bad = _busy_mistakes(where, node, ids, until, sizes)
+        reasons += bad
+        if not bad:
             busy.append(Busy(str(item.get("task", "")), node, tuple(ids), float(until)))
     return busy
 

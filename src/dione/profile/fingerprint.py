@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-import dione
+from dione._version import __version__
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.spec.workload import loaded_workload_files
@@ -125,7 +125,7 @@ def trial_fingerprint(
         "devices": devices,
         "device": [kind, device_description(kind, threads)],
         "torch": torch.__version__,
-        "dione": dione.__version__,
+        "dione": __version__,
     }
     text = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()

@@ -8,7 +8,6 @@ not raised: out of memory, crash or timeout, with the failing rank's reason.
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import statistics
 import threading
@@ -20,13 +19,12 @@ from typing import Any
 from dione.launch.local import LOCAL, Launcher
 from dione.launch.slice import SliceError, TrialSettings, run_slice, total_steps
 from dione.profile.catalog import TrialRecord
-from dione.schedules.simulate import StageTimes, simulate
+from dione.profile.simulated import pipeline_technique
 from dione.spec.cluster import Node
 from dione.spec.task import Task
-from dione.techniques.pipeline import PipelineTechnique
 from dione.techniques.registry import get_technique
 
-__all__ = ["TrialOptions", "TrialSpec", "run_trial", "simulated_step_seconds"]
+__all__ = ["TrialOptions", "TrialSpec", "run_trial"]
 
 _REASON_CHARS = 4000
 
@@ -146,26 +144,9 @@ def _stage_times(technique: str, extra: Mapping[str, Any], minibatches: int) -> 
     kept: dict[str, Any] = {}
     if "stages" in extra:
         kept["stages"] = list(extra["stages"])
-    method = get_technique(technique)
-    if extra.get("spans") and "micro_batches" in extra and isinstance(method, PipelineTechnique):
+    method = pipeline_technique(technique)
+    if extra.get("spans") and method is not None:
         times = method.real_timeline(extra, minibatches).action_times()
         kept["stage_times"] = {"forward": list(times.forward), "backward": list(times.backward),
                                "update": list(times.update)}
     return kept
-
-
-def simulated_step_seconds(
-    technique: str, stage_times: Mapping[str, Sequence[float]], micro_batches: int,
-    minibatches: int = 16,
-) -> float:
-    """The simulator's steady-state seconds per step (median interval between stage 0's
-    updates) for ``technique``'s schedule on the given per-stage action times."""
-    times = StageTimes(tuple(stage_times["forward"]), tuple(stage_times["backward"]),
-                       tuple(stage_times["update"]))
-    stages = len(times.forward)
-    schedule = get_technique(technique).schedule(stages, micro_batches,  # type: ignore[attr-defined]
-                                                 minibatches)
-    timeline = simulate(schedule, times)
-    ends = [s.end for s in timeline.spans[0] if s.action.kind == "U"]
-    gaps = [b - a for a, b in itertools.pairwise(ends)]
-    return statistics.median(gaps[len(gaps) // 2:]) if gaps else timeline.per_minibatch

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dione.report.plans import AdoptedPlan, read_plans
 from dione.state.store import STORE_FILE, RunStore
 
-__all__ = ["TaskSummary", "lower_is_better", "read_plans", "summaries", "write_report"]
+__all__ = ["TaskSummary", "lower_is_better", "summaries", "write_report"]
 
 
 def lower_is_better(metric: str) -> bool:
@@ -40,11 +41,6 @@ class TaskSummary:
     error: str | None = None
     checkpoint: str | None = None  # the latest complete one
     device_counts: list[int] = field(default_factory=list)  # of the slices that trained it
-
-
-def read_plans(run_dir: Path) -> list[dict[str, Any]]:
-    """Every plan adopted, in order."""
-    return [json.loads(p.read_text()) for p in sorted((run_dir / "plans").glob("plan-*.json"))]
 
 
 def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskSummary]:
@@ -73,8 +69,8 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
     return result
 
 
-def _run_start(store: RunStore, plans: list[dict[str, Any]]) -> float:
-    starts = [p["clock_zero"] for p in plans if "clock_zero" in p]
+def _run_start(store: RunStore, plans: Sequence[AdoptedPlan]) -> float:
+    starts = [p.clock_zero for p in plans]
     starts += [s.started_at for s in store.slices()]
     return min(starts) if starts else 0.0
 
@@ -138,13 +134,13 @@ def leaderboard(tasks: Sequence[TaskSummary], metric: str) -> list[TaskSummary]:
 
 
 def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
-              plans: list[dict[str, Any]], slices: Sequence[Any], zero: float) -> str:
+              plans: Sequence[AdoptedPlan], slices: Sequence[Any], zero: float) -> str:
     lines = ["# dione run report", ""]
     ended = [s.ended_at - zero for s in slices if s.ended_at is not None]
     if plans:
         first = plans[0]
-        lines.append(f"Planned makespan (first plan, {first['solver']}, {first['status']}): "
-                     f"{first['makespan'] + first.get('at', 0.0):.1f} s; plans adopted: "
+        lines.append(f"Planned makespan (first plan, {first.plan.solver}, {first.plan.status}): "
+                     f"{first.plan.makespan + first.at:.1f} s; plans adopted: "
                      f"{len(plans)}.")
     if ended:
         lines.append(f"Actual: last slice ended at {max(ended):.1f} s.")

@@ -6,10 +6,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dione.report.plans import AdoptedPlan
+
 __all__ = ["draw_gantt"]
 
 
-def draw_gantt(plan: dict[str, Any] | None, slices: Sequence[Any], zero: float,
+def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
                path: Path) -> None:
     """Two panels sharing the time axis: the first adopted plan and the actual slices
     (failed or interrupted ones hatched), seconds from the run's start."""
@@ -20,11 +22,11 @@ def draw_gantt(plan: dict[str, Any] | None, slices: Sequence[Any], zero: float,
 
     planned = []
     if plan is not None:
-        offset = plan.get("clock_zero", zero) - zero
-        for a in plan.get("assignments_run_clock", []):
-            for device in a["device_ids"]:
-                planned.append((f"{a['node']}:{device}", a["task"], a["technique"],
-                                a["start"] + offset, a["end"] + offset, "done"))
+        offset = plan.clock_zero - zero
+        for a in plan.run_clock:
+            for device in a.device_ids:
+                planned.append((f"{a.node}:{device}", a.task, a.technique,
+                                a.start + offset, a.end + offset, "done"))
     actual = []
     for s in slices:
         end = s.ended_at if s.ended_at is not None else s.started_at

@@ -9,22 +9,22 @@ in host memory; CUDA only).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
-from torch.utils.checkpoint import checkpoint
 
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.techniques.base import Knobs
 from dione.techniques.context import SliceContext
 from dione.techniques.data_parallel import DataParallelTechnique
+from dione.techniques.recompute import checkpoint_activations
 
-__all__ = ["FSDP", "checkpoint_activations", "shard_units"]
+__all__ = ["FSDP", "shard_units"]
 
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
@@ -35,17 +35,6 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     else:
         candidates = [m for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst]
     return [m for m in candidates if any(p.requires_grad for p in m.parameters())]
-
-
-def checkpoint_activations(module: nn.Module) -> None:
-    """Recompute ``module``'s activations in backward; its parameter names stay the same
-    (a wrapper module would add a prefix to every name in the checkpoint)."""
-    forward: Callable[..., Any] = module.forward
-
-    def recomputed_forward(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    module.forward = recomputed_forward
 
 
 class FSDP(DataParallelTechnique):

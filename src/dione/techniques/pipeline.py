@@ -72,7 +72,7 @@ from dione.techniques.base import Knobs, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource, batch_rows, slice_batch
 from dione.techniques.context import SliceContext
 from dione.techniques.exactness import batch_norm_layers, dropout_layers
-from dione.techniques.fsdp import checkpoint_activations
+from dione.techniques.recompute import checkpoint_activations
 from dione.techniques.shared import SharedGradients
 from dione.techniques.stages import (
     SharedWeight,

@@ -1,0 +1,132 @@
+"""What profiling found: per task its options and trials, the workload's profile, and the
+progress events a caller's display follows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dione.plan import problem as planning
+from dione.profile.catalog import TrialRecord
+from dione.spec.cluster import Cluster
+
+__all__ = ["Option", "Profile", "ProfileEvent", "TaskProfile", "planning_nodes"]
+
+
+def planning_nodes(cluster: Cluster) -> tuple[planning.NodeSpec, ...]:
+    """The cluster's nodes as a planning problem names them."""
+    return tuple(planning.NodeSpec(n.name, n.devices, n.kind) for n in cluster)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A feasible way to train a task, with its fastest knob setting and its trial."""
+
+    technique: str
+    knobs: dict[str, Any]
+    devices: int
+    record: TrialRecord
+
+    def seconds(self, steps: int, resumed: bool = False, evaluation: float = 0.0) -> float:
+        """Predicted seconds to train ``steps`` steps in one slice (and evaluate)."""
+        return self.record.slice_seconds(steps, resumed) + evaluation
+
+    def planned(self, seconds: float) -> planning.Option:
+        """This option as the planner sees it, taking ``seconds``."""
+        return planning.Option(self.technique, self.devices, seconds, dict(self.knobs))
+
+
+@dataclass
+class TaskProfile:
+    """What profiling found for one task."""
+
+    task: str
+    group: str  # tasks with the same group share trials
+    total_steps: int
+    options: list[Option] = field(default_factory=list)
+    trials: list[TrialRecord] = field(default_factory=list)  # every knob setting, any status
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (configuration, reason)
+    # Configurations a technique cannot take at all (e.g. single on 2 devices).
+    not_applicable: list[tuple[str, str]] = field(default_factory=list)
+    evaluation_seconds: float = 0.0
+    error: str | None = None  # the task could not be profiled at all
+
+    def why_no_option(self) -> str:
+        """Why no configuration fits, from the trials' failures and the skips."""
+        reasons = [f"{r.technique} x{r.devices}: {r.status}"
+                   + (f" ({(r.reason or '').strip().splitlines()[-1][:160]})" if r.reason else "")
+                   for r in self.trials if not r.feasible]
+        reasons += [f"{what}: {why}" for what, why in [*self.skipped, *self.not_applicable]]
+        return ("no configuration fits: every trial failed or was skipped"
+                + (":\n  " + "\n  ".join(reasons[:12]) if reasons else "")
+                + ("\n  ..." if len(reasons) > 12 else "") + "\n(see `dione profile`)")
+
+    def not_tried(self) -> list[tuple[str, str]]:
+        """(technique, why) for each technique this task had no trial of at any device
+        count, and why not (e.g. "gpipe": the model is not an nn.Sequential): the
+        reasons at the largest device count, where a count is least often the reason."""
+        tried = {r.technique for r in self.trials} | {what.split(" ")[0]
+                                                     for what, _ in self.skipped}
+        widest: dict[str, tuple[int, str]] = {}
+        for what, why in self.not_applicable:
+            technique, _, count = what.rpartition(" x")
+            if technique not in tried and int(count) >= widest.get(technique, (0, ""))[0]:
+                widest[technique] = (int(count), why)
+        result = []
+        for technique, (_, why) in widest.items():
+            # The task's name out of its reasons, so that tasks with one reason group.
+            parts = [part.replace(f"task {self.task!r}: ", "").replace(f" {self.task!r}", "")
+                     for part in why.split("; ")]
+            result.append((technique, "; ".join(dict.fromkeys(parts))))
+        return result
+
+    def option(self, technique: str, devices: int) -> Option | None:
+        return next((o for o in self.options
+                     if o.technique == technique and o.devices == devices), None)
+
+    def task_options(self, steps: int | None = None,
+                     resumed: bool = False) -> planning.TaskOptions:
+        """The planner's options for ``steps`` remaining steps (default: all)."""
+        remaining = self.total_steps if steps is None else steps
+        # Milliseconds: what the problem file has always held, so plans stay the same.
+        return planning.TaskOptions(self.task, tuple(
+            o.planned(round(o.seconds(remaining, resumed, self.evaluation_seconds), 3))
+            for o in self.options))
+
+
+@dataclass
+class Profile:
+    """A workload's profile: per task its options, and what the profiling cost."""
+
+    cluster: Cluster
+    tasks: list[TaskProfile]
+    trials_run: int = 0
+    trials_cached: int = 0
+    seconds: float = 0.0
+
+    def task(self, name: str) -> TaskProfile:
+        return next(t for t in self.tasks if t.task == name)
+
+    def planning_problem(self) -> planning.PlanningProblem:
+        """The planner's problem: every task that has an option."""
+        return planning.PlanningProblem(planning_nodes(self.cluster), tuple(
+            t.task_options() for t in self.tasks if t.options))
+
+    def problem(self) -> dict[str, Any]:
+        """The problem as ``problem.json`` holds it (DESIGN.md), for the file's writer."""
+        return self.planning_problem().to_json()
+
+
+@dataclass(frozen=True)
+class ProfileEvent:
+    """Progress for a caller's display: a trial ``started``, ``finished``, ``cached``
+    or ``skipped`` (with its reason); at the end, per technique a task could not use at
+    all, ``not_tried`` (label: the technique, with the reason)."""
+
+    kind: str
+    label: str
+    tasks: tuple[str, ...]
+    record: TrialRecord | None = None
+    reason: str | None = None
+    total: int = 0  # trials to run in this profile
+    node: str | None = None  # where a trial ``started``

@@ -1,0 +1,231 @@
+"""Running trials on devices: side by side where the devices allow, fewer devices first,
+skipping those that an earlier trial's out-of-memory or a lighter setting's fit decides."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+from dione.launch.local import LOCAL, Launcher
+from dione.launch.scratch import clean_stale_scratch, scratch_dir
+from dione.profile.catalog import Catalog, TrialRecord
+from dione.profile.choice import merged_runs
+from dione.profile.results import ProfileEvent, TaskProfile
+from dione.profile.trial import TrialOptions, run_trial
+from dione.profile.trials import PendingTrial
+from dione.spec.cluster import Node
+from dione.techniques.registry import get_technique
+
+__all__ = ["TrialSetting", "run_trials"]
+
+
+@dataclass
+class TrialSetting:
+    """What every pass of trials of one profile shares."""
+
+    nodes: Sequence[Node]
+    catalog: Catalog
+    options: TrialOptions
+    group_of: Mapping[str, str]  # fingerprint -> speed group
+    profiles: list[TaskProfile]  # told the evaluation time a trial measured
+    emit: Callable[[ProfileEvent], None]
+    began: float  # time.monotonic() at the profile's start, for the budget
+    budget: float | None = None
+    parallel: bool = True
+    scratch: str | Path | None = None
+    launcher: Launcher = LOCAL
+    storage: str | Path | None = None
+
+
+def run_trials(pending: list[PendingTrial], results: dict[str, TrialRecord],
+               setting: TrialSetting, counted: int = 0) -> tuple[int, dict[str, str]]:
+    """Run the pending trials on the setting's nodes (each trial on one node, where enough
+    devices are free), filling ``results``; how many ran, and why each trial not run was
+    skipped (by fingerprint). Events count ``counted`` earlier trials of the same profile
+    in their total."""
+    return _Pass(pending, results, setting, counted).run()
+
+
+class _Pass:
+    """One pass over pending trials: the queue, what runs where, and what was decided."""
+
+    def __init__(self, pending: list[PendingTrial], results: dict[str, TrialRecord],
+                 setting: TrialSetting, counted: int) -> None:
+        # Fewer devices first: a replicating technique's failure there prunes the rest.
+        pending.sort(key=lambda p: (p.spec.devices, p.spec.technique))
+        self.setting = setting
+        self.results = results
+        self.queue = list(pending)
+        self.total = counted + len(pending)
+        self.free = {n.name: list(range(n.devices)) for n in setting.nodes}
+        self.running: dict[Future[tuple[TrialRecord, float | None]],
+                           tuple[PendingTrial, Node, list[int]]] = {}
+        self.evaluated: set[str] = set()  # evaluation keys measured or being measured
+        # Trials skipped because a lighter setting fits: the record that showed it.
+        self.covered: dict[str, TrialRecord] = {}
+        self.skips: dict[str, str] = {}
+        self.cancel = threading.Event()
+        self.run_count = 0
+        self.lanes = sum(n.devices for n in setting.nodes) if setting.parallel else 1
+
+    # -- what decides a trial's fate ---------------------------------------------------
+
+    def oom_below(self, trial: PendingTrial) -> TrialRecord | None:
+        """A replicating trial of the same group, on no more devices, out of memory."""
+        if trial.shards_memory:
+            return None
+        return next((other for fingerprint, other in self.results.items()
+                     if other.status == "oom" and other.devices <= trial.spec.devices
+                     and not get_technique(other.technique).shards_memory
+                     and self.setting.group_of.get(fingerprint) == trial.group), None)
+
+    def waits_for(self, trial: PendingTrial) -> bool:
+        """Whether a trial whose result decides this one's fate is still to finish: a
+        replicating trial of its group on fewer devices, or a lighter knob setting."""
+        earlier = [*self.queue, *(p for p, _, _ in self.running.values())]
+        if any(p.spec.fingerprint in trial.lighter for p in earlier):
+            return True
+        if trial.shards_memory:
+            return False
+        return any(not p.shards_memory and p.group == trial.group
+                   and p.spec.devices < trial.spec.devices for p in earlier)
+
+    def fits_lighter(self, trial: PendingTrial) -> TrialRecord | None:
+        """A lighter setting (memory knobs off) that did not run out of memory."""
+        for f in trial.lighter:
+            if f in self.results and self.results[f].status != "oom":
+                return self.results[f]
+            if f in self.covered:
+                return self.covered[f]
+        return None
+
+    def skip(self, trial: PendingTrial, reason: str) -> None:
+        self.queue.remove(trial)
+        self.skips[trial.spec.fingerprint] = reason
+        self.setting.emit(ProfileEvent("skipped", trial.spec.label, tuple(trial.tasks),
+                                       reason=reason, total=self.total))
+
+    def _decided(self, trial: PendingTrial) -> bool:
+        """Skip ``trial`` if the budget or an earlier result rules it out; whether it was."""
+        budget = self.setting.budget
+        if budget is not None and time.monotonic() - self.setting.began > budget:
+            self.skip(trial, f"over the profiling budget of {budget:g} s")
+            return True
+        culprit = self.oom_below(trial)
+        if culprit is not None:
+            self.skip(trial, f"{culprit.technique} x{culprit.devices} ran out of memory "
+                      f"and {trial.spec.technique} keeps a whole model replica per device")
+            return True
+        if self.waits_for(trial):
+            return True
+        lighter = self.fits_lighter(trial)
+        if lighter is not None:
+            self.covered[trial.spec.fingerprint] = lighter
+            off = [f"{k}={v}" for k, v in lighter.knobs.items() if trial.spec.knobs[k] != v]
+            self.skip(trial, f"the lighter setting {', '.join(off)} "
+                      + ("fits in memory" if lighter.feasible else
+                         f"failed ({lighter.status}), not for lack of memory")
+                      + ", and this one only trades speed for memory")
+            return True
+        return False
+
+    # -- starting and finishing ------------------------------------------------------
+
+    def start_what_fits(self, pool: ThreadPoolExecutor, root: Path,
+                        shared: Path | None) -> None:
+        for trial in list(self.queue):
+            if self._decided(trial):
+                continue
+            node = next((n for n in self.setting.nodes
+                         if len(self.free.get(n.name, ())) >= trial.spec.devices), None)
+            if len(self.running) >= self.lanes or node is None:
+                continue
+            self.queue.remove(trial)
+            left = self.free[node.name]
+            devices, left[:] = left[:trial.spec.devices], left[trial.spec.devices:]
+            spec = trial.spec
+            if trial.evaluation_key and trial.evaluation_key not in self.evaluated:
+                self.evaluated.add(trial.evaluation_key)
+                spec = dataclasses.replace(spec, evaluate=True)
+            self.setting.emit(ProfileEvent("started", spec.label, tuple(trial.tasks),
+                                           total=self.total, node=node.name))
+            future = pool.submit(run_trial, spec, node, devices, root, self.setting.options,
+                                 self.cancel, self.setting.launcher, shared)
+            self.running[future] = (trial, node, devices)
+
+    def finish(self, future: Future[tuple[TrialRecord, float | None]]) -> None:
+        trial, node, devices = self.running.pop(future)
+        record, evaluation = future.result()
+        setting = self.setting
+        if record.status == "node_lost" and any(n != node.name for n in self.free):
+            # Not the trial's doing: the node leaves the profile, and the trial runs
+            # again on another; nothing goes to the catalog.
+            if self.free.pop(node.name, None) is not None:
+                setting.launcher.forget_node(node.name)
+                self.lanes = max(1, self.lanes - node.devices) if setting.parallel else 1
+            self.queue.append(trial)
+            if trial.evaluation_key is not None:
+                self.evaluated.discard(trial.evaluation_key)
+            return
+        if node.name in self.free:
+            self.free[node.name] = sorted(self.free[node.name] + devices)
+        self.run_count += 1
+        if trial.repeat:
+            record = merged_runs(self.results[trial.spec.fingerprint], record)
+        self.results[trial.spec.fingerprint] = record
+        if record.status == "crash":
+            record.extra["code"] = trial.code
+        # A divergence depends on the learning rate, which the fingerprint leaves out:
+        # it must not stand for the task's whole group later; a lost node (the last
+        # one) says nothing about the configuration.
+        if record.status not in ("diverged", "node_lost"):
+            setting.catalog.put(record)
+        if trial.evaluation_key is not None:
+            if evaluation is not None:
+                setting.catalog.put_evaluation_seconds(trial.evaluation_key, evaluation)
+                for profile in setting.profiles:
+                    if profile.group == trial.group:
+                        profile.evaluation_seconds = evaluation
+            elif not any(p.evaluation_key == trial.evaluation_key
+                         for p, _, _ in self.running.values()):
+                self.evaluated.discard(trial.evaluation_key)  # another trial times it
+        setting.emit(ProfileEvent("finished", trial.spec.label, tuple(trial.tasks), record,
+                                  total=self.total))
+
+    def run(self) -> tuple[int, dict[str, str]]:
+        clean_stale_scratch()  # what killed launchers left behind
+        own_scratch = scratch_dir("trials")
+        shared = None
+        storage = self.setting.storage
+        if storage is not None:  # trials' checkpoints, where the nodes that run them reach
+            Path(storage).mkdir(parents=True, exist_ok=True)
+            shared = Path(tempfile.mkdtemp(prefix="dione-trials-", dir=storage))
+        scratch = self.setting.scratch
+        with ThreadPoolExecutor(max_workers=max(1, self.lanes)) as pool:
+            root = Path(scratch) if scratch is not None else own_scratch
+            try:
+                while self.queue or self.running:
+                    self.start_what_fits(pool, root, shared)
+                    if not self.running:
+                        if self.queue:
+                            raise RuntimeError("trial scheduling is stuck: nothing runs and "
+                                               f"{len(self.queue)} trial(s) wait")
+                        continue
+                    done, _ = wait(list(self.running), return_when=FIRST_COMPLETED)
+                    for future in done:
+                        self.finish(future)
+            except BaseException:
+                self.cancel.set()  # every running gang stops; the pool then joins its threads
+                raise
+            finally:
+                shutil.rmtree(own_scratch, ignore_errors=True)
+                if shared is not None:
+                    shutil.rmtree(shared, ignore_errors=True)
+        return self.run_count, self.skips

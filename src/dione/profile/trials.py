@@ -1,0 +1,149 @@
+"""Which trials a workload needs: task x technique x device count x knob setting, one
+per fingerprint, so tasks of one speed group share them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dione.launch.slice import total_steps
+from dione.profile.catalog import Catalog
+from dione.profile.fingerprint import code_digest, speed_signature, trial_fingerprint
+from dione.profile.results import TaskProfile
+from dione.profile.trial import TrialSpec
+from dione.spec.cluster import Node
+from dione.spec.task import Task
+from dione.techniques.base import Technique
+from dione.techniques.registry import techniques
+
+__all__ = ["PendingTrial", "WantedTrials", "device_counts", "speed_group", "wanted_trials"]
+
+
+def device_counts(devices: int) -> list[int]:
+    """1, 2, 4, ... up to ``devices``, and ``devices`` itself."""
+    counts, count = [], 1
+    while count < devices:
+        counts.append(count)
+        count *= 2
+    return [*counts, devices]
+
+
+@dataclass
+class PendingTrial:
+    """A trial to run, for the tasks that share it."""
+
+    spec: TrialSpec
+    group: str
+    tasks: list[str]
+    shards_memory: bool
+    evaluation_key: str | None
+    # Fingerprints of the same configuration with one memory-saving knob off: this
+    # trial runs only if each of them ran out of memory.
+    lighter: list[str] = field(default_factory=list)
+    repeat: bool = False  # a feasible trial run again, merged into its record
+    code: str = ""  # the digest of the task's code (a crash is cached with it)
+
+
+@dataclass
+class WantedTrials:
+    """Every task's profile (still without trials), the trials wanted by fingerprint,
+    and each task's fingerprints in enumeration order."""
+
+    profiles: list[TaskProfile]
+    wanted: dict[str, PendingTrial]
+    by_task: dict[str, list[str]]
+
+    def group_of(self) -> dict[str, str]:
+        """Each wanted trial's speed group, by fingerprint."""
+        return {f: w.group for f, w in self.wanted.items()}
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def speed_group(signature: Mapping[str, Any]) -> str:
+    """The name of the group of tasks with this speed signature (they share trials)."""
+    return _digest(signature)
+
+
+def _evaluation_key(signature: Mapping[str, Any], task: Task, device: str) -> str | None:
+    if task.evaluate is None:
+        return None
+    func = getattr(task.evaluate, "func", task.evaluate)
+    return _digest([signature, getattr(func, "__module__", ""),
+                    getattr(func, "__qualname__", repr(func)), device])
+
+
+def _lighter_settings(knobs: Mapping[str, Any], technique: Technique,
+                      settings: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Settings among ``settings`` one memory-saving step lighter than ``knobs`` (the
+    technique says which: a memory knob off, fewer accumulation parts)."""
+    candidates = [technique.resolve(k) for k in technique.lighter(knobs)]
+    return [s for s in settings if dict(s) in candidates]
+
+
+def _knobs_key(knobs: Mapping[str, Any]) -> str:
+    return json.dumps(knobs, sort_keys=True, default=str)
+
+
+def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
+                  catalog: Catalog, reprofile: bool) -> WantedTrials:
+    """The trials ``tasks`` need on a node like ``node`` (``threads`` per CPU slot,
+    described as ``device``), with each task's skips and cached evaluation time; a task
+    that cannot be fingerprinted gets a profile with its error and no trials."""
+    profiles: list[TaskProfile] = []
+    wanted: dict[str, PendingTrial] = {}
+    by_task: dict[str, list[str]] = {}
+    for task in tasks:
+        try:
+            signature = speed_signature(task)
+            steps = total_steps(task)
+        except Exception as err:  # one broken task must not stop the others
+            profiles.append(TaskProfile(task.name, "", 0,
+                                        error=f"{type(err).__name__}: {err}"))
+            continue
+        group = speed_group(signature)
+        code = code_digest(task)
+        profile = TaskProfile(task.name, group, steps)
+        profiles.append(profile)
+        by_task[task.name] = []
+        eval_key = _evaluation_key(signature, task, device)
+        if eval_key is not None:
+            cached_eval = catalog.evaluation_seconds(eval_key)
+            if cached_eval is not None and not reprofile:
+                profile.evaluation_seconds = cached_eval
+        for technique in techniques():
+            if not task.allows(technique.name):
+                profile.skipped.append((technique.name, f"task {task.name!r} allows only "
+                                        f"{', '.join(task.techniques or ())}"))
+                continue
+            for count in device_counts(node.devices):
+                settings = technique.knob_settings(task, count, node.kind)
+                if not settings:
+                    reasons = technique.check(task, count, {}, node.kind)
+                    profile.not_applicable.append((
+                        f"{technique.name} x{count}",
+                        "; ".join(reasons) or f"{technique.name} proposes no setting"))
+                    continue
+                resolved = [technique.resolve(s) for s in settings]
+                fingerprints = {
+                    _knobs_key(k): trial_fingerprint(
+                        signature, technique.name, k, count, node.kind, threads)
+                    for k in resolved}
+                for knobs in resolved:
+                    fingerprint = fingerprints[_knobs_key(knobs)]
+                    by_task[task.name].append(fingerprint)
+                    if fingerprint in wanted:
+                        wanted[fingerprint].tasks.append(task.name)
+                        continue
+                    lighter = [fingerprints[_knobs_key(k)]
+                               for k in _lighter_settings(knobs, technique, resolved)]
+                    wanted[fingerprint] = PendingTrial(
+                        TrialSpec(task, technique.name, knobs, count, fingerprint, device),
+                        group, [task.name], technique.shards_memory, eval_key, lighter,
+                        code=code)
+    return WantedTrials(profiles, wanted, by_task)

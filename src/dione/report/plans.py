@@ -1,0 +1,60 @@
+"""The plans a run adopted, as ``RUN_DIR/plans/plan-NNN.json`` holds them: written by the
+orchestrator, read back by the report and ``dione status``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dione.plan.plan import Assignment, Plan, assignment_from_json
+from dione.plan.problem import PlanningProblem
+
+__all__ = ["AdoptedPlan", "read_plans", "write_plan"]
+
+
+@dataclass(frozen=True)
+class AdoptedPlan:
+    """A plan a run adopted: the solver's plan (times from ``at``), the same assignments on
+    the run clock, and the problem it solved."""
+
+    plan: Plan
+    at: float  # run-clock time of the plan's time 0
+    clock_zero: float  # time.time() of run-clock 0 in the session that adopted it
+    run_clock: tuple[Assignment, ...]
+    problem: PlanningProblem
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.plan.to_json(), "at": self.at, "clock_zero": self.clock_zero,
+                "assignments_run_clock": [_run_clock_json(a) for a in self.run_clock],
+                "problem": self.problem.to_json()}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> AdoptedPlan:
+        plan = Plan.from_json(data)
+        try:
+            return AdoptedPlan(plan, float(data["at"]), float(data["clock_zero"]),
+                               tuple(assignment_from_json(a)
+                                     for a in data["assignments_run_clock"]),
+                               PlanningProblem.from_json(data["problem"]))
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"not an adopted plan: {type(err).__name__}: {err}") from None
+
+
+def _run_clock_json(a: Assignment) -> dict[str, Any]:
+    # The device count beside the ids, as the file has always had it.
+    return {"task": a.task, "technique": a.technique, "knobs": dict(a.knobs),
+            "devices": a.devices, "node": a.node, "device_ids": list(a.device_ids),
+            "start": a.start, "end": a.end}
+
+
+def write_plan(path: Path, adopted: AdoptedPlan) -> None:
+    path.write_text(json.dumps(adopted.to_json(), indent=1) + "\n")
+
+
+def read_plans(run_dir: Path) -> list[AdoptedPlan]:
+    """Every plan adopted, in order."""
+    return [AdoptedPlan.from_json(json.loads(p.read_text()))
+            for p in sorted((run_dir / "plans").glob("plan-*.json"))]
