@@ -81,7 +81,7 @@ def test_the_problem_from_profile_to_run_is_typed_and_round_trips(tmp_path: Path
         ("a", [("single", 1), ("ddp", 2)])]
     assert problem.task("a").options[0].seconds == pytest.approx(1.0 + 12 * 0.01 + 0.5)
     assert problem.nodes[0].kind == TEST_NODE.kind
-    assert PlanningProblem.from_json(json.loads(json.dumps(profile.problem()))) == problem
+    assert PlanningProblem.from_json(json.loads(json.dumps(problem.to_json()))) == problem
 
     runner = Runner([task], CLUSTER, tmp_path / "run", profile, RunOptions(time_limit=2.0),
                     lambda event: None, lambda state: None, LOCAL)
@@ -142,7 +142,7 @@ def test_shared_cached_and_reprofiled_only_where_changed(tmp_path: Path) -> None
 
         again = profile_workload([a, b], CLUSTER, catalog, options=QUICK)
         assert again.trials_run == 0 and again.trials_cached == 2
-        assert again.problem() == first.problem()
+        assert again.planning_problem() == first.planning_problem()
 
         bigger = replace(b, batch_size=32)
         changed = profile_workload([a, bigger], CLUSTER, catalog, options=QUICK)
@@ -253,7 +253,7 @@ def test_budget_skips_trials_and_does_not_cache_the_skips(tmp_path: Path) -> Non
         skipped = dict(none.task("a").skipped)
         assert skipped["single x1"] == skipped["ddp x2"] == "over the profiling budget of 0 s"
         assert skipped["fsdp"] == "task 'a' allows only single, ddp"
-        assert none.problem()["tasks"] == []
+        assert none.planning_problem().tasks == ()
         later = profile_workload([task], CLUSTER, catalog, options=QUICK)
         assert later.trials_run == 2
 

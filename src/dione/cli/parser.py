@@ -4,8 +4,7 @@ Flags that set a field of ``RunOptions`` (or of its ``TrialOptions``) are declar
 in ``OPTION_FLAGS``, by the field they set; the parser gives them no default of its own,
 so an absent flag leaves the dataclass's default, or on ``dione resume`` the value the run
 was started with. Help shows those defaults, read from the dataclasses when help is asked
-for: importing the dataclasses imports torch, which ``dione --help``, ``plan``, ``status``
-and ``report`` must not pay for.
+for (their modules import no torch).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dione.profile.trial import TrialOptions
+from dione.profile.options import TrialOptions
 from dione.state.lock import RunDirBusy, RunLock
 from dione.state.private import UnsafePathError, private_dir
 

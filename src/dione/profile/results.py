@@ -112,10 +112,6 @@ class Profile:
         return planning.PlanningProblem(planning_nodes(self.cluster), tuple(
             t.task_options() for t in self.tasks if t.options))
 
-    def problem(self) -> dict[str, Any]:
-        """The problem as ``problem.json`` holds it (DESIGN.md), for the file's writer."""
-        return self.planning_problem().to_json()
-
 
 @dataclass(frozen=True)
 class ProfileEvent:

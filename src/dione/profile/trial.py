@@ -19,6 +19,7 @@ from typing import Any
 from dione.launch.local import LOCAL, Launcher
 from dione.launch.slice import SliceError, TrialSettings, run_slice, total_steps
 from dione.profile.catalog import TrialRecord
+from dione.profile.options import TrialOptions
 from dione.profile.simulated import pipeline_technique
 from dione.spec.cluster import Node
 from dione.spec.task import Task
@@ -27,22 +28,6 @@ from dione.techniques.registry import get_technique
 __all__ = ["TrialOptions", "TrialSpec", "run_trial"]
 
 _REASON_CHARS = 4000
-
-
-@dataclass(frozen=True)
-class TrialOptions:
-    """How trials measure: steps discarded, steps timed, limits."""
-
-    warmup_steps: int = 5
-    measure_steps: int = 20
-    timeout: float = 300.0
-    memory_cap_bytes: int | None = None  # per device; None: the device's own limit
-    repeats: int = 1  # runs of each option's chosen setting, at different moments
-
-    def __post_init__(self) -> None:
-        if self.repeats < 1:
-            raise ValueError(f"TrialOptions.repeats is {self.repeats}: each trial runs at "
-                             "least once, so use 1 (the default) or more")
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,11 @@ def command(args: argparse.Namespace) -> int:
         if launcher is not None:
             launcher.shutdown()
     print_profile(profile)
-    problem = profile.problem()
-    text = json.dumps(problem, indent=1)
+    problem = profile.planning_problem()
+    text = json.dumps(problem.to_json(), indent=1)
     if args.output:
         Path(args.output).write_text(text + "\n")
-        console.print(f"problem for the planner: {args.output} ({len(problem['tasks'])} "
+        console.print(f"problem for the planner: {args.output} ({len(problem.tasks)} "
                       "task(s)); next: dione plan " + args.output)
     unprofiled = [t.task for t in profile.tasks if not t.options]
     for name in unprofiled:
