@@ -54,11 +54,22 @@ def llama_tiny() -> nn.Module:
         bos_token_id=0, eos_token_id=0, pad_token_id=0))
 
 
+class Masked(nn.Linear):
+    """A linear layer with some weights masked off by a bool buffer (carried as bytes)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__(width, width)
+        self.register_buffer("keep", torch.arange(width * width).reshape(width, width) % 3 > 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight * self.keep, self.bias)
+
+
 def tied_sequential() -> nn.Module:
     """A hand-written Sequential whose first and last layers share the embedding."""
     embed, head = nn.Embedding(128, 16), nn.Linear(16, 128, bias=False)
     head.weight = embed.weight
-    return nn.Sequential(embed, nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16), head)
+    return nn.Sequential(embed, nn.Linear(16, 16), nn.Tanh(), Masked(16), head)
 
 
 MODELS = {

@@ -194,14 +194,20 @@ def copy_initial_values(model: nn.Module, source: nn.Module | None, rank: int,
                 if holder == 0:
                     mine[name].copy_(value)
                 else:
-                    dist.send(value, holder)
+                    dist.send(_wire(value), holder)
         elif rank in holders:
             target = mine[name]
             buffer = target if target.is_contiguous() else torch.empty(
                 target.shape, dtype=target.dtype, device=target.device)
-            dist.recv(buffer.detach(), 0)
+            dist.recv(_wire(buffer.detach()), 0)
             if buffer is not target:
                 target.copy_(buffer)
+
+
+def _wire(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as a backend carries it: a bool mask (a causal mask buffer) as bytes,
+    which every backend sends."""
+    return tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor
 
 
 def _filled(tensor: torch.Tensor, device: torch.device,
