@@ -28,6 +28,12 @@ whole model's buffers, usually small)::
     resume            B                                       S
     fallback          P (until the cut frees other stages')   S
 
+``balance=time``: rank 0 times the model with each block, and each module before and after
+the blocks, on its device only during that module's own forward (``on_device_for_forward``;
+a Sequential layer by layer, ``time_each_layer``); a parameter without a value (meta) runs
+on small random values, as the time is all that counts. Copying a module outside the
+blocks onto the device counts in the first or the last block's time.
+
 One limit of the meta build: a non-persistent buffer drawn from the random generator is
 not single's on a resume (the meta build draws no parameters before it); a persistent one
 comes from the checkpoint, and a fresh start takes rank 0's.
@@ -147,6 +153,10 @@ def materialise(model: nn.Module, device: torch.device) -> None:
     """Every tensor of ``model`` on ``device``, in place: a meta one as uninitialised
     storage (its value comes later), a real one copied; a tensor several modules hold
     stays one. Modules kept out of the children (a stub's meta twin) stay as they are."""
+    # New Parameter objects, as ``Module.to_empty`` makes for meta ones (a meta tensor
+    # cannot take a device tensor's ``.data``, and ``swap_tensors`` refuses a tensor an
+    # LSTM keeps a weak reference to); a module that caches its weights (an LSTM) sees the
+    # swap at its next forward.
     memo: dict[int, torch.Tensor] = {}
 
     def placed(tensor: torch.Tensor) -> torch.Tensor:
