@@ -28,6 +28,9 @@ whole model's buffers, usually small)::
     resume            B                                       S
     fallback          P (until the cut frees other stages')   S
 
+(and on the host, while the factory runs, each parameter as it is created, until its
+registration moves it to meta).
+
 ``balance=time``: rank 0 times the model with each block, and each module before and after
 the blocks, on its device only during that module's own forward (``on_device_for_forward``;
 a Sequential layer by layer, ``time_each_layer``); a parameter without a value (meta) runs
