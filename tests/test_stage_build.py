@@ -26,6 +26,7 @@ from dione.techniques.stage_build import (
     device_bytes,
     host_model,
     materialise,
+    on_device_for_forward,
 )
 from dione.techniques.stages import cut_stage, stage_modules
 from dione.zoo import digits_mlp
@@ -289,3 +290,42 @@ def test_xpipe_builds_on_meta_and_trains(tmp_path: Path) -> None:
     assert result.extra["stage_bytes"] == [stage_share(whole, 2, k) for k in range(2)]
     assert result.losses[-1] < result.losses[0]
 
+
+
+def test_timing_holds_one_block_on_the_device_at_a_time() -> None:
+    """balance=time runs the model's own forward with each module on the device during
+    its own forward only: while a block runs, the model holds that block's tensors and the
+    tensors outside every block (the rotary table), nothing more."""
+    from dione.techniques.pipeline import block_times
+
+    task = structure_task("llama")
+    model = build_structure(task).model
+    plan = stage_plan(model, "llama")
+    streamed = [*plan.first, *plan.blocks, *plan.last]
+    owned = {id(t) for p in streamed
+             for t in [*model.get_submodule(p).parameters(), *model.get_submodule(p).buffers()]}
+    rest = _tensors([t for t in [*model.parameters(), *model.buffers()] if id(t) not in owned])
+    held: dict[str, int] = {}
+
+    def count(path: str):
+        def hook(*_: object) -> None:
+            held[path] = device_bytes(model)
+        return hook
+
+    with on_device_for_forward(model, streamed, torch.device("cpu")):
+        for path in plan.blocks:  # after the streaming hooks: sees the block in place
+            model.get_submodule(path).register_forward_pre_hook(count(path))
+        batch = {k: v[:2] for k, v in lm_data().fields.items()}
+        times = block_times(model, plan, task, batch, torch.device("cpu"), repeats=1)
+    assert len(times) == len(plan.blocks)
+    block = device_bytes(materialised(model.get_submodule(plan.blocks[0])))
+    assert held == {path: block + rest for path in plan.blocks}
+    assert all(p.is_meta for p in model.parameters())  # the originals are back
+
+
+def materialised(module: nn.Module) -> nn.Module:
+    import copy
+
+    twin = copy.deepcopy(module)
+    materialise(twin, torch.device("cpu"))
+    return twin
