@@ -174,6 +174,7 @@ def test_tied_gpt2_matches_single(gpt2_single, technique: str, stages: int,
     result = train(task, technique, tmp_path, stages, micro_batches=2 if stages == 2 else 4)
     assert result.extra["shared_weights"] == [f"transformer.wte.weight: stages [0, {stages - 1}]"]
     assert "exactness" not in result.extra  # dropout 0
+    assert result.extra["stage_build"] == "meta"  # each rank materialised its stage only
     params = final_parameters(task, result.checkpoint)
     assert_same_training(result, params, reference, reference_params)
     # The checkpoint's two names for the tied weight hold one value, and a plain
@@ -247,6 +248,7 @@ def test_hf_models_match_single(make, technique: str, tmp_path: Path) -> None:
     task = make()
     reference, reference_params = single(task, tmp_path / "single")
     result = train(task, technique, tmp_path / "pipe", 2, micro_batches=2)
+    assert result.extra["stage_build"] == "meta"
     assert_same_training(result, final_parameters(task, result.checkpoint), reference,
                          reference_params)
 

@@ -74,6 +74,15 @@ from dione.techniques.context import SliceContext
 from dione.techniques.exactness import batch_norm_layers, dropout_layers
 from dione.techniques.recompute import checkpoint_activations
 from dione.techniques.shared import SharedGradients
+from dione.techniques.stage_build import (
+    build_structure,
+    copy_initial_values,
+    device_bytes,
+    host_model,
+    materialise,
+    on_device_for_forward,
+    time_each_layer,
+)
 from dione.techniques.stages import (
     SharedWeight,
     StageModule,
@@ -340,7 +349,10 @@ class PipelineTechnique(Technique):
             with torch.device("meta"):
                 model = task.model()
         except Exception:
-            return reasons  # validation reports a model factory that raises
+            try:  # a factory meta cannot run: the stages will be built on the host
+                model = build_structure(task).model
+            except Exception:
+                return reasons  # validation reports a model factory that raises
         norms = batch_norm_layers(model)
         if norms:
             reasons.append(
@@ -386,27 +398,25 @@ class PipelineTechnique(Technique):
         if ctx.knobs["balance"] == "parameters":
             return partition_model(model, ctx.world, task.name, split_points=task.split_points,
                                    starts=starts), None
-        # By time: rank 0 measures, everyone cuts by its numbers (ranks must agree).
+        # By time: rank 0 measures, everyone cuts by its numbers (ranks must agree). The
+        # device may not hold the whole model: each layer is put on it only while it runs.
         box: list[Any] = [None]
         if ctx.rank == 0:
             part = slice_batch(sample, 0, max(1, batch_rows(sample) // micro))
-            # Timing runs the layers: put back any buffer it moves.
-            buffers = {name: b.clone() for name, b in model.named_buffers()}
-            model.to(ctx.device)
             try:
                 batch = ctx.to_device(part)
                 with ctx.autocast():
                     if plan.sequential:
                         layers = [m for _, m in pipeline_layers(model, task.name)]
-                        box[0] = layer_times(layers, split_target(task, batch)[0], ctx.device)
+                        box[0] = time_each_layer(
+                            layers, split_target(task, batch)[0], ctx.device,
+                            lambda one, x: layer_times(one, x, ctx.device))
                     else:
-                        box[0] = block_times(model, plan, task, batch, ctx.device)
+                        with on_device_for_forward(model, [*plan.first, *plan.blocks,
+                                                           *plan.last], ctx.device):
+                            box[0] = block_times(model, plan, task, batch, ctx.device)
             except Exception as err:  # a layer the timer cannot run: cut by parameters
                 box[0] = f"balance=time failed ({type(err).__name__}: {err}); cut by parameters"
-            model.to("cpu")
-            with torch.no_grad():
-                for name, b in model.named_buffers():
-                    b.copy_(buffers[name])
         dist.broadcast_object_list(box, src=0)
         if isinstance(box[0], str):
             return partition_model(model, ctx.world, task.name, split_points=task.split_points,
@@ -415,23 +425,41 @@ class PipelineTechnique(Technique):
                                split_points=task.split_points, starts=starts), None
 
     def build_stage(self, ctx: SliceContext, source: BatchSource) -> PipelineStagePart:
-        """This rank's stage on its device, cut from the whole model built from the seed
-        on the host (so every stage starts from single's weights)."""
-        model = ctx.build_model(on_device=False)
-        plan = stage_plan(model, ctx.task.name)
+        """This rank's stage on its device, and nothing else there: the model built with
+        its parameters on meta, cut to the stage, the stage's tensors materialised, valued
+        as single's initial weights (sent by rank 0) or by the checkpoint
+        (``dione.techniques.stage_build``, which says what each rank holds where)."""
+        task = ctx.task
+        built = build_structure(task)
+        agreed: list[Any] = [None] * ctx.world
+        dist.all_gather_object(agreed, built.on_meta)
+        if built.on_meta and not all(agreed):  # ranks must agree on where values come from
+            built = build_structure(task, meta=False)
+        model = built.model
+        plan = stage_plan(model, task.name)
         sample = source.global_batch(ctx.spec.start_step)
         partition, note = self._partition(model, plan, ctx, sample)
-        shared = shared_weights(model, plan, partition, ctx.task.name)
+        shared = shared_weights(model, plan, partition, task.name)
         dropout = dropout_layers(model)
         cut_stage(model, plan, partition, ctx.rank)
         if ctx.knobs.get("activation_checkpointing"):
             for name in partition.layers(ctx.rank):
                 checkpoint_activations(model.get_submodule(name))
-        model.to(ctx.device)
+        materialise(model, ctx.device)
+        if built.on_meta and ctx.spec.resume_from is None:
+            # A fresh start: single's initial weights, built once, on rank 0's host.
+            initial = host_model(task) if ctx.rank == 0 else None
+            copy_initial_values(model, initial, ctx.rank, ctx.world, ctx.device)
+            del initial
+        stage_bytes: list[Any] = [None] * ctx.world
+        dist.all_gather_object(stage_bytes, device_bytes(model))
         _, structure = batch_fields(sample)
         module = StageModule(model, ctx.task, plan, partition, ctx.rank, structure,
                              ctx.autocast)
-        notes: dict[str, Any] = {}
+        notes: dict[str, Any] = {
+            "stage_build": "meta" if built.on_meta else f"whole model on the host: {built.reason}",
+            # Per stage, the bytes of parameters and buffers on its device.
+            "stage_bytes": stage_bytes}
         if note:
             notes["balance_note"] = note
         if dropout:

@@ -1,7 +1,8 @@
 """One pipeline stage cut out of the whole model, in place, every name kept.
 
-Every rank builds the whole model from the task's seed (so its weights are single's) and
-keeps its own blocks (``dione.schedules.stage_plan``). The stage then runs the model's
+Every rank builds the model's structure (its parameters on meta,
+``dione.techniques.stage_build``), keeps its own blocks (``dione.schedules.stage_plan``)
+and only then gives the stage's tensors storage on its device. The stage runs the model's
 *own* forward on the whole micro-batch (every rank can read the batch), so embeddings,
 masks, position ids and the loss are computed exactly as the unsplit model computes them:
 

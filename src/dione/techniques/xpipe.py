@@ -68,6 +68,7 @@ from dione.techniques.batches import BatchSource, slice_batch
 from dione.techniques.context import SliceContext
 from dione.techniques.pipeline import PipelineTechnique, on_one_clock
 from dione.techniques.prediction import predict_weights, prediction_problem
+from dione.techniques.stage_build import build_structure
 from dione.techniques.stages import batch_fields
 
 __all__ = ["XPipe"]
@@ -180,7 +181,10 @@ class XPipe(PipelineTechnique):
                 with torch.device("meta"):
                     optimizer = task.optimizer(task.model().parameters())
             except Exception:
-                return reasons  # validation reports factories that raise
+                try:  # a model meta cannot build: the stages will be built on the host
+                    optimizer = task.optimizer(build_structure(task).model.parameters())
+                except Exception:
+                    return reasons  # validation reports factories that raise
             problem = prediction_problem(optimizer)
             if problem:
                 reasons.append(f"task {task.name!r}: {problem}")
