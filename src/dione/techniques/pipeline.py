@@ -1,10 +1,12 @@
 """``gpipe`` and ``1f1b``: the model cut into one stage per device, micro-batches piped through.
 
 Built on ``torch.distributed.pipelining`` (``ScheduleGPipe``, ``Schedule1F1B``) with
-stages made by hand (``dione.techniques.stages``): every rank builds the whole model from
-the task's seed (so its initial weights are single's) and cuts out its blocks, between
-the layers of an ``nn.Sequential`` or the repeated blocks of a GPT-2-, Llama- or
-BERT-shaped model (``dione.schedules.stage_plan``). The stage keeps the original
+stages made by hand (``dione.techniques.stages``): every rank builds the model's
+structure with its parameters on the meta device, cuts out its blocks (between the layers
+of an ``nn.Sequential`` or the repeated blocks of a GPT-2-, Llama- or BERT-shaped model,
+``dione.schedules.stage_plan``) and gives only those storage on its device; on a fresh
+start rank 0 builds the whole model on the host from the task's seed and sends each rank
+its stage's values, so initial weights are single's (``dione.techniques.stage_build``). The stage keeps the original
 parameter names, so checkpoints stay technique-neutral: a pipeline writes each stage's
 part of one state dict, and any technique reads it back.
 
