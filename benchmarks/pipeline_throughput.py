@@ -12,12 +12,14 @@ their median over rounds reported, because this machine's speed drifts between m
 From each slice's own log of when every stage worked (each forward, backward and update,
 waits left out; every pipeline slice records it) on one clock:
 
-- **per step**: the median interval between stage 0's successive optimizer updates after
-  the first WARMUP steps (the steady state: no fill, no drain);
-- **no-bubble bound**: the busiest stage's working time per step, ``max_k busy_k / S``:
-  what a step would take if no stage ever waited for another (communication, bubbles and
-  the wait for the slowest stage all left out). ``bound / per step`` is the share of the
-  step the busiest stage works;
+- **per step**: the mean interval between stage 0's successive optimizer updates after
+  the first WARMUP steps (the steady state: no fill, no drain; for gpipe and 1f1b the
+  steady state holds each step's own fill and drain, which is their bubble);
+- **no-bubble bound**: the busiest stage's working time per step over the same steady
+  window: what a step would take if no stage ever waited for another (communication,
+  bubbles and the wait for the slowest stage all left out). ``bound / per step`` is the
+  share of the step the busiest stage works; the schedule's own share (equal stages,
+  free links, simulated) is what it would be on ideal hardware;
 - **per slice**: the slice's first action to its last, over its S steps (fill and drain
   included), and ``fill + drain = makespan - S * per step``; the orchestrator makes slices
   of at least ``AUTO_SLICE_FLOOR_SECONDS`` (5 minutes), so the last column gives what
@@ -78,10 +80,14 @@ def figures(timeline: Timeline, steps: int) -> dict[str, float]:
     starts = [s.start for stage in timeline.spans for s in stage]
     ends = [s.end for stage in timeline.spans for s in stage]
     updates = [s.end for s in timeline.spans[0] if s.action.kind == "U"]
-    intervals = [b - a for a, b in itertools.pairwise(updates)][WARMUP:]
-    per_step = statistics.median(intervals)
+    # The steady window: from stage 0's update of step WARMUP to its last update.
+    begin, end = updates[WARMUP], updates[-1]
+    per_step = (end - begin) / (len(updates) - 1 - WARMUP)
     makespan = max(ends) - min(starts)
-    bound = max(timeline.busy(k) for k in range(len(timeline.spans))) / steps
+    # The busiest stage's work in the same window, per step (so never above per_step).
+    bound = max(sum(min(s.end, end) - max(s.start, begin) for s in stage
+                    if s.end > begin and s.start < end)
+                for stage in timeline.spans) / (len(updates) - 1 - WARMUP)
     return {"per_step": per_step, "bound": bound, "makespan": makespan,
             "fill_drain": makespan - steps * per_step}
 

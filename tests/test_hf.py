@@ -230,6 +230,7 @@ def test_export_of_a_plain_model_is_a_state_dict(tmp_path: Path) -> None:
         torch.testing.assert_close(value, params[name], rtol=0, atol=0)
 
 
+@pytest.mark.timeout(1200)  # a whole `dione run` with profiling, then two exports
 def test_the_example_runs_end_to_end_and_exports(tmp_path: Path) -> None:
     """``examples/hf.py`` through the README's commands: run, export, load."""
     import dione

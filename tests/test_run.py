@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import interruptible
@@ -37,6 +38,11 @@ def loss(name, output, target):
     # Tests inject trouble through the environment, which the trials do not see.
     if os.environ.get("SLOW_TASK") == name:
         time.sleep(0.05)
+    hold = os.environ.get("HOLD_FILE")
+    if hold and Path(hold).exists():  # a test holds training here until it lets go
+        Path(hold + ".held").touch()
+        while Path(hold).exists():
+            time.sleep(0.05)
     marker = os.environ.get("FLAKY_MARKER")
     if name == "flaky" and marker and not Path(marker).exists():
         loss.calls = getattr(loss, "calls", 0) + 1
@@ -123,6 +129,7 @@ def test_run_plans_executes_and_reports(tmp_path: Path, monkeypatch) -> None:
                                         "slice_finished", "finished"}
 
 
+@pytest.mark.timeout(900)  # three `dione` runs (whole, killed, resumed)
 def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: Path) -> None:
     file = write_workload(tmp_path)
     env = {"DIONE_CATALOG": str(tmp_path / "catalog.sqlite"), "TASKS": "a b c"}
@@ -215,9 +222,12 @@ def test_replanning_adopts_a_new_plan_when_a_task_runs_slow(tmp_path: Path, monk
     assert len(list((tmp_path / "slow" / "plans").glob("plan-*.json"))) >= 2
 
 
+@pytest.mark.timeout(900)  # a run, then its resume
 def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(tmp_path: Path) -> None:
     file = write_workload(tmp_path)
-    env = {"DIONE_CATALOG": str(tmp_path / "catalog.sqlite"), "TASKS": "a b"}
+    hold = tmp_path / "hold"
+    env = {"DIONE_CATALOG": str(tmp_path / "catalog.sqlite"), "TASKS": "a b",
+           "HOLD_FILE": str(hold)}
     run_dir = tmp_path / "run"
     run = dione("run", str(file), "--out", str(run_dir), "--devices", "cpu:2",
                 "--slice-steps", "4", "--warmup-steps", "1", "--measure-steps", "3", env=env)
@@ -225,11 +235,16 @@ def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(tmp_path: Path) -> N
     while time.monotonic() < deadline and run.poll() is None:
         if (run_dir / "dione.sqlite").is_file():
             with RunStore(run_dir) as store:
-                if any(s.status == "running" for s in store.slices()) and any(
-                        store.checkpoints(t.name) for t in store.tasks()):
+                if any(store.checkpoints(t.name) for t in store.tasks()):
                     break
         time.sleep(0.05)
-    assert run.poll() is None, "the run ended before it could be interrupted"
+    # Training is under way (trials done): hold the next step any slice takes, so that a
+    # slice is surely running when the interrupt lands (between slices none would be).
+    hold.touch()
+    held = Path(f"{hold}.held")
+    while time.monotonic() < deadline and run.poll() is None and not held.exists():
+        time.sleep(0.05)
+    assert run.poll() is None and held.exists(), "the run ended before it could be interrupted"
     os.kill(run.pid, signal.SIGINT)
     out, _ = run.communicate(timeout=120)
     assert run.returncode == 130, out
@@ -237,6 +252,7 @@ def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(tmp_path: Path) -> N
     with RunStore(run_dir) as store:
         statuses = [s.status for s in store.slices()]
     assert "running" not in statuses and "interrupted" in statuses
+    hold.unlink()
     resumed = dione("resume", str(run_dir), env=env)
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out

@@ -37,8 +37,10 @@ __all__ = [
 
 _POLL_SECONDS = 0.02
 # When the first rank to fail only lost its peer, how long the others get to report:
-# the rank that caused it has usually raised a moment before.
-_ROOT_CAUSE_GRACE_SECONDS = 2.0
+# the rank that caused it has usually raised a moment before; a Ray actor's death reaches
+# the driver through the raylet and the GCS, seconds later on a loaded machine. Paid only
+# on a failure whose cause is still unheard.
+_ROOT_CAUSE_GRACE_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
