@@ -6,9 +6,9 @@ structure with its parameters on the meta device, cuts out its blocks (between t
 of an ``nn.Sequential`` or the repeated blocks of a GPT-2-, Llama- or BERT-shaped model,
 ``dione.schedules.stage_plan``) and gives only those storage on its device; on a fresh
 start rank 0 builds the whole model on the host from the task's seed and sends each rank
-its stage's values, so initial weights are single's (``dione.techniques.stage_build``). The stage keeps the original
-parameter names, so checkpoints stay technique-neutral: a pipeline writes each stage's
-part of one state dict, and any technique reads it back.
+its stage's values, so initial weights are single's (``dione.techniques.stage_build``).
+The stage keeps the original parameter names, so checkpoints stay technique-neutral: a
+pipeline writes each stage's part of one state dict, and any technique reads it back.
 
 Every stage gets the whole micro-batch (tensor, tuple or dict) and runs the model's own
 forward on it, its input replaced by the previous stage's hidden state at its first
