@@ -172,7 +172,8 @@ def plain_loop(check: Check) -> None:
 
 
 def out_of_memory(check: Check, scratch: Path) -> None:
-    from dione.profile.trial import TrialOptions, TrialSpec, run_trial
+    from dione.profile.options import TrialOptions
+    from dione.profile.trial import TrialSpec, run_trial
 
     total = torch.cuda.get_device_properties(0).total_memory
     spec = TrialSpec(task=oom_task(total), technique="single", knobs={}, devices=1,

@@ -67,7 +67,7 @@ def _options(saved: dict[str, Any]) -> RunOptions:
     """RunOptions from their ``asdict`` form; a field this dione no longer has is named
     and left out (the run goes on with the others)."""
     from dione.orchestrate.options import RunOptions
-    from dione.profile.trial import TrialOptions
+    from dione.profile.options import TrialOptions
 
     def known(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
         names = {f.name for f in dataclasses.fields(cls)}

@@ -21,10 +21,10 @@ from dione.launch.local import LOCAL, Launcher, warm_up
 from dione.profile.catalog import Catalog, TrialRecord
 from dione.profile.choice import choose_options, repeats_due
 from dione.profile.fingerprint import device_description
+from dione.profile.options import TrialOptions
 from dione.profile.results import Option, Profile, ProfileEvent, TaskProfile
 from dione.profile.schedule import TrialSetting, run_trials
 from dione.profile.simulated import cross_check
-from dione.profile.trial import TrialOptions
 from dione.profile.trials import PendingTrial, device_counts, wanted_trials
 from dione.spec.cluster import Cluster
 from dione.spec.task import Task

@@ -17,8 +17,9 @@ from dione.launch.local import LOCAL, Launcher
 from dione.launch.scratch import clean_stale_scratch, scratch_dir
 from dione.profile.catalog import Catalog, TrialRecord
 from dione.profile.choice import merged_runs
+from dione.profile.options import TrialOptions
 from dione.profile.results import ProfileEvent, TaskProfile
-from dione.profile.trial import TrialOptions, run_trial
+from dione.profile.trial import run_trial
 from dione.profile.trials import PendingTrial
 from dione.spec.cluster import Node
 from dione.techniques.registry import get_technique
