@@ -16,9 +16,10 @@ The greedy plan is always a candidate: it is the hint, and whenever CP-SAT ends 
 nothing or with something longer (a short limit, a busy machine, one thread), the
 greedy plan is returned, with notes that say so. Tasks with the same options are
 interchangeable; their starts are ordered, which keeps one of each set of mirror-image
-plans. With ``deterministic_time`` the search is bounded by CP-SAT's deterministic time
-instead of the clock, so the same problem gives the same plan however loaded the
-machine is.
+plans. Tasks that take a whole node run last on it, which keeps one of each set of plans
+that differ only in where those tasks sit. With ``deterministic_time`` the search is
+bounded by CP-SAT's deterministic time instead of the clock, so the same problem gives
+the same plan however loaded the machine is.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def identical_groups(problem: PlanningProblem) -> list[list[str]]:
 def build_model(problem: PlanningProblem, horizon: float, symmetry: bool = True
                 ) -> SpaseModel:
     """The CP-SAT model of ``problem`` with every task ending by ``horizon`` seconds;
-    ``symmetry``: order the starts of interchangeable tasks.
+    ``symmetry``: order the starts of interchangeable tasks, and run tasks that take a
+    whole node last on it (both keep one plan of each set of equivalent ones).
 
     A pure function of the problem: no solving, no side effects.
     """
@@ -101,6 +103,9 @@ def build_model(problem: PlanningProblem, horizon: float, symmetry: bool = True
             intervals[b.node].append((model.new_fixed_size_interval_var(0, until, f"busy {b.task}"),
                                       len(b.device_ids)))
         model.add(makespan >= until)
+    # (chosen, length, start) of each choice, whole-node options apart from the others.
+    whole: dict[str, list[tuple[cp_model.IntVar, int, cp_model.IntVar]]] = defaultdict(list)
+    part: dict[str, list[tuple[cp_model.IntVar, int, cp_model.IntVar]]] = defaultdict(list)
     for task in problem.tasks:
         usable = useful_options(task)
         options[task.name] = usable
@@ -119,10 +124,14 @@ def build_model(problem: PlanningProblem, horizon: float, symmetry: bool = True
                 intervals[node.name].append((interval, option.devices))
                 loads[node.name].append((chosen, option.devices * length))
                 choices[(task.name, i, node.name)] = chosen
+                (whole if option.devices == node.devices else part)[node.name].append(
+                    (chosen, length, start))
                 present.append(chosen)
                 length_terms.append(length * chosen)
         model.add_exactly_one(present)
         model.add(makespan >= start + sum(length_terms))
+    if symmetry:
+        _whole_node_tasks_last(model, problem, makespan, limit, whole, part)
     for node in problem.nodes:
         if intervals[node.name]:
             model.add_cumulative([i for i, _ in intervals[node.name]],
@@ -145,6 +154,30 @@ def build_model(problem: PlanningProblem, horizon: float, symmetry: bool = True
                 model.add(starts[first] <= starts[second])
     model.minimize(makespan)
     return SpaseModel(model, tick, starts, choices, options, makespan)
+
+
+def _whole_node_tasks_last(
+        model: cp_model.CpModel, problem: PlanningProblem, makespan: cp_model.IntVar,
+        limit: int, whole: dict[str, list[tuple[cp_model.IntVar, int, cp_model.IntVar]]],
+        part: dict[str, list[tuple[cp_model.IntVar, int, cp_model.IntVar]]]) -> None:
+    """Tasks that take a whole node run last on it, one after another, up to the end.
+
+    Nothing overlaps a task on every device of its node, so cutting such tasks out of a
+    node's schedule and closing the gaps keeps the rest valid (running tasks hold
+    devices from time 0, before any of them); put back at the end, they end by the same
+    makespan. Every plan has such a twin, so this loses no optimum, and the search no
+    longer tries each whole-node task in every gap (small-3 on 2 workers: proven optimal
+    in 3.4-7.7 s in 10 runs of 10; without it, within 20 s in 1 run of 6).
+    """
+    for node in problem.nodes:
+        if not whole[node.name]:
+            continue
+        tail = model.new_int_var(0, limit, f"whole-node tail of {node.name}")
+        model.add(tail == sum(length * chosen for chosen, length, _ in whole[node.name]))
+        for chosen, length, start in part[node.name]:
+            model.add(start + length <= makespan - tail).only_enforce_if(chosen)
+        for chosen, _, start in whole[node.name]:
+            model.add(start >= makespan - tail).only_enforce_if(chosen)
 
 
 def _break_node_symmetry(model: cp_model.CpModel, problem: PlanningProblem,
@@ -208,17 +241,57 @@ def _hint(spase: SpaseModel, problem: PlanningProblem, placed: Sequence[Placemen
               for name, option, node, start in placed]
     placed = _nodes_by_load(problem, placed, spase.tick)
     if symmetry:
-        placed = _sorted_within_groups(problem, placed)
-    chosen = {name: (option, node) for name, option, node, _ in placed}
+        placed = _whole_node_last(problem, placed)
     starts = tick_starts(problem, placed, spase.tick)
+    ends = [starts[name] + ticks(option.seconds, spase.tick) for name, option, _, _ in placed]
+    ends += [ticks(b.until, spase.tick) for b in problem.busy]
+    makespan = max([*ends, 0])
+    if symmetry:
+        # Rounding up may have left gaps in a node's tail: close them, ending at the end.
+        sizes = {n.name: n.devices for n in problem.nodes}
+        by_node: dict[str, list[tuple[int, str, int]]] = defaultdict(list)
+        for name, option, node, _ in placed:
+            if option.devices == sizes[node]:
+                by_node[node].append((starts[name], name, ticks(option.seconds, spase.tick)))
+        for tail in by_node.values():
+            end = makespan
+            for _, name, length in sorted(tail, reverse=True):
+                starts[name] = end = end - length
+        # In ticks, as the model orders them (moving tails can reorder across nodes).
+        placed = _sorted_within_groups(problem, [(name, option, node, starts[name])
+                                                 for name, option, node, _ in placed])
+        starts = {name: int(start) for name, _, _, start in placed}
+    chosen = {name: (option, node) for name, option, node, _ in placed}
     for (name, i, node), var in spase.choices.items():
         option, hinted_node = chosen[name]
         spase.model.add_hint(var, node == hinted_node and spase.options[name][i] == option)
-    ends = [starts[name] + ticks(option.seconds, spase.tick) for name, option, _, _ in placed]
     for name, var in spase.starts.items():
         spase.model.add_hint(var, starts[name])
-    ends += [ticks(b.until, spase.tick) for b in problem.busy]
-    spase.model.add_hint(spase.makespan, max([*ends, 0]))
+    spase.model.add_hint(spase.makespan, makespan)
+
+
+def _whole_node_last(problem: PlanningProblem, placed: Sequence[Placement]
+                     ) -> list[Placement]:
+    """The same plan with each node's whole-node tasks cut out, the gaps closed, and
+    those tasks put back one after another up to the plan's end, as
+    ``_whole_node_tasks_last`` asks; it ends no later."""
+    sizes = {n.name: n.devices for n in problem.nodes}
+    end = max([*(a + o.seconds for _, o, _, a in placed), *(b.until for b in problem.busy),
+               0.0])
+    moved: dict[str, Placement] = {}
+    for node in problem.nodes:
+        here = sorted((p for p in placed if p[2] == node.name), key=lambda p: (p[3], p[0]))
+        tail = [p for p in here if p[1].devices == sizes[node.name]]
+        for name, option, _, start in here:
+            if option.devices < sizes[node.name]:
+                # Earlier whole-node tasks ended before it began: close their gaps.
+                cut = sum(o.seconds for _, o, _, a in tail if a + o.seconds <= start + 1e-9)
+                moved[name] = (name, option, node.name, start - cut)
+        at = end - sum(o.seconds for _, o, _, _ in tail)
+        for name, option, _, _ in tail:
+            moved[name] = (name, option, node.name, at)
+            at += option.seconds
+    return [moved[p[0]] for p in placed]
 
 
 def _solve(problem: PlanningProblem, placed: Sequence[Placement], horizon: float,
