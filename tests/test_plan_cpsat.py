@@ -278,3 +278,33 @@ def test_a_plan_that_meets_a_bound_found_on_the_way_is_called_optimal(
     assert plan.makespan == pytest.approx(greedy_makespan)
     assert plan.notes["plan_from"] == "greedy"
     assert plan.notes["why_optimal"] == "the plan meets the bound"
+
+
+@pytest.mark.parametrize("gap", [0.001, 0.2])
+def test_a_plan_near_its_bound_gets_a_second_whole_model_run_to_prove_it(
+        monkeypatch: pytest.MonkeyPatch, gap: float) -> None:
+    # The first whole-model run is cut short (its plan kept, its proof dropped, its bound
+    # ``gap`` below the plan); near the bound the rest of the time goes to a second run,
+    # which proves the plan, while far from it the search around the plan runs instead.
+    real_solve = cpsat_module._solve
+    calls: list[str] = []
+
+    def cut_short(*args: object, **kwargs: object) -> tuple[list[Placement] | None, str, float]:
+        found, status, bound = real_solve(*args, **kwargs)  # type: ignore[arg-type]
+        calls.append(status)
+        if len(calls) == 1:
+            assert found is not None
+            end = max(a + o.seconds for _, o, _, a in found)
+            return found, "FEASIBLE", end * (1 - gap)
+        return found, status, bound
+
+    monkeypatch.setattr(cpsat_module, "_solve", cut_short)
+    problem = SYMMETRIC[0]
+    plan = cpsat(problem, time_limit=20, threads=1)
+    assert check_plan(plan, problem) == []
+    if gap < cpsat_module.PROOF_GAP:
+        assert len(calls) == 2 and plan.notes["second_whole_model"] is True
+        assert plan.status == "optimal" and plan.notes["cpsat_status"] == "OPTIMAL"
+    else:
+        assert len(calls) == 1 and "second_whole_model" not in plan.notes
+        assert "lns_rounds" in plan.notes
