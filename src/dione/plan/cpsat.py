@@ -394,7 +394,7 @@ def cpsat(problem: PlanningProblem, time_limit: float = 10.0, threads: int | Non
         else:
             # Compare after exact re-timing: ticks round lengths up, greedy's are exact.
             found = retimed(problem, found)[0]
-            if max(a + o.seconds for _, o, _, a in found) < start.makespan - 1e-9:
+            if _makespan(found) < start.makespan - 1e-9:
                 best, source = found, "cpsat"
         if status == "FEASIBLE" and budget.left() > 1.0 and _near(best, bound):
             # Within PROOF_GAP of the bound a search for shorter plans can gain little;
@@ -415,11 +415,11 @@ def cpsat(problem: PlanningProblem, time_limit: float = 10.0, threads: int | Non
     else:
         notes["method"] = "search around the greedy plan (the whole model is too large)"
     if budget.left() > 0.05:
-        before = max(a + o.seconds for _, o, _, a in best)
+        before = _makespan(best)
         searched, stats = improve(problem, best, budget, workers, bound)
         notes.update(stats.notes())
         bound = max(bound, stats.bound)
-        if max(a + o.seconds for _, o, _, a in searched) < before - 1e-9:
+        if _makespan(searched) < before - 1e-9:
             best, source = searched, "lns"
         if stats.bound:
             # A window of every task, solved to optimality: the whole model, proven.
