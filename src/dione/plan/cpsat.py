@@ -9,8 +9,9 @@ The whole model runs for part of the time limit; a large-neighbourhood search of
 own (``dione.plan.lns``: a window of tasks re-solved, the rest kept) then works on the
 best plan for the rest. Above ``MAX_INTERVALS`` optional intervals the whole model is
 too large to solve well in a few seconds, and the search starts from the greedy plan.
-The model is told the energetic lower bound (``dione.plan.bounds``), which proves some
-plans optimal that CP-SAT's own bound leaves open.
+The model is told the energetic lower bound (``dione.plan.bounds``) and the bound of
+devices as bins (``dione.plan.lanes``), which prove some plans optimal that CP-SAT's own
+bound leaves open.
 
 The greedy plan is always a candidate: it is the hint, and whenever CP-SAT ends with
 nothing or with something longer (a short limit, a busy machine, one thread), the
@@ -37,6 +38,7 @@ from ortools.sat.python import cp_model
 from dione.plan.bounds import energetic_bound, lower_bound
 from dione.plan.budget import Budget, cp_solver
 from dione.plan.greedy import greedy_placements, placements_plan
+from dione.plan.lanes import lane_bound
 from dione.plan.lns import improve, retimed
 from dione.plan.options import (
     TICKS_PER_HORIZON,
@@ -378,8 +380,10 @@ def cpsat(problem: PlanningProblem, time_limit: float = 10.0, threads: int | Non
     if size <= 4 * MAX_INTERVALS:
         analytic = max(analytic, energetic_bound(problem, analytic, start.makespan))
         notes["energetic_bound"] = analytic
+        analytic = max(analytic, lane_bound(problem, analytic, start.makespan))
+        notes["lane_bound"] = analytic
         if start.makespan <= analytic * (1 + 1e-9):
-            return greedy_plan("optimal", "greedy meets the energetic lower bound")
+            return greedy_plan("optimal", "greedy meets the energetic or lane lower bound")
     if budget.left() <= 0.05:
         return greedy_plan("feasible", "greedy used the whole time limit; CP-SAT did not run")
     bound, best, source = analytic, list(placed), "greedy"

@@ -1,0 +1,203 @@
+"""A lower bound on the makespan from devices as bins: a configuration LP by column generation.
+
+Relax a plan of makespan M to what each device does: a device (a *lane*) runs a set of
+task pieces one after another, at most one piece of each task, their lengths adding up
+to at most M; a task run on d devices puts one piece of its length on each of d lanes.
+Time and nodes are forgotten (pieces of one task need not line up), so any plan gives
+such a packing, and M is a lower bound wherever no packing exists.
+
+The packing is bin packing with a choice of option per task, and its configuration LP
+(Gilmore-Gomory: one variable per set of pieces that fits a lane) is tight for bin
+packing. It sees what the area bound misses: long single-device pieces that cannot
+share a lane fill the lanes left beside long wide tasks (small-6: 23,510 s against the
+area-based 22,566 s, and a plan of 23,772 s).
+
+The LP is solved by column generation (GLOP for the master, a multiple-choice knapsack
+by dynamic programming for the pricing). Its proofs need no optimal LP: any
+non-negative piece prices give a dual bound on the lanes needed (Farley's), checked
+here with floor-rounded lengths, which only admit more sets and so keep it valid.
+Bounded by counts of LP solves, never by the clock, so it gives the same bound however
+loaded the machine is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from ortools.linear_solver import pywraplp
+
+from dione.plan.options import useful_options
+from dione.plan.problem import PlanningProblem
+
+__all__ = ["lane_bound", "lanes_needed"]
+
+# Length units per makespan in the pricing knapsack: finer proves a little more and
+# prices a little slower (floors lose at most one unit per piece).
+UNITS = 2_000
+# LP solves per makespan tried, and makespans tried (bisection steps). Where pieces
+# are many, each solve costs more and the bound rarely beats the area bound (the pieces
+# are short beside the plan): at most WORK // pieces solves there (hard-8, 200 tasks:
+# 50 solves, 1.1 s, against 4.7 s for 200 that proved nothing more; hard-3, 40 tasks,
+# needs about 200 to raise its bound from 5,699 s to 5,771 s).
+ROUNDS = 200
+WORK = 40_000
+MIN_ROUNDS = 25
+STEPS = 12
+
+
+@dataclass(frozen=True)
+class _Piece:
+    task: int
+    devices: int
+    seconds: float
+
+
+def _pieces(problem: PlanningProblem, makespan: float) -> list[_Piece] | None:
+    """Every (task, option) that a plan of ``makespan`` could use, and one fixed piece
+    per device still held by a running task; None where some task has no such option."""
+    widest = max(n.devices for n in problem.nodes)
+    pieces = []
+    for t, task in enumerate(problem.tasks):
+        usable = [o for o in useful_options(task)
+                  if o.devices <= widest and o.seconds <= makespan]
+        if not usable:
+            return None
+        pieces += [_Piece(t, o.devices, o.seconds) for o in usable]
+    # A running task's device is a lane busy until it ends: as a relaxation, a
+    # one-device piece that some lane must hold.
+    held = len(problem.tasks)
+    for b in problem.busy:
+        if b.until > makespan:
+            return None
+        for _ in b.device_ids:
+            if b.until > 0:
+                pieces.append(_Piece(held, 1, b.until))
+                held += 1
+    return pieces
+
+
+def lanes_needed(problem: PlanningProblem, makespan: float, rounds: int = ROUNDS,
+                 columns: list[frozenset[tuple[int, int, float]]] | None = None,
+                 enough: float = math.inf) -> float:
+    """A lower bound on the lanes (devices) a plan ending by ``makespan`` needs; inf where
+    no option of some task fits. ``columns``: sets of pieces from earlier calls, to start
+    from (and where the sets found are added). Stops early once the LP packs the pieces
+    into ``enough`` lanes (then no bound above ``enough`` can come)."""
+    pieces = _pieces(problem, makespan)
+    if pieces is None:
+        return math.inf
+    if not pieces:
+        return 0.0
+    tasks = max(p.task for p in pieces) + 1
+    unit = makespan / UNITS
+    weight = np.array([math.floor(p.seconds / unit + 1e-9) for p in pieces], dtype=np.int64)
+    index = {(p.task, p.devices, p.seconds): i for i, p in enumerate(pieces)}
+    by_task: list[list[int]] = [[] for _ in range(tasks)]
+    for i, p in enumerate(pieces):
+        by_task[p.task].append(i)
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    # mu[i]: the share of its task that piece i's option runs; one per task in all.
+    mu = [solver.NumVar(0.0, 1.0, f"mu{i}") for i in range(len(pieces))]
+    for members in by_task:
+        row = solver.Constraint(1.0, 1.0)
+        for i in members:
+            row.SetCoefficient(mu[i], 1.0)
+    # Lanes holding piece i cover its option's devices: sum of sets with i >= d_i mu_i.
+    cover = []
+    for i, p in enumerate(pieces):
+        row = solver.Constraint(0.0, solver.infinity())
+        row.SetCoefficient(mu[i], -float(p.devices))
+        cover.append(row)
+    objective = solver.Objective()
+    objective.SetMinimization()
+    pool = columns if columns is not None else []
+
+    def add(members: list[int]) -> None:
+        var = solver.NumVar(0.0, solver.infinity(), "")
+        objective.SetCoefficient(var, 1.0)
+        for i in members:
+            cover[i].SetCoefficient(var, 1.0)
+
+    for i in range(len(pieces)):
+        add([i])
+    for column in pool:
+        members = [index.get(key, -1) for key in column]
+        if -1 not in members and sum(weight[m] for m in members) <= UNITS:
+            add(members)
+    best = 0.0
+    for _ in range(min(rounds, max(MIN_ROUNDS, WORK // len(pieces)))):
+        if solver.Solve() != pywraplp.Solver.OPTIMAL:
+            break
+        if objective.Value() <= enough:
+            break
+        price = np.array([max(0.0, row.dual_value()) for row in cover])
+        value, chosen = _best_set(price, weight, by_task)
+        # (alpha, price / value) is dual feasible, with alpha_t the least d x price over
+        # the task's pieces, so sum(alpha) / value lanes are needed whatever the LP did.
+        alpha = sum(min(pieces[i].devices * price[i] for i in members) for members in by_task)
+        best = max(best, alpha / max(value, 1.0))
+        if value <= 1.0 + 1e-9:
+            break
+        add(chosen)
+        pool.append(frozenset((pieces[i].task, pieces[i].devices, pieces[i].seconds)
+                              for i in chosen))
+    return best
+
+
+def _best_set(price: np.ndarray, weight: np.ndarray, by_task: list[list[int]]
+              ) -> tuple[float, list[int]]:
+    """The set of pieces, at most one per task, of total weight at most ``UNITS`` with
+    the largest total price (a multiple-choice knapsack), and that price."""
+    value = np.zeros(UNITS + 1)
+    picks = []
+    for members in by_task:
+        new = value.copy()
+        pick = np.full(UNITS + 1, -1)
+        for i in members:
+            w = int(weight[i])
+            if price[i] <= 1e-12 or w > UNITS:
+                continue
+            candidate = np.full(UNITS + 1, -np.inf)
+            candidate[w:] = value[:UNITS + 1 - w] + price[i]
+            better = candidate > new + 1e-12
+            new = np.where(better, candidate, new)
+            pick = np.where(better, i, pick)
+        value = new
+        picks.append(pick)
+    chosen, room = [], UNITS
+    for pick in reversed(picks):
+        i = int(pick[room])
+        if i >= 0:
+            chosen.append(i)
+            room -= int(weight[i])
+    return float(value[UNITS]), chosen
+
+
+def lane_bound(problem: PlanningProblem, at_least: float, at_most: float,
+               steps: int = STEPS, rounds: int = ROUNDS) -> float:
+    """The largest makespan in [``at_least``, ``at_most``] that ``lanes_needed`` shows
+    needs more devices than the cluster has, by bisection; ``at_least`` when none.
+
+    Each makespan it rejects is a valid bound on its own, so the bisection needs no
+    monotonicity to be sound.
+    """
+    if not problem.tasks or at_most <= at_least:
+        return at_least
+    total = problem.total_devices
+    pool: list[frozenset[tuple[int, int, float]]] = []
+
+    def short(makespan: float) -> bool:
+        return lanes_needed(problem, makespan, rounds, pool, total) > total * (1 + 1e-9) + 1e-6
+
+    low, high = at_least, at_most
+    if not short(low):
+        return at_least
+    for _ in range(steps):
+        middle = (low + high) / 2
+        if short(middle):
+            low = middle
+        else:
+            high = middle
+    return low
