@@ -94,6 +94,26 @@ def test_an_adopted_plan_round_trips_through_its_file(tmp_path: Path) -> None:
     assert first["start"] == plan.assignment(first["task"]).start + at
 
 
+def test_running_tasks_that_claim_a_device_twice_are_refused() -> None:
+    data = {"cluster": {"nodes": [{"name": "n0", "devices": 4}]},
+            "tasks": [{"name": "a", "options": [{"technique": "single", "devices": 1,
+                                                 "seconds": 5}]}],
+            "busy": [{"task": "r", "node": "n0", "device_ids": [0, 0], "until": 3},
+                     {"task": "s", "node": "n0", "device_ids": [1, 2], "until": 3},
+                     {"task": "t", "node": "n0", "device_ids": [2], "until": 4}]}
+    with pytest.raises(ProblemError) as caught:
+        PlanningProblem.from_json(data)
+    assert caught.value.reasons == [
+        "busy 0: device_ids must not repeat a device, not [0, 0]",
+        "busy 2: device 2 of node 'n0' is held by busy 1 already (a device runs one task "
+        "at a time)",
+    ]
+    built = replace(SMALL, busy=(Busy("r", "n0", (1,), 3.0), Busy("s", "n0", (1,), 4.0)))
+    assert built.mistakes() == [
+        "busy 1: device 1 of node 'n0' is held by busy 0 already (a device runs one task "
+        "at a time)"]
+
+
 def test_every_mistake_in_a_problem_is_named() -> None:
     data = {
         "cluster": {"nodes": [{"name": "n0", "devices": 4}], "zone": "x"},

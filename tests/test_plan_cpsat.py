@@ -5,6 +5,7 @@ and the lower bounds stay bounds."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,7 @@ from dione.plan.bounds import energetic_bound, work_within_bound
 from dione.plan.budget import Budget, cp_solver
 from dione.plan.cpsat import build_model, cpsat, identical_groups
 from dione.plan.greedy import greedy, greedy_placements, placements_plan
-from dione.plan.lanes import lane_bound
+from dione.plan.lanes import lane_bound, lanes_needed
 from dione.plan.lns import LnsStats, improve
 from dione.plan.options import Placement
 
@@ -266,6 +267,18 @@ def test_the_lane_bound_sees_pieces_that_cannot_share_a_device(problem: Planning
     plan = cpsat(problem, time_limit=5, threads=1)
     assert plan.makespan == pytest.approx(24.0)
     assert plan.lower_bound == pytest.approx(24.0, rel=2e-3)
+
+
+def test_the_lane_bound_counts_each_held_device_once_and_alone() -> None:
+    # Devices 0 and 1 held until 6 s, two 12 s tasks on one device each, 3 devices: a
+    # device holds one running task, so one 12 s task waits: 18 s.
+    held = PlanningProblem((NodeSpec("n0", 3),), grid_problem([(2, [(1, 12.0)])], [3]).tasks,
+                           (Busy("running", "n0", (0, 1), 6.0),))
+    assert lane_bound(held, lower_bound(held), 40.0) == pytest.approx(18.0, rel=2e-3)
+    # Four 10 s tasks, two devices, 15 s: each device holds one piece, 4 are needed.
+    four = grid_problem([(4, [(1, 10.0)])], [2])
+    assert lanes_needed(four, 15.0) == pytest.approx(4.0)
+    assert lanes_needed(four, 9.0) == math.inf  # no option that short
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -70,7 +70,7 @@ def _pieces(problem: PlanningProblem, makespan: float) -> list[_Piece] | None:
             return None
         pieces += [_Piece(t, o.devices, o.seconds) for o in usable]
     # A running task's device is a lane busy until it ends: as a relaxation, a
-    # one-device piece that some lane must hold.
+    # one-device piece that some lane must hold (a lane holds one of these at most).
     held = len(problem.tasks)
     for b in problem.busy:
         if b.until > makespan:
@@ -84,7 +84,7 @@ def _pieces(problem: PlanningProblem, makespan: float) -> list[_Piece] | None:
 
 def lanes_needed(problem: PlanningProblem, makespan: float, rounds: int = ROUNDS,
                  columns: list[frozenset[tuple[int, int, float]]] | None = None,
-                 enough: float = math.inf) -> float:
+                 enough: float | None = None) -> float:
     """A lower bound on the lanes (devices) a plan ending by ``makespan`` needs; inf where
     no option of some task fits. ``columns``: sets of pieces from earlier calls, to start
     from (and where the sets found are added). Stops early once the LP packs the pieces
@@ -92,8 +92,8 @@ def lanes_needed(problem: PlanningProblem, makespan: float, rounds: int = ROUNDS
     pieces = _pieces(problem, makespan)
     if pieces is None:
         return math.inf
-    if not pieces:
-        return 0.0
+    if not pieces or makespan <= 0:
+        return 0.0  # (zero-second options only: nothing to pack)
     tasks = max(p.task for p in pieces) + 1
     unit = makespan / UNITS
     weight = np.array([math.floor(p.seconds / unit + 1e-9) for p in pieces], dtype=np.int64)
@@ -101,6 +101,10 @@ def lanes_needed(problem: PlanningProblem, makespan: float, rounds: int = ROUNDS
     by_task: list[list[int]] = [[] for _ in range(tasks)]
     for i, p in enumerate(pieces):
         by_task[p.task].append(i)
+    # What one lane may hold: a piece of each task, and one held device's piece at most
+    # (two held devices are two devices).
+    held = [i for i, p in enumerate(pieces) if p.task >= len(problem.tasks)]
+    groups = by_task[:len(problem.tasks)] + ([held] if held else [])
     solver = pywraplp.Solver.CreateSolver("GLOP")
     # mu[i]: the share of its task that piece i's option runs; one per task in all.
     mu = [solver.NumVar(0.0, 1.0, f"mu{i}") for i in range(len(pieces))]
@@ -134,10 +138,10 @@ def lanes_needed(problem: PlanningProblem, makespan: float, rounds: int = ROUNDS
     for _ in range(min(rounds, max(MIN_ROUNDS, WORK // len(pieces)))):
         if solver.Solve() != pywraplp.Solver.OPTIMAL:
             break
-        if objective.Value() <= enough:
+        if enough is not None and objective.Value() <= enough:
             break
         price = np.array([max(0.0, row.dual_value()) for row in cover])
-        value, chosen = _best_set(price, weight, by_task)
+        value, chosen = _best_set(price, weight, groups)
         # (alpha, price / value) is dual feasible, with alpha_t the least d x price over
         # the task's pieces, so sum(alpha) / value lanes are needed whatever the LP did.
         alpha = sum(min(pieces[i].devices * price[i] for i in members) for members in by_task)
@@ -150,13 +154,13 @@ def lanes_needed(problem: PlanningProblem, makespan: float, rounds: int = ROUNDS
     return best
 
 
-def _best_set(price: np.ndarray, weight: np.ndarray, by_task: list[list[int]]
+def _best_set(price: np.ndarray, weight: np.ndarray, groups: list[list[int]]
               ) -> tuple[float, list[int]]:
-    """The set of pieces, at most one per task, of total weight at most ``UNITS`` with
-    the largest total price (a multiple-choice knapsack), and that price."""
+    """The set of pieces, at most one of each group, of total weight at most ``UNITS``
+    with the largest total price (a multiple-choice knapsack), and that price."""
     value = np.zeros(UNITS + 1)
     picks = []
-    for members in by_task:
+    for members in groups:
         new = value.copy()
         pick = np.full(UNITS + 1, -1)
         for i in members:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,6 +152,7 @@ class PlanningProblem:
         sizes = {n.name: n.devices for n in self.nodes}
         for i, b in enumerate(self.busy):
             reasons += _busy_mistakes(f"busy {i}", b.node, list(b.device_ids), b.until, sizes)
+        reasons += _held_twice(list(enumerate(self.busy)))
         return reasons
 
     def check(self) -> PlanningProblem:
@@ -221,9 +222,25 @@ def _busy_mistakes(where: str, node: Any, ids: Any, until: Any,
     if not isinstance(ids, list) or not ids or any(
             not isinstance(d, int) or not 0 <= d < sizes[node] for d in ids):
         return [f"{where}: device_ids must list devices of node {node!r}"]
+    if len(set(ids)) < len(ids):
+        return [f"{where}: device_ids must not repeat a device, not {ids}"]
     if not _number(until) or until < 0:
         return [f"{where}: until must be a number >= 0"]
     return []
+
+
+def _held_twice(busy: Sequence[tuple[int, Busy]]) -> list[str]:
+    """Devices that two running tasks hold at once (``busy``: each with its index); a
+    device runs one task, and the bounds and solvers count each held device once."""
+    holder: dict[tuple[str, int], int] = {}
+    reasons = []
+    for i, b in busy:
+        for device in b.device_ids:
+            first = holder.setdefault((b.node, device), i)
+            if first != i:
+                reasons.append(f"busy {i}: device {device} of node {b.node!r} is held by "
+                               f"busy {first} already (a device runs one task at a time)")
+    return reasons
 
 
 def _parse_nodes(data: Any, reasons: list[str]) -> list[NodeSpec]:
@@ -312,7 +329,7 @@ def _parse_busy(raw: Any, nodes: list[NodeSpec], reasons: list[str]) -> list[Bus
         reasons.append("busy: must be a list")
         return []
     sizes = {n.name: n.devices for n in nodes}
-    busy = []
+    busy: list[tuple[int, Busy]] = []
     for i, item in enumerate(raw):
         where = f"busy {i}"
         if not isinstance(item, Mapping):
@@ -325,8 +342,9 @@ def _parse_busy(raw: Any, nodes: list[NodeSpec], reasons: list[str]) -> list[Bus
         bad = _busy_mistakes(where, node, ids, until, sizes)
         reasons += bad
         if not bad:
-            busy.append(Busy(str(item.get("task", "")), node, tuple(ids), float(until)))
-    return busy
+            busy.append((i, Busy(str(item.get("task", "")), node, tuple(ids), float(until))))
+    reasons += _held_twice(busy)
+    return [b for _, b in busy]
 
 
 def load_problem(path: str | Path) -> PlanningProblem:
