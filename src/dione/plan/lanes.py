@@ -86,9 +86,10 @@ def lanes_needed(problem: PlanningProblem, makespan: float, rounds: int = ROUNDS
                  columns: list[frozenset[tuple[int, int, float]]] | None = None,
                  enough: float | None = None) -> float:
     """A lower bound on the lanes (devices) a plan ending by ``makespan`` needs; inf where
-    no option of some task fits. ``columns``: sets of pieces from earlier calls, to start
-    from (and where the sets found are added). Stops early once the LP packs the pieces
-    into ``enough`` lanes (then no bound above ``enough`` can come)."""
+    no option of some task fits, or a running task ends later. ``columns``: sets of
+    pieces from earlier calls, to start from (and where the sets found are added). Stops
+    early once the LP packs the pieces into ``enough`` lanes (then no bound above
+    ``enough`` can come)."""
     pieces = _pieces(problem, makespan)
     if pieces is None:
         return math.inf
