@@ -27,17 +27,29 @@ from dione.state.store import RunStore
 QUICK = TrialOptions(warmup_steps=1, measure_steps=3, timeout=120)
 
 WORKLOAD = '''
-import functools, os, time
+import functools, json, os, time
 from pathlib import Path
 import torch
 from dione import Task, Workload
 from dione.zoo import digits_mlp, digits_train
 
 
+def runs_before_another(name, plans):
+    """Whether the run's first plan has task ``name`` first on a device a later task
+    waits for (slowing that task is what a new plan can make up for)."""
+    plan = json.loads((Path(plans) / "plan-000.json").read_text())
+    queues = {}
+    for a in sorted(plan["assignments"], key=lambda a: a["start"]):
+        for device in a["device_ids"]:
+            queues.setdefault((a["node"], device), []).append(a["task"])
+    return any(len(queue) > 1 and queue[0] == name for queue in queues.values())
+
+
 def loss(name, output, target):
     # Tests inject trouble through the environment, which the trials do not see.
-    if os.environ.get("SLOW_TASK") == name:
-        time.sleep(0.05)
+    plans = os.environ.get("SLOW_FIRST_OF_SHARED")
+    if plans and runs_before_another(name, plans):
+        time.sleep(0.1)
     hold = os.environ.get("HOLD_FILE")
     if hold and Path(hold).exists():  # a test holds training here until it lets go
         Path(hold + ".held").touch()
@@ -212,14 +224,24 @@ def test_replanning_adopts_a_new_plan_when_a_task_runs_slow(tmp_path: Path, monk
     cluster = Cluster([Node("test", 2, "cpu")])
     catalog = str(tmp_path / "catalog.sqlite")
     options = RunOptions(catalog=catalog, trial=QUICK, slice_steps=4, time_limit=5.0)
-    # Profile without the slowdown, then make task a ten times slower than profiled.
+    # Profile without the slowdown, then make the task the first plan runs before
+    # another on its device far slower than profiled: moving the task that waits for
+    # it to the other device is a better plan, whichever tasks the plan paired.
     run_workload(tasks, cluster, tmp_path / "warm", options)
-    monkeypatch.setenv("SLOW_TASK", "a")
+    monkeypatch.setenv("SLOW_FIRST_OF_SHARED", str(tmp_path / "slow" / "plans"))
     events = []
     result = run_workload(tasks, cluster, tmp_path / "slow", options, on_event=events.append)
     assert all(t.status == "done" for t in result.tasks)
     assert any(e.kind == "replanned" for e in events)
     assert len(list((tmp_path / "slow" / "plans").glob("plan-*.json"))) >= 2
+    # The task that waited for the slow one ran on the other device instead.
+    first = json.loads((tmp_path / "slow" / "plans" / "plan-000.json").read_text())
+    queues: dict[int, list[str]] = {}
+    for a in sorted(first["assignments"], key=lambda a: a["start"]):
+        queues.setdefault(a["device_ids"][0], []).append(a["task"])
+    device, (_, waiting, *_) = next((d, q) for d, q in queues.items() if len(q) > 1)
+    with RunStore(tmp_path / "slow") as store:
+        assert {s.device_ids[0] for s in store.slices(waiting)} == {1 - device}
 
 
 @pytest.mark.timeout(900)  # a run, then its resume

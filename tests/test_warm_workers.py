@@ -1,5 +1,6 @@
 """Warm workers: many slices through the same processes train exactly as fresh ones do,
-hold their memory steady, and a worker lost between slices is replaced."""
+hold their memory steady, see the launcher's environment as it is now, and a worker
+lost between slices is replaced."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from conftest import TEST_NODE, char_task, digits_task
 from dione.launch.pool import local_pool, shutdown_local_pool
 from dione.launch.slice import local_placement, run_slice
+from dione.spec.workload import load_workload
 from dione.state import load_model_weights
 
 # Three tasks, each always under its own exact technique, that take turns on the same
@@ -86,3 +88,38 @@ def test_a_worker_killed_between_slices_is_replaced(tmp_path: Path) -> None:
     assert second.start_step == 2 and len(second.losses) == 2
     assert pool.started - started == 3  # the lost one's slot got a new one; the other stayed
     assert first.losses != second.losses
+
+
+# A task whose loss reads the environment at every step, as a workload's code may.
+SCALED_BY_ENVIRONMENT = """
+import functools, os
+import torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+
+def loss(output, target):
+    scale = float(os.environ.get("DIONE_TEST_LOSS_SCALE", "1"))
+    return scale * torch.nn.functional.cross_entropy(output, target)
+
+
+workload = Workload([Task(name="scaled", model=functools.partial(digits_mlp, hidden=8, depth=1),
+                          data=digits_train, loss=loss, optimizer=torch.optim.SGD,
+                          batch_size=8, steps=6, seed=1)])
+"""
+
+
+def test_a_slice_sees_the_launchers_environment_as_it_is_now(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    file = tmp_path / "scaled.py"
+    file.write_text(SCALED_BY_ENVIRONMENT)
+    [task] = load_workload(file)
+    placement = local_placement(TEST_NODE, [0])
+    monkeypatch.delenv("DIONE_TEST_LOSS_SCALE", raising=False)
+    before = run_slice(task, "single", tmp_path, placement, steps=2)
+    monkeypatch.setenv("DIONE_TEST_LOSS_SCALE", "0")  # set after the worker started
+    during = run_slice(task, "single", tmp_path, placement, steps=2)
+    monkeypatch.delenv("DIONE_TEST_LOSS_SCALE")
+    after = run_slice(task, "single", tmp_path, placement, steps=2)
+    assert all(loss > 0 for loss in before.losses + after.losses)
+    assert during.losses == [0.0, 0.0]

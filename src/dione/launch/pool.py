@@ -2,7 +2,10 @@
 
 A worker is started the first time its slot is asked for and handed back after every
 slice its gang finished; one whose gang failed, timed out or was cancelled is ended
-(with its process group) and the next slice starts a fresh one. Workers die with the
+(with its process group) and the next slice starts a fresh one. A worker inherits the
+launcher's environment when it starts; once that environment changes (a notebook sets
+a variable between runs), idle workers are ended rather than reused, since much is read
+from it only at import (a fresh process would see the change). Workers die with the
 launcher: at exit the pool ends them, and each asked Linux to kill it should the
 launcher die first (PR_SET_PDEATHSIG, which fires when the *thread* that started the
 process ends, so one long-lived thread starts them all).
@@ -50,6 +53,7 @@ class WarmWorker:
     process: subprocess.Popen[bytes]
     connection: Connection
     log: Path  # its output outside jobs (start-up, crashes between jobs)
+    environ: int = 0  # fingerprint of the launcher's environment it started with
     slices: int = 0  # slices it has finished
     ready: bool = False  # it has imported what every slice needs
 
@@ -100,6 +104,11 @@ class WarmWorker:
         return Lost("exit", f"exited with status {code}")
 
 
+def _environ_fingerprint() -> int:
+    """A fingerprint of this process's environment variables as they are now."""
+    return hash(frozenset(os.environ.items()))
+
+
 def _end(workers: Sequence[WarmWorker]) -> None:
     """Terminate each worker's process group, kill what is left, reap all."""
     alive = [w for w in workers if w.alive()]
@@ -131,10 +140,11 @@ class WorkerPool:
     def take(self, kind: str, device_ids: Sequence[int], threads: int) -> list[WarmWorker]:
         """A worker for each device: the idle one of its slot, else a new one."""
         workers = []
+        environ = _environ_fingerprint()
         for device in device_ids:
             with self._lock:
                 worker = self._idle.pop((kind, device), None)
-            if worker is not None and not worker.alive():
+            if worker is not None and (not worker.alive() or worker.environ != environ):
                 _end([worker])
                 worker = None
             if worker is None:
@@ -185,6 +195,7 @@ class WorkerPool:
         if self._folder is None:
             self._folder = scratch_dir("pool")
         ours, theirs = socket.socketpair()
+        environ = _environ_fingerprint()
         env = {
             **os.environ,
             "DIONE_LAUNCHER_PID": str(os.getpid()),
@@ -203,7 +214,7 @@ class WorkerPool:
                 pass_fds=(theirs.fileno(),), start_new_session=True)
         theirs.close()
         self.started += 1
-        return WarmWorker(slot, process, Connection(ours.detach()), log)
+        return WarmWorker(slot, process, Connection(ours.detach()), log, environ)
 
 
 _POOL: WorkerPool | None = None
