@@ -119,7 +119,5 @@ def test_a_slice_sees_the_launchers_environment_as_it_is_now(
     before = run_slice(task, "single", tmp_path, placement, steps=2)
     monkeypatch.setenv("DIONE_TEST_LOSS_SCALE", "0")  # set after the worker started
     during = run_slice(task, "single", tmp_path, placement, steps=2)
-    monkeypatch.delenv("DIONE_TEST_LOSS_SCALE")
-    after = run_slice(task, "single", tmp_path, placement, steps=2)
-    assert all(loss > 0 for loss in before.losses + after.losses)
+    assert all(loss > 0 for loss in before.losses)
     assert during.losses == [0.0, 0.0]
