@@ -67,7 +67,8 @@ class Plan:
 
     @property
     def gap(self) -> float:
-        """makespan / lower bound - 1 (0: proven optimal)."""
+        """makespan / lower bound - 1: 0 where the plan meets its bound; an ``optimal``
+        plan proven on CP-SAT's tick grid may keep a gap of at most that grid's rounding."""
         return self.makespan / self.lower_bound - 1 if self.lower_bound > 0 else 0.0
 
     def assignment(self, task: str) -> Assignment:
