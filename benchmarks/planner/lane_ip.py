@@ -6,13 +6,13 @@
 device a bin of the makespan's length, a task on d devices a piece of its length on d
 of them, time and start forgotten. This script asks the integer question instead (does
 *any* packing fit M?) with CP-SAT, for each makespan given. INFEASIBLE proves that no
-plan ends by M: a bound for the benchmark tables, too slow for the planner's 10 s (2-15 s
+plan ends by M: a bound for the benchmark tables, too slow for the planner's 10 s (1-17 s
 per makespan on small-4, and no answer within 60 s on the two-node small-6).
 
 What makes it answer at all is the devices' symmetry: every device of a node is
 interchangeable, so the task with the longest shortest option can have its pieces on
 devices 0..d-1 of the first node, and loads fall in device order within each group of
-devices still interchangeable (without that, 174 s for what takes 15 s with it).
+devices still interchangeable (without that, 174 s for what takes 15-17 s with it).
 Lengths are floored to 1/20,000 of M, which only admits more packings, so the proof
 stays valid. Clusters of identical nodes with nothing running only.
 """
