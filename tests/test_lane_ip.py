@@ -42,16 +42,17 @@ def test_timed_sees_wide_tasks_that_packing_lets_share_devices() -> None:
 
 
 @st.composite
-def grid_problems(draw: st.DrawFn) -> PlanningProblem:
+def grid_problems(draw: st.DrawFn, groups: int = 3, copies: int = 3) -> PlanningProblem:
     """A few groups of identical tasks (a grid's variants) on one or two nodes of 4."""
     tasks = []
-    for g in range(draw(st.integers(1, 3))):
+    for g in range(draw(st.integers(1, groups))):
         base = draw(st.floats(10.0, 100.0))
         counts = draw(st.lists(st.sampled_from([1, 2, 4]), min_size=1, max_size=3,
                                unique=True))
         options = tuple(Option("ddp" if c > 1 else "single", c, base / c**0.8)
                         for c in counts)
-        tasks += [TaskOptions(f"g{g}-v{v}", options) for v in range(draw(st.integers(1, 3)))]
+        tasks += [TaskOptions(f"g{g}-v{v}", options)
+                  for v in range(draw(st.integers(1, copies)))]
     nodes = tuple(NodeSpec(f"n{i}", 4) for i in range(draw(st.integers(1, 2))))
     return PlanningProblem(nodes, tuple(tasks))
 
@@ -66,3 +67,16 @@ def test_no_plan_is_ever_ruled_out(problem: PlanningProblem, timed: bool) -> Non
         # The whole problem but for lengths floored by a millionth: below a proven
         # bound, nothing fits (packing alone, which forgets time, may still fit).
         assert answer(problem, plan.lower_bound * 0.99, timed) == "INFEASIBLE"
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(grid_problems(groups=2, copies=2))
+def test_the_case_split_rules_out_no_plan(problem: PlanningProblem) -> None:
+    # A limit this short leaves cases open and splits them; at most 4 tasks keep the
+    # cases few (each split multiplies them by a task's nodes times widths).
+    plan = cpsat(problem, time_limit=2, threads=1)
+    verdict, cases = lane_ip.split(problem, plan.makespan, 0.01, threads=1)
+    assert verdict != "INFEASIBLE"
+    assert cases >= 1
+    verdict, _ = lane_ip.split(problem, plan.lower_bound * 0.99, 0.01, threads=1)
+    assert verdict in ("INFEASIBLE", "UNKNOWN")

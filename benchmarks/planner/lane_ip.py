@@ -25,6 +25,13 @@ whole problem (devices need not be adjacent), relaxed only by flooring lengths t
 1/1,000,000 of M, so INFEASIBLE proves that no plan ends by M, and a schedule found may
 be shorter than any real plan by at most a tick per task. small-4's plan of 66,768 s is
 optimal to within 1 s: no plan ends by 66,767 s (7-8 s).
+
+``--split`` asks the timed question case by case where CP-SAT gives no answer within
+``--limit``: the longest task not yet placed goes on each node and device count it may
+take, one case each, and so on down. On two nodes that is what answers: no plan of
+small-6 ends by 23,600 s (71 cases, 160 s at 10 s a case), where the whole question
+has no answer in 60 s. A short limit is no faster: cases a longer one closes get split
+again and again (3 s a case: no answer in 13 min).
 """
 
 from __future__ import annotations
@@ -33,11 +40,12 @@ import argparse
 import itertools
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ortools.sat.python import cp_model
 
-from dione.plan import PlanningProblem, load_problem
+from dione.plan import Option, PlanningProblem, load_problem
 from dione.plan.cpsat import identical_groups
 from dione.plan.options import useful_options
 
@@ -48,11 +56,16 @@ TIMED_UNITS = 1_000_000
 INSTANCES = Path(__file__).parent / "instances"
 
 
-def packing_model(problem: PlanningProblem, makespan: float, timed: bool = False
-                  ) -> cp_model.CpModel | None:
+# A task's place in a case of --split: (its index in the problem, node index, devices).
+Choice = tuple[int, int, int]
+
+
+def packing_model(problem: PlanningProblem, makespan: float, timed: bool = False,
+                  fixed: Sequence[Choice] = ()) -> cp_model.CpModel | None:
     """The packing of ``problem``'s tasks onto its devices as bins of ``makespan``
-    (``timed``: with starts, as a schedule); None where some task has no option that
-    short (no plan ends by it)."""
+    (``timed``: with starts, as a schedule), the tasks in ``fixed`` on the given node
+    and device count; None where some task has no option that short and fixed (no
+    plan ends by it)."""
     sizes = {n.devices for n in problem.nodes}
     if len(sizes) != 1 or problem.busy:
         raise SystemExit("lane_ip.py handles clusters of identical nodes with nothing "
@@ -67,7 +80,8 @@ def packing_model(problem: PlanningProblem, makespan: float, timed: bool = False
             return None
         tasks.append((task.name, usable))
     # The task whose pieces are longest whatever it takes goes first, on fixed devices.
-    first = max(range(len(tasks)), key=lambda k: min(o.seconds for o in tasks[k][1]))
+    first = _longest_first(tasks)[0]
+    placed = {k: (n, devices) for k, n, devices in fixed}
     model = cp_model.CpModel()
     # (present, length, start) of every piece a device may hold.
     pieces: dict[tuple[int, int], list[tuple[cp_model.IntVar, int, cp_model.IntVar]]] = {
@@ -82,6 +96,8 @@ def packing_model(problem: PlanningProblem, makespan: float, timed: bool = False
         for option in usable:
             length = math.floor(option.seconds / unit + 1e-9)
             for n in range(nodes if k != first else 1):
+                if placed.get(k, (n, option.devices)) != (n, option.devices):
+                    continue
                 x = model.new_bool_var("")
                 chosen.append(x)
                 model.add(start + length <= units).only_enforce_if(x)
@@ -95,6 +111,8 @@ def packing_model(problem: PlanningProblem, makespan: float, timed: bool = False
                     model.add_implication(z, x)
                     pieces[(n, d)].append((z, length, start))
                 model.add(sum(on) == option.devices * x)
+        if not chosen:
+            return None
         model.add_exactly_one(chosen)
     load = {key: sum(length * x for x, length, _ in items) for key, items in pieces.items()}
     if timed:
@@ -115,6 +133,44 @@ def packing_model(problem: PlanningProblem, makespan: float, timed: bool = False
         model.add(sum(load[(n, d)] for d in range(width))
                   >= sum(load[(n + 1, d)] for d in range(width)))
     return model
+
+
+def _longest_first(tasks: Sequence[tuple[str, list[Option]]]) -> list[int]:
+    """Task indices by their shortest option, longest first (the first is the one whose
+    devices are fixed, and --split places them in this order)."""
+    return sorted(range(len(tasks)), key=lambda k: -min(o.seconds for o in tasks[k][1]))
+
+
+def split(problem: PlanningProblem, makespan: float, limit: float, threads: int,
+          fixed: tuple[Choice, ...] = ()) -> tuple[str, int]:
+    """The timed question, asked case by case: where CP-SAT gives no answer within
+    ``limit`` seconds, the next longest task is placed on each node and device count
+    it may take, one case each. INFEASIBLE: every case is; OPTIMAL: some case has a
+    schedule; UNKNOWN: some case stayed open with every task placed. Also the number of
+    cases asked."""
+    model = packing_model(problem, makespan, True, fixed)
+    if model is None:
+        return "INFEASIBLE", 1
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = limit
+    solver.parameters.num_workers = threads
+    answer = solver.status_name(solver.solve(model))
+    order = _longest_first([(t.name, useful_options(t)) for t in problem.tasks])
+    if answer != "UNKNOWN" or len(fixed) == len(order):
+        return answer, 1
+    k = order[len(fixed)]
+    # The first task sits on node 0 (the nodes' symmetry), the others anywhere.
+    nodes = 1 if not fixed else len(problem.nodes)
+    widths = sorted({o.devices for o in useful_options(problem.tasks[k])
+                     if o.seconds <= makespan and o.devices <= problem.nodes[0].devices})
+    asked, answers = 1, set()
+    for n, devices in itertools.product(range(nodes), widths):
+        answer, cases = split(problem, makespan, limit, threads, (*fixed, (k, n, devices)))
+        asked += cases
+        answers.add(answer)
+        if answer in ("OPTIMAL", "FEASIBLE"):
+            return answer, asked
+    return ("INFEASIBLE" if answers == {"INFEASIBLE"} else "UNKNOWN"), asked
 
 
 def _add_time(model: cp_model.CpModel, problem: PlanningProblem,
@@ -158,6 +214,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--timed", action="store_true",
                         help="a schedule with starts, not only a packing (the exact question)")
+    parser.add_argument("--split", action="store_true",
+                        help="--timed, with every case that --limit leaves open split "
+                             "on where the next longest task runs")
     args = parser.parse_args()
     path = Path(args.instance)
     if not path.exists():
@@ -165,6 +224,11 @@ def main() -> None:
     problem = load_problem(path)
     for makespan in args.makespans:
         began = time.perf_counter()
+        if args.split:
+            answer, cases = split(problem, makespan, args.limit, args.threads)
+            print(f"{args.instance} M={makespan:.1f}: {answer} in {cases} cases, "
+                  f"{time.perf_counter() - began:.1f} s", flush=True)
+            continue
         model = packing_model(problem, makespan, args.timed)
         if model is None:
             answer = "INFEASIBLE (some task has no option this short)"
