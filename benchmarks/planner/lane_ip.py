@@ -73,12 +73,9 @@ def packing_model(problem: PlanningProblem, makespan: float, timed: bool = False
     width, nodes = sizes.pop(), len(problem.nodes)
     units = TIMED_UNITS if timed else UNITS
     unit = makespan / units
-    tasks = []
-    for task in problem.tasks:
-        usable = [o for o in useful_options(task) if o.seconds <= makespan and o.devices <= width]
-        if not usable:
-            return None
-        tasks.append((task.name, usable))
+    tasks = _usable(problem, makespan)
+    if tasks is None:
+        return None
     # The task whose pieces are longest whatever it takes goes first, on fixed devices.
     first = _longest_first(tasks)[0]
     placed = {k: (n, devices) for k, n, devices in fixed}
@@ -135,6 +132,20 @@ def packing_model(problem: PlanningProblem, makespan: float, timed: bool = False
     return model
 
 
+def _usable(problem: PlanningProblem, makespan: float
+            ) -> list[tuple[str, list[Option]]] | None:
+    """Each task's useful options that fit a node and ``makespan``, in problem order;
+    None where some task has none."""
+    width = problem.nodes[0].devices
+    tasks = []
+    for task in problem.tasks:
+        usable = [o for o in useful_options(task) if o.seconds <= makespan and o.devices <= width]
+        if not usable:
+            return None
+        tasks.append((task.name, usable))
+    return tasks
+
+
 def _longest_first(tasks: Sequence[tuple[str, list[Option]]]) -> list[int]:
     """Task indices by their shortest option, longest first (the first is the one whose
     devices are fixed, and --split places them in this order)."""
@@ -149,20 +160,20 @@ def split(problem: PlanningProblem, makespan: float, limit: float, threads: int,
     schedule; UNKNOWN: some case stayed open with every task placed. Also the number of
     cases asked."""
     model = packing_model(problem, makespan, True, fixed)
-    if model is None:
+    tasks = _usable(problem, makespan)
+    if model is None or tasks is None:
         return "INFEASIBLE", 1
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = limit
     solver.parameters.num_workers = threads
     answer = solver.status_name(solver.solve(model))
-    order = _longest_first([(t.name, useful_options(t)) for t in problem.tasks])
+    # The same order as the model's: its first task is the one it keeps on node 0.
+    order = _longest_first(tasks)
     if answer != "UNKNOWN" or len(fixed) == len(order):
         return answer, 1
     k = order[len(fixed)]
-    # The first task sits on node 0 (the nodes' symmetry), the others anywhere.
     nodes = 1 if not fixed else len(problem.nodes)
-    widths = sorted({o.devices for o in useful_options(problem.tasks[k])
-                     if o.seconds <= makespan and o.devices <= problem.nodes[0].devices})
+    widths = sorted({o.devices for o in tasks[k][1]})
     asked, answers = 1, set()
     for n, devices in itertools.product(range(nodes), widths):
         answer, cases = split(problem, makespan, limit, threads, (*fixed, (k, n, devices)))
