@@ -19,8 +19,9 @@ to 1/20,000 of M, which only admits more packings, so the proof stays valid. Clu
 identical nodes with nothing running only.
 
 ``--timed`` keeps time as well: each task gets a start, its pieces on their devices
-must not overlap, each node stays a cumulative resource with its area explicit (without
-it, no answer in 30 s), and interchangeable tasks start in problem order. That is the
+must not overlap, each node stays a cumulative resource with its area explicit (a draft
+without it, tasks sorted longest first, had no answer in 30 s on small-4), and
+interchangeable tasks start in problem order. That is the
 whole problem (devices need not be adjacent), relaxed only by flooring lengths to
 1/1,000,000 of M, so INFEASIBLE proves that no plan ends by M, and a schedule found may
 be shorter than any real plan by at most a tick per task. small-4's plan of 66,768 s is
