@@ -8,7 +8,6 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ortools.sat.python import cp_model
 
 from dione.plan import NodeSpec, Option, PlanningProblem, TaskOptions, check_plan
 from dione.plan.cpsat import cpsat
@@ -23,12 +22,7 @@ _SPEC.loader.exec_module(lane_ip)
 def answer(problem: PlanningProblem, makespan: float, timed: bool) -> str:
     """CP-SAT's answer to "does anything fit ``makespan``?" (INFEASIBLE: nothing)."""
     model = lane_ip.packing_model(problem, makespan, timed)
-    if model is None:
-        return "INFEASIBLE"
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = 20
-    solver.parameters.num_workers = 1
-    return str(solver.status_name(solver.solve(model)))
+    return "INFEASIBLE" if model is None else lane_ip.ask(model, 20, threads=1)
 
 
 def test_timed_sees_wide_tasks_that_packing_lets_share_devices() -> None:

@@ -153,6 +153,15 @@ def _longest_first(tasks: Sequence[tuple[str, list[Option]]]) -> list[int]:
     return sorted(range(len(tasks)), key=lambda k: -min(o.seconds for o in tasks[k][1]))
 
 
+def ask(model: cp_model.CpModel, limit: float, threads: int) -> str:
+    """CP-SAT's answer to a model within ``limit`` seconds on ``threads`` workers
+    (INFEASIBLE: nothing fits; OPTIMAL: something does; UNKNOWN: no answer in time)."""
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = limit
+    solver.parameters.num_workers = threads
+    return str(solver.status_name(solver.solve(model)))
+
+
 def split(problem: PlanningProblem, makespan: float, limit: float, threads: int,
           fixed: tuple[Choice, ...] = ()) -> tuple[str, int]:
     """The timed question, asked case by case: where CP-SAT gives no answer within
@@ -164,10 +173,7 @@ def split(problem: PlanningProblem, makespan: float, limit: float, threads: int,
     tasks = _usable(problem, makespan)
     if model is None or tasks is None:
         return "INFEASIBLE", 1
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = limit
-    solver.parameters.num_workers = threads
-    answer = solver.status_name(solver.solve(model))
+    answer = ask(model, limit, threads)
     # The same order as the model's: its first task is the one it keeps on node 0.
     order = _longest_first(tasks)
     if answer != "UNKNOWN" or len(fixed) == len(order):
@@ -245,10 +251,7 @@ def main() -> None:
         if model is None:
             answer = "INFEASIBLE (some task has no option this short)"
         else:
-            solver = cp_model.CpSolver()
-            solver.parameters.max_time_in_seconds = args.limit
-            solver.parameters.num_workers = args.threads
-            answer = solver.status_name(solver.solve(model))
+            answer = ask(model, args.limit, args.threads)
         print(f"{args.instance} M={makespan:.1f}: {answer} in "
               f"{time.perf_counter() - began:.1f} s", flush=True)
 
