@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,15 +51,31 @@ def dione(*args: str, env: dict[str, str] | None = None, timeout: float = 120):
                           text=True, env={**os.environ, **(env or {})}, timeout=timeout)
 
 
-@pytest.fixture
-def run_with_good_task(tmp_path: Path):
-    """A workload file and a run dir in which task `good` already has a checkpoint."""
-    workload = tmp_path / "workload.py"
+@pytest.fixture(scope="module")
+def trained_good_task(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A workload file and a run dir in which task `good` has a checkpoint, trained once
+    for the module (a 2-rank gang: some 13 s a test)."""
+    folder = tmp_path_factory.mktemp("good")
+    workload = folder / "workload.py"
     workload.write_text(WORKLOAD)
-    run_dir = tmp_path / "run"
+    run_dir = folder / "run"
     done = dione("train", str(workload), "--task", "good", "--technique", "ddp", "--devices",
                  "2", "--steps", "3", "--out", str(run_dir))
     assert done.returncode == 0, done.stderr
+    return workload, run_dir
+
+
+@pytest.fixture
+def run_with_good_task(trained_good_task: tuple[Path, Path], tmp_path: Path
+                       ) -> tuple[Path, Path]:
+    """The module's run dir, copied for one test: each test fails `faulty` in its own.
+
+    The store records checkpoints by absolute path, so the copy's `good` still names the
+    module's checkpoint; no test here trains `good`, and each compares its own copy's
+    rows and files before and after."""
+    workload, original = trained_good_task
+    run_dir = tmp_path / "run"
+    shutil.copytree(original, run_dir)
     return workload, run_dir
 
 
