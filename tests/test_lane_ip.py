@@ -69,8 +69,7 @@ def test_the_case_split_rules_out_no_plan(problem: PlanningProblem) -> None:
     # A limit this short leaves cases open and splits them; at most 4 tasks keep the
     # cases few (each split multiplies them by a task's nodes times widths).
     plan = cpsat(problem, time_limit=2, threads=1)
-    verdict, cases = lane_ip.split(problem, plan.makespan, 0.01, threads=1)
+    verdict, _ = lane_ip.split(problem, plan.makespan, 0.01, threads=1)
     assert verdict != "INFEASIBLE"
-    assert cases >= 1
     verdict, _ = lane_ip.split(problem, plan.lower_bound * 0.99, 0.01, threads=1)
     assert verdict in ("INFEASIBLE", "UNKNOWN")
