@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dione.launch.pool import shutdown_local_pool
+from dione.launch.pool import local_pool, shutdown_local_pool
 from dione.schedules import Timeline
 from dione.spec.cluster import Node
 from dione.spec.task import Task
@@ -61,23 +61,39 @@ SESSION_MARKER = f"DIONE_TEST_SESSION={uuid.uuid4().hex}".encode()
 os.environ["DIONE_TEST_SESSION"] = SESSION_MARKER.split(b"=", 1)[1].decode()
 
 
-def worker_processes() -> list[int]:
-    """Pids of this test session's live dione worker processes (zombies excluded)."""
-    pids = []
+def _dione_processes() -> dict[int, tuple[bytes, int]]:
+    """This test session's live worker and spawner processes: pid -> (cmdline, ppid)."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            if b"dione.launch.worker" not in cmdline:
+            if b"dione.launch.worker" not in cmdline and b"dione.launch.spawner" not in cmdline:
                 continue
-            state = (entry / "stat").read_text().split(") ")[1][0]
+            fields = (entry / "stat").read_text().split(") ")[1].split()
             ours = SESSION_MARKER in (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if ours and state != "Z":
-            pids.append(int(entry.name))
-    return pids
+        if ours and fields[0] != "Z":
+            found[int(entry.name)] = (cmdline, int(fields[1]))
+    return found
+
+
+def worker_processes() -> list[int]:
+    """Pids of this test session's live dione worker processes (zombies excluded): plain
+    ones, and those a spawner forked (which carry its command line)."""
+    found = _dione_processes()
+    return sorted(pid for pid, (cmdline, parent) in found.items()
+                  if b"dione.launch.worker" in cmdline or parent in found)
+
+
+def spawner_processes() -> list[int]:
+    """Pids of this test session's live spawners, other than this process's own."""
+    found = _dione_processes()
+    own = local_pool().spawner_pid()
+    return sorted(pid for pid, (cmdline, parent) in found.items()
+                  if b"dione.launch.spawner" in cmdline and parent not in found and pid != own)
 
 
 def interruptible() -> None:
@@ -91,14 +107,16 @@ def interruptible() -> None:
 @pytest.fixture(autouse=True)
 def no_leftover_workers() -> Iterator[None]:
     """Every test must leave no worker process behind (its process's warm workers end
-    with it: the next test starts from cold, as a new launcher would)."""
-    before = set(worker_processes())
+    with it: the next test starts from cold, as a new launcher would), nor a spawner of
+    a launcher it started. This process's spawner is kept: it holds no slice's state,
+    and sparing each test its imports saves minutes of the suite."""
+    before = set(worker_processes()) | set(spawner_processes())
     yield
-    shutdown_local_pool()
-    left = set(worker_processes()) - before
+    shutdown_local_pool(keep_spawner=True)
+    left = (set(worker_processes()) | set(spawner_processes())) - before
     for pid in left:
         os.kill(pid, 9)
-    assert not left, f"worker processes left behind: {sorted(left)}"
+    assert not left, f"worker or spawner processes left behind: {sorted(left)}"
 
 
 def check_real_timeline(timeline: Timeline) -> None:

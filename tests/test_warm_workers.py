@@ -1,11 +1,14 @@
 """Warm workers: many slices through the same processes train exactly as fresh ones do,
 hold their memory steady, see the launcher's environment as it is now, and a worker
-lost between slices is replaced."""
+lost between slices is replaced; workers forked by the spawner train exactly as new
+interpreters do, which is what the pool falls back to without a spawner."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ import torch
 from conftest import TEST_NODE, char_task, digits_task
 from dione.launch.pool import local_pool, shutdown_local_pool
 from dione.launch.slice import local_placement, run_slice
+from dione.launch.spawner import SpawnedProcess, Spawner
 from dione.spec.workload import load_workload
 from dione.state import load_model_weights
 
@@ -88,6 +92,29 @@ def test_a_worker_killed_between_slices_is_replaced(tmp_path: Path) -> None:
     assert second.start_step == 2 and len(second.losses) == 2
     assert pool.started - started == 3  # the lost one's slot got a new one; the other stayed
     assert first.losses != second.losses
+
+
+def test_forked_workers_train_as_new_interpreters_do(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    task = char_task("char", steps=3, batch_size=8)
+    placement = local_placement(TEST_NODE, [0, 1])
+    pool = local_pool()
+    forked = run_slice(task, "fsdp", tmp_path / "forked", placement)
+    assert all(isinstance(w.process, SpawnedProcess) for w in pool.idle())
+    shutdown_local_pool(keep_spawner=True)
+
+    def gone(environ: int) -> Spawner:
+        """A spawner that died as it started (its process ran, its socket closed)."""
+        ours, theirs = socket.socketpair()
+        theirs.close()
+        return Spawner(subprocess.Popen(["true"]), ours, environ)
+
+    monkeypatch.setattr(pool, "_current_spawner", gone)
+    plain = run_slice(task, "fsdp", tmp_path / "plain", placement)
+    assert all(isinstance(w.process, subprocess.Popen) for w in pool.idle())
+    assert plain.losses == forked.losses  # bit for bit
+    ours, theirs = _weights(task, forked.checkpoint), _weights(task, plain.checkpoint)
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
 # A task whose loss reads the environment at every step, as a workload's code may.

@@ -2,13 +2,18 @@
 
 A worker is started the first time its slot is asked for and handed back after every
 slice its gang finished; one whose gang failed, timed out or was cancelled is ended
-(with its process group) and the next slice starts a fresh one. A worker inherits the
-launcher's environment when it starts; once that environment changes (a notebook sets
-a variable between runs), idle workers are ended rather than reused, since much is read
-from it only at import (a fresh process would see the change). Workers die with the
-launcher: at exit the pool ends them, and each asked Linux to kill it should the
-launcher die first (PR_SET_PDEATHSIG, which fires when the *thread* that started the
-process ends, so one long-lived thread starts them all).
+(with its process group) and the next slice starts a fresh one. Workers are forked by
+the pool's spawner (``spawner.py``), which pays the imports once, so replacing a failed
+gang's workers costs milliseconds, not the seconds of a new interpreter; where there is
+no spawner (not Linux, or it failed to start) a worker is a process of its own.
+
+A worker inherits the launcher's environment when it starts (the spawner's, when it
+is forked); once that environment changes (a notebook sets a variable between runs),
+idle workers and the spawner are replaced rather than reused, since much is read from
+it only at import (a fresh process would see the change). Workers die with the
+launcher: at exit the pool ends them, and each asked Linux to kill it should its parent
+die first (PR_SET_PDEATHSIG, which fires when the *thread* that started the process
+ends, so one long-lived thread starts the spawner and every plain worker).
 """
 
 from __future__ import annotations
@@ -28,12 +33,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import cloudpickle
 
 from dione.launch.gang import Lost, signal_name
 from dione.launch.scratch import scratch_dir
+from dione.launch.spawner import Spawner
 
 __all__ = ["WarmWorker", "WorkerPool", "local_pool", "shutdown_local_pool"]
 
@@ -43,6 +49,22 @@ _POLL_SECONDS = 0.02
 _EXIT_GRACE_SECONDS = 5.0
 
 Slot = tuple[str, int]  # (device kind, device id)
+# How long a new spawner may take to import torch and dione on a loaded machine.
+_SPAWNER_START_SECONDS = 300.0
+
+
+class WorkerProcess(Protocol):
+    """A worker's process as the pool sees it: a subprocess.Popen, or one the spawner
+    forked (same fields and meaning)."""
+
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 @dataclass
@@ -50,7 +72,7 @@ class WarmWorker:
     """A worker process and the launcher's end of its connection."""
 
     slot: Slot
-    process: subprocess.Popen[bytes]
+    process: WorkerProcess
     connection: Connection
     log: Path  # its output outside jobs (start-up, crashes between jobs)
     environ: int = 0  # fingerprint of the launcher's environment it started with
@@ -133,8 +155,10 @@ class WorkerPool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._idle: dict[Slot, WarmWorker] = {}
-        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dione-spawner")
+        self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dione-starter")
         self._folder: Path | None = None
+        self._fork_server: Spawner | None = None
+        self._retired: list[Spawner] = []  # replaced, exiting once their workers end
         self.started = 0  # workers started so far (a measure of warmth)
 
     def take(self, kind: str, device_ids: Sequence[int], threads: int) -> list[WarmWorker]:
@@ -148,7 +172,7 @@ class WorkerPool:
                 _end([worker])
                 worker = None
             if worker is None:
-                worker = self._spawner.submit(self._start, (kind, device), threads).result()
+                worker = self._starter.submit(self._start, (kind, device), threads).result()
             workers.append(worker)
         return workers
 
@@ -182,39 +206,91 @@ class WorkerPool:
         """End workers that must not serve again (their gang failed or was stopped)."""
         _end(workers)
 
-    def shutdown(self) -> None:
-        """End every idle worker (busy ones belong to their gang, which ends them)."""
+    def spawner_pid(self) -> int | None:
+        """The pid of the spawner that forks this pool's workers, if one runs."""
+        spawner = self._fork_server
+        return spawner.process.pid if spawner is not None and spawner.alive() else None
+
+    def shutdown(self, keep_spawner: bool = False) -> None:
+        """End every idle worker (busy ones belong to their gang, which ends them), and
+        the spawner unless ``keep_spawner`` (the next slice then still forks fresh
+        workers without paying the imports again)."""
         with self._lock:
             idle, self._idle = list(self._idle.values()), {}
         _end(idle)
+        if keep_spawner:
+            return
+        spawners, self._retired = [*self._retired, self._fork_server], []
+        self._fork_server = None
+        for spawner in spawners:
+            if spawner is not None:
+                spawner.close(_TERMINATE_GRACE_SECONDS)
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+
+    def _current_spawner(self, environ: int) -> Spawner | None:
+        """The spawner for the launcher's environment as it is now; None off Linux or
+        where it cannot run. Runs on the pool's one spawning thread."""
+        if not sys.platform.startswith("linux"):
+            return None
+        spawner = self._fork_server
+        if spawner is not None and spawner.alive() and spawner.environ == environ:
+            return spawner
+        if spawner is not None:
+            spawner.retire()  # its busy workers still need it to report their ends
+            self._retired.append(spawner)
+        assert self._folder is not None
+        ours, theirs = socket.socketpair()
+        with open(self._folder / f"spawner-{self.started}.log", "wb") as output:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "dione.launch.spawner", str(theirs.fileno())],
+                env=_worker_environment({}), stdout=output, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                start_new_session=True)
+        theirs.close()
+        self._fork_server = Spawner(process, ours, environ)
+        return self._fork_server
 
     def _start(self, slot: Slot, threads: int) -> WarmWorker:
         if self._folder is None:
             self._folder = scratch_dir("pool")
         ours, theirs = socket.socketpair()
         environ = _environ_fingerprint()
-        env = {
-            **os.environ,
-            "DIONE_LAUNCHER_PID": str(os.getpid()),
-            "OMP_NUM_THREADS": str(threads),
-            "MKL_NUM_THREADS": str(threads),
-            "PYTHONUNBUFFERED": "1",
-        }
-        # A local gang talks over loopback only: no other host can reach its ranks.
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        own = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         log = self._folder / f"worker-{slot[0]}{slot[1]}-{self.started}.log"
-        with open(log, "wb") as output:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "dione.launch.worker", str(theirs.fileno())],
-                env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),), start_new_session=True)
+        spawner = self._current_spawner(environ)
+        process: WorkerProcess | None = None
+        if spawner is not None:
+            process = spawner.spawn(own, str(log), theirs.fileno(), _SPAWNER_START_SECONDS)
+            if process is None:  # the spawner may still hold ``theirs``: a new pair
+                ours.close()
+                theirs.close()
+                ours, theirs = socket.socketpair()
+        if process is None:
+            with open(log, "wb") as output:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "dione.launch.worker", str(theirs.fileno())],
+                    env=_worker_environment(own), stdout=output, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                    start_new_session=True)
         theirs.close()
         self.started += 1
         return WarmWorker(slot, process, Connection(ours.detach()), log, environ)
+
+
+def _worker_environment(own: dict[str, str]) -> dict[str, str]:
+    """The environment a worker (or the spawner) starts with: the launcher's, plus."""
+    env = {
+        **os.environ,
+        "DIONE_LAUNCHER_PID": str(os.getpid()),
+        "PYTHONUNBUFFERED": "1",
+        **own,
+    }
+    # A local gang talks over loopback only: no other host can reach its ranks.
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    return env
 
 
 _POOL: WorkerPool | None = None
@@ -231,9 +307,10 @@ def local_pool() -> WorkerPool:
         return _POOL
 
 
-def shutdown_local_pool() -> None:
-    """End this process's idle warm workers; the next slice starts new ones."""
+def shutdown_local_pool(keep_spawner: bool = False) -> None:
+    """End this process's idle warm workers (and its spawner, unless ``keep_spawner``);
+    the next slice starts new ones."""
     with _POOL_LOCK:
         pool = _POOL
     if pool is not None:
-        pool.shutdown()
+        pool.shutdown(keep_spawner)

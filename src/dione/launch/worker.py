@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["COMM_ERROR_MARKERS", "Baseline", "Job", "Report", "main", "redirected",
-           "rendezvous_folder", "run_job"]
+__all__ = ["COMM_ERROR_MARKERS", "Baseline", "Job", "Report", "die_with_parent", "main",
+           "redirected", "rendezvous_folder", "run_job"]
 
 # Errors a rank sees because *another* rank died; never the root cause of a failure.
 COMM_ERROR_MARKERS = (
@@ -69,8 +69,9 @@ class Job:
     visible_device: int | None = None
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to kill this worker if the launcher dies, so no gang outlives it."""
+def die_with_parent() -> None:
+    """Ask Linux to kill this process if its parent (the launcher, or the spawner that
+    forked it) dies, so no gang outlives its launcher."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -79,7 +80,7 @@ def _die_with_parent() -> None:
     except OSError:
         return
     if os.getppid() != int(os.environ.get("DIONE_LAUNCHER_PID", os.getppid())):
-        os._exit(1)  # the launcher died before prctl took effect
+        os._exit(1)  # the parent died before prctl took effect
 
 
 def _error_record(rank: int, err: BaseException) -> dict[str, Any]:
@@ -284,7 +285,7 @@ def redirected(path: str) -> contextlib.AbstractContextManager[None]:
 
 
 def main(fd: int) -> int:
-    _die_with_parent()
+    die_with_parent()
     from multiprocessing.connection import Connection
 
     import cloudpickle
