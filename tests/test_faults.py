@@ -68,11 +68,9 @@ def trained_good_task(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
 @pytest.fixture
 def run_with_good_task(trained_good_task: tuple[Path, Path], tmp_path: Path
                        ) -> tuple[Path, Path]:
-    """The module's run dir, copied for one test: each test fails `faulty` in its own.
-
-    The store records checkpoints by absolute path, so the copy's `good` still names the
-    module's checkpoint; no test here trains `good`, and each compares its own copy's
-    rows and files before and after."""
+    """The module's run dir, copied for one test: each test fails `faulty` in its own
+    (the store keeps checkpoints by their path inside the run dir, so the copy's `good`
+    names the copy's checkpoint)."""
     workload, original = trained_good_task
     run_dir = tmp_path / "run"
     shutil.copytree(original, run_dir)

@@ -159,8 +159,11 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
             with RunStore(killed_dir) as store:
                 checkpoints = sum(len(store.checkpoints(t.name)) for t in store.tasks())
                 running = any(s.status == "running" for s in store.slices())
-            # Kill while a slice runs: between slices nothing is left to mark interrupted.
-            if checkpoints >= 2 and running:
+                midway = any(t.status != "done" and store.checkpoints(t.name)
+                             for t in store.tasks())
+            # Kill while a slice runs: between slices nothing is left to mark interrupted;
+            # and once a task is midway, to see it resume from its checkpoint.
+            if checkpoints >= 2 and running and midway:
                 break
         time.sleep(0.1)
     assert killed.poll() is None, "the run ended before it could be killed"
@@ -171,18 +174,30 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
         # The slices the kill cut short (a slice may still have ended between the last
         # look and the kill, so the set is read now, from the dead run's record).
         cut_short = {s.id for s in store.slices() if s.status == "running"}
+        saved = {t.name: c.step for t in store.tasks() if t.status != "done"
+                 and (c := store.latest_checkpoint(t.name)) is not None}
+        last_slice = max(s.id for s in store.slices())
+    assert saved, "no task was midway when the run was killed"
 
+    # Resumed from elsewhere: a run directory can move (to shared storage, say).
+    moved_dir = tmp_path / "moved"
+    killed_dir.rename(moved_dir)
+    killed_dir = moved_dir
     resumed = dione("resume", str(killed_dir), env=env)
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out
     tasks = list(load_workload(file))
     for task in tasks:
-        ours, theirs = (final_parameters(tmp_path / d, task) for d in ("killed", "whole"))
+        ours, theirs = (final_parameters(tmp_path / d, task) for d in ("moved", "whole"))
         for name in theirs:
             assert torch.equal(ours[name], theirs[name]), (task.name, name)
     with RunStore(killed_dir) as store:
         assert all(t.status == "done" for t in store.tasks())
         statuses = {s.id: s.status for s in store.slices()}
+        # Each task went on from its checkpoint, found where the directory is now.
+        for task_name, step in saved.items():
+            assert min(s.start_step for s in store.slices(task_name) if s.id > last_slice) \
+                == step, task_name
     # The killed run's slices are on record as such, and only those.
     assert {i for i, status in statuses.items() if status == "interrupted"} == cut_short
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,32 @@ def test_a_checkpoint_whose_folder_is_gone_is_skipped(tmp_path: Path) -> None:
         second = store.begin_slice("t", "single", {}, "n0", [0], 2, 4)
         store.finish_slice(second, [1, 1], [0, 0], str(tmp_path / "deleted"))
         assert store.latest_checkpoint("t").path == str(good)
+
+
+def test_a_moved_run_directory_keeps_its_checkpoints(tmp_path: Path) -> None:
+    """Checkpoints inside the run directory are found where it is now; one kept
+    elsewhere (``--storage``) still by its absolute path."""
+    run, elsewhere = tmp_path / "run", tmp_path / "storage" / "step-4"
+    inside = run / "checkpoints" / "t" / "step-2"
+    for folder in (inside, elsewhere):
+        folder.mkdir(parents=True)
+        (folder / "progress.json").write_text("{}")
+    with RunStore(run) as store:
+        store.register_task("t", 6, 8)
+        first = store.begin_slice("t", "single", {}, "n0", [0], 0, 2)
+        store.finish_slice(first, [1, 1], [0, 0], str(inside))
+        second = store.begin_slice("t", "single", {}, "n0", [0], 2, 4)
+        store.finish_slice(second, [1, 1], [0, 0], str(elsewhere))
+    moved = tmp_path / "moved"
+    shutil.move(run, moved)
+    now = moved / "checkpoints" / "t" / "step-2"
+    with RunStore(moved) as store:
+        assert [c.path for c in store.checkpoints("t")] == [str(now), str(elsewhere)]
+        assert store.slice(first).checkpoint == str(now)
+        store.forget_checkpoints("t", [str(elsewhere)])
+        assert store.latest_checkpoint("t").path == str(now)
+        store.forget_checkpoints("t", [str(now)])
+        assert store.checkpoints("t") == []
 
 
 def test_slices_of_a_dead_launcher_become_interrupted(tmp_path: Path) -> None:

@@ -251,16 +251,17 @@ class RunStore(SQLiteFile):
                 [(record.task, record.start_step + i + 1, slice_id, loss, sec)
                  for i, (loss, sec) in enumerate(zip(losses, step_seconds, strict=True))],
             )
-            if checkpoint is not None:
+            stored = None if checkpoint is None else self._stored(checkpoint)
+            if stored is not None:
                 db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)",
-                           (record.task, record.end_step, checkpoint, slice_id, time.time()))
+                           (record.task, record.end_step, stored, slice_id, time.time()))
             db.executemany("INSERT OR REPLACE INTO evaluations VALUES (?, ?, ?, ?)",
                            [(record.task, record.end_step, k, float(v))
                             for k, v in (evaluation or {}).items()])
             db.execute(
                 "UPDATE slices SET status = 'done', ended_at = ?, checkpoint = ?, timings = ?,"
                 " peak_memory_bytes = ? WHERE id = ?",
-                (time.time(), checkpoint, json.dumps(dict(timings or {})), peak_memory_bytes,
+                (time.time(), stored, json.dumps(dict(timings or {})), peak_memory_bytes,
                  slice_id),
             )
             total = db.execute("SELECT total_steps FROM tasks WHERE name = ?",
@@ -322,12 +323,12 @@ class RunStore(SQLiteFile):
             rows = self._db.execute("SELECT * FROM slices WHERE task = ? ORDER BY id", (task,))
         return [self._slice(r) for r in rows]
 
-    @staticmethod
-    def _slice(row: sqlite3.Row) -> SliceRecord:
+    def _slice(self, row: sqlite3.Row) -> SliceRecord:
         return SliceRecord(
             row["id"], row["task"], row["technique"], json.loads(row["knobs"]), row["node"],
             json.loads(row["device_ids"]), row["start_step"], row["end_step"], row["status"],
-            row["started_at"], row["ended_at"], row["error"], row["checkpoint"],
+            row["started_at"], row["ended_at"], row["error"],
+            None if row["checkpoint"] is None else self._resolved(row["checkpoint"]),
             json.loads(row["timings"] or "{}"), row["peak_memory_bytes"],
         )
 
@@ -349,7 +350,7 @@ class RunStore(SQLiteFile):
             "SELECT seconds FROM metrics WHERE slice_id = ? ORDER BY step", (slice_id,))]
 
     def checkpoints(self, task: str) -> list[CheckpointRecord]:
-        return [CheckpointRecord(task, r[0], r[1]) for r in self._db.execute(
+        return [CheckpointRecord(task, r[0], self._resolved(r[1])) for r in self._db.execute(
             "SELECT step, path FROM checkpoints WHERE task = ? ORDER BY step", (task,))]
 
     def latest_checkpoint(self, task: str) -> CheckpointRecord | None:
@@ -361,8 +362,24 @@ class RunStore(SQLiteFile):
 
     def forget_checkpoints(self, task: str, paths: Sequence[str]) -> None:
         with self._transaction() as db:
-            db.executemany("DELETE FROM checkpoints WHERE task = ? AND path = ?",
-                           [(task, p) for p in paths])
+            db.executemany("DELETE FROM checkpoints WHERE task = ? AND path IN (?, ?)",
+                           [(task, p, self._stored(p)) for p in paths])
+
+    # A checkpoint inside the run directory is kept by its path relative to it, so the
+    # directory can be moved or copied (to shared storage, another machine) and still
+    # resume; one elsewhere (``--storage``), and any an older dione wrote, by the
+    # absolute path.
+
+    def _stored(self, path: str) -> str:
+        """How the store keeps a checkpoint's path."""
+        try:
+            return Path(path).resolve().relative_to(self.run_dir.resolve()).as_posix()
+        except ValueError:
+            return path
+
+    def _resolved(self, stored: str) -> str:
+        """A kept checkpoint path as the folder it names now."""
+        return stored if Path(stored).is_absolute() else str(self.run_dir.resolve() / stored)
 
     def evaluation(self, task: str) -> dict[str, float]:
         """The metrics of the task's latest evaluation."""
