@@ -42,6 +42,25 @@ def dione(*args: str, cwd: Path | None = None):
                           text=True, cwd=cwd, env=os.environ, timeout=120)
 
 
+def refused(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """`dione ARGS` run by this process: its exit status and what it wrote to stderr.
+    For commands refused before any training, and tests of what a command trains rather
+    than of the command line (which ``dione`` above runs as a user does); each would pay
+    torch's import in an interpreter of its own."""
+    status, _, err = in_process(capsys, *args)
+    return status, err
+
+
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`dione ARGS` run by this process: exit status, stdout, stderr."""
+    from dione.cli import main
+
+    capsys.readouterr()
+    status = main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
 def test_validate_reports_every_problem(tmp_path: Path) -> None:
     file = tmp_path / "bad.py"
     file.write_text(BAD_FIELDS)
@@ -55,34 +74,38 @@ def test_validate_reports_every_problem(tmp_path: Path) -> None:
         assert expected in result.stderr
 
 
-def test_syntax_error_and_missing_workload(tmp_path: Path) -> None:
+def test_syntax_error_and_missing_workload(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
     broken = tmp_path / "broken.py"
     broken.write_text("from dione import Workload\nworkload = Workload([)\n")
-    result = dione("train", str(broken), "--task", "x", "--technique", "single")
-    assert result.returncode == 2
-    assert "broken.py:2: syntax error" in result.stderr
+    status, stderr = refused(capsys, "train", str(broken), "--task", "x", "--technique",
+                             "single")
+    assert status == 2 and "broken.py:2: syntax error" in stderr
     empty = tmp_path / "empty.py"
     empty.write_text("tasks = []\n")
-    result = dione("run", str(empty))
-    assert result.returncode == 2 and "defines no `workload`" in result.stderr
+    status, stderr = refused(capsys, "run", str(empty), "--out", str(tmp_path / "run"))
+    assert status == 2 and "defines no `workload`" in stderr
 
 
-def test_train_refuses_what_cannot_work(tmp_path: Path) -> None:
+def test_train_refuses_what_cannot_work(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
     file = tmp_path / "bad.py"
     file.write_text(BAD_FIELDS)
-    unknown = dione("train", str(file), "--task", "nope", "--technique", "single")
-    assert unknown.returncode == 2 and "no task named 'nope'" in unknown.stderr
-    technique = dione("train", str(file), "--task", "odd", "--technique", "zero")
-    assert technique.returncode == 2 and "unknown technique 'zero'" in technique.stderr
-    split = dione("train", str(file), "--task", "odd", "--technique", "ddp", "--devices", "2")
-    assert split.returncode == 2 and "15 of task 'odd' is not divisible by 2 devices" in \
-        split.stderr
-    knob = dione("train", str(file), "--task", "broken", "--technique", "single",
-                 "--knob", "fast=true")
-    assert knob.returncode == 2 and "the model factory raised" in knob.stderr
+    train = ("train", str(file), "--out", str(tmp_path / "run"))
+    status, stderr = refused(capsys, *train, "--task", "nope", "--technique", "single")
+    assert status == 2 and "no task named 'nope'" in stderr
+    status, stderr = refused(capsys, *train, "--task", "odd", "--technique", "zero")
+    assert status == 2 and "unknown technique 'zero'" in stderr
+    status, stderr = refused(capsys, *train, "--task", "odd", "--technique", "ddp",
+                             "--devices", "2")
+    assert status == 2 and "15 of task 'odd' is not divisible by 2 devices" in stderr
+    status, stderr = refused(capsys, *train, "--task", "broken", "--technique", "single",
+                             "--knob", "fast=true")
+    assert status == 2 and "the model factory raised" in stderr
 
 
-def test_train_prints_losses_and_resumes(tmp_path: Path) -> None:
+def test_train_prints_losses_and_resumes(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
     file = tmp_path / "good.py"
     file.write_text(BAD_FIELDS.replace("workload = Workload([", "workload = Workload([\n"
                                        "    task('lone', steps=4),\n    #"))
@@ -92,16 +115,17 @@ def test_train_prints_losses_and_resumes(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr
     assert [line.split()[1] for line in first.stdout.splitlines()
             if line.startswith("step")] == ["1", "2", "3"]
-    bad_knob = dione("train", str(file), "--task", "lone", "--technique", "fsdp", "--devices",
-                     "2", "--knob", "zero_stage=3", "--out", str(run_dir))
-    assert bad_knob.returncode == 2 and "fsdp has no knob 'zero_stage'" in bad_knob.stderr
+    status, stderr = refused(capsys, "train", str(file), "--task", "lone", "--technique",
+                             "fsdp", "--devices", "2", "--knob", "zero_stage=3", "--out",
+                             str(run_dir))
+    assert status == 2 and "fsdp has no knob 'zero_stage'" in stderr
     second = dione("train", str(file), "--task", "lone", "--technique", "ddp", "--devices", "2",
                    "--out", str(run_dir))
     assert second.returncode == 0, second.stderr
     assert "step      4" in second.stdout and "steps 3-4 under ddp" in second.stdout
-    done = dione("train", str(file), "--task", "lone", "--technique", "single",
-                 "--out", str(run_dir))
-    assert done.returncode == 1 and "already trained to step 4 of 4" in done.stderr
+    status, stderr = refused(capsys, "train", str(file), "--task", "lone", "--technique",
+                             "single", "--out", str(run_dir))
+    assert status == 1 and "already trained to step 4 of 4" in stderr
 
 
 def test_the_demo_workload_is_valid() -> None:
@@ -110,7 +134,8 @@ def test_the_demo_workload_is_valid() -> None:
     assert "6 task(s), no problems" in result.stdout
 
 
-def test_version_and_train_devices_as_every_command_takes_them(tmp_path: Path) -> None:
+def test_version_and_train_devices_as_every_command_takes_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     version = dione("--version")
     assert version.returncode == 0 and version.stdout.startswith("dione 0.")
     file = tmp_path / "one.py"
@@ -119,9 +144,9 @@ def test_version_and_train_devices_as_every_command_takes_them(tmp_path: Path) -
                     "cpu:2", "--out", str(tmp_path / "run"))
     assert trained.returncode == 0, trained.stderr
     assert "under ddp on 2 device(s)" in trained.stdout
-    wrong = dione("train", str(file), "--task", "ok", "--technique", "ddp", "--devices",
-                  "gpu:2", "--out", str(tmp_path / "run"))
-    assert wrong.returncode == 2 and "--devices 'gpu:2' is not understood" in wrong.stderr
+    status, stderr = refused(capsys, "train", str(file), "--task", "ok", "--technique", "ddp",
+                             "--devices", "gpu:2", "--out", str(tmp_path / "run"))
+    assert status == 2 and "--devices 'gpu:2' is not understood" in stderr
 
 
 PIPELINE_BATCH = '''
@@ -141,27 +166,27 @@ def losses_printed(stdout: str) -> list[float]:
             if line.lstrip().startswith("step") and "loss" in line]
 
 
-def test_a_pipeline_splits_a_batch_that_no_device_count_divides(tmp_path: Path) -> None:
+def test_a_pipeline_splits_a_batch_that_no_device_count_divides(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A batch of 32 on 3 devices: no data-parallel split, but a 3-stage pipeline of 4
     micro-batches of 8 trains it, and follows single (issue 16: one split rule, the
     technique's)."""
     file = tmp_path / "b32.py"
     file.write_text(PIPELINE_BATCH)
-    piped = dione("train", str(file), "--task", "b32", "--technique", "gpipe", "--devices",
-                  "cpu:3", "--steps", "3", "--out", str(tmp_path / "gpipe"))
-    assert piped.returncode == 0, piped.stderr
-    single = dione("train", str(file), "--task", "b32", "--technique", "single", "--devices",
-                   "cpu:1", "--steps", "3", "--out", str(tmp_path / "single"))
-    assert single.returncode == 0, single.stderr
-    assert len(losses_printed(piped.stdout)) == 3
+    train = ("train", str(file), "--task", "b32", "--steps", "3")
+    status, piped, err = in_process(capsys, *train, "--technique", "gpipe", "--devices",
+                                    "cpu:3", "--out", str(tmp_path / "gpipe"))
+    assert status == 0, err
+    status, single, err = in_process(capsys, *train, "--technique", "single", "--devices",
+                                     "cpu:1", "--out", str(tmp_path / "single"))
+    assert status == 0, err
+    assert len(losses_printed(piped)) == 3
     # Within the suite's loss tolerance (test_equivalence): micro-batch means, summed.
-    assert losses_printed(piped.stdout) == pytest.approx(losses_printed(single.stdout),
-                                                         rel=1e-5)
+    assert losses_printed(piped) == pytest.approx(losses_printed(single), rel=1e-5)
     # Data parallelism cannot split it, and says so by the technique's rule.
-    ddp = dione("train", str(file), "--task", "b32", "--technique", "ddp", "--devices",
-                "cpu:3", "--steps", "3", "--out", str(tmp_path / "ddp"))
-    assert ddp.returncode == 2 and "32 of task 'b32' is not divisible by 3 devices" in \
-        ddp.stderr
+    status, err = refused(capsys, *train, "--technique", "ddp", "--devices", "cpu:3",
+                          "--out", str(tmp_path / "ddp"))
+    assert status == 2 and "32 of task 'b32' is not divisible by 3 devices" in err
 
 
 def test_the_parser_writes_no_default_that_the_options_own() -> None:
