@@ -91,9 +91,10 @@ def worker_processes() -> list[int]:
 def spawner_processes() -> list[int]:
     """Pids of this test session's live spawners, other than this process's own."""
     found = _dione_processes()
-    own = local_pool().spawner_pid()
+    own = set(local_pool().spawner_pids())
     return sorted(pid for pid, (cmdline, parent) in found.items()
-                  if b"dione.launch.spawner" in cmdline and parent not in found and pid != own)
+                  if b"dione.launch.spawner" in cmdline and parent not in found
+                  and pid not in own)
 
 
 def interruptible() -> None:

@@ -9,13 +9,14 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import TEST_NODE, char_task, digits_task
-from dione.launch.pool import local_pool, shutdown_local_pool
+from dione.launch.pool import WorkerPool, local_pool, shutdown_local_pool
 from dione.launch.slice import local_placement, run_slice
 from dione.launch.spawner import SpawnedProcess, Spawner
 from dione.spec.workload import load_workload
@@ -103,7 +104,7 @@ def test_forked_workers_train_as_new_interpreters_do(
     assert all(isinstance(w.process, SpawnedProcess) for w in pool.idle())
     shutdown_local_pool(keep_spawner=True)
 
-    def gone(environ: int) -> Spawner:
+    def gone(environ: int, threads: int) -> Spawner:
         """A spawner that died as it started (its process ran, its socket closed)."""
         ours, theirs = socket.socketpair()
         theirs.close()
@@ -115,6 +116,34 @@ def test_forked_workers_train_as_new_interpreters_do(
     assert plain.losses == forked.losses  # bit for bit
     ours, theirs = _weights(task, forked.checkpoint), _weights(task, plain.checkpoint)
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_a_replaced_spawner_serves_its_busy_worker_to_the_end(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spawner replaced (the environment changed) while one of its workers is busy
+    keeps it alive, signals it when its gang ends it, reports how it ended, then exits."""
+    pool = WorkerPool()
+    try:
+        [busy] = pool.take("cpu", [0], 1)
+        [first] = pool.spawner_pids()
+        monkeypatch.setenv("DIONE_TEST_SPAWNER", "changed")
+        [other] = pool.take("cpu", [1], 1)
+        assert isinstance(busy.process, SpawnedProcess)
+        assert isinstance(other.process, SpawnedProcess)
+        assert first in pool.spawner_pids() and len(pool.spawner_pids()) == 2
+        assert busy.alive()
+        busy.wait_ready(120)
+        assert busy.ready
+        pool.end([busy])  # SIGTERM to its group, through the replaced spawner
+        assert busy.process.returncode == -signal.SIGTERM
+        deadline = time.monotonic() + 30
+        while first in pool.spawner_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert first not in pool.spawner_pids()
+        pool.give_back([other])
+    finally:
+        pool.shutdown()
+    assert pool.spawner_pids() == []
 
 
 # A task whose loss reads the environment at every step, as a workload's code may.

@@ -39,7 +39,7 @@ import cloudpickle
 
 from dione.launch.gang import Lost, signal_name
 from dione.launch.scratch import scratch_dir
-from dione.launch.spawner import Spawner
+from dione.launch.spawner import SpawnedProcess, Spawner
 
 __all__ = ["WarmWorker", "WorkerPool", "local_pool", "shutdown_local_pool"]
 
@@ -131,20 +131,27 @@ def _environ_fingerprint() -> int:
     return hash(frozenset(os.environ.items()))
 
 
+def _signal_group(process: WorkerProcess, sig: int) -> None:
+    """Signal a worker's process group (its session: it and its own children)."""
+    if isinstance(process, SpawnedProcess):
+        process.signal_group(sig)  # through its spawner, which knows it is still its own
+    else:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)
+
+
 def _end(workers: Sequence[WarmWorker]) -> None:
     """Terminate each worker's process group, kill what is left, reap all."""
     alive = [w for w in workers if w.alive()]
     for w in alive:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(w.process.pid, signal.SIGTERM)
+        _signal_group(w.process, signal.SIGTERM)
     deadline = time.monotonic() + _TERMINATE_GRACE_SECONDS
     while any(w.alive() for w in alive) and time.monotonic() < deadline:
         time.sleep(_POLL_SECONDS)
     for w in workers:
         if w.process.returncode is None:  # not reaped yet, so its pid is still its own
             # The whole group: a worker's own children must not outlive it.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(w.process.pid, signal.SIGKILL)
+            _signal_group(w.process, signal.SIGKILL)
             w.process.wait()
         w.connection.close()
 
@@ -206,10 +213,11 @@ class WorkerPool:
         """End workers that must not serve again (their gang failed or was stopped)."""
         _end(workers)
 
-    def spawner_pid(self) -> int | None:
-        """The pid of the spawner that forks this pool's workers, if one runs."""
-        spawner = self._fork_server
-        return spawner.process.pid if spawner is not None and spawner.alive() else None
+    def spawner_pids(self) -> list[int]:
+        """The pids of this pool's spawners still running (the current one, and any
+        replaced one whose last workers have not ended yet)."""
+        spawners = [*self._retired, self._fork_server]
+        return [s.process.pid for s in spawners if s is not None and s.process.poll() is None]
 
     def shutdown(self, keep_spawner: bool = False) -> None:
         """End every idle worker (busy ones belong to their gang, which ends them), and
@@ -219,9 +227,11 @@ class WorkerPool:
             idle, self._idle = list(self._idle.values()), {}
         _end(idle)
         if keep_spawner:
+            self._close_retired()
             return
-        spawners, self._retired = [*self._retired, self._fork_server], []
-        self._fork_server = None
+        with self._lock:
+            spawners, self._retired = [*self._retired, self._fork_server], []
+            self._fork_server = None
         for spawner in spawners:
             if spawner is not None:
                 spawner.close(_TERMINATE_GRACE_SECONDS)
@@ -229,27 +239,39 @@ class WorkerPool:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
 
-    def _current_spawner(self, environ: int) -> Spawner | None:
-        """The spawner for the launcher's environment as it is now; None off Linux or
-        where it cannot run. Runs on the pool's one spawning thread."""
+    def _close_retired(self) -> None:
+        """Close the replaced spawners whose workers have all ended (each exits then)."""
+        with self._lock:
+            done = [s for s in self._retired if s.idle()]
+            self._retired = [s for s in self._retired if s not in done]
+        for spawner in done:
+            spawner.close(_TERMINATE_GRACE_SECONDS)
+
+    def _current_spawner(self, environ: int, threads: int) -> Spawner | None:
+        """The spawner for the launcher's environment, working folder and the workers'
+        threads as they are now; None off Linux or where it cannot run. Runs on the
+        pool's one starting thread."""
         if not sys.platform.startswith("linux"):
             return None
+        key = hash((environ, os.getcwd(), threads))
         spawner = self._fork_server
-        if spawner is not None and spawner.alive() and spawner.environ == environ:
+        if spawner is not None and spawner.alive() and spawner.key == key:
             return spawner
+        self._close_retired()
         if spawner is not None:
             spawner.retire()  # its busy workers still need it to report their ends
-            self._retired.append(spawner)
+            with self._lock:
+                self._retired.append(spawner)
         assert self._folder is not None
         ours, theirs = socket.socketpair()
         with open(self._folder / f"spawner-{self.started}.log", "wb") as output:
             process = subprocess.Popen(
                 [sys.executable, "-m", "dione.launch.spawner", str(theirs.fileno())],
-                env=_worker_environment({}), stdout=output, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
-                start_new_session=True)
+                env=_worker_environment(_thread_settings(threads)), stdout=output,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), start_new_session=True)
         theirs.close()
-        self._fork_server = Spawner(process, ours, environ)
+        self._fork_server = Spawner(process, ours, key)
         return self._fork_server
 
     def _start(self, slot: Slot, threads: int) -> WarmWorker:
@@ -257,9 +279,9 @@ class WorkerPool:
             self._folder = scratch_dir("pool")
         ours, theirs = socket.socketpair()
         environ = _environ_fingerprint()
-        own = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        own = _thread_settings(threads)
         log = self._folder / f"worker-{slot[0]}{slot[1]}-{self.started}.log"
-        spawner = self._current_spawner(environ)
+        spawner = self._current_spawner(environ, threads)
         process: WorkerProcess | None = None
         if spawner is not None:
             process = spawner.spawn(own, str(log), theirs.fileno(), _SPAWNER_START_SECONDS)
@@ -277,6 +299,11 @@ class WorkerPool:
         theirs.close()
         self.started += 1
         return WarmWorker(slot, process, Connection(ours.detach()), log, environ)
+
+
+def _thread_settings(threads: int) -> dict[str, str]:
+    """The variables that size a worker's thread pools (read at import by some)."""
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
 def _worker_environment(own: dict[str, str]) -> dict[str, str]:

@@ -4,21 +4,25 @@ fresh worker per request, so a worker starts in milliseconds rather than seconds
 ``python -m dione.launch.spawner FD`` serves its launcher over the socket on FD:
 
     launcher -> spawner   ("spawn", {environment overrides, log path}) + the worker's
-                          end of its connection (a file descriptor, SCM_RIGHTS)
-    spawner -> launcher   ("ready", pid) once; ("started", pid) per spawn;
-                          ("exited", pid, code) for each worker that ended, with
+                          end of its connection (a file descriptor, SCM_RIGHTS);
+                          ("signal", pid, signal) for a worker's process group;
+                          ("retire",)
+    spawner -> launcher   ("ready", pid) once; ("started", pid) or ("failed", why) per
+                          spawn; ("exited", pid, code) for each worker that ended, with
                           subprocess's convention (-N: killed by signal N)
 
 The spawner is every worker's parent, so it alone can reap them and learn how they
-ended; it tells its launcher. A launcher that half-closes the socket retires it: it
-starts nothing more, reports its remaining workers' ends, and exits when none is left.
+ended; it tells its launcher, and signals a worker only while it has not reaped it
+(its pid cannot have been given to another process). A retired spawner starts nothing
+more, reports its remaining workers' ends, and exits when none is left.
 
 Why a fork is a fresh worker: the spawner only imports (what every worker imports before
-its first job) and never runs a torch operation, so no thread pool, CUDA context or
-process group exists to be inherited; each child starts its own session, takes its own
-environment overrides and output file, then runs the worker's loop as a process started
-by ``python -m dione.launch.worker`` would. Linux only (elsewhere workers start as
-plain processes).
+its first job) and never runs a torch operation, so no torch thread pool, CUDA context
+or process group exists to be inherited; it starts with its workers' thread settings
+(numpy's BLAS sizes its pool at import) and is replaced when they or the launcher's
+environment or folder change. Each child starts its own session, takes its own output
+file, then runs the worker's loop as a process started by ``python -m
+dione.launch.worker`` would. Linux only (elsewhere workers start as plain processes).
 """
 
 from __future__ import annotations
@@ -91,38 +95,77 @@ class Channel:
 
 class SpawnedProcess:
     """A worker forked by a spawner, as a launcher sees it: what subprocess.Popen offers
-    (``pid``, ``returncode``, ``poll``, ``wait``), with the exit code the spawner reports."""
+    (``pid``, ``returncode``, ``poll``, ``wait``) with the exit code the spawner reports,
+    and ``signal_group``, which the spawner carries out while the worker is its unreaped
+    child (so a pid the system has given to another process is never signalled)."""
 
     def __init__(self, spawner: Spawner, pid: int) -> None:
         self._spawner = spawner
         self.pid = pid
+        self._code: int | None = None  # set by the spawner's report
+        # Where the spawner died before reporting (its workers then die by their
+        # parent-death signal), this tells when the worker really ended.
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    def _ended_unreported(self, timeout: float | None) -> bool:
+        """With the spawner gone: whether the worker has ended (waiting up to ``timeout``)."""
+        if self._pidfd is None:
+            return True
+        try:
+            return bool(select.select([self._pidfd], [], [], timeout)[0])
+        except (OSError, ValueError):
+            return True
 
     @property
     def returncode(self) -> int | None:
-        return self._spawner.exit_code(self.pid)
+        return self.poll()
 
     def poll(self) -> int | None:
-        return self.returncode
+        code, gone = self._spawner.report(self)
+        if code is None and gone and self._ended_unreported(0):
+            return -signal.SIGKILL
+        return code
 
     def wait(self, timeout: float | None = None) -> int:
-        return self._spawner.wait(self.pid, timeout)
+        code, gone = self._spawner.await_report(self, timeout)
+        if code is not None:
+            return code
+        if gone and self._ended_unreported(timeout):
+            return -signal.SIGKILL
+        raise TimeoutError(f"worker {self.pid} did not end within {timeout} s")
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the worker's process group (its session: it and its children)."""
+        if not self._spawner.signal(self, sig) and not self._ended_unreported(0):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
+
+    def release(self, code: int) -> None:
+        """Record the exit code the spawner reported; the pid is no longer this worker's."""
+        self._code = code
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
 
 class Spawner:
     """The launcher's end of one spawner process: starts workers, hears how they end."""
 
-    def __init__(self, process: Any, sock: socket.socket, environ: int) -> None:
+    def __init__(self, process: Any, sock: socket.socket, key: int) -> None:
         self.process = process  # subprocess.Popen of the spawner
-        self.environ = environ  # fingerprint of the environment it started with
+        self.key = key  # the launcher's environment, threads and folder it started with
         self._sock = sock
         self._channel = Channel(sock)
         self._changed = threading.Condition()
         self._ready = False
-        self._started: list[int] = []
-        self._exits: dict[int, int] = {}
-        self._children: set[int] = set()
-        self._gone = False  # its connection ended: every child it had is gone too
+        self._replies: list[tuple[Any, ...]] = []  # ("started", pid) or ("failed", why)
+        self._live: dict[int, SpawnedProcess] = {}  # its workers not yet reported ended
+        self._gone = False  # its connection ended or broke: it starts nothing more
         self._failed = False  # a spawn went unanswered: it must not be asked again
+        self._retired = False
         self._listener = threading.Thread(target=self._listen, daemon=True,
                                           name="dione-spawner-listener")
         self._listener.start()
@@ -131,32 +174,47 @@ class Spawner:
         while True:
             try:
                 message = self._channel.receive()
-            except (OSError, pickle.UnpicklingError, EOFError, ValueError):
-                message = None
-            with self._changed:
                 if message is None:
-                    self._gone = True
-                    self._changed.notify_all()
-                    return
-                kind, *args = message[0]
-                if kind == "ready":
-                    self._ready = True
-                elif kind == "started":
-                    self._started.append(args[0])
-                    self._children.add(args[0])
-                elif kind == "exited":
-                    self._exits[args[0]] = args[1]
-                self._changed.notify_all()
+                    break
+                self._heard(*message[0])
+            except Exception:
+                # A reply it cannot read: it can no longer be trusted to say who ended,
+                # so it is ended (its workers die with it, each noticed by its pidfd).
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                break
+        with self._changed:
+            self._gone = True
+            self._changed.notify_all()
+
+    def _heard(self, kind: str, *args: Any) -> None:
+        with self._changed:
+            if kind == "ready":
+                self._ready = True
+            elif kind in ("started", "failed"):
+                self._replies.append((kind, *args))
+            elif kind == "exited":
+                worker = self._live.pop(args[0], None)
+                if worker is not None:
+                    worker.release(args[1])
+            self._changed.notify_all()
 
     def alive(self) -> bool:
         """Whether it can start workers (it runs, and answered every request so far)."""
         with self._changed:
-            return not (self._gone or self._failed) and self.process.poll() is None
+            usable = not (self._gone or self._failed or self._retired)
+        return usable and self.process.poll() is None
+
+    def idle(self) -> bool:
+        """Whether every worker it started has ended."""
+        with self._changed:
+            return not self._live
 
     def spawn(self, overrides: dict[str, str], log: str, connection_fd: int,
               timeout: float) -> SpawnedProcess | None:
         """Fork a worker that serves ``connection_fd``; None if the spawner could not
-        (it died, or did not answer within ``timeout``: the caller starts one itself)."""
+        (it died, did not answer within ``timeout``, or the fork failed: the caller
+        starts one itself)."""
         with self._changed:
             if not self._changed.wait_for(lambda: self._ready or self._gone, timeout):
                 self._failed = True
@@ -171,34 +229,57 @@ class Spawner:
                 return None
             # Replies come in the order of requests, one request at a time; after one
             # went unanswered a late reply could be taken for the next, so no next.
-            if not self._changed.wait_for(lambda: self._started or self._gone, timeout) \
-                    or not self._started:
+            if not self._changed.wait_for(lambda: self._replies or self._gone, timeout) \
+                    or not self._replies:
                 self._failed = True
                 return None
-            return SpawnedProcess(self, self._started.pop(0))
+            kind, detail = self._replies.pop(0)
+            if kind != "started":
+                return None
+            # Its pid is taken (unreaped) until the spawner reports it ended, which it
+            # can only do after this reply: the pidfd opened now is this worker's.
+            worker = SpawnedProcess(self, detail)
+            self._live[detail] = worker
+            return worker
 
-    def exit_code(self, pid: int) -> int | None:
+    def report(self, worker: SpawnedProcess) -> tuple[int | None, bool]:
+        """The worker's reported exit code (None: none yet), and whether the spawner is
+        gone (so none will come)."""
         with self._changed:
-            if pid in self._exits:
-                return self._exits[pid]
-            # The spawner is gone: its children were killed with it (parent-death signal).
-            return -signal.SIGKILL if self._gone else None
+            return worker._code, self._gone
 
-    def wait(self, pid: int, timeout: float | None = None) -> int:
+    def await_report(self, worker: SpawnedProcess, timeout: float | None
+                     ) -> tuple[int | None, bool]:
+        """``report``, once there is a code or the spawner is gone (or ``timeout``)."""
         with self._changed:
-            if not self._changed.wait_for(lambda: pid in self._exits or self._gone, timeout):
-                raise TimeoutError(f"worker {pid} did not end within {timeout} s")
-        code = self.exit_code(pid)
-        assert code is not None
-        return code
+            self._changed.wait_for(lambda: worker._code is not None or self._gone, timeout)
+            return worker._code, self._gone
+
+    def signal(self, worker: SpawnedProcess, sig: int) -> bool:
+        """Ask the spawner to signal the worker's group; False if it cannot be asked."""
+        with self._changed:
+            if self._gone or worker._code is not None:
+                return worker._code is not None  # ended: nothing to signal
+            try:
+                send(self._sock, ("signal", worker.pid, sig))
+                return True
+            except OSError:
+                return False
 
     def retire(self) -> None:
-        """Start nothing more; the spawner exits once its last worker has ended."""
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_WR)
+        """Start nothing more; the spawner exits once its last worker has ended (and
+        still signals them meanwhile)."""
+        with self._changed:
+            if self._retired or self._gone:
+                self._retired = True
+                return
+            self._retired = True
+            with contextlib.suppress(OSError):
+                send(self._sock, ("retire",))
 
     def close(self, timeout: float) -> None:
-        """Retire it and wait (up to ``timeout``) for it to exit; kill it after that."""
+        """Retire it and wait (up to ``timeout``) for it to exit; kill it after that
+        (its remaining workers die with it)."""
         self.retire()
         try:
             self.process.wait(timeout)
@@ -241,6 +322,30 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
             send(sock, ("exited", pid, os.waitstatus_to_exitcode(status)))
 
 
+def _fork_worker(request: dict[str, Any], fd: int, sock: socket.socket,
+                 wake: tuple[int, int]) -> int:
+    """Fork a worker serving ``fd``; its pid (in the spawner). OSError if fork failed."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            # Nothing of the spawner's: its launcher must see EOF when the spawner ends.
+            for own in (*wake, sock.detach()):
+                os.close(own)
+            status = _run_worker(request, fd, parent)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(status)
+    return pid
+
+
 def main(fd: int) -> int:
     die_with_parent()
     # What every worker imports before its first job, paid here once.
@@ -252,51 +357,46 @@ def main(fd: int) -> int:
 
     sock = socket.socket(fileno=fd)
     channel = Channel(sock)
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
+    wake = os.pipe()
+    os.set_blocking(wake[1], False)
+    signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
     children: set[int] = set()
     send(sock, ("ready", os.getpid()))
-    serving = True
-    while serving or children:
-        if not (serving and channel.pending()):
-            watched = [sock.fileno(), wake_read] if serving else [wake_read]
+    listening, retired = True, False
+    # Retired or left by its launcher, it stays while a worker it started lives: its
+    # workers die with it (parent-death signal), and only it can report their ends.
+    while children or not (retired or not listening):
+        if not (listening and channel.pending()):
+            watched = [wake[0], sock.fileno()] if listening else [wake[0]]
             readable, _, _ = select.select(watched, [], [], 1.0)
-            if wake_read in readable:
-                os.read(wake_read, 4096)
+            if wake[0] in readable:
+                os.read(wake[0], 4096)
             _reap(sock, children)
-            if sock.fileno() not in readable:
+            if not listening or sock.fileno() not in readable:
                 continue
         message = channel.receive()
-        if message is None:  # retired: start nothing more, wait for the last worker
-            serving = False
+        if message is None:
+            listening = False
             continue
-        (kind, request), fds = message
-        if kind != "spawn" or len(fds) != 1:
-            for extra in fds:
-                os.close(extra)
-            continue
-        parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            status = 1
+        (kind, *args), fds = message
+        if kind == "spawn" and len(fds) == 1 and not retired:
             try:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                for own in (wake_read, wake_write, sock.detach()):
-                    os.close(own)
-                status = _run_worker(request, fds[0], parent)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                with contextlib.suppress(Exception):
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                os._exit(status)
-        os.close(fds[0])
-        children.add(pid)
-        send(sock, ("started", pid))
+                pid = _fork_worker(args[0], fds[0], sock, wake)
+            except OSError as err:  # EAGAIN, ENOMEM: this worker, not every gang, fails
+                send(sock, ("failed", f"fork failed: {err}"))
+            else:
+                children.add(pid)
+                send(sock, ("started", pid))
+        elif kind == "spawn":
+            send(sock, ("failed", "retired" if retired else "no connection passed"))
+        elif kind == "signal" and args[0] in children:  # not reaped: still that worker
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(args[0], args[1])
+        elif kind == "retire":
+            retired = True
+        for passed in fds:
+            os.close(passed)
     return 0
 
 
