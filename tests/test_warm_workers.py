@@ -146,6 +146,26 @@ def test_a_replaced_spawner_serves_its_busy_worker_to_the_end(
     assert pool.spawner_pids() == []
 
 
+def test_a_worker_that_dies_as_it_starts_is_reported(tmp_path: Path) -> None:
+    """A forked worker that fails at once (its output file cannot be opened) is reported
+    with its own exit status, however soon its end follows its start."""
+    spawner = Spawner.start(0, dict(os.environ), tmp_path / "spawner.log")
+    try:
+        for _ in range(5):
+            ours, theirs = socket.socketpair()
+            worker = spawner.spawn({}, str(tmp_path / "missing" / "log"), theirs.fileno(), 120)
+            theirs.close()
+            assert worker is not None
+            assert worker.wait(60) == 1 and worker.poll() == 1
+            worker.signal_group(signal.SIGTERM)  # reported ended: nothing is signalled
+            ours.close()
+        assert spawner.idle()
+    finally:
+        spawner.close(5)
+    assert spawner.process.returncode == 0
+    assert "FileNotFoundError" in (tmp_path / "spawner.log").read_text()
+
+
 # A task whose loss reads the environment at every step, as a workload's code may.
 SCALED_BY_ENVIRONMENT = """
 import functools, os

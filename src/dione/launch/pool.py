@@ -263,15 +263,8 @@ class WorkerPool:
             with self._lock:
                 self._retired.append(spawner)
         assert self._folder is not None
-        ours, theirs = socket.socketpair()
-        with open(self._folder / f"spawner-{self.started}.log", "wb") as output:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "dione.launch.spawner", str(theirs.fileno())],
-                env=_worker_environment(_thread_settings(threads)), stdout=output,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),), start_new_session=True)
-        theirs.close()
-        self._fork_server = Spawner(process, ours, key)
+        self._fork_server = Spawner.start(key, _worker_environment(_thread_settings(threads)),
+                                          self._folder / f"spawner-{self.started}.log")
         return self._fork_server
 
     def _start(self, slot: Slot, threads: int) -> WarmWorker:

@@ -34,9 +34,12 @@ import select
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
+import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from dione.launch.worker import die_with_parent
@@ -44,6 +47,8 @@ from dione.launch.worker import die_with_parent
 __all__ = ["SpawnedProcess", "Spawner", "main"]
 
 _HEADER = struct.Struct("!I")
+_WAIT_STEP_SECONDS = 0.5  # how often a waiting launcher also looks at the pidfd
+_REPORT_GRACE_SECONDS = 2.0  # how long an ended worker's report may take to arrive
 
 
 def send(sock: socket.socket, message: Any, fds: tuple[int, ...] = ()) -> None:
@@ -99,25 +104,28 @@ class SpawnedProcess:
     and ``signal_group``, which the spawner carries out while the worker is its unreaped
     child (so a pid the system has given to another process is never signalled)."""
 
-    def __init__(self, spawner: Spawner, pid: int) -> None:
+    def __init__(self, spawner: Spawner, pid: int, pidfd: int | None) -> None:
         self._spawner = spawner
         self.pid = pid
         self._code: int | None = None  # set by the spawner's report
-        # Where the spawner died before reporting (its workers then die by their
-        # parent-death signal), this tells when the worker really ended.
-        try:
-            self._pidfd: int | None = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            self._pidfd = None
+        # Opened by the spawner while the worker was its unreaped child, so it is this
+        # worker's: where the spawner died (or hangs) before reporting, it tells when the
+        # worker really ended. Closed when this object goes.
+        self._pidfd = pidfd
 
-    def _ended_unreported(self, timeout: float | None) -> bool:
-        """With the spawner gone: whether the worker has ended (waiting up to ``timeout``)."""
+    def __del__(self) -> None:
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+
+    def _ended(self, timeout: float | None) -> bool:
+        """Whether the process has ended, by its pidfd (waiting up to ``timeout``);
+        without one, whether its spawner is gone (its workers die with it)."""
         if self._pidfd is None:
-            return True
-        try:
-            return bool(select.select([self._pidfd], [], [], timeout)[0])
-        except (OSError, ValueError):
-            return True
+            return self._spawner.gone()
+        watch = select.poll()
+        watch.register(self._pidfd, select.POLLIN)
+        return bool(watch.poll(None if timeout is None else max(0, int(timeout * 1000))))
 
     @property
     def returncode(self) -> int | None:
@@ -125,30 +133,32 @@ class SpawnedProcess:
 
     def poll(self) -> int | None:
         code, gone = self._spawner.report(self)
-        if code is None and gone and self._ended_unreported(0):
-            return -signal.SIGKILL
+        if code is None and gone and self._ended(0):
+            return -signal.SIGKILL  # by the parent-death signal, with its spawner
         return code
 
     def wait(self, timeout: float | None = None) -> int:
-        code, gone = self._spawner.await_report(self, timeout)
-        if code is not None:
-            return code
-        if gone and self._ended_unreported(timeout):
-            return -signal.SIGKILL
-        raise TimeoutError(f"worker {self.pid} did not end within {timeout} s")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            step = _WAIT_STEP_SECONDS if left is None else min(left, _WAIT_STEP_SECONDS)
+            code, gone = self._spawner.await_report(self, step)
+            if code is not None:
+                return code
+            if self._ended(0) and (gone or self._spawner.await_report(
+                    self, _REPORT_GRACE_SECONDS)[0] is None):
+                # Ended, and the spawner is gone or does not say how: a hung spawner
+                # must not hang its launcher.
+                code = self._spawner.report(self)[0]
+                return -signal.SIGKILL if code is None else code
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0)
 
     def signal_group(self, sig: int) -> None:
         """Send ``sig`` to the worker's process group (its session: it and its children)."""
-        if not self._spawner.signal(self, sig) and not self._ended_unreported(0):
+        if not self._spawner.signal(self, sig) and not self._ended(0):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, sig)
-
-    def release(self, code: int) -> None:
-        """Record the exit code the spawner reported; the pid is no longer this worker's."""
-        self._code = code
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
 
 
 class Spawner:
@@ -161,7 +171,7 @@ class Spawner:
         self._channel = Channel(sock)
         self._changed = threading.Condition()
         self._ready = False
-        self._replies: list[tuple[Any, ...]] = []  # ("started", pid) or ("failed", why)
+        self._replies: list[SpawnedProcess | str] = []  # per spawn: the worker, or why not
         self._live: dict[int, SpawnedProcess] = {}  # its workers not yet reported ended
         self._gone = False  # its connection ended or broke: it starts nothing more
         self._failed = False  # a spawn went unanswered: it must not be asked again
@@ -170,34 +180,62 @@ class Spawner:
                                           name="dione-spawner-listener")
         self._listener.start()
 
+    @classmethod
+    def start(cls, key: int, env: dict[str, str], log: Path) -> Spawner:
+        """Start ``python -m dione.launch.spawner`` with ``env``, its output to ``log``."""
+        ours, theirs = socket.socketpair()
+        with open(log, "wb") as output:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "dione.launch.spawner", str(theirs.fileno())],
+                env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), start_new_session=True)
+        theirs.close()
+        return cls(process, ours, key)
+
     def _listen(self) -> None:
         while True:
             try:
                 message = self._channel.receive()
                 if message is None:
                     break
-                self._heard(*message[0])
+                self._heard(*message)
+            except (ConnectionResetError, BrokenPipeError):
+                break  # it exited with requests unread: an end like any other
             except Exception:
                 # A reply it cannot read: it can no longer be trusted to say who ended,
                 # so it is ended (its workers die with it, each noticed by its pidfd).
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
+                if self.process.poll() is None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(self.process.pid, signal.SIGKILL)
                 break
         with self._changed:
             self._gone = True
             self._changed.notify_all()
 
-    def _heard(self, kind: str, *args: Any) -> None:
+    def _heard(self, message: tuple[Any, ...], fds: list[int]) -> None:
+        kind, *args = message
         with self._changed:
             if kind == "ready":
                 self._ready = True
-            elif kind in ("started", "failed"):
-                self._replies.append((kind, *args))
+            elif kind == "started":
+                # Registered here, in the order of the stream, so that its "exited"
+                # (which may follow at once) always finds it.
+                worker = SpawnedProcess(self, args[0], fds.pop() if fds else None)
+                self._live[worker.pid] = worker
+                self._replies.append(worker)
+            elif kind == "failed":
+                self._replies.append(str(args[0]))
             elif kind == "exited":
-                worker = self._live.pop(args[0], None)
-                if worker is not None:
-                    worker.release(args[1])
+                ended = self._live.pop(args[0], None)
+                if ended is not None:
+                    ended._code = args[1]
             self._changed.notify_all()
+        for fd in fds:
+            os.close(fd)
+
+    def gone(self) -> bool:
+        with self._changed:
+            return self._gone
 
     def alive(self) -> bool:
         """Whether it can start workers (it runs, and answered every request so far)."""
@@ -206,9 +244,9 @@ class Spawner:
         return usable and self.process.poll() is None
 
     def idle(self) -> bool:
-        """Whether every worker it started has ended."""
+        """Whether every worker it started has ended (or it is gone, and they with it)."""
         with self._changed:
-            return not self._live
+            return self._gone or not self._live
 
     def spawn(self, overrides: dict[str, str], log: str, connection_fd: int,
               timeout: float) -> SpawnedProcess | None:
@@ -219,7 +257,7 @@ class Spawner:
             if not self._changed.wait_for(lambda: self._ready or self._gone, timeout):
                 self._failed = True
                 return None
-            if self._gone or self._failed:
+            if self._gone or self._failed or self._retired:
                 return None
             try:
                 send(self._sock, ("spawn", {"environ": overrides, "log": log}),
@@ -233,14 +271,8 @@ class Spawner:
                     or not self._replies:
                 self._failed = True
                 return None
-            kind, detail = self._replies.pop(0)
-            if kind != "started":
-                return None
-            # Its pid is taken (unreaped) until the spawner reports it ended, which it
-            # can only do after this reply: the pidfd opened now is this worker's.
-            worker = SpawnedProcess(self, detail)
-            self._live[detail] = worker
-            return worker
+            reply = self._replies.pop(0)
+            return reply if isinstance(reply, SpawnedProcess) else None
 
     def report(self, worker: SpawnedProcess) -> tuple[int | None, bool]:
         """The worker's reported exit code (None: none yet), and whether the spawner is
@@ -256,15 +288,22 @@ class Spawner:
             return worker._code, self._gone
 
     def signal(self, worker: SpawnedProcess, sig: int) -> bool:
-        """Ask the spawner to signal the worker's group; False if it cannot be asked."""
+        """Ask the spawner to signal the worker's group; False if it cannot be asked
+        (then it is gone, or going: the caller reads the worker's pidfd)."""
         with self._changed:
-            if self._gone or worker._code is not None:
-                return worker._code is not None  # ended: nothing to signal
+            if worker._code is not None:
+                return True  # ended and reported: nothing to signal
+            if self._gone:
+                return False
             try:
                 send(self._sock, ("signal", worker.pid, sig))
                 return True
             except OSError:
-                return False
+                pass
+            # Its socket broke: it is exiting. Its listener will say so shortly.
+            self._changed.wait_for(lambda: worker._code is not None or self._gone,
+                                   _REPORT_GRACE_SECONDS)
+            return worker._code is not None
 
     def retire(self) -> None:
         """Start nothing more; the spawner exits once its last worker has ended (and
@@ -387,12 +426,24 @@ def main(fd: int) -> int:
                 send(sock, ("failed", f"fork failed: {err}"))
             else:
                 children.add(pid)
-                send(sock, ("started", pid))
+                # Opened while it is an unreaped child, so it names this worker.
+                try:
+                    pidfd: tuple[int, ...] = (os.pidfd_open(pid),)
+                except (AttributeError, OSError):
+                    pidfd = ()
+                send(sock, ("started", pid), pidfd)
+                for opened in pidfd:
+                    os.close(opened)
         elif kind == "spawn":
             send(sock, ("failed", "retired" if retired else "no connection passed"))
         elif kind == "signal" and args[0] in children:  # not reaped: still that worker
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            try:
                 os.killpg(args[0], args[1])
+            except ProcessLookupError:  # not yet in a session of its own
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(args[0], args[1])
+            except PermissionError:
+                pass
         elif kind == "retire":
             retired = True
         for passed in fds:
