@@ -24,7 +24,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -39,7 +38,7 @@ import cloudpickle
 
 from dione.launch.gang import Lost, signal_name
 from dione.launch.scratch import scratch_dir
-from dione.launch.spawner import SpawnedProcess, Spawner
+from dione.launch.spawner import SpawnedProcess, Spawner, start_module
 
 __all__ = ["WarmWorker", "WorkerPool", "local_pool", "shutdown_local_pool"]
 
@@ -283,12 +282,8 @@ class WorkerPool:
                 theirs.close()
                 ours, theirs = socket.socketpair()
         if process is None:
-            with open(log, "wb") as output:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "dione.launch.worker", str(theirs.fileno())],
-                    env=_worker_environment(own), stdout=output, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
-                    start_new_session=True)
+            process = start_module("dione.launch.worker", theirs.fileno(),
+                                   _worker_environment(own), log)
         theirs.close()
         self.started += 1
         return WarmWorker(slot, process, Connection(ours.detach()), log, environ)

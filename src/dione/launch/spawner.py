@@ -44,7 +44,7 @@ from typing import Any
 
 from dione.launch.worker import die_with_parent
 
-__all__ = ["SpawnedProcess", "Spawner", "main"]
+__all__ = ["SpawnedProcess", "Spawner", "main", "start_module"]
 
 _HEADER = struct.Struct("!I")
 _WAIT_STEP_SECONDS = 0.5  # how often a waiting launcher also looks at the pidfd
@@ -96,6 +96,17 @@ class Channel:
                 return None
             self._buffer += data
         return whole
+
+
+def start_module(module: str, fd: int, env: dict[str, str], log: Path
+                 ) -> subprocess.Popen[bytes]:
+    """``python -m MODULE FD`` in a session of its own, serving the socket on ``fd``, its
+    output to ``log``: how a spawner, and a worker where there is none, start."""
+    with open(log, "wb") as output:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, str(fd)], env=env, stdout=output,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, pass_fds=(fd,),
+            start_new_session=True)
 
 
 class SpawnedProcess:
@@ -184,11 +195,7 @@ class Spawner:
     def start(cls, key: int, env: dict[str, str], log: Path) -> Spawner:
         """Start ``python -m dione.launch.spawner`` with ``env``, its output to ``log``."""
         ours, theirs = socket.socketpair()
-        with open(log, "wb") as output:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "dione.launch.spawner", str(theirs.fileno())],
-                env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),), start_new_session=True)
+        process = start_module("dione.launch.spawner", theirs.fileno(), env, log)
         theirs.close()
         return cls(process, ours, key)
 
