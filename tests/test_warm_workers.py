@@ -104,11 +104,11 @@ def test_forked_workers_train_as_new_interpreters_do(
     assert all(isinstance(w.process, SpawnedProcess) for w in pool.idle())
     shutdown_local_pool(keep_spawner=True)
 
-    def gone(environ: int, threads: int) -> Spawner:
+    def gone(threads: int) -> Spawner:
         """A spawner that died as it started (its process ran, its socket closed)."""
         ours, theirs = socket.socketpair()
         theirs.close()
-        return Spawner(subprocess.Popen(["true"]), ours, environ)
+        return Spawner(subprocess.Popen(["true"]), ours, threads)
 
     monkeypatch.setattr(pool, "_current_spawner", gone)
     plain = run_slice(task, "fsdp", tmp_path / "plain", placement)
@@ -153,7 +153,8 @@ def test_a_worker_that_dies_as_it_starts_is_reported(tmp_path: Path) -> None:
     try:
         for _ in range(5):
             ours, theirs = socket.socketpair()
-            worker = spawner.spawn({}, str(tmp_path / "missing" / "log"), theirs.fileno(), 120)
+            worker = spawner.spawn(dict(os.environ), str(tmp_path / "missing" / "log"),
+                                   theirs.fileno(), 120)
             theirs.close()
             assert worker is not None
             assert worker.wait(60) == 1 and worker.poll() == 1
@@ -175,7 +176,7 @@ from dione.zoo import digits_mlp, digits_train
 
 
 def loss(output, target):
-    scale = float(os.environ.get("DIONE_TEST_LOSS_SCALE", "1"))
+    scale = float(os.environ.get("LOSS_SCALE_OF_THIS_TEST", "1"))
     return scale * torch.nn.functional.cross_entropy(output, target)
 
 
@@ -187,13 +188,20 @@ workload = Workload([Task(name="scaled", model=functools.partial(digits_mlp, hid
 
 def test_a_slice_sees_the_launchers_environment_as_it_is_now(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variable set after the worker started reaches the next slice; one no import
+    reads does not need a new spawner, only a new worker forked with it."""
     file = tmp_path / "scaled.py"
     file.write_text(SCALED_BY_ENVIRONMENT)
     [task] = load_workload(file)
     placement = local_placement(TEST_NODE, [0])
-    monkeypatch.delenv("DIONE_TEST_LOSS_SCALE", raising=False)
+    monkeypatch.delenv("LOSS_SCALE_OF_THIS_TEST", raising=False)
     before = run_slice(task, "single", tmp_path, placement, steps=2)
-    monkeypatch.setenv("DIONE_TEST_LOSS_SCALE", "0")  # set after the worker started
+    pool = local_pool()
+    spawners, [first] = pool.spawner_pids(), pool.idle()
+    monkeypatch.setenv("LOSS_SCALE_OF_THIS_TEST", "0")  # set after the worker started
     during = run_slice(task, "single", tmp_path, placement, steps=2)
     assert all(loss > 0 for loss in before.losses)
     assert during.losses == [0.0, 0.0]
+    [worker] = pool.idle()
+    assert isinstance(worker.process, SpawnedProcess) and worker is not first
+    assert pool.spawner_pids() == spawners

@@ -7,10 +7,11 @@ the pool's spawner (``spawner.py``), which pays the imports once, so replacing a
 gang's workers costs milliseconds, not the seconds of a new interpreter; where there is
 no spawner (not Linux, or it failed to start) a worker is a process of its own.
 
-A worker inherits the launcher's environment when it starts (the spawner's, when it
-is forked); once that environment changes (a notebook sets a variable between runs),
-idle workers and the spawner are replaced rather than reused, since much is read from
-it only at import (a fresh process would see the change). Workers die with the
+A worker starts with the launcher's environment as it is then (a forked one is sent
+it); once that environment changes (a notebook sets a variable between runs), idle
+workers are replaced rather than reused, since much is read from it only at import (a
+fresh process would see the change). The spawner is replaced only when a variable its
+own imports may read changes (``spawner.IMPORT_VARIABLES``). Workers die with the
 launcher: at exit the pool ends them, and each asked Linux to kill it should its parent
 die first (PR_SET_PDEATHSIG, which fires when the *thread* that started the process
 ends, so one long-lived thread starts the spawner and every plain worker).
@@ -38,7 +39,7 @@ import cloudpickle
 
 from dione.launch.gang import Lost, signal_name
 from dione.launch.scratch import scratch_dir
-from dione.launch.spawner import SpawnedProcess, Spawner, start_module
+from dione.launch.spawner import SpawnedProcess, Spawner, read_at_import, start_module
 
 __all__ = ["WarmWorker", "WorkerPool", "local_pool", "shutdown_local_pool"]
 
@@ -128,6 +129,11 @@ class WarmWorker:
 def _environ_fingerprint() -> int:
     """A fingerprint of this process's environment variables as they are now."""
     return hash(frozenset(os.environ.items()))
+
+
+def _import_fingerprint() -> int:
+    """A fingerprint of the variables a spawner's imports may read, as they are now."""
+    return hash(frozenset((k, v) for k, v in os.environ.items() if read_at_import(k)))
 
 
 def _signal_group(process: WorkerProcess, sig: int) -> None:
@@ -246,13 +252,13 @@ class WorkerPool:
         for spawner in done:
             spawner.close(_TERMINATE_GRACE_SECONDS)
 
-    def _current_spawner(self, environ: int, threads: int) -> Spawner | None:
-        """The spawner for the launcher's environment, working folder and the workers'
-        threads as they are now; None off Linux or where it cannot run. Runs on the
-        pool's one starting thread."""
+    def _current_spawner(self, threads: int) -> Spawner | None:
+        """The spawner for the variables read at import, the working folder and the
+        workers' threads as they are now; None off Linux or where it cannot run. Runs
+        on the pool's one starting thread."""
         if not sys.platform.startswith("linux"):
             return None
-        key = hash((environ, os.getcwd(), threads))
+        key = hash((_import_fingerprint(), os.getcwd(), threads))
         spawner = self._fork_server
         if spawner is not None and spawner.alive() and spawner.key == key:
             return spawner
@@ -273,10 +279,11 @@ class WorkerPool:
         environ = _environ_fingerprint()
         own = _thread_settings(threads)
         log = self._folder / f"worker-{slot[0]}{slot[1]}-{self.started}.log"
-        spawner = self._current_spawner(environ, threads)
+        spawner = self._current_spawner(threads)
         process: WorkerProcess | None = None
         if spawner is not None:
-            process = spawner.spawn(own, str(log), theirs.fileno(), _SPAWNER_START_SECONDS)
+            process = spawner.spawn(_worker_environment(own), str(log), theirs.fileno(),
+                                    _SPAWNER_START_SECONDS)
             if process is None:  # the spawner may still hold ``theirs``: a new pair
                 ours.close()
                 theirs.close()

@@ -3,26 +3,30 @@ fresh worker per request, so a worker starts in milliseconds rather than seconds
 
 ``python -m dione.launch.spawner FD`` serves its launcher over the socket on FD:
 
-    launcher -> spawner   ("spawn", {environment overrides, log path}) + the worker's
-                          end of its connection (a file descriptor, SCM_RIGHTS);
-                          ("signal", pid, signal) for a worker's process group;
+    launcher -> spawner   ("spawn", {the worker's whole environment, log path}) + the
+                          worker's end of its connection (a file descriptor, SCM_RIGHTS);
+                          ("signal", number, signal) for a worker's process group;
                           ("retire",)
-    spawner -> launcher   ("ready", pid) once; ("started", pid) or ("failed", why) per
-                          spawn; ("exited", pid, code) for each worker that ended, with
-                          subprocess's convention (-N: killed by signal N)
+    spawner -> launcher   ("ready", pid) once; ("started", number, pid) or ("failed",
+                          why) per spawn; ("exited", number, code) for each worker that
+                          ended, with subprocess's convention (-N: killed by signal N)
 
-The spawner is every worker's parent, so it alone can reap them and learn how they
-ended; it tells its launcher, and signals a worker only while it has not reaped it
-(its pid cannot have been given to another process). A retired spawner starts nothing
-more, reports its remaining workers' ends, and exits when none is left.
+Workers are named by the spawner's own count of spawns, never by pid: the spawner is
+every worker's parent, so it alone can reap them and learn how they ended; it tells its
+launcher, and signals a worker only while it has not reaped it. A pid freed by a reaped
+worker may go to the next one forked, so a request naming a pid could reach the wrong
+worker; a number is never reused. A retired spawner starts nothing more, reports its
+remaining workers' ends, and exits when none is left.
 
 Why a fork is a fresh worker: the spawner only imports (what every worker imports before
 its first job) and never runs a torch operation, so no torch thread pool, CUDA context
 or process group exists to be inherited; it starts with its workers' thread settings
-(numpy's BLAS sizes its pool at import) and is replaced when they or the launcher's
-environment or folder change. Each child starts its own session, takes its own output
-file, then runs the worker's loop as a process started by ``python -m
-dione.launch.worker`` would. Linux only (elsewhere workers start as plain processes).
+(numpy's BLAS sizes its pool at import) and is replaced when they, the launcher's folder
+or a variable that may be read at import change (``IMPORT_VARIABLES``). Each child starts
+its own session, takes its own output file and the whole environment its launcher sent
+(variables read only at run time, such as a workload's own, need no new spawner), then
+runs the worker's loop as a process started by ``python -m dione.launch.worker`` would.
+Linux only (elsewhere workers start as plain processes).
 """
 
 from __future__ import annotations
@@ -44,11 +48,28 @@ from typing import Any
 
 from dione.launch.worker import die_with_parent
 
-__all__ = ["SpawnedProcess", "Spawner", "main", "start_module"]
+__all__ = ["IMPORT_VARIABLES", "SpawnedProcess", "Spawner", "main", "read_at_import",
+           "start_module"]
 
 _HEADER = struct.Struct("!I")
 _WAIT_STEP_SECONDS = 0.5  # how often a waiting launcher also looks at the pidfd
 _REPORT_GRACE_SECONDS = 2.0  # how long an ended worker's report may take to arrive
+
+# Variables that Python, the C library, torch, the thread and math libraries, the
+# collectives or dione may read while the spawner imports (a fork inherits what they
+# set up then), by prefix or whole name. A change to any of them needs a new spawner;
+# any other variable is only set in each forked worker, before it imports a task.
+IMPORT_VARIABLES = (
+    "PYTHON", "LD_", "LC_", "LANG", "MALLOC_", "GLIBC_", "TORCH", "PYTORCH_", "CUDA_",
+    "NVIDIA_", "NCCL_", "GLOO_", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "BLIS_",
+    "NUMPY_", "NUMEXPR_", "DNNL_", "ONEDNN_", "TRITON_", "XLA_", "DIONE_", "TMP", "TEMP",
+    "HOME", "PATH",
+)
+
+
+def read_at_import(name: str) -> bool:
+    """Whether the spawner's imports may read the variable ``name`` (``IMPORT_VARIABLES``)."""
+    return name.startswith(IMPORT_VARIABLES)
 
 
 def send(sock: socket.socket, message: Any, fds: tuple[int, ...] = ()) -> None:
@@ -115,8 +136,9 @@ class SpawnedProcess:
     and ``signal_group``, which the spawner carries out while the worker is its unreaped
     child (so a pid the system has given to another process is never signalled)."""
 
-    def __init__(self, spawner: Spawner, pid: int, pidfd: int | None) -> None:
+    def __init__(self, spawner: Spawner, number: int, pid: int, pidfd: int | None) -> None:
         self._spawner = spawner
+        self.number = number  # the spawner's name for it (its pid may be reused)
         self.pid = pid
         self._code: int | None = None  # set by the spawner's report
         # Opened by the spawner while the worker was its unreaped child, so it is this
@@ -183,7 +205,7 @@ class Spawner:
         self._changed = threading.Condition()
         self._ready = False
         self._replies: list[SpawnedProcess | str] = []  # per spawn: the worker, or why not
-        self._live: dict[int, SpawnedProcess] = {}  # its workers not yet reported ended
+        self._live: dict[int, SpawnedProcess] = {}  # by number: not yet reported ended
         self._gone = False  # its connection ended or broke: it starts nothing more
         self._failed = False  # a spawn went unanswered: it must not be asked again
         self._retired = False
@@ -227,8 +249,8 @@ class Spawner:
             elif kind == "started":
                 # Registered here, in the order of the stream, so that its "exited"
                 # (which may follow at once) always finds it.
-                worker = SpawnedProcess(self, args[0], fds.pop() if fds else None)
-                self._live[worker.pid] = worker
+                worker = SpawnedProcess(self, args[0], args[1], fds.pop() if fds else None)
+                self._live[worker.number] = worker
                 self._replies.append(worker)
             elif kind == "failed":
                 self._replies.append(str(args[0]))
@@ -255,11 +277,11 @@ class Spawner:
         with self._changed:
             return self._gone or not self._live
 
-    def spawn(self, overrides: dict[str, str], log: str, connection_fd: int,
+    def spawn(self, environ: dict[str, str], log: str, connection_fd: int,
               timeout: float) -> SpawnedProcess | None:
-        """Fork a worker that serves ``connection_fd``; None if the spawner could not
-        (it died, did not answer within ``timeout``, or the fork failed: the caller
-        starts one itself)."""
+        """Fork a worker with the environment ``environ`` (all of it) that serves
+        ``connection_fd``; None if the spawner could not (it died, did not answer within
+        ``timeout``, or the fork failed: the caller starts one itself)."""
         with self._changed:
             if not self._changed.wait_for(lambda: self._ready or self._gone, timeout):
                 self._failed = True
@@ -267,7 +289,7 @@ class Spawner:
             if self._gone or self._failed or self._retired:
                 return None
             try:
-                send(self._sock, ("spawn", {"environ": overrides, "log": log}),
+                send(self._sock, ("spawn", {"environ": environ, "log": log}),
                      (connection_fd,))
             except OSError:
                 self._failed = True
@@ -303,7 +325,7 @@ class Spawner:
             if self._gone:
                 return False
             try:
-                send(self._sock, ("signal", worker.pid, sig))
+                send(self._sock, ("signal", worker.number, sig))
                 return True
             except OSError:
                 pass
@@ -347,6 +369,7 @@ def _run_worker(request: dict[str, Any], fd: int, spawner_pid: int) -> int:
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
+    os.environ.clear()  # the launcher's environment as it is now, not as it was
     os.environ.update(request["environ"])
     os.environ["DIONE_LAUNCHER_PID"] = str(spawner_pid)  # its parent, for die_with_parent
     from dione.launch.worker import main as worker_main
@@ -354,8 +377,9 @@ def _run_worker(request: dict[str, Any], fd: int, spawner_pid: int) -> int:
     return worker_main(fd)
 
 
-def _reap(sock: socket.socket, children: set[int]) -> None:
-    """Tell the launcher of each worker that ended since last time."""
+def _reap(sock: socket.socket, children: dict[int, int]) -> None:
+    """Tell the launcher of each worker (``children``: number by pid) that ended since
+    last time."""
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -363,9 +387,10 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
             return
         if pid == 0:
             return
-        children.discard(pid)
-        with contextlib.suppress(OSError):
-            send(sock, ("exited", pid, os.waitstatus_to_exitcode(status)))
+        number = children.pop(pid, None)
+        if number is not None:
+            with contextlib.suppress(OSError):
+                send(sock, ("exited", number, os.waitstatus_to_exitcode(status)))
 
 
 def _fork_worker(request: dict[str, Any], fd: int, sock: socket.socket,
@@ -407,7 +432,8 @@ def main(fd: int) -> int:
     os.set_blocking(wake[1], False)
     signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
-    children: set[int] = set()
+    children: dict[int, int] = {}  # the number of each unreaped worker, by pid
+    spawned = 0
     send(sock, ("ready", os.getpid()))
     listening, retired = True, False
     # Retired or left by its launcher, it stays while a worker it started lives: its
@@ -432,25 +458,28 @@ def main(fd: int) -> int:
             except OSError as err:  # EAGAIN, ENOMEM: this worker, not every gang, fails
                 send(sock, ("failed", f"fork failed: {err}"))
             else:
-                children.add(pid)
+                spawned += 1
+                children[pid] = spawned
                 # Opened while it is an unreaped child, so it names this worker.
                 try:
                     pidfd: tuple[int, ...] = (os.pidfd_open(pid),)
                 except (AttributeError, OSError):
                     pidfd = ()
-                send(sock, ("started", pid), pidfd)
+                send(sock, ("started", spawned, pid), pidfd)
                 for opened in pidfd:
                     os.close(opened)
         elif kind == "spawn":
             send(sock, ("failed", "retired" if retired else "no connection passed"))
-        elif kind == "signal" and args[0] in children:  # not reaped: still that worker
-            try:
-                os.killpg(args[0], args[1])
-            except ProcessLookupError:  # not yet in a session of its own
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(args[0], args[1])
-            except PermissionError:
-                pass
+        elif kind == "signal":
+            # Only a worker not yet reaped: its pid is still its own.
+            for pid in [p for p, number in children.items() if number == args[0]]:
+                try:
+                    os.killpg(pid, args[1])
+                except ProcessLookupError:  # not yet in a session of its own
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, args[1])
+                except PermissionError:
+                    pass
         elif kind == "retire":
             retired = True
         for passed in fds:
