@@ -29,6 +29,7 @@ ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install '
 from ray.cluster_utils import Cluster as RayTestCluster  # noqa: E402
 
 from dione.launch.ray_launcher import RayLauncher  # noqa: E402
+from dione.launch.worker import rendezvous_path  # noqa: E402
 
 QUICK = TrialOptions(warmup_steps=1, measure_steps=2)
 
@@ -137,6 +138,8 @@ def test_a_failing_rank_reads_as_it_does_locally(
     with pytest.raises(SliceError) as on_ray:
         run_slice(task, "ddp", tmp_path / "ray", launcher.placement(node, [0, 1]),
                   launcher=launcher, timeout=limit)
+    failed = [rendezvous_path(s) for stores in launcher._stale.values() for s in stores]
+    assert len(failed) == 1 and Path(failed[0]).is_dir()
     monkeypatch.setenv("FAULT", launcher.env["FAULT"])  # the local workers' environment
     with pytest.raises(SliceError) as here:
         run_slice(task, "ddp", tmp_path / "local",
@@ -161,6 +164,9 @@ def test_a_failing_rank_reads_as_it_does_locally(
         while failed_gangs_left() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not failed_gangs_left()
+    else:  # no gang ran on the node after it: shutdown removes the failed gang's folder
+        launcher.shutdown()
+        assert not Path(failed[0]).exists()
     with RunStore(tmp_path / "ray") as store:
         assert [s.status for s in store.slices()] == ["failed"]
 

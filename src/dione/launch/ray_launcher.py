@@ -8,7 +8,8 @@ job as a local warm worker (``worker.run_job``), watched by the same loop (``gan
                 ended (and replaced later) when its gang fails, times out or is cancelled
       per gang:  a rendezvous folder with a random name (the gang's secret) that the
                 ranks create privately in their node's temporary folder: a gang never
-                spans nodes, so no port is opened for it
+                spans nodes, so no port is opened for it; removed by the node's
+                next finished gang, or at shutdown by a task on that node
 
 An actor streams what its job says back as Ray objects (a streaming generator): its
 progress, its output (kept in the gang's folder on its node, sent as it grows), then
@@ -25,6 +26,7 @@ import os
 import queue
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -44,6 +46,8 @@ __all__ = ["RayLauncher", "RayNotInstalled"]
 
 # How often a running job's new output is sent back (and its progress, at the latest).
 _LOG_SECONDS = 0.5
+# How long shutdown waits for the folders of failed gangs to be removed, on every node.
+_CLEANUP_SECONDS = 60.0
 
 
 class RayNotInstalled(ClusterError):
@@ -115,14 +119,20 @@ class _Actor:
 
     def forget(self, store: str) -> None:
         """Remove a finished gang's rendezvous folder on this node."""
-        import shutil
-
-        from dione.launch.worker import rendezvous_folder
-
-        shutil.rmtree(rendezvous_folder(store), ignore_errors=True)
+        _remove_rendezvous_folders([store])
 
     def pid(self) -> int:
         return os.getpid()
+
+
+def _remove_rendezvous_folders(stores: list[str]) -> None:
+    """Remove these gangs' rendezvous folders (and their ranks' logs) on this node."""
+    import shutil
+
+    from dione.launch.worker import rendezvous_path
+
+    for store in stores:
+        shutil.rmtree(rendezvous_path(store), ignore_errors=True)
 
 
 def _grown(log: Path, offset: int) -> tuple[bytes, int]:
@@ -354,10 +364,26 @@ class RayLauncher:
             self._idle.clear()
             groups = list(self._groups.values())
             self._groups.clear()
+            stale, self._stale = self._stale, {}
         self._end(actors)
+        self._remove_stale(stale)
         for group in groups:
             with contextlib.suppress(Exception):  # already gone with its node
                 _remove_group(group)
+
+    def _remove_stale(self, stale: dict[str, list[str]]) -> None:
+        """Remove the folders failed gangs left on each node (by node name) that no later
+        gang there removed: a Ray task on that node, since their actors are ended."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        remover = self.ray.remote(num_cpus=0, max_retries=0)(_remove_rendezvous_folders)
+        calls = [remover.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                     self._ids[name], soft=False)).remote(stores)
+                 for name, stores in stale.items() if name in self._ids]
+        deadline = time.monotonic() + _CLEANUP_SECONDS
+        for call in calls:
+            with contextlib.suppress(Exception):  # its node is gone, and the folders with it
+                self.ray.get(call, timeout=max(0.1, deadline - time.monotonic()))
 
     def __repr__(self) -> str:
         return f"<RayLauncher on {socket.gethostname()}>"

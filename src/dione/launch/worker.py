@@ -183,13 +183,18 @@ def _fresh_module(name: str, path: str, source: str) -> None:
     exec(compile(source, path, "exec"), module.__dict__)
 
 
-def rendezvous_folder(store: str) -> str:
-    """The gang's private rendezvous folder on this node (see ``Job.store``)."""
+def rendezvous_path(store: str) -> str:
+    """Where the gang's rendezvous folder is on this node (see ``Job.store``)."""
     import tempfile
 
+    return store if os.path.isabs(store) else os.path.join(tempfile.gettempdir(), store)
+
+
+def rendezvous_folder(store: str) -> str:
+    """The gang's private rendezvous folder on this node, made if it is not there."""
     from dione.state.private import check_private
 
-    folder = store if os.path.isabs(store) else os.path.join(tempfile.gettempdir(), store)
+    folder = rendezvous_path(store)
     with contextlib.suppress(FileExistsError):
         os.mkdir(folder, 0o700)
     check_private(folder)
