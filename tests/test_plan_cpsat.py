@@ -171,7 +171,7 @@ def test_the_hint_is_a_plan_of_the_model(problem: PlanningProblem, running: bool
                                   (Busy("running", node.name, (0,), 50.0),))
     start = greedy_placements(problem, None)
     spase = build_model(problem, start.makespan)
-    cpsat_module._hint(spase, problem, start.placed, symmetry=True)
+    cpsat_module.add_plan_hint(spase, problem, start.placed, symmetry=True)
     solver = cp_solver(Budget(10, deterministic=False), 10, 1)
     solver.parameters.fix_variables_to_their_hinted_value = True
     status = solver.solve(spase.model)

@@ -23,11 +23,10 @@ from pathlib import Path
 from ortools.sat.python import cp_model
 
 from dione.plan import load_problem
-from dione.plan.bounds import energetic_bound, lower_bound
+from dione.plan.bounds import lower_bound
 from dione.plan.budget import PORTFOLIO, Budget, cp_solver
-from dione.plan.cpsat import _hint, build_model
+from dione.plan.cpsat import add_plan_hint, build_model, raised_bounds
 from dione.plan.greedy import greedy_placements
-from dione.plan.lanes import lane_bound
 from dione.plan.problem import PlanningProblem
 
 INSTANCES = Path(__file__).parent / "instances"
@@ -37,12 +36,10 @@ def probe(problem: PlanningProblem, longest: int, workers: str, limit: float
           ) -> tuple[str, float, float, float, float]:
     """CP-SAT's status, seconds, best plan and bound (seconds), and the analytic bound."""
     greedy = greedy_placements(problem, None)
-    bound = lower_bound(problem)
-    bound = max(bound, energetic_bound(problem, bound, greedy.makespan))
-    bound = max(bound, lane_bound(problem, bound, greedy.makespan))
+    bound = raised_bounds(problem, lower_bound(problem), greedy.makespan)[1]
     spase = build_model(problem, greedy.makespan)
     spase.model.add(spase.makespan >= math.floor(bound / spase.tick))
-    _hint(spase, problem, greedy.placed, True)
+    add_plan_hint(spase, problem, greedy.placed, True)
     first = sorted(problem.tasks, key=lambda t: -min(o.seconds for o in t.options))[:longest]
     literals = [var for task in first for (name, _, _), var in spase.choices.items()
                 if name == task.name]

@@ -48,7 +48,7 @@ from ortools.sat.python import cp_model
 
 from dione.plan import Option, PlanningProblem, load_problem
 from dione.plan.cpsat import identical_groups
-from dione.plan.options import useful_options
+from dione.plan.options import fitting_options
 
 UNITS = 20_000
 # Finer for --timed: starts are in these units too, and a chain of floored lengths
@@ -140,7 +140,7 @@ def _usable(problem: PlanningProblem, makespan: float
     width = problem.nodes[0].devices
     tasks = []
     for task in problem.tasks:
-        usable = [o for o in useful_options(task) if o.seconds <= makespan and o.devices <= width]
+        usable = fitting_options(task, makespan, width)
         if not usable:
             return None
         tasks.append((task.name, usable))

@@ -52,8 +52,8 @@ from dione.plan.plan import Plan
 from dione.plan.problem import NodeSpec, Option, PlanningProblem
 from dione.spec.devices import available_cores
 
-__all__ = ["MAX_INTERVALS", "TICKS_PER_HORIZON", "build_model", "cpsat", "identical_groups",
-           "longest_chain", "useful_options"]
+__all__ = ["MAX_INTERVALS", "TICKS_PER_HORIZON", "add_plan_hint", "build_model", "cpsat",
+           "identical_groups", "longest_chain", "raised_bounds", "useful_options"]
 
 MAX_INTERVALS = 12_000
 
@@ -236,8 +236,10 @@ def _identical_nodes(problem: PlanningProblem) -> list[list[NodeSpec]]:
     return list(groups.values())
 
 
-def _hint(spase: SpaseModel, problem: PlanningProblem, placed: Sequence[Placement],
-          symmetry: bool) -> None:
+def add_plan_hint(spase: SpaseModel, problem: PlanningProblem, placed: Sequence[Placement],
+                  symmetry: bool) -> None:
+    """Hint ``placed`` to the model, made to satisfy its symmetry constraints (built with
+    ``symmetry``) and its tick grid, so that CP-SAT starts from that plan."""
     # Dominated options are not in the model: the useful option that replaces each.
     placed = [(name, useful_for(spase.options[name], option), node, start)
               for name, option, node, start in placed]
@@ -305,7 +307,7 @@ def _solve(problem: PlanningProblem, placed: Sequence[Placement], horizon: float
     spase = build_model(problem, horizon, symmetry)
     # Any tick plan re-timed in seconds ends no later, so it too ends after ``bound``.
     spase.model.add(spase.makespan >= math.floor(bound / spase.tick))
-    _hint(spase, problem, placed, symmetry)
+    add_plan_hint(spase, problem, placed, symmetry)
     solver = cp_solver(budget, seconds, threads)
     status = solver.solve(spase.model)
     budget.charge(solver)
@@ -321,6 +323,14 @@ def _solve(problem: PlanningProblem, placed: Sequence[Placement], horizon: float
             found.append((task, spase.options[task][i], node,
                           solver.value(spase.starts[task]) * spase.tick))
     return found, name, found_bound
+
+
+def raised_bounds(problem: PlanningProblem, bound: float, plan: float
+                  ) -> tuple[float, float]:
+    """``bound`` raised by the energetic bound, then that by the lane bound, each asked
+    to prove ``plan``'s makespan (they stop once they reach it): both, in that order."""
+    energetic = max(bound, energetic_bound(problem, bound, plan))
+    return energetic, max(energetic, lane_bound(problem, energetic, plan))
 
 
 def longest_chain(problem: PlanningProblem, horizon: float) -> int:
@@ -378,9 +388,7 @@ def cpsat(problem: PlanningProblem, time_limit: float = 10.0, threads: int | Non
     if start.makespan <= analytic * (1 + 1e-9):
         return greedy_plan("optimal", "greedy meets the lower bound")
     if size <= 4 * MAX_INTERVALS:
-        analytic = max(analytic, energetic_bound(problem, analytic, start.makespan))
-        notes["energetic_bound"] = analytic
-        analytic = max(analytic, lane_bound(problem, analytic, start.makespan))
+        notes["energetic_bound"], analytic = raised_bounds(problem, analytic, start.makespan)
         notes["lane_bound"] = analytic
         if start.makespan <= analytic * (1 + 1e-9):
             return greedy_plan("optimal", "greedy meets the energetic or lane lower bound")

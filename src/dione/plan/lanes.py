@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.linear_solver import pywraplp
 
-from dione.plan.options import useful_options
+from dione.plan.options import fitting_options, useful_options
 from dione.plan.problem import PlanningProblem
 
 __all__ = ["lane_bound", "lanes_needed"]
@@ -64,8 +64,7 @@ def _pieces(problem: PlanningProblem, makespan: float) -> list[_Piece] | None:
     widest = max(n.devices for n in problem.nodes)
     pieces = []
     for t, task in enumerate(problem.tasks):
-        usable = [o for o in useful_options(task)
-                  if o.devices <= widest and o.seconds <= makespan]
+        usable = fitting_options(task, makespan, widest)
         if not usable:
             return None
         pieces += [_Piece(t, o.devices, o.seconds) for o in usable]

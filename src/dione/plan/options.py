@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dione.plan.problem import Option, PlanningProblem, TaskOptions
 from dione.plan.timeline import NodeTimeline
 
-__all__ = ["TICKS_PER_HORIZON", "Placement", "tick_starts", "ticks", "useful_for",
-           "useful_options"]
+__all__ = ["TICKS_PER_HORIZON", "Placement", "fitting_options", "tick_starts", "ticks",
+           "useful_for", "useful_options"]
 
 Placement = tuple[str, Option, str, float]  # task, option, node, start
 
@@ -33,6 +33,12 @@ def useful_options(task: TaskOptions) -> list[Option]:
         if not any(k.devices <= option.devices and k.seconds <= option.seconds for k in kept):
             kept.append(option)
     return kept
+
+
+def fitting_options(task: TaskOptions, makespan: float, devices: int) -> list[Option]:
+    """The useful options a plan ending by ``makespan`` on nodes of at most ``devices``
+    devices could give the task."""
+    return [o for o in useful_options(task) if o.devices <= devices and o.seconds <= makespan]
 
 
 def useful_for(useful: Sequence[Option], option: Option) -> Option:
