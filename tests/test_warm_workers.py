@@ -204,4 +204,15 @@ def test_a_slice_sees_the_launchers_environment_as_it_is_now(
     assert during.losses == [0.0, 0.0]
     [worker] = pool.idle()
     assert isinstance(worker.process, SpawnedProcess) and worker is not first
-    assert pool.spawner_pids() == spawners
+    assert set(pool.spawner_pids()) <= set(spawners)  # no new one (a replaced one may end)
+    # A spawner started while the variable was set: a worker it forks once the variable
+    # is unset has none (it takes the launcher's environment, not the spawner's).
+    monkeypatch.setenv("DIONE_TEST_SPAWNER", "scaled")  # read at import: a new spawner
+    again = tmp_path / "again"  # the task has 6 steps: another run of them
+    assert run_slice(task, "single", again, placement, steps=2).losses == [0.0, 0.0]
+    spawners, earlier = pool.spawner_pids(), spawners
+    assert set(spawners) - set(earlier)
+    monkeypatch.delenv("LOSS_SCALE_OF_THIS_TEST")
+    after = run_slice(task, "single", again, placement, steps=2)
+    assert all(loss > 0 for loss in after.losses)
+    assert set(pool.spawner_pids()) <= set(spawners)

@@ -59,11 +59,15 @@ _REPORT_GRACE_SECONDS = 2.0  # how long an ended worker's report may take to arr
 # collectives or dione may read while the spawner imports (a fork inherits what they
 # set up then), by prefix or whole name. A change to any of them needs a new spawner;
 # any other variable is only set in each forked worker, before it imports a task.
+# (Found in those libraries' sources and binaries: numpy's NPY_ CPU features, OpenBLAS's
+# GOTO_ threads, libtorch's KINETO_ and ATEN_ settings, the time zone at ``time``'s
+# import, preloaded allocators' settings, ROCm's.)
 IMPORT_VARIABLES = (
-    "PYTHON", "LD_", "LC_", "LANG", "MALLOC_", "GLIBC_", "TORCH", "PYTORCH_", "CUDA_",
-    "NVIDIA_", "NCCL_", "GLOO_", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "BLIS_",
-    "NUMPY_", "NUMEXPR_", "DNNL_", "ONEDNN_", "TRITON_", "XLA_", "DIONE_", "TMP", "TEMP",
-    "HOME", "PATH",
+    "PYTHON", "LD_", "LC_", "LANG", "LOCPATH", "GCONV_PATH", "TZ", "MALLOC_", "GLIBC_",
+    "TCMALLOC_", "MIMALLOC_", "JE_", "TORCH", "PYTORCH_", "ATEN_", "KINETO_", "CUDA_",
+    "NVIDIA_", "HIP_", "HSA_", "ROCR_", "NCCL_", "GLOO_", "OMP_", "MKL_", "KMP_", "GOMP_",
+    "GOTO_", "OPENBLAS_", "BLIS_", "NPY_", "NUMPY_", "NUMEXPR_", "DNNL_", "ONEDNN_",
+    "TRITON_", "XLA_", "DIONE_", "TMP", "TEMP", "HOME", "PATH",
 )
 
 
