@@ -10,7 +10,9 @@ instance and setting, with a decision strategy on the choice literals (option x 
 the ``--longest`` tasks with the longest shortest options, literals tried true first.
 ``--workers`` names the subsolvers: ``default`` is ``cpsat``'s own two (max_lp and
 quick_restart), ``max_lp,fixed`` puts one worker on the strategy (``fixed`` follows it
-to the letter).
+to the letter). ``--semi-active`` instead adds, for every task, "it starts at 0 or when
+another task ends" (some optimal plan is left-shifted so), to see whether pruning starts
+helps the proof.
 """
 
 from __future__ import annotations
@@ -25,21 +27,24 @@ from ortools.sat.python import cp_model
 from dione.plan import load_problem
 from dione.plan.bounds import lower_bound
 from dione.plan.budget import PORTFOLIO, Budget, cp_solver
-from dione.plan.cpsat import add_plan_hint, build_model, raised_bounds
+from dione.plan.cpsat import SpaseModel, add_plan_hint, build_model, raised_bounds
 from dione.plan.greedy import greedy_placements
+from dione.plan.options import ticks
 from dione.plan.problem import PlanningProblem
 
 INSTANCES = Path(__file__).parent / "instances"
 
 
-def probe(problem: PlanningProblem, longest: int, workers: str, limit: float
-          ) -> tuple[str, float, float, float, float]:
+def probe(problem: PlanningProblem, longest: int, workers: str, limit: float,
+          semi_active: bool = False) -> tuple[str, float, float, float, float]:
     """CP-SAT's status, seconds, best plan and bound (seconds), and the analytic bound."""
     greedy = greedy_placements(problem, None)
     bound = raised_bounds(problem, lower_bound(problem), greedy.makespan)[1]
     spase = build_model(problem, greedy.makespan)
     spase.model.add(spase.makespan >= math.floor(bound / spase.tick))
     add_plan_hint(spase, problem, greedy.placed, True)
+    if semi_active:
+        _starts_at_an_end(spase, problem)
     first = sorted(problem.tasks, key=lambda t: -min(o.seconds for o in t.options))[:longest]
     literals = [var for task in first for (name, _, _), var in spase.choices.items()
                 if name == task.name]
@@ -60,12 +65,34 @@ def probe(problem: PlanningProblem, longest: int, workers: str, limit: float
             bound)
 
 
+def _starts_at_an_end(spase: SpaseModel, problem: PlanningProblem) -> None:
+    """Each task starts at 0, when a running task ends, or when another task ends."""
+    model = spase.model
+    length = {t.name: sum(ticks(spase.options[t.name][i].seconds, spase.tick) * var
+                          for (name, i, _), var in spase.choices.items() if name == t.name)
+              for t in problem.tasks}
+    moments = {0, *(ticks(b.until, spase.tick) for b in problem.busy)}
+    for task in problem.tasks:
+        start, reasons = spase.starts[task.name], []
+        for moment in sorted(moments):
+            reasons.append(model.new_bool_var(f"{task.name} starts at {moment}"))
+            model.add(start == moment).only_enforce_if(reasons[-1])
+        for other in problem.tasks:
+            if other.name != task.name:
+                reasons.append(model.new_bool_var(f"{task.name} after {other.name}"))
+                model.add(start == spase.starts[other.name] + length[other.name]
+                          ).only_enforce_if(reasons[-1])
+        model.add_bool_or(reasons)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("instances", nargs="+")
     parser.add_argument("--longest", type=int, nargs="+", default=[0, 5])
     parser.add_argument("--workers", nargs="+", default=["default", "max_lp,fixed"])
     parser.add_argument("--limit", type=float, default=10.0)
+    parser.add_argument("--semi-active", action="store_true",
+                        help="starts only at 0 or another task's end")
     args = parser.parse_args()
     print("| instance | longest | workers | status | seconds | plan, s | CP-SAT bound, s |"
           " analytic bound, s |")
@@ -75,7 +102,7 @@ def main() -> None:
         for workers in args.workers:
             for longest in args.longest:
                 status, seconds, plan, found, bound = probe(problem, longest, workers,
-                                                            args.limit)
+                                                            args.limit, args.semi_active)
                 print(f"| {name} | {longest} | {workers} | {status} | {seconds:.1f} | "
                       f"{plan:,.0f} | {found:,.0f} | {bound:,.0f} |", flush=True)
 
