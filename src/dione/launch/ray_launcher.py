@@ -26,7 +26,6 @@ import os
 import queue
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -47,7 +46,7 @@ __all__ = ["RayLauncher", "RayNotInstalled"]
 # How often a running job's new output is sent back (and its progress, at the latest).
 _LOG_SECONDS = 0.5
 # How long shutdown waits for the folders of failed gangs to be removed, on every node.
-_CLEANUP_SECONDS = 60.0
+_CLEANUP_SECONDS = 20.0
 
 
 class RayNotInstalled(ClusterError):
@@ -209,6 +208,7 @@ class RayLauncher:
         # Per node: rendezvous folders (and the rank logs in them) of gangs that failed,
         # whose actors were ended before they could remove them.
         self._stale: dict[str, list[str]] = {}
+        self._forgetting: list[Any] = []  # actors' removals of finished gangs' folders
         self._actor_class = self.ray.remote(_Actor)
         self.actors_started = 0
 
@@ -326,8 +326,15 @@ class RayLauncher:
             raise
         with self._lock:
             stale = [store, *self._stale.pop(node.name, [])]
-        for folder_name in stale:  # the gang's folder, and those failed gangs left there
-            actors[0].forget.remote(folder_name)
+        removals = [actors[0].forget.remote(name) for name in stale]  # and failed gangs'
+        # Awaited at shutdown (ending the actor first would drop them, folders left);
+        # those already done are dropped here.
+        with self._lock:
+            pending, self._forgetting = self._forgetting, []
+        if pending:
+            pending = self.ray.wait(pending, num_returns=len(pending), timeout=0)[1]
+        with self._lock:
+            self._forgetting += [*pending, *removals]
         with self._lock:
             self._busy.difference_update(actors)
             for device, actor in zip(placement.device_ids, actors, strict=True):
@@ -352,6 +359,7 @@ class RayLauncher:
             gone = [k for k in self._idle if k[0] == name]
             actors = [self._idle.pop(k) for k in gone]
             group = self._groups.pop(name, None)
+            self._stale.pop(name, None)  # its folders cannot be reached now
         self._end(actors)
         if group is not None:
             with contextlib.suppress(Exception):  # already gone with its node
@@ -365,6 +373,11 @@ class RayLauncher:
             groups = list(self._groups.values())
             self._groups.clear()
             stale, self._stale = self._stale, {}
+            forgetting, self._forgetting = self._forgetting, []
+        if forgetting:
+            with contextlib.suppress(Exception):  # an actor or node already gone
+                self.ray.wait(forgetting, num_returns=len(forgetting),
+                              timeout=_CLEANUP_SECONDS)
         self._end(actors)
         self._remove_stale(stale)
         for group in groups:
@@ -372,18 +385,27 @@ class RayLauncher:
                 _remove_group(group)
 
     def _remove_stale(self, stale: dict[str, list[str]]) -> None:
-        """Remove the folders failed gangs left on each node (by node name) that no later
-        gang there removed: a Ray task on that node, since their actors are ended."""
+        """Remove the folders failed gangs left on each alive node (by node name) that no
+        later gang there removed: a Ray task on that node, with the actors' environment
+        (their temporary folder), since the actors themselves are ended."""
+        if not stale or not self.ray.is_initialized():
+            return
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
         remover = self.ray.remote(num_cpus=0, max_retries=0)(_remove_rendezvous_folders)
-        calls = [remover.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-                     self._ids[name], soft=False)).remote(stores)
-                 for name, stores in stale.items() if name in self._ids]
-        deadline = time.monotonic() + _CLEANUP_SECONDS
-        for call in calls:
-            with contextlib.suppress(Exception):  # its node is gone, and the folders with it
-                self.ray.get(call, timeout=max(0.1, deadline - time.monotonic()))
+        calls = [remover.options(
+                     runtime_env={"env_vars": self.env},
+                     scheduling_strategy=NodeAffinitySchedulingStrategy(self._ids[name],
+                                                                        soft=False),
+                 ).remote(stores)
+                 for name, stores in stale.items() if self._ids.get(name) in alive]
+        if not calls:
+            return
+        _, late = self.ray.wait(calls, num_returns=len(calls), timeout=_CLEANUP_SECONDS)
+        for call in late:  # a node too slow to answer keeps its folders
+            with contextlib.suppress(Exception):
+                self.ray.cancel(call, force=True)
 
     def __repr__(self) -> str:
         return f"<RayLauncher on {socket.gethostname()}>"
