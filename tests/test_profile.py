@@ -231,8 +231,8 @@ def test_out_of_memory_and_crash_are_recorded_and_the_rest_completes(tmp_path: P
     assert "exceeds the device's memory cap" in (statuses[("single", 1)].reason or "")
     # ddp replicates the model: after single ran out of memory it is not even tried.
     assert ("ddp", 2) not in statuses
-    assert any(what.startswith("ddp x2") and "ran out of memory" in reason
-               for what, reason in big.skipped)
+    assert any(s.technique == "ddp" and s.label.startswith("ddp x2")
+               and "ran out of memory" in s.reason for s in big.skipped)
     # fsdp shards it over both devices, so it is tried (and fits or not, but is recorded).
     assert any(r.technique == "fsdp" for r in big.trials)
     crashed = next(r for r in small.trials if r.technique == "crashes")
@@ -251,7 +251,7 @@ def test_budget_skips_trials_and_does_not_cache_the_skips(tmp_path: Path) -> Non
     with Catalog(tmp_path / "catalog.sqlite") as catalog:
         none = profile_workload([task], CLUSTER, catalog, options=QUICK, budget=0.0)
         assert none.trials_run == 0
-        skipped = dict(none.task("a").skipped)
+        skipped = {s.label: s.reason for s in none.task("a").skipped}
         assert skipped["single x1"] == skipped["ddp x2"] == "over the profiling budget of 0 s"
         assert skipped["fsdp"] == "task 'a' allows only single, ddp"
         assert none.planning_problem().tasks == ()
@@ -307,7 +307,7 @@ def test_memory_saving_knobs_are_tried_only_where_memory_ran_out(tmp_path: Path)
     result = profile.task("a")
     assert [(r.technique, r.knobs["reshard_after_forward"], r.status) for r in result.trials] \
         == [("fsdp", False, "ok")]
-    reasons = [why for what, why in result.skipped if what.startswith("fsdp x2")]
+    reasons = [s.reason for s in result.skipped if s.label.startswith("fsdp x2")]
     # resharding, then activation checkpointing, then accumulation 2 and 4 on top.
     assert len(reasons) == 4
     assert all("fits in memory" in why and "only trades speed for memory" in why

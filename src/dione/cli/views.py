@@ -117,8 +117,9 @@ def print_profile(profile: Any) -> None:
                 f"{record.spread:.0%}" if record.spread is not None else "-", seconds,
                 f"{record.peak_memory_bytes / 2**20:.0f}" if record.peak_memory_bytes else "-",
                 note)
-        for what, reason in task.skipped:
-            table.add_row(task.task, what, "", "", "", "", "", "", f"skipped: {reason}")
+        for skip in task.skipped:
+            table.add_row(task.task, skip.label, "", "", "", "", "", "",
+                          f"skipped: {skip.reason}")
         for technique, reason in task.not_tried():
             table.add_row(task.task, technique, "", "", "", "", "", "", f"not tried: {reason}")
     console.print(table)

@@ -22,7 +22,7 @@ from dione.profile.catalog import Catalog, TrialRecord
 from dione.profile.choice import choose_options, repeats_due
 from dione.profile.fingerprint import device_description
 from dione.profile.options import TrialOptions
-from dione.profile.results import Option, Profile, ProfileEvent, TaskProfile
+from dione.profile.results import Option, Profile, ProfileEvent, Skipped, TaskProfile
 from dione.profile.schedule import TrialSetting, run_trials
 from dione.profile.simulated import cross_check
 from dione.profile.trials import PendingTrial, device_counts, wanted_trials
@@ -106,8 +106,8 @@ def profile_workload(
             continue
         own = by_task[profile.task]
         profile.trials = [results[f] for f in own if f in results]
-        profile.skipped += [(wanted[f].spec.label, reason) for f, reason in skips.items()
-                            if f in own]
+        profile.skipped += [Skipped(wanted[f].spec.technique, wanted[f].spec.label, reason)
+                            for f, reason in skips.items() if f in own]
         profile.options = choose_options(profile.trials, profile.total_steps)
     # Say once, per technique and reason, which techniques a task could not use and why.
     not_tried: dict[tuple[str, str], list[str]] = {}

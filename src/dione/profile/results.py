@@ -10,7 +10,8 @@ from dione.plan import problem as planning
 from dione.profile.catalog import TrialRecord
 from dione.spec.cluster import Cluster
 
-__all__ = ["Option", "Profile", "ProfileEvent", "TaskProfile", "planning_nodes"]
+__all__ = ["NotApplicable", "Option", "Profile", "ProfileEvent", "Skipped", "TaskProfile",
+           "planning_nodes"]
 
 
 def planning_nodes(cluster: Cluster) -> tuple[planning.NodeSpec, ...]:
@@ -36,6 +37,30 @@ class Option:
         return planning.Option(self.technique, self.devices, seconds, dict(self.knobs))
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """Something the profile did not try, and why: a trial (the profiling budget ran
+    out, a lighter setting already failed) or a whole technique the task does not allow."""
+
+    technique: str
+    label: str  # what was not tried, as shown: "ddp x2", "gpipe x2 microbatches=4", "fsdp"
+    reason: str
+
+
+@dataclass(frozen=True)
+class NotApplicable:
+    """A technique that proposes no setting for the task at a device count, and why
+    (e.g. single on 2 devices, gpipe on a model it cannot split)."""
+
+    technique: str
+    devices: int
+    reason: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.technique} x{self.devices}"
+
+
 @dataclass
 class TaskProfile:
     """What profiling found for one task."""
@@ -45,9 +70,8 @@ class TaskProfile:
     total_steps: int
     options: list[Option] = field(default_factory=list)
     trials: list[TrialRecord] = field(default_factory=list)  # every knob setting, any status
-    skipped: list[tuple[str, str]] = field(default_factory=list)  # (configuration, reason)
-    # Configurations a technique cannot take at all (e.g. single on 2 devices).
-    not_applicable: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    not_applicable: list[NotApplicable] = field(default_factory=list)
     evaluation_seconds: float = 0.0
     error: str | None = None  # the task could not be profiled at all
 
@@ -56,7 +80,8 @@ class TaskProfile:
         reasons = [f"{r.technique} x{r.devices}: {r.status}"
                    + (f" ({(r.reason or '').strip().splitlines()[-1][:160]})" if r.reason else "")
                    for r in self.trials if not r.feasible]
-        reasons += [f"{what}: {why}" for what, why in [*self.skipped, *self.not_applicable]]
+        reasons += [f"{s.label}: {s.reason}" for s in self.skipped]
+        reasons += [f"{s.label}: {s.reason}" for s in self.not_applicable]
         return ("no configuration fits: every trial failed or was skipped"
                 + (":\n  " + "\n  ".join(reasons[:12]) if reasons else "")
                 + ("\n  ..." if len(reasons) > 12 else "") + "\n(see `dione profile`)")
@@ -65,18 +90,17 @@ class TaskProfile:
         """(technique, why) for each technique this task had no trial of at any device
         count, and why not (e.g. "gpipe": the model is not an nn.Sequential): the
         reasons at the largest device count, where a count is least often the reason."""
-        tried = {r.technique for r in self.trials} | {what.split(" ")[0]
-                                                     for what, _ in self.skipped}
-        widest: dict[str, tuple[int, str]] = {}
-        for what, why in self.not_applicable:
-            technique, _, count = what.rpartition(" x")
-            if technique not in tried and int(count) >= widest.get(technique, (0, ""))[0]:
-                widest[technique] = (int(count), why)
+        tried = {r.technique for r in self.trials} | {s.technique for s in self.skipped}
+        widest: dict[str, NotApplicable] = {}
+        for skip in self.not_applicable:
+            known = widest.get(skip.technique)
+            if skip.technique not in tried and (known is None or skip.devices >= known.devices):
+                widest[skip.technique] = skip
         result = []
-        for technique, (_, why) in widest.items():
+        for technique, skip in widest.items():
             # The task's name out of its reasons, so that tasks with one reason group.
             parts = [part.replace(f"task {self.task!r}: ", "").replace(f" {self.task!r}", "")
-                     for part in why.split("; ")]
+                     for part in skip.reason.split("; ")]
             result.append((technique, "; ".join(dict.fromkeys(parts))))
         return result
 

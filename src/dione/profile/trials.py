@@ -12,7 +12,7 @@ from typing import Any
 from dione.launch.slice import total_steps
 from dione.profile.catalog import Catalog
 from dione.profile.fingerprint import code_digest, speed_signature, trial_fingerprint
-from dione.profile.results import TaskProfile
+from dione.profile.results import NotApplicable, Skipped, TaskProfile
 from dione.profile.trial import TrialSpec
 from dione.spec.cluster import Node
 from dione.spec.task import Task
@@ -118,15 +118,16 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
                 profile.evaluation_seconds = cached_eval
         for technique in techniques():
             if not task.allows(technique.name):
-                profile.skipped.append((technique.name, f"task {task.name!r} allows only "
-                                        f"{', '.join(task.techniques or ())}"))
+                profile.skipped.append(Skipped(
+                    technique.name, technique.name,
+                    f"task {task.name!r} allows only {', '.join(task.techniques or ())}"))
                 continue
             for count in device_counts(node.devices):
                 settings = technique.knob_settings(task, count, node.kind)
                 if not settings:
                     reasons = technique.check(task, count, {}, node.kind)
-                    profile.not_applicable.append((
-                        f"{technique.name} x{count}",
+                    profile.not_applicable.append(NotApplicable(
+                        technique.name, count,
                         "; ".join(reasons) or f"{technique.name} proposes no setting"))
                     continue
                 resolved = [technique.resolve(s) for s in settings]
