@@ -167,6 +167,32 @@ def test_a_worker_that_dies_as_it_starts_is_reported(tmp_path: Path) -> None:
     assert "FileNotFoundError" in (tmp_path / "spawner.log").read_text()
 
 
+def test_a_signal_for_an_ended_worker_never_reaches_the_next(tmp_path: Path) -> None:
+    """The next worker forked may get an ended worker's pid; a signal sent for the ended
+    one before its end was heard (it names the spawn, not the pid) must not reach it."""
+    spawner = Spawner.start(0, dict(os.environ), tmp_path / "spawner.log")
+    try:
+        ours, theirs = socket.socketpair()
+        ended = spawner.spawn(dict(os.environ), str(tmp_path / "missing" / "log"),
+                              theirs.fileno(), 120)
+        theirs.close()
+        ours.close()
+        assert ended is not None and ended.wait(60) == 1
+        ours, theirs = socket.socketpair()
+        live = spawner.spawn(dict(os.environ), str(tmp_path / "live.log"), theirs.fileno(), 120)
+        theirs.close()
+        assert live is not None and live.poll() is None
+        # The ended worker as the launcher knew it before its end was reported, holding
+        # the live worker's pid: what a pid reused between the two looks like.
+        stale = SpawnedProcess(spawner, ended.number, live.pid, None)
+        assert spawner.signal(stale, signal.SIGKILL)  # asked of the spawner
+        live.signal_group(signal.SIGTERM)  # handled after the first, in order
+        assert live.wait(60) == -signal.SIGTERM
+        ours.close()
+    finally:
+        spawner.close(5)
+
+
 # A task whose loss reads the environment at every step, as a workload's code may.
 SCALED_BY_ENVIRONMENT = """
 import functools, os
