@@ -354,7 +354,7 @@ def test_committed_instances_load() -> None:
     from dione.plan import load_problem
 
     files = sorted((ROOT / "benchmarks" / "planner" / "instances").glob("*.json*"))
-    assert {f.name.split("-")[0] for f in files} == {"small", "medium", "large", "hard"}
+    assert {f.name.split("-")[0] for f in files} == {"small", "medium", "large", "hard", "mixed"}
     for file in files:
         problem = load_problem(file)
         assert lower_bound(problem) > 0

@@ -1,6 +1,6 @@
 """Planner quality and speed on the committed instances, and what re-planning is worth.
 
-    python benchmarks/planner/bench.py quality [--families small medium large hard]
+    python benchmarks/planner/bench.py quality [--families small medium large hard mixed]
         [--solvers ...] [--threads 2] [--json results.jsonl] [--instances hard-3 ...]
         [--deterministic-time UNITS]
     python benchmarks/planner/bench.py introspection [--families small medium]
@@ -39,7 +39,7 @@ from dione.plan.simulate import noisy_lengths, simulate
 
 INSTANCES = Path(__file__).with_name("instances")
 SOLVERS = ["sequential", "greedy", "saturn-milp", "cpsat"]
-FAMILIES = ["small", "medium", "large", "hard"]
+FAMILIES = ["small", "medium", "large", "hard", "mixed"]
 SMALL_TASKS = 24  # up to this many tasks: a 10 s limit, and cpsat should prove the optimum
 HARD_MEDIUM = range(40, 81)  # tasks of a hard medium instance: cpsat within 1.03 x bound
 

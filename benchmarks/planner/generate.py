@@ -44,6 +44,9 @@ plain area bound is loose and list scheduling leaves holes:
   least device-time over all devices) is re-drawn, so that no instance is trivially
   bound by one task;
 * 12 to 200 tasks on 1 to 16 nodes of 8 GPUs: 4 to 12 tasks per node.
+
+The mixed family puts the hard family's tasks on clusters of 8-, 4- and 2-GPU nodes
+(24 to 60 tasks on 3 to 7 nodes): options wider than a node fit only the larger ones.
 """
 
 from __future__ import annotations
@@ -142,7 +145,16 @@ def _hard_options(size: float, is_wide: bool, rng: random.Random) -> list[dict[s
     return [o for o in options if o["devices"] >= WIDE_DEVICES] if is_wide else options
 
 
-def hard_instance(tasks: int, nodes: int, seed: int) -> dict[str, Any]:
+# (tasks, node sizes) per mixed instance: the hard family's tasks on nodes of 8, 4 and
+# 2 GPUs, as clusters bought over the years are (no probe of mixed sizes existed).
+MIXED: list[tuple[int, list[int]]] = [(24, [8, 4, 4]), (40, [8, 8, 4, 4]),
+                                      (60, [8, 8, 8, 4, 4, 2, 2])]
+
+
+def hard_instance(tasks: int, nodes: int | list[int], seed: int) -> dict[str, Any]:
+    """``tasks`` tasks of the hard family on ``nodes`` nodes of 8 GPUs, or on nodes of the
+    sizes listed."""
+    sizes = [8] * nodes if isinstance(nodes, int) else list(nodes)
     rng = random.Random(seed)
     wide_target = round(tasks * rng.uniform(0.2, 1 / 3))
     groups: list[dict[str, Any]] = []  # one base fine-tune and its variants
@@ -166,7 +178,7 @@ def hard_instance(tasks: int, nodes: int, seed: int) -> dict[str, Any]:
     # one task (trivial for every planner): re-draw its tokens until none is.
     for _ in range(1000):
         area = sum(g["variants"] * min(o["devices"] * o["seconds"] for o in g["options"])
-                   for g in groups) / (8 * nodes)
+                   for g in groups) / sum(sizes)
         longest = max(groups, key=lambda g: min(o["seconds"] for o in g["options"]))
         if min(o["seconds"] for o in longest["options"]) <= DOMINANT_SHARE * area:
             break
@@ -175,7 +187,7 @@ def hard_instance(tasks: int, nodes: int, seed: int) -> dict[str, Any]:
     entries = [{"name": f"{g['base']}-lr{lr}", "options": g["options"]}
                for g in groups for lr in ["1e-5", "3e-5", "1e-4", "3e-4"][:g["variants"]]]
     rng.shuffle(entries)  # grids are not submitted in one block
-    return {"cluster": {"nodes": [{"name": f"n{i}", "devices": 8} for i in range(nodes)]},
+    return {"cluster": {"nodes": [{"name": f"n{i}", "devices": d} for i, d in enumerate(sizes)]},
             "tasks": entries}
 
 
@@ -202,6 +214,8 @@ def main() -> None:
             write(instance(tasks, nodes, seed), folder / f"{family}-{index}{suffix}")
     for index, (tasks, nodes) in enumerate(HARD, start=1):
         write(hard_instance(tasks, nodes, 9000 + index), folder / f"hard-{index}.json")
+    for index, (tasks, sizes) in enumerate(MIXED, start=1):
+        write(hard_instance(tasks, sizes, 9100 + index), folder / f"mixed-{index}.json")
 
 
 if __name__ == "__main__":
