@@ -335,7 +335,6 @@ class RayLauncher:
             pending = self.ray.wait(pending, num_returns=len(pending), timeout=0)[1]
         with self._lock:
             self._forgetting += [*pending, *removals]
-        with self._lock:
             self._busy.difference_update(actors)
             for device, actor in zip(placement.device_ids, actors, strict=True):
                 if (node.name, device) in self._idle:
