@@ -281,6 +281,30 @@ def test_the_lane_bound_counts_each_held_device_once_and_alone() -> None:
     assert lanes_needed(four, 9.0) == math.inf  # no option that short
 
 
+# Nodes of 4, 1 and 1 devices. "wide": a 2-device 8 s task and a 4-device 4 s task both
+# fit only the node of 4, so one after the other, 12 s; the area of the tasks that need
+# more than one device over that node's 4 devices says 8 s, and lanes all alike 8 s (six
+# pieces, six lanes). "held": one device of the node of 2 held until 6 s, a 2-device
+# 6 s task waits for it, 12 s; the area of that node says 9 s.
+MIXED_NODES = [
+    grid_problem([(1, [(2, 8.0)]), (1, [(4, 4.0)])], [4, 1, 1]),
+    PlanningProblem((NodeSpec("n0", 2), NodeSpec("n1", 1)),
+                    grid_problem([(1, [(2, 6.0)])], [2, 1]).tasks,
+                    (Busy("running", "n0", (0,), 6.0),)),
+]
+
+
+@pytest.mark.parametrize("problem", MIXED_NODES, ids=["wide", "held"])
+def test_the_lane_bound_keeps_pieces_on_lanes_of_nodes_that_fit_their_task(
+        problem: PlanningProblem) -> None:
+    assert lower_bound(problem) <= 9.0
+    assert lane_bound(problem, lower_bound(problem), 40.0) == pytest.approx(12.0, rel=2e-3)
+    assert lane_bound(problem, lower_bound(problem), 40.0) <= 12.0
+    plan = cpsat(problem, time_limit=5, threads=1)
+    assert plan.makespan == pytest.approx(12.0)
+    assert plan.lower_bound == pytest.approx(12.0, rel=2e-3)
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(wide_problems(), st.booleans())
 def test_the_lane_bound_stays_below_every_plan(problem: PlanningProblem, running: bool
