@@ -251,6 +251,18 @@ def test_cpsat_proves_the_optimum_found_by_enumeration(problem: PlanningProblem)
     assert plan.lower_bound <= optimum + 1e-9
 
 
+def test_greedy_gives_a_task_a_narrower_option_that_a_smaller_node_can_hold() -> None:
+    # On 4 devices each task takes 6 s (24 device-seconds), on 2 it takes 13 s (26): the
+    # fewest device-seconds put all three on the node of 4, one after another (18 s);
+    # one of them on the node of 2 ends all by 13 s, the optimum.
+    problem = problem_of({name: [(4, 6.0), (2, 13.0)] for name in "abc"},
+                         {"n0": 4, "n1": 2})
+    plan = solve(problem, "greedy")
+    assert check_plan(plan, problem) == []
+    assert plan.makespan == pytest.approx(13.0)
+    assert brute_force_optimum(problem) == pytest.approx(13.0)
+
+
 @st.composite
 def problems(draw: st.DrawFn) -> PlanningProblem:
     sizes = draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=3))

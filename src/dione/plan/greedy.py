@@ -5,8 +5,12 @@ of malleable tasks do: the fewest device-seconds among the options no longer tha
 (the fastest if none is). Each target's choice is list-scheduled, longest first, onto
 the node where each task ends earliest; the best of a sweep of targets is then improved
 by giving the task that ends last (and, failing that, the longest tasks) a faster, wider
-option while that shortens the plan. ``sequential`` is current practice: each task in
-turn on a whole node at its fastest option there.
+option while that shortens the plan. On nodes of different sizes it also tries the
+tasks that the fewest devices can hold first, puts a task on the smallest node where it
+ends as early, and lets the improvement give a task a narrower option too, one that more
+nodes can hold (mixed-1, nodes of 8, 4 and 4: 18,189 s against 21,120 s without these).
+``sequential`` is current practice: each task in turn on a whole node at its fastest
+option there.
 
 The improvement passes are bounded by work (task placements evaluated), not by wall
 time, so the same problem gives the same greedy plan on a quiet or a busy machine, and
@@ -64,18 +68,22 @@ def list_schedule(
     makespan = max((b.until for b in problem.busy), default=0.0)
     for name in order:
         option = choice[name]
-        best: tuple[float, float, str] | None = None
+        best: tuple[float, int, float, str] | None = None
         for node in problem.nodes:
             if option.devices > node.devices:
                 continue
             need = demand(option, node.devices)
             start = lines[node.name].earliest_start(need, option.seconds)
-            if best is None or start + option.seconds < best[0] - 1e-9:
-                best = (start + option.seconds, start, node.name)
+            end = start + option.seconds
+            # Where it ends as early, the smallest node: the larger ones stay free for
+            # tasks that only they can hold.
+            if best is None or end < best[0] - 1e-9 or \
+                    (end <= best[0] + 1e-9 and node.devices < best[1]):
+                best = (end, node.devices, start, node.name)
         if best is None:
             raise ValueError(f"task {name!r}: option {option.technique} on {option.devices} "
                              "devices fits no node")
-        end, start, node_name = best
+        end, _, start, node_name = best
         lines[node_name].reserve(start, end, demand(option, problem.node(node_name).devices))
         placed.append((name, option, node_name, start))
         makespan = max(makespan, end)
@@ -109,7 +117,19 @@ _ORDERS: tuple[Callable[[Option], tuple[float, ...]], ...] = (
 
 def _orders(problem: PlanningProblem, choice: dict[str, Option]) -> list[list[str]]:
     names = [t.name for t in problem.tasks]
-    return [sorted(names, key=lambda n: (*order(choice[n]), n)) for order in _ORDERS]
+    orders = [sorted(names, key=lambda n: (*order(choice[n]), n)) for order in _ORDERS]
+    sizes = sorted({n.devices for n in problem.nodes})
+    if len(sizes) > 1:
+        # On nodes of different sizes, the tasks fewest devices can hold first (then
+        # longest first): placed early, they are not left waiting for the large nodes
+        # that narrow tasks took.
+        room = {d: sum(n.devices for n in problem.nodes if n.devices >= d) for d in sizes}
+
+        def holders(option: Option) -> int:
+            return room[min(d for d in sizes if d >= option.devices)]
+
+        orders.append(sorted(names, key=lambda n: (holders(choice[n]), -choice[n].seconds, n)))
+    return orders
 
 
 def _best_order(problem: PlanningProblem, choice: dict[str, Option]
@@ -195,7 +215,8 @@ def greedy_placements(problem: PlanningProblem, time_limit: float | None = 10.0,
 
 def _trial_work(problem: PlanningProblem) -> int:
     """Task placements one trial evaluates: every order, every task, every node."""
-    return len(_ORDERS) * len(problem.tasks) * len(problem.nodes)
+    orders = len(_ORDERS) + (len({n.devices for n in problem.nodes}) > 1)
+    return orders * len(problem.tasks) * len(problem.nodes)
 
 
 def _improve(problem: PlanningProblem, choice: dict[str, Option], placed: list[Placement],
@@ -204,6 +225,7 @@ def _improve(problem: PlanningProblem, choice: dict[str, Option], placed: list[P
     that shortens the plan (first improvement wins, then start over)."""
     tasks = {t.name: t for t in problem.tasks}
     max_trials = work // _trial_work(problem)
+    mixed = len({n.devices for n in problem.nodes}) > 1
     trials = 0
     improved = True
     while improved and trials < max_trials:
@@ -215,10 +237,14 @@ def _improve(problem: PlanningProblem, choice: dict[str, Option], placed: list[P
         last = [name for _, name in ends[:3]]
         longest = sorted(tasks, key=lambda n: -choice[n].seconds)[:10]
         for name in dict.fromkeys(last + longest):
-            faster = sorted((o for o in _fits(tasks[name], problem)
-                             if o.seconds < choice[name].seconds),
+            # Faster options, and on nodes of different sizes narrower ones too: a
+            # task that only the large nodes can hold may end sooner on a small one.
+            current = choice[name]
+            others = sorted((o for o in _fits(tasks[name], problem)
+                             if o.seconds < current.seconds
+                             or (mixed and o.devices < current.devices)),
                             key=lambda o: o.device_seconds)
-            for option in faster:
+            for option in others:
                 trial = {**choice, name: option}
                 trial_placed, trial_makespan = _best_order(problem, trial)
                 trials += 1
