@@ -153,6 +153,7 @@ def lanes_needed(problem: PlanningProblem, makespan: float, rounds: int = ROUNDS
         row.SetCoefficient(mu[i], -float(p.devices))
         cover.append(row)
     pool = columns if columns is not None else []
+    known = set(pool)
 
     def add(members: list[int], size: int) -> None:
         var = solver.NumVar(0.0, solver.infinity(), "")
@@ -191,8 +192,11 @@ def lanes_needed(problem: PlanningProblem, makespan: float, rounds: int = ROUNDS
             break
         for size, chosen in entering:
             add(chosen, size)
-            pool.append(frozenset((pieces[i].task, pieces[i].devices, pieces[i].seconds)
-                                  for i in chosen))
+            key = frozenset((pieces[i].task, pieces[i].devices, pieces[i].seconds)
+                            for i in chosen)
+            if key not in known:  # (the same set may enter on several classes)
+                known.add(key)
+                pool.append(key)
     return best
 
 
