@@ -4,10 +4,14 @@ leave no actor or placement group behind."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import os
+import shutil
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +32,11 @@ from test_faults import WORKLOAD as FAULTY
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'dione[ray]'")
 from ray.cluster_utils import Cluster as RayTestCluster  # noqa: E402
 
-from dione.launch.ray_launcher import RayLauncher  # noqa: E402
+from dione.launch.ray_launcher import (  # noqa: E402
+    GANG_PREFIX,
+    RayLauncher,
+    remove_abandoned_gangs,
+)
 from dione.launch.worker import rendezvous_path  # noqa: E402
 
 QUICK = TrialOptions(warmup_steps=1, measure_steps=2)
@@ -156,7 +164,7 @@ def test_a_failing_rank_reads_as_it_does_locally(
                   launcher.placement(node, [0, 1]), launcher=launcher)
 
         def failed_gangs_left() -> list[Path]:  # this test's (the machine may hold others)
-            return [p for p in Path(tempfile.gettempdir()).glob("dione-gang-*/rank1.log")
+            return [p for p in Path(tempfile.gettempdir()).glob(f"{GANG_PREFIX}*/rank1.log")
                     if p.stat().st_mtime >= began
                     and "injected failure on rank 1" in p.read_text(errors="replace")]
 
@@ -230,9 +238,21 @@ def test_progress_comes_back_through_the_launcher(launcher: RayLauncher, tmp_pat
     task = digits_task("p", steps=6)
     heard: dict[str, list[tuple[int, int]]] = {"ray": [], "local": []}
     node = launcher.nodes()[0]
+    began = time.time()
+    swept: list[Path] = []
+    running: list[Path] = []
+
+    def on_ray_progress(rank: int, record: dict[str, Any]) -> None:
+        heard["ray"].append((rank, record["step"]))
+        if not running:  # the gang runs: its folder survives a sweep, whatever its age
+            running.extend(f for f in Path(tempfile.gettempdir()).glob(f"{GANG_PREFIX}*")
+                           if f.stat().st_mtime >= began)
+            swept.extend(remove_abandoned_gangs(age=0))
+
     run_slice(task, "ddp", tmp_path / "ray", launcher.placement(node, [0, 1]),
-              launcher=launcher, on_progress=lambda rank, record: heard["ray"].append(
-                  (rank, record["step"])))
+              launcher=launcher, on_progress=on_ray_progress)
+    assert running and all(len(list(f.glob("rank*.held"))) == 2 for f in running)
+    assert not set(running) & set(swept)
     run_slice(task, "ddp", tmp_path / "local", local_placement(Node("here", 2, "cpu"), [0, 1]),
               on_progress=lambda rank, record: heard["local"].append((rank, record["step"])))
     for said in heard.values():  # every rank reports its first step at once
@@ -240,8 +260,37 @@ def test_progress_comes_back_through_the_launcher(launcher: RayLauncher, tmp_pat
     assert not list(tmp_path.glob("**/progress-*.json"))  # no file carried it
 
 
+def test_a_gang_folder_no_rank_holds_goes_with_the_next_actor_started(
+        launcher: RayLauncher) -> None:
+    # Gang folders as the actors' machine could hold them: one whose ranks all ended,
+    # one a rank of a running gang still holds (here, this test's process), one just
+    # made, and one no Ray rank made (no hold file); all but the new one an hour old.
+    root, tag = Path(tempfile.gettempdir()), uuid.uuid4().hex
+    folders = {kind: root / f"{GANG_PREFIX}test-{kind}-{tag}"
+               for kind in ("abandoned", "held", "new", "unmarked")}
+    for kind, folder in folders.items():
+        folder.mkdir(mode=0o700)
+        (folder / "rank0.log").write_text("output\n")
+        if kind != "unmarked":
+            (folder / "rank0.held").touch()
+    hold = os.open(folders["held"] / "rank0.held", os.O_RDONLY)
+    fcntl.flock(hold, fcntl.LOCK_SH)
+    try:
+        an_hour_ago = time.time() - 3600
+        for kind in ("abandoned", "held", "unmarked"):
+            os.utime(folders[kind], (an_hour_ago, an_hour_ago))
+        launcher.warm_up(launcher.nodes()[0])  # new actors, on (here) the same machine
+        assert not folders["abandoned"].exists()
+        assert all(folders[kind].is_dir() for kind in ("held", "new", "unmarked"))
+    finally:
+        os.close(hold)
+        for folder in folders.values():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_losing_a_node_mid_run_replans_onto_the_others(
         cluster: Any, tmp_path: Path) -> None:
+    began = time.time()
     extra = cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
     launcher = RayLauncher()
@@ -288,6 +337,13 @@ def test_losing_a_node_mid_run_replans_onto_the_others(
         launcher.shutdown()
     actors, groups = _left_behind()
     assert not actors and not groups, (actors, groups)
+    # The lost node's gang kept its folder (no launcher reaches a lost node); its ranks
+    # held it, and their holds ended with their processes: the next actor on that
+    # machine removes it (as here, with age 0: it has not had the minute to age).
+    left = [f for f in Path(tempfile.gettempdir()).glob(f"{GANG_PREFIX}*")
+            if f.stat().st_mtime >= began]
+    assert left and all(list(f.glob("rank*.held")) for f in left)
+    assert set(left) <= set(remove_abandoned_gangs(age=0))
 
 
 def test_a_node_that_joins_mid_run_is_planned_at_the_next_replan(

@@ -9,7 +9,9 @@ job as a local warm worker (``worker.run_job``), watched by the same loop (``gan
       per gang:  a rendezvous folder with a random name (the gang's secret) that the
                 ranks create privately in their node's temporary folder: a gang never
                 spans nodes, so no port is opened for it; removed by the node's
-                next finished gang, or at shutdown by a task on that node
+                next finished gang, or at shutdown by a task on that node; one
+                that all its ranks left (its node lost, its launcher killed) by
+                the next actor started on that machine
 
 An actor streams what its job says back as Ray objects (a streaming generator): its
 progress, its output (kept in the gang's folder on its node, sent as it grows), then
@@ -47,6 +49,12 @@ __all__ = ["RayLauncher", "RayNotInstalled"]
 _LOG_SECONDS = 0.5
 # How long shutdown waits for the folders of failed gangs to be removed, on every node.
 _CLEANUP_SECONDS = 20.0
+# A gang folder no rank holds is taken for abandoned only once it has not changed for
+# this long: the ranks of a starting gang make it, then each takes its hold at once.
+_ABANDONED_SECONDS = 60.0
+# The names of Ray gangs' folders; a local gang's (``dione-gang-<pid>-*``, see
+# ``scratch``) never match, and are its launcher's to remove.
+GANG_PREFIX = "dione-raygang-"
 
 
 class RayNotInstalled(ClusterError):
@@ -76,14 +84,35 @@ class _Actor:
         from dione.launch.worker import Baseline
 
         self.baseline = Baseline()
+        # What no launcher can remove: gangs whose node left the cluster, or whose
+        # launcher was killed, before their folders went (this machine's, as any).
+        remove_abandoned_gangs()
 
     def run(self, job: Job) -> Iterator[bytes]:
         """Run ``job`` in a thread while streaming what it says: progress records, the
         output it adds to its log, then its reply; the reset comes after the reply."""
-        from dione.launch.worker import _error_record, redirected, rendezvous_folder, run_job
+        from dione.launch.worker import rendezvous_folder
 
         said: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        log = Path(rendezvous_folder(job.store)) / f"rank{job.rank}.log"
+        folder = Path(rendezvous_folder(job.store))
+        log = folder / f"rank{job.rank}.log"
+        # The folder is in use while the job runs and while its output is streamed (a
+        # hold each, either may end first); both go with the process, however it ends.
+        working = _hold(folder, job.rank)
+        try:
+            streaming = _hold(folder, job.rank)
+        except BaseException:
+            _release(working)
+            raise
+        try:
+            yield from self._stream(job, log, said, working)
+        finally:
+            _release(streaming)
+        self.baseline.restore()
+
+    def _stream(self, job: Job, log: Path, said: queue.SimpleQueue[tuple[str, Any]],
+                working: int | None) -> Iterator[bytes]:
+        from dione.launch.worker import _error_record, redirected, run_job
 
         def work() -> None:
             try:
@@ -91,9 +120,14 @@ class _Actor:
                     reply = run_job(job, lambda kind, payload: said.put((kind, payload)))
             except BaseException as err:  # the redirect failed: the job never ran
                 reply = ("error", _error_record(job.rank, err))
+            _release(working)
             said.put(("done", reply))
 
-        threading.Thread(target=work, name="dione-job", daemon=True).start()
+        try:
+            threading.Thread(target=work, name="dione-job", daemon=True).start()
+        except BaseException:
+            _release(working)
+            raise
         offset = 0
         while True:
             try:
@@ -114,7 +148,6 @@ class _Actor:
                 data = cloudpickle.dumps(("error", _error_record(job.rank, err)))
             yield data
             break
-        self.baseline.restore()
 
     def forget(self, store: str) -> None:
         """Remove a finished gang's rendezvous folder on this node."""
@@ -132,6 +165,70 @@ def _remove_rendezvous_folders(stores: list[str]) -> None:
 
     for store in stores:
         shutil.rmtree(rendezvous_path(store), ignore_errors=True)
+
+
+def _hold(folder: Path, rank: int) -> int | None:
+    """A shared lock on ``rankN.held`` in the gang's folder (a file descriptor for
+    ``_release``): the folder is in use. The lock goes with the process, however it
+    ends. None where the file system has no locks: the file alone then keeps the
+    folder (``_in_use`` cannot probe it either)."""
+    import fcntl
+
+    held = os.open(folder / f"rank{rank}.held", os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW,
+                   0o600)
+    try:
+        fcntl.flock(held, fcntl.LOCK_SH)
+    except OSError:
+        os.close(held)
+        return None
+    return held
+
+
+def _release(held: int | None) -> None:
+    if held is not None:
+        os.close(held)
+
+
+def _in_use(folder: Path) -> bool:
+    """Whether a rank may still use the gang's folder: one holds a lock in it, or its
+    locks cannot be probed; a folder without a hold file is not a Ray rank's."""
+    import fcntl
+
+    holds = list(folder.glob("*.held"))
+    for path in holds:
+        try:
+            probe = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return True
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held (BlockingIOError), or no locks here: leave it
+            return True
+        finally:
+            os.close(probe)  # (and with it the probe's own lock)
+    return not holds
+
+
+def remove_abandoned_gangs(root: str | Path | None = None,
+                           age: float = _ABANDONED_SECONDS) -> list[Path]:
+    """Remove this user's Ray gang folders in ``root`` (the temporary folder) that no
+    rank holds and that have not changed for ``age`` seconds; those removed."""
+    import shutil
+    import stat
+    import tempfile
+    import time
+
+    removed = []
+    now = time.time()
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{GANG_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            info = folder.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() \
+                    or now - info.st_mtime < age or _in_use(folder):
+                continue
+            shutil.rmtree(folder)
+            removed.append(folder)
+    return removed
 
 
 def _grown(log: Path, offset: int) -> tuple[bytes, int]:
@@ -310,7 +407,7 @@ class RayLauncher:
         actors = [m.actor for m in members]
         with self._lock:
             self._busy.update(actors)
-        store = f"dione-gang-{uuid.uuid4().hex}"  # the gang's secret
+        store = f"{GANG_PREFIX}{uuid.uuid4().hex}"  # the gang's secret
         payload, modules = cloudpickle.dumps(spec), workload_sources()
         visible = 0 if node.kind == "cuda" else None  # Ray shows each actor its one GPU
         jobs = [Job(payload, modules, rank, store, None, placement.threads, None,
