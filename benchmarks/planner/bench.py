@@ -4,6 +4,7 @@
         [--solvers ...] [--threads 2] [--json results.jsonl] [--instances hard-3 ...]
         [--deterministic-time UNITS]
     python benchmarks/planner/bench.py introspection [--families small medium]
+    python benchmarks/planner/bench.py bounds [--families ...] [--instances ...]
 
 ``quality``: per instance, every solver's makespan over the best lower bound known (the
 analytic bound or any solver's proven one), its solve seconds, the share of the
@@ -16,6 +17,10 @@ machine's load average before and after it (the machine may be shared), and
 ``--deterministic-time`` bounds cpsat by CP-SAT's deterministic time instead of the
 clock (the same plan however busy the machine is). ``compare.py`` sets two runs side by
 side.
+
+``bounds``: per instance, the greedy makespan and each lower bound in turn (analytic,
+energetic, lane), with no clock in any of them: the same figures on any machine, so two
+commits compare exactly (run one with ``PYTHONPATH=<its worktree>/src``).
 
 ``introspection``: each instance replayed with actual lengths = estimate x lognormal
 noise (sigma 0.1 and 0.3, three seeds), planned once or re-planned whenever a task
@@ -196,9 +201,30 @@ def introspection(families: list[str], seeds: int) -> None:
                   f"{statistics.mean(replans):.0f} |", flush=True)
 
 
+def bounds(families: list[str], only: list[str] | None) -> None:
+    from dione.plan.bounds import energetic_bound
+    from dione.plan.greedy import greedy_placements
+    from dione.plan.lanes import lane_bound
+
+    print("\n| instance | nodes | greedy, s | analytic, s | energetic, s | lane, s | "
+          "greedy / lane |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for _, name, problem in instances(families):
+        if only and name not in only:
+            continue
+        plan = greedy_placements(problem, None).makespan
+        analytic = lower_bound(problem)
+        energetic = max(analytic, energetic_bound(problem, analytic, plan))
+        lane = max(energetic, lane_bound(problem, energetic, plan))
+        sizes = [n.devices for n in problem.nodes]
+        nodes = " + ".join(f"{sizes.count(d)} x {d}" for d in sorted(set(sizes), reverse=True))
+        print(f"| {name} | {nodes} | {plan:,.1f} | {analytic:,.1f} | {energetic:,.1f} | "
+              f"{lane:,.1f} | {plan / lane:.3f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("what", choices=["quality", "introspection"])
+    parser.add_argument("what", choices=["quality", "introspection", "bounds"])
     parser.add_argument("--families", nargs="+", default=None, choices=FAMILIES)
     parser.add_argument("--solvers", nargs="+", default=SOLVERS, choices=SOLVERS)
     parser.add_argument("--threads", type=int, default=None)
@@ -216,6 +242,8 @@ def main() -> None:
     if args.what == "quality":
         quality(args.families or FAMILIES, args.threads, args.solvers, args.json,
                 args.milp_max_tasks, args.instances, args.deterministic_time)
+    elif args.what == "bounds":
+        bounds(args.families or FAMILIES, args.instances)
     else:
         introspection(args.families or ["small", "medium"], args.seeds)
 
