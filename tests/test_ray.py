@@ -346,6 +346,36 @@ def test_losing_a_node_mid_run_replans_onto_the_others(
     assert set(left) <= set(remove_abandoned_gangs(age=0))
 
 
+def test_nodes_of_different_sizes_each_run_slices_that_fit_them(
+        cluster: Any, tmp_path: Path) -> None:
+    small = cluster.add_node(num_cpus=1)  # a node of one device beside the two of two
+    cluster.wait_for_nodes()
+    launcher = RayLauncher()
+    try:
+        nodes = launcher.nodes()
+        one = dione_node(nodes, small)
+        assert one.devices == 1 and {n.devices for n in nodes} == {1, 2}
+        tasks = [digits_task(f"s{i}", steps=12, techniques=("single",)) for i in range(4)]
+        result = run_workload(
+            tasks, Cluster(nodes), tmp_path / "run",
+            RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                       solver="greedy", time_limit=5.0),
+            launcher=launcher)
+        assert all(t.status == "done" for t in result.tasks), result.tasks
+        with RunStore(tmp_path / "run") as store:
+            ran = [s for s in store.slices() if s.status == "done"]
+        devices = {n.name: n.devices for n in nodes}
+        assert all(max(s.device_ids) < devices[s.node] for s in ran)
+        # Greedy puts the first task on the smallest node where it ends as early: the
+        # node of one device trains too.
+        assert one.name in {s.node for s in ran}
+    finally:
+        launcher.shutdown()
+        cluster.remove_node(small)
+    actors, groups = _left_behind()
+    assert not actors and not groups, (actors, groups)
+
+
 def test_a_node_that_joins_mid_run_is_planned_at_the_next_replan(
         cluster: Any, tmp_path: Path) -> None:
     launcher = RayLauncher()
