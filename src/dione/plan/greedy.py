@@ -115,10 +115,15 @@ _ORDERS: tuple[Callable[[Option], tuple[float, ...]], ...] = (
 )
 
 
+def _node_sizes(problem: PlanningProblem) -> list[int]:
+    """The nodes' device counts, each once, smallest first (more than one: mixed nodes)."""
+    return sorted({n.devices for n in problem.nodes})
+
+
 def _orders(problem: PlanningProblem, choice: dict[str, Option]) -> list[list[str]]:
     names = [t.name for t in problem.tasks]
     orders = [sorted(names, key=lambda n: (*order(choice[n]), n)) for order in _ORDERS]
-    sizes = sorted({n.devices for n in problem.nodes})
+    sizes = _node_sizes(problem)
     if len(sizes) > 1:
         # On nodes of different sizes, the tasks fewest devices can hold first (then
         # longest first): placed early, they are not left waiting for the large nodes
@@ -215,7 +220,7 @@ def greedy_placements(problem: PlanningProblem, time_limit: float | None = 10.0,
 
 def _trial_work(problem: PlanningProblem) -> int:
     """Task placements one trial evaluates: every order, every task, every node."""
-    orders = len(_ORDERS) + (len({n.devices for n in problem.nodes}) > 1)
+    orders = len(_ORDERS) + (len(_node_sizes(problem)) > 1)
     return orders * len(problem.tasks) * len(problem.nodes)
 
 
@@ -225,7 +230,7 @@ def _improve(problem: PlanningProblem, choice: dict[str, Option], placed: list[P
     that shortens the plan (first improvement wins, then start over)."""
     tasks = {t.name: t for t in problem.tasks}
     max_trials = work // _trial_work(problem)
-    mixed = len({n.devices for n in problem.nodes}) > 1
+    mixed = len(_node_sizes(problem)) > 1
     trials = 0
     improved = True
     while improved and trials < max_trials:

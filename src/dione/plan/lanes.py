@@ -12,8 +12,8 @@ packing. It sees what the area bound misses: long single-device pieces that cann
 share a lane fill the lanes left beside long wide tasks (small-6: 23,510 s against the
 area-based 22,566 s, and a plan of 23,772 s). On nodes of different sizes the lanes
 come in classes, one per node size, and a piece goes only on lanes of nodes that could
-hold its task (mixed-1, nodes of 8, 4 and 4: 17,471 s against 17,151 s with every lane
-alike, and a plan of 17,656 s).
+hold its task (mixed-1, nodes of 8, 4 and 4: 17,472 s against 17,151 s with every lane
+alike, and a plan of 17,642 s).
 
 The LP is solved by column generation (GLOP for the master, a multiple-choice knapsack
 by dynamic programming for the pricing). Its proofs need no optimal LP: any
