@@ -62,6 +62,11 @@ class _Piece:
     # A held device's piece: the size of its node, whose lanes alone may hold it.
     node_devices: int | None = None
 
+    @property
+    def key(self) -> tuple[int, int, float]:
+        """The piece as a column pool remembers it across makespans."""
+        return self.task, self.devices, self.seconds
+
     def fits(self, lane_class: int) -> bool:
         """Whether a lane of a node of ``lane_class`` devices may hold this piece."""
         if self.node_devices is not None:
@@ -118,7 +123,7 @@ def lanes_needed(problem: PlanningProblem, makespan: float, rounds: int = ROUNDS
              for size in sorted({n.devices for n in problem.nodes})}
     unit = makespan / UNITS
     weight = np.array([math.floor(p.seconds / unit + 1e-9) for p in pieces], dtype=np.int64)
-    index = {(p.task, p.devices, p.seconds): i for i, p in enumerate(pieces)}
+    index = {p.key: i for i, p in enumerate(pieces)}
     by_task: list[list[int]] = [[] for _ in range(tasks)]
     for i, p in enumerate(pieces):
         by_task[p.task].append(i)
@@ -192,8 +197,7 @@ def lanes_needed(problem: PlanningProblem, makespan: float, rounds: int = ROUNDS
             break
         for size, chosen in entering:
             add(chosen, size)
-            key = frozenset((pieces[i].task, pieces[i].devices, pieces[i].seconds)
-                            for i in chosen)
+            key = frozenset(pieces[i].key for i in chosen)
             if key not in known:  # (the same set may enter on several classes)
                 known.add(key)
                 pool.append(key)
