@@ -14,8 +14,10 @@ from dione.state import (
     latest_on_disk,
     load_checkpoint,
     prune_checkpoints,
+    quarantine,
     save_checkpoint,
 )
+from dione.state.export import ExportError, trained_checkpoint
 
 
 def model_and_optimizer(seed: int):
@@ -70,3 +72,35 @@ def test_prune_keeps_the_newest(tmp_path: Path) -> None:
     gone = prune_checkpoints(tmp_path, "t", keep=2)
     assert gone == [checkpoint_path(tmp_path, "t", 1)]
     assert latest_on_disk(tmp_path, "t") == checkpoint_path(tmp_path, "t", 3)
+
+
+def test_quarantined_folders_are_never_the_latest_nor_pruned(tmp_path: Path) -> None:
+    model, optimizer = model_and_optimizer(0)
+    for step in (5, 9):
+        save(tmp_path, step, model, optimizer)
+    set_aside = quarantine(checkpoint_path(tmp_path, "t", 9))
+    assert latest_on_disk(tmp_path, "t") == checkpoint_path(tmp_path, "t", 5)
+    assert prune_checkpoints(tmp_path, "t", keep=1) == []
+    assert set_aside.is_dir()
+
+
+def test_prune_counts_only_the_checkpoints_the_store_recorded(tmp_path: Path) -> None:
+    """Steps 4 and 5 were saved by gangs killed before their slices were recorded; the
+    store's newest, step 3, is what the task resumes from and must stay."""
+    model, optimizer = model_and_optimizer(0)
+    for step in (1, 2, 3, 4, 5):
+        save(tmp_path, step, model, optimizer)
+    recorded = [str(checkpoint_path(tmp_path, "t", step)) for step in (1, 2, 3)]
+    gone = prune_checkpoints(tmp_path, "t", keep=2, recorded=recorded)
+    assert gone == [checkpoint_path(tmp_path, "t", 1)]
+    assert all(checkpoint_path(tmp_path, "t", step).is_dir() for step in (2, 3, 4, 5))
+
+
+def test_export_refuses_a_checkpoint_whose_files_do_not_match(tmp_path: Path) -> None:
+    model, optimizer = model_and_optimizer(0)
+    folder = save(tmp_path, 5, model, optimizer)
+    assert trained_checkpoint(tmp_path, "t") == folder
+    shard = sorted(folder.glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:-8])
+    with pytest.raises(ExportError, match=f"file {shard.name} does not match.*cannot be trusted"):
+        trained_checkpoint(tmp_path, "t")

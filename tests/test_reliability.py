@@ -284,7 +284,11 @@ def test_a_second_launcher_is_refused_and_status_tells_a_dead_run(tmp_path: Path
 
 
 def _damage(folder: Path, how: str) -> str:
-    """Damage one model shard of a checkpoint; the file's name."""
+    """Damage one model shard of a checkpoint (or, ``torn``, empty its progress file, as a
+    power cut before the disk had it can); the file's name."""
+    if how == "torn":
+        (folder / "progress.json").write_text("")
+        return "progress.json"
     shard = sorted(folder.glob("*.distcp"))[0]
     data = shard.read_bytes()
     if how == "flip":  # same size, other bytes: only a digest sees it
@@ -307,7 +311,7 @@ def resumed_from_step_4(tmp_path_factory: pytest.TempPathFactory) -> list[float]
     return run_slice(digits_task(), "single", run_dir, placement).losses
 
 
-@pytest.mark.parametrize("how", ["flip", "truncate", "delete"])
+@pytest.mark.parametrize("how", ["flip", "truncate", "delete", "torn"])
 def test_a_damaged_checkpoint_is_quarantined_and_the_previous_one_used(
         tmp_path: Path, how: str, resumed_from_step_4: list[float]) -> None:
     placement = local_placement(TEST_NODE, [0])

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import re
 import shutil
 import time
 from collections.abc import Iterable
@@ -60,6 +62,7 @@ __all__ = [
 
 PROGRESS = "progress.json"
 DIGESTS = "digests.json"
+_STEP = re.compile(r"step-\d{8}")  # a complete folder's name, as ``checkpoint_path`` makes it
 # Optimizer state and hyperparameters keyed per parameter name ("param_groups.<fqn>.lr"),
 # not per group index: pipeline stages each hold different parameters, and group 0 of
 # one stage must not overwrite group 0 of another in the shared checkpoint.
@@ -100,7 +103,13 @@ def verify_checkpoint(path: str | Path) -> None:
     from dione.state.private import UnsafePathError, check_private
 
     folder = Path(path)
-    read_progress(folder)
+    try:
+        read_progress(folder)
+    except CheckpointError as err:
+        # A folder renamed into place always had one: it was torn after (power lost
+        # before the disk had it, or damaged since), like any other file of it.
+        raise CorruptCheckpoint(f"checkpoint {folder}: file {PROGRESS} is unreadable ({err})",
+                                folder, PROGRESS) from None
     try:
         for item in [folder, *folder.rglob("*")]:
             check_private(item)
@@ -166,11 +175,16 @@ def read_progress(path: str | Path) -> Progress:
         raise CheckpointError(f"{path} is not a complete checkpoint ({err})") from None
 
 
+def _complete(folder: Path) -> list[Path]:
+    """The complete checkpoint folders in ``folder``, oldest first: ``step-N`` only, not
+    ``.partial`` ones being written nor ``.corrupt`` ones set aside."""
+    return sorted(p for p in folder.glob("step-*") if _STEP.fullmatch(p.name)
+                  and (p / PROGRESS).is_file())
+
+
 def latest_on_disk(run_dir: str | Path, task: str) -> Path | None:
     """The newest complete checkpoint folder of ``task`` (None: train from scratch)."""
-    folder = Path(run_dir) / "checkpoints" / task
-    done = sorted(p for p in folder.glob("step-*") if (p / PROGRESS).is_file()
-                  and not p.name.endswith(".partial"))
+    done = _complete(Path(run_dir) / "checkpoints" / task)
     return done[-1] if done else None
 
 
@@ -256,11 +270,35 @@ def save_checkpoint(
         for item in [partial, *partial.rglob("*")]:
             # Private whatever the ranks' umask: a loader refuses what others may write.
             item.chmod(0o700 if item.is_dir() else 0o600)
+        # On disk before the rename, and the rename before the store records it: after a
+        # power cut a folder named step-N is then whole, never one with empty files.
+        _sync(partial)
         if final.exists():  # the same step trained again, e.g. after a failed record
             shutil.rmtree(final)
         partial.rename(final)
+        _sync_folder(final.parent)
     _barrier()
     return final
+
+
+def _sync(folder: Path) -> None:
+    """Flush every file and folder under ``folder``, and ``folder``, to the disk."""
+    for item in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if item.is_file():
+            with open(item, "rb") as file:
+                os.fsync(file.fileno())
+        else:
+            _sync_folder(item)
+    _sync_folder(folder)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Flush a folder's entries (files created or renamed in it) to the disk."""
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 def load_checkpoint(
@@ -326,10 +364,18 @@ def load_model_weights(path: str | Path, model: nn.Module) -> Progress:
     return progress
 
 
-def prune_checkpoints(run_dir: str | Path, task: str, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints of ``task``; returns those gone."""
-    folder = Path(run_dir) / "checkpoints" / task
-    done = sorted(p for p in folder.glob("step-*") if not p.name.endswith(".partial"))
+def prune_checkpoints(run_dir: str | Path, task: str, keep: int,
+                      recorded: Iterable[str | Path] | None = None) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints of ``task``; returns those gone.
+
+    ``recorded``: the checkpoints a run store records. Then only those count and only
+    those go: a folder the store never recorded (its gang was killed before the slice was)
+    may hold a later step than the one just recorded, and counting it would delete the
+    checkpoint the task resumes from."""
+    done = _complete(Path(run_dir) / "checkpoints" / task)
+    if recorded is not None:
+        known = {Path(p).resolve() for p in recorded}
+        done = [p for p in done if p.resolve() in known]
     gone = done[: max(0, len(done) - keep)]
     for old in gone:
         shutil.rmtree(old, ignore_errors=True)

@@ -17,7 +17,13 @@ import torch
 from torch import nn
 
 from dione.spec.task import Task
-from dione.state.checkpoint import latest_on_disk, load_model_weights, read_progress
+from dione.state.checkpoint import (
+    CorruptCheckpoint,
+    latest_on_disk,
+    load_model_weights,
+    read_progress,
+    verify_checkpoint,
+)
 
 __all__ = ["ExportError", "export_model", "load_trained", "trained_checkpoint",
            "workload_of_run"]
@@ -45,7 +51,7 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
         if found is None:
             raise ExportError(f"{run} holds no checkpoint of task {task!r} (and no run "
                               f"store); check the task's name and the run directory")
-        return found
+        return _intact(found)
     with RunStore(run) as store:
         record = store.task(task)
         names = [t.name for t in store.tasks()]
@@ -61,7 +67,17 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
     if checkpoint is None or not Path(checkpoint.path).is_dir():
         raise ExportError(f"task {task!r} of run {run} has no checkpoint on disk"
                           + (f" (the store names {checkpoint.path})" if checkpoint else ""))
-    return Path(checkpoint.path)
+    return _intact(Path(checkpoint.path))
+
+
+def _intact(checkpoint: Path) -> Path:
+    """``checkpoint`` once its files match the digests written with it."""
+    try:
+        verify_checkpoint(checkpoint)
+    except CorruptCheckpoint as err:
+        raise ExportError(f"{err}: its weights cannot be trusted. `dione resume` sets it "
+                          "aside and trains again from the checkpoint before it") from None
+    return checkpoint
 
 
 def workload_of_run(run_dir: str | Path) -> str:
