@@ -280,6 +280,28 @@ def test_a_second_launcher_is_refused_and_status_tells_a_dead_run(tmp_path: Path
             first.wait(30)
 
 
+def _no_such_file() -> object:
+    raise FileNotFoundError("/data/typo.csv")
+
+
+def test_a_task_whose_data_cannot_be_read_fails_alone(tmp_path: Path) -> None:
+    """Its length in epochs needs its data set: the factory's error fails that task's
+    slice, and the next task still trains."""
+    from dataclasses import replace
+
+    from dione.orchestrate.sequential import run_sequential
+
+    bad = replace(digits_task("bad"), data=_no_such_file, steps=None, epochs=1.0)
+    bad_outcome, good_outcome = run_sequential([bad, digits_task("good", steps=4)],
+                                               Cluster([TEST_NODE]), tmp_path,
+                                               technique="single")
+    assert bad_outcome.error is not None
+    assert "FileNotFoundError: /data/typo.csv" in bad_outcome.error
+    assert good_outcome.error is None and good_outcome.slices[-1].end_step == 4
+    with RunStore(tmp_path) as store:
+        assert store.task("good").status == "done"  # type: ignore[union-attr]
+
+
 # -- checkpoints you can trust ----------------------------------------------------------
 
 

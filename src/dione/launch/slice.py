@@ -6,6 +6,7 @@ and the orchestrator all call ``run_slice``.
 
 from __future__ import annotations
 
+import functools
 import math
 import shutil
 import threading
@@ -13,9 +14,17 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
-from dione.launch.local import LOCAL, GangError, Launcher, OnProgress, Placement, local_placement
+from dione.launch.local import (
+    LOCAL,
+    GangError,
+    GangInterrupted,
+    Launcher,
+    OnProgress,
+    Placement,
+    local_placement,
+)
 from dione.spec.task import Task
 from dione.state.checkpoint import (
     CorruptCheckpoint,
@@ -115,6 +124,30 @@ def total_steps(task: Task) -> int:
     return task.total_steps(len(task.data()))  # type: ignore[arg-type]
 
 
+_P = ParamSpec("_P")
+
+
+def _one_task_fails(run: Callable[_P, SliceResult]) -> Callable[_P, SliceResult]:
+    """``run`` with anything it raises but a cancel or an interrupt as a SliceError: a
+    task whose data factory raises, or whose checkpoint folder cannot be read, fails its
+    own slice (retried, then given up) and never the run of every other task."""
+
+    @functools.wraps(run)
+    def guarded(*args: _P.args, **kwargs: _P.kwargs) -> SliceResult:
+        try:
+            return run(*args, **kwargs)
+        except (SliceError, GangInterrupted):
+            raise
+        except Exception as err:
+            task = args[0] if args else kwargs.get("task")
+            raise SliceError(f"task {getattr(task, 'name', task)!r}: the slice failed outside "
+                             f"its gang: {type(err).__name__}: {err}", "raised",
+                             type(err).__name__) from err
+
+    return guarded
+
+
+@_one_task_fails
 def run_slice(
     task: Task,
     technique: str | Technique,
@@ -221,8 +254,7 @@ def run_slice(
         if evaluation_error:
             db.set_task_status(task.name, "done" if end == total else "pending",
                                f"evaluation failed:\n{evaluation_error}")
-        gone = prune_checkpoints(storage or run_dir, task.name, keep_checkpoints,
-                                 [c.path for c in db.checkpoints(task.name)])
+        gone = prune_checkpoints(storage or run_dir, task.name, keep_checkpoints)
         if gone:
             db.forget_checkpoints(task.name, [str(p) for p in gone])
         return SliceResult(
