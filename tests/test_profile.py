@@ -97,6 +97,42 @@ def test_the_problem_from_profile_to_run_is_typed_and_round_trips(tmp_path: Path
         runner.store.close()
 
 
+def test_a_task_only_a_lost_node_could_hold_fails_alone(tmp_path: Path) -> None:
+    """Losing the one node of two devices strands a task profiled on two devices only:
+    the others are planned on, and that task is given up with a reason, not the run."""
+    from dione.launch.slice import SliceError
+    from dione.spec.cluster import Node
+
+    wide, narrow = Node("wide", 2, "cpu"), Node("narrow", 1, "cpu")
+    ddp = [TrialRecord("d", "ddp", {"accumulation": 1}, 2, "cpu", "ok", step_seconds=0.006,
+                       fixed_seconds=1.5)]
+    single = [TrialRecord("s", "single", {"accumulation": 1}, 1, "cpu", "ok",
+                          step_seconds=0.01, fixed_seconds=1.0)]
+    profile = Profile(Cluster([wide, narrow]), [
+        TaskProfile("a", "g", 12, options=choose_options(ddp, 12), trials=ddp),
+        TaskProfile("b", "g", 12, options=choose_options(single, 12), trials=single)])
+    events: list[str] = []
+    runner = Runner([digits_task("a", techniques=DATA_PARALLEL), digits_task("b")],
+                    Cluster([wide, narrow]), tmp_path / "run", profile,
+                    RunOptions(time_limit=2.0), lambda event: events.append(event.message),
+                    lambda state: None, LOCAL)
+    try:
+        runner.replan(first=True)
+        assert {a.task: a.node for a in runner.state.plan} == {"a": "wide", "b": "narrow"}
+        runner._lose_node("wide", "a", SliceError("node lost", "node_lost"))
+        runner.replan(first=True)  # raised ProblemError before: "a" fits no node left
+        assert [(a.task, a.node) for a in runner.state.plan] == [("b", "narrow")]
+        assert runner.state.status["a"] == "pending"  # a node wide enough may join
+        assert runner._fail_the_unplaceable()
+        assert runner.state.status == {"a": "failed", "b": "pending"}
+        record = runner.store.task("a")
+        assert record is not None and record.status == "failed"
+        assert "need at least 2 devices on one node, and the widest node left has 1" in (
+            record.error or "")
+    finally:
+        runner.store.close()
+
+
 def test_the_simulator_cross_checks_pipeline_trials_only(tmp_path: Path) -> None:
     assert all(is_pipeline(name) for name in ("gpipe", "1f1b", "xpipe"))
     assert not any(is_pipeline(name) for name in ("single", "ddp", "fsdp", "no-such"))

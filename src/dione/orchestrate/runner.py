@@ -170,9 +170,7 @@ class Runner:
         """The remaining work as a planner problem, and the run-clock time it starts at."""
         now = self.now()
         tasks = []
-        for name, status in self.state.status.items():
-            if status != "pending":
-                continue
+        for name in self._pending_that_fit():
             remaining = self.state.total[name] - self.state.done_steps[name]
             tasks.append(TaskOptions(name, tuple(
                 o.planned(round(max(0.001, self.option_seconds(name, o, remaining)), 3))
@@ -183,6 +181,30 @@ class Runner:
                      for name, r in self.state.running.items()
                      if r.assignment.node in nodes)  # a lost node's slices are ending
         return PlanningProblem(planning_nodes(self.cluster), tuple(tasks), busy), now
+
+    def _pending_that_fit(self) -> list[str]:
+        """Pending tasks some node of the cluster can hold. Another one (its nodes were
+        lost) waits out of the plan, in case a node that holds it joins (Ray)."""
+        widest = max((n.devices for n in self.cluster), default=0)
+        return [name for name, status in self.state.status.items() if status == "pending"
+                and any(o.devices <= widest for o in self.profile.task(name).options)]
+
+    def _fail_the_unplaceable(self) -> bool:
+        """Give up the pending tasks no node left can hold (the run cannot wait for ever
+        with nothing else to do); whether there were any."""
+        widest = max((n.devices for n in self.cluster), default=0)
+        placeable = set(self._pending_that_fit())
+        stranded = [name for name, status in self.state.status.items()
+                    if status == "pending" and name not in placeable]
+        for name in stranded:
+            least = min(o.devices for o in self.profile.task(name).options)
+            message = (f"{name} cannot be placed: its options need at least {least} devices "
+                       f"on one node, and the widest node left has {widest}; resume the run "
+                       "once such a node is back")
+            self.state.status[name] = "failed"
+            self.store.set_task_status(name, "failed", message)
+            self.emit(RunEvent("task_failed", message, name))
+        return bool(stranded)
 
     def predicted_task_end(self, name: str) -> float:
         """Run-clock time a running task ends its current slice: its pace so far times
@@ -228,6 +250,9 @@ class Runner:
             return
         self._join_new_nodes()
         problem, at = self.problem()
+        if not problem.tasks:  # what is pending waits for a node wide enough
+            self.state.plan = []
+            return
         problem.check()  # what a problem file must be, the solvers may rely on
         limit = self.options.time_limit if first else self.options.replan_time_limit
         plan = solve(problem, self.options.solver, limit)
@@ -424,6 +449,8 @@ class Runner:
                         if any(s == "pending" for s in self.state.status.values()):
                             self.replan(first=True)  # the plan lost its tasks: plan again
                             if not self.launchable():
+                                if self._fail_the_unplaceable():
+                                    continue
                                 raise RuntimeError("no pending task can be placed")
                             continue
                         break
