@@ -33,6 +33,11 @@ def loss(output, target):
             raise ValueError("injected failure on rank 1")
         if FAULT == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if FAULT == "kill-forked":  # a child it forked holds its connection and sockets
+            if os.fork() == 0:
+                time.sleep(3600)
+                os._exit(0)
+            os.kill(os.getpid(), signal.SIGKILL)
         if FAULT == "hang":
             time.sleep(3600)
     return torch.nn.functional.cross_entropy(output, target)
@@ -90,6 +95,7 @@ def snapshot(run_dir: Path, task: str):
     [
         ("raise", "rank 1 (device 1) raised ValueError: injected failure on rank 1"),
         ("kill", "rank 1 (device 1) was killed by SIGKILL"),
+        ("kill-forked", "rank 1 (device 1) was killed by SIGKILL"),
         ("hang", "ran past its timeout of 15 s"),
     ],
 )

@@ -383,14 +383,22 @@ def _run_worker(request: dict[str, Any], fd: int, spawner_pid: int) -> int:
 
 def _reap(sock: socket.socket, children: dict[int, int]) -> None:
     """Tell the launcher of each worker (``children``: number by pid) that ended since
-    last time."""
+    last time, once what it forked is killed too."""
     while children:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return
-        if pid == 0:
+        if ended is None:
             return
+        pid = ended.si_pid
+        if pid in children:
+            # Its group's leader is a zombie until reaped below, so the group's id is
+            # still its own: what it forked (a data loader, a pool holding its connection
+            # and a gang's sockets open) dies with it instead of hiding its death.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
         number = children.pop(pid, None)
         if number is not None:
             with contextlib.suppress(OSError):
