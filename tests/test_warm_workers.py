@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from conftest import TEST_NODE, char_task, digits_task
-from dione.launch.pool import WorkerPool, local_pool, shutdown_local_pool
+from dione.launch.pool import WarmWorker, WorkerPool, local_pool, shutdown_local_pool
 from dione.launch.slice import local_placement, run_slice
 from dione.launch.spawner import SpawnedProcess, Spawner
 from dione.spec.workload import load_workload
@@ -242,3 +243,63 @@ def test_a_slice_sees_the_launchers_environment_as_it_is_now(
     after = run_slice(task, "single", again, placement, steps=2)
     assert all(loss > 0 for loss in after.losses)
     assert set(pool.spawner_pids()) <= set(spawners)
+
+
+# A rank that forks a helper in a session of its own (which the group kill cannot
+# reach), then dies: the helper holds the rank's end of the connection open.
+_DIES_LEAVING_A_HELPER = '''
+import os, sys, time
+helper = os.fork()
+if helper == 0:
+    os.setsid()
+    time.sleep(60)
+    os._exit(0)
+print(helper, flush=True)
+os._exit(3)
+'''
+
+
+def test_a_worker_that_died_is_lost_though_its_helper_holds_the_connection(
+        tmp_path: Path) -> None:
+    from multiprocessing.connection import Connection
+
+    ours, theirs = socket.socketpair()
+    process = subprocess.Popen([sys.executable, "-c", _DIES_LEAVING_A_HELPER],
+                               pass_fds=(theirs.fileno(),), stdout=subprocess.PIPE)
+    theirs.close()
+    worker = WarmWorker(("cpu", 0), process, Connection(ours.detach()), tmp_path / "log")
+    assert process.stdout is not None
+    helper = int(process.stdout.readline())
+    try:
+        assert process.wait(30) == 3
+        assert not worker.connection.poll(0)  # no end of file: the helper holds it
+        assert worker.reply() == ("lost", None)
+    finally:
+        worker.connection.close()
+        os.kill(helper, signal.SIGKILL)
+        process.stdout.close()
+
+
+class _SecondStartFails(WorkerPool):
+    """A pool whose worker for device 1 cannot start (as with too many open files)."""
+
+    def _start(self, slot: tuple[str, int], threads: int) -> WarmWorker:
+        if slot[1] == 1:
+            raise OSError(24, "Too many open files")
+        return super()._start(slot, threads)
+
+
+def test_workers_taken_before_one_fails_to_start_are_ended() -> None:
+    from conftest import _dione_processes
+
+    pool = _SecondStartFails()
+    try:
+        with pytest.raises(OSError, match="Too many open files"):
+            pool.take("cpu", [0, 1], 1)
+        assert pool.started == 1 and pool.idle() == []
+        spawners = set(pool.spawner_pids())
+        assert spawners  # device 0's worker came from this pool's spawner, and is gone
+        assert [pid for pid, (_, parent) in _dione_processes().items()
+                if parent in spawners] == []
+    finally:
+        pool.shutdown()

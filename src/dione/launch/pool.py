@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -78,6 +78,7 @@ class WarmWorker:
     environ: int = 0  # fingerprint of the launcher's environment it started with
     slices: int = 0  # slices it has finished
     ready: bool = False  # it has imported what every slice needs
+    threads: int = 0  # the threads its pools were sized for (read at import)
 
     def send(self, job: Any) -> bool:
         """Hand over a job; False when the worker is gone."""
@@ -91,7 +92,9 @@ class WarmWorker:
         """The worker's reply if one is waiting: ``("result", outcome)``, ``("error",
         record)``, or ``("lost", None)`` when the connection closed or a reply came
         half-written (the worker died while sending): a failure report must never
-        become a second failure. None while nothing is there."""
+        become a second failure; ``("lost", None)`` too once the worker has ended with
+        nothing more to read, though a child it forked still holds the connection open
+        (then no end of file comes). None while nothing is there."""
         try:
             while self.connection.poll(0):
                 kind, payload = cloudpickle.loads(self.connection.recv_bytes())
@@ -101,7 +104,8 @@ class WarmWorker:
                     return kind, payload
         except Exception:  # EOF, a reset connection, a truncated or unreadable pickle
             return "lost", None
-        return None
+        # Whatever it sent before it ended was read above: the connection is drained.
+        return ("lost", None) if self.process.poll() is not None else None
 
     def wait_ready(self, timeout: float) -> None:
         """Wait until the worker has started (or died, or ``timeout`` passed)."""
@@ -161,6 +165,12 @@ def _end(workers: Sequence[WarmWorker]) -> None:
         w.connection.close()
 
 
+def _end_started(starting: Future[WarmWorker]) -> None:
+    """End the worker a start gave, once it has (its caller stopped waiting)."""
+    if not starting.cancelled() and starting.exception() is None:
+        _end([starting.result()])
+
+
 class WorkerPool:
     """Warm workers of this process, one per (device kind, device id) when idle."""
 
@@ -174,18 +184,30 @@ class WorkerPool:
         self.started = 0  # workers started so far (a measure of warmth)
 
     def take(self, kind: str, device_ids: Sequence[int], threads: int) -> list[WarmWorker]:
-        """A worker for each device: the idle one of its slot, else a new one."""
-        workers = []
+        """A worker for each device: the idle one of its slot, else a new one. If one
+        cannot start (or the caller is interrupted meanwhile), those taken end."""
+        workers: list[WarmWorker] = []
         environ = _environ_fingerprint()
-        for device in device_ids:
-            with self._lock:
-                worker = self._idle.pop((kind, device), None)
-            if worker is not None and (not worker.alive() or worker.environ != environ):
-                _end([worker])
-                worker = None
-            if worker is None:
-                worker = self._starter.submit(self._start, (kind, device), threads).result()
-            workers.append(worker)
+        try:
+            for device in device_ids:
+                with self._lock:
+                    worker = self._idle.pop((kind, device), None)
+                if worker is not None and (not worker.alive() or worker.environ != environ
+                                           or worker.threads != threads):
+                    _end([worker])
+                    worker = None
+                if worker is None:
+                    starting = self._starter.submit(self._start, (kind, device), threads)
+                    try:
+                        worker = starting.result()
+                    except BaseException:
+                        # Interrupted while it starts: it ends once started, unseen.
+                        starting.add_done_callback(_end_started)
+                        raise
+                workers.append(worker)
+        except BaseException:
+            _end(workers)
+            raise
         return workers
 
     def warm_up(self, kind: str, device_ids: Sequence[int], threads: int,
@@ -293,7 +315,8 @@ class WorkerPool:
                                    _worker_environment(own), log)
         theirs.close()
         self.started += 1
-        return WarmWorker(slot, process, Connection(ours.detach()), log, environ)
+        return WarmWorker(slot, process, Connection(ours.detach()), log, environ,
+                          threads=threads)
 
 
 def _thread_settings(threads: int) -> dict[str, str]:
