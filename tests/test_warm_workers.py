@@ -245,6 +245,68 @@ def test_a_slice_sees_the_launchers_environment_as_it_is_now(
     assert set(pool.spawner_pids()) <= set(spawners)
 
 
+# One task flips process-wide switches in its model factory; the other, run next on
+# the same worker, refuses to build its model unless it sees a fresh worker's.
+MEDDLING = """
+import functools, os, signal, sys, warnings
+import torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+IGNORE_ALL = ("ignore", None, Warning, None, 0)
+
+
+def meddling_model():
+    torch.backends.cudnn.conv.fp32_precision = "ieee"  # torch's newer switches, and older
+    torch.set_float32_matmul_precision("medium")
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    sys.path.append("/no/such/dione/test/folder")
+    warnings.simplefilter("ignore")
+    os.umask(0o000)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    return digits_mlp(hidden=8, depth=1)
+
+
+def checking_model():
+    umask = os.umask(0o077)
+    os.umask(umask)
+    left = {"precision": torch.get_float32_matmul_precision() != "highest",
+            "conv": torch.backends.cudnn.conv.fp32_precision != "tf32",
+            "benchmark": torch.backends.cudnn.benchmark,
+            "tf32": torch.backends.cuda.matmul.allow_tf32,
+            "sys.path": "/no/such/dione/test/folder" in sys.path,
+            "warnings": IGNORE_ALL in warnings.filters,
+            "umask": umask == 0,
+            "SIGUSR1": signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN}
+    if any(left.values()):
+        raise RuntimeError("left by the slice before: "
+                           + ", ".join(k for k, v in left.items() if v))
+    return digits_mlp(hidden=8, depth=1)
+
+
+def task(name, model):
+    return Task(name=name, model=model, data=digits_train,
+                loss=torch.nn.functional.cross_entropy, optimizer=torch.optim.SGD,
+                batch_size=8, steps=2, seed=1)
+
+
+workload = Workload([task("meddling", meddling_model), task("checking", checking_model)])
+"""
+
+
+def test_a_slice_finds_the_switches_the_slice_before_flipped_put_back(
+        tmp_path: Path) -> None:
+    file = tmp_path / "meddling.py"
+    file.write_text(MEDDLING)
+    meddling, checking = load_workload(file)
+    placement = local_placement(TEST_NODE, [0])
+    run_slice(meddling, "single", tmp_path, placement)
+    [worker] = [w for w in local_pool().idle() if w.slot == ("cpu", 0)]
+    run_slice(checking, "single", tmp_path, placement)  # raised SliceError before
+    assert [w for w in local_pool().idle() if w.slot == ("cpu", 0)] == [worker]
+
+
 # A rank that forks a helper in a session of its own (which the group kill cannot
 # reach), then dies: the helper holds the rank's end of the connection open.
 _DIES_LEAVING_A_HELPER = '''

@@ -23,8 +23,10 @@ import gc
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -106,9 +108,15 @@ class Baseline:
     """The process state a fresh worker starts a slice with, taken before the first
     job and put back after each one, so that a slice sees what a fresh process would:
 
-    - environment variables and the working directory (a workload may set either);
+    - environment variables, the working directory, ``sys.path``, the warnings
+      filters and the umask (a workload may set any; the umask decides who may read
+      the next task's checkpoints);
     - torch's default dtype, grad mode, anomaly detection and deterministic-algorithms
-      flags (global switches a training script may flip);
+      flags, float32 matmul precision and the TF32, cuDNN benchmark and deterministic
+      switches (global switches a training script may flip, which change the next
+      task's numbers on a GPU);
+    - the handlers of SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2, where jobs run on
+      the main thread (a local worker; an actor's run elsewhere and cannot set them);
     - module hooks registered globally (``register_module_forward_hook`` and friends);
     - CPU affinity; intra-op threads are set per job;
     - the process group (destroyed), garbage (collected; what the worker held before
@@ -116,7 +124,8 @@ class Baseline:
       statistics (emptied and reset), the CPU peak-memory count (cleared).
 
     Workload files are imported afresh for every job, so their globals start as on
-    import. Not reset: modules a workload imports from elsewhere keep their globals,
+    import. Not reset: threads a workload started and left running, and modules a
+    workload imports from elsewhere keep their globals,
     and caches inside third-party libraries stay warm, which is the point of a warm
     worker; RNG needs no reset (every slice seeds or restores it).
     """
@@ -131,6 +140,15 @@ class Baseline:
         self.warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
         self.anomaly = torch.is_anomaly_enabled()
         self.affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        self.path = list(sys.path)
+        self.filters = list(warnings.filters)
+        self.umask = os.umask(0o077)
+        os.umask(self.umask)
+        self.precision = torch.get_float32_matmul_precision()
+        self.newer = _read_switches(_NEWER_SWITCHES)
+        self.older = _read_switches(_OLDER_SWITCHES)
+        self.handlers = ({sig: signal.getsignal(sig) for sig in _SIGNALS}
+                         if threading.current_thread() is threading.main_thread() else {})
         self.hooks = {name: dict(getattr(torch.nn.modules.module, name))
                       for name in _GLOBAL_HOOKS}
         # What the worker holds before its first job (Python, torch, dione; Ray in an
@@ -159,11 +177,52 @@ class Baseline:
                 del hooks[key]
         if self.affinity is not None:
             os.sched_setaffinity(0, self.affinity)
+        sys.path[:] = self.path
+        warnings.filters[:] = self.filters  # type: ignore[index]
+        getattr(warnings, "_filters_mutated", lambda: None)()  # drop the filter cache
+        os.umask(self.umask)
+        for (module, name), value in self.newer.items():
+            setattr(module, name, value)
+        torch.set_float32_matmul_precision(self.precision)
+        for (module, name), value in self.older.items():
+            setattr(module, name, value)
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in self.handlers.items():
+                if signal.getsignal(sig) is not handler and handler is not None:
+                    signal.signal(sig, handler)
         gc.collect()
         if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             torch.cuda.empty_cache()
             for device in range(torch.cuda.device_count()):
                 torch.cuda.reset_peak_memory_stats(device)
+
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+# torch's global numeric switches a workload may flip, under torch.backends: the newer
+# fp32_precision family, then the older flags. They are put back in that order, with
+# the matmul precision between, which leaves both readable (torch 2.13 raises on
+# reading a flag of one family once only the other was set).
+_NEWER_SWITCHES = tuple(f"{m}fp32_precision" for m in (
+    "", "cuda.matmul.", "cudnn.", "cudnn.conv.", "cudnn.rnn.", "mkldnn.", "mkldnn.matmul.",
+    "mkldnn.conv.", "mkldnn.rnn."))
+_OLDER_SWITCHES = ("cuda.matmul.allow_tf32", "cuda.matmul.allow_fp16_reduced_precision_reduction",
+                   "cuda.matmul.allow_bf16_reduced_precision_reduction", "cudnn.allow_tf32",
+                   "cudnn.benchmark", "cudnn.deterministic", "cudnn.enabled")
+
+
+def _read_switches(names: tuple[str, ...]) -> dict[tuple[Any, str], Any]:
+    """(module, attribute) -> value of each switch this torch has and can read now."""
+    import torch
+
+    found = {}
+    for name in names:
+        with contextlib.suppress(Exception):
+            *path, attribute = name.split(".")
+            module = functools.reduce(getattr, path, torch.backends)
+            found[(module, attribute)] = getattr(module, attribute)
+    return found
 
 
 _GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks",
