@@ -247,7 +247,10 @@ def test_progress_comes_back_through_the_launcher(launcher: RayLauncher, tmp_pat
         if not running:  # the gang runs: its folder survives a sweep, whatever its age
             running.extend(f for f in Path(tempfile.gettempdir()).glob(f"{GANG_PREFIX}*")
                            if f.stat().st_mtime >= began)
-            swept.extend(remove_abandoned_gangs(age=0))
+            an_hour_ago = time.time() - 3600
+            for folder in running:  # aged by hand: only its holds keep it
+                os.utime(folder, (an_hour_ago, an_hour_ago))
+            swept.extend(remove_abandoned_gangs())
 
     run_slice(task, "ddp", tmp_path / "ray", launcher.placement(node, [0, 1]),
               launcher=launcher, on_progress=on_ray_progress)
@@ -266,22 +269,25 @@ def test_a_gang_folder_no_rank_holds_goes_with_the_next_actor_started(
     # one a rank of a running gang still holds (here, this test's process), one just
     # made, and one no Ray rank made (no hold file); all but the new one an hour old.
     root, tag = Path(tempfile.gettempdir()), uuid.uuid4().hex
-    folders = {kind: root / f"{GANG_PREFIX}test-{kind}-{tag}"
+    folders = {kind: Path(rendezvous_path(f"{GANG_PREFIX}test-{kind}-{tag}"))
                for kind in ("abandoned", "held", "new", "unmarked")}
+    # Another host's, sharing this temporary folder: its holds may not show here.
+    folders["elsewhere"] = root / f"{GANG_PREFIX}test-elsewhere-{tag}.another-host"
     for kind, folder in folders.items():
         folder.mkdir(mode=0o700)
         (folder / "rank0.log").write_text("output\n")
-        if kind != "unmarked":
+        if kind not in ("unmarked", "elsewhere"):
             (folder / "rank0.held").touch()
+    (folders["elsewhere"] / "rank0.held").touch()  # held there, as far as this host sees
     hold = os.open(folders["held"] / "rank0.held", os.O_RDONLY)
     fcntl.flock(hold, fcntl.LOCK_SH)
     try:
         an_hour_ago = time.time() - 3600
-        for kind in ("abandoned", "held", "unmarked"):
+        for kind in ("abandoned", "held", "unmarked", "elsewhere"):
             os.utime(folders[kind], (an_hour_ago, an_hour_ago))
         launcher.warm_up(launcher.nodes()[0])  # new actors, on (here) the same machine
         assert not folders["abandoned"].exists()
-        assert all(folders[kind].is_dir() for kind in ("held", "new", "unmarked"))
+        assert all(folders[kind].is_dir() for kind in ("held", "new", "unmarked", "elsewhere"))
     finally:
         os.close(hold)
         for folder in folders.values():
@@ -339,11 +345,15 @@ def test_losing_a_node_mid_run_replans_onto_the_others(
     assert not actors and not groups, (actors, groups)
     # The lost node's gang kept its folder (no launcher reaches a lost node); its ranks
     # held it, and their holds ended with their processes: the next actor on that
-    # machine removes it (as here, with age 0: it has not had the minute to age).
+    # machine removes it (as here, aged by hand: it has not had the minute to age; not
+    # swept with age 0, which could take another session's folder just made).
     left = [f for f in Path(tempfile.gettempdir()).glob(f"{GANG_PREFIX}*")
             if f.stat().st_mtime >= began]
     assert left and all(list(f.glob("rank*.held")) for f in left)
-    assert set(left) <= set(remove_abandoned_gangs(age=0))
+    an_hour_ago = time.time() - 3600
+    for folder in left:
+        os.utime(folder, (an_hour_ago, an_hour_ago))
+    assert set(left) <= set(remove_abandoned_gangs())
 
 
 def test_nodes_of_different_sizes_each_run_slices_that_fit_them(

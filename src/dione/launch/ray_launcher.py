@@ -37,7 +37,7 @@ import cloudpickle
 
 from dione.launch.gang import Lost, Placement, watch_gang, workload_sources
 from dione.launch.local import OnProgress, collective_timeout
-from dione.launch.worker import Job
+from dione.launch.worker import Job, rendezvous_path
 from dione.spec.cluster import ClusterError, Node
 from dione.spec.devices import threads_per_slot
 from dione.techniques.base import SliceOutcome, SliceSpec
@@ -86,7 +86,9 @@ class _Actor:
         self.baseline = Baseline()
         # What no launcher can remove: gangs whose node left the cluster, or whose
         # launcher was killed, before their folders went (this machine's, as any).
-        remove_abandoned_gangs()
+        # Best effort: a folder that cannot be read must not stop the actor starting.
+        with contextlib.suppress(Exception):
+            remove_abandoned_gangs()
 
     def run(self, job: Job) -> Iterator[bytes]:
         """Run ``job`` in a thread while streaming what it says: progress records, the
@@ -211,16 +213,17 @@ def _in_use(folder: Path) -> bool:
 
 def remove_abandoned_gangs(root: str | Path | None = None,
                            age: float = _ABANDONED_SECONDS) -> list[Path]:
-    """Remove this user's Ray gang folders in ``root`` (the temporary folder) that no
-    rank holds and that have not changed for ``age`` seconds; those removed."""
+    """Remove this user's Ray gang folders of this host in ``root`` (the temporary
+    folder) that no rank holds and that have not changed for ``age`` seconds; those
+    removed."""
     import shutil
     import stat
-    import tempfile
     import time
 
     removed = []
     now = time.time()
-    for folder in Path(root or tempfile.gettempdir()).glob(f"{GANG_PREFIX}*"):
+    ours = Path(rendezvous_path(f"{GANG_PREFIX}*"))
+    for folder in Path(root or ours.parent).glob(ours.name):
         with contextlib.suppress(OSError):
             info = folder.lstat()
             if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() \

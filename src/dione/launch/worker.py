@@ -243,10 +243,15 @@ def _fresh_module(name: str, path: str, source: str) -> None:
 
 
 def rendezvous_path(store: str) -> str:
-    """Where the gang's rendezvous folder is on this node (see ``Job.store``)."""
+    """Where the gang's rendezvous folder is on this node (see ``Job.store``). A name
+    goes in the temporary folder with this host's name after it: where several nodes
+    share one, each sweeps only its own (its locks may not show on the others)."""
+    import socket
     import tempfile
 
-    return store if os.path.isabs(store) else os.path.join(tempfile.gettempdir(), store)
+    if os.path.isabs(store):
+        return store
+    return os.path.join(tempfile.gettempdir(), f"{store}.{socket.gethostname()}")
 
 
 def rendezvous_folder(store: str) -> str:
