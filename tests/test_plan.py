@@ -370,3 +370,12 @@ def test_committed_instances_load() -> None:
     for file in files:
         problem = load_problem(file)
         assert lower_bound(problem) > 0
+
+
+def test_sequential_runs_a_task_the_smaller_node_holds_there_when_it_ends_as_early() -> None:
+    """Current practice on nodes of two sizes: one task per node at a time, and a task
+    that a free smaller node holds does not queue behind the larger one."""
+    problem = problem_of({"a": [(4, 10.0)], "b": [(8, 10.0)]}, {"big": 8, "small": 4})
+    plan = solve(problem, "sequential")
+    assert plan.makespan == 10.0
+    assert {a.task: a.node for a in plan.assignments} == {"a": "small", "b": "big"}

@@ -266,7 +266,8 @@ def _improve(problem: PlanningProblem, choice: dict[str, Option], placed: list[P
 
 def sequential(problem: PlanningProblem) -> Plan:
     """Current practice: tasks in the given order, each alone on a whole node at its
-    fastest option there; nodes work side by side, each on one task at a time."""
+    fastest option there; nodes work side by side, each on one task at a time (a task
+    goes where it ends earliest, and where it ends as early, on the smallest node)."""
     began = time.perf_counter()
     widest = max(n.devices for n in problem.nodes)
     choice = {}
