@@ -25,6 +25,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -47,6 +48,7 @@ _TERMINATE_GRACE_SECONDS = 3.0
 _POLL_SECONDS = 0.02
 # How long a worker that stopped answering gets to show its exit status.
 _EXIT_GRACE_SECONDS = 5.0
+_KILLED_WAIT_SECONDS = 30.0  # for a killed worker to be reaped
 
 Slot = tuple[str, int]  # (device kind, device id)
 # How long a new spawner may take to import torch and dione on a loaded machine.
@@ -161,7 +163,11 @@ def _end(workers: Sequence[WarmWorker]) -> None:
         if w.process.returncode is None:  # not reaped yet, so its pid is still its own
             # The whole group: a worker's own children must not outlive it.
             _signal_group(w.process, signal.SIGKILL)
-            w.process.wait()
+            # Bounded: a process stuck in the kernel (a GPU driver call) dies only when
+            # the call returns, and must not hold its gang's thread meanwhile; its
+            # spawner (or, without one, Popen) reaps it later.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.process.wait(_KILLED_WAIT_SECONDS)
         w.connection.close()
 
 
