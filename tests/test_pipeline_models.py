@@ -214,6 +214,31 @@ def test_tied_gpt2_with_clipping_matches_single(tmp_path: Path) -> None:
                          reference_params)
 
 
+def frozen_embedding_gpt2() -> nn.Module:
+    """GPT-2 fine-tuned with its tied input and output embedding frozen."""
+    model = gpt2_tiny(context=32, width=32, layers=3)
+    model.transformer.wte.weight.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize("technique", ["gpipe", "xpipe"])
+def test_a_frozen_tied_weight_stays_frozen_in_pipelines(technique: str,
+                                                        tmp_path: Path) -> None:
+    """Weight decay must not move it: single leaves a parameter without a gradient
+    alone, and so must the stages that share it."""
+    task = gpt2_task(name="gpt2-frozen", model=frozen_embedding_gpt2, steps=2,
+                     optimizer=functools.partial(torch.optim.AdamW, lr=1e-2,
+                                                 weight_decay=0.5))
+    torch.manual_seed(task.seed)  # as the slice builds it
+    initial = {n: p.detach().clone() for n, p in frozen_embedding_gpt2().named_parameters()}
+    result = train(task, technique, tmp_path, 2, micro_batches=2)
+    assert "shared_weights" not in result.extra
+    params = final_parameters(task, result.checkpoint)
+    assert torch.equal(params["transformer.wte.weight"], initial["transformer.wte.weight"])
+    name = "transformer.h.0.attn.c_attn.weight"  # a trainable one did train
+    assert not torch.equal(params[name], initial[name])
+
+
 @pytest.mark.parametrize("stages", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_tied_gpt2_under_xpipe_keeps_one_value_and_its_accounting(stages: int,
                                                                   tmp_path: Path) -> None:

@@ -129,8 +129,10 @@ def _used(modules: list[nn.Module]) -> set[int]:
 
 def shared_weights(model: nn.Module, plan: StagePlan, partition: Partition,
                    task: str) -> list[SharedWeight]:
-    """The parameters more than one stage uses; a PartitionError for one that none does
-    (it would silently never train)."""
+    """The trainable parameters more than one stage uses; a PartitionError for one that
+    none does (it would silently never train). A frozen one is left out: each stage's
+    copy stays as loaded, where a summed zero gradient would let the optimizer's weight
+    decay move it (single, DDP and FSDP skip a parameter without a gradient)."""
     used = [_used(stage_modules(model, plan, partition, k)) for k in range(partition.stages)]
     shared = []
     for name, param in model.named_parameters():
@@ -140,7 +142,7 @@ def shared_weights(model: nn.Module, plan: StagePlan, partition: Partition,
                 f"task {task!r}: parameter {name} is in no block and in no module the stage "
                 "plan places before or after the blocks, so no pipeline stage would train it; "
                 "describe the model's stages (dione.schedules.stage_plan)")
-        if len(holders) > 1:
+        if len(holders) > 1 and param.requires_grad:
             shared.append(SharedWeight(name, holders))
     return shared
 
