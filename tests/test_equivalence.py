@@ -13,17 +13,23 @@ half a percent of one step. Parameters must agree within atol 1e-5 + rtol 1e-4.
 
 from __future__ import annotations
 
+import functools
+import sys
 from pathlib import Path
 
+import cloudpickle
 import pytest
 import torch
+from torch import nn
 
-from conftest import TEST_NODE, char_task
+from conftest import TEST_NODE, char_task, digits_task
 from dione.launch import local_placement, run_slice
 from dione.spec.task import Task
 from dione.state import load_model_weights
 
 STEPS = 8
+# The workers cannot import this test module: its model factories travel by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 LOSS_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 PARAMETER_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 
@@ -80,3 +86,45 @@ def test_losses_really_fall(reference) -> None:
     """The reference is real training, so agreeing with it means something."""
     _, single, _ = reference
     assert single.losses[-1] < single.losses[0] - 0.5
+
+
+class ExpertsLayer(nn.Module):
+    """A layer holding a ModuleList of its own (mixture-of-experts style)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList([nn.Linear(width, width) for _ in range(2)])
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + sum(expert(x) for expert in self.experts))
+
+
+class NestedLists(nn.Module):
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Linear(64, width)
+        self.layers = nn.ModuleList([ExpertsLayer(width) for _ in range(2)])
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def test_fsdp_shards_a_model_of_lists_inside_lists(tmp_path: Path) -> None:
+    """Only the outer items are units (FSDP2 raised on the experts sharded first), and
+    training follows single with activation checkpointing."""
+    from dione.techniques.fsdp import shard_units
+
+    model = NestedLists()
+    assert shard_units(model) == list(model.layers)
+    task = digits_task("nested", steps=4, model=NestedLists,
+                       optimizer=functools.partial(torch.optim.AdamW, lr=3e-3))
+    single = run_slice(task, "single", tmp_path / "single", local_placement(TEST_NODE, [0]))
+    result = run_slice(task, "fsdp", tmp_path / "fsdp", local_placement(TEST_NODE, [0, 1]),
+                       knobs={"activation_checkpointing": True})
+    assert_same_training(result, final_parameters(task, result.checkpoint), single,
+                         final_parameters(task, single.checkpoint))

@@ -29,12 +29,16 @@ __all__ = ["FSDP", "shard_units"]
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
     """The blocks sharded (and checkpointed) one by one: a Sequential's children, else the
-    items of every ModuleList; each with trainable parameters of its own."""
+    items of every ModuleList not inside another such item (experts inside a layer go
+    with their layer: FSDP2 cannot shard a module after one around it, and checkpointing
+    both would recompute the inner one twice); each with trainable parameters."""
     if isinstance(model, nn.Sequential):
         candidates = list(model)
     else:
         candidates = [m for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst]
-    return [m for m in candidates if any(p.requires_grad for p in m.parameters())]
+    units = [m for m in candidates if any(p.requires_grad for p in m.parameters())]
+    inside = {id(sub) for unit in units for sub in unit.modules() if sub is not unit}
+    return [m for m in units if id(m) not in inside]
 
 
 class FSDP(DataParallelTechnique):
