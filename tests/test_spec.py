@@ -150,3 +150,36 @@ def test_devices_syntax() -> None:
             parse_devices(bad)
     cluster = local_cluster("cpu:3")
     assert [(n.kind, n.devices) for n in cluster] == [("cpu", 3)]
+
+
+def test_a_scheduler_that_cannot_be_built_is_a_problem_of_its_field() -> None:
+    no_step_size = functools.partial(torch.optim.lr_scheduler.StepLR)
+    good = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=10)
+    messages = [str(p) for p in validate_workload(Workload([
+        digits_task("broken", lr_scheduler=no_step_size),
+        digits_task("fine", lr_scheduler=good)]), None, technique_names())]
+    assert len(messages) == 1
+    assert "task 'broken', field 'lr_scheduler': the scheduler factory raised TypeError" in (
+        messages[0]) and "step_size=10" in messages[0]
+
+
+class _MaskedLinear(torch.nn.Module):
+    """A model whose construction reads a tensor's value (impossible on the meta device)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 10)
+        self.keep = int((self.linear.weight.abs() > 0).sum().item())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+def test_a_model_validation_accepts_can_be_fingerprinted() -> None:
+    """Both build it on the meta device, and fall back to the CPU alike."""
+    from dione.profile.fingerprint import speed_signature
+
+    task = digits_task("masked", model=_MaskedLinear)
+    assert problems_of(task) == []
+    assert speed_signature(task)["parameters"] == [["linear.weight", [10, 64], "torch.float32"],
+                                                   ["linear.bias", [10], "torch.float32"]]

@@ -23,6 +23,7 @@ from torch import nn
 from dione._version import __version__
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
+from dione.spec.validate import build_model
 from dione.spec.workload import loaded_workload_files
 
 __all__ = ["code_digest", "device_description", "speed_signature", "trial_fingerprint"]
@@ -58,8 +59,8 @@ def speed_signature(task: Task) -> dict[str, Any]:
     """What of ``task`` decides its speed: architecture and parameter shapes, global
     batch and sample shapes, loss, optimizer kind, split points. Not: learning rate,
     seed, length, name."""
+    model = build_model(task.model)  # as validation built it
     with torch.device("meta"):
-        model = task.model()
         optimizer = task.optimizer(model.parameters())
     params = [[name, list(p.shape), str(p.dtype)] for name, p in model.named_parameters()]
     buffers = [[name, list(b.shape), str(b.dtype)] for name, b in model.named_buffers()]

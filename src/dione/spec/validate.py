@@ -18,7 +18,8 @@ from dione.spec.devices import DeviceKind, local_device_kind
 from dione.spec.task import PRECISIONS, Task
 from dione.spec.workload import Workload
 
-__all__ = ["Problem", "WorkloadError", "check_task", "split_valid", "validate_workload"]
+__all__ = ["Problem", "WorkloadError", "build_model", "check_task", "split_valid",
+           "validate_workload"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}$")
 _FACTORIES = ("model", "data", "loss", "optimizer", "evaluate", "lr_scheduler")
@@ -52,8 +53,9 @@ def _exception_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}{where}"
 
 
-def _build_model(factory: Callable[[], nn.Module]) -> nn.Module:
-    """Build on the meta device (no memory, no time for big models); fall back to CPU."""
+def build_model(factory: Callable[[], nn.Module]) -> nn.Module:
+    """Build on the meta device (no memory, no time for big models); fall back to CPU,
+    for a model whose construction reads a tensor's value."""
     try:
         with torch.device("meta"):
             return factory()
@@ -184,6 +186,24 @@ def _hyperparameter_problems(optimizer: torch.optim.Optimizer) -> list[str]:
     return problems
 
 
+def _check_scheduler(task: Task, optimizer: torch.optim.Optimizer,
+                     bad: Callable[[str, str], None]) -> None:
+    """Build the task's scheduler on its optimizer: a broken factory fails here, not in
+    every trial's workers."""
+    assert task.lr_scheduler is not None
+    try:
+        scheduler = task.lr_scheduler(optimizer)
+    except Exception as err:
+        bad("lr_scheduler", f"the scheduler factory raised {_exception_line(err)}; it is "
+            "called with the optimizer alone, e.g. functools.partial(StepLR, step_size=10)")
+        return
+    missing = [m for m in ("step", "state_dict", "load_state_dict")
+               if not callable(getattr(scheduler, m, None))]
+    if missing:
+        bad("lr_scheduler", f"returned {type(scheduler).__name__}, which has no "
+            f"{', '.join(missing)}: return a torch.optim.lr_scheduler scheduler")
+
+
 def check_task(
     task: Task, devices: int | None = None, techniques: Iterable[str] | None = None,
     kind: DeviceKind | None = None,
@@ -250,7 +270,7 @@ def check_task(
 
     model: nn.Module | None = None
     try:
-        model = _build_model(task.model)
+        model = build_model(task.model)
         if not isinstance(model, nn.Module):
             bad("model", f"returned {type(model).__name__}, not a torch.nn.Module")
             model = None
@@ -268,6 +288,8 @@ def check_task(
             else:
                 for message in _hyperparameter_problems(optimizer):
                     bad("optimizer", message)
+                if task.lr_scheduler is not None:
+                    _check_scheduler(task, optimizer, bad)
         except Exception as err:
             bad("optimizer", f"the optimizer factory raised {_exception_line(err)}")
         if task.split_points:
