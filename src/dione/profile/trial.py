@@ -52,10 +52,17 @@ class TrialSpec:
         return f"{self.technique} x{self.devices}" + (f" [{knobs}]" if knobs else "")
 
 
+# How running out of memory reads: CUDA's OutOfMemoryError, torch's CPU allocator
+# ("can't allocate memory ... (Cannot allocate memory)"), Python's MemoryError.
+_OOM_TYPES = ("OutOfMemoryError", "MemoryError")
+_OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
 def _classify(err: SliceError) -> str:
     if err.reason in ("diverged", "node_lost"):
         return err.reason
-    if err.error_type == "OutOfMemoryError" or "out of memory" in str(err).lower():
+    text = str(err).lower()
+    if err.error_type in _OOM_TYPES or any(words in text for words in _OOM_TEXT):
         return "oom"
     return "timeout" if err.reason == "timeout" else "crash"
 
