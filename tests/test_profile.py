@@ -265,10 +265,16 @@ def test_out_of_memory_and_crash_are_recorded_and_the_rest_completes(tmp_path: P
     statuses = {(r.technique, r.devices): r for r in big.trials}
     assert statuses[("single", 1)].status == "oom"
     assert "exceeds the device's memory cap" in (statuses[("single", 1)].reason or "")
-    # ddp replicates the model: after single ran out of memory it is not even tried.
-    assert ("ddp", 2) not in statuses
-    assert any(s.technique == "ddp" and s.label.startswith("ddp x2")
-               and "ran out of memory" in s.reason for s in big.skipped)
+    # Out of memory, single tries smaller passes (accumulation) before it gives up.
+    assert sorted(r.knobs["accumulation"] for r in big.trials if r.technique == "single") == [
+        1, 2, 4]
+    # ddp replicates the model: a setting whose passes are no smaller than those single
+    # ran out of memory with is not even tried (x2 at accumulation 1 and 2, against single
+    # at 2 and 4); x2 at accumulation 4 has smaller ones, and is.
+    assert [r.knobs["accumulation"] for r in big.trials if r.technique == "ddp"] == [4]
+    skipped = {s.label: s.reason for s in big.skipped if s.technique == "ddp"}
+    assert set(skipped) == {"ddp x2", "ddp x2 [accumulation=2]"}
+    assert all("ran out of memory" in reason for reason in skipped.values())
     # fsdp shards it over both devices, so it is tried (and fits or not, but is recorded).
     assert any(r.technique == "fsdp" for r in big.trials)
     crashed = next(r for r in small.trials if r.technique == "crashes")
@@ -280,6 +286,13 @@ def test_out_of_memory_and_crash_are_recorded_and_the_rest_completes(tmp_path: P
         again = profile_workload(tasks, CLUSTER, catalog, options=options)
     assert again.trials_run == 0
     assert again.task("big").trials[0].status == "oom"
+    # Without the cap, what ran out of memory under it is measured afresh, not served.
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        uncapped = profile_workload(tasks[:1], CLUSTER, catalog, options=QUICK,
+                                    parallel=False)
+    assert uncapped.trials_run > 0
+    assert {(r.technique, r.devices): r.status for r in uncapped.task("big").trials}[
+        ("single", 1)] == "ok"
 
 
 def test_budget_skips_trials_and_does_not_cache_the_skips(tmp_path: Path) -> None:
@@ -348,3 +361,40 @@ def test_memory_saving_knobs_are_tried_only_where_memory_ran_out(tmp_path: Path)
     assert len(reasons) == 4
     assert all("fits in memory" in why and "only trades speed for memory" in why
                for why in reasons)
+
+
+class _SmoothedLoss:
+    """A loss given as a callable object (its class has no repr of its own)."""
+
+    def __init__(self, smoothing: float) -> None:
+        self.smoothing = smoothing
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(output, target,
+                                                 label_smoothing=self.smoothing)
+
+
+def test_a_loss_object_gives_the_same_speed_signature_every_time() -> None:
+    """Its default repr holds a memory address: equal tasks must still share trials."""
+    from dione.profile.fingerprint import speed_signature
+
+    first = speed_signature(digits_task("a", loss=_SmoothedLoss(0.1)))
+    second = speed_signature(digits_task("b", loss=_SmoothedLoss(0.1)))
+    assert first == second
+    assert first["loss"].endswith("._SmoothedLoss")
+
+
+def test_running_out_of_cpu_memory_is_recorded_as_out_of_memory() -> None:
+    """torch's CPU allocator says "can't allocate memory", not "out of memory"."""
+    from dione.launch.slice import SliceError
+    from dione.profile.trial import _classify
+
+    with pytest.raises(RuntimeError) as raised:
+        torch.empty(2**48, dtype=torch.uint8)  # more than any address space holds
+    failed = SliceError(f"rank 0 (device 0) raised RuntimeError: {raised.value}", "raised",
+                        "RuntimeError")
+    assert _classify(failed) == "oom"
+    assert _classify(SliceError("rank 0 (device 0) raised MemoryError: ", "raised",
+                                "MemoryError")) == "oom"
+    assert _classify(SliceError("rank 0 (device 0) raised ValueError: bad", "raised",
+                                "ValueError")) == "crash"

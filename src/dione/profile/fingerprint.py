@@ -26,7 +26,8 @@ from dione.spec.task import Task
 from dione.spec.validate import build_model
 from dione.spec.workload import loaded_workload_files
 
-__all__ = ["code_digest", "device_description", "speed_signature", "trial_fingerprint"]
+__all__ = ["callable_name", "code_digest", "device_description", "speed_signature",
+           "trial_fingerprint"]
 
 # Optimizer settings that change the work of a step (not its numbers).
 _OPTIMIZER_SPEED_KEYS = ("foreach", "fused", "amsgrad", "nesterov", "capturable",
@@ -44,9 +45,17 @@ def _shapes(value: Any) -> Any:
     return type(value).__name__
 
 
-def _qualname(value: Any) -> str:
+def callable_name(value: Any) -> str:
+    """A function's (or a partial's) module and qualified name; for a callable object,
+    its class's, with its own repr where the class has one: the default repr holds a
+    memory address, new in every process, and would make equal tasks look different."""
     func = getattr(value, "func", value)  # functools.partial
-    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+    if hasattr(func, "__qualname__"):
+        return f"{getattr(func, '__module__', '?')}.{func.__qualname__}"
+    kind = type(func)
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    own_repr = any("__repr__" in vars(base) for base in kind.__mro__ if base is not object)
+    return f"{name} {func!r}" if own_repr else name
 
 
 @lru_cache(maxsize=64)
@@ -76,7 +85,7 @@ def speed_signature(task: Task) -> dict[str, Any]:
         "buffers": buffers,
         "batch_size": task.batch_size,
         "sample": samples,
-        "loss": _qualname(task.loss),
+        "loss": callable_name(task.loss),
         "optimizer": [type(optimizer).__qualname__,
                       {k: defaults[k] for k in _OPTIMIZER_SPEED_KEYS if k in defaults},
                       bool(momentum) if momentum is not None else None],
@@ -116,10 +125,11 @@ def device_description(kind: DeviceKind, threads: int) -> str:
 
 def trial_fingerprint(
     signature: Mapping[str, Any], technique: str, knobs: Mapping[str, Any], devices: int,
-    kind: DeviceKind, threads: int,
+    kind: DeviceKind, threads: int, memory_cap_bytes: int | None = None,
 ) -> str:
-    """A hex digest of everything that decides one trial's speed."""
-    key = {
+    """A hex digest of everything that decides one trial's speed, and whether it fits:
+    under a memory cap (``--memory-cap``) a trial that fits the device may not."""
+    key: dict[str, Any] = {
         "signature": signature,
         "technique": technique,
         "knobs": dict(knobs),
@@ -128,6 +138,8 @@ def trial_fingerprint(
         "torch": torch.__version__,
         "dione": __version__,
     }
+    if memory_cap_bytes is not None:  # only where set: uncapped catalogs keep their keys
+        key["memory_cap_bytes"] = memory_cap_bytes
     text = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -68,7 +68,8 @@ def profile_workload(
              and (n.kind != "cpu" or launcher.placement(n, [0]).threads == threads)]
     device = device_description(node.kind, threads)
     emit = on_event or (lambda event: None)
-    found = wanted_trials(tasks, node, threads, device, catalog, reprofile)
+    found = wanted_trials(tasks, node, threads, device, catalog, reprofile,
+                          options.memory_cap_bytes)
     profiles, wanted, by_task = found.profiles, found.wanted, found.by_task
     results: dict[str, TrialRecord] = {}
     pending: list[PendingTrial] = []
@@ -77,6 +78,9 @@ def profile_workload(
         if cached is not None and cached.status == "crash" and cached.extra.get(
                 "code") != trial.code:
             cached = None  # it crashed under code that has changed since: try again
+        if cached is not None and cached.status == "timeout" and float(cached.extra.get(
+                "timeout", 0.0)) < options.timeout:
+            cached = None  # it ran out of a shorter time than it has now: try again
         if cached is not None:
             results[fingerprint] = cached
             emit(ProfileEvent("cached", trial.spec.label, tuple(trial.tasks), cached))

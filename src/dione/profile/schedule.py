@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dione.launch.local import LOCAL, Launcher
 from dione.launch.scratch import clean_stale_scratch, scratch_dir
@@ -25,6 +26,12 @@ from dione.spec.cluster import Node
 from dione.techniques.registry import get_technique
 
 __all__ = ["TrialSetting", "run_trials"]
+
+
+def _parts(devices: int, knobs: Mapping[str, Any]) -> int:
+    """How many passes a replicating trial splits the batch into: devices x accumulation
+    (the more, the smaller each device's activations)."""
+    return devices * int(knobs.get("accumulation", 1))
 
 
 @dataclass
@@ -79,11 +86,15 @@ class _Pass:
     # -- what decides a trial's fate ---------------------------------------------------
 
     def oom_below(self, trial: PendingTrial) -> TrialRecord | None:
-        """A replicating trial of the same group, on no more devices, out of memory."""
+        """A replicating trial of the same group, out of memory with no more on each
+        device than ``trial`` would hold: the same whole replica, and a share of the
+        batch per pass at most as large (single x1 out of memory says nothing of
+        accumulation 2, nor of ddp x2, whose passes are half as large)."""
         if trial.shards_memory:
             return None
+        parts = _parts(trial.spec.devices, trial.spec.knobs)
         return next((other for fingerprint, other in self.results.items()
-                     if other.status == "oom" and other.devices <= trial.spec.devices
+                     if other.status == "oom" and _parts(other.devices, other.knobs) >= parts
                      and not get_technique(other.technique).shards_memory
                      and self.setting.group_of.get(fingerprint) == trial.group), None)
 
@@ -121,8 +132,11 @@ class _Pass:
             return True
         culprit = self.oom_below(trial)
         if culprit is not None:
-            self.skip(trial, f"{culprit.technique} x{culprit.devices} ran out of memory "
-                      f"and {trial.spec.technique} keeps a whole model replica per device")
+            accumulated = culprit.knobs.get("accumulation", 1)
+            self.skip(trial, f"{culprit.technique} x{culprit.devices}"
+                      + (f" (accumulation {accumulated})" if accumulated != 1 else "")
+                      + f" ran out of memory, and {trial.spec.technique} keeps a whole model "
+                      "replica per device with passes no smaller")
             return True
         if self.waits_for(trial):
             return True
@@ -183,6 +197,8 @@ class _Pass:
         self.results[trial.spec.fingerprint] = record
         if record.status == "crash":
             record.extra["code"] = trial.code
+        if record.status == "timeout":  # a longer limit may see it through
+            record.extra["timeout"] = setting.options.timeout
         # A divergence depends on the learning rate, which the fingerprint leaves out:
         # it must not stand for the task's whole group later; a lost node (the last
         # one) says nothing about the configuration.

@@ -11,7 +11,12 @@ from typing import Any
 
 from dione.launch.slice import total_steps
 from dione.profile.catalog import Catalog
-from dione.profile.fingerprint import code_digest, speed_signature, trial_fingerprint
+from dione.profile.fingerprint import (
+    callable_name,
+    code_digest,
+    speed_signature,
+    trial_fingerprint,
+)
 from dione.profile.results import NotApplicable, Skipped, TaskProfile
 from dione.profile.trial import TrialSpec
 from dione.spec.cluster import Node
@@ -74,8 +79,10 @@ def _evaluation_key(signature: Mapping[str, Any], task: Task, device: str) -> st
     if task.evaluate is None:
         return None
     func = getattr(task.evaluate, "func", task.evaluate)
-    return _digest([signature, getattr(func, "__module__", ""),
-                    getattr(func, "__qualname__", repr(func)), device])
+    # A function as before (catalogs keep their keys); an object by its class, not by a
+    # repr holding its memory address.
+    name = getattr(func, "__qualname__", None) or callable_name(func)
+    return _digest([signature, getattr(func, "__module__", ""), name, device])
 
 
 def _lighter_settings(knobs: Mapping[str, Any], technique: Technique,
@@ -91,10 +98,12 @@ def _knobs_key(knobs: Mapping[str, Any]) -> str:
 
 
 def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
-                  catalog: Catalog, reprofile: bool) -> WantedTrials:
+                  catalog: Catalog, reprofile: bool, memory_cap_bytes: int | None = None
+                  ) -> WantedTrials:
     """The trials ``tasks`` need on a node like ``node`` (``threads`` per CPU slot,
-    described as ``device``), with each task's skips and cached evaluation time; a task
-    that cannot be fingerprinted gets a profile with its error and no trials."""
+    described as ``device``, capped at ``memory_cap_bytes`` per device), with each
+    task's skips and cached evaluation time; a task that cannot be fingerprinted gets a
+    profile with its error and no trials."""
     profiles: list[TaskProfile] = []
     wanted: dict[str, PendingTrial] = {}
     by_task: dict[str, list[str]] = {}
@@ -133,7 +142,8 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
                 resolved = [technique.resolve(s) for s in settings]
                 fingerprints = {
                     _knobs_key(k): trial_fingerprint(
-                        signature, technique.name, k, count, node.kind, threads)
+                        signature, technique.name, k, count, node.kind, threads,
+                        memory_cap_bytes)
                     for k in resolved}
                 for knobs in resolved:
                     fingerprint = fingerprints[_knobs_key(knobs)]
