@@ -52,6 +52,14 @@ class Task:
     ``model(*batch)`` for a tuple) and returns its own mean loss: a scalar tensor, or an
     output with ``.loss`` (a Hugging Face model given ``labels``).
 
+    Exactness holds for a loss that is a mean over *samples*. One averaged over counted
+    items that differ per sample (tokens, with padding labelled -100) is, on a share,
+    the mean over that share's tokens; the mean of the shares' means then differs from
+    the batch's token mean (measured on a padded GPT-2 batch: 4.88629 against 4.88412),
+    so data-parallel shares, pipeline micro-batches and accumulation all train slightly
+    differently from ``single``. Give every sample the same number of counted tokens
+    (pack or truncate, no -100 padding) where exactness matters.
+
     ``precision`` trains under autocast (``bf16``; ``fp16`` with a gradient scaler, on
     CUDA only); the weights and the optimizer stay in float32. ``clip_grad_norm`` clips
     each step's gradient to that global L2 norm (over the whole model, whatever the
