@@ -4,7 +4,9 @@ Each rank is a warm worker (``pool``): started once per device slot, it serves s
 after slice. A gang rendezvouses through a FileStore in a private scratch folder (0700,
 see ``scratch``): no port another host or user could reach; the slice, the results and
 the errors travel over the workers' connections, so nothing is unpickled from a run
-directory; gloo binds to the loopback interface. ``gang.watch_gang`` watches them; a
+directory. gloo's own connections listen on the loopback interface: no other host
+reaches them, but another user of this machine could connect, as gloo asks for no
+credentials; share a machine only with users you trust. ``gang.watch_gang`` watches them; a
 gang that failed, timed out or was cancelled has its workers ended (the next slice
 gets fresh ones), a finished one hands them back.
 """
