@@ -166,6 +166,7 @@ def run_slice(
     launcher: Launcher | None = None,
     storage: str | Path | None = None,
     on_progress: OnProgress | None = None,
+    total: int | None = None,
 ) -> SliceResult:
     """Train ``task`` from its latest checkpoint in ``run_dir`` for ``steps`` steps (None:
     to the end) under ``technique`` on ``placement``; record it; raise SliceError if it
@@ -179,7 +180,9 @@ def run_slice(
     ``folder``); ``on_progress(rank, record)`` hears each rank's progress while it
     trains. ``launcher``: what runs the gang (default: this machine's
     warm workers). ``storage``: where checkpoints go, a folder every node of the
-    cluster can reach (default: ``run_dir``); the run store stays in ``run_dir``."""
+    cluster can reach (default: ``run_dir``); the run store stays in ``run_dir``.
+    ``total``: the task's length in steps, where the caller knows it (else read from
+    the data set's size for a task given in epochs: the data factory runs again)."""
     method = get_technique(technique) if isinstance(technique, str) else technique
     knobs = dict(knobs or {})
     devices = len(placement.device_ids)
@@ -190,7 +193,7 @@ def run_slice(
     own_store = store is None
     db = RunStore(run_dir) if store is None else store
     try:
-        total = total_steps(task)
+        total = total_steps(task) if total is None else total
         db.register_task(task.name, total, task.batch_size, task.hyperparameters)
         db.recover_interrupted()
         warnings: list[str] = []

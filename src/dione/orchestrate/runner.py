@@ -371,7 +371,8 @@ class Runner:
                            self.launcher.placement(node, list(a.device_ids)), knobs=dict(a.knobs),
                            steps=steps, timeout=self.options.timeout, cancel=self.cancel,
                            on_progress=heard, launcher=self.launcher,
-                           storage=self.options.storage)
+                           storage=self.options.storage,
+                           total=self.state.total[name])  # no data set loaded per slice
 
     def finished(self, name: str, future: Future[SliceResult]) -> bool:
         """Record a slice's end; whether it departs from the plan enough to re-plan."""
