@@ -303,7 +303,7 @@ def test_running_tasks_keep_their_devices() -> None:
 def test_unknown_solver_and_bad_time_limit() -> None:
     with pytest.raises(ValueError, match="unknown solver 'gurobi'; choose one of cpsat"):
         solve(SMALL, "gurobi")
-    with pytest.raises(ValueError, match="time limit must be positive"):
+    with pytest.raises(ValueError, match="time limit must be a positive number of seconds"):
         solve(SMALL, "cpsat", time_limit=0)
 
 
@@ -379,3 +379,73 @@ def test_sequential_runs_a_task_the_smaller_node_holds_there_when_it_ends_as_ear
     plan = solve(problem, "sequential")
     assert plan.makespan == 10.0
     assert {a.task: a.node for a in plan.assignments} == {"a": "small", "b": "big"}
+
+
+# -- inputs at the edges (found by a review) --------------------------------------------------
+
+
+def test_a_task_of_no_seconds_holds_back_nothing() -> None:
+    """It sorts after the tasks starting with it; re-timing must not make the next task
+    on their devices wait for it."""
+    from dione.plan.greedy import placements_plan
+
+    problem = problem_of({"a": [(1, 5.0)], "b": [(1, 10.0)], "z": [(2, 0.0)],
+                          "c": [(1, 5.0)]}, {"n0": 2})
+    options = {t.name: t.options[0] for t in problem.tasks}
+    placed = [("a", options["a"], "n0", 0.0), ("b", options["b"], "n0", 0.0),
+              ("z", options["z"], "n0", 1.0), ("c", options["c"], "n0", 5.0)]
+    plan = placements_plan("test", "feasible", problem, placed, 0.0)
+    assert plan.makespan == 10.0
+    assert check_plan(plan, problem) == []
+    for solver in ("greedy", "cpsat"):
+        assert solve(problem, solver, 2.0, threads=1).makespan == 10.0
+
+
+def test_a_device_free_a_moment_later_is_not_taken_for_free() -> None:
+    """At a million seconds a relative tolerance is a whole second: a device still busy
+    then must not be chosen over one that is free."""
+    problem = problem_of({"x": [(1, 1_000_000.5)], "y": [(1, 1_000_000.0)], "z": [(1, 10.0)]},
+                         {"n0": 2})
+    for solver in ("greedy", "cpsat"):
+        plan = solve(problem, solver, 2.0, threads=1)
+        assert plan.makespan == 1_000_010.0 and check_plan(plan, problem) == []
+
+
+def test_plans_far_from_time_zero_pass_their_check() -> None:
+    problem = problem_of({"long": [(1, 1e12)], "short": [(1, 0.1)]}, {"n0": 1})
+    for solver in ("greedy", "sequential", "cpsat"):
+        plan = solve(problem, solver, 2.0, threads=1)
+        assert check_plan(plan, problem) == [], solver
+
+
+def test_the_same_option_twice_and_bad_numbers_are_refused_with_the_fix() -> None:
+    twice = problem_of({"a": [(1, 10.0), (1, 5.0)]}, {"n0": 1})
+    assert twice.mistakes() == [
+        "task 'a', option 1: the same as option 0 (single {} on 1 devices); a plan names "
+        "an option by these, so keep one of them"]
+    with pytest.raises(ProblemError, match="the same as option 0"):
+        PlanningProblem.from_json(twice.to_json())
+    held = {**SMALL.to_json(), "busy": [{"task": "r", "node": "n0", "device_ids": [True],
+                                        "until": 1.0}]}
+    with pytest.raises(ProblemError, match=r"integers 0 to 1\), not \[True\]"):
+        PlanningProblem.from_json(held)
+    plan = solve(SMALL, "greedy").to_json()
+    for field, value in (("makespan", float("nan")), ("makespan", float("inf"))):
+        with pytest.raises(ValueError, match=f"{field} must be a finite number"):
+            Plan.from_json({**plan, field: value})
+    fractional = {**plan, "assignments": [{**plan["assignments"][0], "device_ids": [0.9]},
+                                          *plan["assignments"][1:]]}
+    with pytest.raises(ValueError, match="device_ids must be a list of integers"):
+        Plan.from_json(fractional)
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        solve(SMALL, "cpsat", 1.0, threads=-1)
+    with pytest.raises(ValueError, match="positive number of seconds, not nan"):
+        solve(SMALL, "greedy", float("nan"))
+
+
+def test_saturn_milp_writes_nothing_but_the_plan_to_standard_output(tmp_path: Path) -> None:
+    problem_file = tmp_path / "problem.json"
+    problem_file.write_text(json.dumps(SMALL.to_json()))
+    result = dione("plan", str(problem_file), "--solver", "saturn-milp", "--time-limit", "2")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["solver"] == "saturn-milp"  # no HiGHS banner first

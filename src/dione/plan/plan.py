@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -88,7 +89,7 @@ class Plan:
         try:
             return Plan(
                 solver=str(data["solver"]), status=str(data["status"]),
-                makespan=float(data["makespan"]), lower_bound=float(data["lower_bound"]),
+                makespan=_finite(data, "makespan"), lower_bound=float(data["lower_bound"]),
                 solve_seconds=float(data.get("solve_seconds", 0.0)),
                 notes=dict(data.get("notes", {})),
                 assignments=tuple(assignment_from_json(a) for a in data["assignments"]),
@@ -99,9 +100,21 @@ class Plan:
 
 def assignment_from_json(data: Mapping[str, Any]) -> Assignment:
     """An assignment as ``Assignment.to_json`` writes it (extra fields ignored)."""
+    ids = data["device_ids"]
+    if not isinstance(ids, list) or any(
+            not isinstance(d, int) or isinstance(d, bool) for d in ids):
+        raise ValueError(f"task {data.get('task')!r}: device_ids must be a list of "
+                         f"integers, not {ids!r}")
     return Assignment(str(data["task"]), str(data["technique"]), dict(data.get("knobs", {})),
-                      str(data["node"]), tuple(int(d) for d in data["device_ids"]),
-                      float(data["start"]), float(data["end"]))
+                      str(data["node"]), tuple(ids), _finite(data, "start"),
+                      _finite(data, "end"))
+
+
+def _finite(data: Mapping[str, Any], field: str) -> float:
+    value = float(data[field])
+    if not math.isfinite(value):
+        raise ValueError(f"{field} must be a finite number of seconds, not {value}")
+    return value
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -148,8 +161,9 @@ def check_plan(plan: Plan, problem: PlanningProblem) -> list[str]:
             if option is None:
                 reasons.append(f"{where}: {a.technique} {dict(a.knobs)} on {a.devices} devices "
                                "is not one of its options")
+            # The tolerance, plus what rounding end - start can lose far from time 0.
             elif abs((a.end - a.start) - option.seconds) > TIME_TOLERANCE * max(
-                    1.0, option.seconds):
+                    1.0, option.seconds) + 4 * math.ulp(abs(a.end)):
                 reasons.append(f"{where}: runs {a.end - a.start:g} s, but its option takes "
                                f"{option.seconds:g} s")
         if a.start < -TIME_TOLERANCE:
@@ -163,6 +177,8 @@ def check_plan(plan: Plan, problem: PlanningProblem) -> list[str]:
         outside = [d for d in a.device_ids if not 0 <= d < node.devices]
         if outside:
             reasons.append(f"{where}: node {a.node!r} has no device(s) {outside}")
+        if a.end - a.start <= TIME_TOLERANCE:
+            continue  # no device time: it holds no device from anything else
         for device in set(a.device_ids):
             occupancy[(a.node, device)].append((a.start, a.end, where))
     for (node_name, device), spans in occupancy.items():
@@ -197,7 +213,13 @@ def assign_device_ids(
             result.append(Assignment(task, option.technique, dict(option.knobs), node,
                                      tuple(sorted(chosen)), start, start))
             continue
-        free = [d for d, t in enumerate(times) if t <= start + TIME_TOLERANCE * max(1.0, start)]
+        # Devices free by the start; only if too few, those free within the relative
+        # tolerance of a solver's rounding (a device free 0.5 s later at 1e6 s must not
+        # look free while another is).
+        free = [d for d, t in enumerate(times) if t <= start + TIME_TOLERANCE]
+        if len(free) < option.devices:
+            free = [d for d, t in enumerate(times)
+                    if t <= start + TIME_TOLERANCE * max(1.0, start)]
         if len(free) < option.devices:
             raise ValueError(f"task {task!r}: only {len(free)} of {option.devices} devices of "
                              f"node {node!r} are free at {start:g} s; the placement "
@@ -220,6 +242,12 @@ def left_shift(assignments: Sequence[Assignment], problem: PlanningProblem) -> l
     for a in sorted(assignments, key=lambda a: (a.start, a.task)):
         begin = max(free[a.node][d] for d in a.device_ids)
         length = a.end - a.start
+        if length <= TIME_TOLERANCE:
+            # No device time: it delays nothing after it (it sorted after tasks that
+            # start with it and would otherwise hold their devices' next tasks back).
+            result.append(Assignment(a.task, a.technique, dict(a.knobs), a.node,
+                                     a.device_ids, begin, begin))
+            continue
         for d in a.device_ids:
             free[a.node][d] = begin + length
         result.append(Assignment(a.task, a.technique, dict(a.knobs), a.node, a.device_ids,

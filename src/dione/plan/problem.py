@@ -145,6 +145,8 @@ class PlanningProblem:
                    for reason in _option_mistakes(f"{where}, option {j}", o.technique,
                                                   o.devices, o.seconds)]
             reasons += bad
+            if not bad:
+                reasons += _same_option_twice(where, task.options)
             if not bad and self.nodes:
                 reasons += _fits_no_node(where, task.options, widest)
         reasons += [f"task {n!r}: the name is used twice"
@@ -207,6 +209,20 @@ def _option_mistakes(where: str, technique: Any, devices: Any, seconds: Any) -> 
     return bad
 
 
+def _same_option_twice(where: str, options: Sequence[Option]) -> list[str]:
+    """Options a plan could not tell apart (a plan names an option by technique, knobs
+    and devices): each must be there once, with one length."""
+    first: dict[tuple[str, str, int], int] = {}
+    reasons = []
+    for j, option in enumerate(options):
+        k = first.setdefault(option.key(), j)
+        if k != j:
+            reasons.append(f"{where}, option {j}: the same as option {k} ({option.technique} "
+                           f"{dict(option.knobs)} on {option.devices} devices); a plan "
+                           "names an option by these, so keep one of them")
+    return reasons
+
+
 def _fits_no_node(where: str, options: Iterable[Option], widest: int) -> list[str]:
     options = list(options)
     if any(o.devices <= widest for o in options):
@@ -220,12 +236,14 @@ def _busy_mistakes(where: str, node: Any, ids: Any, until: Any,
     if node not in sizes:
         return [f"{where}: unknown node {node!r}"]
     if not isinstance(ids, list) or not ids or any(
-            not isinstance(d, int) or not 0 <= d < sizes[node] for d in ids):
-        return [f"{where}: device_ids must list devices of node {node!r}"]
+            not isinstance(d, int) or isinstance(d, bool) or not 0 <= d < sizes[node]
+            for d in ids):
+        return [f"{where}: device_ids must list devices of node {node!r} (integers 0 to "
+                f"{sizes[node] - 1}), not {ids!r}"]
     if len(set(ids)) < len(ids):
         return [f"{where}: device_ids must not repeat a device, not {ids}"]
     if not _number(until) or until < 0:
-        return [f"{where}: until must be a number >= 0"]
+        return [f"{where}: until must be a finite number >= 0, not {until!r}"]
     return []
 
 
@@ -314,6 +332,7 @@ def _parse(data: Any) -> PlanningProblem:
                    for j, o in enumerate(raw_options)]
         valid = tuple(o for o in options if o is not None)
         if len(valid) == len(options):
+            reasons += _same_option_twice(where, valid)
             if nodes:
                 reasons += _fits_no_node(where, valid, widest)
             tasks.append(TaskOptions(name, valid))

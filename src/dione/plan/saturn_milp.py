@@ -15,7 +15,11 @@ The pair constraints grow as tasks^2 x devices, which is why it does not scale.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
+from collections.abc import Iterator
 
 import highspy
 import numpy as np
@@ -154,7 +158,8 @@ def saturn_milp(problem: PlanningProblem, time_limit: float = 10.0,
         width = indices_block.shape[1]
         pair_starts.append(offset + width * np.arange(indices_block.shape[0]))
         offset += indices_block.size
-    highs = highspy.Highs()  # type: ignore[no-untyped-call]
+    with _quiet_stdout():  # HiGHS prints its banner as it is made, before any option
+        highs = highspy.Highs()  # type: ignore[no-untyped-call]
     highs.setOptionValue("output_flag", False)
     highs.setOptionValue("log_to_console", False)
     if threads:
@@ -205,3 +210,17 @@ def saturn_milp(problem: PlanningProblem, time_limit: float = 10.0,
                 milp_bound, tuple(assignments),
                 time.perf_counter() - began, notes)
 
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """Send what C code writes to standard output meanwhile to /dev/null: ``dione plan``
+    writes its plan there, and a banner before it would make the output not JSON."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)

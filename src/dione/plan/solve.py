@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from dione.plan.plan import Plan
@@ -50,13 +51,17 @@ def solve(problem: PlanningProblem, solver: str = "cpsat", time_limit: float = 1
     instead, for the same plan on a busy machine as on a quiet one."""
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
-    if time_limit <= 0:
-        raise ValueError(f"the time limit must be positive, not {time_limit}")
+    if not time_limit > 0 or not math.isfinite(time_limit):
+        raise ValueError(f"the time limit must be a positive number of seconds, not "
+                         f"{time_limit}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be at least 1, not {threads} (leave it out for "
+                         "every core)")
     if deterministic_time is not None:
         if solver != "cpsat":
             raise ValueError(f"a deterministic time applies to the cpsat solver only, not "
                              f"{solver!r}; drop it or choose cpsat")
-        if deterministic_time <= 0:
+        if not deterministic_time > 0 or not math.isfinite(deterministic_time):
             raise ValueError(f"the deterministic time must be positive, not "
                              f"{deterministic_time}")
         return _cpsat(problem, time_limit, threads, deterministic_time)
