@@ -308,3 +308,40 @@ print("exit", codes, "torch" in sys.modules)
                             env=os.environ, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "exit [0, 0, 0] False"
+
+
+def test_bad_numbers_and_files_are_refused_before_anything_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    demo = str(ROOT / "examples" / "demo.py")
+    for flag, value in (("--time-limit", "-1"), ("--slice-steps", "0"), ("--timeout", "nan"),
+                        ("--replan-interval", "0")):
+        with pytest.raises(SystemExit) as exit_:
+            in_process(capsys, "run", demo, flag, value, "--out", str(tmp_path / "r"))
+        assert exit_.value.code == 2
+        assert f"argument {flag}" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    garbage = tmp_path / "garbage.json"
+    garbage.write_bytes(bytes(range(128, 256)))
+    status, err = refused(capsys, "plan", str(garbage))
+    assert status == 2 and "not JSON text (byte 0 is not UTF-8)" in err
+    status, err = refused(capsys, "run", demo, "--current-practice", "--technique", "bogus",
+                          "--out", str(tmp_path / "r"))
+    assert status == 2 and "'bogus' is not a technique" in err
+    status, err = refused(capsys, "run", demo, "--current-practice", "--ray")
+    assert status == 2 and "drop --ray" in err
+
+
+def test_run_refuses_a_run_directory_another_workload_started(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its run.json must stay: resume and export read the workload from it."""
+    from dione.cli.saved_run import SavedRun
+    from dione.orchestrate.options import RunOptions
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    SavedRun(str(tmp_path / "first.py"), RunOptions()).write(run_dir)
+    before = (run_dir / "run.json").read_text()
+    status, err = refused(capsys, "run", str(ROOT / "examples" / "demo.py"), "--out",
+                          str(run_dir))
+    assert status == 2 and "holds a run of" in err and "dione resume" in err
+    assert (run_dir / "run.json").read_text() == before

@@ -139,6 +139,18 @@ def test_run_plans_executes_and_reports(tmp_path: Path, monkeypatch) -> None:
     assert len(metrics) == 1 + 3 * 12
     assert {e.kind for e in events} >= {"profiled", "planned", "slice_started",
                                         "slice_finished", "finished"}
+    # The tasks table: every row as many cells as its header (no evaluation here).
+    summary = (report / "summary.md").read_text().split("## Tasks")[1].strip().splitlines()
+    assert len({row.count("|") for row in summary[:5]}) == 1, summary[:5]
+    # A plan file cut short (a launcher killed mid-write, before plans were written
+    # whole) is left out of the report with a warning naming it; the rest still reports.
+    last = sorted((run_dir / "plans").glob("plan-*.json"))[-1]
+    last.write_text(last.read_text()[:200])
+    from dione.report import write_report
+
+    with pytest.warns(UserWarning, match=f"{last.name} cannot be read"):
+        write_report(run_dir)
+    assert (report / "summary.md").is_file()
 
 
 @pytest.mark.timeout(900)  # three `dione` runs (whole, killed, resumed)

@@ -16,7 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dione.cli.values import parse_bytes, positive_int
+from dione.cli.values import (
+    non_negative_float,
+    non_negative_int,
+    parse_bytes,
+    positive_float,
+    positive_int,
+)
 from dione.plan.solve import SOLVERS, solve
 
 if TYPE_CHECKING:
@@ -69,18 +75,21 @@ class OptionFlag:
 # What `run` plans, slices and retries with; `resume` may change each.
 _RUN = (
     OptionFlag("--solver", "solver", "the planner", choices=tuple(SOLVERS)),
-    OptionFlag("--time-limit", "time_limit", "seconds for the first plan", type=float),
+    OptionFlag("--time-limit", "time_limit", "seconds for the first plan",
+               type=positive_float),
     OptionFlag("--replan", "replan", "re-plan as real speeds come in; --no-replan keeps "
                "the first plan", switch=True),
     OptionFlag("--replan-interval", "replan_interval",
-               "re-plan at least this often, in seconds", type=float),
-    OptionFlag("--slice-steps", "slice_steps", "checkpoint every this many steps", type=int),
+               "re-plan at least this often, in seconds", type=positive_float),
+    OptionFlag("--slice-steps", "slice_steps", "checkpoint every this many steps",
+               type=positive_int),
     OptionFlag("--slice-seconds", "slice_seconds", "aim for slices of this many seconds "
                "(default: at least 300, and 20 times the slice start-up each option "
-               "measured)", type=float),
+               "measured)", type=positive_float),
     OptionFlag("--max-failures", "max_failures",
-               "a task whose slices failed this often is failed", type=int),
-    OptionFlag("--timeout", "timeout", "seconds after which a slice is stopped", type=float),
+               "a task whose slices failed this often is failed", type=positive_int),
+    OptionFlag("--timeout", "timeout", "seconds after which a slice is stopped",
+               type=positive_float),
 )
 # How trials measure and what the catalog keeps: `run`, `resume` and `profile`.
 _PROFILE = (
@@ -89,17 +98,18 @@ _PROFILE = (
     OptionFlag("--reprofile", "reprofile", "run every trial again, ignoring the catalog",
                switch=True),
     OptionFlag("--budget", "profile_budget", "seconds of profiling after which no new "
-               "trial starts", type=float),
+               "trial starts", type=non_negative_float),
     OptionFlag("--memory-cap", "trial.memory_cap_bytes", "memory per device, e.g. 2GiB: a "
                "trial above it counts as out of memory (default: the device's own limit)",
                convert=parse_bytes),
-    OptionFlag("--warmup-steps", "trial.warmup_steps", "steps not timed", type=int),
-    OptionFlag("--measure-steps", "trial.measure_steps", "steps timed", type=int),
+    OptionFlag("--warmup-steps", "trial.warmup_steps", "steps not timed",
+               type=non_negative_int),
+    OptionFlag("--measure-steps", "trial.measure_steps", "steps timed", type=positive_int),
     OptionFlag("--trial-repeats", "trial.repeats", "times each option's fastest setting is "
                "measured, at different moments; the median is kept (3 outvotes one slow "
                "spell of a shared machine)", type=positive_int),
     OptionFlag("--trial-timeout", "trial.timeout",
-               "seconds after which a trial counts as timed out", type=float),
+               "seconds after which a trial counts as timed out", type=positive_float),
 )
 _STORAGE = OptionFlag("--storage", "storage", "where checkpoints go (default: the run "
                       "directory); with more than one node, a folder every node reaches at "
@@ -224,10 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--technique", required=True)
     train.add_argument("--devices", default="1",
                        help="e.g. cpu:2 or cuda:2, or 2 of this machine's kind")
-    train.add_argument("--steps", type=int, help="steps in this slice (default: to the end)")
+    train.add_argument("--steps", type=positive_int,
+                       help="steps in this slice (default: to the end)")
     train.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE")
     train.add_argument("--out", help="run directory (default: runs/<workload name>)")
-    train.add_argument("--timeout", type=float, help="seconds after which the gang is stopped")
+    train.add_argument("--timeout", type=positive_float,
+                       help="seconds after which the gang is stopped")
 
     validate = command("validate", "report every problem of a workload")
     validate.add_argument("workload")
@@ -239,10 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--check", action="store_true", help="check that a plan is valid")
     plan.add_argument("--solver", default=_solve_default("solver"), choices=tuple(SOLVERS),
                       help="the planner")
-    plan.add_argument("--time-limit", type=float, default=_solve_default("time_limit"),
+    plan.add_argument("--time-limit", type=positive_float, default=_solve_default("time_limit"),
                       help="seconds")
-    plan.add_argument("--threads", type=int, help="solver threads (default: every core)")
-    plan.add_argument("--deterministic-time", type=float, metavar="UNITS",
+    plan.add_argument("--threads", type=positive_int, help="solver threads (default: every core)")
+    plan.add_argument("--deterministic-time", type=positive_float, metavar="UNITS",
                       help="cpsat only: bound the search by CP-SAT's deterministic time "
                       "instead of the clock, so the same problem gives the same plan on a "
                       "busy machine (the time limit then stops nothing; measured here: a "

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from dione.cli.errors import BadInput
 
-__all__ = ["parse_bytes", "parse_knob", "positive_int"]
+__all__ = ["non_negative_float", "non_negative_int", "parse_bytes", "parse_knob",
+           "positive_float", "positive_int"]
 
 
 def parse_knob(text: str) -> tuple[str, Any]:
@@ -35,6 +37,43 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is less than 1: use 1 or more")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative: use 0 or more")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0 (seconds, mostly)."""
+    value = _finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not above 0: use a positive number")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number of at least 0."""
+    value = _finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative: use 0 or more")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     return value
 
 

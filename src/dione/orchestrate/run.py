@@ -13,6 +13,7 @@ task's last checkpoint; running it again (``dione resume``) continues from there
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -129,7 +130,11 @@ def _run_claimed(
     finally:
         runner.store.close()
     makespan = runner.now()
-    write_report(run_dir, tasks)
+    try:
+        write_report(run_dir, tasks)
+    except (OSError, ValueError, sqlite3.Error) as err:  # the training is done and kept
+        emit(RunEvent("report_failed", f"the report could not be written ({type(err).__name__}: "
+                      f"{err}); the results stand: `dione status` reads them"))
     emit(RunEvent("finished", f"makespan {makespan:.1f} s"))
     return RunResult(run_dir, _results(tasks, run_dir), makespan,
                      runner.first_planned or 0.0, runner.plans_adopted, profile_seconds)

@@ -372,8 +372,11 @@ def load_problem(path: str | Path) -> PlanningProblem:
     try:
         raw = gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
         data = json.loads(raw)
-    except OSError as err:
-        raise ProblemError([f"cannot read {path}: {err.strerror}"]) from None
+    except OSError as err:  # gzip's BadGzipFile too, which has no strerror
+        raise ProblemError([f"cannot read {path}: {err.strerror or err}"]) from None
     except json.JSONDecodeError as err:
         raise ProblemError([f"{path}:{err.lineno}:{err.colno}: not JSON: {err.msg}"]) from None
+    except UnicodeDecodeError as err:
+        raise ProblemError([f"{path}: not JSON text (byte {err.start} is not UTF-8); give "
+                            "the problem JSON file"]) from None
     return _parse(data)

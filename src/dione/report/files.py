@@ -144,16 +144,15 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                      f"{len(plans)}.")
     if ended:
         lines.append(f"Actual: last slice ended at {max(ended):.1f} s.")
-    lines += ["", "## Tasks", "",
-              "| task | status | steps | techniques | devices | seconds | final loss | "
-              + " | ".join(metrics) + " |",
-              "|" + " --- |" * (7 + len(metrics))]
+    header = ["task", "status", "steps", "techniques", "devices", "seconds", "final loss",
+              *metrics]
+    lines += ["", "## Tasks", "", _row(header), "|" + " --- |" * len(header)]
     for t in tasks:
         loss = "-" if t.final_loss is None else f"{t.final_loss:.4f}"
         values = [f"{t.evaluation[m]:.4f}" if m in t.evaluation else "-" for m in metrics]
-        lines.append(f"| {t.task} | {t.status} | {t.steps}/{t.total_steps} | "
-                     f"{', '.join(t.techniques) or '-'} | {', '.join(t.devices) or '-'} | "
-                     f"{t.seconds:.1f} | {loss} | " + " | ".join(values) + " |")
+        lines.append(_row([t.task, t.status, f"{t.steps}/{t.total_steps}",
+                           ", ".join(t.techniques) or "-", ", ".join(t.devices) or "-",
+                           f"{t.seconds:.1f}", loss, *values]))
     for metric in metrics:
         board = leaderboard(tasks, metric)
         order = "lower" if lower_is_better(metric) else "higher"
@@ -170,3 +169,8 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
         lines += [f"- {t.task} ({t.status}): "
                   f"{(t.error or '').splitlines()[0] if t.error else ''}" for t in failed]
     return "\n".join(lines) + "\n"
+
+
+def _row(cells: list[str]) -> str:
+    """A Markdown table row of exactly these cells."""
+    return "| " + " | ".join(cells) + " |"

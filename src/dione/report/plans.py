@@ -4,6 +4,8 @@ orchestrator, read back by the report and ``dione status``."""
 from __future__ import annotations
 
 import json
+import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,10 +53,21 @@ def _run_clock_json(a: Assignment) -> dict[str, Any]:
 
 
 def write_plan(path: Path, adopted: AdoptedPlan) -> None:
-    path.write_text(json.dumps(adopted.to_json(), indent=1) + "\n")
+    """Write ``adopted`` to ``path`` whole or not at all (a launcher killed mid-write
+    leaves no half a plan for ``report``, ``status`` and ``resume`` to trip on)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(adopted.to_json(), indent=1) + "\n")
+    os.replace(partial, path)
 
 
 def read_plans(run_dir: Path) -> list[AdoptedPlan]:
-    """Every plan adopted, in order."""
-    return [AdoptedPlan.from_json(json.loads(p.read_text()))
-            for p in sorted((run_dir / "plans").glob("plan-*.json"))]
+    """Every plan adopted, in order; one that cannot be read (damaged, or from another
+    dione) is left out with a warning that names it, so the others still report."""
+    plans = []
+    for path in sorted((run_dir / "plans").glob("plan-*.json")):
+        try:
+            plans.append(AdoptedPlan.from_json(json.loads(path.read_text())))
+        except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError too
+            warnings.warn(f"{path} cannot be read ({type(err).__name__}: {err}); the report "
+                          "and status leave that plan out", stacklevel=2)
+    return plans

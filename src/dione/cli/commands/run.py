@@ -11,7 +11,7 @@ from dione.cli.console import complain, console
 from dione.cli.errors import EXIT_FAILED, BadInput
 from dione.cli.inputs import claimed, default_run_dir, ray_launcher, valid_tasks
 from dione.cli.parser import run_options
-from dione.cli.saved_run import SavedRun
+from dione.cli.saved_run import RUN_FILE, SavedRun, load_saved_run
 from dione.cli.views import print_results, print_sequential_results, profile_lines
 
 __all__ = ["command", "execute"]
@@ -26,7 +26,20 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput("--technique forces one technique for current practice; add "
                        "--current-practice, or restrict techniques in the task")
     run = SavedRun(str(Path(args.workload).resolve()), options, args.devices, args.ray)
+    _same_workload(run_dir, run.workload)
     return execute(args.workload, run, run_dir, record=True)
+
+
+def _same_workload(run_dir: Path, workload: str) -> None:
+    """Refuse a run directory another workload started: its run.json would be
+    overwritten (``resume`` and ``export`` would read the wrong workload) and the two
+    workloads' tasks mixed in one store and report."""
+    if not (run_dir / RUN_FILE).is_file():
+        return
+    before = load_saved_run(run_dir).workload
+    if before != workload:
+        raise BadInput(f"{run_dir} holds a run of {before}, not {workload}: give a new run "
+                       f"directory (--out), or continue that run with `dione resume {run_dir}`")
 
 
 def execute(workload_file: str, run: SavedRun, run_dir: Path, *, record: bool) -> int:
@@ -72,8 +85,16 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: bool,
 
 
 def _current_practice(args: argparse.Namespace, options: Any, run_dir: Path) -> int:
+    from dione.orchestrate.run import RunDirError
     from dione.orchestrate.sequential import run_sequential
+    from dione.techniques import technique_names
 
+    if args.ray is not None:
+        raise BadInput("--current-practice trains on this machine's devices, one task after "
+                       "another; drop --ray, or drop --current-practice to plan the cluster")
+    if args.technique is not None and args.technique not in technique_names():
+        raise BadInput(f"--technique {args.technique!r} is not a technique; choose one of "
+                       f"{', '.join(technique_names())}")
     tasks, problems, cluster = valid_tasks(args.workload, args.devices, "started")
     node = cluster.nodes[0]
     console.print(f"dione run: {len(tasks)} task(s) on {node.devices} {node.kind} device(s) of "
@@ -85,9 +106,12 @@ def _current_practice(args: argparse.Namespace, options: Any, run_dir: Path) -> 
         console.print(f"  {task.name}: steps {result.start_step}-{result.end_step} under "
                       f"{result.technique} in {result.seconds:.1f} s, loss {loss}")
 
-    outcomes = run_sequential(tasks, cluster, run_dir, technique=args.technique,
-                              slice_steps=options.slice_steps, timeout=options.timeout,
-                              on_slice=report, storage=options.storage)
+    try:
+        outcomes = run_sequential(tasks, cluster, run_dir, technique=args.technique,
+                                  slice_steps=options.slice_steps, timeout=options.timeout,
+                                  on_slice=report, storage=options.storage)
+    except RunDirError as err:
+        raise BadInput(str(err)) from None
     print_sequential_results(outcomes, run_dir)
     failed = [o for o in outcomes if o.error]
     for o in failed:
