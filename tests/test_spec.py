@@ -183,3 +183,13 @@ def test_a_model_validation_accepts_can_be_fingerprinted() -> None:
     assert problems_of(task) == []
     assert speed_signature(task)["parameters"] == [["linear.weight", [10, 64], "torch.float32"],
                                                    ["linear.bias", [10], "torch.float32"]]
+
+
+def test_validation_leaves_the_processs_exception_hook_as_it_was() -> None:
+    """Its one-process gloo group installs torch's hook ("[rank0]: " on every line of a
+    later traceback); the command's own errors must print as they are."""
+    import sys
+
+    hook = sys.excepthook
+    assert problems_of(digits_task("a")) == []
+    assert sys.excepthook is hook

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -76,11 +77,15 @@ def _forward_problems(task: Task, model: nn.Module, dataset: Any) -> list[Proble
     if dist.is_initialized() or not dist.is_available():
         return _try_forward(task, model, dataset)
     store = dist.HashStore()  # type: ignore[attr-defined]  # exported untyped by torch
+    # The group installs torch's exception hook ("[rank0]: " before every traceback
+    # line), and it stays after the group is gone: keep the process's own.
+    hook = sys.excepthook
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         return _try_forward(task, model, dataset)
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
 
 
 def _try_forward(task: Task, model: nn.Module, dataset: Any) -> list[Problem]:
