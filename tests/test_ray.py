@@ -4,6 +4,7 @@ leave no actor or placement group behind."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import os
@@ -251,6 +252,9 @@ def test_progress_comes_back_through_the_launcher(launcher: RayLauncher, tmp_pat
             for folder in running:  # aged by hand: only its holds keep it
                 os.utime(folder, (an_hour_ago, an_hour_ago))
             swept.extend(remove_abandoned_gangs())
+            for folder in running:  # young again: no other session's sweep takes it
+                with contextlib.suppress(FileNotFoundError):  # once its holds end
+                    os.utime(folder)
 
     run_slice(task, "ddp", tmp_path / "ray", launcher.placement(node, [0, 1]),
               launcher=launcher, on_progress=on_ray_progress)
