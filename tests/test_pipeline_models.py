@@ -358,8 +358,13 @@ def test_dropout_is_said_to_be_statistically_equivalent(tmp_path: Path) -> None:
     task = gpt2_task(name="gpt2-dropout", steps=2,
                      model=functools.partial(gpt2_tiny, context=32, width=32, layers=3,
                                              dropout=0.1))
-    result = train(task, "1f1b", tmp_path, 2, micro_batches=2)
+    result = train(task, "1f1b", tmp_path / "1f1b", 2, micro_batches=2)
     assert result.extra["exactness"].startswith("statistical, not bitwise: dropout in ")
+    # DDP's shares draw masks from each rank's own stream: said just the same; one
+    # device, one part: nothing to say.
+    shared = train(task, "ddp", tmp_path / "ddp", 2)
+    assert shared.extra["exactness"].startswith("statistical, not bitwise: dropout in ")
+    assert "exactness" not in train(task, "ddp", tmp_path / "one", 1).extra
 
 
 # --- layers that return tuples -------------------------------------------------------------

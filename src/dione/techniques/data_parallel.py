@@ -28,6 +28,7 @@ from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource
 from dione.techniques.context import SliceContext
+from dione.techniques.exactness import split_batch_exactness
 
 __all__ = ["DataParallelTechnique"]
 
@@ -98,4 +99,9 @@ class DataParallelTechnique(Technique):
             ctx.apply_update(optimizer, model.parameters())
             ctx.step_done(total / parts if parts > 1 else total, scheduler)
         checkpoint = ctx.save(model, optimizer, scheduler)
-        return ctx.outcome(checkpoint)
+        outcome = ctx.outcome(checkpoint)
+        if ctx.world > 1 or parts > 1:
+            note = split_batch_exactness(model)
+            if note:
+                outcome.extra["exactness"] = note
+        return outcome
