@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import os
@@ -190,6 +191,13 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
                  and (c := store.latest_checkpoint(t.name)) is not None}
         last_slice = max(s.id for s in store.slices())
     assert saved, "no task was midway when the run was killed"
+    # Its report says what the kill left: those slices interrupted, with an end.
+    from dione.report import write_report
+
+    with open(write_report(killed_dir) / "timeline.csv") as timeline:
+        rows = {int(r["slice"]): r for r in csv.DictReader(timeline)}
+    assert cut_short and all(rows[i]["status"] == "interrupted" and rows[i]["end_s"]
+                             for i in cut_short)
 
     # Resumed from elsewhere: a run directory can move (to shared storage, say).
     moved_dir = tmp_path / "moved"

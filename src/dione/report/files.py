@@ -9,12 +9,12 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from dione.report.plans import AdoptedPlan, read_plans
-from dione.state.store import STORE_FILE, RunStore
+from dione.state.store import STORE_FILE, RunStore, SliceRecord
 
 __all__ = ["TaskSummary", "lower_is_better", "summaries", "write_report"]
 
@@ -69,6 +69,25 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
     return result
 
 
+def _launcher_gone(run_dir: Path) -> bool:
+    """Whether no launcher holds the run now (it ended, or was killed)."""
+    from dione.state.lock import lock_holder
+
+    holder = lock_holder(run_dir)
+    return holder is None or not holder.alive
+
+
+def _as_left(s: SliceRecord, store: RunStore) -> SliceRecord:
+    """A slice the store still calls running, with no launcher left: interrupted, ended
+    where its last step the store kept did."""
+    if s.status != "running":
+        return s
+    trained = sum(store.slice_step_seconds(s.id))
+    return replace(s, status="interrupted", ended_at=s.started_at + trained,
+                   error="its launcher is gone; `dione resume` continues from the last "
+                   "checkpoint")
+
+
 def _run_start(store: RunStore, plans: Sequence[AdoptedPlan]) -> float:
     starts = [p.clock_zero for p in plans]
     starts += [s.started_at for s in store.slices()]
@@ -85,9 +104,11 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None) -> Pat
     folder.mkdir(parents=True, exist_ok=True)
     wanted = None if names is None else [getattr(n, "name", n) for n in names]
     plans = read_plans(run_dir)
+    gone = _launcher_gone(run_dir)
     with RunStore(run_dir) as store:
         zero = _run_start(store, plans)
-        slices = [s for s in store.slices() if wanted is None or s.task in wanted]
+        slices = [_as_left(s, store) if gone else s
+                  for s in store.slices() if wanted is None or s.task in wanted]
         with open(folder / "timeline.csv", "w", newline="") as out:
             writer = csv.writer(out)
             writer.writerow(["slice", "task", "technique", "knobs", "node", "device_ids",
@@ -106,6 +127,9 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None) -> Pat
                     continue
                 writer.writerows([task.name, *row] for row in store.metrics(task.name))
         tasks = summaries(store, wanted)
+    if gone:  # a task its dead launcher left running waits for `dione resume`
+        tasks = [replace(t, status="interrupted") if t.status == "running" else t
+                 for t in tasks]
     metrics = sorted({m for t in tasks for m in t.evaluation})
     with open(folder / "summary.csv", "w", newline="") as out:
         writer = csv.writer(out)
