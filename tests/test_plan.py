@@ -449,3 +449,17 @@ def test_saturn_milp_writes_nothing_but_the_plan_to_standard_output(tmp_path: Pa
     result = dione("plan", str(problem_file), "--solver", "saturn-milp", "--time-limit", "2")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["solver"] == "saturn-milp"  # no HiGHS banner first
+
+
+def test_plan_files_go_by_number_and_a_gap_is_never_filled(tmp_path: Path) -> None:
+    from dione.report.plans import next_plan_file, plan_files
+
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    assert next_plan_file(tmp_path) == folder / "plan-000.json"
+    for name in ("plan-000.json", "plan-002.json", "plan-999.json", "plan-1000.json",
+                 "plan-001.json.partial", "plan-notes.json"):
+        (folder / name).write_text("{}")
+    assert [p.name for p in plan_files(tmp_path)] == [
+        "plan-000.json", "plan-002.json", "plan-999.json", "plan-1000.json"]
+    assert next_plan_file(tmp_path) == folder / "plan-1001.json"  # not plan-004, plan-001

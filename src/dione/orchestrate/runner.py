@@ -25,7 +25,7 @@ from dione.plan.plan import Assignment, Plan
 from dione.plan.problem import Busy, PlanningProblem, TaskOptions
 from dione.plan.solve import solve
 from dione.profile.results import Option, Profile, planning_nodes
-from dione.report.plans import AdoptedPlan, write_plan
+from dione.report.plans import AdoptedPlan, next_plan_file, plan_files, write_plan
 from dione.spec.cluster import Cluster
 from dione.spec.task import Task
 from dione.state.store import RunStore
@@ -123,7 +123,7 @@ class Runner:
                             {t.name: 0 for t in tasks}, [], clock_zero=time.time())
         # Nodes this run has known: another that the launcher reports later joined.
         self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]}
-        self.plans_adopted = len(list((run_dir / "plans").glob("plan-*.json")))
+        self.plans_adopted = len(plan_files(run_dir))
         self.first_planned: float | None = None
         self.cancel = threading.Event()
 
@@ -323,7 +323,7 @@ class Runner:
         folder = self.run_dir / "plans"
         folder.mkdir(parents=True, exist_ok=True)
         adopted = AdoptedPlan(plan, at, self.state.clock_zero, tuple(self.state.plan), problem)
-        write_plan(folder / f"plan-{self.plans_adopted:03d}.json", adopted)
+        write_plan(next_plan_file(self.run_dir), adopted)
         self.plans_adopted += 1
 
     # -- execution -------------------------------------------------------------------

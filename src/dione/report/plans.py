@@ -14,7 +14,7 @@ from typing import Any
 from dione.plan.plan import Assignment, Plan, assignment_from_json
 from dione.plan.problem import PlanningProblem
 
-__all__ = ["AdoptedPlan", "read_plans", "write_plan"]
+__all__ = ["AdoptedPlan", "next_plan_file", "plan_files", "read_plans", "write_plan"]
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,30 @@ def write_plan(path: Path, adopted: AdoptedPlan) -> None:
     os.replace(partial, path)
 
 
+def plan_files(run_dir: Path) -> list[Path]:
+    """The adopted plans' files, in the order they were adopted (by number: plan-1000
+    comes after plan-999)."""
+    found = []
+    for path in (run_dir / "plans").glob("plan-*.json"):
+        number = path.name.removeprefix("plan-").removesuffix(".json")
+        if number.isdigit():
+            found.append((int(number), path))
+    return [path for _, path in sorted(found)]
+
+
+def next_plan_file(run_dir: Path) -> Path:
+    """Where the next plan adopted goes: after the highest number, so that a plan file
+    gone missing never makes the next one overwrite a later one."""
+    files = plan_files(run_dir)
+    number = int(files[-1].name.removeprefix("plan-").removesuffix(".json")) + 1 if files else 0
+    return run_dir / "plans" / f"plan-{number:03d}.json"
+
+
 def read_plans(run_dir: Path) -> list[AdoptedPlan]:
     """Every plan adopted, in order; one that cannot be read (damaged, or from another
     dione) is left out with a warning that names it, so the others still report."""
     plans = []
-    for path in sorted((run_dir / "plans").glob("plan-*.json")):
+    for path in plan_files(run_dir):
         try:
             plans.append(AdoptedPlan.from_json(json.loads(path.read_text())))
         except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError too
