@@ -52,7 +52,10 @@ class Workload:
 
 def _format_value(value: Any) -> str:
     if isinstance(value, float):
-        return format(value, "g")
+        # Six significant digits where they tell the value apart (1e-3 as 0.001), else
+        # the shortest text that does: two values of an axis must not share a name.
+        short = format(value, "g")
+        return short if float(short) == value else repr(value)
     return str(value)
 
 
