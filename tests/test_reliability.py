@@ -349,6 +349,22 @@ def test_a_damaged_checkpoint_is_quarantined_and_the_previous_one_used(
     assert step_8.with_name("step-00000008.corrupt").is_dir()
 
 
+def test_checkpoints_the_store_never_recorded_never_prune_the_one_it_did(
+        tmp_path: Path) -> None:
+    """Gangs killed before their slices were recorded left later steps on disk; the
+    step the store just recorded is what the task resumes from, and must stay."""
+    placement = local_placement(TEST_NODE, [0])
+    run_slice(digits_task(), "single", tmp_path, placement, steps=4)
+    folder = tmp_path / "checkpoints" / "digits"
+    for step in (10, 11):  # complete folders, as a killed gang's save leaves them
+        shutil.copytree(folder / "step-00000004", folder / f"step-{step:08d}")
+    run_slice(digits_task(), "single", tmp_path, placement, steps=2, keep_checkpoints=1)
+    with RunStore(tmp_path) as store:
+        latest = store.latest_checkpoint("digits")
+        assert latest is not None and latest.step == 6
+    assert run_slice(digits_task(), "single", tmp_path, placement, steps=2).start_step == 6
+
+
 def test_a_planted_pickle_in_a_checkpoint_is_not_run(tmp_path: Path) -> None:
     """Even with its digest forged to match, an RNG file that would run code on
     unpickling is refused: it loads with weights_only."""

@@ -257,7 +257,8 @@ def run_slice(
         if evaluation_error:
             db.set_task_status(task.name, "done" if end == total else "pending",
                                f"evaluation failed:\n{evaluation_error}")
-        gone = prune_checkpoints(storage or run_dir, task.name, keep_checkpoints)
+        gone = prune_checkpoints(storage or run_dir, task.name, keep_checkpoints,
+                                 [c.path for c in db.checkpoints(task.name)])
         if gone:
             db.forget_checkpoints(task.name, [str(p) for p in gone])
         return SliceResult(
