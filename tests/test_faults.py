@@ -40,6 +40,13 @@ def loss(output, target):
             os.kill(os.getpid(), signal.SIGKILL)
         if FAULT == "hang":
             time.sleep(3600)
+        if FAULT == "hang-forked":  # a helper it forked (a data-loading pool, say)
+            if os.fork() == 0:
+                with open(os.environ["HELPER_PID_FILE"], "w") as file:
+                    file.write(str(os.getpid()))
+                time.sleep(3600)
+                os._exit(0)
+            time.sleep(3600)
     return torch.nn.functional.cross_entropy(output, target)
 
 def task(name, loss_fn):
@@ -149,24 +156,38 @@ def test_ctrl_c_stops_the_gang_and_keeps_the_run(run_with_good_task) -> None:
         assert store.latest_checkpoint("good").step == 3
 
 
-def test_launcher_killed_takes_its_workers_along(run_with_good_task) -> None:
-    """Even SIGKILL of the launcher (no chance to clean up) leaves no worker running."""
+def test_launcher_killed_takes_its_workers_along(run_with_good_task, tmp_path: Path) -> None:
+    """Even SIGKILL of the launcher (no chance to clean up) leaves no worker running, nor
+    a helper process a worker forked."""
     workload, run_dir = run_with_good_task
+    helper_file = tmp_path / "helper.pid"
     process = subprocess.Popen(
         [sys.executable, "-m", "dione.cli", "train", str(workload), "--task", "faulty",
          "--technique", "ddp", "--devices", "2", "--out", str(run_dir)],
-        env={**os.environ, "FAULT": "hang"}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+        env={**os.environ, "FAULT": "hang-forked", "HELPER_PID_FILE": str(helper_file)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while len(worker_processes()) < 2 and time.monotonic() < deadline:
+    while (len(worker_processes()) < 3 or not helper_file.is_file()) \
+            and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert len(worker_processes()) == 2
+    helper = Path(f"/proc/{helper_file.read_text()}")
+    # Two ranks, and rank 1's helper (a child of a worker counts as one).
+    assert len(worker_processes()) == 3 and int(helper.name) in worker_processes()
     process.kill()
     process.wait()
     deadline = time.monotonic() + 10
-    while worker_processes() and time.monotonic() < deadline:
+    while (worker_processes() or _alive(helper)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert worker_processes() == []
+    assert not _alive(helper)
     with RunStore(run_dir) as store:  # the next user of the run dir sees what happened
         assert store.recover_interrupted() == [store.slices("faulty")[0].id]
         assert store.slices("faulty")[0].status == "interrupted"
+
+
+def _alive(process: Path) -> bool:
+    """Whether /proc/PID is a process not yet ended (a zombie has ended)."""
+    try:
+        return (process / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -415,6 +415,7 @@ def _fork_worker(request: dict[str, Any], fd: int, sock: socket.socket,
         try:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the spawner's is not its own
             # Nothing of the spawner's: its launcher must see EOF when the spawner ends.
             for own in (*wake, sock.detach()):
                 os.close(own)
@@ -430,7 +431,25 @@ def _fork_worker(request: dict[str, Any], fd: int, sock: socket.socket,
 
 
 def main(fd: int) -> int:
-    die_with_parent()
+    children: dict[int, int] = {}  # the number of each unreaped worker, by pid
+    spawner = os.getpid()
+
+    def launcher_gone(*_: Any) -> None:
+        if os.getpid() != spawner:
+            # A worker just forked, before it put SIGTERM's default back: it is the
+            # worker's SIGTERM (the launcher ending it), not the spawner's to act on.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        # The parent-death signal: each worker's group goes too, with what the worker
+        # forked (the workers' own parent-death signal would take only them).
+        for pid in list(children):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, launcher_gone)
+    die_with_parent(signal.SIGTERM)
     # What every worker imports before its first job, paid here once.
     import cloudpickle  # noqa: F401
     import torch  # noqa: F401
@@ -444,7 +463,6 @@ def main(fd: int) -> int:
     os.set_blocking(wake[1], False)
     signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
-    children: dict[int, int] = {}  # the number of each unreaped worker, by pid
     spawned = 0
     send(sock, ("ready", os.getpid()))
     listening, retired = True, False

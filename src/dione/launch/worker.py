@@ -71,14 +71,14 @@ class Job:
     visible_device: int | None = None
 
 
-def die_with_parent() -> None:
-    """Ask Linux to kill this process if its parent (the launcher, or the spawner that
-    forked it) dies, so no gang outlives its launcher."""
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send this process ``sig`` (default: kill it) if its parent (the
+    launcher, or the spawner that forked it) dies, so no gang outlives its launcher."""
     if not sys.platform.startswith("linux"):
         return
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(1, sig)  # PR_SET_PDEATHSIG
     except OSError:
         return
     if os.getppid() != int(os.environ.get("DIONE_LAUNCHER_PID", os.getppid())):
