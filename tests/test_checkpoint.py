@@ -9,6 +9,7 @@ import torch
 
 from dione.state import (
     CheckpointError,
+    CorruptCheckpoint,
     Progress,
     checkpoint_path,
     latest_on_disk,
@@ -16,6 +17,7 @@ from dione.state import (
     prune_checkpoints,
     quarantine,
     save_checkpoint,
+    verify_checkpoint,
 )
 from dione.state.export import ExportError, trained_checkpoint
 
@@ -104,3 +106,10 @@ def test_export_refuses_a_checkpoint_whose_files_do_not_match(tmp_path: Path) ->
     shard.write_bytes(shard.read_bytes()[:-8])
     with pytest.raises(ExportError, match=f"file {shard.name} does not match.*cannot be trusted"):
         trained_checkpoint(tmp_path, "t")
+
+
+def test_a_checkpoint_that_is_not_there_is_not_called_corrupt(tmp_path: Path) -> None:
+    """Only what was torn is set aside; a folder gone (storage unmounted) is not."""
+    with pytest.raises(CheckpointError, match="is not there") as raised:
+        verify_checkpoint(tmp_path / "checkpoints" / "t" / "step-00000004")
+    assert not isinstance(raised.value, CorruptCheckpoint)

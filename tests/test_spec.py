@@ -48,9 +48,10 @@ def test_grid_names_each_point_and_keeps_its_hyperparameters() -> None:
     with pytest.raises(ValueError, match="axis 'lr' must be a non-empty list"):
         grid("sweep", build, lr=[])
     # Values six significant digits cannot tell apart still get names of their own.
-    close = grid("close", build, lr=[1e-3, 1.0000001e-3], batch_size=[32])
+    close = grid("close", build, lr=[1e-3, 1.0000001e-3, 3 * 1e-4], batch_size=[32])
     assert [t.name for t in close] == ["close-lr0.001-batch_size32",
-                                       "close-lr0.0010000001-batch_size32"]
+                                       "close-lr0.0010000001-batch_size32",
+                                       "close-lr0.0003-batch_size32"]  # as it always was
 
 
 def test_every_problem_is_reported_at_once_with_task_and_field() -> None:

@@ -273,6 +273,7 @@ def checking_model():
     os.umask(umask)
     left = {"precision": torch.get_float32_matmul_precision() != "highest",
             "conv": torch.backends.cudnn.conv.fp32_precision != "tf32",
+            "matmul": torch.backends.cuda.matmul.fp32_precision != "none",  # as when fresh
             "benchmark": torch.backends.cudnn.benchmark,
             "tf32": torch.backends.cuda.matmul.allow_tf32,
             "sys.path": "/no/such/dione/test/folder" in sys.path,

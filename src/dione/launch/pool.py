@@ -97,6 +97,9 @@ class WarmWorker:
         become a second failure; ``("lost", None)`` too once the worker has ended with
         nothing more to read, though a child it forked still holds the connection open
         (then no end of file comes). None while nothing is there."""
+        # Whether it has ended, asked first: what it sent before it ended is then all in
+        # the connection, read below before it is called lost.
+        ended = self.process.poll() is not None
         try:
             while self.connection.poll(0):
                 kind, payload = cloudpickle.loads(self.connection.recv_bytes())
@@ -106,8 +109,7 @@ class WarmWorker:
                     return kind, payload
         except Exception:  # EOF, a reset connection, a truncated or unreadable pickle
             return "lost", None
-        # Whatever it sent before it ended was read above: the connection is drained.
-        return ("lost", None) if self.process.poll() is not None else None
+        return ("lost", None) if ended else None
 
     def wait_ready(self, timeout: float) -> None:
         """Wait until the worker has started (or died, or ``timeout`` passed)."""
@@ -159,15 +161,18 @@ def _end(workers: Sequence[WarmWorker]) -> None:
     deadline = time.monotonic() + _TERMINATE_GRACE_SECONDS
     while any(w.alive() for w in alive) and time.monotonic() < deadline:
         time.sleep(_POLL_SECONDS)
+    killed = [w for w in workers if w.process.returncode is None]  # pids still their own
+    for w in killed:
+        # The whole group: a worker's own children must not outlive it.
+        _signal_group(w.process, signal.SIGKILL)
+    # Bounded, for them all at once: a process stuck in the kernel (a GPU driver call)
+    # dies only when the call returns, and must not hold its gang's thread meanwhile;
+    # its spawner (or, without one, Popen) reaps it later.
+    deadline = time.monotonic() + _KILLED_WAIT_SECONDS
+    for w in killed:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            w.process.wait(max(0.0, deadline - time.monotonic()))
     for w in workers:
-        if w.process.returncode is None:  # not reaped yet, so its pid is still its own
-            # The whole group: a worker's own children must not outlive it.
-            _signal_group(w.process, signal.SIGKILL)
-            # Bounded: a process stuck in the kernel (a GPU driver call) dies only when
-            # the call returns, and must not hold its gang's thread meanwhile; its
-            # spawner (or, without one, Popen) reaps it later.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                w.process.wait(_KILLED_WAIT_SECONDS)
         w.connection.close()
 
 

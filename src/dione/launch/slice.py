@@ -57,7 +57,7 @@ class SliceError(RuntimeError):
 
     def __init__(self, message: str, reason: str = "refused", error_type: str | None = None):
         super().__init__(message)
-        self.reason = reason  # refused | raised | signal | exit | timeout | diverged
+        self.reason = reason  # refused | raised | signal | exit | timeout | diverged | outside
         self.error_type = error_type  # the failing rank's exception type, when it raised
 
     @property
@@ -125,6 +125,9 @@ def total_steps(task: Task) -> int:
 
 
 _P = ParamSpec("_P")
+# SliceError's reason for what failed around the gang (the task's data factory, the
+# store, the launcher), not in it: retried by the runner, never cached by a trial.
+OUTSIDE_THE_GANG = "outside"
 
 
 def _one_task_fails(run: Callable[_P, SliceResult]) -> Callable[_P, SliceResult]:
@@ -141,7 +144,7 @@ def _one_task_fails(run: Callable[_P, SliceResult]) -> Callable[_P, SliceResult]
         except Exception as err:
             task = args[0] if args else kwargs.get("task")
             raise SliceError(f"task {getattr(task, 'name', task)!r}: the slice failed outside "
-                             f"its gang: {type(err).__name__}: {err}", "raised",
+                             f"its gang: {type(err).__name__}: {err}", OUTSIDE_THE_GANG,
                              type(err).__name__) from err
 
     return guarded

@@ -181,10 +181,10 @@ class Baseline:
         warnings.filters[:] = self.filters  # type: ignore[index]
         getattr(warnings, "_filters_mutated", lambda: None)()  # drop the filter cache
         os.umask(self.umask)
-        for (module, name), value in self.newer.items():
+        for (module, name), value in self.older.items():
             setattr(module, name, value)
         torch.set_float32_matmul_precision(self.precision)
-        for (module, name), value in self.older.items():
+        for (module, name), value in self.newer.items():
             setattr(module, name, value)
         if threading.current_thread() is threading.main_thread():
             for sig, handler in self.handlers.items():
@@ -201,9 +201,10 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal
 
 
 # torch's global numeric switches a workload may flip, under torch.backends: the newer
-# fp32_precision family, then the older flags. They are put back in that order, with
-# the matmul precision between, which leaves both readable (torch 2.13 raises on
-# reading a flag of one family once only the other was set).
+# fp32_precision family and the older flags. They are put back older first, then the
+# matmul precision, then the newer (which that call writes "ieee" into): every switch
+# as a fresh process has it, and both families readable (torch 2.13 raises on reading
+# a flag of one family once only the other was set; measured for every mix).
 _NEWER_SWITCHES = tuple(f"{m}fp32_precision" for m in (
     "", "cuda.matmul.", "cudnn.", "cudnn.conv.", "cudnn.rnn.", "mkldnn.", "mkldnn.matmul.",
     "mkldnn.conv.", "mkldnn.rnn."))

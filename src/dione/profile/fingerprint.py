@@ -47,15 +47,17 @@ def _shapes(value: Any) -> Any:
 
 def callable_name(value: Any) -> str:
     """A function's (or a partial's) module and qualified name; for a callable object,
-    its class's, with its own repr where the class has one: the default repr holds a
-    memory address, new in every process, and would make equal tasks look different."""
+    its module and repr, as catalogs have always keyed it, except where the repr is the
+    default one: that holds a memory address, new in every process, and would make
+    equal tasks look different; such an object goes by its class."""
     func = getattr(value, "func", value)  # functools.partial
     if hasattr(func, "__qualname__"):
         return f"{getattr(func, '__module__', '?')}.{func.__qualname__}"
     kind = type(func)
-    name = f"{kind.__module__}.{kind.__qualname__}"
     own_repr = any("__repr__" in vars(base) for base in kind.__mro__ if base is not object)
-    return f"{name} {func!r}" if own_repr else name
+    if own_repr:
+        return f"{getattr(func, '__module__', '?')}.{func!r}"
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 @lru_cache(maxsize=64)

@@ -93,8 +93,11 @@ class _Pass:
         if trial.shards_memory:
             return None
         parts = _parts(trial.spec.devices, trial.spec.knobs)
+        # The same technique, or one device (which holds no communication buffers: a
+        # DDP trial out of memory says nothing of single, whose replica has none).
         return next((other for fingerprint, other in self.results.items()
                      if other.status == "oom" and _parts(other.devices, other.knobs) >= parts
+                     and (other.technique == trial.spec.technique or other.devices == 1)
                      and not get_technique(other.technique).shards_memory
                      and self.setting.group_of.get(fingerprint) == trial.group), None)
 

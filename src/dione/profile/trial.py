@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from dione.launch.local import LOCAL, Launcher
-from dione.launch.slice import SliceError, TrialSettings, run_slice, total_steps
+from dione.launch.slice import (
+    OUTSIDE_THE_GANG,
+    SliceError,
+    TrialSettings,
+    run_slice,
+    total_steps,
+)
 from dione.profile.catalog import TrialRecord
 from dione.profile.options import TrialOptions
 from dione.profile.simulated import pipeline_technique
@@ -95,6 +101,10 @@ def run_trial(
             cancel=cancel, launcher=launcher, storage=checkpoints,
         )
     except SliceError as err:
+        if err.reason == OUTSIDE_THE_GANG:
+            # Not the configuration's doing (the store, the launcher, the disk): as
+            # before such errors were SliceErrors, it ends the profile, never cached.
+            raise
         status = _classify(err)
         return TrialRecord(**base, status=status, reason=_shorten(str(err))), None  # type: ignore[arg-type]
     finally:

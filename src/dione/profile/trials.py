@@ -79,10 +79,11 @@ def _evaluation_key(signature: Mapping[str, Any], task: Task, device: str) -> st
     if task.evaluate is None:
         return None
     func = getattr(task.evaluate, "func", task.evaluate)
-    # A function as before (catalogs keep their keys); an object by its class, not by a
-    # repr holding its memory address.
-    name = getattr(func, "__qualname__", None) or callable_name(func)
-    return _digest([signature, getattr(func, "__module__", ""), name, device])
+    module = getattr(func, "__module__", "")
+    # As catalogs have keyed it (module, then name or repr), but an object with the
+    # default repr by its class: that repr holds a memory address.
+    name = callable_name(func).removeprefix(f"{module}.")
+    return _digest([signature, module, name, device])
 
 
 def _lighter_settings(knobs: Mapping[str, Any], technique: Technique,

@@ -50,12 +50,14 @@ class Workload:
         raise KeyError(f"no task named {name!r}; the workload has: {', '.join(self.names())}")
 
 
-def _format_value(value: Any) -> str:
+def _format_value(value: Any, axis: Sequence[Any] = ()) -> str:
+    """How ``value`` reads in a task's name: a float in six significant digits (1e-3 as
+    0.001), unless another value of its ``axis`` reads the same: then in full."""
     if isinstance(value, float):
-        # Six significant digits where they tell the value apart (1e-3 as 0.001), else
-        # the shortest text that does: two values of an axis must not share a name.
         short = format(value, "g")
-        return short if float(short) == value else repr(value)
+        clash = any(isinstance(v, float) and v != value and format(v, "g") == short
+                    for v in axis)
+        return repr(value) if clash else short
     return str(value)
 
 
@@ -80,7 +82,8 @@ def grid(prefix: str, build: Callable[..., Task], **axes: Sequence[Any]) -> list
         task = build(**point)
         if not isinstance(task, Task):
             raise TypeError(f"grid build function returned {type(task).__name__}, not a Task")
-        name = "-".join([prefix, *(f"{k}{_format_value(v)}" for k, v in point.items())])
+        name = "-".join([prefix, *(f"{k}{_format_value(v, axes[k])}"
+                                   for k, v in point.items())])
         tasks.append(replace(task, name=name, hyperparameters={**task.hyperparameters, **point}))
     return tasks
 

@@ -104,12 +104,21 @@ def verify_checkpoint(path: str | Path) -> None:
 
     folder = Path(path)
     try:
-        read_progress(folder)
-    except CheckpointError as err:
-        # A folder renamed into place always had one: it was torn after (power lost
-        # before the disk had it, or damaged since), like any other file of it.
-        raise CorruptCheckpoint(f"checkpoint {folder}: file {PROGRESS} is unreadable ({err})",
-                                folder, PROGRESS) from None
+        text = (folder / PROGRESS).read_bytes()
+    except FileNotFoundError:
+        if not folder.is_dir():  # gone (moved, unmounted): nothing here to set aside
+            raise CheckpointError(f"checkpoint {folder} is not there") from None
+        text = b""  # a complete folder always had one: it went since
+    except OSError as err:  # EIO, EACCES: the disk's trouble, not the checkpoint's
+        raise CheckpointError(f"checkpoint {folder}: {PROGRESS} cannot be read "
+                              f"({err.strerror or err})") from None
+    try:
+        Progress(**json.loads(text))
+    except (ValueError, TypeError) as err:
+        # A folder renamed into place always had a whole one: it was torn after (power
+        # lost before the disk had it, or damaged since), like any other file of it.
+        raise CorruptCheckpoint(f"checkpoint {folder}: file {PROGRESS} is unreadable "
+                                f"({type(err).__name__}: {err})", folder, PROGRESS) from None
     try:
         for item in [folder, *folder.rglob("*")]:
             check_private(item)

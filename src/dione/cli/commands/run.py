@@ -26,7 +26,6 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput("--technique forces one technique for current practice; add "
                        "--current-practice, or restrict techniques in the task")
     run = SavedRun(str(Path(args.workload).resolve()), options, args.devices, args.ray)
-    _same_workload(run_dir, run.workload)
     return execute(args.workload, run, run_dir, record=True)
 
 
@@ -36,7 +35,11 @@ def _same_workload(run_dir: Path, workload: str) -> None:
     workloads' tasks mixed in one store and report."""
     if not (run_dir / RUN_FILE).is_file():
         return
-    before = load_saved_run(run_dir).workload
+    try:
+        before = load_saved_run(run_dir).workload
+    except BadInput as err:  # damaged: this run writes it anew (the way out it names)
+        complain("warning", f"{err}; it is written anew for {workload}")
+        return
     if before != workload:
         raise BadInput(f"{run_dir} holds a run of {before}, not {workload}: give a new run "
                        f"directory (--out), or continue that run with `dione resume {run_dir}`")
@@ -62,6 +65,8 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: bool,
     from dione.spec.cluster import ClusterError
 
     tasks, problems, cluster = valid_tasks(workload_file, run.devices, "started", launcher)
+    if record:  # once the workload and devices are known good: their errors come first
+        _same_workload(run_dir, run.workload)
     with claimed(run_dir):
         if record:
             run.write(run_dir)
