@@ -31,10 +31,7 @@ def parse_knob(text: str) -> tuple[str, Any]:
 
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1 (argparse names the option)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    value = _whole(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is less than 1: use 1 or more")
     return value
@@ -42,13 +39,17 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     """An argparse type: a whole number of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    value = _whole(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative: use 0 or more")
     return value
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
 def positive_float(text: str) -> float:
