@@ -28,10 +28,11 @@ from dione.techniques.registry import get_technique
 __all__ = ["TrialSetting", "run_trials"]
 
 
-def _parts(devices: int, knobs: Mapping[str, Any]) -> int:
-    """How many passes a replicating trial splits the batch into: devices x accumulation
-    (the more, the smaller each device's activations)."""
-    return devices * int(knobs.get("accumulation", 1))
+def _parts(technique: str, devices: int, knobs: Mapping[str, Any]) -> int:
+    """How many passes a trial splits the batch into, as its technique says (for a
+    replicating one, devices x accumulation: the more, the smaller each device's
+    activations)."""
+    return get_technique(technique).batch_parts(devices, knobs)[0]
 
 
 @dataclass
@@ -92,11 +93,12 @@ class _Pass:
         accumulation 2, nor of ddp x2, whose passes are half as large)."""
         if trial.shards_memory:
             return None
-        parts = _parts(trial.spec.devices, trial.spec.knobs)
+        parts = _parts(trial.spec.technique, trial.spec.devices, trial.spec.knobs)
         # The same technique, or one device (which holds no communication buffers: a
         # DDP trial out of memory says nothing of single, whose replica has none).
         return next((other for fingerprint, other in self.results.items()
-                     if other.status == "oom" and _parts(other.devices, other.knobs) >= parts
+                     if other.status == "oom"
+                     and _parts(other.technique, other.devices, other.knobs) >= parts
                      and (other.technique == trial.spec.technique or other.devices == 1)
                      and not get_technique(other.technique).shards_memory
                      and self.setting.group_of.get(fingerprint) == trial.group), None)
