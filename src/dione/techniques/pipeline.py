@@ -73,7 +73,7 @@ from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource, batch_rows, slice_batch
 from dione.techniques.context import SliceContext
-from dione.techniques.exactness import batch_norm_layers, dropout_layers
+from dione.techniques.exactness import batch_norm_layers, split_batch_exactness
 from dione.techniques.recompute import checkpoint_activations
 from dione.techniques.shared import SharedGradients
 from dione.techniques.stage_build import (
@@ -442,7 +442,7 @@ class PipelineTechnique(Technique):
         sample = source.global_batch(ctx.spec.start_step)
         partition, note = self._partition(model, plan, ctx, sample)
         shared = shared_weights(model, plan, partition, task.name)
-        dropout = dropout_layers(model)
+        exactness = split_batch_exactness(model)  # the whole model's, before the cut
         cut_stage(model, plan, partition, ctx.rank)
         if ctx.knobs.get("activation_checkpointing"):
             for name in partition.layers(ctx.rank):
@@ -464,10 +464,8 @@ class PipelineTechnique(Technique):
             "stage_bytes": stage_bytes}
         if note:
             notes["balance_note"] = note
-        if dropout:
-            notes["exactness"] = (
-                f"statistical, not bitwise: dropout in {', '.join(dropout[:3])}"
-                f"{', ...' if len(dropout) > 3 else ''} draws other masks than single")
+        if exactness:
+            notes["exactness"] = exactness
         if shared:
             notes["shared_weights"] = [f"{w.name}: stages {list(w.stages)}" for w in shared]
         return PipelineStagePart(model, module, partition, SharedGradients(shared, model,
