@@ -467,3 +467,20 @@ def test_plan_files_go_by_number_and_a_gap_is_never_filled(tmp_path: Path) -> No
     assert [p.name for p in plan_files(tmp_path)] == [
         "plan-000.json", "plan-002.json", "plan-999.json", "plan-1000.json"]
     assert next_plan_file(tmp_path) == folder / "plan-1001.json"  # not plan-004, plan-001
+
+
+def test_a_solver_that_finds_no_plan_writes_no_plan_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dione.cli import main
+
+    # Too many task pairs for saturn-milp to build its model: it returns no plan.
+    problem = problem_of({f"t{i}": [(1, 10.0)] for i in range(400)}, {"n0": 20})
+    problem_file, plan_file = tmp_path / "problem.json", tmp_path / "plan.json"
+    problem_file.write_text(json.dumps(problem.to_json()))
+    assert main(["plan", str(problem_file), "--solver", "saturn-milp",
+                 "-o", str(plan_file)]) == 1
+    err = capsys.readouterr().err
+    assert "no plan: saturn-milp (unknown): not built" in err and "--solver" in err
+    assert not plan_file.exists()
+    unknown = solve(problem, "saturn-milp")
+    assert json.loads(json.dumps(unknown.to_json(), allow_nan=False))["makespan"] is None

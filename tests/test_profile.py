@@ -97,6 +97,32 @@ def test_the_problem_from_profile_to_run_is_typed_and_round_trips(tmp_path: Path
         runner.store.close()
 
 
+def test_a_solver_that_finds_no_plan_leaves_the_run_to_greedy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """saturn-milp returns no plan where its model would be too large; the run was left
+    with nothing placed before, and now plans with greedy and says so."""
+    import dione.plan.saturn_milp
+
+    monkeypatch.setattr(dione.plan.saturn_milp, "MAX_ROWS", 0)  # any model is too large
+    trials = [TrialRecord("s", "single", {"accumulation": 1}, 1, "cpu", "ok",
+                          step_seconds=0.01, fixed_seconds=1.0)]
+    profile = Profile(CLUSTER, [TaskProfile(name, "g", 12, options=choose_options(trials, 12),
+                                            trials=trials) for name in ("a", "b")])
+    events: list[tuple[str, str]] = []
+    runner = Runner([digits_task("a"), digits_task("b")], CLUSTER, tmp_path / "run", profile,
+                    RunOptions(solver="saturn-milp", time_limit=2.0),
+                    lambda event: events.append((event.kind, event.message)),
+                    lambda state: None, LOCAL)
+    try:
+        runner.replan(first=True)
+        assert sorted(a.task for a in runner.state.plan) == ["a", "b"]
+        (adopted,) = read_plans(tmp_path / "run")
+        assert adopted.plan.solver == "greedy"
+        assert events[0][0] == "planner_fell_back" and "not built" in events[0][1]
+    finally:
+        runner.store.close()
+
+
 def test_a_task_only_a_lost_node_could_hold_fails_alone(tmp_path: Path) -> None:
     """Losing the one node of two devices strands a task profiled on two devices only:
     the others are planned on, and that task is given up with a reason, not the run."""

@@ -256,6 +256,11 @@ class Runner:
         problem.check()  # what a problem file must be, the solvers may rely on
         limit = self.options.time_limit if first else self.options.replan_time_limit
         plan = solve(problem, self.options.solver, limit)
+        if not plan.assignments:  # e.g. saturn-milp's model too large: the run goes on
+            reason = plan.notes.get("reason") or "no plan within the time limit"
+            self.emit(RunEvent("planner_fell_back", f"{plan.solver} ({plan.status}): "
+                               f"{reason}; planning with greedy instead"))
+            plan = solve(problem, "greedy", limit)
         candidate = self._absolute(plan, at)
         if not first:
             current = self._retimed_current(problem, at)

@@ -79,7 +79,9 @@ class Plan:
         raise KeyError(task)
 
     def to_json(self) -> dict[str, Any]:
-        return {"solver": self.solver, "status": self.status, "makespan": self.makespan,
+        # A plan not found has an infinite makespan, which strict JSON cannot hold.
+        makespan = self.makespan if math.isfinite(self.makespan) else None
+        return {"solver": self.solver, "status": self.status, "makespan": makespan,
                 "lower_bound": self.lower_bound, "solve_seconds": self.solve_seconds,
                 "notes": dict(self.notes),
                 "assignments": [a.to_json() for a in self.assignments]}

@@ -45,6 +45,11 @@ def command(args: argparse.Namespace) -> int:
                      args.deterministic_time)
     except ValueError as err:
         raise BadInput(str(err)) from None
+    if not plan.assignments:  # no plan to write: a file of one could not be loaded
+        reason = plan.notes.get("reason") or "it found no plan within the time limit"
+        complain("no plan", f"{plan.solver} ({plan.status}): {reason}; try another "
+                 "--solver (greedy always finds one) or a longer --time-limit")
+        return EXIT_FAILED
     text = json.dumps(plan.to_json(), indent=1)
     summary = (f"{plan.solver}: {plan.status}, makespan {plan.makespan:.1f} s, lower bound "
                f"{plan.lower_bound:.1f} s (gap {plan.gap:.2%}), solved in "
@@ -55,4 +60,4 @@ def command(args: argparse.Namespace) -> int:
     else:
         print(text)  # plain: the plan JSON must reach a pipe unstyled and unfolded
         errors.print(summary)
-    return 0 if plan.assignments else EXIT_FAILED
+    return 0
