@@ -243,10 +243,11 @@ def test_resume_keeps_the_saved_options_and_applies_the_flags_given(
         trial=TrialOptions(warmup_steps=1, measure_steps=3, memory_cap_bytes=2**30)),
         devices="cpu:2")
     started.write(tmp_path)
+    (tmp_path / "w.py").write_text("")  # resume refuses a workload that is not there
     assert load_saved_run(tmp_path) == started
     resumed: list[SavedRun] = []
     monkeypatch.setattr(resume, "execute",
-                        lambda workload, run, run_dir, record: resumed.append(run) or 0)
+                        lambda workload, run, run_dir, **_: resumed.append(run) or 0)
     assert main(["resume", str(tmp_path), "--timeout", "9", "--replan",
                  "--measure-steps", "7"]) == 0
     assert resumed == [dataclasses.replace(started, options=dataclasses.replace(

@@ -310,9 +310,15 @@ def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(tmp_path: Path) -> N
         statuses = [s.status for s in store.slices()]
     assert "running" not in statuses and "interrupted" in statuses
     hold.unlink()
-    resumed = dione("resume", str(run_dir), env=env)
+    # The workload moves before the resume (a project folder renamed): named, not lost.
+    moved = file.rename(tmp_path / "moved.py")
+    refused = dione("resume", str(run_dir), env=env)
+    out, _ = refused.communicate(timeout=120)
+    assert refused.returncode == 2 and "--workload NEW.py" in out, out
+    resumed = dione("resume", str(run_dir), "--workload", str(moved), env=env)
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out
+    assert json.loads((run_dir / "run.json").read_text())["workload"] == str(moved)
 
 
 def test_dione_run_from_python_leaves_out_invalid_tasks(tmp_path: Path, monkeypatch) -> None:

@@ -208,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "it was started with (a flag given here replaces the saved value)",
                      argparse.HelpFormatter)
     resume.add_argument("run_dir")
+    resume.add_argument("--workload", type=_absolute,
+                        help="where the run's workload file is now, if it moved since "
+                        "the run started (run.json then records the new place)")
     for flag in _RUN:
         flag.add_to(resume)
     for flag in _PROFILE:

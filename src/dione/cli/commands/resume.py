@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dione.cli.commands.run import execute
 from dione.cli.console import console
+from dione.cli.errors import BadInput
 from dione.cli.parser import run_options
 from dione.cli.saved_run import load_saved_run
 
@@ -18,6 +19,16 @@ __all__ = ["command"]
 def command(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     saved = load_saved_run(run_dir)
-    run = dataclasses.replace(saved, options=run_options(vars(args), base=saved.options))
-    console.print(f"resuming {run_dir} ({saved.workload})")
-    return execute(saved.workload, run, run_dir, record=False)
+    workload = args.workload or saved.workload
+    if args.workload is None and not Path(workload).is_file():
+        raise BadInput(f"{workload}, the workload this run started with, is not there: if "
+                       f"it moved, give its new place with `dione resume {run_dir} "
+                       "--workload NEW.py`")
+    run = dataclasses.replace(saved, workload=workload,
+                              options=run_options(vars(args), base=saved.options))
+    console.print(f"resuming {run_dir} ({workload})")
+    # A workload that moved is recorded at its new place, for the next resume and export;
+    # the options given now are not: the next resume starts again from the saved ones.
+    moved = dataclasses.replace(saved, workload=workload) if workload != saved.workload \
+        else None
+    return execute(workload, run, run_dir, record=moved, replacing=saved.workload)

@@ -26,7 +26,7 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput("--technique forces one technique for current practice; add "
                        "--current-practice, or restrict techniques in the task")
     run = SavedRun(str(Path(args.workload).resolve()), options, args.devices, args.ray)
-    return execute(args.workload, run, run_dir, record=True)
+    return execute(args.workload, run, run_dir, record=run)
 
 
 def _same_workload(run_dir: Path, workload: str) -> None:
@@ -42,23 +42,26 @@ def _same_workload(run_dir: Path, workload: str) -> None:
         return
     if before != workload:
         raise BadInput(f"{run_dir} holds a run of {before}, not {workload}: give a new run "
-                       f"directory (--out), or continue that run with `dione resume {run_dir}`")
+                       f"directory (--out), or continue that run with `dione resume {run_dir}` "
+                       f"(adding `--workload {workload}` if its workload moved there)")
 
 
-def execute(workload_file: str, run: SavedRun, run_dir: Path, *, record: bool) -> int:
+def execute(workload_file: str, run: SavedRun, run_dir: Path, *,
+            record: SavedRun | None, replacing: str | None = None) -> int:
     """Validate, profile, plan, run, report: the body of ``run`` and ``resume``. The run
-    directory is touched only once the workload is known to start; with ``record``,
-    ``run`` is then written to its ``run.json`` (for ``dione resume``)."""
+    directory is touched only once the workload is known to start; then ``record`` is
+    written to its ``run.json`` (for ``dione resume``), replacing one of the same
+    workload or of ``replacing`` (a workload that moved), never another's."""
     launcher = ray_launcher(run.ray, run.devices)
     try:
-        return _execute_on(workload_file, run, run_dir, record, launcher)
+        return _execute_on(workload_file, run, run_dir, record, replacing, launcher)
     finally:
         if launcher is not None:
             launcher.shutdown()
 
 
-def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: bool,
-                launcher: Any) -> int:
+def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedRun | None,
+                replacing: str | None, launcher: Any) -> int:
     from dione.orchestrate import RunEvent, run_workload
     from dione.orchestrate.progress import LiveProgress
     from dione.orchestrate.run import RunDirError
@@ -66,10 +69,10 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: bool,
 
     tasks, problems, cluster = valid_tasks(workload_file, run.devices, "started", launcher)
     if record:  # once the workload and devices are known good: their errors come first
-        _same_workload(run_dir, run.workload)
+        _same_workload(run_dir, replacing or record.workload)
     with claimed(run_dir):
         if record:
-            run.write(run_dir)
+            record.write(run_dir)
         where = ", ".join(f"{n.devices} {n.kind} device(s) of {n.name}" for n in cluster)
         console.print(f"dione run: {len(tasks)} task(s) on {where}; run dir {run_dir}")
         with LiveProgress(console) as live:
