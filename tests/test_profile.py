@@ -410,6 +410,40 @@ def test_a_loss_object_gives_the_same_speed_signature_every_time() -> None:
     assert first["loss"].endswith("._SmoothedLoss")
 
 
+MOVABLE_WORKLOAD = """
+import functools, torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+def loss(output, target):
+    return torch.nn.functional.cross_entropy(output, target)
+
+def accuracy(model):
+    return {"accuracy": 0.0}
+
+workload = Workload([Task(name="a", model=digits_mlp, data=digits_train, loss=loss,
+                          optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+                          batch_size=16, steps=3, evaluate=accuracy)])
+"""
+
+
+def test_a_workload_that_moved_keeps_its_trials(tmp_path: Path) -> None:
+    """Its functions' module is named by the file's path: keyed by that, every trial of
+    a project folder renamed (or cloned elsewhere) would be profiled again."""
+    from dione.profile.fingerprint import speed_signature
+    from dione.profile.trials import _evaluation_key
+
+    keys = []
+    for folder in ("here", "there"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "grid.py").write_text(MOVABLE_WORKLOAD)
+        (task,) = load_workload(tmp_path / folder / "grid.py")
+        signature = speed_signature(task)
+        keys.append((signature, _evaluation_key(signature, task, "cpu")))
+    assert keys[0] == keys[1]
+    assert keys[0][0]["loss"] == "workload grid.py.loss"
+
+
 def test_running_out_of_cpu_memory_is_recorded_as_out_of_memory() -> None:
     """torch's CPU allocator says "can't allocate memory", not "out of memory"."""
     from dione.launch.slice import SliceError

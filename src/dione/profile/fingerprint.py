@@ -15,6 +15,7 @@ import platform
 import sys
 from collections.abc import Mapping
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,8 +27,8 @@ from dione.spec.task import Task
 from dione.spec.validate import build_model
 from dione.spec.workload import loaded_workload_files
 
-__all__ = ["callable_name", "code_digest", "device_description", "speed_signature",
-           "trial_fingerprint"]
+__all__ = ["callable_name", "code_digest", "device_description", "module_name",
+           "speed_signature", "trial_fingerprint"]
 
 # Optimizer settings that change the work of a step (not its numbers).
 _OPTIMIZER_SPEED_KEYS = ("foreach", "fused", "amsgrad", "nesterov", "capturable",
@@ -45,6 +46,17 @@ def _shapes(value: Any) -> Any:
     return type(value).__name__
 
 
+def module_name(value: Any) -> str:
+    """The module ``value`` was defined in; for a workload file, ``workload NAME.py``.
+
+    A workload file is imported under a name made from its path's digest, so keying by
+    that name would make every trial of a workload that moved (a project folder renamed,
+    a clone elsewhere) look new, and profile it again."""
+    module = str(getattr(value, "__module__", None) or "?")
+    path = loaded_workload_files().get(module)
+    return f"workload {Path(path).name}" if path is not None else module
+
+
 def callable_name(value: Any) -> str:
     """A function's (or a partial's) module and qualified name; for a callable object,
     its module and repr, as catalogs have always keyed it, except where the repr is the
@@ -52,12 +64,12 @@ def callable_name(value: Any) -> str:
     equal tasks look different; such an object goes by its class."""
     func = getattr(value, "func", value)  # functools.partial
     if hasattr(func, "__qualname__"):
-        return f"{getattr(func, '__module__', '?')}.{func.__qualname__}"
+        return f"{module_name(func)}.{func.__qualname__}"
     kind = type(func)
     own_repr = any("__repr__" in vars(base) for base in kind.__mro__ if base is not object)
     if own_repr:
-        return f"{getattr(func, '__module__', '?')}.{func!r}"
-    return f"{kind.__module__}.{kind.__qualname__}"
+        return f"{module_name(func)}.{func!r}"
+    return f"{module_name(kind)}.{kind.__qualname__}"
 
 
 @lru_cache(maxsize=64)

@@ -14,6 +14,7 @@ from dione.profile.catalog import Catalog
 from dione.profile.fingerprint import (
     callable_name,
     code_digest,
+    module_name,
     speed_signature,
     trial_fingerprint,
 )
@@ -79,7 +80,7 @@ def _evaluation_key(signature: Mapping[str, Any], task: Task, device: str) -> st
     if task.evaluate is None:
         return None
     func = getattr(task.evaluate, "func", task.evaluate)
-    module = getattr(func, "__module__", "")
+    module = module_name(func) if hasattr(func, "__module__") else ""
     # As catalogs have keyed it (module, then name or repr), but an object with the
     # default repr by its class: that repr holds a memory address.
     name = callable_name(func).removeprefix(f"{module}.")
