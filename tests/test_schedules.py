@@ -16,11 +16,13 @@ from dione.schedules import (
     Schedule,
     ScheduleError,
     StageTimes,
+    Timeline,
     balance,
     gpipe,
     one_f_one_b,
     partition_model,
     simulate,
+    xpipe,
 )
 from dione.techniques import get_technique
 from dione.zoo import CharGPT, digits_mlp
@@ -89,6 +91,42 @@ def test_action_times_read_back_what_a_timeline_ran() -> None:
 def test_uneven_stages_are_bound_by_the_slowest() -> None:
     timeline = simulate(gpipe(2, 8), StageTimes((1.0, 3.0), (2.0, 6.0), (0.0, 0.0)))
     assert timeline.makespan == pytest.approx(1.0 + 8 * 9.0 + 2.0)
+
+
+def _stage_zero_update_gaps(timeline: Timeline) -> list[float]:
+    ends = [span.end for span in timeline.spans[0] if span.action.kind == "U"]
+    return [b - a for a, b in itertools.pairwise(ends)]
+
+
+def test_a_weight_two_stages_share_stalls_xpipe_at_each_update() -> None:
+    """Tied embeddings (stages 0 and K-1): xpipe sums their gradients at each update, so
+    the last stage waits there until the mini-batch's last gradient is back on stage 0:
+    one backward of stage 0 (K = 2) more per mini-batch than with no weight shared."""
+    times = StageTimes.uniform(2, 1.0, 2.0)
+    alone = simulate(xpipe(2, 2, 6), times)
+    tied = simulate(xpipe(2, 2, 6), times, shared=[(0, 1)])
+    assert _stage_zero_update_gaps(alone) == pytest.approx([6.0] * 5)
+    assert _stage_zero_update_gaps(tied) == pytest.approx([8.0] * 5)
+    # Stage 1's update starts with stage 0's, its wait idle: the work times stay.
+    ups = [(a.start, b.start) for a, b in zip(tied.spans[0], tied.spans[1], strict=True)
+           if a.action.kind == "U" == b.action.kind]
+    assert all(zero == one for zero, one in ups)
+    assert tied.action_times() == times
+    deeper = StageTimes.uniform(4, 1.0, 2.0)
+    assert _stage_zero_update_gaps(simulate(xpipe(4, 4, 8), deeper))[-1] == pytest.approx(12.0)
+    assert _stage_zero_update_gaps(
+        simulate(xpipe(4, 4, 8), deeper, shared=[(0, 3)]))[-1] == pytest.approx(18.0)
+
+
+@pytest.mark.parametrize("make", [gpipe, one_f_one_b], ids=["gpipe", "1f1b"])
+def test_a_flush_hides_the_wait_for_a_shared_weight(make) -> None:
+    times = StageTimes.uniform(3, 1.0, 2.0, update=0.5, transfer=0.25)
+    alone = simulate(make(3, 4, 4), times)
+    tied = simulate(make(3, 4, 4), times, shared=[(0, 2)])
+    assert tied.makespan == alone.makespan
+    assert _stage_zero_update_gaps(tied) == _stage_zero_update_gaps(alone)
+    with pytest.raises(ValueError, match="held by stages 0 to 2"):
+        simulate(make(3, 4, 4), times, shared=[(0, 3)])
 
 
 def test_bad_schedules_are_refused_with_reasons() -> None:

@@ -5,6 +5,12 @@ its input is there: a forward on stage k > 0 needs the same micro-batch's forwar
 stage k-1 plus one transfer, a backward on stage k < K-1 needs the backward on stage
 k+1 plus one transfer. Sends are asynchronous (as torch's isend), so a transfer delays
 the receiver but does not occupy either stage.
+
+A weight several stages hold (tied input and output embeddings) makes their updates one
+collective (``dione.techniques.shared``): each holder's update of mini-batch i starts
+once every holder has reached its own. Under a flush (gpipe, 1f1b) that wait is hidden,
+as the next forwards wait for stage 0's update anyway; under xpipe the later stage idles
+until the mini-batch's gradient has travelled back to the earlier one, every mini-batch.
 """
 
 from __future__ import annotations
@@ -129,9 +135,19 @@ def _inputs(action: Action, stage: int, depth: int) -> list[tuple[str, int]]:
     return []
 
 
-def simulate(schedule: Schedule, times: StageTimes) -> Timeline:
-    """The timeline of ``schedule`` with these stage times; ScheduleError on a deadlock."""
+def simulate(schedule: Schedule, times: StageTimes,
+             shared: Sequence[Sequence[int]] = ()) -> Timeline:
+    """The timeline of ``schedule`` with these stage times; ScheduleError on a deadlock.
+    ``shared`` lists, per weight that several stages hold, those stages
+    (``SharedWeight.stages``): their updates wait for each other."""
     depth = schedule.depth
+    if any(not 0 <= k < depth for stages in shared for k in stages):
+        raise ValueError(f"shared weights must be held by stages 0 to {depth - 1}, not "
+                         f"{[list(stages) for stages in shared]}")
+    # Each stage's fellow holders of any weight it shares, itself included.
+    holders = {k: {h for stages in shared if k in stages for h in stages}
+               for k in range(depth)}
+    reached: dict[tuple[int, int], float] = {}  # (stage, mini-batch): at its update
     for name, values in (("forward", times.forward), ("backward", times.backward),
                          ("update", times.update)):
         if len(values) != depth or any(v < 0 or math.isnan(v) for v in values):
@@ -151,6 +167,13 @@ def simulate(schedule: Schedule, times: StageTimes) -> Timeline:
                 if any(key not in done for key in keys):
                     break
                 start = max([free[k]] + [done[key] + times.transfer for key in keys])
+                if action.kind == "U" and len(holders[k]) > 1:
+                    reached.setdefault((k, action.minibatch), start)
+                    arrivals = [reached.get((h, action.minibatch)) for h in holders[k]]
+                    if None in arrivals:
+                        break
+                    # The work starts with the last holder; the wait before is idle.
+                    start = max(a for a in arrivals if a is not None)
                 end = start + times.duration(k, action)
                 done[(action.kind, k, action.minibatch, action.micro)] = end
                 spans[k].append(Span(k, action, start, end))
