@@ -122,7 +122,8 @@ def main() -> None:
             print(f"| {name} | {k} | {s} | {len(values)} | {statistics.mean(values):.3f} |")
     if example is not None:
         real = get_technique("xpipe").real_timeline(example.extra, len(example.losses))  # type: ignore[attr-defined]
-        predicted = simulate(real.schedule, real.action_times(statistics.mean))
+        predicted = simulate(real.schedule, real.action_times(statistics.mean),
+                             example.extra.get("shared_stages", ()))
         unit = statistics.median(e - s for spans in example.extra["spans"]
                                  for s, e in spans if e > s)
         until = 24 * args.stages * unit

@@ -8,6 +8,7 @@ Tolerances are ``test_equivalence``'s (reduction order only); bf16 is ``test_hf`
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -19,8 +20,11 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from conftest import TEST_NODE
+from conftest import TEST_NODE, check_real_timeline
 from dione.launch import local_placement, run_slice
+from dione.profile import Catalog, TrialOptions
+from dione.profile.simulated import cross_check, simulated_step_seconds
+from dione.profile.trial import TrialSpec, run_trial
 from dione.schedules import xpipe
 from dione.schedules.partition import partition_model, stage_plan
 from dione.spec import Node
@@ -173,6 +177,7 @@ def test_tied_gpt2_matches_single(gpt2_single, technique: str, stages: int,
     # 1f1b needs at least one micro-batch per stage.
     result = train(task, technique, tmp_path, stages, micro_batches=2 if stages == 2 else 4)
     assert result.extra["shared_weights"] == [f"transformer.wte.weight: stages [0, {stages - 1}]"]
+    assert result.extra["shared_stages"] == [[0, stages - 1]]
     assert "exactness" not in result.extra  # dropout 0
     assert result.extra["stage_build"] == "meta"  # each rank materialised its stage only
     params = final_parameters(task, result.checkpoint)
@@ -248,6 +253,21 @@ def test_tied_gpt2_under_xpipe_keeps_one_value_and_its_accounting(stages: int,
     result = train(task, "xpipe", tmp_path, stages, micro_batches=2)
     assert result.extra["shared_weights"] == [
         f"transformer.wte.weight: stages [0, {stages - 1}]"]
+    assert result.extra["shared_stages"] == [[0, stages - 1]]
+    # Each holder's logged update starts once both holders reached it (the all_reduce
+    # that sums the tied gradient): the wait is idle, which the simulator adds itself.
+    timeline = get_technique("xpipe").real_timeline(result.extra, 5)
+    check_real_timeline(timeline)
+    reached: dict[tuple[int, int], float] = {}
+    for k in (0, stages - 1):
+        for before, span in itertools.pairwise(timeline.spans[k]):
+            if span.action.kind == "U":
+                reached[(k, span.action.minibatch)] = before.end
+    for k in (0, stages - 1):
+        for span in timeline.spans[k]:
+            if span.action.kind == "U":
+                i = span.action.minibatch
+                assert span.start >= max(reached[(0, i)], reached[(stages - 1, i)]) - 1e-9
     params = final_parameters(task, result.checkpoint)
     saved = checkpoint_tensors(result.checkpoint, ["transformer.wte.weight", "lm_head.weight"],
                                params)
@@ -257,6 +277,23 @@ def test_tied_gpt2_under_xpipe_keeps_one_value_and_its_accounting(stages: int,
         assert [i for i, _, _ in logged] == list(range(5))
         assert all(i - version == s == staleness[(i, stage)] for i, version, s in logged)
     assert result.losses[-1] < result.losses[0]
+
+
+def test_a_tied_xpipe_trial_is_simulated_with_its_stages_waiting(tmp_path: Path) -> None:
+    """A profiling trial keeps which stages hold the tied weight, and the cross-check
+    simulates its steps with their updates waiting for each other."""
+    task = gpt2_task(name="gpt2-trial", steps=5)
+    spec = TrialSpec(task, "xpipe", {"micro_batches": 2}, 2, "gpt2-xpipe-trial", "cpu")
+    record, _ = run_trial(spec, TEST_NODE, [0, 1], tmp_path,
+                          TrialOptions(warmup_steps=1, measure_steps=4, timeout=300))
+    assert record.status == "ok", record.reason
+    assert record.extra["shared_stages"] == [[0, 1]]
+    times = record.extra["stage_times"]
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        cross_check({"x": record}, {"x": "gpt2"}, catalog)
+    assert record.simulated_step_seconds == simulated_step_seconds("xpipe", times, 2,
+                                                                   shared=[[0, 1]])
+    assert record.simulated_step_seconds >= simulated_step_seconds("xpipe", times, 2)
 
 
 # --- other architectures: Llama-style decoder, BERT with the task's loss --------------------

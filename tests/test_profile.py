@@ -178,6 +178,28 @@ def test_the_simulator_cross_checks_pipeline_trials_only(tmp_path: Path) -> None
     assert ddp.simulated_step_seconds is None and ddp.simulation_note is None
 
 
+def test_the_simulator_makes_xpipe_wait_for_weights_its_stages_share(tmp_path: Path) -> None:
+    """A tied weight's gradients are summed across its stages at each xpipe update: the
+    last stage waits there for the first's last backward, every mini-batch."""
+    times = {"forward": [0.01, 0.01], "backward": [0.02, 0.02], "update": [0.001, 0.001]}
+    alone = simulated_step_seconds("xpipe", times, 2)
+    tied = simulated_step_seconds("xpipe", times, 2, shared=[[0, 1]])
+    assert tied > alone
+    knobs = {"micro_batches": 2}
+    own = TrialRecord("t", "xpipe", knobs, 2, "cpu", "ok", step_seconds=0.1,
+                      extra={"stage_times": times, "shared_stages": [[0, 1]]})
+    # No timeline of its own: the tied trial's times, and its shared stages.
+    borrows = TrialRecord("b", "xpipe", {**knobs, "prediction": False}, 2, "cpu", "ok",
+                          step_seconds=0.1)
+    # Made before trials kept their shared stages: simulated as if nothing were shared.
+    old = TrialRecord("o", "xpipe", {**knobs, "balance": "time"}, 2, "cpu", "ok",
+                      step_seconds=0.1, extra={"stage_times": times})
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        cross_check({"t": own, "b": borrows, "o": old}, dict.fromkeys("tbo", "group"), catalog)
+    assert own.simulated_step_seconds == borrows.simulated_step_seconds == tied
+    assert old.simulated_step_seconds == alone
+
+
 def test_shared_cached_and_reprofiled_only_where_changed(tmp_path: Path) -> None:
     a = digits_task("a", techniques=DATA_PARALLEL)
     b = replace(digits_task("b", techniques=DATA_PARALLEL), seed=11,

@@ -32,17 +32,18 @@ def is_pipeline(technique: str) -> bool:
 
 def simulated_step_seconds(
     technique: str, stage_times: Mapping[str, Sequence[float]], micro_batches: int,
-    minibatches: int = 16,
+    minibatches: int = 16, shared: Sequence[Sequence[int]] = (),
 ) -> float:
     """The simulator's steady-state seconds per step (median interval between stage 0's
-    updates) for ``technique``'s schedule on the given per-stage action times."""
+    updates) for ``technique``'s schedule on the given per-stage action times; ``shared``:
+    per weight several stages hold, those stages (their updates wait for each other)."""
     method = pipeline_technique(technique)
     if method is None:
         raise ValueError(f"{technique} is not a pipeline: it has no schedule to simulate")
     times = StageTimes(tuple(stage_times["forward"]), tuple(stage_times["backward"]),
                        tuple(stage_times["update"]))
     stages = len(times.forward)
-    timeline = simulate(method.schedule(stages, micro_batches, minibatches), times)
+    timeline = simulate(method.schedule(stages, micro_batches, minibatches), times, shared)
     ends = [s.end for s in timeline.spans[0] if s.action.kind == "U"]
     gaps = [b - a for a, b in itertools.pairwise(ends)]
     return statistics.median(gaps[len(gaps) // 2:]) if gaps else timeline.per_minibatch
@@ -52,7 +53,9 @@ def cross_check(results: Mapping[str, TrialRecord], group_of: Mapping[str, str],
                 catalog: Catalog) -> None:
     """For pipeline trials, the schedule simulator's step time from per-stage action times
     (the trial's own, or those of another pipeline trial on the same stages and
-    micro-batches); the measured time stays the one predictions use."""
+    micro-batches), with the wait for weights its stages share; the measured time stays
+    the one predictions use. A record made before trials kept ``shared_stages`` has
+    none: simulated as if nothing were shared."""
     for fingerprint, record in results.items():
         if not record.feasible or not is_pipeline(record.technique):
             continue
@@ -70,8 +73,11 @@ def cross_check(results: Mapping[str, TrialRecord], group_of: Mapping[str, str],
             record.simulation_note = ("measured; no per-action stage times to simulate "
                                       "(the trial logged no timeline)")
             continue
+        # The trial's own shared stages; the source's (the same task group and
+        # stages) for a record that has none.
+        shared = record.extra.get("shared_stages") or source.extra.get("shared_stages", [])
         simulated = simulated_step_seconds(record.technique, source.extra["stage_times"],
-                                           int(record.knobs["micro_batches"]))
+                                           int(record.knobs["micro_batches"]), shared=shared)
         record.simulated_step_seconds = simulated
         assert record.step_seconds is not None
         error = simulated / record.step_seconds - 1

@@ -141,11 +141,14 @@ def run_trial(
 
 
 def _stage_times(technique: str, extra: Mapping[str, Any], minibatches: int) -> dict[str, Any]:
-    """Per-stage action times of a pipeline trial that logged its spans, for the schedule
-    simulator; the stage layout of any pipeline."""
+    """Per-stage action times of a pipeline trial that logged its spans, and the stages
+    holding each shared weight, for the schedule simulator; the stage layout of any
+    pipeline."""
     kept: dict[str, Any] = {}
     if "stages" in extra:
         kept["stages"] = list(extra["stages"])
+    if extra.get("shared_stages"):
+        kept["shared_stages"] = [list(stages) for stages in extra["shared_stages"]]
     method = pipeline_technique(technique)
     if extra.get("spans") and method is not None:
         times = method.real_timeline(extra, minibatches).action_times()

@@ -279,9 +279,13 @@ class ActionLog:
 
         return run
 
-    def update_done(self, step_returned: float) -> None:
-        """The optimizer step of this mini-batch is done: log the update."""
+    def update_done(self, step_returned: float, shared_wait: float = 0.0) -> None:
+        """The optimizer step of this mini-batch is done: log the update. ``shared_wait``:
+        the seconds its shared weights' gradients took to sum (mostly waiting for the
+        other stages holding them to reach their update), left out of its work (the
+        span starts that much later): the simulator adds that wait itself."""
         began = step_returned if self._update_began is None else self._update_began
+        began += shared_wait
         self.actions.append(Action("U", self.minibatch))
         self.spans.append((began - self.origin, time.perf_counter() - self.origin))
         self._update_began = None
@@ -468,6 +472,9 @@ class PipelineTechnique(Technique):
             notes["exactness"] = exactness
         if shared:
             notes["shared_weights"] = [f"{w.name}: stages {list(w.stages)}" for w in shared]
+            # The same, as data: the schedule simulator makes these stages' updates wait
+            # for each other, as the collective that sums the gradients does.
+            notes["shared_stages"] = [list(w.stages) for w in shared]
         return PipelineStagePart(model, module, partition, SharedGradients(shared, model,
                                                                            ctx.rank), notes)
 
@@ -512,11 +519,12 @@ class PipelineTechnique(Technique):
             part.module.verify = False
             returned = time.perf_counter()
             part.shared.to_owner()
+            summed = time.perf_counter()
             ctx.apply_update(optimizer, model.parameters(), group=dist.group.WORLD)
             part.shared.from_owner()
             # Equal micro-batches: the mean of their mean losses is the batch's mean loss.
             ctx.step_done(torch.stack(micro_losses).mean() if last else None, scheduler)
-            log.update_done(returned)
+            log.update_done(returned, shared_wait=summed - returned)
         checkpoint = ctx.save(model, optimizer, scheduler)
         outcome = ctx.outcome(checkpoint, loss_ranks=[ctx.world - 1])
         outcome.extra["stages"] = [part.partition.describe(k)

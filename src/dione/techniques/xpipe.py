@@ -300,17 +300,21 @@ class XPipe(PipelineTechnique):
                         "depend on); xpipe needs a floating activation between stages")
                 outgoing[Message("gradient", u, stage - 1)] = received.grad
 
-        def update(i: int) -> None:
+        def update(i: int) -> float:
+            """Mini-batch i's update; the moment its work began: once the gradients of
+            the weights other stages hold too are summed, so the span leaves out the
+            wait for those stages (the simulator adds it from ``shared_stages``)."""
             nonlocal updates
             mine = weights.pop(i)
+            for name, param in params.items():
+                param.grad = mine[name].grad
+            part.shared.summed()  # a weight other stages hold too: the sum of their gradients
+            began = time.perf_counter()
             if knobs["log_prediction"]:
                 seen = stale.pop(i)
                 s = staleness[(i, stage)]
                 if s:
                     prediction_log.append((i, s, _norm(mine, params), _norm(seen, params)))
-            for name, param in params.items():
-                param.grad = mine[name].grad
-            part.shared.summed()  # a weight other stages hold too: the sum of their gradients
             optimizer.step()
             module.verify = False
             # Drops the gradients; the copy itself goes when ``mine`` does, on return.
@@ -318,6 +322,7 @@ class XPipe(PipelineTechnique):
             updates += 1
             chunks.pop(i, None)
             ctx.step_done(torch.stack(micro_losses.pop(i)).mean() if last else None, scheduler)
+            return began
 
         origin = time.perf_counter()
         for index, action in enumerate(schedule.stages[stage]):
@@ -330,7 +335,7 @@ class XPipe(PipelineTechnique):
                 assert action.micro is not None
                 backward(action.minibatch, action.micro)
             else:  # the update of mini-batch i, on version i of the real weights
-                update(action.minibatch)
+                begin = update(action.minibatch)
             spans.append((begin - origin, time.perf_counter() - origin))
             play(plan.after[index])  # its results sent on, receives posted ahead
             most_copies = max(most_copies, len(copies))
@@ -353,8 +358,9 @@ class XPipe(PipelineTechnique):
             # alive at once (between actions): the bounds the tests hold them to.
             most_unwaited_sends=[r["most_unwaited"] for r in gathered],
             most_weight_copies=[r["most_copies"] for r in gathered],
-            # Per stage, each action's (start, end) of work, after its input arrived, in
-            # seconds from the first stage's start.
+            # Per stage, each action's (start, end) of work, after its input arrived (an
+            # update's, after its shared weights' gradients are summed), in seconds from
+            # the first stage's start.
             spans=on_one_clock([r["origin"] for r in gathered], [r["spans"] for r in gathered]),
         )
         return outcome
