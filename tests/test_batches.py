@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
+import numpy
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from dione.techniques.batches import BatchSource, SampleOrder
 
@@ -48,3 +51,45 @@ def test_generic_datasets_are_collated() -> None:
     source = BatchSource(items, batch_size=4, seed=0)  # type: ignore[arg-type]
     inputs, target = source.batch(0)
     assert inputs.shape == (4, 2) and torch.equal(inputs[:, 0].long(), target)
+
+
+class Augmented(Dataset[tuple[torch.Tensor, int]]):
+    """Items with noise from torch's, Python's and NumPy's global generators, as
+    augmentation draws it."""
+
+    def __len__(self) -> int:
+        return 30
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        noise = [torch.rand(()).item(), random.random(), float(numpy.random.rand())]
+        return torch.tensor([float(index), *noise]), index
+
+
+def test_an_item_draws_the_same_augmentation_on_any_rank_count_and_again() -> None:
+    data = Augmented()
+    whole = BatchSource(data, batch_size=12, seed=4)
+    expected = [whole.global_batch(step)[0] for step in (0, 2, 3)]  # step 2 straddles
+    for world in (1, 2, 3):
+        ranks = [BatchSource(data, 12, 4, rank, world) for rank in range(world)]
+        for step, want in zip((0, 2, 3), expected, strict=True):
+            assert torch.equal(torch.cat([r.batch(step)[0] for r in ranks]), want)
+            parts = [ranks[0].batch(step, part, 2)[0] for part in range(2)]  # accumulation
+            assert torch.equal(torch.cat(parts), ranks[0].batch(step)[0])
+    noise = expected[0][:, 1:]
+    assert len({tuple(row.tolist()) for row in noise}) == 12  # every item draws its own
+    # The same item in another epoch (another stream position) draws anew.
+    first = {int(row[0]): row[1:] for batch in expected[:1] for row in batch}
+    later = {int(row[0]): row[1:] for row in BatchSource(data, 30, 4).global_batch(1)[0]}
+    assert all(not torch.equal(first[i], later[i]) for i in first)
+
+
+def test_fetching_leaves_the_global_generators_as_they_were() -> None:
+    torch.manual_seed(0)
+    random.seed(0)
+    numpy.random.seed(0)
+    BatchSource(Augmented(), batch_size=6, seed=1).batch(0)
+    after = (torch.rand(()).item(), random.random(), float(numpy.random.rand()))
+    torch.manual_seed(0)
+    random.seed(0)
+    numpy.random.seed(0)
+    assert after == (torch.rand(()).item(), random.random(), float(numpy.random.rand()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import random
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from conftest import TEST_NODE, char_task, digits_task
 from dione.launch import local_placement, run_slice
 from dione.state import RunStore, load_checkpoint
+from dione.zoo import digits_train
 from test_equivalence import assert_same_training, final_parameters
 
 STEPS, FIRST = 8, 3
@@ -131,3 +133,32 @@ def test_checkpoints_go_to_the_storage_and_the_store_stays_in_the_run(tmp_path: 
     with RunStore(run_dir) as store:
         latest = store.latest_checkpoint("stored")
         assert latest is not None and Path(latest.path).is_relative_to(shared.resolve())
+
+
+
+def test_augmented_data_resumes_bit_identically_and_splits_exactly(tmp_path: Path) -> None:
+    """An item's draws follow its stream position: the same after a resume, and on two
+    ranks as on one."""
+
+    class NoisyDigits(torch.utils.data.Dataset):  # local: workers get it by value
+        """The digits with augmentation drawn from the global generators: torch's noise
+        on the pixels, Python's random brightness."""
+
+        def __init__(self) -> None:
+            self.images, self.labels = digits_train().tensors
+
+        def __len__(self) -> int:
+            return len(self.labels)
+
+        def __getitem__(self, index: int):
+            image = self.images[index] * random.uniform(0.8, 1.2)
+            return image + 0.1 * torch.randn_like(image), self.labels[index]
+
+    task = digits_task("noisy", steps=STEPS, data=NoisyDigits)
+    whole = train_in_slices(task, [("single", ONE, STEPS)], tmp_path / "whole")[0]
+    parts = train_in_slices(task, [("single", ONE, FIRST), ("single", ONE, None)],
+                            tmp_path / "parts")
+    assert joined(parts).losses == whole.losses  # bit for bit
+    ddp = train_in_slices(task, [("ddp", TWO, STEPS)], tmp_path / "ddp")[0]
+    torch.testing.assert_close(torch.tensor(ddp.losses), torch.tensor(whole.losses),
+                               rtol=1e-5, atol=1e-6)

@@ -12,11 +12,19 @@ technique or device count, and no RNG state is needed to continue it::
 A batch is whatever the data set's items collate to: an ``(inputs, target)`` pair, a
 tuple of tensors, or a dict of tensors (a tokenizer's output). Every split here is of
 sample positions, so it does not care which.
+
+A data set that draws random numbers for an item (augmentation: a random crop, noise)
+draws them from torch's, Python's and NumPy's generators seeded by ``(seed, the item's
+stream position)``, then put back as they were: an item is the same on every rank
+count, technique and resume, as its position is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+import random
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -88,11 +96,44 @@ class SampleOrder:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _fetch(dataset: Dataset[Any], indices: torch.Tensor) -> Batch:
-    if isinstance(dataset, TensorDataset):
+def item_seed(seed: int, position: int) -> int:
+    """The seed of the random draws for the item at stream ``position`` (a 63-bit mix, so
+    neighbouring positions and seeds do not share streams)."""
+    return (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9) % 2**63
+
+
+@contextlib.contextmanager
+def _generators_kept() -> Iterator[None]:
+    """torch's CPU, Python's and (if loaded) NumPy's global generators put back on exit."""
+    numpy = sys.modules.get("numpy")
+    python_state = random.getstate()
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        random.setstate(python_state)
+        if numpy is not None:
+            numpy.random.set_state(numpy_state)
+
+
+def _fetch(dataset: Dataset[Any], indices: torch.Tensor, seed: int, first: int) -> Batch:
+    """The items at ``indices`` (stream positions ``first``, ``first + 1``, ...), collated."""
+    if isinstance(dataset, TensorDataset):  # no draws: one gather
         return tuple(t[indices] for t in dataset.tensors)
+    # One item at a time, even where the data set fetches several at once: an item's
+    # draws must not depend on which others share its call (a rank's share, a part).
     getitems = getattr(dataset, "__getitems__", None)
-    items = getitems(indices.tolist()) if getitems else [dataset[i] for i in indices.tolist()]
+    numpy = sys.modules.get("numpy")
+    items = []
+    with _generators_kept():
+        for offset, index in enumerate(indices.tolist()):
+            drawn = item_seed(seed, first + offset)
+            torch.default_generator.manual_seed(drawn)
+            random.seed(drawn)
+            if numpy is not None:
+                numpy.random.seed(drawn % 2**32)
+            items.append(getitems([index])[0] if getitems else dataset[index])
     return default_collate(items)  # type: ignore[no-untyped-call]
 
 
@@ -119,8 +160,10 @@ class BatchSource:
             raise ValueError(f"rank {self.rank}'s share: {problem}")
         size = self.share // parts
         start = step * self.batch_size + self.rank * self.share + part * size
-        return _fetch(self.dataset, self.order.indices(start, size))
+        return _fetch(self.dataset, self.order.indices(start, size), self.order.seed, start)
 
     def global_batch(self, step: int) -> Batch:
         """The whole global batch ``step`` (what single-device training sees)."""
-        return _fetch(self.dataset, self.order.indices(step * self.batch_size, self.batch_size))
+        start = step * self.batch_size
+        return _fetch(self.dataset, self.order.indices(start, self.batch_size),
+                      self.order.seed, start)
