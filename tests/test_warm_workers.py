@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from conftest import TEST_NODE, char_task, digits_task
+from dione.launch import pool as pool_module
 from dione.launch.pool import WarmWorker, WorkerPool, local_pool, shutdown_local_pool
 from dione.launch.slice import local_placement, run_slice
 from dione.launch.spawner import SpawnedProcess, Spawner
@@ -306,6 +307,70 @@ def test_a_slice_finds_the_switches_the_slice_before_flipped_put_back(
     [worker] = [w for w in local_pool().idle() if w.slot == ("cpu", 0)]
     run_slice(checking, "single", tmp_path, placement)  # raised SliceError before
     assert [w for w in local_pool().idle() if w.slot == ("cpu", 0)] == [worker]
+
+
+# Tasks whose model factory swaps torch's registry of global module-registration hooks
+# for one that will not let go of its hook: the worker's reset after the slice cannot
+# undo that. Asked to, the registry refuses after a pause (long enough that the launcher
+# has moved on to its next slice), or never answers.
+STUBBORN = """
+import collections, functools, time
+import torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+
+class Stubborn(collections.OrderedDict):
+    hang = False
+
+    def __delitem__(self, key):
+        time.sleep(3600 if self.hang else 3)
+        raise RuntimeError("this hook cannot be removed")
+
+
+def stubborn_model(hang):
+    model = digits_mlp(hidden=8, depth=1)
+    registry = Stubborn(stuck=lambda module, name, submodule: None)
+    registry.hang = hang
+    torch.nn.modules.module._global_module_registration_hooks = registry
+    return model
+
+
+def task(name, model):
+    return Task(name=name, model=model, data=digits_train,
+                loss=torch.nn.functional.cross_entropy, optimizer=torch.optim.SGD,
+                batch_size=8, steps=2, seed=1)
+
+
+workload = Workload([task("raises", functools.partial(stubborn_model, hang=False)),
+                     task("hangs", functools.partial(stubborn_model, hang=True)),
+                     task("innocent", functools.partial(digits_mlp, hidden=8, depth=1))])
+"""
+
+
+@pytest.mark.parametrize("reset", ["raises", "hangs"])
+def test_a_worker_whose_reset_fails_is_replaced_and_the_next_slice_not_blamed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reset: str) -> None:
+    """A worker that cannot put its state back after a slice (its reset raises, or
+    never ends) is retired before the next slice on its device, which runs on a fresh
+    worker: before, that slice was sent to it and failed (or hung) for the last one."""
+    file = tmp_path / "stubborn.py"
+    file.write_text(STUBBORN)
+    tasks = {task.name: task for task in load_workload(file)}
+    if reset == "hangs":  # the pool waits this long for its word, then retires it
+        monkeypatch.setattr(pool_module, "RESTORE_SECONDS", 2.0)
+    placement = local_placement(TEST_NODE, [0])
+    pool = local_pool()
+    run_slice(tasks[reset], "single", tmp_path, placement)  # its own slice succeeds
+    [worker] = [w for w in pool.idle() if w.slot == ("cpu", 0)]
+    started = pool.started
+    innocent = run_slice(tasks["innocent"], "single", tmp_path, placement, timeout=60)
+    assert len(innocent.losses) == 2
+    assert pool.started == started + 1 and not worker.alive()
+    assert [w for w in pool.idle() if w.slot == ("cpu", 0)] != [worker]
+    if reset == "raises":  # it said so, and why (in its own log)
+        assert worker.unrestored
+        assert "this hook cannot be removed" in worker.log.read_text()
 
 
 # A rank that forks a helper in a session of its own (which the group kill cannot

@@ -2,7 +2,10 @@
 
 A worker is started the first time its slot is asked for and handed back after every
 slice its gang finished; one whose gang failed, timed out or was cancelled is ended
-(with its process group) and the next slice starts a fresh one. Workers are forked by
+(with its process group) and the next slice starts a fresh one. So is a worker that
+could not put its state back after its slice (it says so, or says nothing in time):
+the pool hears that when it takes the worker again, before any job is sent, so the
+next slice gets a fresh worker instead of failing for the last. Workers are forked by
 the pool's spawner (``spawner.py``), which pays the imports once, so replacing a failed
 gang's workers costs milliseconds, not the seconds of a new interpreter; where there is
 no spawner (not Linux, or it failed to start) a worker is a process of its own.
@@ -41,6 +44,7 @@ import cloudpickle
 from dione.launch.gang import Lost, signal_name
 from dione.launch.scratch import scratch_dir
 from dione.launch.spawner import SpawnedProcess, Spawner, read_at_import, start_module
+from dione.launch.worker import RESTORE_SECONDS
 
 __all__ = ["WarmWorker", "WorkerPool", "local_pool", "shutdown_local_pool"]
 
@@ -81,14 +85,18 @@ class WarmWorker:
     slices: int = 0  # slices it has finished
     ready: bool = False  # it has imported what every slice needs
     threads: int = 0  # the threads its pools were sized for (read at import)
+    # It was sent a job and has not yet said whether it put its state back after it.
+    restoring: bool = False
+    unrestored: bool = False  # it said it could not (it ends: it must serve no more)
 
     def send(self, job: Any) -> bool:
         """Hand over a job; False when the worker is gone."""
         try:
             self.connection.send_bytes(cloudpickle.dumps(job))
-            return True
         except OSError:
             return False
+        self.restoring = True
+        return True
 
     def reply(self) -> tuple[str, Any] | None:
         """The worker's reply if one is waiting: ``("result", outcome)``, ``("error",
@@ -96,7 +104,9 @@ class WarmWorker:
         half-written (the worker died while sending): a failure report must never
         become a second failure; ``("lost", None)`` too once the worker has ended with
         nothing more to read, though a child it forked still holds the connection open
-        (then no end of file comes). None while nothing is there."""
+        (then no end of file comes). None while nothing is there. Its word that it
+        started, or restored after a job, is noted (``ready``; ``restoring`` and
+        ``unrestored``), never returned."""
         # Whether it has ended, asked first: what it sent before it ended is then all in
         # the connection, read below before it is called lost.
         ended = self.process.poll() is not None
@@ -105,6 +115,8 @@ class WarmWorker:
                 kind, payload = cloudpickle.loads(self.connection.recv_bytes())
                 if kind == "ready":
                     self.ready = True
+                elif kind in ("restored", "unrestored"):
+                    self.restoring, self.unrestored = False, kind == "unrestored"
                 else:
                     return kind, payload
         except Exception:  # EOF, a reset connection, a truncated or unreadable pickle
@@ -117,6 +129,17 @@ class WarmWorker:
         while not self.ready and self.alive() and time.monotonic() < deadline:
             if self.connection.poll(_POLL_SECONDS) and self.reply() is not None:
                 return  # not a start-up message: leave it to the gang (cannot happen idle)
+
+    def restored(self, timeout: float) -> bool:
+        """Whether it can take another job: it put its state back after its last one
+        (waiting up to ``timeout`` for it to say so) and runs. False if it said it could
+        not, ended, or said nothing in time: then it must be retired, not blamed."""
+        deadline = time.monotonic() + timeout
+        while self.restoring and time.monotonic() < deadline:
+            if self.reply() is not None:
+                return False  # lost (ended), or a message no idle worker sends
+            self.connection.poll(_POLL_SECONDS)
+        return not (self.restoring or self.unrestored) and self.alive()
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -203,8 +226,12 @@ class WorkerPool:
             for device in device_ids:
                 with self._lock:
                     worker = self._idle.pop((kind, device), None)
+                # Its word on the last slice's reset is read only now: the launcher
+                # has moved on meanwhile, and a worker that could not reset is replaced
+                # here rather than fail the slice it would be given.
                 if worker is not None and (not worker.alive() or worker.environ != environ
-                                           or worker.threads != threads):
+                                           or worker.threads != threads
+                                           or not worker.restored(RESTORE_SECONDS)):
                     _end([worker])
                     worker = None
                 if worker is None:

@@ -15,10 +15,13 @@ job as a local warm worker (``worker.run_job``), watched by the same loop (``gan
 
 An actor streams what its job says back as Ray objects (a streaming generator): its
 progress, its output (kept in the gang's folder on its node, sent as it grows), then
-its result or error; it resets itself after the reply, while the gang moves on. Nothing
-travels through files the nodes would have to share. An actor that dies is a lost rank,
-and one whose node left the cluster is reported as "node lost". Ray is optional:
-``pip install dione[ray]``.
+its result or error; it resets itself after the reply, while the gang moves on. Before
+its next job the launcher asks it whether that reset worked (an actor runs one call at a
+time, so the question waits for the reset): one that could not reset, or does not
+answer in time, is ended and replaced there, so the next slice never fails for the
+last. Nothing travels through files the nodes would have to share. An actor that dies
+is a lost rank, and one whose node left the cluster is reported as "node lost". Ray is
+optional: ``pip install dione[ray]``.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import cloudpickle
 
 from dione.launch.gang import Lost, Placement, watch_gang, workload_sources
 from dione.launch.local import OnProgress, collective_timeout
-from dione.launch.worker import Job, rendezvous_path
+from dione.launch.worker import RESTORE_SECONDS, Job, rendezvous_path
 from dione.spec.cluster import ClusterError, Node
 from dione.spec.devices import threads_per_slot
 from dione.techniques.base import SliceOutcome, SliceSpec
@@ -84,6 +87,7 @@ class _Actor:
         from dione.launch.worker import Baseline
 
         self.baseline = Baseline()
+        self.reset_worked = True  # whether the reset after its last job did
         # What no launcher can remove: gangs whose node left the cluster, or whose
         # launcher was killed, before their folders went (this machine's, as any).
         # Best effort: a folder that cannot be read must not stop the actor starting.
@@ -93,7 +97,7 @@ class _Actor:
     def run(self, job: Job) -> Iterator[bytes]:
         """Run ``job`` in a thread while streaming what it says: progress records, the
         output it adds to its log, then its reply; the reset comes after the reply."""
-        from dione.launch.worker import rendezvous_folder
+        from dione.launch.worker import rendezvous_folder, restore_after_job
 
         said: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         folder = Path(rendezvous_folder(job.store))
@@ -110,7 +114,11 @@ class _Actor:
             yield from self._stream(job, log, said, working)
         finally:
             _release(streaming)
-        self.baseline.restore()
+        self.reset_worked = restore_after_job(self.baseline, job.rank)[0] == "restored"
+
+    def restored(self) -> bool:
+        """Whether the reset after its last job worked; asked before the next one."""
+        return self.reset_worked
 
     def _stream(self, job: Job, log: Path, said: queue.SimpleQueue[tuple[str, Any]],
                 working: int | None) -> Iterator[bytes]:
@@ -368,8 +376,13 @@ class RayLauncher:
 
         with self._lock:
             actor = self._idle.pop((node.name, device), None)
-            if actor is not None:
+        if actor is not None:
+            # Also as it is on a node that has gone: an actor in its place would wait
+            # for it forever, where this one reads as lost, and the node with it.
+            if self._restored(actor) is not False or not self.node_alive(node):
                 return actor
+            self._end([actor])  # half reset: the next slice gets a fresh one
+        with self._lock:
             group = self._group(node)
         env = {**self.env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                # A gang stays on its node: its ranks talk over loopback.
@@ -383,6 +396,21 @@ class RayLauncher:
             **resources, runtime_env={"env_vars": env}, max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, device),
         ).remote()
+
+    def _restored(self, actor: Any) -> bool | None:
+        """Whether an idle actor reset itself after its last job, waiting up to
+        ``RESTORE_SECONDS`` for the reset: False if it could not or is still at it; None
+        if it died. A dead one is used as it is: the gang then reads it as a lost rank
+        (its node lost, perhaps), where a new actor in its place could wait forever for
+        a node that is gone."""
+        from ray.exceptions import RayActorError
+
+        try:
+            return bool(self.ray.get(actor.restored.remote(), timeout=RESTORE_SECONDS))
+        except RayActorError:
+            return None
+        except Exception:  # the reset hangs, or the answer could not be read
+            return False
 
     def _end(self, actors: list[Any]) -> None:
         for actor in actors:
@@ -436,11 +464,13 @@ class RayLauncher:
         with self._lock:
             self._forgetting += [*pending, *removals]
             self._busy.difference_update(actors)
+            surplus = []
             for device, actor in zip(placement.device_ids, actors, strict=True):
                 if (node.name, device) in self._idle:
-                    self._end([actor])
+                    surplus.append(actor)
                 else:
                     self._idle[(node.name, device)] = actor
+        self._end(surplus)  # outside the lock, which ``_end`` takes
         return outcomes
 
     def warm_up(self, node: Node) -> None:

@@ -5,12 +5,15 @@ file descriptor FD (a socket its launcher holds the other end of; nothing is rea
 disk that others could write):
 
     loop { take a Job · fresh workload modules · join the gang's rendezvous · train,
-           sending progress as it goes · send the outcome or the error · reset }
+           sending progress as it goes · send the outcome or the error · reset,
+           then say whether the reset worked ("restored" / "unrestored") }
 
 A worker outlives slices, not failures: after a rank raised, died, hung or was
 cancelled its launcher ends the whole gang's workers and starts new ones. What one
 slice could leave to the next is reset explicitly (``Baseline``); see there for what
-is and is not.
+is and is not. A worker whose reset failed ends; its launcher waits for that word
+before handing it the next job and starts another in its place, so no slice fails for
+what the one before it left (``restore_after_job``).
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["COMM_ERROR_MARKERS", "Baseline", "Job", "Report", "die_with_parent", "main",
-           "redirected", "rendezvous_folder", "run_job"]
+__all__ = ["COMM_ERROR_MARKERS", "RESTORE_SECONDS", "Baseline", "Job", "Report",
+           "die_with_parent", "main", "redirected", "rendezvous_folder", "restore_after_job",
+           "run_job"]
 
 # Errors a rank sees because *another* rank died; never the root cause of a failure.
 COMM_ERROR_MARKERS = (
@@ -46,6 +50,11 @@ COMM_ERROR_MARKERS = (
     "Timed out waiting",
     "remote worker crashing",  # gloo: "This is typically caused by a remote worker crashing"
 )
+
+# How long a launcher waits for a worker's word that it restored after its last job
+# before retiring it. Generous: a reset takes well under a second, and a worker retired
+# for being slow costs only a fresh one, never a failed slice.
+RESTORE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -269,6 +278,18 @@ def rendezvous_folder(store: str) -> str:
 Report = Callable[[str, Any], None]
 
 
+def restore_after_job(baseline: Baseline, rank: int) -> tuple[str, Any]:
+    """Put the worker back as ``baseline`` found it after a job: ``("restored", None)``,
+    or ``("unrestored", record)`` when that raised; its launcher then retires it before
+    the next job, which a half-reset worker would fail (blaming the wrong task)."""
+    try:
+        baseline.restore()
+        return "restored", None
+    except BaseException as err:  # the launcher reads the verdict: report everything
+        traceback.print_exc()
+        return "unrestored", _error_record(rank, err)
+
+
 def run_job(job: Job, report: Report | None = None) -> tuple[str, Any]:
     """Train one rank's share of a slice: ``("result", SliceOutcome)`` or ``("error",
     record)``; ``report("progress", record)`` carries the slice's progress meanwhile
@@ -384,7 +405,10 @@ def main(fd: int) -> int:
         except Exception as err:  # an outcome that cannot travel is this rank's error
             reply = cloudpickle.dumps(("error", _error_record(job.rank, err)))
         connection.send_bytes(reply)
-        baseline.restore()
+        verdict = restore_after_job(baseline, job.rank)
+        connection.send_bytes(cloudpickle.dumps(verdict))
+        if verdict[0] != "restored":
+            return 1  # half reset: no job may run here again (the launcher starts another)
 
 
 if __name__ == "__main__":
