@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 
 import numpy
+import pytest
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from dione.techniques.batches import BatchSource, SampleOrder
 
@@ -65,8 +66,10 @@ class Augmented(Dataset[tuple[torch.Tensor, int]]):
         return torch.tensor([float(index), *noise]), index
 
 
-def test_an_item_draws_the_same_augmentation_on_any_rank_count_and_again() -> None:
-    data = Augmented()
+@pytest.mark.parametrize("subset", [False, True], ids=["dataset", "subset"])
+def test_an_item_draws_the_same_augmentation_on_any_rank_count_and_again(subset: bool) -> None:
+    data: Dataset[tuple[torch.Tensor, int]] = Subset(Augmented(), range(30)) if subset \
+        else Augmented()
     whole = BatchSource(data, batch_size=12, seed=4)
     expected = [whole.global_batch(step)[0] for step in (0, 2, 3)]  # step 2 straddles
     for world in (1, 2, 3):
@@ -93,3 +96,24 @@ def test_fetching_leaves_the_global_generators_as_they_were() -> None:
     random.seed(0)
     numpy.random.seed(0)
     assert after == (torch.rand(()).item(), random.random(), float(numpy.random.rand()))
+
+
+class PaddedTogether(Dataset[torch.Tensor]):
+    """Items of different lengths that only a batch-level transform makes equal (as a
+    tokenizer with padding does in a Hugging Face data set's ``__getitems__``)."""
+
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        longest = max(i % 5 + 1 for i in indices)
+        return [torch.tensor([float(i)] * (i % 5 + 1) + [0.0] * (longest - i % 5 - 1))
+                for i in indices]
+
+
+def test_a_data_set_that_fetches_a_batch_at_once_is_asked_for_the_batch() -> None:
+    batch = BatchSource(PaddedTogether(), batch_size=8, seed=2).batch(0)
+    assert batch.shape[0] == 8 and batch.shape[1] == max(int(row[0]) % 5 + 1 for row in batch)

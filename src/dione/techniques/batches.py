@@ -14,9 +14,12 @@ tuple of tensors, or a dict of tensors (a tokenizer's output). Every split here 
 sample positions, so it does not care which.
 
 A data set that draws random numbers for an item (augmentation: a random crop, noise)
-draws them from torch's, Python's and NumPy's generators seeded by ``(seed, the item's
-stream position)``, then put back as they were: an item is the same on every rank
-count, technique and resume, as its position is.
+draws them from torch's CPU, Python's and NumPy's generators seeded by ``(seed, the
+item's stream position)``, then put back as they were: an item is the same on every rank
+count, technique and resume, as its position is. A data set that fetches several items
+at once (``__getitems__``, where a batch-level transform may pad them together) is
+called once per share, its draws seeded by the share's first position: the same on
+resume, not across rank counts.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, Subset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
 from dione.spec.batch import split_problem
@@ -103,14 +106,22 @@ def item_seed(seed: int, position: int) -> int:
 
 
 @contextlib.contextmanager
-def _generators_kept() -> Iterator[None]:
-    """torch's CPU, Python's and (if loaded) NumPy's global generators put back on exit."""
+def _seeded_generators() -> Iterator[Callable[[int], None]]:
+    """A function that seeds torch's CPU, Python's and (if loaded) NumPy's global
+    generators; all three put back as they were on exit."""
     numpy = sys.modules.get("numpy")
     python_state = random.getstate()
     numpy_state = numpy.random.get_state() if numpy is not None else None
+
+    def seed_all(seed: int) -> None:
+        torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        if numpy is not None:  # all 63 bits, as two 32-bit words
+            numpy.random.seed([seed & 0xFFFFFFFF, seed >> 32])
+
     try:
         with torch.random.fork_rng(devices=[]):
-            yield
+            yield seed_all
     finally:
         random.setstate(python_state)
         if numpy is not None:
@@ -121,19 +132,18 @@ def _fetch(dataset: Dataset[Any], indices: torch.Tensor, seed: int, first: int) 
     """The items at ``indices`` (stream positions ``first``, ``first + 1``, ...), collated."""
     if isinstance(dataset, TensorDataset):  # no draws: one gather
         return tuple(t[indices] for t in dataset.tensors)
-    # One item at a time, even where the data set fetches several at once: an item's
-    # draws must not depend on which others share its call (a rank's share, a part).
     getitems = getattr(dataset, "__getitems__", None)
-    numpy = sys.modules.get("numpy")
-    items = []
-    with _generators_kept():
-        for offset, index in enumerate(indices.tolist()):
-            drawn = item_seed(seed, first + offset)
-            torch.default_generator.manual_seed(drawn)
-            random.seed(drawn)
-            if numpy is not None:
-                numpy.random.seed(drawn % 2**32)
-            items.append(getitems([index])[0] if getitems else dataset[index])
+    if isinstance(dataset, Subset) and not hasattr(dataset.dataset, "__getitems__"):
+        getitems = None  # torch's Subset fetches item by item itself
+    with _seeded_generators() as seed_all:
+        if getitems is not None:  # several at once, as the data set asks (see above)
+            seed_all(item_seed(seed, first))
+            items = getitems(indices.tolist())
+        else:  # one at a time: an item's draws must not depend on its batch mates
+            items = []
+            for offset, index in enumerate(indices.tolist()):
+                seed_all(item_seed(seed, first + offset))
+                items.append(dataset[index])
     return default_collate(items)  # type: ignore[no-untyped-call]
 
 
