@@ -463,7 +463,13 @@ def test_a_workload_that_moved_keeps_its_trials(tmp_path: Path) -> None:
         signature = speed_signature(task)
         keys.append((signature, _evaluation_key(signature, task, "cpu")))
     assert keys[0] == keys[1]
-    assert keys[0][0]["loss"] == "workload grid.py.loss"
+    assert keys[0][0]["loss"].startswith("workload grid.py.loss#")
+    # Another project's grid.py whose loss of the same name does other work: its own key.
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "grid.py").write_text(MOVABLE_WORKLOAD.replace(
+        "cross_entropy(output, target)", "cross_entropy(output, target, reduction='sum')"))
+    (task,) = load_workload(tmp_path / "other" / "grid.py")
+    assert speed_signature(task)["loss"] != keys[0][0]["loss"]
 
 
 def test_running_out_of_cpu_memory_is_recorded_as_out_of_memory() -> None:

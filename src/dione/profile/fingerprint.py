@@ -57,6 +57,15 @@ def module_name(value: Any) -> str:
     return f"workload {Path(path).name}" if path is not None else module
 
 
+def _workload_code(func: Any) -> str:
+    """For a function a workload file defines, a digest of its code: it goes by the file's
+    name (``module_name``), which two projects may share with different functions."""
+    code = getattr(func, "__code__", None)
+    if code is None or getattr(func, "__module__", None) not in loaded_workload_files():
+        return ""
+    return "#" + hashlib.sha1(code.co_code + repr(code.co_names).encode()).hexdigest()[:12]
+
+
 def callable_name(value: Any) -> str:
     """A function's (or a partial's) module and qualified name; for a callable object,
     its module and repr, as catalogs have always keyed it, except where the repr is the
@@ -64,7 +73,7 @@ def callable_name(value: Any) -> str:
     equal tasks look different; such an object goes by its class."""
     func = getattr(value, "func", value)  # functools.partial
     if hasattr(func, "__qualname__"):
-        return f"{module_name(func)}.{func.__qualname__}"
+        return f"{module_name(func)}.{func.__qualname__}{_workload_code(func)}"
     kind = type(func)
     own_repr = any("__repr__" in vars(base) for base in kind.__mro__ if base is not object)
     if own_repr:
