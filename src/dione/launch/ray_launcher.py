@@ -379,9 +379,9 @@ class RayLauncher:
         if actor is not None:
             # Also as it is on a node that has gone: an actor in its place would wait
             # for it forever, where this one reads as lost, and the node with it.
-            if self._restored(actor) is not False or not self.node_alive(node):
+            if self._restored(actor) or not self.node_alive(node):
                 return actor
-            self._end([actor])  # half reset: the next slice gets a fresh one
+            self._end([actor])  # half reset, or died: the next slice gets a fresh one
         with self._lock:
             group = self._group(node)
         env = {**self.env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
@@ -397,19 +397,12 @@ class RayLauncher:
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, device),
         ).remote()
 
-    def _restored(self, actor: Any) -> bool | None:
+    def _restored(self, actor: Any) -> bool:
         """Whether an idle actor reset itself after its last job, waiting up to
-        ``RESTORE_SECONDS`` for the reset: False if it could not or is still at it; None
-        if it died. A dead one is used as it is: the gang then reads it as a lost rank
-        (its node lost, perhaps), where a new actor in its place could wait forever for
-        a node that is gone."""
-        from ray.exceptions import RayActorError
-
+        ``RESTORE_SECONDS`` for the reset; False if it could not, is still at it, or died."""
         try:
             return bool(self.ray.get(actor.restored.remote(), timeout=RESTORE_SECONDS))
-        except RayActorError:
-            return None
-        except Exception:  # the reset hangs, or the answer could not be read
+        except Exception:  # the reset hangs, the actor died, or its node went away
             return False
 
     def _end(self, actors: list[Any]) -> None:
