@@ -27,12 +27,13 @@ FAULT = os.environ.get("FAULT", "none")
 
 
 class Faulty(nn.Linear):
-    """The last layer: fails in its third forward, i.e. inside step 1 on stage 1."""
+    """The last layer: fails in its third forward that trains, i.e. inside step 1 on
+    stage 1 (validation's forwards, in the launcher, compute no gradients)."""
 
     calls = 0
 
     def forward(self, x):
-        Faulty.calls += 1
+        Faulty.calls += torch.is_grad_enabled()
         if Faulty.calls == 3:
             if FAULT == "raise":
                 raise ValueError("injected failure in the last stage")

@@ -7,7 +7,17 @@ from dione._lazy import lazy_exports
 from dione._version import __version__
 
 if TYPE_CHECKING:
-    from dione.spec import Cluster, Node, Task, Workload, grid, load_workload, local_cluster
+    from dione.spec import (
+        Cluster,
+        Node,
+        Task,
+        Workload,
+        grid,
+        load_workload,
+        local_cluster,
+        shifted_tokens,
+        tokens,
+    )
     from dione.techniques import (
         SliceContext,
         SliceOutcome,
@@ -20,7 +30,7 @@ if TYPE_CHECKING:
 # Imported on first use: `import dione` (the CLI, every worker) must not pay for torch.
 __getattr__ = lazy_exports(__name__, {
     **dict.fromkeys(("Cluster", "Node", "Task", "Workload", "grid", "load_workload",
-                     "local_cluster"), "dione.spec"),
+                     "local_cluster", "shifted_tokens", "tokens"), "dione.spec"),
     **dict.fromkeys(("SliceContext", "SliceOutcome", "Technique", "get_technique",
                      "register"), "dione.techniques"),
 })
@@ -37,13 +47,12 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     again with the same ``run_dir`` resumes an interrupted run."""
     # Imported here: workers import this package and need none of the planning stack.
     from dione.orchestrate import RunOptions, run_workload
-    from dione.spec import Cluster, Workload, load_workload, local_cluster
-    from dione.spec.validate import split_valid
-    from dione.techniques import technique_names
+    from dione.spec import Cluster, load_workload, local_cluster
+    from dione.techniques.validation import valid_tasks
 
     if isinstance(workload, (str, os.PathLike)):
         workload = load_workload(os.fspath(workload))
-    tasks, problems = split_valid(Workload(list(workload)), None, technique_names())
+    tasks, problems = valid_tasks(list(workload))
     if not tasks:
         raise ValueError("no task of the workload is valid:\n"
                          + "\n".join(str(p) for p in problems))
@@ -97,4 +106,6 @@ __all__ = [
     "local_cluster",
     "register",
     "run",
+    "shifted_tokens",
+    "tokens",
 ]

@@ -28,15 +28,14 @@ def valid_tasks(workload_file: str, devices: str | None, what: str,
     (the local machine, or the Ray launcher's nodes); BadInput when the cluster is wrong
     or no task is valid (nothing ``what``)."""
     from dione.spec.cluster import Cluster, ClusterError, local_cluster
-    from dione.spec.validate import split_valid
-    from dione.techniques import technique_names
+    from dione.techniques.validation import valid_tasks as checked
 
     workload = load(workload_file)
     try:
         cluster = local_cluster(devices) if launcher is None else Cluster(launcher.nodes())
     except ClusterError as err:
         raise BadInput(str(err)) from None
-    tasks, problems = split_valid(workload, None, technique_names(), cluster.nodes[0].kind)
+    tasks, problems = checked(workload, None, cluster.nodes[0].kind)
     for problem in problems:
         complain("invalid", str(problem))
     if not tasks:

@@ -98,6 +98,7 @@ class SliceResult:
     evaluation_error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # what the technique adds
     warnings: list[str] = field(default_factory=list)  # e.g. a corrupt checkpoint set aside
+    inexactness: str | None = None  # how it did not train as single would (None: it did)
 
 
 def _intact_checkpoint(db: RunStore, task: str, warnings: list[str]
@@ -217,9 +218,11 @@ def run_slice(
                 (evaluate and end == total) or (trial is not None and trial.evaluate)),
             memory_cap_bytes=trial.memory_cap_bytes if trial else None,
             probe_load=trial.probe_load if trial else False,
+            cut=db.cut(task.name, devices),
         )
+        inexactness = method.inexactness(method.resolve(knobs))
         slice_id = db.begin_slice(task.name, method.name, method.resolve(knobs), placement.node,
-                                  placement.device_ids, start, end)
+                                  placement.device_ids, start, end, inexactness)
         began = time.perf_counter()
         folder = Path(run_dir) / "logs" / f"slice-{slice_id:06d}-{task.name}"
         if on_begin is not None:
@@ -254,6 +257,8 @@ def run_slice(
                              lead.step_seconds[:diverged + 1], message)
             raise SliceError(message, "diverged")
         evaluation_error = lead.extra.get("evaluation_error")
+        if spec.cut is None and "cut" in lead.extra:  # decided now: kept for later slices
+            db.keep_cut(task.name, devices, lead.extra["cut"], slice_id)
         peak = [o.peak_memory_bytes for o in outcomes]
         db.finish_slice(slice_id, lead.losses, lead.step_seconds, lead.checkpoint,
                         {**lead.timings, "wall": seconds}, max(peak), lead.evaluation)
@@ -271,7 +276,7 @@ def run_slice(
             peak_memory_bytes=peak, evaluation=lead.evaluation,
             evaluation_error=evaluation_error,
             extra={k: v for k, v in lead.extra.items() if k != "evaluation_error"},
-            warnings=warnings,
+            warnings=warnings, inexactness=inexactness,
         )
     finally:
         if own_store:

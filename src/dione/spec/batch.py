@@ -4,7 +4,10 @@ technique and the batch source call these.
 
 Splitting: the global batch divides into equal parts (data-parallel shares, pipeline
 micro-batches, accumulation parts), each the mean of its samples, so that the mean of
-the parts' mean losses is the batch's mean loss.
+the parts' mean losses is the batch's mean loss. A loss that averages over counted items
+(tokens whose label is not -100) is a mean over a different number of them in each
+part: there each part's mean is weighed by its share of the global batch's items
+(``ItemShare``), so the parts again combine to the whole batch's loss.
 
 With the task's ``loss``, the batch is an ``(inputs, target)`` pair or a dict whose
 ``labels`` field is the target; the model gets the inputs (a dict as keywords). With
@@ -15,18 +18,147 @@ arguments) and returns its own loss, as a Hugging Face model does when given
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from dione.spec.task import Task
+from dione.spec.task import ItemCounter, Task
 
-__all__ = ["LABELS", "call_model", "loss_of", "model_arguments", "own_loss", "split_problem",
-           "split_target"]
+__all__ = [
+    "IGNORE_INDEX",
+    "LABELS",
+    "ItemCounting",
+    "ItemShare",
+    "call_model",
+    "item_counting",
+    "labels_of",
+    "loss_of",
+    "model_arguments",
+    "own_loss",
+    "samples",
+    "shifted_tokens",
+    "split_problem",
+    "split_target",
+    "tokens",
+]
 
 LABELS = "labels"
+# The label a token-averaged loss leaves out (torch's cross_entropy and Hugging Face's).
+IGNORE_INDEX = -100
+NUM_ITEMS = "num_items_in_batch"
+
+
+def labels_of(batch: Any) -> torch.Tensor:
+    if isinstance(batch, Mapping) and isinstance(labels := batch.get(LABELS), torch.Tensor):
+        return labels
+    if isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[1],
+                                                                           torch.Tensor):
+        return batch[1]
+    raise ValueError(f"counting tokens needs a batch with a {LABELS!r} tensor (a dict) or a "
+                     "target tensor (an (inputs, target) pair); give the task a loss_items "
+                     "function that counts what its loss averages over")
+
+
+def tokens(batch: Any) -> torch.Tensor:
+    """The labels (or targets) in ``batch`` that are not -100: what a token-averaged loss
+    counts (torch's ``cross_entropy`` by default, a masked or seq2seq model's own)."""
+    return (labels_of(batch) != IGNORE_INDEX).sum()
+
+
+def shifted_tokens(batch: Any) -> torch.Tensor:
+    """The labels a causal language model's own loss counts: each position but the
+    first predicts its label from the tokens before it, so the first is left out."""
+    return (labels_of(batch)[..., 1:] != IGNORE_INDEX).sum()
+
+
+def samples(batch: Any) -> int:
+    """The samples in ``batch``: a loss that is a mean over samples counts these (every
+    sample once), which needs no weighing at all."""
+    rows = [t.shape[0] for t in _tensors(batch) if t.dim()]
+    if not rows:
+        raise ValueError("a batch holds no tensor with a sample dimension")
+    return rows[0]
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _causal_language_model(model: nn.Module) -> bool:
+    """Whether a Hugging Face model's own loss is a causal LM's (labels shifted by one):
+    its loss type says so, or (a model whose class name maps to no loss type, as
+    ``GPT2LMHeadModel``, falls back to the causal LM's loss) its class is an LM head."""
+    loss_type = getattr(model, "loss_type", None)
+    if loss_type is not None:
+        return bool(loss_type == "ForCausalLM")
+    name = type(model).__name__
+    return name.endswith(("ForCausalLM", "LMHeadModel"))
+
+
+def _takes_num_items(fn: Callable[..., Any], open_keywords: bool) -> bool:
+    """Whether ``fn`` takes ``num_items_in_batch`` (by name; with ``open_keywords``, a
+    ``**kwargs`` counts too, as Hugging Face models pass theirs to the loss)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == NUM_ITEMS or (open_keywords and p.kind is p.VAR_KEYWORD)
+               for p in parameters)
+
+
+@dataclass(frozen=True)
+class ItemShare:
+    """A part of the global batch as its loss counts: the items it holds, the global
+    batch's, and into how many equal parts the batch is split (over ranks, micro-batches
+    and accumulation parts), whose mean losses the technique averages."""
+
+    items: int
+    total: int
+    parts: int
+    keyword: bool  # the model (or loss) takes num_items_in_batch
+
+
+@dataclass(frozen=True)
+class ItemCounting:
+    """How a task's loss counts items: what counts them, and whether the loss's owner
+    (the model, for its own loss; else the task's loss) takes ``num_items_in_batch``."""
+
+    counter: ItemCounter
+    keyword: bool
+
+    def count(self, batch: Any) -> int:
+        return int(self.counter(batch))
+
+    def share(self, batch: Any, total: int, parts: int) -> ItemShare:
+        return ItemShare(self.count(batch), total, parts, self.keyword)
+
+
+def item_counting(task: Task, model: nn.Module) -> ItemCounting | None:
+    """How ``task``'s loss counts items on ``model`` (unwrapped); None: by samples, each
+    sample once. The task's ``loss_items`` where given (validation sets it where the
+    rule below does not fit the model: ``dione.spec.validate``), else: a Hugging Face
+    model's own loss counts its labels that are not -100 (shifted by one for a causal
+    LM), a ``loss`` that takes ``num_items_in_batch`` its target's, any other samples."""
+    if task.loss is None:
+        hugging_face = hasattr(model, "loss_function") and hasattr(model, "config")
+        keyword = _takes_num_items(type(model).forward, open_keywords=hugging_face)
+        counter = task.loss_items or (
+            (shifted_tokens if _causal_language_model(model) else tokens) if hugging_face
+            else None)
+    else:
+        keyword = _takes_num_items(task.loss, open_keywords=False)
+        counter = task.loss_items or (tokens if keyword else None)
+    return None if counter is None or counter is samples else ItemCounting(counter, keyword)
 
 
 def split_problem(batch_size: int, parts: int, what: str, task: str | None = None) -> str | None:
@@ -92,10 +224,25 @@ def own_loss(task: Task, output: Any) -> torch.Tensor:
         + ": give the task a loss, or labels in the batch")
 
 
-def loss_of(model: nn.Module, task: Task, batch: Any) -> torch.Tensor:
-    """The task's mean loss on ``batch`` (already on the model's device)."""
+def loss_of(model: nn.Module, task: Task, batch: Any,
+            share: ItemShare | None = None) -> torch.Tensor:
+    """The task's mean loss on ``batch`` (already on the model's device); with ``share``,
+    that mean weighed by the part's share of the global batch's counted items, times the
+    number of parts: so the mean of the parts' results is the global batch's loss."""
     inputs, target = split_target(task, batch)
-    output = call_model(model, task, inputs)
+    extra = {NUM_ITEMS: max(share.items, 1)} if share is not None and share.keyword else {}
     if task.loss is None:
-        return own_loss(task, output)
-    return task.loss(output, target)
+        args, kwargs = model_arguments(inputs, whole=True)
+        loss = own_loss(task, model(*args, **kwargs, **extra))
+    else:
+        loss = task.loss(call_model(model, task, inputs), target, **extra)
+    if share is None or share.total == 0:  # no counted item anywhere: as single does
+        return loss
+    if share.items == 0 and not bool(torch.isfinite(loss.detach())):
+        raise ValueError(
+            f"task {task.name!r}: a part of its global batch holds none of the items its "
+            "loss counts, and its mean over none is not a number; single, which sees the "
+            "whole batch, would not stop here. Let the model (or the loss) take "
+            f"{NUM_ITEMS} (a sum over the part divided by it), or use fewer micro-batches "
+            "or devices, so that no part is empty")
+    return loss * (share.items * share.parts / share.total)

@@ -12,8 +12,10 @@ from torch import nn
 
 __all__ = [
     "PRECISIONS",
+    "CollateFn",
     "DataFactory",
     "EvaluateFn",
+    "ItemCounter",
     "LossFn",
     "ModelFactory",
     "OptimizerFactory",
@@ -30,6 +32,12 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], "torch.optim.lr_scheduler.LRScheduler"]
 EvaluateFn = Callable[[nn.Module], Mapping[str, float]]
+# A list of data-set items -> a batch (torch's ``collate_fn``, e.g. a Hugging Face
+# ``DataCollatorWithPadding``).
+CollateFn = Callable[[list[Any]], Any]
+# A batch (as collated) -> how many items its loss is the mean of (e.g. tokens whose
+# label is not -100): ``dione.spec.batch.tokens`` and ``shifted_tokens`` are two.
+ItemCounter = Callable[[Any], "int | torch.Tensor"]
 
 # Autocast dtypes a task may train in; fp32 is no autocast.
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -52,13 +60,20 @@ class Task:
     ``model(*batch)`` for a tuple) and returns its own mean loss: a scalar tensor, or an
     output with ``.loss`` (a Hugging Face model given ``labels``).
 
-    Exactness holds for a loss that is a mean over *samples*. One averaged over counted
-    items that differ per sample (tokens, with padding labelled -100) is, on a share,
-    the mean over that share's tokens; the mean of the shares' means then differs from
-    the batch's token mean (measured on a padded GPT-2 batch: 4.88629 against 4.88412),
-    so data-parallel shares, pipeline micro-batches and accumulation all train slightly
-    differently from ``single``. Give every sample the same number of counted tokens
-    (pack or truncate, no -100 padding) where exactness matters.
+    A loss averaged over counted items that differ per sample (tokens, with padding
+    labelled -100) is exact too: dione counts the items of the whole global batch, and
+    weighs each share's, micro-batch's or accumulation part's mean loss by its share of
+    them, as Hugging Face's Trainer does with ``num_items_in_batch`` (a model or loss that
+    takes that keyword gets it as well, so a part with no counted item adds nothing).
+    What is counted: ``loss_items(batch)`` when given; for a Hugging Face model's own loss,
+    its labels that are not -100 (after the shift a causal LM applies); for a ``loss``
+    that takes ``num_items_in_batch``, the target's entries that are not -100; else every
+    sample counts once. Validation checks on a few samples that halves of a batch
+    combine to the whole batch's loss, and refuses a task whose loss they do not.
+
+    A technique that is not exact (``xpipe``: asynchronous) trains the task only if it
+    sets ``allow_inexact=True``; every slice records whether it trained exactly, and
+    reports mark a task any of whose steps did not.
 
     ``precision`` trains under autocast (``bf16``; ``fp16`` with a gradient scaler, on
     CUDA only); the weights and the optimizer stay in float32. ``clip_grad_norm`` clips
@@ -86,6 +101,11 @@ class Task:
     hyperparameters: Mapping[str, Any] = field(default_factory=dict)
     precision: str = "fp32"
     clip_grad_norm: float | None = None
+    collate_fn: CollateFn | None = None
+    loss_items: ItemCounter | None = None
+    allow_inexact: bool = False
+    refused_techniques: Mapping[str, str] = field(default_factory=dict, repr=False,
+                                                  compare=False)
 
     def total_steps(self, dataset_size: int) -> int:
         """Steps to train: ``steps`` as given, or ``epochs`` over a data set of that size."""
@@ -98,3 +118,11 @@ class Task:
     def allows(self, technique: str) -> bool:
         """Whether the task lets ``technique`` train it (no allowlist: every technique)."""
         return self.techniques is None or technique in self.techniques
+
+    def collate(self, items: list[Any]) -> Any:
+        """A batch of ``items``, as the task collates them."""
+        if self.collate_fn is not None:
+            return self.collate_fn(items)
+        from torch.utils.data._utils.collate import default_collate
+
+        return default_collate(items)  # type: ignore[no-untyped-call]

@@ -7,6 +7,11 @@ at any moment leaves a consistent store whose latest checkpoint is usable.
 A loss that is not finite ends its task as ``diverged``: the slice's metrics up to
 that step are kept (NaN as NULL), its checkpoint is not, and the task keeps its last
 finite checkpoint.
+
+Each slice records whether it trained as single would (``inexactness``: how it did not,
+under a technique the task allowed to be inexact). A pipeline's cut of a task into K
+stages is decided once, by its first slice at K stages, and kept (``cuts``), so every
+later slice, resume and re-plan of the task at K stages trains on the same stages.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from dione.state.sqlite import SQLiteFile
 __all__ = ["CheckpointRecord", "RunStore", "SliceRecord", "TaskRecord"]
 
 STORE_FILE = "dione.sqlite"
-# PRAGMA user_version of the schema below; older files are rebuilt to it on open.
-_VERSION = 1
+# PRAGMA user_version of the schema below; older files are brought to it on open.
+_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -61,7 +66,8 @@ CREATE TABLE IF NOT EXISTS slices (
     host TEXT NOT NULL,
     owner_pid INTEGER NOT NULL,
     timings TEXT,
-    peak_memory_bytes INTEGER
+    peak_memory_bytes INTEGER,
+    inexactness TEXT  -- NULL: trained as single would
 );
 CREATE TABLE IF NOT EXISTS metrics (
     task TEXT NOT NULL,
@@ -78,6 +84,13 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     slice_id INTEGER NOT NULL REFERENCES slices(id),
     created_at REAL NOT NULL,
     PRIMARY KEY (task, step)
+);
+CREATE TABLE IF NOT EXISTS cuts (
+    task TEXT NOT NULL,
+    stages INTEGER NOT NULL,
+    cut TEXT NOT NULL,  -- JSON: the blocks' names and each stage's [start, end)
+    slice_id INTEGER NOT NULL REFERENCES slices(id),
+    PRIMARY KEY (task, stages)
 );
 CREATE TABLE IF NOT EXISTS evaluations (
     task TEXT NOT NULL,
@@ -116,6 +129,7 @@ class SliceRecord:
     checkpoint: str | None
     timings: dict[str, float]
     peak_memory_bytes: int | None
+    inexactness: str | None = None  # how the slice did not train as single would
 
 
 @dataclass(frozen=True)
@@ -130,10 +144,29 @@ def _loss(value: float | None) -> float:
 
 
 def _migrate(db: sqlite3.Connection) -> None:
-    """Rebuild tables of a store written by an older dione (no ``diverged`` status, a
-    loss that could not be NaN) to the current schema, keeping every row."""
-    if db.execute("PRAGMA user_version").fetchone()[0] >= _VERSION:
+    """Bring a store written by an older dione to the current schema, keeping every row:
+    version 0 had no ``diverged`` status and a loss that could not be NaN (its tables
+    are rebuilt), version 1 no record of a slice's exactness (a column is added: its
+    slices trained exactly, or were xpipe's; see ``_old_inexactness``)."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version >= _VERSION:
         return
+    had = {row[1] for row in db.execute("PRAGMA table_info(slices)")}
+    if version < 1:
+        _rebuild_version_0(db)
+    if "inexactness" not in {row[1] for row in db.execute("PRAGMA table_info(slices)")}:
+        db.execute("ALTER TABLE slices ADD COLUMN inexactness TEXT")
+    if "inexactness" not in had:
+        db.execute("UPDATE slices SET inexactness = ? WHERE technique = 'xpipe'",
+                   (_OLD_XPIPE,))
+    db.execute(f"PRAGMA user_version={_VERSION}")
+
+
+# What a slice an older dione trained under xpipe is recorded as: asynchronous.
+_OLD_XPIPE = "xpipe is asynchronous (recorded by an older dione, which kept no detail)"
+
+
+def _rebuild_version_0(db: sqlite3.Connection) -> None:
     old = db.execute("SELECT sql FROM sqlite_master WHERE name = 'tasks'").fetchone()
     if old is not None and "diverged" not in old[0]:
         tables = ("tasks", "slices", "metrics")
@@ -148,7 +181,9 @@ def _migrate(db: sqlite3.Connection) -> None:
                 if any(f"EXISTS {table} (" in statement for table in tables):
                     db.execute(statement)
             for table in tables:
-                db.execute(f"INSERT INTO {table} SELECT * FROM old_{table}")
+                names = ", ".join(row[1] for row in db.execute(
+                    f"PRAGMA table_info(old_{table})"))
+                db.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM old_{table}")
             for table in reversed(tables):
                 db.execute(f"DROP TABLE old_{table}")
         except BaseException:
@@ -157,7 +192,6 @@ def _migrate(db: sqlite3.Connection) -> None:
         db.execute("COMMIT")
         db.execute("PRAGMA legacy_alter_table=OFF")
         db.execute("PRAGMA foreign_keys=ON")
-    db.execute(f"PRAGMA user_version={_VERSION}")
 
 
 class RunStore(SQLiteFile):
@@ -221,16 +255,18 @@ class RunStore(SQLiteFile):
     def begin_slice(
         self, task: str, technique: str, knobs: Mapping[str, Any], node: str,
         device_ids: Sequence[int], start_step: int, end_step: int,
+        inexactness: str | None = None,
     ) -> int:
-        """Record a slice as running; returns its id."""
+        """Record a slice as running; returns its id. ``inexactness``: how it will not
+        train as single would (None: it will)."""
         with self._transaction() as db:
             cursor = db.execute(
                 "INSERT INTO slices (task, technique, knobs, node, device_ids, start_step,"
-                " end_step, status, started_at, host, owner_pid)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?)",
+                " end_step, status, started_at, host, owner_pid, inexactness)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)",
                 (task, technique, json.dumps(dict(knobs), sort_keys=True), node,
                  json.dumps(list(device_ids)), start_step, end_step, time.time(),
-                 socket.gethostname(), os.getpid()),
+                 socket.gethostname(), os.getpid(), inexactness),
             )
             db.execute("UPDATE tasks SET status = 'running', error = NULL, updated_at = ?"
                        " WHERE name = ? AND status != 'done'", (time.time(), task))
@@ -329,8 +365,23 @@ class RunStore(SQLiteFile):
             json.loads(row["device_ids"]), row["start_step"], row["end_step"], row["status"],
             row["started_at"], row["ended_at"], row["error"],
             None if row["checkpoint"] is None else self._resolved(row["checkpoint"]),
-            json.loads(row["timings"] or "{}"), row["peak_memory_bytes"],
+            json.loads(row["timings"] or "{}"), row["peak_memory_bytes"], row["inexactness"],
         )
+
+    # -- pipeline cuts -----------------------------------------------------------------
+
+    def cut(self, task: str, stages: int) -> dict[str, Any] | None:
+        """The cut of ``task`` into ``stages`` pipeline stages its first such slice
+        decided (``{"names": [...], "bounds": [[start, end], ...]}``), if any."""
+        row = self._db.execute("SELECT cut FROM cuts WHERE task = ? AND stages = ?",
+                               (task, stages)).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
+    def keep_cut(self, task: str, stages: int, cut: Mapping[str, Any], slice_id: int) -> None:
+        """Keep ``cut`` as the task's cut into ``stages`` stages, unless one is kept."""
+        with self._transaction() as db:
+            db.execute("INSERT OR IGNORE INTO cuts VALUES (?, ?, ?, ?)",
+                       (task, stages, json.dumps(dict(cut), sort_keys=True), slice_id))
 
     # -- metrics, checkpoints, evaluations ---------------------------------------------
 

@@ -5,6 +5,7 @@ from dione.techniques.context import SliceContext
 from dione.techniques.ddp import DDP
 from dione.techniques.fsdp import FSDP
 from dione.techniques.pipeline import GPipe, OneFOneB, PipelineTechnique
+from dione.techniques.pipeline_probe import pipeline_refusals, with_refusals
 from dione.techniques.registry import get_technique, register, technique_names, techniques
 from dione.techniques.single import Single
 from dione.techniques.xpipe import XPipe
@@ -30,7 +31,9 @@ __all__ = [
     "TechniqueError",
     "XPipe",
     "get_technique",
+    "pipeline_refusals",
     "register",
     "technique_names",
     "techniques",
+    "with_refusals",
 ]

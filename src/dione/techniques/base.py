@@ -52,6 +52,9 @@ class SliceSpec:
     # failure, as on a GPU), and whether to time a load of the checkpoint just saved.
     memory_cap_bytes: int | None = None
     probe_load: bool = False
+    # A pipeline's cut of the task into this many stages, as its first slice at that
+    # many decided it (``RunStore.cut``); None: decide it now.
+    cut: Mapping[str, Any] | None = None
 
     @property
     def world(self) -> int:
@@ -84,6 +87,8 @@ class Technique(ABC):
     """
 
     name: ClassVar[str]
+    # Whether every knob setting reproduces single's training (``inexactness`` says how
+    # a setting does not); a task trains under an inexact one only if it opts in.
     exact: ClassVar[bool] = True
     knobs: ClassVar[Mapping[str, Any]] = {}
     # Whether train() needs torch.distributed initialised even on one device (FSDP's
@@ -107,6 +112,12 @@ class Technique(ABC):
         if not task.allows(self.name):
             allowed = ", ".join(task.techniques or ())
             reasons.append(f"task {task.name!r} allows only: {allowed}")
+        inexact = self.inexactness(self.resolve(knobs))
+        if inexact is not None and not task.allow_inexact:
+            reasons.append(f"{inexact}; task {task.name!r} trains only as single would "
+                           "unless it sets allow_inexact=True")
+        if self.name in task.refused_techniques:
+            reasons.append(task.refused_techniques[self.name])
         for knob, value in knobs.items():
             if knob not in self.knobs:
                 known = ", ".join(self.knobs) or "none"
@@ -122,6 +133,11 @@ class Technique(ABC):
         if problem is not None:
             reasons.append(problem)
         return reasons
+
+    def inexactness(self, knobs: Knobs) -> str | None:
+        """How training under this technique with ``knobs`` (resolved) departs from
+        single's, beyond floating-point reduction order (None: it does not)."""
+        return None if self.exact else f"{self.name} is not exact"
 
     def lighter(self, knobs: Knobs) -> list[dict[str, Any]]:
         """Settings that must have run out of memory before ``knobs`` is worth a trial:

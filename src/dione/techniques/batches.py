@@ -128,9 +128,11 @@ def _seeded_generators() -> Iterator[Callable[[int], None]]:
             numpy.random.set_state(numpy_state)
 
 
-def _fetch(dataset: Dataset[Any], indices: torch.Tensor, seed: int, first: int) -> Batch:
-    """The items at ``indices`` (stream positions ``first``, ``first + 1``, ...), collated."""
-    if isinstance(dataset, TensorDataset):  # no draws: one gather
+def _fetch(dataset: Dataset[Any], indices: torch.Tensor, seed: int, first: int,
+           collate: Callable[[list[Any]], Batch] | None = None) -> Batch:
+    """The items at ``indices`` (stream positions ``first``, ``first + 1``, ...), collated
+    (by ``collate``, default torch's ``default_collate``)."""
+    if isinstance(dataset, TensorDataset) and collate is None:  # no draws: one gather
         return tuple(t[indices] for t in dataset.tensors)
     getitems = getattr(dataset, "__getitems__", None)
     if isinstance(dataset, Subset) and not hasattr(dataset.dataset, "__getitems__"):
@@ -144,6 +146,8 @@ def _fetch(dataset: Dataset[Any], indices: torch.Tensor, seed: int, first: int) 
             for offset, index in enumerate(indices.tolist()):
                 seed_all(item_seed(seed, first + offset))
                 items.append(dataset[index])
+    if collate is not None:
+        return collate(items)
     return default_collate(items)  # type: ignore[no-untyped-call]
 
 
@@ -151,7 +155,8 @@ class BatchSource:
     """Rank ``rank``'s contiguous share of each global batch of a task."""
 
     def __init__(
-        self, dataset: Dataset[Any], batch_size: int, seed: int, rank: int = 0, world: int = 1
+        self, dataset: Dataset[Any], batch_size: int, seed: int, rank: int = 0, world: int = 1,
+        collate: Callable[[list[Any]], Batch] | None = None,
     ) -> None:
         problem = split_problem(batch_size, world, "ranks")
         if problem is not None:
@@ -160,6 +165,7 @@ class BatchSource:
         self.batch_size = batch_size
         self.share = batch_size // world
         self.rank = rank
+        self.collate = collate  # a task's collate_fn (None: torch's default_collate)
         self.order = SampleOrder(len(dataset), seed)  # type: ignore[arg-type]
 
     def batch(self, step: int, part: int = 0, parts: int = 1) -> Batch:
@@ -170,10 +176,11 @@ class BatchSource:
             raise ValueError(f"rank {self.rank}'s share: {problem}")
         size = self.share // parts
         start = step * self.batch_size + self.rank * self.share + part * size
-        return _fetch(self.dataset, self.order.indices(start, size), self.order.seed, start)
+        return _fetch(self.dataset, self.order.indices(start, size), self.order.seed, start,
+                      self.collate)
 
     def global_batch(self, step: int) -> Batch:
         """The whole global batch ``step`` (what single-device training sees)."""
         start = step * self.batch_size
         return _fetch(self.dataset, self.order.indices(start, self.batch_size),
-                      self.order.seed, start)
+                      self.order.seed, start, self.collate)

@@ -9,6 +9,12 @@ after the other, their gradients summed (each part's loss divided by the number 
 parts), and the ranks synchronise gradients only after the last part. The global
 batch, and so the training, is unchanged; activations are held for one part at a
 time, so memory falls as the knob rises.
+
+A loss averaged over counted items (tokens) is weighed part by part
+(``dione.spec.batch.ItemShare``): each rank counts the items of its parts, one
+all-reduce of a number per step gives the global batch's count, and each part's mean is
+scaled by its share of it, so the averaged gradient is the global batch's, as on one
+device.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from dione.spec.batch import loss_of
+from dione.spec.batch import ItemCounting, ItemShare, item_counting, loss_of
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceOutcome, Technique
@@ -78,22 +85,40 @@ class DataParallelTechnique(Technique):
             lighter.append({**knobs, "accumulation": parts // 2})
         return lighter
 
+    @staticmethod
+    def item_shares(ctx: SliceContext, counting: ItemCounting | None, batches: list[Any],
+                    parts: int) -> list[ItemShare | None]:
+        """Each part's share of the global batch's counted items (None each: the loss
+        counts samples); the count is summed over ranks."""
+        if counting is None:
+            return [None] * len(batches)
+        counts = [counting.count(batch) for batch in batches]
+        total = torch.tensor(sum(counts), dtype=torch.int64, device=ctx.device)
+        if ctx.world > 1:
+            dist.all_reduce(total)
+        return [ItemShare(n, int(total), ctx.world * parts, counting.keyword) for n in counts]
+
     def train(self, ctx: SliceContext) -> SliceOutcome:
         task, spec = ctx.task, ctx.spec
         parts = int(ctx.knobs.get("accumulation", 1))
-        source = BatchSource(ctx.dataset, task.batch_size, task.seed, ctx.rank, ctx.world)
+        source = BatchSource(ctx.dataset, task.batch_size, task.seed, ctx.rank, ctx.world,
+                             task.collate_fn)
         ctx.timings["data_ready"] = time.perf_counter()
-        model = self.wrap(ctx.build_model(), ctx)
+        bare = ctx.build_model()
+        counting = item_counting(task, bare) if ctx.world * parts > 1 else None
+        model = self.wrap(bare, ctx)
         optimizer, scheduler = ctx.start_training(model)
         for step in range(spec.start_step, spec.end_step):
             optimizer.zero_grad(set_to_none=True)
             total = torch.zeros((), device=ctx.device)
-            for part in range(parts):
-                batch = ctx.to_device(source.batch(step, part, parts))
+            batches = [source.batch(step, part, parts) for part in range(parts)]
+            shares = self.item_shares(ctx, counting, batches, parts)
+            for part, batch in enumerate(batches):
+                batch = ctx.to_device(batch)
                 sync = part == parts - 1
                 with (contextlib.nullcontext() if sync else self.without_sync(model)):
                     with ctx.autocast():
-                        loss = loss_of(model, task, batch)
+                        loss = loss_of(model, task, batch, shares[part])
                     ctx.backward(loss / parts if parts > 1 else loss)
                 total = total + loss.detach().float()
             ctx.apply_update(optimizer, model.parameters())

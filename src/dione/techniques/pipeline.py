@@ -18,9 +18,10 @@ the model's own (a Hugging Face model given ``labels``).
 
 Each step splits the global batch into ``micro_batches`` equal micro-batches; the loss
 of each is its mean, and the schedule divides the accumulated gradients by their
-number, so every step applies the global batch's mean gradient, as on one device. (A
-loss that averages over counted tokens, as HF's does with ``-100`` labels, is the global
-mean only when every micro-batch counts as many tokens.)
+number, so every step applies the global batch's mean gradient, as on one device. A
+loss that averages over counted tokens (HF's, with ``-100`` labels) is weighed micro-batch
+by micro-batch by its share of the batch's tokens (``dione.spec.batch.ItemShare``), so
+the same holds for it.
 
 A weight two stages use (tied embeddings) is kept by both; its gradients are summed on
 the first of them, which steps it and sends the new value to the others
@@ -95,7 +96,8 @@ from dione.techniques.stages import (
 )
 
 __all__ = ["ActionLog", "GPipe", "OneFOneB", "PipelineStagePart", "PipelineTechnique",
-           "block_times", "keep_stage", "layer_times", "on_one_clock", "tensor_starts"]
+           "block_times", "cut_record", "keep_stage", "kept_partition", "layer_times",
+           "on_one_clock", "tensor_starts"]
 
 BALANCES = ("parameters", "time")
 
@@ -305,6 +307,19 @@ class ActionLog:
                 f"(action {first}); no timeline kept")
 
 
+def kept_partition(cut: Mapping[str, Any], plan: StagePlan, stages: int,
+                   task: str) -> Partition:
+    """A cut kept in the run store, checked against the model it is to cut now."""
+    partition = Partition(tuple(cut["names"]), tuple(tuple(b) for b in cut["bounds"]))
+    if partition.names != tuple(plan.blocks) or partition.stages != stages:
+        raise PartitionError(
+            f"task {task!r}: its kept cut into {partition.stages} stages is of the blocks "
+            f"{', '.join(partition.names)}, but its model now has {', '.join(plan.blocks)}: "
+            "the model changed since its first slice; train the changed model in a new run "
+            "directory")
+    return partition
+
+
 class PipelineTechnique(Technique):
     """One stage per device; subclasses choose the torch schedule and its data twin."""
 
@@ -313,6 +328,9 @@ class PipelineTechnique(Technique):
     knobs: ClassVar[Mapping[str, Any]] = {
         "micro_batches": 4, "activation_checkpointing": False, "balance": "parameters"}
     torch_schedule: ClassVar[str]
+    # Whether every step's batch must have the first step's shapes (torch's pipeline
+    # runtime fixes each stage's input and output shapes once).
+    fixed_shapes: ClassVar[bool] = True
 
     def schedule(self, stages: int, micro_batches: int, minibatches: int = 1) -> Schedule:
         """The schedule as data, for the simulator."""
@@ -398,8 +416,12 @@ class PipelineTechnique(Technique):
 
     def _partition(self, model: nn.Module, plan: StagePlan, ctx: SliceContext,
                    sample: Any) -> tuple[Partition, str | None]:
-        """The cut every rank agrees on, and a note when ``balance=time`` fell back."""
+        """The cut every rank agrees on: the task's kept cut into this many stages (its
+        first such slice decided it), else one decided now; and a note when
+        ``balance=time`` fell back to parameters."""
         task, micro = ctx.task, ctx.knobs["micro_batches"]
+        if ctx.spec.cut is not None:
+            return kept_partition(ctx.spec.cut, plan, ctx.world, task.name), None
         starts = tensor_starts(model, task, sample) if plan.sequential else None
         if ctx.knobs["balance"] == "parameters":
             return partition_model(model, ctx.world, task.name, split_points=task.split_points,
@@ -484,7 +506,7 @@ class PipelineTechnique(Technique):
 
         task, spec = ctx.task, ctx.spec
         last = ctx.rank == ctx.world - 1
-        source = BatchSource(ctx.dataset, task.batch_size, task.seed)
+        source = BatchSource(ctx.dataset, task.batch_size, task.seed, collate=task.collate_fn)
         ctx.timings["data_ready"] = time.perf_counter()
         part = self.build_stage(ctx, source)
         model = part.model
@@ -501,7 +523,9 @@ class PipelineTechnique(Technique):
         # Sample positions, split like the batch: the target torch hands the loss (unused).
         rows = torch.arange(task.batch_size, device=ctx.device)
         for step in range(spec.start_step, spec.end_step):
-            fields, _ = batch_fields(ctx.to_device(source.global_batch(step)))
+            batch = source.global_batch(step)
+            part.module.count_items(batch, ctx.knobs["micro_batches"])
+            fields, _ = batch_fields(ctx.to_device(batch))
             optimizer.zero_grad(set_to_none=True)
             micro_losses: list[torch.Tensor] = []
             try:
@@ -529,6 +553,7 @@ class PipelineTechnique(Technique):
         outcome = ctx.outcome(checkpoint, loss_ranks=[ctx.world - 1])
         outcome.extra["stages"] = [part.partition.describe(k)
                                    for k in range(part.partition.stages)]
+        outcome.extra["cut"] = cut_record(part.partition)
         outcome.extra.update(part.notes)
         steps = spec.end_step - spec.start_step
         mismatch = log.matches(self.schedule(ctx.world, ctx.knobs["micro_batches"], steps),
@@ -544,6 +569,11 @@ class PipelineTechnique(Technique):
             outcome.extra["spans"] = on_one_clock([o for o, _, _ in gathered],
                                                   [s for _, s, _ in gathered])
         return outcome
+
+
+def cut_record(partition: Partition) -> dict[str, Any]:
+    """A cut as the run store keeps it (``RunStore.keep_cut``)."""
+    return {"names": list(partition.names), "bounds": [list(b) for b in partition.bounds]}
 
 
 def _its_own_loss(output: torch.Tensor, target: Any) -> torch.Tensor:

@@ -36,7 +36,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from dione.schedules import Partition, PartitionError
 from dione.schedules.stage_plan import StagePlan
-from dione.spec.batch import loss_of
+from dione.spec.batch import ItemCounting, item_counting, loss_of
 from dione.spec.task import Task
 
 __all__ = ["Absent", "SharedWeight", "StageModule", "batch_fields", "cut_stage", "meta_twin",
@@ -51,7 +51,33 @@ class StageHandoff(Exception):
         self.hidden = hidden
 
 
-class Absent(nn.Module):
+class _Twinned(nn.Module):
+    """A stand-in for a module another stage runs, keeping a copy of it on the meta
+    device (not a child: its weights stay out of the stage), so that the model's forward
+    may still read its attributes: a ViT's forward asks its embeddings' projection for
+    its dtype on every stage. Reading a value, or running the twin, still fails (on the
+    meta device), and ``dione validate`` says so for the pipelines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.__dict__["_twin"] = None
+
+    def twin_with(self, twin: nn.Module) -> None:
+        """Answer reads of attributes it lacks from ``twin`` (set once its own tensors are
+        registered: registering checks that no attribute of the name exists)."""
+        self.__dict__["_twin"] = twin
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            twin = self.__dict__.get("_twin")
+            if twin is None:
+                raise
+            return getattr(twin, name)
+
+
+class Absent(_Twinned):
     """A block another stage runs: passes its first argument on (its output is replaced
     at this stage's first block anyway); holds the weights this stage shares with it."""
 
@@ -59,12 +85,9 @@ class Absent(nn.Module):
         return args[0] if args else kwargs.get("hidden_states")
 
 
-class _Before(nn.Module):
-    """A module before the blocks that an earlier stage runs: NaN of its output's shape."""
-
-    def __init__(self, twin: nn.Module) -> None:
-        super().__init__()
-        self.__dict__["_twin"] = twin  # not a child: its meta weights stay out of the stage
+class _Before(_Twinned):
+    """A module before the blocks that an earlier stage runs: NaN of its output's shape
+    (its twin's, run on the meta device)."""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         device = next((t.device for t in tree_flatten((args, kwargs))[0]
@@ -191,7 +214,9 @@ def _hidden_of(output: Any, whole: bool) -> torch.Tensor:
     if not isinstance(hidden, torch.Tensor):
         raise RuntimeError(f"a pipeline stage would hand on a {type(output).__name__}; "
                            "stages send tensors only, so no cut may follow this layer")
-    return hidden
+    # Sent as it is laid out in memory: a channels_last (or any strided) hidden state
+    # goes contiguous, which the receiving stage's buffer is.
+    return hidden.contiguous()
 
 
 class StageModule(nn.Module):
@@ -213,12 +238,24 @@ class StageModule(nn.Module):
         self.verify = True
         self.unchecked = 0
         self._incoming: torch.Tensor | None = None
+        # A loss averaged over counted items: each micro-batch's mean is weighed by its
+        # share of the mini-batch's items (``count_items`` sets the mini-batch's).
+        self.counting: ItemCounting | None = (
+            item_counting(task, model) if self.last and partition.stages > 1 else None)
+        self.items_total = 0
+        self.parts = 1
         blocks = partition.layers(stage)
         self._entry, self._exit = blocks[0], blocks[-1]
         if not self.first:
             model.get_submodule(blocks[0]).register_forward_pre_hook(self._enter, with_kwargs=True)
         if not self.last:
             model.get_submodule(blocks[-1]).register_forward_hook(self._leave)
+
+    def count_items(self, batch: Any, parts: int) -> None:
+        """Before a mini-batch's micro-batches run: the items ``batch`` (the whole
+        mini-batch) counts, and into how many micro-batches it is split."""
+        if self.counting is not None:
+            self.items_total, self.parts = self.counting.count(batch), parts
 
     def _enter(self, module: nn.Module, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -236,9 +273,11 @@ class StageModule(nn.Module):
     def forward(self, *received: torch.Tensor, **fields: torch.Tensor) -> torch.Tensor:
         batch = tree_unflatten([fields[f"batch_{i}"] for i in range(len(fields))], self.spec)
         self._incoming = None if self.first else received[0]
+        share = (None if self.counting is None
+                 else self.counting.share(batch, self.items_total, self.parts))
         try:
             with self.autocast():
-                loss = loss_of(self.model, self.task, batch)
+                loss = loss_of(self.model, self.task, batch, share)
         except StageHandoff as handoff:
             hidden = handoff.hidden
             if self.verify:
@@ -288,6 +327,7 @@ def cut_stage(model: nn.Module, plan: StagePlan, partition: Partition, stage: in
         if path not in mine:
             absent = Absent()
             _hold(absent, modules[path], used)
+            absent.twin_with(meta_twin(modules[path]))
             replacements.append((path, absent))
     last = partition.stages - 1
     for paths, runs_here, before in ((plan.first, stage == 0, True),
@@ -295,8 +335,10 @@ def cut_stage(model: nn.Module, plan: StagePlan, partition: Partition, stage: in
         if runs_here:
             continue
         for path in paths:
-            stub: nn.Module = _Before(meta_twin(modules[path])) if before else _After(path, stage)
+            stub: nn.Module = _Before() if before else _After(path, stage)
             _hold(stub, modules[path], used)
+            if isinstance(stub, _Before):
+                stub.twin_with(meta_twin(modules[path]))
             replacements.append((path, stub))
     for path, new in replacements:
         _replace(model, path, new)

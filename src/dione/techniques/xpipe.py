@@ -66,7 +66,7 @@ from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceOutcome
 from dione.techniques.batches import BatchSource, slice_batch
 from dione.techniques.context import SliceContext
-from dione.techniques.pipeline import PipelineTechnique, on_one_clock
+from dione.techniques.pipeline import PipelineTechnique, cut_record, on_one_clock
 from dione.techniques.prediction import predict_weights, prediction_problem
 from dione.techniques.stage_build import build_structure
 from dione.techniques.stages import batch_fields
@@ -123,7 +123,9 @@ class _Links:
         peer = self._peer(message)
         if message.kind == "gradient":
             assert like is not None
-            buffer = torch.empty_like(like)
+            # Contiguous, as the sender sends it: ``empty_like`` would keep the strides of
+            # a channels_last activation, and NCCL would fill it in the wrong order.
+            buffer = torch.empty(like.shape, dtype=like.dtype, device=like.device)
         else:
             buffer = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
         self.posted[message] = (dist.irecv(buffer, peer), buffer)
@@ -151,6 +153,8 @@ def _norm(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float
 class XPipe(PipelineTechnique):
     name = "xpipe"
     exact = False
+    # Each activation travels with its shape: mini-batches may differ in shape.
+    fixed_shapes = False
     knobs: ClassVar[Mapping[str, Any]] = {
         "micro_batches": 4, "prediction": True, "stashing": True, "balance": "parameters",
         "log_prediction": False}
@@ -160,6 +164,16 @@ class XPipe(PipelineTechnique):
 
     def rank_role(self, rank: int, world: int) -> str:
         return f"xpipe stage {rank} of {world}"
+
+    def inexactness(self, knobs: Knobs) -> str | None:
+        if knobs.get("prediction", True):
+            how = ("each mini-batch runs on weights predicted from the optimizer's state, "
+                   "not on those synchronous training would use (XPipe weight prediction)")
+        elif knobs.get("stashing", True):
+            how = "each mini-batch runs on weights up to s updates stale (weight stashing)"
+        else:
+            how = "each forward and backward runs on the stage's weights of the moment (stale)"
+        return f"xpipe is asynchronous: {how}"
 
     def check(self, task: Task, devices: int, knobs: Knobs, kind: DeviceKind) -> list[str]:
         reasons = super().check(task, devices, knobs, kind)
@@ -204,7 +218,7 @@ class XPipe(PipelineTechnique):
         first, last = stage == 0, stage == stages - 1
         micro_batches = int(knobs["micro_batches"])
         minibatches = spec.end_step - spec.start_step
-        source = BatchSource(ctx.dataset, task.batch_size, task.seed)
+        source = BatchSource(ctx.dataset, task.batch_size, task.seed, collate=task.collate_fn)
         ctx.timings["data_ready"] = time.perf_counter()
         part = self.build_stage(ctx, source)
         model, partition, module = part.model, part.partition, part.module
@@ -227,6 +241,7 @@ class XPipe(PipelineTechnique):
         outgoing: dict[Message, torch.Tensor] = {}
         arrived: dict[Message, torch.Tensor] = {}
         chunks: dict[int, list[dict[str, torch.Tensor]]] = {}
+        totals: dict[int, int] = {}  # each mini-batch's counted items (a counted loss)
         micro_losses: dict[int, list[torch.Tensor]] = {}
         versions: list[tuple[int, int, int]] = []  # (mini-batch, version seen, s predicted)
         prediction_log: list[tuple[int, int, float, float]] = []
@@ -237,7 +252,11 @@ class XPipe(PipelineTechnique):
         def chunk(i: int) -> list[dict[str, torch.Tensor]]:
             """Mini-batch i's micro-batches, as the fields every stage's module takes."""
             if i not in chunks:
-                batch = ctx.to_device(source.global_batch(spec.start_step + i))
+                batch = source.global_batch(spec.start_step + i)
+                if module.counting is not None:
+                    module.count_items(batch, micro_batches)
+                    totals[i] = module.items_total
+                batch = ctx.to_device(batch)
                 size = task.batch_size // micro_batches
                 chunks[i] = [batch_fields(slice_batch(batch, j * size, (j + 1) * size))[0]
                              for j in range(micro_batches)]
@@ -274,9 +293,12 @@ class XPipe(PipelineTechnique):
             if not first:
                 received = arrived.pop(Message("activation", u, stage - 1))
                 args = (received.requires_grad_(received.is_floating_point()),)
+            fields = chunk(i)[j]
+            if i in totals:  # the micro-batch's mean weighed within its own mini-batch
+                module.items_total = totals[i]
             # The module holds the cut model as "model": its weights by those names.
             out = functional_call(module, {f"model.{n}": w for n, w in weights[i].items()},
-                                  args, chunk(i)[j])
+                                  args, fields)
             if last:  # the module returned the micro-batch's loss
                 loss = out
                 micro_losses.setdefault(i, []).append(loss.detach().float())
@@ -321,6 +343,7 @@ class XPipe(PipelineTechnique):
             optimizer.zero_grad(set_to_none=True)
             updates += 1
             chunks.pop(i, None)
+            totals.pop(i, None)
             ctx.step_done(torch.stack(micro_losses.pop(i)).mean() if last else None, scheduler)
             return began
 
@@ -351,6 +374,7 @@ class XPipe(PipelineTechnique):
         outcome.extra.update(part.notes)
         outcome.extra.update(
             stages=[partition.describe(k) for k in range(partition.stages)],
+            cut=cut_record(partition),
             micro_batches=micro_batches,
             versions=[r["versions"] for r in gathered],
             prediction=[r["prediction"] for r in gathered],

@@ -24,13 +24,17 @@ from dione.zoo.text import VOCAB_SIZE, stdlib_text
 __all__ = [
     "CLASSIFIED_MODULES",
     "DictDataset",
+    "RaggedWindows",
     "bert_tiny",
     "classification_accuracy",
     "gpt2_tiny",
+    "llama_tiny",
     "lm_data",
     "lm_validation_loss",
     "logits_cross_entropy",
     "module_data",
+    "pad_to_longest",
+    "padded_lm_data",
 ]
 
 # The standard-library modules whose windows the classifier tells apart.
@@ -75,6 +79,54 @@ def lm_data(context: int = 32, validation: bool = False) -> DictDataset:
                         "labels": windows.clone()})
 
 
+def _random_windows(count: int, context: int, shortest: int, seed: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` windows of the text, and a random length for each in [shortest, context]."""
+    ids = _tokens(stdlib_text())
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(ids) - context, (count,), generator=generator)
+    lengths = torch.randint(shortest, context + 1, (count,), generator=generator)
+    return ids[starts[:, None] + torch.arange(context)], lengths
+
+
+@functools.cache
+def padded_lm_data(context: int = 32, count: int = 512, shortest: int = 8) -> DictDataset:
+    """Language-model windows cut to random lengths, right-padded to ``context`` as a
+    tokenizer with ``padding="max_length"`` pads them: pad id 0, ``attention_mask`` 0 and
+    ``labels`` -100 on the padding, so a token-averaged loss counts different numbers of
+    tokens in different samples."""
+    windows, lengths = _random_windows(count, context, shortest, seed=11)
+    mask = (torch.arange(context)[None] < lengths[:, None]).long()
+    ids = windows * mask
+    return DictDataset({"input_ids": ids, "attention_mask": mask,
+                        "labels": ids.masked_fill(mask == 0, -100)})
+
+
+class RaggedWindows(Dataset[dict[str, torch.Tensor]]):
+    """Language-model windows of random lengths, unpadded (a tokenizer's output before
+    its collator): batch them with a collator such as ``pad_to_longest``."""
+
+    def __init__(self, context: int = 32, count: int = 512, shortest: int = 8) -> None:
+        self.windows, self.lengths = _random_windows(count, context, shortest, seed=13)
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        ids = self.windows[index, : int(self.lengths[index])]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+def pad_to_longest(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Dynamic padding, as ``DataCollatorWithPadding`` does it: each batch right-padded to
+    its longest item (pad id 0, ``attention_mask`` 0, ``labels`` -100)."""
+    longest = max(len(item["input_ids"]) for item in items)
+    fill = {"input_ids": 0, "attention_mask": 0, "labels": -100}
+    return {name: torch.stack([nn.functional.pad(item[name], (0, longest - len(item[name])),
+                                                 value=value) for item in items])
+            for name, value in fill.items()}
+
+
 @functools.cache
 def module_data(context: int = 32, validation: bool = False) -> DictDataset:
     """Which standard-library module a window comes from (``labels``: its index in
@@ -102,6 +154,16 @@ def gpt2_tiny(context: int = 32, layers: int = 2, width: int = 64, tied: bool = 
                         attn_pdrop=dropout, bos_token_id=0, eos_token_id=0,
                         tie_word_embeddings=tied)
     return GPT2LMHeadModel(config)
+
+
+def llama_tiny(context: int = 32, layers: int = 2, width: int = 32) -> nn.Module:
+    """A Llama-style causal language model over bytes (RMSNorm, rotary positions, SwiGLU)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=width, intermediate_size=2 * width,
+                         num_hidden_layers=layers, num_attention_heads=2,
+                         num_key_value_heads=2, max_position_embeddings=context)
+    return LlamaForCausalLM(config)
 
 
 def bert_tiny(classes: int = len(CLASSIFIED_MODULES), context: int = 32, layers: int = 2,

@@ -17,8 +17,9 @@ __all__ = ["command"]
 def command(args: argparse.Namespace) -> int:
     from dione.launch.slice import SliceError, local_placement, run_slice
     from dione.spec.cluster import ClusterError, Node, local_cluster
-    from dione.spec.validate import WorkloadError, check_task
-    from dione.techniques import get_technique, technique_names
+    from dione.spec.validate import WorkloadError
+    from dione.techniques import get_technique
+    from dione.techniques.validation import valid_task
 
     workload = load(args.workload)
     try:
@@ -36,7 +37,7 @@ def command(args: argparse.Namespace) -> int:
     count = asked.devices
     # The batch split is the technique's to judge (below): a pipeline splits into
     # micro-batches, not into one share per device.
-    problems = check_task(task, None, technique_names(), asked.kind)
+    task, problems = valid_task(task, asked.kind)
     if problems:
         raise BadInput(str(WorkloadError(problems)))
     node = local_cluster().nodes[0]

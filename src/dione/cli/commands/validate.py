@@ -13,16 +13,24 @@ __all__ = ["command"]
 
 def command(args: argparse.Namespace) -> int:
     from dione.spec.cluster import ClusterError, local_cluster
-    from dione.spec.validate import WorkloadError, validate_workload
-    from dione.techniques import technique_names
+    from dione.spec.validate import WorkloadError
+    from dione.techniques.validation import valid_tasks
 
     workload = load(args.workload)
     try:
         devices = local_cluster(args.devices).nodes[0].devices if args.devices else None
     except ClusterError as err:
         raise BadInput(str(err)) from None
-    problems = validate_workload(workload, devices, technique_names())
+    tasks, problems = valid_tasks(workload, devices)
     if problems:
         raise BadInput(str(WorkloadError(problems)))
     console.print(f"{args.workload}: {len(workload)} task(s), no problems")
+    # What will not train a task that is otherwise fine: said per reason, tasks grouped.
+    refused: dict[tuple[str, str], list[str]] = {}
+    for task in tasks:
+        for technique, reason in task.refused_techniques.items():
+            why = reason.replace(f"task {task.name!r}: ", "")
+            refused.setdefault((technique, why), []).append(task.name)
+    for (technique, why), names in refused.items():
+        console.print(f"  {technique} will not train {', '.join(names)}: {why}")
     return 0

@@ -1,0 +1,143 @@
+"""Try a task's pipelines before anything starts: on a few real batches, in one process.
+
+A pipeline may accept a task it cannot train: batches whose shape changes from step to
+step (a collator that pads each batch to its longest sequence) break torch's pipeline
+runtime, which fixes each stage's shapes at the first step; a model whose forward reads
+into a module another stage holds (a ViT reads its patch embeddings' weights on every
+stage) breaks a stage that does not hold it. So the task's stages are run here, on the
+CPU, one after the other on a two-sample micro-batch, each stage cut from a copy of the
+whole model (``dione.techniques.stages``, the code every rank runs), and the last
+stage's loss compared with the whole model's:
+
+    whole model ─► loss                    ┐
+    stage 0 ─► hidden ─► stage 1 ─► loss   ┘ equal, or the pipelines are refused
+
+What fails becomes ``Task.refused_techniques`` (technique -> the reason), which every
+technique's ``check`` reports: the profiler then leaves those techniques out with the
+reason, and ``dione validate`` names them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from dione.schedules import PartitionError
+from dione.schedules.partition import partition_model, stage_plan
+from dione.spec.batch import loss_of
+from dione.spec.task import Task
+from dione.techniques.batches import BatchSource, slice_batch
+from dione.techniques.pipeline import PipelineTechnique
+from dione.techniques.registry import techniques
+from dione.techniques.stages import StageModule, batch_fields, cut_stage
+
+__all__ = ["pipeline_refusals", "with_refusals"]
+
+# A model up to this size is built for real and run stage by stage (as validation does).
+_PROBE_BYTES = 1 << 30
+# Batches compared for their shapes (a batch a collator pads is as long as its longest).
+_SHAPE_BATCHES = 3
+
+
+def _shapes(batch: Any) -> list[tuple[int, ...]]:
+    return [tuple(t.shape) for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor)]
+
+
+def _varying_shapes(task: Task, source: BatchSource, dataset_size: int) -> str | None:
+    """Why the task's batches do not all have one shape (None: the first few do)."""
+    steps = min(_SHAPE_BATCHES, max(1, dataset_size // task.batch_size))
+    seen = [_shapes(source.global_batch(step)) for step in range(steps)]
+    for step, shapes in enumerate(seen[1:], 1):
+        if shapes != seen[0]:
+            return (f"task {task.name!r}: its batches change shape from step to step "
+                    f"({seen[0]} at step 0, {shapes} at step {step}: a collator that pads "
+                    "each batch to its longest item?), and this pipeline's stages exchange "
+                    "tensors of the shape they had at the first step; pad every batch to "
+                    "one length (e.g. padding='max_length'), or use another technique")
+    return None
+
+
+def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
+    """Why the task's model, cut into two stages and run stage by stage on ``batch``,
+    does not give the whole model's loss (None: it does)."""
+    try:
+        plan = stage_plan(model, task.name)
+        partition = partition_model(model, 2, task.name, split_points=task.split_points)
+    except PartitionError:
+        return None  # each technique's own check says why it cannot cut the model
+    model.eval()  # no dropout: the stages must give the whole model's loss exactly
+    with torch.no_grad():
+        whole = float(loss_of(model, task, batch))
+        _, structure = batch_fields(batch)
+        fields, _ = batch_fields(batch)
+        received: tuple[torch.Tensor, ...] = ()
+        for stage in range(partition.stages):
+            cut = cut_stage(copy.deepcopy(model), plan, partition, stage)
+            module = StageModule(cut, task, plan, partition, stage, structure,
+                                 contextlib.nullcontext)
+            try:
+                out = module(*received, **fields)
+            except Exception as err:
+                return (f"task {task.name!r}: its model cut into pipeline stages fails on "
+                        f"stage {stage} ({partition.describe(stage)}): {type(err).__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else ''} (its forward may "
+                        "read into a module another stage holds); use another technique, or "
+                        "describe the model's stages (dione.schedules.stage_plan)")
+            received = (out,)
+    staged = float(received[0])
+    if not math.isclose(staged, whole, rel_tol=1e-5, abs_tol=1e-7):
+        return (f"task {task.name!r}: its model cut into pipeline stages gives the loss "
+                f"{staged:.6g} where the whole model gives {whole:.6g} on the same samples: "
+                "its forward computes something outside its blocks that the stages do not "
+                "reproduce; use another technique, or describe the model's stages "
+                "(dione.schedules.stage_plan)")
+    return None
+
+
+def pipeline_refusals(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
+                      ) -> dict[str, str]:
+    """Pipeline techniques (default: every registered one the task allows) that cannot
+    train ``task``, with why: tried on its first batches, in this process, on the CPU."""
+    if pipelines is None:
+        pipelines = [t for t in techniques() if isinstance(t, PipelineTechnique)
+                     and task.allows(t.name) and (t.exact or task.allow_inexact)]
+    if not pipelines:
+        return {}
+    dataset: Any = task.data()
+    source = BatchSource(dataset, task.batch_size, task.seed, collate=task.collate_fn)
+    refused: dict[str, str] = {}
+    varying = _varying_shapes(task, source, len(dataset))
+    if varying is not None:
+        refused.update({t.name: varying for t in pipelines if t.fixed_shapes})
+    torch.manual_seed(task.seed)
+    model = task.model()
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    if size <= _PROBE_BYTES:
+        batch = slice_batch(source.global_batch(0), 0, min(2, task.batch_size))
+        problem = _stage_problem(task, model, batch)
+        if problem is not None:
+            refused.update({t.name: problem for t in pipelines if t.name not in refused})
+    return refused
+
+
+def with_refusals(tasks: Iterable[Task]) -> list[Task]:
+    """``tasks``, each with the pipelines that cannot train it in its
+    ``refused_techniques`` (a task whose probe itself fails is left as it is: validation
+    has named its problem, or its trials will)."""
+    result = []
+    for task in tasks:
+        try:
+            refused = pipeline_refusals(task)
+        except Exception:
+            refused = {}
+        result.append(dataclasses.replace(task, refused_techniques={
+            **task.refused_techniques, **refused}) if refused else task)
+    return result
