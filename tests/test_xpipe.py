@@ -15,8 +15,14 @@ from dione.launch import local_placement, run_slice
 from dione.schedules import StageTimes, gpipe, simulate, xpipe
 from dione.schedules.messages import stage_plan, unwaited_sends_peak
 from dione.spec import Node
+from dione.state import load_model_weights
 from dione.techniques import get_technique
-from dione.techniques.prediction import predict_weights, prediction_problem
+from dione.techniques.prediction import (
+    future_rates,
+    predict_weights,
+    prediction_problem,
+    scheduler_problem,
+)
 
 TWO = [0, 1]
 
@@ -93,6 +99,64 @@ def test_prediction_is_the_optimizers_own_next_steps(factory, first, then, steps
         optimizer.step()
     torch.testing.assert_close(predicted, param.detach())
     assert predicted.requires_grad and predicted.is_leaf
+
+
+@pytest.mark.parametrize(
+    "scheduler",
+    [functools.partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5),
+     functools.partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=lambda t: 1 / (1 + t)),
+     functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=5)],
+    ids=["step", "lambda", "cosine"],
+)
+def test_prediction_takes_the_rates_the_scheduler_will_set(scheduler) -> None:
+    """SGD, momentum 0.75, with the buffer held constant (as above): every step is
+    lr_t * buffer, so the prediction over 3 steps is exact only at the scheduler's own
+    rates for them; the current rate three times (the old rule) is not."""
+    param = nn.Parameter(torch.tensor([1.0, -2.0, 0.5]))
+    optimizer = torch.optim.SGD([param], lr=0.1, momentum=0.75)
+    schedule = scheduler(optimizer)
+    param.grad = torch.tensor([1.6, -3.2, 0.8])
+    optimizer.step()
+    schedule.step()
+    state = schedule.state_dict()
+    rates = future_rates(optimizer, schedule, scheduler, 3)
+    predicted = predict_weights(optimizer, {"w": param}, 3, rates)["w"]
+    at_current = predict_weights(optimizer, {"w": param}, 3)["w"]
+    assert schedule.state_dict() == state  # foreseeing the rates did not step it
+    for _ in range(3):
+        param.grad = torch.tensor([0.4, -0.8, 0.2])
+        optimizer.step()
+        schedule.step()
+    torch.testing.assert_close(predicted, param.detach())
+    assert not torch.allclose(at_current, param.detach())
+
+
+def test_nesterov_and_a_scheduler_that_needs_a_metric_are_refused() -> None:
+    params = [nn.Parameter(torch.ones(2))]
+    nesterov = torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True)
+    assert "Nesterov" in str(prediction_problem(nesterov))
+    plateau = functools.partial(torch.optim.lr_scheduler.ReduceLROnPlateau, patience=1)
+    assert "prediction=false" in str(scheduler_problem(
+        torch.optim.Adam(params), plateau))  # type: ignore[arg-type]
+    task = digits_task(optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9,
+                                                   nesterov=True), allow_inexact=True)
+    assert any("Nesterov" in r for r in get_technique("xpipe").check(task, 2, {}, "cpu"))
+
+
+def test_parameters_the_optimizer_leaves_out_stay_under_xpipe(tmp_path: Path) -> None:
+    """An optimizer over some of the model's parameters (the biases left out, so never
+    updated): xpipe trains the rest, as single does, and leaves those alone."""
+    task = digits_task(steps=4, allow_inexact=True, optimizer=lambda params: torch.optim.Adam(
+        [p for p in params if p.dim() > 1], lr=1e-2))
+    result = run_slice(task, "xpipe", tmp_path, local_placement(TEST_NODE, TWO),
+                       knobs={"micro_batches": 2})
+    assert len(result.losses) == 4
+    torch.manual_seed(task.seed)  # the initial weights, as every technique builds them
+    initial, trained = task.model(), task.model()
+    load_model_weights(result.checkpoint, trained)
+    for name, value in trained.named_parameters():
+        changed = not torch.equal(value, initial.get_parameter(name))
+        assert changed == (value.dim() > 1), name
 
 
 def test_prediction_before_any_step_keeps_the_weights() -> None:

@@ -128,7 +128,8 @@ def reference(task: Task, stages: int, micro: int, mode: str
 
 def run(task: Task, stages: int, micro: int, mode: str, tmp_path: Path) -> Any:
     node = Node(f"n{stages}", stages, "cpu")
-    return run_slice(replace(task, allow_inexact=True), "xpipe", tmp_path, local_placement(node, list(range(stages))),
+    return run_slice(replace(task, allow_inexact=True), "xpipe", tmp_path,
+                     local_placement(node, list(range(stages))),
                      knobs={"micro_batches": micro, **MODES[mode]}, timeout=300)
 
 

@@ -79,8 +79,23 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
         _, structure = batch_fields(batch)
         fields, _ = batch_fields(batch)
         received: tuple[torch.Tensor, ...] = ()
+        whole_optimised = _optimised(task, model)
+        left = set(whole_optimised)  # updated on the whole model, on no stage yet
         for stage in range(partition.stages):
             cut = cut_stage(copy.deepcopy(model), plan, partition, stage)
+            try:
+                on_stage = _optimised(task, cut)
+                stray, left = on_stage - whole_optimised, left - on_stage
+            except Exception as err:
+                return (f"task {task.name!r}: its optimizer factory fails on the parameters "
+                        f"of pipeline stage {stage} ({type(err).__name__}: {err}); a pipeline "
+                        "builds one optimizer per stage, over that stage's parameters")
+            if stray:
+                return (f"task {task.name!r}: its optimizer factory, given pipeline stage "
+                        f"{stage}'s parameters, picks {', '.join(sorted(stray)[:3])}, which "
+                        "it leaves out of the whole model's (it picks them by position?): a "
+                        "pipeline builds one optimizer per stage, so choose parameters by "
+                        "what they are (p.dim(), p.requires_grad), or use another technique")
             module = StageModule(cut, task, plan, partition, stage, structure,
                                  contextlib.nullcontext)
             try:
@@ -92,6 +107,12 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
                         "read into a module another stage holds); use another technique, or "
                         "describe the model's stages (dione.schedules.stage_plan)")
             received = (out,)
+    if left:
+        return (f"task {task.name!r}: its optimizer factory updates "
+                f"{', '.join(sorted(left)[:3])} on the whole model but on no pipeline "
+                "stage (it picks parameters by position?): a pipeline builds one optimizer "
+                "per stage, so choose parameters by what they are (p.dim(), "
+                "p.requires_grad), or use another technique")
     staged = float(received[0])
     if not math.isclose(staged, whole, rel_tol=1e-5, abs_tol=1e-7):
         return (f"task {task.name!r}: its model cut into pipeline stages gives the loss "
@@ -100,6 +121,13 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
                 "reproduce; use another technique, or describe the model's stages "
                 "(dione.schedules.stage_plan)")
     return None
+
+
+def _optimised(task: Task, model: nn.Module) -> set[str]:
+    """The names of the parameters the task's optimizer factory updates on ``model``."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    optimizer = task.optimizer(model.parameters())
+    return {names[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in names}
 
 
 def pipeline_refusals(task: Task, pipelines: Sequence[PipelineTechnique] | None = None

@@ -67,7 +67,12 @@ from dione.techniques.base import Knobs, SliceOutcome
 from dione.techniques.batches import BatchSource, slice_batch
 from dione.techniques.context import SliceContext
 from dione.techniques.pipeline import PipelineTechnique, cut_record, on_one_clock
-from dione.techniques.prediction import predict_weights, prediction_problem
+from dione.techniques.prediction import (
+    future_rates,
+    predict_weights,
+    prediction_problem,
+    scheduler_problem,
+)
 from dione.techniques.stage_build import build_structure
 from dione.techniques.stages import batch_fields
 
@@ -200,6 +205,8 @@ class XPipe(PipelineTechnique):
                 except Exception:
                     return reasons  # validation reports factories that raise
             problem = prediction_problem(optimizer)
+            if problem is None and task.lr_scheduler is not None:
+                problem = scheduler_problem(optimizer, task.lr_scheduler)
             if problem:
                 reasons.append(f"task {task.name!r}: {problem}")
         return reasons
@@ -282,7 +289,10 @@ class XPipe(PipelineTechnique):
                 s = staleness[(i, stage)]
                 versions.append((i, updates, s))
                 if stashing:
-                    weights[i] = predict_weights(optimizer, params, s if predicting else 0)
+                    ahead = s if predicting else 0
+                    rates = (future_rates(optimizer, scheduler, task.lr_scheduler, ahead)
+                             if ahead > 1 and scheduler is not None else None)
+                    weights[i] = predict_weights(optimizer, params, ahead, rates)
                     copies.add(next(iter(weights[i].values())))
                 else:
                     weights[i] = {n: p.data.requires_grad_(True) for n, p in params.items()}
