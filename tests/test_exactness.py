@@ -5,6 +5,7 @@ and pipelines that refuse, before anything starts, what they cannot train."""
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+import dione
 from conftest import TEST_NODE, digits_task
 from dione.launch import local_placement, run_slice
 from dione.spec.task import Task
@@ -101,7 +103,7 @@ def test_a_padded_loss_of_the_tasks_own_must_say_what_it_averages(tmp_path: Path
     _, problems = valid_task(task)
     assert [p.field for p in problems] == ["loss_items"]
     assert "loss_items=dione.tokens" in problems[0].message
-    said, problems = valid_task(replace(task, loss_items=__import__("dione").tokens))
+    said, problems = valid_task(replace(task, loss_items=dione.tokens))
     assert problems == []
     single = train(said, "single", tmp_path / "single")
     ddp = train(said, "ddp", tmp_path / "ddp")
@@ -261,3 +263,43 @@ def _source(cls: type) -> str:
     import inspect
 
     return inspect.getsource(cls) + "\n\n"
+
+
+def test_a_grid_that_does_not_opt_in_never_trains_under_xpipe(tmp_path: Path) -> None:
+    """A run of two tasks that say nothing and one that allows xpipe (and only it): the
+    planner never gives xpipe to the first two, and the report, the leaderboard, the
+    run's result and `dione status` mark the third as trained inexactly, saying how."""
+    from dione.orchestrate import RunOptions, run_workload
+    from dione.profile import TrialOptions
+    from dione.spec.cluster import Cluster, Node
+
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        return {"accuracy": 0.5}
+
+    grid = [digits_task(name=f"digits-{lr}", steps=8, evaluate=evaluate,
+                        optimizer=functools.partial(torch.optim.Adam, lr=lr))
+            for lr in (1e-2, 3e-2)]
+    opted = digits_task(name="digits-xpipe", steps=8, evaluate=evaluate, allow_inexact=True,
+                        techniques=("xpipe",))
+    run_dir = tmp_path / "run"
+    result = run_workload(
+        [*grid, opted], Cluster([Node("test", 2, "cpu")]), run_dir,
+        RunOptions(catalog=str(tmp_path / "catalog.sqlite"), time_limit=5.0,
+                   trial=TrialOptions(warmup_steps=1, measure_steps=3, timeout=120)))
+    assert [t.status for t in result.tasks] == ["done"] * 3
+    with RunStore(run_dir) as store:
+        for task in grid:
+            assert all(s.technique != "xpipe" and s.inexactness is None
+                       for s in store.slices(task.name))
+        assert {s.technique for s in store.slices("digits-xpipe")} == {"xpipe"}
+    assert [bool(t.inexact) for t in result.tasks] == [False, False, True]
+    assert "steps 0-8, xpipe is asynchronous" in result.task("digits-xpipe").inexact[0]
+    summary = (run_dir / "report" / "summary.md").read_text()
+    board = summary.split("## Leaderboard by accuracy")[1].split("##")[0]
+    assert "| digits-xpipe |" in board and "**inexact**" in board
+    assert "## Trained inexactly" in summary and "- digits-xpipe: steps 0-8" in summary
+    status = subprocess.run([sys.executable, "-m", "dione.cli", "status", str(run_dir)],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "COLUMNS": "250"})
+    assert status.returncode == 0
+    assert "inexact: digits-xpipe (steps 0-8, xpipe is asynchronous" in status.stdout

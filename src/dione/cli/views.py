@@ -44,13 +44,24 @@ def _task_list(names: Sequence[str], shown: int = 4) -> str:
 
 
 def profile_lines() -> Callable[[Any], None]:
-    """A callback printing one line per finished, skipped or not-tried trial."""
+    """A callback printing one line per finished, skipped or not-tried trial; a trial
+    that failed with its reason (the first line of its error), once per reason."""
+    reasons: set[str] = set()
+
+    def failure(record: Any) -> str:
+        reason = (record.reason or "").strip().splitlines()
+        said = reason[0][:300] if reason else ""
+        if not said or said in reasons:
+            return " (as above)" if said else ""
+        reasons.add(said)
+        return f": {said}"
 
     def show(event: Any) -> None:
         if event.kind in ("finished", "skipped"):
             record = event.record
             what = (f"{record.status}" + (f", {record.step_seconds * 1000:.1f} ms/step"
                                           if record.step_seconds else "")
+                    + ("" if record.feasible else failure(record))
                     if record else f"skipped: {event.reason}")
             console.print(Text(f"  trial {event.label} ({', '.join(event.tasks)[:60]}): "
                                f"{what}"))
@@ -132,18 +143,27 @@ def print_results(result: Any, run_dir: Path) -> None:
                   f"{result.planned_makespan:.1f} s, {result.plans_adopted} plan(s), profiling "
                   f"{result.profile_seconds:.0f} s")
     table.add_column("task", no_wrap=True)
-    for column in ("status", "techniques", "devices", "seconds", "final loss", *metrics):
-        table.add_column(column, justify="left" if column in ("status", "techniques")
-                         else "right")
+    for column in ("status", "techniques", "devices", "seconds", "final loss", *metrics,
+                   "trained"):
+        table.add_column(column, justify="left" if column in ("status", "techniques",
+                                                              "trained") else "right")
     for t in result.tasks:
         table.add_row(t.task, t.status, ", ".join(t.techniques) or "-",
                       ", ".join(map(str, t.devices)) or "-", f"{t.seconds:.1f}",
                       "-" if t.final_loss is None else f"{t.final_loss:.4f}",
                       *(f"{t.evaluation[m]:.4f}" if m in t.evaluation else "-"
-                        for m in metrics))
+                        for m in metrics), "exact" if not t.inexact else "INEXACT")
     console.print(table)
+    _say_inexact(result.tasks)
     console.print(f"report: {run_dir / 'report'} (summary.md, gantt.png, timeline.csv, "
                   "metrics.csv); plans: " + str(run_dir / "plans"))
+
+
+def _say_inexact(tasks: Sequence[Any]) -> None:
+    """A line per task some of whose steps did not train as single would, saying how."""
+    for t in tasks:
+        if t.inexact:
+            console.print(Text(f"inexact: {t.task} ({'; '.join(t.inexact)})"))
 
 
 def print_sequential_results(outcomes: Sequence[Any], run_dir: Path) -> None:
@@ -169,7 +189,7 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
     table = Table(title=f"{run_dir}: {sum(t.status == 'done' for t in tasks)} of {len(tasks)} "
                   f"task(s) done, {plans} plan(s) adopted; {launcher}")
     for column in ("task", "status", "steps", "techniques", "final loss", "evaluation",
-                   "running now"):
+                   "trained", "running now"):
         table.add_column(column)
     for t in tasks:
         now = [s for s in running if s.task == t.task]
@@ -177,7 +197,10 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
                       ", ".join(t.techniques) or "-",
                       "-" if t.final_loss is None else f"{t.final_loss:.4f}",
                       ", ".join(f"{k}={v:.4f}" for k, v in t.evaluation.items()) or "-",
+                      "exact" if not t.inexact and not any(s.inexactness for s in now)
+                      else "INEXACT",
                       "; ".join(f"{s.technique} on {s.node}:{s.device_ids} steps "
                                 f"{s.start_step}-{s.end_step} for "
                                 f"{time.time() - s.started_at:.0f} s" for s in now) or "-")
     console.print(table)
+    _say_inexact(tasks)

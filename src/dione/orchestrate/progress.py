@@ -52,7 +52,8 @@ class LiveProgress:
     def render(state: RunState) -> Group:
         clock = time.time() - state.clock_zero
         table = Table(expand=False)
-        for column in ("task", "status", "technique", "devices", "step", "loss", "ETA s"):
+        for column in ("task", "status", "technique", "devices", "step", "loss", "ETA s",
+                       "trained"):
             table.add_column(column, justify="right" if column in ("step", "loss", "ETA s")
                              else "left")
         plan = {a.task: a for a in state.plan}
@@ -71,7 +72,8 @@ class LiveProgress:
             table.add_row(
                 name, status, where.technique if where else "-",
                 f"{where.node}:{','.join(map(str, where.device_ids))}" if where else "-",
-                f"{step}/{state.total[name]}", "-" if loss is None else f"{loss:.4f}", eta)
+                f"{step}/{state.total[name]}", "-" if loss is None else f"{loss:.4f}", eta,
+                "INEXACT" if name in state.inexact else "exact")
         finish = Text(f"elapsed {clock:.0f} s, estimated finish at "
                       f"{state.estimated_finish:.0f} s")
         return Group(table, finish)

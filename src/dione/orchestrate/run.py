@@ -49,6 +49,8 @@ class TaskResult:
     evaluation: dict[str, float] = field(default_factory=dict)
     checkpoint: str | None = None
     error: str | None = None
+    # How the steps that did not train as single would trained (empty: every step did).
+    inexact: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -73,7 +75,7 @@ def _results(tasks: Sequence[Task], run_dir: Path) -> list[TaskResult]:
     return [TaskResult(
         task=s.task, status=s.status, techniques=s.techniques, devices=s.device_counts,
         seconds=s.seconds, steps=s.steps, total_steps=s.total_steps, final_loss=s.final_loss,
-        evaluation=s.evaluation, checkpoint=s.checkpoint, error=s.error)
+        evaluation=s.evaluation, checkpoint=s.checkpoint, error=s.error, inexact=s.inexact)
         if (s := recorded.get(t.name)) is not None else TaskResult(t.name, "pending")
         for t in tasks]
 

@@ -29,6 +29,7 @@ from dione.report.plans import AdoptedPlan, next_plan_file, plan_files, write_pl
 from dione.spec.cluster import Cluster
 from dione.spec.task import Task
 from dione.state.store import RunStore
+from dione.techniques.registry import get_technique
 
 __all__ = ["AUTO_SLICE_FLOOR_SECONDS", "AUTO_SLICE_START_UP_SHARE", "RunState", "Runner",
            "RunningSlice", "auto_slice_seconds"]
@@ -74,6 +75,8 @@ class RunState:
     last_loss: dict[str, float] = field(default_factory=dict)
     estimated_finish: float = 0.0
     clock_zero: float = 0.0  # time.time() of run-clock 0 in this session
+    # Tasks some of whose steps trained (or train now) under an inexact technique.
+    inexact: set[str] = field(default_factory=set)
 
 
 class Runner:
@@ -121,6 +124,8 @@ class Runner:
                 self.emit(RunEvent("task_failed", f"{task.name}: {reason}", task.name))
         self.state = RunState({t.name: t for t in tasks}, total, done_steps, status,
                             {t.name: 0 for t in tasks}, [], clock_zero=time.time())
+        self.state.inexact = {s.task for s in self.store.slices()
+                              if s.status == "done" and s.inexactness is not None}
         # Nodes this run has known: another that the launcher reports later joined.
         self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]}
         self.plans_adopted = len(plan_files(run_dir))
@@ -365,6 +370,9 @@ class Runner:
                            self.now() + self.option_seconds(name, option, steps))
         self.state.running[name] = running
         self.state.status[name] = "running"
+        technique = get_technique(a.technique)
+        if technique.inexactness(technique.resolve(a.knobs)) is not None:
+            self.state.inexact.add(name)
         node = self.cluster.node(a.node)
 
         def heard(rank: int, record: dict[str, Any]) -> None:

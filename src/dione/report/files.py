@@ -16,7 +16,7 @@ from typing import Any
 from dione.report.plans import AdoptedPlan, read_plans
 from dione.state.store import STORE_FILE, RunStore, SliceRecord
 
-__all__ = ["TaskSummary", "lower_is_better", "summaries", "write_report"]
+__all__ = ["TaskSummary", "inexact_spans", "lower_is_better", "summaries", "write_report"]
 
 
 def lower_is_better(metric: str) -> bool:
@@ -41,6 +41,27 @@ class TaskSummary:
     error: str | None = None
     checkpoint: str | None = None  # the latest complete one
     device_counts: list[int] = field(default_factory=list)  # of the slices that trained it
+    # How its steps that did not train as single would trained (empty: all did).
+    inexact: list[str] = field(default_factory=list)
+
+    @property
+    def trained(self) -> str:
+        """For the tables: exact, or inexact and how."""
+        return "exact" if not self.inexact else "inexact: " + "; ".join(self.inexact)
+
+
+def inexact_spans(slices: Sequence[SliceRecord]) -> list[str]:
+    """How the finished slices of one task that did not train as single would trained:
+    consecutive ones with the same note as one span of steps."""
+    spans: list[tuple[int, int, str]] = []
+    for s in slices:
+        if s.status != "done" or s.inexactness is None:
+            continue
+        if spans and spans[-1][1] == s.start_step and spans[-1][2] == s.inexactness:
+            spans[-1] = (spans[-1][0], s.end_step, s.inexactness)
+        else:
+            spans.append((s.start_step, s.end_step, s.inexactness))
+    return [f"steps {a}-{b}, {note}" for a, b, note in spans]
 
 
 def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskSummary]:
@@ -65,7 +86,7 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
             techniques, devices, sum((s.ended_at or s.started_at) - s.started_at for s in done),
             losses[-1][1] if losses else None, store.evaluation(record.name),
             dict(record.hyperparameters), record.error, latest.path if latest else None,
-            sorted({len(s.device_ids) for s in done})))
+            sorted({len(s.device_ids) for s in done}), inexact_spans(done)))
     return result
 
 
@@ -134,14 +155,15 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None) -> Pat
     with open(folder / "summary.csv", "w", newline="") as out:
         writer = csv.writer(out)
         writer.writerow(["task", "status", "steps", "total_steps", "techniques", "devices",
-                         "seconds", "final_loss", *metrics, "hyperparameters", "error"])
+                         "seconds", "final_loss", *metrics, "hyperparameters", "trained",
+                         "error"])
         for t in tasks:
             writer.writerow([t.task, t.status, t.steps, t.total_steps, " ".join(t.techniques),
                              " ".join(t.devices), f"{t.seconds:.2f}",
                              "" if t.final_loss is None else f"{t.final_loss:.6f}",
                              *(t.evaluation.get(m, "") for m in metrics),
-                             json.dumps(t.hyperparameters), (t.error or "").splitlines()[0]
-                             if t.error else ""])
+                             json.dumps(t.hyperparameters), t.trained,
+                             (t.error or "").splitlines()[0] if t.error else ""])
     (folder / "summary.md").write_text(_markdown(tasks, metrics, plans, slices, zero))
     from dione.report.gantt import draw_gantt
 
@@ -169,24 +191,35 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
     if ended:
         lines.append(f"Actual: last slice ended at {max(ended):.1f} s.")
     header = ["task", "status", "steps", "techniques", "devices", "seconds", "final loss",
-              *metrics]
+              *metrics, "trained"]
     lines += ["", "## Tasks", "", _row(header), "|" + " --- |" * len(header)]
     for t in tasks:
         loss = "-" if t.final_loss is None else f"{t.final_loss:.4f}"
         values = [f"{t.evaluation[m]:.4f}" if m in t.evaluation else "-" for m in metrics]
         lines.append(_row([t.task, t.status, f"{t.steps}/{t.total_steps}",
                            ", ".join(t.techniques) or "-", ", ".join(t.devices) or "-",
-                           f"{t.seconds:.1f}", loss, *values]))
+                           f"{t.seconds:.1f}", loss, *values,
+                           "exact" if not t.inexact else "**inexact**"]))
     for metric in metrics:
         board = leaderboard(tasks, metric)
         order = "lower" if lower_is_better(metric) else "higher"
         lines += ["", f"## Leaderboard by {metric} ({order} is better)", "",
-                  "| rank | task | " + metric + " | hyperparameters |", "| --- | --- | --- | --- |"]
+                  "| rank | task | " + metric + " | hyperparameters | trained |",
+                  "| --- | --- | --- | --- | --- |"]
         for rank, t in enumerate(board, 1):
             lines.append(f"| {rank} | {t.task} | {t.evaluation[metric]:.4f} | "
-                         f"{json.dumps(t.hyperparameters)} |")
-        lines += [f"| - | {t.task} | diverged | {json.dumps(t.hyperparameters)} |"
+                         f"{json.dumps(t.hyperparameters)} | "
+                         f"{'exact' if not t.inexact else '**inexact**'} |")
+        lines += [f"| - | {t.task} | diverged | {json.dumps(t.hyperparameters)} | - |"
                   for t in tasks if t.status == "diverged"]
+    inexact = [t for t in tasks if t.inexact]
+    if inexact:
+        lines += ["", "## Trained inexactly", "",
+                  "These tasks allowed a technique that does not train as single would "
+                  "(allow_inexact=True), and some of their steps trained under it; their "
+                  "results are not comparable with exactly trained ones as like for like.",
+                  ""]
+        lines += [f"- {t.task}: " + "; ".join(t.inexact) for t in inexact]
     failed = [t for t in tasks if t.status in ("failed", "diverged")]
     if failed:
         lines += ["", "## Failed and diverged tasks", ""]
