@@ -303,3 +303,15 @@ def test_a_grid_that_does_not_opt_in_never_trains_under_xpipe(tmp_path: Path) ->
                             env={**os.environ, "COLUMNS": "250"})
     assert status.returncode == 0
     assert "inexact: digits-xpipe (steps 0-8, xpipe is asynchronous" in status.stdout
+
+
+def test_the_catalog_tells_apart_batches_a_collator_pads_differently() -> None:
+    """The same items, padded to each batch's longest or all to 32: one first item, but
+    batches of other shapes (and only the first kind varies), so no shared trials."""
+    from dione.profile.fingerprint import speed_signature
+
+    dynamic = padded_lm(data=RaggedWindows, collate_fn=pad_to_longest)
+    fixed = replace(dynamic, collate_fn=functools.partial(pad_to_longest, length=32))
+    assert speed_signature(dynamic) != speed_signature(fixed)
+    assert len({str(shapes) for shapes in speed_signature(dynamic)["batches"]}) > 1
+    assert "batches" not in speed_signature(padded_lm())  # old keys stand

@@ -133,3 +133,24 @@ def test_a_store_of_an_older_dione_is_rebuilt_with_every_row(tmp_path: Path) -> 
         assert math.isnan(store.losses("t")[-1][1])
     with RunStore(tmp_path) as store:  # opening it again changes nothing
         assert [s for s, _ in store.losses("t")] == [1, 2, 3]
+
+
+def test_a_store_from_before_exactness_was_recorded_marks_its_xpipe_slices(
+        tmp_path: Path) -> None:
+    """Version 1 kept no slice's exactness: opened now, its xpipe slices (the only
+    technique that was inexact then) are recorded as inexact, the others as exact."""
+    import sqlite3
+
+    with RunStore(tmp_path) as store:
+        store.register_task("t", 4, 8)
+        for technique, start in (("xpipe", 0), ("ddp", 1)):
+            store.begin_slice("t", technique, {}, "n0", [0, 1], start, start + 1)
+    old = sqlite3.connect(tmp_path / "dione.sqlite")
+    old.executescript("ALTER TABLE slices DROP COLUMN inexactness; DROP TABLE cuts;"
+                      "PRAGMA user_version=1;")
+    old.close()
+    with RunStore(tmp_path) as store:
+        xpipe, ddp = store.slices("t")
+        assert xpipe.inexactness is not None and "xpipe is asynchronous" in xpipe.inexactness
+        assert ddp.inexactness is None
+        assert store.cut("t", 2) is None

@@ -116,11 +116,27 @@ def speed_signature(task: Task) -> dict[str, Any]:
         "split_points": list(task.split_points or ()),
     }
     # Only where set, so that catalogs of tasks without them keep their keys.
+    if task.collate_fn is not None:
+        # A collator may pad each batch to its own longest item: the first item's shape
+        # then says nothing of the batches' (nor whether they vary, which pipelines
+        # cannot take), so the first batches' shapes are keyed instead.
+        signature["collate_fn"] = callable_name(task.collate_fn)
+        signature["batches"] = _batch_shapes(task)
     if task.precision != "fp32":
         signature["precision"] = task.precision
     if task.clip_grad_norm is not None:
         signature["clip_grad_norm"] = True
     return signature
+
+
+def _batch_shapes(task: Task, batches: int = 3) -> Any:
+    """The shapes of the task's first global batches, as its collator makes them."""
+    from dione.techniques.batches import BatchSource
+
+    dataset: Any = task.data()
+    source = BatchSource(dataset, task.batch_size, task.seed, collate=task.collate_fn)
+    count = min(batches, max(1, len(dataset) // task.batch_size))
+    return [_shapes(source.global_batch(step)) for step in range(count)]
 
 
 def _architecture(model: nn.Module) -> str:

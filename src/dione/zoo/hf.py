@@ -117,10 +117,12 @@ class RaggedWindows(Dataset[dict[str, torch.Tensor]]):
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
 
 
-def pad_to_longest(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def pad_to_longest(items: list[dict[str, torch.Tensor]], length: int | None = None
+                   ) -> dict[str, torch.Tensor]:
     """Dynamic padding, as ``DataCollatorWithPadding`` does it: each batch right-padded to
-    its longest item (pad id 0, ``attention_mask`` 0, ``labels`` -100)."""
-    longest = max(len(item["input_ids"]) for item in items)
+    its longest item (pad id 0, ``attention_mask`` 0, ``labels`` -100); with ``length``,
+    every batch to that length (``padding="max_length"``)."""
+    longest = length or max(len(item["input_ids"]) for item in items)
     fill = {"input_ids": 0, "attention_mask": 0, "labels": -100}
     return {name: torch.stack([nn.functional.pad(item[name], (0, longest - len(item[name])),
                                                  value=value) for item in items])
