@@ -391,3 +391,19 @@ def test_a_plan_near_its_bound_gets_a_second_whole_model_run_to_prove_it(
     else:
         assert len(calls) == 1 and "second_whole_model" not in plan.notes
         assert "lns_rounds" in plan.notes
+
+
+def test_solving_leaves_the_processs_interrupt_handler_alone() -> None:
+    """CP-SAT took SIGINT over and left the default handler behind, so that after a
+    run's first plan Ctrl-C killed the launcher (and a notebook's kernel) outright."""
+    import signal
+
+    def mine(signum: int, frame: object) -> None:
+        raise AssertionError("not called")
+
+    before = signal.signal(signal.SIGINT, mine)
+    try:
+        plan = solve(SYMMETRIC[1], "cpsat", threads=2, time_limit=0.5)
+        assert plan.assignments and signal.getsignal(signal.SIGINT) is mine
+    finally:
+        signal.signal(signal.SIGINT, before)

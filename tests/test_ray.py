@@ -112,7 +112,9 @@ def test_two_nodes_train_as_planned_and_match_a_local_run(
     # trials left nothing behind there.
     assert all(Path(str(t.checkpoint)).is_relative_to(shared) for t in result.tasks)
     assert not (tmp_path / "run" / "checkpoints").exists()
-    assert [p.name for p in shared.iterdir()] == ["checkpoints"]
+    assert [p.name for p in shared.iterdir()] == ["runs"]  # this run's folder, no other
+    with RunStore(tmp_path / "run") as store:
+        assert [p.name for p in (shared / "runs").iterdir()] == [store.run_id]
     with RunStore(tmp_path / "run") as store:
         slices = [s for s in store.slices() if s.status == "done"]
     assert {s.node for s in slices} == {n.name for n in nodes}  # both nodes trained

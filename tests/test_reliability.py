@@ -312,6 +312,10 @@ def _damage(folder: Path, how: str) -> str:
         (folder / "progress.json").write_text("")
         return "progress.json"
     shard = sorted(folder.glob("*.distcp"))[0]
+    if how == "unverified":  # flipped bytes, and the digests that would see them deleted
+        _damage(folder, "flip")
+        (folder / "digests.json").unlink()
+        return "digests.json"
     data = shard.read_bytes()
     if how == "flip":  # same size, other bytes: only a digest sees it
         middle = len(data) // 2
@@ -333,7 +337,7 @@ def resumed_from_step_4(tmp_path_factory: pytest.TempPathFactory) -> list[float]
     return run_slice(digits_task(), "single", run_dir, placement).losses
 
 
-@pytest.mark.parametrize("how", ["flip", "truncate", "delete", "torn"])
+@pytest.mark.parametrize("how", ["flip", "truncate", "delete", "torn", "unverified"])
 def test_a_damaged_checkpoint_is_quarantined_and_the_previous_one_used(
         tmp_path: Path, how: str, resumed_from_step_4: list[float]) -> None:
     placement = local_placement(TEST_NODE, [0])
@@ -366,8 +370,9 @@ def test_checkpoints_the_store_never_recorded_never_prune_the_one_it_did(
 
 
 def test_a_planted_pickle_in_a_checkpoint_is_not_run(tmp_path: Path) -> None:
-    """Even with its digest forged to match, an RNG file that would run code on
-    unpickling is refused: it loads with weights_only."""
+    """Even with its digests forged to match (the file's, and progress.json's digest of
+    digests.json), an RNG file that would run code on unpickling is refused: it loads
+    with weights_only."""
     placement = local_placement(TEST_NODE, [0])
     run_slice(digits_task(), "single", tmp_path, placement, steps=4)
     folder = tmp_path / "checkpoints" / "digits" / "step-00000004"
@@ -383,6 +388,9 @@ def test_a_planted_pickle_in_a_checkpoint_is_not_run(tmp_path: Path) -> None:
     digests["rng/rank0.pt"] = hashlib.sha256((folder / "rng" / "rank0.pt").read_bytes()
                                              ).hexdigest()
     (folder / "digests.json").write_text(json.dumps(digests))
+    progress = json.loads((folder / "progress.json").read_text())  # and its digest too
+    progress["digests"] = hashlib.sha256((folder / "digests.json").read_bytes()).hexdigest()
+    (folder / "progress.json").write_text(json.dumps(progress))
     with pytest.raises(SliceError, match="cannot be loaded safely"):
         run_slice(digits_task(), "single", tmp_path, placement, steps=2)
     assert not marker.exists()
@@ -530,17 +538,54 @@ def test_errors_no_retry_can_fix_are_not_retried() -> None:
 
 
 def test_scratch_folders_of_dead_launchers_are_cleaned(tmp_path: Path) -> None:
+    """Dione's scratch folders of a dead launcher go; a live launcher's stay, and so does
+    a folder of the user's that only looks like one (no marker): `dione-sweep-2024-final`
+    with a results file was removed by every `dione profile`."""
+    from dione.launch.scratch import MARKER
+
     gone = subprocess.Popen(["true"])
     gone.wait()
     stale = tmp_path / f"dione-trials-{gone.pid}-abc"
     stale.mkdir()
+    (stale / MARKER).write_text("x")
     (stale / "leftover").write_text("x")
     live = tmp_path / f"dione-gang-{os.getpid()}-def"
     live.mkdir()
+    (live / MARKER).write_text("x")
+    users = tmp_path / "dione-sweep-2024-final"
+    users.mkdir()
+    (users / "results.csv").write_text("lr,loss\n")
+    unmarked = tmp_path / f"dione-trials-{gone.pid}-xyz"
+    unmarked.mkdir()
     assert clean_stale_scratch(tmp_path) == [stale]
     assert not stale.exists() and live.exists()
+    assert (users / "results.csv").is_file() and unmarked.is_dir()
     mine = scratch_dir("gang")
     try:
         assert (mine.stat().st_mode & 0o777) == 0o700 and f"-{os.getpid()}-" in mine.name
+        assert (mine / MARKER).is_file()
     finally:
         shutil.rmtree(mine)
+
+
+def test_runs_sharing_a_storage_keep_their_own_checkpoints(tmp_path: Path) -> None:
+    """Two runs of one grid (same task names, other seeds) with one --storage: each
+    writes its checkpoints to a folder of its own, so the second never overwrites or
+    prunes the first's (it did both, and the first's export was the second's weights)."""
+    from dione.state.export import load_trained
+
+    storage = tmp_path / "shared"
+    placement = local_placement(TEST_NODE, [0])
+    first, second = tmp_path / "first", tmp_path / "second"
+    a = run_slice(digits_task(seed=1), "single", first, placement, storage=storage)
+    for _ in range(3):  # pruning keeps 2 of the second run's: never touches the first's
+        b = run_slice(digits_task(seed=2, steps=36), "single", second, placement, steps=12,
+                      storage=storage, keep_checkpoints=1)
+    assert Path(a.checkpoint).is_dir() and Path(b.checkpoint).is_dir()
+    assert Path(a.checkpoint).parent != Path(b.checkpoint).parent
+    assert Path(a.checkpoint).is_relative_to(storage)
+    with RunStore(first) as store:
+        assert store.latest_checkpoint("digits").path == a.checkpoint
+    ours = load_trained(digits_task(seed=1), a.checkpoint).state_dict()
+    theirs = load_trained(digits_task(seed=2), b.checkpoint).state_dict()
+    assert any(not torch.equal(ours[k], theirs[k]) for k in ours)

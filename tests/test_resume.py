@@ -128,7 +128,9 @@ def test_checkpoints_go_to_the_storage_and_the_store_stays_in_the_run(tmp_path: 
     assert all(Path(str(s.checkpoint)).is_relative_to(shared) for s in slices)
     assert not (run_dir / "checkpoints").exists() and (run_dir / "dione.sqlite").exists()
     # Pruning keeps the newest two, in the storage, and the store forgets the oldest.
-    kept = sorted(p.name for p in (shared / "checkpoints" / "stored").iterdir())
+    with RunStore(run_dir) as store:  # in this run's own folder of the storage
+        ours = shared / "runs" / store.run_id
+    kept = sorted(p.name for p in (ours / "checkpoints" / "stored").iterdir())
     assert kept == ["step-00000006", "step-00000009"]
     with RunStore(run_dir) as store:
         latest = store.latest_checkpoint("stored")

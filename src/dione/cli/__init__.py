@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from dione.cli.commands import COMMANDS
 from dione.cli.console import complain, errors
-from dione.cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, BadInput
+from dione.cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED, BadInput
 from dione.cli.parser import build_parser
 
 __all__ = ["main"]
@@ -14,12 +14,19 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command ``argv`` (default: the process's arguments) names; its exit status."""
+    from dione.orchestrate.interrupts import Terminated, interruptible
+    from dione.state.sqlite import StateFileError
+
     args = build_parser().parse_args(argv)
     try:
-        return int(COMMANDS[args.command](args))
-    except BadInput as err:
+        with interruptible():
+            return int(COMMANDS[args.command](args))
+    except (BadInput, StateFileError) as err:  # a state file's damage: one sentence too
         complain("error", str(err))
         return EXIT_BAD_INPUT
+    except Terminated:
+        errors.print("terminated (SIGTERM); every gang was stopped, checkpoints kept")
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         errors.print("interrupted; every gang was stopped, checkpoints kept")
         return EXIT_INTERRUPTED

@@ -36,9 +36,11 @@ class SavedRun:
 
     def write(self, run_dir: Path) -> None:
         """Write ``run_dir/run.json``; BadInput if it cannot be written."""
+        from dione.state.private import write_private
+
         path = run_dir / RUN_FILE
         try:
-            path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+            write_private(path, json.dumps(self.to_json(), indent=1) + "\n")
         except OSError as err:
             raise BadInput(f"cannot write {path}: {err.strerror}; give a run directory you "
                            "can write (--out)") from None

@@ -35,6 +35,7 @@ from dione.launch.scratch import scratch_dir
 from dione.launch.worker import Job
 from dione.spec.cluster import Node
 from dione.spec.devices import available_cores, cores_for_slot, threads_per_slot
+from dione.state.private import private_dir
 from dione.techniques.base import SliceOutcome, SliceSpec
 
 __all__ = [
@@ -67,8 +68,10 @@ def run_local_gang(
     """Run ``spec`` on a gang of warm workers, one per device; each rank's outcome, or a
     GangError. Setting ``cancel`` (from another thread) stops the gang and raises
     GangInterrupted; ``on_progress(rank, record)`` hears each rank's progress."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_dir(folder)
+    for rank in range(spec.world):  # private before a worker appends to it
+        os.close(os.open(folder / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW,
+                         0o600))
     pool = local_pool()
     private = scratch_dir("gang")
     workers: list[WarmWorker] = []

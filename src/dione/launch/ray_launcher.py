@@ -292,6 +292,22 @@ class _RayMember:
         return Lost("signal", f"was killed ({self.death})")
 
 
+def _reachable(address: str | None, seconds: float = 10.0) -> None:
+    """A ``HOST:PORT`` address that nothing answers at is refused in seconds (``ray.init``
+    kept retrying it for over five minutes); ``auto`` and ``ray://`` go to Ray as given."""
+    if not address or address == "auto" or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=seconds):
+            return
+    except (OSError, ValueError) as err:
+        raise ClusterError(
+            f"cannot reach a Ray cluster at {address!r} ({getattr(err, 'strerror', None) or err}"
+            f"): start one there (`ray start --head --port {port}`) or give the address `ray "
+            "start` printed (--ray HOST:PORT), or --ray auto on a node of the cluster") from None
+
+
 class RayLauncher:
     """Runs gangs on the nodes of a Ray cluster; one per run (``shutdown`` at its end)."""
 
@@ -301,6 +317,7 @@ class RayLauncher:
         self.ray = _ray()
         self.env = dict(env or {})
         if not self.ray.is_initialized():
+            _reachable(address)
             try:
                 self.ray.init(address=address, log_to_driver=False,
                               logging_level="ERROR", configure_logging=False)

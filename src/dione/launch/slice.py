@@ -32,6 +32,7 @@ from dione.state.checkpoint import (
     quarantine,
     verify_checkpoint,
 )
+from dione.state.sqlite import StateFileError
 from dione.state.store import CheckpointRecord, RunStore
 from dione.techniques.base import SliceSpec, Technique
 from dione.techniques.registry import get_technique
@@ -47,9 +48,12 @@ __all__ = [
 
 
 # What a rank raises when no retry can succeed: the disk or the permissions must change.
-_PERMANENT_TYPES = ("PermissionError", "UnsafePathError")
+_PERMANENT_TYPES = ("PermissionError", "UnsafePathError", "CheckpointMismatch")
 _PERMANENT_TEXT = ("Read-only file system", "No space left on device", "Permission denied",
-                   "Disk quota exceeded")
+                   "Disk quota exceeded",
+                   # torch's checkpoint writer on a full disk: a short write, then its
+                   # position check ("unexpected pos N vs M") or "file write failed".
+                   "unexpected pos", "file write failed")
 
 
 class SliceError(RuntimeError):
@@ -140,8 +144,8 @@ def _one_task_fails(run: Callable[_P, SliceResult]) -> Callable[_P, SliceResult]
     def guarded(*args: _P.args, **kwargs: _P.kwargs) -> SliceResult:
         try:
             return run(*args, **kwargs)
-        except (SliceError, GangInterrupted):
-            raise
+        except (SliceError, GangInterrupted, StateFileError):
+            raise  # a state file's damage (or a full disk under it) stops the run
         except Exception as err:
             task = args[0] if args else kwargs.get("task")
             raise SliceError(f"task {getattr(task, 'name', task)!r}: the slice failed outside "
@@ -184,7 +188,8 @@ def run_slice(
     ``folder``); ``on_progress(rank, record)`` hears each rank's progress while it
     trains. ``launcher``: what runs the gang (default: this machine's
     warm workers). ``storage``: where checkpoints go, a folder every node of the
-    cluster can reach (default: ``run_dir``); the run store stays in ``run_dir``.
+    cluster can reach (default: ``run_dir``; elsewhere, in a folder of this run's own,
+    ``RunStore.checkpoint_root``); the run store stays in ``run_dir``.
     ``total``: the task's length in steps, where the caller knows it (else read from
     the data set's size for a task given in epochs: the data factory runs again)."""
     method = get_technique(technique) if isinstance(technique, str) else technique
@@ -213,7 +218,7 @@ def run_slice(
             task=task, technique=method, knobs=knobs, device_kind=placement.kind,
             device_ids=placement.device_ids, start_step=start, end_step=end,
             resume_from=latest.path if latest else None,
-            run_dir=str(Path(storage or run_dir).resolve()),
+            run_dir=str(db.checkpoint_root(storage)),
             evaluate=task.evaluate is not None and (
                 (evaluate and end == total) or (trial is not None and trial.evaluate)),
             memory_cap_bytes=trial.memory_cap_bytes if trial else None,
@@ -265,7 +270,7 @@ def run_slice(
         if evaluation_error:
             db.set_task_status(task.name, "done" if end == total else "pending",
                                f"evaluation failed:\n{evaluation_error}")
-        gone = prune_checkpoints(storage or run_dir, task.name, keep_checkpoints,
+        gone = prune_checkpoints(db.checkpoint_root(storage), task.name, keep_checkpoints,
                                  [c.path for c in db.checkpoints(task.name)])
         if gone:
             db.forget_checkpoints(task.name, [str(p) for p in gone])

@@ -249,6 +249,9 @@ def _fresh_module(name: str, path: str, source: str) -> None:
     module = types.ModuleType(name)
     module.__file__ = path
     sys.modules[name] = module
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:  # its sibling modules import (sys.path is reset after)
+        sys.path.insert(0, folder)
     exec(compile(source, path, "exec"), module.__dict__)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +58,55 @@ class RunOptions:
     # Where checkpoints (the run's and the trials') go: a folder every node can reach
     # (None: the run directory, which must then be shared for more than one node).
     storage: str | None = None
+
+    def __post_init__(self) -> None:
+        """Every field of its type and range (the flags are checked as they are parsed;
+        these come from Python callers and from a saved run.json too)."""
+        for name, value in vars(self).items():
+            rule = _OPTION_RULES.get(name)
+            problem = rule(value) if rule is not None else None
+            if problem:
+                raise ValueError(f"run option {name}={value!r}: {problem}")
+        if not isinstance(self.trial, TrialOptions):
+            raise ValueError(f"run option trial={self.trial!r}: must be a TrialOptions")
+
+
+def _number(positive: bool = True, optional: bool = False, whole: bool = False
+            ) -> Callable[[object], str | None]:
+    def rule(value: object) -> str | None:
+        if value is None and optional:
+            return None
+        kinds: tuple[type, ...] = (int,) if whole else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(
+                number := float(value)):  # type: ignore[arg-type]  # an int or a float
+            return f"must be a {'whole' if whole else 'finite'} number" + (
+                " or None" if optional else "")
+        if positive and number <= 0:
+            return "must be above 0"
+        if number < 0:
+            return "must not be negative"
+        return None
+    return rule
+
+
+def _kind(kind: type, optional: bool = False) -> Callable[[object], str | None]:
+    def rule(value: object) -> str | None:
+        if (value is None and optional) or (isinstance(value, kind) and (
+                kind is not int or not isinstance(value, bool))):
+            return None
+        return f"must be a {kind.__name__}" + (" or None" if optional else "")
+    return rule
+
+
+_OPTION_RULES: dict[str, Callable[[object], str | None]] = {
+    "solver": _kind(str), "time_limit": _number(), "replan_time_limit": _number(),
+    "replan": _kind(bool), "replan_interval": _number(), "replan_margin": _number(False),
+    "slice_steps": _number(optional=True, whole=True),
+    "slice_seconds": _number(optional=True), "max_failures": _number(whole=True),
+    "timeout": _number(optional=True), "catalog": _kind(str, optional=True),
+    "reprofile": _kind(bool), "profile_budget": _number(False, optional=True),
+    "storage": _kind(str, optional=True),
+}
 
 
 @dataclass(frozen=True)

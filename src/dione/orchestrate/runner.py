@@ -131,6 +131,7 @@ class Runner:
         self.plans_adopted = len(plan_files(run_dir))
         self.first_planned: float | None = None
         self.cancel = threading.Event()
+        self.slices_launched = 0  # in this session
 
     # -- estimates -------------------------------------------------------------------
 
@@ -330,8 +331,6 @@ class Runner:
         return end if covered == pending else None
 
     def _save_plan(self, plan: Plan, problem: PlanningProblem, at: float) -> None:
-        folder = self.run_dir / "plans"
-        folder.mkdir(parents=True, exist_ok=True)
         adopted = AdoptedPlan(plan, at, self.state.clock_zero, tuple(self.state.plan), problem)
         write_plan(next_plan_file(self.run_dir), adopted)
         self.plans_adopted += 1
@@ -370,6 +369,7 @@ class Runner:
                            self.now() + self.option_seconds(name, option, steps))
         self.state.running[name] = running
         self.state.status[name] = "running"
+        self.slices_launched += 1
         technique = get_technique(a.technique)
         if technique.inexactness(technique.resolve(a.knobs)) is not None:
             self.state.inexact.add(name)

@@ -45,6 +45,9 @@ def cp_solver(budget: Budget, seconds: float, threads: int) -> cp_model.CpSolver
     """A CP-SAT solver limited to ``seconds`` of ``budget``'s kind, on ``threads`` workers,
     with the parameters these scheduling models need."""
     solver = cp_model.CpSolver()
+    # CP-SAT would install its own SIGINT handler and leave the default one behind: after
+    # the first solve, Ctrl-C killed the launcher (and a notebook's kernel) outright.
+    solver.parameters.catch_sigint_signal = False
     budget.limit(solver, seconds)
     solver.parameters.num_workers = threads
     solver.parameters.random_seed = 1

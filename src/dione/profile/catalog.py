@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dione.state.private import private_dir, private_file
-from dione.state.sqlite import SQLiteFile
+from dione.state.sqlite import SQLiteFile, StateFileError
 
 __all__ = ["Catalog", "TrialRecord", "default_catalog_path"]
 
@@ -96,20 +96,40 @@ class TrialRecord:
 class Catalog(SQLiteFile):
     """Trial results and evaluation costs in one SQLite file, shared by workloads."""
 
+    what = "catalog"
+    fix = ("move it aside (the next profile measures again), or point --catalog or "
+           "$DIONE_CATALOG at another file")
+
     def __init__(self, path: str | Path | None = None) -> None:
         path = Path(path) if path is not None else default_catalog_path()
-        if not path.parent.exists():
-            private_dir(path.parent)
+        try:
+            if not path.parent.exists():
+                private_dir(path.parent)
+            if path.exists() and not path.is_file():
+                raise IsADirectoryError(f"{path} is not a file")
+        except OSError as err:
+            raise StateFileError(f"{path} cannot be used as dione's catalog ({err}); "
+                                 "point --catalog or $DIONE_CATALOG at a file in a folder "
+                                 "you can write") from None
         super().__init__(path, _SCHEMA, timeout=30.0, any_thread=True)
         private_file(path)
 
     def __enter__(self) -> Catalog:
         return self
 
+    @staticmethod
+    def _record(text: str) -> TrialRecord | None:
+        """A stored record, or None for one that cannot be read back (a garbage row is a
+        trial to run again, which overwrites it)."""
+        try:
+            return TrialRecord.from_json(json.loads(text))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+
     def get(self, fingerprint: str) -> TrialRecord | None:
         row = self._db.execute("SELECT record FROM trials WHERE fingerprint = ?",
                                (fingerprint,)).fetchone()
-        return TrialRecord.from_json(json.loads(row[0])) if row else None
+        return self._record(row[0]) if row else None
 
     def put(self, record: TrialRecord) -> None:
         with self._transaction() as db:
@@ -118,7 +138,7 @@ class Catalog(SQLiteFile):
 
     def records(self) -> list[TrialRecord]:
         rows = self._db.execute("SELECT record FROM trials ORDER BY created_at").fetchall()
-        return [TrialRecord.from_json(json.loads(r[0])) for r in rows]
+        return [r for r in (self._record(row[0]) for row in rows) if r is not None]
 
     def evaluation_seconds(self, key: str) -> float | None:
         row = self._db.execute("SELECT seconds FROM evaluation_costs WHERE key = ?",

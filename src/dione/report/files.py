@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dione.report.plans import AdoptedPlan, read_plans
+from dione.state.private import private_dir
 from dione.state.store import STORE_FILE, RunStore, SliceRecord
 
 __all__ = ["TaskSummary", "inexact_spans", "lower_is_better", "summaries", "write_report"]
@@ -121,8 +122,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None) -> Pat
     run_dir = Path(run_dir)
     if not (run_dir / STORE_FILE).is_file():
         raise FileNotFoundError(f"{run_dir} is not a dione run directory (no {STORE_FILE})")
-    folder = run_dir / "report"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_dir(run_dir / "report")
     wanted = None if names is None else [getattr(n, "name", n) for n in names]
     plans = read_plans(run_dir)
     gone = _launcher_gone(run_dir)
@@ -168,6 +168,9 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None) -> Pat
     from dione.report.gantt import draw_gantt
 
     draw_gantt(plans[0] if plans else None, slices, zero, folder / "gantt.png")
+    for file in folder.iterdir():  # as private as the run directory it reports on
+        if file.is_file() and not file.is_symlink():
+            file.chmod(0o600)
     return folder
 
 

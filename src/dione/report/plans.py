@@ -4,7 +4,6 @@ orchestrator, read back by the report and ``dione status``."""
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import Any
 
 from dione.plan.plan import Assignment, Plan, assignment_from_json
 from dione.plan.problem import PlanningProblem
+from dione.state.private import private_dir, write_private
 
 __all__ = ["AdoptedPlan", "next_plan_file", "plan_files", "read_plans", "write_plan"]
 
@@ -55,9 +55,8 @@ def _run_clock_json(a: Assignment) -> dict[str, Any]:
 def write_plan(path: Path, adopted: AdoptedPlan) -> None:
     """Write ``adopted`` to ``path`` whole or not at all (a launcher killed mid-write
     leaves no half a plan for ``report``, ``status`` and ``resume`` to trip on)."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(adopted.to_json(), indent=1) + "\n")
-    os.replace(partial, path)
+    private_dir(path.parent)
+    write_private(path, json.dumps(adopted.to_json(), indent=1) + "\n")
 
 
 def plan_files(run_dir: Path) -> list[Path]:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import itertools
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from dione.spec.task import Task
 
@@ -117,6 +119,23 @@ class WorkloadFileError(Exception):
     """A workload file could not be loaded; the message says where and how to fix it."""
 
 
+@contextlib.contextmanager
+def _exit_refused(file: Path) -> Iterator[None]:
+    """``os._exit`` while the file loads raises instead of ending the process with no
+    word (it ended `dione run` and `dione validate` with status 0)."""
+    real = os._exit
+
+    def refused(status: int) -> NoReturn:
+        raise WorkloadFileError(f"{file}: called os._exit({status}) while loading; a workload "
+                                "file must define `workload`, not end the process")
+
+    os._exit = refused
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
 def load_workload(path: str | Path) -> Workload:
     """Import a workload file (a Python file defining ``workload``) and return its workload.
 
@@ -134,8 +153,21 @@ def load_workload(path: str | Path) -> Workload:
         raise WorkloadFileError(f"{file}: not a Python file; a workload file ends in .py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
+    folder = str(file.resolve().parent)
+    if folder not in sys.path:  # its sibling modules import, as under `python FILE`
+        sys.path.insert(0, folder)
     try:
-        spec.loader.exec_module(module)
+        with _exit_refused(file):
+            spec.loader.exec_module(module)
+    except SystemExit as err:  # sys.exit at import: no workload, and no silent exit 0
+        sys.modules.pop(module_name, None)
+        raise WorkloadFileError(f"{file}: called sys.exit({err.code!r}) while loading; a "
+                                "workload file must define `workload`, not end the "
+                                "process (guard a script's main with "
+                                "`if __name__ == '__main__':`)") from None
+    except WorkloadFileError:
+        sys.modules.pop(module_name, None)
+        raise
     except SyntaxError as err:
         sys.modules.pop(module_name, None)
         raise WorkloadFileError(

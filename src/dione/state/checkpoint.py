@@ -9,7 +9,8 @@ A checkpoint is a folder ``<run>/checkpoints/<task>/step-00000120/``::
     scheduler.pt          the learning-rate scheduler's state, if the task has one
     grad_scaler.pt        fp16's loss-scaler state, if the task trains in fp16
     digests.json          the SHA-256 of every file above
-    progress.json         written last: step, samples seen, who wrote it
+    progress.json         written last: step, samples seen, who wrote it, and the
+                          SHA-256 of digests.json (so that deleting it is damage too)
 
 It is written to ``step-N.partial`` and renamed once every rank is done, so a folder
 without ``.partial`` is always complete. Before a checkpoint is loaded its files are
@@ -36,6 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -44,8 +46,11 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from dione.state.private import private_dir
+
 __all__ = [
     "CheckpointError",
+    "CheckpointMismatch",
     "CorruptCheckpoint",
     "Progress",
     "checkpoint_path",
@@ -73,6 +78,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, incomplete or belongs to different training."""
 
 
+class CheckpointMismatch(CheckpointError):
+    """A checkpoint of other parameters than the task's model has now (it changed)."""
+
+
 class CorruptCheckpoint(CheckpointError):
     """A checkpoint whose files are not what was written: ``file`` names the first."""
 
@@ -97,9 +106,10 @@ def _payload(folder: Path) -> list[Path]:
 
 
 def verify_checkpoint(path: str | Path) -> None:
-    """Check every file of a complete checkpoint against its ``digests.json``; raise
-    CorruptCheckpoint naming the first file missing, added, changed or not private.
-    A checkpoint written before dione kept digests is accepted as it is."""
+    """Check every file of a complete checkpoint against its ``digests.json`` (and that
+    file against the digest ``progress.json`` keeps of it); raise CorruptCheckpoint
+    naming the first file missing, added, changed or not private. A checkpoint written
+    before dione kept digests is accepted as it is."""
     from dione.state.private import UnsafePathError, check_private
 
     folder = Path(path)
@@ -113,7 +123,7 @@ def verify_checkpoint(path: str | Path) -> None:
         raise CheckpointError(f"checkpoint {folder}: {PROGRESS} cannot be read "
                               f"({err.strerror or err})") from None
     try:
-        Progress(**json.loads(text))
+        progress = Progress(**json.loads(text))
     except (ValueError, TypeError) as err:
         # A folder renamed into place always had a whole one: it was torn after (power
         # lost before the disk had it, or damaged since), like any other file of it.
@@ -127,7 +137,13 @@ def verify_checkpoint(path: str | Path) -> None:
                                 str(err).split(" ", 1)[0]) from None
     digests_file = folder / DIGESTS
     if not digests_file.is_file():
-        return
+        if progress.digests is None:  # written before dione kept digests
+            return
+        raise CorruptCheckpoint(f"checkpoint {folder}: file {DIGESTS} is missing; it was "
+                                "written with the checkpoint", folder, DIGESTS)
+    if progress.digests is not None and _sha256(digests_file) != progress.digests:
+        raise CorruptCheckpoint(f"checkpoint {folder}: file {DIGESTS} does not match the "
+                                "digest written with it (changed)", folder, DIGESTS)
     try:
         expected = json.loads(digests_file.read_text())
     except (OSError, ValueError) as err:
@@ -170,6 +186,9 @@ class Progress:
     world: int = 1
     saved_at: float = 0.0
     torch_version: str = torch.__version__
+    # The SHA-256 of digests.json (None: written before dione kept it, with or without
+    # digests). With it, a checkpoint without its digests is corrupt, not unverified.
+    digests: str | None = None
 
 
 def checkpoint_path(run_dir: str | Path, task: str, step: int) -> Path:
@@ -259,7 +278,7 @@ def save_checkpoint(
     rank, _ = _rank()
     if rank == 0:
         shutil.rmtree(partial, ignore_errors=True)  # left by a gang that died mid-save
-        partial.mkdir(parents=True)
+        private_dir(partial)  # and the task's folder, private like the run directory
     _barrier()
     model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
     dcp_save({"model": model_state, "optim": optim_state}, checkpoint_id=partial,
@@ -274,7 +293,8 @@ def save_checkpoint(
             torch.save(scaler.state_dict(), partial / "grad_scaler.pt")
         digests = {str(p.relative_to(partial)): _sha256(p) for p in _payload(partial)}
         (partial / DIGESTS).write_text(json.dumps(digests, indent=1))
-        stamped = Progress(**{**asdict(progress), "saved_at": time.time()})
+        stamped = Progress(**{**asdict(progress), "saved_at": time.time(),
+                              "digests": _sha256(partial / DIGESTS)})
         (partial / PROGRESS).write_text(json.dumps(asdict(stamped), indent=1))
         for item in [partial, *partial.rglob("*")]:
             # Private whatever the ranks' umask: a loader refuses what others may write.
@@ -336,7 +356,17 @@ def load_checkpoint(
         )
     model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
     state = {"model": model_state, "optim": optim_state}
-    dcp_load(state, checkpoint_id=folder, no_dist=not _grouped())
+    try:
+        dcp_load(state, checkpoint_id=folder, no_dist=not _grouped())
+    except CheckpointException as err:
+        # torch says only "CheckpointException ranks:dict_keys([0])": say what it means.
+        causes = "; ".join(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                           for e, _ in list(err.failures.values())[:1])
+        raise CheckpointMismatch(
+            f"checkpoint {folder} does not fit the task's model and optimizer as they are "
+            f"now ({causes}): the model (or the optimizer) changed since the slice that "
+            "wrote it; train the changed task in a new run directory, or put the code "
+            "back") from None
     set_state_dict(model, optimizer, model_state_dict=cast(Any, state["model"]),
                    optim_state_dict=cast(Any, state["optim"]), options=_OPTIONS)
     if scheduler is not None and (folder / "scheduler.pt").is_file():

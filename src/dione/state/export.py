@@ -10,6 +10,7 @@ which ``from_pretrained`` reads back. ``dione.json`` beside it says where it cam
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -121,6 +122,9 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
         "task": task.name, "step": progress.step, "technique": progress.technique,
         "checkpoint": str(Path(checkpoint).resolve()), "weights": WEIGHTS_FILE,
         "hugging_face": callable(save_pretrained), "exported_at": time.time(),
-        "hyperparameters": {k: str(v) for k, v in task.hyperparameters.items()},
+        # As JSON has them (a learning rate a number, not "0.001"); anything else as text.
+        "hyperparameters": {k: v if isinstance(v, (bool, int, float, str, type(None)))
+                            and not (isinstance(v, float) and not math.isfinite(v)) else str(v)
+                            for k, v in task.hyperparameters.items()},
     }, indent=1) + "\n")
     return out

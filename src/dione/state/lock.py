@@ -1,9 +1,11 @@
 """One launcher per run directory: an exclusive lock its live holder keeps.
 
 Two launchers on one run directory would both train every task and delete each
-other's half-written checkpoints. The holder keeps an ``flock`` on ``RUN_DIR/lock``
-for as long as it lives (the kernel drops it when the process dies, however it dies),
-and writes its host and pid there so a second launcher can say who holds it.
+other's half-written checkpoints. The holder keeps an ``flock`` on the run directory
+itself for as long as it lives (the kernel drops it when the process dies, however it
+dies): a lock on a file in it could be bypassed by deleting the file, which leaves the
+holder locking a name no one else opens. It writes its host and pid to ``RUN_DIR/lock``
+(never through a symlink) so that a second launcher can say who holds it.
 """
 
 from __future__ import annotations
@@ -56,23 +58,42 @@ def _read(file: IO[str]) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
+def _holder_record(run_dir: Path) -> dict[str, Any] | None:
+    """What the holder wrote to ``RUN_DIR/lock`` (None: nothing readable; a symlink is
+    not followed)."""
+    try:
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd) as file:
+        return _read(file)
+
+
+def _directory(run_dir: Path) -> int:
+    return os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+
+
 def lock_holder(run_dir: str | Path) -> LockHolder | None:
     """Who holds the lock of ``run_dir`` (alive), or last held it (not alive); None if
     no launcher ever took it."""
-    path = Path(run_dir) / LOCK_FILE
+    run_dir = Path(run_dir)
+    record = _holder_record(run_dir)
     try:
-        file = open(path)  # noqa: SIM115 - held across the probe below
+        fd = _directory(run_dir)
     except OSError:
         return None
-    with file:
-        record = _read(file)
-        try:
-            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            alive = True
-        else:
-            alive = False
-            fcntl.flock(file, fcntl.LOCK_UN)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        alive = True
+    else:
+        alive = False
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    if record is None and not alive:
+        return None
+    record = record or {}
     return LockHolder(str(record.get("host", "?")), int(record.get("pid", 0)),
                       float(record.get("since", 0.0)), alive)
 
@@ -82,50 +103,61 @@ class RunLock:
     the live holder. Re-entrant within a process (the CLI holds it around the run
     loop, which takes it too)."""
 
-    # Locks this process holds, by lock file, with how many holders each has.
+    # Run directories this process holds, with how many holders each has.
     _held: ClassVar[dict[Path, int]] = {}
 
     def __init__(self, run_dir: str | Path) -> None:
-        self.path = (Path(run_dir) / LOCK_FILE).resolve()
-        self._file: IO[str] | None = None
+        self.run_dir = Path(run_dir).resolve()
+        self.path = self.run_dir / LOCK_FILE
+        self._fd: int | None = None
         self._nested = False
 
     def acquire(self) -> None:
-        if self.path in RunLock._held:
-            RunLock._held[self.path] += 1
+        if self.run_dir in RunLock._held:
+            RunLock._held[self.run_dir] += 1
             self._nested = True
             return
-        file = open(self.path, "a+")  # noqa: SIM115 - kept open while the lock is held
+        fd = _directory(self.run_dir)
         try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            record = _read(file)
-            file.close()
+            os.close(fd)
+            record = _holder_record(self.run_dir) or {}
             since = record.get("since")
             when = (time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(since))
                     if isinstance(since, (int, float)) else "")
             raise RunDirBusy(
-                f"{self.path.parent} is in use by another dione launcher (pid "
+                f"{self.run_dir} is in use by another dione launcher (pid "
                 f"{record.get('pid', '?')} on host {record.get('host', '?')}{when}); wait for "
                 "it to finish or stop it, or use another run directory") from None
-        os.chmod(self.path, 0o600)
-        file.seek(0)
-        file.truncate()
-        file.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                               "since": time.time()}))
-        file.flush()
-        self._file = file
-        RunLock._held[self.path] = 1
+        try:
+            self._write_holder()
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        RunLock._held[self.run_dir] = 1
+
+    def _write_holder(self) -> None:
+        """Who holds it, in ``RUN_DIR/lock``: a symlink there is replaced, not followed
+        (its target may be anyone's file)."""
+        if self.path.is_symlink():
+            self.path.unlink()
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as file:
+            os.fchmod(file.fileno(), 0o600)
+            file.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                   "since": time.time()}))
 
     def release(self) -> None:
         if self._nested:
-            RunLock._held[self.path] -= 1
+            RunLock._held[self.run_dir] -= 1
             self._nested = False
-        elif self._file is not None:
-            del RunLock._held[self.path]
-            fcntl.flock(self._file, fcntl.LOCK_UN)
-            self._file.close()
-            self._file = None
+        elif self._fd is not None:
+            del RunLock._held[self.run_dir]
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> RunLock:
         self.acquire()

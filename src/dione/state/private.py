@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["UnsafePathError", "check_private", "private_dir", "private_file"]
+__all__ = ["UnsafePathError", "check_private", "private_dir", "private_file", "write_private"]
 
 
 class UnsafePathError(PermissionError):
@@ -43,10 +43,11 @@ def private_dir(path: str | Path) -> Path:
     private; the path."""
     folder = Path(path)
     if not folder.exists():
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        # Created meanwhile by another process: it is checked below all the same.
-        with contextlib.suppress(FileExistsError):
-            folder.mkdir(mode=0o700)
+        missing = [folder, *[p for p in folder.parents if not p.exists()]]
+        for item in reversed(missing):  # each folder dione makes for it private too
+            # Created meanwhile by another process: it is checked below all the same.
+            with contextlib.suppress(FileExistsError):
+                item.mkdir(mode=0o700)
     check_private(folder)
     return folder
 
@@ -57,3 +58,17 @@ def private_file(path: str | Path) -> Path:
     if os.stat(path).st_uid == os.getuid():
         os.chmod(path, 0o600)
     return Path(path)
+
+
+def write_private(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file, then a rename),
+    readable by this user only, never through a symlink."""
+    target = Path(path)
+    partial = target.with_name(target.name + ".partial")
+    with contextlib.suppress(FileNotFoundError):
+        partial.unlink()
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(text)
+    os.replace(partial, target)
+    return target

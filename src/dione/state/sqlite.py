@@ -2,13 +2,88 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-__all__ = ["SQLiteFile"]
+__all__ = ["SQLiteFile", "StateFileError"]
+
+
+class StateFileError(ValueError):
+    """A state file (a run store, the catalog) that cannot be used: damaged, not a
+    database, or where it cannot be opened. The message is one sentence that names the
+    file and the way out; the CLI prints it with exit status 2."""
+
+
+def _busy(err: BaseException) -> bool:
+    """A file another process holds for writing right now: not damage (the caller waits
+    or says so itself)."""
+    return "locked" in str(err) or "busy" in str(err)
+
+
+def _damaged(path: Path, what: str, fix: str, err: BaseException) -> StateFileError:
+    if "full" in str(err):
+        fix = "free space on that disk, then go on (`dione resume` for a run)"
+    return StateFileError(f"{path} cannot be used as dione's {what} ({type(err).__name__}: "
+                          f"{err}); {fix}")
+
+
+class _Cursor(sqlite3.Cursor):
+    """Rows of a damaged file fail as they are read: as a StateFileError naming it."""
+
+    file: SQLiteFile
+
+    def __next__(self) -> Any:
+        try:
+            return super().__next__()
+        except sqlite3.DatabaseError as err:
+            if _busy(err):
+                raise
+            raise self.file.damaged(err) from None
+
+    def fetchone(self) -> Any:
+        try:
+            return super().fetchone()
+        except sqlite3.DatabaseError as err:
+            if _busy(err):
+                raise
+            raise self.file.damaged(err) from None
+
+    def fetchall(self) -> list[Any]:
+        try:
+            return super().fetchall()
+        except sqlite3.DatabaseError as err:
+            if _busy(err):
+                raise
+            raise self.file.damaged(err) from None
+
+
+class _Connection(sqlite3.Connection):
+    """Every statement's sqlite3.DatabaseError as a StateFileError naming the file
+    ("database disk image is malformed", "file is not a database", a full disk)."""
+
+    file: SQLiteFile
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        cursor = self.cursor(_Cursor)
+        cursor.file = self.file
+        try:
+            return cursor.execute(sql, parameters)
+        except sqlite3.DatabaseError as err:
+            if _busy(err):
+                raise
+            raise self.file.damaged(err) from None
+
+    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
+        try:
+            return super().executemany(sql, parameters)
+        except sqlite3.DatabaseError as err:
+            if _busy(err):
+                raise
+            raise self.file.damaged(err) from None
 
 
 class SQLiteFile:
@@ -19,15 +94,41 @@ class SQLiteFile:
     outer one. WAL lets readers in other processes read while one writes.
     """
 
+    # What the file is, and what to do when it is damaged (for StateFileError).
+    what: ClassVar[str] = "state file"
+    fix: ClassVar[str] = "move it aside and start again"
+
     def __init__(self, path: Path, schema: str, *, timeout: float = 60.0,
                  any_thread: bool = False) -> None:
         self.path = path
-        self._db = sqlite3.connect(path, timeout=timeout, isolation_level=None,
-                                   check_same_thread=not any_thread)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(schema)  # idempotent; executescript commits on its own
+        try:
+            if not path.exists():  # private from its first byte: SQLite gives its -wal
+                # and -shm files the database file's permissions
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+            db = sqlite3.connect(path, timeout=timeout, isolation_level=None,
+                                 check_same_thread=not any_thread, factory=_Connection)
+        except (sqlite3.Error, OSError) as err:
+            raise self.damaged(err) from None
+        assert isinstance(db, _Connection)
+        db.file = self
+        self._db: sqlite3.Connection = db
+        try:
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(schema)  # idempotent; executescript commits on its own
+        except sqlite3.DatabaseError as err:
+            self._db.close()
+            if _busy(err):
+                raise
+            raise self.damaged(err) from None
+        except StateFileError:
+            self._db.close()
+            raise
+
+    def damaged(self, err: BaseException) -> StateFileError:
+        """``err`` as this file's StateFileError."""
+        return _damaged(self.path, self.what, self.fix, err)
 
     def close(self) -> None:
         self._db.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import socket
 import sqlite3
 import time
@@ -29,7 +30,7 @@ from typing import Any
 
 from dione.state.lock import pid_alive
 from dione.state.private import private_dir, private_file
-from dione.state.sqlite import SQLiteFile
+from dione.state.sqlite import SQLiteFile, StateFileError
 
 __all__ = ["CheckpointRecord", "RunStore", "SliceRecord", "TaskRecord"]
 
@@ -91,6 +92,10 @@ CREATE TABLE IF NOT EXISTS cuts (
     cut TEXT NOT NULL,  -- JSON: the blocks' names and each stage's [start, end)
     slice_id INTEGER NOT NULL REFERENCES slices(id),
     PRIMARY KEY (task, stages)
+);
+CREATE TABLE IF NOT EXISTS run (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS evaluations (
     task TEXT NOT NULL,
@@ -197,11 +202,29 @@ def _rebuild_version_0(db: sqlite3.Connection) -> None:
 class RunStore(SQLiteFile):
     """The SQLite file of one run directory (created on first use)."""
 
+    what = "run store"
+    fix = ("the checkpoints are kept: restore the file from a copy, or train the workload "
+           "again in a new run directory")
+
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = private_dir(run_dir)
-        super().__init__(self.run_dir / STORE_FILE, _SCHEMA)
+        path = self.run_dir / STORE_FILE
+        wal = path.with_name(path.name + "-wal")
+        if (path.is_file() and path.stat().st_size == 0
+                and not (wal.is_file() and wal.stat().st_size)
+                and ((self.run_dir / "checkpoints").is_dir()
+                     or (self.run_dir / "run.json").is_file())):
+            # An empty file would be taken for a new run: every task from step 0, over
+            # the checkpoints of the one it held.
+            raise StateFileError(f"{path} is empty, yet {self.run_dir} holds a run (its "
+                                 f"checkpoints or run.json): it was cut to nothing; {self.fix}")
+        super().__init__(path, _SCHEMA)
         private_file(self.path)
-        _migrate(self._db)
+        try:
+            _migrate(self._db)
+        except StateFileError:
+            self.close()
+            raise
 
     def __enter__(self) -> RunStore:
         return self
@@ -240,10 +263,12 @@ class RunStore(SQLiteFile):
     def tasks(self) -> list[TaskRecord]:
         return [self._task(r) for r in self._db.execute("SELECT * FROM tasks ORDER BY rowid")]
 
-    @staticmethod
-    def _task(row: sqlite3.Row) -> TaskRecord:
-        return TaskRecord(row["name"], row["total_steps"], row["batch_size"],
-                          json.loads(row["hyperparameters"]), row["status"], row["error"])
+    def _task(self, row: sqlite3.Row) -> TaskRecord:
+        try:
+            return TaskRecord(row["name"], row["total_steps"], row["batch_size"],
+                              json.loads(row["hyperparameters"]), row["status"], row["error"])
+        except (ValueError, TypeError) as err:
+            raise self.damaged(ValueError(f"a row of table tasks is garbage: {err}")) from None
 
     def set_task_status(self, name: str, status: str, error: str | None = None) -> None:
         with self._transaction() as db:
@@ -360,6 +385,12 @@ class RunStore(SQLiteFile):
         return [self._slice(r) for r in rows]
 
     def _slice(self, row: sqlite3.Row) -> SliceRecord:
+        try:
+            return self._decode_slice(row)
+        except (ValueError, TypeError) as err:
+            raise self.damaged(ValueError(f"a row of table slices is garbage: {err}")) from None
+
+    def _decode_slice(self, row: sqlite3.Row) -> SliceRecord:
         return SliceRecord(
             row["id"], row["task"], row["technique"], json.loads(row["knobs"]), row["node"],
             json.loads(row["device_ids"]), row["start_step"], row["end_step"], row["status"],
@@ -367,6 +398,28 @@ class RunStore(SQLiteFile):
             None if row["checkpoint"] is None else self._resolved(row["checkpoint"]),
             json.loads(row["timings"] or "{}"), row["peak_memory_bytes"], row["inexactness"],
         )
+
+    # -- the run ---------------------------------------------------------------------
+
+    @property
+    def run_id(self) -> str:
+        """A random name of this run, made once: its checkpoints' folder in a storage
+        other runs share (``checkpoint_root``)."""
+        row = self._db.execute("SELECT value FROM run WHERE key = 'id'").fetchone()
+        if row is not None:
+            return str(row[0])
+        with self._transaction() as db:
+            db.execute("INSERT OR IGNORE INTO run VALUES ('id', ?)", (secrets.token_hex(8),))
+        return str(self._db.execute("SELECT value FROM run WHERE key = 'id'").fetchone()[0])
+
+    def checkpoint_root(self, storage: str | Path | None) -> Path:
+        """Where this run's checkpoints go: the run directory itself, or, in a storage
+        other than it (``--storage``), a folder of this run's own (``runs/<run_id>``),
+        so that two runs sharing one storage never touch each other's checkpoints."""
+        here = self.run_dir.resolve()
+        if storage is None or Path(storage).resolve() == here:
+            return here
+        return Path(storage).resolve() / "runs" / self.run_id
 
     # -- pipeline cuts -----------------------------------------------------------------
 

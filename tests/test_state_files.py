@@ -1,0 +1,245 @@
+"""State files a user or a fault damaged, a lock bypassed, a full disk, files others may
+read: each one sentence and exit 2, nothing lost, nothing followed that is not ours."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TEST_NODE, digits_task
+from dione.cli import main as dione_main
+from dione.launch import local_placement, run_slice
+from dione.launch.slice import SliceError
+from dione.state.lock import RunDirBusy, RunLock, lock_holder
+from dione.state.sqlite import StateFileError
+from dione.state.store import RunStore
+
+WORKLOAD = '''
+import functools, os, torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+hidden = int(os.environ.get("HIDDEN", "16"))
+workload = Workload([Task(name="d", model=functools.partial(digits_mlp, hidden=hidden, depth=1),
+                          data=digits_train, loss=torch.nn.functional.cross_entropy,
+                          optimizer=functools.partial(torch.optim.Adam, lr=1e-2),
+                          batch_size=16, steps=8, techniques=("single",))])
+'''
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = dione_main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+@pytest.fixture
+def trained(tmp_path: Path) -> tuple[Path, Path]:
+    """A workload file and a run directory that `dione train` trained 4 steps in."""
+    workload = tmp_path / "workload.py"
+    workload.write_text(WORKLOAD)
+    run_dir = tmp_path / "run"
+    assert dione_main(["train", str(workload), "--task", "d", "--technique", "single",
+                       "--steps", "4", "--out", str(run_dir)]) == 0
+    return workload, run_dir
+
+
+def test_a_store_cut_to_nothing_is_refused_not_taken_for_a_new_run(
+        trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """It silently restarted every task from step 0 over the checkpoints it held."""
+    workload, run_dir = trained
+    capsys.readouterr()
+    before = sorted((run_dir / "checkpoints" / "d").iterdir())
+    (run_dir / "dione.sqlite").write_bytes(b"")
+    for leftover in ("dione.sqlite-wal", "dione.sqlite-shm"):
+        (run_dir / leftover).unlink(missing_ok=True)
+    code, said = run(capsys, "train", str(workload), "--task", "d", "--technique", "single",
+                     "--out", str(run_dir))
+    assert code == 2 and "is empty, yet" in said and "Traceback" not in said
+    assert sorted((run_dir / "checkpoints" / "d").iterdir()) == before
+    code, said = run(capsys, "status", str(run_dir))
+    assert code == 2 and "is empty" in said
+
+
+@pytest.mark.parametrize("damage", ["not a database", "cut in half", "garbage row"])
+def test_a_damaged_store_is_one_sentence_and_exit_2(
+        trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str], damage: str) -> None:
+    _, run_dir = trained
+    capsys.readouterr()
+    store = run_dir / "dione.sqlite"
+    if damage == "garbage row":
+        with sqlite3.connect(store) as db:
+            db.execute("UPDATE slices SET knobs = '{not json'")
+    else:
+        with sqlite3.connect(store) as db:  # everything in the main file first
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        data = store.read_bytes()
+        store.write_bytes(b"not a database at all" * 64 if damage == "not a database"
+                          else data[: len(data) // 2])
+    code, said = run(capsys, "status", str(run_dir))
+    assert code == 2 and "Traceback" not in said
+    assert str(store) in said and "cannot be used as dione's run store" in said
+    assert said.count("\n") <= 3
+
+
+def test_a_damaged_or_misplaced_catalog_is_one_sentence_and_exit_2(
+        trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    workload, run_dir = trained
+    capsys.readouterr()
+    catalog = run_dir.parent / "catalog.sqlite"
+    catalog.write_bytes(b"garbage" * 100)
+    code, said = run(capsys, "profile", str(workload), "--catalog", str(catalog))
+    assert code == 2 and "cannot be used as dione's catalog" in said
+    assert "Traceback" not in said
+    monkeypatch.setenv("DIONE_CATALOG", str(run_dir))  # a folder, not a file
+    code, said = run(capsys, "profile", str(workload))
+    assert code == 2 and "is not a file" in said
+    # A garbage row is a trial to run again: the profile goes on.
+    from dione.profile.catalog import Catalog
+
+    catalog.unlink()
+    with Catalog(catalog) as fresh:
+        fresh._db.execute("INSERT INTO trials VALUES ('x', '{not json', 0)")
+        assert fresh.get("x") is None and fresh.records() == []
+
+
+def test_a_run_json_out_of_range_or_of_the_wrong_type_is_refused(
+        trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    workload, run_dir = trained
+    from dione.cli.saved_run import SavedRun
+    from dione.orchestrate import RunOptions
+
+    SavedRun(str(workload), RunOptions()).write(run_dir)
+    saved = json.loads((run_dir / "run.json").read_text())
+    for field, value in (("timeout", -1), ("max_failures", "3"), ("slice_steps", 2.5)):
+        broken = {**saved, "options": {**saved["options"], field: value}}
+        (run_dir / "run.json").write_text(json.dumps(broken))
+        capsys.readouterr()
+        code, said = run(capsys, "resume", str(run_dir))
+        assert code == 2 and f"run option {field}=" in said, said
+
+
+def test_the_lock_cannot_be_bypassed_by_deleting_it_nor_followed_through_a_symlink(
+        tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    second = [sys.executable, "-c", "import sys; from dione.state.lock import RunLock, "
+              "RunDirBusy\ntry:\n    RunLock(sys.argv[1]).acquire()\nexcept RunDirBusy as e:\n"
+              "    print(e); sys.exit(3)", str(run_dir)]
+    with RunLock(run_dir):
+        (run_dir / "lock").unlink()  # a careless `rm`: the lock is the directory's
+        refused = subprocess.run(second, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 3 and "in use by another dione launcher" in refused.stdout
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file\n")
+    (run_dir / "lock").unlink(missing_ok=True)
+    (run_dir / "lock").symlink_to(victim)
+    with RunLock(run_dir):
+        assert victim.read_text() == "the user's own file\n"
+        assert not (run_dir / "lock").is_symlink()
+        assert json.loads((run_dir / "lock").read_text())["pid"] == os.getpid()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from dione.state.lock import RunLock\n"
+         "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)",
+         str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirBusy, match=f"pid {holder.pid}"):
+            RunLock(run_dir).acquire()
+        found = lock_holder(run_dir)
+        assert found is not None and found.alive and found.pid == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+    found = lock_holder(run_dir)
+    assert found is not None and not found.alive
+
+
+def test_a_full_store_stops_with_a_sentence_and_a_full_disk_is_not_retried(
+        tmp_path: Path) -> None:
+    """SQLite's 'database or disk is full' (here: the file may not grow) is a
+    StateFileError that says to free space; run_slice lets it stop the run, where it
+    was taken for a task's retryable failure. torch's short write on a full disk
+    ('unexpected pos') is a failure no retry can mend."""
+    with RunStore(tmp_path) as store:
+        store.register_task("t", 10_000, 8)
+        pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+        store._db.execute(f"PRAGMA max_page_count = {pages + 1}")
+        slice_id = store.begin_slice("t", "single", {}, "n", [0], 0, 10_000)
+        with pytest.raises(StateFileError, match="free space on that disk"):
+            store.finish_slice(slice_id, [1.0] * 10_000, [0.1] * 10_000, None)
+    error = SliceError("rank 0 raised RuntimeError: [enforce fail at inline_container.cc:"
+                       "626] . unexpected pos 2496 vs 2384", "raised", "RuntimeError")
+    assert not error.retryable
+
+
+def test_files_a_run_writes_are_private(tmp_path: Path) -> None:
+    """run.json, plans, the report, the rank logs and the store's -wal and -shm files
+    were created 0644/0755."""
+    from dione.orchestrate import RunOptions, run_workload
+    from dione.profile import TrialOptions
+    from dione.spec.cluster import Cluster, Node
+
+    run_dir = tmp_path / "run"
+    os.umask(0o022)
+    run_workload([digits_task(steps=4, techniques=("single",))],
+                 Cluster([Node("test", 2, "cpu")]), run_dir,
+                 RunOptions(catalog=str(tmp_path / "catalog.sqlite"), time_limit=2.0,
+                            trial=TrialOptions(warmup_steps=1, measure_steps=2)))
+    from dione.cli.saved_run import SavedRun
+
+    SavedRun("w.py", RunOptions()).write(run_dir)
+    seen = {p.relative_to(run_dir).parts[0] for p in run_dir.rglob("*")}
+    assert {"run.json", "plans", "report", "logs", "dione.sqlite"} <= seen
+    loose = [str(p.relative_to(run_dir)) for p in [run_dir, *run_dir.rglob("*")]
+             if not p.is_symlink() and stat.S_IMODE(p.stat().st_mode) & 0o077]
+    assert loose == []
+
+
+def test_a_model_changed_between_slices_is_named_and_not_retried(tmp_path: Path) -> None:
+    placement = local_placement(TEST_NODE, [0])
+    run_slice(digits_task(steps=8), "single", tmp_path, placement, steps=4)
+    import functools
+
+    from dione.zoo import digits_mlp
+
+    changed = digits_task(steps=8, model=functools.partial(digits_mlp, hidden=48, depth=2))
+    with pytest.raises(SliceError) as caught:
+        run_slice(changed, "single", tmp_path, placement)
+    assert "does not fit the task's model and optimizer as they are now" in str(caught.value)
+    assert not caught.value.retryable
+
+
+def test_an_unreachable_ray_address_is_refused_in_seconds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ray")
+    workload = tmp_path / "workload.py"
+    workload.write_text(WORKLOAD)
+    began = time.monotonic()
+    code, said = run(capsys, "run", str(workload), "--ray", "127.0.0.1:1", "--out",
+                     str(tmp_path / "run"))
+    assert code == 2 and "cannot reach a Ray cluster at '127.0.0.1:1'" in said
+    assert time.monotonic() - began < 60  # it waited over five minutes
+
+
+@pytest.mark.parametrize("ending", ["import os\nos._exit(0)\n", "import sys\nsys.exit(0)\n"])
+def test_a_workload_that_ends_the_process_at_import_is_refused(
+        tmp_path: Path, ending: str) -> None:
+    workload = tmp_path / "workload.py"
+    workload.write_text(ending)
+    for command in ("validate", "run"):
+        done = subprocess.run([sys.executable, "-m", "dione.cli", command, str(workload),
+                               "--out" if command == "run" else "--devices",
+                               str(tmp_path / "run") if command == "run" else "cpu:1"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        assert "while loading" in done.stderr
