@@ -6,7 +6,7 @@ GPT-2 tasks leave ``loss`` out: the model computes its own from ``labels``. The 
 tasks give a loss on the logits instead, clip gradients and train in bf16 autocast.
 
     dione run examples/hf.py --out runs/hf
-    dione export runs/hf gpt2-lr=0.003 -o exported/gpt2     # then GPT2LMHeadModel.from_pretrained
+    dione export runs/hf gpt2-lr0.003 -o exported/gpt2     # then GPT2LMHeadModel.from_pretrained
 """
 
 import functools

@@ -1,6 +1,7 @@
 """dione: train many deep-learning models at once, finishing the whole batch early."""
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dione._lazy import lazy_exports
@@ -37,16 +38,21 @@ __getattr__ = lazy_exports(__name__, {
 
 
 def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione",
-        ray: str | None = None, **options: Any) -> Any:
+        ray: str | None = None, on_event: Callable[[Any], None] | None = None,
+        quiet: bool = False, **options: Any) -> Any:
     """Profile, plan and train every task of ``workload`` (a Workload, a list of tasks or
     a workload file's path) on this machine (``devices`` as ``--devices``), or on the Ray
     cluster at ``ray`` (an address as ``ray.init`` takes it, e.g. ``"auto"``), as ``dione
-    run`` does; ``options`` are ``dione.orchestrate.RunOptions`` fields. Returns the
+    run`` does; ``options`` are ``dione.orchestrate.RunOptions`` fields. Each event (a
+    ``ProfileEvent`` while profiling, then a ``RunEvent`` per plan, slice and task) goes
+    to ``on_event``, and, unless ``quiet``, is printed as one line, as ``dione run``
+    prints it off a terminal. Returns the
     ``RunResult``: per task its status, final loss, evaluation and checkpoint; invalid
     tasks are left out and listed in its ``invalid``. Calling it
     again with the same ``run_dir`` resumes an interrupted run."""
     # Imported here: workers import this package and need none of the planning stack.
     from dione.orchestrate import RunOptions, run_workload
+    from dione.orchestrate.interrupts import interruptible
     from dione.spec import Cluster, load_workload, local_cluster
     from dione.techniques.validation import valid_tasks
 
@@ -56,19 +62,49 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     if not tasks:
         raise ValueError("no task of the workload is valid:\n"
                          + "\n".join(str(p) for p in problems))
-    if ray is None:
-        result = run_workload(tasks, local_cluster(devices), run_dir, RunOptions(**options))
-    else:
-        from dione.launch.ray_launcher import RayLauncher
+    said = _said(on_event, quiet)
+    # Ctrl-C (and SIGTERM) stop the run cleanly at any moment; the caller's handlers are
+    # put back after (a notebook's interrupt keeps working).
+    with interruptible():
+        if ray is None:
+            result = run_workload(tasks, local_cluster(devices), run_dir,
+                                  RunOptions(**options), on_event=said[0],
+                                  on_profile_event=said[1])
+        else:
+            from dione.launch.ray_launcher import RayLauncher
 
-        launcher = RayLauncher(ray)
-        try:
-            result = run_workload(tasks, Cluster(launcher.nodes()), run_dir,
-                                  RunOptions(**options), launcher=launcher)
-        finally:
-            launcher.shutdown()
+            launcher = RayLauncher(ray)
+            try:
+                result = run_workload(tasks, Cluster(launcher.nodes()), run_dir,
+                                      RunOptions(**options), launcher=launcher,
+                                      on_event=said[0], on_profile_event=said[1])
+            finally:
+                launcher.shutdown()
     result.invalid = [str(p) for p in problems]  # a bad task stops only itself
     return result
+
+
+def _said(on_event: Callable[[Any], None] | None, quiet: bool
+          ) -> tuple[Callable[[Any], None], Callable[[Any], None]]:
+    """(run events, profile events) to ``on_event`` and, unless ``quiet``, a line each."""
+    from dione.cli.console import console
+    from dione.cli.views import profile_lines
+
+    lines = profile_lines()
+
+    def run_event(event: Any) -> None:
+        if not quiet:
+            console.print(f"[{event.kind}] {event.message}", markup=False, highlight=False)
+        if on_event is not None:
+            on_event(event)
+
+    def profile_event(event: Any) -> None:
+        if not quiet:
+            lines(event)
+        if on_event is not None:
+            on_event(event)
+
+    return run_event, profile_event
 
 
 def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,

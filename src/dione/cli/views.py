@@ -38,6 +38,10 @@ def live_steps() -> Callable[[int, dict[str, Any]], None]:
     return show
 
 
+# The end of the reason a memory-knob setting is skipped for (dione.profile.schedule).
+_ROUTINE_SKIP = "this one only trades speed for memory"
+
+
 def _task_list(names: Sequence[str], shown: int = 4) -> str:
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return ", ".join(names[:shown]) + more
@@ -47,6 +51,7 @@ def profile_lines() -> Callable[[Any], None]:
     """A callback printing one line per finished, skipped or not-tried trial; a trial
     that failed with its reason (the first line of its error), once per reason."""
     reasons: set[str] = set()
+    routine: set[str] = set()  # techniques whose routine skips were said once
 
     def failure(record: Any) -> str:
         reason = (record.reason or "").strip().splitlines()
@@ -57,6 +62,17 @@ def profile_lines() -> Callable[[Any], None]:
         return f": {said}"
 
     def show(event: Any) -> None:
+        if event.kind == "skipped" and event.record is None and (
+                event.reason or "").endswith(_ROUTINE_SKIP):
+            # By design, on every profile: said once per technique, not once per setting.
+            technique = event.label.split(" ", 1)[0]
+            if technique in routine:
+                return
+            routine.add(technique)
+            console.print(Text(f"  {technique}: settings that only trade speed for memory "
+                               "are tried only where a lighter one ran out of memory "
+                               f"(e.g. {event.label}: {event.reason})"))
+            return
         if event.kind in ("finished", "skipped"):
             record = event.record
             what = (f"{record.status}" + (f", {record.step_seconds * 1000:.1f} ms/step"

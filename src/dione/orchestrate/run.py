@@ -26,6 +26,7 @@ from dione.profile.catalog import Catalog
 from dione.profile.profiler import profile_workload
 from dione.profile.results import ProfileEvent
 from dione.report.files import summaries, write_report
+from dione.report.plans import read_plans
 from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.task import Task
 from dione.state.store import RunStore
@@ -80,6 +81,18 @@ def _results(tasks: Sequence[Task], run_dir: Path) -> list[TaskResult]:
         for t in tasks]
 
 
+def _recorded_makespan(run_dir: Path) -> float:
+    """A run that had nothing left to train (resumed once done): from its start (its
+    first plan's clock, or its first slice) to its last slice's end, as the store and
+    the plans have them (this session's clock saw none of it), as the report says it."""
+    with RunStore(run_dir) as store:
+        done = [s for s in store.slices() if s.status == "done" and s.ended_at is not None]
+    if not done:
+        return 0.0
+    starts = [p.clock_zero for p in read_plans(run_dir)] + [s.started_at for s in done]
+    return max(s.ended_at or 0.0 for s in done) - min(starts)
+
+
 def run_workload(
     tasks: Sequence[Task],
     cluster: Cluster,
@@ -131,7 +144,7 @@ def _run_claimed(
         runner.run()
     finally:
         runner.store.close()
-    makespan = runner.now()
+    makespan = runner.now() if runner.slices_launched else _recorded_makespan(run_dir)
     try:
         write_report(run_dir, tasks)
     except (OSError, ValueError, sqlite3.Error) as err:  # the training is done and kept

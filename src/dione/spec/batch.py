@@ -206,22 +206,29 @@ def call_model(model: nn.Module, task: Task, inputs: Any) -> Any:
     return model(*args, **kwargs)
 
 
-def own_loss(task: Task, output: Any) -> torch.Tensor:
-    """The loss a model returned itself: a scalar tensor, ``output.loss`` or
-    ``output["loss"]``; a clear error when it returned none."""
+def own_loss(task: Task, output: Any, batch: Any = None) -> torch.Tensor:
+    """The loss a model returned itself: a scalar tensor, ``output.loss``,
+    ``output["loss"]``, or the first item of a tuple (as Hugging Face's Trainer takes
+    ``outputs[0]`` from a model asked for tuples); a clear error when it returned none."""
     if isinstance(output, torch.Tensor) and output.numel() == 1:
         return output.reshape(())
     loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if (loss is None and isinstance(output, (tuple, list)) and output
+            and isinstance(output[0], torch.Tensor) and output[0].numel() == 1):
+        loss = output[0]
     if isinstance(loss, torch.Tensor) and loss.numel() == 1:
         return loss.reshape(())
     what = (f"a tensor of shape {tuple(output.shape)}" if isinstance(output, torch.Tensor)
             else type(output).__name__)
+    labelled = isinstance(batch, Mapping) and LABELS in batch
     raise ValueError(
         f"task {task.name!r} leaves loss out, so its model must return its loss (a scalar "
-        f"tensor, or an output with .loss, as a Hugging Face model does when the batch has "
-        f"{LABELS!r}); it returned {what}" + (" with loss=None" if loss is None and
-                                              hasattr(output, "loss") else "")
-        + ": give the task a loss, or labels in the batch")
+        f"tensor, an output with .loss, or a tuple that starts with it, as a Hugging Face "
+        f"model does when the batch has {LABELS!r}); it returned {what}"
+        + (" with loss=None" if loss is None and hasattr(output, "loss") else "")
+        + (f" although the batch has {LABELS!r}: give the task a loss (on the model's "
+           "output and the labels)" if labelled
+           else ": give the task a loss, or labels in the batch"))
 
 
 def loss_of(model: nn.Module, task: Task, batch: Any,
@@ -233,7 +240,7 @@ def loss_of(model: nn.Module, task: Task, batch: Any,
     extra = {NUM_ITEMS: max(share.items, 1)} if share is not None and share.keyword else {}
     if task.loss is None:
         args, kwargs = model_arguments(inputs, whole=True)
-        loss = own_loss(task, model(*args, **kwargs, **extra))
+        loss = own_loss(task, model(*args, **kwargs, **extra), batch)
     else:
         loss = task.loss(call_model(model, task, inputs), target, **extra)
     if share is None or share.total == 0:  # no counted item anywhere: as single does

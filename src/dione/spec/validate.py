@@ -121,7 +121,8 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
                         + f"): {_exception_line(err)}")]
     try:
         with torch.no_grad():
-            loss = own_loss(task, output) if task.loss is None else task.loss(output, target)
+            loss = (own_loss(task, output, batch) if task.loss is None
+                    else task.loss(output, target))
         if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
             return [Problem(task.name, "loss", "must return a one-number tensor (the batch's "
                             f"mean loss), not {type(loss).__name__}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from dione.cli.errors import BadInput
@@ -31,12 +32,15 @@ def command(args: argparse.Namespace) -> int:
     holder = lock_holder(run_dir)
     if holder is not None and holder.alive:
         launcher = f"live: launcher pid {holder.pid} on {holder.host}"
-    elif running:
-        # The store says running, but no launcher holds the directory: it died.
+    elif running or any(t.status == "running" for t in tasks):
+        # The store says running, but no launcher holds the directory: it died, and what
+        # it ran was cut short (as the report shows it).
         launcher = ("dead: its launcher "
                     + (f"(pid {holder.pid} on {holder.host}) " if holder is not None else "")
                     + "is gone; `dione resume` continues from the last checkpoints")
         running = []
+        tasks = [dataclasses.replace(t, status="interrupted") if t.status == "running"
+                 else t for t in tasks]
     else:
         launcher = "no launcher running"
     print_status(run_dir, tasks, len(plans), running, launcher)

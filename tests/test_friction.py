@@ -1,0 +1,159 @@
+"""What a new user hits first: sibling modules, a silent Python API, a finished run's
+makespan, exported hyperparameters, a tuple loss, and lines the CLI need not print."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+import torch
+from torch import nn
+
+import dione
+from conftest import digits_task
+from dione.profile import TrialOptions
+from dione.spec.batch import own_loss
+
+# The workers cannot import this test module: its model classes travel by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SIBLING = '''
+import functools, torch
+from dione.zoo import digits_mlp
+
+def model():
+    return digits_mlp(hidden=16, depth=1)
+
+optimizer = functools.partial(torch.optim.Adam, lr=1e-2)
+'''
+
+USES_SIBLING = '''
+import torch
+from dione import Task, Workload
+from dione.zoo import digits_train
+import my_models  # beside this file, not installed: as `python workload.py` finds it
+
+workload = Workload([Task(name="d", model=my_models.model, data=digits_train,
+                          loss=torch.nn.functional.cross_entropy,
+                          optimizer=my_models.optimizer, batch_size=16, steps=4,
+                          techniques=("single", "ddp"))])
+'''
+
+
+def test_a_workload_imports_its_sibling_modules_in_the_launcher_and_every_worker(
+        tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "my_models.py").write_text(SIBLING)
+    (project / "workload.py").write_text(USES_SIBLING)
+    done = subprocess.run([sys.executable, "-m", "dione.cli", "train", "project/workload.py",
+                           "--task", "d", "--technique", "ddp", "--devices", "2", "--out",
+                           str(tmp_path / "run")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "steps 0-4 under ddp" in done.stdout
+
+
+def test_the_python_api_says_what_it_does_and_a_finished_run_keeps_its_makespan(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """dione.run() printed nothing for the whole profile; run again once done, it said
+    'makespan 0.0019'."""
+    heard: list[Any] = []
+    options = {"catalog": str(tmp_path / "catalog.sqlite"), "time_limit": 2.0,
+               "trial": TrialOptions(warmup_steps=1, measure_steps=2)}
+    tasks = [digits_task(steps=6, techniques=("single",))]
+    first = dione.run(tasks, devices="cpu:1", run_dir=str(tmp_path / "run"),
+                      on_event=heard.append, **options)
+    printed = capsys.readouterr().out
+    assert "trial single x1" in printed and "[planned]" in printed
+    assert "[finished]" in printed
+    assert {type(e).__name__ for e in heard} == {"ProfileEvent", "RunEvent"}
+    again = dione.run(tasks, devices="cpu:1", run_dir=str(tmp_path / "run"), quiet=True,
+                      **options)
+    assert capsys.readouterr().out == ""
+    # From the run's start to its last slice's end, as the first session measured it.
+    assert again.makespan == pytest.approx(first.makespan, rel=0.2, abs=0.5)
+
+
+def test_exported_hyperparameters_keep_their_json_types(tmp_path: Path) -> None:
+    from dione.launch import local_placement, run_slice
+    from dione.spec.cluster import Node
+    from dione.state.export import export_model, load_trained
+
+    task = digits_task(steps=2, hyperparameters={"lr": 0.001, "batch_size": 16,
+                                                 "name": "x", "betas": (0.9, 0.99)})
+    result = run_slice(task, "single", tmp_path / "run", local_placement(Node("n", 1, "cpu"),
+                                                                         [0]))
+    folder = export_model(load_trained(task, result.checkpoint), tmp_path / "out", task,
+                          result.checkpoint)
+    saved = json.loads((folder / "dione.json").read_text())["hyperparameters"]
+    assert saved == {"lr": 0.001, "batch_size": 16, "name": "x", "betas": "(0.9, 0.99)"}
+
+
+def test_a_tuple_output_gives_its_first_item_as_the_loss_and_a_missing_one_says_why(
+) -> None:
+    task = digits_task(loss=None)
+    assert own_loss(task, (torch.tensor(2.5), torch.zeros(3, 4))) == 2.5
+    with pytest.raises(ValueError, match="although the batch has 'labels'"):
+        own_loss(task, (torch.zeros(3, 4),), {"x": torch.zeros(3), "labels": torch.zeros(3)})
+    with pytest.raises(ValueError, match="or labels in the batch"):
+        own_loss(task, torch.zeros(3, 4), (torch.zeros(3), torch.zeros(3)))
+
+
+def test_routine_skips_are_said_once_per_technique() -> None:
+    from dione.cli.views import profile_lines
+    from dione.profile.results import ProfileEvent
+
+    printed: list[str] = []
+    show = profile_lines()
+    import dione.cli.views as views
+
+    original = views.console.print
+    views.console.print = lambda text, *a, **k: printed.append(str(text))  # type: ignore
+    try:
+        reason = ("the lighter setting activation_checkpointing=False fits in memory, and "
+                  "this one only trades speed for memory")
+        for label in ("fsdp x2 a", "fsdp x2 b", "gpipe x2 c", "fsdp x1 d"):
+            show(ProfileEvent("skipped", label, ("t",), reason=reason))
+        show(ProfileEvent("skipped", "ddp x2", ("t",), reason="over the profiling budget"))
+    finally:
+        views.console.print = original  # type: ignore[method-assign]
+    assert len(printed) == 3
+    assert sum("only trade speed for memory" in line for line in printed) == 2
+    assert "over the profiling budget" in printed[-1]
+
+
+def test_the_hf_example_names_tasks_that_exist() -> None:
+    from dione.spec.workload import load_workload
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "hf.py"
+    names = {t.name for t in load_workload(example)}
+    exported = [line.split()[3] for line in example.read_text().splitlines()
+                if "dione export" in line]
+    assert exported and set(exported) <= names
+
+
+class _ReturnsTuple(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.net(x)
+        return nn.functional.cross_entropy(logits, y), logits
+
+
+def test_a_model_returning_its_loss_first_in_a_tuple_trains(tmp_path: Path) -> None:
+    from dione.launch import local_placement, run_slice
+    from dione.spec.cluster import Node
+
+    task = digits_task(steps=3, loss=None, model=_ReturnsTuple,
+                       optimizer=functools.partial(torch.optim.Adam, lr=1e-2))
+    result = run_slice(task, "single", tmp_path, local_placement(Node("n", 1, "cpu"), [0]))
+    assert len(result.losses) == 3
