@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 
 from dione.launch import local_placement, run_slice, total_steps
+from dione.orchestrate.estimates import planning_nodes, task_options
 from dione.plan import PlanningProblem, solve
 from dione.profile import Catalog, ProfileEvent, TrialOptions, profile_workload
 from dione.profile.choice import trial_runs
-from dione.profile.results import Option, TaskProfile, planning_nodes
+from dione.profile.results import ProfiledOption, TaskProfile
 from dione.spec import load_workload, local_cluster
 
 
@@ -49,7 +50,7 @@ class FirstPass:
                 self.ended = time.perf_counter()
 
 
-def first_run_prediction(tp: TaskProfile, option: Option) -> float:
+def first_run_prediction(tp: TaskProfile, option: ProfiledOption) -> float:
     """The option's prediction had each trial run once: the chosen setting's first run,
     the fixed cost the median of every setting's first run."""
     first = [trial_runs(r)[0] for r in tp.trials
@@ -161,7 +162,7 @@ def main() -> int:
             fastest = 0.0
             for task in tasks:
                 tp = profile.task(task.name)
-                options = tp.task_options(total_steps(task) * factor)
+                options = task_options(tp, total_steps(task) * factor)
                 fastest += min(o.seconds for o in options.options)
                 problem_tasks.append(options)
             problem = PlanningProblem(planning_nodes(cluster), tuple(problem_tasks)).check()

@@ -287,6 +287,9 @@ def test_a_grid_that_does_not_opt_in_never_trains_under_xpipe(tmp_path: Path) ->
         RunOptions(catalog=str(tmp_path / "catalog.sqlite"), time_limit=5.0,
                    trial=TrialOptions(warmup_steps=1, measure_steps=3, timeout=120)))
     assert [t.status for t in result.tasks] == ["done"] * 3
+    from dione.report import write_report  # the CLI and dione.run() draw it after a run
+
+    write_report(run_dir)
     with RunStore(run_dir) as store:
         for task in grid:
             assert all(s.technique != "xpipe" and s.inexactness is None

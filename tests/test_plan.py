@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dione.orchestrate.plans import AdoptedPlan, read_plans, write_plan
 from dione.plan import (
     Assignment,
     Busy,
@@ -28,7 +29,6 @@ from dione.plan import (
 )
 from dione.plan.greedy import list_schedule
 from dione.plan.simulate import noisy_lengths, simulate
-from dione.report.plans import AdoptedPlan, read_plans, write_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -456,7 +456,7 @@ def test_saturn_milp_writes_nothing_but_the_plan_to_standard_output(tmp_path: Pa
 
 
 def test_plan_files_go_by_number_and_a_gap_is_never_filled(tmp_path: Path) -> None:
-    from dione.report.plans import next_plan_file, plan_files
+    from dione.orchestrate.plans import next_plan_file, plan_files
 
     folder = tmp_path / "plans"
     folder.mkdir()

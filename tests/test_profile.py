@@ -16,7 +16,9 @@ import torch
 
 from conftest import TEST_NODE, digits_task
 from dione.launch.local import LOCAL
+from dione.orchestrate.estimates import profile_problem
 from dione.orchestrate.options import RunOptions
+from dione.orchestrate.plans import read_plans
 from dione.orchestrate.runner import Runner
 from dione.plan import PlanningProblem, check_plan, load_problem, solve
 from dione.profile import (
@@ -30,7 +32,6 @@ from dione.profile import (
 from dione.profile.catalog import TrialRecord
 from dione.profile.choice import choose_options
 from dione.profile.simulated import cross_check, is_pipeline, simulated_step_seconds
-from dione.report import read_plans
 from dione.spec.cluster import Cluster
 from dione.spec.workload import load_workload
 
@@ -76,7 +77,7 @@ def test_the_problem_from_profile_to_run_is_typed_and_round_trips(tmp_path: Path
     found = TaskProfile("a", "g", 12, options=choose_options(trials, 12), trials=trials,
                         evaluation_seconds=0.5)
     profile = Profile(CLUSTER, [found, TaskProfile("b", "g", 12)])  # b: no option, left out
-    problem = profile.planning_problem()
+    problem = profile_problem(profile)
     assert [(t.name, [(o.technique, o.devices) for o in t.options]) for t in problem] == [
         ("a", [("single", 1), ("ddp", 2)])]
     assert problem.task("a").options[0].seconds == pytest.approx(1.0 + 12 * 0.01 + 0.5)
@@ -88,7 +89,7 @@ def test_the_problem_from_profile_to_run_is_typed_and_round_trips(tmp_path: Path
     try:
         remaining, _ = runner.problem()
         assert PlanningProblem.from_json(json.loads(json.dumps(remaining.to_json()))) == remaining
-        runner.replan(first=True)
+        runner.plan_now()
         (adopted,) = read_plans(tmp_path / "run")
         assert adopted.run_clock == tuple(runner.state.plan)
         assert [a.task for a in adopted.plan.assignments] == ["a"]
@@ -114,7 +115,7 @@ def test_a_solver_that_finds_no_plan_leaves_the_run_to_greedy(
                     lambda event: events.append((event.kind, event.message)),
                     lambda state: None, LOCAL)
     try:
-        runner.replan(first=True)
+        runner.plan_now()
         assert sorted(a.task for a in runner.state.plan) == ["a", "b"]
         (adopted,) = read_plans(tmp_path / "run")
         assert adopted.plan.solver == "greedy"
@@ -143,14 +144,16 @@ def test_a_task_only_a_lost_node_could_hold_fails_alone(tmp_path: Path) -> None:
                     RunOptions(time_limit=2.0), lambda event: events.append(event.message),
                     lambda state: None, LOCAL)
     try:
-        runner.replan(first=True)
+        runner.plan_now()
         assert {a.task: a.node for a in runner.state.plan} == {"a": "wide", "b": "narrow"}
-        runner._lose_node("wide", "a", SliceError("node lost", "node_lost"))
-        runner.replan(first=True)  # raised ProblemError before: "a" fits no node left
+        runner._lose_node("wide", runner.state.records["a"], SliceError("node lost",
+                                                                         "node_lost"))
+        runner.plan_now()  # raised ProblemError before: "a" fits no node left
         assert [(a.task, a.node) for a in runner.state.plan] == [("b", "narrow")]
-        assert runner.state.status["a"] == "pending"  # a node wide enough may join
+        assert runner.state.records["a"].status == "pending"  # a node wide enough may join
         assert runner._fail_the_unplaceable()
-        assert runner.state.status == {"a": "failed", "b": "pending"}
+        assert {r.name: r.status for r in runner.state.records.values()} == {
+            "a": "failed", "b": "pending"}
         record = runner.store.task("a")
         assert record is not None and record.status == "failed"
         assert "need at least 2 devices on one node, and the widest node left has 1" in (
@@ -226,7 +229,7 @@ def test_shared_cached_and_reprofiled_only_where_changed(tmp_path: Path) -> None
 
         again = profile_workload([a, b], CLUSTER, catalog, options=QUICK)
         assert again.trials_run == 0 and again.trials_cached == 2
-        assert again.planning_problem() == first.planning_problem()
+        assert profile_problem(again) == profile_problem(first)
 
         bigger = replace(b, batch_size=32)
         changed = profile_workload([a, bigger], CLUSTER, catalog, options=QUICK)
@@ -351,7 +354,7 @@ def test_budget_skips_trials_and_does_not_cache_the_skips(tmp_path: Path) -> Non
         skipped = {s.label: s.reason for s in none.task("a").skipped}
         assert skipped["single x1"] == skipped["ddp x2"] == "over the profiling budget of 0 s"
         assert skipped["fsdp"] == "task 'a' allows only single, ddp"
-        assert none.planning_problem().tasks == ()
+        assert profile_problem(none).tasks == ()
         later = profile_workload([task], CLUSTER, catalog, options=QUICK)
         assert later.trials_run == 2
 

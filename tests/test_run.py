@@ -117,6 +117,9 @@ def test_run_plans_executes_and_reports(tmp_path: Path, monkeypatch) -> None:
                                      slice_steps=6, time_limit=5.0),
                           on_event=events.append)
     assert [t.status for t in result.tasks] == ["done"] * 3
+    from dione.report import write_report  # the CLI and dione.run() draw it after a run
+
+    write_report(run_dir, tasks)
     for t in result.tasks:
         assert t.steps == t.total_steps == 12
         assert t.techniques == ["single"] and t.final_loss is not None
@@ -251,7 +254,10 @@ def test_a_crash_is_retried_and_an_always_failing_task_is_reported(
         flaky = [s.status for s in store.slices("flaky")]
         assert flaky == ["failed", "done"]
         assert [s.status for s in store.slices("broken")] == ["failed", "failed"]
-    assert "broken" in (run_dir / "report" / "summary.md").read_text().split("## Failed")[1]
+    from dione.report import write_report
+
+    summary = write_report(run_dir) / "summary.md"
+    assert "broken" in summary.read_text().split("## Failed")[1]
 
 
 def test_replanning_adopts_a_new_plan_when_a_task_runs_slow(tmp_path: Path, monkeypatch) -> None:
@@ -343,3 +349,63 @@ def test_dione_run_from_python_leaves_out_invalid_tasks(tmp_path: Path, monkeypa
     assert [(t.task, t.status) for t in result.tasks] == [("a", "done"), ("b", "done")]
     assert all(t.final_loss is not None and t.checkpoint for t in result.tasks)
     assert len(result.invalid) == 1 and "odd" in result.invalid[0]
+
+
+def test_replanning_never_holds_a_launch_back(tmp_path: Path, monkeypatch) -> None:
+    """Every re-plan's solve is held until the run ends: the run still trains every task
+    to its end on the plan it has, since re-planning runs beside execution (it blocked
+    the loop for the whole solve: 200 five-step tasks took 147 s against 6.5 s)."""
+    import threading
+
+    import dione.orchestrate.replanning as replanning
+
+    released = threading.Event()
+    real = replanning.solve
+    asked: list[str] = []
+
+    def held(problem, solver, limit):
+        if threading.current_thread().name.startswith("dione-replan"):
+            asked.append(solver)
+            released.wait(300)
+        return real(problem, solver, limit)
+
+    monkeypatch.setattr(replanning, "solve", held)
+    monkeypatch.setenv("TASKS", "a b c")
+    tasks = list(load_workload(write_workload(tmp_path)))
+    try:
+        result = run_workload(tasks, Cluster([Node("test", 2, "cpu")]), tmp_path / "run",
+                              RunOptions(catalog=str(tmp_path / "catalog.sqlite"),
+                                         trial=QUICK, slice_steps=3, time_limit=5.0))
+    finally:
+        released.set()
+    assert [t.status for t in result.tasks] == ["done"] * 3
+    assert asked  # slices ended and asked for plans, none of which came in time
+
+
+def test_a_stalled_slice_is_cancelled_and_retried(tmp_path: Path, monkeypatch) -> None:
+    """A slice past its prediction's multiple (and the grace) is cancelled, recorded as
+    such, and retried (a hang stalled the run for ever by default)."""
+    hold = tmp_path / "hold"
+    monkeypatch.setenv("TASKS", "a")
+    monkeypatch.setenv("HOLD_FILE", str(hold))
+    tasks = list(load_workload(write_workload(tmp_path)))
+    events = []
+
+    def heard(event) -> None:
+        events.append(event)
+        if event.kind == "planned":  # after the trials: the first slice hangs
+            hold.touch()
+        if event.kind == "slice_cancelled":
+            hold.unlink(missing_ok=True)  # the retry goes through
+
+    run_dir = tmp_path / "run"
+    result = run_workload(tasks, Cluster([Node("test", 1, "cpu")]), run_dir,
+                          RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                                     time_limit=2.0, stall_factor=2.0, stall_grace=2.0),
+                          on_event=heard)
+    assert result.task("a").status == "done"
+    assert [e.kind for e in events].count("slice_cancelled") == 1
+    with RunStore(run_dir) as store:
+        first, second = store.slices("a")
+    assert first.status == "interrupted" and "stalled" in (first.error or "")
+    assert second.status == "done" and second.start_step == 0

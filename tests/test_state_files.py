@@ -196,7 +196,9 @@ def test_files_a_run_writes_are_private(tmp_path: Path) -> None:
                  RunOptions(catalog=str(tmp_path / "catalog.sqlite"), time_limit=2.0,
                             trial=TrialOptions(warmup_steps=1, measure_steps=2)))
     from dione.cli.saved_run import SavedRun
+    from dione.report import write_report
 
+    write_report(run_dir)
     SavedRun("w.py", RunOptions()).write(run_dir)
     seen = {p.relative_to(run_dir).parts[0] for p in run_dir.rglob("*")}
     assert {"run.json", "plans", "report", "logs", "dione.sqlite"} <= seen

@@ -53,6 +53,7 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     # Imported here: workers import this package and need none of the planning stack.
     from dione.orchestrate import RunOptions, run_workload
     from dione.orchestrate.interrupts import interruptible
+    from dione.report import report_after_run
     from dione.spec import Cluster, load_workload, local_cluster
     from dione.techniques.validation import valid_tasks
 
@@ -80,6 +81,9 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
                                       on_event=said[0], on_profile_event=said[1])
             finally:
                 launcher.shutdown()
+    problem = report_after_run(run_dir, tasks)
+    if problem and not quiet:
+        print(f"warning: {problem}")
     result.invalid = [str(p) for p in problems]  # a bad task stops only itself
     return result
 

@@ -90,6 +90,12 @@ _RUN = (
                "a task whose slices failed this often is failed", type=positive_int),
     OptionFlag("--timeout", "timeout", "seconds after which a slice is stopped",
                type=positive_float),
+    OptionFlag("--stall-factor", "stall_factor", "a slice running past this many times its "
+               "prediction (and --stall-grace seconds) is cancelled and retried",
+               type=positive_float),
+    OptionFlag("--stall-grace", "stall_grace", "seconds a slice may run past its "
+               "prediction's multiple before it is said slow or cancelled",
+               type=non_negative_float),
 )
 # How trials measure and what the catalog keeps: `run`, `resume` and `profile`.
 _PROFILE = (

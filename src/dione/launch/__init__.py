@@ -8,9 +8,11 @@ if TYPE_CHECKING:
     from dione.launch.local import GangError, GangInterrupted, Placement, run_local_gang
     from dione.launch.slice import (
         SliceError,
+        SliceRequest,
         SliceResult,
-        TrialSettings,
+        TrialProbe,
         local_placement,
+        run_request,
         run_slice,
         total_steps,
     )
@@ -20,8 +22,9 @@ if TYPE_CHECKING:
 __getattr__ = lazy_exports(__name__, {
     **dict.fromkeys(("GangError", "GangInterrupted", "Placement", "run_local_gang"),
                     "dione.launch.local"),
-    **dict.fromkeys(("SliceError", "SliceResult", "TrialSettings", "local_placement",
-                     "run_slice", "total_steps"), "dione.launch.slice"),
+    **dict.fromkeys(("SliceError", "SliceRequest", "SliceResult", "TrialProbe",
+                     "local_placement", "run_request", "run_slice", "total_steps"),
+                    "dione.launch.slice"),
 })
 
 __all__ = [
@@ -29,10 +32,12 @@ __all__ = [
     "GangInterrupted",
     "Placement",
     "SliceError",
+    "SliceRequest",
     "SliceResult",
-    "TrialSettings",
+    "TrialProbe",
     "local_placement",
     "run_local_gang",
+    "run_request",
     "run_slice",
     "total_steps",
 ]

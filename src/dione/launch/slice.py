@@ -10,12 +10,12 @@ import functools
 import math
 import shutil
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec
 
+from dione import clock
 from dione.launch.local import (
     LOCAL,
     GangError,
@@ -39,9 +39,11 @@ from dione.techniques.registry import get_technique
 
 __all__ = [
     "SliceError",
+    "SliceRequest",
     "SliceResult",
-    "TrialSettings",
+    "TrialProbe",
     "local_placement",
+    "run_request",
     "run_slice",
     "total_steps",
 ]
@@ -75,12 +77,39 @@ class SliceError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class TrialSettings:
-    """What a profiling trial adds to a slice."""
+class TrialProbe:
+    """What a profiling trial adds to a slice: a memory cap, a timed load of the
+    checkpoint it saved, an evaluation whatever the step."""
 
     memory_cap_bytes: int | None = None
     probe_load: bool = True
     evaluate: bool = False
+
+
+@dataclass(frozen=True)
+class SliceRequest:
+    """One slice to train: the task, under what technique and knobs, where, how far.
+
+    ``steps``: how many (None: to the task's end); ``total``: the task's length where
+    the caller knows it (else read from the data set's size for a task given in epochs:
+    the data factory runs again); ``evaluate``: run the task's evaluation when the slice
+    ends the task; ``trial``: what a profiling trial adds; ``storage``: where
+    checkpoints go, a folder every node of the cluster can reach (default: ``run_dir``;
+    elsewhere, in a folder of this run's own, ``RunStore.checkpoint_root``); the run
+    store stays in ``run_dir``."""
+
+    task: Task
+    technique: str | Technique
+    placement: Placement
+    run_dir: str | Path
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+    steps: int | None = None
+    total: int | None = None
+    timeout: float | None = None
+    keep_checkpoints: int = 2
+    evaluate: bool = True
+    trial: TrialProbe | None = None
+    storage: str | Path | None = None
 
 
 @dataclass(frozen=True)
@@ -147,7 +176,8 @@ def _one_task_fails(run: Callable[_P, SliceResult]) -> Callable[_P, SliceResult]
         except (SliceError, GangInterrupted, StateFileError):
             raise  # a state file's damage (or a full disk under it) stops the run
         except Exception as err:
-            task = args[0] if args else kwargs.get("task")
+            request = args[0] if args else kwargs.get("request")
+            task = getattr(request, "task", request)
             raise SliceError(f"task {getattr(task, 'name', task)!r}: the slice failed outside "
                              f"its gang: {type(err).__name__}: {err}", OUTSIDE_THE_GANG,
                              type(err).__name__) from err
@@ -155,45 +185,40 @@ def _one_task_fails(run: Callable[_P, SliceResult]) -> Callable[_P, SliceResult]
     return guarded
 
 
+def run_slice(task: Task, technique: str | Technique, run_dir: str | Path,
+              placement: Placement, **fields: Any) -> SliceResult:
+    """``run_request`` of the ``SliceRequest`` these make (``fields``: its other fields,
+    and ``run_request``'s keywords): the call to make by hand, as the tests do."""
+    hooks = {k: fields.pop(k) for k in ("store", "cancel", "on_begin", "launcher",
+                                       "on_progress") if k in fields}
+    return run_request(SliceRequest(task, technique, placement, run_dir, **fields), **hooks)
+
+
 @_one_task_fails
-def run_slice(
-    task: Task,
-    technique: str | Technique,
-    run_dir: str | Path,
-    placement: Placement,
+def run_request(
+    request: SliceRequest,
     *,
-    knobs: Mapping[str, Any] | None = None,
-    steps: int | None = None,
-    timeout: float | None = None,
-    keep_checkpoints: int = 2,
-    evaluate: bool = True,
     store: RunStore | None = None,
-    trial: TrialSettings | None = None,
     cancel: threading.Event | None = None,
     on_begin: Callable[[int, Path], None] | None = None,
     launcher: Launcher | None = None,
-    storage: str | Path | None = None,
     on_progress: OnProgress | None = None,
-    total: int | None = None,
 ) -> SliceResult:
-    """Train ``task`` from its latest checkpoint in ``run_dir`` for ``steps`` steps (None:
-    to the end) under ``technique`` on ``placement``; record it; raise SliceError if it
-    cannot start or fails (the store then says why, and no checkpoint is lost).
+    """Train ``request.task`` from its latest checkpoint in ``request.run_dir`` as the
+    request says; record it; raise SliceError if it cannot start or fails (the store
+    then says why, and no checkpoint is lost).
 
-    ``evaluate``: run the task's evaluation when the slice ends the task; ``trial``
-    adds what the trial runner measures (a memory cap, a load probe, an evaluation
-    whatever the step). Setting ``cancel`` stops the gang; the slice is then recorded
-    as interrupted and GangInterrupted raised. ``on_begin(slice_id, folder)`` is called
+    ``store``: the run store to record in (default: the run directory's, opened and
+    closed here). Setting ``cancel`` stops the gang; the slice is then recorded as
+    interrupted and GangInterrupted raised. ``on_begin(slice_id, folder)`` is called
     once the slice is recorded, before its gang starts (its ranks' logs go to
     ``folder``); ``on_progress(rank, record)`` hears each rank's progress while it
-    trains. ``launcher``: what runs the gang (default: this machine's
-    warm workers). ``storage``: where checkpoints go, a folder every node of the
-    cluster can reach (default: ``run_dir``; elsewhere, in a folder of this run's own,
-    ``RunStore.checkpoint_root``); the run store stays in ``run_dir``.
-    ``total``: the task's length in steps, where the caller knows it (else read from
-    the data set's size for a task given in epochs: the data factory runs again)."""
+    trains. ``launcher``: what runs the gang (default: this machine's warm workers)."""
+    task, technique, placement, run_dir = (request.task, request.technique,
+                                           request.placement, request.run_dir)
+    steps, total, storage, trial = request.steps, request.total, request.storage, request.trial
     method = get_technique(technique) if isinstance(technique, str) else technique
-    knobs = dict(knobs or {})
+    knobs = dict(request.knobs)
     devices = len(placement.device_ids)
     reasons = method.check(task, devices, knobs, placement.kind)
     if reasons:
@@ -220,7 +245,7 @@ def run_slice(
             resume_from=latest.path if latest else None,
             run_dir=str(db.checkpoint_root(storage)),
             evaluate=task.evaluate is not None and (
-                (evaluate and end == total) or (trial is not None and trial.evaluate)),
+                (request.evaluate and end == total) or (trial is not None and trial.evaluate)),
             memory_cap_bytes=trial.memory_cap_bytes if trial else None,
             probe_load=trial.probe_load if trial else False,
             cut=db.cut(task.name, devices),
@@ -228,13 +253,13 @@ def run_slice(
         inexactness = method.inexactness(method.resolve(knobs))
         slice_id = db.begin_slice(task.name, method.name, method.resolve(knobs), placement.node,
                                   placement.device_ids, start, end, inexactness)
-        began = time.perf_counter()
+        began = clock.now()
         folder = Path(run_dir) / "logs" / f"slice-{slice_id:06d}-{task.name}"
         if on_begin is not None:
             on_begin(slice_id, folder)
         try:
-            outcomes = (launcher or LOCAL).run_gang(spec, placement, folder, timeout, cancel,
-                                                    on_progress)
+            outcomes = (launcher or LOCAL).run_gang(spec, placement, folder, request.timeout,
+                                                    cancel, on_progress)
         except GangError as err:
             message = (f"task {task.name!r}, steps {start}-{end}, {method.name} on "
                        f"{placement.node} devices {list(placement.device_ids)}: {err}"
@@ -242,9 +267,10 @@ def run_slice(
             db.fail_slice(slice_id, message)
             raise SliceError(message, err.reason, err.error_type) from err
         except BaseException as err:
-            db.fail_slice(slice_id, f"interrupted: {type(err).__name__}", status="interrupted")
+            why = getattr(cancel, "reason", None) or type(err).__name__
+            db.fail_slice(slice_id, f"interrupted: {why}", status="interrupted")
             raise
-        seconds = time.perf_counter() - began
+        seconds = clock.now() - began
         lead = outcomes[0]
         diverged = next((i for i, loss in enumerate(lead.losses) if not math.isfinite(loss)),
                         None)
@@ -270,7 +296,8 @@ def run_slice(
         if evaluation_error:
             db.set_task_status(task.name, "done" if end == total else "pending",
                                f"evaluation failed:\n{evaluation_error}")
-        gone = prune_checkpoints(db.checkpoint_root(storage), task.name, keep_checkpoints,
+        gone = prune_checkpoints(db.checkpoint_root(storage), task.name,
+                                 request.keep_checkpoints,
                                  [c.path for c in db.checkpoints(task.name)])
         if gone:
             db.forget_checkpoints(task.name, [str(p) for p in gone])

@@ -58,6 +58,12 @@ class RunOptions:
     # Where checkpoints (the run's and the trials') go: a folder every node can reach
     # (None: the run directory, which must then be shared for more than one node).
     storage: str | None = None
+    # A slice far past its prediction: said once past ``stall_warning`` times it (plus
+    # half the grace), cancelled and retried past ``stall_factor`` times it plus the
+    # grace (None: never cancelled; then only ``timeout`` bounds a slice).
+    stall_warning: float = 3.0
+    stall_factor: float | None = 10.0
+    stall_grace: float = 60.0
 
     def __post_init__(self) -> None:
         """Every field of its type and range (the flags are checked as they are parsed;
@@ -105,7 +111,8 @@ _OPTION_RULES: dict[str, Callable[[object], str | None]] = {
     "slice_seconds": _number(optional=True), "max_failures": _number(whole=True),
     "timeout": _number(optional=True), "catalog": _kind(str, optional=True),
     "reprofile": _kind(bool), "profile_budget": _number(False, optional=True),
-    "storage": _kind(str, optional=True),
+    "storage": _kind(str, optional=True), "stall_warning": _number(),
+    "stall_factor": _number(optional=True), "stall_grace": _number(False),
 }
 
 

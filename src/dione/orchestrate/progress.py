@@ -10,8 +10,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from dione.clock import now
+
 if TYPE_CHECKING:  # the runner pulls in launchers and solvers; the view needs its types only
-    from dione.orchestrate.runner import RunState
+    from dione.orchestrate.records import RunState
 
 __all__ = ["LiveProgress"]
 
@@ -50,30 +52,29 @@ class LiveProgress:
 
     @staticmethod
     def render(state: RunState) -> Group:
-        clock = time.time() - state.clock_zero
+        clock = now() - state.clock_zero
         table = Table(expand=False)
         for column in ("task", "status", "technique", "devices", "step", "loss", "ETA s",
                        "trained"):
             table.add_column(column, justify="right" if column in ("step", "loss", "ETA s")
                              else "left")
         plan = {a.task: a for a in state.plan}
-        for name in state.tasks:
-            status = state.status[name]
-            running = state.running.get(name)
+        for name, record in state.records.items():
+            running = record.running
             where = running.assignment if running else plan.get(name)
-            step = state.done_steps[name]
+            step = record.done_steps
             if running is not None and 0 in running.progress:
                 step = running.progress[0].get("step", step)
             eta = "-"
-            if status in ("running", "pending") and where is not None:
+            if record.status in ("running", "pending") and where is not None:
                 end = running.predicted_end if running else where.end
                 eta = f"{max(0.0, end - clock):.0f}"
-            loss = state.last_loss.get(name)
+            loss = record.last_loss
             table.add_row(
-                name, status, where.technique if where else "-",
+                name, str(record.status), where.technique if where else "-",
                 f"{where.node}:{','.join(map(str, where.device_ids))}" if where else "-",
-                f"{step}/{state.total[name]}", "-" if loss is None else f"{loss:.4f}", eta,
-                "INEXACT" if name in state.inexact else "exact")
+                f"{step}/{record.total}", "-" if loss is None else f"{loss:.4f}", eta,
+                "INEXACT" if record.inexact else "exact")
         finish = Text(f"elapsed {clock:.0f} s, estimated finish at "
                       f"{state.estimated_finish:.0f} s")
         return Group(table, finish)

@@ -1,4 +1,4 @@
-"""The run loop: profile, plan, execute the plan as gangs in slices, re-plan, report.
+"""The run loop: profile, plan, execute the plan as gangs in slices, re-plan.
 
     profile (catalog) -> problem -> plan -> launch each assignment when its devices are
     free, in each device's planned order -> at every slice end (and every
@@ -7,13 +7,13 @@
 
 Everything that matters lives in the run directory: the run store (slices, metrics,
 checkpoints), ``run.json`` (how the run was started, for ``dione resume``), every plan
-adopted (``plans/``) and the report. Killing the process loses no step before each
+adopted (``plans/``); ``dione.report.write_report`` draws the report from them (``dione
+run`` and ``dione.run()`` do once the loop ends). Killing the process loses no step before each
 task's last checkpoint; running it again (``dione resume``) continues from there.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,15 +21,16 @@ from pathlib import Path
 
 from dione.launch.local import LOCAL, Launcher, warm_up
 from dione.orchestrate.options import RunDirError, RunEvent, RunOptions, claim_run_dir
-from dione.orchestrate.runner import Runner, RunState
+from dione.orchestrate.plans import read_plans
+from dione.orchestrate.records import RunState
+from dione.orchestrate.runner import Runner
 from dione.profile.catalog import Catalog
 from dione.profile.profiler import profile_workload
 from dione.profile.results import ProfileEvent
-from dione.report.files import summaries, write_report
-from dione.report.plans import read_plans
 from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.task import Task
 from dione.state.store import RunStore
+from dione.state.summaries import summaries
 
 __all__ = ["RunDirError", "RunEvent", "RunOptions", "RunResult", "TaskResult", "claim_run_dir",
            "run_workload"]
@@ -145,11 +146,6 @@ def _run_claimed(
     finally:
         runner.store.close()
     makespan = runner.now() if runner.slices_launched else _recorded_makespan(run_dir)
-    try:
-        write_report(run_dir, tasks)
-    except (OSError, ValueError, sqlite3.Error) as err:  # the training is done and kept
-        emit(RunEvent("report_failed", f"the report could not be written ({type(err).__name__}: "
-                      f"{err}); the results stand: `dione status` reads them"))
     emit(RunEvent("finished", f"makespan {makespan:.1f} s"))
     return RunResult(run_dir, _results(tasks, run_dir), makespan,
                      runner.first_planned or 0.0, runner.plans_adopted, profile_seconds)

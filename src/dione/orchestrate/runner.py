@@ -1,86 +1,51 @@
-"""One session of a run: launch planned slices as gangs, watch them, re-plan.
+"""One session of a run: launch planned slices as gangs, watch them, re-plan beside them.
 
 Each assignment starts when its devices are free, in each device's planned order; a
-gang runs in a thread of its own (run_slice), so several train at once. At slice ends,
-on drift and every ``replan_interval`` seconds the remaining work is planned again,
-over the nodes alive then: a lost node leaves the plan, one that joined (Ray) enters it.
+gang runs in a thread of its own (``launching``), so several train at once. At slice
+ends, on drift and every ``replan_interval`` seconds the remaining work is planned again
+beside execution (``replanning``), from the estimates (``estimates``) and over the nodes
+alive then: a lost node leaves the plan, one that joined (Ray) enters it. A slice that
+runs far past its prediction is reported, then cancelled and retried. Each task's
+state is one record (``records``); the clock is the process's (``dione.clock``), so
+the same loop runs a simulated cluster.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
-import threading
-import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
 
-from dione.launch.local import Launcher
-from dione.launch.slice import SliceError, SliceResult, run_slice
+from dione import clock
+from dione.launch.local import GangInterrupted, Launcher
+from dione.launch.slice import SliceError, SliceResult
+from dione.orchestrate.estimates import Estimates, planning_nodes
+from dione.orchestrate.launching import SliceLaunching, launchable
 from dione.orchestrate.options import RunDirError, RunEvent, RunOptions
-from dione.plan.plan import Assignment, Plan
-from dione.plan.problem import Busy, PlanningProblem, TaskOptions
-from dione.plan.solve import solve
-from dione.profile.results import Option, Profile, planning_nodes
-from dione.report.plans import AdoptedPlan, next_plan_file, plan_files, write_plan
+from dione.orchestrate.plans import AdoptedPlan, next_plan_file, plan_files, write_plan
+from dione.orchestrate.records import RunningSlice, RunState, TaskRecord, TaskStatus
+from dione.orchestrate.replanning import (
+    PlanCandidate,
+    Replanner,
+    retimed_end,
+    solve_or_fall_back,
+)
+from dione.plan.plan import Assignment
+from dione.plan.problem import Busy, PlanningProblem
+from dione.profile.results import Profile
 from dione.spec.cluster import Cluster
 from dione.spec.task import Task
 from dione.state.store import RunStore
 from dione.techniques.registry import get_technique
 
-__all__ = ["AUTO_SLICE_FLOOR_SECONDS", "AUTO_SLICE_START_UP_SHARE", "RunState", "Runner",
-           "RunningSlice", "auto_slice_seconds"]
+__all__ = ["Runner"]
 
-# The default slice: long enough that its start-up (warm workers: about 0.2-0.8 s on 2
-# CPU cores, benchmarks/RESULTS.md) is at most this share of it, and at least the floor,
-# so that re-planning (a solve at every slice end) runs about once per task per floor.
-AUTO_SLICE_START_UP_SHARE = 0.05
-AUTO_SLICE_FLOOR_SECONDS = 300.0
-
-
-def auto_slice_seconds(start_up_seconds: float) -> float:
-    """The default slice length for an option whose slices cost ``start_up_seconds`` to
-    start (its trial's fixed cost plus the checkpoint load a resumed slice adds)."""
-    return max(AUTO_SLICE_FLOOR_SECONDS, start_up_seconds / AUTO_SLICE_START_UP_SHARE)
-
-
-@dataclass
-class RunningSlice:
-    """A slice training now: its assignment, steps, and what its ranks last reported."""
-
-    assignment: Assignment  # times on the run clock
-    began: float  # run clock
-    start_step: int
-    end_step: int
-    predicted_end: float  # run clock
-    # Each rank's latest progress record, as its launcher passed it on (gang threads
-    # write, the loop reads: each record is replaced whole).
-    progress: dict[int, dict[str, Any]] = field(default_factory=dict)
-
-
-@dataclass
-class RunState:
-    """What the loop knows; read by the live view (from the loop's thread only)."""
-
-    tasks: dict[str, Task]
-    total: dict[str, int]
-    done_steps: dict[str, int]
-    status: dict[str, str]  # pending | running | done | failed | diverged
-    failures: dict[str, int]
-    plan: list[Assignment]  # times on the run clock
-    running: dict[str, RunningSlice] = field(default_factory=dict)
-    last_loss: dict[str, float] = field(default_factory=dict)
-    estimated_finish: float = 0.0
-    clock_zero: float = 0.0  # time.time() of run-clock 0 in this session
-    # Tasks some of whose steps trained (or train now) under an inexact technique.
-    inexact: set[str] = field(default_factory=set)
+# How often the loop looks at its gangs when none ends (seconds).
+TICK = 1.0
 
 
 class Runner:
-    """One session of a run: executes and re-plans until every task is done or failed."""
+    """One session of a run: executes and re-plans until every task has ended."""
 
     def __init__(self, tasks: Sequence[Task], cluster: Cluster, run_dir: Path,
                  profile: Profile, options: RunOptions,
@@ -95,147 +60,124 @@ class Runner:
         self.view = view
         self.store = RunStore(run_dir)
         self.store.recover_interrupted()
-        total = {t.name: self.profile.task(t.name).total_steps for t in tasks}
+        records = {}
         for task in tasks:
             try:
-                self.store.register_task(task.name, total[task.name], task.batch_size,
-                                         task.hyperparameters)
+                records[task.name] = self._record(task)
             except ValueError as err:
                 self.store.close()
                 raise RunDirError(str(err)) from None
-        done_steps = {}
-        status = {}
-        for task in tasks:
-            latest = self.store.latest_checkpoint(task.name)
-            done_steps[task.name] = latest.step if latest else 0
-            record = self.store.task(task.name)
-            finished = record is not None and record.status == "done"
-            status[task.name] = "done" if finished or done_steps[task.name] >= total[
-                task.name] else "pending"
-            if record is not None and record.status == "diverged":
-                # Training it on would repeat the divergence: the user must change it.
-                status[task.name] = "diverged"
-                continue
-            if not self.profile.task(task.name).options and status[task.name] != "done":
-                status[task.name] = "failed"
-                reason = self.profile.task(task.name).error or self.profile.task(
-                    task.name).why_no_option()
-                self.store.set_task_status(task.name, "failed", reason)
-                self.emit(RunEvent("task_failed", f"{task.name}: {reason}", task.name))
-        self.state = RunState({t.name: t for t in tasks}, total, done_steps, status,
-                            {t.name: 0 for t in tasks}, [], clock_zero=time.time())
-        self.state.inexact = {s.task for s in self.store.slices()
-                              if s.status == "done" and s.inexactness is not None}
+        self.state = RunState(records, [], clock_zero=clock.now())
+        self.estimates = Estimates.of_run(profile, self.store)
         # Nodes this run has known: another that the launcher reports later joined.
         self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]}
         self.plans_adopted = len(plan_files(run_dir))
         self.first_planned: float | None = None
-        self.cancel = threading.Event()
         self.slices_launched = 0  # in this session
+        self.replanner = Replanner(options.solver, options.replan_time_limit)
+        self.launching = SliceLaunching(launcher, run_dir, options.storage, options.timeout)
 
-    # -- estimates -------------------------------------------------------------------
+    def _record(self, task: Task) -> TaskRecord:
+        """A task as the store has it: registered, trained to its latest checkpoint;
+        failed where profiling found no way to train it."""
+        total = self.profile.task(task.name).total_steps
+        self.store.register_task(task.name, total, task.batch_size, task.hyperparameters)
+        latest = self.store.latest_checkpoint(task.name)
+        done = latest.step if latest else 0
+        stored = self.store.task(task.name)
+        status = TaskStatus.PENDING
+        if (stored is not None and stored.status == "done") or done >= total:
+            status = TaskStatus.DONE
+        elif stored is not None and stored.status == "diverged":
+            # Training it on would repeat the divergence: the user must change it.
+            status = TaskStatus.DIVERGED
+        elif not self.profile.task(task.name).options:
+            status = TaskStatus.FAILED
+            reason = (self.profile.task(task.name).error
+                      or self.profile.task(task.name).why_no_option())
+            self.store.set_task_status(task.name, "failed", reason)
+            self.emit(RunEvent("task_failed", f"{task.name}: {reason}", task.name))
+        inexact = any(s.status == "done" and s.inexactness is not None
+                      for s in self.store.slices(task.name))
+        return TaskRecord(task, total, done, status, inexact=inexact)
+
+    # -- the clock -------------------------------------------------------------------
 
     def now(self) -> float:
-        return time.time() - self.state.clock_zero
+        """Seconds on the run clock (from this session's start)."""
+        return clock.now() - self.state.clock_zero
 
-    def _measured_step(self, name: str, technique: str, devices: int) -> float | None:
-        """The mean step time this task measured under (technique, devices), if any
-        (each slice's first step, which pays for warm-up, left out)."""
-        times: list[float] = []
-        for record in self.store.slices(name):
-            if (record.status == "done" and record.technique == technique
-                    and len(record.device_ids) == devices):
-                times += self.store.slice_step_seconds(record.id)[1:]
-        return statistics.fmean(times) if len(times) >= 2 else None
+    # -- estimates of what runs ------------------------------------------------------
 
-    def option_seconds(self, name: str, option: Option, steps: int) -> float:
-        """Predicted seconds for ``steps`` more steps of ``name`` under ``option``: the
-        catalog's, with the measured step time where this task already ran so."""
-        task_profile = self.profile.task(name)
-        resumed = self.state.done_steps[name] > 0
-        seconds = option.seconds(steps, resumed, task_profile.evaluation_seconds)
-        measured = self._measured_step(name, option.technique, option.devices)
-        if measured is not None and option.record.step_seconds is not None:
-            seconds += steps * (measured - option.record.step_seconds)
-        return seconds
+    def predicted_task_end(self, record: TaskRecord) -> float:
+        """Run-clock time a running task ends its current slice: its pace so far times
+        the steps left, plus the save (and evaluation, at the task's end) its trial
+        measured."""
+        running = record.running
+        assert running is not None
+        progress = self._progress(record)
+        if progress is None:
+            return max(running.predicted_end, self.now())
+        step, pace = progress
+        option = self.profile.task(record.name).option(running.assignment.technique,
+                                                       running.assignment.devices)
+        tail = option.record.save_seconds if option is not None else 0.0
+        if running.end_step >= record.total:
+            tail += self.profile.task(record.name).evaluation_seconds  # it evaluates
+        return self.now() + pace * (running.end_step - step) + tail
 
-    def _slice_steps(self, name: str, option: Option) -> int:
-        remaining = self.state.total[name] - self.state.done_steps[name]
-        if self.options.slice_steps:
-            return min(remaining, self.options.slice_steps)
-        seconds = self.options.slice_seconds or auto_slice_seconds(
-            option.record.fixed_seconds + option.record.load_seconds)
-        if option.record.step_seconds:
-            steps = math.ceil(seconds / option.record.step_seconds)
-            return min(remaining, max(1, steps))
-        return remaining
+    def _progress(self, record: TaskRecord) -> tuple[int, float] | None:
+        """(steps done, seconds per step) of a running slice, as its ranks reported."""
+        assert record.running is not None
+        for said in list(record.running.progress.values()):
+            if said.get("loss") is not None:
+                record.last_loss = float(said["loss"])
+        lead = record.running.progress.get(0)
+        pace = None if lead is None else lead.get("seconds_per_step")
+        return None if lead is None or pace is None else (int(lead["step"]), float(pace))
+
+    def _running_end(self) -> float:
+        return max((self.predicted_task_end(r) for r in self.state.records.values()
+                    if r.running), default=0.0)
 
     # -- planning --------------------------------------------------------------------
 
     def problem(self) -> tuple[PlanningProblem, float]:
         """The remaining work as a planner problem, and the run-clock time it starts at."""
         now = self.now()
-        tasks = []
-        for name in self._pending_that_fit():
-            remaining = self.state.total[name] - self.state.done_steps[name]
-            tasks.append(TaskOptions(name, tuple(
-                o.planned(round(max(0.001, self.option_seconds(name, o, remaining)), 3))
-                for o in self.profile.task(name).options)))
+        tasks = [self.estimates.task_options(r.name, r.remaining, r.done_steps > 0)
+                 for r in self._pending_that_fit()]
         nodes = {n.name for n in self.cluster}
-        busy = tuple(Busy(name, r.assignment.node, r.assignment.device_ids,
-                          round(max(0.0, self.predicted_task_end(name) - now), 3))
-                     for name, r in self.state.running.items()
-                     if r.assignment.node in nodes)  # a lost node's slices are ending
+        busy = tuple(Busy(r.name, r.running.assignment.node, r.running.assignment.device_ids,
+                          round(max(0.0, self.predicted_task_end(r) - now), 3))
+                     for r in self.state.records.values()
+                     if r.running and r.running.assignment.node in nodes)  # a lost
+        # node's slices are ending
         return PlanningProblem(planning_nodes(self.cluster), tuple(tasks), busy), now
 
-    def _pending_that_fit(self) -> list[str]:
+    def _pending_that_fit(self) -> list[TaskRecord]:
         """Pending tasks some node of the cluster can hold. Another one (its nodes were
         lost) waits out of the plan, in case a node that holds it joins (Ray)."""
         widest = max((n.devices for n in self.cluster), default=0)
-        return [name for name, status in self.state.status.items() if status == "pending"
-                and any(o.devices <= widest for o in self.profile.task(name).options)]
+        return [r for r in self.state.with_status(TaskStatus.PENDING)
+                if any(o.devices <= widest for o in self.profile.task(r.name).options)]
 
     def _fail_the_unplaceable(self) -> bool:
         """Give up the pending tasks no node left can hold (the run cannot wait for ever
         with nothing else to do); whether there were any."""
         widest = max((n.devices for n in self.cluster), default=0)
-        placeable = set(self._pending_that_fit())
-        stranded = [name for name, status in self.state.status.items()
-                    if status == "pending" and name not in placeable]
-        for name in stranded:
-            least = min(o.devices for o in self.profile.task(name).options)
-            message = (f"{name} cannot be placed: its options need at least {least} devices "
-                       f"on one node, and the widest node left has {widest}; resume the run "
-                       "once such a node is back")
-            self.state.status[name] = "failed"
-            self.store.set_task_status(name, "failed", message)
-            self.emit(RunEvent("task_failed", message, name))
+        placeable = {r.name for r in self._pending_that_fit()}
+        stranded = [r for r in self.state.with_status(TaskStatus.PENDING)
+                    if r.name not in placeable]
+        for record in stranded:
+            least = min(o.devices for o in self.profile.task(record.name).options)
+            message = (f"{record.name} cannot be placed: its options need at least {least} "
+                       f"devices on one node, and the widest node left has {widest}; resume "
+                       "the run once such a node is back")
+            record.status = TaskStatus.FAILED
+            self.store.set_task_status(record.name, "failed", message)
+            self.emit(RunEvent("task_failed", message, record.name))
         return bool(stranded)
-
-    def predicted_task_end(self, name: str) -> float:
-        """Run-clock time a running task ends its current slice: its pace so far times
-        the steps left, plus the save (and evaluation, at the task's end) measured in its
-        trial."""
-        running = self.state.running[name]
-        progress = self._progress(running)
-        if progress is None:
-            return max(running.predicted_end, self.now())
-        step, pace = progress
-        option = self.profile.task(name).option(running.assignment.technique,
-                                                running.assignment.devices)
-        tail = option.record.save_seconds if option is not None else 0.0
-        if running.end_step >= self.state.total[name]:
-            tail += self.profile.task(name).evaluation_seconds  # the last slice evaluates
-        return self.now() + pace * (running.end_step - step) + tail
-
-    def _progress(self, running: RunningSlice) -> tuple[int, float] | None:
-        """(steps done, seconds per step) of a running slice, as its ranks reported."""
-        for said in list(running.progress.values()):
-            if said.get("loss") is not None:
-                self.state.last_loss[running.assignment.task] = float(said["loss"])
-        record = running.progress.get(0)
-        pace = None if record is None else record.get("seconds_per_step")
-        return None if record is None or pace is None else (int(record["step"]), float(pace))
 
     def _join_new_nodes(self) -> None:
         """Add the nodes that joined the cluster since (of the kind the profile measured,
@@ -251,193 +193,166 @@ class Runner:
             self.emit(RunEvent("node_joined", f"node {node.name} ({node.devices} {node.kind} "
                                "device(s)) joined the cluster; the plan now uses it"))
 
-    def replan(self, first: bool = False) -> None:
-        if not any(s == "pending" for s in self.state.status.values()):
-            return
+    def _snapshot(self) -> tuple[PlanningProblem, float] | None:
+        """The problem to plan now (None: nothing pending fits a node)."""
+        if not self.state.any_pending():
+            return None
         self._join_new_nodes()
         problem, at = self.problem()
         if not problem.tasks:  # what is pending waits for a node wide enough
             self.state.plan = []
+            return None
+        return problem, at
+
+    def plan_now(self) -> None:
+        """Plan the remaining work at once and adopt it (the first plan, or one for a
+        plan that lost its tasks); nothing runs meanwhile that it would delay."""
+        taken = self._snapshot()
+        if taken is None:
             return
-        problem.check()  # what a problem file must be, the solvers may rely on
-        limit = self.options.time_limit if first else self.options.replan_time_limit
-        plan = solve(problem, self.options.solver, limit)
-        if not plan.assignments:  # e.g. saturn-milp's model too large: the run goes on
-            reason = plan.notes.get("reason") or "no plan within the time limit"
-            self.emit(RunEvent("planner_fell_back", f"{plan.solver} ({plan.status}): "
-                               f"{reason}; planning with greedy instead"))
-            plan = solve(problem, "greedy", limit)
-        candidate = self._absolute(plan, at)
+        problem, at = taken
+        limit = self.options.time_limit
+        plan, fell_back = solve_or_fall_back(problem, self.options.solver, limit)
+        self._adopt(PlanCandidate(plan, problem, at, fell_back), first=True)
+
+    def ask_replan(self) -> None:
+        """Plan again beside execution; adopted by a later turn of the loop."""
+        if self.options.replan:
+            self.replanner.ask(self._snapshot)
+
+    def _adopt(self, candidate: PlanCandidate, first: bool = False) -> None:
+        """Take ``candidate`` as the plan if it is the first, or ends earlier than the
+        current one re-timed under the same estimates by more than the margin. Its
+        assignments of tasks that started meanwhile (from the current plan) are left
+        out: they run."""
+        if candidate.fell_back:
+            self.emit(RunEvent("planner_fell_back", f"{candidate.fell_back}; planning with "
+                               "greedy instead"))
+        records = self.state.records
+        assignments = [a for a in candidate.absolute()
+                       if records[a.task].status == TaskStatus.PENDING]
         if not first:
-            current = self._retimed_current(problem, at)
-            new_end = max((a.end for a in candidate), default=at)
+            current = retimed_end(self.state.plan, candidate.problem, candidate.at)
+            new_end = max((a.end for a in assignments), default=candidate.at)
             if current is not None and new_end >= current - self.options.replan_margin * max(
-                    current - at, 0.0):
+                    current - candidate.at, 0.0):
                 self.state.estimated_finish = max(current, self._running_end())
                 return
-        self.state.plan = candidate
-        self.state.estimated_finish = max(max((a.end for a in candidate), default=at),
-                                          self._running_end())
+        self.state.plan = assignments
+        self.state.estimated_finish = max(max((a.end for a in assignments),
+                                              default=candidate.at), self._running_end())
         if self.first_planned is None:
             self.first_planned = self.state.estimated_finish
-        self._save_plan(plan, problem, at)
+        write_plan(next_plan_file(self.run_dir), AdoptedPlan(
+            candidate.plan, candidate.at, self.state.clock_zero, tuple(assignments),
+            candidate.problem))
+        self.plans_adopted += 1
+        plan = candidate.plan
         self.emit(RunEvent("planned" if first else "replanned",
                            f"{plan.solver} ({plan.status}): finish at "
                            f"{self.state.estimated_finish:.1f} s"))
 
     def _drifted(self) -> bool:
         """Whether a running slice's pace puts its end off the plan by more than 5%
-        (then its new end becomes the expectation, so one drift triggers one re-plan)."""
+        (then its new end becomes the expectation, so one drift asks one re-plan)."""
         drifted = False
-        for name, running in self.state.running.items():
-            expected = self.predicted_task_end(name)
+        for record in self.state.records.values():
+            running = record.running
+            if running is None:
+                continue
+            expected = self.predicted_task_end(record)
             length = max(running.predicted_end - running.began, 1.0)
             if abs(expected - running.predicted_end) > 0.05 * length:
                 running.predicted_end = expected
                 drifted = True
-        return drifted and any(s == "pending" for s in self.state.status.values())
-
-    def _running_end(self) -> float:
-        return max((self.predicted_task_end(n) for n in self.state.running), default=0.0)
-
-    def _absolute(self, plan: Plan, at: float) -> list[Assignment]:
-        return [a.shifted(at) for a in plan.assignments]
-
-    def _retimed_current(self, problem: PlanningProblem, at: float) -> float | None:
-        """When the current plan would finish under today's estimates (each device keeps
-        its order); None if it no longer covers the pending tasks."""
-        seconds = {(t.name, o.technique, o.devices): o.seconds
-                   for t in problem.tasks for o in t.options}
-        free: dict[tuple[str, int], float] = {}
-        for busy in problem.busy:
-            for device in busy.device_ids:
-                free[(busy.node, device)] = at + busy.until
-        pending = {t.name for t in problem.tasks}
-        end = at
-        covered = set()
-        for a in sorted(self.state.plan, key=lambda a: a.start):
-            if a.task not in pending:
-                continue
-            key = (a.task, a.technique, a.devices)
-            if key not in seconds:
-                return None
-            devices = [(a.node, d) for d in a.device_ids]
-            start = max([at, *(free.get(d, at) for d in devices)])
-            finish = start + seconds[key]
-            for d in devices:
-                free[d] = finish
-            end = max(end, finish)
-            covered.add(a.task)
-        return end if covered == pending else None
-
-    def _save_plan(self, plan: Plan, problem: PlanningProblem, at: float) -> None:
-        adopted = AdoptedPlan(plan, at, self.state.clock_zero, tuple(self.state.plan), problem)
-        write_plan(next_plan_file(self.run_dir), adopted)
-        self.plans_adopted += 1
+        return drifted and self.state.any_pending()
 
     # -- execution -------------------------------------------------------------------
 
-    def launchable(self) -> list[Assignment]:
-        """Assignments whose devices are free and that come first on each of them."""
-        busy = {(r.assignment.node, d) for r in self.state.running.values()
-                for d in r.assignment.device_ids}
-        first_on: dict[tuple[str, int], str] = {}
-        for a in sorted(self.state.plan, key=lambda a: a.start):
-            if self.state.status[a.task] != "pending":
-                continue
-            for d in a.device_ids:
-                first_on.setdefault((a.node, d), a.task)
-        ready = []
-        for a in self.state.plan:
-            if self.state.status[a.task] != "pending":
-                continue
-            devices = [(a.node, d) for d in a.device_ids]
-            if any(d in busy for d in devices):
-                continue
-            if all(first_on.get(d) == a.task for d in devices):
-                ready.append(a)
-                busy.update(devices)
-        return ready
-
-    def launch(self, pool: ThreadPoolExecutor, a: Assignment) -> Future[SliceResult]:
-        name = a.task
-        option = self.profile.task(name).option(a.technique, a.devices)
+    def launch(self, a: Assignment) -> Future[SliceResult]:
+        record = self.state.records[a.task]
+        option = self.profile.task(a.task).option(a.technique, a.devices)
         assert option is not None
-        steps = self._slice_steps(name, option)
-        start = self.state.done_steps[name]
-        running = RunningSlice(a, self.now(), start, start + steps,
-                           self.now() + self.option_seconds(name, option, steps))
-        self.state.running[name] = running
-        self.state.status[name] = "running"
+        steps = self.estimates.slice_steps(option, record.remaining, self.options.slice_steps,
+                                           self.options.slice_seconds)
+        start = record.done_steps
+        predicted = self.estimates.option_seconds(a.task, option, steps, start > 0)
+        running = RunningSlice(a, self.now(), start, start + steps, self.now() + predicted,
+                               predicted)
+        record.running, record.status = running, TaskStatus.RUNNING
         self.slices_launched += 1
         technique = get_technique(a.technique)
         if technique.inexactness(technique.resolve(a.knobs)) is not None:
-            self.state.inexact.add(name)
-        node = self.cluster.node(a.node)
-
-        def heard(rank: int, record: dict[str, Any]) -> None:
-            running.progress[rank] = record
-
-        self.emit(RunEvent("slice_started", f"{name}: steps {start}-{start + steps} under "
-                           f"{a.technique} on {a.node} devices {list(a.device_ids)}", name))
-        return pool.submit(run_slice, self.state.tasks[name], a.technique, self.run_dir,
-                           self.launcher.placement(node, list(a.device_ids)), knobs=dict(a.knobs),
-                           steps=steps, timeout=self.options.timeout, cancel=self.cancel,
-                           on_progress=heard, launcher=self.launcher,
-                           storage=self.options.storage,
-                           total=self.state.total[name])  # no data set loaded per slice
+            record.inexact = True
+        self.emit(RunEvent("slice_started", f"{a.task}: steps {start}-{start + steps} under "
+                           f"{a.technique} on {a.node} devices {list(a.device_ids)}", a.task))
+        return self.launching.start(record, running, self.cluster.node(a.node))
 
     def finished(self, name: str, future: Future[SliceResult]) -> bool:
         """Record a slice's end; whether it departs from the plan enough to re-plan."""
-        running = self.state.running.pop(name)
+        record = self.state.records[name]
+        running = record.running
+        assert running is not None
+        record.running = None
         try:
             result = future.result()
+        except GangInterrupted:
+            if running.stalled is None:
+                raise  # the run is stopping: its gangs were cancelled
+            return self._failed(record, SliceError(running.stalled, "stalled"))
         except SliceError as err:
             if err.reason == "node_lost":  # not the task's fault: plan it anew elsewhere
-                self._lose_node(running.assignment.node, name, err)
+                self._lose_node(running.assignment.node, record, err)
                 return True
-            self.state.failures[name] += 1
-            if err.reason == "diverged":  # the store already says so, with the step
-                self.state.status[name] = "diverged"
-                self.emit(RunEvent("task_diverged", str(err).splitlines()[0], name))
-            elif not err.retryable:
-                self.state.status[name] = "failed"
-                self.store.set_task_status(name, "failed", str(err))
-                self.emit(RunEvent("task_failed", f"{name} failed, and no retry can succeed "
-                                   "until the disk or the permissions change: "
-                                   f"{str(err).splitlines()[0]}", name))
-            elif self.state.failures[name] >= self.options.max_failures:
-                self.state.status[name] = "failed"
-                self.store.set_task_status(name, "failed", str(err))
-                self.emit(RunEvent("task_failed", f"{name} failed {self.state.failures[name]} "
-                                   f"times; giving up: {err}", name))
-            else:
-                self.state.status[name] = "pending"
-                self.emit(RunEvent("slice_failed", f"{name} failed (attempt "
-                                   f"{self.state.failures[name]} of "
-                                   f"{self.options.max_failures}), will retry: "
-                                   f"{str(err).splitlines()[0]}", name))
-            return True
+            return self._failed(record, err)
         for warning in result.warnings:
             self.emit(RunEvent("checkpoint_quarantined", warning, name))
-        self.state.done_steps[name] = result.end_step
+        record.done_steps = result.end_step
+        self.estimates.measured_slice(name, result.technique, running.assignment.devices,
+                                      result.step_seconds)
         if result.losses:
-            self.state.last_loss[name] = result.losses[-1]
-        finished = result.end_step >= self.state.total[name]
-        self.state.status[name] = "done" if finished else "pending"
-        if finished:
+            record.last_loss = result.losses[-1]
+        ended = result.end_step >= record.total
+        record.status = TaskStatus.DONE if ended else TaskStatus.PENDING
+        if ended:
             self.store.set_task_status(name, "done", result.evaluation_error)
         elapsed = self.now() - running.began
         planned = running.predicted_end - running.began
         self.emit(RunEvent("slice_finished", f"{name}: steps {result.start_step}-"
                            f"{result.end_step} in {elapsed:.1f} s (predicted {planned:.1f} s)"
-                           + (" - done" if finished else ""), name))
-        return not finished or abs(elapsed - planned) > 0.05 * max(planned, 1.0)
+                           + (" - done" if ended else ""), name))
+        return not ended or abs(elapsed - planned) > 0.05 * max(planned, 1.0)
 
-    def _lose_node(self, node: str, name: str, err: SliceError) -> None:
+    def _failed(self, record: TaskRecord, err: SliceError) -> bool:
+        """A slice that failed: the task retried, or ended (diverged, a failure no retry
+        can mend, or too many failures)."""
+        name = record.name
+        record.failures += 1
+        if err.reason == "diverged":  # the store already says so, with the step
+            record.status = TaskStatus.DIVERGED
+            self.emit(RunEvent("task_diverged", str(err).splitlines()[0], name))
+        elif not err.retryable:
+            record.status = TaskStatus.FAILED
+            self.store.set_task_status(name, "failed", str(err))
+            self.emit(RunEvent("task_failed", f"{name} failed, and no retry can succeed until "
+                               "the disk, the permissions or the task change: "
+                               f"{str(err).splitlines()[0]}", name))
+        elif record.failures >= self.options.max_failures:
+            record.status = TaskStatus.FAILED
+            self.store.set_task_status(name, "failed", str(err))
+            self.emit(RunEvent("task_failed", f"{name} failed {record.failures} times; giving "
+                               f"up: {err}", name))
+        else:
+            record.status = TaskStatus.PENDING
+            self.emit(RunEvent("slice_failed", f"{name} failed (attempt {record.failures} of "
+                               f"{self.options.max_failures}), will retry: "
+                               f"{str(err).splitlines()[0]}", name))
+        return True
+
+    def _lose_node(self, node: str, record: TaskRecord, err: SliceError) -> None:
         """A node left the cluster under a running slice: the task goes back to pending
         (from its last checkpoint), the node's devices leave the plan."""
-        self.state.status[name] = "pending"
+        record.status = TaskStatus.PENDING
         if any(n.name == node for n in self.cluster):
             left = [n for n in self.cluster if n.name != node]
             if not left:
@@ -446,48 +361,94 @@ class Runner:
             self.launcher.forget_node(node)
             self.state.plan = [a for a in self.state.plan if a.node != node]
             self.emit(RunEvent("node_lost", f"node {node} left the cluster; its work is "
-                               "planned again on the others", name))
-        self.emit(RunEvent("slice_failed", f"{name}: {str(err).splitlines()[0]}", name))
+                               "planned again on the others", record.name))
+        self.emit(RunEvent("slice_failed", f"{record.name}: {str(err).splitlines()[0]}",
+                           record.name))
+
+    def check_stalls(self) -> None:
+        """A slice far past its prediction: said once past ``stall_warning`` times it,
+        cancelled (then retried) past ``stall_factor`` times it, each plus the grace."""
+        options = self.options
+        now = self.now()
+        for record in self.state.records.values():
+            running = record.running
+            if running is None or running.stalled is not None:
+                continue
+            elapsed, predicted = now - running.began, running.predicted_seconds
+            if (options.stall_factor is not None
+                    and elapsed > options.stall_factor * predicted + options.stall_grace):
+                running.stalled = (
+                    f"{record.name}: its slice (steps {running.start_step}-"
+                    f"{running.end_step}) ran {elapsed:.0f} s against a prediction of "
+                    f"{predicted:.1f} s, past {options.stall_factor:g} times it and "
+                    f"{options.stall_grace:g} s: stalled, cancelled (--stall-factor "
+                    "changes the bound)")
+                self.emit(RunEvent("slice_cancelled", running.stalled, record.name))
+                running.cancel.reason = f"stalled: {running.stalled}"
+                running.cancel.set()
+            elif (not running.stall_warned
+                  and elapsed > options.stall_warning * predicted + options.stall_grace / 2):
+                running.stall_warned = True
+                self.emit(RunEvent("slice_slow", f"{record.name}: its slice has run "
+                                   f"{elapsed:.0f} s against a prediction of {predicted:.1f} "
+                                   "s: stalled? (it is cancelled and retried at "
+                                   f"{options.stall_factor} times it)", record.name))
+
+    def _estimate(self) -> None:
+        self.state.estimated_finish = max(
+            max((a.end for a in self.state.plan
+                 if self.state.records[a.task].status == TaskStatus.PENDING), default=0.0),
+            self._running_end())
 
     def run(self) -> None:
-        self.replan(first=True)
+        """Plan, launch, watch, re-plan, until every task has ended."""
+        self.plan_now()
         futures: dict[Future[SliceResult], str] = {}
         last_replan = self.now()
-        # A thread per running gang; nodes may join, and threads start only when needed.
-        with ThreadPoolExecutor(max_workers=1024) as pool:
-            try:
-                while True:
-                    for a in self.launchable():
-                        futures[self.launch(pool, a)] = a.task
-                    if not futures:
-                        if any(s == "pending" for s in self.state.status.values()):
-                            self.replan(first=True)  # the plan lost its tasks: plan again
-                            if not self.launchable():
-                                if self._fail_the_unplaceable():
-                                    continue
-                                raise RuntimeError("no pending task can be placed")
-                            continue
-                        break
-                    done, _ = wait(list(futures), timeout=1.0, return_when=FIRST_COMPLETED)
-                    depart = False
-                    for future in done:
-                        depart |= self.finished(futures.pop(future), future)
-                    interval = self.now() - last_replan > self.options.replan_interval
-                    if self.options.replan and (depart or interval or self._drifted()):
-                        self.replan()
-                        last_replan = self.now()
-                    elif done:
-                        self.state.estimated_finish = max(
-                            max((a.end for a in self.state.plan
-                                 if self.state.status[a.task] == "pending"), default=0.0),
-                            self._running_end())
-                    self.view(self.state)
-            except BaseException:
-                self.cancel.set()  # every gang stops; their slices are recorded interrupted
-                wait(list(futures))  # their errors (GangInterrupted) stay in the futures
-                raise
-            finally:
-                if not self.state.running and not any(
-                        s == "pending" for s in self.state.status.values()):
-                    self.state.estimated_finish = self.now()  # nothing left to estimate
+        try:
+            while True:
+                candidate = self.replanner.ready()
+                if candidate is not None:
+                    self._adopt(candidate)
+                for a in launchable(self.state.plan, self.state.records):
+                    futures[self.launch(a)] = a.task
+                if not futures:
+                    if self.state.any_pending() and self.replanner.busy:
+                        # a plan for what is pending is on its way
+                        clock.wait_any(self.replanner.waitable(), TICK)
+                        continue
+                    if self.state.any_pending():
+                        self.plan_now()  # the plan lost its tasks: plan again
+                        if not launchable(self.state.plan, self.state.records):
+                            if self._fail_the_unplaceable():
+                                continue
+                            raise RuntimeError("no pending task can be placed")
+                        continue
+                    break
+                done = [f for f in clock.wait_any([*futures, *self.replanner.waitable()], TICK)
+                        if f in futures]
+                depart = False
+                for future in done:
+                    depart |= self.finished(futures.pop(future), future)
+                self.check_stalls()
+                interval = self.now() - last_replan > self.options.replan_interval
+                if depart or interval or self._drifted():
+                    self.ask_replan()
+                    last_replan = self.now()
+                elif done:
+                    self._estimate()
                 self.view(self.state)
+        except BaseException:
+            for record in self.state.records.values():  # every gang stops; their
+                if record.running is not None:  # slices are recorded interrupted
+                    record.running.cancel.set()
+            for future in futures:
+                future.exception()  # waits; their errors (GangInterrupted) stay in them
+            raise
+        finally:
+            self.replanner.close()
+            self.launching.close()
+            if not any(r.running for r in self.state.records.values()) \
+                    and not self.state.any_pending():
+                self.state.estimated_finish = self.now()  # nothing left to estimate
+            self.view(self.state)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dione.launch.local import local_placement
-from dione.launch.slice import SliceError, SliceResult, run_slice
+from dione.launch.slice import SliceError, SliceRequest, SliceResult, run_request
 from dione.orchestrate.options import claim_run_dir
 from dione.spec.cluster import Cluster
 from dione.spec.task import Task
@@ -85,8 +85,9 @@ def run_sequential(
                     record = store.task(task.name)
                     if record is not None and record.status == "done":
                         break
-                    result = run_slice(task, method, run_dir, placement, steps=slice_steps,
-                                       timeout=timeout, store=store, storage=storage)
+                    result = run_request(SliceRequest(
+                        task, method, placement, run_dir, steps=slice_steps, timeout=timeout,
+                        storage=storage), store=store)
                     outcome.slices.append(result)
                     outcome.seconds += result.seconds
                     if on_slice is not None:

@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from dione.profile.fingerprint import speed_signature, trial_fingerprint
     from dione.profile.options import TrialOptions
     from dione.profile.profiler import profile_workload
-    from dione.profile.results import Option, Profile, ProfileEvent, TaskProfile
+    from dione.profile.results import Profile, ProfiledOption, ProfileEvent, TaskProfile
     from dione.profile.simulated import simulated_step_seconds
     from dione.profile.trial import TrialSpec, run_trial
     from dione.profile.trials import device_counts
@@ -22,7 +22,7 @@ __getattr__ = lazy_exports(__name__, {
     **dict.fromkeys(("speed_signature", "trial_fingerprint"), "dione.profile.fingerprint"),
     "TrialOptions": "dione.profile.options",
     "profile_workload": "dione.profile.profiler",
-    **dict.fromkeys(("Option", "Profile", "ProfileEvent", "TaskProfile"),
+    **dict.fromkeys(("ProfiledOption", "Profile", "ProfileEvent", "TaskProfile"),
                     "dione.profile.results"),
     "simulated_step_seconds": "dione.profile.simulated",
     **dict.fromkeys(("TrialSpec", "run_trial"), "dione.profile.trial"),
@@ -31,9 +31,9 @@ __getattr__ = lazy_exports(__name__, {
 
 __all__ = [
     "Catalog",
-    "Option",
     "Profile",
     "ProfileEvent",
+    "ProfiledOption",
     "TaskProfile",
     "TrialOptions",
     "TrialRecord",

@@ -8,13 +8,13 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from dione.profile.catalog import TrialRecord
-from dione.profile.results import Option, TaskProfile
+from dione.profile.results import ProfiledOption, TaskProfile
 from dione.profile.trials import PendingTrial
 
 __all__ = ["choose_options", "merged_runs", "repeats_due", "trial_runs"]
 
 
-def choose_options(trials: Sequence[TrialRecord], steps: int) -> list[Option]:
+def choose_options(trials: Sequence[TrialRecord], steps: int) -> list[ProfiledOption]:
     """Per (technique, devices) the knob setting whose steps are fastest, its fixed cost
     the median over every feasible setting's trial.
 
@@ -32,7 +32,7 @@ def choose_options(trials: Sequence[TrialRecord], steps: int) -> list[Option]:
     for (technique, devices), records in sorted(by_key.items(), key=lambda kv: kv[0][::-1]):
         best = min(records, key=lambda r: r.warmup_excess_seconds + steps * (r.step_seconds or 0))
         fixed = statistics.median(r.fixed_seconds for r in records)
-        options.append(Option(technique, dict(best.knobs), devices,
+        options.append(ProfiledOption(technique, dict(best.knobs), devices,
                               dataclasses.replace(best, fixed_seconds=fixed)))
     return options
 

@@ -22,7 +22,7 @@ from dione.profile.catalog import Catalog, TrialRecord
 from dione.profile.choice import choose_options, repeats_due
 from dione.profile.fingerprint import device_description
 from dione.profile.options import TrialOptions
-from dione.profile.results import Option, Profile, ProfileEvent, Skipped, TaskProfile
+from dione.profile.results import Profile, ProfiledOption, ProfileEvent, Skipped, TaskProfile
 from dione.profile.schedule import TrialSetting, run_trials
 from dione.profile.simulated import cross_check
 from dione.profile.trials import PendingTrial, device_counts, wanted_trials
@@ -30,9 +30,9 @@ from dione.spec.cluster import Cluster
 from dione.spec.task import Task
 
 __all__ = [
-    "Option",
     "Profile",
     "ProfileEvent",
+    "ProfiledOption",
     "TaskProfile",
     "device_counts",
     "profile_workload",

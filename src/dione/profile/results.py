@@ -6,22 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dione.plan import problem as planning
 from dione.profile.catalog import TrialRecord
 from dione.spec.cluster import Cluster
 
-__all__ = ["NotApplicable", "Option", "Profile", "ProfileEvent", "Skipped", "TaskProfile",
-           "planning_nodes"]
-
-
-def planning_nodes(cluster: Cluster) -> tuple[planning.NodeSpec, ...]:
-    """The cluster's nodes as a planning problem names them."""
-    return tuple(planning.NodeSpec(n.name, n.devices, n.kind) for n in cluster)
+__all__ = ["NotApplicable", "Profile", "ProfileEvent", "ProfiledOption", "Skipped",
+           "TaskProfile"]
 
 
 @dataclass(frozen=True)
-class Option:
-    """A feasible way to train a task, with its fastest knob setting and its trial."""
+class ProfiledOption:
+    """A feasible way to train a task, with its fastest knob setting and its trial (the
+    planner's view of it, seconds and all, is ``dione.orchestrate.estimates``')."""
 
     technique: str
     knobs: dict[str, Any]
@@ -31,10 +26,6 @@ class Option:
     def seconds(self, steps: int, resumed: bool = False, evaluation: float = 0.0) -> float:
         """Predicted seconds to train ``steps`` steps in one slice (and evaluate)."""
         return self.record.slice_seconds(steps, resumed) + evaluation
-
-    def planned(self, seconds: float) -> planning.Option:
-        """This option as the planner sees it, taking ``seconds``."""
-        return planning.Option(self.technique, self.devices, seconds, dict(self.knobs))
 
 
 @dataclass(frozen=True)
@@ -68,7 +59,7 @@ class TaskProfile:
     task: str
     group: str  # tasks with the same group share trials
     total_steps: int
-    options: list[Option] = field(default_factory=list)
+    options: list[ProfiledOption] = field(default_factory=list)
     trials: list[TrialRecord] = field(default_factory=list)  # every knob setting, any status
     skipped: list[Skipped] = field(default_factory=list)
     not_applicable: list[NotApplicable] = field(default_factory=list)
@@ -104,18 +95,9 @@ class TaskProfile:
             result.append((technique, "; ".join(dict.fromkeys(parts))))
         return result
 
-    def option(self, technique: str, devices: int) -> Option | None:
+    def option(self, technique: str, devices: int) -> ProfiledOption | None:
         return next((o for o in self.options
                      if o.technique == technique and o.devices == devices), None)
-
-    def task_options(self, steps: int | None = None,
-                     resumed: bool = False) -> planning.TaskOptions:
-        """The planner's options for ``steps`` remaining steps (default: all)."""
-        remaining = self.total_steps if steps is None else steps
-        # Milliseconds: what the problem file has always held, so plans stay the same.
-        return planning.TaskOptions(self.task, tuple(
-            o.planned(round(o.seconds(remaining, resumed, self.evaluation_seconds), 3))
-            for o in self.options))
 
 
 @dataclass
@@ -130,11 +112,6 @@ class Profile:
 
     def task(self, name: str) -> TaskProfile:
         return next(t for t in self.tasks if t.task == name)
-
-    def planning_problem(self) -> planning.PlanningProblem:
-        """The planner's problem: every task that has an option."""
-        return planning.PlanningProblem(planning_nodes(self.cluster), tuple(
-            t.task_options() for t in self.tasks if t.options))
 
 
 @dataclass(frozen=True)

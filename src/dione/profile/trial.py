@@ -20,8 +20,9 @@ from dione.launch.local import LOCAL, Launcher
 from dione.launch.slice import (
     OUTSIDE_THE_GANG,
     SliceError,
-    TrialSettings,
-    run_slice,
+    SliceRequest,
+    TrialProbe,
+    run_request,
     total_steps,
 )
 from dione.profile.catalog import TrialRecord
@@ -94,12 +95,12 @@ def run_trial(
     base = dict(fingerprint=spec.fingerprint, technique=spec.technique, knobs=dict(spec.knobs),
                 devices=spec.devices, device=spec.device)
     try:
-        result = run_slice(
-            spec.task, spec.technique, folder, launcher.placement(node, device_ids),
+        request = SliceRequest(
+            spec.task, spec.technique, launcher.placement(node, device_ids), folder,
             knobs=spec.knobs, steps=steps, timeout=options.timeout, keep_checkpoints=1,
-            evaluate=False, trial=TrialSettings(options.memory_cap_bytes, True, spec.evaluate),
-            cancel=cancel, launcher=launcher, storage=checkpoints,
-        )
+            evaluate=False, trial=TrialProbe(options.memory_cap_bytes, True, spec.evaluate),
+            storage=checkpoints)
+        result = run_request(request, cancel=cancel, launcher=launcher)
     except SliceError as err:
         if err.reason == OUTSIDE_THE_GANG:
             # Not the configuration's doing (the store, the launcher, the disk): as

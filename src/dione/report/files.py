@@ -9,86 +9,21 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dione.report.plans import AdoptedPlan, read_plans
+from dione.orchestrate.plans import AdoptedPlan, read_plans
 from dione.state.private import private_dir
 from dione.state.store import STORE_FILE, RunStore, SliceRecord
+from dione.state.summaries import TaskSummary, summaries
 
-__all__ = ["TaskSummary", "inexact_spans", "lower_is_better", "summaries", "write_report"]
+__all__ = ["lower_is_better", "report_after_run", "write_report"]
 
 
 def lower_is_better(metric: str) -> bool:
     """Whether a smaller value of ``metric`` is better (losses, errors, perplexities)."""
     return any(word in metric.lower() for word in ("loss", "error", "perplexity", "mse", "mae"))
-
-
-@dataclass
-class TaskSummary:
-    """One task as the report shows it."""
-
-    task: str
-    status: str
-    steps: int
-    total_steps: int
-    techniques: list[str] = field(default_factory=list)
-    devices: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    final_loss: float | None = None
-    evaluation: dict[str, float] = field(default_factory=dict)
-    hyperparameters: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    checkpoint: str | None = None  # the latest complete one
-    device_counts: list[int] = field(default_factory=list)  # of the slices that trained it
-    # How its steps that did not train as single would trained (empty: all did).
-    inexact: list[str] = field(default_factory=list)
-
-    @property
-    def trained(self) -> str:
-        """For the tables: exact, or inexact and how."""
-        return "exact" if not self.inexact else "inexact: " + "; ".join(self.inexact)
-
-
-def inexact_spans(slices: Sequence[SliceRecord]) -> list[str]:
-    """How the finished slices of one task that did not train as single would trained:
-    consecutive ones with the same note as one span of steps."""
-    spans: list[tuple[int, int, str]] = []
-    for s in slices:
-        if s.status != "done" or s.inexactness is None:
-            continue
-        if spans and spans[-1][1] == s.start_step and spans[-1][2] == s.inexactness:
-            spans[-1] = (spans[-1][0], s.end_step, s.inexactness)
-        else:
-            spans.append((s.start_step, s.end_step, s.inexactness))
-    return [f"steps {a}-{b}, {note}" for a, b, note in spans]
-
-
-def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskSummary]:
-    result = []
-    for record in store.tasks():
-        if names is not None and record.name not in names:
-            continue
-        slices = store.slices(record.name)
-        done = [s for s in slices if s.status == "done"]
-        techniques: list[str] = []
-        devices: list[str] = []
-        for s in done:
-            if not techniques or techniques[-1] != s.technique:
-                techniques.append(s.technique)
-            where = f"{s.node}:{','.join(map(str, s.device_ids))}"
-            if where not in devices:
-                devices.append(where)
-        latest = store.latest_checkpoint(record.name)
-        losses = store.losses(record.name)
-        result.append(TaskSummary(
-            record.name, record.status, latest.step if latest else 0, record.total_steps,
-            techniques, devices, sum((s.ended_at or s.started_at) - s.started_at for s in done),
-            losses[-1][1] if losses else None, store.evaluation(record.name),
-            dict(record.hyperparameters), record.error, latest.path if latest else None,
-            sorted({len(s.device_ids) for s in done}), inexact_spans(done)))
-    return result
 
 
 def _launcher_gone(run_dir: Path) -> bool:
@@ -172,6 +107,19 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None) -> Pat
         if file.is_file() and not file.is_symlink():
             file.chmod(0o600)
     return folder
+
+
+def report_after_run(run_dir: str | Path, names: Sequence[Any]) -> str | None:
+    """Write the report of a run that just ended; why it could not be (None: written).
+    The training is done and kept either way: `dione status` and `dione report` read it."""
+    import sqlite3
+
+    try:
+        write_report(run_dir, names)
+    except (OSError, ValueError, sqlite3.Error) as err:
+        return (f"the report could not be written ({type(err).__name__}: {err}); the results "
+                "stand: `dione status` reads them, `dione report` tries again")
+    return None
 
 
 def leaderboard(tasks: Sequence[TaskSummary], metric: str) -> list[TaskSummary]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dione.report.plans import AdoptedPlan
+from dione.orchestrate.plans import AdoptedPlan
 
 __all__ = ["draw_gantt"]
 

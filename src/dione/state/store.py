@@ -22,12 +22,12 @@ import os
 import secrets
 import socket
 import sqlite3
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dione import clock
 from dione.state.lock import pid_alive
 from dione.state.private import private_dir, private_file
 from dione.state.sqlite import SQLiteFile, StateFileError
@@ -250,7 +250,7 @@ class RunStore(SQLiteFile):
                 "INSERT INTO tasks (name, total_steps, batch_size, hyperparameters, updated_at)"
                 " VALUES (?, ?, ?, ?, ?)",
                 (name, total_steps, batch_size,
-                 json.dumps(dict(hyperparameters or {}), default=str), time.time()),
+                 json.dumps(dict(hyperparameters or {}), default=str), clock.now()),
             )
         record = self.task(name)
         assert record is not None
@@ -273,7 +273,7 @@ class RunStore(SQLiteFile):
     def set_task_status(self, name: str, status: str, error: str | None = None) -> None:
         with self._transaction() as db:
             db.execute("UPDATE tasks SET status = ?, error = ?, updated_at = ? WHERE name = ?",
-                       (status, error, time.time(), name))
+                       (status, error, clock.now(), name))
 
     # -- slices ------------------------------------------------------------------------
 
@@ -290,11 +290,11 @@ class RunStore(SQLiteFile):
                 " end_step, status, started_at, host, owner_pid, inexactness)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)",
                 (task, technique, json.dumps(dict(knobs), sort_keys=True), node,
-                 json.dumps(list(device_ids)), start_step, end_step, time.time(),
+                 json.dumps(list(device_ids)), start_step, end_step, clock.now(),
                  socket.gethostname(), os.getpid(), inexactness),
             )
             db.execute("UPDATE tasks SET status = 'running', error = NULL, updated_at = ?"
-                       " WHERE name = ? AND status != 'done'", (time.time(), task))
+                       " WHERE name = ? AND status != 'done'", (clock.now(), task))
             assert cursor.lastrowid is not None
             return cursor.lastrowid
 
@@ -315,21 +315,21 @@ class RunStore(SQLiteFile):
             stored = None if checkpoint is None else self._stored(checkpoint)
             if stored is not None:
                 db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)",
-                           (record.task, record.end_step, stored, slice_id, time.time()))
+                           (record.task, record.end_step, stored, slice_id, clock.now()))
             db.executemany("INSERT OR REPLACE INTO evaluations VALUES (?, ?, ?, ?)",
                            [(record.task, record.end_step, k, float(v))
                             for k, v in (evaluation or {}).items()])
             db.execute(
                 "UPDATE slices SET status = 'done', ended_at = ?, checkpoint = ?, timings = ?,"
                 " peak_memory_bytes = ? WHERE id = ?",
-                (time.time(), stored, json.dumps(dict(timings or {})), peak_memory_bytes,
+                (clock.now(), stored, json.dumps(dict(timings or {})), peak_memory_bytes,
                  slice_id),
             )
             total = db.execute("SELECT total_steps FROM tasks WHERE name = ?",
                                (record.task,)).fetchone()[0]
             status = "done" if record.end_step >= total else "pending"
             db.execute("UPDATE tasks SET status = ?, error = NULL, updated_at = ? WHERE name = ?",
-                       (status, time.time(), record.task))
+                       (status, clock.now(), record.task))
 
     def diverge_slice(
         self, slice_id: int, losses: Sequence[float], step_seconds: Sequence[float], error: str,
@@ -347,18 +347,18 @@ class RunStore(SQLiteFile):
                  for i, (loss, sec) in enumerate(zip(losses, step_seconds, strict=True))],
             )
             db.execute("UPDATE slices SET status = 'diverged', ended_at = ?, error = ?"
-                       " WHERE id = ?", (time.time(), error, slice_id))
+                       " WHERE id = ?", (clock.now(), error, slice_id))
             db.execute("UPDATE tasks SET status = 'diverged', error = ?, updated_at = ?"
-                       " WHERE name = ?", (error, time.time(), record.task))
+                       " WHERE name = ?", (error, clock.now(), record.task))
 
     def fail_slice(self, slice_id: int, error: str, status: str = "failed") -> None:
         """Record why a slice ended without a checkpoint; its task goes back to pending."""
         record = self.slice(slice_id)
         with self._transaction() as db:
             db.execute("UPDATE slices SET status = ?, ended_at = ?, error = ? WHERE id = ?",
-                       (status, time.time(), error, slice_id))
+                       (status, clock.now(), error, slice_id))
             db.execute("UPDATE tasks SET status = 'pending', updated_at = ?"
-                       " WHERE name = ? AND status = 'running'", (time.time(), record.task))
+                       " WHERE name = ? AND status = 'running'", (clock.now(), record.task))
 
     def recover_interrupted(self) -> list[int]:
         """Mark running slices whose launching process is gone as interrupted."""

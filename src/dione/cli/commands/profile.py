@@ -27,7 +27,9 @@ def command(args: argparse.Namespace) -> int:
         if launcher is not None:
             launcher.shutdown()
     print_profile(profile)
-    problem = profile.planning_problem()
+    from dione.orchestrate.estimates import profile_problem
+
+    problem = profile_problem(profile)
     text = json.dumps(problem.to_json(), indent=1)
     if args.output:
         Path(args.output).write_text(text + "\n")

@@ -65,6 +65,7 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
     from dione.orchestrate import RunEvent, run_workload
     from dione.orchestrate.progress import LiveProgress
     from dione.orchestrate.run import RunDirError
+    from dione.report import report_after_run
     from dione.spec.cluster import ClusterError
 
     tasks, problems, cluster = valid_tasks(workload_file, run.devices, "started", launcher)
@@ -85,6 +86,9 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
                                       launcher=launcher)
             except (RunDirError, ClusterError) as err:
                 raise BadInput(str(err)) from None
+        problem = report_after_run(run_dir, tasks)
+        if problem:
+            complain("warning", problem)
     print_results(result, run_dir)
     failed = [t for t in result.tasks if t.status != "done"]
     for t in failed:

@@ -15,9 +15,10 @@ __all__ = ["command"]
 def command(args: argparse.Namespace) -> int:
     import sqlite3
 
-    from dione.report import read_plans, summaries
+    from dione.orchestrate.plans import read_plans
     from dione.state.lock import lock_holder
     from dione.state.store import STORE_FILE, RunStore
+    from dione.state.summaries import summaries
 
     run_dir = Path(args.run_dir)
     if not (run_dir / STORE_FILE).is_file():

@@ -15,7 +15,7 @@ __all__ = ["command"]
 
 
 def command(args: argparse.Namespace) -> int:
-    from dione.launch.slice import SliceError, local_placement, run_slice
+    from dione.launch.slice import SliceError, SliceRequest, local_placement, run_request
     from dione.spec.cluster import ClusterError, Node, local_cluster
     from dione.spec.validate import WorkloadError
     from dione.techniques import get_technique
@@ -54,10 +54,10 @@ def command(args: argparse.Namespace) -> int:
     run_dir = Path(args.out) if args.out else default_run_dir(args.workload)
     with claimed(run_dir):
         try:
-            result = run_slice(task, technique, run_dir,
-                               local_placement(node, range(count)), knobs=knobs,
-                               steps=args.steps, timeout=args.timeout,
-                               on_progress=live_steps())
+            request = SliceRequest(task, technique, local_placement(node, range(count)),
+                                   run_dir, knobs=knobs, steps=args.steps,
+                                   timeout=args.timeout)
+            result = run_request(request, on_progress=live_steps())
         except SliceError as err:
             complain("diverged" if err.reason == "diverged" else "error", str(err))
             return EXIT_FAILED

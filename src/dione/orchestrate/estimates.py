@@ -1,0 +1,142 @@
+"""The one bridge from a profile to a planning problem: how long an option takes.
+
+``dione profile -o`` and every plan of a run take an option's seconds from here, by one
+rule: the trial's prediction for the remaining steps (fixed cost, warm-up excess, steps,
+the checkpoint load of a resumed task, the evaluation at the end), with the step time
+this task measured under that technique and device count in place of the trial's where
+it has run so. So the same profile gives the same problem either way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dione.plan.problem import NodeSpec, PlanningProblem, TaskOptions
+from dione.plan.problem import Option as PlannedOption
+from dione.profile.results import Profile, ProfiledOption, TaskProfile
+from dione.spec.cluster import Cluster
+from dione.state.store import RunStore
+
+__all__ = ["AUTO_SLICE_FLOOR_SECONDS", "AUTO_SLICE_START_UP_SHARE", "Estimates",
+           "auto_slice_seconds", "planning_nodes", "profile_problem", "task_options"]
+
+# The default slice: long enough that its start-up (warm workers: about 0.2-0.8 s on 2
+# CPU cores, benchmarks/RESULTS.md) is at most this share of it, and at least the floor,
+# so that re-planning (a solve at every slice end) runs about once per task per floor.
+AUTO_SLICE_START_UP_SHARE = 0.05
+AUTO_SLICE_FLOOR_SECONDS = 300.0
+
+# (technique, devices) -> the mean step time this task measured so, if it ran so.
+Measured = Callable[[str, int], "float | None"]
+
+
+def auto_slice_seconds(start_up_seconds: float) -> float:
+    """The default slice length for an option whose slices cost ``start_up_seconds`` to
+    start (its trial's fixed cost plus the checkpoint load a resumed slice adds)."""
+    return max(AUTO_SLICE_FLOOR_SECONDS, start_up_seconds / AUTO_SLICE_START_UP_SHARE)
+
+
+def planning_nodes(cluster: Cluster) -> tuple[NodeSpec, ...]:
+    """The cluster's nodes as a planning problem names them."""
+    return tuple(NodeSpec(n.name, n.devices, n.kind) for n in cluster)
+
+
+def option_seconds(profile: TaskProfile, option: ProfiledOption, steps: int, resumed: bool,
+                   measured: float | None = None) -> float:
+    """Seconds for ``steps`` more steps of the task under ``option`` in one slice (and its
+    evaluation): the trial's prediction, with ``measured`` (this task's own mean step
+    time under the option) in place of the trial's step time where it is known."""
+    seconds = option.seconds(steps, resumed, profile.evaluation_seconds)
+    if measured is not None and option.record.step_seconds is not None:
+        seconds += steps * (measured - option.record.step_seconds)
+    return seconds
+
+
+def task_options(profile: TaskProfile, steps: int | None = None, resumed: bool = False,
+                 measured: Measured | None = None) -> TaskOptions:
+    """The planner's options for ``steps`` remaining steps (default: all), in
+    milliseconds (what problem files have always held, so plans stay the same)."""
+    remaining = profile.total_steps if steps is None else steps
+    return TaskOptions(profile.task, tuple(
+        PlannedOption(o.technique, o.devices, round(max(0.001, option_seconds(
+            profile, o, remaining, resumed,
+            measured(o.technique, o.devices) if measured else None)), 3), dict(o.knobs))
+        for o in profile.options))
+
+
+def profile_problem(profile: Profile) -> PlanningProblem:
+    """The planning problem of a profile before anything trained (``dione profile -o``):
+    every task that has an option."""
+    return PlanningProblem(planning_nodes(profile.cluster), tuple(
+        task_options(t) for t in profile.tasks if t.options))
+
+
+@dataclass
+class _Steps:
+    """A running mean of measured step times."""
+
+    total: float = 0.0
+    count: int = 0
+
+    def add(self, seconds: list[float]) -> None:
+        self.total += sum(seconds)
+        self.count += len(seconds)
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count >= 2 else None
+
+
+@dataclass
+class Estimates:
+    """A run's estimates: the profile's options, corrected by the step times each task
+    measured (kept as running means, so a re-plan costs no store query per option)."""
+
+    profile: Profile
+    _steps: dict[tuple[str, str, int], _Steps] = field(default_factory=dict)
+
+    @classmethod
+    def of_run(cls, profile: Profile, store: RunStore) -> Estimates:
+        """Estimates with every step time the run's store holds (each slice's first step,
+        which pays for warm-up, left out)."""
+        estimates = cls(profile)
+        for record in store.slices():
+            if record.status == "done":
+                estimates.measured_slice(record.task, record.technique,
+                                         len(record.device_ids),
+                                         store.slice_step_seconds(record.id))
+        return estimates
+
+    def measured_slice(self, task: str, technique: str, devices: int,
+                       step_seconds: list[float]) -> None:
+        """A finished slice's step times (its first, the warm-up, left out)."""
+        self._steps.setdefault((task, technique, devices), _Steps()).add(step_seconds[1:])
+
+    def measured_step(self, task: str, technique: str, devices: int) -> float | None:
+        found = self._steps.get((task, technique, devices))
+        return None if found is None else found.mean
+
+    def option_seconds(self, task: str, option: ProfiledOption, steps: int,
+                       resumed: bool) -> float:
+        return option_seconds(self.profile.task(task), option, steps, resumed,
+                              self.measured_step(task, option.technique, option.devices))
+
+    def task_options(self, task: str, steps: int, resumed: bool) -> TaskOptions:
+        return task_options(self.profile.task(task), steps, resumed,
+                            lambda technique, devices: self.measured_step(task, technique,
+                                                                          devices))
+
+    def slice_steps(self, option: ProfiledOption, remaining: int, slice_steps: int | None,
+                    slice_seconds: float | None) -> int:
+        """How many steps the next slice under ``option`` trains: ``slice_steps``, or
+        about ``slice_seconds`` of them (default: ``auto_slice_seconds``), at most what
+        remains."""
+        if slice_steps:
+            return min(remaining, slice_steps)
+        seconds = slice_seconds or auto_slice_seconds(
+            option.record.fixed_seconds + option.record.load_seconds)
+        if option.record.step_seconds:
+            return min(remaining, max(1, math.ceil(seconds / option.record.step_seconds)))
+        return remaining

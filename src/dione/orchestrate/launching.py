@@ -1,0 +1,73 @@
+"""Launching a run's planned slices: which assignments may start now, and starting one as
+a gang in a thread of its own (``run_slice``), its progress heard, its cancel its own."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from dione.launch.local import Launcher
+from dione.launch.slice import SliceRequest, SliceResult, run_request
+from dione.orchestrate.records import RunningSlice, TaskRecord, TaskStatus
+from dione.plan.plan import Assignment
+from dione.spec.cluster import Node
+
+__all__ = ["SliceLaunching", "launchable"]
+
+
+def launchable(plan: list[Assignment], records: dict[str, TaskRecord]) -> list[Assignment]:
+    """Assignments of pending tasks whose devices are free and that come first on each
+    of them in the plan's order (a device keeps its planned order)."""
+    busy = {(r.running.assignment.node, d) for r in records.values() if r.running
+            for d in r.running.assignment.device_ids}
+    first_on: dict[tuple[str, int], str] = {}
+    for a in sorted(plan, key=lambda a: a.start):
+        if records[a.task].status != TaskStatus.PENDING:
+            continue
+        for d in a.device_ids:
+            first_on.setdefault((a.node, d), a.task)
+    ready = []
+    for a in plan:
+        if records[a.task].status != TaskStatus.PENDING:
+            continue
+        devices = [(a.node, d) for d in a.device_ids]
+        if any(d in busy for d in devices):
+            continue
+        if all(first_on.get(d) == a.task for d in devices):
+            ready.append(a)
+            busy.update(devices)
+    return ready
+
+
+class SliceLaunching:
+    """Starts slices as gangs on the launcher, each in a thread of the pool."""
+
+    def __init__(self, launcher: Launcher, run_dir: Path, storage: str | None,
+                 timeout: float | None) -> None:
+        self.launcher = launcher
+        self.run_dir = run_dir
+        self.storage = storage
+        self.timeout = timeout
+        # A thread per running gang; nodes may join, and threads start only when needed.
+        self.pool = ThreadPoolExecutor(max_workers=1024, thread_name_prefix="dione-gang")
+
+    def start(self, record: TaskRecord, running: RunningSlice, node: Node
+              ) -> Future[SliceResult]:
+        """Train ``running``'s steps of ``record``'s task as its assignment says."""
+        a = running.assignment
+
+        def heard(rank: int, said: dict[str, Any]) -> None:
+            running.progress[rank] = said
+
+        request = SliceRequest(
+            task=record.task, technique=a.technique,
+            placement=self.launcher.placement(node, list(a.device_ids)), run_dir=self.run_dir,
+            knobs=dict(a.knobs), steps=running.end_step - running.start_step,
+            total=record.total,  # no data set loaded per slice
+            timeout=self.timeout, storage=self.storage)
+        return self.pool.submit(run_request, request, cancel=running.cancel,
+                                on_progress=heard, launcher=self.launcher)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)

@@ -1,0 +1,100 @@
+"""What a run knows of each task: one record per task, and the run's state the live view
+reads (the plan, the estimated finish)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from dione.plan.plan import Assignment
+from dione.spec.task import Task
+
+__all__ = ["Cancel", "RunState", "RunningSlice", "TaskRecord", "TaskStatus"]
+
+
+class Cancel(threading.Event):
+    """Set to stop one slice's gang; ``reason`` says why (the store records it)."""
+
+    reason: str | None = None
+
+
+class TaskStatus(str, Enum):
+    """Where a task stands in a run (the run store keeps the same words)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    DIVERGED = "diverged"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def ended(self) -> bool:
+        """A task in this state never trains again in this run."""
+        return self not in (TaskStatus.PENDING, TaskStatus.RUNNING)
+
+
+@dataclass
+class RunningSlice:
+    """A slice training now: its assignment, steps, when it should end, what its ranks
+    last reported, and the event that stops its gang alone."""
+
+    assignment: Assignment  # times on the run clock
+    began: float  # run clock
+    start_step: int
+    end_step: int
+    predicted_end: float  # run clock: the expectation, moved as its pace comes in
+    predicted_seconds: float  # as launched: what a stall is measured against
+    # Each rank's latest progress record, as its launcher passed it on (gang threads
+    # write, the loop reads: each record is replaced whole).
+    progress: dict[int, dict[str, Any]] = field(default_factory=dict)
+    cancel: Cancel = field(default_factory=Cancel)
+    stall_warned: bool = False
+    stalled: str | None = None  # why the loop cancelled it (it ran far past its prediction)
+
+
+@dataclass
+class TaskRecord:
+    """One task in a run: its length, how far it trained, its status and failures."""
+
+    task: Task
+    total: int
+    done_steps: int
+    status: TaskStatus
+    failures: int = 0
+    last_loss: float | None = None
+    # Some of its steps trained (or train now) under a technique that is not exact.
+    inexact: bool = False
+    running: RunningSlice | None = None
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+    @property
+    def remaining(self) -> int:
+        return self.total - self.done_steps
+
+
+@dataclass
+class RunState:
+    """What the loop knows; read by the live view (from the loop's thread only)."""
+
+    records: dict[str, TaskRecord]
+    plan: list[Assignment]  # times on the run clock
+    estimated_finish: float = 0.0
+    clock_zero: float = 0.0  # the wall time of run-clock 0 in this session
+
+    def with_status(self, *statuses: TaskStatus) -> list[TaskRecord]:
+        return [r for r in self.records.values() if r.status in statuses]
+
+    @property
+    def running(self) -> dict[str, RunningSlice]:
+        return {r.name: r.running for r in self.records.values() if r.running is not None}
+
+    def any_pending(self) -> bool:
+        return any(r.status == TaskStatus.PENDING for r in self.records.values())

@@ -1,0 +1,159 @@
+"""Planning a run's remaining work: the first plan before anything starts, every later one
+beside execution.
+
+A re-plan is asked for (a slice ended, a running slice's pace moved its end, a task or a
+node came or went, the interval passed) and solved on a thread of its own from a
+snapshot of the problem, while the run goes on launching from the current plan; the
+next turn of the loop adopts it if it ends earlier than the current plan re-timed under
+the same estimates by more than the margin. A request made while a solve runs is
+served by the next solve. Saturn, by contrast, stops execution to re-solve at fixed
+intervals.
+
+    loop:  launch ─ launch ─ wait ─ slice ends: ask ─ launch ─ wait ─ adopt ─ launch ...
+    thread:                                     └── solve(snapshot) ──┘
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from dione.plan.plan import Assignment, Plan
+from dione.plan.problem import PlanningProblem
+from dione.plan.solve import solve
+
+__all__ = ["PlanCandidate", "Replanner", "retimed_end"]
+
+
+@dataclass(frozen=True)
+class PlanCandidate:
+    """A solved plan, the problem it solved, and the run-clock time the problem was
+    taken at (its times are relative to that)."""
+
+    plan: Plan
+    problem: PlanningProblem
+    at: float
+    fell_back: str | None = None  # why greedy planned instead of the solver asked for
+
+    def absolute(self) -> list[Assignment]:
+        return [a.shifted(self.at) for a in self.plan.assignments]
+
+
+def solve_or_fall_back(problem: PlanningProblem, solver: str, limit: float
+                       ) -> tuple[Plan, str | None]:
+    """The plan ``solver`` finds within ``limit`` seconds, or greedy's where it finds
+    none (saturn-milp's model too large to build: the run goes on), with why."""
+    problem.check()  # what a problem file must be, the solvers may rely on
+    plan = solve(problem, solver, limit)
+    if plan.assignments:
+        return plan, None
+    reason = plan.notes.get("reason") or "no plan within the time limit"
+    return solve(problem, "greedy", limit), f"{plan.solver} ({plan.status}): {reason}"
+
+
+class Replanner:
+    """Solves re-plans one at a time on a thread of its own; the loop polls for them."""
+
+    def __init__(self, solver: str, limit: float, beside: bool = True) -> None:
+        """``beside``: solve on a thread of its own (False: at once, on the caller's
+        thread, as a simulation on a virtual clock must, so that its plans do not
+        depend on how fast the solver ran)."""
+        self.solver = solver
+        self.limit = limit
+        self.beside = beside
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dione-replan")
+        self._solving: Future[PlanCandidate] | None = None
+        self._wanted: Callable[[], tuple[PlanningProblem, float] | None] | None = None
+        self._lock = threading.Lock()
+        self.solves = 0
+        self.seconds = 0.0  # spent solving re-plans (beside execution)
+
+    def ask(self, snapshot: Callable[[], tuple[PlanningProblem, float] | None]) -> None:
+        """Plan again from ``snapshot()`` (the problem now and its time; None: nothing to
+        plan): at once if no solve runs, else as soon as the running one ends."""
+        with self._lock:
+            if self._solving is None:
+                self._start(snapshot)
+            else:
+                self._wanted = snapshot
+
+    def _start(self, snapshot: Callable[[], tuple[PlanningProblem, float] | None]) -> None:
+        taken = snapshot()  # on the loop's thread: the state does not move under it
+        if taken is None:
+            return
+        problem, at = taken
+        if self.beside:
+            self._solving = self._pool.submit(self._solve, problem, at)
+        else:
+            done: Future[PlanCandidate] = Future()
+            try:
+                done.set_result(self._solve(problem, at))
+            except Exception as err:
+                done.set_exception(err)
+            self._solving = done
+
+    def _solve(self, problem: PlanningProblem, at: float) -> PlanCandidate:
+        began = time.perf_counter()
+        try:
+            plan, fell_back = solve_or_fall_back(problem, self.solver, self.limit)
+        finally:
+            self.seconds += time.perf_counter() - began
+            self.solves += 1
+        return PlanCandidate(plan, problem, at, fell_back)
+
+    def ready(self) -> PlanCandidate | None:
+        """A solved candidate, if one is (the solve's own error is raised); a request
+        that waited for it is started."""
+        with self._lock:
+            if self._solving is None or not self._solving.done():
+                return None
+            candidate = self._solving.result()
+            self._solving = None
+            if self._wanted is not None:
+                wanted, self._wanted = self._wanted, None
+                self._start(wanted)
+            return candidate
+
+    @property
+    def busy(self) -> bool:
+        return self._solving is not None
+
+    def waitable(self) -> list[Future[PlanCandidate]]:
+        """The solve in flight, for the loop to wait on beside its gangs."""
+        solving = self._solving
+        return [] if solving is None else [solving]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def retimed_end(plan: list[Assignment], problem: PlanningProblem, at: float) -> float | None:
+    """When ``plan`` would finish under ``problem``'s estimates (each device keeps its
+    order, each task starts once its devices are free and not before ``at``); None if it
+    no longer covers the problem's tasks."""
+    seconds = {(t.name, o.technique, o.devices): o.seconds
+               for t in problem.tasks for o in t.options}
+    free: dict[tuple[str, int], float] = {}
+    for busy in problem.busy:
+        for device in busy.device_ids:
+            free[(busy.node, device)] = at + busy.until
+    pending = {t.name for t in problem.tasks}
+    end = at
+    covered = set()
+    for a in sorted(plan, key=lambda a: a.start):
+        if a.task not in pending:
+            continue
+        key = (a.task, a.technique, a.devices)
+        if key not in seconds:
+            return None
+        devices = [(a.node, d) for d in a.device_ids]
+        start = max([at, *(free.get(d, at) for d in devices)])
+        finish = start + seconds[key]
+        for d in devices:
+            free[d] = finish
+        end = max(end, finish)
+        covered.add(a.task)
+    return end if covered == pending else None
