@@ -18,12 +18,13 @@ __all__ = ["SliceLaunching", "launchable"]
 
 def launchable(plan: list[Assignment], records: dict[str, TaskRecord]) -> list[Assignment]:
     """Assignments of pending tasks whose devices are free and that come first on each
-    of them in the plan's order (a device keeps its planned order)."""
+    of them in the plan's order (a device keeps its planned order: a running task's
+    next slices hold their place on it)."""
     busy = {(r.running.assignment.node, d) for r in records.values() if r.running
             for d in r.running.assignment.device_ids}
     first_on: dict[tuple[str, int], str] = {}
     for a in sorted(plan, key=lambda a: a.start):
-        if records[a.task].status != TaskStatus.PENDING:
+        if records[a.task].status not in (TaskStatus.PENDING, TaskStatus.RUNNING):
             continue
         for d in a.device_ids:
             first_on.setdefault((a.node, d), a.task)

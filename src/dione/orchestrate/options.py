@@ -45,6 +45,10 @@ class RunOptions:
     replan: bool = True
     replan_interval: float = 60.0  # seconds between re-plans without a slice end
     replan_margin: float = 0.03  # adopt a plan that ends earlier by more than this share
+    # Re-plans wait while their solves (on one core, the next counted at their mean)
+    # would pass this share of the run's time; one owed (a pending task the plan lost)
+    # does not.
+    replan_share: float = 0.05
     slice_steps: int | None = None  # steps per slice (None: ``slice_seconds`` or all)
     # Aim for slices of about this length (None: auto_slice_seconds, from the start-up
     # each option measured: at least 5 minutes, with start-up at most 5% of a slice).
@@ -107,6 +111,7 @@ def _kind(kind: type, optional: bool = False) -> Callable[[object], str | None]:
 _OPTION_RULES: dict[str, Callable[[object], str | None]] = {
     "solver": _kind(str), "time_limit": _number(), "replan_time_limit": _number(),
     "replan": _kind(bool), "replan_interval": _number(), "replan_margin": _number(False),
+    "replan_share": _number(),
     "slice_steps": _number(optional=True, whole=True),
     "slice_seconds": _number(optional=True), "max_failures": _number(whole=True),
     "timeout": _number(optional=True), "catalog": _kind(str, optional=True),

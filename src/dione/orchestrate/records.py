@@ -54,6 +54,7 @@ class RunningSlice:
     progress: dict[int, dict[str, Any]] = field(default_factory=dict)
     cancel: Cancel = field(default_factory=Cancel)
     stall_warned: bool = False
+    planned_ahead: bool = False  # a re-plan was asked as its end neared (its task goes on)
     stalled: str | None = None  # why the loop cancelled it (it ran far past its prediction)
 
 

@@ -42,12 +42,13 @@ class PlanCandidate:
         return [a.shifted(self.at) for a in self.plan.assignments]
 
 
-def solve_or_fall_back(problem: PlanningProblem, solver: str, limit: float
-                       ) -> tuple[Plan, str | None]:
-    """The plan ``solver`` finds within ``limit`` seconds, or greedy's where it finds
-    none (saturn-milp's model too large to build: the run goes on), with why."""
+def solve_or_fall_back(problem: PlanningProblem, solver: str, limit: float,
+                       threads: int | None = None) -> tuple[Plan, str | None]:
+    """The plan ``solver`` finds within ``limit`` seconds on ``threads`` (None: every
+    core), or greedy's where it finds none (saturn-milp's model too large to build: the
+    run goes on), with why."""
     problem.check()  # what a problem file must be, the solvers may rely on
-    plan = solve(problem, solver, limit)
+    plan = solve(problem, solver, limit, threads)
     if plan.assignments:
         return plan, None
     reason = plan.notes.get("reason") or "no plan within the time limit"
@@ -98,7 +99,9 @@ class Replanner:
     def _solve(self, problem: PlanningProblem, at: float) -> PlanCandidate:
         began = time.perf_counter()
         try:
-            plan, fell_back = solve_or_fall_back(problem, self.solver, self.limit)
+            # One thread beside execution: the gangs keep the other cores.
+            plan, fell_back = solve_or_fall_back(problem, self.solver, self.limit,
+                                                 1 if self.beside else None)
         finally:
             self.seconds += time.perf_counter() - began
             self.solves += 1

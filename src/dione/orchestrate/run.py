@@ -66,6 +66,9 @@ class RunResult:
     plans_adopted: int
     profile_seconds: float
     invalid: list[str] = field(default_factory=list)  # tasks left out, and why
+    slices: int = 0  # launched in this session
+    replans: int = 0  # re-plans solved beside execution (the first plan not counted)
+    replan_seconds: float = 0.0  # their solver time, beside execution
 
     def task(self, name: str) -> TaskResult:
         return next(t for t in self.tasks if t.task == name)
@@ -148,4 +151,6 @@ def _run_claimed(
     makespan = runner.now() if runner.slices_launched else _recorded_makespan(run_dir)
     emit(RunEvent("finished", f"makespan {makespan:.1f} s"))
     return RunResult(run_dir, _results(tasks, run_dir), makespan,
-                     runner.first_planned or 0.0, runner.plans_adopted, profile_seconds)
+                     runner.first_planned or 0.0, runner.plans_adopted, profile_seconds,
+                     slices=runner.slices_launched, replans=runner.replanner.solves,
+                     replan_seconds=runner.replanner.seconds)

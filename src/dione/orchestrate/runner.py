@@ -12,8 +12,10 @@ the same loop runs a simulated cluster.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 
 from dione import clock
@@ -73,6 +75,7 @@ class Runner:
         self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]}
         self.plans_adopted = len(plan_files(run_dir))
         self.first_planned: float | None = None
+        self.first_solve_seconds = 0.0  # the first plan's solve, on every core
         self.slices_launched = 0  # in this session
         self.replanner = Replanner(options.solver, options.replan_time_limit)
         self.launching = SliceLaunching(launcher, run_dir, options.storage, options.timeout)
@@ -109,7 +112,7 @@ class Runner:
 
     # -- estimates of what runs ------------------------------------------------------
 
-    def predicted_task_end(self, record: TaskRecord) -> float:
+    def predicted_slice_end(self, record: TaskRecord) -> float:
         """Run-clock time a running task ends its current slice: its pace so far times
         the steps left, plus the save (and evaluation, at the task's end) its trial
         measured."""
@@ -137,23 +140,62 @@ class Runner:
         return None if lead is None or pace is None else (int(lead["step"]), float(pace))
 
     def _running_end(self) -> float:
-        return max((self.predicted_task_end(r) for r in self.state.records.values()
+        return max((self.predicted_slice_end(r) for r in self.state.records.values()
                     if r.running), default=0.0)
 
     # -- planning --------------------------------------------------------------------
 
     def problem(self) -> tuple[PlanningProblem, float]:
-        """The remaining work as a planner problem, and the run-clock time it starts at."""
+        """The remaining work as a planner problem, and the run-clock time it starts at.
+
+        A running task holds its devices: until its slice ends where that is near
+        (within ``_lead``), the steps after it then planned anew, free to move; else
+        until its whole task ends there, the slice's successors pinned to it (kept by
+        ``_adopt`` as its continuation), for a plan solved now is replaced before then."""
         now = self.now()
         tasks = [self.estimates.task_options(r.name, r.remaining, r.done_steps > 0)
                  for r in self._pending_that_fit()]
         nodes = {n.name for n in self.cluster}
-        busy = tuple(Busy(r.name, r.running.assignment.node, r.running.assignment.device_ids,
-                          round(max(0.0, self.predicted_task_end(r) - now), 3))
-                     for r in self.state.records.values()
-                     if r.running and r.running.assignment.node in nodes)  # a lost
-        # node's slices are ending
-        return PlanningProblem(planning_nodes(self.cluster), tuple(tasks), busy), now
+        busy = []
+        for r in self.state.records.values():
+            running = r.running
+            if running is None or running.assignment.node not in nodes:
+                continue  # a lost node's slices are ending
+            a = running.assignment
+            until = self.predicted_slice_end(r)
+            after = r.total - running.end_step
+            if after > 0 and until - now <= self._lead():
+                tasks.append(self.estimates.task_options(r.name, after, True))
+            else:
+                until = self.pinned_end(r)
+            busy.append(Busy(r.name, a.node, a.device_ids, round(max(0.0, until - now), 3)))
+        return PlanningProblem(planning_nodes(self.cluster), tuple(tasks), tuple(busy)), now
+
+    def pinned_end(self, record: TaskRecord) -> float:
+        """Run-clock time a running task ends if its later slices follow on its devices
+        under its option."""
+        running = record.running
+        assert running is not None
+        end = self.predicted_slice_end(record)
+        after = record.total - running.end_step
+        option = self.profile.task(record.name).option(running.assignment.technique,
+                                                       running.assignment.devices)
+        if after > 0 and option is not None:
+            end += self.estimates.option_seconds(record.name, option, after, True)
+        return end
+
+    def _lead(self) -> float:
+        """How near its end a running slice's task is planned free to move: two solves,
+        so that the plan is ready when the slice ends, and a turn of the loop."""
+        return max(2 * self.expected_solve_seconds(), TICK)
+
+    def expected_solve_seconds(self) -> float:
+        """The next re-plan's solve: the mean of those before (at first, the first
+        plan's, at most the re-plan time limit)."""
+        replanner = self.replanner
+        if replanner.solves:
+            return replanner.seconds / replanner.solves
+        return min(self.first_solve_seconds, self.options.replan_time_limit)
 
     def _pending_that_fit(self) -> list[TaskRecord]:
         """Pending tasks some node of the cluster can hold. Another one (its nodes were
@@ -212,35 +254,54 @@ class Runner:
             return
         problem, at = taken
         limit = self.options.time_limit
+        began = time.perf_counter()
         plan, fell_back = solve_or_fall_back(problem, self.options.solver, limit)
+        if not self.first_solve_seconds:
+            self.first_solve_seconds = time.perf_counter() - began
         self._adopt(PlanCandidate(plan, problem, at, fell_back), first=True)
 
-    def ask_replan(self) -> None:
-        """Plan again beside execution; adopted by a later turn of the loop."""
-        if self.options.replan:
-            self.replanner.ask(self._snapshot)
+    def _uncovered(self) -> bool:
+        """Whether a pending task some node can hold has no assignment in the plan (its
+        node was lost, it is new): a re-plan is owed, whatever re-planning has cost."""
+        planned = {a.task for a in self.state.plan}
+        return any(r.name not in planned for r in self._pending_that_fit())
+
+    def ask_replan(self, owed: bool = False) -> None:
+        """Plan again beside execution; adopted by a later turn of the loop. Not while
+        re-planning would pass ``replan_share`` of the run's time, this solve counted at
+        the mean of those before it (at first, the first plan's), unless ``owed``: a solve
+        takes a core from the gangs (200 five-step tasks on 2 cores asked one at every
+        slice end, and ran 1.3-1.5 times as long as with no re-planning)."""
+        if not self.options.replan and not owed:
+            return
+        spent = self.replanner.seconds + self.expected_solve_seconds()  # with this one
+        if not owed and spent > self.options.replan_share * max(self.now(), 0.0):
+            return
+        self.replanner.ask(self._snapshot)
 
     def _adopt(self, candidate: PlanCandidate, first: bool = False) -> None:
         """Take ``candidate`` as the plan if it is the first, or ends earlier than the
         current one re-timed under the same estimates by more than the margin. Its
-        assignments of tasks that started meanwhile (from the current plan) are left
-        out: they run."""
+        assignments of tasks that started a slice since it was asked for are left out:
+        they run, and go on where they run (as each running task the candidate did not
+        place does)."""
         if candidate.fell_back:
             self.emit(RunEvent("planner_fell_back", f"{candidate.fell_back}; planning with "
                                "greedy instead"))
         records = self.state.records
-        assignments = [a for a in candidate.absolute()
-                       if records[a.task].status == TaskStatus.PENDING]
+        assignments = [a for a in candidate.absolute() if self._placeable(a, candidate.at)]
         if not first:
             current = retimed_end(self.state.plan, candidate.problem, candidate.at)
             new_end = max((a.end for a in assignments), default=candidate.at)
             if current is not None and new_end >= current - self.options.replan_margin * max(
                     current - candidate.at, 0.0):
-                self.state.estimated_finish = max(current, self._running_end())
+                self._estimate()
                 return
+        placed = {a.task for a in assignments}
+        assignments += [self._continuation(r) for r in records.values()
+                        if r.running is not None and r.name not in placed]
         self.state.plan = assignments
-        self.state.estimated_finish = max(max((a.end for a in assignments),
-                                              default=candidate.at), self._running_end())
+        self._estimate()
         if self.first_planned is None:
             self.first_planned = self.state.estimated_finish
         write_plan(next_plan_file(self.run_dir), AdoptedPlan(
@@ -260,12 +321,25 @@ class Runner:
             running = record.running
             if running is None:
                 continue
-            expected = self.predicted_task_end(record)
+            expected = self.predicted_slice_end(record)
             length = max(running.predicted_end - running.began, 1.0)
             if abs(expected - running.predicted_end) > 0.05 * length:
                 running.predicted_end = expected
                 drifted = True
         return drifted and self.state.any_pending()
+
+    def _ending_soon(self) -> bool:
+        """Whether a slice whose task goes on after it came near its end (within
+        ``_lead``): a plan that may move the task is wanted by then (once per slice)."""
+        now, lead = self.now(), self._lead()
+        soon = False
+        for record in self.state.records.values():
+            running = record.running
+            if (running is not None and not running.planned_ahead
+                    and running.end_step < record.total
+                    and self.predicted_slice_end(record) - now <= lead):
+                running.planned_ahead = soon = True
+        return soon
 
     # -- execution -------------------------------------------------------------------
 
@@ -321,7 +395,7 @@ class Runner:
         self.emit(RunEvent("slice_finished", f"{name}: steps {result.start_step}-"
                            f"{result.end_step} in {elapsed:.1f} s (predicted {planned:.1f} s)"
                            + (" - done" if ended else ""), name))
-        return not ended or abs(elapsed - planned) > 0.05 * max(planned, 1.0)
+        return abs(elapsed - planned) > 0.05 * max(planned, 1.0)
 
     def _failed(self, record: TaskRecord, err: SliceError) -> bool:
         """A slice that failed: the task retried, or ended (diverged, a failure no retry
@@ -394,10 +468,28 @@ class Runner:
                                    "s: stalled? (it is cancelled and retried at "
                                    f"{options.stall_factor} times it)", record.name))
 
+    def _placeable(self, a: Assignment, at: float) -> bool:
+        """Whether a plan solved from the state at ``at`` may place ``a``'s task: it is
+        pending, or runs the slice it ran then (its steps after it were planned)."""
+        record = self.state.records[a.task]
+        if record.status == TaskStatus.PENDING:
+            return True
+        return record.running is not None and record.running.began <= at
+
+    def _continuation(self, record: TaskRecord) -> Assignment:
+        """A running task's later slices on its devices, under its option, at once."""
+        running = record.running
+        assert running is not None
+        return replace(running.assignment, start=running.began,
+                       end=self.pinned_end(record))
+
     def _estimate(self) -> None:
+        """The run's expected end: the plan's last end, or a running slice's if later."""
+        records = self.state.records
         self.state.estimated_finish = max(
             max((a.end for a in self.state.plan
-                 if self.state.records[a.task].status == TaskStatus.PENDING), default=0.0),
+                 if records[a.task].status in (TaskStatus.PENDING, TaskStatus.RUNNING)),
+                default=0.0),
             self._running_end())
 
     def run(self) -> None:
@@ -432,7 +524,9 @@ class Runner:
                     depart |= self.finished(futures.pop(future), future)
                 self.check_stalls()
                 interval = self.now() - last_replan > self.options.replan_interval
-                if depart or interval or self._drifted():
+                if self._uncovered():
+                    self.ask_replan(owed=True)
+                elif depart or interval or self._drifted() or self._ending_soon():
                     self.ask_replan()
                     last_replan = self.now()
                 elif done:
