@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test check lint bench
 
 setup: $(VENV)/.installed
 
@@ -25,6 +25,13 @@ lint: setup
 
 test: lint
 	$(BIN)/python -m pytest
+
+# The inner loop (about a minute): lint, types, and the tests that start no gang
+# (layering, schedules, planner, store, spec, batches). `make test` runs everything.
+check: lint
+	$(BIN)/python -m pytest -q -x tests/test_layers.py tests/test_schedules.py \
+		tests/test_xpipe_links.py tests/test_plan.py tests/test_store.py tests/test_spec.py \
+		tests/test_lane_ip.py tests/test_batches.py
 
 bench: setup
 	$(BIN)/python benchmarks/overhead.py

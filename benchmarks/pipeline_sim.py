@@ -68,12 +68,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 from models import MODELS
 
 from dione.launch import local_placement, run_slice
-from dione.schedules import Partition, Schedule, StageTimes, Timeline, partition_model, simulate
+from dione.schedules import Partition, Schedule, StageTimes, Timeline, simulate
 from dione.spec import Node, Task
 from dione.techniques import get_technique
 from dione.techniques.batches import BatchSource
-from dione.techniques.pipeline import keep_stage
-from dione.techniques.prediction import predict_weights
+from dione.techniques.pipeline.gpipe import keep_stage
+from dione.techniques.pipeline.partition import partition_model
+from dione.techniques.pipeline.prediction import predict_weights
 
 WARMUP = 8
 # Short measurements caught this machine's slow spells whole: with 10 mini-batches per

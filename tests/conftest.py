@@ -1,108 +1,15 @@
-"""Shared fixtures: small real tasks, a two-slot CPU node, and a leak check for workers."""
+"""The suite's one fixture for every test: no worker process left behind. What test
+modules share lives in ``helpers.py``."""
 
 from __future__ import annotations
 
-import functools
-import itertools
 import os
-import signal
-import uuid
 from collections.abc import Iterator
-from dataclasses import replace
-from pathlib import Path
 
 import pytest
-import torch
 
-from dione.launch.pool import local_pool, shutdown_local_pool
-from dione.schedules import Timeline
-from dione.spec.cluster import Node
-from dione.spec.task import Task
-from dione.zoo import CharGPT, digits_mlp, digits_train, sequence_cross_entropy, text_train
-
-# Two CPU slots whatever the machine: the gangs in tests are the gangs CI runs.
-TEST_NODE = Node("test", 2, "cpu")
-
-
-def char_task(name: str = "char", steps: int = 8, batch_size: int = 8, lr: float = 3e-3,
-              **extra: object) -> Task:
-    """A 2-block character GPT on stdlib text: attention, layer norm, embeddings, AdamW."""
-    task = Task(
-        name=name,
-        model=functools.partial(CharGPT, context=32, width=32, layers=2, heads=2),
-        data=functools.partial(text_train, 32),
-        loss=sequence_cross_entropy,
-        optimizer=functools.partial(torch.optim.AdamW, lr=lr, weight_decay=0.1),
-        batch_size=batch_size,
-        steps=steps,
-        seed=7,
-    )
-    return replace(task, **extra)
-
-
-def digits_task(name: str = "digits", steps: int = 12, batch_size: int = 16,
-                **extra: object) -> Task:
-    task = Task(
-        name=name,
-        model=functools.partial(digits_mlp, hidden=32, depth=2),
-        data=digits_train,
-        loss=torch.nn.functional.cross_entropy,
-        optimizer=functools.partial(torch.optim.Adam, lr=1e-2),
-        batch_size=batch_size,
-        steps=steps,
-        seed=3,
-    )
-    return replace(task, **extra)
-
-
-# Every process this test session starts inherits the marker, so the leak check counts
-# this session's workers only (another suite or benchmark may run on the machine).
-SESSION_MARKER = f"DIONE_TEST_SESSION={uuid.uuid4().hex}".encode()
-os.environ["DIONE_TEST_SESSION"] = SESSION_MARKER.split(b"=", 1)[1].decode()
-
-
-def _dione_processes() -> dict[int, tuple[bytes, int]]:
-    """This test session's live worker and spawner processes: pid -> (cmdline, ppid)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            if b"dione.launch.worker" not in cmdline and b"dione.launch.spawner" not in cmdline:
-                continue
-            fields = (entry / "stat").read_text().split(") ")[1].split()
-            ours = SESSION_MARKER in (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if ours and fields[0] != "Z":
-            found[int(entry.name)] = (cmdline, int(fields[1]))
-    return found
-
-
-def worker_processes() -> list[int]:
-    """Pids of this test session's live dione worker processes (zombies excluded): plain
-    ones, and those a spawner forked (which carry its command line)."""
-    found = _dione_processes()
-    return sorted(pid for pid, (cmdline, parent) in found.items()
-                  if b"dione.launch.worker" in cmdline or parent in found)
-
-
-def spawner_processes() -> list[int]:
-    """Pids of this test session's live spawners, other than this process's own."""
-    found = _dione_processes()
-    own = set(local_pool().spawner_pids())
-    return sorted(pid for pid, (cmdline, parent) in found.items()
-                  if b"dione.launch.spawner" in cmdline and parent not in found
-                  and pid not in own)
-
-
-def interruptible() -> None:
-    """In a child process about to start: let SIGINT interrupt it, as Ctrl-C does a
-    command in a terminal. A shell starts background jobs with SIGINT ignored, children
-    inherit that, and Python then installs no KeyboardInterrupt at all, so a test that
-    sends SIGINT would hang whenever the suite itself runs in the background."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+from dione.launch.pool import shutdown_local_pool
+from helpers import spawner_processes, worker_processes
 
 
 @pytest.fixture(autouse=True)
@@ -118,19 +25,3 @@ def no_leftover_workers() -> Iterator[None]:
     for pid in left:
         os.kill(pid, 9)
     assert not left, f"worker or spawner processes left behind: {sorted(left)}"
-
-
-def check_real_timeline(timeline: Timeline) -> None:
-    """A real run's timeline: each stage's actions in its list's order without overlap,
-    each one's work only after its input arrived from the neighbouring stage."""
-    for spans in timeline.spans:
-        assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(spans))
-    ends = {(k, span.action): span.end for k, spans in enumerate(timeline.spans)
-            for span in spans}
-    for k, spans in enumerate(timeline.spans):
-        for span in spans:
-            if span.action.kind == "F" and k > 0:
-                assert span.start >= ends[(k - 1, span.action)]
-            if span.action.kind == "B" and k < len(timeline.spans) - 1:
-                assert span.start >= ends[(k + 1, span.action)]
-    assert timeline.render(timeline.makespan / 60).count("\n") == len(timeline.spans) - 1

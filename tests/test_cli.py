@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import dione
+
 ROOT = Path(__file__).resolve().parent.parent
 
 BAD_FIELDS = '''
@@ -35,11 +37,6 @@ workload = Workload([
     task("broken", model=broken),
 ])
 '''
-
-
-def dione(*args: str, cwd: Path | None = None):
-    return subprocess.run([sys.executable, "-m", "dione.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, env=os.environ, timeout=120)
 
 
 def refused(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:

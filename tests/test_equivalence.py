@@ -22,32 +22,18 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import TEST_NODE, char_task, digits_task
 from dione.launch import local_placement, run_slice
-from dione.spec.task import Task
-from dione.state import load_model_weights
+from helpers import (
+    TEST_NODE,
+    assert_same_training,
+    char_task,
+    digits_task,
+    final_parameters,
+)
 
 STEPS = 8
 # The workers cannot import this test module: its model factories travel by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-LOSS_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
-PARAMETER_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
-
-
-def final_parameters(task: Task, checkpoint: str) -> dict[str, torch.Tensor]:
-    """The parameters in a checkpoint, loaded into a plain model of the task."""
-    model = task.model()
-    load_model_weights(checkpoint, model)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def assert_same_training(result, params, reference, reference_params) -> None:
-    torch.testing.assert_close(torch.tensor(result.losses), torch.tensor(reference.losses),
-                               **LOSS_TOLERANCE)
-    assert params.keys() == reference_params.keys()
-    for name, value in params.items():
-        torch.testing.assert_close(value, reference_params[name], **PARAMETER_TOLERANCE,
-                                   msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,13 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import dione
-from conftest import TEST_NODE, digits_task
 from dione.launch import local_placement, run_slice
 from dione.spec.task import Task
 from dione.state.store import RunStore
 from dione.techniques import get_technique
 from dione.techniques.validation import valid_task
 from dione.zoo import digits_train
-from test_equivalence import LOSS_TOLERANCE
+from helpers import LOSS_TOLERANCE, TEST_NODE, digits_task, train
 
 transformers = pytest.importorskip("transformers")
 
@@ -48,12 +47,6 @@ def padded_lm(**extra: object) -> Task:
                 optimizer=functools.partial(torch.optim.AdamW, lr=3e-3), batch_size=8,
                 steps=STEPS, seed=5)
     return replace(task, **extra)
-
-
-def train(task: Task, technique: str, run_dir: Path, **knobs: object):
-    devices = [0] if technique == "single" else [0, 1]
-    return run_slice(task, technique, run_dir, local_placement(TEST_NODE, devices),
-                     knobs=knobs, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -12,55 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import interruptible, worker_processes
 from dione.state import RunStore
-
-WORKLOAD = '''
-import functools, os, signal, time
-import torch
-import torch.distributed as dist
-from dione import Task, Workload
-from dione.zoo import digits_mlp, digits_train
-
-FAULT = os.environ.get("FAULT", "none")
-calls = 0
-
-def loss(output, target):
-    global calls
-    calls += 1
-    if dist.get_rank() == 1 and calls == 3:
-        if FAULT == "raise":
-            raise ValueError("injected failure on rank 1")
-        if FAULT == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if FAULT == "kill-forked":  # a child it forked holds its connection and sockets
-            if os.fork() == 0:
-                time.sleep(3600)
-                os._exit(0)
-            os.kill(os.getpid(), signal.SIGKILL)
-        if FAULT == "hang":
-            time.sleep(3600)
-        if FAULT == "hang-forked":  # a helper it forked (a data-loading pool, say)
-            if os.fork() == 0:
-                with open(os.environ["HELPER_PID_FILE"], "w") as file:
-                    file.write(str(os.getpid()))
-                time.sleep(3600)
-                os._exit(0)
-            time.sleep(3600)
-    return torch.nn.functional.cross_entropy(output, target)
-
-def task(name, loss_fn):
-    return Task(name=name, model=functools.partial(digits_mlp, hidden=16, depth=1),
-                data=digits_train, loss=loss_fn,
-                optimizer=functools.partial(torch.optim.Adam, lr=1e-2), batch_size=16, steps=6)
-
-workload = Workload([task("good", torch.nn.functional.cross_entropy), task("faulty", loss)])
-'''
-
-
-def dione(*args: str, env: dict[str, str] | None = None, timeout: float = 120):
-    return subprocess.run([sys.executable, "-m", "dione.cli", *args], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=timeout)
+from helpers import dione, interruptible, worker_processes, workload_text
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +22,7 @@ def trained_good_task(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
     for the module (a 2-rank gang: some 13 s a test)."""
     folder = tmp_path_factory.mktemp("good")
     workload = folder / "workload.py"
-    workload.write_text(WORKLOAD)
+    workload.write_text(workload_text("faulty"))
     run_dir = folder / "run"
     done = dione("train", str(workload), "--task", "good", "--technique", "ddp", "--devices",
                  "2", "--steps", "3", "--out", str(run_dir))
@@ -131,18 +84,20 @@ def test_faulty_worker_ends_the_gang(run_with_good_task, fault: str, expected: s
     assert again.returncode == 0, again.stderr
 
 
-def test_ctrl_c_stops_the_gang_and_keeps_the_run(run_with_good_task) -> None:
+def test_ctrl_c_stops_the_gang_and_keeps_the_run(run_with_good_task, tmp_path: Path
+                                                 ) -> None:
     workload, run_dir = run_with_good_task
+    hanging = tmp_path / "hanging"
     process = subprocess.Popen(
         [sys.executable, "-m", "dione.cli", "train", str(workload), "--task", "faulty",
          "--technique", "ddp", "--devices", "2", "--out", str(run_dir)],
-        env={**os.environ, "FAULT": "hang"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, preexec_fn=interruptible)
+        env={**os.environ, "FAULT": "hang", "HANG_MARKER": str(hanging)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     try:
-        deadline = time.monotonic() + 60
-        while len(worker_processes()) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(3)  # into the training loop, where rank 1 hangs
+        deadline = time.monotonic() + 120
+        while not hanging.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until rank 1 hangs in the training loop
+        assert hanging.exists(), "rank 1 never reached its hang"
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
     finally:

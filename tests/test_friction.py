@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 import dione
-from conftest import digits_task
 from dione.profile import TrialOptions
 from dione.spec.batch import own_loss
+from helpers import digits_task
 
 # The workers cannot import this test module: its model classes travel by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

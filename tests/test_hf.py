@@ -20,8 +20,6 @@ import pytest
 import torch
 from safetensors.torch import load_model
 
-from conftest import TEST_NODE, digits_task
-from dione.launch import local_placement, run_slice
 from dione.spec.task import Task
 from dione.spec.validate import check_task
 from dione.state.export import export_model, load_trained
@@ -34,7 +32,13 @@ from dione.zoo.hf import (
     logits_cross_entropy,
     module_data,
 )
-from test_equivalence import LOSS_TOLERANCE, assert_same_training, final_parameters
+from helpers import (
+    LOSS_TOLERANCE,
+    assert_same_training,
+    digits_task,
+    final_parameters,
+    train,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -64,17 +68,16 @@ def bert_task(**extra: object) -> Task:
     return replace(task, **extra)
 
 
-def train(task: Task, technique: str, run_dir: Path, knobs: dict | None = None):
-    devices = [0] if technique == "single" else [0, 1]
-    result = run_slice(task, technique, run_dir, local_placement(TEST_NODE, devices),
-                       knobs=knobs or {})
+def train_and_read(task: Task, technique: str, run_dir: Path, knobs: dict | None = None):
+    """A slice's result, every step trained, and the parameters it saved."""
+    result = train(task, technique, run_dir, **(knobs or {}))
     assert len(result.losses) == task.steps
     return result, final_parameters(task, result.checkpoint)
 
 
 @pytest.fixture(scope="module")
 def gpt2_single(tmp_path_factory: pytest.TempPathFactory):
-    return train(gpt2_task(), "single", tmp_path_factory.mktemp("gpt2-single"))
+    return train_and_read(gpt2_task(), "single", tmp_path_factory.mktemp("gpt2-single"))
 
 
 @pytest.mark.parametrize(("technique", "knobs"), [
@@ -84,7 +87,7 @@ def gpt2_single(tmp_path_factory: pytest.TempPathFactory):
 def test_gpt2_dict_batches_own_loss_match_single(gpt2_single, technique, knobs,
                                                  tmp_path: Path) -> None:
     reference, reference_params = gpt2_single
-    result, params = train(gpt2_task(), technique, tmp_path, knobs)
+    result, params = train_and_read(gpt2_task(), technique, tmp_path, knobs)
     assert_same_training(result, params, reference, reference_params)
     # The tied embeddings stay one tensor in the trained model.
     model = load_trained(gpt2_task(), result.checkpoint)
@@ -98,16 +101,16 @@ def test_gpt2_really_learns(gpt2_single) -> None:
 
 @pytest.mark.parametrize("technique", ["ddp", "fsdp"])
 def test_bert_task_loss_on_logits_matches_single(technique, tmp_path: Path) -> None:
-    reference, reference_params = train(bert_task(), "single", tmp_path / "single")
-    result, params = train(bert_task(), technique, tmp_path / technique)
+    reference, reference_params = train_and_read(bert_task(), "single", tmp_path / "single")
+    result, params = train_and_read(bert_task(), technique, tmp_path / technique)
     assert_same_training(result, params, reference, reference_params)
 
 
 def test_clipping_matches_single_and_really_clips(gpt2_single, tmp_path: Path) -> None:
     clipped = gpt2_task(clip_grad_norm=0.05)
-    reference, reference_params = train(clipped, "single", tmp_path / "single")
+    reference, reference_params = train_and_read(clipped, "single", tmp_path / "single")
     for technique, knobs in (("ddp", {}), ("fsdp", {}), ("ddp", {"accumulation": 2})):
-        result, params = train(clipped, technique, tmp_path / f"{technique}{len(knobs)}",
+        result, params = train_and_read(clipped, technique, tmp_path / f"{technique}{len(knobs)}",
                                knobs)
         assert_same_training(result, params, reference, reference_params)
     # A norm bound this low binds: the clipped run trains differently from the free one.
@@ -118,10 +121,10 @@ def test_clipping_matches_single_and_really_clips(gpt2_single, tmp_path: Path) -
 
 def test_bf16_under_every_data_parallel_technique(gpt2_single, tmp_path: Path) -> None:
     task = gpt2_task(precision="bf16")
-    reference, _ = train(task, "single", tmp_path / "single")
+    reference, _ = train_and_read(task, "single", tmp_path / "single")
     fp32, _ = gpt2_single
     for technique, knobs in (("ddp", {}), ("fsdp", {}), ("single", {"accumulation": 2})):
-        result, _ = train(task, technique, tmp_path / f"{technique}{len(knobs)}", knobs)
+        result, _ = train_and_read(task, technique, tmp_path / f"{technique}{len(knobs)}", knobs)
         torch.testing.assert_close(torch.tensor(result.losses), torch.tensor(reference.losses),
                                    **BF16_LOSS_TOLERANCE)
     # Autocast really ran: bf16's losses are not fp32's.
@@ -202,7 +205,7 @@ def test_fp16_on_cpu_devices_is_refused_before_anything_starts(tmp_path: Path) -
 
 def test_export_after_fsdp_loads_into_plain_and_pretrained_models(tmp_path: Path) -> None:
     task = gpt2_task()
-    result, params = train(task, "fsdp", tmp_path / "run")
+    result, params = train_and_read(task, "fsdp", tmp_path / "run")
     model = load_trained(task, result.checkpoint)
     folder = export_model(model, tmp_path / "out", task, result.checkpoint)
     assert json.loads((folder / "dione.json").read_text())["step"] == STEPS
@@ -221,7 +224,7 @@ def test_export_after_fsdp_loads_into_plain_and_pretrained_models(tmp_path: Path
 
 def test_export_of_a_plain_model_is_a_state_dict(tmp_path: Path) -> None:
     task = digits_task(steps=3)
-    result, params = train(task, "ddp", tmp_path / "run")
+    result, params = train_and_read(task, "ddp", tmp_path / "run")
     folder = export_model(load_trained(task, result.checkpoint), tmp_path / "out", task,
                           result.checkpoint)
     plain = task.model()

@@ -3,18 +3,22 @@ cannot be cut are refused before anything starts."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import TEST_NODE, char_task, check_real_timeline
 from dione.launch import local_placement, run_slice
 from dione.spec import Node
 from dione.spec.workload import load_workload
 from dione.techniques import get_technique
+from helpers import (
+    TEST_NODE,
+    assert_same_training,
+    char_task,
+    check_real_timeline,
+    dione,
+    final_parameters,
+)
 
 WORKLOAD = '''
 import functools, os, signal, time
@@ -62,11 +66,6 @@ def task(name, factory):
 
 workload = Workload([task("pipe", model), task("opaque", NotSequential)])
 '''
-
-
-def dione(*args: str, env: dict[str, str] | None = None):
-    return subprocess.run([sys.executable, "-m", "dione.cli", *args], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=120)
 
 
 @pytest.mark.parametrize(
@@ -128,9 +127,7 @@ def test_torch_runs_the_schedule_lists_and_the_run_logs_its_timeline(technique: 
 
 @pytest.fixture(scope="module")
 def single_run(tmp_path_factory: pytest.TempPathFactory):
-    from test_equivalence import STEPS, final_parameters
-
-    task = char_task(steps=STEPS)
+    task = char_task(steps=8)
     result = run_slice(task, "single", tmp_path_factory.mktemp("single"),
                        local_placement(TEST_NODE, [0]))
     return task, result, final_parameters(task, result.checkpoint)
@@ -142,8 +139,6 @@ def test_deeper_pipelines_match_single(single_run, technique: str, stages: int,
                                        tmp_path: Path) -> None:
     """3 and 4 stages (the char GPT's embedding, two blocks and head, one per stage at 4),
     with the suite's tolerance for reduction order (see test_equivalence.py)."""
-    from test_equivalence import assert_same_training, final_parameters
-
     task, single, single_params = single_run
     node = Node(f"n{stages}", stages, "cpu")
     result = run_slice(task, technique, tmp_path, local_placement(node, list(range(stages))),

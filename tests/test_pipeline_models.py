@@ -20,27 +20,31 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from conftest import TEST_NODE, check_real_timeline
 from dione.launch import local_placement, run_slice
 from dione.profile import Catalog, TrialOptions
 from dione.profile.simulated import cross_check, simulated_step_seconds
 from dione.profile.trial import TrialSpec, run_trial
 from dione.schedules import xpipe
-from dione.schedules.partition import partition_model, stage_plan
-from dione.spec import Node
 from dione.spec.task import Task
 from dione.techniques import get_technique
-from dione.techniques.pipeline import layer_times
-from dione.techniques.stages import shared_weights
+from dione.techniques.pipeline.balance import layer_times
+from dione.techniques.pipeline.partition import partition_model, stage_plan
+from dione.techniques.pipeline.stages import shared_weights
 from dione.zoo.hf import bert_tiny, gpt2_tiny, lm_data, logits_cross_entropy, module_data
-from test_equivalence import LOSS_TOLERANCE, assert_same_training, final_parameters
+from helpers import (
+    LOSS_TOLERANCE,
+    TEST_NODE,
+    assert_same_training,
+    check_real_timeline,
+    final_parameters,
+    train,
+)
 
 transformers = pytest.importorskip("transformers")
 # The workers cannot import this test module: its model and data factories travel by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 STEPS = 4
-THREE = Node("n3", 3, "cpu")
 
 
 def gpt2_task(**extra: object) -> Task:
@@ -79,14 +83,6 @@ def bert_task(**extra: object) -> Task:
     return replace(task, **extra)
 
 
-def train(task: Task, technique: str, run_dir: Path, devices: int = 1, **knobs: object):
-    node = THREE if devices == 3 else TEST_NODE
-    if technique == "xpipe":  # not exact: the task must allow it
-        task = replace(task, allow_inexact=True)
-    return run_slice(task, technique, run_dir, local_placement(node, list(range(devices))),
-                     knobs=knobs, timeout=300)
-
-
 def single(task: Task, run_dir: Path):
     result = train(task, "single", run_dir)
     return result, final_parameters(task, result.checkpoint)
@@ -117,7 +113,7 @@ def test_plans_cut_between_blocks_with_the_models_own_names() -> None:
 def test_a_tied_sequential_keeps_the_weight_on_both_stages_under_its_first_name() -> None:
     """The adapter a user would write around GPT-2: an nn.Sequential whose first and last
     layers share the embedding. The last stage keeps it as "0.weight", not "2.weight"."""
-    from dione.techniques.stages import cut_stage
+    from dione.techniques.pipeline.stages import cut_stage
 
     embed, head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
     head.weight = embed.weight

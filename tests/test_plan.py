@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from dione.plan import (
 )
 from dione.plan.greedy import list_schedule
 from dione.plan.simulate import noisy_lengths, simulate
+from helpers import dione
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -329,11 +328,6 @@ def test_noise_is_seeded() -> None:
 
 
 # -- the command ----------------------------------------------------------------------------
-
-def dione(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dione.cli", *args], capture_output=True,
-                          text=True, timeout=120)
-
 
 def test_plan_command_solves_and_checks(tmp_path: Path) -> None:
     problem_file = tmp_path / "problem.json"

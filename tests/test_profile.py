@@ -8,13 +8,13 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import TEST_NODE, digits_task
 from dione.launch.local import LOCAL
 from dione.orchestrate.estimates import profile_problem
 from dione.orchestrate.options import RunOptions
@@ -34,6 +34,7 @@ from dione.profile.choice import choose_options
 from dione.profile.simulated import cross_check, is_pipeline, simulated_step_seconds
 from dione.spec.cluster import Cluster
 from dione.spec.workload import load_workload
+from helpers import TEST_NODE, digits_task
 
 CLUSTER = Cluster([TEST_NODE])
 QUICK = TrialOptions(warmup_steps=1, measure_steps=3, timeout=120)
@@ -208,7 +209,9 @@ def test_shared_cached_and_reprofiled_only_where_changed(tmp_path: Path) -> None
     b = replace(digits_task("b", techniques=DATA_PARALLEL), seed=11,
                 optimizer=functools.partial(torch.optim.Adam, lr=3e-2))
     with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        began = time.monotonic()
         first = profile_workload([a, b], CLUSTER, catalog, options=QUICK)
+        wall = time.monotonic() - began
         # Two tasks that differ in learning rate and seed share one set of trials.
         assert first.trials_run == 2
         assert first.task("a").group == first.task("b").group
@@ -222,10 +225,13 @@ def test_shared_cached_and_reprofiled_only_where_changed(tmp_path: Path) -> None
             assert record.measured_steps == 3
             assert record.peak_memory_bytes and record.peak_memory_bytes > 0
             assert record.load_seconds > 0 and record.save_seconds > 0
-            # The trial's wall time is fully accounted for by its measured parts.
-            steps = QUICK.warmup_steps + QUICK.measure_steps
-            assert record.slice_seconds(steps, resumed=True) == pytest.approx(
-                record.trial_seconds, rel=0.5)
+            # What the gang measured inside (its steps, save and load) fits in the
+            # trial's wall time the launcher measured around it, which fits in this
+            # call's own.
+            inside = (record.measured_steps * record.step_seconds + record.save_seconds
+                      + record.load_seconds)
+            assert inside <= record.trial_seconds + 1e-6
+            assert record.trial_seconds <= wall
 
         again = profile_workload([a, b], CLUSTER, catalog, options=QUICK)
         assert again.trials_run == 0 and again.trials_cached == 2

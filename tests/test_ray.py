@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import digits_task
 from dione.launch.local import local_placement
 from dione.launch.slice import SliceError, run_slice
 from dione.orchestrate import RunEvent, RunOptions, run_workload
@@ -28,8 +27,7 @@ from dione.profile import Catalog, ProfileEvent, TrialOptions, profile_workload
 from dione.spec.cluster import Cluster, ClusterError, Node
 from dione.spec.workload import load_workload
 from dione.state import RunStore, load_model_weights
-from test_faults import WORKLOAD as FAULTY
-from test_warm_workers import STUBBORN
+from helpers import digits_task, workload_text
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'dione[ray]'")
 from ray.cluster_utils import Cluster as RayTestCluster  # noqa: E402
@@ -141,7 +139,7 @@ def test_a_failing_rank_reads_as_it_does_locally(
         launcher: RayLauncher, tmp_path: Path, expected: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     file = tmp_path / "faulty.py"
-    file.write_text(FAULTY)
+    file.write_text(workload_text("faulty"))
     task = load_workload(file).task("faulty")
     node = launcher.nodes()[1]
     began = time.time()
@@ -191,7 +189,7 @@ def test_an_actor_whose_reset_fails_is_replaced_and_the_next_slice_not_blamed(
     """As a local worker (``test_warm_workers``): an actor that cannot put its state back
     after a slice is ended before the next slice on its device, which gets a new one."""
     file = tmp_path / "stubborn.py"
-    file.write_text(STUBBORN)
+    file.write_text(workload_text("stubborn"))
     tasks = {task.name: task for task in load_workload(file)}
     if reset == "hangs":  # the launcher waits this long for its word, then ends it
         monkeypatch.setattr(ray_launcher, "RESTORE_SECONDS", 2.0)

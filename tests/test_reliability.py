@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TEST_NODE, digits_task, interruptible, worker_processes
 from dione.cli import main as dione_main
 from dione.launch.gang import Lost, Placement, describe_failure
 from dione.launch.pool import WarmWorker, local_pool
@@ -33,6 +32,7 @@ from dione.spec.workload import load_workload
 from dione.state import RunStore
 from dione.techniques import get_technique
 from dione.techniques.base import SliceSpec
+from helpers import TEST_NODE, digits_task, dione, interruptible, worker_processes
 
 # A model that counts its forward passes in a buffer (so the count survives checkpoints)
 # and makes the loss NaN or +inf from the 7th on: trials (3 steps) pass, the run's
@@ -98,13 +98,6 @@ workload = Workload([Task(name="hang", model=functools.partial(digits_mlp, hidde
                           optimizer=functools.partial(torch.optim.Adam, lr=1e-2),
                           batch_size=16, steps=6)])
 '''
-
-
-def dione(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
-          cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dione.cli", *args], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=timeout,
-                          cwd=cwd)
 
 
 # -- a rank's error report --------------------------------------------------------------

@@ -9,11 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TEST_NODE, char_task, digits_task
 from dione.launch import local_placement, run_slice
 from dione.state import RunStore, load_checkpoint
 from dione.zoo import digits_train
-from test_equivalence import assert_same_training, final_parameters
+from helpers import (
+    TEST_NODE,
+    assert_same_training,
+    char_task,
+    digits_task,
+    final_parameters,
+)
 
 STEPS, FIRST = 8, 3
 ONE, TWO = [0], [0, 1]

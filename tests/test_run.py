@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import interruptible
 from dione.orchestrate import RunOptions, run_workload
 from dione.plan import check_plan, load_plan
 from dione.plan.problem import PlanningProblem
@@ -24,6 +23,7 @@ from dione.spec.cluster import Cluster, Node
 from dione.spec.workload import load_workload
 from dione.state.checkpoint import load_model_weights
 from dione.state.store import RunStore
+from helpers import interruptible
 
 QUICK = TrialOptions(warmup_steps=1, measure_steps=3, timeout=120)
 
@@ -265,7 +265,8 @@ def test_replanning_adopts_a_new_plan_when_a_task_runs_slow(tmp_path: Path, monk
     tasks = list(load_workload(write_workload(tmp_path)))
     cluster = Cluster([Node("test", 2, "cpu")])
     catalog = str(tmp_path / "catalog.sqlite")
-    options = RunOptions(catalog=catalog, trial=QUICK, slice_steps=4, time_limit=5.0)
+    options = RunOptions(catalog=catalog, trial=QUICK, slice_steps=4, time_limit=5.0,
+                         replan_share=1.0)  # a short run: every re-plan may run
     # Profile without the slowdown, then make the task the first plan runs before
     # another on its device far slower than profiled: moving the task that waits for
     # it to the other device is a better plan, whichever tasks the plan paired.
@@ -363,11 +364,11 @@ def test_replanning_never_holds_a_launch_back(tmp_path: Path, monkeypatch) -> No
     real = replanning.solve
     asked: list[str] = []
 
-    def held(problem, solver, limit):
+    def held(problem, solver, limit, threads=None):
         if threading.current_thread().name.startswith("dione-replan"):
             asked.append(solver)
             released.wait(300)
-        return real(problem, solver, limit)
+        return real(problem, solver, limit, threads)
 
     monkeypatch.setattr(replanning, "solve", held)
     monkeypatch.setenv("TASKS", "a b c")
@@ -375,11 +376,36 @@ def test_replanning_never_holds_a_launch_back(tmp_path: Path, monkeypatch) -> No
     try:
         result = run_workload(tasks, Cluster([Node("test", 2, "cpu")]), tmp_path / "run",
                               RunOptions(catalog=str(tmp_path / "catalog.sqlite"),
-                                         trial=QUICK, slice_steps=3, time_limit=5.0))
+                                         trial=QUICK, slice_steps=3, time_limit=5.0,
+                                         replan_share=1.0))
     finally:
         released.set()
     assert [t.status for t in result.tasks] == ["done"] * 3
     assert asked  # slices ended and asked for plans, none of which came in time
+
+
+def test_a_running_tasks_next_slice_keeps_its_place_on_the_devices_planned(
+        tmp_path: Path, monkeypatch) -> None:
+    """A re-plan moved a running task's next slice to device 1, before another task
+    there: that task (b) does not take device 1 first although the running task is not
+    pending yet (the plan's order on a device holds through slice boundaries)."""
+    from dione.orchestrate.launching import launchable
+    from dione.orchestrate.records import RunningSlice, TaskRecord, TaskStatus
+    from dione.plan.plan import Assignment
+
+    monkeypatch.setenv("TASKS", "a b c")
+    a, b, c = load_workload(write_workload(tmp_path))
+
+    def on(task: str, device: int, start: float) -> Assignment:
+        return Assignment(task, "single", {}, "test", (device,), start, start + 10.0)
+
+    records = {t.name: TaskRecord(t, 12, 4, TaskStatus.PENDING) for t in (a, b, c)}
+    records["a"].status = TaskStatus.RUNNING
+    records["a"].running = RunningSlice(on("a", 0, 0.0), 0.0, 4, 8, 5.0, 5.0)
+    plan = [on("a", 1, 5.0), on("b", 1, 15.0), on("c", 0, 5.0)]
+    assert [x.task for x in launchable(plan, records)] == []  # c waits for device 0
+    records["a"].running, records["a"].status = None, TaskStatus.PENDING
+    assert [x.task for x in launchable(plan, records)] == ["a", "c"]
 
 
 def test_a_stalled_slice_is_cancelled_and_retried(tmp_path: Path, monkeypatch) -> None:

@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from conftest import char_task
 from dione.schedules import (
     Action,
     PartitionError,
@@ -20,12 +19,13 @@ from dione.schedules import (
     balance,
     gpipe,
     one_f_one_b,
-    partition_model,
     simulate,
     xpipe,
 )
 from dione.techniques import get_technique
+from dione.techniques.pipeline.partition import partition_model
 from dione.zoo import CharGPT, digits_mlp
+from helpers import char_task
 
 
 @pytest.mark.parametrize("make", [gpipe, one_f_one_b], ids=["gpipe", "1f1b"])

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import digits_task
 from dione.spec import (
     ClusterError,
     Task,
@@ -23,6 +22,7 @@ from dione.spec import (
     validate_workload,
 )
 from dione.techniques import technique_names
+from helpers import digits_task
 
 
 def problems_of(*tasks: Task, devices: int | None = None) -> list[tuple[str | None, str]]:

@@ -16,32 +16,30 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conftest import TEST_NODE, digits_task
-from dione.launch import local_placement, run_slice
-from dione.schedules.partition import partition_model, stage_plan
-from dione.spec import Node
 from dione.spec.task import Task
-from dione.techniques.stage_build import (
+from dione.techniques.pipeline.partition import partition_model, stage_plan
+from dione.techniques.pipeline.stage_build import (
     build_structure,
     device_bytes,
     host_model,
     materialise,
     on_device_for_forward,
 )
-from dione.techniques.stages import cut_stage, stage_modules
+from dione.techniques.pipeline.stages import cut_stage, stage_modules
 from dione.zoo import digits_mlp
 from dione.zoo.hf import bert_tiny, gpt2_tiny, lm_data, logits_cross_entropy, module_data
-from test_equivalence import (
+from helpers import (
     LOSS_TOLERANCE,
     PARAMETER_TOLERANCE,
     assert_same_training,
+    digits_task,
     final_parameters,
+    train,
 )
 
 transformers = pytest.importorskip("transformers")
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-THREE = Node("n3", 3, "cpu")
 
 
 def llama_tiny() -> nn.Module:
@@ -180,15 +178,6 @@ def test_a_model_meta_cannot_build_is_built_on_the_host_saying_why() -> None:
 # --- real gangs -----------------------------------------------------------------------------
 
 
-def train(task: Task, technique: str, run_dir: Path, devices: int, steps: int | None = None,
-          **knobs: object):
-    node = THREE if devices == 3 else TEST_NODE
-    if technique == "xpipe":  # not exact: the task must allow it
-        task = replace(task, allow_inexact=True)
-    return run_slice(task, technique, run_dir, local_placement(node, list(range(devices))),
-                     knobs=knobs, steps=steps, timeout=300)
-
-
 @pytest.mark.parametrize("technique", ["gpipe", "1f1b"])
 def test_each_stage_holds_its_share_and_trains_as_single(technique: str,
                                                          tmp_path: Path) -> None:
@@ -298,7 +287,7 @@ def test_timing_holds_one_block_on_the_device_at_a_time() -> None:
     """balance=time runs the model's own forward with each module on the device during
     its own forward only: while a block runs, the model holds that block's tensors and the
     tensors outside every block (the rotary table), nothing more."""
-    from dione.techniques.pipeline import block_times
+    from dione.techniques.pipeline.balance import block_times
 
     task = structure_task("llama")
     model = build_structure(task).model

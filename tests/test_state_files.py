@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_NODE, digits_task
 from dione.cli import main as dione_main
 from dione.launch import local_placement, run_slice
 from dione.launch.slice import SliceError
 from dione.state.lock import RunDirBusy, RunLock, lock_holder
 from dione.state.sqlite import StateFileError
 from dione.state.store import RunStore
+from helpers import TEST_NODE, digits_task
 
 WORKLOAD = '''
 import functools, os, torch

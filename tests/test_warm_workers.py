@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TEST_NODE, char_task, digits_task
 from dione.launch import pool as pool_module
 from dione.launch.pool import WarmWorker, WorkerPool, local_pool, shutdown_local_pool
 from dione.launch.slice import local_placement, run_slice
 from dione.launch.spawner import SpawnedProcess, Spawner
 from dione.spec.workload import load_workload
 from dione.state import load_model_weights
+from helpers import TEST_NODE, char_task, digits_task, workload_text
 
 # Three tasks, each always under its own exact technique, that take turns on the same
 # two device slots (and so the same two workers).
@@ -313,41 +313,6 @@ def test_a_slice_finds_the_switches_the_slice_before_flipped_put_back(
 # for one that will not let go of its hook: the worker's reset after the slice cannot
 # undo that. Asked to, the registry refuses after a pause (long enough that the launcher
 # has moved on to its next slice), or never answers.
-STUBBORN = """
-import collections, functools, time
-import torch
-from dione import Task, Workload
-from dione.zoo import digits_mlp, digits_train
-
-
-class Stubborn(collections.OrderedDict):
-    hang = False
-
-    def __delitem__(self, key):
-        time.sleep(3600 if self.hang else 3)
-        raise RuntimeError("this hook cannot be removed")
-
-
-def stubborn_model(hang):
-    model = digits_mlp(hidden=8, depth=1)
-    registry = Stubborn(stuck=lambda module, name, submodule: None)
-    registry.hang = hang
-    torch.nn.modules.module._global_module_registration_hooks = registry
-    return model
-
-
-def task(name, model):
-    return Task(name=name, model=model, data=digits_train,
-                loss=torch.nn.functional.cross_entropy, optimizer=torch.optim.SGD,
-                batch_size=8, steps=2, seed=1)
-
-
-workload = Workload([task("raises", functools.partial(stubborn_model, hang=False)),
-                     task("hangs", functools.partial(stubborn_model, hang=True)),
-                     task("innocent", functools.partial(digits_mlp, hidden=8, depth=1))])
-"""
-
-
 @pytest.mark.parametrize("reset", ["raises", "hangs"])
 def test_a_worker_whose_reset_fails_is_replaced_and_the_next_slice_not_blamed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reset: str) -> None:
@@ -355,7 +320,7 @@ def test_a_worker_whose_reset_fails_is_replaced_and_the_next_slice_not_blamed(
     never ends) is retired before the next slice on its device, which runs on a fresh
     worker: before, that slice was sent to it and failed (or hung) for the last one."""
     file = tmp_path / "stubborn.py"
-    file.write_text(STUBBORN)
+    file.write_text(workload_text("stubborn"))
     tasks = {task.name: task for task in load_workload(file)}
     if reset == "hangs":  # the pool waits this long for its word, then retires it
         monkeypatch.setattr(pool_module, "RESTORE_SECONDS", 2.0)
@@ -418,7 +383,7 @@ class _SecondStartFails(WorkerPool):
 
 
 def test_workers_taken_before_one_fails_to_start_are_ended() -> None:
-    from conftest import _dione_processes
+    from helpers import dione_processes
 
     pool = _SecondStartFails()
     try:
@@ -427,7 +392,7 @@ def test_workers_taken_before_one_fails_to_start_are_ended() -> None:
         assert pool.started == 1 and pool.idle() == []
         spawners = set(pool.spawner_pids())
         assert spawners  # device 0's worker came from this pool's spawner, and is gone
-        assert [pid for pid, (_, parent) in _dione_processes().items()
+        assert [pid for pid, (_, parent) in dione_processes().items()
                 if parent in spawners] == []
     finally:
         pool.shutdown()

@@ -10,19 +10,19 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import TEST_NODE, char_task, check_real_timeline, digits_task
 from dione.launch import local_placement, run_slice
 from dione.schedules import StageTimes, gpipe, simulate, xpipe
-from dione.schedules.messages import stage_plan, unwaited_sends_peak
+from dione.schedules.messages import link_plan, unwaited_sends_peak
 from dione.spec import Node
 from dione.state import load_model_weights
 from dione.techniques import get_technique
-from dione.techniques.prediction import (
+from dione.techniques.pipeline.prediction import (
     future_rates,
     predict_weights,
     prediction_problem,
     scheduler_problem,
 )
+from helpers import TEST_NODE, char_task, check_real_timeline, digits_task
 
 TWO = [0, 1]
 
@@ -207,7 +207,7 @@ def test_sends_are_waited_on_in_a_long_deep_pipeline(tmp_path: Path) -> None:
                        knobs={"micro_batches": micro}, timeout=300)
     assert len(result.losses) == steps
     schedule = xpipe(3, micro, steps)
-    kept = [unwaited_sends_peak(stage_plan(schedule, k)) for k in range(3)]
+    kept = [unwaited_sends_peak(link_plan(schedule, k)) for k in range(3)]
     assert result.extra["most_unwaited_sends"] == kept == [3, 2, 1]
 
 

@@ -11,9 +11,9 @@ from dione.schedules.messages import (
     LinkOp,
     Message,
     link_order,
+    link_plan,
     posted_as_listed,
     run_in_order,
-    stage_plan,
     unwaited_sends_peak,
 )
 
@@ -25,7 +25,7 @@ MAKERS = {"xpipe": xpipe, "gpipe": gpipe, "1f1b": one_f_one_b}
 def test_every_plan_completes_under_nccl_pairing(name: str) -> None:
     for stages, micro in SIZES:
         schedule = MAKERS[name](stages, micro, 5)
-        plans = [stage_plan(schedule, k) for k in range(stages)]
+        plans = [link_plan(schedule, k) for k in range(stages)]
         assert run_in_order(plans) is None, (name, stages, micro)
 
 
@@ -43,7 +43,7 @@ def test_xpipe_posted_as_listed_crosses() -> None:
 def test_both_ends_of_a_link_post_its_messages_in_one_order() -> None:
     for stages, micro in SIZES:
         schedule = xpipe(stages, micro, 4)
-        plans = [stage_plan(schedule, k) for k in range(stages)]
+        plans = [link_plan(schedule, k) for k in range(stages)]
         for link in range(stages - 1):
             ends = [[op.message for op in plans[k].flat()
                      if op is not None and op.verb in ("send", "recv")
@@ -55,7 +55,7 @@ def test_gradient_receives_are_posted_ahead_of_the_sends_that_follow_them() -> N
     """K = 2, T = 1: stage 0 posts G0's receive before it sends A1, where stage 1 meets
     them (its backward of 0 comes before its forward of 1), and waits on A0's send only
     once G0 arrived."""
-    plan = stage_plan(xpipe(2, 1, 2), 0)
+    plan = link_plan(xpipe(2, 1, 2), 0)
     a0, a1 = Message("activation", 0, 0), Message("activation", 1, 0)
     g0, g1 = Message("gradient", 0, 0), Message("gradient", 1, 0)
     assert [op for op in plan.flat() if op is not None] == [
@@ -73,5 +73,5 @@ def test_unwaited_sends_stay_within_the_documented_bound() -> None:
         for name, make in MAKERS.items():
             schedule = make(stages, micro, 5)
             for k in range(stages):
-                peak = unwaited_sends_peak(stage_plan(schedule, k))
+                peak = unwaited_sends_peak(link_plan(schedule, k))
                 assert 1 <= peak <= schedule.in_flight_peak(k) + 1, (name, stages, micro, k)

@@ -21,16 +21,17 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from conftest import digits_task
 from dione.launch import local_placement, run_slice
-from dione.schedules import partition_model, xpipe
-from dione.schedules.messages import stage_plan, unwaited_sends_peak
+from dione.schedules import xpipe
+from dione.schedules.messages import link_plan, unwaited_sends_peak
 from dione.spec import Node
 from dione.spec.task import Task
 from dione.state import load_model_weights
 from dione.techniques.batches import BatchSource
-from dione.techniques.pipeline import keep_stage
-from dione.techniques.prediction import predict_weights
+from dione.techniques.pipeline.gpipe import keep_stage
+from dione.techniques.pipeline.partition import partition_model
+from dione.techniques.pipeline.prediction import predict_weights
+from helpers import digits_task
 
 STEPS = 6
 # One process against K, the same float32 operations in the same order per stage: the
@@ -167,7 +168,7 @@ def test_runs_match_the_reference_within_the_memory_bounds(stages: int, micro: i
     assert max(copies) <= math.ceil(stages / micro) + 1
     # Sends kept unwaited: what the plan keeps, within in-flight activations + 1 (before
     # issue 19: up to 12 x (peak + 1) sends, each header and data counted apart).
-    unwaited = [unwaited_sends_peak(stage_plan(schedule, k)) for k in range(stages)]
+    unwaited = [unwaited_sends_peak(link_plan(schedule, k)) for k in range(stages)]
     assert result.extra["most_unwaited_sends"] == unwaited
     assert all(n <= schedule.in_flight_peak(k) + 1 for k, n in enumerate(unwaited))
 

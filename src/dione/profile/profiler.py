@@ -23,7 +23,7 @@ from dione.profile.choice import choose_options, repeats_due
 from dione.profile.fingerprint import device_description
 from dione.profile.options import TrialOptions
 from dione.profile.results import Profile, ProfiledOption, ProfileEvent, Skipped, TaskProfile
-from dione.profile.schedule import TrialSetting, run_trials
+from dione.profile.schedule import ProfilingSession, run_trials
 from dione.profile.simulated import cross_check
 from dione.profile.trials import PendingTrial, device_counts, wanted_trials
 from dione.spec.cluster import Cluster
@@ -89,8 +89,10 @@ def profile_workload(
     if pending:
         # A trial times a slice on warm workers, as the run will: none pays a start.
         warm_up(launcher, alike)
-    setting = TrialSetting(alike, catalog, options, found.group_of(), profiles, emit, began,
-                           budget, parallel, scratch, launcher, storage)
+    setting = ProfilingSession(
+        nodes=alike, catalog=catalog, options=options, group_of=found.group_of(),
+        profiles=profiles, emit=emit, began=began, budget=budget, parallel=parallel,
+        scratch=scratch, launcher=launcher, storage=storage)
     trials_run, skips = run_trials(pending, results, setting)
     # Repeats: each option's chosen setting again, at a later moment (a whole pass of
     # other trials lies between), until it has ``options.repeats`` runs; a repeat can

@@ -25,7 +25,7 @@ from dione.profile.trials import PendingTrial
 from dione.spec.cluster import Node
 from dione.techniques.registry import get_technique
 
-__all__ = ["TrialSetting", "run_trials"]
+__all__ = ["ProfilingSession", "run_trials"]
 
 
 def _parts(technique: str, devices: int, knobs: Mapping[str, Any]) -> int:
@@ -35,9 +35,10 @@ def _parts(technique: str, devices: int, knobs: Mapping[str, Any]) -> int:
     return get_technique(technique).batch_parts(devices, knobs)[0]
 
 
-@dataclass
-class TrialSetting:
-    """What every pass of trials of one profile shares."""
+@dataclass(kw_only=True)
+class ProfilingSession:
+    """What every pass of trials of one profile shares (built by keyword: its fields are
+    many, several of one type)."""
 
     nodes: Sequence[Node]
     catalog: Catalog
@@ -54,7 +55,7 @@ class TrialSetting:
 
 
 def run_trials(pending: list[PendingTrial], results: dict[str, TrialRecord],
-               setting: TrialSetting, counted: int = 0) -> tuple[int, dict[str, str]]:
+               setting: ProfilingSession, counted: int = 0) -> tuple[int, dict[str, str]]:
     """Run the pending trials on the setting's nodes (each trial on one node, where enough
     devices are free), filling ``results``; how many ran, and why each trial not run was
     skipped (by fingerprint). Events count ``counted`` earlier trials of the same profile
@@ -66,7 +67,7 @@ class _Pass:
     """One pass over pending trials: the queue, what runs where, and what was decided."""
 
     def __init__(self, pending: list[PendingTrial], results: dict[str, TrialRecord],
-                 setting: TrialSetting, counted: int) -> None:
+                 setting: ProfilingSession, counted: int) -> None:
         # Fewer devices first: a replicating technique's failure there prunes the rest.
         pending.sort(key=lambda p: (p.spec.devices, p.spec.technique))
         self.setting = setting

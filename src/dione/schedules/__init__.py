@@ -1,14 +1,8 @@
-"""Pipeline schedules as data, the partitioning of models into stages, and a simulator."""
+"""Pipeline schedules as data, the cut of blocks into stages, and a simulator: pure data,
+no torch (the pipeline wing, ``dione.techniques.pipeline``, runs them)."""
 
 from dione.schedules.actions import Action, Schedule, ScheduleError, gpipe, one_f_one_b, xpipe
-from dione.schedules.partition import (
-    Partition,
-    PartitionError,
-    balance,
-    parameter_costs,
-    partition_model,
-    pipeline_layers,
-)
+from dione.schedules.partition import Partition, PartitionError, balance
 from dione.schedules.simulate import Span, StageTimes, Timeline, simulate, spans_of
 
 __all__ = [
@@ -23,9 +17,6 @@ __all__ = [
     "balance",
     "gpipe",
     "one_f_one_b",
-    "parameter_costs",
-    "partition_model",
-    "pipeline_layers",
     "simulate",
     "spans_of",
     "xpipe",

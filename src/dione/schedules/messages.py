@@ -20,7 +20,7 @@ sends meet a posted receive. A send is waited on only once a receive posted afte
 on the same link has arrived: by then the peer has posted the send's receive (it
 follows the same order), so the wait returns at once on gloo as on NCCL.
 
-``stage_plan`` gives each stage's operations around each of its actions;
+``link_plan`` gives each stage's operations around each of its actions;
 ``run_in_order`` plays all stages' plans with NCCL's rules (in-order pairing per link,
 waits block) and names the first crossing or deadlock; ``posted_as_listed`` is the old
 plan, kept to show that it crosses.
@@ -34,8 +34,16 @@ from typing import Literal
 
 from dione.schedules.actions import Schedule, ScheduleError
 
-__all__ = ["LinkOp", "Message", "StagePlan", "link_order", "posted_as_listed",
-           "run_in_order", "stage_plan", "unwaited_sends_peak"]
+__all__ = [
+    "LinkOp",
+    "LinkPlan",
+    "Message",
+    "link_order",
+    "link_plan",
+    "posted_as_listed",
+    "run_in_order",
+    "unwaited_sends_peak",
+]
 
 MessageKind = Literal["activation", "gradient"]
 # send: post a send (never blocks); recv: post a receive; wait: block until a posted
@@ -71,7 +79,7 @@ class LinkOp:
 
 
 @dataclass(frozen=True)
-class StagePlan:
+class LinkPlan:
     """A stage's operations before and after the work of each action of its list, and
     the sends waited on once the list is done."""
 
@@ -163,7 +171,7 @@ class _PlanBuilder:
         return [LinkOp("done", m) for link in sorted(self.unwaited) for m in self.unwaited[link]]
 
 
-def stage_plan(schedule: Schedule, stage: int) -> StagePlan:
+def link_plan(schedule: Schedule, stage: int) -> LinkPlan:
     """``stage``'s point-to-point operations around each action of its list, in link order."""
     builder = _PlanBuilder(schedule, stage)
     last = schedule.depth - 1
@@ -185,10 +193,10 @@ def stage_plan(schedule: Schedule, stage: int) -> StagePlan:
                 builder.send(Message("gradient", u, stage - 1), after)
         befores.append(tuple(before))
         afters.append(tuple(after))
-    return StagePlan(tuple(befores), tuple(afters), tuple(builder.drain()))
+    return LinkPlan(tuple(befores), tuple(afters), tuple(builder.drain()))
 
 
-def posted_as_listed(schedule: Schedule, stage: int) -> StagePlan:
+def posted_as_listed(schedule: Schedule, stage: int) -> LinkPlan:
     """The plan dione's xpipe ran before issue 19: each receive posted (and waited) when
     its action comes, each send when its data is ready, whatever the peer's order."""
     last = schedule.depth - 1
@@ -211,10 +219,10 @@ def posted_as_listed(schedule: Schedule, stage: int) -> StagePlan:
                 sends.append(m)
         befores.append(tuple(before))
         afters.append(tuple(after))
-    return StagePlan(tuple(befores), tuple(afters), tuple(LinkOp("done", m) for m in sends))
+    return LinkPlan(tuple(befores), tuple(afters), tuple(LinkOp("done", m) for m in sends))
 
 
-def run_in_order(plans: Sequence[StagePlan]) -> str | None:
+def run_in_order(plans: Sequence[LinkPlan]) -> str | None:
     """Play every stage's plan under NCCL's rules; None if all of it completes, else why
     not. Per link, the n-th operations the two ends post are paired: a pair must be a
     send and a receive of one message, and completes once both are posted and every
@@ -270,7 +278,7 @@ def run_in_order(plans: Sequence[StagePlan]) -> str | None:
             return "deadlock: " + ", ".join(stuck)
 
 
-def unwaited_sends_peak(plan: StagePlan) -> int:
+def unwaited_sends_peak(plan: LinkPlan) -> int:
     """The most sends the stage has posted and not yet waited on, at any point of its plan
     (an activation's header and data count as one)."""
     live = peak = 0

@@ -7,7 +7,7 @@ k+1 plus one transfer. Sends are asynchronous (as torch's isend), so a transfer 
 the receiver but does not occupy either stage.
 
 A weight several stages hold (tied input and output embeddings) makes their updates one
-collective (``dione.techniques.shared``): each holder's update of mini-batch i starts
+collective (``dione.techniques.pipeline.shared``): each holder's update of mini-batch i starts
 once every holder has reached its own. Under a flush (gpipe, 1f1b) that wait is hidden,
 as the next forwards wait for stage 0's update anyway; under xpipe the later stage idles
 until the mini-batch's gradient has travelled back to the earlier one, every mini-batch.

@@ -2,13 +2,19 @@
 
 from dione.techniques.base import SliceOutcome, SliceSpec, Technique, TechniqueError
 from dione.techniques.context import SliceContext
+from dione.techniques.data_parallel import DataParallelTechnique
 from dione.techniques.ddp import DDP
 from dione.techniques.fsdp import FSDP
-from dione.techniques.pipeline import GPipe, OneFOneB, PipelineTechnique
-from dione.techniques.pipeline_probe import pipeline_refusals, with_refusals
+from dione.techniques.pipeline import (
+    GPipe,
+    OneFOneB,
+    PipelineTechnique,
+    XPipe,
+    pipeline_refusals,
+    with_refusals,
+)
 from dione.techniques.registry import get_technique, register, technique_names, techniques
 from dione.techniques.single import Single
-from dione.techniques.xpipe import XPipe
 
 register(Single())
 register(DDP())
@@ -20,6 +26,7 @@ register(XPipe())
 __all__ = [
     "DDP",
     "FSDP",
+    "DataParallelTechnique",
     "GPipe",
     "OneFOneB",
     "PipelineTechnique",

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.spec.validate import Problem, checked_task, split_valid
-from dione.techniques.pipeline_probe import with_refusals
+from dione.techniques.pipeline.probe import with_refusals
 from dione.techniques.registry import technique_names, techniques
 
 __all__ = ["valid_task", "valid_tasks"]

@@ -1,12 +1,12 @@
 """``gpipe`` and ``1f1b``: the model cut into one stage per device, micro-batches piped through.
 
 Built on ``torch.distributed.pipelining`` (``ScheduleGPipe``, ``Schedule1F1B``) with
-stages made by hand (``dione.techniques.stages``): every rank builds the model's
+stages made by hand (``dione.techniques.pipeline.stages``): every rank builds the model's
 structure with its parameters on the meta device, cuts out its blocks (between the layers
 of an ``nn.Sequential`` or the repeated blocks of a GPT-2-, Llama- or BERT-shaped model,
-``dione.schedules.stage_plan``) and gives only those storage on its device; on a fresh
+``dione.techniques.pipeline.stage_plan``) and gives only those storage on its device; on a fresh
 start rank 0 builds the whole model on the host from the task's seed and sends each rank
-its stage's values, so initial weights are single's (``dione.techniques.stage_build``).
+its stage's values, so initial weights are single's (``dione.techniques.pipeline.stage_build``).
 The stage keeps the original parameter names, so checkpoints stay technique-neutral: a
 pipeline writes each stage's part of one state dict, and any technique reads it back.
 
@@ -25,7 +25,7 @@ the same holds for it.
 
 A weight two stages use (tied embeddings) is kept by both; its gradients are summed on
 the first of them, which steps it and sends the new value to the others
-(``dione.techniques.shared``). ``precision=bf16`` runs each stage's forward and the loss
+(``dione.techniques.pipeline.shared``). ``precision=bf16`` runs each stage's forward and the loss
 under autocast; ``clip_grad_norm`` clips by the norm over all stages (each weight once).
 ``fp16`` is refused: its loss scaler would need an overflow check agreed by all stages
 around torch's schedule, which scales no loss. Dropout makes a pipeline statistically,
@@ -44,19 +44,16 @@ cut falls back to parameters and the outcome says so).
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map
 
 from dione.schedules import (
-    Action,
     Partition,
     PartitionError,
     Schedule,
@@ -65,19 +62,25 @@ from dione.schedules import (
     one_f_one_b,
     spans_of,
 )
-from dione.schedules.actions import Kind
-from dione.schedules.partition import partition_model, pipeline_layers, stage_plan
-from dione.schedules.stage_plan import StagePlan
-from dione.spec.batch import loss_of, split_target
+from dione.spec.batch import split_target
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource, batch_rows, slice_batch
 from dione.techniques.context import SliceContext
 from dione.techniques.exactness import batch_norm_layers, split_batch_exactness
-from dione.techniques.recompute import checkpoint_activations
-from dione.techniques.shared import SharedGradients
-from dione.techniques.stage_build import (
+from dione.techniques.pipeline.action_log import ActionLog, on_one_clock
+from dione.techniques.pipeline.balance import (
+    BALANCES,
+    block_times,
+    cut_record,
+    kept_partition,
+    layer_times,
+    tensor_starts,
+)
+from dione.techniques.pipeline.partition import partition_model, pipeline_layers, stage_plan
+from dione.techniques.pipeline.shared import SharedGradients
+from dione.techniques.pipeline.stage_build import (
     build_structure,
     copy_initial_values,
     device_bytes,
@@ -86,21 +89,17 @@ from dione.techniques.stage_build import (
     on_device_for_forward,
     time_each_layer,
 )
-from dione.techniques.stages import (
+from dione.techniques.pipeline.stage_plan import StagePlan
+from dione.techniques.pipeline.stages import (
     SharedWeight,
     StageModule,
     batch_fields,
     cut_stage,
-    meta_twin,
     shared_weights,
 )
+from dione.techniques.recompute import checkpoint_activations
 
-__all__ = ["ActionLog", "GPipe", "OneFOneB", "PipelineStagePart", "PipelineTechnique",
-           "block_times", "cut_record", "keep_stage", "kept_partition", "layer_times",
-           "on_one_clock", "tensor_starts"]
-
-BALANCES = ("parameters", "time")
-
+__all__ = ["GPipe", "OneFOneB", "PipelineStagePart", "PipelineTechnique", "keep_stage"]
 
 @dataclass
 class PipelineStagePart:
@@ -122,202 +121,6 @@ def keep_stage(model: nn.Sequential, partition: Partition, stage: int) -> nn.Seq
         if name not in mine:
             setattr(model, name, nn.Identity())
     return model
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
-
-
-def layer_times(layers: Sequence[nn.Module], sample: Any, device: torch.device,
-                repeats: int = 3) -> list[float]:
-    """Median seconds of each layer's forward plus backward on ``sample`` (after one
-    warm-up), each layer fed the previous one's output. A layer may take and return a
-    tuple (an ``nn.LSTM`` returns ``(output, (h, c))``): its backward runs from every
-    floating tensor in its output."""
-    measured: list[list[float]] = [[] for _ in layers]
-    for repeat in range(repeats + 1):
-        x = sample
-        for index, layer in enumerate(layers):
-            x = tree_map(lambda t: t.detach().requires_grad_(t.is_floating_point())
-                         if isinstance(t, torch.Tensor) else t, x)
-            _synchronize(device)
-            begin = time.perf_counter()
-            out = layer(x)
-            roots = [t for t in _tensors(out) if t.requires_grad]
-            if roots:
-                torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
-            _synchronize(device)
-            if repeat:
-                measured[index].append(time.perf_counter() - begin)
-            x = out
-    for layer in layers:
-        layer.zero_grad(set_to_none=True)
-    return [statistics.median(m) for m in measured]
-
-
-def block_times(model: nn.Module, plan: StagePlan, task: Task, batch: Any,
-                device: torch.device, repeats: int = 3) -> list[float]:
-    """Median seconds of each block's forward within the model's own forward on
-    ``batch``; the time before the first block (embeddings) counts in it, the time after
-    the last (head, loss) in the last. Backward is left out: it scales with the forward
-    block for block, so the cut is the same."""
-    blocks = [model.get_submodule(name) for name in plan.blocks]
-    marks: list[float] = []
-
-    def mark(*_: Any) -> None:
-        _synchronize(device)
-        marks.append(time.perf_counter())
-
-    handles = [h for block in blocks for h in (block.register_forward_pre_hook(mark),
-                                               block.register_forward_hook(mark))]
-    measured: list[list[float]] = [[] for _ in blocks]
-    try:
-        for repeat in range(repeats + 1):
-            marks.clear()
-            with torch.no_grad():
-                _synchronize(device)
-                begin = time.perf_counter()
-                loss_of(model, task, batch)
-                _synchronize(device)
-                end = time.perf_counter()
-            if len(marks) != 2 * len(blocks):
-                raise RuntimeError("the model's forward did not call each block once")
-            if repeat:
-                for index in range(len(blocks)):
-                    measured[index].append(marks[2 * index + 1] - marks[2 * index])
-                measured[0][-1] += marks[0] - begin
-                measured[-1][-1] += end - marks[-1]
-    finally:
-        for handle in handles:
-            handle.remove()
-    return [statistics.median(m) for m in measured]
-
-
-def tensor_starts(model: nn.Module, task: Task, batch: Any) -> set[int] | None:
-    """The layers of an ``nn.Sequential`` a stage may begin at: those whose previous
-    layer returns a single tensor (a stage sends tensors only). Traced on the meta
-    device; None (no restriction) if the trace fails (the stage then says so at run
-    time rather than train wrong)."""
-    twin = meta_twin(model)
-    inputs, _ = split_target(task, batch)
-    x = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, inputs)
-    starts = set()
-    try:
-        with torch.no_grad():
-            for index, layer in enumerate(twin.children()):
-                x = layer(x)
-                if isinstance(x, torch.Tensor):
-                    starts.add(index + 1)
-    except Exception:
-        return None
-    return starts
-
-
-def on_one_clock(
-    origins: Sequence[float], per_stage: Sequence[Sequence[tuple[float, float]]],
-) -> list[list[tuple[float, float]]]:
-    """Each stage's (start, end) spans, logged in seconds from that stage's own
-    ``origin``, in seconds from the earliest origin instead (``time.perf_counter`` is
-    one clock for every process of a machine)."""
-    start = min(origins)
-    return [[(a + origin - start, b + origin - start) for a, b in spans]
-            for origin, spans in zip(origins, per_stage, strict=True)]
-
-
-class ActionLog:
-    """The forwards, backwards and updates one stage ran, in order, each with the
-    seconds from ``origin`` at which its work began and ended. torch's schedules wait
-    for a stage's inputs before they call it, so the waits stay out."""
-
-    def __init__(self) -> None:
-        self.origin = time.perf_counter()
-        self.actions: list[Action] = []
-        self.spans: list[tuple[float, float]] = []
-        self.minibatch = 0
-        self._update_began: float | None = None
-        self._forward_ended = False  # the last action logged is a forward
-
-    def watch(self, stage: Any) -> None:
-        """Time ``stage``'s forwards and backwards, and mark where the update begins: at
-        the gradients' scaling, the last thing torch's step does."""
-        forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
-        reduce = stage.perform_reduce_grad
-
-        def timed(kind: Kind, method: Callable[..., Any]) -> Callable[..., Any]:
-            def run(chunk: int, *args: Any, **kwargs: Any) -> Any:
-                begin = time.perf_counter() - self.origin
-                result = method(chunk, *args, **kwargs)
-                self.actions.append(Action(kind, self.minibatch, chunk))
-                self.spans.append((begin, time.perf_counter() - self.origin))
-                self._forward_ended = kind == "F"
-                return result
-            return run
-
-        def scale(*args: Any, **kwargs: Any) -> Any:
-            self._update_began = time.perf_counter()
-            return reduce(*args, **kwargs)
-
-        # Instance attributes shadow the methods the schedule calls.
-        setattr(stage, "forward_one_chunk", timed("F", forward))  # noqa: B010
-        setattr(stage, "backward_one_chunk", timed("B", backward))  # noqa: B010
-        setattr(stage, "perform_reduce_grad", scale)  # noqa: B010
-
-    def timed_loss(self, loss: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        """``loss`` counted with the forward it follows (the last stage's). torch also
-        calls it once on its own, to infer shapes before the first step: not counted."""
-
-        def run(output: Any, target: Any, **kwargs: Any) -> torch.Tensor:
-            value = loss(output, target, **kwargs)
-            if self._forward_ended:
-                begin, _ = self.spans[-1]
-                self.spans[-1] = (begin, time.perf_counter() - self.origin)
-                self._forward_ended = False
-            return value
-
-        return run
-
-    def update_done(self, step_returned: float, shared_wait: float = 0.0) -> None:
-        """The optimizer step of this mini-batch is done: log the update. ``shared_wait``:
-        the seconds its shared weights' gradients took to sum (mostly waiting for the
-        other stages holding them to reach their update), left out of its work (the
-        span starts that much later): the simulator adds that wait itself."""
-        began = step_returned if self._update_began is None else self._update_began
-        began += shared_wait
-        self.actions.append(Action("U", self.minibatch))
-        self.spans.append((began - self.origin, time.perf_counter() - self.origin))
-        self._update_began = None
-        self._forward_ended = False
-        self.minibatch += 1
-
-    def matches(self, schedule: Schedule, stage: int) -> str | None:
-        """None if the stage ran exactly its list in ``schedule``, else what differs."""
-        expected = list(schedule.stages[stage])
-        if self.actions == expected:
-            return None
-        first = next((k for k, (a, b) in enumerate(zip(self.actions, expected, strict=False))
-                      if a != b), min(len(self.actions), len(expected)))
-        ran = self.actions[first] if first < len(self.actions) else "nothing"
-        due = expected[first] if first < len(expected) else "nothing"
-        return (f"stage {stage} ran {ran} where dione's {schedule.name} list has {due} "
-                f"(action {first}); no timeline kept")
-
-
-def kept_partition(cut: Mapping[str, Any], plan: StagePlan, stages: int,
-                   task: str) -> Partition:
-    """A cut kept in the run store, checked against the model it is to cut now."""
-    partition = Partition(tuple(cut["names"]), tuple(tuple(b) for b in cut["bounds"]))
-    if partition.names != tuple(plan.blocks) or partition.stages != stages:
-        raise PartitionError(
-            f"task {task!r}: its kept cut into {partition.stages} stages is of the blocks "
-            f"{', '.join(partition.names)}, but its model now has {', '.join(plan.blocks)}: "
-            "the model changed since its first slice; train the changed model in a new run "
-            "directory")
-    return partition
 
 
 class PipelineTechnique(Technique):
@@ -456,7 +259,7 @@ class PipelineTechnique(Technique):
         """This rank's stage on its device, and nothing else there: the model built with
         its parameters on meta, cut to the stage, the stage's tensors materialised, valued
         as single's initial weights (sent by rank 0) or by the checkpoint
-        (``dione.techniques.stage_build``, which says what each rank holds where)."""
+        (``dione.techniques.pipeline.stage_build``, which says what each rank holds where)."""
         task = ctx.task
         built = build_structure(task)
         agreed: list[Any] = [None] * ctx.world
@@ -569,11 +372,6 @@ class PipelineTechnique(Technique):
             outcome.extra["spans"] = on_one_clock([o for o, _, _ in gathered],
                                                   [s for _, s, _ in gathered])
         return outcome
-
-
-def cut_record(partition: Partition) -> dict[str, Any]:
-    """A cut as the run store keeps it (``RunStore.keep_cut``)."""
-    return {"names": list(partition.names), "bounds": [list(b) for b in partition.bounds]}
 
 
 def _its_own_loss(output: torch.Tensor, target: Any) -> torch.Tensor:

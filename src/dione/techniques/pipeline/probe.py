@@ -6,7 +6,7 @@ runtime, which fixes each stage's shapes at the first step; a model whose forwar
 into a module another stage holds (a ViT reads its patch embeddings' weights on every
 stage) breaks a stage that does not hold it. So the task's stages are run here, on the
 CPU, one after the other on a two-sample micro-batch, each stage cut from a copy of the
-whole model (``dione.techniques.stages``, the code every rank runs), and the last
+whole model (``dione.techniques.pipeline.stages``, the code every rank runs), and the last
 stage's loss compared with the whole model's:
 
     whole model ─► loss                    ┐
@@ -31,13 +31,13 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from dione.schedules import PartitionError
-from dione.schedules.partition import partition_model, stage_plan
 from dione.spec.batch import loss_of
 from dione.spec.task import Task
 from dione.techniques.batches import BatchSource, slice_batch
-from dione.techniques.pipeline import PipelineTechnique
+from dione.techniques.pipeline.gpipe import PipelineTechnique
+from dione.techniques.pipeline.partition import partition_model, stage_plan
+from dione.techniques.pipeline.stages import StageModule, batch_fields, cut_stage
 from dione.techniques.registry import techniques
-from dione.techniques.stages import StageModule, batch_fields, cut_stage
 
 __all__ = ["pipeline_refusals", "with_refusals"]
 
@@ -105,7 +105,7 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
                         f"stage {stage} ({partition.describe(stage)}): {type(err).__name__}: "
                         f"{str(err).splitlines()[0] if str(err) else ''} (its forward may "
                         "read into a module another stage holds); use another technique, or "
-                        "describe the model's stages (dione.schedules.stage_plan)")
+                        "describe the model's stages (dione.techniques.pipeline.stage_plan)")
             received = (out,)
     if left:
         return (f"task {task.name!r}: its optimizer factory updates "
@@ -119,7 +119,7 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
                 f"{staged:.6g} where the whole model gives {whole:.6g} on the same samples: "
                 "its forward computes something outside its blocks that the stages do not "
                 "reproduce; use another technique, or describe the model's stages "
-                "(dione.schedules.stage_plan)")
+                "(dione.techniques.pipeline.stage_plan)")
     return None
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dione.techniques.stages import SharedWeight
+from dione.techniques.pipeline.stages import SharedWeight
 
 __all__ = ["SharedGradients"]
 

@@ -20,7 +20,7 @@ attribute, a plain dict, so the model needs nothing from dione::
     class MyNet(nn.Module):
         dione_stages = {"blocks": "body", "first": ["embed"], "last": ["norm", "head"]}
 
-The runtime's contract with such a model (``dione.techniques.stages``): its forward
+The runtime's contract with such a model (``dione.techniques.pipeline.stages``): its forward
 calls each block of ``blocks`` in order, passing the hidden state as the block's first
 argument (or ``hidden_states=``), and each block returns it (alone, or first in a tuple).
 Modules without parameters (dropout, rotary tables) run on every stage.
@@ -119,15 +119,15 @@ def find_stage_plan(model: nn.Module) -> StagePlan:
             f"its model ({type(model).__name__}) has more than one list of repeated blocks "
             f"({', '.join(lists)}), as an encoder-decoder does, whose second half takes the "
             "first's output beside its hidden state; give the model class a "
-            f"{STAGES_ATTRIBUTE} attribute (see dione.schedules.stage_plan) if its forward "
-            "passes only the hidden state from block to block, or leave the pipelines out")
+            f"{STAGES_ATTRIBUTE} attribute (see dione.techniques.pipeline.stage_plan) if its "
+            "forward passes only the hidden state from block to block, or leave the pipelines out")
     container = lists[0] if lists else None
     if container is None:
         raise _PlanError(
             f"its model is a {type(model).__name__}, neither an nn.Sequential nor a model with "
             "an nn.ModuleList of repeated blocks; give the model class a "
             f"{STAGES_ATTRIBUTE} = {{'blocks': ..., 'first': [...], 'last': [...]}} attribute "
-            "(see dione.schedules.stage_plan), or leave the pipelines out of the task's "
+            "(see dione.techniques.pipeline.stage_plan), or leave the pipelines out of the task's "
             "techniques")
     # Walk from the root to the container: at each level, siblings registered before the
     # branch that leads to the blocks run before them, those after run after them.
@@ -142,7 +142,7 @@ def find_stage_plan(model: nn.Module) -> StagePlan:
             raise _PlanError(
                 f"{where} holds parameters directly ({', '.join(own)}) beside its blocks "
                 f"{container}; give the model class a {STAGES_ATTRIBUTE} attribute (see "
-                "dione.schedules.stage_plan) naming modules for the first and last stage")
+                "dione.techniques.pipeline.stage_plan) naming modules for the first and last stage")
         before = True
         for name, child in module.named_children():
             path = prefix + name

@@ -1,7 +1,8 @@
 """One pipeline stage cut out of the whole model, in place, every name kept.
 
 Every rank builds the model's structure (its parameters on meta,
-``dione.techniques.stage_build``), keeps its own blocks (``dione.schedules.stage_plan``)
+``dione.techniques.pipeline.stage_build``), keeps its own blocks
+(``dione.techniques.pipeline.stage_plan``)
 and only then gives the stage's tensors storage on its device. The stage runs the model's
 *own* forward on the whole micro-batch (every rank can read the batch), so embeddings,
 masks, position ids and the loss are computed exactly as the unsplit model computes them:
@@ -35,9 +36,9 @@ from torch import nn
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from dione.schedules import Partition, PartitionError
-from dione.schedules.stage_plan import StagePlan
 from dione.spec.batch import ItemCounting, item_counting, loss_of
 from dione.spec.task import Task
+from dione.techniques.pipeline.stage_plan import StagePlan
 
 __all__ = ["Absent", "SharedWeight", "StageModule", "batch_fields", "cut_stage", "meta_twin",
            "shared_weights", "stage_modules"]
@@ -122,7 +123,7 @@ class _After(nn.Module):
         raise RuntimeError(
             f"pipeline stage {self.stage} called {self.path}, which only the last stage runs: "
             "the model's forward uses it before its last block; describe the model's stages "
-            "(dione.schedules.stage_plan) or leave the pipelines out")
+            "(dione.techniques.pipeline.stage_plan) or leave the pipelines out")
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ def shared_weights(model: nn.Module, plan: StagePlan, partition: Partition,
             raise PartitionError(
                 f"task {task!r}: parameter {name} is in no block and in no module the stage "
                 "plan places before or after the blocks, so no pipeline stage would train it; "
-                "describe the model's stages (dione.schedules.stage_plan)")
+                "describe the model's stages (dione.techniques.pipeline.stage_plan)")
         if len(holders) > 1 and param.requires_grad:
             shared.append(SharedWeight(name, holders))
     return shared
@@ -305,7 +306,8 @@ class StageModule(nn.Module):
                 f"pipeline stage {self.stage}: its output is not finite although its input "
                 "is: a module that runs before the blocks (stubbed with NaN on this stage) "
                 "feeds the blocks by some path other than the hidden state, or training "
-                "diverged at once; describe the model's stages (dione.schedules.stage_plan)")
+                "diverged at once; describe the model's stages "
+                "(dione.techniques.pipeline.stage_plan)")
 
 
 def batch_fields(batch: Any) -> tuple[dict[str, torch.Tensor], TreeSpec]:

@@ -8,7 +8,7 @@ micro-batch of a mini-batch is back.
 
 When the first micro-batch of mini-batch i (the bellwether) reaches stage k, the stage
 makes a separate copy of its weights for i, predicted ``s`` updates ahead (``s``
-counted from the schedule; see ``dione.techniques.prediction``). All micro-batches of
+counted from the schedule; see ``dione.techniques.pipeline.prediction``). All micro-batches of
 i run forward and backward on that copy through ``torch.func.functional_call``; its
 gradients are moved onto the real parameters at i's update, and the copy is dropped
 there. Autograd never sees a weight change under it. Memory: one copy of the stage's
@@ -22,7 +22,7 @@ stage keeps a send unwaited only until a later receive on the same link arrives 
 most its in-flight micro-batches' activations plus one gradient, and the activations'
 data is the output the stage keeps for their backwards anyway).
 
-Stages are cut as ``gpipe``'s (``dione.techniques.stages``): any batch shape, the task's
+Stages are cut as ``gpipe``'s (``dione.techniques.pipeline.stages``): any batch shape, the task's
 loss or the model's own, ``precision=bf16`` under autocast. A weight two stages share
 (tied embeddings) gets the sum of their gradients at its update on each of them (a
 collective between those stages: the later one waits for the earlier's update of the
@@ -60,21 +60,23 @@ import torch.distributed as dist
 from torch.func import functional_call
 
 from dione.schedules import Schedule, xpipe
-from dione.schedules.messages import LinkOp, Message, stage_plan
+from dione.schedules.messages import LinkOp, Message, link_plan
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceOutcome
 from dione.techniques.batches import BatchSource, slice_batch
 from dione.techniques.context import SliceContext
-from dione.techniques.pipeline import PipelineTechnique, cut_record, on_one_clock
-from dione.techniques.prediction import (
+from dione.techniques.pipeline.action_log import on_one_clock
+from dione.techniques.pipeline.balance import cut_record
+from dione.techniques.pipeline.gpipe import PipelineTechnique
+from dione.techniques.pipeline.prediction import (
     future_rates,
     predict_weights,
     prediction_problem,
     scheduler_problem,
 )
-from dione.techniques.stage_build import build_structure
-from dione.techniques.stages import batch_fields
+from dione.techniques.pipeline.stage_build import build_structure
+from dione.techniques.pipeline.stages import batch_fields
 
 __all__ = ["XPipe"]
 
@@ -233,7 +235,7 @@ class XPipe(PipelineTechnique):
         params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         schedule = xpipe(stages, micro_batches, minibatches)
         staleness = schedule.staleness()
-        plan = stage_plan(schedule, stage)
+        plan = link_plan(schedule, stage)
         links = _Links(stage, ctx.device)
         predicting, stashing = bool(knobs["prediction"]), bool(knobs["stashing"])
 
