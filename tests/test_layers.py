@@ -11,7 +11,7 @@ import dione
 SOURCE = Path(dione.__file__).parent
 # The flow (DESIGN.md): a part may import the parts before it, never one after it.
 FLOW = ["spec", "state", "schedules", "techniques", "launch", "profile", "plan",
-        "orchestrate", "report", "cli"]
+        "orchestrate", "report", "simulate", "cli"]
 # Under every part: any part may import these, and they import no part of the flow.
 GROUND = {"_lazy", "_version", "clock"}
 # Pure: data and arithmetic that run where torch is not installed or not wanted (the

@@ -271,6 +271,29 @@ def build_parser() -> argparse.ArgumentParser:
                       "threads)")
     plan.add_argument("-o", "--output", help="write the plan JSON here (default: stdout)")
 
+    simulate = command("simulate", "run a problem's tasks on a virtual cluster through the "
+                       "real orchestrator (plans, re-plans, slices, failures, report), on a "
+                       "simulated clock: nothing trains")
+    simulate.add_argument("problem", help="a problem JSON (dione profile -o writes one)")
+    simulate.add_argument("--cluster", help="NODESxDEVICES (4x8) or devices per node (8,8,4); "
+                          "default: the problem's nodes")
+    simulate.add_argument("--scenario", help="a JSON file: task_slowdown, node_slowdown, "
+                          "spread, seed, failures, node_losses, curve (see dione.simulate)")
+    simulate.add_argument("--steps", type=positive_int, default=100,
+                          help="steps per task (each option's seconds spread over them)")
+    simulate.add_argument("--out", help="run directory (default: runs/simulate-<problem>)")
+    simulate.add_argument("--solver", default=_solve_default("solver"), choices=tuple(SOLVERS))
+    simulate.add_argument("--time-limit", type=positive_float, default=1.0,
+                          help="the first plan's cpsat deterministic time (a unit is about "
+                          "5 s on one thread): the same inputs give the same plans")
+    simulate.add_argument("--replan-time-limit", type=positive_float, default=0.2,
+                          help="each re-plan's cpsat deterministic time")
+    simulate.add_argument("--replan-interval", type=positive_float, default=1000.0,
+                          help="virtual seconds between re-plans without a slice end")
+    simulate.add_argument("--slice-seconds", type=positive_float,
+                          help="aim for slices of this many virtual seconds (default: 5 min)")
+    simulate.add_argument("--no-replan", action="store_true", help="keep the first plan")
+
     export = command("export", "write a finished task's trained weights as safetensors "
                      "(Hugging Face models: save_pretrained output)")
     export.add_argument("run_dir")

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from dione import clock
 from dione.launch.local import Launcher
 from dione.launch.slice import SliceRequest, SliceResult, run_request
 from dione.orchestrate.records import RunningSlice, TaskRecord, TaskStatus
 from dione.plan.plan import Assignment
 from dione.spec.cluster import Node
 
-__all__ = ["SliceLaunching", "launchable"]
+__all__ = ["SliceLaunching", "SliceStarter", "launchable"]
 
 
 def launchable(plan: list[Assignment], records: dict[str, TaskRecord]) -> list[Assignment]:
@@ -41,6 +42,17 @@ def launchable(plan: list[Assignment], records: dict[str, TaskRecord]) -> list[A
     return ready
 
 
+class SliceStarter(Protocol):
+    """What starts a run's slices: gangs (``SliceLaunching``) or simulated ones."""
+
+    def start(self, record: TaskRecord, running: RunningSlice, node: Node
+              ) -> Future[SliceResult]:
+        """Train ``running``'s steps of ``record``'s task as its assignment says."""
+
+    def close(self) -> None:
+        """Let go of what it holds, once the run has ended."""
+
+
 class SliceLaunching:
     """Starts slices as gangs on the launcher, each in a thread of the pool."""
 
@@ -59,7 +71,8 @@ class SliceLaunching:
         a = running.assignment
 
         def heard(rank: int, said: dict[str, Any]) -> None:
-            running.progress[rank] = said
+            # When it was heard: the steps left count from then, not from the loop's turn.
+            running.progress[rank] = {**said, "heard_at": clock.now()}
 
         request = SliceRequest(
             task=record.task, technique=a.technique,

@@ -45,6 +45,10 @@ class RunOptions:
     replan: bool = True
     replan_interval: float = 60.0  # seconds between re-plans without a slice end
     replan_margin: float = 0.03  # adopt a plan that ends earlier by more than this share
+    # "dione": the triggers and margin above; "saturn": Saturn's introspection (VLDB 2024)
+    # for comparison: re-plan only every replan_interval, adopt a plan only where it ends
+    # earlier by more than the interval plus 500 s.
+    replan_rule: str = "dione"
     # Re-plans wait while their solves (on one core, the next counted at their mean)
     # would pass this share of the run's time; one owed (a pending task the plan lost)
     # does not.
@@ -99,6 +103,12 @@ def _number(positive: bool = True, optional: bool = False, whole: bool = False
     return rule
 
 
+def _one_of(*allowed: str) -> Callable[[object], str | None]:
+    def rule(value: object) -> str | None:
+        return None if value in allowed else f"must be one of {', '.join(allowed)}"
+    return rule
+
+
 def _kind(kind: type, optional: bool = False) -> Callable[[object], str | None]:
     def rule(value: object) -> str | None:
         if (value is None and optional) or (isinstance(value, kind) and (
@@ -111,7 +121,7 @@ def _kind(kind: type, optional: bool = False) -> Callable[[object], str | None]:
 _OPTION_RULES: dict[str, Callable[[object], str | None]] = {
     "solver": _kind(str), "time_limit": _number(), "replan_time_limit": _number(),
     "replan": _kind(bool), "replan_interval": _number(), "replan_margin": _number(False),
-    "replan_share": _number(),
+    "replan_share": _number(), "replan_rule": _one_of("dione", "saturn"),
     "slice_steps": _number(optional=True, whole=True),
     "slice_seconds": _number(optional=True), "max_failures": _number(whole=True),
     "timeout": _number(optional=True), "catalog": _kind(str, optional=True),

@@ -43,12 +43,18 @@ class PlanCandidate:
 
 
 def solve_or_fall_back(problem: PlanningProblem, solver: str, limit: float,
-                       threads: int | None = None) -> tuple[Plan, str | None]:
+                       threads: int | None = None, deterministic: bool = False
+                       ) -> tuple[Plan, str | None]:
     """The plan ``solver`` finds within ``limit`` seconds on ``threads`` (None: every
     core), or greedy's where it finds none (saturn-milp's model too large to build: the
-    run goes on), with why."""
+    run goes on), with why. ``deterministic``: cpsat's ``limit`` is in its deterministic
+    time, so the plan does not depend on how fast the machine ran the solve."""
     problem.check()  # what a problem file must be, the solvers may rely on
-    plan = solve(problem, solver, limit, threads)
+    if deterministic and solver == "cpsat":
+        # The clock's limit, far beyond the deterministic one, only guards a hang.
+        plan = solve(problem, solver, max(60.0, 100 * limit), threads, limit)
+    else:
+        plan = solve(problem, solver, limit, threads)
     if plan.assignments:
         return plan, None
     reason = plan.notes.get("reason") or "no plan within the time limit"
@@ -58,13 +64,15 @@ def solve_or_fall_back(problem: PlanningProblem, solver: str, limit: float,
 class Replanner:
     """Solves re-plans one at a time on a thread of its own; the loop polls for them."""
 
-    def __init__(self, solver: str, limit: float, beside: bool = True) -> None:
+    def __init__(self, solver: str, limit: float, beside: bool = True,
+                 deterministic: bool = False) -> None:
         """``beside``: solve on a thread of its own (False: at once, on the caller's
         thread, as a simulation on a virtual clock must, so that its plans do not
         depend on how fast the solver ran)."""
         self.solver = solver
         self.limit = limit
         self.beside = beside
+        self.deterministic = deterministic
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dione-replan")
         self._solving: Future[PlanCandidate] | None = None
         self._wanted: Callable[[], tuple[PlanningProblem, float] | None] | None = None
@@ -100,8 +108,9 @@ class Replanner:
         began = time.perf_counter()
         try:
             # One thread beside execution: the gangs keep the other cores.
-            plan, fell_back = solve_or_fall_back(problem, self.solver, self.limit,
-                                                 1 if self.beside else None)
+            plan, fell_back = solve_or_fall_back(
+                problem, self.solver, self.limit,
+                1 if self.beside or self.deterministic else None, self.deterministic)
         finally:
             self.seconds += time.perf_counter() - began
             self.solves += 1

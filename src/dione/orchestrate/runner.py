@@ -22,7 +22,7 @@ from dione import clock
 from dione.launch.local import GangInterrupted, Launcher
 from dione.launch.slice import SliceError, SliceResult
 from dione.orchestrate.estimates import Estimates, planning_nodes
-from dione.orchestrate.launching import SliceLaunching, launchable
+from dione.orchestrate.launching import SliceLaunching, SliceStarter, launchable
 from dione.orchestrate.options import RunDirError, RunEvent, RunOptions
 from dione.orchestrate.plans import AdoptedPlan, next_plan_file, plan_files, write_plan
 from dione.orchestrate.records import RunningSlice, RunState, TaskRecord, TaskStatus
@@ -42,8 +42,14 @@ from dione.techniques.registry import get_technique
 
 __all__ = ["Runner"]
 
-# How often the loop looks at its gangs when none ends (seconds).
+# How often the loop looks at its gangs when none ends (seconds); on a virtual clock,
+# where only events move anything, the loop needs fewer turns between them.
 TICK = 1.0
+VIRTUAL_TICK = 30.0
+# What a re-plan's solve is counted at on a virtual clock, per unit of CP-SAT's
+# deterministic time (measured: about 5 s of one thread), so that the re-planning budget
+# holds in a simulation without reading the wall clock.
+VIRTUAL_SECONDS_PER_UNIT = 5.0
 
 
 class Runner:
@@ -52,7 +58,12 @@ class Runner:
     def __init__(self, tasks: Sequence[Task], cluster: Cluster, run_dir: Path,
                  profile: Profile, options: RunOptions,
                  on_event: Callable[[RunEvent], None], view: Callable[[RunState], None],
-                 launcher: Launcher) -> None:
+                 launcher: Launcher, *, launching: SliceStarter | None = None,
+                 virtual: bool = False) -> None:
+        """``launching``: what starts slices (default: gangs on ``launcher``); ``virtual``:
+        the run is simulated on a virtual clock (``dione.simulate``), so every solve runs at
+        once on one thread within a deterministic time, and no rule reads solve times: the
+        same inputs give the same plans."""
         self.cluster = cluster
         self.launcher = launcher
         self.run_dir = run_dir
@@ -77,8 +88,12 @@ class Runner:
         self.first_planned: float | None = None
         self.first_solve_seconds = 0.0  # the first plan's solve, on every core
         self.slices_launched = 0  # in this session
-        self.replanner = Replanner(options.solver, options.replan_time_limit)
-        self.launching = SliceLaunching(launcher, run_dir, options.storage, options.timeout)
+        self.virtual = virtual
+        self.tick = VIRTUAL_TICK if virtual else TICK
+        self.replanner = Replanner(options.solver, options.replan_time_limit,
+                                   beside=not virtual, deterministic=virtual)
+        self.launching: SliceStarter = launching or SliceLaunching(
+            launcher, run_dir, options.storage, options.timeout)
 
     def _record(self, task: Task) -> TaskRecord:
         """A task as the store has it: registered, trained to its latest checkpoint;
@@ -121,23 +136,27 @@ class Runner:
         progress = self._progress(record)
         if progress is None:
             return max(running.predicted_end, self.now())
-        step, pace = progress
+        step, pace, heard = progress
         option = self.profile.task(record.name).option(running.assignment.technique,
                                                        running.assignment.devices)
         tail = option.record.save_seconds if option is not None else 0.0
         if running.end_step >= record.total:
             tail += self.profile.task(record.name).evaluation_seconds  # it evaluates
-        return self.now() + pace * (running.end_step - step) + tail
+        return max(self.now(), heard + pace * (running.end_step - step)) + tail
 
-    def _progress(self, record: TaskRecord) -> tuple[int, float] | None:
-        """(steps done, seconds per step) of a running slice, as its ranks reported."""
+    def _progress(self, record: TaskRecord) -> tuple[int, float, float] | None:
+        """(steps done, seconds per step, run-clock time heard) of a running slice, as its
+        ranks reported."""
         assert record.running is not None
         for said in list(record.running.progress.values()):
             if said.get("loss") is not None:
                 record.last_loss = float(said["loss"])
         lead = record.running.progress.get(0)
         pace = None if lead is None else lead.get("seconds_per_step")
-        return None if lead is None or pace is None else (int(lead["step"]), float(pace))
+        if lead is None or pace is None:
+            return None
+        heard = float(lead.get("heard_at", clock.now())) - self.state.clock_zero
+        return int(lead["step"]), float(pace), heard
 
     def _running_end(self) -> float:
         return max((self.predicted_slice_end(r) for r in self.state.records.values()
@@ -187,12 +206,15 @@ class Runner:
     def _lead(self) -> float:
         """How near its end a running slice's task is planned free to move: two solves,
         so that the plan is ready when the slice ends, and a turn of the loop."""
-        return max(2 * self.expected_solve_seconds(), TICK)
+        return max(2 * self.expected_solve_seconds(), self.tick)
 
     def expected_solve_seconds(self) -> float:
         """The next re-plan's solve: the mean of those before (at first, the first
-        plan's, at most the re-plan time limit)."""
+        plan's, at most the re-plan time limit); on a virtual clock, its deterministic
+        time limit at VIRTUAL_SECONDS_PER_UNIT."""
         replanner = self.replanner
+        if self.virtual:  # counted, not timed: the same inputs give the same re-plans
+            return VIRTUAL_SECONDS_PER_UNIT * self.options.replan_time_limit
         if replanner.solves:
             return replanner.seconds / replanner.solves
         return min(self.first_solve_seconds, self.options.replan_time_limit)
@@ -255,7 +277,8 @@ class Runner:
         problem, at = taken
         limit = self.options.time_limit
         began = time.perf_counter()
-        plan, fell_back = solve_or_fall_back(problem, self.options.solver, limit)
+        plan, fell_back = solve_or_fall_back(problem, self.options.solver, limit,
+                                             1 if self.virtual else None, self.virtual)
         if not self.first_solve_seconds:
             self.first_solve_seconds = time.perf_counter() - began
         self._adopt(PlanCandidate(plan, problem, at, fell_back), first=True)
@@ -274,7 +297,8 @@ class Runner:
         slice end, and ran 1.3-1.5 times as long as with no re-planning)."""
         if not self.options.replan and not owed:
             return
-        spent = self.replanner.seconds + self.expected_solve_seconds()  # with this one
+        spent = ((self.replanner.solves + 1) * self.expected_solve_seconds() if self.virtual
+                 else self.replanner.seconds + self.expected_solve_seconds())  # with this one
         if not owed and spent > self.options.replan_share * max(self.now(), 0.0):
             return
         self.replanner.ask(self._snapshot)
@@ -293,8 +317,11 @@ class Runner:
         if not first:
             current = retimed_end(self.state.plan, candidate.problem, candidate.at)
             new_end = max((a.end for a in assignments), default=candidate.at)
-            if current is not None and new_end >= current - self.options.replan_margin * max(
-                    current - candidate.at, 0.0):
+            if self.options.replan_rule == "saturn":  # it must save the interval + 500 s
+                saving = self.options.replan_interval + 500.0
+            else:
+                saving = self.options.replan_margin * max((current or 0.0) - candidate.at, 0.0)
+            if current is not None and new_end >= current - saving:
                 self._estimate()
                 return
         placed = {a.task for a in assignments}
@@ -507,7 +534,7 @@ class Runner:
                 if not futures:
                     if self.state.any_pending() and self.replanner.busy:
                         # a plan for what is pending is on its way
-                        clock.wait_any(self.replanner.waitable(), TICK)
+                        clock.wait_any(self.replanner.waitable(), self.tick)
                         continue
                     if self.state.any_pending():
                         self.plan_now()  # the plan lost its tasks: plan again
@@ -517,7 +544,8 @@ class Runner:
                             raise RuntimeError("no pending task can be placed")
                         continue
                     break
-                done = [f for f in clock.wait_any([*futures, *self.replanner.waitable()], TICK)
+                done = [f for f in clock.wait_any([*futures, *self.replanner.waitable()],
+                                                    self.tick)
                         if f in futures]
                 depart = False
                 for future in done:
@@ -526,7 +554,8 @@ class Runner:
                 interval = self.now() - last_replan > self.options.replan_interval
                 if self._uncovered():
                     self.ask_replan(owed=True)
-                elif depart or interval or self._drifted() or self._ending_soon():
+                elif interval or (self.options.replan_rule == "dione" and (
+                        depart or self._drifted() or self._ending_soon())):
                     self.ask_replan()
                     last_replan = self.now()
                 elif done:

@@ -15,7 +15,7 @@ from typing import Any
 
 from dione.orchestrate.plans import AdoptedPlan, read_plans
 from dione.state.private import private_dir
-from dione.state.store import STORE_FILE, RunStore, SliceRecord
+from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, SliceRecord
 from dione.state.summaries import TaskSummary, summaries
 
 __all__ = ["lower_is_better", "report_after_run", "write_report"]
@@ -99,10 +99,12 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None) -> Pat
                              *(t.evaluation.get(m, "") for m in metrics),
                              json.dumps(t.hyperparameters), t.trained,
                              (t.error or "").splitlines()[0] if t.error else ""])
-    (folder / "summary.md").write_text(_markdown(tasks, metrics, plans, slices, zero))
+    simulated = (run_dir / SIMULATED_FILE).is_file()
+    (folder / "summary.md").write_text(_markdown(tasks, metrics, plans, slices, zero,
+                                                 simulated))
     from dione.report.gantt import draw_gantt
 
-    draw_gantt(plans[0] if plans else None, slices, zero, folder / "gantt.png")
+    draw_gantt(plans[0] if plans else None, slices, zero, folder / "gantt.png", simulated)
     for file in folder.iterdir():  # as private as the run directory it reports on
         if file.is_file() and not file.is_symlink():
             file.chmod(0o600)
@@ -131,8 +133,12 @@ def leaderboard(tasks: Sequence[TaskSummary], metric: str) -> list[TaskSummary]:
 
 
 def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
-              plans: Sequence[AdoptedPlan], slices: Sequence[Any], zero: float) -> str:
-    lines = ["# dione run report", ""]
+              plans: Sequence[AdoptedPlan], slices: Sequence[Any], zero: float,
+              simulated: bool = False) -> str:
+    lines = ["# dione run report" + (": SIMULATED" if simulated else ""), ""]
+    if simulated:
+        lines += [f"A virtual cluster ran this (`dione simulate`): no task trained; times are "
+                  f"virtual seconds and losses follow a curve, as {SIMULATED_FILE} says.", ""]
     ended = [s.ended_at - zero for s in slices if s.ended_at is not None]
     if plans:
         first = plans[0]

@@ -12,9 +12,10 @@ __all__ = ["draw_gantt"]
 
 
 def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
-               path: Path) -> None:
+               path: Path, simulated: bool = False) -> None:
     """Two panels sharing the time axis: the first adopted plan and the actual slices
-    (failed or interrupted ones hatched), seconds from the run's start."""
+    (failed or interrupted ones hatched), seconds from the run's start; a simulated
+    run's says so in both titles."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -39,8 +40,10 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
     colour = {t: colours(i % 20) for i, t in enumerate(tasks)}
     figure, axes = plt.subplots(2, 1, sharex=True, figsize=(11, 1.2 + 0.5 * len(rows) * 2 + 1),
                                 squeeze=True)
-    for ax, bars, title in ((axes[0], planned, "plan (first adopted)"),
-                            (axes[1], actual, "actual")):
+    mark = "SIMULATED: " if simulated else ""
+    for ax, bars, title in ((axes[0], planned, f"{mark}plan (first adopted)"),
+                            (axes[1], actual, f"{mark}actual" + (" (virtual cluster)"
+                                                                 if simulated else ""))):
         for row, task, technique, start, end, status in bars:
             y = rows.index(row)
             ax.barh(y, max(end - start, 1e-3), left=start, color=colour[task],

@@ -32,9 +32,12 @@ from dione.state.lock import pid_alive
 from dione.state.private import private_dir, private_file
 from dione.state.sqlite import SQLiteFile, StateFileError
 
-__all__ = ["CheckpointRecord", "RunStore", "SliceRecord", "TaskRecord"]
+__all__ = ["SIMULATED_FILE", "STORE_FILE", "CheckpointRecord", "RunStore", "SliceRecord",
+           "TaskRecord"]
 
 STORE_FILE = "dione.sqlite"
+# Marks a run directory a simulation wrote (``dione simulate``): every view says so.
+SIMULATED_FILE = "simulated.json"
 # PRAGMA user_version of the schema below; older files are brought to it on open.
 _VERSION = 2
 

@@ -17,7 +17,7 @@ def command(args: argparse.Namespace) -> int:
 
     from dione.orchestrate.plans import read_plans
     from dione.state.lock import lock_holder
-    from dione.state.store import STORE_FILE, RunStore
+    from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore
     from dione.state.summaries import summaries
 
     run_dir = Path(args.run_dir)
@@ -44,5 +44,7 @@ def command(args: argparse.Namespace) -> int:
                  else t for t in tasks]
     else:
         launcher = "no launcher running"
+    if (run_dir / SIMULATED_FILE).is_file():
+        launcher = "SIMULATED on a virtual cluster (dione simulate): nothing trained"
     print_status(run_dir, tasks, len(plans), running, launcher)
     return 0

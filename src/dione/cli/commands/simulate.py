@@ -1,0 +1,55 @@
+"""``dione simulate``: a problem's tasks on a virtual cluster, through the real orchestrator."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dione.cli.console import console
+from dione.cli.errors import BadInput
+
+__all__ = ["command"]
+
+
+def command(args: argparse.Namespace) -> int:
+    from dione.orchestrate.options import RunOptions
+    from dione.plan import ProblemError, load_problem
+    from dione.report import write_report
+    from dione.simulate import Scenario, ScenarioError, load_scenario, parse_cluster, simulate
+
+    try:
+        problem = load_problem(args.problem)
+    except (OSError, ProblemError) as err:
+        raise BadInput(f"{args.problem}: {err}") from None
+    try:
+        cluster = parse_cluster(args.cluster) if args.cluster else None
+        scenario = load_scenario(args.scenario) if args.scenario else Scenario()
+    except (ValueError, ScenarioError) as err:
+        raise BadInput(str(err)) from None
+    name = Path(args.problem).name.split(".")[0]
+    out = Path(args.out or Path("runs") / f"simulate-{name}")
+    options = RunOptions(solver=args.solver, time_limit=args.time_limit,
+                         replan_time_limit=args.replan_time_limit, replan=not args.no_replan,
+                         replan_interval=args.replan_interval,
+                         slice_seconds=args.slice_seconds)
+    try:
+        result = simulate(problem, out, cluster=cluster, scenario=scenario, steps=args.steps,
+                          options=options)
+    except ValueError as err:
+        raise BadInput(str(err)) from None
+    write_report(out)
+    done = sum(1 for s in result.statuses.values() if s == "done")
+    console.print(f"SIMULATED (virtual cluster, no task trained): {len(result.statuses)} "
+                  f"tasks, {done} done")
+    console.print(f"makespan {result.makespan:.1f} s (first plan: "
+                  f"{result.planned_makespan:.1f} s); current practice "
+                  f"{result.current_practice:.1f} s "
+                  f"({result.makespan / max(result.current_practice, 1e-9):.2f} of it)")
+    console.print(f"{result.slices} slices, {result.plans_adopted} plans adopted, "
+                  f"{result.replans} re-plans solved in {result.replan_seconds:.1f} s; "
+                  f"simulated in {result.wall_seconds:.1f} s")
+    for task, status in sorted(result.statuses.items()):
+        if status != "done":
+            console.print(f"  {task}: {status}")
+    console.print(f"report: {out / 'report'}")
+    return 0

@@ -1,0 +1,134 @@
+"""Slices on a virtual cluster: each takes the time its option's profile predicts, times
+what the scenario says, on the virtual clock; it is recorded in the run store as a real
+slice is (steps, losses, step times), with no process, gang or checkpoint."""
+
+from __future__ import annotations
+
+import functools
+import random
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from dione.launch.local import Placement
+from dione.launch.slice import SliceError, SliceResult
+from dione.orchestrate.records import RunningSlice, TaskRecord
+from dione.profile.results import Profile
+from dione.simulate.scenario import Scenario
+from dione.simulate.virtual_clock import VirtualClock
+from dione.spec.cluster import Node
+from dione.state.store import RunStore
+from dione.techniques.registry import get_technique
+
+__all__ = ["SimulatedLaunching", "VirtualCluster"]
+
+
+class VirtualCluster:
+    """The launcher side of a simulated run (``dione.launch.local.Launcher``): it starts
+    no gang; its nodes leave when the scenario says."""
+
+    def __init__(self, clock: VirtualClock, scenario: Scenario) -> None:
+        self.clock = clock
+        self.scenario = scenario
+        self.forgotten: set[str] = set()
+
+    def lost(self, node: str) -> bool:
+        at = self.scenario.node_losses.get(node)
+        return at is not None and at <= self.clock.now()
+
+    def placement(self, node: Node, device_ids: Any) -> Placement:
+        raise RuntimeError("a virtual cluster places no gang")
+
+    def run_gang(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a virtual cluster runs no gang")
+
+    def warm_up(self, node: Node) -> None:
+        return None
+
+    def forget_node(self, name: str) -> None:
+        self.forgotten.add(name)
+
+    def alive_nodes(self) -> list[Node] | None:
+        return None  # none joins: the scenario only takes nodes away
+
+    def shutdown(self) -> None:
+        return None
+
+
+class SimulatedLaunching:
+    """Starts slices on the virtual clock (``dione.orchestrate.launching.SliceLaunching``'s
+    part for a simulated run)."""
+
+    def __init__(self, run_dir: Path, profile: Profile, clock: VirtualClock,
+                 scenario: Scenario, cluster: VirtualCluster) -> None:
+        self.store = RunStore(run_dir)
+        self.profile = profile
+        self.clock = clock
+        self.scenario = scenario
+        self.cluster = cluster
+        self.rng = random.Random(scenario.seed)
+        self.failures_left = dict(scenario.failures)
+
+    def start(self, record: TaskRecord, running: RunningSlice, node: Node
+              ) -> Future[SliceResult]:
+        a = running.assignment
+        name, start, end = record.name, running.start_step, running.end_step
+        task_profile = self.profile.task(name)
+        option = task_profile.option(a.technique, a.devices)
+        assert option is not None
+        trial = option.record
+        assert trial.step_seconds is not None  # a profile's options are feasible
+        factor = self.scenario.factor(name, a.node, self.rng)
+        step = trial.step_seconds * factor
+        before = (trial.fixed_seconds + trial.warmup_excess_seconds
+                  + (trial.load_seconds if start > 0 else 0.0))
+        seconds = (before + (end - start) * step
+                   + (task_profile.evaluation_seconds if end >= record.total else 0.0))
+        technique = get_technique(a.technique)
+        knobs = technique.resolve(a.knobs)
+        slice_id = self.store.begin_slice(name, a.technique, knobs, a.node, a.device_ids,
+                                          start, end, technique.inexactness(knobs))
+        future: Future[SliceResult] = Future()
+        future.set_running_or_notify_cancel()
+        began = self.clock.now()
+        where = f"task {name!r}, steps {start}-{end}, {a.technique} on {a.node} devices " \
+                f"{list(a.device_ids)}"
+        lost_at = self.scenario.node_losses.get(a.node)
+
+        def fail(message: str, reason: str) -> None:
+            self.store.fail_slice(slice_id, message)
+            future.set_exception(SliceError(message, reason))
+
+        def finish() -> None:
+            losses = self.scenario.losses(name, record.total, start, end)
+            self.store.finish_slice(slice_id, losses, [step] * (end - start), None,
+                                    {"wall": seconds, "simulated": 1.0})
+            future.set_result(SliceResult(
+                slice_id=slice_id, task=name, technique=a.technique, start_step=start,
+                end_step=end, losses=losses, step_seconds=[step] * (end - start),
+                checkpoint=None, seconds=seconds, timings={"wall": seconds},
+                inexactness=technique.inexactness(knobs)))
+
+        # Progress as ranks report it (a real rank: at most once a second): the pace from
+        # the second step, then every tenth of the slice, so the loop sees a slow slice.
+        count = end - start
+        for k in sorted({2, *(round(j * count / 10) for j in range(1, 10))}):
+            if 2 <= k < count:
+                at = began + before + k * step
+                said: dict[str, Any] = {"step": start + k, "loss": None,
+                                        "seconds": before + k * step,
+                                        "seconds_per_step": step, "heard_at": at}
+                self.clock.at(at, functools.partial(running.progress.__setitem__, 0, said))
+        if lost_at is not None and lost_at < began + seconds:
+            self.clock.at(lost_at, lambda: fail(f"{where}: node {a.node} was lost "
+                                                "(simulated)", "node_lost"))
+        elif self.failures_left.get(name, 0) > 0:
+            self.failures_left[name] -= 1
+            self.clock.at(began + seconds, lambda: fail(
+                f"{where}: an injected failure (simulated)", "raised"))
+        else:
+            self.clock.at(began + seconds, finish)
+        return future
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,120 @@
+"""A run on a virtual cluster: the real orchestrator (planner, re-planning, slicing,
+retries, node loss, store and report) driven by a virtual clock and simulated slices."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from dione import clock
+from dione.orchestrate.options import RunEvent, RunOptions, claim_run_dir
+from dione.orchestrate.runner import Runner
+from dione.plan.problem import PlanningProblem
+from dione.profile.results import Profile
+from dione.simulate.launching import SimulatedLaunching, VirtualCluster
+from dione.simulate.scenario import Scenario
+from dione.simulate.virtual_clock import VirtualClock
+from dione.simulate.workload import problem_cluster, problem_workload
+from dione.spec.cluster import Cluster
+from dione.spec.task import Task
+from dione.state.private import write_private
+from dione.state.store import SIMULATED_FILE
+
+__all__ = ["SimulationResult", "current_practice", "simulate", "simulate_profile"]
+
+
+@dataclass
+class SimulationResult:
+    """A simulated run: its makespan (virtual seconds), the first plan's, current
+    practice's on the same cluster and scenario, and what the simulation cost."""
+
+    run_dir: Path
+    makespan: float
+    planned_makespan: float
+    current_practice: float  # 0 where not computed (a workload's profile)
+    statuses: dict[str, str]  # task -> done | failed | ...
+    slices: int
+    plans_adopted: int
+    replans: int
+    replan_seconds: float  # wall seconds the re-plans' solves took
+    wall_seconds: float  # the whole simulation's
+
+
+def current_practice(problem: PlanningProblem, cluster: Cluster, scenario: Scenario) -> float:
+    """Saturn's baseline: each task in turn (in the problem's order) on the next free
+    whole node, at its fastest option that fits the node, slowed as the scenario slows
+    it (its spread and failures left out)."""
+    free = {n.name: 0.0 for n in cluster}
+    sizes = {n.name: n.devices for n in cluster}
+    for task in problem.tasks:
+        node = min(free, key=lambda n: (free[n], n))
+        fitting = [o.seconds for o in task.options if o.devices <= sizes[node]]
+        if not fitting:
+            continue  # no node holds it; the plan fails it too
+        free[node] += (min(fitting) * scenario.task_slowdown.get(task.name, 1.0)
+                       * scenario.node_slowdown.get(node, 1.0))
+    return max(free.values(), default=0.0)
+
+
+def simulate(
+    problem: PlanningProblem,
+    run_dir: str | Path,
+    *,
+    cluster: Cluster | None = None,
+    scenario: Scenario | None = None,
+    steps: int = 100,
+    options: RunOptions | None = None,
+    on_event: Callable[[RunEvent], None] | None = None,
+) -> SimulationResult:
+    """Run ``problem``'s tasks (``steps`` steps each) on ``cluster`` (default: the
+    problem's nodes) as ``scenario`` says, on a virtual clock; the run directory holds
+    the store, plans and report of a real run, marked simulated."""
+    scenario = scenario or Scenario()
+    cluster = cluster or problem_cluster(problem)
+    tasks, profile = problem_workload(problem, steps, cluster)
+    result = simulate_profile(tasks, profile, run_dir, cluster=cluster, scenario=scenario,
+                              options=options, on_event=on_event)
+    result.current_practice = current_practice(problem, cluster, scenario)
+    return result
+
+
+def simulate_profile(
+    tasks: Sequence[Task],
+    profile: Profile,
+    run_dir: str | Path,
+    *,
+    cluster: Cluster,
+    scenario: Scenario | None = None,
+    options: RunOptions | None = None,
+    on_event: Callable[[RunEvent], None] | None = None,
+) -> SimulationResult:
+    """Run ``tasks`` as ``profile`` predicts them (a real workload's, from the catalog, or
+    a problem's) on ``cluster``, as ``scenario`` says, on a virtual clock."""
+    scenario = scenario or Scenario()
+    options = options or RunOptions()
+    # Never cancelled as stalled: a simulated slice takes exactly the time drawn for it.
+    options = replace(options, stall_factor=None)
+    run_dir = Path(run_dir)
+    began = time.perf_counter()
+    virtual = VirtualClock()
+    with claim_run_dir(run_dir), clock.using(virtual):
+        write_private(run_dir / SIMULATED_FILE, json.dumps(
+            {"scenario": scenario.to_json(), "tasks": len(tasks),
+             "cluster": [{"name": n.name, "devices": n.devices} for n in cluster]},
+            indent=1) + "\n")
+        machines = VirtualCluster(virtual, scenario)
+        launching = SimulatedLaunching(run_dir, profile, virtual, scenario, machines)
+        runner = Runner(tasks, cluster, run_dir, profile, options, on_event or (lambda e: None),
+                        lambda state: None, machines, launching=launching, virtual=True)
+        try:
+            runner.run()
+        finally:
+            runner.store.close()
+        statuses = {name: r.status.value for name, r in runner.state.records.items()}
+        return SimulationResult(
+            run_dir, runner.now(), runner.first_planned or 0.0, 0.0, statuses,
+            runner.slices_launched, runner.plans_adopted, runner.replanner.solves,
+            runner.replanner.seconds, time.perf_counter() - began)

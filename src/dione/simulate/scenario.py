@@ -1,0 +1,109 @@
+"""What a simulated cluster does beyond its profile's predictions: slow tasks and nodes,
+random spread, injected failures, nodes lost, and the learning curve losses follow."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CURVES", "Scenario", "ScenarioError", "load_scenario"]
+
+CURVES = ("exponential", "flat")
+
+
+class ScenarioError(ValueError):
+    """A scenario file or value with mistakes; the message names each and the fix."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Each slice takes its option's profiled seconds times its task's and its node's
+    slowdown (4.0: four times slower than profiled) and, with ``spread`` > 0, a
+    log-normal factor of that sigma drawn from ``seed``. ``failures``: how many slices
+    of a task fail (each at its end, then retried as a real failure is). ``node_losses``:
+    seconds into the run at which a node leaves (its running slices fail with it).
+    ``curve``: the per-step losses reported (``exponential``: from 2 + U(0, 2) down
+    towards U(0.2, 1) with a time constant of a third of the task's steps, per task
+    from ``seed``; ``flat``: 1.0)."""
+
+    task_slowdown: Mapping[str, float] = field(default_factory=dict)
+    node_slowdown: Mapping[str, float] = field(default_factory=dict)
+    spread: float = 0.0
+    seed: int = 0
+    failures: Mapping[str, int] = field(default_factory=dict)
+    node_losses: Mapping[str, float] = field(default_factory=dict)
+    curve: str = "exponential"
+
+    def __post_init__(self) -> None:
+        reasons = []
+        for name in ("task_slowdown", "node_slowdown"):
+            reasons += [f"{name}[{key!r}]: must be a positive number, not {value!r}"
+                        for key, value in getattr(self, name).items() if not _positive(value)]
+        if not (_number(self.spread) and self.spread >= 0):
+            reasons.append(f"spread: must be a number >= 0 (a log-normal sigma), not "
+                           f"{self.spread!r}")
+        reasons += [f"failures[{key!r}]: must be a whole number >= 0, not {value!r}"
+                    for key, value in self.failures.items()
+                    if not (isinstance(value, int) and not isinstance(value, bool)
+                            and value >= 0)]
+        reasons += [f"node_losses[{key!r}]: must be seconds >= 0, not {value!r}"
+                    for key, value in self.node_losses.items()
+                    if not (_number(value) and value >= 0)]
+        if self.curve not in CURVES:
+            reasons.append(f"curve: must be one of {', '.join(CURVES)}, not {self.curve!r}")
+        if reasons:
+            raise ScenarioError("the scenario has mistakes:\n" + "\n".join(
+                f"  - {r}" for r in reasons))
+
+    def factor(self, task: str, node: str, rng: random.Random) -> float:
+        """How much longer than profiled one slice of ``task`` on ``node`` takes."""
+        spread = math.exp(rng.gauss(0.0, self.spread)) if self.spread > 0 else 1.0
+        return self.task_slowdown.get(task, 1.0) * self.node_slowdown.get(node, 1.0) * spread
+
+    def losses(self, task: str, total: int, start: int, end: int) -> list[float]:
+        """The losses of steps ``start+1 .. end`` of ``task`` (``total`` steps long)."""
+        if self.curve == "flat":
+            return [1.0] * (end - start)
+        draw = random.Random(f"{self.seed}:{task}")
+        first, floor = 2.0 + 2.0 * draw.random(), 0.2 + 0.8 * draw.random()
+        scale = max(total / 3.0, 1.0)
+        return [floor + (first - floor) * math.exp(-step / scale)
+                for step in range(start + 1, end + 1)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: (dict(v) if isinstance(v := getattr(self, f.name), Mapping) else v)
+                for f in fields(self)}
+
+
+def _number(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _positive(value: object) -> bool:
+    return _number(value) and value > 0  # type: ignore[operator]
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """A scenario from a JSON file of ``Scenario``'s fields (each optional)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ScenarioError(f"cannot read the scenario {path}: {err}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"the scenario {path} must be a JSON object of "
+                            f"{', '.join(f.name for f in fields(Scenario))}")
+    known = {f.name for f in fields(Scenario)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ScenarioError(f"the scenario {path} has unknown field(s) {', '.join(unknown)} "
+                            f"(allowed: {', '.join(sorted(known))})")
+    try:
+        return Scenario(**data)
+    except (TypeError, AttributeError) as err:
+        raise ScenarioError(f"the scenario {path}: {err}") from None

@@ -1,0 +1,133 @@
+"""The virtual cluster: the real orchestrator on a simulated clock (``dione simulate``)."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+
+from dione import clock
+from dione.orchestrate.options import RunOptions
+from dione.orchestrate.plans import read_plans
+from dione.plan.problem import NodeSpec, Option, PlanningProblem, TaskOptions
+from dione.simulate import (
+    Scenario,
+    ScenarioError,
+    VirtualClock,
+    current_practice,
+    parse_cluster,
+    simulate,
+)
+from dione.state.store import RunStore
+from helpers import dione
+
+
+def problem(tasks: int = 6) -> PlanningProblem:
+    """Two nodes of two devices; tasks of 100-350 s on one device that scale well or
+    badly to two (the planner has choices to make)."""
+    return PlanningProblem(
+        (NodeSpec("n0", 2), NodeSpec("n1", 2)),
+        tuple(TaskOptions(f"t{i}", (
+            Option("single", 1, 100.0 + 50.0 * i),
+            Option("ddp", 2, (100.0 + 50.0 * i) * (0.55 if i % 2 else 0.9)),
+        )) for i in range(tasks)))
+
+
+OPTIONS = RunOptions(solver="cpsat", time_limit=2.0, replan_time_limit=0.5,
+                     slice_seconds=60.0, replan_interval=600.0)
+
+
+def test_the_virtual_clock_runs_events_in_time_order_and_jumps_to_them() -> None:
+    virtual = VirtualClock()
+    ran: list[str] = []
+    first: Future[str] = Future()
+    virtual.at(30.0, lambda: ran.append("b"))
+    virtual.at(10.0, lambda: ran.append("a"))
+    virtual.at(30.0, lambda: (ran.append("c"), first.set_result("c")))
+    assert virtual.wait_any([first], 5.0) == set() and virtual.now() == 5.0  # nothing due
+    assert virtual.wait_any([first], 100.0) == {first}
+    assert ran == ["a", "b", "c"] and virtual.now() == 30.0  # ties in the order scheduled
+    virtual.at(1.0, lambda: ran.append("late"))  # in the past: at once, not back in time
+    virtual.wait_any([], 0.0)
+    assert ran[-1] == "late" and virtual.now() == 30.0
+
+
+def test_a_simulation_reads_no_wall_clock_and_repeats_exactly(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    def refuse() -> float:
+        raise AssertionError("the simulation read the wall clock through dione.clock")
+
+    monkeypatch.setattr(clock.WallClock, "now", lambda self: refuse())
+    scenario = Scenario(task_slowdown={"t1": 3.0}, node_slowdown={"n1": 1.3}, spread=0.2,
+                        seed=5)
+    runs = [simulate(problem(), tmp_path / f"run{k}", scenario=scenario, steps=40,
+                     options=OPTIONS) for k in range(2)]
+    assert all(s == "done" for s in runs[0].statuses.values())
+    assert runs[0].makespan == runs[1].makespan and runs[0].slices == runs[1].slices
+    plans = [[(p.at, [a.to_json() for a in p.run_clock]) for p in read_plans(r.run_dir)]
+             for r in runs]
+    assert plans[0] == plans[1] and len(plans[0]) >= 2  # the slow task was re-planned
+    slices = []
+    for r in runs:
+        with RunStore(r.run_dir) as store:
+            slices.append([(s.task, s.node, s.device_ids, s.start_step, s.started_at,
+                            s.ended_at) for s in store.slices()])
+    assert slices[0] == slices[1]
+    # Every time is virtual: the run starts at 0 and ends at its makespan.
+    assert min(s[4] for s in slices[0]) == pytest.approx(0.0)
+    assert max(s[5] for s in slices[0]) == pytest.approx(runs[0].makespan)
+
+
+def test_a_lost_node_leaves_every_task_done_on_the_others(tmp_path: Path) -> None:
+    events = []
+    result = simulate(problem(), tmp_path / "run", scenario=Scenario(node_losses={"n1": 150.0}),
+                      steps=40, options=OPTIONS, on_event=events.append)
+    assert set(result.statuses.values()) == {"done"}
+    assert any(e.kind == "node_lost" for e in events)
+    with RunStore(tmp_path / "run") as store:
+        later = [s for s in store.slices() if s.started_at >= 150.0]
+        lost = [s for s in store.slices() if s.node == "n1" and s.status == "failed"]
+    assert later and all(s.node == "n0" for s in later)
+    assert lost and all("was lost" in (s.error or "") for s in lost)
+
+
+def test_injected_failures_are_retried_and_a_hopeless_task_fails_alone(tmp_path: Path) -> None:
+    result = simulate(problem(4), tmp_path / "run",
+                      scenario=Scenario(failures={"t0": 1, "t2": 5}), steps=20,
+                      options=OPTIONS)
+    assert result.statuses == {"t0": "done", "t1": "done", "t2": "failed", "t3": "done"}
+
+
+def test_the_simulated_report_is_marked_simulated(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    file = tmp_path / "problem.json"
+    file.write_text(json.dumps(problem(4).to_json()))
+    shown = dione("simulate", str(file), "--cluster", "2x2", "--steps", "20",
+                  "--out", str(out), "--time-limit", "2")
+    assert shown.returncode == 0, shown.stderr
+    assert "SIMULATED" in shown.stdout and "current practice" in shown.stdout
+    summary = (out / "report" / "summary.md").read_text()
+    assert summary.startswith("# dione run report: SIMULATED")
+    assert (out / "report" / "gantt.png").is_file()
+    status = dione("status", str(out))
+    assert status.returncode == 0 and "SIMULATED" in status.stdout
+
+
+def test_current_practice_runs_each_task_on_a_whole_node_in_turn() -> None:
+    work = problem(4)  # on 2 devices: t0 90, t1 82.5, t2 180, t3 137.5 (ddp x2 each)
+    cluster = parse_cluster("2x2")
+    # t0 on n0 and t1 on n1; t2 to n1 (free first, at 82.5), t3 to n0 (at 90).
+    assert current_practice(work, cluster, Scenario()) == pytest.approx(82.5 + 180)
+    slow = Scenario(task_slowdown={"t2": 2.0})
+    assert current_practice(work, cluster, slow) == pytest.approx(82.5 + 360)
+
+
+def test_bad_scenarios_and_clusters_are_named() -> None:
+    with pytest.raises(ScenarioError, match=r"task_slowdown\['t1'\].*positive"):
+        Scenario(task_slowdown={"t1": 0.0})
+    with pytest.raises(ScenarioError, match="curve: must be one of"):
+        Scenario(curve="zigzag")
+    with pytest.raises(ValueError, match="NODESxDEVICES"):
+        parse_cluster("four by eight")
