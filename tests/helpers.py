@@ -21,6 +21,7 @@ import torch
 from dione.launch import local_placement, run_slice
 from dione.launch.pool import local_pool
 from dione.launch.slice import SliceResult
+from dione.plan.problem import NodeSpec, Option, PlanningProblem, TaskOptions
 from dione.schedules import Timeline
 from dione.spec.cluster import Node
 from dione.spec.task import Task
@@ -106,6 +107,17 @@ def dione(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
     return subprocess.run([sys.executable, "-m", "dione.cli", *args], capture_output=True,
                           text=True, env={**os.environ, **(env or {})}, timeout=timeout,
                           cwd=cwd)
+
+
+def small_problem(tasks: int = 6) -> PlanningProblem:
+    """Two nodes of two devices; tasks of 100-350 s on one device that scale well or
+    badly to two (the planner has choices to make)."""
+    return PlanningProblem(
+        (NodeSpec("n0", 2), NodeSpec("n1", 2)),
+        tuple(TaskOptions(f"t{i}", (
+            Option("single", 1, 100.0 + 50.0 * i),
+            Option("ddp", 2, (100.0 + 50.0 * i) * (0.55 if i % 2 else 0.9)),
+        )) for i in range(tasks)))
 
 
 WORKLOADS = Path(__file__).parent / "workloads"

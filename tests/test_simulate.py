@@ -11,7 +11,6 @@ import pytest
 from dione import clock
 from dione.orchestrate.options import RunOptions
 from dione.orchestrate.plans import read_plans
-from dione.plan.problem import NodeSpec, Option, PlanningProblem, TaskOptions
 from dione.simulate import (
     Scenario,
     ScenarioError,
@@ -21,19 +20,7 @@ from dione.simulate import (
     simulate,
 )
 from dione.state.store import RunStore
-from helpers import dione
-
-
-def problem(tasks: int = 6) -> PlanningProblem:
-    """Two nodes of two devices; tasks of 100-350 s on one device that scale well or
-    badly to two (the planner has choices to make)."""
-    return PlanningProblem(
-        (NodeSpec("n0", 2), NodeSpec("n1", 2)),
-        tuple(TaskOptions(f"t{i}", (
-            Option("single", 1, 100.0 + 50.0 * i),
-            Option("ddp", 2, (100.0 + 50.0 * i) * (0.55 if i % 2 else 0.9)),
-        )) for i in range(tasks)))
-
+from helpers import dione, small_problem
 
 OPTIONS = RunOptions(solver="cpsat", time_limit=2.0, replan_time_limit=0.5,
                      slice_seconds=60.0, replan_interval=600.0)
@@ -62,7 +49,7 @@ def test_a_simulation_reads_no_wall_clock_and_repeats_exactly(tmp_path: Path,
     monkeypatch.setattr(clock.WallClock, "now", lambda self: refuse())
     scenario = Scenario(task_slowdown={"t1": 3.0}, node_slowdown={"n1": 1.3}, spread=0.2,
                         seed=5)
-    runs = [simulate(problem(), tmp_path / f"run{k}", scenario=scenario, steps=40,
+    runs = [simulate(small_problem(), tmp_path / f"run{k}", scenario=scenario, steps=40,
                      options=OPTIONS) for k in range(2)]
     assert all(s == "done" for s in runs[0].statuses.values())
     assert runs[0].makespan == runs[1].makespan and runs[0].slices == runs[1].slices
@@ -82,8 +69,9 @@ def test_a_simulation_reads_no_wall_clock_and_repeats_exactly(tmp_path: Path,
 
 def test_a_lost_node_leaves_every_task_done_on_the_others(tmp_path: Path) -> None:
     events = []
-    result = simulate(problem(), tmp_path / "run", scenario=Scenario(node_losses={"n1": 150.0}),
-                      steps=40, options=OPTIONS, on_event=events.append)
+    result = simulate(small_problem(), tmp_path / "run",
+                      scenario=Scenario(node_losses={"n1": 150.0}), steps=40, options=OPTIONS,
+                      on_event=events.append)
     assert set(result.statuses.values()) == {"done"}
     assert any(e.kind == "node_lost" for e in events)
     with RunStore(tmp_path / "run") as store:
@@ -94,7 +82,7 @@ def test_a_lost_node_leaves_every_task_done_on_the_others(tmp_path: Path) -> Non
 
 
 def test_injected_failures_are_retried_and_a_hopeless_task_fails_alone(tmp_path: Path) -> None:
-    result = simulate(problem(4), tmp_path / "run",
+    result = simulate(small_problem(4), tmp_path / "run",
                       scenario=Scenario(failures={"t0": 1, "t2": 5}), steps=20,
                       options=OPTIONS)
     assert result.statuses == {"t0": "done", "t1": "done", "t2": "failed", "t3": "done"}
@@ -103,7 +91,7 @@ def test_injected_failures_are_retried_and_a_hopeless_task_fails_alone(tmp_path:
 def test_the_simulated_report_is_marked_simulated(tmp_path: Path) -> None:
     out = tmp_path / "run"
     file = tmp_path / "problem.json"
-    file.write_text(json.dumps(problem(4).to_json()))
+    file.write_text(json.dumps(small_problem(4).to_json()))
     shown = dione("simulate", str(file), "--cluster", "2x2", "--steps", "20",
                   "--out", str(out), "--time-limit", "2")
     assert shown.returncode == 0, shown.stderr
@@ -116,7 +104,7 @@ def test_the_simulated_report_is_marked_simulated(tmp_path: Path) -> None:
 
 
 def test_current_practice_runs_each_task_on_a_whole_node_in_turn() -> None:
-    work = problem(4)  # on 2 devices: t0 90, t1 82.5, t2 180, t3 137.5 (ddp x2 each)
+    work = small_problem(4)  # on 2 devices: t0 90, t1 82.5, t2 180, t3 137.5 (ddp x2 each)
     cluster = parse_cluster("2x2")
     # t0 on n0 and t1 on n1; t2 to n1 (free first, at 82.5), t3 to n0 (at 90).
     assert current_practice(work, cluster, Scenario()) == pytest.approx(82.5 + 180)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         shifted_tokens,
         tokens,
     )
+    from dione.spec.stopping import Asha
     from dione.techniques import (
         SliceContext,
         SliceOutcome,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 # Imported on first use: `import dione` (the CLI, every worker) must not pay for torch.
 __getattr__ = lazy_exports(__name__, {
+    "Asha": "dione.spec.stopping",
     **dict.fromkeys(("Cluster", "Node", "Task", "Workload", "grid", "load_workload",
                      "local_cluster", "shifted_tokens", "tokens"), "dione.spec"),
     **dict.fromkeys(("SliceContext", "SliceOutcome", "Technique", "get_technique",
@@ -131,6 +133,7 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
     return load_trained(matching[0], trained_checkpoint(run_dir, task, latest))
 
 __all__ = [
+    "Asha",
     "Cluster",
     "Node",
     "SliceContext",

@@ -93,10 +93,10 @@ class SliceRequest:
     ``steps``: how many (None: to the task's end); ``total``: the task's length where
     the caller knows it (else read from the data set's size for a task given in epochs:
     the data factory runs again); ``evaluate``: run the task's evaluation when the slice
-    ends the task; ``trial``: what a profiling trial adds; ``storage``: where
-    checkpoints go, a folder every node of the cluster can reach (default: ``run_dir``;
-    elsewhere, in a folder of this run's own, ``RunStore.checkpoint_root``); the run
-    store stays in ``run_dir``."""
+    ends the task (and, with ``evaluate_at_end``, wherever it ends); ``trial``: what a
+    profiling trial adds; ``storage``: where checkpoints go, a folder every node of the
+    cluster can reach (default: ``run_dir``; elsewhere, in a folder of this run's own,
+    ``RunStore.checkpoint_root``); the run store stays in ``run_dir``."""
 
     task: Task
     technique: str | Technique
@@ -110,6 +110,7 @@ class SliceRequest:
     evaluate: bool = True
     trial: TrialProbe | None = None
     storage: str | Path | None = None
+    evaluate_at_end: bool = False  # also where the slice does not end the task (a rung)
 
 
 @dataclass(frozen=True)
@@ -245,7 +246,8 @@ def run_request(
             resume_from=latest.path if latest else None,
             run_dir=str(db.checkpoint_root(storage)),
             evaluate=task.evaluate is not None and (
-                (request.evaluate and end == total) or (trial is not None and trial.evaluate)),
+                (request.evaluate and (end == total or request.evaluate_at_end))
+                or (trial is not None and trial.evaluate)),
             memory_cap_bytes=trial.memory_cap_bytes if trial else None,
             probe_load=trial.probe_load if trial else False,
             cut=db.cut(task.name, devices),

@@ -79,7 +79,10 @@ class SliceLaunching:
             placement=self.launcher.placement(node, list(a.device_ids)), run_dir=self.run_dir,
             knobs=dict(a.knobs), steps=running.end_step - running.start_step,
             total=record.total,  # no data set loaded per slice
-            timeout=self.timeout, storage=self.storage)
+            timeout=self.timeout, storage=self.storage,
+            # A rung judged on an evaluated metric: the slice evaluates where it ends.
+            evaluate_at_end=running.at_rung and record.task.stopping is not None
+            and record.task.stopping.metric != "loss")
         return self.pool.submit(run_request, request, cancel=running.cancel,
                                 on_progress=heard, launcher=self.launcher)
 

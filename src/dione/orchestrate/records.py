@@ -28,6 +28,7 @@ class TaskStatus(str, Enum):
     DONE = "done"
     FAILED = "failed"
     DIVERGED = "diverged"
+    STOPPED = "stopped"  # by its stopping rule, at a rung
 
     def __str__(self) -> str:
         return self.value
@@ -55,6 +56,7 @@ class RunningSlice:
     cancel: Cancel = field(default_factory=Cancel)
     stall_warned: bool = False
     planned_ahead: bool = False  # a re-plan was asked as its end neared (its task goes on)
+    at_rung: bool = False  # it ends at a rung of its task's stopping rule
     stalled: str | None = None  # why the loop cancelled it (it ran far past its prediction)
 
 

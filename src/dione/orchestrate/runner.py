@@ -12,6 +12,7 @@ the same loop runs a simulated cluster.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -81,6 +82,12 @@ class Runner:
                 self.store.close()
                 raise RunDirError(str(err)) from None
         self.state = RunState(records, [], clock_zero=clock.now())
+        # Each stopping rule's values at each rung, in the order they came (the store's
+        # decisions: a resumed run decides as the uninterrupted one would).
+        self.rungs: dict[tuple[str, int], list[float]] = {}
+        for rule in {repr(t.stopping) for t in tasks if t.stopping is not None}:
+            for _, step, value, _, _ in self.store.decisions(rule):
+                self.rungs.setdefault((rule, step), []).append(value)
         self.estimates = Estimates.of_run(profile, self.store)
         # Nodes this run has known: another that the launcher reports later joined.
         self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]}
@@ -106,6 +113,8 @@ class Runner:
         status = TaskStatus.PENDING
         if (stored is not None and stored.status == "done") or done >= total:
             status = TaskStatus.DONE
+        elif stored is not None and stored.status == "stopped":
+            status = TaskStatus.STOPPED  # its rule stopped it: it never trains again
         elif stored is not None and stored.status == "diverged":
             # Training it on would repeat the divergence: the user must change it.
             status = TaskStatus.DIVERGED
@@ -377,9 +386,13 @@ class Runner:
         steps = self.estimates.slice_steps(option, record.remaining, self.options.slice_steps,
                                            self.options.slice_seconds)
         start = record.done_steps
+        rule = record.task.stopping
+        rung = None if rule is None else rule.next_rung(start, record.total)
+        if rung is not None and start + steps >= rung:  # a slice ends at each rung
+            steps = rung - start
         predicted = self.estimates.option_seconds(a.task, option, steps, start > 0)
         running = RunningSlice(a, self.now(), start, start + steps, self.now() + predicted,
-                               predicted)
+                               predicted, at_rung=rung is not None and start + steps == rung)
         record.running, record.status = running, TaskStatus.RUNNING
         self.slices_launched += 1
         technique = get_technique(a.technique)
@@ -422,7 +435,34 @@ class Runner:
         self.emit(RunEvent("slice_finished", f"{name}: steps {result.start_step}-"
                            f"{result.end_step} in {elapsed:.1f} s (predicted {planned:.1f} s)"
                            + (" - done" if ended else ""), name))
+        if running.at_rung and not ended and self._judge(record, result):
+            return False  # stopped: a re-plan for its devices was asked at once
         return abs(elapsed - planned) > 0.05 * max(planned, 1.0)
+
+    def _judge(self, record: TaskRecord, result: SliceResult) -> bool:
+        """Apply the task's stopping rule at the rung its slice ended on; whether it
+        stopped the task (recorded with the rung, the value and the reason)."""
+        rule = record.task.stopping
+        assert rule is not None
+        step = result.end_step
+        if rule.metric == "loss":
+            window = [x for x in result.losses[-rule.loss_window:]]
+            value = sum(window) / len(window) if window else math.nan
+        else:
+            value = float(result.evaluation.get(rule.metric, math.nan))
+        key = (repr(rule), step)
+        decision = rule.decide(step, value, self.rungs.get(key, []))
+        self.rungs.setdefault(key, []).append(value)
+        self.store.record_decision(record.name, repr(rule), step, rule.metric, value,
+                                   decision.stop, decision.reason)
+        if not decision.stop:
+            self.emit(RunEvent("rung_passed", f"{record.name}: {decision.reason}",
+                               record.name))
+            return False
+        record.status = TaskStatus.STOPPED
+        self.emit(RunEvent("task_stopped", f"{record.name}: {decision.reason}", record.name))
+        self.ask_replan(owed=True)
+        return True
 
     def _failed(self, record: TaskRecord, err: SliceError) -> bool:
         """A slice that failed: the task retried, or ended (diverged, a failure no retry

@@ -177,6 +177,12 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                   "results are not comparable with exactly trained ones as like for like.",
                   ""]
         lines += [f"- {t.task}: " + "; ".join(t.inexact) for t in inexact]
+    stopped = [t for t in tasks if t.status == "stopped"]
+    if stopped:
+        lines += ["", "## Stopped early", "",
+                  "Their stopping rule stopped these tasks at a rung; their last checkpoint "
+                  "is kept (`dione export --latest`).", ""]
+        lines += [f"- {t.task} at step {t.steps}: {t.error or ''}" for t in stopped]
     failed = [t for t in tasks if t.status in ("failed", "diverged")]
     if failed:
         lines += ["", "## Failed and diverged tasks", ""]

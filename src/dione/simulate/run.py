@@ -19,6 +19,7 @@ from dione.simulate.scenario import Scenario
 from dione.simulate.virtual_clock import VirtualClock
 from dione.simulate.workload import problem_cluster, problem_workload
 from dione.spec.cluster import Cluster
+from dione.spec.stopping import Asha
 from dione.spec.task import Task
 from dione.state.private import write_private
 from dione.state.store import SIMULATED_FILE
@@ -68,13 +69,15 @@ def simulate(
     steps: int = 100,
     options: RunOptions | None = None,
     on_event: Callable[[RunEvent], None] | None = None,
+    stopping: Asha | None = None,
 ) -> SimulationResult:
-    """Run ``problem``'s tasks (``steps`` steps each) on ``cluster`` (default: the
-    problem's nodes) as ``scenario`` says, on a virtual clock; the run directory holds
-    the store, plans and report of a real run, marked simulated."""
+    """Run ``problem``'s tasks (``steps`` steps each, sharing ``stopping`` if given) on
+    ``cluster`` (default: the problem's nodes) as ``scenario`` says, on a virtual clock;
+    the run directory holds the store, plans and report of a real run, marked
+    simulated."""
     scenario = scenario or Scenario()
     cluster = cluster or problem_cluster(problem)
-    tasks, profile = problem_workload(problem, steps, cluster)
+    tasks, profile = problem_workload(problem, steps, cluster, stopping)
     result = simulate_profile(tasks, profile, run_dir, cluster=cluster, scenario=scenario,
                               options=options, on_event=on_event)
     result.current_practice = current_practice(problem, cluster, scenario)

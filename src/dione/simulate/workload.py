@@ -11,6 +11,7 @@ from dione.plan.problem import PlanningProblem
 from dione.profile.catalog import TrialRecord
 from dione.profile.results import Profile, ProfiledOption, TaskProfile
 from dione.spec.cluster import Cluster, ClusterError, Node
+from dione.spec.stopping import Asha
 from dione.spec.task import Task
 from dione.techniques.registry import technique_names
 
@@ -22,11 +23,11 @@ def _never(*args: Any, **kwargs: Any) -> NoReturn:
                        "optimizer")
 
 
-def problem_workload(problem: PlanningProblem, steps: int, cluster: Cluster
-                     ) -> tuple[list[Task], Profile]:
+def problem_workload(problem: PlanningProblem, steps: int, cluster: Cluster,
+                     stopping: Asha | None = None) -> tuple[list[Task], Profile]:
     """Tasks of ``steps`` steps each, and their profile on ``cluster``: each technique and
     width of the problem at its fastest knobs, its seconds spread evenly over the steps
-    (no start-up, no load or save)."""
+    (no start-up, no load or save); every task shares ``stopping``, if given."""
     if steps < 1:
         raise ValueError(f"steps must be a positive whole number, not {steps}")
     known = set(technique_names())
@@ -38,7 +39,7 @@ def problem_workload(problem: PlanningProblem, steps: int, cluster: Cluster
     tasks, profiles = [], []
     for t in problem.tasks:
         tasks.append(Task(name=t.name, model=_never, data=_never, optimizer=_never,
-                          batch_size=1, steps=steps))
+                          batch_size=1, steps=steps, stopping=stopping))
         # A profile keeps one option per technique and width: its fastest knobs.
         fastest: dict[tuple[str, int], PlannedOption] = {}
         for o in t.options:

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from dione.spec.stopping import Asha
+
 __all__ = [
     "PRECISIONS",
     "CollateFn",
@@ -75,6 +77,10 @@ class Task:
     sets ``allow_inexact=True``; every slice records whether it trained exactly, and
     reports mark a task any of whose steps did not.
 
+    ``stopping`` (``dione.Asha(...)``): a rule that stops the task early, at one of its
+    rungs, where its metric falls behind the tasks that share the rule; its devices are
+    planned again for the others at once (``dione.spec.stopping``).
+
     ``precision`` trains under autocast (``bf16``; ``fp16`` with a gradient scaler, on
     CUDA only); the weights and the optimizer stay in float32. ``clip_grad_norm`` clips
     each step's gradient to that global L2 norm (over the whole model, whatever the
@@ -104,6 +110,7 @@ class Task:
     collate_fn: CollateFn | None = None
     loss_items: ItemCounter | None = None
     allow_inexact: bool = False
+    stopping: Asha | None = None  # a stopping rule the sweep's tasks share (spec/stopping)
     refused_techniques: Mapping[str, str] = field(default_factory=dict, repr=False,
                                                   compare=False)
 

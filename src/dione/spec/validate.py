@@ -16,6 +16,7 @@ from torch import nn
 
 from dione.spec.batch import split_problem
 from dione.spec.devices import DeviceKind, local_device_kind
+from dione.spec.stopping import Asha
 from dione.spec.task import PRECISIONS, ItemCounter, Task
 from dione.spec.workload import Workload
 
@@ -387,6 +388,16 @@ def checked_task(
             f"gradient norm) or None, not {clip!r}")
     if not isinstance(task.allow_inexact, bool):
         bad("allow_inexact", f"must be True or False, not {task.allow_inexact!r}")
+    if task.stopping is not None:
+        if not isinstance(task.stopping, Asha):
+            bad("stopping", f"must be a stopping rule (dione.Asha(...)) or None, not "
+                f"{type(task.stopping).__name__}")
+        else:
+            for reason in task.stopping.mistakes():
+                bad("stopping", reason)
+            if task.stopping.metric != "loss" and task.evaluate is None:
+                bad("stopping", f"its metric {task.stopping.metric!r} comes from evaluate(), "
+                    "which the task does not define: give evaluate, or use metric='loss'")
     for field in _FACTORIES:
         value = getattr(task, field)
         optional = field in ("evaluate", "lr_scheduler", "loss", "collate_fn", "loss_items")

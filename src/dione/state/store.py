@@ -39,7 +39,7 @@ STORE_FILE = "dione.sqlite"
 # Marks a run directory a simulation wrote (``dione simulate``): every view says so.
 SIMULATED_FILE = "simulated.json"
 # PRAGMA user_version of the schema below; older files are brought to it on open.
-_VERSION = 2
+_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     batch_size INTEGER NOT NULL,
     hyperparameters TEXT NOT NULL DEFAULT '{}',
     status TEXT NOT NULL DEFAULT 'pending'
-        CHECK (status IN ('pending', 'running', 'done', 'failed', 'diverged')),
+        CHECK (status IN ('pending', 'running', 'done', 'failed', 'diverged', 'stopped')),
     error TEXT,
     updated_at REAL NOT NULL
 );
@@ -107,6 +107,18 @@ CREATE TABLE IF NOT EXISTS evaluations (
     value REAL NOT NULL,
     PRIMARY KEY (task, step, metric)
 );
+CREATE TABLE IF NOT EXISTS decisions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task TEXT NOT NULL REFERENCES tasks(name),
+    rule TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    metric TEXT NOT NULL,
+    value REAL,
+    stop INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    decided_at REAL NOT NULL,
+    UNIQUE (task, rule, step)
+);
 """
 
 
@@ -155,13 +167,16 @@ def _migrate(db: sqlite3.Connection) -> None:
     """Bring a store written by an older dione to the current schema, keeping every row:
     version 0 had no ``diverged`` status and a loss that could not be NaN (its tables
     are rebuilt), version 1 no record of a slice's exactness (a column is added: its
-    slices trained exactly, or were xpipe's; see ``_old_inexactness``)."""
+    slices trained exactly, or were xpipe's; see ``_old_inexactness``), version 2 no
+    ``stopped`` status (the tasks table is rebuilt)."""
     version = db.execute("PRAGMA user_version").fetchone()[0]
     if version >= _VERSION:
         return
     had = {row[1] for row in db.execute("PRAGMA table_info(slices)")}
     if version < 1:
         _rebuild_version_0(db)
+    elif version < 3:
+        _rebuild_tasks_with_stopped(db)
     if "inexactness" not in {row[1] for row in db.execute("PRAGMA table_info(slices)")}:
         db.execute("ALTER TABLE slices ADD COLUMN inexactness TEXT")
     if "inexactness" not in had:
@@ -200,6 +215,29 @@ def _rebuild_version_0(db: sqlite3.Connection) -> None:
         db.execute("COMMIT")
         db.execute("PRAGMA legacy_alter_table=OFF")
         db.execute("PRAGMA foreign_keys=ON")
+
+
+def _rebuild_tasks_with_stopped(db: sqlite3.Connection) -> None:
+    """The tasks table again, its status allowed to be ``stopped``, every row kept."""
+    old = db.execute("SELECT sql FROM sqlite_master WHERE name = 'tasks'").fetchone()
+    if old is None or "'stopped'" in old[0]:
+        return
+    db.execute("PRAGMA foreign_keys=OFF")
+    db.execute("PRAGMA legacy_alter_table=ON")  # the other tables keep naming `tasks`
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("ALTER TABLE tasks RENAME TO old_tasks")
+        db.execute(next(statement for statement in _SCHEMA.split(";")
+                        if "EXISTS tasks (" in statement))
+        names = ", ".join(row[1] for row in db.execute("PRAGMA table_info(old_tasks)"))
+        db.execute(f"INSERT INTO tasks ({names}) SELECT {names} FROM old_tasks")
+        db.execute("DROP TABLE old_tasks")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    db.execute("PRAGMA legacy_alter_table=OFF")
+    db.execute("PRAGMA foreign_keys=ON")
 
 
 class RunStore(SQLiteFile):
@@ -277,6 +315,30 @@ class RunStore(SQLiteFile):
         with self._transaction() as db:
             db.execute("UPDATE tasks SET status = ?, error = ?, updated_at = ? WHERE name = ?",
                        (status, error, clock.now(), name))
+
+    # -- stopping decisions ------------------------------------------------------------
+
+    def record_decision(self, task: str, rule: str, step: int, metric: str,
+                        value: float, stop: bool, reason: str) -> None:
+        """A stopping rule's decision for ``task`` at ``step`` (a stop also stops the
+        task, in the same transaction)."""
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO decisions (task, rule, step, metric, value, "
+                       "stop, reason, decided_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (task, rule, step, metric, value if math.isfinite(value) else None,
+                        int(stop), reason, clock.now()))
+            if stop:
+                db.execute("UPDATE tasks SET status = 'stopped', error = ?, updated_at = ? "
+                           "WHERE name = ?", (reason, clock.now(), task))
+
+    def decisions(self, rule: str | None = None) -> list[tuple[str, int, float, bool, str]]:
+        """(task, step, value, stop, reason) of every decision (of ``rule``), in the
+        order they were made."""
+        rows = self._db.execute(
+            "SELECT task, step, value, stop, reason FROM decisions"
+            + ("" if rule is None else " WHERE rule = ?") + " ORDER BY id",
+            () if rule is None else (rule,))
+        return [(t, step, _loss(v), bool(stop), reason) for t, step, v, stop, reason in rows]
 
     # -- slices ------------------------------------------------------------------------
 

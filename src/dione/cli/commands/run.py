@@ -90,7 +90,8 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
         if problem:
             complain("warning", problem)
     print_results(result, run_dir)
-    failed = [t for t in result.tasks if t.status != "done"]
+    # A task its stopping rule stopped ended as asked (its reason is in the results).
+    failed = [t for t in result.tasks if t.status not in ("done", "stopped")]
     for t in failed:
         complain(f"task {t.task} {t.status}", str(t.error or ""))
     return EXIT_FAILED if failed or problems else 0

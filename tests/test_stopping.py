@@ -1,0 +1,138 @@
+"""Stopping rules: ASHA's decisions, a stopped task that never trains again, its devices
+planned again at once, and a store that keeps the decisions."""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from dione.orchestrate import RunOptions, run_workload
+from dione.orchestrate.options import RunEvent
+from dione.orchestrate.runner import Runner
+from dione.profile import TrialOptions
+from dione.report import write_report
+from dione.simulate import Scenario, simulate
+from dione.spec.cluster import Cluster
+from dione.spec.stopping import Asha
+from dione.spec.validate import validate_workload
+from dione.state.store import RunStore
+from helpers import TEST_NODE, digits_task, small_problem
+
+QUICK = TrialOptions(warmup_steps=1, measure_steps=2)
+
+
+def test_asha_decides_as_worked_by_hand() -> None:
+    """Rungs at 2, 4, 8 of 16 steps (eta 2); at a rung a task goes on only if its loss is
+    at most the median (the 1/eta quantile, interpolated) of those recorded before it."""
+    rule = Asha(min_steps=2, eta=2)
+    assert rule.rungs(16) == [2, 4, 8] and rule.next_rung(4, 16) == 8
+    assert rule.next_rung(8, 16) is None
+    recorded: list[float] = []
+    table = [(1.0, False), (2.0, True), (0.5, False), (1.6, True), (1.0, False)]
+    # Worked: [] first: on; [1] cutoff 1: 2 > 1 stops; [1, 2] cutoff 1.5: 0.5 on;
+    # [0.5, 1, 2] cutoff 1: 1.6 stops; [0.5, 1, 1.6, 2] cutoff 1.3: 1.0 on.
+    for value, stops in table:
+        assert rule.decide(2, value, recorded).stop is stops, (value, recorded)
+        recorded.append(value)
+    third = Asha(min_steps=1, eta=3, mode="max")  # keep the top third of accuracies
+    assert third.rungs(27) == [1, 3, 9]
+    # [0.5, 1, 2]: the 2/3 quantile is 1.333...
+    assert third.decide(3, 1.3, [2.0, 0.5, 1.0]).stop
+    assert not third.decide(3, 1.4, [2.0, 0.5, 1.0]).stop
+    assert Asha().decide(1, float("nan"), []).stop  # a loss that is not finite stops
+
+
+def test_a_malformed_rule_is_named_by_validation() -> None:
+    task = digits_task("t", steps=8, stopping=Asha(eta=1.0, metric="accuracy"))
+    problems = validate_workload([task])
+    said = " ".join(str(p) for p in problems)
+    assert "eta must be a number above 1" in said and "evaluate()" in said
+
+
+def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    rule = Asha(metric="loss", min_steps=6, eta=2, loss_window=3)
+    rates = {"fast": 3e-2, "slow": 1e-6, "mid": 3e-3, "stuck": 1e-7}
+    tasks = [replace(digits_task(name, steps=24, stopping=rule),
+                     optimizer=functools.partial(torch.optim.Adam, lr=lr))
+             for name, lr in rates.items()]
+    events: list[RunEvent] = []
+    asked_owed: list[int] = []  # after which event a re-plan was asked past the budget
+    asked = Runner.ask_replan
+
+    def ask(self: Runner, owed: bool = False) -> None:
+        if owed:
+            asked_owed.append(len(events) - 1)
+        asked(self, owed)
+
+    monkeypatch.setattr(Runner, "ask_replan", ask)
+    result = run_workload(tasks, Cluster([TEST_NODE]), tmp_path / "run",
+                          RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                                     slice_steps=12, time_limit=5.0),
+                          on_event=events.append)
+    statuses = {t.task: t.status for t in result.tasks}
+    assert set(statuses.values()) == {"done", "stopped"}
+    with RunStore(tmp_path / "run") as store:
+        decisions = store.decisions()
+        # Each decision is the rule's, given the values recorded before it at its rung.
+        recorded: dict[int, list[float]] = {}
+        for _, step, value, stop, _ in decisions:
+            assert rule.decide(step, value, recorded.get(step, [])).stop is stop
+            recorded.setdefault(step, []).append(value)
+        for name, status in statuses.items():
+            slices = store.slices(name)
+            # Slices end at every rung of the task's way (6, 12: at most slice_steps).
+            assert all(s.end_step in (6, 12, 24) for s in slices), name
+            if status == "stopped":
+                stop = next(d for d in decisions if d[0] == name and d[3])
+                assert max(s.end_step for s in slices) == stop[1]  # nothing after it
+                assert store.task(name).status == "stopped"
+                assert store.latest_checkpoint(name).step == stop[1]  # kept
+    # Each stop asked for a plan at once, past the re-planning budget: its devices go
+    # to the others as soon as the solve is done.
+    stops = [k for k, e in enumerate(events) if e.kind == "task_stopped"]
+    assert stops and all(k in asked_owed for k in stops)
+    summary = (write_report(tmp_path / "run") / "summary.md").read_text()
+    assert "## Stopped early" in summary and "stopped by ASHA" in summary
+
+
+def test_a_simulated_sweep_with_asha_stops_the_same_tasks_twice(tmp_path: Path) -> None:
+    rule = Asha(min_steps=10, eta=3)
+    runs = [simulate(small_problem(9), tmp_path / f"r{k}", scenario=Scenario(seed=3), steps=90,
+                     options=RunOptions(time_limit=0.5, replan_time_limit=0.1,
+                                        slice_seconds=60.0, replan_interval=600.0),
+                     stopping=rule) for k in range(2)]
+    assert runs[0].statuses == runs[1].statuses and runs[0].makespan == runs[1].makespan
+    assert list(runs[0].statuses.values()).count("stopped") >= 3
+    with RunStore(runs[0].run_dir) as store:
+        assert [d[:4] for d in store.decisions()] == [
+            d[:4] for d in RunStore(runs[1].run_dir).decisions()]
+
+
+def test_a_store_of_the_version_before_takes_stopped_tasks(tmp_path: Path) -> None:
+    """A run directory an older dione wrote (no 'stopped' status) keeps its rows and
+    takes the new status."""
+    with RunStore(tmp_path) as store:
+        store.register_task("t", 10, 4, {"lr": 0.1})
+    db = sqlite3.connect(tmp_path / "dione.sqlite")
+    sql = db.execute("SELECT sql FROM sqlite_master WHERE name = 'tasks'").fetchone()[0]
+    db.executescript(
+        "PRAGMA foreign_keys=OFF; PRAGMA legacy_alter_table=ON; BEGIN;"
+        "ALTER TABLE tasks RENAME TO t_old;"
+        + sql.replace(", 'stopped'", "") + ";"
+        "INSERT INTO tasks SELECT * FROM t_old; DROP TABLE t_old; COMMIT;"
+        "PRAGMA user_version=2;")
+    db.close()
+    with RunStore(tmp_path) as store:
+        store.record_decision("t", "rule", 4, "loss", 2.0, True, "stopped by hand")
+        assert store.task("t").status == "stopped"
+        assert store.task("t").hyperparameters == {"lr": 0.1}
+    raw = sqlite3.connect(tmp_path / "dione.sqlite")
+    with pytest.raises(sqlite3.IntegrityError):
+        raw.execute("UPDATE tasks SET status = 'nonsense'")
+    raw.close()
