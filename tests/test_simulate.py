@@ -119,3 +119,43 @@ def test_bad_scenarios_and_clusters_are_named() -> None:
         Scenario(curve="zigzag")
     with pytest.raises(ValueError, match="NODESxDEVICES"):
         parse_cluster("four by eight")
+
+
+def test_the_report_page_holds_the_tables_and_both_figures(tmp_path: Path) -> None:
+    """report/index.html is one file: the summary's tables, the Gantt chart and the
+    learning curves inlined (a stopped task's line is marked where it stopped)."""
+    from html.parser import HTMLParser
+
+    from dione.report import write_report
+    from dione.spec.stopping import Asha
+
+    simulate(small_problem(6), tmp_path / "run", steps=30, options=OPTIONS,
+             stopping=Asha(min_steps=5, eta=2))
+    folder = write_report(tmp_path / "run")
+    assert (folder / "curves.png").is_file()
+
+    class Page(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.images: list[str] = []
+            self.cells: list[str] = []
+            self.headings: list[str] = []
+            self._in: str | None = None
+
+        def handle_starttag(self, tag: str, attrs: list) -> None:
+            if tag == "img":
+                self.images.append(dict(attrs)["src"])
+            self._in = tag
+
+        def handle_data(self, data: str) -> None:
+            if self._in in ("td", "th"):
+                self.cells.append(data.strip())
+            if self._in in ("h1", "h2"):
+                self.headings.append(data.strip())
+
+    page = Page()
+    page.feed((folder / "index.html").read_text())
+    assert len(page.images) == 2 and all(src.startswith("data:image/png;base64,")
+                                         for src in page.images)
+    assert "stopped" in page.cells and "t0" in page.cells
+    assert "dione run report: SIMULATED" in page.headings and "Stopped early" in page.headings

@@ -461,7 +461,7 @@ class Runner:
             return False
         record.status = TaskStatus.STOPPED
         self.emit(RunEvent("task_stopped", f"{record.name}: {decision.reason}", record.name))
-        self.ask_replan(owed=True)
+        self.ask_replan(owed=self.options.replan)  # past the budget (none with --no-replan)
         return True
 
     def _failed(self, record: TaskRecord, err: SliceError) -> bool:

@@ -83,6 +83,9 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None) -> Pat
                     continue
                 writer.writerows([task.name, *row] for row in store.metrics(task.name))
         tasks = summaries(store, wanted)
+        curves = {t.task: [(step, loss) for step, loss, _ in store.metrics(t.task)]
+                  for t in tasks}
+        evaluated = {t.task: store.evaluations(t.task) for t in tasks}
     if gone:  # a task its dead launcher left running waits for `dione resume`
         tasks = [replace(t, status="interrupted") if t.status == "running" else t
                  for t in tasks]
@@ -105,6 +108,11 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None) -> Pat
     from dione.report.gantt import draw_gantt
 
     draw_gantt(plans[0] if plans else None, slices, zero, folder / "gantt.png", simulated)
+    from dione.report.curves import draw_curves
+    from dione.report.page import write_page
+
+    draw_curves(tasks, curves, evaluated, folder / "curves.png", simulated)
+    write_page(folder)
     for file in folder.iterdir():  # as private as the run directory it reports on
         if file.is_file() and not file.is_symlink():
             file.chmod(0o600)

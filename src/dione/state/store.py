@@ -550,6 +550,15 @@ class RunStore(SQLiteFile):
         """A kept checkpoint path as the folder it names now."""
         return stored if Path(stored).is_absolute() else str(self.run_dir.resolve() / stored)
 
+    def evaluations(self, task: str) -> dict[str, list[tuple[int, float]]]:
+        """Per metric, (step, value) of every evaluation of the task, by step."""
+        found: dict[str, list[tuple[int, float]]] = {}
+        for step, metric, value in self._db.execute(
+                "SELECT step, metric, value FROM evaluations WHERE task = ? ORDER BY step",
+                (task,)):
+            found.setdefault(metric, []).append((step, value))
+        return found
+
     def evaluation(self, task: str) -> dict[str, float]:
         """The metrics of the task's latest evaluation."""
         rows = self._db.execute(

@@ -66,6 +66,7 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
     from dione.orchestrate.progress import LiveProgress
     from dione.orchestrate.run import RunDirError
     from dione.report import report_after_run
+    from dione.report.page import LiveReport
     from dione.spec.cluster import ClusterError
 
     tasks, problems, cluster = valid_tasks(workload_file, run.devices, "started", launcher)
@@ -76,9 +77,12 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
             record.write(run_dir)
         where = ", ".join(f"{n.devices} {n.kind} device(s) of {n.name}" for n in cluster)
         console.print(f"dione run: {len(tasks)} task(s) on {where}; run dir {run_dir}")
+        page = LiveReport(run_dir)  # RUN_DIR/report/index.html, fresh while it runs
         with LiveProgress(console) as live:
             def said(event: RunEvent) -> None:
                 live.event(f"[{event.kind}] {event.message}")
+                if event.kind in ("planned", "replanned", "slice_finished", "task_stopped"):
+                    page.touch()
 
             try:
                 result = run_workload(tasks, cluster, run_dir, run.options, on_event=said,
@@ -86,6 +90,8 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
                                       launcher=launcher)
             except (RunDirError, ClusterError) as err:
                 raise BadInput(str(err)) from None
+            finally:
+                page.close()  # the final report comes next, written once
         problem = report_after_run(run_dir, tasks)
         if problem:
             complain("warning", problem)

@@ -1,0 +1,77 @@
+"""Model selection on a virtual cluster: the full grid against ASHA whose freed devices
+go to the next task queued on them (the first plan kept: what a tuner with fixed
+resources does) and ASHA with dione re-planning the survivors at once.
+
+    python benchmarks/selection_sim.py [--instance medium-1.json] [--nodes 2,4]
+
+The tasks are a planner family's (``benchmarks/planner/instances``: synthetic option
+seconds, not published figures), each 90 steps, all sharing ``Asha(min_steps=10,
+eta=3)`` on the training loss; losses follow the simulator's ``exponential`` curve (per
+task from the seed: a sweep's configurations differ in where they start and end). Per
+row: each way's makespan as a ratio to the full grid's, and the configuration each
+picks (the lowest final loss among tasks trained to the end) against the full grid's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from dione.orchestrate.options import RunOptions
+from dione.plan import load_problem
+from dione.simulate import Scenario, parse_cluster, simulate
+from dione.spec.stopping import Asha
+from dione.state.store import RunStore
+
+INSTANCES = Path(__file__).parent / "planner" / "instances"
+STEPS = 90
+
+
+def picked(run_dir: Path) -> tuple[str, float]:
+    """The task with the lowest final loss among those trained to the end."""
+    with RunStore(run_dir) as store:
+        finals = {t.name: store.metrics(t.name)[-1][1] for t in store.tasks()
+                  if t.status == "done"}
+    best = min(finals, key=lambda name: finals[name])
+    return best, finals[best]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--instance", default="medium-1.json")
+    parser.add_argument("--nodes", default="2,4")
+    parser.add_argument("--seed", type=int, default=3)
+    args = parser.parse_args()
+    problem = load_problem(INSTANCES / args.instance)
+    rule = Asha(min_steps=10, eta=3)
+    scenario = Scenario(seed=args.seed, spread=0.1)
+    options = RunOptions(time_limit=1.0, replan_time_limit=0.2, replan_interval=1000.0,
+                         replan_share=0.005)
+    print(f"{len(problem.tasks)} tasks of {args.instance} ({STEPS} steps each), "
+          f"Asha(min_steps=10, eta=3) on the training loss\n")
+    print("| nodes | full grid s | ASHA, first plan kept / grid | ASHA re-planned / grid | "
+          "re-planned / first plan kept | grid's pick | kept's pick | re-planned's pick |")
+    print("| ---: | ---: | ---: | ---: | ---: | --- | --- | --- |")
+    with tempfile.TemporaryDirectory() as tmp:
+        for nodes in [int(n) for n in args.nodes.split(",")]:
+            cluster = parse_cluster(f"{nodes}x8")
+            found = {}
+            for way, stopping, replan in (("grid", None, True), ("kept", rule, False),
+                                          ("replanned", rule, True)):
+                run_dir = Path(tmp) / f"{way}-{nodes}"
+                result = simulate(problem, run_dir, cluster=cluster, scenario=scenario,
+                                  steps=STEPS, stopping=stopping,
+                                  options=RunOptions(**{**options.__dict__,
+                                                        "replan": replan}))
+                found[way] = (result.makespan, picked(run_dir))
+            grid = found["grid"][0]
+            print(f"| {nodes} | {grid:.0f} | {found['kept'][0] / grid:.3f} | "
+                  f"{found['replanned'][0] / grid:.3f} | "
+                  f"{found['replanned'][0] / found['kept'][0]:.3f} | "
+                  + " | ".join(f"{found[w][1][0]} ({found[w][1][1]:.4f})"
+                               for w in ("grid", "kept", "replanned")) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The report as one self-contained HTML page (its figures inlined): what a browser
+pointed at a run directory shows, during the run (a live run rewrites it) and after."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+__all__ = ["LiveReport", "write_page"]
+
+
+def _image(path: Path, alt: str) -> str:
+    if not path.is_file():
+        return ""
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _markdown_tables(text: str) -> str:
+    """The summary's Markdown as HTML: headings, tables and paragraphs (all it holds)."""
+    out: list[str] = []
+    table: list[list[str]] = []
+
+    def flush() -> None:
+        if table:
+            head, *rows = table
+            out.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>"
+                                 for row in rows) + "</table>")
+            table.clear()
+
+    for line in text.splitlines():
+        if line.startswith("|"):
+            cells = [html.escape(c.strip()) for c in line.strip().strip("|").split("|")]
+            if not all(set(c) <= {"-", ":", " "} for c in cells):
+                table.append(cells)
+            continue
+        flush()
+        if line.startswith("#"):
+            level = min(len(line) - len(line.lstrip("#")), 3)
+            out.append(f"<h{level}>{html.escape(line.lstrip('#').strip())}</h{level}>")
+        elif line.strip():
+            out.append(f"<p>{html.escape(line)}</p>")
+    flush()
+    return "\n".join(out)
+
+
+def write_page(folder: Path, refresh_seconds: int | None = None) -> Path:
+    """``folder/index.html`` from the summary and figures written there; with
+    ``refresh_seconds``, the browser reloads it (a live run rewrites it)."""
+    summary = (folder / "summary.md").read_text() if (folder / "summary.md").is_file() else ""
+    refresh = (f'<meta http-equiv="refresh" content="{refresh_seconds}">'
+               if refresh_seconds else "")
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8">{refresh}<title>dione run report</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; max-width: 1200px; }}
+table {{ border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }}
+th, td {{ border: 1px solid #bbb; padding: 0.2em 0.6em; text-align: left; }}
+th {{ background: #eee; }}
+img {{ max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }}
+</style></head><body>
+{_markdown_tables(summary)}
+<h2>Plan and reality</h2>
+{_image(folder / "gantt.png", "Gantt chart: the first adopted plan and the actual slices")}
+<h2>Learning curves</h2>
+{_image(folder / "curves.png", "learning curves")}
+</body></html>
+"""
+    path = folder / "index.html"
+    path.write_text(page)
+    return path
+
+
+class LiveReport:
+    """Keeps a live run's report (and its page) fresh: ``touch()`` after something
+    changed; a thread of its own rewrites it at most every ``every`` seconds, so the
+    run's loop never waits for a figure."""
+
+    def __init__(self, run_dir: Path, every: float = 30.0) -> None:
+        import threading
+
+        self.run_dir = run_dir
+        self.every = every
+        self._changed = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dione-live-report",
+                                        daemon=True)
+        self._thread.start()
+
+    def touch(self) -> None:
+        self._changed.set()
+
+    def _loop(self) -> None:
+        from dione.report.files import write_report
+
+        while not self._stop.wait(self.every):
+            if not self._changed.is_set():
+                continue
+            self._changed.clear()
+            try:
+                folder = write_report(self.run_dir)
+                write_page(folder, refresh_seconds=int(self.every))
+            except Exception:  # a live view must never stop the run
+                continue  # the next change tries again; the final report says what failed
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
