@@ -159,3 +159,20 @@ def test_the_report_page_holds_the_tables_and_both_figures(tmp_path: Path) -> No
                                          for src in page.images)
     assert "stopped" in page.cells and "t0" in page.cells
     assert "dione run report: SIMULATED" in page.headings and "Stopped early" in page.headings
+
+
+def test_tensorboard_holds_every_step_evaluation_and_the_hparams(tmp_path: Path) -> None:
+    """Read back with TensorBoard's own reader: per task its loss at every step it
+    trained, the devices it ran on, its status, and its HParams summary."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    simulate(small_problem(4), out, steps=20, options=OPTIONS)
+    shown = dione("report", str(out), "--tensorboard", str(tmp_path / "tb"))
+    assert shown.returncode == 0, shown.stderr
+    for task in ("t0", "t1", "t2", "t3"):
+        events = EventAccumulator(str(tmp_path / "tb" / task))
+        events.Reload()
+        assert [e.step for e in events.Scalars("loss")] == list(range(1, 21))
+        assert {e.value for e in events.Scalars("devices")} <= {1.0, 2.0}
+        assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")

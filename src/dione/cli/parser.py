@@ -207,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--current-practice", action="store_true",
                      help="no profiling or planning: each task in turn on all devices")
     run.add_argument("--technique", help="with --current-practice: force this technique")
+    run.add_argument("--tensorboard", metavar="DIR",
+                     help="write each task's losses, step times, evaluations and slices for "
+                     "TensorBoard as it trains (one run per task; hyperparameters at the end)")
     _add_profiling(run)
 
     # No defaults in resume's help: an absent flag keeps what the run was started with.
@@ -222,7 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in _PROFILE:
         flag.add_to(resume)
 
-    command("report", "(re)write a run's report and print it").add_argument("run_dir")
+    report = command("report", "(re)write a run's report (summary, Gantt chart, learning "
+                     "curves, index.html) and print it")
+    report.add_argument("run_dir")
+    report.add_argument("--tensorboard", metavar="DIR",
+                        help="also write the run for TensorBoard: one run per task")
     command("status", "show a running or finished run").add_argument("run_dir")
 
     profile = command("profile", "time each task's configurations with short real trials; "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 from pathlib import Path
+from typing import Any
 
 __all__ = ["LiveReport", "write_page"]
 
@@ -78,11 +79,14 @@ class LiveReport:
     changed; a thread of its own rewrites it at most every ``every`` seconds, so the
     run's loop never waits for a figure."""
 
-    def __init__(self, run_dir: Path, every: float = 30.0) -> None:
+    def __init__(self, run_dir: Path, every: float = 30.0, board: Any = None) -> None:
+        """``board``: a TensorBoardExport to bring up to date with the report (and to
+        close, with the tasks' results, when the run ends)."""
         import threading
 
         self.run_dir = run_dir
         self.every = every
+        self.board = board
         self._changed = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dione-live-report",
@@ -100,6 +104,8 @@ class LiveReport:
                 continue
             self._changed.clear()
             try:
+                if self.board is not None:
+                    self.board.update()
                 folder = write_report(self.run_dir)
                 write_page(folder, refresh_seconds=int(self.every))
             except Exception:  # a live view must never stop the run
@@ -108,3 +114,5 @@ class LiveReport:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=60)
+        if self.board is not None:
+            self.board.close()

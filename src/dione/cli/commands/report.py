@@ -24,4 +24,13 @@ def command(args: argparse.Namespace) -> int:
                        "`dione status` says what it can still read") from None
     console.print((folder / "summary.md").read_text())
     console.print(f"written: {folder}")
+    if args.tensorboard:
+        from dione.report.tensorboard import TensorBoardExport
+
+        try:
+            board = TensorBoardExport(args.run_dir, args.tensorboard)
+        except RuntimeError as err:
+            raise BadInput(str(err)) from None
+        board.close()
+        console.print(f"TensorBoard: tensorboard --logdir {args.tensorboard}")
     return 0

@@ -26,7 +26,7 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput("--technique forces one technique for current practice; add "
                        "--current-practice, or restrict techniques in the task")
     run = SavedRun(str(Path(args.workload).resolve()), options, args.devices, args.ray)
-    return execute(args.workload, run, run_dir, record=run)
+    return execute(args.workload, run, run_dir, record=run, tensorboard=args.tensorboard)
 
 
 def _same_workload(run_dir: Path, workload: str) -> None:
@@ -47,21 +47,23 @@ def _same_workload(run_dir: Path, workload: str) -> None:
 
 
 def execute(workload_file: str, run: SavedRun, run_dir: Path, *,
-            record: SavedRun | None, replacing: str | None = None) -> int:
+            record: SavedRun | None, replacing: str | None = None,
+            tensorboard: str | None = None) -> int:
     """Validate, profile, plan, run, report: the body of ``run`` and ``resume``. The run
     directory is touched only once the workload is known to start; then ``record`` is
     written to its ``run.json`` (for ``dione resume``), replacing one of the same
     workload or of ``replacing`` (a workload that moved), never another's."""
     launcher = ray_launcher(run.ray, run.devices)
     try:
-        return _execute_on(workload_file, run, run_dir, record, replacing, launcher)
+        return _execute_on(workload_file, run, run_dir, record, replacing, launcher,
+                           tensorboard)
     finally:
         if launcher is not None:
             launcher.shutdown()
 
 
 def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedRun | None,
-                replacing: str | None, launcher: Any) -> int:
+                replacing: str | None, launcher: Any, tensorboard: str | None) -> int:
     from dione.orchestrate import RunEvent, run_workload
     from dione.orchestrate.progress import LiveProgress
     from dione.orchestrate.run import RunDirError
@@ -77,7 +79,16 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
             record.write(run_dir)
         where = ", ".join(f"{n.devices} {n.kind} device(s) of {n.name}" for n in cluster)
         console.print(f"dione run: {len(tasks)} task(s) on {where}; run dir {run_dir}")
-        page = LiveReport(run_dir)  # RUN_DIR/report/index.html, fresh while it runs
+        board = None
+        if tensorboard:
+            from dione.report.tensorboard import TensorBoardExport
+
+            try:
+                board = TensorBoardExport(run_dir, tensorboard)
+            except RuntimeError as err:
+                raise BadInput(str(err)) from None
+        # RUN_DIR/report/index.html (and TensorBoard's files), fresh while it runs.
+        page = LiveReport(run_dir, board=board)
         with LiveProgress(console) as live:
             def said(event: RunEvent) -> None:
                 live.event(f"[{event.kind}] {event.message}")

@@ -1,0 +1,106 @@
+"""A run in TensorBoard: one TensorBoard run per task, written from the run store (the
+workers are not slowed), as it trains or after it ended.
+
+Per task: ``loss``, ``step_seconds`` and ``throughput`` (samples per second) by step;
+each evaluation as ``eval/<metric>`` at its step; each slice's technique, devices and
+node as text at its first step and ``devices`` as a scalar at every step (it changes
+where the task moved); at the end its status, and its hyperparameters with its final
+loss and metrics in the HParams plugin, so TensorBoard's own HParams view compares the
+configurations. Needs the ``tensorboard`` extra.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dione.state.store import RunStore
+from dione.state.summaries import summaries
+
+__all__ = ["TensorBoardExport"]
+
+
+def _hparam(value: Any) -> Any:
+    """A value the HParams plugin takes (a number, a string or a bool)."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    return json.dumps(value, default=str)
+
+
+class TensorBoardExport:
+    """Writes what the store holds beyond what it wrote before (``update``), then the
+    tasks' statuses and hyperparameters (``close``)."""
+
+    def __init__(self, run_dir: str | Path, out: str | Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as err:  # the extra is not installed
+            raise RuntimeError(f"TensorBoard output needs the tensorboard package: pip "
+                               f"install 'dione[tensorboard]' ({err})") from None
+        self._writer_type = SummaryWriter
+        self.run_dir = Path(run_dir)
+        self.out = Path(out)
+        self._writers: dict[str, Any] = {}
+        self._steps: dict[str, int] = {}  # last step written per task
+        self._slices: set[int] = set()
+        self._evaluations: set[tuple[str, int, str]] = set()
+
+    def _writer(self, task: str) -> Any:
+        if task not in self._writers:
+            self._writers[task] = self._writer_type(log_dir=str(self.out / task))
+        return self._writers[task]
+
+    def update(self) -> None:
+        """Write the steps, slices and evaluations recorded since the last call."""
+        with RunStore(self.run_dir) as store:
+            batch = {t.name: t.batch_size for t in store.tasks()}
+            devices: dict[str, list[tuple[int, int]]] = {}
+            for s in store.slices():
+                if s.status not in ("done", "diverged"):
+                    continue
+                devices.setdefault(s.task, []).append((s.start_step, len(s.device_ids)))
+                if s.id not in self._slices:
+                    self._slices.add(s.id)
+                    self._writer(s.task).add_text(
+                        "slice", f"steps {s.start_step}-{s.end_step}: {s.technique} "
+                        f"{json.dumps(s.knobs)} on {s.node} devices {s.device_ids}",
+                        global_step=s.start_step)
+            for task, size in batch.items():
+                writer = self._writer(task)
+                last = self._steps.get(task, 0)
+                spans = sorted(devices.get(task, []))
+                for step, loss, seconds in store.metrics(task):
+                    if step <= last:
+                        continue
+                    writer.add_scalar("loss", loss, step)
+                    if seconds:
+                        writer.add_scalar("step_seconds", seconds, step)
+                        writer.add_scalar("throughput", size / seconds, step)
+                    width = next((d for start, d in reversed(spans) if start < step), None)
+                    if width is not None:
+                        writer.add_scalar("devices", width, step)
+                    self._steps[task] = step
+                for metric, points in store.evaluations(task).items():
+                    for step, value in points:
+                        if (task, step, metric) not in self._evaluations:
+                            self._evaluations.add((task, step, metric))
+                            writer.add_scalar(f"eval/{metric}", value, step)
+                writer.flush()
+
+    def close(self) -> None:
+        """Write each task's status, hyperparameters and final results; let go."""
+        self.update()
+        with RunStore(self.run_dir) as store:
+            tasks = summaries(store)
+        for t in tasks:
+            writer = self._writer(t.task)
+            writer.add_text("status", f"{t.status} at step {t.steps} of {t.total_steps}"
+                            + (f": {t.error.splitlines()[0]}" if t.error else ""), t.steps)
+            results = {f"final/{k}": v for k, v in t.evaluation.items()}
+            if t.final_loss is not None:
+                results["final/loss"] = t.final_loss
+            writer.add_hparams({k: _hparam(v) for k, v in t.hyperparameters.items()}
+                               or {"task": t.task}, results, run_name=".")
+        for writer in self._writers.values():
+            writer.close()
