@@ -2,11 +2,13 @@
 go to the next task queued on them (the first plan kept: what a tuner with fixed
 resources does) and ASHA with dione re-planning the survivors at once.
 
-    python benchmarks/selection_sim.py [--instance medium-1.json] [--nodes 2,4]
+    python benchmarks/selection_sim.py [--instance mixed-1.json] [--nodes 2]
 
 The tasks are a planner family's (``benchmarks/planner/instances``: synthetic option
 seconds, not published figures), each 90 steps, all sharing ``Asha(min_steps=10,
-eta=3)`` on the training loss; losses follow the simulator's ``exponential`` curve (per
+eta=3)`` on the training loss (rungs at 10 and 30 steps); slices of half an hour;
+re-planning held to 0.1% of the run's time (a stop re-plans at once, past it); losses
+follow the simulator's ``exponential`` curve (per
 task from the seed: a sweep's configurations differ in where they start and end). Per
 row: each way's makespan as a ratio to the full grid's, and the configuration each
 picks (the lowest final loss among tasks trained to the end) against the full grid's.
@@ -39,15 +41,17 @@ def picked(run_dir: Path) -> tuple[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--instance", default="medium-1.json")
-    parser.add_argument("--nodes", default="2,4")
+    parser.add_argument("--instance", default="mixed-1.json")
+    parser.add_argument("--nodes", default="2")
     parser.add_argument("--seed", type=int, default=3)
     args = parser.parse_args()
     problem = load_problem(INSTANCES / args.instance)
     rule = Asha(min_steps=10, eta=3)
     scenario = Scenario(seed=args.seed, spread=0.1)
-    options = RunOptions(time_limit=1.0, replan_time_limit=0.2, replan_interval=1000.0,
-                         replan_share=0.005)
+    # Slices of half an hour (and at every rung); re-plans held to 0.1% of the run's
+    # time, each counted at 5 s per unit of deterministic time; a stop re-plans past it.
+    options = RunOptions(time_limit=1.0, replan_time_limit=0.05, replan_interval=3600.0,
+                         replan_share=0.001, slice_seconds=1800.0)
     print(f"{len(problem.tasks)} tasks of {args.instance} ({STEPS} steps each), "
           f"Asha(min_steps=10, eta=3) on the training loss\n")
     print("| nodes | full grid s | ASHA, first plan kept / grid | ASHA re-planned / grid | "
