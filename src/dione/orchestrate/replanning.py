@@ -79,6 +79,7 @@ class Replanner:
         self._lock = threading.Lock()
         self.solves = 0
         self.seconds = 0.0  # spent solving re-plans (beside execution)
+        self.units = 0.0  # of CP-SAT's deterministic time they spent (deterministic solves)
 
     def ask(self, snapshot: Callable[[], tuple[PlanningProblem, float] | None]) -> None:
         """Plan again from ``snapshot()`` (the problem now and its time; None: nothing to
@@ -111,6 +112,7 @@ class Replanner:
             plan, fell_back = solve_or_fall_back(
                 problem, self.solver, self.limit,
                 1 if self.beside or self.deterministic else None, self.deterministic)
+            self.units += float(plan.notes.get("deterministic_spent", 0.0))
         finally:
             self.seconds += time.perf_counter() - began
             self.solves += 1

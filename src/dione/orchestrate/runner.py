@@ -48,8 +48,8 @@ __all__ = ["Runner"]
 TICK = 1.0
 VIRTUAL_TICK = 30.0
 # What a re-plan's solve is counted at on a virtual clock, per unit of CP-SAT's
-# deterministic time (measured: about 5 s of one thread), so that the re-planning budget
-# holds in a simulation without reading the wall clock.
+# deterministic time it spent (measured: about 5 s of one thread), so that the
+# re-planning budget holds in a simulation without reading the wall clock.
 VIRTUAL_SECONDS_PER_UNIT = 5.0
 
 
@@ -94,6 +94,7 @@ class Runner:
         self.plans_adopted = len(plan_files(run_dir))
         self.first_planned: float | None = None
         self.first_solve_seconds = 0.0  # the first plan's solve, on every core
+        self.first_solve_units = 0.0  # its CP-SAT deterministic time (virtual runs)
         self.slices_launched = 0  # in this session
         self.virtual = virtual
         self.tick = VIRTUAL_TICK if virtual else TICK
@@ -219,11 +220,13 @@ class Runner:
 
     def expected_solve_seconds(self) -> float:
         """The next re-plan's solve: the mean of those before (at first, the first
-        plan's, at most the re-plan time limit); on a virtual clock, its deterministic
-        time limit at VIRTUAL_SECONDS_PER_UNIT."""
+        plan's, at most the re-plan time limit); on a virtual clock, the same in CP-SAT's
+        deterministic time, at VIRTUAL_SECONDS_PER_UNIT."""
         replanner = self.replanner
         if self.virtual:  # counted, not timed: the same inputs give the same re-plans
-            return VIRTUAL_SECONDS_PER_UNIT * self.options.replan_time_limit
+            units = (replanner.units / replanner.solves if replanner.solves
+                     else min(self.first_solve_units, self.options.replan_time_limit))
+            return VIRTUAL_SECONDS_PER_UNIT * units
         if replanner.solves:
             return replanner.seconds / replanner.solves
         return min(self.first_solve_seconds, self.options.replan_time_limit)
@@ -290,6 +293,7 @@ class Runner:
                                              1 if self.virtual else None, self.virtual)
         if not self.first_solve_seconds:
             self.first_solve_seconds = time.perf_counter() - began
+            self.first_solve_units = float(plan.notes.get("deterministic_spent", 0.0))
         self._adopt(PlanCandidate(plan, problem, at, fell_back), first=True)
 
     def _uncovered(self) -> bool:
@@ -306,8 +310,8 @@ class Runner:
         slice end, and ran 1.3-1.5 times as long as with no re-planning)."""
         if not self.options.replan and not owed:
             return
-        spent = ((self.replanner.solves + 1) * self.expected_solve_seconds() if self.virtual
-                 else self.replanner.seconds + self.expected_solve_seconds())  # with this one
+        spent = (VIRTUAL_SECONDS_PER_UNIT * self.replanner.units if self.virtual
+                 else self.replanner.seconds) + self.expected_solve_seconds()  # with this one
         if not owed and spent > self.options.replan_share * max(self.now(), 0.0):
             return
         self.replanner.ask(self._snapshot)

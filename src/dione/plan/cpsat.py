@@ -382,8 +382,13 @@ def cpsat(problem: PlanningProblem, time_limit: float = 10.0, threads: int | Non
         notes["deterministic_time"] = deterministic_time
 
     def greedy_plan(status: str, why: str, bound: float = analytic) -> Plan:
+        notes["deterministic_spent"] = budget.spent  # what a simulation charges for it
         return placements_plan("cpsat", status, problem, placed, began, bound,
                                {**notes, "plan_from": "greedy", "why": why})
+
+    def finish(best: Sequence[Placement], source: str, status: str, bound: float) -> Plan:
+        notes["deterministic_spent"] = budget.spent
+        return _finish(problem, best, source, status, began, bound, notes, placed)
 
     if start.makespan <= analytic * (1 + 1e-9):
         return greedy_plan("optimal", "greedy meets the lower bound")
@@ -423,7 +428,7 @@ def cpsat(problem: PlanningProblem, time_limit: float = 10.0, threads: int | Non
                 if _makespan(again) < _makespan(best) - 1e-9:
                     best, source = again, "cpsat"
         if status == "OPTIMAL":
-            return _finish(problem, best, source, "optimal", began, bound, notes, placed)
+            return finish(best, source, "optimal", bound)
     else:
         notes["method"] = "search around the greedy plan (the whole model is too large)"
     if budget.left() > 0.05:
@@ -435,8 +440,8 @@ def cpsat(problem: PlanningProblem, time_limit: float = 10.0, threads: int | Non
             best, source = searched, "lns"
         if stats.bound:
             # A window of every task, solved to optimality: the whole model, proven.
-            return _finish(problem, best, source, "optimal", began, bound, notes, placed)
-    return _finish(problem, best, source, "feasible", began, bound, notes, placed)
+            return finish(best, source, "optimal", bound)
+    return finish(best, source, "feasible", bound)
 
 
 # How close (a share of the plan) the best plan must be to the bound before the rest of
