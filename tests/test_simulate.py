@@ -176,3 +176,17 @@ def test_tensorboard_holds_every_step_evaluation_and_the_hparams(tmp_path: Path)
         assert [e.step for e in events.Scalars("loss")] == list(range(1, 21))
         assert {e.value for e in events.Scalars("devices")} <= {1.0, 2.0}
         assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupted_simulation_stops_at_once(tmp_path: Path) -> None:
+    """Ctrl-C (or SIGTERM) mid-simulation: its slices end only as the virtual clock
+    moves, so the run must not wait for them as it waits for gangs (it hung)."""
+
+    def interrupt(event) -> None:
+        if event.kind == "slice_finished":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        simulate(small_problem(4), tmp_path / "run", steps=20, options=OPTIONS,
+                 on_event=interrupt)

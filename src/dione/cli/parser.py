@@ -293,10 +293,14 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--time-limit", type=positive_float, default=1.0,
                           help="the first plan's cpsat deterministic time (a unit is about "
                           "5 s on one thread): the same inputs give the same plans")
-    simulate.add_argument("--replan-time-limit", type=positive_float, default=0.2,
+    simulate.add_argument("--replan-time-limit", type=positive_float, default=0.1,
                           help="each re-plan's cpsat deterministic time")
     simulate.add_argument("--replan-interval", type=positive_float, default=1000.0,
                           help="virtual seconds between re-plans without a slice end")
+    simulate.add_argument("--replan-share", type=positive_float, default=0.002,
+                          help="re-plans wait while their solves (each counted at 5 s per "
+                          "unit of deterministic time it spent) would pass this share of "
+                          "the virtual run; each takes real seconds to simulate")
     simulate.add_argument("--slice-seconds", type=positive_float,
                           help="aim for slices of this many virtual seconds (default: 5 min)")
     simulate.add_argument("--no-replan", action="store_true", help="keep the first plan")

@@ -31,6 +31,7 @@ def command(args: argparse.Namespace) -> int:
     options = RunOptions(solver=args.solver, time_limit=args.time_limit,
                          replan_time_limit=args.replan_time_limit, replan=not args.no_replan,
                          replan_interval=args.replan_interval,
+                         replan_share=args.replan_share,
                          slice_seconds=args.slice_seconds)
     try:
         result = simulate(problem, out, cluster=cluster, scenario=scenario, steps=args.steps,
