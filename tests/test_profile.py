@@ -90,6 +90,8 @@ def test_the_problem_from_profile_to_run_is_typed_and_round_trips(tmp_path: Path
     try:
         remaining, _ = runner.problem()
         assert PlanningProblem.from_json(json.loads(json.dumps(remaining.to_json()))) == remaining
+        # `dione profile -o` and a run's first problem are one rule's: the same problem.
+        assert remaining == problem
         runner.plan_now()
         (adopted,) = read_plans(tmp_path / "run")
         assert adopted.run_clock == tuple(runner.state.plan)
