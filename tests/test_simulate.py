@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 from dione import clock
+from dione.launch.slice import SliceError
 from dione.orchestrate.options import RunOptions
 from dione.orchestrate.plans import read_plans
+from dione.orchestrate.replanning import PlanCandidate, solve_or_fall_back
+from dione.orchestrate.runner import Runner
 from dione.simulate import (
     Scenario,
     ScenarioError,
@@ -19,6 +22,8 @@ from dione.simulate import (
     parse_cluster,
     simulate,
 )
+from dione.simulate.launching import SimulatedLaunching, VirtualCluster
+from dione.simulate.workload import problem_cluster, problem_workload
 from dione.state.store import RunStore
 from helpers import dione, small_problem
 
@@ -190,3 +195,39 @@ def test_an_interrupted_simulation_stops_at_once(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         simulate(small_problem(4), tmp_path / "run", steps=20, options=OPTIONS,
                  on_event=interrupt)
+
+
+def test_a_plan_solved_before_a_node_was_lost_is_adopted_without_that_node(
+        tmp_path: Path) -> None:
+    """A re-plan solves beside execution: a node lost while it solved must not come back
+    with it (a Ray run launched onto the lost node and died). Its tasks are then owed a
+    plan of their own."""
+    problem = small_problem(4)
+    cluster = problem_cluster(problem)
+    tasks, profile = problem_workload(problem, 20, cluster, None)
+    virtual = VirtualClock()
+    with clock.using(virtual):
+        machines = VirtualCluster(virtual, Scenario())
+        launching = SimulatedLaunching(tmp_path, profile, virtual, Scenario(), machines)
+        runner = Runner(tasks, cluster, tmp_path, profile, OPTIONS, lambda e: None,
+                        lambda s: None, machines, launching=launching, virtual=True)
+        try:
+            runner.plan_now()
+            taken = runner._snapshot()
+            assert taken is not None
+            solved, _ = solve_or_fall_back(taken[0], "cpsat", 1.0, 1, True)
+            assert {a.node for a in solved.assignments} == {"n0", "n1"}
+            runner._lose_node("n1", runner.state.records["t0"],
+                              SliceError("n1 was lost", "node_lost"))
+            runner._adopt(PlanCandidate(solved, taken[0], taken[1]), first=True)
+            assert runner.state.plan and {a.node for a in runner.state.plan} == {"n0"}
+            assert runner._uncovered()  # n1's tasks wait for a plan of their own
+            # A second slice of n1's ends (its loss seen again) after a plan adopted
+            # meanwhile kept that slice's continuation there: it leaves the plan too.
+            kept = next(a for a in solved.assignments if a.node == "n1")
+            runner.state.plan.append(kept)
+            runner._lose_node("n1", runner.state.records[kept.task],
+                              SliceError("n1 was lost", "node_lost"))
+            assert {a.node for a in runner.state.plan} == {"n0"}
+        finally:
+            runner.store.close()

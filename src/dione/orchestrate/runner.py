@@ -321,12 +321,15 @@ class Runner:
         current one re-timed under the same estimates by more than the margin. Its
         assignments of tasks that started a slice since it was asked for are left out:
         they run, and go on where they run (as each running task the candidate did not
-        place does)."""
+        place does); so are those on a node lost since (their tasks are then uncovered,
+        and owed a re-plan)."""
         if candidate.fell_back:
             self.emit(RunEvent("planner_fell_back", f"{candidate.fell_back}; planning with "
                                "greedy instead"))
         records = self.state.records
-        assignments = [a for a in candidate.absolute() if self._placeable(a, candidate.at)]
+        alive = {n.name for n in self.cluster}  # a node lost while it was solved is gone
+        assignments = [a for a in candidate.absolute()
+                       if a.node in alive and self._placeable(a, candidate.at)]
         if not first:
             current = retimed_end(self.state.plan, candidate.problem, candidate.at)
             new_end = max((a.end for a in assignments), default=candidate.at)
@@ -498,13 +501,15 @@ class Runner:
         """A node left the cluster under a running slice: the task goes back to pending
         (from its last checkpoint), the node's devices leave the plan."""
         record.status = TaskStatus.PENDING
+        # Each of the node's slices ends so; a plan adopted between two of them kept
+        # their continuations there.
+        self.state.plan = [a for a in self.state.plan if a.node != node]
         if any(n.name == node for n in self.cluster):
             left = [n for n in self.cluster if n.name != node]
             if not left:
                 raise RuntimeError(f"node {node} was lost and no node is left to train on")
             self.cluster = Cluster(left)
             self.launcher.forget_node(node)
-            self.state.plan = [a for a in self.state.plan if a.node != node]
             self.emit(RunEvent("node_lost", f"node {node} left the cluster; its work is "
                                "planned again on the others", record.name))
         self.emit(RunEvent("slice_failed", f"{record.name}: {str(err).splitlines()[0]}",
