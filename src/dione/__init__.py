@@ -41,7 +41,8 @@ __getattr__ = lazy_exports(__name__, {
 
 def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione",
         ray: str | None = None, on_event: Callable[[Any], None] | None = None,
-        quiet: bool = False, **options: Any) -> Any:
+        quiet: bool = False, tensorboard: str | None = None,
+        mlflow: str | bool | None = None, **options: Any) -> Any:
     """Profile, plan and train every task of ``workload`` (a Workload, a list of tasks or
     a workload file's path) on this machine (``devices`` as ``--devices``), or on the Ray
     cluster at ``ray`` (an address as ``ray.init`` takes it, e.g. ``"auto"``), as ``dione
@@ -51,7 +52,10 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     prints it off a terminal. Returns the
     ``RunResult``: per task its status, final loss, evaluation and checkpoint; invalid
     tasks are left out and listed in its ``invalid``. Calling it
-    again with the same ``run_dir`` resumes an interrupted run."""
+    again with the same ``run_dir`` resumes an interrupted run. ``tensorboard`` (a
+    folder) and ``mlflow`` (a tracking URI, or True for MLflow's default) are written
+    as it trains, as ``dione run --tensorboard/--mlflow`` write them; the run's page,
+    ``run_dir/report/index.html``, is kept fresh either way."""
     # Imported here: workers import this package and need none of the planning stack.
     from dione.orchestrate import RunOptions, run_workload
     from dione.orchestrate.interrupts import interruptible
@@ -66,28 +70,82 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
         raise ValueError("no task of the workload is valid:\n"
                          + "\n".join(str(p) for p in problems))
     said = _said(on_event, quiet)
+    run_options = RunOptions(**options)  # bad options are named before anything starts
+    page = _LivePage(run_dir, tasks, tensorboard, mlflow)
     # Ctrl-C (and SIGTERM) stop the run cleanly at any moment; the caller's handlers are
     # put back after (a notebook's interrupt keeps working).
-    with interruptible():
-        if ray is None:
-            result = run_workload(tasks, local_cluster(devices), run_dir,
-                                  RunOptions(**options), on_event=said[0],
-                                  on_profile_event=said[1])
-        else:
-            from dione.launch.ray_launcher import RayLauncher
+    try:
+        with interruptible():
+            if ray is None:
+                result = run_workload(tasks, local_cluster(devices), run_dir, run_options,
+                                      on_event=page.seeing(said[0]),
+                                      on_profile_event=said[1])
+            else:
+                from dione.launch.ray_launcher import RayLauncher
 
-            launcher = RayLauncher(ray)
-            try:
-                result = run_workload(tasks, Cluster(launcher.nodes()), run_dir,
-                                      RunOptions(**options), launcher=launcher,
-                                      on_event=said[0], on_profile_event=said[1])
-            finally:
-                launcher.shutdown()
+                launcher = RayLauncher(ray)
+                try:
+                    result = run_workload(tasks, Cluster(launcher.nodes()), run_dir,
+                                          run_options, launcher=launcher,
+                                          on_event=page.seeing(said[0]),
+                                          on_profile_event=said[1])
+                finally:
+                    launcher.shutdown()
+    finally:
+        troubles = page.close()
     problem = report_after_run(run_dir, tasks)
-    if problem and not quiet:
-        print(f"warning: {problem}")
+    for trouble in [*troubles, *([problem] if problem else [])]:
+        if not quiet:
+            print(f"warning: {trouble}")
     result.invalid = [str(p) for p in problems]  # a bad task stops only itself
     return result
+
+
+class _LivePage:
+    """``dione.run``'s live page and dashboards: opened once the run directory holds its
+    store (at the run's first event), touched by the events that change what they
+    show, closed with the results. A dashboard that cannot be written stops nothing."""
+
+    def __init__(self, run_dir: str, tasks: Any, tensorboard: str | None,
+                 mlflow: str | bool | None) -> None:
+        import importlib.util
+        from pathlib import Path
+
+        self._run_dir = Path(run_dir)
+        self._places = (tensorboard, mlflow)
+        self._tasks = tasks
+        self._page: Any = None
+        self._troubles: list[str] = []
+        for module, wanted in (("tensorboard", tensorboard), ("mlflow", mlflow)):
+            if wanted and importlib.util.find_spec(module) is None:  # before any training
+                raise RuntimeError(f"{module}= needs the {module} package: pip install "
+                                   f"'dione[{module}]'")
+
+    def seeing(self, said: Callable[[Any], None]) -> Callable[[Any], None]:
+        def event(e: Any) -> None:
+            if self._page is None:
+                self._open()
+            if e.kind in ("planned", "replanned", "slice_finished", "task_stopped"):
+                self._page.touch()
+            said(e)
+        return event
+
+    def _open(self) -> None:
+        from dione.report.dashboards import open_dashboards
+        from dione.report.page import LiveReport
+
+        tensorboard, mlflow = self._places
+        try:
+            boards = open_dashboards(self._run_dir, tensorboard=tensorboard, mlflow=mlflow,
+                                     tasks=self._tasks)
+        except Exception as err:
+            boards = []
+            self._troubles.append(f"the dashboards could not be opened: {err}")
+        self._page = LiveReport(self._run_dir, boards=boards)
+
+    def close(self) -> list[str]:
+        closed = list(self._page.close()) if self._page is not None else []
+        return self._troubles + closed
 
 
 def _said(on_event: Callable[[Any], None] | None, quiet: bool

@@ -207,9 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--current-practice", action="store_true",
                      help="no profiling or planning: each task in turn on all devices")
     run.add_argument("--technique", help="with --current-practice: force this technique")
-    run.add_argument("--tensorboard", metavar="DIR",
-                     help="write each task's losses, step times, evaluations and slices for "
-                     "TensorBoard as it trains (one run per task; hyperparameters at the end)")
+    _add_dashboards(run)
     _add_profiling(run)
 
     # No defaults in resume's help: an absent flag keeps what the run was started with.
@@ -224,12 +222,17 @@ def build_parser() -> argparse.ArgumentParser:
         flag.add_to(resume)
     for flag in _PROFILE:
         flag.add_to(resume)
+    _add_dashboards(resume, "; default: where the run wrote before")
 
     report = command("report", "(re)write a run's report (summary, Gantt chart, learning "
                      "curves, index.html) and print it")
     report.add_argument("run_dir")
     report.add_argument("--tensorboard", metavar="DIR",
                         help="also write the run for TensorBoard: one run per task")
+    report.add_argument("--mlflow", nargs="?", const=True, metavar="TRACKING_URI",
+                        help="also write the run to MLflow (default: MLflow's own, "
+                        "sqlite:///mlflow.db here): a parent run, a nested run per task; "
+                        "a run written before is continued, not repeated")
     command("status", "show a running or finished run").add_argument("run_dir")
 
     profile = command("profile", "time each task's configurations with short real trials; "
@@ -317,6 +320,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("techniques", "list registered techniques and knobs")
     return parser
+
+
+def _add_dashboards(parser: argparse.ArgumentParser, default: str = "") -> None:
+    parser.add_argument("--tensorboard", metavar="DIR",
+                        help="write each task's losses, step times, evaluations and slices "
+                        "for TensorBoard as it trains (one run per task; hyperparameters "
+                        f"at the end){default}")
+    parser.add_argument("--mlflow", nargs="?", const=True, metavar="TRACKING_URI",
+                        help="write the run to MLflow as it trains: a parent run, a nested "
+                        "run per task (params, metrics by step, the exported model once "
+                        "done); default TRACKING_URI: MLflow's own (MLFLOW_TRACKING_URI, "
+                        f"else sqlite:///mlflow.db here); needs dione[mlflow]{default}")
 
 
 def _add_ray(parser: argparse.ArgumentParser) -> None:

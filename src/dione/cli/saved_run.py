@@ -21,18 +21,22 @@ RUN_FILE = "run.json"
 
 @dataclasses.dataclass(frozen=True)
 class SavedRun:
-    """How a run was started: its workload file (absolute), its options, and the
-    cluster it was given (``--devices``, ``--ray``)."""
+    """How a run was started: its workload file (absolute), its options, the cluster it
+    was given (``--devices``, ``--ray``) and the dashboards it writes to (a TensorBoard
+    folder, absolute; an MLflow tracking URI), which a resume goes on writing."""
 
     workload: str
     options: RunOptions
     devices: str | None = None
     ray: str | None = None
+    tensorboard: str | None = None
+    mlflow: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         # `workload` stays at the top: `dione export` and `dione.load` read it there.
         return {"workload": self.workload, "devices": self.devices, "ray": self.ray,
-                "options": dataclasses.asdict(self.options)}
+                "options": dataclasses.asdict(self.options),
+                "tensorboard": self.tensorboard, "mlflow": self.mlflow}
 
     def write(self, run_dir: Path) -> None:
         """Write ``run_dir/run.json``; BadInput if it cannot be written."""
@@ -58,7 +62,8 @@ def load_saved_run(run_dir: Path) -> SavedRun:
         return SavedRun(workload=str(saved["workload"]),
                         options=_flags_of_old_run(saved) if options is None
                         else _options(options),
-                        devices=saved.get("devices"), ray=saved.get("ray"))
+                        devices=saved.get("devices"), ray=saved.get("ray"),
+                        tensorboard=saved.get("tensorboard"), mlflow=saved.get("mlflow"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise BadInput(f"{path} is unreadable or damaged ({type(err).__name__}: {err}); "
                        "start the run again with `dione run WORKLOAD --out "
@@ -90,3 +95,16 @@ def _flags_of_old_run(saved: dict[str, Any]) -> RunOptions:
     if "no_replan" in flags:  # then a store_true flag; now --replan/--no-replan
         flags["replan"] = not flags.pop("no_replan")
     return run_options(flags)
+
+
+def dashboard_places(tensorboard: str | None, mlflow: str | bool | None
+                     ) -> tuple[str | None, str | None]:
+    """The flags' TensorBoard folder and MLflow tracking URI, made independent of the
+    directory a later ``dione resume`` runs in (MLflow's default resolved here)."""
+    import os
+
+    folder = str(Path(tensorboard).resolve()) if tensorboard else None
+    if mlflow is True:
+        mlflow = (os.environ.get("MLFLOW_TRACKING_URI")
+                  or f"sqlite:///{Path('mlflow.db').resolve()}")
+    return folder, mlflow or None

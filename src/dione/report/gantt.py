@@ -12,7 +12,8 @@ __all__ = ["draw_gantt"]
 
 
 def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
-               path: Path, simulated: bool = False) -> None:
+               path: Path, simulated: bool = False,
+               which: str = "plan (first adopted)") -> None:
     """Two panels sharing the time axis: the first adopted plan and the actual slices
     (failed or interrupted ones hatched), seconds from the run's start; a simulated
     run's says so in both titles."""
@@ -41,7 +42,7 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
     figure, axes = plt.subplots(2, 1, sharex=True, figsize=(11, 1.2 + 0.5 * len(rows) * 2 + 1),
                                 squeeze=True)
     mark = "SIMULATED: " if simulated else ""
-    for ax, bars, title in ((axes[0], planned, f"{mark}plan (first adopted)"),
+    for ax, bars, title in ((axes[0], planned, f"{mark}{which}"),
                             (axes[1], actual, f"{mark}actual" + (" (virtual cluster)"
                                                                  if simulated else ""))):
         for row, task, technique, start, end, status in bars:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import base64
 import html
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+from dione.report.dashboards import Dashboard
 
 __all__ = ["LiveReport", "write_page"]
 
@@ -79,14 +81,15 @@ class LiveReport:
     changed; a thread of its own rewrites it at most every ``every`` seconds, so the
     run's loop never waits for a figure."""
 
-    def __init__(self, run_dir: Path, every: float = 30.0, board: Any = None) -> None:
-        """``board``: a TensorBoardExport to bring up to date with the report (and to
-        close, with the tasks' results, when the run ends)."""
+    def __init__(self, run_dir: Path, every: float = 30.0,
+                 boards: Sequence[Dashboard] = ()) -> None:
+        """``boards``: dashboards (TensorBoard, MLflow) to bring up to date with the
+        report, and to close, with the tasks' results, when the run ends."""
         import threading
 
         self.run_dir = run_dir
         self.every = every
-        self.board = board
+        self.boards = list(boards)
         self._changed = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dione-live-report",
@@ -104,15 +107,23 @@ class LiveReport:
                 continue
             self._changed.clear()
             try:
-                if self.board is not None:
-                    self.board.update()
+                for board in self.boards:
+                    board.update()
                 folder = write_report(self.run_dir)
                 write_page(folder, refresh_seconds=int(self.every))
             except Exception:  # a live view must never stop the run
                 continue  # the next change tries again; the final report says what failed
 
-    def close(self) -> None:
+    def close(self) -> list[str]:
+        """Stop; close each dashboard (with the tasks' results). What failed, one
+        sentence each: a dashboard that fails loses nothing of the run."""
         self._stop.set()
         self._thread.join(timeout=60)
-        if self.board is not None:
-            self.board.close()
+        failed = []
+        for board in self.boards:
+            try:
+                board.close()
+            except Exception as err:
+                failed.append(f"{type(board).__name__} could not be written: "
+                              f"{type(err).__name__}: {err}")
+        return failed

@@ -6,19 +6,25 @@ each evaluation as ``eval/<metric>`` at its step; each slice's technique, device
 node as text at its first step and ``devices`` as a scalar at every step (it changes
 where the task moved); at the end its status, and its hyperparameters with its final
 loss and metrics in the HParams plugin, so TensorBoard's own HParams view compares the
-configurations. Needs the ``tensorboard`` extra.
+configurations. Each adopted plan, as an image (the plan's Gantt chart against the
+slices that had started by then), in a TensorBoard run of its own, ``_plans``. Needs
+the ``tensorboard`` extra.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dione.state.store import RunStore
+from dione.state.store import SIMULATED_FILE, RunStore
 from dione.state.summaries import summaries
 
-__all__ = ["TensorBoardExport"]
+__all__ = ["PLANS_RUN", "TensorBoardExport"]
+
+PLANS_RUN = "_plans"  # the TensorBoard run holding each adopted plan's chart
 
 
 def _hparam(value: Any) -> Any:
@@ -45,6 +51,7 @@ class TensorBoardExport:
         self._steps: dict[str, int] = {}  # last step written per task
         self._slices: set[int] = set()
         self._evaluations: set[tuple[str, int, str]] = set()
+        self._plans = 0  # adopted plans drawn
 
     def _writer(self, task: str) -> Any:
         if task not in self._writers:
@@ -87,6 +94,37 @@ class TensorBoardExport:
                             self._evaluations.add((task, step, metric))
                             writer.add_scalar(f"eval/{metric}", value, step)
                 writer.flush()
+            self._draw_plans(store)
+
+    def _draw_plans(self, store: RunStore) -> None:
+        """Each plan adopted since the last call, as an image at its index: its Gantt
+        chart against the slices that had started when it was adopted."""
+        import matplotlib.image
+
+        from dione.orchestrate.plans import read_plans
+        from dione.report.gantt import draw_gantt
+
+        plans = read_plans(self.run_dir)
+        if len(plans) <= self._plans:
+            return
+        slices = store.slices()
+        zero = min([p.clock_zero for p in plans] + [s.started_at for s in slices])
+        simulated = (self.run_dir / SIMULATED_FILE).is_file()
+        writer = self._writer(PLANS_RUN)
+        with tempfile.TemporaryDirectory(prefix="dione-tb-") as folder:
+            for index in range(self._plans, len(plans)):
+                plan = plans[index]
+                adopted = plan.clock_zero + plan.at
+                path = Path(folder) / f"plan-{index}.png"
+                # What had run by then: later slices left out, running ones cut there.
+                seen = [replace(s, ended_at=min(s.ended_at or adopted, adopted))
+                        for s in slices if s.started_at <= adopted]
+                draw_gantt(plan, seen, zero, path, simulated,
+                           f"plan {index + 1}, adopted at {adopted - zero:.0f} s")
+                image = matplotlib.image.imread(path)[..., :3]  # RGBA floats: RGB
+                writer.add_image("plan", image, index, dataformats="HWC")
+        writer.flush()
+        self._plans = len(plans)
 
     def close(self) -> None:
         """Write each task's status, hyperparameters and final results; let go."""

@@ -24,13 +24,21 @@ def command(args: argparse.Namespace) -> int:
                        "`dione status` says what it can still read") from None
     console.print((folder / "summary.md").read_text())
     console.print(f"written: {folder}")
-    if args.tensorboard:
-        from dione.report.tensorboard import TensorBoardExport
+    from dione.report.dashboards import open_dashboards
 
-        try:
-            board = TensorBoardExport(args.run_dir, args.tensorboard)
-        except RuntimeError as err:
-            raise BadInput(str(err)) from None
-        board.close()
+    try:
+        boards = open_dashboards(args.run_dir, tensorboard=args.tensorboard,
+                                 mlflow=args.mlflow)
+        for board in boards:
+            board.close()
+    except RuntimeError as err:  # the extra is not installed
+        raise BadInput(str(err)) from None
+    if args.tensorboard:
         console.print(f"TensorBoard: tensorboard --logdir {args.tensorboard}")
+    for board in boards:
+        left_out = getattr(board, "models_left_out", None)
+        uri = getattr(board, "uri", None)
+        if uri:
+            console.print(f"MLflow: mlflow ui --backend-store-uri {uri}"
+                          + (f" (models left out: {left_out})" if left_out else ""))
     return 0

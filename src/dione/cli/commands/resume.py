@@ -11,7 +11,7 @@ from dione.cli.commands.run import execute
 from dione.cli.console import console
 from dione.cli.errors import BadInput
 from dione.cli.parser import run_options
-from dione.cli.saved_run import load_saved_run
+from dione.cli.saved_run import dashboard_places, load_saved_run
 
 __all__ = ["command"]
 
@@ -24,8 +24,11 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput(f"{workload}, the workload this run started with, is not there: if "
                        f"it moved, give its new place with `dione resume {run_dir} "
                        "--workload NEW.py`")
+    tensorboard, mlflow = dashboard_places(args.tensorboard, args.mlflow)
     run = dataclasses.replace(saved, workload=workload,
-                              options=run_options(vars(args), base=saved.options))
+                              options=run_options(vars(args), base=saved.options),
+                              tensorboard=tensorboard or saved.tensorboard,
+                              mlflow=mlflow or saved.mlflow)
     console.print(f"resuming {run_dir} ({workload})")
     # A workload that moved is recorded at its new place, for the next resume and export;
     # the options given now are not: the next resume starts again from the saved ones.

@@ -11,7 +11,7 @@ from dione.cli.console import complain, console
 from dione.cli.errors import EXIT_FAILED, BadInput
 from dione.cli.inputs import claimed, default_run_dir, ray_launcher, valid_tasks
 from dione.cli.parser import run_options
-from dione.cli.saved_run import RUN_FILE, SavedRun, load_saved_run
+from dione.cli.saved_run import RUN_FILE, SavedRun, dashboard_places, load_saved_run
 from dione.cli.views import print_results, print_sequential_results, profile_lines
 
 __all__ = ["command", "execute"]
@@ -25,8 +25,10 @@ def command(args: argparse.Namespace) -> int:
     if args.technique:
         raise BadInput("--technique forces one technique for current practice; add "
                        "--current-practice, or restrict techniques in the task")
-    run = SavedRun(str(Path(args.workload).resolve()), options, args.devices, args.ray)
-    return execute(args.workload, run, run_dir, record=run, tensorboard=args.tensorboard)
+    tensorboard, mlflow = dashboard_places(args.tensorboard, args.mlflow)
+    run = SavedRun(str(Path(args.workload).resolve()), options, args.devices, args.ray,
+                   tensorboard, mlflow)
+    return execute(args.workload, run, run_dir, record=run)
 
 
 def _same_workload(run_dir: Path, workload: str) -> None:
@@ -47,23 +49,21 @@ def _same_workload(run_dir: Path, workload: str) -> None:
 
 
 def execute(workload_file: str, run: SavedRun, run_dir: Path, *,
-            record: SavedRun | None, replacing: str | None = None,
-            tensorboard: str | None = None) -> int:
+            record: SavedRun | None, replacing: str | None = None) -> int:
     """Validate, profile, plan, run, report: the body of ``run`` and ``resume``. The run
     directory is touched only once the workload is known to start; then ``record`` is
     written to its ``run.json`` (for ``dione resume``), replacing one of the same
     workload or of ``replacing`` (a workload that moved), never another's."""
     launcher = ray_launcher(run.ray, run.devices)
     try:
-        return _execute_on(workload_file, run, run_dir, record, replacing, launcher,
-                           tensorboard)
+        return _execute_on(workload_file, run, run_dir, record, replacing, launcher)
     finally:
         if launcher is not None:
             launcher.shutdown()
 
 
 def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedRun | None,
-                replacing: str | None, launcher: Any, tensorboard: str | None) -> int:
+                replacing: str | None, launcher: Any) -> int:
     from dione.orchestrate import RunEvent, run_workload
     from dione.orchestrate.progress import LiveProgress
     from dione.orchestrate.run import RunDirError
@@ -79,16 +79,15 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
             record.write(run_dir)
         where = ", ".join(f"{n.devices} {n.kind} device(s) of {n.name}" for n in cluster)
         console.print(f"dione run: {len(tasks)} task(s) on {where}; run dir {run_dir}")
-        board = None
-        if tensorboard:
-            from dione.report.tensorboard import TensorBoardExport
+        from dione.report.dashboards import open_dashboards
 
-            try:
-                board = TensorBoardExport(run_dir, tensorboard)
-            except RuntimeError as err:
-                raise BadInput(str(err)) from None
-        # RUN_DIR/report/index.html (and TensorBoard's files), fresh while it runs.
-        page = LiveReport(run_dir, board=board)
+        try:
+            boards = open_dashboards(run_dir, tensorboard=run.tensorboard, mlflow=run.mlflow,
+                                     tasks=tasks)
+        except RuntimeError as err:  # the extra is not installed
+            raise BadInput(str(err)) from None
+        # RUN_DIR/report/index.html (and the dashboards), fresh while it runs.
+        page = LiveReport(run_dir, boards=boards)
         with LiveProgress(console) as live:
             def said(event: RunEvent) -> None:
                 live.event(f"[{event.kind}] {event.message}")
@@ -102,11 +101,16 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
             except (RunDirError, ClusterError) as err:
                 raise BadInput(str(err)) from None
             finally:
-                page.close()  # the final report comes next, written once
+                for trouble in page.close():  # the final report comes next, written once
+                    complain("warning", trouble)
         problem = report_after_run(run_dir, tasks)
         if problem:
             complain("warning", problem)
     print_results(result, run_dir)
+    if run.tensorboard:
+        console.print(f"TensorBoard: tensorboard --logdir {run.tensorboard}")
+    if run.mlflow:
+        console.print(f"MLflow: mlflow ui --backend-store-uri {run.mlflow}")
     # A task its stopping rule stopped ended as asked (its reason is in the results).
     failed = [t for t in result.tasks if t.status not in ("done", "stopped")]
     for t in failed:

@@ -1,0 +1,84 @@
+"""A run written to TensorBoard and MLflow as it trains (``dione.run(tensorboard=,
+mlflow=)``, ``dione report --mlflow``), read back with the tools' own readers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+from mlflow.tracking import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import dione
+from dione.orchestrate.plans import read_plans
+from dione.profile import TrialOptions
+from dione.report.tensorboard import PLANS_RUN
+from dione.state.store import RunStore
+from dione.zoo.digits import digits_accuracy
+from helpers import digits_task
+from helpers import dione as dione_cli
+
+
+def test_a_run_is_in_mlflow_and_tensorboard_with_every_step_and_each_model(
+        tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tasks = [digits_task(f"lr-{lr}", steps=6, techniques=("single",),
+                         evaluate=digits_accuracy, hyperparameters={"lr": lr})
+             for lr in (0.01, 0.03)]
+    run_dir = tmp_path / "run"
+    result = dione.run(tasks, devices="cpu:1", run_dir=str(run_dir), quiet=True,
+                       tensorboard=str(tmp_path / "tb"), mlflow=uri,
+                       catalog=str(tmp_path / "catalog.sqlite"), time_limit=2.0,
+                       trial=TrialOptions(warmup_steps=1, measure_steps=2))
+    assert [t.status for t in result.tasks] == ["done", "done"]
+    with RunStore(run_dir) as store:
+        steps = {t.name: [s for s, _ in store.losses(t.name)] for t in tasks}
+        run_id = store.run_id
+    assert all(len(s) == 6 for s in steps.values())
+
+    client = MlflowClient(tracking_uri=uri)
+    mlflow.set_tracking_uri(uri)
+    experiment = client.get_experiment_by_name("dione")
+    (parent,) = mlflow.search_runs([experiment.experiment_id],
+                                   f"tags.`dione.run_id` = '{run_id}'", output_format="list")
+    children = mlflow.search_runs(
+        [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
+        output_format="list")
+    assert parent.info.status == "FINISHED"
+    assert sorted(c.info.run_name for c in children) == ["lr-0.01", "lr-0.03"]
+
+    def contents(run_id: str) -> tuple[list[int], dict[str, str], list[str]]:
+        loss = client.get_metric_history(run_id, "loss")
+        run = client.get_run(run_id)
+        artifacts = [f.path for f in client.list_artifacts(run_id, "model")]
+        return sorted(m.step for m in loss), run.data.params, artifacts
+
+    for child in children:
+        name = child.info.run_name
+        loss_steps, params, artifacts = contents(child.info.run_id)
+        assert loss_steps == steps[name]  # every step, once
+        assert child.info.status == "FINISHED" and child.data.tags["dione.status"] == "done"
+        assert params["lr"] == name.removeprefix("lr-")
+        assert params["slice.000000"].startswith("steps 0-6: single")
+        assert 0.0 <= child.data.metrics["final/accuracy"] <= 1.0
+        assert "model/model.safetensors" in artifacts  # as `dione export` writes it
+
+    # `dione report --mlflow` on the same store continues the runs, repeating nothing.
+    shown = dione_cli("report", str(run_dir), "--mlflow", uri)
+    assert shown.returncode == 0, shown.stderr
+    again = mlflow.search_runs([experiment.experiment_id], "", output_format="list")
+    assert len(again) == 3
+    for child in children:
+        assert contents(child.info.run_id)[0] == steps[child.info.run_name]
+
+    # TensorBoard, written by the same live thread: each task's loss at every step.
+    for task in tasks:
+        events = EventAccumulator(str(tmp_path / "tb" / task.name))
+        events.Reload()
+        assert [e.step for e in events.Scalars("loss")] == steps[task.name]
+        assert [e.step for e in events.Scalars("eval/accuracy")] == [6]
+    plans = EventAccumulator(str(tmp_path / "tb" / PLANS_RUN), size_guidance={"images": 0})
+    plans.Reload()
+    drawn = plans.Images("plan")  # each adopted plan's chart, at its index
+    assert [e.step for e in drawn] == list(range(len(read_plans(run_dir))))
+    assert all(e.width > 300 and e.height > 100 for e in drawn)
