@@ -11,7 +11,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[examples,dev,ray,hf,tensorboard,mlflow]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[examples,dev,ray,hf,tensorboard,mlflow,optuna]'
 	touch $@
 
 # A fresh run directory each time; trials stay in the catalog (~/.cache/dione).

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -437,6 +437,7 @@ class Runner:
         record.status = TaskStatus.DONE if ended else TaskStatus.PENDING
         if ended:
             self.store.set_task_status(name, "done", result.evaluation_error)
+            self._ended(record, result.evaluation)
         elapsed = self.now() - running.began
         planned = running.predicted_end - running.began
         self.emit(RunEvent("slice_finished", f"{name}: steps {result.start_step}-"
@@ -458,7 +459,7 @@ class Runner:
         else:
             value = float(result.evaluation.get(rule.metric, math.nan))
         key = (repr(rule), step)
-        decision = rule.decide(step, value, self.rungs.get(key, []))
+        decision = rule.decide(step, value, self.rungs.get(key, []), record.name)
         self.rungs.setdefault(key, []).append(value)
         self.store.record_decision(record.name, repr(rule), step, rule.metric, value,
                                    decision.stop, decision.reason)
@@ -468,8 +469,20 @@ class Runner:
             return False
         record.status = TaskStatus.STOPPED
         self.emit(RunEvent("task_stopped", f"{record.name}: {decision.reason}", record.name))
+        self._ended(record, result.evaluation)
         self.ask_replan(owed=self.options.replan)  # past the budget (none with --no-replan)
         return True
+
+    def _ended(self, record: TaskRecord, evaluation: Mapping[str, float]) -> None:
+        """Tell the task's stopping rule, if it has one, that the task ended."""
+        rule = record.task.stopping
+        if rule is None:
+            return
+        try:
+            rule.ended(record.name, record.status.value, record.last_loss, evaluation)
+        except Exception as err:  # the rule's own bookkeeping: the run goes on
+            self.emit(RunEvent("stopping_rule_failed", f"{record.name}: {rule!r} could not "
+                               f"record its end: {type(err).__name__}: {err}", record.name))
 
     def _failed(self, record: TaskRecord, err: SliceError) -> bool:
         """A slice that failed: the task retried, or ended (diverged, a failure no retry
@@ -479,17 +492,20 @@ class Runner:
         if err.reason == "diverged":  # the store already says so, with the step
             record.status = TaskStatus.DIVERGED
             self.emit(RunEvent("task_diverged", str(err).splitlines()[0], name))
+            self._ended(record, {})
         elif not err.retryable:
             record.status = TaskStatus.FAILED
             self.store.set_task_status(name, "failed", str(err))
             self.emit(RunEvent("task_failed", f"{name} failed, and no retry can succeed until "
                                "the disk, the permissions or the task change: "
                                f"{str(err).splitlines()[0]}", name))
+            self._ended(record, {})
         elif record.failures >= self.options.max_failures:
             record.status = TaskStatus.FAILED
             self.store.set_task_status(name, "failed", str(err))
             self.emit(RunEvent("task_failed", f"{name} failed {record.failures} times; giving "
                                f"up: {err}", name))
+            self._ended(record, {})
         else:
             record.status = TaskStatus.PENDING
             self.emit(RunEvent("slice_failed", f"{name} failed (attempt {record.failures} of "

@@ -19,7 +19,7 @@ from dione.simulate.scenario import Scenario
 from dione.simulate.virtual_clock import VirtualClock
 from dione.simulate.workload import problem_cluster, problem_workload
 from dione.spec.cluster import Cluster
-from dione.spec.stopping import Asha
+from dione.spec.stopping import StoppingRule
 from dione.spec.task import Task
 from dione.state.private import write_private
 from dione.state.store import SIMULATED_FILE
@@ -69,7 +69,7 @@ def simulate(
     steps: int = 100,
     options: RunOptions | None = None,
     on_event: Callable[[RunEvent], None] | None = None,
-    stopping: Asha | None = None,
+    stopping: StoppingRule | None = None,
 ) -> SimulationResult:
     """Run ``problem``'s tasks (``steps`` steps each, sharing ``stopping`` if given) on
     ``cluster`` (default: the problem's nodes) as ``scenario`` says, on a virtual clock;

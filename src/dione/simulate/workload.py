@@ -11,7 +11,7 @@ from dione.plan.problem import PlanningProblem
 from dione.profile.catalog import TrialRecord
 from dione.profile.results import Profile, ProfiledOption, TaskProfile
 from dione.spec.cluster import Cluster, ClusterError, Node
-from dione.spec.stopping import Asha
+from dione.spec.stopping import StoppingRule
 from dione.spec.task import Task
 from dione.techniques.registry import technique_names
 
@@ -24,7 +24,7 @@ def _never(*args: Any, **kwargs: Any) -> NoReturn:
 
 
 def problem_workload(problem: PlanningProblem, steps: int, cluster: Cluster,
-                     stopping: Asha | None = None) -> tuple[list[Task], Profile]:
+                     stopping: StoppingRule | None = None) -> tuple[list[Task], Profile]:
     """Tasks of ``steps`` steps each, and their profile on ``cluster``: each technique and
     width of the problem at its fastest knobs, its seconds spread evenly over the steps
     (no start-up, no load or save); every task shares ``stopping``, if given."""

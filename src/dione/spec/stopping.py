@@ -11,16 +11,18 @@ never trains again.
 
 The metric: ``"loss"``, the mean training loss of the rung's last ``loss_window`` steps
 (no evaluation needed), or a name the task's ``evaluate(model)`` returns (it then runs at
-every rung, inside the slice that ends there, on the live model).
+every rung, in the worker of the slice that ends there, on the model loaded from the
+checkpoint that slice wrote).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Asha", "Decision"]
+__all__ = ["Asha", "Decision", "StoppingRule"]
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,42 @@ class Decision:
     reason: str
 
 
+class StoppingRule(ABC):
+    """What the orchestrator asks of a stopping rule: the steps a task is judged at (a
+    slice ends at each), and a decision there. ``repr`` names the rule: tasks whose
+    rules have one repr are judged together, and the store keys decisions by it."""
+
+    metric: str  # "loss" (the mean of the rung's last ``loss_window`` steps) or evaluate()'s
+    mode: str  # "min" or "max"
+    loss_window: int
+
+    @abstractmethod
+    def mistakes(self) -> list[str]:
+        """Each way the rule is malformed (empty: none), with the fix."""
+
+    @abstractmethod
+    def rungs(self, total: int) -> list[int]:
+        """The steps, before ``total``, at which a task is judged."""
+
+    def next_rung(self, done: int, total: int) -> int | None:
+        """The first rung after step ``done`` (None: none is left)."""
+        return next((r for r in self.rungs(total) if r > done), None)
+
+    @abstractmethod
+    def decide(self, rung: int, value: float, recorded: Sequence[float],
+               task: str = "") -> Decision:
+        """Whether ``task`` with ``value`` at ``rung`` goes on, given the values the
+        tasks before it recorded there under this rule (``value`` not among them)."""
+
+    def ended(self, task: str, status: str, loss: float | None,  # noqa: B027 (a hook)
+              evaluation: Mapping[str, float]) -> None:
+        """Told, in the launcher, as a task under this rule ends (``done``, ``stopped``,
+        ``failed``, ``diverged``) with its last loss and evaluation: a rule that learns
+        from finished tasks (a median over completed ones) records it here."""
+
+
 @dataclass(frozen=True)
-class Asha:
+class Asha(StoppingRule):
     """Asynchronous successive halving; see the module's docstring."""
 
     metric: str = "loss"
@@ -72,13 +108,8 @@ class Asha:
             step *= self.eta
         return found
 
-    def next_rung(self, done: int, total: int) -> int | None:
-        """The first rung after step ``done`` (None: none is left)."""
-        return next((r for r in self.rungs(total) if r > done), None)
-
-    def decide(self, rung: int, value: float, recorded: Sequence[float]) -> Decision:
-        """Whether a task with ``value`` at ``rung`` goes on, given the values the tasks
-        before it recorded there (``value`` not among them)."""
+    def decide(self, rung: int, value: float, recorded: Sequence[float],
+               task: str = "") -> Decision:
         if not math.isfinite(value):
             return Decision(rung, value, True, f"{self.metric} is {value} at step {rung}")
         if not recorded:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dione.spec.stopping import Asha
+from dione.spec.stopping import StoppingRule
 
 __all__ = [
     "PRECISIONS",
@@ -110,7 +110,7 @@ class Task:
     collate_fn: CollateFn | None = None
     loss_items: ItemCounter | None = None
     allow_inexact: bool = False
-    stopping: Asha | None = None  # a stopping rule the sweep's tasks share (spec/stopping)
+    stopping: StoppingRule | None = None  # a stopping rule the sweep's tasks share (spec/stopping)
     refused_techniques: Mapping[str, str] = field(default_factory=dict, repr=False,
                                                   compare=False)
 

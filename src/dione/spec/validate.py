@@ -16,7 +16,7 @@ from torch import nn
 
 from dione.spec.batch import split_problem
 from dione.spec.devices import DeviceKind, local_device_kind
-from dione.spec.stopping import Asha
+from dione.spec.stopping import StoppingRule
 from dione.spec.task import PRECISIONS, ItemCounter, Task
 from dione.spec.workload import Workload
 
@@ -389,7 +389,7 @@ def checked_task(
     if not isinstance(task.allow_inexact, bool):
         bad("allow_inexact", f"must be True or False, not {task.allow_inexact!r}")
     if task.stopping is not None:
-        if not isinstance(task.stopping, Asha):
+        if not isinstance(task.stopping, StoppingRule):
             bad("stopping", f"must be a stopping rule (dione.Asha(...)) or None, not "
                 f"{type(task.stopping).__name__}")
         else:
