@@ -136,3 +136,62 @@ def test_a_store_of_the_version_before_takes_stopped_tasks(tmp_path: Path) -> No
     with pytest.raises(sqlite3.IntegrityError):
         raw.execute("UPDATE tasks SET status = 'nonsense'")
     raw.close()
+
+
+def test_a_rung_a_killed_run_left_undecided_is_judged_before_anything_trains_past_it(
+        tmp_path: Path, monkeypatch) -> None:
+    """The launcher dies after a slice ended at a rung and before the decision was
+    recorded (here: the decision's write interrupts it, as a kill would). The resumed run
+    judges that rung first, once, from the store's losses, as the rule says."""
+    rule = Asha(metric="loss", min_steps=6, eta=2, loss_window=3)
+    rates = {"fast": 3e-2, "slow": 1e-6, "mid": 3e-3, "stuck": 1e-7}
+    tasks = [replace(digits_task(name, steps=24, stopping=rule),
+                     optimizer=functools.partial(torch.optim.Adam, lr=lr))
+             for name, lr in rates.items()]
+    run_dir = tmp_path / "run"
+    options = RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                         slice_steps=12, time_limit=5.0)
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # the launcher dies between the slice's end and this
+
+    with monkeypatch.context() as patched:
+        patched.setattr(RunStore, "record_decision", killed)
+        with pytest.raises(KeyboardInterrupt):
+            run_workload(tasks, Cluster([TEST_NODE]), run_dir, options)
+    with RunStore(run_dir) as store:
+        assert store.decisions() == []
+        undecided = {t.name: c.step for t in store.tasks()
+                     if (c := store.latest_checkpoint(t.name)) is not None
+                     and c.step in rule.rungs(24)}
+        before = {s.id for s in store.slices()}
+    assert undecided, "no slice ended at a rung before the interruption"
+
+    events: list[RunEvent] = []
+    result = run_workload(tasks, Cluster([TEST_NODE]), run_dir, options,
+                          on_event=events.append)
+    statuses = {t.task: t.status for t in result.tasks}
+    assert set(statuses.values()) <= {"done", "stopped"}
+    with RunStore(run_dir) as store:
+        decisions = store.decisions()
+        recorded: dict[int, list[float]] = {}
+        for name, step, value, stop, _ in decisions:
+            assert rule.decide(step, value, recorded.get(step, [])).stop is stop
+            recorded.setdefault(step, []).append(value)
+            window = [loss for at, loss in store.losses(name) if at <= step][-3:]
+            assert value == pytest.approx(sum(window) / len(window))
+        for name, step in undecided.items():
+            assert [d[1] for d in decisions if d[0] == name].count(step) == 1
+            # Judged before its first slice of this session: nothing ran past the rung
+            # unjudged.
+            judged = next(k for k, e in enumerate(events) if e.task == name
+                          and e.kind in ("rung_passed", "task_stopped"))
+            started = [k for k, e in enumerate(events)
+                       if e.task == name and e.kind == "slice_started"]
+            assert all(judged < k for k in started)
+        for name, status in statuses.items():
+            if status == "stopped":
+                stop = next(d for d in decisions if d[0] == name and d[3])
+                after = [s for s in store.slices(name)
+                         if s.id not in before and s.start_step >= stop[1]]
+                assert not after  # never trained after its stop

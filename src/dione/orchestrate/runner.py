@@ -443,21 +443,52 @@ class Runner:
         self.emit(RunEvent("slice_finished", f"{name}: steps {result.start_step}-"
                            f"{result.end_step} in {elapsed:.1f} s (predicted {planned:.1f} s)"
                            + (" - done" if ended else ""), name))
-        if running.at_rung and not ended and self._judge(record, result):
+        if running.at_rung and not ended and self._judge(
+                record, result.end_step, self._rung_value(record, result.end_step,
+                                                          result.evaluation)):
             return False  # stopped: a re-plan for its devices was asked at once
         return abs(elapsed - planned) > 0.05 * max(planned, 1.0)
 
-    def _judge(self, record: TaskRecord, result: SliceResult) -> bool:
-        """Apply the task's stopping rule at the rung its slice ended on; whether it
+    def _rung_value(self, record: TaskRecord, step: int,
+                    evaluation: Mapping[str, float]) -> float:
+        """The task's metric at rung ``step``: the mean of the store's last
+        ``loss_window`` losses up to it, or the evaluated metric (NaN: none)."""
+        rule = record.task.stopping
+        assert rule is not None
+        if rule.metric == "loss":
+            window = [loss for at, loss in self.store.losses(record.name)
+                      if at <= step][-rule.loss_window:]
+            return sum(window) / len(window) if window else math.nan
+        return float(evaluation.get(rule.metric, math.nan))
+
+    def _judge_missed_rungs(self) -> None:
+        """A run killed after a slice ended at a rung but before its decision was
+        recorded: that rung is judged now, from what the store holds (the losses up
+        to it, or the evaluation recorded there), before anything trains past it."""
+        for record in self.state.records.values():
+            rule = record.task.stopping
+            step = record.done_steps
+            if (rule is None or record.status != TaskStatus.PENDING
+                    or step not in rule.rungs(record.total)
+                    or any(t == record.name and at == step
+                           for t, at, *_ in self.store.decisions(repr(rule)))):
+                continue
+            evaluated = {m: v for m, points in self.store.evaluations(record.name).items()
+                         for at, v in points if at == step}
+            value = self._rung_value(record, step, evaluated)
+            if math.isnan(value) and rule.metric != "loss":
+                self.emit(RunEvent("rung_unjudged", f"{record.name}: no {rule.metric} was "
+                                   f"recorded at rung {step} before the run stopped; it goes "
+                                   "on unjudged there", record.name))
+                continue
+            self._judge(record, step, value, replan=False)  # the first plan comes next
+
+    def _judge(self, record: TaskRecord, step: int, value: float,
+               replan: bool = True) -> bool:
+        """Apply the task's stopping rule to ``value`` at rung ``step``; whether it
         stopped the task (recorded with the rung, the value and the reason)."""
         rule = record.task.stopping
         assert rule is not None
-        step = result.end_step
-        if rule.metric == "loss":
-            window = [x for x in result.losses[-rule.loss_window:]]
-            value = sum(window) / len(window) if window else math.nan
-        else:
-            value = float(result.evaluation.get(rule.metric, math.nan))
         key = (repr(rule), step)
         decision = rule.decide(step, value, self.rungs.get(key, []), record.name)
         self.rungs.setdefault(key, []).append(value)
@@ -469,8 +500,9 @@ class Runner:
             return False
         record.status = TaskStatus.STOPPED
         self.emit(RunEvent("task_stopped", f"{record.name}: {decision.reason}", record.name))
-        self._ended(record, result.evaluation)
-        self.ask_replan(owed=self.options.replan)  # past the budget (none with --no-replan)
+        self._ended(record, {rule.metric: value} if rule.metric != "loss" else {})
+        if replan:
+            self.ask_replan(owed=self.options.replan)  # past the budget (none: --no-replan)
         return True
 
     def _ended(self, record: TaskRecord, evaluation: Mapping[str, float]) -> None:
@@ -586,6 +618,7 @@ class Runner:
 
     def run(self) -> None:
         """Plan, launch, watch, re-plan, until every task has ended."""
+        self._judge_missed_rungs()
         self.plan_now()
         futures: dict[Future[SliceResult], str] = {}
         last_replan = self.now()
