@@ -80,9 +80,8 @@ class SliceLaunching:
             knobs=dict(a.knobs), steps=running.end_step - running.start_step,
             total=record.total,  # no data set loaded per slice
             timeout=self.timeout, storage=self.storage,
-            # A rung judged on an evaluated metric: the slice evaluates where it ends.
-            evaluate_at_end=running.at_rung and record.task.stopping is not None
-            and record.task.stopping.metric != "loss")
+            # eval_every, or a rung judged on an evaluated metric: it evaluates at its end.
+            evaluate_at_end=running.evaluates)
         return self.pool.submit(run_request, request, cancel=running.cancel,
                                 on_progress=heard, launcher=self.launcher)
 

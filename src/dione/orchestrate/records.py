@@ -57,6 +57,7 @@ class RunningSlice:
     stall_warned: bool = False
     planned_ahead: bool = False  # a re-plan was asked as its end neared (its task goes on)
     at_rung: bool = False  # it ends at a rung of its task's stopping rule
+    evaluates: bool = False  # it evaluates where it ends (eval_every, a rung, the end)
     stalled: str | None = None  # why the loop cancelled it (it ran far past its prediction)
 
 
@@ -73,6 +74,10 @@ class TaskRecord:
     # Some of its steps trained (or train now) under a technique that is not exact.
     inexact: bool = False
     running: RunningSlice | None = None
+
+    def evaluations(self, after: int, until: int) -> int:
+        """How many times the task evaluates after step ``after``, up to ``until``."""
+        return sum(1 for s in self.task.evaluation_steps(self.total) if after < s <= until)
 
     @property
     def name(self) -> str:

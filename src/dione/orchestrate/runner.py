@@ -150,8 +150,8 @@ class Runner:
         option = self.profile.task(record.name).option(running.assignment.technique,
                                                        running.assignment.devices)
         tail = option.record.save_seconds if option is not None else 0.0
-        if running.end_step >= record.total:
-            tail += self.profile.task(record.name).evaluation_seconds  # it evaluates
+        if running.evaluates:
+            tail += self.profile.task(record.name).evaluation_seconds
         return max(self.now(), heard + pace * (running.end_step - step)) + tail
 
     def _progress(self, record: TaskRecord) -> tuple[int, float, float] | None:
@@ -182,7 +182,8 @@ class Runner:
         until its whole task ends there, the slice's successors pinned to it (kept by
         ``_adopt`` as its continuation), for a plan solved now is replaced before then."""
         now = self.now()
-        tasks = [self.estimates.task_options(r.name, r.remaining, r.done_steps > 0)
+        tasks = [self.estimates.task_options(r.name, r.remaining, r.done_steps > 0,
+                                             r.evaluations(r.done_steps, r.total))
                  for r in self._pending_that_fit()]
         nodes = {n.name for n in self.cluster}
         busy = []
@@ -194,7 +195,8 @@ class Runner:
             until = self.predicted_slice_end(r)
             after = r.total - running.end_step
             if after > 0 and until - now <= self._lead():
-                tasks.append(self.estimates.task_options(r.name, after, True))
+                tasks.append(self.estimates.task_options(
+                    r.name, after, True, r.evaluations(running.end_step, r.total)))
             else:
                 until = self.pinned_end(r)
             busy.append(Busy(r.name, a.node, a.device_ids, round(max(0.0, until - now), 3)))
@@ -210,7 +212,9 @@ class Runner:
         option = self.profile.task(record.name).option(running.assignment.technique,
                                                        running.assignment.devices)
         if after > 0 and option is not None:
-            end += self.estimates.option_seconds(record.name, option, after, True)
+            end += self.estimates.option_seconds(
+                record.name, option, after, True,
+                record.evaluations(running.end_step, record.total))
         return end
 
     def _lead(self) -> float:
@@ -395,11 +399,18 @@ class Runner:
         start = record.done_steps
         rule = record.task.stopping
         rung = None if rule is None else rule.next_rung(start, record.total)
-        if rung is not None and start + steps >= rung:  # a slice ends at each rung
-            steps = rung - start
-        predicted = self.estimates.option_seconds(a.task, option, steps, start > 0)
-        running = RunningSlice(a, self.now(), start, start + steps, self.now() + predicted,
-                               predicted, at_rung=rung is not None and start + steps == rung)
+        evaluated = record.task.evaluation_steps(record.total)
+        # A slice ends at each rung and each step the task evaluates after.
+        ends = [s for s in (rung, next((e for e in evaluated if e > start), None))
+                if s is not None]
+        if ends and start + steps >= min(ends):
+            steps = min(ends) - start
+        end = start + steps
+        evaluates = end in evaluated
+        predicted = self.estimates.option_seconds(a.task, option, steps, start > 0,
+                                                  int(evaluates))
+        running = RunningSlice(a, self.now(), start, end, self.now() + predicted,
+                               predicted, at_rung=rung == end, evaluates=evaluates)
         record.running, record.status = running, TaskStatus.RUNNING
         self.slices_launched += 1
         technique = get_technique(a.technique)

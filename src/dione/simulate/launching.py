@@ -83,7 +83,7 @@ class SimulatedLaunching:
         before = (trial.fixed_seconds + trial.warmup_excess_seconds
                   + (trial.load_seconds if start > 0 else 0.0))
         seconds = (before + (end - start) * step
-                   + (task_profile.evaluation_seconds if end >= record.total else 0.0))
+                   + (task_profile.evaluation_seconds if running.evaluates else 0.0))
         technique = get_technique(a.technique)
         knobs = technique.resolve(a.knobs)
         slice_id = self.store.begin_slice(name, a.technique, knobs, a.node, a.device_ids,

@@ -87,7 +87,10 @@ class Task:
     technique shards or stages).
     ``evaluate(model)`` runs once the task has finished, on a full, unwrapped copy
     of the model in eval mode, and returns named metrics (higher or lower is better
-    as the metric's name says; ``hyperparameters`` are free-form labels for reports).
+    as the metric's name says; ``hyperparameters`` are free-form labels for reports);
+    with ``eval_every=N`` also every N steps during training (a slice ends at each such
+    step and evaluates from the checkpoint it wrote, in its worker), each result
+    recorded with its step.
     """
 
     name: str
@@ -111,6 +114,7 @@ class Task:
     loss_items: ItemCounter | None = None
     allow_inexact: bool = False
     stopping: StoppingRule | None = None  # a stopping rule the sweep's tasks share (spec/stopping)
+    eval_every: int | None = None  # also evaluate every this many steps, not just at the end
     refused_techniques: Mapping[str, str] = field(default_factory=dict, repr=False,
                                                   compare=False)
 
@@ -121,6 +125,19 @@ class Task:
         if self.epochs is None:
             raise ValueError(f"task {self.name!r}: give steps or epochs")
         return max(1, math.ceil(self.epochs * dataset_size / self.batch_size))
+
+    def evaluation_steps(self, total: int) -> list[int]:
+        """The steps, up to ``total``, after which the task is evaluated: every
+        ``eval_every``, each rung of a stopping rule judged on an evaluated metric, and
+        the end (none without ``evaluate``)."""
+        if self.evaluate is None:
+            return []
+        steps = {total}
+        if self.eval_every:
+            steps |= set(range(self.eval_every, total, self.eval_every))
+        if self.stopping is not None and self.stopping.metric != "loss":
+            steps |= set(self.stopping.rungs(total))
+        return sorted(steps)
 
     def allows(self, technique: str) -> bool:
         """Whether the task lets ``technique`` train it (no allowlist: every technique)."""

@@ -398,6 +398,13 @@ def checked_task(
             if task.stopping.metric != "loss" and task.evaluate is None:
                 bad("stopping", f"its metric {task.stopping.metric!r} comes from evaluate(), "
                     "which the task does not define: give evaluate, or use metric='loss'")
+    every = task.eval_every
+    if every is not None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            bad("eval_every", f"must be a whole number of steps >= 1 or None, not {every!r}")
+        elif task.evaluate is None:
+            bad("eval_every", "evaluates with evaluate(), which the task does not define: "
+                "give evaluate, or leave eval_every out")
     for field in _FACTORIES:
         value = getattr(task, field)
         optional = field in ("evaluate", "lr_scheduler", "loss", "collate_fn", "loss_items")
