@@ -3,9 +3,12 @@ mlflow=)``, ``dione report --mlflow``), read back with the tools' own readers.""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import mlflow
+import pytest
+import torch
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -23,8 +26,15 @@ def test_a_run_is_in_mlflow_and_tensorboard_with_every_step_and_each_model(
         tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tasks = [digits_task(f"lr-{lr}", steps=6, techniques=("single",),
-                         evaluate=digits_accuracy, hyperparameters={"lr": lr})
+                         optimizer=functools.partial(torch.optim.Adam, lr=lr),
+                         evaluate=digits_accuracy, hyperparameters={"lr": lr},
+                         lr_scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(
+                             opt, step_size=2, gamma=0.5))
              for lr in (0.01, 0.03)]
+    # Worked by hand: the rate of step s is lr * 0.5 ** ((s - 1) // 2) (StepLR halves it
+    # after every second update).
+    rates = {f"lr-{lr}": [lr * 0.5 ** ((s - 1) // 2) for s in range(1, 7)]
+             for lr in (0.01, 0.03)}
     run_dir = tmp_path / "run"
     result = dione.run(tasks, devices="cpu:1", run_dir=str(run_dir), quiet=True,
                        tensorboard=str(tmp_path / "tb"), mlflow=uri,
@@ -62,6 +72,9 @@ def test_a_run_is_in_mlflow_and_tensorboard_with_every_step_and_each_model(
         assert params["slice.000000"].startswith("steps 0-6: single")
         assert 0.0 <= child.data.metrics["final/accuracy"] <= 1.0
         assert "model/model.safetensors" in artifacts  # as `dione export` writes it
+        history = client.get_metric_history(child.info.run_id, "learning_rate/group_0")
+        assert [m.value for m in sorted(history, key=lambda m: m.step)] == pytest.approx(
+            rates[name])
 
     # `dione report --mlflow` on the same store continues the runs, repeating nothing.
     shown = dione_cli("report", str(run_dir), "--mlflow", uri)
@@ -77,6 +90,8 @@ def test_a_run_is_in_mlflow_and_tensorboard_with_every_step_and_each_model(
         events.Reload()
         assert [e.step for e in events.Scalars("loss")] == steps[task.name]
         assert [e.step for e in events.Scalars("eval/accuracy")] == [6]
+        assert [e.value for e in events.Scalars("learning_rate/group_0")] == pytest.approx(
+            rates[task.name])
     plans = EventAccumulator(str(tmp_path / "tb" / PLANS_RUN), size_guidance={"images": 0})
     plans.Reload()
     drawn = plans.Images("plan")  # each adopted plan's chart, at its index

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from dione.spec.task import Task
 
-__all__ = ["Dashboard", "open_dashboards"]
+__all__ = ["Dashboard", "RunTasks", "open_dashboards"]
 
 
 class Dashboard(Protocol):
@@ -19,6 +19,38 @@ class Dashboard(Protocol):
     def update(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class RunTasks:
+    """The run's tasks, for what the store does not hold (a done task's model, each
+    step's learning rates): those given, else the workload file the run was started
+    with, loaded once; ``missing`` says why there are none."""
+
+    def __init__(self, run_dir: str | Path, tasks: Sequence[Task] | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self._tasks = {t.name: t for t in tasks} if tasks is not None else None
+        self.missing: str | None = None
+        self._rates: dict[str, list[list[float]] | None] = {}
+
+    def get(self, name: str) -> Task | None:
+        if self._tasks is None and self.missing is None:
+            from dione.spec import load_workload
+            from dione.state.export import workload_of_run
+
+            try:
+                self._tasks = {t.name: t for t in load_workload(workload_of_run(self.run_dir))}
+            except Exception as err:  # any workload error: the store's data still goes in
+                self.missing = f"the run's workload could not be loaded: {err}"
+        return None if self._tasks is None else self._tasks.get(name)
+
+    def learning_rates(self, name: str, total: int) -> list[list[float]] | None:
+        """Per parameter group, the rate of each step 1..``total`` (None: unknown)."""
+        if name not in self._rates:
+            from dione.report.learning_rates import learning_rates
+
+            task = self.get(name)
+            self._rates[name] = None if task is None else learning_rates(task, total)
+        return self._rates[name]
 
 
 def open_dashboards(run_dir: str | Path, *, tensorboard: str | Path | None = None,
@@ -31,7 +63,7 @@ def open_dashboards(run_dir: str | Path, *, tensorboard: str | Path | None = Non
     if tensorboard:
         from dione.report.tensorboard import TensorBoardExport
 
-        boards.append(TensorBoardExport(run_dir, tensorboard))
+        boards.append(TensorBoardExport(run_dir, tensorboard, tasks=tasks))
     if mlflow:
         from dione.report.mlflow_runs import MlflowExport
 

@@ -2,14 +2,15 @@
 from the run store (the workers are not slowed), as it trains or after it ended.
 
 Per task: its hyperparameters as params; each slice's technique, knobs, node and
-devices as a param ``slice.<first step>``; ``loss``, ``step_seconds``, ``throughput``
-and ``devices`` by step; each evaluation as ``eval/<metric>`` at its step; at the end
-``final/<metric>``, a ``dione.status`` tag, the run's status (FINISHED for a task done
-or stopped by its rule, FAILED for failed or diverged, KILLED for one the run left
-unfinished) and, once a task is done, its exported model as the ``model`` artifact (as
-``dione export`` writes it). Writing again into the same tracking store continues the
-same runs (found by the dione run's id), so ``dione report --mlflow`` after ``dione run
---mlflow`` adds only what is new. Needs the ``mlflow`` extra.
+devices as a param ``slice.<first step>``; ``loss``, ``step_seconds``, ``throughput``,
+``devices`` and each parameter group's ``learning_rate/group_<k>`` by step; each
+evaluation as ``eval/<metric>`` at its step; at the end ``final/<metric>``, a
+``dione.status`` tag, the run's status (FINISHED for a task done or stopped by its rule,
+FAILED for failed or diverged, KILLED for one the run left unfinished) and, once a task
+is done, its exported model as the ``model`` artifact (as ``dione export`` writes it).
+Writing again into the same tracking store continues the same runs (found by the dione
+run's id), so ``dione report --mlflow`` after ``dione run --mlflow`` adds only what is
+new. Needs the ``mlflow`` extra.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dione.report.dashboards import RunTasks
 from dione.spec.task import Task
 from dione.state.store import SIMULATED_FILE, RunStore
 from dione.state.summaries import summaries
@@ -64,8 +66,7 @@ class MlflowExport:
         self.run_dir = Path(run_dir)
         self.uri = tracking_uri or mlflow.get_tracking_uri()
         self.client = MlflowClient(tracking_uri=self.uri)
-        self._tasks = {t.name: t for t in tasks} if tasks is not None else None
-        self.models_left_out: str | None = None  # why no model could be exported
+        self._tasks = RunTasks(run_dir, tasks)
         found = self.client.get_experiment_by_name(experiment)
         self.experiment_id = (found.experiment_id if found is not None
                               else self.client.create_experiment(experiment))
@@ -156,10 +157,13 @@ class MlflowExport:
             last = self._steps.get(record.name, 0)
             metrics: list[tuple[str, float, int]] = []
             steps, evaluations = rows[record.name]
+            rates = self._tasks.learning_rates(record.name, record.total_steps)
             for step, loss, seconds in steps:
                 if step <= last:
                     continue
                 metrics.append(("loss", loss, step))
+                metrics += [(f"learning_rate/group_{group}", rate[step - 1], step)
+                            for group, rate in enumerate(rates or [])]
                 if seconds:
                     metrics.append(("step_seconds", seconds, step))
                     metrics.append(("throughput", record.batch_size / seconds, step))
@@ -177,16 +181,10 @@ class MlflowExport:
             if record.status == "done" and record.name not in self._models:
                 self._log_model(record.name)
 
-    def _workload(self) -> dict[str, Task] | None:
-        if self._tasks is None and self.models_left_out is None:
-            from dione.spec import load_workload
-            from dione.state.export import workload_of_run
-
-            try:
-                self._tasks = {t.name: t for t in load_workload(workload_of_run(self.run_dir))}
-            except Exception as err:  # any workload error: the metrics still go in
-                self.models_left_out = f"the run's workload could not be loaded: {err}"
-        return self._tasks
+    @property
+    def models_left_out(self) -> str | None:
+        """Why no model could be exported (None: none was left out so)."""
+        return self._tasks.missing
 
     def _log_model(self, name: str) -> None:
         """The task's trained weights, exported as ``dione export`` does, as the
@@ -198,8 +196,8 @@ class MlflowExport:
             trained_checkpoint,
         )
 
-        tasks = self._workload()
-        if tasks is None or name not in tasks:
+        task = self._tasks.get(name)
+        if task is None:
             return
         try:
             checkpoint = trained_checkpoint(self.run_dir, name)
@@ -208,8 +206,7 @@ class MlflowExport:
             self._models.add(name)
             return
         with tempfile.TemporaryDirectory(prefix="dione-mlflow-") as folder:
-            export_model(load_trained(tasks[name], checkpoint), folder, tasks[name],
-                         checkpoint)
+            export_model(load_trained(task, checkpoint), folder, task, checkpoint)
             self.client.log_artifacts(self._children[name], folder, "model")
         self.client.set_tag(self._children[name], "dione.model", "logged")
         self._models.add(name)

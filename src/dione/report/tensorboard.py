@@ -1,7 +1,9 @@
 """A run in TensorBoard: one TensorBoard run per task, written from the run store (the
 workers are not slowed), as it trains or after it ended.
 
-Per task: ``loss``, ``step_seconds`` and ``throughput`` (samples per second) by step;
+Per task: ``loss``, ``step_seconds``, ``throughput`` (samples per second) and each
+parameter group's ``learning_rate/group_<k>`` (as its optimizer and scheduler set it:
+``dione.report.learning_rates``) by step;
 each evaluation as ``eval/<metric>`` at its step; each slice's technique, devices and
 node as text at its first step and ``devices`` as a scalar at every step (it changes
 where the task moved); at the end its status, and its hyperparameters with its final
@@ -15,10 +17,13 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dione.report.dashboards import RunTasks
+from dione.spec.task import Task
 from dione.state.store import SIMULATED_FILE, RunStore
 from dione.state.summaries import summaries
 
@@ -38,13 +43,17 @@ class TensorBoardExport:
     """Writes what the store holds beyond what it wrote before (``update``), then the
     tasks' statuses and hyperparameters (``close``)."""
 
-    def __init__(self, run_dir: str | Path, out: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, out: str | Path,
+                 tasks: Sequence[Task] | None = None) -> None:
+        """``tasks``: the run's, for each step's learning rates (default: the run's
+        workload file, loaded when first needed)."""
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as err:  # the extra is not installed
             raise RuntimeError(f"TensorBoard output needs the tensorboard package: pip "
                                f"install 'dione[tensorboard]' ({err})") from None
         self._writer_type = SummaryWriter
+        self._tasks = RunTasks(run_dir, tasks)
         self.run_dir = Path(run_dir)
         self.out = Path(out)
         self._writers: dict[str, Any] = {}
@@ -62,6 +71,7 @@ class TensorBoardExport:
         """Write the steps, slices and evaluations recorded since the last call."""
         with RunStore(self.run_dir) as store:
             batch = {t.name: t.batch_size for t in store.tasks()}
+            totals = {t.name: t.total_steps for t in store.tasks()}
             devices: dict[str, list[tuple[int, int]]] = {}
             for s in store.slices():
                 if s.status not in ("done", "diverged"):
@@ -77,10 +87,14 @@ class TensorBoardExport:
                 writer = self._writer(task)
                 last = self._steps.get(task, 0)
                 spans = sorted(devices.get(task, []))
+                rates = self._tasks.learning_rates(task, totals[task])
                 for step, loss, seconds in store.metrics(task):
                     if step <= last:
                         continue
                     writer.add_scalar("loss", loss, step)
+                    for group, rate in enumerate(rates or []):  # as the optimizer set it
+                        writer.add_scalar(f"learning_rate/group_{group}", rate[step - 1],
+                                          step)
                     if seconds:
                         writer.add_scalar("step_seconds", seconds, step)
                         writer.add_scalar("throughput", size / seconds, step)
