@@ -34,6 +34,7 @@ from dione.profile.choice import choose_options
 from dione.profile.simulated import cross_check, is_pipeline, simulated_step_seconds
 from dione.spec.cluster import Cluster
 from dione.spec.workload import load_workload
+from dione.zoo.digits import digits_accuracy
 from helpers import TEST_NODE, digits_task
 
 CLUSTER = Cluster([TEST_NODE])
@@ -70,7 +71,7 @@ def test_an_option_takes_the_fastest_steps_and_the_median_fixed_cost() -> None:
 def test_the_problem_from_profile_to_run_is_typed_and_round_trips(tmp_path: Path) -> None:
     """The profile's problem and the run's (its remaining work, as re-planning builds it)
     are typed objects; their files read back as equal objects."""
-    task = digits_task("a", techniques=DATA_PARALLEL)
+    task = digits_task("a", techniques=DATA_PARALLEL, evaluate=digits_accuracy)
     trials = [TrialRecord("s", "single", {"accumulation": 1}, 1, "cpu", "ok",
                           step_seconds=0.01, fixed_seconds=1.0),
               TrialRecord("d", "ddp", {"accumulation": 1}, 2, "cpu", "ok",

@@ -64,7 +64,8 @@ class TaskProfile:
     skipped: list[Skipped] = field(default_factory=list)
     not_applicable: list[NotApplicable] = field(default_factory=list)
     evaluation_seconds: float = 0.0
-    evaluations: int = 1  # how many times the whole task evaluates (eval_every, rungs, end)
+    # How many times the whole task evaluates (eval_every, rungs, the end; 0: no evaluate).
+    evaluations: int = 1
     error: str | None = None  # the task could not be profiled at all
 
     def why_no_option(self) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from dione.spec.task import Task
+if TYPE_CHECKING:  # `dione report` and `status` start without torch
+    from dione.spec.task import Task
 
 __all__ = ["Dashboard", "RunTasks", "open_dashboards"]
 

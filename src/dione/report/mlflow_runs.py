@@ -21,12 +21,14 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dione.report.dashboards import RunTasks
-from dione.spec.task import Task
 from dione.state.store import SIMULATED_FILE, RunStore
 from dione.state.summaries import summaries
+
+if TYPE_CHECKING:  # imported by `dione report`, which starts without torch
+    from dione.spec.task import Task
 
 __all__ = ["MlflowExport"]
 

@@ -20,12 +20,14 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dione.report.dashboards import RunTasks
-from dione.spec.task import Task
 from dione.state.store import SIMULATED_FILE, RunStore
 from dione.state.summaries import summaries
+
+if TYPE_CHECKING:  # imported by `dione report`, which starts without torch
+    from dione.spec.task import Task
 
 __all__ = ["PLANS_RUN", "TensorBoardExport"]
 
