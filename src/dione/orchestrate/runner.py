@@ -476,13 +476,13 @@ class Runner:
         """A run killed after a slice ended at a rung but before its decision was
         recorded: that rung is judged now, from what the store holds (the losses up
         to it, or the evaluation recorded there), before anything trains past it."""
+        decided = {(t, at) for t, at, *_ in self.store.decisions()}  # read once, not per task
         for record in self.state.records.values():
             rule = record.task.stopping
             step = record.done_steps
             if (rule is None or record.status != TaskStatus.PENDING
                     or step not in rule.rungs(record.total)
-                    or any(t == record.name and at == step
-                           for t, at, *_ in self.store.decisions(repr(rule)))):
+                    or (record.name, step) in decided):
                 continue
             evaluated = {m: v for m, points in self.store.evaluations(record.name).items()
                          for at, v in points if at == step}
