@@ -69,6 +69,35 @@ def test_a_store_cut_to_nothing_is_refused_not_taken_for_a_new_run(
     assert code == 2 and "is empty" in said
 
 
+def test_a_store_being_created_is_never_seen_empty(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader (``dione status``, a test polling a starting run) that opened the store
+    while the launcher was creating it found an empty file beside run.json and took the
+    run for one cut to nothing (CI). Here the reader opens it at the worst moment: as the
+    creator connects to its new file."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text("{}")
+    connect = sqlite3.connect
+    seen: list[list[str]] = []
+
+    def reader_cuts_in(path: object, *args: object, **kwargs: object) -> sqlite3.Connection:
+        if not seen:
+            seen.append([])  # once: the reader's own open goes straight through
+            with RunStore(run_dir) as store:
+                seen[0] = [t.name for t in store.tasks()]
+        return connect(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sqlite3, "connect", reader_cuts_in)
+    with RunStore(run_dir) as store:
+        store.register_task("t", 4, 2)
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    assert seen == [[]]
+    with RunStore(run_dir) as store:
+        assert [t.name for t in store.tasks()] == ["t"]
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".")) == []
+
+
 @pytest.mark.parametrize("damage", ["not a database", "cut in half", "garbage row"])
 def test_a_damaged_store_is_one_sentence_and_exit_2(
         trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str], damage: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,6 +87,34 @@ class _Connection(sqlite3.Connection):
             raise self.file.damaged(err) from None
 
 
+def _create_whole(path: Path, schema: str) -> None:
+    """Create ``path`` as a database of ``schema`` all at once, so that no other process
+    ever opens it half made: an empty store beside a run's checkpoints reads as a run cut
+    to nothing (``dione status`` polling a run that is starting saw that)."""
+    part = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.new")
+    # Private from its first byte: SQLite gives its -wal and -shm files the database
+    # file's permissions.
+    os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600))
+    try:
+        db = sqlite3.connect(part, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(schema)
+        finally:
+            db.close()  # the last connection folds the WAL back in and removes it
+        try:
+            os.link(part, path)  # never replaces: whoever made it first, theirs stands
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links
+            if not path.exists():
+                os.replace(part, path)
+    finally:
+        for leftover in (part, part.with_name(part.name + "-wal"),
+                         part.with_name(part.name + "-shm")):
+            leftover.unlink(missing_ok=True)
+
+
 class SQLiteFile:
     """One SQLite file with its schema applied; a context manager that closes it.
 
@@ -102,9 +131,8 @@ class SQLiteFile:
                  any_thread: bool = False) -> None:
         self.path = path
         try:
-            if not path.exists():  # private from its first byte: SQLite gives its -wal
-                # and -shm files the database file's permissions
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+            if not path.exists():
+                _create_whole(path, schema)
             db = sqlite3.connect(path, timeout=timeout, isolation_level=None,
                                  check_same_thread=not any_thread, factory=_Connection)
         except (sqlite3.Error, OSError) as err:
