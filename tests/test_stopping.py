@@ -18,7 +18,7 @@ from dione.profile import TrialOptions
 from dione.report import write_report
 from dione.simulate import Scenario, simulate
 from dione.spec.cluster import Cluster
-from dione.spec.stopping import Asha
+from dione.spec.stopping import Asha, Median, Patience, StoppingRule
 from dione.spec.validate import validate_workload
 from dione.state.store import RunStore
 from helpers import TEST_NODE, digits_task, small_problem
@@ -45,6 +45,66 @@ def test_asha_decides_as_worked_by_hand() -> None:
     assert third.decide(3, 1.3, [2.0, 0.5, 1.0]).stop
     assert not third.decide(3, 1.4, [2.0, 0.5, 1.0]).stop
     assert Asha().decide(1, float("nan"), []).stop  # a loss that is not finite stops
+
+
+def test_the_median_rule_decides_as_worked_by_hand() -> None:
+    """Judged at 4, 6, 8 (of 10); a task stops when its best value so far is worse than
+    the median of those recorded before it at the rung, once three have recorded."""
+    rule = Median(min_steps=4, every=2, min_tasks=3)
+    assert rule.rungs(10) == [4, 6, 8]
+    assert not rule.decide(4, 9.0, [1.0, 2.0]).stop  # two before it: too few to judge
+    assert not rule.decide(4, 2.0, [1.0, 2.0, 3.0]).stop  # the median itself goes on
+    assert rule.decide(4, 2.5, [1.0, 2.0, 3.0]).stop  # worse than the median 2
+    # Its best so far counts: 2.5 now, but 1.5 at an earlier rung (median of 4: 2.5).
+    assert not rule.decide(6, 2.6, [1.0, 2.0, 3.0, 4.0], history=[1.5]).stop
+    assert rule.decide(6, 2.6, [1.0, 2.0, 3.0, 4.0], history=[2.7]).stop
+    accuracy = Median(metric="accuracy", mode="max", min_tasks=1)
+    assert accuracy.decide(1, 0.4, [0.5]).stop and not accuracy.decide(1, 0.6, [0.5]).stop
+    assert rule.decide(4, float("inf"), []).stop
+
+
+def test_patience_decides_as_worked_by_hand() -> None:
+    """Patience 2, min_delta 0.1: a task stops when the best of its last two rungs does
+    not beat its best before them by more than 0.1; a threshold stops at once."""
+    rule = Patience(patience=2, min_delta=0.1)
+    curve = [3.0, 2.0, 1.95, 1.5, 1.45, 1.42]
+    # Worked: [3, 2] too short; [3 | 2, 1.95] 1.95 beats 3: on; [3, 2 | 1.95, 1.5]: on;
+    # [3, 2, 1.95 | 1.5, 1.45] 1.45 beats 1.95: on; [.., 1.5 | 1.45, 1.42] 1.42 beats
+    # 1.5 by 0.08 only: stopped.
+    stops = [rule.decide(k + 1, v, [], history=curve[:k]).stop for k, v in enumerate(curve)]
+    assert stops == [False, False, False, False, False, True]
+    rising = Patience(metric="accuracy", mode="max", patience=1)
+    assert rising.decide(2, 0.5, [], history=[0.6]).stop
+    assert not rising.decide(2, 0.7, [], history=[0.6]).stop
+    capped = Patience(patience=5, threshold=2.0)
+    assert capped.decide(1, 2.5, []).stop and not capped.decide(1, 1.5, []).stop
+    assert "threshold" in capped.decide(1, 2.5, []).reason
+
+
+@pytest.mark.parametrize("rule", [Median(min_steps=10, every=20, min_tasks=2),
+                                  Patience(min_steps=10, every=10, patience=2, min_delta=0.2)],
+                         ids=["median", "patience"])
+def test_a_simulated_sweep_decides_as_its_rule_from_what_the_store_holds(
+        tmp_path: Path, rule: StoppingRule) -> None:
+    """The runner hands each rule the values recorded before at the rung and the task's
+    own earlier rungs: its decisions, replayed from the store in order, are the rule's."""
+    run = simulate(small_problem(8), tmp_path / "run", scenario=Scenario(seed=5), steps=90,
+                   options=RunOptions(time_limit=0.5, replan_time_limit=0.1,
+                                      slice_seconds=60.0, replan_interval=600.0),
+                   stopping=rule)
+    with RunStore(run.run_dir) as store:
+        decisions = store.decisions()
+    recorded: dict[int, list[float]] = {}
+    curves: dict[str, list[float]] = {}
+    for task, step, value, stop, _ in decisions:
+        assert step in rule.rungs(90)
+        assert rule.decide(step, value, recorded.get(step, []), task,
+                           curves.get(task, [])).stop is stop, (task, step)
+        recorded.setdefault(step, []).append(value)
+        curves.setdefault(task, []).append(value)
+    stopped = {t for t, *_, stop, _ in decisions if stop}
+    assert stopped and stopped == {t for t, s in run.statuses.items() if s == "stopped"}
+    assert len(stopped) < 8  # some went to the end
 
 
 def test_a_malformed_rule_is_named_by_validation() -> None:

@@ -79,7 +79,7 @@ class OptunaPruning(StoppingRule):
         return list(range(self.report_every, total, self.report_every))
 
     def decide(self, rung: int, value: float, recorded: Sequence[float],
-               task: str = "") -> Decision:
+               task: str = "", history: Sequence[float] = ()) -> Decision:
         trial = self.trials[task]
         if not math.isfinite(value):
             return Decision(rung, value, True, f"{self.metric} is {value} at step {rung}")

@@ -85,9 +85,12 @@ class Runner:
         # Each stopping rule's values at each rung, in the order they came (the store's
         # decisions: a resumed run decides as the uninterrupted one would).
         self.rungs: dict[tuple[str, int], list[float]] = {}
+        # ... and each task's own values at its rungs, in order (Patience, Median).
+        self.curves: dict[tuple[str, str], list[float]] = {}
         for rule in {repr(t.stopping) for t in tasks if t.stopping is not None}:
-            for _, step, value, _, _ in self.store.decisions(rule):
+            for name, step, value, _, _ in self.store.decisions(rule):
                 self.rungs.setdefault((rule, step), []).append(value)
+                self.curves.setdefault((rule, name), []).append(value)
         self.estimates = Estimates.of_run(profile, self.store)
         # Nodes this run has known: another that the launcher reports later joined.
         self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]}
@@ -501,8 +504,10 @@ class Runner:
         rule = record.task.stopping
         assert rule is not None
         key = (repr(rule), step)
-        decision = rule.decide(step, value, self.rungs.get(key, []), record.name)
+        curve = self.curves.setdefault((repr(rule), record.name), [])
+        decision = rule.decide(step, value, self.rungs.get(key, []), record.name, curve)
         self.rungs.setdefault(key, []).append(value)
+        curve.append(value)
         self.store.record_decision(record.name, repr(rule), step, rule.metric, value,
                                    decision.stop, decision.reason)
         if not decision.stop:

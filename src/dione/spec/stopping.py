@@ -1,5 +1,10 @@
 """Stopping rules of a sweep: which tasks stop early, at which steps, and why.
 
+Three rules, each judged at rungs (a slice ends at each): ``Asha`` compares a task with
+the tasks that reached its rung before it, ``Median`` with the median of theirs, and
+``Patience`` with the task's own earlier rungs (no improvement for so many, or worse
+than a threshold).
+
 ``Asha`` is asynchronous successive halving (Li et al., "A System for Massively Parallel
 Hyperparameter Tuning", MLSys 2020) as Ray Tune's ``AsyncHyperBandScheduler`` applies
 it to stop trials: rungs at ``min_steps``, ``min_steps * eta``, ``min_steps * eta**2``
@@ -22,7 +27,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Asha", "Decision", "StoppingRule"]
+__all__ = ["Asha", "Decision", "Median", "Patience", "StoppingRule"]
 
 
 @dataclass(frozen=True)
@@ -58,9 +63,10 @@ class StoppingRule(ABC):
 
     @abstractmethod
     def decide(self, rung: int, value: float, recorded: Sequence[float],
-               task: str = "") -> Decision:
+               task: str = "", history: Sequence[float] = ()) -> Decision:
         """Whether ``task`` with ``value`` at ``rung`` goes on, given the values the
-        tasks before it recorded there under this rule (``value`` not among them)."""
+        tasks before it recorded there under this rule (``value`` not among them) and
+        the task's own values at its earlier rungs, in order (``history``)."""
 
     def ended(self, task: str, status: str, loss: float | None,  # noqa: B027 (a hook)
               evaluation: Mapping[str, float]) -> None:
@@ -81,21 +87,12 @@ class Asha(StoppingRule):
 
     def mistakes(self) -> list[str]:
         """Each way the rule is malformed (empty: none), with the fix."""
-        reasons = []
-        if not isinstance(self.metric, str) or not self.metric:
-            reasons.append(f"metric must be 'loss' or a name evaluate() returns, not "
-                           f"{self.metric!r}")
-        if self.mode not in ("min", "max"):
-            reasons.append(f"mode must be 'min' or 'max', not {self.mode!r}")
-        if not isinstance(self.min_steps, int) or isinstance(self.min_steps, bool) \
-                or self.min_steps < 1:
+        reasons = _common_mistakes(self)
+        if not _whole(self.min_steps, 1):
             reasons.append(f"min_steps must be a whole number >= 1, not {self.min_steps!r}")
         if not isinstance(self.eta, (int, float)) or isinstance(self.eta, bool) \
                 or not math.isfinite(self.eta) or self.eta <= 1:
             reasons.append(f"eta must be a number above 1 (3: keep a third), not {self.eta!r}")
-        if not isinstance(self.loss_window, int) or self.loss_window < 1:
-            reasons.append(f"loss_window must be a whole number >= 1, not "
-                           f"{self.loss_window!r}")
         return reasons
 
     def rungs(self, total: int) -> list[int]:
@@ -109,7 +106,7 @@ class Asha(StoppingRule):
         return found
 
     def decide(self, rung: int, value: float, recorded: Sequence[float],
-               task: str = "") -> Decision:
+               task: str = "", history: Sequence[float] = ()) -> Decision:
         if not math.isfinite(value):
             return Decision(rung, value, True, f"{self.metric} is {value} at step {rung}")
         if not recorded:
@@ -125,6 +122,136 @@ class Asha(StoppingRule):
                            f"(cutoff {cutoff:.4g}): stopped by ASHA (eta {self.eta:g})"
                            if worse else f"is within the {keep} of the {len(recorded)} "
                            f"before it (cutoff {cutoff:.4g})"))
+
+
+@dataclass(frozen=True)
+class Median(StoppingRule):
+    """The median rule (Golovin et al., "Google Vizier", KDD 2017; Optuna's
+    ``MedianPruner``): judged at ``min_steps`` and every ``every`` steps after, a task
+    stops when its best value so far is worse than the median of the values the tasks
+    before it recorded at that rung. Until ``min_tasks`` have recorded there, every task
+    goes on (a median of one or two says little)."""
+
+    metric: str = "loss"
+    mode: str = "min"
+    min_steps: int = 1  # Optuna's n_warmup_steps: no judgement before
+    every: int = 1  # steps between rungs (Optuna's interval_steps)
+    min_tasks: int = 3  # values at a rung before any is judged (Optuna's n_min_trials)
+    loss_window: int = 5
+
+    def mistakes(self) -> list[str]:
+        """Each way the rule is malformed (empty: none), with the fix."""
+        reasons = _common_mistakes(self)
+        for name in ("min_steps", "every", "min_tasks"):
+            if not _whole(getattr(self, name), 1):
+                reasons.append(f"{name} must be a whole number >= 1, not "
+                               f"{getattr(self, name)!r}")
+        return reasons
+
+    def rungs(self, total: int) -> list[int]:
+        """The steps, before ``total``, at which a task is judged."""
+        return list(range(self.min_steps, total, self.every))
+
+    def decide(self, rung: int, value: float, recorded: Sequence[float],
+               task: str = "", history: Sequence[float] = ()) -> Decision:
+        if not math.isfinite(value):
+            return Decision(rung, value, True, f"{self.metric} is {value} at step {rung}")
+        best = _best([*history, value], self.mode)
+        if len(recorded) < self.min_tasks:
+            return Decision(rung, value, False, f"{self.metric} {value:.4g} at step {rung}: "
+                            f"{len(recorded)} before it, fewer than {self.min_tasks} to judge by")
+        median = _quantile(sorted(recorded), 0.5)
+        worse = best > median if self.mode == "min" else best < median
+        return Decision(rung, value, worse,
+                        f"{self.metric} at step {rung}: best so far {best:.4g} is "
+                        + (f"worse than the median {median:.4g} of the {len(recorded)} before "
+                           "it: stopped by the median rule" if worse else
+                           f"no worse than the median {median:.4g} of the {len(recorded)} "
+                           "before it"))
+
+
+@dataclass(frozen=True)
+class Patience(StoppingRule):
+    """Early stopping on the task's own curve (as Keras' and Lightning's
+    ``EarlyStopping``): judged at ``min_steps`` and every ``every`` steps after, a task
+    stops when its last ``patience`` rungs brought no improvement of more than
+    ``min_delta`` over its best before them, or (``threshold``) when its value is worse
+    than the threshold (Optuna's ``ThresholdPruner``). Other tasks play no part."""
+
+    metric: str = "loss"
+    mode: str = "min"
+    min_steps: int = 1
+    every: int = 1
+    patience: int = 3  # rungs without improvement before a stop
+    min_delta: float = 0.0  # an improvement must beat the best by more than this
+    threshold: float | None = None  # worse than this at any rung: stopped
+    loss_window: int = 5
+
+    def mistakes(self) -> list[str]:
+        """Each way the rule is malformed (empty: none), with the fix."""
+        reasons = _common_mistakes(self)
+        for name in ("min_steps", "every", "patience"):
+            if not _whole(getattr(self, name), 1):
+                reasons.append(f"{name} must be a whole number >= 1, not "
+                               f"{getattr(self, name)!r}")
+        if not _number(self.min_delta) or self.min_delta < 0:
+            reasons.append(f"min_delta must be a number >= 0, not {self.min_delta!r}")
+        if self.threshold is not None and not _number(self.threshold):
+            reasons.append(f"threshold must be a finite number or None, not "
+                           f"{self.threshold!r}")
+        return reasons
+
+    def rungs(self, total: int) -> list[int]:
+        """The steps, before ``total``, at which a task is judged."""
+        return list(range(self.min_steps, total, self.every))
+
+    def decide(self, rung: int, value: float, recorded: Sequence[float],
+               task: str = "", history: Sequence[float] = ()) -> Decision:
+        if not math.isfinite(value):
+            return Decision(rung, value, True, f"{self.metric} is {value} at step {rung}")
+        said = f"{self.metric} {value:.4g} at step {rung}"
+        sign = 1.0 if self.mode == "min" else -1.0  # lower is better after the sign
+        if self.threshold is not None and sign * value > sign * self.threshold:
+            return Decision(rung, value, True, f"{said} is worse than the threshold "
+                            f"{self.threshold:.4g}: stopped")
+        curve = [*history, value]
+        if len(curve) <= self.patience:
+            return Decision(rung, value, False, f"{said}: fewer than {self.patience + 1} "
+                            "rungs to judge by")
+        before = _best(curve[:-self.patience], self.mode)
+        recent = _best(curve[-self.patience:], self.mode)
+        improved = sign * (before - recent) > self.min_delta
+        return Decision(rung, value, not improved,
+                        f"{said}: the best of the last {self.patience} rungs, {recent:.4g}, "
+                        + (f"improves on {before:.4g}" if improved else
+                           f"does not improve on {before:.4g} by more than "
+                           f"{self.min_delta:g}: stopped for want of patience"))
+
+
+def _best(values: Sequence[float], mode: str) -> float:
+    return min(values) if mode == "min" else max(values)
+
+
+def _whole(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _number(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _common_mistakes(rule: StoppingRule) -> list[str]:
+    """What every rule checks: its metric, mode and loss window."""
+    reasons = []
+    if not isinstance(rule.metric, str) or not rule.metric:
+        reasons.append(f"metric must be 'loss' or a name evaluate() returns, not "
+                       f"{rule.metric!r}")
+    if rule.mode not in ("min", "max"):
+        reasons.append(f"mode must be 'min' or 'max', not {rule.mode!r}")
+    if not _whole(rule.loss_window, 1):
+        reasons.append(f"loss_window must be a whole number >= 1, not {rule.loss_window!r}")
+    return reasons
 
 
 def _quantile(ordered: Sequence[float], q: float) -> float:

@@ -77,9 +77,10 @@ class Task:
     sets ``allow_inexact=True``; every slice records whether it trained exactly, and
     reports mark a task any of whose steps did not.
 
-    ``stopping`` (``dione.Asha(...)``): a rule that stops the task early, at one of its
-    rungs, where its metric falls behind the tasks that share the rule; its devices are
-    planned again for the others at once (``dione.spec.stopping``).
+    ``stopping`` (``dione.Asha(...)``, ``dione.Median(...)``, ``dione.Patience(...)``): a
+    rule that stops the task early, at one of its rungs, where its metric falls behind
+    the tasks that share the rule (or, under Patience, its own earlier rungs); its
+    devices are planned again for the others at once (``dione.spec.stopping``).
 
     ``precision`` trains under autocast (``bf16``; ``fp16`` with a gradient scaler, on
     CUDA only); the weights and the optimizer stay in float32. ``clip_grad_norm`` clips
