@@ -18,7 +18,7 @@ from dione.profile import TrialOptions
 from dione.report import write_report
 from dione.simulate import Scenario, simulate
 from dione.spec.cluster import Cluster
-from dione.spec.stopping import Asha, Median, Patience, StoppingRule
+from dione.spec.stopping import Asha, Median, Patience, StoppingRule, SuccessiveHalving
 from dione.spec.validate import validate_workload
 from dione.state.store import RunStore
 from helpers import TEST_NODE, digits_task, small_problem
@@ -107,6 +107,22 @@ def test_a_simulated_sweep_decides_as_its_rule_from_what_the_store_holds(
     assert len(stopped) < 8  # some went to the end
 
 
+def test_successive_halving_decides_as_worked_by_hand() -> None:
+    """Of the n that reached a rung, the best max(1, floor(n / eta)) go on, whatever
+    order they arrived in; a value that is not finite stops."""
+    rule = SuccessiveHalving(min_steps=2, eta=2)
+    assert rule.rungs(16) == [2, 4, 8]
+    cohort = {"d": 4.0, "b": 2.0, "e": float("nan"), "a": 1.0, "c": 3.0}
+    # Worked: n = 5, keep floor(5 / 2) = 2: a (1.0) and b (2.0); c, d and e stop.
+    decided = rule.decide_together(2, cohort)
+    assert {t for t, d in decided.items() if not d.stop} == {"a", "b"}
+    assert "ranks 3 of the 5" in decided["c"].reason
+    assert [d.stop for d in SuccessiveHalving(eta=3).decide_together(
+        1, {"x": 1.0, "y": 2.0}).values()] == [False, True]  # keep at least one
+    tied = SuccessiveHalving(eta=2, mode="max").decide_together(1, {"q": 0.5, "p": 0.5})
+    assert not tied["p"].stop and tied["q"].stop  # a tie goes by name
+
+
 def test_a_malformed_rule_is_named_by_validation() -> None:
     task = digits_task("t", steps=8, stopping=Asha(eta=1.0, metric="accuracy"))
     problems = validate_workload([task])
@@ -174,6 +190,39 @@ def test_a_simulated_sweep_with_asha_stops_the_same_tasks_twice(tmp_path: Path) 
             d[:4] for d in RunStore(runs[1].run_dir).decisions()]
 
 
+def test_a_simulated_sweep_with_successive_halving_judges_each_rung_together(
+        tmp_path: Path) -> None:
+    """Each rung is judged once every task has reached it: its cohort is the tasks that
+    went on from the rung before, the best max(1, floor(n / eta)) of them go on, and no
+    task trains past a rung before its cohort is judged (ASHA's first arrivals would)."""
+    rule = SuccessiveHalving(min_steps=10, eta=2)
+    events: list[RunEvent] = []
+    run = simulate(small_problem(8), tmp_path / "run", scenario=Scenario(seed=4), steps=90,
+                   options=RunOptions(time_limit=0.5, replan_time_limit=0.1,
+                                      slice_seconds=60.0, replan_interval=600.0),
+                   stopping=rule, on_event=events.append)
+    with RunStore(run.run_dir) as store:
+        decisions = store.decisions()
+    going = {f"t{i}" for i in range(8)}
+    for rung in rule.rungs(90):
+        at = {t: (value, stop) for t, step, value, stop, _ in decisions if step == rung}
+        assert set(at) == going, rung
+        kept = {t for t, (_, stop) in at.items() if not stop}
+        assert len(kept) == max(1, len(going) // 2)
+        assert max(at[t][0] for t in kept) <= min(
+            (v for v, stop in at.values() if stop), default=float("inf"))
+        going = kept
+    assert {t for t, s in run.statuses.items() if s == "done"} == going
+    # Judged together: the first decision at a rung comes after every task's slice
+    # that ends there has finished.
+    for rung in rule.rungs(90):
+        first = next(k for k, e in enumerate(events)
+                     if e.kind in ("rung_passed", "task_stopped") and f"step {rung} " in e.message)
+        waited = [k for k, e in enumerate(events)
+                  if e.kind == "rung_waiting" and f"at step {rung};" in e.message]
+        assert waited and max(waited) < first
+
+
 def test_a_store_of_the_version_before_takes_stopped_tasks(tmp_path: Path) -> None:
     """A run directory an older dione wrote (no 'stopped' status) keeps its rows and
     takes the new status."""
@@ -198,12 +247,17 @@ def test_a_store_of_the_version_before_takes_stopped_tasks(tmp_path: Path) -> No
     raw.close()
 
 
+@pytest.mark.parametrize(("rule", "killed_at"), [
+    (Asha(metric="loss", min_steps=6, eta=2, loss_window=3), 1),
+    # Killed once the cohort's first decision is written: the rest are judged as the
+    # whole cohort was.
+    (SuccessiveHalving(metric="loss", min_steps=6, eta=2, loss_window=3), 2),
+], ids=["asha", "successive-halving"])
 def test_a_rung_a_killed_run_left_undecided_is_judged_before_anything_trains_past_it(
-        tmp_path: Path, monkeypatch) -> None:
+        tmp_path: Path, monkeypatch, rule: StoppingRule, killed_at: int) -> None:
     """The launcher dies after a slice ended at a rung and before the decision was
     recorded (here: the decision's write interrupts it, as a kill would). The resumed run
     judges that rung first, once, from the store's losses, as the rule says."""
-    rule = Asha(metric="loss", min_steps=6, eta=2, loss_window=3)
     rates = {"fast": 3e-2, "slow": 1e-6, "mid": 3e-3, "stuck": 1e-7}
     tasks = [replace(digits_task(name, steps=24, stopping=rule),
                      optimizer=functools.partial(torch.optim.Adam, lr=lr))
@@ -212,18 +266,25 @@ def test_a_rung_a_killed_run_left_undecided_is_judged_before_anything_trains_pas
     options = RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
                          slice_steps=12, time_limit=5.0)
 
+    record_decision = RunStore.record_decision
+    calls: list[int] = []
+
     def killed(*args: object, **kwargs: object) -> None:
-        raise KeyboardInterrupt  # the launcher dies between the slice's end and this
+        calls.append(1)
+        if len(calls) == killed_at:
+            raise KeyboardInterrupt  # the launcher dies between the slice's end and this
+        record_decision(*args, **kwargs)  # type: ignore[arg-type]
 
     with monkeypatch.context() as patched:
         patched.setattr(RunStore, "record_decision", killed)
         with pytest.raises(KeyboardInterrupt):
             run_workload(tasks, Cluster([TEST_NODE]), run_dir, options)
     with RunStore(run_dir) as store:
-        assert store.decisions() == []
+        assert len(store.decisions()) == killed_at - 1
+        decided_before = {d[0] for d in store.decisions()}
         undecided = {t.name: c.step for t in store.tasks()
                      if (c := store.latest_checkpoint(t.name)) is not None
-                     and c.step in rule.rungs(24)}
+                     and c.step in rule.rungs(24) and t.name not in decided_before}
         before = {s.id for s in store.slices()}
     assert undecided, "no slice ended at a rung before the interruption"
 
@@ -236,7 +297,11 @@ def test_a_rung_a_killed_run_left_undecided_is_judged_before_anything_trains_pas
         decisions = store.decisions()
         recorded: dict[int, list[float]] = {}
         for name, step, value, stop, _ in decisions:
-            assert rule.decide(step, value, recorded.get(step, [])).stop is stop
+            if rule.synchronous:  # each rung's cohort judged together
+                cohort = {t: v for t, at, v, *_ in decisions if at == step}
+                assert rule.decide_together(step, cohort)[name].stop is stop
+            else:
+                assert rule.decide(step, value, recorded.get(step, [])).stop is stop
             recorded.setdefault(step, []).append(value)
             window = [loss for at, loss in store.losses(name) if at <= step][-3:]
             assert value == pytest.approx(sum(window) / len(window))

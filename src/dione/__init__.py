@@ -19,7 +19,7 @@ if TYPE_CHECKING:
         shifted_tokens,
         tokens,
     )
-    from dione.spec.stopping import Asha, Median, Patience
+    from dione.spec.stopping import Asha, Median, Patience, SuccessiveHalving
     from dione.techniques import (
         SliceContext,
         SliceOutcome,
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 # Imported on first use: `import dione` (the CLI, every worker) must not pay for torch.
 __getattr__ = lazy_exports(__name__, {
-    **dict.fromkeys(("Asha", "Median", "Patience"), "dione.spec.stopping"),
+    **dict.fromkeys(("Asha", "Median", "Patience", "SuccessiveHalving"),
+                   "dione.spec.stopping"),
     **dict.fromkeys(("Cluster", "Node", "Task", "Workload", "grid", "load_workload",
                      "local_cluster", "shifted_tokens", "tokens"), "dione.spec"),
     **dict.fromkeys(("SliceContext", "SliceOutcome", "Technique", "get_technique",
@@ -198,6 +199,7 @@ __all__ = [
     "Patience",
     "SliceContext",
     "SliceOutcome",
+    "SuccessiveHalving",
     "Task",
     "Technique",
     "Workload",

@@ -29,6 +29,9 @@ class TaskStatus(str, Enum):
     FAILED = "failed"
     DIVERGED = "diverged"
     STOPPED = "stopped"  # by its stopping rule, at a rung
+    # At a rung of a synchronous rule, holding no device, until the others reach it (the
+    # store keeps it pending: a resumed run waits there again).
+    WAITING = "waiting"
 
     def __str__(self) -> str:
         return self.value
@@ -36,7 +39,7 @@ class TaskStatus(str, Enum):
     @property
     def ended(self) -> bool:
         """A task in this state never trains again in this run."""
-        return self not in (TaskStatus.PENDING, TaskStatus.RUNNING)
+        return self not in (TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.WAITING)
 
 
 @dataclass

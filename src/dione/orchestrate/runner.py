@@ -37,6 +37,7 @@ from dione.plan.plan import Assignment
 from dione.plan.problem import Busy, PlanningProblem
 from dione.profile.results import Profile
 from dione.spec.cluster import Cluster
+from dione.spec.stopping import Decision
 from dione.spec.task import Task
 from dione.state.store import RunStore
 from dione.techniques.registry import get_technique
@@ -87,10 +88,15 @@ class Runner:
         self.rungs: dict[tuple[str, int], list[float]] = {}
         # ... and each task's own values at its rungs, in order (Patience, Median).
         self.curves: dict[tuple[str, str], list[float]] = {}
+        # Who was judged at each rung, with what value: a synchronous rung's cohort is
+        # these and the tasks waiting there, (rule, step) -> {task: value}.
+        self.judged: dict[tuple[str, int], dict[str, float]] = {}
+        self.waiting: dict[tuple[str, int], dict[str, float]] = {}
         for rule in {repr(t.stopping) for t in tasks if t.stopping is not None}:
             for name, step, value, _, _ in self.store.decisions(rule):
                 self.rungs.setdefault((rule, step), []).append(value)
                 self.curves.setdefault((rule, name), []).append(value)
+                self.judged.setdefault((rule, step), {})[name] = value
         self.estimates = Estimates.of_run(profile, self.store)
         # Nodes this run has known: another that the launcher reports later joined.
         self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]}
@@ -457,11 +463,48 @@ class Runner:
         self.emit(RunEvent("slice_finished", f"{name}: steps {result.start_step}-"
                            f"{result.end_step} in {elapsed:.1f} s (predicted {planned:.1f} s)"
                            + (" - done" if ended else ""), name))
-        if running.at_rung and not ended and self._judge(
-                record, result.end_step, self._rung_value(record, result.end_step,
-                                                          result.evaluation)):
-            return False  # stopped: a re-plan for its devices was asked at once
+        if running.at_rung and not ended:
+            value = self._rung_value(record, result.end_step, result.evaluation)
+            if record.task.stopping is not None and record.task.stopping.synchronous:
+                self._wait_at_rung(record, result.end_step, value)
+                return True  # its devices are free for the others meanwhile
+            if self._judge(record, result.end_step, value):
+                return False  # stopped: a re-plan for its devices was asked at once
         return abs(elapsed - planned) > 0.05 * max(planned, 1.0)
+
+    def _wait_at_rung(self, record: TaskRecord, step: int, value: float) -> None:
+        """Hold a task at a rung of its synchronous rule until the others reach it."""
+        rule = record.task.stopping
+        assert rule is not None
+        record.status = TaskStatus.WAITING
+        self.waiting.setdefault((repr(rule), step), {})[record.name] = value
+        self.emit(RunEvent("rung_waiting", f"{record.name}: {rule.metric} {value:.4g} at "
+                           f"step {step}; it waits there for the others", record.name))
+
+    def _release_cohorts(self) -> None:
+        """Judge together each synchronous rung that every task under its rule has
+        reached or ended before: the best go on, the rest stop."""
+        for key in sorted(self.waiting, key=lambda k: k[1]):
+            name, step = key
+            owed = [r for r in self.state.records.values()
+                    if r.task.stopping is not None and repr(r.task.stopping) == name
+                    and r.status in (TaskStatus.PENDING, TaskStatus.RUNNING)
+                    and r.done_steps < step and step in r.task.stopping.rungs(r.total)]
+            if owed:
+                continue
+            waiting = self.waiting.pop(key)
+            rule = self.state.records[next(iter(waiting))].task.stopping
+            assert rule is not None
+            # With those judged there before: a run killed while it recorded a cohort's
+            # decisions judges the rest of it as the whole cohort was judged.
+            cohort = {**self.judged.get(key, {}), **waiting}
+            for task, decision in rule.decide_together(step, cohort).items():
+                if task not in waiting:
+                    continue
+                record = self.state.records[task]
+                record.status = TaskStatus.PENDING
+                self._apply(record, decision, replan=False)
+            self.ask_replan(owed=self.options.replan)  # at once: the cohort goes on
 
     def _rung_value(self, record: TaskRecord, step: int,
                     evaluation: Mapping[str, float]) -> float:
@@ -490,6 +533,9 @@ class Runner:
             evaluated = {m: v for m, points in self.store.evaluations(record.name).items()
                          for at, v in points if at == step}
             value = self._rung_value(record, step, evaluated)
+            if rule.synchronous:  # it waits there again for the others
+                self._wait_at_rung(record, step, value)
+                continue
             if math.isnan(value) and rule.metric != "loss":
                 self.emit(RunEvent("rung_unjudged", f"{record.name}: no {rule.metric} was "
                                    f"recorded at rung {step} before the run stopped; it goes "
@@ -503,11 +549,18 @@ class Runner:
         stopped the task (recorded with the rung, the value and the reason)."""
         rule = record.task.stopping
         assert rule is not None
-        key = (repr(rule), step)
-        curve = self.curves.setdefault((repr(rule), record.name), [])
-        decision = rule.decide(step, value, self.rungs.get(key, []), record.name, curve)
-        self.rungs.setdefault(key, []).append(value)
-        curve.append(value)
+        curve = self.curves.get((repr(rule), record.name), [])
+        return self._apply(record, rule.decide(step, value, self.rungs.get(
+            (repr(rule), step), []), record.name, curve), replan)
+
+    def _apply(self, record: TaskRecord, decision: Decision, replan: bool) -> bool:
+        """Record a decision of the task's rule and act on it; whether it stopped."""
+        rule = record.task.stopping
+        assert rule is not None
+        step, value = decision.rung, decision.value
+        self.rungs.setdefault((repr(rule), step), []).append(value)
+        self.curves.setdefault((repr(rule), record.name), []).append(value)
+        self.judged.setdefault((repr(rule), step), {})[record.name] = value
         self.store.record_decision(record.name, repr(rule), step, rule.metric, value,
                                    decision.stop, decision.reason)
         if not decision.stop:
@@ -635,6 +688,7 @@ class Runner:
     def run(self) -> None:
         """Plan, launch, watch, re-plan, until every task has ended."""
         self._judge_missed_rungs()
+        self._release_cohorts()
         self.plan_now()
         futures: dict[Future[SliceResult], str] = {}
         last_replan = self.now()
@@ -664,6 +718,7 @@ class Runner:
                 depart = False
                 for future in done:
                     depart |= self.finished(futures.pop(future), future)
+                self._release_cohorts()  # after any end: a failed task is owed no more
                 self.check_stalls()
                 interval = self.now() - last_replan > self.options.replan_interval
                 if self._uncovered():

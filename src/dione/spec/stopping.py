@@ -1,9 +1,10 @@
 """Stopping rules of a sweep: which tasks stop early, at which steps, and why.
 
-Three rules, each judged at rungs (a slice ends at each): ``Asha`` compares a task with
-the tasks that reached its rung before it, ``Median`` with the median of theirs, and
+Four rules, each judged at rungs (a slice ends at each): ``Asha`` compares a task with
+the tasks that reached its rung before it, ``Median`` with the median of theirs,
 ``Patience`` with the task's own earlier rungs (no improvement for so many, or worse
-than a threshold).
+than a threshold), and ``SuccessiveHalving`` (synchronous) waits at each rung for every
+task to reach it, then keeps the best ``1/eta`` of them.
 
 ``Asha`` is asynchronous successive halving (Li et al., "A System for Massively Parallel
 Hyperparameter Tuning", MLSys 2020) as Ray Tune's ``AsyncHyperBandScheduler`` applies
@@ -26,8 +27,9 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
-__all__ = ["Asha", "Decision", "Median", "Patience", "StoppingRule"]
+__all__ = ["Asha", "Decision", "Median", "Patience", "StoppingRule", "SuccessiveHalving"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,9 @@ class StoppingRule(ABC):
     metric: str  # "loss" (the mean of the rung's last ``loss_window`` steps) or evaluate()'s
     mode: str  # "min" or "max"
     loss_window: int
+    # Judged together: a task that reaches a rung waits (holding no device) until every
+    # task under the rule has reached it or ended, then ``decide_together`` judges all.
+    synchronous: ClassVar[bool] = False
 
     @abstractmethod
     def mistakes(self) -> list[str]:
@@ -68,6 +73,16 @@ class StoppingRule(ABC):
         tasks before it recorded there under this rule (``value`` not among them) and
         the task's own values at its earlier rungs, in order (``history``)."""
 
+    def decide_together(self, rung: int, values: Mapping[str, float]) -> dict[str, Decision]:
+        """The decision for each task of a cohort that reached ``rung`` (its value): by
+        default each in turn, by name, the ones before it taken as recorded."""
+        decisions: dict[str, Decision] = {}
+        recorded: list[float] = []
+        for task in sorted(values):
+            decisions[task] = self.decide(rung, values[task], recorded, task)
+            recorded.append(values[task])
+        return decisions
+
     def ended(self, task: str, status: str, loss: float | None,  # noqa: B027 (a hook)
               evaluation: Mapping[str, float]) -> None:
         """Told, in the launcher, as a task under this rule ends (``done``, ``stopped``,
@@ -87,23 +102,11 @@ class Asha(StoppingRule):
 
     def mistakes(self) -> list[str]:
         """Each way the rule is malformed (empty: none), with the fix."""
-        reasons = _common_mistakes(self)
-        if not _whole(self.min_steps, 1):
-            reasons.append(f"min_steps must be a whole number >= 1, not {self.min_steps!r}")
-        if not isinstance(self.eta, (int, float)) or isinstance(self.eta, bool) \
-                or not math.isfinite(self.eta) or self.eta <= 1:
-            reasons.append(f"eta must be a number above 1 (3: keep a third), not {self.eta!r}")
-        return reasons
+        return _halving_mistakes(self, self.min_steps, self.eta)
 
     def rungs(self, total: int) -> list[int]:
         """The steps, before ``total``, at which a task is judged."""
-        found: list[int] = []
-        step = float(self.min_steps)
-        while round(step) < total:
-            if not found or round(step) > found[-1]:
-                found.append(round(step))
-            step *= self.eta
-        return found
+        return _geometric(self.min_steps, self.eta, total)
 
     def decide(self, rung: int, value: float, recorded: Sequence[float],
                task: str = "", history: Sequence[float] = ()) -> Decision:
@@ -228,6 +231,69 @@ class Patience(StoppingRule):
                            f"{self.min_delta:g}: stopped for want of patience"))
 
 
+@dataclass(frozen=True)
+class SuccessiveHalving(StoppingRule):
+    """Synchronous successive halving (Jamieson & Talwalkar, AISTATS 2016; the ``SHA``
+    of Li et al., MLSys 2020): rungs at ``min_steps * eta**k`` steps as ``Asha``'s, but a
+    task that reaches one waits there, holding no device, until every task under the
+    rule has reached it or ended; then the best ``max(1, floor(n / eta))`` of the ``n``
+    that reached it go on (ties: by name) and the rest stop. Slower than ASHA when tasks
+    run at different paces, but its decisions never depend on who arrived first."""
+
+    metric: str = "loss"
+    mode: str = "min"
+    min_steps: int = 1
+    eta: float = 3.0
+    loss_window: int = 5
+
+    synchronous: ClassVar[bool] = True
+
+    def mistakes(self) -> list[str]:
+        """Each way the rule is malformed (empty: none), with the fix."""
+        return _halving_mistakes(self, self.min_steps, self.eta)
+
+    def rungs(self, total: int) -> list[int]:
+        """The steps, before ``total``, at which a task is judged."""
+        return _geometric(self.min_steps, self.eta, total)
+
+    def decide(self, rung: int, value: float, recorded: Sequence[float],
+               task: str = "", history: Sequence[float] = ()) -> Decision:
+        """One task judged with ``recorded`` taken for the rest of its cohort."""
+        others = {f"\0{k}": v for k, v in enumerate(recorded)}  # sort after any name
+        return self.decide_together(rung, {**others, task: value})[task]
+
+    def decide_together(self, rung: int, values: Mapping[str, float]) -> dict[str, Decision]:
+        """The decision for each task of the cohort that reached ``rung`` (its value)."""
+        sign = 1.0 if self.mode == "min" else -1.0
+        ranked = sorted((t for t in values if math.isfinite(values[t])),
+                        key=lambda t: (sign * values[t], t))
+        keep = max(1, math.floor(len(values) / self.eta))
+        decisions = {}
+        for task, value in values.items():
+            if task not in ranked:
+                decisions[task] = Decision(rung, value, True,
+                                           f"{self.metric} is {value} at step {rung}")
+                continue
+            place = ranked.index(task) + 1
+            stop = place > keep
+            decisions[task] = Decision(
+                rung, value, stop, f"{self.metric} {value:.4g} at step {rung} ranks {place} "
+                f"of the {len(values)} that reached it; the best {keep} go on"
+                + (": stopped by successive halving" if stop else ""))
+        return decisions
+
+
+def _geometric(first: int, ratio: float, total: int) -> list[int]:
+    """``first``, ``first * ratio``, ... rounded, distinct, below ``total``."""
+    found: list[int] = []
+    step = float(first)
+    while round(step) < total:
+        if not found or round(step) > found[-1]:
+            found.append(round(step))
+        step *= ratio
+    return found
+
+
 def _best(values: Sequence[float], mode: str) -> float:
     return min(values) if mode == "min" else max(values)
 
@@ -251,6 +317,16 @@ def _common_mistakes(rule: StoppingRule) -> list[str]:
         reasons.append(f"mode must be 'min' or 'max', not {rule.mode!r}")
     if not _whole(rule.loss_window, 1):
         reasons.append(f"loss_window must be a whole number >= 1, not {rule.loss_window!r}")
+    return reasons
+
+
+def _halving_mistakes(rule: StoppingRule, min_steps: object, eta: object) -> list[str]:
+    """What ASHA and successive halving check: rungs from ``min_steps`` by ``eta``."""
+    reasons = _common_mistakes(rule)
+    if not _whole(min_steps, 1):
+        reasons.append(f"min_steps must be a whole number >= 1, not {min_steps!r}")
+    if not _number(eta) or eta <= 1:  # type: ignore[operator]
+        reasons.append(f"eta must be a number above 1 (3: keep a third), not {eta!r}")
     return reasons
 
 
