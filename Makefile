@@ -23,8 +23,10 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Two pytest workers (pytest-xdist): much of the suite waits on process start-up, Ray
+# and timeouts rather than computing; Ray's tests share one cluster in one worker.
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 # The inner loop (about a minute): lint, types, and the tests that start no gang
 # (layering, schedules, planner, store, spec, batches). `make test` runs everything.

@@ -15,6 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import dione
 from dione.orchestrate.plans import read_plans
 from dione.profile import TrialOptions
+from dione.report import mlflow_runs
 from dione.report.tensorboard import PLANS_RUN
 from dione.state.store import RunStore
 from dione.zoo.digits import digits_accuracy
@@ -23,7 +24,7 @@ from helpers import dione as dione_cli
 
 
 def test_a_run_is_in_mlflow_and_tensorboard_with_every_step_and_each_model(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tasks = [digits_task(f"lr-{lr}", steps=6, techniques=("single",),
                          optimizer=functools.partial(torch.optim.Adam, lr=lr),
@@ -97,3 +98,15 @@ def test_a_run_is_in_mlflow_and_tensorboard_with_every_step_and_each_model(
     drawn = plans.Images("plan")  # each adopted plan's chart, at its index
     assert [e.step for e in drawn] == list(range(len(read_plans(run_dir))))
     assert all(e.width > 300 and e.height > 100 for e in drawn)
+
+    # A long task's per-step metrics go to MLflow in windows (at most POINTS a task):
+    # with 4 points for 6 steps, each point is the mean loss of two steps, at the second.
+    monkeypatch.setattr(mlflow_runs, "POINTS", 4)
+    windows = mlflow_runs.MlflowExport(run_dir, uri, tasks=tasks, experiment="windows")
+    windows.close()
+    with RunStore(run_dir) as store:
+        for task in tasks:
+            losses = [loss for _, loss in store.losses(task.name)]
+            history = client.get_metric_history(windows._children[task.name], "loss")
+            assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [
+                (s, pytest.approx((losses[s - 2] + losses[s - 1]) / 2)) for s in (2, 4, 6)]
