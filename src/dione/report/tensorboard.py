@@ -54,7 +54,9 @@ class TensorBoardExport:
         except ImportError as err:  # the extra is not installed
             raise RuntimeError(f"TensorBoard output needs the tensorboard package: pip "
                                f"install 'dione[tensorboard]' ({err})") from None
-        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.compat.proto.summary_pb2 import (  # type: ignore[import-untyped]
+            Summary,
+        )
 
         self._writer_type = SummaryWriter
         self._summary, self._value = Summary, Summary.Value
