@@ -24,9 +24,11 @@ lint: setup
 	$(BIN)/mypy
 
 # Two pytest workers (pytest-xdist): much of the suite waits on process start-up, Ray
-# and timeouts rather than computing; Ray's tests share one cluster in one worker.
+# and timeouts rather than computing. Each test file runs whole in one worker, so a
+# module's shared fixture (test_ray.py's one Ray cluster) is made once (xdist's
+# loadgroup did not keep a group together under pytest 9).
 test: lint
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # The inner loop (about a minute): lint, types, and the tests that start no gang
 # (layering, schedules, planner, store, spec, batches). `make test` runs everything.

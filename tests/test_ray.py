@@ -41,8 +41,6 @@ from dione.launch.ray_launcher import (  # noqa: E402
 from dione.launch.worker import rendezvous_path  # noqa: E402
 
 QUICK = TrialOptions(warmup_steps=1, measure_steps=2)
-# The module's tests share one Ray cluster: under pytest-xdist they run in one worker.
-pytestmark = pytest.mark.xdist_group("ray")
 
 
 
