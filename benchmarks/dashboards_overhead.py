@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import tempfile
 import time
@@ -61,6 +62,7 @@ def main() -> None:
     work = tasks(args.tasks, args.steps)
     with tempfile.TemporaryDirectory(prefix="dione-bench-") as tmp:
         folder = Path(tmp)
+        os.chdir(folder)  # MLflow puts a SQLite store's artifacts in ./mlruns
         catalog = str(folder / "catalog.sqlite")
         one(work, folder, "warm", catalog, False)  # profiles once; not timed
         runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}

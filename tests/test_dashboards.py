@@ -25,6 +25,7 @@ from helpers import dione as dione_cli
 
 def test_a_run_is_in_mlflow_and_tensorboard_with_every_step_and_each_model(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # MLflow puts a SQLite store's artifacts in ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tasks = [digits_task(f"lr-{lr}", steps=6, techniques=("single",),
                          optimizer=functools.partial(torch.optim.Adam, lr=lr),
