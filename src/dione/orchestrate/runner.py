@@ -83,18 +83,16 @@ class Runner:
                 self.store.close()
                 raise RunDirError(str(err)) from None
         self.state = RunState(records, [], clock_zero=clock.now())
-        # Each stopping rule's values at each rung, in the order they came (the store's
-        # decisions: a resumed run decides as the uninterrupted one would).
-        self.rungs: dict[tuple[str, int], list[float]] = {}
-        # ... and each task's own values at its rungs, in order (Patience, Median).
-        self.curves: dict[tuple[str, str], list[float]] = {}
-        # Who was judged at each rung, with what value: a synchronous rung's cohort is
-        # these and the tasks waiting there, (rule, step) -> {task: value}.
+        # From the store's decisions (a resumed run decides as the uninterrupted one
+        # would): who was judged at each rung of each rule, with what value, in the order
+        # they came, (rule, step) -> {task: value} (a synchronous rung's cohort is these
+        # and the tasks waiting there); and each task's own values at its rungs, in order
+        # (Patience, Median).
         self.judged: dict[tuple[str, int], dict[str, float]] = {}
+        self.curves: dict[tuple[str, str], list[float]] = {}
         self.waiting: dict[tuple[str, int], dict[str, float]] = {}
         for rule in {repr(t.stopping) for t in tasks if t.stopping is not None}:
             for name, step, value, _, _ in self.store.decisions(rule):
-                self.rungs.setdefault((rule, step), []).append(value)
                 self.curves.setdefault((rule, name), []).append(value)
                 self.judged.setdefault((rule, step), {})[name] = value
         self.estimates = Estimates.of_run(profile, self.store)
@@ -549,16 +547,16 @@ class Runner:
         stopped the task (recorded with the rung, the value and the reason)."""
         rule = record.task.stopping
         assert rule is not None
+        recorded = list(self.judged.get((repr(rule), step), {}).values())
         curve = self.curves.get((repr(rule), record.name), [])
-        return self._apply(record, rule.decide(step, value, self.rungs.get(
-            (repr(rule), step), []), record.name, curve), replan)
+        return self._apply(record, rule.decide(step, value, recorded, record.name, curve),
+                           replan)
 
     def _apply(self, record: TaskRecord, decision: Decision, replan: bool) -> bool:
         """Record a decision of the task's rule and act on it; whether it stopped."""
         rule = record.task.stopping
         assert rule is not None
         step, value = decision.rung, decision.value
-        self.rungs.setdefault((repr(rule), step), []).append(value)
         self.curves.setdefault((repr(rule), record.name), []).append(value)
         self.judged.setdefault((repr(rule), step), {})[record.name] = value
         self.store.record_decision(record.name, repr(rule), step, rule.metric, value,

@@ -102,7 +102,7 @@ class Asha(StoppingRule):
 
     def mistakes(self) -> list[str]:
         """Each way the rule is malformed (empty: none), with the fix."""
-        return _halving_mistakes(self, self.min_steps, self.eta)
+        return _halving_mistakes(self, self.eta)
 
     def rungs(self, total: int) -> list[int]:
         """The steps, before ``total``, at which a task is judged."""
@@ -144,12 +144,7 @@ class Median(StoppingRule):
 
     def mistakes(self) -> list[str]:
         """Each way the rule is malformed (empty: none), with the fix."""
-        reasons = _common_mistakes(self)
-        for name in ("min_steps", "every", "min_tasks"):
-            if not _whole(getattr(self, name), 1):
-                reasons.append(f"{name} must be a whole number >= 1, not "
-                               f"{getattr(self, name)!r}")
-        return reasons
+        return _common_mistakes(self, "min_steps", "every", "min_tasks")
 
     def rungs(self, total: int) -> list[int]:
         """The steps, before ``total``, at which a task is judged."""
@@ -192,11 +187,7 @@ class Patience(StoppingRule):
 
     def mistakes(self) -> list[str]:
         """Each way the rule is malformed (empty: none), with the fix."""
-        reasons = _common_mistakes(self)
-        for name in ("min_steps", "every", "patience"):
-            if not _whole(getattr(self, name), 1):
-                reasons.append(f"{name} must be a whole number >= 1, not "
-                               f"{getattr(self, name)!r}")
+        reasons = _common_mistakes(self, "min_steps", "every", "patience")
         if not _number(self.min_delta) or self.min_delta < 0:
             reasons.append(f"min_delta must be a number >= 0, not {self.min_delta!r}")
         if self.threshold is not None and not _number(self.threshold):
@@ -250,7 +241,7 @@ class SuccessiveHalving(StoppingRule):
 
     def mistakes(self) -> list[str]:
         """Each way the rule is malformed (empty: none), with the fix."""
-        return _halving_mistakes(self, self.min_steps, self.eta)
+        return _halving_mistakes(self, self.eta)
 
     def rungs(self, total: int) -> list[int]:
         """The steps, before ``total``, at which a task is judged."""
@@ -307,24 +298,23 @@ def _number(value: object) -> bool:
             and math.isfinite(value))
 
 
-def _common_mistakes(rule: StoppingRule) -> list[str]:
-    """What every rule checks: its metric, mode and loss window."""
+def _common_mistakes(rule: StoppingRule, *whole: str) -> list[str]:
+    """What every rule checks: its metric, mode and loss window, and that each field
+    named in ``whole`` is a whole number >= 1."""
     reasons = []
     if not isinstance(rule.metric, str) or not rule.metric:
         reasons.append(f"metric must be 'loss' or a name evaluate() returns, not "
                        f"{rule.metric!r}")
     if rule.mode not in ("min", "max"):
         reasons.append(f"mode must be 'min' or 'max', not {rule.mode!r}")
-    if not _whole(rule.loss_window, 1):
-        reasons.append(f"loss_window must be a whole number >= 1, not {rule.loss_window!r}")
+    reasons += [f"{name} must be a whole number >= 1, not {getattr(rule, name)!r}"
+                for name in ("loss_window", *whole) if not _whole(getattr(rule, name), 1)]
     return reasons
 
 
-def _halving_mistakes(rule: StoppingRule, min_steps: object, eta: object) -> list[str]:
+def _halving_mistakes(rule: StoppingRule, eta: object) -> list[str]:
     """What ASHA and successive halving check: rungs from ``min_steps`` by ``eta``."""
-    reasons = _common_mistakes(rule)
-    if not _whole(min_steps, 1):
-        reasons.append(f"min_steps must be a whole number >= 1, not {min_steps!r}")
+    reasons = _common_mistakes(rule, "min_steps")
     if not _number(eta) or eta <= 1:  # type: ignore[operator]
         reasons.append(f"eta must be a number above 1 (3: keep a third), not {eta!r}")
     return reasons
