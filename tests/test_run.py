@@ -35,22 +35,28 @@ from dione import Task, Workload
 from dione.zoo import digits_mlp, digits_train
 
 
-def runs_before_another(name, plans):
-    """Whether the run's first plan has task ``name`` first on a device a later task
-    waits for (slowing that task is what a new plan can make up for)."""
+def waits_behind(name, plans):
+    """The task the run's first plan queues after task ``name`` on one of its devices
+    (None if no task waits for it)."""
     plan = json.loads((Path(plans) / "plan-000.json").read_text())
     queues = {}
     for a in sorted(plan["assignments"], key=lambda a: a["start"]):
         for device in a["device_ids"]:
             queues.setdefault((a["node"], device), []).append(a["task"])
-    return any(len(queue) > 1 and queue[0] == name for queue in queues.values())
+    return next((queue[1] for queue in queues.values()
+                 if len(queue) > 1 and queue[0] == name), None)
 
 
 def loss(name, output, target):
     # Tests inject trouble through the environment, which the trials do not see.
-    plans = os.environ.get("SLOW_FIRST_OF_SHARED")
-    if plans and runs_before_another(name, plans):
-        time.sleep(0.1)
+    plans, marks = os.environ.get("HOLD_FIRST_OF_SHARED"), os.environ.get("STARTED_MARKS")
+    if plans and marks:
+        # A task another waits for holds its steps until that one has started (at most
+        # 30 s): a plan that keeps it waiting is worse by the whole hold, on any machine.
+        Path(marks, name).touch()
+        waiting, deadline = waits_behind(name, plans), time.monotonic() + 30
+        while waiting and not Path(marks, waiting).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     hold = os.environ.get("HOLD_FILE")
     if hold and Path(hold).exists():  # a test holds training here until it lets go
         Path(hold + ".held").touch()
@@ -267,24 +273,29 @@ def test_replanning_adopts_a_new_plan_when_a_task_runs_slow(tmp_path: Path, monk
     catalog = str(tmp_path / "catalog.sqlite")
     options = RunOptions(catalog=catalog, trial=QUICK, slice_steps=4, time_limit=5.0,
                          replan_share=1.0)  # a short run: every re-plan may run
-    # Profile without the slowdown, then make the task the first plan runs before
-    # another on its device far slower than profiled: moving the task that waits for
-    # it to the other device is a better plan, whichever tasks the plan paired.
+    # Profile without the slowdown, then hold the task the first plan runs before another
+    # on its device until that other one has started: only a plan that moves the waiting
+    # task to the other device lets it start, whichever tasks the plan paired.
     run_workload(tasks, cluster, tmp_path / "warm", options)
-    monkeypatch.setenv("SLOW_FIRST_OF_SHARED", str(tmp_path / "slow" / "plans"))
+    monkeypatch.setenv("HOLD_FIRST_OF_SHARED", str(tmp_path / "slow" / "plans"))
+    (tmp_path / "marks").mkdir()
+    monkeypatch.setenv("STARTED_MARKS", str(tmp_path / "marks"))
     events = []
     result = run_workload(tasks, cluster, tmp_path / "slow", options, on_event=events.append)
-    assert all(t.status == "done" for t in result.tasks)
+    assert all(t.status == "done" for t in result.tasks), result.tasks
     assert any(e.kind == "replanned" for e in events)
     assert len(list((tmp_path / "slow" / "plans").glob("plan-*.json"))) >= 2
-    # The task that waited for the slow one ran on the other device instead.
+    # The task that waited for the held one started on the other device instead, while
+    # the held one still ran (after that both devices are alike to the planner).
     first = json.loads((tmp_path / "slow" / "plans" / "plan-000.json").read_text())
     queues: dict[int, list[str]] = {}
     for a in sorted(first["assignments"], key=lambda a: a["start"]):
         queues.setdefault(a["device_ids"][0], []).append(a["task"])
-    device, (_, waiting, *_) = next((d, q) for d, q in queues.items() if len(q) > 1)
+    device, (held, waiting, *_) = next((d, q) for d, q in queues.items() if len(q) > 1)
     with RunStore(tmp_path / "slow") as store:
-        assert {s.device_ids[0] for s in store.slices(waiting)} == {1 - device}
+        moved = store.slices(waiting)[0]
+        assert moved.device_ids == [1 - device], store.slices()
+        assert moved.started_at < store.slices(held)[0].ended_at, store.slices()
 
 
 @pytest.mark.timeout(900)  # a run, then its resume
