@@ -23,10 +23,12 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-# One process: under two pytest-xdist workers (17-19 min instead of 24-26) a test that
-# depends on real timing failed once in three fresh-clone runs (see the README).
+# Two pytest workers (pytest-xdist): much of the suite waits on process start-up, Ray
+# and timeouts rather than computing. Each test file runs whole in one worker, so a
+# module's shared fixture (test_ray.py's one Ray cluster) is made once (xdist's
+# loadgroup did not keep a group together under pytest 9).
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # The inner loop (about a minute): lint, types, and the tests that start no gang
 # (layering, schedules, planner, store, spec, batches). `make test` runs everything.

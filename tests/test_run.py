@@ -436,9 +436,11 @@ def test_a_stalled_slice_is_cancelled_and_retried(tmp_path: Path, monkeypatch) -
             hold.unlink(missing_ok=True)  # the retry goes through
 
     run_dir = tmp_path / "run"
+    # A grace of seconds, not the default minute, yet enough that the retry (a slice's
+    # start-up on a loaded machine) is not taken for a stall too.
     result = run_workload(tasks, Cluster([Node("test", 1, "cpu")]), run_dir,
                           RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
-                                     time_limit=2.0, stall_factor=2.0, stall_grace=2.0),
+                                     time_limit=2.0, stall_factor=2.0, stall_grace=6.0),
                           on_event=heard)
     assert result.task("a").status == "done"
     assert [e.kind for e in events].count("slice_cancelled") == 1
