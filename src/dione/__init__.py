@@ -8,6 +8,7 @@ from dione._lazy import lazy_exports
 from dione._version import __version__
 
 if TYPE_CHECKING:
+    from dione.orchestrate.additions import TaskInbox
     from dione.spec import (
         Cluster,
         Node,
@@ -37,13 +38,14 @@ __getattr__ = lazy_exports(__name__, {
                      "local_cluster", "shifted_tokens", "tokens"), "dione.spec"),
     **dict.fromkeys(("SliceContext", "SliceOutcome", "Technique", "get_technique",
                      "register"), "dione.techniques"),
+    "TaskInbox": "dione.orchestrate.additions",
 })
 
 
 def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione",
         ray: str | None = None, on_event: Callable[[Any], None] | None = None,
         quiet: bool = False, tensorboard: str | None = None,
-        mlflow: str | bool | None = None, **options: Any) -> Any:
+        mlflow: str | bool | None = None, inbox: Any = None, **options: Any) -> Any:
     """Profile, plan and train every task of ``workload`` (a Workload, a list of tasks or
     a workload file's path) on this machine (``devices`` as ``--devices``), or on the Ray
     cluster at ``ray`` (an address as ``ray.init`` takes it, e.g. ``"auto"``), as ``dione
@@ -56,7 +58,10 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     again with the same ``run_dir`` resumes an interrupted run. ``tensorboard`` (a
     folder) and ``mlflow`` (a tracking URI, or True for MLflow's default) are written
     as it trains, as ``dione run --tensorboard/--mlflow`` write them; the run's page,
-    ``run_dir/report/index.html``, is kept fresh either way."""
+    ``run_dir/report/index.html``, is kept fresh either way. ``inbox``: a
+    ``dione.TaskInbox`` another thread adds tasks to while the run trains (a sequential
+    searcher's next configurations); the run then ends once the inbox is closed and
+    every task ended, and its result covers the added tasks too."""
     # Imported here: workers import this package and need none of the planning stack.
     from dione.orchestrate import RunOptions, run_workload
     from dione.orchestrate.interrupts import interruptible
@@ -72,15 +77,15 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
                          + "\n".join(str(p) for p in problems))
     said = _said(on_event, quiet)
     run_options = RunOptions(**options)  # bad options are named before anything starts
-    page = _LivePage(run_dir, tasks, tensorboard, mlflow)
+    page = _LivePage(run_dir, list(tasks), tensorboard, mlflow)
     # Ctrl-C (and SIGTERM) stop the run cleanly at any moment; the caller's handlers are
     # put back after (a notebook's interrupt keeps working).
     try:
         with interruptible():
             if ray is None:
                 result = run_workload(tasks, local_cluster(devices), run_dir, run_options,
-                                      on_event=page.seeing(said[0]),
-                                      on_profile_event=said[1])
+                                      on_event=page.seeing(said[0], inbox),
+                                      on_profile_event=said[1], inbox=inbox)
             else:
                 from dione.launch.ray_launcher import RayLauncher
 
@@ -88,13 +93,13 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
                 try:
                     result = run_workload(tasks, Cluster(launcher.nodes()), run_dir,
                                           run_options, launcher=launcher,
-                                          on_event=page.seeing(said[0]),
-                                          on_profile_event=said[1])
+                                          on_event=page.seeing(said[0], inbox),
+                                          on_profile_event=said[1], inbox=inbox)
                 finally:
                     launcher.shutdown()
     finally:
         troubles = page.close()
-    problem = report_after_run(run_dir, tasks)
+    problem = report_after_run(run_dir, [t.task for t in result.tasks])
     for trouble in [*troubles, *([problem] if problem else [])]:
         if not quiet:
             print(f"warning: {trouble}")
@@ -122,10 +127,12 @@ class _LivePage:
                 raise RuntimeError(f"{module}= needs the {module} package: pip install "
                                    f"'dione[{module}]'")
 
-    def seeing(self, said: Callable[[Any], None]) -> Callable[[Any], None]:
+    def seeing(self, said: Callable[[Any], None], inbox: Any = None) -> Callable[[Any], None]:
         def event(e: Any) -> None:
             if self._page is None:
                 self._open()
+            if e.kind == "task_added" and inbox is not None and e.task in inbox.taken:
+                self._tasks.append(inbox.taken[e.task])  # its model goes to the dashboards
             if e.kind in ("planned", "replanned", "slice_finished", "task_stopped"):
                 self._page.touch()
             said(e)
@@ -180,11 +187,11 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
     file the run was started with (its ``run.json``); ``latest`` takes the newest
     checkpoint of a task that is not done."""
     from dione.spec import load_workload
-    from dione.state.export import load_trained, trained_checkpoint, workload_of_run
+    from dione.state.export import load_trained, trained_checkpoint, workload_of_task
 
     run_dir = os.fspath(run_dir)
     if workload is None or isinstance(workload, (str, os.PathLike)):
-        workload = load_workload(os.fspath(workload or workload_of_run(run_dir)))
+        workload = load_workload(os.fspath(workload or workload_of_task(run_dir, task)))
     matching = [t for t in workload if t.name == task]
     if not matching:
         raise KeyError(f"the workload has no task {task!r}; its tasks: "
@@ -201,6 +208,7 @@ __all__ = [
     "SliceOutcome",
     "SuccessiveHalving",
     "Task",
+    "TaskInbox",
     "Technique",
     "Workload",
     "__version__",

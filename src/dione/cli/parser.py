@@ -235,6 +235,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "a run written before is continued, not repeated")
     command("status", "show a running or finished run").add_argument("run_dir")
 
+    add = command("add", "add tasks of a workload file to a run: a live run profiles them "
+                  "beside its gangs and plans them at its next re-plan; a stopped one "
+                  "trains them when resumed")
+    add.add_argument("run_dir")
+    add.add_argument("workload", help="a Python file that defines `workload` (the run's own, "
+                     "grown, or another)")
+    add.add_argument("--task", action="append", default=[], metavar="NAME",
+                     help="a task of it to add (repeat for more; default: every task whose "
+                     "name the run does not have)")
+    add.add_argument("--wait", type=positive_float, default=60.0, metavar="SECONDS",
+                     help="how long to wait for a live run to take them")
+
     profile = command("profile", "time each task's configurations with short real trials; "
                       "write the planner's problem")
     profile.add_argument("workload")

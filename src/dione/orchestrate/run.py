@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dione.launch.local import LOCAL, Launcher, warm_up
+from dione.orchestrate.additions import TaskInbox
 from dione.orchestrate.options import RunDirError, RunEvent, RunOptions, claim_run_dir
 from dione.orchestrate.plans import read_plans
 from dione.orchestrate.records import RunState
@@ -107,10 +108,14 @@ def run_workload(
     on_profile_event: Callable[[ProfileEvent], None] | None = None,
     view: Callable[[RunState], None] | None = None,
     launcher: Launcher | None = None,
+    inbox: TaskInbox | None = None,
 ) -> RunResult:
     """Train every task to its end as early as possible; resumes what ``run_dir`` holds.
     ``launcher``: what runs the gangs (default: this machine's warm workers, which take
-    a cluster of one node; a cluster of several needs a RayLauncher)."""
+    a cluster of one node; a cluster of several needs a RayLauncher). ``inbox``: tasks
+    added while it runs (it then ends once the inbox is closed and every task ended);
+    ``dione add``'s requests are taken either way. The result covers every task the run
+    took, added ones after the others."""
     options = options or RunOptions()
     run_dir = Path(run_dir)
     if launcher is None:
@@ -122,14 +127,14 @@ def run_workload(
         launcher = LOCAL
     with claim_run_dir(run_dir):
         return _run_claimed(tasks, cluster, run_dir, options, on_event, on_profile_event, view,
-                            launcher)
+                            launcher, inbox)
 
 
 def _run_claimed(
     tasks: Sequence[Task], cluster: Cluster, run_dir: Path, options: RunOptions,
     on_event: Callable[[RunEvent], None] | None,
     on_profile_event: Callable[[ProfileEvent], None] | None,
-    view: Callable[[RunState], None] | None, launcher: Launcher,
+    view: Callable[[RunState], None] | None, launcher: Launcher, inbox: TaskInbox | None,
 ) -> RunResult:
     emit = on_event or (lambda event: None)
     began = time.perf_counter()
@@ -142,7 +147,7 @@ def _run_claimed(
     emit(RunEvent("profiled", f"{profile.trials_run} trial(s) run, {profile.trials_cached} "
                   f"from the catalog, in {profile_seconds:.0f} s"))
     runner = Runner(tasks, cluster, run_dir, profile, options, emit, view or (lambda s: None),
-                    launcher)
+                    launcher, inbox=inbox)
     warm_up(launcher, cluster.nodes)  # the trials measured slices on warm workers: so do they
     try:
         runner.run()
@@ -150,7 +155,8 @@ def _run_claimed(
         runner.store.close()
     makespan = runner.now() if runner.slices_launched else _recorded_makespan(run_dir)
     emit(RunEvent("finished", f"makespan {makespan:.1f} s"))
-    return RunResult(run_dir, _results(tasks, run_dir), makespan,
+    taken = [r.task for r in runner.state.records.values()]  # with those added
+    return RunResult(run_dir, _results(taken, run_dir), makespan,
                      runner.first_planned or 0.0, runner.plans_adopted, profile_seconds,
                      slices=runner.slices_launched, replans=runner.replanner.solves,
                      replan_seconds=runner.replanner.seconds)

@@ -22,6 +22,7 @@ from pathlib import Path
 from dione import clock
 from dione.launch.local import GangInterrupted, Launcher
 from dione.launch.slice import SliceError, SliceResult
+from dione.orchestrate.additions import Intake, Profiling, TaskInbox, request_message
 from dione.orchestrate.estimates import Estimates, planning_nodes
 from dione.orchestrate.launching import SliceLaunching, SliceStarter, launchable
 from dione.orchestrate.options import RunDirError, RunEvent, RunOptions
@@ -61,11 +62,12 @@ class Runner:
                  profile: Profile, options: RunOptions,
                  on_event: Callable[[RunEvent], None], view: Callable[[RunState], None],
                  launcher: Launcher, *, launching: SliceStarter | None = None,
-                 virtual: bool = False) -> None:
+                 virtual: bool = False, inbox: TaskInbox | None = None) -> None:
         """``launching``: what starts slices (default: gangs on ``launcher``); ``virtual``:
         the run is simulated on a virtual clock (``dione.simulate``), so every solve runs at
         once on one thread within a deterministic time, and no rule reads solve times: the
-        same inputs give the same plans."""
+        same inputs give the same plans. ``inbox``: tasks a caller adds while it runs
+        (``dione add``'s requests in the store are taken either way)."""
         self.cluster = cluster
         self.launcher = launcher
         self.run_dir = run_dir
@@ -91,10 +93,8 @@ class Runner:
         self.judged: dict[tuple[str, int], dict[str, float]] = {}
         self.curves: dict[tuple[str, str], list[float]] = {}
         self.waiting: dict[tuple[str, int], dict[str, float]] = {}
-        for rule in {repr(t.stopping) for t in tasks if t.stopping is not None}:
-            for name, step, value, _, _ in self.store.decisions(rule):
-                self.curves.setdefault((rule, name), []).append(value)
-                self.judged.setdefault((rule, step), {})[name] = value
+        self.rules: set[str] = set()
+        self._read_decisions(tasks)
         self.estimates = Estimates.of_run(profile, self.store)
         # Nodes this run has known: another that the launcher reports later joined.
         self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]}
@@ -109,6 +109,17 @@ class Runner:
                                    beside=not virtual, deterministic=virtual)
         self.launching: SliceStarter = launching or SliceLaunching(
             launcher, run_dir, options.storage, options.timeout)
+        # A simulated run has no one to add tasks: its inputs are fixed.
+        self.intake = None if virtual else Intake(self.store, inbox, Profiling(
+            options.catalog, options.trial, launcher, options.storage))
+
+    def _read_decisions(self, tasks: Sequence[Task]) -> None:
+        """The store's decisions of the stopping rules of ``tasks`` not read before."""
+        for rule in {repr(t.stopping) for t in tasks if t.stopping is not None} - self.rules:
+            self.rules.add(rule)
+            for name, step, value, _, _ in self.store.decisions(rule):
+                self.curves.setdefault((rule, name), []).append(value)
+                self.judged.setdefault((rule, step), {})[name] = value
 
     def _record(self, task: Task) -> TaskRecord:
         """A task as the store has it: registered, trained to its latest checkpoint;
@@ -135,6 +146,38 @@ class Runner:
         inexact = any(s.status == "done" and s.inexactness is not None
                       for s in self.store.slices(task.name))
         return TaskRecord(task, total, done, status, inexact=inexact)
+
+    # -- tasks added while it runs ---------------------------------------------------
+
+    def take_additions(self) -> None:
+        """Start profiling what was added since; add a profiled batch's tasks (a task the
+        plan does not cover is owed a re-plan: the loop asks one)."""
+        if self.intake is None:
+            return
+        self.intake.poll(set(self.state.records), self.cluster)
+        arrival = self.intake.ready()
+        if arrival is None:
+            return
+        if arrival.profile is not None:
+            self.profile.tasks.extend(arrival.profile.tasks)
+        self._read_decisions(arrival.tasks)
+        for task in arrival.tasks:
+            try:
+                self.state.records[task.name] = self._record(task)
+            except ValueError as err:  # the store knows it with other training
+                arrival.refused[task.name] = str(err)
+                continue
+            if self.intake.inbox is not None:
+                self.intake.inbox.taken[task.name] = task
+            self.emit(RunEvent("task_added", f"{task.name}: added to the run "
+                               f"({arrival.trials}); planned at the next re-plan", task.name))
+        for name, why in arrival.refused.items():
+            if self.intake.inbox is not None:
+                self.intake.inbox.refused[name] = why
+            self.emit(RunEvent("task_refused", f"{name}: not added: {why}",
+                               name if name in self.state.records else None))
+        for request in arrival.requests:
+            self.store.settle_addition(request.id, *request_message(request, arrival))
 
     # -- the clock -------------------------------------------------------------------
 
@@ -692,6 +735,7 @@ class Runner:
         last_replan = self.now()
         try:
             while True:
+                self.take_additions()
                 candidate = self.replanner.ready()
                 if candidate is not None:
                     self._adopt(candidate)
@@ -709,9 +753,14 @@ class Runner:
                                 continue
                             raise RuntimeError("no pending task can be placed")
                         continue
+                    if self.intake is not None and self.intake.expecting():
+                        # more tasks may come (an open inbox, a batch profiling)
+                        clock.wait_any(self.intake.waitable(), self.tick)
+                        continue
                     break
-                done = [f for f in clock.wait_any([*futures, *self.replanner.waitable()],
-                                                    self.tick)
+                intake = self.intake.waitable() if self.intake is not None else []
+                done = [f for f in clock.wait_any(
+                            [*futures, *self.replanner.waitable(), *intake], self.tick)
                         if f in futures]
                 depart = False
                 for future in done:
@@ -740,6 +789,8 @@ class Runner:
         finally:
             self.replanner.close()
             self.launching.close()
+            if self.intake is not None:
+                self.intake.close()
             if not any(r.running for r in self.state.records.values()) \
                     and not self.state.any_pending():
                 self.state.estimated_finish = self.now()  # nothing left to estimate

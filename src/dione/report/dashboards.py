@@ -24,12 +24,16 @@ class Dashboard(Protocol):
 
 class RunTasks:
     """The run's tasks, for what the store does not hold (a done task's model, each
-    step's learning rates): those given, else the workload file the run was started
-    with, loaded once; ``missing`` says why there are none."""
+    step's learning rates): those given (a list the caller may extend as tasks are
+    added), else the workload file the run was started with, loaded once; a task
+    ``dione add`` added, from its own workload file. ``missing`` says why there are
+    none."""
 
     def __init__(self, run_dir: str | Path, tasks: Sequence[Task] | None = None) -> None:
         self.run_dir = Path(run_dir)
+        self._given = tasks
         self._tasks = {t.name: t for t in tasks} if tasks is not None else None
+        self._added: dict[str, Task] | None = None
         self.missing: str | None = None
         self._rates: dict[str, list[list[float]] | None] = {}
 
@@ -42,7 +46,27 @@ class RunTasks:
                 self._tasks = {t.name: t for t in load_workload(workload_of_run(self.run_dir))}
             except Exception as err:  # any workload error: the store's data still goes in
                 self.missing = f"the run's workload could not be loaded: {err}"
-        return None if self._tasks is None else self._tasks.get(name)
+        if self._tasks is not None and name not in self._tasks and self._given is not None:
+            self._tasks = {t.name: t for t in self._given}  # tasks added since
+        found = None if self._tasks is None else self._tasks.get(name)
+        return found if found is not None else self._added_task(name)
+
+    def _added_task(self, name: str) -> Task | None:
+        """A task ``dione add`` added, from the workload files of the run's requests."""
+        if self._added is None or name not in self._added:
+            from dione.spec import load_workload
+            from dione.state.store import RunStore
+
+            self._added = {}
+            with RunStore(self.run_dir) as store:
+                requests = store.additions("taken")
+            for request in requests:
+                try:
+                    self._added.update({t.name: t for t in load_workload(request.workload)
+                                        if t.name in request.names})
+                except Exception:  # the file changed or moved: that task's extras go
+                    continue
+        return self._added.get(name)
 
     def learning_rates(self, name: str, total: int) -> list[list[float]] | None:
         """Per parameter group, the rate of each step 1..``total`` (None: unknown)."""

@@ -27,7 +27,7 @@ from dione.state.checkpoint import (
 )
 
 __all__ = ["ExportError", "export_model", "load_trained", "trained_checkpoint",
-           "workload_of_run"]
+           "workload_of_run", "workload_of_task"]
 
 WEIGHTS_FILE = "model.safetensors"
 PROVENANCE_FILE = "dione.json"
@@ -94,6 +94,19 @@ def workload_of_run(run_dir: str | Path) -> str:
         raise ExportError(f"{run_dir} was run with {workload}, which is gone; give the "
                           "workload file (--workload; dione.load(..., workload=))")
     return workload
+
+
+def workload_of_task(run_dir: str | Path, task: str) -> str:
+    """The workload file that defines ``task`` of ``run_dir``: the one ``dione add``
+    added it from, else the one the run was started with."""
+    from dione.state.store import STORE_FILE, RunStore
+
+    if (Path(run_dir) / STORE_FILE).is_file():
+        with RunStore(run_dir) as store:
+            for request in reversed(store.additions("taken")):
+                if task in request.names and Path(request.workload).is_file():
+                    return request.workload
+    return workload_of_run(run_dir)
 
 
 def load_trained(task: Task, checkpoint: str | Path) -> nn.Module:

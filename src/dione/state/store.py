@@ -32,8 +32,8 @@ from dione.state.lock import pid_alive
 from dione.state.private import private_dir, private_file
 from dione.state.sqlite import SQLiteFile, StateFileError
 
-__all__ = ["SIMULATED_FILE", "STORE_FILE", "CheckpointRecord", "RunStore", "SliceRecord",
-           "TaskRecord"]
+__all__ = ["SIMULATED_FILE", "STORE_FILE", "Addition", "CheckpointRecord", "RunStore",
+           "SliceRecord", "TaskRecord"]
 
 STORE_FILE = "dione.sqlite"
 # Marks a run directory a simulation wrote (``dione simulate``): every view says so.
@@ -119,6 +119,14 @@ CREATE TABLE IF NOT EXISTS decisions (
     decided_at REAL NOT NULL,
     UNIQUE (task, rule, step)
 );
+CREATE TABLE IF NOT EXISTS additions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    workload TEXT NOT NULL,  -- the workload file the tasks come from
+    names TEXT NOT NULL,  -- JSON: the tasks of it to add
+    state TEXT NOT NULL CHECK (state IN ('waiting', 'taken', 'refused')),
+    message TEXT,  -- what the run made of them
+    added_at REAL NOT NULL
+);
 """
 
 
@@ -150,6 +158,17 @@ class SliceRecord:
     timings: dict[str, float]
     peak_memory_bytes: int | None
     inexactness: str | None = None  # how the slice did not train as single would
+
+
+@dataclass(frozen=True)
+class Addition:
+    """A request to add tasks to a run (``dione add``), and what the run made of it."""
+
+    id: int
+    workload: str
+    names: list[str]
+    state: str  # waiting | taken | refused
+    message: str | None
 
 
 @dataclass(frozen=True)
@@ -339,6 +358,31 @@ class RunStore(SQLiteFile):
             + ("" if rule is None else " WHERE rule = ?") + " ORDER BY id",
             () if rule is None else (rule,))
         return [(t, step, _loss(v), bool(stop), reason) for t, step, v, stop, reason in rows]
+
+    # -- tasks added to a live run (``dione add``) ---------------------------------------
+
+    def add_tasks(self, workload: str, names: Sequence[str]) -> int:
+        """Ask the run to take tasks ``names`` of workload file ``workload``; the
+        request's id (its state ``waiting`` until the run takes or refuses it)."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO additions (workload, names, state, added_at) VALUES "
+                "(?, ?, 'waiting', ?)", (workload, json.dumps(list(names)), clock.now()))
+        assert cursor.lastrowid is not None
+        return cursor.lastrowid
+
+    def additions(self, *states: str) -> list[Addition]:
+        """The requests to add tasks (in ``states``, else all), in the order made."""
+        rows = self._db.execute("SELECT * FROM additions ORDER BY id").fetchall()
+        found = [Addition(r["id"], r["workload"], json.loads(r["names"]), r["state"],
+                          r["message"]) for r in rows]
+        return [a for a in found if not states or a.state in states]
+
+    def settle_addition(self, id: int, state: str, message: str) -> None:
+        """Record what the run made of request ``id``: ``taken`` or ``refused``."""
+        with self._transaction() as db:
+            db.execute("UPDATE additions SET state = ?, message = ? WHERE id = ?",
+                       (state, message, id))
 
     # -- slices ------------------------------------------------------------------------
 

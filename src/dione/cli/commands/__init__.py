@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 
 from dione.cli.commands import (
+    add,
     export,
     plan,
     profile,
@@ -29,6 +30,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "report": report.command,
     "simulate": simulate.command,
     "status": status.command,
+    "add": add.command,
     "profile": profile.command,
     "train": train.command,
     "validate": validate.command,

@@ -17,12 +17,12 @@ def command(args: argparse.Namespace) -> int:
         export_model,
         load_trained,
         trained_checkpoint,
-        workload_of_run,
+        workload_of_task,
     )
 
     try:
         checkpoint = trained_checkpoint(args.run_dir, args.task, args.latest)
-        workload = load(args.workload or workload_of_run(args.run_dir))
+        workload = load(args.workload or workload_of_task(args.run_dir, args.task))
         task = workload.task(args.task)
     except ExportError as err:
         raise BadInput(str(err)) from None

@@ -103,7 +103,7 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
             finally:
                 for trouble in page.close():  # the final report comes next, written once
                     complain("warning", trouble)
-        problem = report_after_run(run_dir, tasks)
+        problem = report_after_run(run_dir, [t.task for t in result.tasks])
         if problem:
             complain("warning", problem)
     print_results(result, run_dir)

@@ -1,0 +1,85 @@
+"""``dione add``: add tasks of a workload file to a run, live or stopped; a live run
+profiles them beside its gangs and plans them at its next re-plan."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from dione.cli.console import complain, console
+from dione.cli.errors import BadInput
+from dione.cli.inputs import load
+
+__all__ = ["command"]
+
+
+def command(args: argparse.Namespace) -> int:
+    from dione.state.lock import lock_holder
+    from dione.state.store import STORE_FILE, RunStore
+    from dione.techniques.validation import valid_tasks
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / STORE_FILE).is_file():
+        raise BadInput(f"{run_dir} is not a dione run directory (no {STORE_FILE}); start a "
+                       "run with `dione run WORKLOAD --out RUN_DIR` first")
+    workload = str(Path(args.workload).resolve())
+    by_name = {t.name: t for t in load(workload)}
+    unknown = [n for n in args.task if n not in by_name]
+    if unknown:
+        raise BadInput(f"{args.workload} defines no task {', '.join(map(repr, unknown))}; "
+                       f"it defines {', '.join(by_name) or 'none'}")
+    with RunStore(run_dir) as store:
+        # What the run has, and what it was asked to take and has not refused.
+        have = {t.name for t in store.tasks()} | {
+            n for a in store.additions("waiting", "taken") for n in a.names}
+        wanted = [by_name[n] for n in args.task] if args.task else [
+            t for t in by_name.values() if t.name not in have]
+        already = [t.name for t in wanted if t.name in have]
+        if already:
+            raise BadInput(f"the run already has task(s) {', '.join(already)}: a task added "
+                           "needs a name of its own")
+        if not wanted:
+            raise BadInput(f"every task of {args.workload} is in the run already; add a task "
+                           "with a new name to the file, or name one with --task")
+        tasks, problems = valid_tasks(wanted)
+        for problem in problems:
+            complain("invalid", str(problem))
+        if not tasks:
+            raise BadInput("no task to add is valid (the problems are above)")
+        request = store.add_tasks(workload, [t.name for t in tasks])
+    names = ", ".join(t.name for t in tasks)
+    holder = lock_holder(run_dir)
+    if holder is None or not holder.alive:
+        console.print(f"asked {run_dir} to add {names}; no launcher runs it now: `dione "
+                      f"resume {run_dir}` trains them with the rest")
+        return 0
+    console.print(f"asked the live run in {run_dir} (launcher pid {holder.pid}) to add "
+                  f"{names}")
+    settled = _wait_for(run_dir, request, args.wait)
+    if settled is None:
+        console.print(f"the run has not taken them within {args.wait:g} s (it may be "
+                      "profiling them); the request stands: `dione status` shows them "
+                      "once taken")
+        return 0
+    state, message = settled
+    if state == "refused":
+        raise BadInput(f"the run refused them: {message}")
+    console.print(f"the run took them: {message}")
+    return 0
+
+
+def _wait_for(run_dir: Path, request: int, seconds: float) -> tuple[str, Any] | None:
+    """(state, message) once the run has settled ``request``; None if not in time."""
+    from dione.state.store import RunStore
+
+    deadline = time.monotonic() + seconds
+    while True:
+        with RunStore(run_dir) as store:
+            found = next(a for a in store.additions() if a.id == request)
+        if found.state != "waiting":
+            return found.state, found.message
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.2)

@@ -1,0 +1,177 @@
+"""A run that grows: tasks added while it trains (Python's TaskInbox, `dione add`) are
+validated, profiled from the catalog where it knows their speed, planned and trained;
+bad ones are refused without harm to the others; a request a stopped run missed is
+trained by its resume."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from dione.orchestrate import RunOptions, run_workload
+from dione.orchestrate.additions import TaskInbox
+from dione.profile import TrialOptions
+from dione.spec.cluster import Cluster
+from dione.spec.workload import load_workload
+from dione.state.store import RunStore
+from helpers import TEST_NODE, dione, interruptible, workload_text
+
+QUICK = TrialOptions(warmup_steps=1, measure_steps=3, timeout=120)
+
+
+def growing(folder: Path, rates: list[float]) -> Path:
+    """The growing sweep's workload file in ``folder``, with these learning rates."""
+    (folder / "rates.json").write_text(json.dumps(rates))
+    file = folder / "growing.py"
+    file.write_text(workload_text("growing"))
+    return file
+
+
+def test_tasks_added_from_python_are_trained_and_bad_ones_refused(tmp_path: Path) -> None:
+    tasks = list(load_workload(growing(tmp_path, [1e-2, 3e-2])))
+    first = tasks[0]
+
+    def rate(lr: float, name: str | None = None):  # a task of the sweep's own functions
+        return replace(first, name=name or f"lr-{lr:g}", hyperparameters={"lr": lr},
+                       optimizer=functools.partial(torch.optim.Adam, lr=lr))
+
+    inbox = TaskInbox()
+    events = []
+    done: set[str] = set()
+    ended = threading.Event()
+
+    def heard(event) -> None:
+        events.append(event)
+        if event.kind == "slice_finished" and not hasattr(heard, "asked"):
+            heard.asked = True  # mid-run: a good one, a name taken, an invalid one
+            inbox.add(rate(1e-1), rate(5e-2, name="lr-0.01"),
+                      replace(rate(2e-2), name="bad", batch_size=0))
+        if event.kind == "slice_finished" and event.message.endswith("done"):
+            done.add(event.task)
+            if done == {"lr-0.01", "lr-0.03", "lr-0.1"}:
+                ended.set()
+
+    def late() -> None:
+        # Once everything it had is done, the run still waits for the open inbox: a task
+        # added then is trained too, and the run ends once the inbox is closed.
+        ended.wait(300)
+        inbox.add(replace(rate(3e-1), batch_size=8))  # a speed the catalog does not know
+        inbox.close()
+
+    closer = threading.Thread(target=late)
+    closer.start()
+    result = run_workload(tasks, Cluster([TEST_NODE]), tmp_path / "run",
+                          RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                                     slice_steps=4),
+                          on_event=heard, inbox=inbox)
+    closer.join()
+    assert [t.task for t in result.tasks] == ["lr-0.01", "lr-0.03", "lr-0.1", "lr-0.3"]
+    assert all(t.status == "done" and t.steps == 8 for t in result.tasks), result.tasks
+    assert set(inbox.refused) == {"lr-0.01", "bad"}
+    assert "already has a task named 'lr-0.01'" in inbox.refused["lr-0.01"]
+    assert "batch_size" in inbox.refused["bad"]
+    added = [e for e in events if e.kind == "task_added"]
+    assert [e.task for e in added] == ["lr-0.1", "lr-0.3"]
+    # The catalog knew the speed of a new learning rate: no trial ran for it; another
+    # batch size got its trials first.
+    assert "(0 trial(s) run, 1 from the catalog)" in added[0].message, added
+    assert "(0 trial(s)" not in added[1].message, added
+    kinds = [e.kind for e in events]
+    assert "replanned" in kinds[kinds.index("task_added"):] or \
+        "planned" in kinds[kinds.index("task_added"):]
+    with RunStore(tmp_path / "run") as store:
+        assert {t.name for t in store.tasks()} == {"lr-0.01", "lr-0.03", "lr-0.1", "lr-0.3"}
+        assert [s.end_step for s in store.slices("lr-0.1")] == [4, 8]
+        assert store.latest_checkpoint("lr-0.3").step == 8
+        # The added task trained as its own run would: its hyperparameters recorded.
+        assert store.task("lr-0.1").hyperparameters == {"lr": 0.1}
+
+
+def add(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """`dione add ARGS` in this process (torch's import paid once): status, its output."""
+    from dione.cli import main
+
+    capsys.readouterr()
+    status = main(["add", *args])
+    out, err = capsys.readouterr()
+    return status, out + err
+
+
+def test_dione_add_reaches_a_live_run_and_a_stopped_one_trains_it_on_resume(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    file = growing(tmp_path, [1e-2, 3e-2])
+    hold = tmp_path / "hold"
+    env = {"DIONE_CATALOG": str(tmp_path / "catalog.sqlite"), "HOLD_FILE": str(hold)}
+    run_dir = tmp_path / "run"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "dione.cli", "run", str(file), "--out", str(run_dir),
+         "--devices", "cpu:2", "--slice-steps", "4", "--warmup-steps", "1",
+         "--measure-steps", "3"], env={**os.environ, **env}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=interruptible)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and run.poll() is None:
+            if (run_dir / "dione.sqlite").is_file():
+                with RunStore(run_dir) as store:
+                    if any(store.checkpoints(t.name) for t in store.tasks()):
+                        break
+            time.sleep(0.05)
+        hold.touch()  # training is under way: the run stays live until the hold goes
+        # The user grows the sweep's file by one rate and adds what is new to the run.
+        (tmp_path / "rates.json").write_text(json.dumps([1e-2, 3e-2, 1e-1]))
+        status, said = add(capsys, str(run_dir), str(file))
+        assert status == 0 and "the run took them: added lr-0.1" in said, said
+        # A name the run has is refused, naming the fix; the run is untouched.
+        status, said = add(capsys, str(run_dir), str(file), "--task", "lr-0.01")
+        assert status == 2 and "already has task(s) lr-0.01" in said, said
+        hold.unlink()
+        out, _ = run.communicate(timeout=300)
+    finally:
+        hold.unlink(missing_ok=True)
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, out
+    assert "lr-0.1" in out
+    with RunStore(run_dir) as store:
+        assert store.latest_checkpoint("lr-0.1").step == 8
+        assert [a.state for a in store.additions()] == ["taken"]
+    # A stopped run takes the request when resumed.
+    (tmp_path / "rates.json").write_text(json.dumps([1e-2, 3e-2, 1e-1, 3e-1]))
+    status, said = add(capsys, str(run_dir), str(file))
+    assert status == 0 and "no launcher runs it now" in said, said
+    resumed = dione("resume", str(run_dir), env=env)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    with RunStore(run_dir) as store:
+        assert store.latest_checkpoint("lr-0.3").step == 8
+        assert [a.state for a in store.additions()] == ["taken", "taken"]
+        slices = store.slices("lr-0.1")
+    assert [s.end_step for s in slices] == [4, 8]  # not trained again by the resume
+    status = dione("status", str(run_dir))
+    assert "lr-0.3" in status.stdout
+
+
+def test_dione_add_names_what_is_wrong(tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    file = growing(tmp_path, [1e-2])
+    status, said = add(capsys, str(tmp_path / "nothing"), str(file))
+    assert status == 2 and "is not a dione run directory" in said, said
+    run_dir = tmp_path / "run"
+    with RunStore(run_dir) as store:
+        store.register_task("lr-0.01", 8, 16)
+    status, said = add(capsys, str(run_dir), str(file), "--task", "lr-9")
+    assert status == 2 and "defines no task 'lr-9'" in said, said
+    status, said = add(capsys, str(run_dir), str(file))
+    assert status == 2 and "in the run already" in said, said
+    with RunStore(run_dir) as store:
+        assert store.additions() == []  # nothing asked of the run
