@@ -187,7 +187,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=729)
     parser.add_argument("--devices", default="cpu:2")
     parser.add_argument("--ways", default="grid,kept,replanned,ray,optuna",
-                        help="of grid, kept, replanned, ray, ray-widest, optuna")
+                        help="of grid, kept, replanned, expected, ray, ray-widest, optuna")
     args = parser.parse_args()
     ways = args.ways.split(",")
     rule = Asha(min_steps=MIN_STEPS, eta=ETA, loss_window=WINDOW)
@@ -214,6 +214,9 @@ def main() -> None:
             elif way == "replanned":
                 found[way] = dione_way(sweep(args.steps, rule), run_dir, args.devices,
                                        catalog)
+            elif way == "expected":  # re-planned, each task at its expected length
+                found[way] = dione_way(sweep(args.steps, rule), run_dir, args.devices,
+                                       catalog, stopping_horizon="expected")
             elif way in ("ray", "ray-widest"):
                 import ray
 

@@ -1,6 +1,8 @@
 """Model selection on a virtual cluster: the full grid against ASHA whose freed devices
 go to the next task queued on them (the first plan kept: what a tuner with fixed
-resources does) and ASHA with dione re-planning the survivors at once.
+resources does) and ASHA with dione re-planning the survivors at once, each task planned
+at its full remaining length (``stopping_horizon="full"``) or at the length its rule
+leaves expected (``"expected"``: each stretch after a rung at 1/eta per rung before it).
 
     python benchmarks/selection_sim.py [--instance mixed-1.json] [--nodes 2]
 
@@ -55,26 +57,31 @@ def main() -> None:
     print(f"{len(problem.tasks)} tasks of {args.instance} ({STEPS} steps each), "
           f"Asha(min_steps=10, eta=3) on the training loss\n")
     print("| nodes | full grid s | ASHA, first plan kept / grid | ASHA re-planned / grid | "
-          "re-planned / first plan kept | grid's pick | kept's pick | re-planned's pick |")
-    print("| ---: | ---: | ---: | ---: | ---: | --- | --- | --- |")
+          "ASHA re-planned, expected horizon / grid | re-planned / first plan kept | "
+          "grid's pick | kept's pick | re-planned's pick | expected's pick |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as tmp:
         for nodes in [int(n) for n in args.nodes.split(",")]:
             cluster = parse_cluster(f"{nodes}x8")
             found = {}
-            for way, stopping, replan in (("grid", None, True), ("kept", rule, False),
-                                          ("replanned", rule, True)):
+            for way, stopping, replan, horizon in (
+                    ("grid", None, True, "full"), ("kept", rule, False, "full"),
+                    ("replanned", rule, True, "full"), ("expected", rule, True, "expected")):
                 run_dir = Path(tmp) / f"{way}-{nodes}"
                 result = simulate(problem, run_dir, cluster=cluster, scenario=scenario,
                                   steps=STEPS, stopping=stopping,
                                   options=RunOptions(**{**options.__dict__,
-                                                        "replan": replan}))
+                                                        "replan": replan,
+                                                        "stopping_horizon": horizon}))
                 found[way] = (result.makespan, picked(run_dir))
             grid = found["grid"][0]
             print(f"| {nodes} | {grid:.0f} | {found['kept'][0] / grid:.3f} | "
                   f"{found['replanned'][0] / grid:.3f} | "
+                  f"{found['expected'][0] / grid:.3f} | "
                   f"{found['replanned'][0] / found['kept'][0]:.3f} | "
                   + " | ".join(f"{found[w][1][0]} ({found[w][1][1]:.4f})"
-                               for w in ("grid", "kept", "replanned")) + " |", flush=True)
+                               for w in ("grid", "kept", "replanned", "expected")) + " |",
+                  flush=True)
 
 
 if __name__ == "__main__":

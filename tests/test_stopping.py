@@ -13,6 +13,7 @@ import torch
 
 from dione.orchestrate import RunOptions, run_workload
 from dione.orchestrate.options import RunEvent
+from dione.orchestrate.plans import read_plans
 from dione.orchestrate.runner import Runner
 from dione.profile import TrialOptions
 from dione.report import write_report
@@ -123,6 +124,24 @@ def test_successive_halving_decides_as_worked_by_hand() -> None:
     assert not tied["p"].stop and tied["q"].stop  # a tie goes by name
 
 
+def test_the_expected_horizon_counts_each_stretch_at_its_chance_to_be_trained() -> None:
+    """Under ``stopping_horizon="expected"`` a halving rule's task is planned for the
+    steps it is expected to train: each stretch after a rung at (1/eta) per rung passed
+    before it. Worked by hand for rungs 27, 81, 243 of 729 steps, eta 3."""
+    rule = Asha(min_steps=27, eta=3)
+    assert rule.rungs(729) == [27, 81, 243]
+    # 27 + 54/3 + 162/9 + 486/27 = 27 + 18 + 18 + 18
+    assert rule.expected_steps(0, 729) == pytest.approx(81.0)
+    # Past the second rung: 162 to the third, then 486/3.
+    assert rule.expected_steps(81, 729) == pytest.approx(324.0)
+    assert rule.expected_steps(300, 729) == pytest.approx(429.0)  # no rung is left
+    assert SuccessiveHalving(min_steps=27, eta=3).expected_steps(0, 729) == \
+        pytest.approx(81.0)
+    # A rule that says nothing of how many go on is planned at full length.
+    assert Median(min_steps=10, every=10).expected_steps(0, 100) == pytest.approx(100.0)
+    assert Patience(min_steps=10, every=10).expected_steps(20, 100) == pytest.approx(80.0)
+
+
 def test_a_malformed_rule_is_named_by_validation() -> None:
     task = digits_task("t", steps=8, stopping=Asha(eta=1.0, metric="accuracy"))
     problems = validate_workload([task])
@@ -188,6 +207,23 @@ def test_a_simulated_sweep_with_asha_stops_the_same_tasks_twice(tmp_path: Path) 
     with RunStore(runs[0].run_dir) as store:
         assert [d[:4] for d in store.decisions()] == [
             d[:4] for d in RunStore(runs[1].run_dir).decisions()]
+
+
+def test_the_expected_horizon_plans_each_task_at_its_expected_length(tmp_path: Path) -> None:
+    """The first plan's problem counts a task under ASHA at the steps its rule leaves
+    expected (rungs 10 and 30 of 90, eta 3: 10 + 20/3 + 60/9 = 23.3, so 23 steps), where
+    the full horizon counts all 90; both runs still stop the same tasks."""
+    rule = Asha(min_steps=10, eta=3)
+    runs = {horizon: simulate(
+        small_problem(6), tmp_path / horizon, scenario=Scenario(seed=3), steps=90,
+        options=RunOptions(time_limit=0.5, replan_time_limit=0.1, slice_seconds=60.0,
+                           replan_interval=600.0, stopping_horizon=horizon),
+        stopping=rule) for horizon in ("full", "expected")}
+    first = {h: read_plans(r.run_dir)[0].problem for h, r in runs.items()}
+    for full, expected in zip(first["full"].tasks, first["expected"].tasks, strict=True):
+        for a, b in zip(full.options, expected.options, strict=True):
+            assert b.seconds == pytest.approx(a.seconds * 23 / 90, rel=0.02)
+    assert all(s in ("done", "stopped") for r in runs.values() for s in r.statuses.values())
 
 
 def test_a_simulated_sweep_with_successive_halving_judges_each_rung_together(

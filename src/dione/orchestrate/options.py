@@ -53,6 +53,10 @@ class RunOptions:
     # would pass this share of the run's time; one owed (a pending task the plan lost)
     # does not.
     replan_share: float = 0.05
+    # How a task under a stopping rule is planned: "full", its whole remaining length
+    # (a stop re-plans at once); "expected", each stretch after a rung counted at the
+    # chance of passing the rungs before it (a halving rule's 1/eta per rung).
+    stopping_horizon: str = "full"
     slice_steps: int | None = None  # steps per slice (None: ``slice_seconds`` or all)
     # Aim for slices of about this length (None: auto_slice_seconds, from the start-up
     # each option measured: at least 5 minutes, with start-up at most 5% of a slice).
@@ -122,6 +126,7 @@ _OPTION_RULES: dict[str, Callable[[object], str | None]] = {
     "solver": _kind(str), "time_limit": _number(), "replan_time_limit": _number(),
     "replan": _kind(bool), "replan_interval": _number(), "replan_margin": _number(False),
     "replan_share": _number(), "replan_rule": _one_of("dione", "saturn"),
+    "stopping_horizon": _one_of("full", "expected"),
     "slice_steps": _number(optional=True, whole=True),
     "slice_seconds": _number(optional=True), "max_failures": _number(whole=True),
     "timeout": _number(optional=True), "catalog": _kind(str, optional=True),

@@ -232,7 +232,8 @@ class Runner:
         until its whole task ends there, the slice's successors pinned to it (kept by
         ``_adopt`` as its continuation), for a plan solved now is replaced before then."""
         now = self.now()
-        tasks = [self.estimates.task_options(r.name, r.remaining, r.done_steps > 0,
+        tasks = [self.estimates.task_options(r.name, self.planned_steps(r, r.done_steps),
+                                             r.done_steps > 0,
                                              r.evaluations(r.done_steps, r.total))
                  for r in self._pending_that_fit()]
         nodes = {n.name for n in self.cluster}
@@ -246,11 +247,20 @@ class Runner:
             after = r.total - running.end_step
             if after > 0 and until - now <= self._lead():
                 tasks.append(self.estimates.task_options(
-                    r.name, after, True, r.evaluations(running.end_step, r.total)))
+                    r.name, self.planned_steps(r, running.end_step), True,
+                    r.evaluations(running.end_step, r.total)))
             else:
                 until = self.pinned_end(r)
             busy.append(Busy(r.name, a.node, a.device_ids, round(max(0.0, until - now), 3)))
         return PlanningProblem(planning_nodes(self.cluster), tuple(tasks), tuple(busy)), now
+
+    def planned_steps(self, record: TaskRecord, done: int) -> int:
+        """The steps after ``done`` the planner counts for a task: all of them, or, under
+        ``stopping_horizon="expected"``, what its stopping rule leaves expected."""
+        rule = record.task.stopping
+        if rule is None or self.options.stopping_horizon == "full":
+            return record.total - done
+        return max(1, round(rule.expected_steps(done, record.total)))
 
     def pinned_end(self, record: TaskRecord) -> float:
         """Run-clock time a running task ends if its later slices follow on its devices
@@ -263,7 +273,7 @@ class Runner:
                                                        running.assignment.devices)
         if after > 0 and option is not None:
             end += self.estimates.option_seconds(
-                record.name, option, after, True,
+                record.name, option, self.planned_steps(record, running.end_step), True,
                 record.evaluations(running.end_step, record.total))
         return end
 

@@ -66,6 +66,21 @@ class StoppingRule(ABC):
         """The first rung after step ``done`` (None: none is left)."""
         return next((r for r in self.rungs(total) if r > done), None)
 
+    def promoted_share(self) -> float:
+        """The share of the tasks reaching a rung expected to go on past it (1.0: the
+        rule does not say; a halving rule's 1/eta)."""
+        return 1.0
+
+    def expected_steps(self, done: int, total: int) -> float:
+        """The steps a task at step ``done`` is expected to train on: each stretch after
+        a rung counted at the chance of passing every rung before it."""
+        share, chance, expected, at = self.promoted_share(), 1.0, 0.0, done
+        for rung in self.rungs(total):
+            if rung > done:
+                expected += chance * (rung - at)
+                chance, at = chance * share, rung
+        return expected + chance * (total - at)
+
     @abstractmethod
     def decide(self, rung: int, value: float, recorded: Sequence[float],
                task: str = "", history: Sequence[float] = ()) -> Decision:
@@ -103,6 +118,9 @@ class Asha(StoppingRule):
     def mistakes(self) -> list[str]:
         """Each way the rule is malformed (empty: none), with the fix."""
         return _halving_mistakes(self, self.eta)
+
+    def promoted_share(self) -> float:
+        return 1 / self.eta
 
     def rungs(self, total: int) -> list[int]:
         """The steps, before ``total``, at which a task is judged."""
@@ -242,6 +260,9 @@ class SuccessiveHalving(StoppingRule):
     def mistakes(self) -> list[str]:
         """Each way the rule is malformed (empty: none), with the fix."""
         return _halving_mistakes(self, self.eta)
+
+    def promoted_share(self) -> float:
+        return 1 / self.eta
 
     def rungs(self, total: int) -> list[int]:
         """The steps, before ``total``, at which a task is judged."""
