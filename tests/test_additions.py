@@ -150,6 +150,8 @@ def test_dione_add_reaches_a_live_run_and_a_stopped_one_trains_it_on_resume(
     (tmp_path / "rates.json").write_text(json.dumps([1e-2, 3e-2, 1e-1, 3e-1]))
     status, said = add(capsys, str(run_dir), str(file))
     assert status == 0 and "no launcher runs it now" in said, said
+    waiting = dione("status", str(run_dir))
+    assert "asked to add lr-0.3" in waiting.stdout and "not taken yet" in waiting.stdout
     resumed = dione("resume", str(run_dir), env=env)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     with RunStore(run_dir) as store:

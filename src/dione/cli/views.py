@@ -200,8 +200,9 @@ def print_sequential_results(outcomes: Sequence[Any], run_dir: Path) -> None:
 
 
 def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Sequence[Any],
-                 launcher: str) -> None:
-    """A run's tasks as its store has them, with the slices running now."""
+                 launcher: str, additions: Sequence[Any] = ()) -> None:
+    """A run's tasks as its store has them, with the slices running now, and what
+    ``dione add`` asked of it that it has not taken (or refused)."""
     table = Table(title=f"{run_dir}: {sum(t.status == 'done' for t in tasks)} of {len(tasks)} "
                   f"task(s) done, {plans} plan(s) adopted; {launcher}")
     for column in ("task", "status", "steps", "techniques", "final loss", "evaluation",
@@ -219,4 +220,10 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
                                 f"{s.start_step}-{s.end_step} for "
                                 f"{time.time() - s.started_at:.0f} s" for s in now) or "-")
     console.print(table)
+    for request in additions:
+        if request.state == "waiting":
+            console.print(f"asked to add {', '.join(request.names)} (from "
+                          f"{request.workload}): not taken yet")
+        elif request.state == "refused":
+            console.print(f"refused to add {', '.join(request.names)}: {request.message}")
     _say_inexact(tasks)

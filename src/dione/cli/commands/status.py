@@ -27,6 +27,7 @@ def command(args: argparse.Namespace) -> int:
         with RunStore(run_dir) as store:
             tasks = summaries(store)
             running = [s for s in store.slices() if s.status == "running"]
+            additions = store.additions("waiting", "refused")
         plans = read_plans(run_dir)
     except (OSError, sqlite3.Error, ValueError) as err:
         raise BadInput(f"{run_dir} cannot be read ({type(err).__name__}: {err})") from None
@@ -46,5 +47,5 @@ def command(args: argparse.Namespace) -> int:
         launcher = "no launcher running"
     if (run_dir / SIMULATED_FILE).is_file():
         launcher = "SIMULATED on a virtual cluster (dione simulate): nothing trained"
-    print_status(run_dir, tasks, len(plans), running, launcher)
+    print_status(run_dir, tasks, len(plans), running, launcher, additions)
     return 0
