@@ -1,6 +1,9 @@
 """Model selection on a virtual cluster: the full grid against ASHA whose freed devices
 go to the next task queued on them (the first plan kept: what a tuner with fixed
-resources does) and ASHA with dione re-planning the survivors at once, each task planned
+resources does), ASHA whose freed devices are spread evenly over the survivors at
+data-parallel widths (HyperSched; Ray Tune's ``ResourceChangingScheduler``: the
+``spread`` solver, applied at every re-plan) and ASHA with dione re-planning the
+survivors at once, each task planned
 at its full remaining length (``stopping_horizon="full"``) or at the length its rule
 leaves expected (``"expected"``: each stretch after a rung at 1/eta per rung before it).
 
@@ -41,12 +44,27 @@ def picked(run_dir: Path) -> tuple[str, float]:
     return best, finals[best]
 
 
+# way: (stopping rule or not, re-plan, horizon, solver); "spread" is HyperSched's rule.
+WAYS = {
+    "grid": (False, True, "full", "cpsat"),
+    "kept": (True, False, "full", "cpsat"),
+    "spread": (True, True, "full", "spread"),
+    "replanned": (True, True, "full", "cpsat"),
+    "expected": (True, True, "expected", "cpsat"),
+}
+TITLES = {"kept": "ASHA, first plan kept", "spread": "ASHA, freed devices spread evenly",
+          "replanned": "ASHA re-planned", "expected": "ASHA re-planned, expected horizon"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--instance", default="mixed-1.json")
     parser.add_argument("--nodes", default="2")
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--ways", default="grid,kept,spread,replanned,expected",
+                        help="the grid first, then any of " + ", ".join(TITLES))
     args = parser.parse_args()
+    ways = args.ways.split(",")
     problem = load_problem(INSTANCES / args.instance)
     rule = Asha(min_steps=10, eta=3)
     scenario = Scenario(seed=args.seed, spread=0.1)
@@ -56,32 +74,29 @@ def main() -> None:
                          replan_share=0.001, slice_seconds=1800.0)
     print(f"{len(problem.tasks)} tasks of {args.instance} ({STEPS} steps each), "
           f"Asha(min_steps=10, eta=3) on the training loss\n")
-    print("| nodes | full grid s | ASHA, first plan kept / grid | ASHA re-planned / grid | "
-          "ASHA re-planned, expected horizon / grid | re-planned / first plan kept | "
-          "grid's pick | kept's pick | re-planned's pick | expected's pick |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- |")
+    others = [w for w in ways if w != "grid"]
+    print("| nodes | full grid s | " + " | ".join(f"{TITLES[w]} / grid" for w in others)
+          + " | " + " | ".join(f"{w}'s pick" for w in ways) + " |")
+    print("| ---: | ---: | " + " | ".join("---:" for _ in others) + " | "
+          + " | ".join("---" for _ in ways) + " |")
     with tempfile.TemporaryDirectory() as tmp:
         for nodes in [int(n) for n in args.nodes.split(",")]:
             cluster = parse_cluster(f"{nodes}x8")
             found = {}
-            for way, stopping, replan, horizon in (
-                    ("grid", None, True, "full"), ("kept", rule, False, "full"),
-                    ("replanned", rule, True, "full"), ("expected", rule, True, "expected")):
+            for way in ways:
+                stops, replan, horizon, solver = WAYS[way]
                 run_dir = Path(tmp) / f"{way}-{nodes}"
                 result = simulate(problem, run_dir, cluster=cluster, scenario=scenario,
-                                  steps=STEPS, stopping=stopping,
+                                  steps=STEPS, stopping=rule if stops else None,
                                   options=RunOptions(**{**options.__dict__,
-                                                        "replan": replan,
+                                                        "replan": replan, "solver": solver,
                                                         "stopping_horizon": horizon}))
                 found[way] = (result.makespan, picked(run_dir))
             grid = found["grid"][0]
-            print(f"| {nodes} | {grid:.0f} | {found['kept'][0] / grid:.3f} | "
-                  f"{found['replanned'][0] / grid:.3f} | "
-                  f"{found['expected'][0] / grid:.3f} | "
-                  f"{found['replanned'][0] / found['kept'][0]:.3f} | "
-                  + " | ".join(f"{found[w][1][0]} ({found[w][1][1]:.4f})"
-                               for w in ("grid", "kept", "replanned", "expected")) + " |",
-                  flush=True)
+            print(f"| {nodes} | {grid:.0f} | "
+                  + " | ".join(f"{found[w][0] / grid:.3f}" for w in others) + " | "
+                  + " | ".join(f"{found[w][1][0]} ({found[w][1][1]:.4f})" for w in ways)
+                  + " |", flush=True)
 
 
 if __name__ == "__main__":

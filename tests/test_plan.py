@@ -282,7 +282,7 @@ def problems(draw: st.DrawFn) -> PlanningProblem:
 def test_every_solver_returns_valid_plans(problem: PlanningProblem) -> None:
     bound = lower_bound(problem)
     plans = {s: solve(problem, s, time_limit=2, threads=1)
-             for s in ("sequential", "greedy", "cpsat", "saturn-milp")}
+             for s in ("sequential", "greedy", "cpsat", "saturn-milp", "spread")}
     for name, plan in plans.items():
         if name == "saturn-milp" and not plan.assignments:
             continue  # HiGHS may find nothing in its time: it then says so, plan-less
@@ -293,7 +293,7 @@ def test_every_solver_returns_valid_plans(problem: PlanningProblem) -> None:
 
 def test_running_tasks_keep_their_devices() -> None:
     problem = replace(SMALL, busy=(Busy("old", "n0", (0, 1), 500.0),))
-    for solver in ("greedy", "cpsat", "sequential", "saturn-milp"):
+    for solver in ("greedy", "cpsat", "sequential", "saturn-milp", "spread"):
         plan = solve(problem, solver, time_limit=5)
         assert check_plan(plan, problem) == [], solver
         assert all(a.node == "n1" or a.start >= 500.0 for a in plan.assignments), solver
@@ -407,6 +407,29 @@ def test_a_device_free_a_moment_later_is_not_taken_for_free() -> None:
     # bound it proved.
     milp = solve(problem, "saturn-milp", 5.0, threads=1)
     assert milp.status != "optimal" or milp.makespan <= milp.lower_bound * (1 + 1e-6)
+
+
+def test_spread_shares_the_devices_evenly_at_data_parallel_widths() -> None:
+    """HyperSched's rule, worked by hand: 8 devices for 3 tasks give each its widest
+    data-parallel option within 8 // 3 = 2 devices (fsdp and a pipeline are not taken,
+    however fast); with one task running, 4 tasks share: 2 each; alone, a task takes
+    the widest option a node holds (4)."""
+    def options(name: str) -> TaskOptions:
+        return TaskOptions(name, (Option("single", 1, 100.0), Option("ddp", 2, 55.0),
+                                  Option("fsdp", 2, 50.0), Option("ddp", 4, 30.0),
+                                  Option("gpipe", 4, 20.0)))
+
+    nodes = (NodeSpec("n0", 4), NodeSpec("n1", 4))
+    three = PlanningProblem(nodes, tuple(options(n) for n in "abc"))
+    plan = solve(three, "spread")
+    assert check_plan(plan, three) == []
+    assert {(a.technique, a.devices) for a in plan.assignments} == {("ddp", 2)}
+    running = replace(three, busy=(Busy("old", "n0", (0,), 40.0),))
+    assert {(a.technique, a.devices) for a in solve(running, "spread").assignments} == \
+        {("ddp", 2)}
+    alone = PlanningProblem(nodes, (options("a"),))
+    assert [(a.technique, a.devices) for a in solve(alone, "spread").assignments] == \
+        [("ddp", 4)]
 
 
 def test_plans_far_from_time_zero_pass_their_check() -> None:

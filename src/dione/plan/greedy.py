@@ -40,6 +40,7 @@ __all__ = [
     "list_schedule",
     "placements_plan",
     "sequential",
+    "spread",
 ]
 
 Placement = tuple[str, Option, str, float]  # task, option, node, start
@@ -262,6 +263,31 @@ def _improve(problem: PlanningProblem, choice: dict[str, Option], placed: list[P
             if improved or trials >= max_trials:
                 break
     return GreedyResult(placed, makespan, trials, False)
+
+
+# The techniques HyperSched and Ray Tune's ResourceChangingScheduler widen a trial with.
+DATA_PARALLEL = ("single", "ddp")
+
+
+def spread(problem: PlanningProblem) -> Plan:
+    """Freed devices spread evenly (HyperSched, SoCC 2019; Ray Tune's
+    ``ResourceChangingScheduler`` with ``DistributeResources``), a baseline for model
+    selection: the cluster's devices shared equally by the tasks there are (those to
+    plan and those running), each at the widest data-parallel option within its share
+    (its narrowest option where none is), placed in the problem's order where it ends
+    earliest. No solver: a rule, applied at every re-plan."""
+    began = time.perf_counter()
+    running = {b.task for b in problem.busy} - {t.name for t in problem.tasks}
+    share = max(1, sum(n.devices for n in problem.nodes)
+                // max(1, len(problem.tasks) + len(running)))
+    choice = {}
+    for task in problem.tasks:
+        fits = _fits(task, problem)
+        within = [o for o in fits if o.technique in DATA_PARALLEL and o.devices <= share]
+        choice[task.name] = (max(within, key=lambda o: (o.devices, -o.seconds)) if within
+                             else min(fits, key=lambda o: (o.devices, o.seconds)))
+    placed, _ = list_schedule(problem, choice, [t.name for t in problem.tasks])
+    return placements_plan("spread", "feasible", problem, placed, began)
 
 
 def sequential(problem: PlanningProblem) -> Plan:

@@ -30,6 +30,12 @@ def _sequential(problem: PlanningProblem, time_limit: float, threads: int | None
     return sequential(problem)
 
 
+def _spread(problem: PlanningProblem, time_limit: float, threads: int | None) -> Plan:
+    from dione.plan.greedy import spread
+
+    return spread(problem)
+
+
 def _saturn_milp(problem: PlanningProblem, time_limit: float, threads: int | None) -> Plan:
     from dione.plan.saturn_milp import saturn_milp
 
@@ -41,6 +47,7 @@ SOLVERS: dict[str, Callable[[PlanningProblem, float, int | None], Plan]] = {
     "greedy": _greedy,
     "sequential": _sequential,
     "saturn-milp": _saturn_milp,
+    "spread": _spread,  # a baseline: HyperSched's even spreading, no solver
 }
 
 
