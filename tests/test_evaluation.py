@@ -68,3 +68,58 @@ def test_exact_techniques_evaluate_as_single_at_every_point(tmp_path) -> None:
         # prediction across a tie (1/360), and has not moved any here.
         assert [v for _, v in found[t]] == pytest.approx(
             [v for _, v in found["single"]], abs=1 / 360 + 1e-9), t
+
+
+LIVE = """
+import functools
+import torch
+from dione import Task, Workload
+from dione.zoo import CharGPT, sequence_cross_entropy, text_train, text_validation_loss
+
+
+def evaluate(model):
+    # The live model still holds the last step's gradients; one loaded from a
+    # checkpoint has none: which one was evaluated shows in the result.
+    held = any(p.grad is not None for p in model.parameters())
+    return {**text_validation_loss(model, context=16, limit=64), "grads": float(held)}
+
+
+workload = Workload([Task(
+    name="live", model=functools.partial(CharGPT, context=16, width=16, layers=1, heads=2),
+    data=functools.partial(text_train, 16), loss=sequence_cross_entropy,
+    optimizer=functools.partial(torch.optim.AdamW, lr=3e-3), batch_size=8, steps=4, seed=2,
+    evaluate=evaluate)])
+"""
+
+
+@pytest.mark.parametrize(("technique", "live"), [("single", True), ("ddp", True),
+                                                 ("fsdp", False)])
+def test_single_and_ddp_evaluate_their_live_model_as_its_checkpoint_would(
+        tmp_path, technique: str, live: bool) -> None:
+    """Where a rank holds the whole trained model (single, ddp) the worker evaluates it
+    as it is, with no checkpoint round trip, and gets the numbers a fresh model loaded
+    from the slice's checkpoint gets, bit for bit; fsdp's shards go through the
+    checkpoint."""
+    import torch
+
+    from dione.launch import local_placement, run_slice
+    from dione.spec.workload import load_workload
+    from dione.techniques.evaluate import evaluate_checkpoint
+    from helpers import TEST_NODE
+
+    file = tmp_path / "live.py"
+    file.write_text(LIVE)
+    [task] = list(load_workload(file))
+    devices = [0] if technique == "single" else [0, 1]
+    result = run_slice(task, technique, tmp_path / "run", local_placement(TEST_NODE, devices),
+                       evaluate=True, timeout=300)
+    assert result.evaluation_error is None
+    assert result.evaluation["grads"] == float(live)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the worker's slot ran it
+    try:
+        again = evaluate_checkpoint(task, result.checkpoint, torch.device("cpu"))
+    finally:
+        torch.set_num_threads(threads)
+    assert again["grads"] == 0.0
+    assert result.evaluation["val_loss"] == again["val_loss"]

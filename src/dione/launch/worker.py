@@ -304,7 +304,7 @@ def run_job(job: Job, report: Report | None = None) -> tuple[str, Any]:
     from dione.spec.devices import backend_for
     from dione.techniques.base import SliceSpec
     from dione.techniques.context import SliceContext
-    from dione.techniques.evaluate import evaluate_checkpoint
+    from dione.techniques.evaluate import evaluate_checkpoint, evaluate_model
 
     rank = job.rank
     try:
@@ -341,8 +341,10 @@ def run_job(job: Job, report: Report | None = None) -> tuple[str, Any]:
         if rank == 0 and spec.evaluate and outcome.checkpoint is not None:
             try:  # a broken evaluation must not lose the training it follows
                 began = time.perf_counter()
-                outcome.evaluation = evaluate_checkpoint(spec.task, outcome.checkpoint,
-                                                         ctx.device)
+                outcome.evaluation = (
+                    evaluate_model(spec.task, ctx.trained_model)
+                    if ctx.trained_model is not None
+                    else evaluate_checkpoint(spec.task, outcome.checkpoint, ctx.device))
                 outcome.timings["evaluate_seconds"] = time.perf_counter() - began
             except Exception as err:
                 outcome.extra["evaluation_error"] = "".join(

@@ -90,7 +90,8 @@ class Task:
     of the model in eval mode, and returns named metrics (higher or lower is better
     as the metric's name says; ``hyperparameters`` are free-form labels for reports);
     with ``eval_every=N`` also every N steps during training (a slice ends at each such
-    step and evaluates from the checkpoint it wrote, in its worker), each result
+    step and evaluates in its worker: the live model under single and ddp, from the
+    checkpoint it wrote under the others), each result
     recorded with its step.
     """
 

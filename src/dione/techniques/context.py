@@ -64,6 +64,9 @@ class SliceContext:
         # Set by the worker: hands a progress record to the launcher (no file involved).
         self.on_progress: Callable[[dict[str, Any]], None] | None = None
         self._last_progress = float("-inf")  # the first step reports at once
+        # The whole trained model where this rank holds it, unwrapped (single, ddp): the
+        # worker evaluates it as it is, with no checkpoint round trip.
+        self.trained_model: nn.Module | None = None
         self._first_step_done = self.timings["begin"]
 
     @functools.cached_property

@@ -124,6 +124,8 @@ class DataParallelTechnique(Technique):
             ctx.apply_update(optimizer, model.parameters())
             ctx.step_done(total / parts if parts > 1 else total, scheduler)
         checkpoint = ctx.save(model, optimizer, scheduler)
+        if not self.shards_memory:  # every rank holds the whole model: evaluated live
+            ctx.trained_model = bare
         outcome = ctx.outcome(checkpoint)
         if ctx.world > 1 or parts > 1:
             note = split_batch_exactness(model)
