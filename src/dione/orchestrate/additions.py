@@ -117,6 +117,7 @@ class Intake:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dione-intake")
         self._job: Future[Arrival] | None = None
         self._tasks: list[Task] = []  # taken from the inbox, not yet profiled
+        self._batch: tuple[list[Task], list[Addition]] = ([], [])  # the one profiling
         # A resumed run takes again what an earlier session took: its records are gone.
         self._requests = store.additions("waiting", "taken")
         self._seen = {r.id for r in self._requests}  # every request this session took
@@ -132,15 +133,24 @@ class Intake:
                 self._requests.append(request)
         if self._job is None and (self._tasks or self._requests):
             tasks, requests, self._tasks, self._requests = self._tasks, self._requests, [], []
+            self._batch = (tasks, requests)
             self._job = self._pool.submit(_intake, tasks, requests, set(known), cluster,
                                           self.profiling)
 
     def ready(self) -> Arrival | None:
-        """A profiled batch, if one is (its own error is raised)."""
+        """A profiled batch, if one is; one whose intake failed as a whole (the catalog
+        could not be opened, say) comes back with every task refused, and the run goes
+        on."""
         if self._job is None or not self._job.done():
             return None
         job, self._job = self._job, None
-        return job.result()
+        try:
+            return job.result()
+        except Exception as err:
+            tasks, requests = self._batch
+            why = f"its intake failed: {type(err).__name__}: {err}"
+            return Arrival([], None, requests, refused={t.name: why for t in tasks},
+                           requests_refused={r.id: why for r in requests})
 
     def expecting(self) -> bool:
         """Whether more tasks may come: a batch is being profiled or waits, or the inbox
