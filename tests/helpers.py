@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from dione.schedules import Timeline
 from dione.spec.cluster import Node
 from dione.spec.task import Task
 from dione.state import load_model_weights
+from dione.state.store import RunStore
 from dione.zoo import CharGPT, digits_mlp, digits_train, sequence_cross_entropy, text_train
 
 # Two CPU slots whatever the machine: the gangs in tests are the gangs CI runs.
@@ -107,6 +109,25 @@ def dione(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
     return subprocess.run([sys.executable, "-m", "dione.cli", *args], capture_output=True,
                           text=True, env={**os.environ, **(env or {})}, timeout=timeout,
                           cwd=cwd)
+
+
+def started_dione(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """``dione ARGS`` started in a session of its own (``env`` added), its output in one
+    pipe; Ctrl-C can reach it (see ``interruptible``)."""
+    return subprocess.Popen([sys.executable, "-m", "dione.cli", *args], env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, preexec_fn=interruptible)
+
+
+def wait_until_training(run: subprocess.Popen[str], run_dir: Path, deadline: float) -> None:
+    """Until a started run's store holds a checkpoint of some task (its trials are done
+    and it trains), it ends, or ``deadline`` (``time.monotonic()``) passes."""
+    while time.monotonic() < deadline and run.poll() is None:
+        if (run_dir / "dione.sqlite").is_file():
+            with RunStore(run_dir) as store:
+                if any(store.checkpoints(t.name) for t in store.tasks()):
+                    return
+        time.sleep(0.05)
 
 
 def small_problem(tasks: int = 6) -> PlanningProblem:

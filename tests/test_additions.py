@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import replace
@@ -24,7 +21,7 @@ from dione.profile import TrialOptions
 from dione.spec.cluster import Cluster
 from dione.spec.workload import load_workload
 from dione.state.store import RunStore
-from helpers import TEST_NODE, dione, interruptible, workload_text
+from helpers import TEST_NODE, dione, started_dione, wait_until_training, workload_text
 
 QUICK = TrialOptions(warmup_steps=1, measure_steps=3, timeout=120)
 
@@ -113,20 +110,11 @@ def test_dione_add_reaches_a_live_run_and_a_stopped_one_trains_it_on_resume(
     hold = tmp_path / "hold"
     env = {"DIONE_CATALOG": str(tmp_path / "catalog.sqlite"), "HOLD_FILE": str(hold)}
     run_dir = tmp_path / "run"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "dione.cli", "run", str(file), "--out", str(run_dir),
-         "--devices", "cpu:2", "--slice-steps", "4", "--warmup-steps", "1",
-         "--measure-steps", "3"], env={**os.environ, **env}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        preexec_fn=interruptible)
+    run = started_dione("run", str(file), "--out", str(run_dir), "--devices", "cpu:2",
+                        "--slice-steps", "4", "--warmup-steps", "1", "--measure-steps", "3",
+                        env=env)
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and run.poll() is None:
-            if (run_dir / "dione.sqlite").is_file():
-                with RunStore(run_dir) as store:
-                    if any(store.checkpoints(t.name) for t in store.tasks()):
-                        break
-            time.sleep(0.05)
+        wait_until_training(run, run_dir, time.monotonic() + 300)
         hold.touch()  # training is under way: the run stays live until the hold goes
         # The user grows the sweep's file by one rate and adds what is new to the run.
         (tmp_path / "rates.json").write_text(json.dumps([1e-2, 3e-2, 1e-1]))

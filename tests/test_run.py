@@ -23,7 +23,7 @@ from dione.spec.cluster import Cluster, Node
 from dione.spec.workload import load_workload
 from dione.state.checkpoint import load_model_weights
 from dione.state.store import RunStore
-from helpers import interruptible
+from helpers import started_dione, wait_until_training
 
 QUICK = TrialOptions(warmup_steps=1, measure_steps=3, timeout=120)
 
@@ -97,12 +97,6 @@ def write_workload(folder: Path) -> Path:
     return file
 
 
-def dione(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "dione.cli", *args], env={**os.environ, **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, preexec_fn=interruptible)
-
-
 def final_parameters(run_dir: Path, task: object) -> dict[str, torch.Tensor]:
     with RunStore(run_dir) as store:
         latest = store.latest_checkpoint(task.name)  # type: ignore[attr-defined]
@@ -170,12 +164,12 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
     env = {"DIONE_CATALOG": str(tmp_path / "catalog.sqlite"), "TASKS": "a b c"}
     common = ["--devices", "cpu:2", "--slice-steps", "4", "--warmup-steps", "1",
               "--measure-steps", "3", "--time-limit", "5"]
-    whole = dione("run", str(file), "--out", str(tmp_path / "whole"), *common, env=env)
+    whole = started_dione("run", str(file), "--out", str(tmp_path / "whole"), *common, env=env)
     out, _ = whole.communicate(timeout=600)
     assert whole.returncode == 0, out
 
     killed_dir = tmp_path / "killed"
-    killed = dione("run", str(file), "--out", str(killed_dir), *common, env=env)
+    killed = started_dione("run", str(file), "--out", str(killed_dir), *common, env=env)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and killed.poll() is None:
         if (killed_dir / "dione.sqlite").is_file():
@@ -213,7 +207,7 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
     moved_dir = tmp_path / "moved"
     killed_dir.rename(moved_dir)
     killed_dir = moved_dir
-    resumed = dione("resume", str(killed_dir), env=env)
+    resumed = started_dione("resume", str(killed_dir), env=env)
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out
     tasks = list(load_workload(file))
@@ -313,15 +307,10 @@ def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(
     env = {"DIONE_CATALOG": str(tmp_path / "catalog.sqlite"), "TASKS": "a b",
            "HOLD_FILE": str(hold), "TECHNIQUES": "single ddp"}
     run_dir = tmp_path / "run"
-    run = dione("run", str(file), "--out", str(run_dir), "--devices", "cpu:2",
+    run = started_dione("run", str(file), "--out", str(run_dir), "--devices", "cpu:2",
                 "--slice-steps", "4", "--warmup-steps", "1", "--measure-steps", "3", env=env)
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and run.poll() is None:
-        if (run_dir / "dione.sqlite").is_file():
-            with RunStore(run_dir) as store:
-                if any(store.checkpoints(t.name) for t in store.tasks()):
-                    break
-        time.sleep(0.05)
+    wait_until_training(run, run_dir, deadline)
     # Training is under way (trials done): hold the next step any slice takes, so that a
     # slice is surely running when the interrupt lands (between slices none would be).
     hold.touch()
@@ -341,10 +330,10 @@ def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(
         return
     # The workload moves before the resume (a project folder renamed): named, not lost.
     moved = file.rename(tmp_path / "moved.py")
-    refused = dione("resume", str(run_dir), env=env)
+    refused = started_dione("resume", str(run_dir), env=env)
     out, _ = refused.communicate(timeout=120)
     assert refused.returncode == 2 and "--workload NEW.py" in out, out
-    resumed = dione("resume", str(run_dir), "--workload", str(moved), env=env)
+    resumed = started_dione("resume", str(run_dir), "--workload", str(moved), env=env)
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out
     assert json.loads((run_dir / "run.json").read_text())["workload"] == str(moved)
