@@ -60,10 +60,6 @@ class TaskInbox:
             self._closed = True
 
     @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
     def drained(self) -> bool:
         """Closed, and every task added taken by the run: none will come."""
         with self._lock:

@@ -33,7 +33,7 @@ class RunTasks:
         self.run_dir = Path(run_dir)
         self._given = tasks
         self._tasks = {t.name: t for t in tasks} if tasks is not None else None
-        self._added: dict[str, Task] | None = None
+        self._added: dict[str, dict[str, Task]] = {}  # workload file -> its tasks
         self.missing: str | None = None
         self._rates: dict[str, list[list[float]] | None] = {}
 
@@ -52,21 +52,22 @@ class RunTasks:
         return found if found is not None else self._added_task(name)
 
     def _added_task(self, name: str) -> Task | None:
-        """A task ``dione add`` added, from the workload files of the run's requests."""
-        if self._added is None or name not in self._added:
-            from dione.spec import load_workload
-            from dione.state.store import RunStore
+        """A task ``dione add`` added, from the workload file it came from (each file
+        loaded once)."""
+        from dione.spec import load_workload
+        from dione.state.store import RunStore
 
-            self._added = {}
-            with RunStore(self.run_dir) as store:
-                requests = store.additions("taken")
-            for request in requests:
-                try:
-                    self._added.update({t.name: t for t in load_workload(request.workload)
-                                        if t.name in request.names})
-                except Exception:  # the file changed or moved: that task's extras go
-                    continue
-        return self._added.get(name)
+        with RunStore(self.run_dir) as store:
+            request = store.addition_of(name)
+        if request is None:
+            return None
+        if request.workload not in self._added:
+            try:
+                self._added[request.workload] = {t.name: t for t in
+                                                 load_workload(request.workload)}
+            except Exception:  # the file changed or moved: that task's extras go
+                self._added[request.workload] = {}
+        return self._added[request.workload].get(name)
 
     def learning_rates(self, name: str, total: int) -> list[list[float]] | None:
         """Per parameter group, the rate of each step 1..``total`` (None: unknown)."""

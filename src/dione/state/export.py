@@ -103,9 +103,9 @@ def workload_of_task(run_dir: str | Path, task: str) -> str:
 
     if (Path(run_dir) / STORE_FILE).is_file():
         with RunStore(run_dir) as store:
-            for request in reversed(store.additions("taken")):
-                if task in request.names and Path(request.workload).is_file():
-                    return request.workload
+            request = store.addition_of(task)
+        if request is not None and Path(request.workload).is_file():
+            return request.workload
     return workload_of_run(run_dir)
 
 

@@ -378,6 +378,10 @@ class RunStore(SQLiteFile):
                           r["message"]) for r in rows]
         return [a for a in found if not states or a.state in states]
 
+    def addition_of(self, task: str) -> Addition | None:
+        """The request the run took ``task`` from (the latest, should two name it)."""
+        return next((a for a in reversed(self.additions("taken")) if task in a.names), None)
+
     def settle_addition(self, id: int, state: str, message: str) -> None:
         """Record what the run made of request ``id``: ``taken`` or ``refused``."""
         with self._transaction() as db:
