@@ -11,6 +11,7 @@ re-plan, which a task the plan does not cover is owed at once.
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -118,8 +119,9 @@ class Intake:
         self._requests = store.additions("waiting", "taken")
         self._seen = {r.id for r in self._requests}  # every request this session took
 
-    def poll(self, known: set[str], cluster: Cluster) -> None:
-        """Take what was added since, and start profiling it unless a batch is."""
+    def poll(self, known: Collection[str], cluster: Cluster) -> None:
+        """Take what was added since, and start profiling it unless a batch is
+        (``known``: the run's task names, copied only when a batch starts)."""
         if self.inbox is not None:
             self._tasks.extend(self.inbox.take())
         # A request stays waiting in the store until its batch is profiled: take it once.

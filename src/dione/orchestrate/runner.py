@@ -154,7 +154,7 @@ class Runner:
         plan does not cover is owed a re-plan: the loop asks one)."""
         if self.intake is None:
             return
-        self.intake.poll(set(self.state.records), self.cluster)
+        self.intake.poll(self.state.records.keys(), self.cluster)
         arrival = self.intake.ready()
         if arrival is None:
             return

@@ -373,10 +373,10 @@ class RunStore(SQLiteFile):
 
     def additions(self, *states: str) -> list[Addition]:
         """The requests to add tasks (in ``states``, else all), in the order made."""
-        rows = self._db.execute("SELECT * FROM additions ORDER BY id").fetchall()
-        found = [Addition(r["id"], r["workload"], json.loads(r["names"]), r["state"],
-                          r["message"]) for r in rows]
-        return [a for a in found if not states or a.state in states]
+        where = f" WHERE state IN ({', '.join('?' * len(states))})" if states else ""
+        rows = self._db.execute(f"SELECT * FROM additions{where} ORDER BY id", states)
+        return [Addition(r["id"], r["workload"], json.loads(r["names"]), r["state"],
+                         r["message"]) for r in rows]
 
     def addition_of(self, task: str) -> Addition | None:
         """The request the run took ``task`` from (the latest, should two name it)."""
