@@ -8,10 +8,11 @@ job as a local warm worker (``worker.run_job``), watched by the same loop (``gan
                 ended (and replaced later) when its gang fails, times out or is cancelled
       per gang:  a rendezvous folder with a random name (the gang's secret) that the
                 ranks create privately in their node's temporary folder: a gang never
-                spans nodes, so no port is opened for it; removed by the node's
-                next finished gang, or at shutdown by a task on that node; one
-                that all its ranks left (its node lost, its launcher killed) by
-                the next actor started on that machine
+                spans nodes, so no port is opened for it; removed by its first
+                rank when it finishes, or, when it failed, by a task on its node
+                once its ended ranks have let go of it (shutdown waits for those);
+                one that all its ranks left (its node lost, its launcher killed)
+                by the next actor started on that machine
 
 An actor streams what its job says back as Ray objects (a streaming generator): its
 progress, its output (kept in the gang's folder on its node, sent as it grows), then
@@ -50,8 +51,11 @@ __all__ = ["RayLauncher", "RayNotInstalled"]
 
 # How often a running job's new output is sent back (and its progress, at the latest).
 _LOG_SECONDS = 0.5
-# How long shutdown waits for the folders of failed gangs to be removed, on every node.
+# How long shutdown waits for the folders of gangs to be removed, on every node.
 _CLEANUP_SECONDS = 20.0
+# How long the removal of a failed gang's folder waits for its ended ranks to let go
+# (``ray.kill`` returns before the process is gone); then it removes the folder anyway.
+_RELEASE_SECONDS = 30.0
 # A gang folder no rank holds is taken for abandoned only once it has not changed for
 # this long: the ranks of a starting gang make it, then each takes its hold at once.
 _ABANDONED_SECONDS = 60.0
@@ -177,6 +181,18 @@ def _remove_rendezvous_folders(stores: list[str]) -> None:
         shutil.rmtree(rendezvous_path(store), ignore_errors=True)
 
 
+def _remove_when_released(store: str, wait: float) -> None:
+    """Remove a failed gang's folder on this node once no rank holds it (its actors were
+    ended, and a hold goes with its process), or after ``wait`` seconds at most."""
+    import time
+
+    folder = Path(rendezvous_path(store))
+    deadline = time.monotonic() + wait
+    while folder.is_dir() and _held(folder) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    _remove_rendezvous_folders([store])
+
+
 def _hold(folder: Path, rank: int) -> int | None:
     """A shared lock on ``rankN.held`` in the gang's folder (a file descriptor for
     ``_release``): the folder is in use. The lock goes with the process, however it
@@ -202,10 +218,14 @@ def _release(held: int | None) -> None:
 def _in_use(folder: Path) -> bool:
     """Whether a rank may still use the gang's folder: one holds a lock in it, or its
     locks cannot be probed; a folder without a hold file is not a Ray rank's."""
+    return _held(folder) or not list(folder.glob("*.held"))
+
+
+def _held(folder: Path) -> bool:
+    """Whether a rank holds a lock in the gang's folder, or its locks cannot be probed."""
     import fcntl
 
-    holds = list(folder.glob("*.held"))
-    for path in holds:
+    for path in folder.glob("*.held"):
         try:
             probe = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
@@ -216,7 +236,7 @@ def _in_use(folder: Path) -> bool:
             return True
         finally:
             os.close(probe)  # (and with it the probe's own lock)
-    return not holds
+    return False
 
 
 def remove_abandoned_gangs(root: str | Path | None = None,
@@ -330,10 +350,10 @@ class RayLauncher:
         self._groups: dict[str, Any] = {}  # node name -> placement group
         self._idle: dict[tuple[str, int], Any] = {}  # (node, device) -> actor
         self._busy: set[Any] = set()
-        # Per node: rendezvous folders (and the rank logs in them) of gangs that failed,
-        # whose actors were ended before they could remove them.
-        self._stale: dict[str, list[str]] = {}
-        self._forgetting: list[Any] = []  # actors' removals of finished gangs' folders
+        # Removals of gangs' folders on their nodes (by a finished gang's actor, or by a
+        # task for a failed gang's): awaited at shutdown, dropped here once done.
+        self._forgetting: list[Any] = []
+        self.failed_gangs: list[str] = []  # the folders' names, for the tests to look at
         self._actor_class = self.ray.remote(_Actor)
         self.actors_started = 0
 
@@ -459,20 +479,11 @@ class RayLauncher:
                                   lambda: self._end(actors), timeout, cancel, on_progress)
         except BaseException:
             self._end(actors)
-            with self._lock:  # its folder goes with the node's next finished gang
-                self._stale.setdefault(node.name, []).append(store)
+            self._remove_failed(node.name, store)
             raise
+        # Awaited at shutdown (ending the actor first would drop it, the folder left).
+        self._removing(actors[0].forget.remote(store))
         with self._lock:
-            stale = [store, *self._stale.pop(node.name, [])]
-        removals = [actors[0].forget.remote(name) for name in stale]  # and failed gangs'
-        # Awaited at shutdown (ending the actor first would drop them, folders left);
-        # those already done are dropped here.
-        with self._lock:
-            pending, self._forgetting = self._forgetting, []
-        if pending:
-            pending = self.ray.wait(pending, num_returns=len(pending), timeout=0)[1]
-        with self._lock:
-            self._forgetting += [*pending, *removals]
             self._busy.difference_update(actors)
             surplus = []
             for device, actor in zip(placement.device_ids, actors, strict=True):
@@ -482,6 +493,32 @@ class RayLauncher:
                     self._idle[(node.name, device)] = actor
         self._end(surplus)  # outside the lock, which ``_end`` takes
         return outcomes
+
+    def _removing(self, removal: Any) -> None:
+        """Keep ``removal`` for shutdown to wait for; drop those already done."""
+        with self._lock:
+            pending, self._forgetting = self._forgetting, []
+        if pending:
+            pending = self.ray.wait(pending, num_returns=len(pending), timeout=0)[1]
+        with self._lock:
+            self._forgetting += [*pending, removal]
+
+    def _remove_failed(self, name: str, store: str) -> None:
+        """Remove a failed gang's folder (its ranks' logs in it) on node ``name``: a Ray
+        task there, with the actors' environment (their temporary folder), since its
+        actors were ended. It starts now (a new worker may take seconds on a busy node)
+        and waits for the ended ranks to let go; a node lost meanwhile keeps it, for the
+        next actor started on that machine."""
+        self.failed_gangs.append(store)
+        with contextlib.suppress(Exception):  # Ray shut down, or the node gone
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            remover = self.ray.remote(num_cpus=0, max_retries=0)(_remove_when_released)
+            self._removing(remover.options(
+                runtime_env={"env_vars": self.env},
+                scheduling_strategy=NodeAffinitySchedulingStrategy(self._ids[name],
+                                                                   soft=False),
+            ).remote(store, _RELEASE_SECONDS))
 
     def warm_up(self, node: Node) -> None:
         """Start the actors of every device of ``node`` and wait until they are ready."""
@@ -498,7 +535,6 @@ class RayLauncher:
             gone = [k for k in self._idle if k[0] == name]
             actors = [self._idle.pop(k) for k in gone]
             group = self._groups.pop(name, None)
-            self._stale.pop(name, None)  # its folders cannot be reached now
         self._end(actors)
         if group is not None:
             with contextlib.suppress(Exception):  # already gone with its node
@@ -511,40 +547,18 @@ class RayLauncher:
             self._idle.clear()
             groups = list(self._groups.values())
             self._groups.clear()
-            stale, self._stale = self._stale, {}
             forgetting, self._forgetting = self._forgetting, []
         if forgetting:
             with contextlib.suppress(Exception):  # an actor or node already gone
-                self.ray.wait(forgetting, num_returns=len(forgetting),
-                              timeout=_CLEANUP_SECONDS)
+                _, late = self.ray.wait(forgetting, num_returns=len(forgetting),
+                                        timeout=_CLEANUP_SECONDS)
+                for call in late:  # a node too slow to answer keeps its folders
+                    with contextlib.suppress(Exception):
+                        self.ray.cancel(call, force=True)
         self._end(actors)
-        self._remove_stale(stale)
         for group in groups:
             with contextlib.suppress(Exception):  # already gone with its node
                 _remove_group(group)
-
-    def _remove_stale(self, stale: dict[str, list[str]]) -> None:
-        """Remove the folders failed gangs left on each alive node (by node name) that no
-        later gang there removed: a Ray task on that node, with the actors' environment
-        (their temporary folder), since the actors themselves are ended."""
-        if not stale or not self.ray.is_initialized():
-            return
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
-        remover = self.ray.remote(num_cpus=0, max_retries=0)(_remove_rendezvous_folders)
-        calls = [remover.options(
-                     runtime_env={"env_vars": self.env},
-                     scheduling_strategy=NodeAffinitySchedulingStrategy(self._ids[name],
-                                                                        soft=False),
-                 ).remote(stores)
-                 for name, stores in stale.items() if self._ids.get(name) in alive]
-        if not calls:
-            return
-        _, late = self.ray.wait(calls, num_returns=len(calls), timeout=_CLEANUP_SECONDS)
-        for call in late:  # a node too slow to answer keeps its folders
-            with contextlib.suppress(Exception):
-                self.ray.cancel(call, force=True)
 
     def __repr__(self) -> str:
         return f"<RayLauncher on {socket.gethostname()}>"
