@@ -154,3 +154,25 @@ def test_a_store_from_before_exactness_was_recorded_marks_its_xpipe_slices(
         assert xpipe.inexactness is not None and "xpipe is asynchronous" in xpipe.inexactness
         assert ddp.inexactness is None
         assert store.cut("t", 2) is None
+
+
+def test_a_long_curve_is_read_in_windows_and_its_last_loss_alone(tmp_path: Path) -> None:
+    losses = [float(k % 7) for k in range(1, 101)]
+    losses[42] = float("nan")  # step 43: its window's mean is NaN, as the step was
+    with RunStore(tmp_path) as store:
+        store.register_task("t", 100, 8)
+        assert store.last_loss("t") is None and store.loss_curve("t", 10) == []
+        slice_id = store.begin_slice("t", "single", {}, "n0", [0], 0, 100)
+        store.finish_slice(slice_id, losses, [0.1] * 100, None)
+        assert store.last_loss("t") == losses[-1]
+        assert store.loss_curve("t", 100) == store.losses("t")  # no more points: as is
+        curve = store.loss_curve("t", 10)
+        assert [step for step, _ in curve] == list(range(10, 101, 10))
+        for (step, mean), window in zip(curve, range(0, 100, 10), strict=True):
+            values = losses[window:window + 10]
+            if step == 50:
+                assert mean != mean  # NaN
+            else:
+                assert mean == pytest.approx(sum(values) / 10)
+        assert store.metrics("t", after=97) == [(98, losses[97], 0.1), (99, losses[98], 0.1),
+                                                (100, losses[99], 0.1)]

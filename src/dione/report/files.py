@@ -51,9 +51,17 @@ def _run_start(store: RunStore, plans: Sequence[AdoptedPlan]) -> float:
     return min(starts) if starts else 0.0
 
 
-def write_report(run_dir: str | Path, names: Sequence[Any] | None = None) -> Path:
+# The learning-curve figure's points per task at most: a long run's steps, in windows.
+CURVE_POINTS = 2000
+
+
+def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
+                 written: dict[str, int] | None = None) -> Path:
     """Write ``<run_dir>/report/``; its folder. ``names``: tasks (or their names) to
-    include (default: every task in the store)."""
+    include (default: every task in the store). ``written``: the last step of each task
+    in ``metrics.csv`` as this caller wrote it before (the live report's, updated
+    here): only the steps since are appended, where a long run's file would otherwise
+    be rewritten whole each time (empty: written whole, then kept up)."""
     run_dir = Path(run_dir)
     if not (run_dir / STORE_FILE).is_file():
         raise FileNotFoundError(f"{run_dir} is not a dione run directory (no {STORE_FILE})")
@@ -75,16 +83,9 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None) -> Pat
                                  f"{s.started_at - zero:.3f}",
                                  "" if s.ended_at is None else f"{s.ended_at - zero:.3f}",
                                  s.status, (s.error or "").splitlines()[0] if s.error else ""])
-        with open(folder / "metrics.csv", "w", newline="") as out:
-            writer = csv.writer(out)
-            writer.writerow(["task", "step", "loss", "step_seconds"])
-            for task in store.tasks():
-                if wanted is not None and task.name not in wanted:
-                    continue
-                writer.writerows([task.name, *row] for row in store.metrics(task.name))
+        _write_metrics(store, folder / "metrics.csv", wanted, written)
         tasks = summaries(store, wanted)
-        curves = {t.task: [(step, loss) for step, loss, _ in store.metrics(t.task)]
-                  for t in tasks}
+        curves = {t.task: store.loss_curve(t.task, CURVE_POINTS) for t in tasks}
         evaluated = {t.task: store.evaluations(t.task) for t in tasks}
     if gone:  # a task its dead launcher left running waits for `dione resume`
         tasks = [replace(t, status="interrupted") if t.status == "running" else t
@@ -117,6 +118,25 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None) -> Pat
         if file.is_file() and not file.is_symlink():
             file.chmod(0o600)
     return folder
+
+
+def _write_metrics(store: RunStore, path: Path, wanted: Sequence[str] | None,
+                   written: dict[str, int] | None) -> None:
+    """Every step's loss and seconds, per task: whole, or appended past ``written``."""
+    append = bool(written) and path.is_file()
+    if written is not None and not append:
+        written.clear()
+    with open(path, "a" if append else "w", newline="") as out:
+        writer = csv.writer(out)
+        if not append:
+            writer.writerow(["task", "step", "loss", "step_seconds"])
+        for task in store.tasks():
+            if wanted is not None and task.name not in wanted:
+                continue
+            rows = store.metrics(task.name, after=(written or {}).get(task.name, 0))
+            writer.writerows([task.name, *row] for row in rows)
+            if written is not None and rows:
+                written[task.name] = rows[-1][0]
 
 
 def report_after_run(run_dir: str | Path, names: Sequence[Any]) -> str | None:

@@ -153,7 +153,8 @@ class MlflowExport:
         with RunStore(self.run_dir) as store:
             records = store.tasks()
             slices = [s for s in store.slices() if s.status in ("done", "diverged")]
-            rows = {r.name: (store.metrics(r.name), store.evaluations(r.name))
+            rows = {r.name: (store.metrics(r.name, after=self._steps.get(r.name, 0)),
+                             store.evaluations(r.name))
                     for r in records}
         for record in records:
             self._child(record.name, record.hyperparameters)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -102,17 +103,23 @@ class LiveReport:
     def _loop(self) -> None:
         from dione.report.files import write_report
 
-        while not self._stop.wait(self.every):
+        written: dict[str, int] = {}  # metrics.csv's rows, appended to as steps come
+        pause = self.every
+        while not self._stop.wait(pause):
             if not self._changed.is_set():
                 continue
             self._changed.clear()
+            began = time.monotonic()
             try:
                 for board in self.boards:
                     board.update()
-                folder = write_report(self.run_dir)
+                folder = write_report(self.run_dir, written=written)
                 write_page(folder, refresh_seconds=int(self.every))
             except Exception:  # a live view must never stop the run
-                continue  # the next change tries again; the final report says what failed
+                pass  # the next change tries again; the final report says what failed
+            # At most a tenth of one core, however large the run grows: the launcher's
+            # core is the gangs' on a small machine.
+            pause = max(self.every, 9 * (time.monotonic() - began))
 
     def close(self) -> list[str]:
         """Stop; close each dashboard (with the tasks' results). What failed, one

@@ -98,9 +98,7 @@ class TensorBoardExport:
                 last = self._steps.get(task, 0)
                 spans = sorted(devices.get(task, []))
                 rates = self._tasks.learning_rates(task, totals[task])
-                for step, loss, seconds in store.metrics(task):
-                    if step <= last:
-                        continue
+                for step, loss, seconds in store.metrics(task, after=last):
                     values = [("loss", loss)]
                     values += [(f"learning_rate/group_{group}", rate[step - 1])
                                for group, rate in enumerate(rates or [])]  # as set

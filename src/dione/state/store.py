@@ -551,15 +551,38 @@ class RunStore(SQLiteFile):
 
     # -- metrics, checkpoints, evaluations ---------------------------------------------
 
+    # (Rows are fetched whole: the cursor's checked iteration costs microseconds a row,
+    # seconds for a long run's million steps.)
     def losses(self, task: str) -> list[tuple[int, float]]:
         """(step, loss) of every step trained so far, in order."""
         return [(r[0], _loss(r[1])) for r in self._db.execute(
-            "SELECT step, loss FROM metrics WHERE task = ? ORDER BY step", (task,))]
+            "SELECT step, loss FROM metrics WHERE task = ? ORDER BY step", (task,)).fetchall()]
 
-    def metrics(self, task: str) -> list[tuple[int, float, float]]:
-        """(step, loss, step seconds) of every step trained so far, in order."""
+    def last_loss(self, task: str) -> float | None:
+        """The loss of the last step trained so far (None: none trained)."""
+        row = self._db.execute("SELECT loss FROM metrics WHERE task = ? ORDER BY step DESC "
+                               "LIMIT 1", (task,)).fetchone()
+        return None if row is None else _loss(row[0])
+
+    def loss_curve(self, task: str, points: int) -> list[tuple[int, float]]:
+        """The loss curve in at most about ``points`` points: every step where it has no
+        more, else each window of steps as (its last step, its mean loss; NaN if any
+        step's was). For a figure: a long run's million steps in a few thousand."""
+        count, last = self._db.execute("SELECT COUNT(*), MAX(step) FROM metrics "
+                                       "WHERE task = ?", (task,)).fetchone()
+        if not count or count <= points:
+            return self.losses(task)
+        width = -(-int(last) // points)
+        return [(r[0], math.nan if r[2] else _loss(r[1])) for r in self._db.execute(
+            "SELECT MAX(step), AVG(loss), SUM(loss IS NULL) FROM metrics WHERE task = ? "
+            "GROUP BY (step - 1) / ? ORDER BY 1", (task, width)).fetchall()]
+
+    def metrics(self, task: str, after: int = 0) -> list[tuple[int, float, float]]:
+        """(step, loss, step seconds) of every step trained so far past step ``after``
+        (a reader that keeps up reads only what is new), in order."""
         return [(r[0], _loss(r[1]), r[2]) for r in self._db.execute(
-            "SELECT step, loss, seconds FROM metrics WHERE task = ? ORDER BY step", (task,))]
+            "SELECT step, loss, seconds FROM metrics WHERE task = ? AND step > ? "
+            "ORDER BY step", (task, after)).fetchall()]
 
     def slice_step_seconds(self, slice_id: int) -> list[float]:
         """Each step's seconds in one slice, in order."""

@@ -69,7 +69,7 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
             if where not in devices:
                 devices.append(where)
         latest = store.latest_checkpoint(record.name)
-        losses = store.losses(record.name)
+        loss = store.last_loss(record.name)
         # Trained to: its newest checkpoint; a simulated run keeps none, only its slices.
         trained = latest.step if latest else 0
         if latest is None and done and not any(s.checkpoint for s in done):
@@ -77,7 +77,7 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
         result.append(TaskSummary(
             record.name, record.status, trained, record.total_steps,
             techniques, devices, sum((s.ended_at or s.started_at) - s.started_at for s in done),
-            losses[-1][1] if losses else None, store.evaluation(record.name),
+            loss, store.evaluation(record.name),
             dict(record.hyperparameters), record.error, latest.path if latest else None,
             sorted({len(s.device_ids) for s in done}), inexact_spans(done)))
     return result
