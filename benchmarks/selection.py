@@ -4,7 +4,7 @@ Ray Tune's own AsyncHyperBandScheduler; an Optuna study with its SuccessiveHalvi
 through ``dione.optuna``.
 
     pip install -e '.[tune]'   # Ray Tune's dependencies (not in `make setup`)
-    python benchmarks/selection.py [--steps 729] [--devices cpu:2]
+    python benchmarks/selection.py [--steps 729] [--devices cpu:2] [--save-curves FILE]
 
 The sweep: the character GPT (2 blocks, context 32, batch 16, AdamW) over widths 32, 64,
 96, 128 and learning rates 3e-4, 1e-3, 3e-3, 1e-2 (16 configurations), ``--steps`` steps
@@ -188,6 +188,9 @@ def main() -> None:
     parser.add_argument("--devices", default="cpu:2")
     parser.add_argument("--ways", default="grid,kept,replanned,ray,optuna",
                         help="of grid, kept, replanned, expected, ray, ray-widest, optuna")
+    parser.add_argument("--save-curves", metavar="FILE",
+                        help="write the grid's training loss per step of each task (JSON, "
+                             "a simulation scenario's `curves`)")
     args = parser.parse_args()
     ways = args.ways.split(",")
     rule = Asha(min_steps=MIN_STEPS, eta=ETA, loss_window=WINDOW)
@@ -208,6 +211,8 @@ def main() -> None:
             run_dir = folder / way
             if way == "grid":
                 found[way] = dione_way(sweep(args.steps), run_dir, args.devices, catalog)
+                if args.save_curves:
+                    save_curves(run_dir, Path(args.save_curves))
             elif way == "kept":
                 found[way] = dione_way(sweep(args.steps, rule), run_dir, args.devices,
                                        catalog, replan=False)
@@ -232,6 +237,19 @@ def main() -> None:
                 found[way] = optuna_way(args.steps, run_dir, args.devices, catalog)
             print(f"{way}: {found[way]}", flush=True)
     report(found, args.steps)
+
+
+def save_curves(run_dir: Path, path: Path) -> None:
+    """Each task's training loss per step (5 significant digits) as JSON."""
+    import json
+
+    from dione.state.store import RunStore
+
+    with RunStore(run_dir) as store:
+        curves = {t.name: [float(f"{loss:.5g}") for _, loss, _ in store.metrics(t.name)]
+                  for t in store.tasks()}
+    path.write_text(json.dumps(curves, separators=(",", ":")) + "\n")
+    print(f"curves of {len(curves)} tasks written to {path}", flush=True)
 
 
 def ratio(a: float | None, b: float | None) -> str:

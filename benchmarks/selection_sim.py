@@ -5,17 +5,22 @@ data-parallel widths (HyperSched; Ray Tune's ``ResourceChangingScheduler``: the
 ``spread`` solver, applied at every re-plan) and ASHA with dione re-planning the
 survivors at once, each task planned
 at its full remaining length (``stopping_horizon="full"``) or at the length its rule
-leaves expected (``"expected"``: each stretch after a rung at 1/eta per rung before it).
+leaves expected (``"expected"``: each stretch after a rung at 1/eta per rung before it);
+and synchronous successive halving (``SuccessiveHalving``, same rungs: a task waits at a
+rung, holding no device, until every task has reached it) kept or re-planned.
 
-    python benchmarks/selection_sim.py [--instance mixed-1.json] [--nodes 2]
+    python benchmarks/selection_sim.py [--instance mixed-1.json] [--nodes 2] [--curves FILE]
 
 The tasks are a planner family's (``benchmarks/planner/instances``: synthetic option
 seconds, not published figures), each 90 steps, all sharing ``Asha(min_steps=10,
-eta=3)`` on the training loss (rungs at 10 and 30 steps); slices of half an hour;
-re-planning held to 0.1% of the run's time (a stop re-plans at once, past it); losses
-follow the simulator's ``exponential`` curve (per
-task from the seed: a sweep's configurations differ in where they start and end). Per
-row: each way's makespan as a ratio to the full grid's, and the configuration each
+eta=3)`` (or ``SuccessiveHalving`` with the same rungs) on the training loss (rungs at
+10 and 30 steps); slices of half an hour; re-planning held to 0.1% of the run's time (a
+stop re-plans at once, past it); losses follow the simulator's ``exponential`` curve
+(per task from the seed: a sweep's configurations differ in where they start and end,
+and early and final losses barely agree in rank), or with ``--curves`` a real sweep's
+(``selection.py --save-curves``: 16 character GPTs, their curves shared in turn among
+the 24 tasks and stretched to 90 steps).
+Per row: each way's makespan as a ratio to the full grid's, and the configuration each
 picks (the lowest final loss among tasks trained to the end) against the full grid's.
 """
 
@@ -28,7 +33,7 @@ from pathlib import Path
 from dione.orchestrate.options import RunOptions
 from dione.plan import load_problem
 from dione.simulate import Scenario, parse_cluster, simulate
-from dione.spec.stopping import Asha
+from dione.spec.stopping import Asha, SuccessiveHalving
 from dione.state.store import RunStore
 
 INSTANCES = Path(__file__).parent / "planner" / "instances"
@@ -44,16 +49,19 @@ def picked(run_dir: Path) -> tuple[str, float]:
     return best, finals[best]
 
 
-# way: (stopping rule or not, re-plan, horizon, solver); "spread" is HyperSched's rule.
+# way: (stopping rule, re-plan, horizon, solver); "spread" is HyperSched's rule.
 WAYS = {
-    "grid": (False, True, "full", "cpsat"),
-    "kept": (True, False, "full", "cpsat"),
-    "spread": (True, True, "full", "spread"),
-    "replanned": (True, True, "full", "cpsat"),
-    "expected": (True, True, "expected", "cpsat"),
+    "grid": (None, True, "full", "cpsat"),
+    "kept": ("asha", False, "full", "cpsat"),
+    "spread": ("asha", True, "full", "spread"),
+    "replanned": ("asha", True, "full", "cpsat"),
+    "expected": ("asha", True, "expected", "cpsat"),
+    "sh-kept": ("sh", False, "full", "cpsat"),
+    "sh-replanned": ("sh", True, "full", "cpsat"),
 }
 TITLES = {"kept": "ASHA, first plan kept", "spread": "ASHA, freed devices spread evenly",
-          "replanned": "ASHA re-planned", "expected": "ASHA re-planned, expected horizon"}
+          "replanned": "ASHA re-planned", "expected": "ASHA re-planned, expected horizon",
+          "sh-kept": "SH, first plan kept", "sh-replanned": "SH re-planned"}
 
 
 def main() -> None:
@@ -61,19 +69,24 @@ def main() -> None:
     parser.add_argument("--instance", default="mixed-1.json")
     parser.add_argument("--nodes", default="2")
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--curves", metavar="FILE",
+                        help="a real sweep's curves (selection.py --save-curves) instead "
+                             "of the exponential family")
     parser.add_argument("--ways", default="grid,kept,spread,replanned,expected",
                         help="the grid first, then any of " + ", ".join(TITLES))
     args = parser.parse_args()
     ways = args.ways.split(",")
     problem = load_problem(INSTANCES / args.instance)
-    rule = Asha(min_steps=10, eta=3)
-    scenario = Scenario(seed=args.seed, spread=0.1)
+    rules = {"asha": Asha(min_steps=10, eta=3),
+             "sh": SuccessiveHalving(min_steps=10, eta=3)}
+    scenario = Scenario(seed=args.seed, spread=0.1, curves=args.curves)
     # Slices of half an hour (and at every rung); re-plans held to 0.1% of the run's
     # time, each counted at 5 s per unit of deterministic time; a stop re-plans past it.
     options = RunOptions(time_limit=1.0, replan_time_limit=0.05, replan_interval=3600.0,
                          replan_share=0.001, slice_seconds=1800.0)
     print(f"{len(problem.tasks)} tasks of {args.instance} ({STEPS} steps each), "
-          f"Asha(min_steps=10, eta=3) on the training loss\n")
+          f"Asha(min_steps=10, eta=3) on the training loss; losses: "
+          f"{args.curves or 'exponential'}\n")
     others = [w for w in ways if w != "grid"]
     print("| nodes | full grid s | " + " | ".join(f"{TITLES[w]} / grid" for w in others)
           + " | " + " | ".join(f"{w}'s pick" for w in ways) + " |")
@@ -84,10 +97,10 @@ def main() -> None:
             cluster = parse_cluster(f"{nodes}x8")
             found = {}
             for way in ways:
-                stops, replan, horizon, solver = WAYS[way]
+                rule, replan, horizon, solver = WAYS[way]
                 run_dir = Path(tmp) / f"{way}-{nodes}"
                 result = simulate(problem, run_dir, cluster=cluster, scenario=scenario,
-                                  steps=STEPS, stopping=rule if stops else None,
+                                  steps=STEPS, stopping=rules[rule] if rule else None,
                                   options=RunOptions(**{**options.__dict__,
                                                         "replan": replan, "solver": solver,
                                                         "stopping_horizon": horizon}))

@@ -231,3 +231,55 @@ def test_a_plan_solved_before_a_node_was_lost_is_adopted_without_that_node(
             assert {a.node for a in runner.state.plan} == {"n0"}
         finally:
             runner.store.close()
+
+
+def test_a_real_sweeps_curves_drive_the_simulated_losses(tmp_path: Path) -> None:
+    """``Scenario(curves=...)``: a run directory's per-step losses (here an earlier
+    simulation's), each task by its name; or a JSON file, stretched to a task's length
+    and shared in turn among tasks it does not name."""
+    first = tmp_path / "first"
+    simulate(small_problem(), first, scenario=Scenario(seed=2), steps=30, options=OPTIONS)
+    again = tmp_path / "again"
+    simulate(small_problem(), again, scenario=Scenario(seed=9, curves=str(first)), steps=30,
+             options=OPTIONS)
+    with RunStore(first) as one, RunStore(again) as two:
+        names = [t.name for t in one.tasks()]
+        assert len(names) > 1
+        for name in names:
+            assert [m[1] for m in two.metrics(name)] == [m[1] for m in one.metrics(name)]
+        assert len({tuple(m[1] for m in one.metrics(n)) for n in names}) == len(names)
+    file = tmp_path / "curves.json"
+    file.write_text(json.dumps({"a": [3.0, 2.0, 1.0], "b": [5.0]}))
+    scenario = Scenario(curves=str(file))
+    given = scenario.assigned_curves(["a", "x", "y", "z"])
+    assert given == {"a": [3.0, 2.0, 1.0], "x": [5.0], "y": [5.0], "z": [5.0]}
+    assert scenario.losses("a", 6, 0, 6, given["a"]) == [3.0, 3.0, 2.5, 2.0, 1.5, 1.0]
+    assert scenario.losses("a", 6, 2, 4, given["a"]) == [2.5, 2.0]  # a slice of it
+    file.write_text(json.dumps(["not", "an", "object"]))
+    with pytest.raises(ScenarioError, match=r"curves: .* must be a JSON object"):
+        Scenario(curves=str(file))
+    with pytest.raises(ScenarioError, match=r"curves: .* is not a dione run directory"):
+        Scenario(curves=str(tmp_path))
+
+
+def test_the_live_report_appends_metrics_and_ends_with_the_whole_file(
+        tmp_path: Path) -> None:
+    """The live report appends each task's new steps to metrics.csv (a long run's file is
+    not rewritten every time); what it holds is what one whole write holds."""
+    from dione.report.files import write_report
+
+    run_dir = tmp_path / "run"
+    simulate(small_problem(), run_dir, steps=30, options=OPTIONS)
+    metrics = write_report(run_dir) / "metrics.csv"
+    whole = metrics.read_text()
+    written: dict[str, int] = {}
+    write_report(run_dir, written=written)
+    assert metrics.read_text() == whole and set(written.values()) == {30}
+    # As a live report left it earlier: each task's first 12 steps only.
+    lines = whole.splitlines(keepends=True)
+    metrics.write_text("".join(lines[:1] + [ln for ln in lines[1:]
+                                            if int(ln.split(",")[1]) <= 12]))
+    written = dict.fromkeys(written, 12)
+    write_report(run_dir, written=written)
+    assert sorted(metrics.read_text().splitlines()) == sorted(whole.splitlines())
+    assert set(written.values()) == {30}

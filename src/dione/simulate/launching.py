@@ -68,6 +68,7 @@ class SimulatedLaunching:
         self.cluster = cluster
         self.rng = random.Random(scenario.seed)
         self.failures_left = dict(scenario.failures)
+        self.curves = scenario.assigned_curves([t.task for t in profile.tasks])
 
     def start(self, record: TaskRecord, running: RunningSlice, node: Node
               ) -> Future[SliceResult]:
@@ -100,7 +101,8 @@ class SimulatedLaunching:
             future.set_exception(SliceError(message, reason))
 
         def finish() -> None:
-            losses = self.scenario.losses(name, record.total, start, end)
+            losses = self.scenario.losses(name, record.total, start, end,
+                                          self.curves.get(name))
             self.store.finish_slice(slice_id, losses, [step] * (end - start), None,
                                     {"wall": seconds, "simulated": 1.0})
             future.set_result(SliceResult(

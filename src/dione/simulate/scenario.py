@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,12 @@ class Scenario:
     seconds into the run at which a node leaves (its running slices fail with it).
     ``curve``: the per-step losses reported (``exponential``: from 2 + U(0, 2) down
     towards U(0.2, 1) with a time constant of a third of the task's steps, per task
-    from ``seed``; ``flat``: 1.0)."""
+    from ``seed``: early and final losses barely agree in rank, a hard case for early
+    stopping; ``flat``: 1.0). ``curves``: instead, the curves of a real sweep, a run
+    directory (its store's per-step losses) or a JSON file of ``{task: [loss, ...]}``;
+    a simulated task takes the curve of the recorded task of its name, else the
+    recorded curves in turn (the simulated tasks by name, the curves by name),
+    stretched to its length."""
 
     task_slowdown: Mapping[str, float] = field(default_factory=dict)
     node_slowdown: Mapping[str, float] = field(default_factory=dict)
@@ -38,6 +43,7 @@ class Scenario:
     failures: Mapping[str, int] = field(default_factory=dict)
     node_losses: Mapping[str, float] = field(default_factory=dict)
     curve: str = "exponential"
+    curves: str | None = None
 
     def __post_init__(self) -> None:
         reasons = []
@@ -56,6 +62,11 @@ class Scenario:
                     if not (_number(value) and value >= 0)]
         if self.curve not in CURVES:
             reasons.append(f"curve: must be one of {', '.join(CURVES)}, not {self.curve!r}")
+        if self.curves is not None:
+            try:
+                recorded_curves(self.curves)
+            except ScenarioError as err:
+                reasons.append(f"curves: {err}")
         if reasons:
             raise ScenarioError("the scenario has mistakes:\n" + "\n".join(
                 f"  - {r}" for r in reasons))
@@ -65,8 +76,12 @@ class Scenario:
         spread = math.exp(rng.gauss(0.0, self.spread)) if self.spread > 0 else 1.0
         return self.task_slowdown.get(task, 1.0) * self.node_slowdown.get(node, 1.0) * spread
 
-    def losses(self, task: str, total: int, start: int, end: int) -> list[float]:
-        """The losses of steps ``start+1 .. end`` of ``task`` (``total`` steps long)."""
+    def losses(self, task: str, total: int, start: int, end: int,
+               recorded: Sequence[float] | None = None) -> list[float]:
+        """The losses of steps ``start+1 .. end`` of ``task`` (``total`` steps long):
+        ``recorded`` stretched to its length where given (``assigned_curves``)."""
+        if recorded is not None:
+            return [_at(recorded, step, total) for step in range(start + 1, end + 1)]
         if self.curve == "flat":
             return [1.0] * (end - start)
         draw = random.Random(f"{self.seed}:{task}")
@@ -75,9 +90,59 @@ class Scenario:
         return [floor + (first - floor) * math.exp(-step / scale)
                 for step in range(start + 1, end + 1)]
 
+    def assigned_curves(self, tasks: Sequence[str]) -> dict[str, list[float]]:
+        """Each of the simulated ``tasks``' recorded curve (``curves``; empty without):
+        the recorded task's of its name, else the other recorded curves in turn."""
+        if self.curves is None:
+            return {}
+        recorded = recorded_curves(self.curves)
+        spare = sorted(name for name in recorded if name not in tasks) or sorted(recorded)
+        others = sorted(name for name in tasks if name not in recorded)
+        given = {name: recorded[name] for name in tasks if name in recorded}
+        return given | {name: recorded[spare[i % len(spare)]]
+                        for i, name in enumerate(others)}
+
     def to_json(self) -> dict[str, Any]:
         return {f.name: (dict(v) if isinstance(v := getattr(self, f.name), Mapping) else v)
                 for f in fields(self)}
+
+
+def recorded_curves(source: str | Path) -> dict[str, list[float]]:
+    """Per task, its loss at each step, from a run directory's store or a JSON file of
+    ``{task: [loss, ...]}`` (ScenarioError naming what is wrong)."""
+    path = Path(source)
+    if path.is_dir():
+        from dione.state.store import STORE_FILE, RunStore
+
+        if not (path / STORE_FILE).is_file():
+            raise ScenarioError(f"{path} is not a dione run directory (no {STORE_FILE})")
+        with RunStore(path) as store:
+            found = {t.name: [loss for _, loss, _ in store.metrics(t.name)]
+                     for t in store.tasks()}
+    else:
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise ScenarioError(f"cannot read the curves {path}: {err}") from None
+        if not isinstance(found, dict):
+            raise ScenarioError(f"the curves {path} must be a JSON object of task: "
+                                "[loss per step]")
+    curves = {str(name): list(losses) for name, losses in found.items()
+              if isinstance(losses, list) and losses
+              and all(_number(v) for v in losses)}
+    if not curves:
+        raise ScenarioError(f"{path} holds no curve of finite losses (a task's loss per "
+                            "step, at least one)")
+    return curves
+
+
+def _at(curve: Sequence[float], step: int, total: int) -> float:
+    """The curve's value at step ``step`` of ``total`` (linear between its own steps;
+    its own values exactly where it is ``total`` long)."""
+    where = min(max(step * len(curve) / total, 1.0), float(len(curve))) - 1.0
+    low = int(where)
+    high = min(low + 1, len(curve) - 1)
+    return curve[low] + (curve[high] - curve[low]) * (where - low)
 
 
 def _number(value: object) -> bool:
@@ -90,7 +155,8 @@ def _positive(value: object) -> bool:
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """A scenario from a JSON file of ``Scenario``'s fields (each optional)."""
+    """A scenario from a JSON file of ``Scenario``'s fields (each optional; ``curves``
+    relative to the file)."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
@@ -103,6 +169,8 @@ def load_scenario(path: str | Path) -> Scenario:
     if unknown:
         raise ScenarioError(f"the scenario {path} has unknown field(s) {', '.join(unknown)} "
                             f"(allowed: {', '.join(sorted(known))})")
+    if isinstance(data.get("curves"), str):  # a relative path: beside the scenario file
+        data["curves"] = str(Path(path).parent / data["curves"])
     try:
         return Scenario(**data)
     except (TypeError, AttributeError) as err:
