@@ -10,7 +10,7 @@ import pytest
 
 from dione import clock
 from dione.launch.slice import SliceError
-from dione.orchestrate.options import RunOptions
+from dione.orchestrate.options import RunEvent, RunOptions
 from dione.orchestrate.plans import read_plans
 from dione.orchestrate.replanning import PlanCandidate, solve_or_fall_back
 from dione.orchestrate.runner import Runner
@@ -283,3 +283,31 @@ def test_the_live_report_appends_metrics_and_ends_with_the_whole_file(
     write_report(run_dir, written=written)
     assert sorted(metrics.read_text().splitlines()) == sorted(whole.splitlines())
     assert set(written.values()) == {30}
+
+
+def test_a_node_that_joins_later_is_planned_from_then_on(tmp_path: Path) -> None:
+    """``node_joins``: n1 is absent for the first 150 s, then the plan uses it; current
+    practice counts it free from then; a scenario naming a node the cluster lacks, or
+    with every node joining late, is refused by name."""
+    events: list[RunEvent] = []
+    scenario = Scenario(node_joins={"n1": 150.0})
+    run = simulate(small_problem(), tmp_path / "run", scenario=scenario, steps=40,
+                   options=OPTIONS, on_event=events.append)
+    assert all(s == "done" for s in run.statuses.values())
+    with RunStore(run.run_dir) as store:
+        on = {s.node: min(x.started_at for x in store.slices() if x.node == s.node)
+              for s in store.slices()}
+        zero = min(on.values())
+    assert set(on) == {"n0", "n1"} and on["n1"] - zero >= 150.0
+    assert any(e.kind == "node_joined" and "n1" in e.message for e in events)
+    alone = simulate(small_problem(), tmp_path / "alone", steps=40, options=OPTIONS,
+                     cluster=parse_cluster("1x2"))
+    assert run.makespan < alone.makespan  # the node that joined took work
+    assert current_practice(small_problem(4), parse_cluster("2x2"), scenario) > \
+        current_practice(small_problem(4), parse_cluster("2x2"), Scenario())
+    with pytest.raises(ScenarioError, match=r"node_joins\['n7'\]: the cluster has no such"):
+        simulate(small_problem(), tmp_path / "bad", steps=40, options=OPTIONS,
+                 scenario=Scenario(node_joins={"n7": 10.0}))
+    with pytest.raises(ScenarioError, match="every node joins after the start"):
+        simulate(small_problem(), tmp_path / "late", steps=40, options=OPTIONS,
+                 scenario=Scenario(node_joins={"n0": 10.0, "n1": 10.0}))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,13 @@ __all__ = ["SimulatedLaunching", "VirtualCluster"]
 
 class VirtualCluster:
     """The launcher side of a simulated run (``dione.launch.local.Launcher``): it starts
-    no gang; its nodes leave when the scenario says."""
+    no gang; its nodes join and leave when the scenario says."""
 
-    def __init__(self, clock: VirtualClock, scenario: Scenario) -> None:
+    def __init__(self, clock: VirtualClock, scenario: Scenario,
+                 nodes: Sequence[Node] = ()) -> None:
         self.clock = clock
         self.scenario = scenario
+        self.nodes = list(nodes)
         self.forgotten: set[str] = set()
 
     def lost(self, node: str) -> bool:
@@ -49,7 +52,16 @@ class VirtualCluster:
         self.forgotten.add(name)
 
     def alive_nodes(self) -> list[Node] | None:
-        return None  # none joins: the scenario only takes nodes away
+        """The nodes there now: those that have joined and not been lost."""
+        if not self.scenario.node_joins:
+            return None  # none joins: the run's cluster stands
+        now = self.clock.now()
+        return [n for n in self.nodes if self.scenario.node_joins.get(n.name, 0.0) <= now
+                and not self.lost(n.name)]
+
+    def present_at_start(self) -> list[Node]:
+        """The nodes the run starts with (those the scenario has join later left out)."""
+        return [n for n in self.nodes if self.scenario.node_joins.get(n.name, 0.0) <= 0]
 
     def shutdown(self) -> None:
         return None

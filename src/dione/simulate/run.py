@@ -48,7 +48,7 @@ def current_practice(problem: PlanningProblem, cluster: Cluster, scenario: Scena
     """Saturn's baseline: each task in turn (in the problem's order) on the next free
     whole node, at its fastest option that fits the node, slowed as the scenario slows
     it (its spread and failures left out)."""
-    free = {n.name: 0.0 for n in cluster}
+    free = {n.name: float(scenario.node_joins.get(n.name, 0.0)) for n in cluster}
     sizes = {n.name: n.devices for n in cluster}
     for task in problem.tasks:
         node = min(free, key=lambda n: (free[n], n))
@@ -97,6 +97,7 @@ def simulate_profile(
     """Run ``tasks`` as ``profile`` predicts them (a real workload's, from the catalog, or
     a problem's) on ``cluster``, as ``scenario`` says, on a virtual clock."""
     scenario = scenario or Scenario()
+    scenario.check_nodes([n.name for n in cluster])
     options = options or RunOptions()
     # Never cancelled as stalled: a simulated slice takes exactly the time drawn for it.
     options = replace(options, stall_factor=None)
@@ -108,9 +109,10 @@ def simulate_profile(
             {"scenario": scenario.to_json(), "tasks": len(tasks),
              "cluster": [{"name": n.name, "devices": n.devices} for n in cluster]},
             indent=1) + "\n")
-        machines = VirtualCluster(virtual, scenario)
+        machines = VirtualCluster(virtual, scenario, list(cluster))
         launching = SimulatedLaunching(run_dir, profile, virtual, scenario, machines)
-        runner = Runner(tasks, cluster, run_dir, profile, options, on_event or (lambda e: None),
+        runner = Runner(tasks, Cluster(machines.present_at_start()), run_dir, profile,
+                        options, on_event or (lambda e: None),
                         lambda state: None, machines, launching=launching, virtual=True)
         try:
             runner.run()

@@ -27,6 +27,8 @@ class Scenario:
     log-normal factor of that sigma drawn from ``seed``. ``failures``: how many slices
     of a task fail (each at its end, then retried as a real failure is). ``node_losses``:
     seconds into the run at which a node leaves (its running slices fail with it).
+    ``node_joins``: seconds into the run at which a node of the cluster joins it (absent
+    before; planned from the next re-plan on, as a Ray node that joins).
     ``curve``: the per-step losses reported (``exponential``: from 2 + U(0, 2) down
     towards U(0.2, 1) with a time constant of a third of the task's steps, per task
     from ``seed``: early and final losses barely agree in rank, a hard case for early
@@ -42,6 +44,7 @@ class Scenario:
     seed: int = 0
     failures: Mapping[str, int] = field(default_factory=dict)
     node_losses: Mapping[str, float] = field(default_factory=dict)
+    node_joins: Mapping[str, float] = field(default_factory=dict)
     curve: str = "exponential"
     curves: str | None = None
 
@@ -57,9 +60,15 @@ class Scenario:
                     for key, value in self.failures.items()
                     if not (isinstance(value, int) and not isinstance(value, bool)
                             and value >= 0)]
-        reasons += [f"node_losses[{key!r}]: must be seconds >= 0, not {value!r}"
-                    for key, value in self.node_losses.items()
-                    if not (_number(value) and value >= 0)]
+        for name in ("node_losses", "node_joins"):
+            reasons += [f"{name}[{key!r}]: must be seconds >= 0, not {value!r}"
+                        for key, value in getattr(self, name).items()
+                        if not (_number(value) and value >= 0)]
+        reasons += [f"node_joins[{key!r}]: the node joins at {value} s, not before it is "
+                    f"lost at {self.node_losses[key]} s"
+                    for key, value in self.node_joins.items()
+                    if key in self.node_losses and _number(value)
+                    and _number(self.node_losses[key]) and self.node_losses[key] <= value]
         if self.curve not in CURVES:
             reasons.append(f"curve: must be one of {', '.join(CURVES)}, not {self.curve!r}")
         if self.curves is not None:
@@ -67,6 +76,20 @@ class Scenario:
                 recorded_curves(self.curves)
             except ScenarioError as err:
                 reasons.append(f"curves: {err}")
+        if reasons:
+            raise ScenarioError("the scenario has mistakes:\n" + "\n".join(
+                f"  - {r}" for r in reasons))
+
+    def check_nodes(self, names: Sequence[str]) -> None:
+        """ScenarioError where the scenario names a node the cluster lacks, or every node
+        joins after the start."""
+        reasons = [f"{field_name}[{key!r}]: the cluster has no such node (its nodes: "
+                   f"{', '.join(names)})"
+                   for field_name in ("node_slowdown", "node_losses", "node_joins")
+                   for key in getattr(self, field_name) if key not in names]
+        if names and all(self.node_joins.get(n, 0.0) > 0 for n in names):
+            reasons.append("node_joins: every node joins after the start; leave at least "
+                           "one out")
         if reasons:
             raise ScenarioError("the scenario has mistakes:\n" + "\n".join(
                 f"  - {r}" for r in reasons))
