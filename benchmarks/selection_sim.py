@@ -56,11 +56,13 @@ WAYS = {
     "spread": ("asha", True, "full", "spread"),
     "replanned": ("asha", True, "full", "cpsat"),
     "expected": ("asha", True, "expected", "cpsat"),
+    "rung": ("asha", True, "rung", "cpsat"),
     "sh-kept": ("sh", False, "full", "cpsat"),
     "sh-replanned": ("sh", True, "full", "cpsat"),
 }
 TITLES = {"kept": "ASHA, first plan kept", "spread": "ASHA, freed devices spread evenly",
           "replanned": "ASHA re-planned", "expected": "ASHA re-planned, expected horizon",
+          "rung": "ASHA re-planned, to the next rung",
           "sh-kept": "SH, first plan kept", "sh-replanned": "SH re-planned"}
 
 

@@ -211,18 +211,20 @@ def test_a_simulated_sweep_with_asha_stops_the_same_tasks_twice(tmp_path: Path) 
 
 def test_the_expected_horizon_plans_each_task_at_its_expected_length(tmp_path: Path) -> None:
     """The first plan's problem counts a task under ASHA at the steps its rule leaves
-    expected (rungs 10 and 30 of 90, eta 3: 10 + 20/3 + 60/9 = 23.3, so 23 steps), where
-    the full horizon counts all 90; both runs still stop the same tasks."""
+    expected (rungs 10 and 30 of 90, eta 3: 10 + 20/3 + 60/9 = 23.3, so 23 steps), or
+    those to its next rung (10), where the full horizon counts all 90; every run still
+    ends each task done or stopped."""
     rule = Asha(min_steps=10, eta=3)
     runs = {horizon: simulate(
         small_problem(6), tmp_path / horizon, scenario=Scenario(seed=3), steps=90,
         options=RunOptions(time_limit=0.5, replan_time_limit=0.1, slice_seconds=60.0,
                            replan_interval=600.0, stopping_horizon=horizon),
-        stopping=rule) for horizon in ("full", "expected")}
+        stopping=rule) for horizon in ("full", "expected", "rung")}
     first = {h: read_plans(r.run_dir)[0].problem for h, r in runs.items()}
-    for full, expected in zip(first["full"].tasks, first["expected"].tasks, strict=True):
-        for a, b in zip(full.options, expected.options, strict=True):
-            assert b.seconds == pytest.approx(a.seconds * 23 / 90, rel=0.02)
+    for horizon, steps in (("expected", 23), ("rung", 10)):
+        for full, short in zip(first["full"].tasks, first[horizon].tasks, strict=True):
+            for a, b in zip(full.options, short.options, strict=True):
+                assert b.seconds == pytest.approx(a.seconds * steps / 90, rel=0.02), horizon
     assert all(s in ("done", "stopped") for r in runs.values() for s in r.statuses.values())
 
 

@@ -82,8 +82,9 @@ _RUN = (
     OptionFlag("--replan-interval", "replan_interval",
                "re-plan at least this often, in seconds", type=positive_float),
     OptionFlag("--stopping-horizon", "stopping_horizon", "how a task under a stopping "
-               "rule is planned: its whole length (full), or the length its rule leaves "
-               "expected (a halving rule's 1/eta per rung)", choices=("full", "expected")),
+               "rule is planned: its whole length (full), the length its rule leaves "
+               "expected (a halving rule's 1/eta per rung), or up to its next rung (rung)",
+               choices=("full", "expected", "rung")),
     OptionFlag("--slice-steps", "slice_steps", "checkpoint every this many steps",
                type=positive_int),
     OptionFlag("--slice-seconds", "slice_seconds", "aim for slices of this many seconds "

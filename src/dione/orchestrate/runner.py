@@ -255,11 +255,14 @@ class Runner:
         return PlanningProblem(planning_nodes(self.cluster), tuple(tasks), tuple(busy)), now
 
     def planned_steps(self, record: TaskRecord, done: int) -> int:
-        """The steps after ``done`` the planner counts for a task: all of them, or, under
-        ``stopping_horizon="expected"``, what its stopping rule leaves expected."""
+        """The steps after ``done`` the planner counts for a task: all of them; under
+        ``stopping_horizon="expected"``, what its stopping rule leaves expected; under
+        ``"rung"``, those to its next rung (all that are left after the last)."""
         rule = record.task.stopping
         if rule is None or self.options.stopping_horizon == "full":
             return record.total - done
+        if self.options.stopping_horizon == "rung":
+            return (rule.next_rung(done, record.total) or record.total) - done
         return max(1, round(rule.expected_steps(done, record.total)))
 
     def pinned_end(self, record: TaskRecord) -> float:
