@@ -74,6 +74,10 @@ def main() -> None:
     parser.add_argument("--curves", metavar="FILE",
                         help="a real sweep's curves (selection.py --save-curves) instead "
                              "of the exponential family")
+    parser.add_argument("--replan-share", type=float, default=0.001,
+                        help="the share of the run's time re-plans may take")
+    parser.add_argument("--replan-time-limit", type=float, default=0.05,
+                        help="each re-plan's solve, in CP-SAT's deterministic units")
     parser.add_argument("--ways", default="grid,kept,spread,replanned,expected",
                         help="the grid first, then any of " + ", ".join(TITLES))
     args = parser.parse_args()
@@ -84,8 +88,9 @@ def main() -> None:
     scenario = Scenario(seed=args.seed, spread=0.1, curves=args.curves)
     # Slices of half an hour (and at every rung); re-plans held to 0.1% of the run's
     # time, each counted at 5 s per unit of deterministic time; a stop re-plans past it.
-    options = RunOptions(time_limit=1.0, replan_time_limit=0.05, replan_interval=3600.0,
-                         replan_share=0.001, slice_seconds=1800.0)
+    options = RunOptions(time_limit=1.0, replan_time_limit=args.replan_time_limit,
+                         replan_interval=3600.0, replan_share=args.replan_share,
+                         slice_seconds=1800.0)
     print(f"{len(problem.tasks)} tasks of {args.instance} ({STEPS} steps each), "
           f"Asha(min_steps=10, eta=3) on the training loss; losses: "
           f"{args.curves or 'exponential'}\n")

@@ -69,3 +69,16 @@ def test_a_study_of_eight_trials_with_a_median_pruner_runs_through_dione(
         catalog=str(tmp_path / "catalog.sqlite"), time_limit=2.0)
     assert {t.task: t.status for t in again.tasks} == statuses
     assert len(optuna.load_study(study_name="lr", storage=storage).trials) == 8
+
+
+def test_a_malformed_pruning_rule_is_named_as_every_rule_is() -> None:
+    """The study's rule checks what every dione rule checks (metric, loss window) and its
+    own ``report_every``, each with the value it was given."""
+    study = optuna.create_study(direction="maximize")
+    rule = dione.optuna.OptunaPruning(study, {}, report_every=0, metric="", loss_window=0)
+    said = " ".join(rule.mistakes())
+    assert "report_every must be a whole number >= 1, not 0" in said
+    assert "loss_window must be a whole number >= 1, not 0" in said
+    assert "metric must be 'loss' or a name evaluate() returns" in said
+    assert rule.mode == "max"
+    assert dione.optuna.OptunaPruning(study, {}, report_every=5).mistakes() == []

@@ -65,15 +65,10 @@ class OptunaPruning(StoppingRule):
         return {**self.__dict__, "study": None, "trials": {}}  # workers never decide
 
     def mistakes(self) -> list[str]:
-        reasons = []
-        if not isinstance(self.report_every, int) or isinstance(self.report_every, bool) \
-                or self.report_every < 1:
-            reasons.append(f"report_every must be a whole number of steps >= 1, not "
-                           f"{self.report_every!r}")
-        if not isinstance(self.metric, str) or not self.metric:
-            reasons.append(f"metric must be 'loss' or a name evaluate() returns, not "
-                           f"{self.metric!r}")
-        return reasons
+        """Each way the rule is malformed (empty: none), with the fix."""
+        from dione.spec.stopping import common_mistakes
+
+        return common_mistakes(self, "report_every")
 
     def rungs(self, total: int) -> list[int]:
         return list(range(self.report_every, total, self.report_every))

@@ -29,7 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-__all__ = ["Asha", "Decision", "Median", "Patience", "StoppingRule", "SuccessiveHalving"]
+__all__ = ["Asha", "Decision", "Median", "Patience", "StoppingRule", "SuccessiveHalving",
+           "common_mistakes"]
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ class Median(StoppingRule):
 
     def mistakes(self) -> list[str]:
         """Each way the rule is malformed (empty: none), with the fix."""
-        return _common_mistakes(self, "min_steps", "every", "min_tasks")
+        return common_mistakes(self, "min_steps", "every", "min_tasks")
 
     def rungs(self, total: int) -> list[int]:
         """The steps, before ``total``, at which a task is judged."""
@@ -205,7 +206,7 @@ class Patience(StoppingRule):
 
     def mistakes(self) -> list[str]:
         """Each way the rule is malformed (empty: none), with the fix."""
-        reasons = _common_mistakes(self, "min_steps", "every", "patience")
+        reasons = common_mistakes(self, "min_steps", "every", "patience")
         if not _number(self.min_delta) or self.min_delta < 0:
             reasons.append(f"min_delta must be a number >= 0, not {self.min_delta!r}")
         if self.threshold is not None and not _number(self.threshold):
@@ -319,7 +320,7 @@ def _number(value: object) -> bool:
             and math.isfinite(value))
 
 
-def _common_mistakes(rule: StoppingRule, *whole: str) -> list[str]:
+def common_mistakes(rule: StoppingRule, *whole: str) -> list[str]:
     """What every rule checks: its metric, mode and loss window, and that each field
     named in ``whole`` is a whole number >= 1."""
     reasons = []
@@ -335,7 +336,7 @@ def _common_mistakes(rule: StoppingRule, *whole: str) -> list[str]:
 
 def _halving_mistakes(rule: StoppingRule, eta: object) -> list[str]:
     """What ASHA and successive halving check: rungs from ``min_steps`` by ``eta``."""
-    reasons = _common_mistakes(rule, "min_steps")
+    reasons = common_mistakes(rule, "min_steps")
     if not _number(eta) or eta <= 1:  # type: ignore[operator]
         reasons.append(f"eta must be a number above 1 (3: keep a third), not {eta!r}")
     return reasons
