@@ -111,3 +111,8 @@ def test_a_run_is_in_mlflow_and_tensorboard_with_every_step_and_each_model(
             history = client.get_metric_history(windows._children[task.name], "loss")
             assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [
                 (s, pytest.approx((losses[s - 2] + losses[s - 1]) / 2)) for s in (2, 4, 6)]
+    # A writer that continues those runs (a resumed run's) knows where each task's metrics
+    # ended and its device count, so it repeats neither.
+    continued = mlflow_runs.MlflowExport(run_dir, uri, tasks=tasks, experiment="windows")
+    assert continued._steps == dict.fromkeys(steps, 6)
+    assert continued._widths == dict.fromkeys(steps, 1)

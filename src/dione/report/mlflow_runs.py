@@ -115,6 +115,8 @@ class MlflowExport:
                 history = self.client.get_metric_history(run_id, key)
                 if key == "loss":
                     self._steps[task] = max((m.step for m in history), default=0)
+                elif key == "devices" and history:  # logged only where it changes
+                    self._widths[task] = int(max(history, key=lambda m: m.step).value)
                 elif key.startswith("eval/"):
                     self._evaluations |= {(task, m.step, key[5:]) for m in history}
             if run.data.tags.get("dione.model") == "logged":
