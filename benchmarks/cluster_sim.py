@@ -1,6 +1,6 @@
 """Saturn's comparison replayed on a virtual cluster: dione against current practice and
 against Saturn's own MILP with Saturn's re-planning rule, with and without drift; and the
-orchestrator at scale (1,000 tasks on 64 nodes, drift, two nodes lost).
+orchestrator at scale (1,000 tasks on 64 nodes, drift, two nodes lost, one joining).
 
     python benchmarks/cluster_sim.py                      # the comparison (about 10 min)
     python benchmarks/cluster_sim.py --scale              # 1,000 tasks on 64 nodes
@@ -102,7 +102,8 @@ def scale(name: str) -> None:
     problem = load_problem(INSTANCES / name)
     nodes = len(problem.nodes)
     scenario = Scenario(task_slowdown=drift(problem, 7).task_slowdown, spread=0.1, seed=7,
-                        node_losses={"n5": 20000.0, "n40": 60000.0})
+                        node_losses={"n5": 20000.0, "n40": 60000.0},
+                        node_joins={"n63": 40000.0})
     # Re-plans of 1,000 tasks held to 0.05% of the run's time (each counted at 5 s per
     # unit): a few dozen, plus one for each node lost.
     options = RunOptions(solver="cpsat", time_limit=1.0, replan_time_limit=0.5,
@@ -117,7 +118,7 @@ def scale(name: str) -> None:
         states[status] = states.get(status, 0) + 1
     print(f"{name}: {len(problem.tasks)} tasks on {nodes} nodes of "
           f"{problem.nodes[0].devices}; drift on {len(scenario.task_slowdown)} tasks, nodes "
-          f"n5 and n40 lost at 20,000 s and 60,000 s")
+          f"n5 and n40 lost at 20,000 s and 60,000 s, n63 joining at 40,000 s")
     print(f"tasks: {states}; makespan {result.makespan:.0f} s (first plan "
           f"{result.planned_makespan:.0f} s; current practice "
           f"{current_practice(problem, parse_cluster(f'{nodes}x8'), scenario):.0f} s)")
