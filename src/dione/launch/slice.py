@@ -34,7 +34,7 @@ from dione.state.checkpoint import (
 )
 from dione.state.sqlite import StateFileError
 from dione.state.store import CheckpointRecord, RunStore
-from dione.techniques.base import SliceSpec, Technique
+from dione.techniques.base import SliceOutcome, SliceSpec, Technique
 from dione.techniques.registry import get_technique
 
 __all__ = [
@@ -217,7 +217,6 @@ def run_request(
     trains. ``launcher``: what runs the gang (default: this machine's warm workers)."""
     task, technique, placement, run_dir = (request.task, request.technique,
                                            request.placement, request.run_dir)
-    steps, total, storage, trial = request.steps, request.total, request.storage, request.trial
     method = get_technique(technique) if isinstance(technique, str) else technique
     knobs = dict(request.knobs)
     devices = len(placement.device_ids)
@@ -228,30 +227,8 @@ def run_request(
     own_store = store is None
     db = RunStore(run_dir) if store is None else store
     try:
-        total = total_steps(task) if total is None else total
-        db.register_task(task.name, total, task.batch_size, task.hyperparameters)
-        db.recover_interrupted()
-        warnings: list[str] = []
-        latest = _intact_checkpoint(db, task.name, warnings)
-        start = latest.step if latest else 0
-        if start >= total:
-            raise SliceError(f"task {task.name!r} is already trained to step {start} of {total} "
-                             f"in {run_dir}; nothing to do")
-        if steps is not None and steps < 1:
-            raise SliceError(f"steps must be positive, not {steps}")
-        end = total if steps is None else min(total, start + steps)
-        spec = SliceSpec(
-            task=task, technique=method, knobs=knobs, device_kind=placement.kind,
-            device_ids=placement.device_ids, start_step=start, end_step=end,
-            resume_from=latest.path if latest else None,
-            run_dir=str(db.checkpoint_root(storage)),
-            evaluate=task.evaluate is not None and (
-                (request.evaluate and (end == total or request.evaluate_at_end))
-                or (trial is not None and trial.evaluate)),
-            memory_cap_bytes=trial.memory_cap_bytes if trial else None,
-            probe_load=trial.probe_load if trial else False,
-            cut=db.cut(task.name, devices),
-        )
+        spec, latest, warnings = _slice_spec(db, request, method, knobs)
+        start, end = spec.start_step, spec.end_step
         inexactness = method.inexactness(method.resolve(knobs))
         slice_id = db.begin_slice(task.name, method.name, method.resolve(knobs), placement.node,
                                   placement.device_ids, start, end, inexactness)
@@ -259,12 +236,13 @@ def run_request(
         folder = Path(run_dir) / "logs" / f"slice-{slice_id:06d}-{task.name}"
         if on_begin is not None:
             on_begin(slice_id, folder)
+        where = (f"{method.name} on {placement.node} devices "
+                 f"{list(placement.device_ids)}")
         try:
             outcomes = (launcher or LOCAL).run_gang(spec, placement, folder, request.timeout,
                                                     cancel, on_progress)
         except GangError as err:
-            message = (f"task {task.name!r}, steps {start}-{end}, {method.name} on "
-                       f"{placement.node} devices {list(placement.device_ids)}: {err}"
+            message = (f"task {task.name!r}, steps {start}-{end}, {where}: {err}"
                        + "".join(f"\n{w}" for w in warnings))
             db.fail_slice(slice_id, message)
             raise SliceError(message, err.reason, err.error_type) from err
@@ -273,45 +251,97 @@ def run_request(
             db.fail_slice(slice_id, f"interrupted: {why}", status="interrupted")
             raise
         seconds = clock.now() - began
-        lead = outcomes[0]
-        diverged = next((i for i, loss in enumerate(lead.losses) if not math.isfinite(loss)),
-                        None)
-        if diverged is not None:
-            if lead.checkpoint is not None:  # weights past a non-finite loss: worthless
-                shutil.rmtree(lead.checkpoint, ignore_errors=True)
-            message = (
-                f"task {task.name!r} diverged: its loss was {lead.losses[diverged]} at step "
-                f"{start + diverged + 1} ({method.name} on {placement.node} devices "
-                f"{list(placement.device_ids)}); its last finite checkpoint is "
-                + (f"step {start} ({latest.path})" if latest else "none (step 0)")
-                + ". Lower the learning rate, or look for a loss or data problem, then "
-                "train it again" + "".join(f"\n{w}" for w in warnings))
-            db.diverge_slice(slice_id, lead.losses[:diverged + 1],
-                             lead.step_seconds[:diverged + 1], message)
-            raise SliceError(message, "diverged")
-        evaluation_error = lead.extra.get("evaluation_error")
-        if spec.cut is None and "cut" in lead.extra:  # decided now: kept for later slices
-            db.keep_cut(task.name, devices, lead.extra["cut"], slice_id)
-        peak = [o.peak_memory_bytes for o in outcomes]
-        db.finish_slice(slice_id, lead.losses, lead.step_seconds, lead.checkpoint,
-                        {**lead.timings, "wall": seconds}, max(peak), lead.evaluation)
-        if evaluation_error:
-            db.set_task_status(task.name, "done" if end == total else "pending",
-                               f"evaluation failed:\n{evaluation_error}")
-        gone = prune_checkpoints(db.checkpoint_root(storage), task.name,
-                                 request.keep_checkpoints,
-                                 [c.path for c in db.checkpoints(task.name)])
-        if gone:
-            db.forget_checkpoints(task.name, [str(p) for p in gone])
-        return SliceResult(
-            slice_id=slice_id, task=task.name, technique=method.name, start_step=start,
-            end_step=end, losses=lead.losses, step_seconds=lead.step_seconds,
-            checkpoint=lead.checkpoint, seconds=seconds, timings=lead.timings,
-            peak_memory_bytes=peak, evaluation=lead.evaluation,
-            evaluation_error=evaluation_error,
-            extra={k: v for k, v in lead.extra.items() if k != "evaluation_error"},
-            warnings=warnings, inexactness=inexactness,
-        )
+        _refuse_divergence(db, slice_id, spec, outcomes[0], latest, where, warnings)
+        return _record_finished(db, slice_id, request, spec, method.name, outcomes, seconds,
+                                warnings, inexactness)
     finally:
         if own_store:
             db.close()
+
+
+def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: dict[str, Any]
+                ) -> tuple[SliceSpec, CheckpointRecord | None, list[str]]:
+    """What the gang trains: from the task's latest intact checkpoint, ``request.steps``
+    (or all) of what is left; that checkpoint; warnings about those passed over."""
+    task, placement, trial = request.task, request.placement, request.trial
+    total = total_steps(task) if request.total is None else request.total
+    db.register_task(task.name, total, task.batch_size, task.hyperparameters)
+    db.recover_interrupted()
+    warnings: list[str] = []
+    latest = _intact_checkpoint(db, task.name, warnings)
+    start = latest.step if latest else 0
+    if start >= total:
+        raise SliceError(f"task {task.name!r} is already trained to step {start} of {total} "
+                         f"in {request.run_dir}; nothing to do")
+    if request.steps is not None and request.steps < 1:
+        raise SliceError(f"steps must be positive, not {request.steps}")
+    end = total if request.steps is None else min(total, start + request.steps)
+    spec = SliceSpec(
+        task=task, technique=method, knobs=knobs, device_kind=placement.kind,
+        device_ids=placement.device_ids, start_step=start, end_step=end,
+        resume_from=latest.path if latest else None,
+        run_dir=str(db.checkpoint_root(request.storage)),
+        evaluate=task.evaluate is not None and (
+            (request.evaluate and (end == total or request.evaluate_at_end))
+            or (trial is not None and trial.evaluate)),
+        memory_cap_bytes=trial.memory_cap_bytes if trial else None,
+        probe_load=trial.probe_load if trial else False,
+        cut=db.cut(task.name, len(placement.device_ids)),
+    )
+    return spec, latest, warnings
+
+
+def _refuse_divergence(db: RunStore, slice_id: int, spec: SliceSpec, lead: SliceOutcome,
+                       latest: CheckpointRecord | None, where: str,
+                       warnings: list[str]) -> None:
+    """Record the slice as diverged and raise SliceError where a loss was not finite; its
+    checkpoint (weights past that step) is removed."""
+    diverged = next((i for i, loss in enumerate(lead.losses) if not math.isfinite(loss)),
+                    None)
+    if diverged is None:
+        return
+    if lead.checkpoint is not None:  # weights past a non-finite loss: worthless
+        shutil.rmtree(lead.checkpoint, ignore_errors=True)
+    message = (
+        f"task {spec.task.name!r} diverged: its loss was {lead.losses[diverged]} at step "
+        f"{spec.start_step + diverged + 1} ({where}); its last finite checkpoint is "
+        + (f"step {spec.start_step} ({latest.path})" if latest else "none (step 0)")
+        + ". Lower the learning rate, or look for a loss or data problem, then "
+        "train it again" + "".join(f"\n{w}" for w in warnings))
+    db.diverge_slice(slice_id, lead.losses[:diverged + 1],
+                     lead.step_seconds[:diverged + 1], message)
+    raise SliceError(message, "diverged")
+
+
+def _record_finished(db: RunStore, slice_id: int, request: SliceRequest, spec: SliceSpec,
+                     technique: str, outcomes: list[SliceOutcome], seconds: float,
+                     warnings: list[str], inexactness: Any) -> SliceResult:
+    """Record a slice that trained to its end (its cut, steps, checkpoint, evaluation),
+    prune the task's older checkpoints, and say what it did."""
+    task, lead = spec.task, outcomes[0]
+    evaluation_error = lead.extra.get("evaluation_error")
+    devices = len(spec.device_ids)
+    if spec.cut is None and "cut" in lead.extra:  # decided now: kept for later slices
+        db.keep_cut(task.name, devices, lead.extra["cut"], slice_id)
+    peak = [o.peak_memory_bytes for o in outcomes]
+    db.finish_slice(slice_id, lead.losses, lead.step_seconds, lead.checkpoint,
+                    {**lead.timings, "wall": seconds}, max(peak), lead.evaluation)
+    if evaluation_error:
+        record = db.task(task.name)  # registered by ``_slice_spec``
+        done = record is not None and spec.end_step == record.total_steps
+        db.set_task_status(task.name, "done" if done else "pending",
+                           f"evaluation failed:\n{evaluation_error}")
+    gone = prune_checkpoints(db.checkpoint_root(request.storage), task.name,
+                             request.keep_checkpoints,
+                             [c.path for c in db.checkpoints(task.name)])
+    if gone:
+        db.forget_checkpoints(task.name, [str(p) for p in gone])
+    return SliceResult(
+        slice_id=slice_id, task=task.name, technique=technique, start_step=spec.start_step,
+        end_step=spec.end_step, losses=lead.losses, step_seconds=lead.step_seconds,
+        checkpoint=lead.checkpoint, seconds=seconds, timings=lead.timings,
+        peak_memory_bytes=peak, evaluation=lead.evaluation,
+        evaluation_error=evaluation_error,
+        extra={k: v for k, v in lead.extra.items() if k != "evaluation_error"},
+        warnings=warnings, inexactness=inexactness,
+    )
