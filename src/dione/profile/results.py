@@ -113,7 +113,14 @@ class Profile:
     seconds: float = 0.0
 
     def task(self, name: str) -> TaskProfile:
-        return next(t for t in self.tasks if t.task == name)
+        """The profile of task ``name`` (KeyError: none), from an index of ``tasks``
+        rebuilt when the list changed (a run that grows extends it): a run of 1,000
+        tasks asks this hundreds of thousands of times."""
+        index: dict[str, TaskProfile] | None = self.__dict__.get("_index")
+        if index is None or len(index) != len(self.tasks) or name not in index:
+            index = {t.task: t for t in self.tasks}
+            self.__dict__["_index"] = index
+        return index[name]
 
 
 @dataclass(frozen=True)
