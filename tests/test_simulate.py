@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -266,23 +267,33 @@ def test_the_live_report_appends_metrics_and_ends_with_the_whole_file(
         tmp_path: Path) -> None:
     """The live report appends each task's new steps to metrics.csv (a long run's file is
     not rewritten every time); what it holds is what one whole write holds."""
-    from dione.report.files import write_report
+    from dione.report.files import MetricsWritten, write_report
 
     run_dir = tmp_path / "run"
     simulate(small_problem(), run_dir, steps=30, options=OPTIONS)
     metrics = write_report(run_dir) / "metrics.csv"
     whole = metrics.read_text()
-    written: dict[str, int] = {}
+    written = MetricsWritten()
     write_report(run_dir, written=written)
-    assert metrics.read_text() == whole and set(written.values()) == {30}
+    assert metrics.read_text() == whole and set(written.steps.values()) == {30}
+    write_report(run_dir, written=written)  # nothing new: nothing appended
+    assert metrics.read_text() == whole
     # As a live report left it earlier: each task's first 12 steps only.
     lines = whole.splitlines(keepends=True)
     metrics.write_text("".join(lines[:1] + [ln for ln in lines[1:]
                                             if int(ln.split(",")[1]) <= 12]))
-    written = dict.fromkeys(written, 12)
+    written.steps = dict.fromkeys(written.steps, 12)
+    written.signature = os.stat(metrics).st_ino, os.stat(metrics).st_size, \
+        os.stat(metrics).st_mtime_ns
     write_report(run_dir, written=written)
     assert sorted(metrics.read_text().splitlines()) == sorted(whole.splitlines())
-    assert set(written.values()) == {30}
+    # The live report had written up to step 12 when another writer (``dione report``)
+    # rewrote the file whole: the live report's next write is a whole one, no row twice.
+    written.steps = dict.fromkeys(written.steps, 12)
+    write_report(run_dir)
+    write_report(run_dir, written=written)
+    assert metrics.read_text() == whole
+    assert set(written.steps.values()) == {30}
 
 
 def test_a_node_that_joins_later_is_planned_from_then_on(tmp_path: Path) -> None:
@@ -311,3 +322,6 @@ def test_a_node_that_joins_later_is_planned_from_then_on(tmp_path: Path) -> None
     with pytest.raises(ScenarioError, match="every node joins after the start"):
         simulate(small_problem(), tmp_path / "late", steps=40, options=OPTIONS,
                  scenario=Scenario(node_joins={"n0": 10.0, "n1": 10.0}))
+    with pytest.raises(ScenarioError, match=r"no node is left at 100\.0 s, before a node joins"):
+        simulate(small_problem(), tmp_path / "gap", steps=40, options=OPTIONS,
+                 scenario=Scenario(node_joins={"n1": 200.0}, node_losses={"n0": 100.0}))

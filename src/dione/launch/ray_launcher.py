@@ -55,7 +55,8 @@ _LOG_SECONDS = 0.5
 _CLEANUP_SECONDS = 20.0
 # How long the removal of a failed gang's folder waits for its ended ranks to let go
 # (``ray.kill`` returns before the process is gone); then it removes the folder anyway.
-_RELEASE_SECONDS = 30.0
+# Below shutdown's wait, so that a removal started just before shutdown still ends.
+_RELEASE_SECONDS = 15.0
 # A gang folder no rank holds is taken for abandoned only once it has not changed for
 # this long: the ranks of a starting gang make it, then each takes its hold at once.
 _ABANDONED_SECONDS = 60.0

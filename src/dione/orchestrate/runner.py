@@ -234,7 +234,7 @@ class Runner:
         now = self.now()
         tasks = [self.estimates.task_options(r.name, self.planned_steps(r, r.done_steps),
                                              r.done_steps > 0,
-                                             r.evaluations(r.done_steps, r.total))
+                                             self.planned_evaluations(r, r.done_steps))
                  for r in self._pending_that_fit()]
         nodes = {n.name for n in self.cluster}
         busy = []
@@ -248,7 +248,7 @@ class Runner:
             if after > 0 and until - now <= self._lead():
                 tasks.append(self.estimates.task_options(
                     r.name, self.planned_steps(r, running.end_step), True,
-                    r.evaluations(running.end_step, r.total)))
+                    self.planned_evaluations(r, running.end_step)))
             else:
                 until = self.pinned_end(r)
             busy.append(Busy(r.name, a.node, a.device_ids, round(max(0.0, until - now), 3)))
@@ -265,6 +265,10 @@ class Runner:
             return (rule.next_rung(done, record.total) or record.total) - done
         return max(1, round(rule.expected_steps(done, record.total)))
 
+    def planned_evaluations(self, record: TaskRecord, done: int) -> int:
+        """The evaluations within the steps the planner counts after ``done``."""
+        return record.evaluations(done, done + self.planned_steps(record, done))
+
     def pinned_end(self, record: TaskRecord) -> float:
         """Run-clock time a running task ends if its later slices follow on its devices
         under its option."""
@@ -277,7 +281,7 @@ class Runner:
         if after > 0 and option is not None:
             end += self.estimates.option_seconds(
                 record.name, option, self.planned_steps(record, running.end_step), True,
-                record.evaluations(running.end_step, record.total))
+                self.planned_evaluations(record, running.end_step))
         return end
 
     def _lead(self) -> float:
@@ -676,6 +680,7 @@ class Runner:
         # their continuations there.
         self.state.plan = [a for a in self.state.plan if a.node != node]
         if any(n.name == node for n in self.cluster):
+            self._join_new_nodes()  # one that joined since the last plan is left too
             left = [n for n in self.cluster if n.name != node]
             if not left:
                 raise RuntimeError(f"node {node} was lost and no node is left to train on")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from dione.state.private import private_dir
 from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, SliceRecord
 from dione.state.summaries import TaskSummary, summaries
 
-__all__ = ["lower_is_better", "report_after_run", "write_report"]
+__all__ = ["MetricsWritten", "lower_is_better", "report_after_run", "write_report"]
 
 
 def lower_is_better(metric: str) -> bool:
@@ -55,13 +55,22 @@ def _run_start(store: RunStore, plans: Sequence[AdoptedPlan]) -> float:
 CURVE_POINTS = 2000
 
 
+@dataclass
+class MetricsWritten:
+    """What a caller that keeps ``metrics.csv`` up to date (the live report) wrote there:
+    each task's last step, and the file as it left it (another writer since, such as
+    ``dione report``, makes the next write a whole one)."""
+
+    steps: dict[str, int] = field(default_factory=dict)
+    signature: tuple[int, int, int] | None = None
+
+
 def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
-                 written: dict[str, int] | None = None) -> Path:
+                 written: MetricsWritten | None = None) -> Path:
     """Write ``<run_dir>/report/``; its folder. ``names``: tasks (or their names) to
-    include (default: every task in the store). ``written``: the last step of each task
-    in ``metrics.csv`` as this caller wrote it before (the live report's, updated
-    here): only the steps since are appended, where a long run's file would otherwise
-    be rewritten whole each time (empty: written whole, then kept up)."""
+    include (default: every task in the store). ``written``: what this caller wrote to
+    ``metrics.csv`` before (updated here): only the steps since are appended, where a
+    long run's file would otherwise be rewritten whole each time."""
     run_dir = Path(run_dir)
     if not (run_dir / STORE_FILE).is_file():
         raise FileNotFoundError(f"{run_dir} is not a dione run directory (no {STORE_FILE})")
@@ -121,11 +130,12 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
 
 
 def _write_metrics(store: RunStore, path: Path, wanted: Sequence[str] | None,
-                   written: dict[str, int] | None) -> None:
-    """Every step's loss and seconds, per task: whole, or appended past ``written``."""
-    append = bool(written) and path.is_file()
-    if written is not None and not append:
-        written.clear()
+                   written: MetricsWritten | None) -> None:
+    """Every step's loss and seconds, per task: whole, or appended past ``written``
+    where the file is as that caller left it."""
+    append = written is not None and written.signature is not None \
+        and _signature(path) == written.signature
+    steps = written.steps if written is not None and append else {}
     with open(path, "a" if append else "w", newline="") as out:
         writer = csv.writer(out)
         if not append:
@@ -133,10 +143,21 @@ def _write_metrics(store: RunStore, path: Path, wanted: Sequence[str] | None,
         for task in store.tasks():
             if wanted is not None and task.name not in wanted:
                 continue
-            rows = store.metrics(task.name, after=(written or {}).get(task.name, 0))
+            rows = store.metrics(task.name, after=steps.get(task.name, 0))
             writer.writerows([task.name, *row] for row in rows)
-            if written is not None and rows:
-                written[task.name] = rows[-1][0]
+            if rows:
+                steps[task.name] = rows[-1][0]
+    if written is not None:
+        written.steps, written.signature = steps, _signature(path)
+
+
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    """The file's identity and state (inode, size, change time); None: not there."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_size, info.st_mtime_ns
 
 
 def report_after_run(run_dir: str | Path, names: Sequence[Any]) -> str | None:

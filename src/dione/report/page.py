@@ -101,9 +101,9 @@ class LiveReport:
         self._changed.set()
 
     def _loop(self) -> None:
-        from dione.report.files import write_report
+        from dione.report.files import MetricsWritten, write_report
 
-        written: dict[str, int] = {}  # metrics.csv's rows, appended to as steps come
+        written = MetricsWritten()  # metrics.csv's rows, appended to as steps come
         pause = self.every
         while not self._stop.wait(pause):
             if not self._changed.is_set():

@@ -90,6 +90,13 @@ class Scenario:
         if names and all(self.node_joins.get(n, 0.0) > 0 for n in names):
             reasons.append("node_joins: every node joins after the start; leave at least "
                            "one out")
+        for at in sorted(v for k, v in self.node_losses.items() if k in names):
+            there = [n for n in names if self.node_joins.get(n, 0.0) <= at
+                     and self.node_losses.get(n, math.inf) > at]
+            if not there and any(self.node_losses.get(n, math.inf) > at for n in names):
+                reasons.append(f"node_losses: no node is left at {at} s, before a node "
+                               "joins; a run would end there (a real one ends so too)")
+                break
         if reasons:
             raise ScenarioError("the scenario has mistakes:\n" + "\n".join(
                 f"  - {r}" for r in reasons))
