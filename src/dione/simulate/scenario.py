@@ -76,9 +76,7 @@ class Scenario:
                 recorded_curves(self.curves)
             except ScenarioError as err:
                 reasons.append(f"curves: {err}")
-        if reasons:
-            raise ScenarioError("the scenario has mistakes:\n" + "\n".join(
-                f"  - {r}" for r in reasons))
+        _refuse(reasons)
 
     def check_nodes(self, names: Sequence[str]) -> None:
         """ScenarioError where the scenario names a node the cluster lacks, or every node
@@ -97,9 +95,7 @@ class Scenario:
                 reasons.append(f"node_losses: no node is left at {at} s, before a node "
                                "joins; a run would end there (a real one ends so too)")
                 break
-        if reasons:
-            raise ScenarioError("the scenario has mistakes:\n" + "\n".join(
-                f"  - {r}" for r in reasons))
+        _refuse(reasons)
 
     def factor(self, task: str, node: str, rng: random.Random) -> float:
         """How much longer than profiled one slice of ``task`` on ``node`` takes."""
@@ -135,6 +131,13 @@ class Scenario:
     def to_json(self) -> dict[str, Any]:
         return {f.name: (dict(v) if isinstance(v := getattr(self, f.name), Mapping) else v)
                 for f in fields(self)}
+
+
+def _refuse(reasons: Sequence[str]) -> None:
+    """ScenarioError listing ``reasons``, if there are any."""
+    if reasons:
+        raise ScenarioError("the scenario has mistakes:\n" + "\n".join(
+            f"  - {r}" for r in reasons))
 
 
 def recorded_curves(source: str | Path) -> dict[str, list[float]]:
