@@ -25,6 +25,7 @@ from dione.plan import (
     solve,
 )
 from dione.plan import cpsat as cpsat_module
+from dione.plan import lns as lns_module
 from dione.plan.bounds import energetic_bound, work_within_bound
 from dione.plan.budget import Budget, cp_solver
 from dione.plan.cpsat import build_model, cpsat, identical_groups
@@ -342,6 +343,57 @@ def test_the_search_around_a_plan_only_improves_it(problem: PlanningProblem) -> 
     again, _ = improve(problem, start.placed, Budget(0.2, deterministic=True), threads=1)
     assert placements_plan("lns", "feasible", problem, again, 0.0).makespan <= \
         start.makespan + 1e-6
+
+
+def test_on_many_nodes_a_round_looks_at_a_few_and_still_improves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # 20 nodes: every round sees SCOPE_NODES of them, the last- and first-ending among
+    # them; the plan only improves, and stays valid.
+    problem = grid_problem([(20, [(1, 40.0), (2, 22.0), (4, 12.0)]),
+                            (20, [(2, 30.0), (4, 16.0)])], [4] * 20)
+    assert len(problem.nodes) > lns_module.MANY_NODES
+    scopes: list[set[str] | None] = []
+    real_round = lns_module._round
+
+    def round_seen(*args: object) -> object:
+        scopes.append(args[-1])  # type: ignore[arg-type]
+        return real_round(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lns_module, "_round", round_seen)
+    placed: list[Placement] = []
+    clock = 0.0
+    for task in problem.tasks:  # the worst start: all in a row on n0
+        placed.append((task.name, task.options[0], "n0", clock))
+        clock += task.options[0].seconds
+    found, stats = improve(problem, placed, Budget(0.5, deterministic=True), threads=1)
+    plan = placements_plan("lns", "feasible", problem, found, 0.0)
+    assert check_plan(plan, problem) == []
+    assert plan.makespan < clock and sum(stats.improvements.values()) >= 1
+    assert scopes and all(s is not None and len(s) == lns_module.SCOPE_NODES for s in scopes)
+    assert all("n0" in s for s in scopes if s is not None)  # where the plan ended last
+
+
+def test_a_round_keeps_tasks_that_start_together_before_its_window() -> None:
+    # a and b end before the window (c) opens, so both are fixed at tick 0: one constant
+    # of CP-SAT's, which, hinted twice, made the round's model invalid (no plan found).
+    problem = grid_problem([(3, [(1, 10.0)])], [1, 1])
+    a, b, c = (t.options[0] for t in problem.tasks)
+    placed: list[Placement] = [("g0-v0", a, "n0", 0.0), ("g0-v1", b, "n1", 0.0),
+                               ("g0-v2", c, "n0", 10.0)]
+    found, proven, _ = lns_module._round(problem, placed, {"g0-v2"},
+                                         Budget(1.0, deterministic=True), 1.0, 1)
+    assert found is not None and proven
+    assert max(start + o.seconds for _, o, _, start in found) == pytest.approx(20.0, rel=0.01)
+
+
+def test_no_plan_ends_before_a_running_task() -> None:
+    problem = PlanningProblem((NodeSpec("n0", 2),),
+                              (TaskOptions("short", (Option("single", 1, 5.0),)),),
+                              (Busy("running", "n0", (0,), 300.0),))
+    assert lower_bound(problem) == 300.0
+    plan = cpsat(problem, time_limit=1, threads=1)
+    assert plan.status == "optimal" and plan.makespan == 300.0
+    assert plan.assignment("short").start == 0.0  # on the free device, at once
 
 
 def test_a_plan_that_meets_a_bound_found_on_the_way_is_called_optimal(

@@ -57,8 +57,10 @@ def work_within_bound(options: Sequence[Sequence[Option]], capacity: int, held: 
 
 
 def lower_bound(problem: PlanningProblem) -> float:
-    """The largest of four bounds, each a time no plan can beat:
+    """The largest of five bounds, each a time no plan can beat:
 
+    - the end of the last running task (a plan ends when its last task does, running
+      ones included);
     - the longest task, each at its fastest option (plus when its node frees up,
       when every node is busy with running tasks until then);
     - all tasks' least device-time spread over all devices, counting the time devices
@@ -79,6 +81,7 @@ def lower_bound(problem: PlanningProblem) -> float:
     # No task starts before some device somewhere is free.
     earliest = min(min(times) for times in problem.free_at().values())
     bound = max(earliest + min_seconds(t, problem) for t in tasks)
+    bound = max([bound] + [b.until for b in problem.busy])
     area = sum(min_device_seconds(t, problem) for t in tasks) + sum(busy_area.values())
     bound = max(bound, area / problem.total_devices)
     widest = max(n.devices for n in problem.nodes)

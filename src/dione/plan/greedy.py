@@ -201,11 +201,12 @@ def greedy_placements(problem: PlanningProblem, time_limit: float | None = 10.0,
     bound = lower_bound(problem)
     best: tuple[list[Placement], float] | None = None
     trials, spent, cut = 0, 0, False
-    for index, factor in enumerate(TARGETS):
+    targets = _affordable_targets(problem, work)
+    for index, factor in enumerate(targets):
         if best is not None and time.perf_counter() > deadline:
             cut = True
             break
-        share = (work - spent) // (len(TARGETS) - index)
+        share = (work - spent) // (len(targets) - index)
         choice = allotment(problem, bound * factor)
         placed, makespan = _best_order(problem, choice)
         improvement = _improve(problem, choice, placed, makespan, share, deadline)
@@ -217,6 +218,21 @@ def greedy_placements(problem: PlanningProblem, time_limit: float | None = 10.0,
             best = (placed, makespan)
     assert best is not None
     return GreedyResult(best[0], best[1], trials, cut)
+
+
+def _affordable_targets(problem: PlanningProblem, work: int) -> tuple[float, ...]:
+    """Every target, unless their list schedules alone would take more than ``work``:
+    then as many as half of it pays for, spread evenly from the tightest to infinity (the
+    other half for improvement). A re-plan of 800 tasks on 64 nodes built 13 targets'
+    schedules, 10 s of wall time, with work left for a few improvement trials only."""
+    base = _trial_work(problem)  # one target's list schedules: one trial's work
+    if len(TARGETS) * base <= work:
+        return TARGETS
+    count = max(1, work // (2 * base))
+    if count == 1:
+        return TARGETS[:1]
+    last = len(TARGETS) - 1
+    return tuple(TARGETS[round(i * last / (count - 1))] for i in range(count))
 
 
 def _trial_work(problem: PlanningProblem) -> int:
