@@ -386,6 +386,23 @@ def test_a_round_keeps_tasks_that_start_together_before_its_window() -> None:
     assert max(start + o.seconds for _, o, _, start in found) == pytest.approx(20.0, rel=0.01)
 
 
+def test_greedy_counts_its_work_and_builds_fewer_targets_only_where_they_cost_too_much(
+        ) -> None:
+    from dione.plan import greedy as greedy_module
+
+    small = SYMMETRIC[0]
+    assert greedy_module._affordable_targets(small, greedy_module.GREEDY_WORK) == \
+        greedy_module.TARGETS
+    large = grid_problem([(1000, [(1, 40.0), (8, 6.0)])], [8] * 64)
+    targets = greedy_module._affordable_targets(large, greedy_module.GREEDY_WORK)
+    assert targets[0] == greedy_module.TARGETS[0] and targets[-1] == math.inf
+    assert 1 < len(targets) < len(greedy_module.TARGETS)
+    # What a simulation charges a solve: CP-SAT's deterministic time and greedy's work.
+    plan = cpsat(small, time_limit=10, threads=1, deterministic_time=0.2)
+    assert plan.notes["greedy_units"] > 0
+    assert plan.notes["deterministic_spent"] >= plan.notes["greedy_units"]
+
+
 def test_no_plan_ends_before_a_running_task() -> None:
     problem = PlanningProblem((NodeSpec("n0", 2),),
                               (TaskOptions("short", (Option("single", 1, 5.0),)),),

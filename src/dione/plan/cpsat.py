@@ -381,13 +381,17 @@ def cpsat(problem: PlanningProblem, time_limit: float = 10.0, threads: int | Non
     if deterministic:
         notes["deterministic_time"] = deterministic_time
 
+    # What a simulation charges for this solve: CP-SAT's deterministic time and greedy's
+    # work in the same units.
+    notes["greedy_units"] = start.units
+
     def greedy_plan(status: str, why: str, bound: float = analytic) -> Plan:
-        notes["deterministic_spent"] = budget.spent  # what a simulation charges for it
+        notes["deterministic_spent"] = budget.spent + start.units
         return placements_plan("cpsat", status, problem, placed, began, bound,
                                {**notes, "plan_from": "greedy", "why": why})
 
     def finish(best: Sequence[Placement], source: str, status: str, bound: float) -> Plan:
-        notes["deterministic_spent"] = budget.spent
+        notes["deterministic_spent"] = budget.spent + start.units
         return _finish(problem, best, source, status, began, bound, notes, placed)
 
     if start.makespan <= analytic * (1 + 1e-9):
