@@ -501,3 +501,21 @@ def test_a_solver_that_finds_no_plan_writes_no_plan_file(
     assert not plan_file.exists()
     unknown = solve(problem, "saturn-milp")
     assert json.loads(json.dumps(unknown.to_json(), allow_nan=False))["makespan"] is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 50), st.floats(0.5, 20), st.integers(1, 4)),
+                max_size=8),
+       st.integers(1, 4), st.floats(0, 30))
+def test_a_nodes_first_free_time_bounds_every_start_there(
+        reservations: list[tuple[float, float, int]], demand: int, length: float) -> None:
+    """``first_free`` lets a list schedule pass over a node where the task cannot end as
+    early as elsewhere: it must never be later than a start ``earliest_start`` finds."""
+    from dione.plan.timeline import NodeTimeline
+
+    line = NodeTimeline(4)
+    for start, seconds, devices in reservations:
+        at = line.earliest_start(devices, seconds, start)
+        line.reserve(at, at + seconds, devices)
+        assert line.first_free(demand) == line.earliest_start(demand, 0.0)  # kept fresh
+    assert line.first_free(demand) <= line.earliest_start(demand, length)

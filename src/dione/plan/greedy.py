@@ -80,6 +80,9 @@ def list_schedule(
             if option.devices > node.devices:
                 continue
             need = demand(option, node.devices)
+            if best is not None and \
+                    lines[node.name].first_free(need) + option.seconds > best[0] + 1e-9:
+                continue  # it cannot end as early here: the search would not take it
             start = lines[node.name].earliest_start(need, option.seconds)
             end = start + option.seconds
             # Where it ends as early, the smallest node: the larger ones stay free for

@@ -25,6 +25,7 @@ class NodeTimeline:
         self.capacity = capacity
         self.times: list[float] = [0.0]
         self.free: list[int] = [capacity]
+        self._first_free: dict[int, float] = {}  # demand -> first_free's answer
 
     def _split(self, time: float) -> int:
         """Make ``time`` a breakpoint; its index."""
@@ -39,6 +40,7 @@ class NodeTimeline:
         """Take ``demand`` devices during [start, end)."""
         if end <= start:
             return
+        self._first_free.clear()
         first, last = self._split(start), self._split(end)
         for i in range(first, last):
             self.free[i] -= demand
@@ -66,6 +68,16 @@ class NodeTimeline:
             i += 1
         assert candidate is not None  # the last segment is all free, forever
         return candidate
+
+    def first_free(self, demand: int) -> float:
+        """The first time ``demand`` devices are free at all: no start of theirs, however
+        short, is earlier (kept until the next reservation: a list schedule asks it of
+        every node and reserves on one)."""
+        if demand not in self._first_free:
+            self._first_free[demand] = next(
+                (t for t, f in zip(self.times, self.free, strict=True) if f >= demand),
+                self.times[-1])
+        return self._first_free[demand]
 
     def finish_time(self) -> float:
         """When the last reservation ends."""
