@@ -15,6 +15,7 @@ from dione.orchestrate.options import RunEvent, RunOptions
 from dione.orchestrate.plans import read_plans
 from dione.orchestrate.replanning import PlanCandidate, solve_or_fall_back
 from dione.orchestrate.runner import Runner
+from dione.plan import NodeSpec, Option, PlanningProblem, TaskOptions
 from dione.simulate import (
     Scenario,
     ScenarioError,
@@ -325,3 +326,19 @@ def test_a_node_that_joins_later_is_planned_from_then_on(tmp_path: Path) -> None
     with pytest.raises(ScenarioError, match=r"no node is left at 100\.0 s, before a node joins"):
         simulate(small_problem(), tmp_path / "gap", steps=40, options=OPTIONS,
                  scenario=Scenario(node_joins={"n1": 200.0}, node_losses={"n0": 100.0}))
+
+
+def test_a_task_only_a_later_node_can_hold_waits_for_it(tmp_path: Path) -> None:
+    """With nothing else to run, a task too wide for the nodes there are waits for the
+    node the scenario has join (a real cluster cannot know one will: there it fails,
+    to be resumed)."""
+    problem = PlanningProblem(
+        (NodeSpec("n0", 2), NodeSpec("n1", 4)),
+        (TaskOptions("narrow", (Option("single", 1, 50.0),)),
+         TaskOptions("wide", (Option("ddp", 4, 80.0),))))
+    run = simulate(problem, tmp_path / "run", steps=20, options=OPTIONS,
+                   scenario=Scenario(node_joins={"n1": 300.0}))
+    assert run.statuses == {"narrow": "done", "wide": "done"}
+    with RunStore(run.run_dir) as store:
+        wide = store.slices("wide")
+    assert {s.node for s in wide} == {"n1"} and min(s.started_at for s in wide) >= 300.0

@@ -129,6 +129,10 @@ class Launcher(Protocol):
     def alive_nodes(self) -> list[Node] | None:
         """The cluster's nodes alive now, which may have changed (None: a fixed one)."""
 
+    def next_join(self) -> float | None:
+        """When a node is known to join next, on ``dione.clock`` (None: none is known;
+        only a simulated cluster knows its future)."""
+
     def shutdown(self) -> None:
         """End every worker this launcher keeps."""
 
@@ -153,6 +157,9 @@ class LocalLauncher:
 
     def alive_nodes(self) -> list[Node] | None:
         return None  # this machine, as --devices describes it
+
+    def next_join(self) -> float | None:
+        return None
 
     def shutdown(self) -> None:
         return None  # the pool is the process's, shared by its runs; it ends at exit

@@ -379,6 +379,9 @@ class RayLauncher:
         """The nodes alive now: a run plans a node that joined at its next re-plan."""
         return self.nodes()
 
+    def next_join(self) -> float | None:
+        return None  # a node joins when someone starts it: nothing says when
+
     def node_alive(self, node: Node) -> bool:
         node_id = self._ids.get(node.name)
         return any(n["NodeID"] == node_id and n.get("Alive") for n in self.ray.nodes())

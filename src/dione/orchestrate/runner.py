@@ -326,6 +326,17 @@ class Runner:
             self.emit(RunEvent("task_failed", message, record.name))
         return bool(stranded)
 
+    def _wait_for_a_join(self) -> bool:
+        """With nothing to run but tasks no node here can hold, wait for the next node
+        known to join (a simulated cluster's scenario says when; a real one cannot, and
+        those tasks fail, to be resumed); whether there was one."""
+        at = self.launcher.next_join()
+        if at is None:
+            return False
+        clock.wait_any([], max(0.0, at - clock.now()))
+        self._join_new_nodes()
+        return True
+
     def _join_new_nodes(self) -> None:
         """Add the nodes that joined the cluster since (of the kind the profile measured,
         whose options stand for every such node)."""
@@ -767,6 +778,8 @@ class Runner:
                     if self.state.any_pending():
                         self.plan_now()  # the plan lost its tasks: plan again
                         if not launchable(self.state.plan, self.state.records):
+                            if self._wait_for_a_join():
+                                continue
                             if self._fail_the_unplaceable():
                                 continue
                             raise RuntimeError("no pending task can be placed")

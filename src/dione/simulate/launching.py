@@ -59,6 +59,12 @@ class VirtualCluster:
         return [n for n in self.nodes if self.scenario.node_joins.get(n.name, 0.0) <= now
                 and not self.lost(n.name)]
 
+    def next_join(self) -> float | None:
+        """When the next node the scenario has join comes (None: no more will)."""
+        now = self.clock.now()
+        later = [at for at in self.scenario.node_joins.values() if at > now]
+        return min(later, default=None)
+
     def present_at_start(self) -> list[Node]:
         """The nodes the run starts with (those the scenario has join later left out)."""
         return [n for n in self.nodes if self.scenario.node_joins.get(n.name, 0.0) <= 0]
