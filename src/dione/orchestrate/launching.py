@@ -4,6 +4,7 @@ a gang in a thread of its own (``run_slice``), its progress heard, its cancel it
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,7 +25,7 @@ def launchable(plan: list[Assignment], records: dict[str, TaskRecord]) -> list[A
     busy = {(r.running.assignment.node, d) for r in records.values() if r.running
             for d in r.running.assignment.device_ids}
     first_on: dict[tuple[str, int], str] = {}
-    for a in sorted(plan, key=lambda a: a.start):
+    for a in sorted(plan, key=attrgetter("start")):
         if records[a.task].status not in (TaskStatus.PENDING, TaskStatus.RUNNING):
             continue
         for d in a.device_ids:

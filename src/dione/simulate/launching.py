@@ -109,6 +109,7 @@ class SimulatedLaunching:
                                           start, end, technique.inexactness(knobs))
         future: Future[SliceResult] = Future()
         future.set_running_or_notify_cancel()
+        self.clock.watch(future)
         began = self.clock.now()
         where = f"task {name!r}, steps {start}-{end}, {a.technique} on {a.node} devices " \
                 f"{list(a.device_ids)}"
