@@ -217,6 +217,7 @@ def greedy_placements(problem: PlanningProblem, time_limit: float | None = 10.0,
     best: tuple[list[Placement], float] | None = None
     trials, spent, cut, built = 0, 0, False, 0
     targets = _affordable_targets(problem, work)
+    per_trial = _trial_work(problem)  # a target's list schedules cost one trial's work
     for index, factor in enumerate(targets):
         if best is not None and time.perf_counter() > deadline:
             cut = True
@@ -227,8 +228,8 @@ def greedy_placements(problem: PlanningProblem, time_limit: float | None = 10.0,
         improvement = _improve(problem, choice, placed, makespan, share, deadline)
         placed, makespan = improvement.placed, improvement.makespan
         trials += improvement.trials
-        spent += improvement.trials * _trial_work(problem)
-        built += _trial_work(problem)  # this target's list schedules
+        spent += improvement.trials * per_trial
+        built += per_trial
         cut = cut or improvement.cut_by_time
         if best is None or makespan < best[1] - 1e-9:
             best = (placed, makespan)

@@ -265,10 +265,10 @@ def improve(problem: PlanningProblem, placed: Sequence[Placement], budget: Budge
     count = len(best)
     size = min(count, max(5, min(30, count // 5)))
     turn = 0
+    nodes = [n.name for n in problem.nodes]
     while budget.left() > 0.05 and score[0] > bound * (1 + 1e-9) and count > 1:
         kind = KINDS[turn % len(KINDS)]
         turn += 1
-        nodes = [n.name for n in problem.nodes]
         scope = _scope(best, nodes, rng) if len(nodes) > MANY_NODES else None
         seen = best if scope is None else [p for p in best if p[2] in scope]
         free = _window(kind, seen, nodes if scope is None else sorted(scope), size, rng)
