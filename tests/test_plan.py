@@ -413,7 +413,9 @@ def test_spread_shares_the_devices_evenly_at_data_parallel_widths() -> None:
     """HyperSched's rule, worked by hand: 8 devices for 3 tasks give each its widest
     data-parallel option within 8 // 3 = 2 devices (fsdp and a pipeline are not taken,
     however fast); with one task running, 4 tasks share: 2 each; alone, a task takes
-    the widest option a node holds (4)."""
+    the widest option a node holds (4). A task with no data-parallel option scales as
+    fsdp, never below the width where it spends the fewest device-seconds (its base:
+    2 devices, 900 device-seconds), even when its share is 1."""
     def options(name: str) -> TaskOptions:
         return TaskOptions(name, (Option("single", 1, 100.0), Option("ddp", 2, 55.0),
                                   Option("fsdp", 2, 50.0), Option("ddp", 4, 30.0),
@@ -430,6 +432,41 @@ def test_spread_shares_the_devices_evenly_at_data_parallel_widths() -> None:
     alone = PlanningProblem(nodes, (options("a"),))
     assert [(a.technique, a.devices) for a in solve(alone, "spread").assignments] == \
         [("ddp", 4)]
+    large = TaskOptions("large", (Option("fsdp", 1, 1000.0), Option("fsdp", 2, 450.0),
+                                  Option("fsdp", 4, 300.0), Option("gpipe", 4, 200.0)))
+    crowd = PlanningProblem(nodes, (large, *(options(n) for n in "abcdefg")))
+    chosen = {a.task: (a.technique, a.devices) for a in solve(crowd, "spread").assignments}
+    assert chosen == {"large": ("fsdp", 2), **{n: ("single", 1) for n in "abcdefg"}}
+    assert solve(replace(crowd, tasks=(large,)), "spread").assignments[0].devices == 4
+
+
+def test_a_released_task_starts_no_earlier_under_every_solver() -> None:
+    """A running task's later steps, worked by hand: it holds device 0 of a 2-device
+    node until 50 s and may go on from then (single 100 s, ddp on both 55 s); a new
+    task takes 40 s alone. Best: the new task on device 1 at once, then both devices
+    from 50 s: 105 s. Were the release ignored, the running task's rest on device 1 at
+    once and the new task on device 0 from 50 s would end at 100 s: no plan does that."""
+    problem = PlanningProblem(
+        (NodeSpec("n0", 2),),
+        (TaskOptions("run", (Option("single", 1, 100.0), Option("ddp", 2, 55.0)), 50.0),
+         TaskOptions("new", (Option("single", 1, 40.0), Option("ddp", 2, 30.0)))),
+        (Busy("run", "n0", (0,), 50.0),))
+    assert lower_bound(problem) >= 50.0 + 55.0
+    for solver in ("cpsat", "greedy", "saturn-milp", "spread", "sequential"):
+        plan = solve(problem, solver, 5.0, threads=1)
+        assert check_plan(plan, problem) == [], solver
+        assert plan.assignment("run").start >= 50.0 - 1e-6, solver
+    best = solve(problem, "cpsat", 5.0, threads=1)
+    assert best.makespan == pytest.approx(105.0) and best.status == "optimal"
+    early = Plan("hand", "feasible", 100.0, 0.0, (
+        Assignment("run", "single", {}, "n0", (1,), 0.0, 100.0),
+        Assignment("new", "single", {}, "n0", (0,), 50.0, 90.0)))
+    assert any("before its release at 50 s" in r for r in check_plan(early, problem))
+    assert PlanningProblem.from_json(json.loads(json.dumps(problem.to_json()))) == problem
+    data = problem.to_json()
+    data["tasks"][0]["release"] = -1
+    with pytest.raises(ProblemError, match="release must be a finite number >= 0"):
+        PlanningProblem.from_json(data)
 
 
 def test_plans_far_from_time_zero_pass_their_check() -> None:

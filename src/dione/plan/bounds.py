@@ -62,7 +62,7 @@ def lower_bound(problem: PlanningProblem) -> float:
     - the end of the last running task (a plan ends when its last task does, running
       ones included);
     - the longest task, each at its fastest option (plus when its node frees up,
-      when every node is busy with running tasks until then);
+      when every node is busy with running tasks until then, or its release if later);
     - all tasks' least device-time spread over all devices, counting the time devices
       are still held by running tasks;
     - the same restricted to the nodes wider than w, for the tasks that need more
@@ -80,7 +80,7 @@ def lower_bound(problem: PlanningProblem) -> float:
         busy_area[b.node] += b.until * len(b.device_ids)
     # No task starts before some device somewhere is free.
     earliest = min(min(times) for times in problem.free_at().values())
-    bound = max(earliest + min_seconds(t, problem) for t in tasks)
+    bound = max(max(earliest, t.release) + min_seconds(t, problem) for t in tasks)
     bound = max([bound] + [b.until for b in problem.busy])
     area = sum(min_device_seconds(t, problem) for t in tasks) + sum(busy_area.values())
     bound = max(bound, area / problem.total_devices)

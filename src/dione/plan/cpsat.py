@@ -71,15 +71,16 @@ class SpaseModel:
 
 
 def identical_groups(problem: PlanningProblem) -> list[list[str]]:
-    """Tasks the planner cannot tell apart (the same useful devices and seconds), in
-    problem order; groups of two or more only.
+    """Tasks the planner cannot tell apart (the same useful devices and seconds, the
+    same release), in problem order; groups of two or more only.
 
     Two such tasks can swap their whole assignments (option, node, start) and the plan
     stays valid with the same makespan, as with the learning-rate variants of a grid.
     """
-    groups: dict[tuple[tuple[int, float], ...], list[str]] = defaultdict(list)
+    groups: dict[tuple[float, tuple[tuple[int, float], ...]], list[str]] = defaultdict(list)
     for task in problem.tasks:
-        groups[tuple((o.devices, o.seconds) for o in useful_options(task))].append(task.name)
+        options = tuple((o.devices, o.seconds) for o in useful_options(task))
+        groups[(task.release, options)].append(task.name)
     return [names for names in groups.values() if len(names) > 1]
 
 
@@ -111,7 +112,8 @@ def build_model(problem: PlanningProblem, horizon: float, symmetry: bool = True
     for task in problem.tasks:
         usable = useful_options(task)
         options[task.name] = usable
-        start = model.new_int_var(0, limit, f"start {task.name}")
+        start = model.new_int_var(min(ticks(task.release, tick), limit), limit,
+                                  f"start {task.name}")
         starts[task.name] = start
         present = []
         length_terms = []
@@ -132,7 +134,8 @@ def build_model(problem: PlanningProblem, horizon: float, symmetry: bool = True
                 length_terms.append(length * chosen)
         model.add_exactly_one(present)
         model.add(makespan >= start + sum(length_terms))
-    if symmetry:
+    # Closing the gaps a whole-node task leaves would move others before their release.
+    if symmetry and not any(t.release for t in problem.tasks):
         _whole_node_tasks_last(model, problem, makespan, limit, whole, part)
     for node in problem.nodes:
         if intervals[node.name]:

@@ -73,17 +73,20 @@ def list_schedule(
     lines = _timelines(problem)
     placed: list[Placement] = []
     makespan = max((b.until for b in problem.busy), default=0.0)
+    release = {t.name: t.release for t in problem.tasks}
     for name in order:
         option = choice[name]
+        ready = release.get(name, 0.0)
         best: tuple[float, int, float, str] | None = None
         for node in problem.nodes:
             if option.devices > node.devices:
                 continue
             need = demand(option, node.devices)
             if best is not None and \
-                    lines[node.name].first_free(need) + option.seconds > best[0] + 1e-9:
+                    max(lines[node.name].first_free(need), ready) + option.seconds \
+                    > best[0] + 1e-9:
                 continue  # it cannot end as early here: the search would not take it
-            start = lines[node.name].earliest_start(need, option.seconds)
+            start = lines[node.name].earliest_start(need, option.seconds, ready)
             end = start + option.seconds
             # Where it ends as early, the smallest node: the larger ones stay free for
             # tasks that only they can hold.
@@ -306,9 +309,13 @@ def spread(problem: PlanningProblem) -> Plan:
     """Freed devices spread evenly (HyperSched, SoCC 2019; Ray Tune's
     ``ResourceChangingScheduler`` with ``DistributeResources``), a baseline for model
     selection: the cluster's devices shared equally by the tasks there are (those to
-    plan and those running), each at the widest data-parallel option within its share
-    (its narrowest option where none is), placed in the problem's order where it ends
-    earliest. No solver: a rule, applied at every re-plan."""
+    plan and those running), each at the widest data-parallel option within its share,
+    but never below its base: the width where it spends the fewest device-seconds, as a
+    user sizes a trial for its model (``DistributeResources`` gives each trial at least
+    its base resources). A model whose replica fits no device scales as sharded data
+    parallel (``fsdp``) instead (at one device each, a 6.7B model of the planner's
+    families would take 13 times its 8-device time). Placed in the problem's order
+    where it ends earliest. No solver: a rule, applied at every re-plan."""
     began = time.perf_counter()
     running = {b.task for b in problem.busy} - {t.name for t in problem.tasks}
     share = max(1, sum(n.devices for n in problem.nodes)
@@ -316,9 +323,11 @@ def spread(problem: PlanningProblem) -> Plan:
     choice = {}
     for task in problem.tasks:
         fits = _fits(task, problem)
-        within = [o for o in fits if o.technique in DATA_PARALLEL and o.devices <= share]
-        choice[task.name] = (max(within, key=lambda o: (o.devices, -o.seconds)) if within
-                             else min(fits, key=lambda o: (o.devices, o.seconds)))
+        family = ([o for o in fits if o.technique in DATA_PARALLEL]
+                  or [o for o in fits if o.technique == "fsdp"] or fits)
+        base = min(family, key=lambda o: (o.devices * o.seconds, o.devices)).devices
+        within = [o for o in family if o.devices <= max(share, base)]
+        choice[task.name] = max(within, key=lambda o: (o.devices, -o.seconds))
     placed, _ = list_schedule(problem, choice, [t.name for t in problem.tasks])
     return placements_plan("spread", "feasible", problem, placed, began)
 

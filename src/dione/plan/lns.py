@@ -160,6 +160,7 @@ def _round(problem: PlanningProblem, placed: Sequence[Placement], free: set[str]
                 (model.new_fixed_size_interval_var(0, until, f"busy {b.task}"),
                  len(b.device_ids)))
         model.add(span >= until)
+    release = {t.name: ticks(t.release, tick) for t in problem.tasks}
     start_vars: dict[str, cp_model.IntVar] = {}
     choices: dict[tuple[str, int, str], cp_model.IntVar] = {}
     usable: dict[str, list[Option]] = {}
@@ -176,7 +177,7 @@ def _round(problem: PlanningProblem, placed: Sequence[Placement], free: set[str]
             # Constants of one value are one variable: hinted twice, the model is invalid.
             start = model.new_constant(starts[name])
         else:
-            start = model.new_int_var(0, limit, f"start {name}")
+            start = model.new_int_var(min(release[name], limit), limit, f"start {name}")
             model.add_hint(start, starts[name])
         start_vars[name] = start
         if name not in free:

@@ -50,15 +50,18 @@ def useful_for(useful: Sequence[Option], option: Option) -> Option:
 def tick_starts(problem: PlanningProblem, placed: Sequence[Placement], tick: float
                 ) -> dict[str, int]:
     """Starts in ticks that keep ``placed`` valid with lengths rounded up: each task, in
-    start order, at the first tick from its own where its node has room."""
+    start order, at the first tick from its own (and from its release) where its node
+    has room."""
     lines = {n.name: NodeTimeline(n.devices) for n in problem.nodes}
     for b in problem.busy:
         lines[b.node].reserve(0, ticks(b.until, tick), len(b.device_ids))
     starts = {}
+    release = {t.name: t.release for t in problem.tasks}
     for name, option, node, start in sorted(placed, key=lambda p: (p[3], p[0])):
         length = ticks(option.seconds, tick)
-        begin = int(lines[node].earliest_start(option.devices, length,
-                                               math.floor(start / tick + 1e-9)))
+        not_before = max(math.floor(start / tick + 1e-9),
+                         ticks(release.get(name, 0.0), tick))
+        begin = int(lines[node].earliest_start(option.devices, length, not_before))
         lines[node].reserve(begin, begin + length, option.devices)
         starts[name] = begin
     return starts

@@ -170,6 +170,10 @@ def check_plan(plan: Plan, problem: PlanningProblem) -> list[str]:
                                f"{option.seconds:g} s")
         if a.start < -TIME_TOLERANCE:
             reasons.append(f"{where}: starts at {a.start:g} s, before time 0")
+        elif a.task in tasks and a.start < tasks[a.task].release - TIME_TOLERANCE * max(
+                1.0, tasks[a.task].release):
+            reasons.append(f"{where}: starts at {a.start:g} s, before its release at "
+                           f"{tasks[a.task].release:g} s")
         node = nodes.get(a.node)
         if node is None:
             reasons.append(f"{where}: unknown node {a.node!r}")
@@ -237,12 +241,14 @@ def assign_device_ids(
 
 def left_shift(assignments: Sequence[Assignment], problem: PlanningProblem) -> list[Assignment]:
     """Re-time assignments exactly: in their start order, each starts as soon as all its
-    devices are free. Keeps every device's order, so it stays valid and ends no later;
-    it removes what rounding (integer ticks, solver tolerances) added to the times."""
+    devices are free and not before its release. Keeps every device's order, so it
+    stays valid and ends no later; it removes what rounding (integer ticks, solver
+    tolerances) added to the times."""
     free = problem.free_at()
+    release = {t.name: t.release for t in problem.tasks}
     result = []
     for a in sorted(assignments, key=lambda a: (a.start, a.task)):
-        begin = max(free[a.node][d] for d in a.device_ids)
+        begin = max([release.get(a.task, 0.0), *(free[a.node][d] for d in a.device_ids)])
         length = a.end - a.start
         if length <= TIME_TOLERANCE:
             # No device time: it delays nothing after it (it sorted after tasks that

@@ -74,6 +74,9 @@ class TaskOptions:
 
     name: str
     options: tuple[Option, ...]
+    # Seconds from now before which it may not start: a running task's steps after its
+    # slice, planned free to move but not before that slice ends.
+    release: float = 0.0
 
     def fitting(self, node: NodeSpec) -> list[Option]:
         return [o for o in self.options if o.devices <= node.devices]
@@ -149,6 +152,9 @@ class PlanningProblem:
                 reasons += _same_option_twice(where, task.options)
             if not bad and self.nodes:
                 reasons += _fits_no_node(where, task.options, widest)
+            if not _number(task.release) or task.release < 0:
+                reasons.append(f"{where}: release must be a finite number >= 0, not "
+                               f"{task.release!r}")
         reasons += [f"task {n!r}: the name is used twice"
                     for n in _twice([t.name for t in self.tasks])]
         sizes = {n.name: n.devices for n in self.nodes}
@@ -167,7 +173,8 @@ class PlanningProblem:
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "cluster": {"nodes": [n.to_json() for n in self.nodes]},
-            "tasks": [{"name": t.name, "options": [o.to_json() for o in t.options]}
+            "tasks": [{"name": t.name, "options": [o.to_json() for o in t.options],
+                       **({"release": t.release} if t.release else {})}
                       for t in self.tasks],
         }
         if self.busy:
@@ -323,7 +330,12 @@ def _parse(data: Any) -> PlanningProblem:
             continue
         name = raw["name"]
         where = f"task {name!r}"
-        reasons += _unknown(where, raw, {"name", "options"})
+        reasons += _unknown(where, raw, {"name", "options", "release"})
+        release = raw.get("release", 0.0)
+        if not _number(release) or release < 0:
+            reasons.append(f"{where}: release must be a finite number >= 0 (seconds "
+                           f"before which it may not start), not {release!r}")
+            continue
         raw_options = raw.get("options")
         if not isinstance(raw_options, list) or not raw_options:
             reasons.append(f"{where}: options must be a non-empty list")
@@ -335,7 +347,7 @@ def _parse(data: Any) -> PlanningProblem:
             reasons += _same_option_twice(where, valid)
             if nodes:
                 reasons += _fits_no_node(where, valid, widest)
-            tasks.append(TaskOptions(name, valid))
+            tasks.append(TaskOptions(name, valid, float(release)))
     reasons += [f"task {n!r}: the name is used twice" for n in _twice([t.name for t in tasks])]
     busy = _parse_busy(data.get("busy", []), nodes, reasons)
     if reasons:

@@ -92,7 +92,7 @@ def saturn_milp(problem: PlanningProblem, time_limit: float = 10.0,
     makespan = cols.add(0.0, big_m, cost=1.0)
     choice: dict[tuple[int, int, str], int] = {}
     occupy: dict[tuple[int, str, int], int] = {}
-    start = [cols.add(0.0, big_m) for _ in tasks]
+    start = [cols.add(min(task.release, big_m), big_m) for task in tasks]
     length: list[dict[int, float]] = []
     for t, task in enumerate(tasks):
         terms: dict[int, float] = {}
