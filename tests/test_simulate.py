@@ -11,11 +11,12 @@ import pytest
 
 from dione import clock
 from dione.launch.slice import SliceError
+from dione.orchestrate.launching import launchable
 from dione.orchestrate.options import RunEvent, RunOptions
 from dione.orchestrate.plans import read_plans
 from dione.orchestrate.replanning import PlanCandidate, solve_or_fall_back
-from dione.orchestrate.runner import Runner
-from dione.plan import NodeSpec, Option, PlanningProblem, TaskOptions
+from dione.orchestrate.runner import VIRTUAL_SECONDS_PER_UNIT, Runner
+from dione.plan import NodeSpec, Option, PlanningProblem, TaskOptions, check_plan, solve
 from dione.simulate import (
     Scenario,
     ScenarioError,
@@ -342,3 +343,100 @@ def test_a_task_only_a_later_node_can_hold_waits_for_it(tmp_path: Path) -> None:
     with RunStore(run.run_dir) as store:
         wide = store.slices("wide")
     assert {s.node for s in wide} == {"n1"} and min(s.started_at for s in wide) >= 300.0
+
+
+def test_owed_replans_are_solved_past_the_budget_and_not_counted_in_it(
+        tmp_path: Path) -> None:
+    """A re-plan a stop or a lost node owes is solved whatever re-planning has cost, and
+    is not counted in ``replan_share``: on a 50-task ASHA sweep, counting them spent the
+    budget, and the survivors' slice-end re-plans (the ones that may widen them) were
+    then refused (1 of 202 asked was solved)."""
+    problem = small_problem(4)
+    cluster = problem_cluster(problem)
+    tasks, profile = problem_workload(problem, 20, cluster, None)
+    virtual = VirtualClock()
+    options = RunOptions(**{**OPTIONS.__dict__, "replan_share": 0.01})
+    with clock.using(virtual):
+        machines = VirtualCluster(virtual, Scenario())
+        launching = SimulatedLaunching(tmp_path, profile, virtual, Scenario(), machines)
+        runner = Runner(tasks, cluster, tmp_path, profile, options, lambda e: None,
+                        lambda s: None, machines, launching=launching, virtual=True)
+        replanner = runner.replanner
+        try:
+            runner.plan_now()
+            for _ in range(3):  # owed: each solved at once, though no time has passed
+                runner.ask_replan(owed=True)
+                assert replanner.ready() is not None
+            assert replanner.solves == 3 and replanner.owed_units == replanner.units > 0
+            runner.ask_replan()  # budgeted: refused, for 1% of no time is nothing
+            assert replanner.ready() is None and replanner.solves == 3
+            # Time passes until the budget holds two solves: counted, the owed ones
+            # would take it all; they leave it whole.
+            solve = runner.expected_solve_seconds()
+            assert VIRTUAL_SECONDS_PER_UNIT * replanner.owed_units + solve > 2 * solve
+            virtual.wait_any([], 2 * solve / 0.01)
+            runner.ask_replan()
+            assert replanner.ready() is not None and replanner.solves == 4
+            assert replanner.owed_units < replanner.units
+            # Requests made while a solve is in flight are served by one solve, owed if
+            # any of them was.
+            solves = replanner.solves
+            replanner.ask(runner._snapshot)  # solved at once (on a virtual clock)
+            replanner.ask(runner._snapshot, owed=True)
+            replanner.ask(runner._snapshot)
+            owed_before = replanner.owed_units
+            assert replanner.ready() is not None  # the first; the merged one starts
+            assert replanner.ready() is not None and replanner.owed_units > owed_before
+            assert replanner.solves == solves + 2
+            # Budgeted asks stop once they alone would pass it.
+            while VIRTUAL_SECONDS_PER_UNIT * (replanner.units - replanner.owed_units) \
+                    + runner.expected_solve_seconds() <= 0.01 * runner.now():
+                runner.ask_replan()
+                assert replanner.ready() is not None
+            solves = replanner.solves
+            runner.ask_replan()
+            assert replanner.ready() is None and replanner.solves == solves
+        finally:
+            runner.store.close()
+
+
+def test_a_running_tasks_later_steps_are_planned_free_from_its_slice_end(
+        tmp_path: Path) -> None:
+    """A re-plan's problem: each running task holds its devices until its slice ends,
+    and its steps after it are a task of the problem released then (any technique,
+    width or node), not pinned to its devices for the rest of the task."""
+    problem = small_problem(4)
+    cluster = problem_cluster(problem)
+    tasks, profile = problem_workload(problem, 20, cluster, None)
+    virtual = VirtualClock()
+    options = RunOptions(**{**OPTIONS.__dict__, "slice_steps": 5})
+    with clock.using(virtual):
+        machines = VirtualCluster(virtual, Scenario())
+        launching = SimulatedLaunching(tmp_path, profile, virtual, Scenario(), machines)
+        runner = Runner(tasks, cluster, tmp_path, profile, options, lambda e: None,
+                        lambda s: None, machines, launching=launching, virtual=True)
+        try:
+            runner.plan_now()
+            started = [runner.launch(a)
+                       for a in launchable(runner.state.plan, runner.state.records)]
+            assert started
+            virtual.wait_any([], 1.0)
+            remaining, _ = runner.problem()
+            planned = {t.name: t for t in remaining.tasks}
+            running = [r for r in runner.state.records.values() if r.running]
+            assert running and len(remaining.busy) == len(running)
+            for busy in remaining.busy:
+                record = runner.state.records[busy.task]
+                assert record.running is not None
+                ends = runner.predicted_slice_end(record) - runner.now()
+                assert busy.until == pytest.approx(ends, abs=1e-3)
+                later = planned[busy.task]  # 15 steps after its first 5
+                assert later.release == busy.until > 0
+                assert {(o.technique, o.devices) for o in later.options} == \
+                    {("single", 1), ("ddp", 2)}
+            plan = solve(remaining, "cpsat", 2.0, threads=1)
+            assert check_plan(plan, remaining) == []
+            assert all(plan.assignment(b.task).start >= b.until - 1e-6
+                       for b in remaining.busy)
+        finally:
+            runner.store.close()

@@ -50,8 +50,8 @@ class RunOptions:
     # earlier by more than the interval plus 500 s.
     replan_rule: str = "dione"
     # Re-plans wait while their solves (on one core, the next counted at their mean)
-    # would pass this share of the run's time; one owed (a pending task the plan lost)
-    # does not.
+    # would pass this share of the run's time; one owed (a pending task the plan lost,
+    # a stop that freed devices) does not, nor is it counted in that share.
     replan_share: float = 0.05
     # How a task under a stopping rule is planned: "full", its whole remaining length
     # (a stop re-plans at once); "expected", each stretch after a rung counted at the

@@ -76,45 +76,61 @@ class Replanner:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dione-replan")
         self._solving: Future[PlanCandidate] | None = None
         self._wanted: Callable[[], tuple[PlanningProblem, float] | None] | None = None
+        self._wanted_owed = False
         self._lock = threading.Lock()
         self.solves = 0
         self.seconds = 0.0  # spent solving re-plans (beside execution)
         self.units = 0.0  # of CP-SAT's deterministic time they spent (deterministic solves)
+        # The part of both spent on owed solves (a stop freed devices, a node or task
+        # came or went): the re-planning budget holds the others only.
+        self.owed_seconds = 0.0
+        self.owed_units = 0.0
 
-    def ask(self, snapshot: Callable[[], tuple[PlanningProblem, float] | None]) -> None:
+    def ask(self, snapshot: Callable[[], tuple[PlanningProblem, float] | None],
+            owed: bool = False) -> None:
         """Plan again from ``snapshot()`` (the problem now and its time; None: nothing to
-        plan): at once if no solve runs, else as soon as the running one ends."""
+        plan): at once if no solve runs, else as soon as the running one ends. ``owed``:
+        the solve is counted apart from the budgeted ones (a request served together
+        with an owed one is owed)."""
         with self._lock:
             if self._solving is None:
-                self._start(snapshot)
+                self._start(snapshot, owed)
             else:
                 self._wanted = snapshot
+                self._wanted_owed |= owed
 
-    def _start(self, snapshot: Callable[[], tuple[PlanningProblem, float] | None]) -> None:
+    def _start(self, snapshot: Callable[[], tuple[PlanningProblem, float] | None],
+               owed: bool) -> None:
         taken = snapshot()  # on the loop's thread: the state does not move under it
         if taken is None:
             return
         problem, at = taken
         if self.beside:
-            self._solving = self._pool.submit(self._solve, problem, at)
+            self._solving = self._pool.submit(self._solve, problem, at, owed)
         else:
             done: Future[PlanCandidate] = Future()
             try:
-                done.set_result(self._solve(problem, at))
+                done.set_result(self._solve(problem, at, owed))
             except Exception as err:
                 done.set_exception(err)
             self._solving = done
 
-    def _solve(self, problem: PlanningProblem, at: float) -> PlanCandidate:
+    def _solve(self, problem: PlanningProblem, at: float, owed: bool) -> PlanCandidate:
         began = time.perf_counter()
+        units = 0.0
         try:
             # One thread beside execution: the gangs keep the other cores.
             plan, fell_back = solve_or_fall_back(
                 problem, self.solver, self.limit,
                 1 if self.beside or self.deterministic else None, self.deterministic)
-            self.units += float(plan.notes.get("deterministic_spent", 0.0))
+            units = float(plan.notes.get("deterministic_spent", 0.0))
         finally:
-            self.seconds += time.perf_counter() - began
+            spent = time.perf_counter() - began
+            self.seconds += spent
+            self.units += units
+            if owed:
+                self.owed_seconds += spent
+                self.owed_units += units
             self.solves += 1
         return PlanCandidate(plan, problem, at, fell_back)
 
@@ -128,7 +144,8 @@ class Replanner:
             self._solving = None
             if self._wanted is not None:
                 wanted, self._wanted = self._wanted, None
-                self._start(wanted)
+                owed, self._wanted_owed = self._wanted_owed, False
+                self._start(wanted, owed)
             return candidate
 
     @property
@@ -146,7 +163,8 @@ class Replanner:
 
 def retimed_end(plan: list[Assignment], problem: PlanningProblem, at: float) -> float | None:
     """When ``plan`` would finish under ``problem``'s estimates (each device keeps its
-    order, each task starts once its devices are free and not before ``at``); None if it
+    order, each task starts once its devices are free and not before ``at`` plus its
+    release); None if it
     no longer covers the problem's tasks."""
     seconds = {(t.name, o.technique, o.devices): o.seconds
                for t in problem.tasks for o in t.options}
@@ -155,6 +173,7 @@ def retimed_end(plan: list[Assignment], problem: PlanningProblem, at: float) -> 
         for device in busy.device_ids:
             free[(busy.node, device)] = at + busy.until
     pending = {t.name for t in problem.tasks}
+    release = {t.name: t.release for t in problem.tasks}
     end = at
     covered = set()
     for a in sorted(plan, key=lambda a: a.start):
@@ -164,7 +183,7 @@ def retimed_end(plan: list[Assignment], problem: PlanningProblem, at: float) -> 
         if key not in seconds:
             return None
         devices = [(a.node, d) for d in a.device_ids]
-        start = max([at, *(free.get(d, at) for d in devices)])
+        start = max([at + release[a.task], *(free.get(d, at) for d in devices)])
         finish = start + seconds[key]
         for d in devices:
             free[d] = finish
