@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,26 @@ from helpers import dione, small_problem
 
 OPTIONS = RunOptions(solver="cpsat", time_limit=2.0, replan_time_limit=0.5,
                      slice_seconds=60.0, replan_interval=600.0)
+
+
+@contextmanager
+def virtual_runner(run_dir: Path, options: RunOptions = OPTIONS
+                   ) -> Iterator[tuple[Runner, VirtualClock]]:
+    """A runner of ``small_problem(4)`` (20 steps a task) on a virtual clock, for a test
+    to drive by hand, its store closed at the end."""
+    problem = small_problem(4)
+    cluster = problem_cluster(problem)
+    tasks, profile = problem_workload(problem, 20, cluster, None)
+    virtual = VirtualClock()
+    with clock.using(virtual):
+        machines = VirtualCluster(virtual, Scenario())
+        launching = SimulatedLaunching(run_dir, profile, virtual, Scenario(), machines)
+        runner = Runner(tasks, cluster, run_dir, profile, options, lambda e: None,
+                        lambda s: None, machines, launching=launching, virtual=True)
+        try:
+            yield runner, virtual
+        finally:
+            runner.store.close()
 
 
 def test_the_virtual_clock_runs_events_in_time_order_and_jumps_to_them() -> None:
@@ -205,35 +227,24 @@ def test_a_plan_solved_before_a_node_was_lost_is_adopted_without_that_node(
     """A re-plan solves beside execution: a node lost while it solved must not come back
     with it (a Ray run launched onto the lost node and died). Its tasks are then owed a
     plan of their own."""
-    problem = small_problem(4)
-    cluster = problem_cluster(problem)
-    tasks, profile = problem_workload(problem, 20, cluster, None)
-    virtual = VirtualClock()
-    with clock.using(virtual):
-        machines = VirtualCluster(virtual, Scenario())
-        launching = SimulatedLaunching(tmp_path, profile, virtual, Scenario(), machines)
-        runner = Runner(tasks, cluster, tmp_path, profile, OPTIONS, lambda e: None,
-                        lambda s: None, machines, launching=launching, virtual=True)
-        try:
-            runner.plan_now()
-            taken = runner._snapshot()
-            assert taken is not None
-            solved, _ = solve_or_fall_back(taken[0], "cpsat", 1.0, 1, True)
-            assert {a.node for a in solved.assignments} == {"n0", "n1"}
-            runner._lose_node("n1", runner.state.records["t0"],
-                              SliceError("n1 was lost", "node_lost"))
-            runner._adopt(PlanCandidate(solved, taken[0], taken[1]), first=True)
-            assert runner.state.plan and {a.node for a in runner.state.plan} == {"n0"}
-            assert runner._uncovered()  # n1's tasks wait for a plan of their own
-            # A second slice of n1's ends (its loss seen again) after a plan adopted
-            # meanwhile kept that slice's continuation there: it leaves the plan too.
-            kept = next(a for a in solved.assignments if a.node == "n1")
-            runner.state.plan.append(kept)
-            runner._lose_node("n1", runner.state.records[kept.task],
-                              SliceError("n1 was lost", "node_lost"))
-            assert {a.node for a in runner.state.plan} == {"n0"}
-        finally:
-            runner.store.close()
+    with virtual_runner(tmp_path) as (runner, _):
+        runner.plan_now()
+        taken = runner._snapshot()
+        assert taken is not None
+        solved, _ = solve_or_fall_back(taken[0], "cpsat", 1.0, 1, True)
+        assert {a.node for a in solved.assignments} == {"n0", "n1"}
+        runner._lose_node("n1", runner.state.records["t0"],
+                          SliceError("n1 was lost", "node_lost"))
+        runner._adopt(PlanCandidate(solved, taken[0], taken[1]), first=True)
+        assert runner.state.plan and {a.node for a in runner.state.plan} == {"n0"}
+        assert runner._uncovered()  # n1's tasks wait for a plan of their own
+        # A second slice of n1's ends (its loss seen again) after a plan adopted
+        # meanwhile kept that slice's continuation there: it leaves the plan too.
+        kept = next(a for a in solved.assignments if a.node == "n1")
+        runner.state.plan.append(kept)
+        runner._lose_node("n1", runner.state.records[kept.task],
+                          SliceError("n1 was lost", "node_lost"))
+        assert {a.node for a in runner.state.plan} == {"n0"}
 
 
 def test_a_real_sweeps_curves_drive_the_simulated_losses(tmp_path: Path) -> None:
@@ -351,53 +362,42 @@ def test_owed_replans_are_solved_past_the_budget_and_not_counted_in_it(
     is not counted in ``replan_share``: on a 50-task ASHA sweep, counting them spent the
     budget, and the survivors' slice-end re-plans (the ones that may widen them) were
     then refused (1 of 202 asked was solved)."""
-    problem = small_problem(4)
-    cluster = problem_cluster(problem)
-    tasks, profile = problem_workload(problem, 20, cluster, None)
-    virtual = VirtualClock()
     options = RunOptions(**{**OPTIONS.__dict__, "replan_share": 0.01})
-    with clock.using(virtual):
-        machines = VirtualCluster(virtual, Scenario())
-        launching = SimulatedLaunching(tmp_path, profile, virtual, Scenario(), machines)
-        runner = Runner(tasks, cluster, tmp_path, profile, options, lambda e: None,
-                        lambda s: None, machines, launching=launching, virtual=True)
+    with virtual_runner(tmp_path, options) as (runner, virtual):
         replanner = runner.replanner
-        try:
-            runner.plan_now()
-            for _ in range(3):  # owed: each solved at once, though no time has passed
-                runner.ask_replan(owed=True)
-                assert replanner.ready() is not None
-            assert replanner.solves == 3 and replanner.owed_units == replanner.units > 0
-            runner.ask_replan()  # budgeted: refused, for 1% of no time is nothing
-            assert replanner.ready() is None and replanner.solves == 3
-            # Time passes until the budget holds two solves: counted, the owed ones
-            # would take it all; they leave it whole.
-            solve = runner.expected_solve_seconds()
-            assert VIRTUAL_SECONDS_PER_UNIT * replanner.owed_units + solve > 2 * solve
-            virtual.wait_any([], 2 * solve / 0.01)
+        runner.plan_now()
+        for _ in range(3):  # owed: each solved at once, though no time has passed
+            runner.ask_replan(owed=True)
+            assert replanner.ready() is not None
+        assert replanner.solves == 3 and replanner.owed_units == replanner.units > 0
+        runner.ask_replan()  # budgeted: refused, for 1% of no time is nothing
+        assert replanner.ready() is None and replanner.solves == 3
+        # Time passes until the budget holds two solves: counted, the owed ones
+        # would take it all; they leave it whole.
+        one_solve = runner.expected_solve_seconds()
+        assert VIRTUAL_SECONDS_PER_UNIT * replanner.owed_units + one_solve > 2 * one_solve
+        virtual.wait_any([], 2 * one_solve / 0.01)
+        runner.ask_replan()
+        assert replanner.ready() is not None and replanner.solves == 4
+        assert replanner.owed_units < replanner.units
+        # Requests made while a solve is in flight are served by one solve, owed if
+        # any of them was.
+        solves = replanner.solves
+        replanner.ask(runner._snapshot)  # solved at once (on a virtual clock)
+        replanner.ask(runner._snapshot, owed=True)
+        replanner.ask(runner._snapshot)
+        owed_before = replanner.owed_units
+        assert replanner.ready() is not None  # the first; the merged one starts
+        assert replanner.ready() is not None and replanner.owed_units > owed_before
+        assert replanner.solves == solves + 2
+        # Budgeted asks stop once they alone would pass it.
+        while VIRTUAL_SECONDS_PER_UNIT * (replanner.units - replanner.owed_units) \
+                + runner.expected_solve_seconds() <= 0.01 * runner.now():
             runner.ask_replan()
-            assert replanner.ready() is not None and replanner.solves == 4
-            assert replanner.owed_units < replanner.units
-            # Requests made while a solve is in flight are served by one solve, owed if
-            # any of them was.
-            solves = replanner.solves
-            replanner.ask(runner._snapshot)  # solved at once (on a virtual clock)
-            replanner.ask(runner._snapshot, owed=True)
-            replanner.ask(runner._snapshot)
-            owed_before = replanner.owed_units
-            assert replanner.ready() is not None  # the first; the merged one starts
-            assert replanner.ready() is not None and replanner.owed_units > owed_before
-            assert replanner.solves == solves + 2
-            # Budgeted asks stop once they alone would pass it.
-            while VIRTUAL_SECONDS_PER_UNIT * (replanner.units - replanner.owed_units) \
-                    + runner.expected_solve_seconds() <= 0.01 * runner.now():
-                runner.ask_replan()
-                assert replanner.ready() is not None
-            solves = replanner.solves
-            runner.ask_replan()
-            assert replanner.ready() is None and replanner.solves == solves
-        finally:
-            runner.store.close()
+            assert replanner.ready() is not None
+        solves = replanner.solves
+        runner.ask_replan()
+        assert replanner.ready() is None and replanner.solves == solves
 
 
 def test_a_running_tasks_later_steps_are_planned_free_from_its_slice_end(
@@ -405,38 +405,27 @@ def test_a_running_tasks_later_steps_are_planned_free_from_its_slice_end(
     """A re-plan's problem: each running task holds its devices until its slice ends,
     and its steps after it are a task of the problem released then (any technique,
     width or node), not pinned to its devices for the rest of the task."""
-    problem = small_problem(4)
-    cluster = problem_cluster(problem)
-    tasks, profile = problem_workload(problem, 20, cluster, None)
-    virtual = VirtualClock()
     options = RunOptions(**{**OPTIONS.__dict__, "slice_steps": 5})
-    with clock.using(virtual):
-        machines = VirtualCluster(virtual, Scenario())
-        launching = SimulatedLaunching(tmp_path, profile, virtual, Scenario(), machines)
-        runner = Runner(tasks, cluster, tmp_path, profile, options, lambda e: None,
-                        lambda s: None, machines, launching=launching, virtual=True)
-        try:
-            runner.plan_now()
-            started = [runner.launch(a)
-                       for a in launchable(runner.state.plan, runner.state.records)]
-            assert started
-            virtual.wait_any([], 1.0)
-            remaining, _ = runner.problem()
-            planned = {t.name: t for t in remaining.tasks}
-            running = [r for r in runner.state.records.values() if r.running]
-            assert running and len(remaining.busy) == len(running)
-            for busy in remaining.busy:
-                record = runner.state.records[busy.task]
-                assert record.running is not None
-                ends = runner.predicted_slice_end(record) - runner.now()
-                assert busy.until == pytest.approx(ends, abs=1e-3)
-                later = planned[busy.task]  # 15 steps after its first 5
-                assert later.release == busy.until > 0
-                assert {(o.technique, o.devices) for o in later.options} == \
-                    {("single", 1), ("ddp", 2)}
-            plan = solve(remaining, "cpsat", 2.0, threads=1)
-            assert check_plan(plan, remaining) == []
-            assert all(plan.assignment(b.task).start >= b.until - 1e-6
-                       for b in remaining.busy)
-        finally:
-            runner.store.close()
+    with virtual_runner(tmp_path, options) as (runner, virtual):
+        runner.plan_now()
+        started = [runner.launch(a)
+                   for a in launchable(runner.state.plan, runner.state.records)]
+        assert started
+        virtual.wait_any([], 1.0)
+        remaining, _ = runner.problem()
+        planned = {t.name: t for t in remaining.tasks}
+        running = [r for r in runner.state.records.values() if r.running]
+        assert running and len(remaining.busy) == len(running)
+        for busy in remaining.busy:
+            record = runner.state.records[busy.task]
+            assert record.running is not None
+            ends = runner.predicted_slice_end(record) - runner.now()
+            assert busy.until == pytest.approx(ends, abs=1e-3)
+            later = planned[busy.task]  # 15 steps after its first 5
+            assert later.release == busy.until > 0
+            assert {(o.technique, o.devices) for o in later.options} == \
+                {("single", 1), ("ddp", 2)}
+        plan = solve(remaining, "cpsat", 2.0, threads=1)
+        assert check_plan(plan, remaining) == []
+        assert all(plan.assignment(b.task).start >= b.until - 1e-6
+                   for b in remaining.busy)

@@ -164,8 +164,7 @@ class Replanner:
 def retimed_end(plan: list[Assignment], problem: PlanningProblem, at: float) -> float | None:
     """When ``plan`` would finish under ``problem``'s estimates (each device keeps its
     order, each task starts once its devices are free and not before ``at`` plus its
-    release); None if it
-    no longer covers the problem's tasks."""
+    release); None if it no longer covers the problem's tasks."""
     seconds = {(t.name, o.technique, o.devices): o.seconds
                for t in problem.tasks for o in t.options}
     free: dict[tuple[str, int], float] = {}
@@ -173,7 +172,7 @@ def retimed_end(plan: list[Assignment], problem: PlanningProblem, at: float) -> 
         for device in busy.device_ids:
             free[(busy.node, device)] = at + busy.until
     pending = {t.name for t in problem.tasks}
-    release = {t.name: t.release for t in problem.tasks}
+    release = problem.releases()
     end = at
     covered = set()
     for a in sorted(plan, key=lambda a: a.start):

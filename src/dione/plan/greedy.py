@@ -73,7 +73,7 @@ def list_schedule(
     lines = _timelines(problem)
     placed: list[Placement] = []
     makespan = max((b.until for b in problem.busy), default=0.0)
-    release = {t.name: t.release for t in problem.tasks}
+    release = problem.releases()
     for name in order:
         option = choice[name]
         ready = release.get(name, 0.0)

@@ -160,7 +160,7 @@ def _round(problem: PlanningProblem, placed: Sequence[Placement], free: set[str]
                 (model.new_fixed_size_interval_var(0, until, f"busy {b.task}"),
                  len(b.device_ids)))
         model.add(span >= until)
-    release = {t.name: ticks(t.release, tick) for t in problem.tasks}
+    release = {name: ticks(seconds, tick) for name, seconds in problem.releases().items()}
     start_vars: dict[str, cp_model.IntVar] = {}
     choices: dict[tuple[str, int, str], cp_model.IntVar] = {}
     usable: dict[str, list[Option]] = {}

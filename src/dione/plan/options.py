@@ -56,7 +56,7 @@ def tick_starts(problem: PlanningProblem, placed: Sequence[Placement], tick: flo
     for b in problem.busy:
         lines[b.node].reserve(0, ticks(b.until, tick), len(b.device_ids))
     starts = {}
-    release = {t.name: t.release for t in problem.tasks}
+    release = problem.releases()
     for name, option, node, start in sorted(placed, key=lambda p: (p[3], p[0])):
         length = ticks(option.seconds, tick)
         not_before = max(math.floor(start / tick + 1e-9),

@@ -245,7 +245,7 @@ def left_shift(assignments: Sequence[Assignment], problem: PlanningProblem) -> l
     stays valid and ends no later; it removes what rounding (integer ticks, solver
     tolerances) added to the times."""
     free = problem.free_at()
-    release = {t.name: t.release for t in problem.tasks}
+    release = problem.releases()
     result = []
     for a in sorted(assignments, key=lambda a: (a.start, a.task)):
         begin = max([release.get(a.task, 0.0), *(free[a.node][d] for d in a.device_ids)])

@@ -119,6 +119,10 @@ class PlanningProblem:
     def total_devices(self) -> int:
         return sum(n.devices for n in self.nodes)
 
+    def releases(self) -> dict[str, float]:
+        """Per task, the seconds from now before which it may not start (0: none)."""
+        return {t.name: t.release for t in self.tasks}
+
     def free_at(self) -> dict[str, list[float]]:
         """Per node, when each device is free of the tasks already running (0: now)."""
         times = {n.name: [0.0] * n.devices for n in self.nodes}
@@ -152,9 +156,7 @@ class PlanningProblem:
                 reasons += _same_option_twice(where, task.options)
             if not bad and self.nodes:
                 reasons += _fits_no_node(where, task.options, widest)
-            if not _number(task.release) or task.release < 0:
-                reasons.append(f"{where}: release must be a finite number >= 0, not "
-                               f"{task.release!r}")
+            reasons += _release_mistakes(where, task.release)
         reasons += [f"task {n!r}: the name is used twice"
                     for n in _twice([t.name for t in self.tasks])]
         sizes = {n.name: n.devices for n in self.nodes}
@@ -236,6 +238,13 @@ def _fits_no_node(where: str, options: Iterable[Option], widest: int) -> list[st
         return []
     return [f"{where}: no option fits any node (the widest has {widest} devices, the "
             f"narrowest option needs {min(o.devices for o in options)})"]
+
+
+def _release_mistakes(where: str, release: Any) -> list[str]:
+    if not _number(release) or release < 0:
+        return [f"{where}: release must be a finite number >= 0 (seconds before which it "
+                f"may not start), not {release!r}"]
+    return []
 
 
 def _busy_mistakes(where: str, node: Any, ids: Any, until: Any,
@@ -332,9 +341,9 @@ def _parse(data: Any) -> PlanningProblem:
         where = f"task {name!r}"
         reasons += _unknown(where, raw, {"name", "options", "release"})
         release = raw.get("release", 0.0)
-        if not _number(release) or release < 0:
-            reasons.append(f"{where}: release must be a finite number >= 0 (seconds "
-                           f"before which it may not start), not {release!r}")
+        bad_release = _release_mistakes(where, release)
+        if bad_release:
+            reasons += bad_release
             continue
         raw_options = raw.get("options")
         if not isinstance(raw_options, list) or not raw_options:
