@@ -104,9 +104,6 @@ def main() -> None:
                         help="each re-plan's solve, in CP-SAT's deterministic units")
     parser.add_argument("--slice-seconds", type=float, default=1800.0,
                         help="a slice's length at most (it also ends at each rung)")
-    parser.add_argument("--slice-at-decisions", action="store_true",
-                        help="end a slice just after the next predicted decision of "
-                             "another task's rule (RunOptions.slice_at_decisions)")
     parser.add_argument("--ways", default="grid,kept,spread,replanned,expected",
                         help="the grid first, then any of " + ", ".join(TITLES))
     args = parser.parse_args()
@@ -119,8 +116,7 @@ def main() -> None:
     # time, each counted at 5 s per unit of deterministic time; a stop re-plans past it.
     options = RunOptions(time_limit=1.0, replan_time_limit=args.replan_time_limit,
                          replan_interval=3600.0, replan_share=args.replan_share,
-                         slice_seconds=args.slice_seconds,
-                         slice_at_decisions=args.slice_at_decisions)
+                         slice_seconds=args.slice_seconds)
     print(f"{len(problem.tasks)} tasks of {args.instance} ({STEPS} steps each), "
           f"Asha(min_steps=10, eta=3) on the training loss; losses: "
           f"{args.curves or 'exponential'}\n")

@@ -29,7 +29,6 @@ from dione.simulate import (
 )
 from dione.simulate.launching import SimulatedLaunching, VirtualCluster
 from dione.simulate.workload import problem_cluster, problem_workload
-from dione.spec.stopping import Asha
 from dione.state.store import RunStore
 from helpers import dione, small_problem
 
@@ -430,29 +429,3 @@ def test_a_running_tasks_later_steps_are_planned_free_from_its_slice_end(
         assert check_plan(plan, remaining) == []
         assert all(plan.assignment(b.task).start >= b.until - 1e-6
                    for b in remaining.busy)
-
-
-def test_a_slice_ends_just_after_another_tasks_predicted_decision_when_asked(
-        tmp_path: Path) -> None:
-    """``slice_at_decisions``: a slow task's slice that would run past the next rung
-    another task is predicted to reach ends just after it (so the devices a stop frees
-    can widen the slow one); without it the slice runs to the slow task's own rung."""
-    problem = PlanningProblem((NodeSpec("n0", 2),), (
-        TaskOptions("slow", (Option("single", 1, 1000.0),)),  # 50 s a step
-        TaskOptions("quick", (Option("single", 1, 400.0),))))  # 20 s: rung 5 at 100 s
-    first_slices: dict[bool, tuple[int, int]] = {}
-    for cut in (False, True):
-        options = RunOptions(**{**OPTIONS.__dict__, "slice_seconds": 10_000.0,
-                                "slice_at_decisions": cut})
-        run_dir = tmp_path / f"cut-{cut}"
-        result = simulate(problem, run_dir, steps=20, options=options,
-                          stopping=Asha(min_steps=5, eta=2))
-        with RunStore(run_dir) as store:
-            slow = store.slices("slow")
-            first_slices[cut] = (slow[0].start_step, slow[0].end_step)
-            assert {t.status for t in store.tasks()} <= {"done", "stopped"}
-        assert result.makespan > 0
-    assert first_slices[False] == (0, 5)  # to its own rung at 250 s
-    # quick's rung at 100 s is past a quarter of slow's 250-s slice: slow ends at the
-    # first step after it (and the lead of two solves), step 3 at 150 s.
-    assert first_slices[True] == (0, 3)

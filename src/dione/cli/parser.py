@@ -85,9 +85,6 @@ _RUN = (
                "rule is planned: its whole length (full), the length its rule leaves "
                "expected (a halving rule's 1/eta per rung), or up to its next rung (rung)",
                choices=("full", "expected", "rung")),
-    OptionFlag("--slice-at-decisions", "slice_at_decisions", "end a slice just after the "
-               "next decision another task's stopping rule is predicted to make, so the "
-               "devices a stop frees can widen it", switch=True),
     OptionFlag("--slice-steps", "slice_steps", "checkpoint every this many steps",
                type=positive_int),
     OptionFlag("--slice-seconds", "slice_seconds", "aim for slices of this many seconds "

@@ -58,10 +58,6 @@ class RunOptions:
     # chance of passing the rungs before it (a halving rule's 1/eta per rung); "rung",
     # up to its next rung only (its whole remaining length after the last).
     stopping_horizon: str = "full"
-    # A slice that would run past the next decision another task's stopping rule is
-    # predicted to make ends just after it (when that is past a quarter of the slice):
-    # a slice cannot be cut short, and the devices a stop frees can widen this task.
-    slice_at_decisions: bool = False
     slice_steps: int | None = None  # steps per slice (None: ``slice_seconds`` or all)
     # Aim for slices of about this length (None: auto_slice_seconds, from the start-up
     # each option measured: at least 5 minutes, with start-up at most 5% of a slice).
@@ -132,7 +128,6 @@ _OPTION_RULES: dict[str, Callable[[object], str | None]] = {
     "replan": _kind(bool), "replan_interval": _number(), "replan_margin": _number(False),
     "replan_share": _number(), "replan_rule": _one_of("dione", "saturn"),
     "stopping_horizon": _one_of("full", "expected", "rung"),
-    "slice_at_decisions": _kind(bool),
     "slice_steps": _number(optional=True, whole=True),
     "slice_seconds": _number(optional=True), "max_failures": _number(whole=True),
     "timeout": _number(optional=True), "catalog": _kind(str, optional=True),

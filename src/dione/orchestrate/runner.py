@@ -24,7 +24,7 @@ from dione import clock
 from dione.launch.local import GangInterrupted, Launcher
 from dione.launch.slice import SliceError, SliceResult
 from dione.orchestrate.additions import Intake, Profiling, TaskInbox, request_message
-from dione.orchestrate.estimates import AUTO_SLICE_START_UP_SHARE, Estimates, planning_nodes
+from dione.orchestrate.estimates import Estimates, planning_nodes
 from dione.orchestrate.launching import SliceLaunching, SliceStarter, launchable
 from dione.orchestrate.options import RunDirError, RunEvent, RunOptions
 from dione.orchestrate.plans import AdoptedPlan, next_plan_file, plan_files, write_plan
@@ -37,7 +37,7 @@ from dione.orchestrate.replanning import (
 )
 from dione.plan.plan import Assignment
 from dione.plan.problem import Busy, PlanningProblem
-from dione.profile.results import Profile, ProfiledOption
+from dione.profile.results import Profile
 from dione.spec.cluster import Cluster
 from dione.spec.stopping import Decision
 from dione.spec.task import Task
@@ -503,8 +503,6 @@ class Runner:
                 if s is not None]
         if ends and start + steps >= min(ends):
             steps = min(ends) - start
-        if self.options.slice_at_decisions and not self.options.slice_steps:
-            steps = self._to_next_decision(record, option, start, steps)
         end = start + steps
         evaluates = end in evaluated
         predicted = self.estimates.option_seconds(a.task, option, steps, start > 0,
@@ -519,27 +517,6 @@ class Runner:
         self.emit(RunEvent("slice_started", f"{a.task}: steps {start}-{start + steps} under "
                            f"{a.technique} on {a.node} devices {list(a.device_ids)}", a.task))
         return self.launching.start(record, running, self.cluster.node(a.node))
-
-    def _to_next_decision(self, record: TaskRecord, option: ProfiledOption, start: int,
-                          steps: int) -> int:
-        """``steps`` cut so that the slice ends just after the next decision of another
-        task's stopping rule (a rung, or the end of a task under a rule) predicted past a
-        quarter of the slice, and past the start-up's share of a slice; else ``steps``."""
-        seconds = self.estimates.option_seconds(record.name, option, steps, start > 0, 0)
-        if steps <= 1 or seconds <= 0:
-            return steps
-        r = option.record
-        start_up = r.fixed_seconds + r.load_seconds + r.save_seconds
-        now = self.now()
-        after = now + max(seconds / 4, start_up / AUTO_SLICE_START_UP_SHARE)
-        decisions = [self.predicted_slice_end(other) for other in self.state.records.values()
-                     if other.running and other is not record
-                     and other.task.stopping is not None
-                     and (other.running.at_rung or other.running.end_step >= other.total)]
-        decision = min((t for t in decisions if t >= after), default=None)
-        if decision is None or decision + self._lead() - now >= seconds:
-            return steps
-        return max(1, min(steps, math.ceil((decision + self._lead() - now) * steps / seconds)))
 
     def finished(self, name: str, future: Future[SliceResult]) -> bool:
         """Record a slice's end; whether it departs from the plan enough to re-plan."""
