@@ -76,6 +76,23 @@ def dione_way(tasks: list[Task], run_dir: Path, devices: str, catalog: str,
             "stopped": sum(t.status == "stopped" for t in result.tasks)}
 
 
+def print_order(run_dir: Path) -> None:
+    """A dione way's rung decisions in the order they came, and its slices in the order
+    they started (who reached a rung first decides ASHA's promotions)."""
+    from dione.state.store import RunStore
+
+    with RunStore(run_dir) as store:
+        for task, rung, value, stopped, reason in store.decisions():
+            print(f"  rung {rung:4d} {task:14s} {value:.3f} {'stopped' if stopped else 'on'}: "
+                  f"{reason}")
+        slices = sorted(store.slices(), key=lambda s: s.started_at)
+        zero = slices[0].started_at if slices else 0.0
+        for s in slices:
+            print(f"    {s.task:14s} steps {s.start_step:4d}-{s.end_step:4d} device "
+                  f"{s.device_ids} {s.started_at - zero:6.1f}-"
+                  f"{(s.ended_at or s.started_at) - zero:6.1f} s {s.status}")
+
+
 def ray_trainable(config: dict[str, Any]) -> None:
     """One configuration as a Ray Tune function trainable: the same model, loss,
     optimizer, batch and seed as dione's task; the loss reported at each rung."""
@@ -188,6 +205,8 @@ def main() -> None:
     parser.add_argument("--devices", default="cpu:2")
     parser.add_argument("--ways", default="grid,kept,replanned,ray,optuna",
                         help="of grid, kept, replanned, expected, ray, ray-widest, optuna")
+    parser.add_argument("--show-order", action="store_true",
+                        help="print each dione way's rung decisions and slices in order")
     parser.add_argument("--save-curves", metavar="FILE",
                         help="write the grid's training loss per step of each task (JSON, "
                              "a simulation scenario's `curves`)")
@@ -236,6 +255,8 @@ def main() -> None:
             elif way == "optuna":
                 found[way] = optuna_way(args.steps, run_dir, args.devices, catalog)
             print(f"{way}: {found[way]}", flush=True)
+            if args.show_order and way in ("grid", "kept", "replanned", "expected"):
+                print_order(run_dir)
     report(found, args.steps)
 
 
