@@ -556,3 +556,67 @@ def test_a_nodes_first_free_time_bounds_every_start_there(
         line.reserve(at, at + seconds, devices)
         assert line.first_free(demand) == line.earliest_start(demand, 0.0)  # kept fresh
     assert line.first_free(demand) <= line.earliest_start(demand, length)
+
+
+# -- the likeliest work first ---------------------------------------------------------------
+
+def _by_hand(problem: PlanningProblem, order: dict[str, tuple[int, float]]) -> Plan:
+    """A plan placing each task at (device, start) on node n0, as given."""
+    assignments = tuple(
+        Assignment(name, "single", {}, "n0", (device,), start,
+                   start + problem.task(name).options[0].seconds)
+        for name, (device, start) in order.items())
+    return Plan("by hand", "feasible", max(a.end for a in assignments), 0.0, assignments)
+
+
+def test_among_plans_that_end_as_late_the_likeliest_work_runs_first() -> None:
+    from dione.plan.likely import likely_first
+
+    # A survivor past its last rung (all its 60 s expected) and four new configurations
+    # (each 40 s at full length, a ninth of it expected): the solver may start the new
+    # ones first; the same plan, re-listed, starts the survivor at once.
+    certain = problem_of({"s": [(1, 60.0)], **{f"p{i}": [(1, 40.0)] for i in range(4)}},
+                         {"n0": 2})
+    sweep = replace(certain, tasks=tuple(
+        t if t.name == "s" else replace(t, expected_share=1 / 9) for t in certain.tasks))
+    found = _by_hand(sweep, {"p0": (0, 0.0), "p1": (1, 0.0), "p2": (0, 40.0),
+                             "s": (1, 40.0), "p3": (0, 80.0)})
+    first = likely_first(sweep, found)
+    assert check_plan(first, sweep) == []
+    assert first.makespan == found.makespan == 120.0
+    assert {a.task: a.start for a in first.assignments}["s"] == 0.0
+    assert first.notes["order"] == "likeliest work first"
+    # Every task certain to run all its seconds: the plan as found, untouched.
+    assert likely_first(certain, found) is found
+    # Where the new order would end later, the plan as found: two likelier 50-s tasks
+    # first would push the 100-s one, then the two-device one, 50 s later.
+    mixed = problem_of({"long": [(1, 100.0)], "s1": [(1, 50.0)], "s2": [(1, 50.0)],
+                        "wide": [(2, 10.0)]}, {"n0": 2})
+    shares = {"long": 0.2, "s1": 0.5, "s2": 0.5, "wide": 1.0}
+    mixed = replace(mixed, tasks=tuple(replace(t, expected_share=shares[t.name])
+                                       for t in mixed.tasks))
+    packed = Plan("by hand", "feasible", 110.0, 0.0, (
+        Assignment("long", "single", {}, "n0", (0,), 0.0, 100.0),
+        Assignment("s1", "single", {}, "n0", (1,), 0.0, 50.0),
+        Assignment("s2", "single", {}, "n0", (1,), 50.0, 100.0),
+        Assignment("wide", "ddp", {}, "n0", (0, 1), 100.0, 110.0)))
+    assert likely_first(mixed, packed) is packed
+    # Through the solvers: dione's re-list, the baselines do not; the makespan holds.
+    for solver in ("cpsat", "greedy"):
+        plan = solve(sweep, solver, 2.0)
+        assert check_plan(plan, sweep) == [] and plan.makespan == 120.0
+        assert {a.task: a.start for a in plan.assignments}["s"] == 0.0, solver
+
+
+def test_an_expected_share_round_trips_and_a_bad_one_is_named() -> None:
+    shared = replace(SMALL, tasks=tuple(replace(t, expected_share=0.25) if t.name == "a"
+                                        else t for t in SMALL.tasks))
+    data = shared.to_json()
+    assert [t.get("expected_share") for t in data["tasks"]] == [0.25, None, None]
+    assert PlanningProblem.from_json(json.loads(json.dumps(data))) == shared
+    assert "expected_share" not in json.dumps(SMALL.to_json())  # 1.0 is not written
+    for bad in (0.0, 1.5, "half"):
+        data["tasks"][0]["expected_share"] = bad
+        with pytest.raises(ProblemError, match=r"expected_share must be a number in "
+                                               rf"\(0, 1\].*not {bad!r}"):
+            PlanningProblem.from_json(data)
