@@ -204,8 +204,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=729)
     parser.add_argument("--devices", default="cpu:2")
     parser.add_argument("--ways", default="grid,kept,replanned,ray,optuna",
-                        help="of grid, kept, replanned, makespan-order, expected, ray, "
-                        "ray-widest, optuna")
+                        help="of grid, kept, replanned, expected, ray, ray-widest, optuna")
     parser.add_argument("--show-order", action="store_true",
                         help="print each dione way's rung decisions and slices in order")
     parser.add_argument("--save-curves", metavar="FILE",
@@ -239,9 +238,6 @@ def main() -> None:
             elif way == "replanned":
                 found[way] = dione_way(sweep(args.steps, rule), run_dir, args.devices,
                                        catalog)
-            elif way == "makespan-order":  # re-planned, the solver's order kept
-                found[way] = dione_way(sweep(args.steps, rule), run_dir, args.devices,
-                                       catalog, likely_first=False)
             elif way == "expected":  # re-planned, each task at its expected length
                 found[way] = dione_way(sweep(args.steps, rule), run_dir, args.devices,
                                        catalog, stopping_horizon="expected")
@@ -259,8 +255,7 @@ def main() -> None:
             elif way == "optuna":
                 found[way] = optuna_way(args.steps, run_dir, args.devices, catalog)
             print(f"{way}: {found[way]}", flush=True)
-            if args.show_order and way in ("grid", "kept", "replanned", "makespan-order",
-                                                   "expected"):
+            if args.show_order and way in ("grid", "kept", "replanned", "expected"):
                 print_order(run_dir)
     report(found, args.steps)
 

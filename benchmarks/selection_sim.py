@@ -73,23 +73,19 @@ def picked(run_dir: Path) -> tuple[str, float]:
     return best, finals[best]
 
 
-# way: (stopping rule, re-plan, horizon, solver, likeliest work first); "spread" is
-# HyperSched's rule.
+# way: (stopping rule, re-plan, horizon, solver); "spread" is HyperSched's rule.
 WAYS = {
-    "grid": (None, True, "full", "cpsat", True),
-    "kept": ("asha", False, "full", "cpsat", True),
-    "spread": ("asha", True, "full", "spread", True),
-    "replanned": ("asha", True, "full", "cpsat", True),
-    "makespan-order": ("asha", True, "full", "cpsat", False),
-    "expected": ("asha", True, "expected", "cpsat", True),
-    "rung": ("asha", True, "rung", "cpsat", True),
-    "sh-kept": ("sh", False, "full", "cpsat", True),
-    "sh-replanned": ("sh", True, "full", "cpsat", True),
+    "grid": (None, True, "full", "cpsat"),
+    "kept": ("asha", False, "full", "cpsat"),
+    "spread": ("asha", True, "full", "spread"),
+    "replanned": ("asha", True, "full", "cpsat"),
+    "expected": ("asha", True, "expected", "cpsat"),
+    "rung": ("asha", True, "rung", "cpsat"),
+    "sh-kept": ("sh", False, "full", "cpsat"),
+    "sh-replanned": ("sh", True, "full", "cpsat"),
 }
 TITLES = {"kept": "ASHA, first plan kept", "spread": "ASHA, freed devices spread evenly",
-          "replanned": "ASHA re-planned",
-          "makespan-order": "ASHA re-planned, the solver's order",
-          "expected": "ASHA re-planned, expected horizon",
+          "replanned": "ASHA re-planned", "expected": "ASHA re-planned, expected horizon",
           "rung": "ASHA re-planned, to the next rung",
           "sh-kept": "SH, first plan kept", "sh-replanned": "SH re-planned"}
 
@@ -135,14 +131,13 @@ def main() -> None:
             cluster = parse_cluster(f"{nodes}x8")
             found = {}
             for way in ways:
-                rule, replan, horizon, solver, likely = WAYS[way]
+                rule, replan, horizon, solver = WAYS[way]
                 run_dir = Path(tmp) / f"{way}-{nodes}"
                 result = simulate(problem, run_dir, cluster=cluster, scenario=scenario,
                                   steps=STEPS, stopping=rules[rule] if rule else None,
                                   options=RunOptions(**{**options.__dict__,
                                                         "replan": replan, "solver": solver,
-                                                        "stopping_horizon": horizon,
-                                                        "likely_first": likely}))
+                                                        "stopping_horizon": horizon}))
                 found[way] = (result.makespan, picked(run_dir))
                 bounds[nodes, way] = (result.makespan, lower_bound(problem, run_dir, cluster))
             grid = found["grid"][0]

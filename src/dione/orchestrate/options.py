@@ -58,10 +58,6 @@ class RunOptions:
     # chance of passing the rungs before it (a halving rule's 1/eta per rung); "rung",
     # up to its next rung only (its whole remaining length after the last).
     stopping_horizon: str = "full"
-    # Under the full horizon, tell the planner each task's expected share of its
-    # seconds, so that among plans that end as late the likeliest work runs first
-    # (``dione.plan.likely``); False: the solver's order as found.
-    likely_first: bool = True
     slice_steps: int | None = None  # steps per slice (None: ``slice_seconds`` or all)
     # Aim for slices of about this length (None: auto_slice_seconds, from the start-up
     # each option measured: at least 5 minutes, with start-up at most 5% of a slice).
@@ -131,7 +127,7 @@ _OPTION_RULES: dict[str, Callable[[object], str | None]] = {
     "solver": _kind(str), "time_limit": _number(), "replan_time_limit": _number(),
     "replan": _kind(bool), "replan_interval": _number(), "replan_margin": _number(False),
     "replan_share": _number(), "replan_rule": _one_of("dione", "saturn"),
-    "stopping_horizon": _one_of("full", "expected", "rung"), "likely_first": _kind(bool),
+    "stopping_horizon": _one_of("full", "expected", "rung"),
     "slice_steps": _number(optional=True, whole=True),
     "slice_seconds": _number(optional=True), "max_failures": _number(whole=True),
     "timeout": _number(optional=True), "catalog": _kind(str, optional=True),

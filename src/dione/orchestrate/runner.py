@@ -237,10 +237,9 @@ class Runner:
         its own slice ends (50 tasks under ASHA on 4 simulated nodes: 32% of the
         devices busy over the last half of the run)."""
         now = self.now()
-        tasks = [replace(self.estimates.task_options(
-                     r.name, self.planned_steps(r, r.done_steps), r.done_steps > 0,
-                     self.planned_evaluations(r, r.done_steps)),
-                     expected_share=self.expected_share(r, r.done_steps))
+        tasks = [self.estimates.task_options(r.name, self.planned_steps(r, r.done_steps),
+                                             r.done_steps > 0,
+                                             self.planned_evaluations(r, r.done_steps))
                  for r in self._pending_that_fit()]
         nodes = {n.name for n in self.cluster}
         busy = []
@@ -253,8 +252,7 @@ class Runner:
             if r.total > running.end_step:
                 tasks.append(replace(self.estimates.task_options(
                     r.name, self.planned_steps(r, running.end_step), True,
-                    self.planned_evaluations(r, running.end_step)), release=until,
-                    expected_share=self.expected_share(r, running.end_step)))
+                    self.planned_evaluations(r, running.end_step)), release=until))
             busy.append(Busy(r.name, a.node, a.device_ids, until))
         return PlanningProblem(planning_nodes(self.cluster), tuple(tasks), tuple(busy)), now
 
@@ -268,16 +266,6 @@ class Runner:
         if self.options.stopping_horizon == "rung":
             return (rule.next_rung(done, record.total) or record.total) - done
         return max(1, round(rule.expected_steps(done, record.total)))
-
-    def expected_share(self, record: TaskRecord, done: int) -> float:
-        """The share of the steps planned after ``done`` its stopping rule expects the
-        task to train (1.0: no rule, another horizon, or ``likely_first`` off)."""
-        rule = record.task.stopping
-        planned = self.planned_steps(record, done)
-        if rule is None or self.options.stopping_horizon != "full" \
-                or not self.options.likely_first or planned <= 0:
-            return 1.0
-        return round(min(1.0, max(1.0, rule.expected_steps(done, record.total)) / planned), 6)
 
     def planned_evaluations(self, record: TaskRecord, done: int) -> int:
         """The evaluations within the steps the planner counts after ``done``."""

@@ -123,7 +123,7 @@ def load_plan(path: str | Path) -> Plan:
     return Plan.from_json(json.loads(Path(path).read_text()))
 
 
-def matching_option(assignment: Assignment, options: Sequence[Option]) -> Option | None:
+def _matching_option(assignment: Assignment, options: Sequence[Option]) -> Option | None:
     knobs = json.dumps(dict(assignment.knobs), sort_keys=True)
     for option in options:
         if option.key() == (assignment.technique, knobs, assignment.devices):
@@ -159,7 +159,7 @@ def check_plan(plan: Plan, problem: PlanningProblem) -> list[str]:
     for a in plan.assignments:
         where = f"task {a.task!r}"
         if a.task in tasks:
-            option = matching_option(a, tasks[a.task].options)
+            option = _matching_option(a, tasks[a.task].options)
             if option is None:
                 reasons.append(f"{where}: {a.technique} {dict(a.knobs)} on {a.devices} devices "
                                "is not one of its options")

@@ -77,10 +77,6 @@ class TaskOptions:
     # Seconds from now before which it may not start: a running task's steps after its
     # slice, planned free to move but not before that slice ends.
     release: float = 0.0
-    # The share of its seconds the task is expected to run (a stopping rule's chance of
-    # passing each rung ahead; 1: all of them). Plans that end as late run the likelier
-    # work first (``dione.plan.likely``); no solver's makespan depends on it.
-    expected_share: float = 1.0
 
     def fitting(self, node: NodeSpec) -> list[Option]:
         return [o for o in self.options if o.devices <= node.devices]
@@ -161,7 +157,6 @@ class PlanningProblem:
             if not bad and self.nodes:
                 reasons += _fits_no_node(where, task.options, widest)
             reasons += _release_mistakes(where, task.release)
-            reasons += _share_mistakes(where, task.expected_share)
         reasons += [f"task {n!r}: the name is used twice"
                     for n in _twice([t.name for t in self.tasks])]
         sizes = {n.name: n.devices for n in self.nodes}
@@ -181,9 +176,7 @@ class PlanningProblem:
         data: dict[str, Any] = {
             "cluster": {"nodes": [n.to_json() for n in self.nodes]},
             "tasks": [{"name": t.name, "options": [o.to_json() for o in t.options],
-                       **({"release": t.release} if t.release else {}),
-                       **({"expected_share": t.expected_share}
-                          if t.expected_share != 1.0 else {})}
+                       **({"release": t.release} if t.release else {})}
                       for t in self.tasks],
         }
         if self.busy:
@@ -245,13 +238,6 @@ def _fits_no_node(where: str, options: Iterable[Option], widest: int) -> list[st
         return []
     return [f"{where}: no option fits any node (the widest has {widest} devices, the "
             f"narrowest option needs {min(o.devices for o in options)})"]
-
-
-def _share_mistakes(where: str, share: Any) -> list[str]:
-    if not _number(share) or not 0 < share <= 1:
-        return [f"{where}: expected_share must be a number in (0, 1] (the share of its "
-                f"seconds the task is expected to run), not {share!r}"]
-    return []
 
 
 def _release_mistakes(where: str, release: Any) -> list[str]:
@@ -353,11 +339,11 @@ def _parse(data: Any) -> PlanningProblem:
             continue
         name = raw["name"]
         where = f"task {name!r}"
-        reasons += _unknown(where, raw, {"name", "options", "release", "expected_share"})
-        release, share = raw.get("release", 0.0), raw.get("expected_share", 1.0)
-        bad = _release_mistakes(where, release) + _share_mistakes(where, share)
-        if bad:
-            reasons += bad
+        reasons += _unknown(where, raw, {"name", "options", "release"})
+        release = raw.get("release", 0.0)
+        bad_release = _release_mistakes(where, release)
+        if bad_release:
+            reasons += bad_release
             continue
         raw_options = raw.get("options")
         if not isinstance(raw_options, list) or not raw_options:
@@ -370,7 +356,7 @@ def _parse(data: Any) -> PlanningProblem:
             reasons += _same_option_twice(where, valid)
             if nodes:
                 reasons += _fits_no_node(where, valid, widest)
-            tasks.append(TaskOptions(name, valid, float(release), float(share)))
+            tasks.append(TaskOptions(name, valid, float(release)))
     reasons += [f"task {n!r}: the name is used twice" for n in _twice([t.name for t in tasks])]
     busy = _parse_busy(data.get("busy", []), nodes, reasons)
     if reasons:

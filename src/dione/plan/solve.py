@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from dione.plan.likely import likely_first
 from dione.plan.plan import Plan
 from dione.plan.problem import PlanningProblem
 
@@ -43,7 +42,6 @@ def _saturn_milp(problem: PlanningProblem, time_limit: float, threads: int | Non
     return saturn_milp(problem, time_limit, threads)
 
 
-DIONE_SOLVERS = ("cpsat", "greedy")
 SOLVERS: dict[str, Callable[[PlanningProblem, float, int | None], Plan]] = {
     "cpsat": _cpsat,
     "greedy": _greedy,
@@ -73,9 +71,5 @@ def solve(problem: PlanningProblem, solver: str = "cpsat", time_limit: float = 1
         if not deterministic_time > 0 or not math.isfinite(deterministic_time):
             raise ValueError(f"the deterministic time must be positive, not "
                              f"{deterministic_time}")
-        plan = _cpsat(problem, time_limit, threads, deterministic_time)
-    else:
-        plan = SOLVERS[solver](problem, time_limit, threads)
-    # dione's planners run the likeliest work first among orders that end as late; the
-    # baselines stay as their rules place tasks.
-    return likely_first(problem, plan) if solver in DIONE_SOLVERS else plan
+        return _cpsat(problem, time_limit, threads, deterministic_time)
+    return SOLVERS[solver](problem, time_limit, threads)
