@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 import dione
-from dione import Asha, Task
+from dione import Asha, PausingAsha, Task
 from dione.zoo import CharGPT, sequence_cross_entropy, text_train, text_validation_loss
 
 WIDTHS = (32, 64, 96, 128)
@@ -204,7 +204,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=729)
     parser.add_argument("--devices", default="cpu:2")
     parser.add_argument("--ways", default="grid,kept,replanned,ray,optuna",
-                        help="of grid, kept, replanned, expected, ray, ray-widest, optuna")
+                        help="of grid, kept, replanned, paused, expected, ray, ray-widest, "
+                        "optuna")
     parser.add_argument("--show-order", action="store_true",
                         help="print each dione way's rung decisions and slices in order")
     parser.add_argument("--save-curves", metavar="FILE",
@@ -238,6 +239,10 @@ def main() -> None:
             elif way == "replanned":
                 found[way] = dione_way(sweep(args.steps, rule), run_dir, args.devices,
                                        catalog)
+            elif way == "paused":  # Li et al.'s ASHA: paused at rungs, promoted
+                found[way] = dione_way(sweep(args.steps, PausingAsha(
+                    min_steps=MIN_STEPS, eta=ETA, loss_window=WINDOW)), run_dir,
+                    args.devices, catalog)
             elif way == "expected":  # re-planned, each task at its expected length
                 found[way] = dione_way(sweep(args.steps, rule), run_dir, args.devices,
                                        catalog, stopping_horizon="expected")
@@ -255,7 +260,8 @@ def main() -> None:
             elif way == "optuna":
                 found[way] = optuna_way(args.steps, run_dir, args.devices, catalog)
             print(f"{way}: {found[way]}", flush=True)
-            if args.show_order and way in ("grid", "kept", "replanned", "expected"):
+            if args.show_order and way in ("grid", "kept", "replanned", "paused",
+                                                   "expected"):
                 print_order(run_dir)
     report(found, args.steps)
 

@@ -37,7 +37,7 @@ from dione.orchestrate.options import RunOptions
 from dione.plan import PlanningProblem, load_problem
 from dione.simulate import Scenario, parse_cluster, simulate
 from dione.spec.cluster import Cluster
-from dione.spec.stopping import Asha, SuccessiveHalving
+from dione.spec.stopping import Asha, PausingAsha, SuccessiveHalving
 from dione.state.store import RunStore
 
 INSTANCES = Path(__file__).parent / "planner" / "instances"
@@ -81,13 +81,17 @@ WAYS = {
     "replanned": ("asha", True, "full", "cpsat"),
     "expected": ("asha", True, "expected", "cpsat"),
     "rung": ("asha", True, "rung", "cpsat"),
+    "paused-kept": ("paused", False, "full", "cpsat"),
+    "paused": ("paused", True, "full", "cpsat"),
     "sh-kept": ("sh", False, "full", "cpsat"),
     "sh-replanned": ("sh", True, "full", "cpsat"),
 }
 TITLES = {"kept": "ASHA, first plan kept", "spread": "ASHA, freed devices spread evenly",
           "replanned": "ASHA re-planned", "expected": "ASHA re-planned, expected horizon",
           "rung": "ASHA re-planned, to the next rung",
-          "sh-kept": "SH, first plan kept", "sh-replanned": "SH re-planned"}
+          "paused-kept": "pausing ASHA, first plan kept",
+          "paused": "pausing ASHA re-planned", "sh-kept": "SH, first plan kept",
+          "sh-replanned": "SH re-planned"}
 
 
 def main() -> None:
@@ -110,7 +114,8 @@ def main() -> None:
     ways = args.ways.split(",")
     problem = load_problem(INSTANCES / args.instance)
     rules = {"asha": Asha(min_steps=10, eta=3),
-             "sh": SuccessiveHalving(min_steps=10, eta=3)}
+             "sh": SuccessiveHalving(min_steps=10, eta=3),
+             "paused": PausingAsha(min_steps=10, eta=3)}
     scenario = Scenario(seed=args.seed, spread=0.1, curves=args.curves)
     # Slices of half an hour (and at every rung); re-plans held to 0.1% of the run's
     # time, each counted at 5 s per unit of deterministic time; a stop re-plans past it.

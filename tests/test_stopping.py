@@ -19,7 +19,14 @@ from dione.profile import TrialOptions
 from dione.report import write_report
 from dione.simulate import Scenario, simulate
 from dione.spec.cluster import Cluster
-from dione.spec.stopping import Asha, Median, Patience, StoppingRule, SuccessiveHalving
+from dione.spec.stopping import (
+    Asha,
+    Median,
+    Patience,
+    PausingAsha,
+    StoppingRule,
+    SuccessiveHalving,
+)
 from dione.spec.validate import validate_workload
 from dione.state.store import RunStore
 from helpers import TEST_NODE, digits_task, small_problem
@@ -122,6 +129,65 @@ def test_successive_halving_decides_as_worked_by_hand() -> None:
         1, {"x": 1.0, "y": 2.0}).values()] == [False, True]  # keep at least one
     tied = SuccessiveHalving(eta=2, mode="max").decide_together(1, {"q": 0.5, "p": 0.5})
     assert not tied["p"].stop and tied["q"].stop  # a tie goes by name
+
+
+def test_pausing_asha_promotes_and_stops_as_worked_by_hand() -> None:
+    """Li et al.'s rule: a paused task goes on once it ranks among the best floor(n/eta)
+    of the n at its rung; it stops once it cannot, counting those still to come."""
+    rule = PausingAsha(min_steps=1, eta=3)
+    # The first at a rung is not promoted for being first: floor(1/3) = 0 go on.
+    assert rule.decide_paused(1, {"a": 1.0}, ["a"], to_come=5) == {}
+    # Three there: the best floor(3/3) = 1 goes on; with 5 to come at most
+    # floor(8/3) = 2 ever will, so the third (c) stops now and b waits.
+    three = rule.decide_paused(1, {"a": 1.0, "b": 2.0, "c": 3.0}, ["a", "b", "c"], 5)
+    assert not three["a"].stop and "promoted" in three["a"].reason
+    assert three["c"].stop and "at most the best 2 go on" in three["c"].reason
+    assert "b" not in three
+    # a went on before; d arrives: 4 there, 1 goes on (a, already); with 5 to come at
+    # most floor(9/3) = 3 ever will: b (2nd) and d (3rd) wait; with 4, d (3rd) stops.
+    values = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 2.5}
+    assert rule.decide_paused(1, values, ["b", "d"], 5) == {}
+    assert list(rule.decide_paused(1, values, ["b", "d"], 4)) == ["d"]
+    # Nobody left to come: the best max(1, floor(4/3)) = 1 (a) went on; b and d stop.
+    last = rule.decide_paused(1, values, ["b", "d"], 0)
+    assert last["b"].stop and last["d"].stop
+    # Alone at the last rung with nobody to come: a finite sweep keeps one.
+    assert not rule.decide_paused(9, {"z": 5.0}, ["z"], 0)["z"].stop
+    # A value that is not finite stops at once; mode "max" ranks the highest first.
+    assert rule.decide_paused(1, {"n": float("nan")}, ["n"], 3)["n"].stop
+    high = PausingAsha(eta=2, mode="max").decide_paused(1, {"p": 0.9, "q": 0.1}, ["p", "q"], 0)
+    assert not high["p"].stop and high["q"].stop
+    assert rule.mistakes() == [] and PausingAsha(eta=1).mistakes()
+
+
+def test_a_simulated_sweep_with_pausing_asha_promotes_as_the_paper_says(tmp_path: Path) -> None:
+    """Every promotion at a rung came when the task ranked among the best floor(n/eta)
+    of the n that had reached it (or, the last, max(1, ...) of all); no task trained
+    past a rung before its promotion; one task at least trained to its end."""
+    rule = PausingAsha(min_steps=10, eta=3)
+    events: list[RunEvent] = []
+    run = simulate(small_problem(9), tmp_path / "run", scenario=Scenario(seed=3), steps=90,
+                   options=RunOptions(time_limit=0.5, replan_time_limit=0.1,
+                                      slice_seconds=60.0, replan_interval=600.0),
+                   stopping=rule, on_event=events.append)
+    with RunStore(run.run_dir) as store:
+        decisions = store.decisions()
+        trained = {t.name: max([s.end_step for s in store.slices(t.name)
+                                if s.status == "done"] or [0]) for t in store.tasks()}
+    for rung in rule.rungs(90):
+        at = [(t, v, stop) for t, step, v, stop, _ in decisions if step == rung]
+        for k, (task, value, stop) in enumerate(at):
+            if stop:
+                assert trained[task] == rung  # stopped there, never trained past it
+                continue
+            # Among those decided so far at this rung, its place within the best share.
+            before = sorted(v for _, v, _ in at[: k + 1])
+            assert before.index(value) < max(1, len(at) // 3) or len(before) == len(at)
+            assert trained[task] > rung
+    done = {t for t, s in run.statuses.items() if s == "done"}
+    assert done and all(trained[t] == 90 for t in done)
+    assert any(e.kind == "rung_waiting" for e in events)
+    assert set(run.statuses.values()) <= {"done", "stopped"}
 
 
 def test_the_expected_horizon_counts_each_stretch_at_its_chance_to_be_trained() -> None:

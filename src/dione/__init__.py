@@ -20,7 +20,7 @@ if TYPE_CHECKING:
         shifted_tokens,
         tokens,
     )
-    from dione.spec.stopping import Asha, Median, Patience, SuccessiveHalving
+    from dione.spec.stopping import Asha, Median, Patience, PausingAsha, SuccessiveHalving
     from dione.techniques import (
         SliceContext,
         SliceOutcome,
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 # Imported on first use: `import dione` (the CLI, every worker) must not pay for torch.
 __getattr__ = lazy_exports(__name__, {
-    **dict.fromkeys(("Asha", "Median", "Patience", "SuccessiveHalving"),
+    **dict.fromkeys(("Asha", "Median", "Patience", "PausingAsha", "SuccessiveHalving"),
                    "dione.spec.stopping"),
     **dict.fromkeys(("Cluster", "Node", "Task", "Workload", "grid", "load_workload",
                      "local_cluster", "shifted_tokens", "tokens"), "dione.spec"),
@@ -204,6 +204,7 @@ __all__ = [
     "Median",
     "Node",
     "Patience",
+    "PausingAsha",
     "SliceContext",
     "SliceOutcome",
     "SuccessiveHalving",

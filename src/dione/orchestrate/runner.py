@@ -554,7 +554,8 @@ class Runner:
                            + (" - done" if ended else ""), name))
         if running.at_rung and not ended:
             value = self._rung_value(record, result.end_step, result.evaluation)
-            if record.task.stopping is not None and record.task.stopping.synchronous:
+            rule = record.task.stopping
+            if rule is not None and (rule.synchronous or rule.pausing):
                 self._wait_at_rung(record, result.end_step, value)
                 return True  # its devices are free for the others meanwhile
             if self._judge(record, result.end_step, value):
@@ -562,7 +563,8 @@ class Runner:
         return abs(elapsed - planned) > 0.05 * max(planned, 1.0)
 
     def _wait_at_rung(self, record: TaskRecord, step: int, value: float) -> None:
-        """Hold a task at a rung of its synchronous rule until the others reach it."""
+        """Hold a task at a rung of its synchronous or pausing rule until the others
+        reach it, or until it is promoted."""
         rule = record.task.stopping
         assert rule is not None
         record.status = TaskStatus.WAITING
@@ -572,18 +574,24 @@ class Runner:
 
     def _release_cohorts(self) -> None:
         """Judge together each synchronous rung that every task under its rule has
-        reached or ended before: the best go on, the rest stop."""
+        reached or ended before: the best go on, the rest stop; and at each rung of a
+        pausing rule, promote or stop whom its rule can decide now."""
         for key in sorted(self.waiting, key=lambda k: k[1]):
             name, step = key
+            # Tasks that may still reach the rung (a pausing rule's paused lower down too).
             owed = [r for r in self.state.records.values()
                     if r.task.stopping is not None and repr(r.task.stopping) == name
-                    and r.status in (TaskStatus.PENDING, TaskStatus.RUNNING)
+                    and (r.status in (TaskStatus.PENDING, TaskStatus.RUNNING)
+                         or (r.status == TaskStatus.WAITING and r.task.stopping.pausing))
                     and r.done_steps < step and step in r.task.stopping.rungs(r.total)]
+            rule = self.state.records[next(iter(self.waiting[key]))].task.stopping
+            assert rule is not None
+            if rule.pausing:
+                self._promote(key, len(owed))
+                continue
             if owed:
                 continue
             waiting = self.waiting.pop(key)
-            rule = self.state.records[next(iter(waiting))].task.stopping
-            assert rule is not None
             # With those judged there before: a run killed while it recorded a cohort's
             # decisions judges the rest of it as the whole cohort was judged.
             cohort = {**self.judged.get(key, {}), **waiting}
@@ -594,6 +602,24 @@ class Runner:
                 record.status = TaskStatus.PENDING
                 self._apply(record, decision, replan=False)
             self.ask_replan(owed=self.options.replan)  # at once: the cohort goes on
+
+    def _promote(self, key: tuple[str, int], to_come: int) -> None:
+        """Decide the tasks paused at a rung of a pausing rule that it can decide now,
+        with ``to_come`` more tasks able to reach the rung."""
+        waiting = self.waiting[key]
+        rule = self.state.records[next(iter(waiting))].task.stopping
+        assert rule is not None
+        values = {**self.judged.get(key, {}), **waiting}
+        decided = rule.decide_paused(key[1], values, sorted(waiting), to_come)
+        for task, decision in sorted(decided.items()):
+            del waiting[task]
+            record = self.state.records[task]
+            record.status = TaskStatus.PENDING
+            self._apply(record, decision, replan=False)
+        if not waiting:
+            del self.waiting[key]
+        if decided:
+            self.ask_replan(owed=self.options.replan)  # at once: devices or work changed
 
     def _rung_value(self, record: TaskRecord, step: int,
                     evaluation: Mapping[str, float]) -> float:
@@ -622,7 +648,7 @@ class Runner:
             evaluated = {m: v for m, points in self.store.evaluations(record.name).items()
                          for at, v in points if at == step}
             value = self._rung_value(record, step, evaluated)
-            if rule.synchronous:  # it waits there again for the others
+            if rule.synchronous or rule.pausing:  # it waits there again
                 self._wait_at_rung(record, step, value)
                 continue
             if math.isnan(value) and rule.metric != "loss":

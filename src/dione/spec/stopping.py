@@ -1,10 +1,11 @@
 """Stopping rules of a sweep: which tasks stop early, at which steps, and why.
 
-Four rules, each judged at rungs (a slice ends at each): ``Asha`` compares a task with
+Five rules, each judged at rungs (a slice ends at each): ``Asha`` compares a task with
 the tasks that reached its rung before it, ``Median`` with the median of theirs,
 ``Patience`` with the task's own earlier rungs (no improvement for so many, or worse
-than a threshold), and ``SuccessiveHalving`` (synchronous) waits at each rung for every
-task to reach it, then keeps the best ``1/eta`` of them.
+than a threshold), ``SuccessiveHalving`` (synchronous) waits at each rung for every
+task to reach it, then keeps the best ``1/eta`` of them, and ``PausingAsha`` pauses a
+task at a rung until it ranks among the best ``1/eta`` there (promoted) or never can.
 
 ``Asha`` is asynchronous successive halving (Li et al., "A System for Massively Parallel
 Hyperparameter Tuning", MLSys 2020) as Ray Tune's ``AsyncHyperBandScheduler`` applies
@@ -25,12 +26,12 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-__all__ = ["Asha", "Decision", "Median", "Patience", "StoppingRule", "SuccessiveHalving",
-           "common_mistakes"]
+__all__ = ["Asha", "Decision", "Median", "Patience", "PausingAsha", "StoppingRule",
+           "SuccessiveHalving", "common_mistakes"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class StoppingRule(ABC):
     # Judged together: a task that reaches a rung waits (holding no device) until every
     # task under the rule has reached it or ended, then ``decide_together`` judges all.
     synchronous: ClassVar[bool] = False
+    # Paused: a task that reaches a rung waits (holding no device) until
+    # ``decide_paused`` promotes or stops it, asked again as others reach the rung.
+    pausing: ClassVar[bool] = False
 
     @abstractmethod
     def mistakes(self) -> list[str]:
@@ -98,6 +102,13 @@ class StoppingRule(ABC):
             decisions[task] = self.decide(rung, values[task], recorded, task)
             recorded.append(values[task])
         return decisions
+
+    def decide_paused(self, rung: int, values: Mapping[str, float],
+                      waiting: Collection[str], to_come: int) -> dict[str, Decision]:
+        """For a pausing rule: the tasks of ``waiting`` decided now (promoted or
+        stopped), given every value recorded at ``rung`` (``values``: those decided
+        there before and the waiting ones) and how many more tasks may still reach it."""
+        raise NotImplementedError(f"{type(self).__name__} does not pause at rungs")
 
     def ended(self, task: str, status: str, loss: float | None,  # noqa: B027 (a hook)
               evaluation: Mapping[str, float]) -> None:
@@ -144,6 +155,70 @@ class Asha(StoppingRule):
                            f"(cutoff {cutoff:.4g}): stopped by ASHA (eta {self.eta:g})"
                            if worse else f"is within the {keep} of the {len(recorded)} "
                            f"before it (cutoff {cutoff:.4g})"))
+
+
+@dataclass(frozen=True)
+class PausingAsha(StoppingRule):
+    """ASHA as Li et al. define it (MLSys 2020, Algorithm 2: promotions, not stops): a
+    task that reaches a rung pauses there, holding no device, and is promoted as soon as
+    it ranks among the best ``floor(n / eta)`` of the ``n`` tasks that have reached the
+    rung; it stops once it can no longer get there, counting every task still able to
+    reach the rung. When none is left to come, the best ``max(1, floor(n / eta))`` go
+    on and the rest stop (a finite sweep keeps at least one). Unlike ``Asha`` (Ray
+    Tune's stopping form), the first task at a rung is not promoted for being first."""
+
+    metric: str = "loss"
+    mode: str = "min"
+    min_steps: int = 1
+    eta: float = 3.0
+    loss_window: int = 5
+
+    pausing: ClassVar[bool] = True
+
+    def mistakes(self) -> list[str]:
+        """Each way the rule is malformed (empty: none), with the fix."""
+        return _halving_mistakes(self, self.eta)
+
+    def promoted_share(self) -> float:
+        return 1 / self.eta
+
+    def rungs(self, total: int) -> list[int]:
+        """The steps, before ``total``, at which a task is judged."""
+        return _geometric(self.min_steps, self.eta, total)
+
+    def decide(self, rung: int, value: float, recorded: Sequence[float],
+               task: str = "", history: Sequence[float] = ()) -> Decision:
+        """One task judged as if no other could still reach the rung."""
+        others = {f"\0{k}": v for k, v in enumerate(recorded)}  # sort after any name
+        return self.decide_paused(rung, {**others, task: value}, [task], 0)[task]
+
+    def decide_paused(self, rung: int, values: Mapping[str, float],
+                      waiting: Collection[str], to_come: int) -> dict[str, Decision]:
+        sign = 1.0 if self.mode == "min" else -1.0
+        ranked = sorted((t for t in values if math.isfinite(values[t])),
+                        key=lambda t: (sign * values[t], t))
+        n = len(values)
+        now = math.floor(n / self.eta) if to_come else max(1, math.floor(n / self.eta))
+        ever = max(1, math.floor((n + to_come) / self.eta))  # at most, once all came
+        decisions = {}
+        for task in waiting:
+            value = values[task]
+            if task not in ranked:
+                decisions[task] = Decision(rung, value, True,
+                                           f"{self.metric} is {value} at step {rung}")
+                continue
+            place = ranked.index(task) + 1
+            said = (f"{self.metric} {value:.4g} at step {rung} ranks {place} of the {n} "
+                    f"that reached it")
+            if place <= now:
+                decisions[task] = Decision(rung, value, False,
+                                           f"{said}; the best {now} go on: promoted")
+            elif place > ever or not to_come:
+                decisions[task] = Decision(
+                    rung, value, True, f"{said}"
+                    + (f" and {to_come} more may" if to_come else "")
+                    + f"; at most the best {ever} go on: stopped by ASHA (eta {self.eta:g})")
+        return decisions
 
 
 @dataclass(frozen=True)
