@@ -356,7 +356,9 @@ def test_a_store_of_the_version_before_takes_stopped_tasks(tmp_path: Path) -> No
     # Killed once the cohort's first decision is written: the rest are judged as the
     # whole cohort was.
     (SuccessiveHalving(metric="loss", min_steps=6, eta=2, loss_window=3), 2),
-], ids=["asha", "successive-halving"])
+    # Killed at the first promotion, which comes once two tasks have reached the rung.
+    (PausingAsha(metric="loss", min_steps=6, eta=2, loss_window=3), 1),
+], ids=["asha", "successive-halving", "pausing-asha"])
 def test_a_rung_a_killed_run_left_undecided_is_judged_before_anything_trains_past_it(
         tmp_path: Path, monkeypatch, rule: StoppingRule, killed_at: int) -> None:
     """The launcher dies after a slice ended at a rung and before the decision was
@@ -404,6 +406,10 @@ def test_a_rung_a_killed_run_left_undecided_is_judged_before_anything_trains_pas
             if rule.synchronous:  # each rung's cohort judged together
                 cohort = {t: v for t, at, v, *_ in decisions if at == step}
                 assert rule.decide_together(step, cohort)[name].stop is stop
+            elif rule.pausing:  # a promoted task ranks among the best of all there
+                there = sorted(v for _, at, v, *_ in decisions if at == step)
+                if not stop:
+                    assert there.index(value) < max(1, len(there) // 2)
             else:
                 assert rule.decide(step, value, recorded.get(step, [])).stop is stop
             recorded.setdefault(step, []).append(value)
