@@ -1,7 +1,8 @@
 """A real sweep on this machine, five ways (issue 40): the full grid; ASHA with each task
 keeping the devices the first plan gave it; ASHA with freed devices re-planned at once;
 Ray Tune's own AsyncHyperBandScheduler; an Optuna study with its SuccessiveHalvingPruner
-through ``dione.optuna``.
+through ``dione.optuna``; and (``--ways ...,paused``) ``dione.PausingAsha`` re-planned: ASHA
+as Li et al. define it, a task paused at a rung until it ranks among the best there.
 
     pip install -e '.[tune]'   # Ray Tune's dependencies (not in `make setup`)
     python benchmarks/selection.py [--steps 729] [--devices cpu:2] [--save-curves FILE]

@@ -570,7 +570,9 @@ class Runner:
         record.status = TaskStatus.WAITING
         self.waiting.setdefault((repr(rule), step), {})[record.name] = value
         self.emit(RunEvent("rung_waiting", f"{record.name}: {rule.metric} {value:.4g} at "
-                           f"step {step}; it waits there for the others", record.name))
+                           f"step {step}; it waits there "
+                           + ("until it ranks among the best there or no longer can"
+                              if rule.pausing else "for the others"), record.name))
 
     def _release_cohorts(self) -> None:
         """Judge together each synchronous rung that every task under its rule has
