@@ -409,13 +409,23 @@ def _fork_worker(request: dict[str, Any], fd: int, sock: socket.socket,
                  wake: tuple[int, int]) -> int:
     """Fork a worker serving ``fd``; its pid (in the spawner). OSError if fork failed."""
     parent = os.getpid()
-    pid = os.fork()
+    # SIGTERM stays blocked across the fork until the child has put its default back: a
+    # SIGTERM caught by the spawner's handler in the child's first moments and run only
+    # after that swap was dropped (CPython runs a tripped signal's handler as it is when
+    # checked, and skips a default one), and the worker lived on (seen once under load).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        pid = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        raise
     if pid == 0:
         status = 1
         try:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the spawner's is not its own
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # one held: now
             # Nothing of the spawner's: its launcher must see EOF when the spawner ends.
             for own in (*wake, sock.detach()):
                 os.close(own)
@@ -427,6 +437,7 @@ def _fork_worker(request: dict[str, Any], fd: int, sock: socket.socket,
                 sys.stdout.flush()
                 sys.stderr.flush()
             os._exit(status)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     return pid
 
 
