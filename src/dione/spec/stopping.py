@@ -189,7 +189,7 @@ class PausingAsha(StoppingRule):
     def decide(self, rung: int, value: float, recorded: Sequence[float],
                task: str = "", history: Sequence[float] = ()) -> Decision:
         """One task judged as if no other could still reach the rung."""
-        others = {f"\0{k}": v for k, v in enumerate(recorded)}  # sort after any name
+        others = {f"\0{k}": v for k, v in enumerate(recorded)}  # before any name: ties theirs
         return self.decide_paused(rung, {**others, task: value}, [task], 0)[task]
 
     def decide_paused(self, rung: int, values: Mapping[str, float],
@@ -347,7 +347,7 @@ class SuccessiveHalving(StoppingRule):
     def decide(self, rung: int, value: float, recorded: Sequence[float],
                task: str = "", history: Sequence[float] = ()) -> Decision:
         """One task judged with ``recorded`` taken for the rest of its cohort."""
-        others = {f"\0{k}": v for k, v in enumerate(recorded)}  # sort after any name
+        others = {f"\0{k}": v for k, v in enumerate(recorded)}  # before any name: ties theirs
         return self.decide_together(rung, {**others, task: value})[task]
 
     def decide_together(self, rung: int, values: Mapping[str, float]) -> dict[str, Decision]:
