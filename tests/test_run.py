@@ -169,23 +169,41 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
     assert whole.returncode == 0, out
 
     killed_dir = tmp_path / "killed"
-    killed = started_dione("run", str(file), "--out", str(killed_dir), *common, env=env)
+    # Training holds at its next step while this file exists (the workload's loss): the
+    # state looked at is still the state when the kill lands (a quick machine once
+    # finished the midway task between the look and the kill).
+    hold, held = tmp_path / "hold", tmp_path / "hold.held"
+    killed = started_dione("run", str(file), "--out", str(killed_dir), *common,
+                           env={**env, "HOLD_FILE": str(hold)})
+
+    def ready_to_kill() -> bool:
+        """A slice runs (between slices nothing is left to mark interrupted) and a task
+        is midway (to see it resume from its checkpoint)."""
+        if not (killed_dir / "dione.sqlite").is_file():
+            return False
+        with RunStore(killed_dir) as store:
+            checkpoints = sum(len(store.checkpoints(t.name)) for t in store.tasks())
+            running = any(s.status == "running" for s in store.slices())
+            midway = any(t.status != "done" and store.checkpoints(t.name)
+                         for t in store.tasks())
+        return checkpoints >= 2 and running and midway
+
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and killed.poll() is None:
-        if (killed_dir / "dione.sqlite").is_file():
-            with RunStore(killed_dir) as store:
-                checkpoints = sum(len(store.checkpoints(t.name)) for t in store.tasks())
-                running = any(s.status == "running" for s in store.slices())
-                midway = any(t.status != "done" and store.checkpoints(t.name)
-                             for t in store.tasks())
-            # Kill while a slice runs: between slices nothing is left to mark interrupted;
-            # and once a task is midway, to see it resume from its checkpoint.
-            if checkpoints >= 2 and running and midway:
+        if ready_to_kill():
+            hold.touch()
+            until = time.monotonic() + 60
+            while not held.exists() and killed.poll() is None and time.monotonic() < until:
+                time.sleep(0.05)
+            if held.exists() and ready_to_kill():  # held mid-slice, a task still midway
                 break
+            hold.unlink()  # missed: let it go on, and look again
+            held.unlink(missing_ok=True)
         time.sleep(0.1)
     assert killed.poll() is None, "the run ended before it could be killed"
     os.kill(killed.pid, signal.SIGKILL)
     killed.communicate(timeout=60)
+    hold.unlink(missing_ok=True)
     with RunStore(killed_dir) as store:
         assert any(t.status != "done" for t in store.tasks())
         # The slices the kill cut short (a slice may still have ended between the last
