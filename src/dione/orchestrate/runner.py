@@ -443,8 +443,12 @@ class Runner:
                 self._estimate()
                 return
         placed = {a.task for a in assignments}
+        # Not on a node lost since: a slice there may still end well (its result came
+        # back as the node went), and its task's next slice must not be launched there
+        # (it then has no assignment, and is owed a re-plan).
         assignments += [self._continuation(r) for r in records.values()
-                        if r.running is not None and r.name not in placed]
+                        if r.running is not None and r.name not in placed
+                        and r.running.assignment.node in alive]
         self.state.plan = assignments
         self._estimate()
         if self.first_planned is None:
@@ -816,7 +820,11 @@ class Runner:
                 candidate = self.replanner.ready()
                 if candidate is not None:
                     self._adopt(candidate)
+                alive = {n.name for n in self.cluster}
                 for a in launchable(self.state.plan, self.state.records):
+                    if a.node not in alive:  # never launched on a lost node: re-planned
+                        self.state.plan.remove(a)
+                        continue
                     futures[self.launch(a)] = a.task
                 if not futures:
                     if self.state.any_pending() and self.replanner.busy:
