@@ -32,6 +32,9 @@ from dione.state.store import RunStore
 from helpers import TEST_NODE, digits_task, small_problem
 
 QUICK = TrialOptions(warmup_steps=1, measure_steps=2)
+# The simulated sweeps' run: short solves, minute slices, re-planned at each end.
+SIMULATED = RunOptions(time_limit=0.5, replan_time_limit=0.1, slice_seconds=60.0,
+                       replan_interval=600.0)
 
 
 def test_asha_decides_as_worked_by_hand() -> None:
@@ -97,8 +100,7 @@ def test_a_simulated_sweep_decides_as_its_rule_from_what_the_store_holds(
     """The runner hands each rule the values recorded before at the rung and the task's
     own earlier rungs: its decisions, replayed from the store in order, are the rule's."""
     run = simulate(small_problem(8), tmp_path / "run", scenario=Scenario(seed=5), steps=90,
-                   options=RunOptions(time_limit=0.5, replan_time_limit=0.1,
-                                      slice_seconds=60.0, replan_interval=600.0),
+                   options=SIMULATED,
                    stopping=rule)
     with RunStore(run.run_dir) as store:
         decisions = store.decisions()
@@ -167,8 +169,7 @@ def test_a_simulated_sweep_with_pausing_asha_promotes_as_the_paper_says(tmp_path
     rule = PausingAsha(min_steps=10, eta=3)
     events: list[RunEvent] = []
     run = simulate(small_problem(9), tmp_path / "run", scenario=Scenario(seed=3), steps=90,
-                   options=RunOptions(time_limit=0.5, replan_time_limit=0.1,
-                                      slice_seconds=60.0, replan_interval=600.0),
+                   options=SIMULATED,
                    stopping=rule, on_event=events.append)
     with RunStore(run.run_dir) as store:
         decisions = store.decisions()
@@ -265,8 +266,7 @@ def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path
 def test_a_simulated_sweep_with_asha_stops_the_same_tasks_twice(tmp_path: Path) -> None:
     rule = Asha(min_steps=10, eta=3)
     runs = [simulate(small_problem(9), tmp_path / f"r{k}", scenario=Scenario(seed=3), steps=90,
-                     options=RunOptions(time_limit=0.5, replan_time_limit=0.1,
-                                        slice_seconds=60.0, replan_interval=600.0),
+                     options=SIMULATED,
                      stopping=rule) for k in range(2)]
     assert runs[0].statuses == runs[1].statuses and runs[0].makespan == runs[1].makespan
     assert list(runs[0].statuses.values()).count("stopped") >= 3
@@ -283,8 +283,7 @@ def test_the_expected_horizon_plans_each_task_at_its_expected_length(tmp_path: P
     rule = Asha(min_steps=10, eta=3)
     runs = {horizon: simulate(
         small_problem(6), tmp_path / horizon, scenario=Scenario(seed=3), steps=90,
-        options=RunOptions(time_limit=0.5, replan_time_limit=0.1, slice_seconds=60.0,
-                           replan_interval=600.0, stopping_horizon=horizon),
+        options=replace(SIMULATED, stopping_horizon=horizon),
         stopping=rule) for horizon in ("full", "expected", "rung")}
     first = {h: read_plans(r.run_dir)[0].problem for h, r in runs.items()}
     for horizon, steps in (("expected", 23), ("rung", 10)):
@@ -302,8 +301,7 @@ def test_a_simulated_sweep_with_successive_halving_judges_each_rung_together(
     rule = SuccessiveHalving(min_steps=10, eta=2)
     events: list[RunEvent] = []
     run = simulate(small_problem(8), tmp_path / "run", scenario=Scenario(seed=4), steps=90,
-                   options=RunOptions(time_limit=0.5, replan_time_limit=0.1,
-                                      slice_seconds=60.0, replan_interval=600.0),
+                   options=SIMULATED,
                    stopping=rule, on_event=events.append)
     with RunStore(run.run_dir) as store:
         decisions = store.decisions()

@@ -118,8 +118,10 @@ class StoppingRule(ABC):
 
 
 @dataclass(frozen=True)
-class Asha(StoppingRule):
-    """Asynchronous successive halving; see the module's docstring."""
+class _Halving(StoppingRule):
+    """What the halving rules share: rungs at ``min_steps * eta**k`` steps, ``1/eta`` of
+    the tasks expected past each. A subclass adds no field: its ``repr``, which keys its
+    decisions in the store, is its own name with these fields."""
 
     metric: str = "loss"
     mode: str = "min"  # min: lower is better; max: higher
@@ -137,6 +139,11 @@ class Asha(StoppingRule):
     def rungs(self, total: int) -> list[int]:
         """The steps, before ``total``, at which a task is judged."""
         return _geometric(self.min_steps, self.eta, total)
+
+
+@dataclass(frozen=True)
+class Asha(_Halving):
+    """Asynchronous successive halving; see the module's docstring."""
 
     def decide(self, rung: int, value: float, recorded: Sequence[float],
                task: str = "", history: Sequence[float] = ()) -> Decision:
@@ -158,7 +165,7 @@ class Asha(StoppingRule):
 
 
 @dataclass(frozen=True)
-class PausingAsha(StoppingRule):
+class PausingAsha(_Halving):
     """ASHA as Li et al. define it (MLSys 2020, Algorithm 2: promotions, not stops): a
     task that reaches a rung pauses there, holding no device, and is promoted as soon as
     it ranks among the best ``floor(n / eta)`` of the ``n`` tasks that have reached the
@@ -167,24 +174,7 @@ class PausingAsha(StoppingRule):
     on and the rest stop (a finite sweep keeps at least one). Unlike ``Asha`` (Ray
     Tune's stopping form), the first task at a rung is not promoted for being first."""
 
-    metric: str = "loss"
-    mode: str = "min"
-    min_steps: int = 1
-    eta: float = 3.0
-    loss_window: int = 5
-
     pausing: ClassVar[bool] = True
-
-    def mistakes(self) -> list[str]:
-        """Each way the rule is malformed (empty: none), with the fix."""
-        return _halving_mistakes(self, self.eta)
-
-    def promoted_share(self) -> float:
-        return 1 / self.eta
-
-    def rungs(self, total: int) -> list[int]:
-        """The steps, before ``total``, at which a task is judged."""
-        return _geometric(self.min_steps, self.eta, total)
 
     def decide(self, rung: int, value: float, recorded: Sequence[float],
                task: str = "", history: Sequence[float] = ()) -> Decision:
@@ -194,9 +184,7 @@ class PausingAsha(StoppingRule):
 
     def decide_paused(self, rung: int, values: Mapping[str, float],
                       waiting: Collection[str], to_come: int) -> dict[str, Decision]:
-        sign = 1.0 if self.mode == "min" else -1.0
-        ranked = sorted((t for t in values if math.isfinite(values[t])),
-                        key=lambda t: (sign * values[t], t))
+        ranked = _ranked(values, self.mode)
         n = len(values)
         now = math.floor(n / self.eta) if to_come else max(1, math.floor(n / self.eta))
         ever = max(1, math.floor((n + to_come) / self.eta))  # at most, once all came
@@ -317,7 +305,7 @@ class Patience(StoppingRule):
 
 
 @dataclass(frozen=True)
-class SuccessiveHalving(StoppingRule):
+class SuccessiveHalving(_Halving):
     """Synchronous successive halving (Jamieson & Talwalkar, AISTATS 2016; the ``SHA``
     of Li et al., MLSys 2020): rungs at ``min_steps * eta**k`` steps as ``Asha``'s, but a
     task that reaches one waits there, holding no device, until every task under the
@@ -325,24 +313,7 @@ class SuccessiveHalving(StoppingRule):
     that reached it go on (ties: by name) and the rest stop. Slower than ASHA when tasks
     run at different paces, but its decisions never depend on who arrived first."""
 
-    metric: str = "loss"
-    mode: str = "min"
-    min_steps: int = 1
-    eta: float = 3.0
-    loss_window: int = 5
-
     synchronous: ClassVar[bool] = True
-
-    def mistakes(self) -> list[str]:
-        """Each way the rule is malformed (empty: none), with the fix."""
-        return _halving_mistakes(self, self.eta)
-
-    def promoted_share(self) -> float:
-        return 1 / self.eta
-
-    def rungs(self, total: int) -> list[int]:
-        """The steps, before ``total``, at which a task is judged."""
-        return _geometric(self.min_steps, self.eta, total)
 
     def decide(self, rung: int, value: float, recorded: Sequence[float],
                task: str = "", history: Sequence[float] = ()) -> Decision:
@@ -352,9 +323,7 @@ class SuccessiveHalving(StoppingRule):
 
     def decide_together(self, rung: int, values: Mapping[str, float]) -> dict[str, Decision]:
         """The decision for each task of the cohort that reached ``rung`` (its value)."""
-        sign = 1.0 if self.mode == "min" else -1.0
-        ranked = sorted((t for t in values if math.isfinite(values[t])),
-                        key=lambda t: (sign * values[t], t))
+        ranked = _ranked(values, self.mode)
         keep = max(1, math.floor(len(values) / self.eta))
         decisions = {}
         for task, value in values.items():
@@ -369,6 +338,13 @@ class SuccessiveHalving(StoppingRule):
                 f"of the {len(values)} that reached it; the best {keep} go on"
                 + (": stopped by successive halving" if stop else ""))
         return decisions
+
+
+def _ranked(values: Mapping[str, float], mode: str) -> list[str]:
+    """The tasks with a finite value, best first (``mode`` "min": lowest); ties by name."""
+    sign = 1.0 if mode == "min" else -1.0
+    return sorted((t for t in values if math.isfinite(values[t])),
+                  key=lambda t: (sign * values[t], t))
 
 
 def _geometric(first: int, ratio: float, total: int) -> list[int]:
