@@ -143,6 +143,22 @@ def test_every_mistake_in_a_problem_is_named() -> None:
     assert len(caught.value.reasons) == 7
 
 
+def test_a_problem_may_say_where_its_figures_come_from() -> None:
+    data = {"cluster": {"nodes": [{"name": "n0", "devices": 2}]},
+            "sources": {"p1": "a paper, table 1"},
+            "tasks": [{"name": "a", "options": [
+                {"technique": "ddp", "devices": 2, "seconds": 5, "source": "p1, derived"}]}]}
+    problem = PlanningProblem.from_json(data)
+    assert problem.tasks[0].options[0].seconds == 5.0
+    data["sources"] = {"p1": 3}
+    data["tasks"][0]["options"][0]["source"] = ["p1"]
+    with pytest.raises(ProblemError) as caught:
+        PlanningProblem.from_json(data)
+    assert caught.value.reasons == [
+        'sources: must be an object of texts ({"key": "where a figure comes from"})',
+        "task 'a', option 0: source must be text (where the seconds come from)"]
+
+
 # -- the plan checker ------------------------------------------------------------------------
 
 def valid_plan() -> Plan:

@@ -306,7 +306,11 @@ def _parse_option(where: str, item: Any, reasons: list[str]) -> Option | None:
     if not isinstance(item, Mapping):
         reasons.append(f"{where}: must be an object")
         return None
-    bad = _unknown(where, item, {"technique", "knobs", "devices", "seconds"})
+    # "source": where the option's seconds come from (a profile, a paper); read by people,
+    # ignored by the planner.
+    bad = _unknown(where, item, {"technique", "knobs", "devices", "seconds", "source"})
+    if not isinstance(item.get("source", ""), str):
+        bad.append(f"{where}: source must be text (where the seconds come from)")
     technique: Any = item.get("technique")
     devices: Any = item.get("devices")
     seconds: Any = item.get("seconds")
@@ -324,7 +328,8 @@ def _parse(data: Any) -> PlanningProblem:
     reasons: list[str] = []
     if not isinstance(data, Mapping):
         raise ProblemError(["the problem must be a JSON object with cluster and tasks"])
-    reasons += _unknown("problem", data, {"cluster", "tasks", "busy"})
+    reasons += _unknown("problem", data, {"cluster", "tasks", "busy", "sources"})
+    reasons += _sources_mistakes(data.get("sources", {}))
     nodes = _parse_nodes(data, reasons)
     tasks: list[TaskOptions] = []
     raw_tasks = data.get("tasks")
@@ -362,6 +367,14 @@ def _parse(data: Any) -> PlanningProblem:
     if reasons:
         raise ProblemError(reasons)
     return PlanningProblem(tuple(nodes), tuple(tasks), tuple(busy))
+
+
+def _sources_mistakes(sources: Any) -> list[str]:
+    """``"sources"``: the references the options' ``"source"`` fields cite, by key."""
+    if isinstance(sources, Mapping) and all(isinstance(k, str) and isinstance(v, str)
+                                            for k, v in sources.items()):
+        return []
+    return ['sources: must be an object of texts ({"key": "where a figure comes from"})']
 
 
 def _parse_busy(raw: Any, nodes: list[NodeSpec], reasons: list[str]) -> list[Busy]:
