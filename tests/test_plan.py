@@ -293,6 +293,40 @@ def problems(draw: st.DrawFn) -> PlanningProblem:
     return problem_of(tasks, {f"n{i}": s for i, s in enumerate(sizes)}, busy)
 
 
+def test_hasten_ends_a_task_sooner_on_devices_idle_around_it() -> None:
+    from dione.plan.hasten import hasten
+
+    # a runs single on device 0, b on device 1, both 0-100 s; device 2 is busy until
+    # 30 s (a slice still running), device 3 idle. a's ddp x2 (50 s) fits on its own
+    # device and 3; ddp x4 (25 s) would need b's device: a takes x2 on (0, 3).
+    problem = problem_of({"a": [(1, 100.0), (2, 50.0), (4, 25.0)], "b": [(1, 100.0)]},
+                         {"n0": 4}, (Busy("r", "n0", (2,), 30.0),))
+    plan = Plan("hand", "feasible", 100.0, 0.0, (
+        Assignment("a", "single", {}, "n0", (0,), 0.0, 100.0),
+        Assignment("b", "single", {}, "n0", (1,), 0.0, 100.0)))
+    faster = hasten(plan, problem)
+    assert check_plan(faster, problem) == []
+    assert faster.assignment("a") == Assignment("a", "ddp", {}, "n0", (0, 3), 0.0, 50.0)
+    assert faster.assignment("b") == plan.assignment("b")
+    assert faster.makespan == 100.0
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_hasten_keeps_a_plan_valid_and_moves_no_other_task(problem: PlanningProblem) -> None:
+    from dione.plan.hasten import hasten
+
+    plan = solve(problem, "greedy")
+    faster = hasten(plan, problem)
+    assert check_plan(faster, problem) == []
+    assert faster.makespan <= plan.makespan + 1e-9
+    for before in plan.assignments:
+        after = faster.assignment(before.task)
+        assert after.start == before.start and after.end <= before.end + 1e-9
+        if after != before:  # moved only where it ends at least 1% sooner
+            assert after.end <= before.end - 0.01 * (before.end - before.start) + 1e-9
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_every_solver_returns_valid_plans(problem: PlanningProblem) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from dione.plan.hasten import hasten as hastened
 from dione.plan.plan import Assignment, Plan
 from dione.plan.problem import PlanningProblem
 from dione.plan.solve import solve
@@ -43,22 +44,25 @@ class PlanCandidate:
 
 
 def solve_or_fall_back(problem: PlanningProblem, solver: str, limit: float,
-                       threads: int | None = None, deterministic: bool = False
-                       ) -> tuple[Plan, str | None]:
+                       threads: int | None = None, deterministic: bool = False,
+                       hasten: bool = False) -> tuple[Plan, str | None]:
     """The plan ``solver`` finds within ``limit`` seconds on ``threads`` (None: every
     core), or greedy's where it finds none (saturn-milp's model too large to build: the
     run goes on), with why. ``deterministic``: cpsat's ``limit`` is in its deterministic
-    time, so the plan does not depend on how fast the machine ran the solve."""
+    time, so the plan does not depend on how fast the machine ran the solve.
+    ``hasten``: each task then ends as early as idle devices allow (``plan.hasten``)."""
     problem.check()  # what a problem file must be, the solvers may rely on
     if deterministic and solver == "cpsat":
         # The clock's limit, far beyond the deterministic one, only guards a hang.
         plan = solve(problem, solver, max(60.0, 100 * limit), threads, limit)
     else:
         plan = solve(problem, solver, limit, threads)
-    if plan.assignments:
-        return plan, None
-    reason = plan.notes.get("reason") or "no plan within the time limit"
-    return solve(problem, "greedy", limit), f"{plan.solver} ({plan.status}): {reason}"
+    fell_back = None
+    if not plan.assignments:
+        reason = plan.notes.get("reason") or "no plan within the time limit"
+        fell_back = f"{plan.solver} ({plan.status}): {reason}"
+        plan = solve(problem, "greedy", limit)
+    return (hastened(plan, problem) if hasten else plan), fell_back
 
 
 class Replanner:
@@ -73,6 +77,9 @@ class Replanner:
         self.limit = limit
         self.beside = beside
         self.deterministic = deterministic
+        # Each plan's tasks ended as early as idle devices allow (set by the runner
+        # before each solve: a run with stopping rules, where ends sooner judge sooner).
+        self.hasten = False
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dione-replan")
         self._solving: Future[PlanCandidate] | None = None
         self._wanted: Callable[[], tuple[PlanningProblem, float] | None] | None = None
@@ -122,7 +129,8 @@ class Replanner:
             # One thread beside execution: the gangs keep the other cores.
             plan, fell_back = solve_or_fall_back(
                 problem, self.solver, self.limit,
-                1 if self.beside or self.deterministic else None, self.deterministic)
+                1 if self.beside or self.deterministic else None, self.deterministic,
+                self.hasten)
             units = float(plan.notes.get("deterministic_spent", 0.0))
         finally:
             spent = time.perf_counter() - began

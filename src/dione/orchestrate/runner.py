@@ -259,11 +259,15 @@ class Runner:
     def planned_steps(self, record: TaskRecord, done: int) -> int:
         """The steps after ``done`` the planner counts for a task: all of them; under
         ``stopping_horizon="expected"``, what its stopping rule leaves expected; under
-        ``"rung"``, those to its next rung (all that are left after the last)."""
+        ``"rung"`` (and ``"auto"`` for a pausing rule), those to its next rung (all that
+        are left after the last)."""
         rule = record.task.stopping
-        if rule is None or self.options.stopping_horizon == "full":
+        horizon = self.options.stopping_horizon
+        if horizon == "auto":
+            horizon = "rung" if rule is not None and rule.pausing else "full"
+        if rule is None or horizon == "full":
             return record.total - done
-        if self.options.stopping_horizon == "rung":
+        if horizon == "rung":
             return (rule.next_rung(done, record.total) or record.total) - done
         return max(1, round(rule.expected_steps(done, record.total)))
 
@@ -375,7 +379,15 @@ class Runner:
             if pending:  # what is pending waits for a node wide enough
                 self.state.plan = []
             return None
+        self.replanner.hasten = self._hastens()
         return problem, at
+
+    def _hastens(self) -> bool:
+        """Whether plans end each task as early as idle devices allow: with a stopping
+        rule a rung reached sooner is judged sooner (``plan.hasten``); the baselines
+        (``spread``, ``sequential``, ``saturn-milp``) are left as their rules are."""
+        return self.options.solver in ("cpsat", "greedy") and any(
+            r.task.stopping is not None for r in self.state.records.values())
 
     def plan_now(self) -> None:
         """Plan the remaining work at once and adopt it (the first plan, or one for a
@@ -387,7 +399,8 @@ class Runner:
         limit = self.options.time_limit
         began = time.perf_counter()
         plan, fell_back = solve_or_fall_back(problem, self.options.solver, limit,
-                                             1 if self.virtual else None, self.virtual)
+                                             1 if self.virtual else None, self.virtual,
+                                             self.replanner.hasten)
         if not self.first_solve_seconds:
             self.first_solve_seconds = time.perf_counter() - began
             self.first_solve_units = float(plan.notes.get("deterministic_spent", 0.0))
