@@ -293,6 +293,24 @@ def test_the_expected_horizon_plans_each_task_at_its_expected_length(tmp_path: P
     assert all(s in ("done", "stopped") for r in runs.values() for s in r.statuses.values())
 
 
+def test_the_default_horizon_plans_a_pausing_rule_to_the_next_rung(tmp_path: Path) -> None:
+    """``"auto"`` (the default) plans a task under a rule that pauses at its rungs up to
+    its next rung (nothing trains past one before a promotion), and a task under any
+    other rule at its full length."""
+    assert RunOptions().stopping_horizon == "auto"
+    first = {}
+    for name, rule in (("pausing", PausingAsha(min_steps=10, eta=3)),
+                       ("stopping", Asha(min_steps=10, eta=3)), ("none", None)):
+        run = simulate(small_problem(6), tmp_path / name, scenario=Scenario(seed=3),
+                       steps=90, options=SIMULATED, stopping=rule)
+        first[name] = read_plans(run.run_dir)[0].problem
+    for whole, stopping, pausing in zip(first["none"].tasks, first["stopping"].tasks,
+                                        first["pausing"].tasks, strict=True):
+        for a, b, c in zip(whole.options, stopping.options, pausing.options, strict=True):
+            assert b.seconds == pytest.approx(a.seconds, rel=0.02)
+            assert c.seconds == pytest.approx(a.seconds * 10 / 90, rel=0.02)
+
+
 def test_a_simulated_sweep_with_successive_halving_judges_each_rung_together(
         tmp_path: Path) -> None:
     """Each rung is judged once every task has reached it: its cohort is the tasks that

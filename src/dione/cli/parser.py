@@ -83,8 +83,9 @@ _RUN = (
                "re-plan at least this often, in seconds", type=positive_float),
     OptionFlag("--stopping-horizon", "stopping_horizon", "how a task under a stopping "
                "rule is planned: its whole length (full), the length its rule leaves "
-               "expected (a halving rule's 1/eta per rung), or up to its next rung (rung)",
-               choices=("full", "expected", "rung")),
+               "expected (a halving rule's 1/eta per rung), up to its next rung (rung), "
+               "or rung under a rule that pauses at rungs and full otherwise (auto, the "
+               "default)", choices=("auto", "full", "expected", "rung")),
     OptionFlag("--slice-steps", "slice_steps", "checkpoint every this many steps",
                type=positive_int),
     OptionFlag("--slice-seconds", "slice_seconds", "aim for slices of this many seconds "
