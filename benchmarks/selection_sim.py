@@ -83,6 +83,9 @@ WAYS = {
     "rung": ("asha", True, "rung", "cpsat"),
     "paused-kept": ("paused", False, "full", "cpsat"),
     "paused": ("paused", True, "full", "cpsat"),
+    "paused-spread": ("paused", True, "full", "spread"),
+    "paused-rung": ("paused", True, "rung", "cpsat"),
+    "paused-expected": ("paused", True, "expected", "cpsat"),
     "sh-kept": ("sh", False, "full", "cpsat"),
     "sh-replanned": ("sh", True, "full", "cpsat"),
 }
@@ -90,8 +93,11 @@ TITLES = {"kept": "ASHA, first plan kept", "spread": "ASHA, freed devices spread
           "replanned": "ASHA re-planned", "expected": "ASHA re-planned, expected horizon",
           "rung": "ASHA re-planned, to the next rung",
           "paused-kept": "pausing ASHA, first plan kept",
-          "paused": "pausing ASHA re-planned", "sh-kept": "SH, first plan kept",
-          "sh-replanned": "SH re-planned"}
+          "paused": "pausing ASHA re-planned",
+          "paused-spread": "pausing ASHA, freed devices spread evenly",
+          "paused-rung": "pausing ASHA re-planned, to the next rung",
+          "paused-expected": "pausing ASHA re-planned, expected horizon",
+          "sh-kept": "SH, first plan kept", "sh-replanned": "SH re-planned"}
 
 
 def main() -> None:
