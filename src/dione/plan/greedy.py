@@ -237,7 +237,12 @@ def greedy_placements(problem: PlanningProblem, time_limit: float | None = 10.0,
         if best is None or makespan < best[1] - 1e-9:
             best = (placed, makespan)
     assert best is not None
-    return GreedyResult(best[0], best[1], trials, cut, spent + built)
+    # Current practice too: where every option scales linearly, whole nodes in turn are
+    # optimal, and the allotments above (the fewest device-seconds first) can miss it.
+    placed, makespan = whole_nodes_in_turn(problem)
+    if makespan < best[1] - 1e-9:
+        best = (placed, makespan)
+    return GreedyResult(best[0], best[1], trials, cut, spent + built + per_trial)
 
 
 def _affordable_targets(problem: PlanningProblem, work: int) -> tuple[float, ...]:
@@ -337,11 +342,16 @@ def sequential(problem: PlanningProblem) -> Plan:
     fastest option there; nodes work side by side, each on one task at a time (a task
     goes where it ends earliest, and where it ends as early, on the smallest node)."""
     began = time.perf_counter()
+    placed, _ = whole_nodes_in_turn(problem)
+    return placements_plan("sequential", "feasible", problem, placed, began)
+
+
+def whole_nodes_in_turn(problem: PlanningProblem) -> tuple[list[Placement], float]:
+    """Current practice's placements and makespan (``sequential``)."""
     widest = max(n.devices for n in problem.nodes)
     choice = {}
     for task in problem.tasks:
         at_width = [o for o in task.options if o.devices == widest]
         choice[task.name] = min(at_width or _fits(task, problem), key=lambda o: o.seconds)
-    placed, _ = list_schedule(problem, choice, [t.name for t in problem.tasks],
-                              demand=lambda _, node_devices: node_devices)
-    return placements_plan("sequential", "feasible", problem, placed, began)
+    return list_schedule(problem, choice, [t.name for t in problem.tasks],
+                         demand=lambda _, node_devices: node_devices)
