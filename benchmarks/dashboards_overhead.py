@@ -2,6 +2,7 @@
 side, in alternating order.
 
     python benchmarks/dashboards_overhead.py [--tasks 12] [--steps 2000] [--repeats 3]
+    python benchmarks/dashboards_overhead.py --hidden 512 --batch 256 --steps 1000  # ~10-ms steps
 
 Digits MLPs (an evaluation at the end of each) on this machine's 2 CPU slots, through
 ``dione.run``. The dashboards are written from the run store by the launcher's live
@@ -31,11 +32,11 @@ from dione.zoo import digits_mlp, digits_train
 from dione.zoo.digits import digits_accuracy
 
 
-def tasks(count: int, steps: int) -> list[Task]:
-    return [Task(name=f"lr-{i}", model=functools.partial(digits_mlp, hidden=64, depth=2),
+def tasks(count: int, steps: int, hidden: int = 64, batch: int = 32) -> list[Task]:
+    return [Task(name=f"lr-{i}", model=functools.partial(digits_mlp, hidden=hidden, depth=2),
                  data=digits_train, loss=torch.nn.functional.cross_entropy,
                  optimizer=functools.partial(torch.optim.Adam, lr=1e-3 * (1 + i)),
-                 batch_size=32, steps=steps, seed=i, evaluate=digits_accuracy,
+                 batch_size=batch, steps=steps, seed=i, evaluate=digits_accuracy,
                  hyperparameters={"lr": 1e-3 * (1 + i)})
             for i in range(count)]
 
@@ -58,8 +59,10 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=12)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--hidden", type=int, default=64, help="the MLP's width")
+    parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args()
-    work = tasks(args.tasks, args.steps)
+    work = tasks(args.tasks, args.steps, args.hidden, args.batch)
     with tempfile.TemporaryDirectory(prefix="dione-bench-") as tmp:
         folder = Path(tmp)
         os.chdir(folder)  # MLflow puts a SQLite store's artifacts in ./mlruns
@@ -83,6 +86,8 @@ def main() -> None:
               f"{med[on][1]:.1f} |")
     print(f"on / off: makespan {med[True][0] / med[False][0]:.3f}, "
           f"dione.run {med[True][1] / med[False][1]:.3f}")
+    pairs = [on[0] / off[0] for on, off in zip(runs[True], runs[False], strict=True)]
+    print("makespan on / off, repeat by repeat: " + ", ".join(f"{p:.3f}" for p in pairs))
 
 
 if __name__ == "__main__":
