@@ -71,4 +71,3 @@ def _faster(a: Assignment, options: list[Option], held: dict[tuple[str, int], li
         best = Assignment(a.task, option.technique, dict(option.knobs), a.node,
                           tuple(sorted(free[:option.devices])), a.start, end)
     return best
-
