@@ -39,7 +39,7 @@ from dione.plan.plan import Assignment
 from dione.plan.problem import Busy, PlanningProblem
 from dione.profile.results import Profile
 from dione.spec.cluster import Cluster
-from dione.spec.stopping import Decision
+from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
 from dione.state.store import RunStore
 from dione.techniques.registry import get_technique
@@ -572,7 +572,7 @@ class Runner:
         if running.at_rung and not ended:
             value = self._rung_value(record, result.end_step, result.evaluation)
             rule = record.task.stopping
-            if rule is not None and (rule.synchronous or rule.pausing):
+            if rule is not None and rule.waits_at_rungs:
                 self._wait_at_rung(record, result.end_step, value)
                 return True  # its devices are free for the others meanwhile
             if self._judge(record, result.end_step, value):
@@ -606,7 +606,7 @@ class Runner:
             rule = self.state.records[next(iter(self.waiting[key]))].task.stopping
             assert rule is not None
             if rule.pausing:
-                self._promote(key, len(owed))
+                self._promote(key, rule, len(owed))
                 continue
             if owed:
                 continue
@@ -622,12 +622,10 @@ class Runner:
                 self._apply(record, decision, replan=False)
             self.ask_replan(owed=self.options.replan)  # at once: the cohort goes on
 
-    def _promote(self, key: tuple[str, int], to_come: int) -> None:
-        """Decide the tasks paused at a rung of a pausing rule that it can decide now,
+    def _promote(self, key: tuple[str, int], rule: StoppingRule, to_come: int) -> None:
+        """Decide the tasks paused at a rung of pausing ``rule`` that it can decide now,
         with ``to_come`` more tasks able to reach the rung."""
         waiting = self.waiting[key]
-        rule = self.state.records[next(iter(waiting))].task.stopping
-        assert rule is not None
         values = {**self.judged.get(key, {}), **waiting}
         decided = rule.decide_paused(key[1], values, sorted(waiting), to_come)
         for task, decision in sorted(decided.items()):
@@ -667,7 +665,7 @@ class Runner:
             evaluated = {m: v for m, points in self.store.evaluations(record.name).items()
                          for at, v in points if at == step}
             value = self._rung_value(record, step, evaluated)
-            if rule.synchronous or rule.pausing:  # it waits there again
+            if rule.waits_at_rungs:  # it waits there again
                 self._wait_at_rung(record, step, value)
                 continue
             if math.isnan(value) and rule.metric != "loss":

@@ -55,14 +55,14 @@ def _faster(a: Assignment, options: list[Option], held: dict[tuple[str, int], li
     """The assignment of ``a``'s task at ``a``'s start ending it soonest, 1% sooner at
     least, on devices of its node free over the whole span (None: no such option)."""
     best: Assignment | None = None
+    # Its own devices first (a slice may go on where it ran), then the lowest free.
+    order = [*a.device_ids, *(d for d in range(size) if d not in a.device_ids)]
     for option in options:
         end = a.start + option.seconds
         if end > a.end - max(TIME_TOLERANCE, 0.01 * (a.end - a.start)):
             continue
         if best is not None and end >= best.end:
             continue
-        # Its own devices first (a slice may go on where it ran), then the lowest free.
-        order = [*a.device_ids, *(d for d in range(size) if d not in a.device_ids)]
         free = [d for d in order
                 if all(e <= a.start + TIME_TOLERANCE or s >= end - TIME_TOLERANCE
                        or who == a.task for s, e, who in held.get((a.node, d), []))]

@@ -59,6 +59,12 @@ class StoppingRule(ABC):
     # ``decide_paused`` promotes or stops it, asked again as others reach the rung.
     pausing: ClassVar[bool] = False
 
+    @property
+    def waits_at_rungs(self) -> bool:
+        """Whether a task under the rule waits at each rung for a decision (synchronous
+        or pausing), rather than being judged the moment it arrives."""
+        return self.synchronous or self.pausing
+
     @abstractmethod
     def mistakes(self) -> list[str]:
         """Each way the rule is malformed (empty: none), with the fix."""
@@ -179,8 +185,8 @@ class PausingAsha(_Halving):
     def decide(self, rung: int, value: float, recorded: Sequence[float],
                task: str = "", history: Sequence[float] = ()) -> Decision:
         """One task judged as if no other could still reach the rung."""
-        others = {f"\0{k}": v for k, v in enumerate(recorded)}  # before any name: ties theirs
-        return self.decide_paused(rung, {**others, task: value}, [task], 0)[task]
+        return self.decide_paused(rung, _with_recorded(recorded, task, value), [task],
+                                  0)[task]
 
     def decide_paused(self, rung: int, values: Mapping[str, float],
                       waiting: Collection[str], to_come: int) -> dict[str, Decision]:
@@ -318,8 +324,7 @@ class SuccessiveHalving(_Halving):
     def decide(self, rung: int, value: float, recorded: Sequence[float],
                task: str = "", history: Sequence[float] = ()) -> Decision:
         """One task judged with ``recorded`` taken for the rest of its cohort."""
-        others = {f"\0{k}": v for k, v in enumerate(recorded)}  # before any name: ties theirs
-        return self.decide_together(rung, {**others, task: value})[task]
+        return self.decide_together(rung, _with_recorded(recorded, task, value))[task]
 
     def decide_together(self, rung: int, values: Mapping[str, float]) -> dict[str, Decision]:
         """The decision for each task of the cohort that reached ``rung`` (its value)."""
@@ -338,6 +343,12 @@ class SuccessiveHalving(_Halving):
                 f"of the {len(values)} that reached it; the best {keep} go on"
                 + (": stopped by successive halving" if stop else ""))
         return decisions
+
+
+def _with_recorded(recorded: Sequence[float], task: str, value: float) -> dict[str, float]:
+    """``task``'s value beside the values recorded before it, under placeholder names
+    that sort before any task's name (so a tie goes to those recorded first)."""
+    return {**{f"\0{k}": v for k, v in enumerate(recorded)}, task: value}
 
 
 def _ranked(values: Mapping[str, float], mode: str) -> list[str]:
