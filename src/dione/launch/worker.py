@@ -304,7 +304,7 @@ def run_job(job: Job, report: Report | None = None) -> tuple[str, Any]:
     from dione.spec.devices import backend_for
     from dione.techniques.base import SliceSpec
     from dione.techniques.context import SliceContext
-    from dione.techniques.evaluate import evaluate_checkpoint, evaluate_model
+    from dione.techniques.evaluate import evaluate_checkpoint
 
     rank = job.rank
     try:
@@ -338,13 +338,13 @@ def run_job(job: Job, report: Report | None = None) -> tuple[str, Any]:
             # FSDP's modules sit in reference cycles: free them while their group lives.
             gc.collect()
             dist.destroy_process_group()
-        if rank == 0 and spec.evaluate and outcome.checkpoint is not None:
+        if (rank == 0 and spec.evaluate and not ctx.evaluated
+                and outcome.checkpoint is not None):
+            # A technique (a user's) that evaluated no live model: its checkpoint.
             try:  # a broken evaluation must not lose the training it follows
                 began = time.perf_counter()
-                outcome.evaluation = (
-                    evaluate_model(spec.task, ctx.trained_model)
-                    if ctx.trained_model is not None
-                    else evaluate_checkpoint(spec.task, outcome.checkpoint, ctx.device))
+                outcome.evaluation = evaluate_checkpoint(spec.task, outcome.checkpoint,
+                                                         ctx.device)
                 outcome.timings["evaluate_seconds"] = time.perf_counter() - began
             except Exception as err:
                 outcome.extra["evaluation_error"] = "".join(

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import resource
 import time
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from dione.state.checkpoint import (
 )
 from dione.techniques.base import SliceOutcome, SliceSpec
 from dione.techniques.batches import batch_map
+from dione.techniques.evaluate import evaluate_model, stages_put_together
 from dione.techniques.gradients import clip_gradients
 
 __all__ = ["SliceContext"]
@@ -64,9 +66,9 @@ class SliceContext:
         # Set by the worker: hands a progress record to the launcher (no file involved).
         self.on_progress: Callable[[dict[str, Any]], None] | None = None
         self._last_progress = float("-inf")  # the first step reports at once
-        # The whole trained model where this rank holds it, unwrapped (single, ddp): the
-        # worker evaluates it as it is, with no checkpoint round trip.
-        self.trained_model: nn.Module | None = None
+        # Set once the technique evaluated its live model (``evaluate``); else the worker
+        # evaluates the slice's checkpoint.
+        self.evaluated = False
         self._first_step_done = self.timings["begin"]
 
     @functools.cached_property
@@ -208,6 +210,43 @@ class SliceContext:
                   "seconds_per_step": (now - self._first_step_done) / (self.steps_done - 1)
                   if self.steps_done > 1 else None}
         self.on_progress(record)
+
+    def evaluate(self, outcome: SliceOutcome, model: nn.Module | None, *,
+                 every_rank: bool = False) -> None:
+        """The task's evaluation of the live trained model, into rank 0's ``outcome``,
+        where the slice asks for one; called after the checkpoint is written, so a
+        broken evaluation loses no training (its error goes into ``outcome``).
+        ``model``: the whole model as the user defined it, on rank 0 (the others pass
+        None); or, with ``every_rank``, a sharded model every rank evaluates together,
+        each forward gathering the parameters as in training (fsdp), rank 0's numbers
+        kept (every rank computes the same: the evaluation's draws are seeded alike)."""
+        if not self.spec.evaluate:
+            return
+        self.evaluated = True
+        if model is None or (self.rank != 0 and not every_rank):
+            return
+        began = time.perf_counter()
+        try:
+            evaluation = evaluate_model(self.task, model)
+        except Exception as err:
+            if self.rank == 0:
+                outcome.extra["evaluation_error"] = "".join(
+                    traceback.format_exception(type(err), err, err.__traceback__))
+            return
+        if self.rank == 0:
+            outcome.evaluation = evaluation
+            outcome.timings["evaluate_seconds"] = time.perf_counter() - began
+
+    def evaluate_stages(self, outcome: SliceOutcome, stage: nn.Module) -> None:
+        """A pipeline's evaluation (collective, where the slice asks for one): every
+        stage's weights put together on rank 0 in memory, evaluated there."""
+        if not self.spec.evaluate:
+            return
+        began = time.perf_counter()
+        whole = stages_put_together(self.task, stage, self.rank, self.world, self.device)
+        self.evaluate(outcome, whole)
+        if "evaluate_seconds" in outcome.timings:  # rank 0's, the gathering included
+            outcome.timings["evaluate_seconds"] = time.perf_counter() - began
 
     def check_memory(self) -> None:
         """Fail like an out-of-memory GPU when this rank's peak passes the slice's cap."""

@@ -124,11 +124,13 @@ class DataParallelTechnique(Technique):
             ctx.apply_update(optimizer, model.parameters())
             ctx.step_done(total / parts if parts > 1 else total, scheduler)
         checkpoint = ctx.save(model, optimizer, scheduler)
-        if not self.shards_memory:  # every rank holds the whole model: evaluated live
-            ctx.trained_model = bare
         outcome = ctx.outcome(checkpoint)
         if ctx.world > 1 or parts > 1:
             note = split_batch_exactness(model)
             if note:
                 outcome.extra["exactness"] = note
+        if self.shards_memory:  # no rank holds it whole: the ranks evaluate together
+            ctx.evaluate(outcome, model, every_rank=True)
+        else:  # every rank holds the whole model, unwrapped: rank 0 evaluates it
+            ctx.evaluate(outcome, bare if ctx.rank == 0 else None)
         return outcome

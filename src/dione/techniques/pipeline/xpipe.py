@@ -158,4 +158,6 @@ class XPipe(PipelineTechnique):
             # the first stage's start.
             spans=on_one_clock([r["origin"] for r in gathered], [r["spans"] for r in gathered]),
         )
+        # The real weights (after the last update), not a prediction of them.
+        ctx.evaluate_stages(outcome, part.model)
         return outcome
