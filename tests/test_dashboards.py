@@ -4,6 +4,10 @@ mlflow=)``, ``dione report --mlflow``), read back with the tools' own readers.""
 from __future__ import annotations
 
 import functools
+import os
+import sys
+import threading
+import time
 from pathlib import Path
 
 import mlflow
@@ -116,3 +120,32 @@ def test_a_run_is_in_mlflow_and_tensorboard_with_every_step_and_each_model(
     continued = mlflow_runs.MlflowExport(run_dir, uri, tasks=tasks, experiment="windows")
     assert continued._steps == dict.fromkeys(steps, 6)
     assert continued._widths == dict.fromkeys(steps, 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="a thread's own nice value is Linux's")
+def test_the_live_report_writes_at_the_lowest_priority_and_only_its_thread(
+        tmp_path: Path) -> None:
+    """The thread that keeps the report and the dashboards fresh runs at nice 19, so the
+    gangs' steps come first on a machine whose cores they use; the launcher's own
+    thread keeps its priority."""
+    from dione.report.page import LiveReport
+
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen: list[int] = []
+
+    class Board:
+        def update(self) -> None:
+            seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+        def close(self) -> None:
+            pass
+
+    live = LiveReport(tmp_path, every=0.05, boards=[Board()])
+    live.touch()
+    deadline = time.monotonic() + 30
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live.close() == []
+    assert seen and seen[0] == 19
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine

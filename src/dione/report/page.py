@@ -4,7 +4,11 @@ pointed at a run directory shows, during the run (a live run rewrites it) and af
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
+import os
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,6 +81,17 @@ img {{ max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }}
     return path
 
 
+def _yield_to_training() -> None:
+    """Put the calling thread, and only it, at the lowest CPU priority (nice 19): where
+    the gangs use every core (a small machine), their steps come first and the figures
+    are written in the moments a core is free. Linux only, where a thread's nice value
+    is its own (elsewhere the call would lower the whole launcher, or another process)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError):  # not allowed here: it keeps its priority
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+
 class LiveReport:
     """Keeps a live run's report (and its page) fresh: ``touch()`` after something
     changed; a thread of its own rewrites it at most every ``every`` seconds, so the
@@ -86,8 +101,6 @@ class LiveReport:
                  boards: Sequence[Dashboard] = ()) -> None:
         """``boards``: dashboards (TensorBoard, MLflow) to bring up to date with the
         report, and to close, with the tasks' results, when the run ends."""
-        import threading
-
         self.run_dir = run_dir
         self.every = every
         self.boards = list(boards)
@@ -103,6 +116,7 @@ class LiveReport:
     def _loop(self) -> None:
         from dione.report.files import MetricsWritten, write_report
 
+        _yield_to_training()
         written = MetricsWritten()  # metrics.csv's rows, appended to as steps come
         pause = self.every
         while not self._stop.wait(pause):
