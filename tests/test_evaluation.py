@@ -83,7 +83,9 @@ def evaluate(model):
     # The live model still holds the last step's gradients; one loaded from a
     # checkpoint has none: which one was evaluated shows in the result.
     held = any(p.grad is not None for p in model.parameters())
-    return {**text_validation_loss(model, context=16, limit=64), "grads": float(held)}
+    # A draw: it starts from the task's seed, whatever the training drew before.
+    return {**text_validation_loss(model, context=16, limit=64), "grads": float(held),
+            "draw": float(torch.rand(()))}
 
 
 workload = Workload([Task(
@@ -103,7 +105,8 @@ def test_every_technique_evaluates_its_live_model_as_its_checkpoint_would(
     trip (single and ddp the whole model on rank 0, fsdp every rank on its shards, both
     still holding the last step's gradients; a pipeline its stages' weights put together
     on rank 0, a fresh model with none), and gets the numbers a fresh model loaded from
-    the slice's checkpoint gets, bit for bit."""
+    the slice's checkpoint gets, bit for bit; a random draw inside the evaluation starts
+    from the task's seed under every technique."""
     import torch
 
     from dione.launch import local_placement, run_slice
@@ -129,3 +132,5 @@ def test_every_technique_evaluates_its_live_model_as_its_checkpoint_would(
         torch.set_num_threads(threads)
     assert again["grads"] == 0.0
     assert result.evaluation["val_loss"] == again["val_loss"]
+    torch.manual_seed(task.seed)
+    assert result.evaluation["draw"] == again["draw"] == float(torch.rand(()))
