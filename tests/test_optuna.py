@@ -71,6 +71,63 @@ def test_a_study_of_eight_trials_with_a_median_pruner_runs_through_dione(
     assert len(optuna.load_study(study_name="lr", storage=storage).trials) == 8
 
 
+class _Watching(optuna.samplers.RandomSampler):
+    """Random proposals; notes, as each trial is asked, how many trials had been told."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=0)
+        self.told_at_ask: dict[int, int] = {}
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        super().before_trial(study, trial)
+        self.told_at_ask[trial.number] = sum(t.state.is_finished()
+                                             for t in study.get_trials(deepcopy=False))
+
+
+def test_a_sequential_study_asks_each_trial_once_an_earlier_one_was_told(
+        tmp_path: Path) -> None:
+    """With ``in_flight=2`` the sampler proposes two trials, then one each time a trial is
+    told; each joins the live run and is trained. So a trial was proposed knowing every
+    result but those of at most one other still training. A trial the user's function
+    cannot build, or whose task the run refuses, fails alone, and the next is asked in
+    its place."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    sampler = _Watching()
+    study = optuna.create_study(storage=storage, study_name="seq", direction="minimize",
+                                sampler=sampler, pruner=optuna.pruners.NopPruner())
+
+    def build(trial: optuna.trial.Trial) -> dione.Task:
+        lr = trial.suggest_float("lr", 1e-3, 3e-2, log=True)
+        if trial.number == 3:
+            raise ValueError("no model for this trial")
+        return digits_task("digits", steps=8, techniques=("single",),
+                           batch_size=0 if trial.number == 4 else 16,  # 4: refused
+                           optimizer=functools.partial(torch.optim.Adam, lr=lr))
+
+    options = dict(report_every=4, run_dir=str(tmp_path / "run"), devices="cpu:2",
+                   quiet=True, catalog=str(tmp_path / "catalog.sqlite"), time_limit=2.0,
+                   trial=TrialOptions(warmup_steps=1, measure_steps=2))
+    result = dione.optuna.optimize(study, build, n_trials=6, in_flight=2, **options)
+
+    trials = study.get_trials()
+    assert [t.number for t in trials] == list(range(6))
+    assert sampler.told_at_ask == {0: 0, 1: 0, 2: 1, 3: 2, 4: 3, 5: 4}
+    assert trials[3].state == trials[4].state == optuna.trial.TrialState.FAIL
+    assert "no model for this trial" in trials[3].user_attrs["dione_error"]
+    assert "batch_size" in trials[4].user_attrs["dione_error"]
+    statuses = {t.task: t.status for t in result.tasks}
+    assert statuses == {f"trial-{k}": "done" for k in (0, 1, 2, 5)}
+    for k in (0, 1, 2, 5):
+        assert trials[k].state == optuna.trial.TrialState.COMPLETE
+        assert trials[k].value == result.task(f"trial-{k}").final_loss
+
+    # Again with the same study and run: nothing trains, nothing is asked or told twice.
+    again = dione.optuna.optimize(optuna.load_study(study_name="seq", storage=storage),
+                                  build, n_trials=6, in_flight=2, **options)
+    assert {t.task: t.status for t in again.tasks} == statuses
+    assert len(optuna.load_study(study_name="seq", storage=storage).trials) == 6
+
+
 def test_a_malformed_pruning_rule_is_named_as_every_rule_is() -> None:
     """The study's rule checks what every dione rule checks (metric, loss window) and its
     own ``report_every``, each with the value it was given."""

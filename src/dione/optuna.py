@@ -20,9 +20,11 @@ completed trials learns of them during the run: a finished task's value (its las
 loss, or ``metric`` from its evaluation), PRUNED for a stopped one, FAIL for a failed
 or diverged one. Calling ``optimize`` again with the same study and run directory resumes both
 (the trials of the interrupted run are rebuilt from the study's storage, the slices
-from the run's store). The sampler proposes all ``n_trials`` before training starts,
-so a sequential sampler (TPE) sees the results of an earlier ``optimize`` call, not of
-this one's trials. Needs the ``optuna`` extra.
+from the run's store). By default the sampler proposes all ``n_trials`` before
+training starts, and dione plans them together; with ``in_flight=k`` it proposes ``k``
+first and one more each time a trial is told (the task joins the live run: a
+``dione.TaskInbox``), so a sequential sampler (TPE) learns from this run's results,
+as Optuna's own ``study.optimize(n_jobs=k)`` would let it. Needs the ``optuna`` extra.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = ["OptunaPruning", "optimize"]
 
 _TASK = "dione_task"  # the trial's user attribute naming its task
 _RUN = "dione_run"  # ... and the run directory that trains it
+_BUILD_ERROR = "dione_error"  # why its task could not be built, or was refused
 
 
 class OptunaPruning(StoppingRule):
@@ -48,8 +51,12 @@ class OptunaPruning(StoppingRule):
     study lives in the launcher only: the rule travels to workers without it."""
 
     def __init__(self, study: Any, trials: dict[str, Any], report_every: int,
-                 metric: str = "loss", loss_window: int = 5) -> None:
+                 metric: str = "loss", loss_window: int = 5,
+                 on_told: Callable[[], None] | None = None) -> None:
+        """``on_told``: called after each trial is told (a sequential ``optimize`` asks
+        the next one then)."""
         self.study = study
+        self.on_told = on_told
         self.trials = trials  # task name -> optuna.trial.Trial
         self.report_every = report_every
         self.metric = metric
@@ -62,7 +69,8 @@ class OptunaPruning(StoppingRule):
                 f"report_every={self.report_every})")
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "study": None, "trials": {}}  # workers never decide
+        # Workers never decide, nor ask.
+        return {**self.__dict__, "study": None, "trials": {}, "on_told": None}
 
     def mistakes(self) -> list[str]:
         """Each way the rule is malformed (empty: none), with the fix."""
@@ -94,6 +102,8 @@ class OptunaPruning(StoppingRule):
         trial = self.trials.get(task)
         if trial is not None and trial.number not in _finished(self.study):
             _tell(self.study, trial, self.metric, status, loss, evaluation)
+            if self.on_told is not None:
+                self.on_told()
 
 
 def _tell(study: Any, trial: Any, metric: str, status: str, loss: float | None,
@@ -120,51 +130,127 @@ def _direction(study: Any) -> str:
         else "maximize"
 
 
-def _trials_of(study: Any, run_dir: str, n_trials: int) -> list[Any]:
-    """This run's trials: those an earlier call asked (from the study's storage), then
-    new ones up to ``n_trials``."""
+def _asked_before(study: Any, run_dir: str) -> list[Any]:
+    """The trials an earlier call asked for this run (from the study's storage)."""
     import optuna
 
     mine = [t for t in study.get_trials(deepcopy=False)
             if t.user_attrs.get(_RUN) == run_dir]
     # A trial of the study's storage, again as the Trial the ask-and-tell interface
     # gives (Optuna names a stored trial by its private id only).
-    trials = [optuna.trial.Trial(study, t._trial_id) for t in mine]
-    while len(trials) < n_trials:
-        trial = study.ask()
-        trial.set_user_attr(_RUN, run_dir)
-        trial.set_user_attr(_TASK, f"trial-{trial.number}")
-        trials.append(trial)
-    return trials
+    return [optuna.trial.Trial(study, t._trial_id) for t in mine]
+
+
+def _ask(study: Any, run_dir: str) -> Any:
+    trial = study.ask()
+    trial.set_user_attr(_RUN, run_dir)
+    trial.set_user_attr(_TASK, f"trial-{trial.number}")
+    return trial
 
 
 def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
              report_every: int, metric: str = "loss", run_dir: str = "runs/optuna",
-             **run: Any) -> Any:
+             in_flight: int | None = None, **run: Any) -> Any:
     """Train ``n_trials`` of ``study``, each the task ``make_task(trial)`` builds, as one
     dione run in ``run_dir`` (``run``: ``dione.run``'s other arguments: devices, ray,
-    options); see the module's docstring. Returns ``dione.run``'s result; the study
-    holds each trial's outcome."""
+    options); see the module's docstring. ``in_flight``: at most this many trials
+    asked and not yet told at once (the sampler proposes the next as each is told, so a
+    sequential sampler such as TPE learns from this run's results); None: all
+    ``n_trials`` at once, which dione plans together. Returns ``dione.run``'s result;
+    the study holds each trial's outcome."""
     try:
         import optuna
     except ImportError as err:
         raise RuntimeError(f"dione.optuna needs optuna: pip install 'dione[optuna]' ({err})"
                            ) from None
     import dione
+    from dione.orchestrate.additions import TaskInbox
 
     _direction(study)
     if not isinstance(n_trials, int) or n_trials < 1:
         raise ValueError(f"n_trials must be a whole number >= 1, not {n_trials!r}")
+    if in_flight is not None and (not isinstance(in_flight, int) or in_flight < 1):
+        raise ValueError(f"in_flight must be a whole number >= 1, or None (every trial at "
+                         f"once), not {in_flight!r}")
     where = str(Path(run_dir).resolve())
-    trials = _trials_of(study, where, n_trials)
-    by_task = {str(t.user_attrs[_TASK]): t for t in trials}
+    trials = _asked_before(study, where)
+    told = _finished(study)
+    want = n_trials if in_flight is None else min(n_trials, max(
+        len(trials), in_flight + sum(t.number in told for t in trials)))
+    trials += [_ask(study, where) for _ in range(want - len(trials))]
+    # A trial the user's function could not build (told FAIL then) never was a task.
+    by_task = {str(t.user_attrs[_TASK]): t for t in trials
+               if _BUILD_ERROR not in t.user_attrs}
     rule = OptunaPruning(study, by_task, report_every, metric)
-    tasks = []
-    for name, trial in by_task.items():
+
+    def build(name: str, trial: Any) -> Task:
         built = make_task(trial)  # a resumed trial's suggestions return its own values
-        tasks.append(replace(built, name=name, stopping=rule,
-                             hyperparameters={**trial.params, **built.hyperparameters}))
-    result = dione.run(tasks, run_dir=run_dir, **run)
+        return replace(built, name=name, stopping=rule,
+                       hyperparameters={**trial.params, **built.hyperparameters})
+
+    def failed(trial: Any, why: str) -> None:
+        trial.set_user_attr(_BUILD_ERROR, why[:5000])
+        if trial.number not in _finished(study):  # a resumed one may be told already
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    tasks = []
+    for name, trial in list(by_task.items()):
+        try:
+            tasks.append(build(name, trial))
+        except Exception as err:  # the user's function: this trial alone fails
+            failed(trial, f"{type(err).__name__}: {err}")
+            del by_task[name]
+    inbox = TaskInbox() if len(trials) < n_trials else None
+
+    def ask_next() -> None:
+        """One more trial for the live run, once one is told; the inbox closed once
+        ``n_trials`` were asked. A trial ``make_task`` cannot build fails (its error in
+        the trial's user attribute ``dione_error``) and the next is asked."""
+        assert inbox is not None
+        try:
+            while len(trials) < n_trials:
+                trial = _ask(study, where)
+                trials.append(trial)
+                name = str(trial.user_attrs[_TASK])
+                try:
+                    task = build(name, trial)
+                except Exception as err:  # the user's function: this trial alone fails
+                    failed(trial, f"{type(err).__name__}: {err}")
+                    continue
+                by_task[name] = trial
+                inbox.add(task)
+                break
+        except BaseException:  # the study cannot ask: no more will come, the run ends
+            inbox.close()
+            raise
+        if len(trials) >= n_trials:
+            inbox.close()
+
+    def not_taken(name: str, why: str) -> None:
+        """A task the live run refused: its trial fails, and the next is asked."""
+        trial = by_task.get(name)
+        if trial is not None and trial.number not in _finished(study):
+            failed(trial, why)
+            ask_next()
+
+    if inbox is not None:
+        rule.on_told = ask_next
+        inbox.on_refused = not_taken
+        finished = _finished(study)  # with those just failed: others take their place
+        for _ in range((in_flight or 0) - sum(t.number not in finished
+                                              for t in by_task.values())):
+            ask_next()
+        tasks += inbox.take()  # the run starts with them
+    if not tasks:
+        errors = "; ".join(f"trial {t.number}: {t.user_attrs[_BUILD_ERROR]}" for t in trials
+                           if _BUILD_ERROR in t.user_attrs)
+        raise ValueError(f"make_task built no task for the study's trials ({errors}); "
+                         "fix the function, then call optimize again")
+    try:
+        result = dione.run(tasks, run_dir=run_dir, inbox=inbox, **run)
+    finally:
+        if inbox is not None:
+            inbox.close()
     # Each task was told as it ended; a task an earlier, interrupted call finished
     # without telling is told now.
     told = _finished(study)
@@ -174,7 +260,10 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
                 "done", "stopped", "failed", "diverged"):
             _tell(study, trial, metric, outcome.status, outcome.final_loss,
                   outcome.evaluation)
-    for invalid in result.invalid:  # a task its trial built that dione refused
+    # A task its trial built that dione refused, at the start or added later.
+    refused = [*result.invalid, *(f"task {name!r}: {why}" for name, why in
+                                  (inbox.refused.items() if inbox is not None else ()))]
+    for invalid in refused:
         for name, trial in by_task.items():
             if invalid.startswith(f"task {name!r}") and trial.number not in told:
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)

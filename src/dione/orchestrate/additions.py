@@ -11,7 +11,7 @@ re-plan, which a task the plan does not cover is owed at once.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -42,6 +42,9 @@ class TaskInbox:
         self._closed = False
         self.refused: dict[str, str] = {}  # task name -> why the run did not take it
         self.taken: dict[str, Task] = {}  # task name -> the task, once the run added it
+        # Called (in the run's thread) with a refused task's name and why, as it is
+        # refused: a searcher waiting on that task's end proposes another instead.
+        self.on_refused: Callable[[str, str], None] | None = None
 
     def add(self, *tasks: Task) -> None:
         """Give the run these tasks; they are planned at its next re-plan."""
@@ -54,6 +57,12 @@ class TaskInbox:
                 raise RuntimeError("this TaskInbox is closed: the run takes no more tasks; "
                                    "add them before close(), or start another run")
             self._waiting.extend(tasks)
+
+    def refuse(self, name: str, why: str) -> None:
+        """The run did not take task ``name`` (the run's loop says so)."""
+        self.refused[name] = why
+        if self.on_refused is not None:
+            self.on_refused(name, why)
 
     def close(self) -> None:
         """No more tasks: the run ends once those it has end."""

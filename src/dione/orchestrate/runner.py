@@ -175,7 +175,10 @@ class Runner:
                                f"({arrival.trials}); planned at the next re-plan", task.name))
         for name, why in arrival.refused.items():
             if self.intake.inbox is not None:
-                self.intake.inbox.refused[name] = why
+                try:
+                    self.intake.inbox.refuse(name, why)
+                except Exception as err:  # the caller's hook: the run goes on
+                    why += f" (and the inbox's on_refused failed: {type(err).__name__}: {err})"
             self.emit(RunEvent("task_refused", f"{name}: not added: {why}",
                                name if name in self.state.records else None))
         for request in arrival.requests:
