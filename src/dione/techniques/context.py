@@ -25,7 +25,12 @@ from dione.state.checkpoint import (
 )
 from dione.techniques.base import SliceOutcome, SliceSpec
 from dione.techniques.batches import batch_map
-from dione.techniques.evaluate import evaluate_model, stages_put_together
+from dione.techniques.evaluate import (
+    Parts,
+    evaluate_model,
+    model_from_state,
+    whole_state_on_rank0,
+)
 from dione.techniques.gradients import clip_gradients
 
 __all__ = ["SliceContext"]
@@ -211,39 +216,48 @@ class SliceContext:
                   if self.steps_done > 1 else None}
         self.on_progress(record)
 
-    def evaluate(self, outcome: SliceOutcome, model: nn.Module | None, *,
-                 every_rank: bool = False) -> None:
+    def evaluate(self, outcome: SliceOutcome, model: nn.Module | None) -> None:
         """The task's evaluation of the live trained model, into rank 0's ``outcome``,
         where the slice asks for one; called after the checkpoint is written, so a
         broken evaluation loses no training (its error goes into ``outcome``).
         ``model``: the whole model as the user defined it, on rank 0 (the others pass
-        None); or, with ``every_rank``, a sharded model every rank evaluates together,
-        each forward gathering the parameters as in training (fsdp), rank 0's numbers
-        kept (every rank computes the same: the evaluation's draws are seeded alike)."""
+        None)."""
         if not self.spec.evaluate:
             return
         self.evaluated = True
-        if model is None or (self.rank != 0 and not every_rank):
+        if model is None or self.rank != 0:
             return
         began = time.perf_counter()
         try:
             evaluation = evaluate_model(self.task, model)
         except Exception as err:
+            outcome.extra["evaluation_error"] = "".join(
+                traceback.format_exception(type(err), err, err.__traceback__))
+            return
+        outcome.evaluation = evaluation
+        outcome.timings["evaluate_seconds"] = time.perf_counter() - began
+
+    def evaluate_parts(self, outcome: SliceOutcome, model: nn.Module, parts: Parts) -> None:
+        """Evaluate a model no rank holds whole (collective, where the slice asks for
+        an evaluation): its parts put together on rank 0 in memory (``parts``: fsdp's
+        shards, a pipeline's stages), then the task's evaluation there of the model as
+        the user defined it. What fails after the gathering (rank 0 building or loading
+        the model, or evaluating it) goes into ``outcome``; the training is kept."""
+        if not self.spec.evaluate:
+            return
+        self.evaluated = True
+        began = time.perf_counter()
+        model.zero_grad(set_to_none=True)  # trained and saved: room for the whole model
+        try:
+            state = whole_state_on_rank0(model, parts, self.rank, self.world)
+            whole = (None if state is None
+                     else model_from_state(self.task, state, self.device))
+        except Exception as err:
             if self.rank == 0:
                 outcome.extra["evaluation_error"] = "".join(
                     traceback.format_exception(type(err), err, err.__traceback__))
             return
-        if self.rank == 0:
-            outcome.evaluation = evaluation
-            outcome.timings["evaluate_seconds"] = time.perf_counter() - began
-
-    def evaluate_stages(self, outcome: SliceOutcome, stage: nn.Module) -> None:
-        """A pipeline's evaluation (collective, where the slice asks for one): every
-        stage's weights put together on rank 0 in memory, evaluated there."""
-        if not self.spec.evaluate:
-            return
-        began = time.perf_counter()
-        whole = stages_put_together(self.task, stage, self.rank, self.world, self.device)
+        del state
         self.evaluate(outcome, whole)
         if "evaluate_seconds" in outcome.timings:  # rank 0's, the gathering included
             outcome.timings["evaluate_seconds"] = time.perf_counter() - began

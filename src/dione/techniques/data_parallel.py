@@ -129,8 +129,8 @@ class DataParallelTechnique(Technique):
             note = split_batch_exactness(model)
             if note:
                 outcome.extra["exactness"] = note
-        if self.shards_memory:  # no rank holds it whole: the ranks evaluate together
-            ctx.evaluate(outcome, model, every_rank=True)
+        if self.shards_memory:  # no rank holds it whole: put together on rank 0
+            ctx.evaluate_parts(outcome, model, "shards")
         else:  # every rank holds the whole model, unwrapped: rank 0 evaluates it
             ctx.evaluate(outcome, bare if ctx.rank == 0 else None)
         return outcome

@@ -1,27 +1,43 @@
-"""Evaluate a task at the end of a slice, on its live model: the whole model where a
-rank holds it, every rank's shards together (fsdp), or a pipeline's stages put together
-in memory; from the checkpoint only for a technique that does none of these."""
+"""Evaluate a task at the end of a slice, on the model it has just trained: the whole
+model where a rank holds it (single, ddp), else its parts (fsdp's shards, a pipeline's
+stages) put together on rank 0 in memory; from the checkpoint only for a technique
+that does neither (a user's)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from dione.spec.task import Task
 from dione.state.checkpoint import load_model_weights
 
-__all__ = ["evaluate_checkpoint", "evaluate_model", "stages_put_together"]
+__all__ = ["Parts", "evaluate_checkpoint", "evaluate_model", "model_from_state",
+           "whole_state_on_rank0"]
+
+Parts = Literal["shards", "stages"]  # how a technique holds the model over its ranks
+
+
+@contextlib.contextmanager
+def _own_generators() -> Iterator[None]:
+    """torch's generators (the host's and every CUDA device's in use) as they were,
+    after the block."""
+    devices = (list(range(torch.cuda.device_count()))
+               if torch.cuda.is_initialized() else [])  # type: ignore[no-untyped-call]
+    with torch.random.fork_rng(devices=devices):
+        yield
 
 
 def evaluate_checkpoint(task: Task, checkpoint: str, device: torch.device) -> dict[str, float]:
     """Load the checkpoint into a fresh, unwrapped model and run the task's evaluation,
-    in one process with no gang: for a technique (registered by a user) whose slice
-    did not evaluate its live model; the same numbers as the live model's."""
+    in one process with no gang: for a technique (a user's) whose slice evaluated no
+    model of its own; the same numbers as the live model's."""
     if task.evaluate is None:
         return {}
     torch.manual_seed(task.seed)
@@ -32,16 +48,13 @@ def evaluate_checkpoint(task: Task, checkpoint: str, device: torch.device) -> di
 
 def evaluate_model(task: Task, model: nn.Module) -> dict[str, float]:
     """The task's evaluation of ``model`` in eval mode without gradients; a metric that
-    is not a finite number is an error. Random draws inside it start from the task's
-    seed (the training's generators are left as they were): a sampled evaluation gives
-    the same numbers whichever technique trained the model, and on every rank of a
-    gang that evaluates together."""
+    is not a finite number is an error. torch's random draws inside it start from the
+    task's seed, and torch's generators are left as they were: a sampled evaluation
+    gives the same numbers whichever technique trained the model."""
     if task.evaluate is None:
         return {}
     model.eval()
-    cuda = sorted({p.device for p in model.parameters() if p.device.type == "cuda"},
-                  key=str)
-    with torch.random.fork_rng(devices=cuda), torch.no_grad():
+    with _own_generators(), torch.no_grad():
         torch.manual_seed(task.seed)
         metrics = task.evaluate(model)
     result = {}
@@ -53,23 +66,40 @@ def evaluate_model(task: Task, model: nn.Module) -> dict[str, float]:
     return result
 
 
-def stages_put_together(task: Task, stage: nn.Module, rank: int, world: int,
-                        device: torch.device) -> nn.Module | None:
-    """Collective over the gang: every stage's weights (the real ones, under their own
-    names) sent to rank 0 through host memory and loaded there into the task's model as
-    the user defined it; that model on rank 0, None on the others. No checkpoint is
-    read: the weights are the ones the slice has just trained."""
-    state = {name: value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor)
-             else value for name, value in get_model_state_dict(stage).items()}
+def whole_state_on_rank0(model: nn.Module, parts: Parts, rank: int,
+                         world: int) -> dict[str, Any] | None:
+    """Collective over the gang: the whole model's weights (the real ones, under the
+    user's names) in rank 0's host memory; None on the others. ``shards``: fsdp's
+    full state dict, gathered tensor by tensor onto rank 0's host; ``stages``: each
+    stage's weights copied to its host and gathered on rank 0 over gloo (never through
+    a device: NCCL's object gather would stage every rank's weights on rank 0's GPU)."""
+    if parts == "shards":
+        state = get_model_state_dict(model, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))
+        return state if rank == 0 else None
+    mine = {name: value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor)
+            else value for name, value in get_model_state_dict(model).items()}
+    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     gathered: list[Any] | None = [None] * world if rank == 0 else None
-    dist.gather_object(state, gathered, dst=0)
-    del state
+    try:
+        dist.gather_object(mine, gathered, dst=0, group=group)
+    finally:
+        if group is not None:
+            dist.destroy_process_group(group)
+    del mine
     if gathered is None:
         return None
     whole: dict[str, Any] = {}
     for part in gathered:
         whole.update(part)  # a weight two stages share: the same values in both
-    torch.manual_seed(task.seed)
-    model = task.model()
-    model.load_state_dict(whole)  # strict: every stage's names, and every name in one
+    return whole
+
+
+def model_from_state(task: Task, state: dict[str, Any], device: torch.device) -> nn.Module:
+    """The task's model as the user defined it, holding ``state`` (every name, strictly),
+    on ``device``."""
+    with _own_generators():
+        torch.manual_seed(task.seed)
+        model = task.model()
+    model.load_state_dict(state)
     return model.to(device)
