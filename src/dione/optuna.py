@@ -30,7 +30,7 @@ as Optuna's own ``study.optimize(n_jobs=k)`` would let it. Needs the ``optuna`` 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -101,9 +101,11 @@ class OptunaPruning(StoppingRule):
         completed trials (median, percentile) learns of each one during the run."""
         trial = self.trials.get(task)
         if trial is not None and trial.number not in _finished(self.study):
-            _tell(self.study, trial, self.metric, status, loss, evaluation)
-            if self.on_told is not None:
-                self.on_told()
+            try:
+                _tell(self.study, trial, self.metric, status, loss, evaluation)
+            finally:  # told or not (the storage failed), its place in flight is free
+                if self.on_told is not None:
+                    self.on_told()
 
 
 def _tell(study: Any, trial: Any, metric: str, status: str, loss: float | None,
@@ -174,6 +176,7 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
                          f"once), not {in_flight!r}")
     where = str(Path(run_dir).resolve())
     trials = _asked_before(study, where)
+    _tell_ended(study, trials, run_dir, metric)  # an interrupted call's, not yet told
     told = _finished(study)
     want = n_trials if in_flight is None else min(n_trials, max(
         len(trials), in_flight + sum(t.number in told for t in trials)))
@@ -184,9 +187,17 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     rule = OptunaPruning(study, by_task, report_every, metric)
 
     def build(name: str, trial: Any) -> Task:
+        """The trial's task; ValueError where dione would refuse it (then its trial
+        fails here, with the reason, rather than hold a place in flight)."""
+        from dione.techniques.validation import valid_tasks
+
         built = make_task(trial)  # a resumed trial's suggestions return its own values
-        return replace(built, name=name, stopping=rule,
+        task = replace(built, name=name, stopping=rule,
                        hyperparameters={**trial.params, **built.hyperparameters})
+        _, problems = valid_tasks([task])
+        if problems:
+            raise ValueError("; ".join(str(p) for p in problems))
+        return task
 
     def failed(trial: Any, why: str) -> None:
         trial.set_user_attr(_BUILD_ERROR, why[:5000])
@@ -201,12 +212,18 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
             failed(trial, f"{type(err).__name__}: {err}")
             del by_task[name]
     inbox = TaskInbox() if len(trials) < n_trials else None
+    sent: set[str] = set()  # the tasks given to the live run through the inbox
+
+    def inbox_taken() -> Collection[str]:
+        return inbox.taken if inbox is not None else ()
 
     def ask_next() -> None:
         """One more trial for the live run, once one is told; the inbox closed once
         ``n_trials`` were asked. A trial ``make_task`` cannot build fails (its error in
         the trial's user attribute ``dione_error``) and the next is asked."""
         assert inbox is not None
+        if inbox.closed:
+            return
         try:
             while len(trials) < n_trials:
                 trial = _ask(study, where)
@@ -217,8 +234,9 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
                 except Exception as err:  # the user's function: this trial alone fails
                     failed(trial, f"{type(err).__name__}: {err}")
                     continue
-                by_task[name] = trial
                 inbox.add(task)
+                by_task[name] = trial
+                sent.add(name)
                 break
         except BaseException:  # the study cannot ask: no more will come, the run ends
             inbox.close()
@@ -227,9 +245,11 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
             inbox.close()
 
     def not_taken(name: str, why: str) -> None:
-        """A task the live run refused: its trial fails, and the next is asked."""
+        """A task this inbox gave that the live run refused: its trial fails, and the
+        next is asked (a task of the same name from ``dione add`` is not this one)."""
         trial = by_task.get(name)
-        if trial is not None and trial.number not in _finished(study):
+        if (name in sent and name not in inbox_taken()
+                and trial is not None and trial.number not in _finished(study)):
             failed(trial, why)
             ask_next()
 
@@ -269,6 +289,26 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 told.add(trial.number)
     return result
+
+
+def _tell_ended(study: Any, trials: Sequence[Any], run_dir: str, metric: str) -> None:
+    """Tell each trial whose task the run's store has ended (an interrupted call ended
+    it and stopped before telling): such a trial holds no place in flight."""
+    from dione.state.store import STORE_FILE, RunStore
+    from dione.state.summaries import summaries
+
+    if not (Path(run_dir) / STORE_FILE).is_file():
+        return
+    by_task = {str(t.user_attrs.get(_TASK)): t for t in trials}
+    told = _finished(study)
+    with RunStore(run_dir) as store:
+        ended = [s for s in summaries(store)
+                 if s.status in ("done", "stopped", "failed", "diverged")]
+    for summary in ended:
+        trial = by_task.get(summary.task)
+        if trial is not None and trial.number not in told:
+            _tell(study, trial, metric, summary.status, summary.final_loss,
+                  summary.evaluation)
 
 
 def _finished(study: Any) -> set[int]:

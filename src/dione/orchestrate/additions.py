@@ -70,6 +70,12 @@ class TaskInbox:
             self._closed = True
 
     @property
+    def closed(self) -> bool:
+        """Closed: it takes no more tasks."""
+        with self._lock:
+            return self._closed
+
+    @property
     def drained(self) -> bool:
         """Closed, and every task added taken by the run: none will come."""
         with self._lock:

@@ -147,7 +147,10 @@ class Runner:
             self.emit(RunEvent("task_failed", f"{task.name}: {reason}", task.name))
         inexact = any(s.status == "done" and s.inexactness is not None
                       for s in self.store.slices(task.name))
-        return TaskRecord(task, total, done, status, inexact=inexact)
+        record = TaskRecord(task, total, done, status, inexact=inexact)
+        if status == TaskStatus.FAILED:
+            self._ended(record, {})  # its rule hears of it as of any other end
+        return record
 
     # -- tasks added while it runs ---------------------------------------------------
 
@@ -341,6 +344,7 @@ class Runner:
             record.status = TaskStatus.FAILED
             self.store.set_task_status(record.name, "failed", message)
             self.emit(RunEvent("task_failed", message, record.name))
+            self._ended(record, {})
         return bool(stranded)
 
     def _wait_for_a_join(self) -> bool:
