@@ -82,10 +82,13 @@ img {{ max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }}
 
 
 def _yield_to_training() -> None:
-    """Put the calling thread, and only it, at the lowest CPU priority (nice 19): where
-    the gangs use every core (a small machine), their steps come first and the figures
-    are written in the moments a core is free. Linux only, where a thread's nice value
-    is its own (elsewhere the call would lower the whole launcher, or another process)."""
+    """Put the calling thread (and the threads it starts: TensorBoard's writers) at the
+    lowest CPU priority (nice 19): where the gangs use every core (a small machine),
+    their steps come first and the figures are written in the moments a core is free.
+    Linux only, where a thread's nice value is its own (elsewhere the call would lower
+    the whole launcher, or another process). The price: while it holds the GIL and
+    waits for a core, the launcher's loop waits for it too (the workers, processes of
+    their own, never do)."""
     if not sys.platform.startswith("linux"):
         return
     with contextlib.suppress(OSError):  # not allowed here: it keeps its priority
@@ -139,7 +142,12 @@ class LiveReport:
         """Stop; close each dashboard (with the tasks' results). What failed, one
         sentence each: a dashboard that fails loses nothing of the run."""
         self._stop.set()
-        self._thread.join(timeout=60)
+        self._thread.join(timeout=300)
+        if self._thread.is_alive():  # a dashboard's update hangs: closing it would race
+            return [f"the live report's last update did not end in 300 s; "
+                    f"{', '.join(type(b).__name__ for b in self.boards) or 'no dashboard'} "
+                    "left unclosed: `dione report RUN_DIR --tensorboard/--mlflow` writes "
+                    "them from the run's store"]
         failed = []
         for board in self.boards:
             try:
