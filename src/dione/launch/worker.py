@@ -304,7 +304,7 @@ def run_job(job: Job, report: Report | None = None) -> tuple[str, Any]:
     from dione.spec.devices import backend_for
     from dione.techniques.base import SliceSpec
     from dione.techniques.context import SliceContext
-    from dione.techniques.evaluate import evaluate_checkpoint
+    from dione.techniques.evaluate import evaluate_checkpoint, note_evaluation_error
 
     rank = job.rank
     try:
@@ -347,8 +347,7 @@ def run_job(job: Job, report: Report | None = None) -> tuple[str, Any]:
                                                          ctx.device)
                 outcome.timings["evaluate_seconds"] = time.perf_counter() - began
             except Exception as err:
-                outcome.extra["evaluation_error"] = "".join(
-                    traceback.format_exception(type(err), err, err.__traceback__))
+                note_evaluation_error(outcome, err)
         return "result", outcome
     except BaseException as err:  # the launcher reads the record: report everything
         traceback.print_exc()

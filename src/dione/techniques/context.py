@@ -7,7 +7,6 @@ import contextlib
 import functools
 import resource
 import time
-import traceback
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -29,6 +28,7 @@ from dione.techniques.evaluate import (
     Parts,
     evaluate_model,
     model_from_state,
+    note_evaluation_error,
     whole_state_on_rank0,
 )
 from dione.techniques.gradients import clip_gradients
@@ -225,17 +225,8 @@ class SliceContext:
         if not self.spec.evaluate:
             return
         self.evaluated = True
-        if model is None or self.rank != 0:
-            return
-        began = time.perf_counter()
-        try:
-            evaluation = evaluate_model(self.task, model)
-        except Exception as err:
-            outcome.extra["evaluation_error"] = "".join(
-                traceback.format_exception(type(err), err, err.__traceback__))
-            return
-        outcome.evaluation = evaluation
-        outcome.timings["evaluate_seconds"] = time.perf_counter() - began
+        if model is not None and self.rank == 0:
+            self._evaluate_on_rank0(outcome, model, time.perf_counter())
 
     def evaluate_parts(self, outcome: SliceOutcome, model: nn.Module, parts: Parts) -> None:
         """Evaluate a model no rank holds whole (collective, where the slice asks for
@@ -254,13 +245,22 @@ class SliceContext:
                      else model_from_state(self.task, state, self.device))
         except Exception as err:
             if self.rank == 0:
-                outcome.extra["evaluation_error"] = "".join(
-                    traceback.format_exception(type(err), err, err.__traceback__))
+                note_evaluation_error(outcome, err)
             return
         del state
-        self.evaluate(outcome, whole)
-        if "evaluate_seconds" in outcome.timings:  # rank 0's, the gathering included
-            outcome.timings["evaluate_seconds"] = time.perf_counter() - began
+        if whole is not None:  # rank 0: its seconds count the gathering too
+            self._evaluate_on_rank0(outcome, whole, began)
+
+    def _evaluate_on_rank0(self, outcome: SliceOutcome, model: nn.Module,
+                           began: float) -> None:
+        """The task's evaluation of ``model`` into ``outcome``, with its seconds since
+        ``began``; its error instead, if it fails."""
+        try:
+            outcome.evaluation = evaluate_model(self.task, model)
+        except Exception as err:
+            note_evaluation_error(outcome, err)
+            return
+        outcome.timings["evaluate_seconds"] = time.perf_counter() - began
 
     def check_memory(self) -> None:
         """Fail like an out-of-memory GPU when this rank's peak passes the slice's cap."""

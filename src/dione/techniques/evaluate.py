@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import traceback
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -18,8 +19,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from dione.spec.task import Task
 from dione.state.checkpoint import load_model_weights
 
+if TYPE_CHECKING:
+    from dione.techniques.base import SliceOutcome
+
 __all__ = ["Parts", "evaluate_checkpoint", "evaluate_model", "model_from_state",
-           "whole_state_on_rank0"]
+           "note_evaluation_error", "whole_state_on_rank0"]
 
 Parts = Literal["shards", "stages"]  # how a technique holds the model over its ranks
 
@@ -40,8 +44,7 @@ def evaluate_checkpoint(task: Task, checkpoint: str, device: torch.device) -> di
     model of its own; the same numbers as the live model's."""
     if task.evaluate is None:
         return {}
-    torch.manual_seed(task.seed)
-    model = task.model().to(device)
+    model = _fresh_model(task).to(device)
     load_model_weights(checkpoint, model)
     return evaluate_model(task, model)
 
@@ -98,8 +101,20 @@ def whole_state_on_rank0(model: nn.Module, parts: Parts, rank: int,
 def model_from_state(task: Task, state: dict[str, Any], device: torch.device) -> nn.Module:
     """The task's model as the user defined it, holding ``state`` (every name, strictly),
     on ``device``."""
-    with _own_generators():
-        torch.manual_seed(task.seed)
-        model = task.model()
+    model = _fresh_model(task)
     model.load_state_dict(state)
     return model.to(device)
+
+
+def _fresh_model(task: Task) -> nn.Module:
+    """The task's model as its seed initialises it (on the host), torch's generators
+    left as they were."""
+    with _own_generators():
+        torch.manual_seed(task.seed)
+        return task.model()
+
+
+def note_evaluation_error(outcome: SliceOutcome, err: BaseException) -> None:
+    """Record in ``outcome`` why its evaluation failed (its training stands)."""
+    outcome.extra["evaluation_error"] = "".join(
+        traceback.format_exception(type(err), err, err.__traceback__))
