@@ -271,23 +271,13 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     finally:
         if inbox is not None:
             inbox.close()
-    # Each task was told as it ended; a task an earlier, interrupted call finished
-    # without telling is told now.
-    told = _finished(study)
-    for outcome in result.tasks:
-        trial = by_task[outcome.task]
-        if trial.number not in told and outcome.status in (
-                "done", "stopped", "failed", "diverged"):
-            _tell(study, trial, metric, outcome.status, outcome.final_loss,
-                  outcome.evaluation)
-    # A task its trial built that dione refused, at the start or added later.
-    refused = [*result.invalid, *(f"task {name!r}: {why}" for name, why in
-                                  (inbox.refused.items() if inbox is not None else ()))]
-    for invalid in refused:
-        for name, trial in by_task.items():
-            if invalid.startswith(f"task {name!r}") and trial.number not in told:
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                told.add(trial.number)
+    # Each task was told as it ended; one the store has ended untold is told now.
+    _tell_ended(study, trials, run_dir, metric)
+    # A trial whose task the run never took (refused at the start or as it came).
+    told, in_run = _finished(study), {t.task for t in result.tasks}
+    for name, trial in by_task.items():
+        if name not in in_run and trial.number not in told:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
     return result
 
 
