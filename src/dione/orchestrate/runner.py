@@ -407,7 +407,7 @@ class Runner:
         began = time.perf_counter()
         plan, fell_back = solve_or_fall_back(problem, self.options.solver, limit,
                                              1 if self.virtual else None, self.virtual,
-                                             self.replanner.hasten)
+                                             self._hastens())
         if not self.first_solve_seconds:
             self.first_solve_seconds = time.perf_counter() - began
             self.first_solve_units = float(plan.notes.get("deterministic_spent", 0.0))
