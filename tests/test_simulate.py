@@ -37,7 +37,8 @@ OPTIONS = RunOptions(solver="cpsat", time_limit=2.0, replan_time_limit=0.5,
 
 
 @contextmanager
-def virtual_runner(run_dir: Path, options: RunOptions = OPTIONS
+def virtual_runner(run_dir: Path, options: RunOptions = OPTIONS,
+                   scenario: Scenario = Scenario()  # noqa: B008 (frozen)
                    ) -> Iterator[tuple[Runner, VirtualClock]]:
     """A runner of ``small_problem(4)`` (20 steps a task) on a virtual clock, for a test
     to drive by hand, its store closed at the end."""
@@ -46,8 +47,8 @@ def virtual_runner(run_dir: Path, options: RunOptions = OPTIONS
     tasks, profile = problem_workload(problem, 20, cluster, None)
     virtual = VirtualClock()
     with clock.using(virtual):
-        machines = VirtualCluster(virtual, Scenario())
-        launching = SimulatedLaunching(run_dir, profile, virtual, Scenario(), machines)
+        machines = VirtualCluster(virtual, scenario)
+        launching = SimulatedLaunching(run_dir, profile, virtual, scenario, machines)
         runner = Runner(tasks, cluster, run_dir, profile, options, lambda e: None,
                         lambda s: None, machines, launching=launching, virtual=True)
         try:
@@ -429,3 +430,29 @@ def test_a_running_tasks_later_steps_are_planned_free_from_its_slice_end(
         assert check_plan(plan, remaining) == []
         assert all(plan.assignment(b.task).start >= b.until - 1e-6
                    for b in remaining.busy)
+
+
+def test_a_slice_past_its_prediction_with_no_pace_heard_is_not_expected_to_end_at_once(
+        tmp_path: Path) -> None:
+    """Two-step slices tell no pace (a rank tells it from its second step). One ten times
+    slower than predicted, past its predicted end, is expected to take as long again as
+    it has so far: a plan that queued work behind it as if it ended at once left a
+    device idle while a held slice kept the other (a flaky test on a busy machine)."""
+    options = RunOptions(**{**OPTIONS.__dict__, "slice_steps": 2})
+    with virtual_runner(tmp_path, options, Scenario(task_slowdown={"t0": 10.0})) as (
+            runner, virtual):
+        runner.plan_now()
+        for a in launchable(runner.state.plan, runner.state.records):
+            runner.launch(a)
+        record = runner.state.records["t0"]
+        running = record.running
+        assert running is not None and running.end_step - running.start_step == 2
+        predicted = running.predicted_end - running.began
+        virtual.wait_any([], 2 * predicted - (runner.now() - running.began))  # twice it
+        assert runner._progress(record) is None and record.running is running
+        elapsed = runner.now() - running.began
+        assert elapsed == pytest.approx(2 * predicted)
+        assert runner.predicted_slice_end(record) == pytest.approx(runner.now() + elapsed)
+        problem, _ = runner.problem()
+        busy = next(b for b in problem.busy if b.task == "t0")
+        assert busy.until == pytest.approx(elapsed)

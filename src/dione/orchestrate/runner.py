@@ -203,7 +203,15 @@ class Runner:
         assert running is not None
         progress = self._progress(record)
         if progress is None:
-            return max(running.predicted_end, self.now())
+            # No pace heard yet (a rank tells it from its second step, at most once a
+            # second). Past its predicted end all that is known is that the slice runs
+            # slower than predicted, not by how much: expect it to take as long again as
+            # it has so far. Expecting it to end at once had plans queue work behind a
+            # slice held on its first step while another device stood idle.
+            now = self.now()
+            if now <= running.predicted_end:
+                return running.predicted_end
+            return now + (now - running.began)
         step, pace, heard = progress
         option = self.profile.task(record.name).option(running.assignment.technique,
                                                        running.assignment.devices)
