@@ -27,8 +27,14 @@ lint: setup
 # and timeouts rather than computing. Each test file runs whole in one worker, so a
 # module's shared fixture (test_ray.py's one Ray cluster) is made once (xdist's
 # loadgroup did not keep a group together under pytest 9).
-test: lint
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+# mypy (45 s without its cache, as on CI) checks types beside the tests, on the core
+# they leave idle while waiting; its output follows theirs, and either failing fails.
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy > .mypy.log 2>&1 & types=$$!; \
+	$(BIN)/python -m pytest -n 2 --dist loadfile; tests=$$?; \
+	wait $$types; typed=$$?; cat .mypy.log; rm -f .mypy.log; \
+	test $$tests -eq 0 && test $$typed -eq 0
 
 # The inner loop (about a minute): lint, types, and the tests that start no gang
 # (layering, schedules, planner, store, spec, batches). `make test` runs everything.
