@@ -30,7 +30,7 @@ as Optuna's own ``study.optimize(n_jobs=k)`` would let it. Needs the ``optuna`` 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -214,9 +214,6 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     inbox = TaskInbox() if len(trials) < n_trials else None
     sent: set[str] = set()  # the tasks given to the live run through the inbox
 
-    def inbox_taken() -> Collection[str]:
-        return inbox.taken if inbox is not None else ()
-
     def ask_next() -> None:
         """One more trial for the live run, once one is told; the inbox closed once
         ``n_trials`` were asked. A trial ``make_task`` cannot build fails (its error in
@@ -247,8 +244,9 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     def not_taken(name: str, why: str) -> None:
         """A task this inbox gave that the live run refused: its trial fails, and the
         next is asked (a task of the same name from ``dione add`` is not this one)."""
+        assert inbox is not None
         trial = by_task.get(name)
-        if (name in sent and name not in inbox_taken()
+        if (name in sent and name not in inbox.taken
                 and trial is not None and trial.number not in _finished(study)):
             failed(trial, why)
             ask_next()

@@ -139,17 +139,13 @@ class Runner:
         elif stored is not None and stored.status == "diverged":
             # Training it on would repeat the divergence: the user must change it.
             status = TaskStatus.DIVERGED
-        elif not self.profile.task(task.name).options:
-            status = TaskStatus.FAILED
-            reason = (self.profile.task(task.name).error
-                      or self.profile.task(task.name).why_no_option())
-            self.store.set_task_status(task.name, "failed", reason)
-            self.emit(RunEvent("task_failed", f"{task.name}: {reason}", task.name))
         inexact = any(s.status == "done" and s.inexactness is not None
                       for s in self.store.slices(task.name))
         record = TaskRecord(task, total, done, status, inexact=inexact)
-        if status == TaskStatus.FAILED:
-            self._ended(record, {})  # its rule hears of it as of any other end
+        if status == TaskStatus.PENDING and not self.profile.task(task.name).options:
+            reason = (self.profile.task(task.name).error
+                      or self.profile.task(task.name).why_no_option())
+            self._give_up(record, reason, f"{task.name}: {reason}")
         return record
 
     # -- tasks added while it runs ---------------------------------------------------
@@ -351,10 +347,7 @@ class Runner:
             message = (f"{record.name} cannot be placed: its options need at least {least} "
                        f"devices on one node, and the widest node left has {widest}; resume "
                        "the run once such a node is back")
-            record.status = TaskStatus.FAILED
-            self.store.set_task_status(record.name, "failed", message)
-            self.emit(RunEvent("task_failed", message, record.name))
-            self._ended(record, {})
+            self._give_up(record, message, message)
         return bool(stranded)
 
     def _wait_for_a_join(self) -> bool:
@@ -734,6 +727,14 @@ class Runner:
             self.emit(RunEvent("stopping_rule_failed", f"{record.name}: {rule!r} could not "
                                f"record its end: {type(err).__name__}: {err}", record.name))
 
+    def _give_up(self, record: TaskRecord, error: str, said: str) -> None:
+        """End a task failed: the store keeps ``error``, the run's event says ``said``,
+        and its stopping rule hears of it as of any other end."""
+        record.status = TaskStatus.FAILED
+        self.store.set_task_status(record.name, "failed", error)
+        self.emit(RunEvent("task_failed", said, record.name))
+        self._ended(record, {})
+
     def _failed(self, record: TaskRecord, err: SliceError) -> bool:
         """A slice that failed: the task retried, or ended (diverged, a failure no retry
         can mend, or too many failures)."""
@@ -744,18 +745,12 @@ class Runner:
             self.emit(RunEvent("task_diverged", str(err).splitlines()[0], name))
             self._ended(record, {})
         elif not err.retryable:
-            record.status = TaskStatus.FAILED
-            self.store.set_task_status(name, "failed", str(err))
-            self.emit(RunEvent("task_failed", f"{name} failed, and no retry can succeed until "
-                               "the disk, the permissions or the task change: "
-                               f"{str(err).splitlines()[0]}", name))
-            self._ended(record, {})
+            self._give_up(record, str(err), f"{name} failed, and no retry can succeed until "
+                          "the disk, the permissions or the task change: "
+                          f"{str(err).splitlines()[0]}")
         elif record.failures >= self.options.max_failures:
-            record.status = TaskStatus.FAILED
-            self.store.set_task_status(name, "failed", str(err))
-            self.emit(RunEvent("task_failed", f"{name} failed {record.failures} times; giving "
-                               f"up: {err}", name))
-            self._ended(record, {})
+            self._give_up(record, str(err), f"{name} failed {record.failures} times; giving "
+                          f"up: {err}")
         else:
             record.status = TaskStatus.PENDING
             self.emit(RunEvent("slice_failed", f"{name} failed (attempt {record.failures} of "
