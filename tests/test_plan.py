@@ -311,6 +311,52 @@ def test_hasten_ends_a_task_sooner_on_devices_idle_around_it() -> None:
     assert faster.makespan == 100.0
 
 
+def test_favoured_ends_a_promoted_task_sooner_without_a_later_makespan() -> None:
+    from dione.plan.favour import favoured
+
+    # l runs 0-50 s on device 0; a (priority -1, promoted) and b share device 1 in turn,
+    # 0-40 and 40-80. a on both devices (22 s) first, then l and b side by side, ends
+    # a at 22 s and the plan at 72 s: taken. Without a priority nothing moves.
+    base = problem_of({"l": [(1, 50.0)], "a": [(1, 40.0), (2, 22.0)], "b": [(1, 40.0)]},
+                      {"n0": 2})
+    # a's ddp x2 takes 44 device-seconds: 10% above its cheapest, at the limit.
+    plan = Plan("hand", "feasible", 80.0, 0.0, (
+        Assignment("l", "single", {}, "n0", (0,), 0.0, 50.0),
+        Assignment("a", "single", {}, "n0", (1,), 0.0, 40.0),
+        Assignment("b", "single", {}, "n0", (1,), 40.0, 80.0)))
+    assert favoured(plan, base) is plan
+    problem = replace(base, tasks=tuple(replace(t, priority=-1.0) if t.name == "a" else t
+                                        for t in base.tasks))
+    sooner = favoured(plan, problem)
+    assert check_plan(sooner, problem) == []
+    assert sooner.assignment("a") == Assignment("a", "ddp", {}, "n0", (0, 1), 0.0, 22.0)
+    assert sooner.makespan == pytest.approx(72.0) and sooner.notes["favoured"] == 1
+    # Where it would make the plan end later, it is not taken: l 70 s long.
+    longer = replace(problem, tasks=tuple(
+        replace(t, options=(Option("single", 1, 70.0),)) if t.name == "l" else t
+        for t in problem.tasks))
+    plan70 = replace(plan, assignments=(replace(plan.assignments[0], end=70.0),
+                                        *plan.assignments[1:]))
+    assert favoured(plan70, longer) is plan70
+    # Nor an option of more than 10% above the task's fewest device-seconds.
+    costly = replace(problem, tasks=tuple(
+        replace(t, options=(Option("single", 1, 40.0), Option("ddp", 2, 22.1)))
+        if t.name == "a" else t for t in problem.tasks))
+    assert favoured(plan, costly) is plan
+
+
+def test_a_tasks_priority_round_trips_and_is_checked() -> None:
+    ranked = replace(SMALL, tasks=tuple(replace(t, priority=-0.5) if t.name == "b" else t
+                                        for t in SMALL.tasks))
+    again = PlanningProblem.from_json(json.loads(json.dumps(ranked.to_json())))
+    assert again == ranked and ranked.to_json()["tasks"][1]["priority"] == -0.5
+    assert "priority" not in ranked.to_json()["tasks"][0]  # 0, the default, left out
+    bad = ranked.to_json()
+    bad["tasks"][0]["priority"] = "first"
+    with pytest.raises(ProblemError, match="priority must be a finite number"):
+        PlanningProblem.from_json(bad)
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_hasten_keeps_a_plan_valid_and_moves_no_other_task(problem: PlanningProblem) -> None:

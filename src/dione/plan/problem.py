@@ -77,6 +77,9 @@ class TaskOptions:
     # Seconds from now before which it may not start: a running task's steps after its
     # slice, planned free to move but not before that slice ends.
     release: float = 0.0
+    # Which goes first where plans tie, lower first (greedy's first order): a pausing
+    # stopping rule's promoted tasks, the highest rung and the best there first.
+    priority: float = 0.0
 
     def fitting(self, node: NodeSpec) -> list[Option]:
         return [o for o in self.options if o.devices <= node.devices]
@@ -157,6 +160,7 @@ class PlanningProblem:
             if not bad and self.nodes:
                 reasons += _fits_no_node(where, task.options, widest)
             reasons += _release_mistakes(where, task.release)
+            reasons += _priority_mistakes(where, task.priority)
         reasons += [f"task {n!r}: the name is used twice"
                     for n in _twice([t.name for t in self.tasks])]
         sizes = {n.name: n.devices for n in self.nodes}
@@ -176,7 +180,8 @@ class PlanningProblem:
         data: dict[str, Any] = {
             "cluster": {"nodes": [n.to_json() for n in self.nodes]},
             "tasks": [{"name": t.name, "options": [o.to_json() for o in t.options],
-                       **({"release": t.release} if t.release else {})}
+                       **({"release": t.release} if t.release else {}),
+                       **({"priority": t.priority} if t.priority else {})}
                       for t in self.tasks],
         }
         if self.busy:
@@ -238,6 +243,13 @@ def _fits_no_node(where: str, options: Iterable[Option], widest: int) -> list[st
         return []
     return [f"{where}: no option fits any node (the widest has {widest} devices, the "
             f"narrowest option needs {min(o.devices for o in options)})"]
+
+
+def _priority_mistakes(where: str, priority: Any) -> list[str]:
+    if not _number(priority):
+        return [f"{where}: priority must be a finite number (lower goes first where plans "
+                f"tie), not {priority!r}"]
+    return []
 
 
 def _release_mistakes(where: str, release: Any) -> list[str]:
@@ -344,11 +356,12 @@ def _parse(data: Any) -> PlanningProblem:
             continue
         name = raw["name"]
         where = f"task {name!r}"
-        reasons += _unknown(where, raw, {"name", "options", "release"})
+        reasons += _unknown(where, raw, {"name", "options", "release", "priority"})
         release = raw.get("release", 0.0)
-        bad_release = _release_mistakes(where, release)
-        if bad_release:
-            reasons += bad_release
+        priority = raw.get("priority", 0.0)
+        bad = _release_mistakes(where, release) + _priority_mistakes(where, priority)
+        if bad:
+            reasons += bad
             continue
         raw_options = raw.get("options")
         if not isinstance(raw_options, list) or not raw_options:
@@ -361,7 +374,7 @@ def _parse(data: Any) -> PlanningProblem:
             reasons += _same_option_twice(where, valid)
             if nodes:
                 reasons += _fits_no_node(where, valid, widest)
-            tasks.append(TaskOptions(name, valid, float(release)))
+            tasks.append(TaskOptions(name, valid, float(release), float(priority)))
     reasons += [f"task {n!r}: the name is used twice" for n in _twice([t.name for t in tasks])]
     busy = _parse_busy(data.get("busy", []), nodes, reasons)
     if reasons:
