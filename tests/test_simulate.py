@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -457,3 +458,27 @@ def test_a_slice_past_its_prediction_with_no_pace_heard_is_not_expected_to_end_a
         problem, _ = runner.problem()
         busy = next(b for b in problem.busy if b.task == "t0")
         assert busy.until == pytest.approx(late)
+
+
+def test_a_pausing_rules_promoted_tasks_come_first_in_the_problem_best_first(
+        tmp_path: Path) -> None:
+    """Li et al.'s ASHA hands out promotions before new configurations, from the highest
+    rung down: each re-plan's problem says so in its tasks' priorities (lower first), a
+    promoted task's rank at its last rung breaking ties within that rung."""
+    from dione.spec.stopping import PausingAsha
+
+    rule = PausingAsha(min_steps=5, eta=2)  # rungs at 5 and 10 of 20 steps
+    with virtual_runner(tmp_path) as (runner, _):
+        records = runner.state.records
+        for name, done in (("t0", 5), ("t1", 5), ("t2", 10), ("t3", 0)):
+            records[name].task = replace(records[name].task, stopping=rule)
+            records[name].done_steps = done
+        runner.judged[(repr(rule), 5)] = {"t0": 2.0, "t1": 1.0, "t2": 1.5, "x": 3.0}
+        runner.judged[(repr(rule), 10)] = {"t2": 0.9}
+        problem, _ = runner.problem()
+        priority = {t.name: t.priority for t in problem.tasks}
+        assert priority["t2"] == -2.0  # past two rungs, the best at the second
+        assert priority["t1"] == -1.0  # past one, the best there
+        assert priority["t0"] == pytest.approx(-1.0 + 0.999 * 2 / 4)  # two better
+        assert priority["t3"] == 0.0  # a new configuration
+        assert sorted(priority, key=lambda n: priority[n]) == ["t2", "t1", "t0", "t3"]

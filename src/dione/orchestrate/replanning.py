@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from dione.plan.favour import favoured
 from dione.plan.hasten import hasten as hastened
 from dione.plan.plan import Assignment, Plan
 from dione.plan.problem import PlanningProblem
@@ -50,7 +51,9 @@ def solve_or_fall_back(problem: PlanningProblem, solver: str, limit: float,
     core), or greedy's where it finds none (saturn-milp's model too large to build: the
     run goes on), with why. ``deterministic``: cpsat's ``limit`` is in its deterministic
     time, so the plan does not depend on how fast the machine ran the solve.
-    ``hasten``: each task then ends as early as idle devices allow (``plan.hasten``)."""
+    ``hasten`` (a run with stopping rules): a pausing rule's promoted tasks then end
+    sooner where the makespan allows (``plan.favour``), and each task as early as idle
+    devices allow (``plan.hasten``)."""
     problem.check()  # what a problem file must be, the solvers may rely on
     if deterministic and solver == "cpsat":
         # The clock's limit, far beyond the deterministic one, only guards a hang.
@@ -62,7 +65,7 @@ def solve_or_fall_back(problem: PlanningProblem, solver: str, limit: float,
         reason = plan.notes.get("reason") or "no plan within the time limit"
         fell_back = f"{plan.solver} ({plan.status}): {reason}"
         plan = solve(problem, "greedy", limit)
-    return (hastened(plan, problem) if hasten else plan), fell_back
+    return (hastened(favoured(plan, problem), problem) if hasten else plan), fell_back
 
 
 class Replanner:

@@ -249,9 +249,9 @@ class Runner:
         its own slice ends (50 tasks under ASHA on 4 simulated nodes: 32% of the
         devices busy over the last half of the run)."""
         now = self.now()
-        tasks = [self.estimates.task_options(r.name, self.planned_steps(r, r.done_steps),
-                                             r.done_steps > 0,
-                                             self.planned_evaluations(r, r.done_steps))
+        tasks = [replace(self.estimates.task_options(
+            r.name, self.planned_steps(r, r.done_steps), r.done_steps > 0,
+            self.planned_evaluations(r, r.done_steps)), priority=self.promotion_priority(r))
                  for r in self._pending_that_fit()]
         nodes = {n.name for n in self.cluster}
         busy = []
@@ -264,9 +264,27 @@ class Runner:
             if r.total > running.end_step:
                 tasks.append(replace(self.estimates.task_options(
                     r.name, self.planned_steps(r, running.end_step), True,
-                    self.planned_evaluations(r, running.end_step)), release=until))
+                    self.planned_evaluations(r, running.end_step)), release=until,
+                    priority=self.promotion_priority(r)))
             busy.append(Busy(r.name, a.node, a.device_ids, until))
         return PlanningProblem(planning_nodes(self.cluster), tuple(tasks), tuple(busy)), now
+
+    def promotion_priority(self, record: TaskRecord) -> float:
+        """Where plans tie, which task goes first (lower first): under a pausing rule, as
+        Li et al.'s ASHA hands out work, promotions before new configurations, from the
+        highest rung down, and at a rung the best there first (a likely winner's long
+        future starts sooner, and the next rung is reached best first, so fewer are
+        promoted there for arriving early); 0 for every other task."""
+        rule = record.task.stopping
+        if rule is None or not rule.pausing:
+            return 0.0
+        passed = [step for step in rule.rungs(record.total) if step <= record.done_steps]
+        values = self.judged.get((repr(rule), passed[-1]), {}) if passed else {}
+        if record.name not in values:
+            return 0.0
+        own = values[record.name]
+        better = sum(v < own if rule.mode == "min" else v > own for v in values.values())
+        return -len(passed) + 0.999 * better / len(values)
 
     def planned_steps(self, record: TaskRecord, done: int) -> int:
         """The steps after ``done`` the planner counts for a task: all of them; under
