@@ -77,8 +77,8 @@ class TaskOptions:
     # Seconds from now before which it may not start: a running task's steps after its
     # slice, planned free to move but not before that slice ends.
     release: float = 0.0
-    # Which goes first where plans tie, lower first (greedy's first order): a pausing
-    # stopping rule's promoted tasks, the highest rung and the best there first.
+    # Below 0: a task the plan favours, lower first (``plan.favour``: a pausing stopping
+    # rule's promoted tasks, the highest rung and the best there first); 0: none.
     priority: float = 0.0
 
     def fitting(self, node: NodeSpec) -> list[Option]:
@@ -247,8 +247,8 @@ def _fits_no_node(where: str, options: Iterable[Option], widest: int) -> list[st
 
 def _priority_mistakes(where: str, priority: Any) -> list[str]:
     if not _number(priority):
-        return [f"{where}: priority must be a finite number (lower goes first where plans "
-                f"tie), not {priority!r}"]
+        return [f"{where}: priority must be a finite number (below 0: favoured, lower "
+                f"first), not {priority!r}"]
     return []
 
 
