@@ -343,6 +343,11 @@ def test_favoured_ends_a_promoted_task_sooner_without_a_later_makespan() -> None
         replace(t, options=(Option("single", 1, 40.0), Option("ddp", 2, 22.1)))
         if t.name == "a" else t for t in problem.tasks))
     assert favoured(plan, costly) is plan
+    # An option wider than every node (a node lost since it was profiled) is passed by.
+    wide = replace(problem, tasks=tuple(
+        replace(t, options=(*t.options, Option("ddp", 4, 10.0))) if t.name == "a" else t
+        for t in problem.tasks))
+    assert favoured(plan, wide).assignment("a").devices == 2
 
 
 def test_a_tasks_priority_round_trips_and_is_checked() -> None:

@@ -270,11 +270,11 @@ class Runner:
         return PlanningProblem(planning_nodes(self.cluster), tuple(tasks), tuple(busy)), now
 
     def promotion_priority(self, record: TaskRecord) -> float:
-        """Where plans tie, which task goes first (lower first): under a pausing rule, as
-        Li et al.'s ASHA hands out work, promotions before new configurations, from the
-        highest rung down, and at a rung the best there first (a likely winner's long
-        future starts sooner, and the next rung is reached best first, so fewer are
-        promoted there for arriving early); 0 for every other task."""
+        """How each plan favours the task (below 0, lower first; ``plan.favour``): under
+        a pausing rule, as Li et al.'s ASHA hands out work, promotions before new
+        configurations, from the highest rung down, and at a rung the best there first
+        (a likely winner's long future starts sooner, and the next rung is reached best
+        first, so fewer are promoted there for arriving early); 0 for every other task."""
         rule = record.task.stopping
         if rule is None or not rule.pausing:
             return 0.0

@@ -61,10 +61,12 @@ def favoured(plan: Plan, problem: PlanningProblem) -> Plan:
     placed, makespan = schedule(choice)
     built, changed = 1, 0
     current = placed if makespan <= cap else None
+    widest = max(n.devices for n in problem.nodes)
     for task in favourites:
         ends = {name: start + option.seconds for name, option, _, start in current or []}
-        cheapest = min(o.device_seconds for o in task.options)
-        faster = sorted((o for o in task.options if o.seconds < choice[task.name].seconds
+        fitting = [o for o in task.options if o.devices <= widest]
+        cheapest = min(o.device_seconds for o in fitting)
+        faster = sorted((o for o in fitting if o.seconds < choice[task.name].seconds
                          and o.device_seconds <= AREA_SLACK * cheapest),
                         key=lambda o: (o.seconds, o.device_seconds))
         for option in faster:
