@@ -20,8 +20,14 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from dione.plan.greedy import PLACEMENTS_PER_UNIT, Placement, list_schedule, placements_plan
-from dione.plan.plan import Plan
+from dione.plan.greedy import (
+    PLACEMENTS_PER_UNIT,
+    Placement,
+    fitting_any_node,
+    list_schedule,
+    placements_plan,
+)
+from dione.plan.plan import Plan, matching_option
 from dione.plan.problem import Option, PlanningProblem
 
 __all__ = ["favoured"]
@@ -44,9 +50,7 @@ def favoured(plan: Plan, problem: PlanningProblem) -> Plan:
     choice: dict[str, Option] = {}
     for a in plan.assignments:
         task = tasks.get(a.task)
-        chosen = None if task is None else next(
-            (o for o in task.options if (o.technique, o.devices, dict(o.knobs))
-             == (a.technique, a.devices, dict(a.knobs))), None)
+        chosen = None if task is None else matching_option(a, task.options)
         if chosen is None:
             return plan  # not a plan of this problem's options: left as it is
         choice[a.task] = chosen
@@ -61,10 +65,9 @@ def favoured(plan: Plan, problem: PlanningProblem) -> Plan:
     placed, makespan = schedule(choice)
     built, changed = 1, 0
     current = placed if makespan <= cap else None
-    widest = max(n.devices for n in problem.nodes)
     for task in favourites:
         ends = {name: start + option.seconds for name, option, _, start in current or []}
-        fitting = [o for o in task.options if o.devices <= widest]
+        fitting = fitting_any_node(task, problem)
         cheapest = min(o.device_seconds for o in fitting)
         faster = sorted((o for o in fitting if o.seconds < choice[task.name].seconds
                          and o.device_seconds <= AREA_SLACK * cheapest),

@@ -35,6 +35,7 @@ __all__ = [
     "GREEDY_WORK",
     "GreedyResult",
     "Placement",
+    "fitting_any_node",
     "greedy",
     "greedy_placements",
     "list_schedule",
@@ -116,7 +117,8 @@ def placements_plan(
                 solve_seconds=time.perf_counter() - began, notes=notes or {})
 
 
-def _fits(task: TaskOptions, problem: PlanningProblem) -> list[Option]:
+def fitting_any_node(task: TaskOptions, problem: PlanningProblem) -> list[Option]:
+    """The task's options that some node of ``problem`` can hold."""
     widest = max(n.devices for n in problem.nodes)
     return [o for o in task.options if o.devices <= widest]
 
@@ -175,7 +177,7 @@ def allotment(problem: PlanningProblem, target: float) -> dict[str, Option]:
     (the fastest option where none is that short)."""
     choice = {}
     for task in problem.tasks:
-        fits = _fits(task, problem)
+        fits = fitting_any_node(task, problem)
         short = [o for o in fits if o.seconds <= target]
         choice[task.name] = (min(short, key=lambda o: (o.device_seconds, o.seconds)) if short
                              else min(fits, key=lambda o: (o.seconds, o.device_seconds)))
@@ -287,7 +289,7 @@ def _improve(problem: PlanningProblem, choice: dict[str, Option], placed: list[P
             # Faster options, and on nodes of different sizes narrower ones too: a
             # task that only the large nodes can hold may end sooner on a small one.
             current = choice[name]
-            others = sorted((o for o in _fits(tasks[name], problem)
+            others = sorted((o for o in fitting_any_node(tasks[name], problem)
                              if o.seconds < current.seconds
                              or (mixed and o.devices < current.devices)),
                             key=lambda o: o.device_seconds)
@@ -327,7 +329,7 @@ def spread(problem: PlanningProblem) -> Plan:
                 // max(1, len(problem.tasks) + len(running)))
     choice = {}
     for task in problem.tasks:
-        fits = _fits(task, problem)
+        fits = fitting_any_node(task, problem)
         family = ([o for o in fits if o.technique in DATA_PARALLEL]
                   or [o for o in fits if o.technique == "fsdp"] or fits)
         base = min(family, key=lambda o: (o.devices * o.seconds, o.devices)).devices
@@ -352,6 +354,7 @@ def whole_nodes_in_turn(problem: PlanningProblem) -> tuple[list[Placement], floa
     choice = {}
     for task in problem.tasks:
         at_width = [o for o in task.options if o.devices == widest]
-        choice[task.name] = min(at_width or _fits(task, problem), key=lambda o: o.seconds)
+        choice[task.name] = min(at_width or fitting_any_node(task, problem),
+                                key=lambda o: o.seconds)
     return list_schedule(problem, choice, [t.name for t in problem.tasks],
                          demand=lambda _, node_devices: node_devices)

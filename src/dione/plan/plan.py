@@ -21,6 +21,7 @@ __all__ = [
     "check_plan",
     "left_shift",
     "load_plan",
+    "matching_option",
 ]
 
 # Plans are JSON with times in seconds: allow float rounding, never real overlap.
@@ -123,7 +124,8 @@ def load_plan(path: str | Path) -> Plan:
     return Plan.from_json(json.loads(Path(path).read_text()))
 
 
-def _matching_option(assignment: Assignment, options: Sequence[Option]) -> Option | None:
+def matching_option(assignment: Assignment, options: Sequence[Option]) -> Option | None:
+    """The option of ``options`` that ``assignment`` runs (None: none of them)."""
     knobs = json.dumps(dict(assignment.knobs), sort_keys=True)
     for option in options:
         if option.key() == (assignment.technique, knobs, assignment.devices):
@@ -159,7 +161,7 @@ def check_plan(plan: Plan, problem: PlanningProblem) -> list[str]:
     for a in plan.assignments:
         where = f"task {a.task!r}"
         if a.task in tasks:
-            option = _matching_option(a, tasks[a.task].options)
+            option = matching_option(a, tasks[a.task].options)
             if option is None:
                 reasons.append(f"{where}: {a.technique} {dict(a.knobs)} on {a.devices} devices "
                                "is not one of its options")
