@@ -84,8 +84,10 @@ def evaluate(model):
     # checkpoint has none: which one was evaluated shows in the result.
     held = any(p.grad is not None for p in model.parameters())
     # A draw: it starts from the task's seed, whatever the training drew before.
+    # fsdp's live model holds only its shards: its weights are DTensors.
+    sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
     return {**text_validation_loss(model, context=16, limit=64), "grads": float(held),
-            "draw": float(torch.rand(()))}
+            "sharded": float(sharded), "draw": float(torch.rand(()))}
 
 
 workload = Workload([Task(
@@ -98,15 +100,15 @@ workload = Workload([Task(
 
 @pytest.mark.parametrize(("technique", "live"), [
     # 1f1b shares gpipe's training loop and its evaluation: gpipe stands for both.
-    ("single", True), ("ddp", True), ("fsdp", False), ("gpipe", False), ("xpipe", False)])
+    ("single", True), ("ddp", True), ("fsdp", True), ("gpipe", False), ("xpipe", False)])
 def test_every_technique_evaluates_its_live_model_as_its_checkpoint_would(
         tmp_path, technique: str, live: bool) -> None:
     """Each technique evaluates the model it has just trained, with no checkpoint round
-    trip (single and ddp the whole model on rank 0, still holding the last step's
-    gradients; fsdp's shards and a pipeline's stages put together on rank 0 in memory,
-    into a fresh model with none), and gets the numbers a fresh model loaded from the
-    slice's checkpoint gets, bit for bit; a random draw inside the evaluation starts
-    from the task's seed under every technique."""
+    trip (single and ddp the whole model on rank 0, fsdp its sharded model on every
+    rank together, each still holding the last step's gradients; a pipeline's stages
+    put together on rank 0 in memory, into a fresh model with none), and gets the
+    numbers a fresh model loaded from the slice's checkpoint gets, bit for bit; a random
+    draw inside the evaluation starts from the task's seed under every technique."""
     import torch
 
     from dione.launch import local_placement, run_slice
@@ -124,13 +126,39 @@ def test_every_technique_evaluates_its_live_model_as_its_checkpoint_would(
                        evaluate=True, timeout=300)
     assert result.evaluation_error is None
     assert result.evaluation["grads"] == float(live)
+    assert result.evaluation["sharded"] == float(technique == "fsdp")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the worker's slot ran it
     try:
         again = evaluate_checkpoint(task, result.checkpoint, torch.device("cpu"))
     finally:
         torch.set_num_threads(threads)
-    assert again["grads"] == 0.0
+    assert again["grads"] == again["sharded"] == 0.0
     assert result.evaluation["val_loss"] == again["val_loss"]
     torch.manual_seed(task.seed)
     assert result.evaluation["draw"] == again["draw"] == float(torch.rand(()))
+
+
+def test_an_evaluation_that_fails_under_fsdp_keeps_the_training(tmp_path) -> None:
+    """An evaluation raising on every rank of fsdp's gang (after a forward through the
+    sharded model, so after collectives) ends the slice with its checkpoint and the
+    error, not a hung gang."""
+    from dione.launch import local_placement, run_slice
+    from dione.spec.workload import load_workload
+    from helpers import TEST_NODE
+
+    file = tmp_path / "broken.py"
+    broken = '''def broken(model):
+    model(torch.zeros(1, 16, dtype=torch.long))
+    raise ValueError("no held-out split")
+
+
+workload = '''
+    file.write_text(LIVE.replace("evaluate=evaluate)", "evaluate=broken)")
+                    .replace("workload = ", broken))
+    [task] = list(load_workload(file))
+    result = run_slice(task, "fsdp", tmp_path / "run", local_placement(TEST_NODE, [0, 1]),
+                       evaluate=True, timeout=300)
+    assert result.checkpoint is not None and len(result.losses) == task.steps
+    assert result.evaluation == {}
+    assert "ValueError: no held-out split" in (result.evaluation_error or "")

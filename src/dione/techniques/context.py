@@ -25,11 +25,10 @@ from dione.state.checkpoint import (
 from dione.techniques.base import SliceOutcome, SliceSpec
 from dione.techniques.batches import batch_map
 from dione.techniques.evaluate import (
-    Parts,
     evaluate_model,
     model_from_state,
     note_evaluation_error,
-    whole_state_on_rank0,
+    stages_on_rank0,
 )
 from dione.techniques.gradients import clip_gradients
 
@@ -228,19 +227,41 @@ class SliceContext:
         if model is not None and self.rank == 0:
             self._evaluate_on_rank0(outcome, model, time.perf_counter())
 
-    def evaluate_parts(self, outcome: SliceOutcome, model: nn.Module, parts: Parts) -> None:
-        """Evaluate a model no rank holds whole (collective, where the slice asks for
-        an evaluation): its parts put together on rank 0 in memory (``parts``: fsdp's
-        shards, a pipeline's stages), then the task's evaluation there of the model as
-        the user defined it. What fails after the gathering (rank 0 building or loading
-        the model, or evaluating it) goes into ``outcome``; the training is kept."""
+    def evaluate_sharded(self, outcome: SliceOutcome, model: nn.Module) -> None:
+        """Evaluate fsdp's live sharded model (collective, where the slice asks for an
+        evaluation): every rank runs the task's evaluation on it together, fsdp
+        gathering each unit's weights as its forward needs them, as in training, so no
+        rank ever holds the whole model (a model sharded because it fits no device
+        would not fit for its evaluation either). The ranks draw the same data from
+        the task's seed and compute the same numbers; rank 0 keeps them. An error
+        raised alike on every rank goes into ``outcome``; the training is kept."""
+        if not self.spec.evaluate:
+            return
+        self.evaluated = True
+        began = time.perf_counter()
+        try:
+            metrics = evaluate_model(self.task, model)
+        except Exception as err:
+            if self.rank == 0:
+                note_evaluation_error(outcome, err)
+            return
+        if self.rank == 0:
+            outcome.evaluation = metrics
+            outcome.timings["evaluate_seconds"] = time.perf_counter() - began
+
+    def evaluate_stages(self, outcome: SliceOutcome, model: nn.Module) -> None:
+        """Evaluate a pipeline's model, which no rank holds whole (collective, where the
+        slice asks for an evaluation): its stages' weights put together on rank 0 in
+        memory, then the task's evaluation there of the model as the user defined it.
+        What fails after the gathering (rank 0 building or loading the model, or
+        evaluating it) goes into ``outcome``; the training is kept."""
         if not self.spec.evaluate:
             return
         self.evaluated = True
         began = time.perf_counter()
         model.zero_grad(set_to_none=True)  # trained and saved: room for the whole model
         try:
-            state = whole_state_on_rank0(model, parts, self.rank, self.world)
+            state = stages_on_rank0(model, self.rank, self.world)
             whole = (None if state is None
                      else model_from_state(self.task, state, self.device))
         except Exception as err:

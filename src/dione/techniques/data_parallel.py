@@ -129,8 +129,8 @@ class DataParallelTechnique(Technique):
             note = split_batch_exactness(model)
             if note:
                 outcome.extra["exactness"] = note
-        if self.shards_memory:  # no rank holds it whole: put together on rank 0
-            ctx.evaluate_parts(outcome, model, "shards")
+        if self.shards_memory:  # no rank holds it whole: all evaluate it together
+            ctx.evaluate_sharded(outcome, model)
         else:  # every rank holds the whole model, unwrapped: rank 0 evaluates it
             ctx.evaluate(outcome, bare if ctx.rank == 0 else None)
         return outcome

@@ -1,7 +1,7 @@
 """Evaluate a task at the end of a slice, on the model it has just trained: the whole
-model where a rank holds it (single, ddp), else its parts (fsdp's shards, a pipeline's
-stages) put together on rank 0 in memory; from the checkpoint only for a technique
-that does neither (a user's)."""
+model where a rank holds it (single, ddp), fsdp's sharded model on every rank together,
+a pipeline's stages put together on rank 0 in memory; from the checkpoint only for a
+technique that does none of these (a user's)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import contextlib
 import math
 import traceback
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from dione.spec.task import Task
 from dione.state.checkpoint import load_model_weights
@@ -22,10 +22,8 @@ from dione.state.checkpoint import load_model_weights
 if TYPE_CHECKING:
     from dione.techniques.base import SliceOutcome
 
-__all__ = ["Parts", "evaluate_checkpoint", "evaluate_model", "model_from_state",
-           "note_evaluation_error", "whole_state_on_rank0"]
-
-Parts = Literal["shards", "stages"]  # how a technique holds the model over its ranks
+__all__ = ["evaluate_checkpoint", "evaluate_model", "model_from_state",
+           "note_evaluation_error", "stages_on_rank0"]
 
 
 @contextlib.contextmanager
@@ -69,17 +67,11 @@ def evaluate_model(task: Task, model: nn.Module) -> dict[str, float]:
     return result
 
 
-def whole_state_on_rank0(model: nn.Module, parts: Parts, rank: int,
-                         world: int) -> dict[str, Any] | None:
-    """Collective over the gang: the whole model's weights (the real ones, under the
-    user's names) in rank 0's host memory; None on the others. ``shards``: fsdp's
-    full state dict, gathered tensor by tensor onto rank 0's host; ``stages``: each
-    stage's weights copied to its host and gathered on rank 0 over gloo (never through
-    a device: NCCL's object gather would stage every rank's weights on rank 0's GPU)."""
-    if parts == "shards":
-        state = get_model_state_dict(model, options=StateDictOptions(
-            full_state_dict=True, cpu_offload=True))
-        return state if rank == 0 else None
+def stages_on_rank0(model: nn.Module, rank: int, world: int) -> dict[str, Any] | None:
+    """Collective over a pipeline's gang: the whole model's weights (the real ones,
+    under the user's names) in rank 0's host memory, None on the others; each stage's
+    weights copied to its host and gathered on rank 0 over gloo (never through a
+    device: NCCL's object gather would stage every rank's weights on rank 0's GPU)."""
     mine = {name: value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor)
             else value for name, value in get_model_state_dict(model).items()}
     group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")

@@ -371,7 +371,7 @@ class PipelineTechnique(Technique):
             # Per stage, each action's (start, end) of work, from the first stage's start.
             outcome.extra["spans"] = on_one_clock([o for o, _, _ in gathered],
                                                   [s for _, s, _ in gathered])
-        ctx.evaluate_parts(outcome, model, "stages")
+        ctx.evaluate_stages(outcome, model)
         return outcome
 
 

@@ -159,5 +159,5 @@ class XPipe(PipelineTechnique):
             spans=on_one_clock([r["origin"] for r in gathered], [r["spans"] for r in gathered]),
         )
         # The real weights (after the last update), not a prediction of them.
-        ctx.evaluate_parts(outcome, part.model, "stages")
+        ctx.evaluate_stages(outcome, part.model)
         return outcome
