@@ -162,3 +162,70 @@ workload = '''
     assert result.checkpoint is not None and len(result.losses) == task.steps
     assert result.evaluation == {}
     assert "ValueError: no held-out split" in (result.evaluation_error or "")
+
+
+UNJUDGEABLE = """
+import functools
+import torch
+from dione import Asha, Task, Workload
+from dione.zoo import digits_mlp, digits_train
+from dione.zoo.digits import digits_accuracy
+
+
+def broken(model):
+    raise RuntimeError("no held-out split")
+
+
+def task(name, **extra):
+    return Task(name=name, model=functools.partial(digits_mlp, hidden=16, depth=1),
+                data=digits_train, loss=torch.nn.functional.cross_entropy,
+                optimizer=functools.partial(torch.optim.Adam, lr=1e-2), batch_size=16,
+                steps=12, techniques=("single",), **extra)
+
+
+workload = Workload([
+    # A metric its evaluate does not return ('accuracy' and 'test_loss' are).
+    task("typo", evaluate=digits_accuracy, stopping=Asha(metric="acc", mode="max",
+                                                         min_steps=6, eta=2)),
+    task("raises", evaluate=broken, stopping=Asha(metric="accuracy", mode="max",
+                                                  min_steps=6, eta=2)),
+    task("noted", evaluate=broken, eval_every=6),  # no rule judges it
+    task("good", evaluate=digits_accuracy, stopping=Asha(metric="accuracy", mode="max",
+                                                         min_steps=6, eta=2)),
+])
+"""
+
+
+def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said(
+        tmp_path) -> None:
+    """A stopping rule whose metric the evaluation did not return (a name it does not
+    return, or an evaluation that raised) fails its task with the reason and the fix,
+    instead of stopping it for a NaN; an evaluation that fails with no rule on it is said
+    as it happens and in the report, and the task trains on; the others are untouched."""
+    from dione.orchestrate.options import RunEvent
+    from dione.report import write_report
+    from dione.spec.workload import load_workload
+    from helpers import TEST_NODE
+
+    file = tmp_path / "unjudgeable.py"
+    file.write_text(UNJUDGEABLE)
+    events: list[RunEvent] = []
+    result = run_workload(list(load_workload(file)), Cluster([TEST_NODE]), tmp_path / "run",
+                          RunOptions(catalog=str(tmp_path / "catalog.sqlite"), time_limit=5.0,
+                                     trial=TrialOptions(warmup_steps=1, measure_steps=2)),
+                          on_event=events.append)
+    statuses = {t.task: t.status for t in result.tasks}
+    assert statuses == {"typo": "failed", "raises": "failed", "noted": "done", "good": "done"}
+    with RunStore(tmp_path / "run") as store:
+        typo, raises = store.task("typo").error, store.task("raises").error
+        assert store.decisions("typo") == store.decisions("raises") == []  # never judged
+    assert ("its stopping rule judges 'acc', which its evaluate did not return at step 6 "
+            "(it returned 'accuracy', 'test_loss')") in typo
+    assert ("judges 'accuracy' at step 6, but its evaluation there failed: RuntimeError: "
+            "no held-out split") in raises
+    failed = [e.message for e in events if e.kind == "evaluation_failed"]
+    assert "noted: its evaluation at step 6 failed (its training stands): RuntimeError: " \
+        "no held-out split" in failed
+    summary = (write_report(tmp_path / "run") / "summary.md").read_text()
+    assert "## Evaluations that failed" in summary
+    assert "- noted: RuntimeError: no held-out split" in summary

@@ -28,6 +28,7 @@ from dione.spec.stopping import (
     SuccessiveHalving,
 )
 from dione.spec.validate import validate_workload
+from dione.state.export import ExportError, trained_checkpoint
 from dione.state.store import RunStore
 from helpers import TEST_NODE, digits_task, small_problem
 
@@ -255,6 +256,13 @@ def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path
                 assert max(s.end_step for s in slices) == stop[1]  # nothing after it
                 assert store.task(name).status == "stopped"
                 assert store.latest_checkpoint(name).step == stop[1]  # kept
+                # Exported as it is; resuming would not train it, so it is not offered.
+                with pytest.raises(ExportError, match="will not train again: take its "
+                                   "newest checkpoint") as refused:
+                    trained_checkpoint(tmp_path / "run", name)
+                assert "resume" not in str(refused.value)
+                assert trained_checkpoint(tmp_path / "run", name, latest=True).name == \
+                    f"step-{stop[1]:08d}"
     # Each stop asked for a plan at once, past the re-planning budget: its devices go
     # to the others as soon as the solve is done.
     stops = [k for k, e in enumerate(events) if e.kind == "task_stopped"]

@@ -203,6 +203,8 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
                  launcher: str, additions: Sequence[Any] = ()) -> None:
     """A run's tasks as its store has them, with the slices running now, and what
     ``dione add`` asked of it that it has not taken (or refused)."""
+    from dione.state.summaries import error_line
+
     table = Table(title=f"{run_dir}: {sum(t.status == 'done' for t in tasks)} of {len(tasks)} "
                   f"task(s) done, {plans} plan(s) adopted; {launcher}")
     for column in ("task", "status", "steps", "techniques", "final loss", "evaluation",
@@ -220,6 +222,9 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
                                 f"{s.start_step}-{s.end_step} for "
                                 f"{time.time() - s.started_at:.0f} s" for s in now) or "-")
     console.print(table)
+    for t in tasks:  # why each failed, diverged or was not evaluated (stopped: the report)
+        if t.error and t.status != "stopped":
+            console.print(f"{t.task} ({t.status}): {error_line(t.error)}", markup=False)
     for request in additions:
         if request.state == "waiting":
             console.print(f"asked to add {', '.join(request.names)} (from "

@@ -42,6 +42,7 @@ from dione.spec.cluster import Cluster
 from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
 from dione.state.store import RunStore
+from dione.state.summaries import error_line
 from dione.techniques.registry import get_technique
 
 __all__ = ["Runner"]
@@ -582,6 +583,10 @@ class Runner:
             return self._failed(record, err)
         for warning in result.warnings:
             self.emit(RunEvent("checkpoint_quarantined", warning, name))
+        if result.evaluation_error:  # the store keeps the traceback, as the task's error
+            self.emit(RunEvent("evaluation_failed", f"{name}: its evaluation at step "
+                               f"{result.end_step} failed (its training stands): "
+                               f"{error_line(result.evaluation_error)}", name))
         record.done_steps = result.end_step
         self.estimates.measured_slice(name, result.technique, running.assignment.devices,
                                       result.step_seconds)
@@ -590,7 +595,8 @@ class Runner:
         ended = result.end_step >= record.total
         record.status = TaskStatus.DONE if ended else TaskStatus.PENDING
         if ended:
-            self.store.set_task_status(name, "done", result.evaluation_error)
+            self.store.set_task_status(name, "done", result.evaluation_error and
+                                       f"evaluation failed:\n{result.evaluation_error}")
             self._ended(record, result.evaluation)
         elapsed = self.now() - running.began
         planned = running.predicted_end - running.began
@@ -598,6 +604,10 @@ class Runner:
                            f"{result.end_step} in {elapsed:.1f} s (predicted {planned:.1f} s)"
                            + (" - done" if ended else ""), name))
         if running.at_rung and not ended:
+            unjudged = self._unjudgeable(record, result)
+            if unjudged:  # a rule that cannot judge must not stop it for a NaN
+                self._give_up(record, unjudged, f"{name}: {unjudged}")
+                return True
             value = self._rung_value(record, result.end_step, result.evaluation)
             rule = record.task.stopping
             if rule is not None and rule.waits_at_rungs:
@@ -665,6 +675,25 @@ class Runner:
             del self.waiting[key]
         if decided:
             self.ask_replan(owed=self.options.replan)  # at once: devices or work changed
+
+    @staticmethod
+    def _unjudgeable(record: TaskRecord, result: SliceResult) -> str | None:
+        """Why the task's stopping rule cannot judge it at the rung ``result`` ended at
+        (its metric is evaluated, and the evaluation failed or did not return it), with
+        the fix; None where it can."""
+        rule = record.task.stopping
+        if rule is None or rule.metric == "loss" or rule.metric in result.evaluation:
+            return None
+        step = result.end_step
+        if result.evaluation_error:
+            return (f"its stopping rule judges {rule.metric!r} at step {step}, but its "
+                    f"evaluation there failed: {error_line(result.evaluation_error)}; fix "
+                    "the task's evaluate, then `dione resume` the run")
+        returned = ", ".join(repr(m) for m in sorted(result.evaluation)) or "nothing"
+        return (f"its stopping rule judges {rule.metric!r}, which its evaluate did not "
+                f"return at step {step} (it returned {returned}): name one of those as "
+                f"the rule's metric, or return {rule.metric!r} from evaluate, then "
+                "`dione resume` the run")
 
     def _rung_value(self, record: TaskRecord, step: int,
                     evaluation: Mapping[str, float]) -> float:

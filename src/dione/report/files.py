@@ -16,7 +16,7 @@ from typing import Any
 from dione.orchestrate.plans import AdoptedPlan, read_plans
 from dione.state.private import private_dir
 from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, SliceRecord
-from dione.state.summaries import TaskSummary, summaries
+from dione.state.summaries import TaskSummary, error_line, summaries
 
 __all__ = ["MetricsWritten", "lower_is_better", "report_after_run", "write_report"]
 
@@ -232,6 +232,13 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                   "Their stopping rule stopped these tasks at a rung; their last checkpoint "
                   "is kept (`dione export --latest`).", ""]
         lines += [f"- {t.task} at step {t.steps}: {t.error or ''}" for t in stopped]
+    unevaluated = [t for t in tasks if t.status not in ("failed", "diverged")
+                   and (t.error or "").startswith("evaluation failed")]
+    if unevaluated:
+        lines += ["", "## Evaluations that failed", "",
+                  "Their training stands; the evaluation's last error (the whole traceback: "
+                  "`summary.csv`, `dione status`):", ""]
+        lines += [f"- {t.task}: {error_line(t.error or '')}" for t in unevaluated]
     failed = [t for t in tasks if t.status in ("failed", "diverged")]
     if failed:
         lines += ["", "## Failed and diverged tasks", ""]

@@ -62,9 +62,12 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
                           f"{', '.join(names) or 'none'}")
     if record.status != "done" and not latest:
         step = f"; its newest checkpoint is at step {checkpoint.step}" if checkpoint else ""
+        latest_fix = "take its newest checkpoint as it is (--latest; dione.load(..., latest=True))"
+        if record.status in ("stopped", "diverged"):  # resume never trains it again
+            raise ExportError(f"task {task!r} is {record.status}, not done{step}, and will "
+                              f"not train again: {latest_fix}")
         raise ExportError(f"task {task!r} is {record.status}, not done{step}: finish it with "
-                          f"`dione resume {run}`, or take its newest checkpoint as it is "
-                          "(--latest; dione.load(..., latest=True))")
+                          f"`dione resume {run}`, or {latest_fix}")
     if checkpoint is None or not Path(checkpoint.path).is_dir():
         raise ExportError(f"task {task!r} of run {run} has no checkpoint on disk"
                           + (f" (the store names {checkpoint.path})" if checkpoint else ""))

@@ -10,7 +10,7 @@ from typing import Any
 
 from dione.state.store import RunStore, SliceRecord
 
-__all__ = ["TaskSummary", "inexact_spans", "summaries"]
+__all__ = ["TaskSummary", "error_line", "inexact_spans", "summaries"]
 
 
 @dataclass
@@ -81,3 +81,9 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
             dict(record.hyperparameters), record.error, latest.path if latest else None,
             sorted({len(s.device_ids) for s in done}), inexact_spans(done)))
     return result
+
+
+def error_line(error: str) -> str:
+    """An error's one line to show: a traceback's last (the exception and its message)."""
+    lines = [line for line in error.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else error
