@@ -340,6 +340,11 @@ def test_a_node_that_joins_later_is_planned_from_then_on(tmp_path: Path) -> None
     with pytest.raises(ScenarioError, match=r"no node is left at 100\.0 s, before a node joins"):
         simulate(small_problem(), tmp_path / "gap", steps=40, options=OPTIONS,
                  scenario=Scenario(node_joins={"n1": 200.0}, node_losses={"n0": 100.0}))
+    # A task the workload lacks (a misspelt name) is refused as a node is.
+    with pytest.raises(ScenarioError, match=r"task_slowdown\['nosuch'\]: the workload has no "
+                       r"such task \(its tasks: t0, t1"):
+        simulate(small_problem(), tmp_path / "typo", steps=40, options=OPTIONS,
+                 scenario=Scenario(task_slowdown={"nosuch": 4.0}))
 
 
 def test_a_task_only_a_later_node_can_hold_waits_for_it(tmp_path: Path) -> None:

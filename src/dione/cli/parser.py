@@ -305,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--cluster", help="NODESxDEVICES (4x8) or devices per node (8,8,4); "
                           "default: the problem's nodes")
     simulate.add_argument("--scenario", help="a JSON file: task_slowdown, node_slowdown, "
-                          "spread, seed, failures, node_losses, curve (see dione.simulate)")
+                          "spread, seed, failures, node_losses, node_joins, curve, curves (see "
+                          "dione.simulate.Scenario)")
     simulate.add_argument("--steps", type=positive_int, default=100,
                           help="steps per task (each option's seconds spread over them)")
     simulate.add_argument("--out", help="run directory (default: runs/simulate-<problem>)")

@@ -98,6 +98,7 @@ def simulate_profile(
     a problem's) on ``cluster``, as ``scenario`` says, on a virtual clock."""
     scenario = scenario or Scenario()
     scenario.check_nodes([n.name for n in cluster])
+    scenario.check_tasks([t.name for t in tasks])
     options = options or RunOptions()
     # Never cancelled as stalled: a simulated slice takes exactly the time drawn for it.
     options = replace(options, stall_factor=None)

@@ -97,6 +97,16 @@ class Scenario:
                 break
         _refuse(reasons)
 
+    def check_tasks(self, names: Sequence[str]) -> None:
+        """ScenarioError where the scenario slows or fails a task the workload lacks (a
+        misspelt name would leave the scenario silently unplayed)."""
+        known = set(names)
+        shown = ", ".join(sorted(known)[:10]) + (", ..." if len(known) > 10 else "")
+        _refuse([f"{field_name}[{key!r}]: the workload has no such task (its tasks: "
+                 f"{shown})"
+                 for field_name in ("task_slowdown", "failures")
+                 for key in getattr(self, field_name) if key not in known])
+
     def factor(self, task: str, node: str, rng: random.Random) -> float:
         """How much longer than profiled one slice of ``task`` on ``node`` takes."""
         spread = math.exp(rng.gauss(0.0, self.spread)) if self.spread > 0 else 1.0

@@ -77,7 +77,8 @@ class Task:
     sets ``allow_inexact=True``; every slice records whether it trained exactly, and
     reports mark a task any of whose steps did not.
 
-    ``stopping`` (``dione.Asha(...)``, ``dione.Median(...)``, ``dione.Patience(...)``): a
+    ``stopping`` (``dione.Asha(...)``, ``dione.PausingAsha(...)``,
+    ``dione.SuccessiveHalving(...)``, ``dione.Median(...)``, ``dione.Patience(...)``): a
     rule that stops the task early, at one of its rungs, where its metric falls behind
     the tasks that share the rule (or, under Patience, its own earlier rungs); its
     devices are planned again for the others at once (``dione.spec.stopping``).
@@ -86,13 +87,13 @@ class Task:
     CUDA only); the weights and the optimizer stay in float32. ``clip_grad_norm`` clips
     each step's gradient to that global L2 norm (over the whole model, whatever the
     technique shards or stages).
-    ``evaluate(model)`` runs once the task has finished, on a full, unwrapped copy
-    of the model in eval mode, and returns named metrics (higher or lower is better
-    as the metric's name says; ``hyperparameters`` are free-form labels for reports);
-    with ``eval_every=N`` also every N steps during training (a slice ends at each such
-    step and evaluates in its worker: the live model under single and ddp, from the
-    checkpoint it wrote under the others), each result
-    recorded with its step.
+    ``evaluate(model)`` runs once the task has finished, on the model in eval mode,
+    and returns named metrics (higher or lower is better as the metric's name says;
+    ``hyperparameters`` are free-form labels for reports); with ``eval_every=N`` also
+    every N steps during training, and at each rung of a rule judged on an evaluated
+    metric (a slice ends at each such step and evaluates in its worker: the live model
+    on rank 0 under single and ddp, the live sharded model on every rank under fsdp, a
+    pipeline's stages put together on rank 0), each result recorded with its step.
     """
 
     name: str

@@ -390,8 +390,9 @@ def checked_task(
         bad("allow_inexact", f"must be True or False, not {task.allow_inexact!r}")
     if task.stopping is not None:
         if not isinstance(task.stopping, StoppingRule):
-            bad("stopping", "must be a stopping rule (dione.Asha, dione.Median, "
-                f"dione.Patience) or None, not {type(task.stopping).__name__}")
+            bad("stopping", "must be a stopping rule (dione.Asha, dione.PausingAsha, "
+                "dione.SuccessiveHalving, dione.Median, dione.Patience) or None, not "
+                f"{type(task.stopping).__name__}")
         else:
             for reason in task.stopping.mistakes():
                 bad("stopping", reason)
