@@ -329,6 +329,36 @@ def test_bad_numbers_and_files_are_refused_before_anything_runs(
     assert status == 2 and "drop --ray" in err
 
 
+RULED = """
+import functools
+import torch
+from dione import Asha, Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+workload = Workload([Task(name=f"ruled-{i}", model=functools.partial(digits_mlp, hidden=8,
+                          depth=1), data=digits_train, loss=torch.nn.functional.cross_entropy,
+                          optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=8,
+                          steps=4, techniques=("single",), stopping=Asha(min_steps=2, eta=2))
+                     for i in range(2)])
+"""
+
+
+def test_current_practice_says_it_applies_no_stopping_rule(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The baseline trains every task to its end, and says so where tasks have rules."""
+    from dione.state.store import RunStore
+
+    workload = tmp_path / "ruled.py"
+    workload.write_text(RULED)
+    status, _, err = in_process(capsys, "run", str(workload), "--current-practice",
+                                "--devices", "cpu:1", "--out", str(tmp_path / "r"))
+    assert status == 0, err
+    assert ("--current-practice trains every task to its end; the stopping rules of 2 "
+            "task(s) (ruled-0, ruled-1) are not applied") in " ".join(err.split())
+    with RunStore(tmp_path / "r") as store:
+        assert [store.task(f"ruled-{i}").status for i in range(2)] == ["done", "done"]
+
+
 def test_run_refuses_a_run_directory_another_workload_started(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Its run.json must stay: resume and export read the workload from it."""

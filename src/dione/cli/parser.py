@@ -210,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in _RUN:
         flag.add_to(run)
     run.add_argument("--current-practice", action="store_true",
-                     help="no profiling or planning: each task in turn on all devices")
+                     help="no profiling or planning: each task in turn on all devices, to "
+                          "its end (stopping rules not applied)")
     run.add_argument("--technique", help="with --current-practice: force this technique")
     _add_dashboards(run)
     _add_profiling(run)

@@ -130,6 +130,12 @@ def _current_practice(args: argparse.Namespace, options: Any, run_dir: Path) -> 
         raise BadInput(f"--technique {args.technique!r} is not a technique; choose one of "
                        f"{', '.join(technique_names())}")
     tasks, problems, cluster = valid_tasks(args.workload, args.devices, "started")
+    ruled = [t.name for t in tasks if t.stopping is not None]
+    if ruled:  # the baseline trains everything: said, so no one compares it unawares
+        complain("warning", f"--current-practice trains every task to its end; the stopping "
+                 f"rules of {len(ruled)} task(s) ({', '.join(ruled[:5])}"
+                 f"{', ...' if len(ruled) > 5 else ''}) are not applied. Drop "
+                 "--current-practice to apply them")
     node = cluster.nodes[0]
     console.print(f"dione run: {len(tasks)} task(s) on {node.devices} {node.kind} device(s) of "
                   f"{node.name}, each in turn on all devices (current practice); run dir "
