@@ -157,3 +157,41 @@ def test_a_model_returning_its_loss_first_in_a_tuple_trains(tmp_path: Path) -> N
                        optimizer=functools.partial(torch.optim.Adam, lr=1e-2))
     result = run_slice(task, "single", tmp_path, local_placement(Node("n", 1, "cpu"), [0]))
     assert len(result.losses) == 3
+
+
+ONE_TASK = """
+import functools
+import torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+workload = Workload([Task(name="one", model=functools.partial(digits_mlp, hidden=8, depth=1),
+                          data=digits_train, loss=torch.nn.functional.cross_entropy,
+                          optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=8,
+                          steps=4, techniques=("single",))])
+"""
+
+
+def test_a_run_of_a_workload_file_by_the_python_api_can_be_exported_and_resumed(
+        tmp_path: Path) -> None:
+    """dione.run(path) wrote no run.json: dione.load, `dione export` and `dione resume`
+    could not tell its workload."""
+    from dione.cli.saved_run import load_saved_run
+
+    file = tmp_path / "one.py"
+    file.write_text(ONE_TASK)
+    run_dir = tmp_path / "run"
+    options = {"catalog": str(tmp_path / "catalog.sqlite"), "time_limit": 2.0,
+               "trial": TrialOptions(warmup_steps=1, measure_steps=2)}
+    result = dione.run(str(file), devices="cpu:1", run_dir=str(run_dir), quiet=True,
+                       **options)
+    assert [t.status for t in result.tasks] == ["done"]
+    saved = load_saved_run(run_dir)  # what `dione resume` reads
+    assert saved.workload == str(file.resolve()) and saved.devices == "cpu:1"
+    assert saved.options.time_limit == 2.0
+    model = dione.load(str(run_dir), "one")
+    assert sum(p.numel() for p in model.parameters()) > 0
+    other = tmp_path / "other.py"
+    other.write_text(ONE_TASK)
+    with pytest.raises(ValueError, match=f"holds a run of {file.resolve()}, not "):
+        dione.run(str(other), devices="cpu:1", run_dir=str(run_dir), quiet=True, **options)

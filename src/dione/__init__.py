@@ -69,14 +69,18 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     from dione.spec import Cluster, load_workload, local_cluster
     from dione.techniques.validation import valid_tasks
 
+    workload_file = None
     if isinstance(workload, (str, os.PathLike)):
-        workload = load_workload(os.fspath(workload))
+        workload_file = os.fspath(workload)
+        workload = load_workload(workload_file)
     tasks, problems = valid_tasks(list(workload))
     if not tasks:
         raise ValueError("no task of the workload is valid:\n"
                          + "\n".join(str(p) for p in problems))
     said = _said(on_event, quiet)
     run_options = RunOptions(**options)  # bad options are named before anything starts
+    if workload_file is not None:  # `dione resume`, `export` and `dione.load` read it
+        _record_run(workload_file, run_dir, run_options, devices, ray, tensorboard, mlflow)
     page = _LivePage(run_dir, list(tasks), tensorboard, mlflow)
     # Ctrl-C (and SIGTERM) stop the run cleanly at any moment; the caller's handlers are
     # put back after (a notebook's interrupt keeps working).
@@ -105,6 +109,35 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
             print(f"warning: {trouble}")
     result.invalid = [str(p) for p in problems]  # a bad task stops only itself
     return result
+
+
+def _record_run(workload_file: str, run_dir: str, options: Any, devices: str | None,
+                ray: str | None, tensorboard: str | None, mlflow: str | bool | None) -> None:
+    """Write ``run_dir/run.json`` as ``dione run`` does (the workload file, the options,
+    the cluster, the dashboards), under the run directory's lock; a directory another
+    workload's run holds is refused (ValueError), as ``dione run`` refuses it."""
+    from pathlib import Path
+
+    from dione.cli.errors import BadInput
+    from dione.cli.saved_run import RUN_FILE, SavedRun, dashboard_places, load_saved_run
+    from dione.orchestrate.options import claim_run_dir
+
+    workload = str(Path(workload_file).resolve())
+    folder = Path(run_dir)
+    if (folder / RUN_FILE).is_file():
+        try:
+            before: str | None = load_saved_run(folder).workload
+        except BadInput:  # damaged: written anew below
+            before = None
+        if before is not None and before != workload:
+            raise ValueError(f"{run_dir} holds a run of {before}, not {workload}: give another "
+                             f"run_dir, or continue that run with `dione resume {run_dir}`")
+    with claim_run_dir(folder):
+        try:
+            SavedRun(workload, options, devices, ray,
+                     *dashboard_places(tensorboard, mlflow)).write(folder)
+        except BadInput as err:
+            raise ValueError(str(err)) from None
 
 
 class _LivePage:
