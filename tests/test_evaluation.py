@@ -47,6 +47,29 @@ def test_each_evaluation_is_counted_in_the_planners_seconds() -> None:
     assert four - once == pytest.approx(3 * 0.5)
 
 
+def test_each_slice_end_a_task_forces_is_counted_in_the_planners_seconds() -> None:
+    """A rule judged every step ended a slice at each (120 slices for two tasks of 60
+    steps), and the plan counted one slice's start: it predicted 0.5 s of an 8.7 s run.
+    Each slice that must end on the way (its evaluations and rungs before its end) now
+    costs a resumed slice's start."""
+    from dione.spec.stopping import Median
+
+    every = digits_task("m", steps=20, stopping=Median(min_steps=1))
+    assert every.slice_ends(20) == list(range(1, 20))
+    evaluated = digits_task("e", steps=20, evaluate=digits_accuracy, eval_every=6,
+                            stopping=Asha(min_steps=5, eta=2))
+    assert evaluated.slice_ends(20) == [5, 6, 10, 12, 18]  # rungs and evaluations
+    assert digits_task("n", steps=20).slice_ends(20) == []
+    trials = [TrialRecord("s", "single", {"accumulation": 1}, 1, "cpu", "ok",
+                          step_seconds=0.01, fixed_seconds=1.0, load_seconds=0.25)]
+    profiles = [TaskProfile(name, "g", 20, options=choose_options(trials, 20),
+                            trials=trials, evaluations=0, restarts=count)
+                for name, count in (("whole", 0), ("cut", 19))]
+    problem = profile_problem(Profile(Cluster([Node("n", 1, "cpu")]), profiles))
+    whole, cut = (problem.task(n).options[0].seconds for n in ("whole", "cut"))
+    assert cut - whole == pytest.approx(19 * (1.0 + 0.25))
+
+
 def test_exact_techniques_evaluate_as_single_at_every_point(tmp_path) -> None:
     """One task four times, each trained by one technique on two devices' worth of
     cluster: the evaluations at steps 4, 8 and 12 agree with single's."""

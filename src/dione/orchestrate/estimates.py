@@ -44,29 +44,40 @@ def planning_nodes(cluster: Cluster) -> tuple[NodeSpec, ...]:
 
 
 def option_seconds(profile: TaskProfile, option: ProfiledOption, steps: int, resumed: bool,
-                   measured: float | None = None, evaluations: int | None = None) -> float:
-    """Seconds for ``steps`` more steps of the task under ``option`` in one slice (and its
-    ``evaluations``, default: the whole task's): the trial's prediction, with
-    ``measured`` (this task's own mean step time under the option) in place of the
-    trial's step time where it is known."""
+                   measured: float | None = None, evaluations: int | None = None,
+                   restarts: int | None = None) -> float:
+    """Seconds for ``steps`` more steps of the task under ``option`` (and its
+    ``evaluations``, default: the whole task's): the trial's prediction for one slice,
+    plus a resumed slice's start for each of its ``restarts`` (slices that must end on
+    the way, at its evaluations and rungs; default: the whole task's), with ``measured``
+    (this task's own mean step time under the option) in place of the trial's step time
+    where it is known."""
     count = profile.evaluations if evaluations is None else evaluations
     seconds = option.seconds(steps, resumed, profile.evaluation_seconds * count)
+    again = profile.restarts if restarts is None else restarts
+    if again:
+        # Each restart at the least start of the task's options: a trial's fixed seconds
+        # also hold what the first trial of a technique on a worker pays once (single's
+        # 0.40 s on this machine, against 0.09 s a slice in a run); charged 60 times, an
+        # option's own would have put a task judged every step on the wrong technique.
+        seconds += again * min(o.seconds(0, resumed=True) for o in profile.options)
     if measured is not None and option.record.step_seconds is not None:
         seconds += steps * (measured - option.record.step_seconds)
     return seconds
 
 
 def task_options(profile: TaskProfile, steps: int | None = None, resumed: bool = False,
-                 measured: Measured | None = None,
-                 evaluations: int | None = None) -> TaskOptions:
-    """The planner's options for ``steps`` remaining steps (default: all) and their
-    ``evaluations`` (default: the whole task's), in milliseconds (what problem files
-    have always held, so plans stay the same)."""
+                 measured: Measured | None = None, evaluations: int | None = None,
+                 restarts: int | None = None) -> TaskOptions:
+    """The planner's options for ``steps`` remaining steps (default: all), their
+    ``evaluations`` and ``restarts`` (default: the whole task's), in milliseconds (what
+    problem files have always held, so plans stay the same)."""
     remaining = profile.total_steps if steps is None else steps
     return TaskOptions(profile.task, tuple(
         PlannedOption(o.technique, o.devices, round(max(0.001, option_seconds(
             profile, o, remaining, resumed,
-            measured(o.technique, o.devices) if measured else None, evaluations)), 3),
+            measured(o.technique, o.devices) if measured else None, evaluations,
+            restarts)), 3),
             dict(o.knobs))
         for o in profile.options))
 
@@ -124,17 +135,17 @@ class Estimates:
         return None if found is None else found.mean
 
     def option_seconds(self, task: str, option: ProfiledOption, steps: int,
-                       resumed: bool, evaluations: int) -> float:
+                       resumed: bool, evaluations: int, restarts: int = 0) -> float:
         return option_seconds(self.profile.task(task), option, steps, resumed,
                               self.measured_step(task, option.technique, option.devices),
-                              evaluations)
+                              evaluations, restarts)
 
     def task_options(self, task: str, steps: int, resumed: bool,
-                     evaluations: int) -> TaskOptions:
+                     evaluations: int, restarts: int = 0) -> TaskOptions:
         return task_options(self.profile.task(task), steps, resumed,
                             lambda technique, devices: self.measured_step(task, technique,
                                                                           devices),
-                            evaluations)
+                            evaluations, restarts)
 
     def slice_steps(self, option: ProfiledOption, remaining: int, slice_steps: int | None,
                     slice_seconds: float | None) -> int:

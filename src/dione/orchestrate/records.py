@@ -82,6 +82,11 @@ class TaskRecord:
         """How many times the task evaluates after step ``after``, up to ``until``."""
         return sum(1 for s in self.task.evaluation_steps(self.total) if after < s <= until)
 
+    def restarts(self, after: int, until: int) -> int:
+        """How many slices must end after step ``after``, before ``until``, and start
+        again (its evaluations and rungs between)."""
+        return sum(1 for s in self.task.slice_ends(self.total) if after < s < until)
+
     @property
     def name(self) -> str:
         return self.task.name

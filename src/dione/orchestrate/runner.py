@@ -252,7 +252,8 @@ class Runner:
         now = self.now()
         tasks = [replace(self.estimates.task_options(
             r.name, self.planned_steps(r, r.done_steps), r.done_steps > 0,
-            self.planned_evaluations(r, r.done_steps)), priority=self.promotion_priority(r))
+            self.planned_evaluations(r, r.done_steps), self.planned_restarts(r, r.done_steps)),
+            priority=self.promotion_priority(r))
                  for r in self._pending_that_fit()]
         nodes = {n.name for n in self.cluster}
         busy = []
@@ -265,7 +266,8 @@ class Runner:
             if r.total > running.end_step:
                 tasks.append(replace(self.estimates.task_options(
                     r.name, self.planned_steps(r, running.end_step), True,
-                    self.planned_evaluations(r, running.end_step)), release=until,
+                    self.planned_evaluations(r, running.end_step),
+                    self.planned_restarts(r, running.end_step)), release=until,
                     priority=self.promotion_priority(r)))
             busy.append(Busy(r.name, a.node, a.device_ids, until))
         return PlanningProblem(planning_nodes(self.cluster), tuple(tasks), tuple(busy)), now
@@ -306,6 +308,11 @@ class Runner:
         """The evaluations within the steps the planner counts after ``done``."""
         return record.evaluations(done, done + self.planned_steps(record, done))
 
+    def planned_restarts(self, record: TaskRecord, done: int) -> int:
+        """The slices that must end and start again within the steps the planner counts
+        after ``done`` (at its evaluations and rungs): each costs a slice's start."""
+        return record.restarts(done, done + self.planned_steps(record, done))
+
     def pinned_end(self, record: TaskRecord) -> float:
         """Run-clock time a running task ends if its later slices follow on its devices
         under its option."""
@@ -318,7 +325,8 @@ class Runner:
         if after > 0 and option is not None:
             end += self.estimates.option_seconds(
                 record.name, option, self.planned_steps(record, running.end_step), True,
-                self.planned_evaluations(record, running.end_step))
+                self.planned_evaluations(record, running.end_step),
+                self.planned_restarts(record, running.end_step))
         return end
 
     def _lead(self) -> float:

@@ -66,6 +66,9 @@ class TaskProfile:
     evaluation_seconds: float = 0.0
     # How many times the whole task evaluates (eval_every, rungs, the end; 0: no evaluate).
     evaluations: int = 1
+    # How many times a slice must end before the task does (its evaluations and rungs
+    # before the end), each then paying a resumed slice's start.
+    restarts: int = 0
     error: str | None = None  # the task could not be profiled at all
 
     def why_no_option(self) -> str:

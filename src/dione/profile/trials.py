@@ -120,7 +120,8 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
         group = speed_group(signature)
         code = code_digest(task)
         profile = TaskProfile(task.name, group, steps,
-                              evaluations=len(task.evaluation_steps(steps)))
+                              evaluations=len(task.evaluation_steps(steps)),
+                              restarts=len(task.slice_ends(steps)))
         profiles.append(profile)
         by_task[task.name] = []
         eval_key = _evaluation_key(signature, task, device)

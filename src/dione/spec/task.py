@@ -142,6 +142,15 @@ class Task:
             steps |= set(self.stopping.rungs(total))
         return sorted(steps)
 
+    def slice_ends(self, total: int) -> list[int]:
+        """The steps before ``total`` at which every slice of the task ends, wherever it
+        was planned to go on: each step it evaluates after and each rung of its
+        stopping rule (a decision is never late)."""
+        ends = {s for s in self.evaluation_steps(total) if s < total}
+        if self.stopping is not None:
+            ends |= set(self.stopping.rungs(total))
+        return sorted(ends)
+
     def allows(self, technique: str) -> bool:
         """Whether the task lets ``technique`` train it (no allowlist: every technique)."""
         return self.techniques is None or technique in self.techniques
