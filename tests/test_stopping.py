@@ -215,6 +215,11 @@ def test_a_malformed_rule_is_named_by_validation() -> None:
     problems = validate_workload([task])
     said = " ".join(str(p) for p in problems)
     assert "eta must be a number above 1" in said and "evaluate()" in said
+    # A rule whose first rung is not before the task's end would never judge.
+    late = validate_workload([digits_task("l", steps=8, stopping=Asha(min_steps=8))])
+    assert "no rung before the task's last step (8), so it would never judge" in \
+        " ".join(str(p) for p in late)
+    assert validate_workload([digits_task("k", steps=8, stopping=Asha(min_steps=7))]) == []
 
 
 def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path,

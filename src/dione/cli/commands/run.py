@@ -114,7 +114,9 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
     # A task its stopping rule stopped ended as asked (its reason is in the results).
     failed = [t for t in result.tasks if t.status not in ("done", "stopped")]
     for t in failed:
-        complain(f"task {t.task} {t.status}", str(t.error or ""))
+        error = str(t.error or "")
+        begins = f"task {t.task!r} {t.status}: "  # a divergence's message does
+        complain(f"task {t.task} {t.status}", error.removeprefix(begins))
     return EXIT_FAILED if failed or problems else 0
 
 
