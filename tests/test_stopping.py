@@ -459,3 +459,20 @@ def test_a_rung_a_killed_run_left_undecided_is_judged_before_anything_trains_pas
                 after = [s for s in store.slices(name)
                          if s.id not in before and s.start_step >= stop[1]]
                 assert not after  # never trained after its stop
+
+
+def test_the_leaderboard_ranks_tasks_stopped_early_after_those_that_ended() -> None:
+    """A stopped task's value is from its rung, not comparable with a final one: it was
+    ranked among the finished ones, unmarked."""
+    from dione.report.files import _markdown, leaderboard
+    from dione.state.summaries import TaskSummary
+
+    tasks = [TaskSummary("a", "done", 40, 40, evaluation={"accuracy": 0.8}),
+             TaskSummary("b", "stopped", 10, 40, evaluation={"accuracy": 0.9}),
+             TaskSummary("c", "done", 40, 40, evaluation={"accuracy": 0.7}),
+             TaskSummary("d", "stopped", 10, 40, evaluation={"accuracy": 0.95})]
+    assert [t.task for t in leaderboard(tasks, "accuracy")] == ["a", "c", "d", "b"]
+    assert [t.task for t in leaderboard(tasks, "loss")] == []
+    board = _markdown(tasks, ["accuracy"], [], [], 0.0).split("## Leaderboard")[1]
+    assert "| 1 | a | 0.8000 |" in board
+    assert "| 3 | d | 0.9500 (stopped at step 10 of 40) |" in board

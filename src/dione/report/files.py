@@ -174,11 +174,12 @@ def report_after_run(run_dir: str | Path, names: Sequence[Any]) -> str | None:
 
 
 def leaderboard(tasks: Sequence[TaskSummary], metric: str) -> list[TaskSummary]:
-    """Tasks with ``metric``, best first (a diverged task is ranked by no metric: it is
-    listed after the board)."""
+    """Tasks with ``metric``, best first: those that trained to their end, then those
+    ended before it (stopped at a rung: their value is that rung's, not comparable with
+    a final one). A diverged task is ranked by no metric: it is listed after the board."""
     scored = [t for t in tasks if metric in t.evaluation and t.status != "diverged"]
-    return sorted(scored, key=lambda t: t.evaluation[metric],
-                  reverse=not lower_is_better(metric))
+    return sorted(scored, key=lambda t: (t.steps < t.total_steps, t.evaluation[metric]
+                                         * (1 if lower_is_better(metric) else -1)))
 
 
 def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
@@ -213,7 +214,9 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                   "| rank | task | " + metric + " | hyperparameters | trained |",
                   "| --- | --- | --- | --- | --- |"]
         for rank, t in enumerate(board, 1):
-            lines.append(f"| {rank} | {t.task} | {t.evaluation[metric]:.4f} | "
+            early = (f" ({t.status} at step {t.steps} of {t.total_steps})"
+                     if t.steps < t.total_steps else "")
+            lines.append(f"| {rank} | {t.task} | {t.evaluation[metric]:.4f}{early} | "
                          f"{json.dumps(t.hyperparameters)} | "
                          f"{'exact' if not t.inexact else '**inexact**'} |")
         lines += [f"| - | {t.task} | diverged | {json.dumps(t.hyperparameters)} | - |"
