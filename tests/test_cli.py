@@ -384,3 +384,37 @@ def test_a_damaged_run_json_does_not_lock_its_run_directory(
     capsys.readouterr()
     _same_workload(tmp_path, str(ROOT / "examples" / "demo.py"))
     assert "it is written anew for" in capsys.readouterr().err
+
+
+def test_a_task_no_node_holds_is_left_out_of_plan_and_simulate_and_said(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One task too wide for the cluster refused the whole problem; a problem file
+    without a cluster was refused although --cluster gave one."""
+    import json
+
+    problem = tmp_path / "p.json"
+    problem.write_text(json.dumps({
+        "cluster": {"nodes": [{"name": "n0", "devices": 2}]},
+        "tasks": [{"name": "wide", "options": [{"technique": "ddp", "devices": 16,
+                                                "seconds": 10}]},
+                  {"name": "b", "options": [{"technique": "single", "devices": 1,
+                                             "seconds": 10}]}]}))
+    status, _, err = in_process(capsys, "plan", str(problem), "-o", str(tmp_path / "plan.json"))
+    assert status == 0, err
+    assert "task 'wide': no option fits any node (the widest has 2 devices, the narrowest " \
+        "option needs 16): left out" in " ".join(err.split())
+    assert [a["task"] for a in json.loads((tmp_path / "plan.json").read_text())
+            ["assignments"]] == ["b"]
+    status, out, err = in_process(capsys, "simulate", str(problem), "--out",
+                                  str(tmp_path / "sim"))
+    assert status == 0 and "left out" in err and "1 tasks, 1 done" in out
+    bare = tmp_path / "bare.json"  # no cluster: --cluster gives it
+    bare.write_text(json.dumps({"tasks": json.loads(problem.read_text())["tasks"]}))
+    status, out, err = in_process(capsys, "simulate", str(bare), "--cluster", "1x16",
+                                  "--out", str(tmp_path / "sim16"))
+    assert status == 0 and "2 tasks, 2 done" in out, err
+    status, out, err = in_process(capsys, "simulate", str(bare), "--cluster", "1x1",
+                                  "--out", str(tmp_path / "sim1"))
+    assert status == 0 and "left out" in err and "1 tasks, 1 done" in out
+    status, err = refused(capsys, "plan", str(bare))  # plan reads the file's own cluster
+    assert status == 2 and "cluster: must be" in err

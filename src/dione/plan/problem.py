@@ -10,7 +10,7 @@ import gzip
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +193,17 @@ class PlanningProblem:
     def from_json(data: Any) -> PlanningProblem:
         return _parse(data)
 
+    def left_out(self) -> tuple[PlanningProblem, list[str]]:
+        """The problem without its tasks that no option lets any node hold, and why each
+        was left out (a task too wide for the cluster must not keep the others from
+        being planned, as in a run)."""
+        widest = max((n.devices for n in self.nodes), default=0)
+        said = {t.name: _fits_no_node(f"task {t.name!r}", t.options, widest)
+                for t in self.tasks}
+        kept = tuple(t for t in self.tasks if not said[t.name])
+        return (replace(self, tasks=kept),
+                [f"{reason[0]}: left out" for reason in said.values() if reason])
+
 
 def _unknown(where: str, item: Mapping[str, Any], allowed: set[str]) -> list[str]:
     extra = sorted(set(item) - allowed)
@@ -336,13 +347,17 @@ def _parse_option(where: str, item: Any, reasons: list[str]) -> Option | None:
     return Option(technique, devices, float(seconds), dict(knobs))
 
 
-def _parse(data: Any) -> PlanningProblem:
+def _parse(data: Any, nodes_instead: Sequence[NodeSpec] | None = None,
+           fitting: bool = True) -> PlanningProblem:
+    """``nodes_instead``: the cluster to plan on in place of the file's (which may then
+    be left out); ``fitting=False``: a task that fits no node is kept (``left_out``
+    takes it out with its reason)."""
     reasons: list[str] = []
     if not isinstance(data, Mapping):
         raise ProblemError(["the problem must be a JSON object with cluster and tasks"])
     reasons += _unknown("problem", data, {"cluster", "tasks", "busy", "sources"})
     reasons += _sources_mistakes(data.get("sources", {}))
-    nodes = _parse_nodes(data, reasons)
+    nodes = list(nodes_instead) if nodes_instead else _parse_nodes(data, reasons)
     tasks: list[TaskOptions] = []
     raw_tasks = data.get("tasks")
     if not isinstance(raw_tasks, list) or not raw_tasks:
@@ -372,7 +387,7 @@ def _parse(data: Any) -> PlanningProblem:
         valid = tuple(o for o in options if o is not None)
         if len(valid) == len(options):
             reasons += _same_option_twice(where, valid)
-            if nodes:
+            if nodes and fitting:
                 reasons += _fits_no_node(where, valid, widest)
             tasks.append(TaskOptions(name, valid, float(release), float(priority)))
     reasons += [f"task {n!r}: the name is used twice" for n in _twice([t.name for t in tasks])]
@@ -413,8 +428,11 @@ def _parse_busy(raw: Any, nodes: list[NodeSpec], reasons: list[str]) -> list[Bus
     return [b for _, b in busy]
 
 
-def load_problem(path: str | Path) -> PlanningProblem:
-    """Read and check a problem JSON file (``.json.gz``: gzip-compressed JSON)."""
+def load_problem(path: str | Path, nodes: Sequence[NodeSpec] | None = None,
+                 fitting: bool = True) -> PlanningProblem:
+    """Read and check a problem JSON file (``.json.gz``: gzip-compressed JSON).
+    ``nodes``: the cluster to plan on instead of the file's (which may then be left
+    out); ``fitting=False``: tasks that fit no node are kept (``left_out``)."""
     file = Path(path)
     try:
         raw = gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
@@ -426,4 +444,4 @@ def load_problem(path: str | Path) -> PlanningProblem:
     except UnicodeDecodeError as err:
         raise ProblemError([f"{path}: not JSON text (byte {err.start} is not UTF-8); give "
                             "the problem JSON file"]) from None
-    return _parse(data)
+    return _parse(data, nodes, fitting)

@@ -28,6 +28,7 @@ import random
 import re
 import shutil
 import time
+import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -398,7 +399,9 @@ def load_model_weights(path: str | Path, model: nn.Module) -> Progress:
     folder = Path(path)
     progress = read_progress(folder)
     state = {"model": model.state_dict()}
-    dcp_load(state, checkpoint_id=folder, no_dist=True)
+    with warnings.catch_warnings():  # one process is what is meant: torch warns of it
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp_load(state, checkpoint_id=folder, no_dist=True)
     model.load_state_dict(state["model"])
     return progress
 

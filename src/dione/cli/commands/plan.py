@@ -24,9 +24,17 @@ def command(args: argparse.Namespace) -> int:
             raise BadInput("give one PROBLEM.json (or --check PLAN.json PROBLEM.json)")
         problem_file, plan_file = args.files[0], None
     try:
-        problem = load_problem(problem_file)
+        # A plan checked is checked against the whole problem; a new plan leaves out
+        # the tasks no node can hold, said, and plans the others.
+        problem = load_problem(problem_file, fitting=plan_file is not None)
     except ProblemError as err:
         raise BadInput(f"{problem_file}: {err}") from None
+    problem, left_out = problem.left_out()
+    for reason in left_out:
+        complain("warning", reason)
+    if not problem.tasks:
+        raise BadInput(f"{problem_file}: no task fits any node of its cluster; give wider "
+                       "nodes")
     if plan_file is not None:
         try:
             plan = load_plan(plan_file)

@@ -5,27 +5,35 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dione.cli.console import console
+from dione.cli.console import complain, console
 from dione.cli.errors import BadInput
 
 __all__ = ["command"]
 
 
 def command(args: argparse.Namespace) -> int:
+    from dione.orchestrate.estimates import planning_nodes
     from dione.orchestrate.options import RunOptions
     from dione.plan import ProblemError, load_problem
     from dione.report import write_report
     from dione.simulate import Scenario, ScenarioError, load_scenario, parse_cluster, simulate
 
     try:
-        problem = load_problem(args.problem)
-    except (OSError, ProblemError) as err:
-        raise BadInput(f"{args.problem}: {err}") from None
-    try:
         cluster = parse_cluster(args.cluster) if args.cluster else None
         scenario = load_scenario(args.scenario) if args.scenario else Scenario()
     except (ValueError, ScenarioError) as err:
         raise BadInput(str(err)) from None
+    try:  # --cluster stands in for the file's cluster, which may then be left out
+        problem, left_out = load_problem(
+            args.problem, planning_nodes(cluster) if cluster else None, fitting=False
+        ).left_out()
+    except (OSError, ProblemError) as err:
+        raise BadInput(f"{args.problem}: {err}") from None
+    for reason in left_out:  # the others are simulated, as a run trains the others
+        complain("warning", reason)
+    if not problem.tasks:
+        raise BadInput(f"{args.problem}: no task fits the cluster; give a wider one "
+                       "(--cluster)")
     name = Path(args.problem).name.split(".")[0]
     out = Path(args.out or Path("runs") / f"simulate-{name}")
     options = RunOptions(solver=args.solver, time_limit=args.time_limit,
