@@ -30,6 +30,7 @@ from dione.spec.stopping import (
 from dione.spec.validate import validate_workload
 from dione.state.export import ExportError, trained_checkpoint
 from dione.state.store import RunStore
+from dione.state.summaries import summaries
 from helpers import TEST_NODE, digits_task, small_problem
 
 QUICK = TrialOptions(warmup_steps=1, measure_steps=2)
@@ -169,10 +170,20 @@ def test_a_simulated_sweep_with_pausing_asha_promotes_as_the_paper_says(tmp_path
     past a rung before its promotion; one task at least trained to its end."""
     rule = PausingAsha(min_steps=10, eta=3)
     events: list[RunEvent] = []
+    shown: dict[str, str] = {}  # what `dione status` said of a task as it paused
+
+    def heard(event: RunEvent) -> None:
+        events.append(event)
+        if event.kind == "rung_waiting" and event.task not in shown:
+            with RunStore(tmp_path / "run") as store:
+                shown[event.task] = next(t.status for t in summaries(store)
+                                         if t.task == event.task)
+
     run = simulate(small_problem(9), tmp_path / "run", scenario=Scenario(seed=3), steps=90,
-                   options=SIMULATED,
-                   stopping=rule, on_event=events.append)
+                   options=SIMULATED, stopping=rule, on_event=heard)
+    assert shown and set(shown.values()) == {"paused"}  # not "pending"
     with RunStore(run.run_dir) as store:
+        assert store.paused() == {}  # each wait ended with its decision
         decisions = store.decisions()
         trained = {t.name: max([s.end_step for s in store.slices(t.name)
                                 if s.status == "done"] or [0]) for t in store.tasks()}

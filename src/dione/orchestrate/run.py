@@ -42,7 +42,7 @@ class TaskResult:
     """How one task ended: what trained it, its final loss, metrics and checkpoint."""
 
     task: str
-    status: str  # done | failed | diverged | pending
+    status: str  # done | stopped | failed | diverged | pending | paused (at a rung)
     techniques: list[str] = field(default_factory=list)
     devices: list[int] = field(default_factory=list)
     seconds: float = 0.0

@@ -631,6 +631,7 @@ class Runner:
         rule = record.task.stopping
         assert rule is not None
         record.status = TaskStatus.WAITING
+        self.store.set_paused(record.name, step)  # `dione status` and the report say so
         self.waiting.setdefault((repr(rule), step), {})[record.name] = value
         self.emit(RunEvent("rung_waiting", f"{record.name}: {rule.metric} {value:.4g} at "
                            f"step {step}; it waits there "

@@ -119,6 +119,12 @@ CREATE TABLE IF NOT EXISTS decisions (
     decided_at REAL NOT NULL,
     UNIQUE (task, rule, step)
 );
+-- A task waiting at a rung of a rule that holds it there (pausing ASHA, successive
+-- halving) until the rule decides; its status stays pending. Gone with the decision.
+CREATE TABLE IF NOT EXISTS paused (
+    task TEXT PRIMARY KEY REFERENCES tasks(name),
+    step INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS additions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     workload TEXT NOT NULL,  -- the workload file the tasks come from
@@ -337,11 +343,24 @@ class RunStore(SQLiteFile):
 
     # -- stopping decisions ------------------------------------------------------------
 
+    def set_paused(self, task: str, step: int) -> None:
+        """``task`` waits at rung ``step`` for its rule's decision (``record_decision``
+        ends the wait)."""
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO paused (task, step) VALUES (?, ?)",
+                       (task, step))
+
+    def paused(self) -> dict[str, int]:
+        """The tasks waiting at a rung for their rule's decision, and the rung."""
+        return {task: int(step) for task, step in
+                self._db.execute("SELECT task, step FROM paused")}
+
     def record_decision(self, task: str, rule: str, step: int, metric: str,
                         value: float, stop: bool, reason: str) -> None:
         """A stopping rule's decision for ``task`` at ``step`` (a stop also stops the
-        task, in the same transaction)."""
+        task, in the same transaction; a wait at the rung ends)."""
         with self._transaction() as db:
+            db.execute("DELETE FROM paused WHERE task = ?", (task,))
             db.execute("INSERT OR REPLACE INTO decisions (task, rule, step, metric, value, "
                        "stop, reason, decided_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        (task, rule, step, metric, value if math.isfinite(value) else None,

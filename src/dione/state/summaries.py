@@ -54,7 +54,11 @@ def inexact_spans(slices: Sequence[SliceRecord]) -> list[str]:
 
 
 def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskSummary]:
+    """The run's tasks (``names``: those only) as the report shows them; a pending task
+    waiting at a rung for its rule's decision (pausing ASHA, successive halving) is
+    ``paused``, its steps the rung's."""
     result = []
+    paused = store.paused()
     for record in store.tasks():
         if names is not None and record.name not in names:
             continue
@@ -74,8 +78,10 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
         trained = latest.step if latest else 0
         if latest is None and done and not any(s.checkpoint for s in done):
             trained = max(s.end_step for s in done)
+        status = ("paused" if record.status == "pending" and record.name in paused
+                  else record.status)
         result.append(TaskSummary(
-            record.name, record.status, trained, record.total_steps,
+            record.name, status, trained, record.total_steps,
             techniques, devices, sum((s.ended_at or s.started_at) - s.started_at for s in done),
             loss, store.evaluation(record.name),
             dict(record.hyperparameters), record.error, latest.path if latest else None,
