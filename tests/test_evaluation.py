@@ -251,4 +251,7 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
         "no held-out split" in failed
     summary = (write_report(tmp_path / "run") / "summary.md").read_text()
     assert "## Evaluations that failed" in summary
-    assert "- noted: RuntimeError: no held-out split" in summary
+    assert "- noted at step 6: RuntimeError: no held-out split" in summary
+    assert "- noted at step 12: RuntimeError: no held-out split" in summary
+    timeline = (tmp_path / "run" / "report" / "timeline.csv").read_text()
+    assert "evaluation failed: RuntimeError: no held-out split" in timeline

@@ -325,7 +325,8 @@ def _record_finished(db: RunStore, slice_id: int, request: SliceRequest, spec: S
         db.keep_cut(task.name, devices, lead.extra["cut"], slice_id)
     peak = [o.peak_memory_bytes for o in outcomes]
     db.finish_slice(slice_id, lead.losses, lead.step_seconds, lead.checkpoint,
-                    {**lead.timings, "wall": seconds}, max(peak), lead.evaluation)
+                    {**lead.timings, "wall": seconds}, max(peak), lead.evaluation,
+                    evaluation_error and f"evaluation failed:\n{evaluation_error}")
     if evaluation_error:
         record = db.task(task.name)  # registered by ``_slice_spec``
         done = record is not None and spec.end_step == record.total_steps

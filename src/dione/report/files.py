@@ -91,7 +91,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
                                  " ".join(map(str, s.device_ids)), s.start_step, s.end_step,
                                  f"{s.started_at - zero:.3f}",
                                  "" if s.ended_at is None else f"{s.ended_at - zero:.3f}",
-                                 s.status, (s.error or "").splitlines()[0] if s.error else ""])
+                                 s.status, _short(s.error)])
         _write_metrics(store, folder / "metrics.csv", wanted, written)
         tasks = summaries(store, wanted)
         curves = {t.task: store.loss_curve(t.task, CURVE_POINTS) for t in tasks}
@@ -235,19 +235,28 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                   "Their stopping rule stopped these tasks at a rung; their last checkpoint "
                   "is kept (`dione export --latest`).", ""]
         lines += [f"- {t.task} at step {t.steps}: {t.error or ''}" for t in stopped]
-    unevaluated = [t for t in tasks if t.status not in ("failed", "diverged")
-                   and (t.error or "").startswith("evaluation failed")]
+    unevaluated = [s for s in slices if s.status == "done" and s.error]
     if unevaluated:
         lines += ["", "## Evaluations that failed", "",
-                  "Their training stands; the evaluation's last error (the whole traceback: "
-                  "`summary.csv`, `dione status`):", ""]
-        lines += [f"- {t.task}: {error_line(t.error or '')}" for t in unevaluated]
+                  "The training of these slices stands; their evaluation's error (its "
+                  "whole traceback is the slice's error in the run store):", ""]
+        lines += [f"- {s.task} at step {s.end_step}: {error_line(s.error)}"
+                  for s in sorted(unevaluated, key=lambda s: (s.task, s.end_step))]
     failed = [t for t in tasks if t.status in ("failed", "diverged")]
     if failed:
         lines += ["", "## Failed and diverged tasks", ""]
         lines += [f"- {t.task} ({t.status}): "
                   f"{(t.error or '').splitlines()[0] if t.error else ''}" for t in failed]
     return "\n".join(lines) + "\n"
+
+
+def _short(error: str | None) -> str:
+    """An error in one line: its first, and its last where the first only introduces
+    a traceback (``evaluation failed:``)."""
+    if not error:
+        return ""
+    first = error.strip().splitlines()[0]
+    return f"{first} {error_line(error)}" if first.endswith(":") else first
 
 
 def _row(cells: list[str]) -> str:

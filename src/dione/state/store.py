@@ -434,8 +434,11 @@ class RunStore(SQLiteFile):
         self, slice_id: int, losses: Sequence[float], step_seconds: Sequence[float],
         checkpoint: str | None, timings: Mapping[str, float] | None = None,
         peak_memory_bytes: int | None = None, evaluation: Mapping[str, float] | None = None,
+        evaluation_error: str | None = None,
     ) -> None:
-        """In one transaction: the slice's metrics, checkpoint, evaluation and status."""
+        """In one transaction: the slice's metrics, checkpoint, evaluation and status
+        (``evaluation_error``: why its evaluation failed, kept as the done slice's error;
+        its training stands)."""
         record = self.slice(slice_id)
         with self._transaction() as db:
             db.executemany(
@@ -453,9 +456,9 @@ class RunStore(SQLiteFile):
                             for k, v in (evaluation or {}).items()])
             db.execute(
                 "UPDATE slices SET status = 'done', ended_at = ?, checkpoint = ?, timings = ?,"
-                " peak_memory_bytes = ? WHERE id = ?",
+                " peak_memory_bytes = ?, error = ? WHERE id = ?",
                 (clock.now(), stored, json.dumps(dict(timings or {})), peak_memory_bytes,
-                 slice_id),
+                 evaluation_error, slice_id),
             )
             total = db.execute("SELECT total_steps FROM tasks WHERE name = ?",
                                (record.task,)).fetchone()[0]
