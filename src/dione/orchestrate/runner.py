@@ -591,7 +591,7 @@ class Runner:
             return self._failed(record, err)
         for warning in result.warnings:
             self.emit(RunEvent("checkpoint_quarantined", warning, name))
-        if result.evaluation_error:  # the store keeps the traceback, as the task's error
+        if result.evaluation_error:  # the store keeps the traceback with the slice
             self.emit(RunEvent("evaluation_failed", f"{name}: its evaluation at step "
                                f"{result.end_step} failed (its training stands): "
                                f"{error_line(result.evaluation_error)}", name))
