@@ -327,6 +327,13 @@ def test_bad_numbers_and_files_are_refused_before_anything_runs(
     assert status == 2 and "'bogus' is not a technique" in err
     status, err = refused(capsys, "run", demo, "--current-practice", "--ray")
     assert status == 2 and "drop --ray" in err
+    # An output that cannot be written is refused before the work, not after it.
+    status, err = refused(capsys, "profile", demo, "-o", str(tmp_path / "nodir" / "p.json"))
+    assert status == 2 and "the folder" in err and "does not exist" in err
+    status, err = refused(capsys, "plan", str(garbage), "-o", str(tmp_path))
+    assert status == 2 and "is a folder; give a file name" in err
+    status, err = refused(capsys, "export", str(tmp_path), "t", "-o", str(garbage))
+    assert status == 2 and "is a file; give a folder" in err
 
 
 RULED = """

@@ -351,6 +351,12 @@ def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(
     refused = started_dione("resume", str(run_dir), env=env)
     out, _ = refused.communicate(timeout=120)
     assert refused.returncode == 2 and "--workload NEW.py" in out, out
+    # Another workload (none of the run's tasks) is not taken for it moved: its tasks
+    # would be mixed into the run.
+    other = started_dione("resume", str(run_dir), "--workload", str(moved),
+                          env={**env, "TASK_PREFIX": "other-"})
+    out, _ = other.communicate(timeout=120)
+    assert other.returncode == 2 and "holds none of the tasks of the run" in out, out
     resumed = started_dione("resume", str(run_dir), "--workload", str(moved), env=env)
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out

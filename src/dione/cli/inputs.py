@@ -43,6 +43,29 @@ def valid_tasks(workload_file: str, devices: str | None, what: str,
     return tasks, problems, cluster
 
 
+def output_file(path: str | None) -> Path | None:
+    """``-o FILE`` checked before any work: its folder exists and it is not a folder;
+    BadInput naming the fix otherwise (else it would fail only once the work is done)."""
+    if path is None:
+        return None
+    file = Path(path)
+    if file.is_dir():
+        raise BadInput(f"-o {path} is a folder; give a file name (e.g. {file / 'out.json'})")
+    if not file.parent.is_dir():
+        raise BadInput(f"-o {path}: the folder {file.parent} does not exist; create it, or "
+                       "give a file in an existing folder")
+    return file
+
+
+def write_output(file: Path, text: str) -> None:
+    """Write ``text`` to an ``-o`` file; BadInput saying why it cannot be."""
+    try:
+        file.write_text(text)
+    except OSError as err:
+        raise BadInput(f"cannot write {file}: {err.strerror or err}; give a file you can "
+                       "write (-o)") from None
+
+
 def ray_launcher(address: str | None, devices: str | None) -> Any:
     """The Ray launcher for ``--ray ADDRESS`` (None without it: this machine's workers)."""
     if address is None:

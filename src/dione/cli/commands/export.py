@@ -12,6 +12,8 @@ __all__ = ["command"]
 
 
 def command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from dione.state.export import (
         ExportError,
         export_model,
@@ -20,6 +22,9 @@ def command(args: argparse.Namespace) -> int:
         workload_of_task,
     )
 
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"-o {out} is a file; give a folder to write the weights into")
     try:
         checkpoint = trained_checkpoint(args.run_dir, args.task, args.latest)
         workload = load(args.workload or workload_of_task(args.run_dir, args.task))
@@ -30,7 +35,11 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput(f"{err.args[0]}; give the workload the run was started with "
                        "(--workload)") from None
     model = load_trained(task, checkpoint)
-    folder = export_model(model, args.output, task, checkpoint)
+    try:
+        folder = export_model(model, args.output, task, checkpoint)
+    except OSError as err:
+        raise BadInput(f"cannot write {args.output}: {err.strerror or err}; give a folder "
+                       "you can write (-o)") from None
     files = ", ".join(sorted(p.name for p in folder.iterdir()))
     console.print(f"task {task.name}: weights of {checkpoint} written to {folder} ({files})")
     return 0

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from dione.cli.console import complain, console, errors
 from dione.cli.errors import EXIT_FAILED, BadInput
+from dione.cli.inputs import output_file, write_output
 
 __all__ = ["command"]
 
@@ -15,6 +15,7 @@ __all__ = ["command"]
 def command(args: argparse.Namespace) -> int:
     from dione.plan import ProblemError, check_plan, load_plan, load_problem, solve
 
+    output = output_file(args.output) if not args.check else None
     if args.check:
         if len(args.files) != 2:
             raise BadInput("--check takes PLAN.json PROBLEM.json")
@@ -62,8 +63,8 @@ def command(args: argparse.Namespace) -> int:
     summary = (f"{plan.solver}: {plan.status}, makespan {plan.makespan:.1f} s, lower bound "
                f"{plan.lower_bound:.1f} s (gap {plan.gap:.2%}), solved in "
                f"{plan.solve_seconds:.2f} s")
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    if output is not None:
+        write_output(output, text + "\n")
         console.print(summary)
     else:
         print(text)  # plain: the plan JSON must reach a pipe unstyled and unfolded

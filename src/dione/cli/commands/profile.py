@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from dione.cli.console import complain, console
 from dione.cli.errors import EXIT_FAILED
-from dione.cli.inputs import ray_launcher, valid_tasks
+from dione.cli.inputs import output_file, ray_launcher, valid_tasks, write_output
 from dione.cli.parser import run_options
 from dione.cli.views import print_profile, profile_progress
 
@@ -18,6 +17,7 @@ __all__ = ["command"]
 
 def command(args: argparse.Namespace) -> int:
     options = run_options(vars(args))
+    output = output_file(args.output)  # before the trials, not after them
     launcher = ray_launcher(args.ray, args.devices)
     try:
         tasks, problems, cluster = valid_tasks(args.workload, args.devices, "profiled",
@@ -31,8 +31,8 @@ def command(args: argparse.Namespace) -> int:
 
     problem = profile_problem(profile)
     text = json.dumps(problem.to_json(), indent=1)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    if output is not None:
+        write_output(output, text + "\n")
         console.print(f"problem for the planner: {args.output} ({len(problem.tasks)} "
                       "task(s)); next: dione plan " + args.output)
     unprofiled = [t.task for t in profile.tasks if not t.options]

@@ -48,6 +48,23 @@ def _same_workload(run_dir: Path, workload: str) -> None:
                        f"(adding `--workload {workload}` if its workload moved there)")
 
 
+def _moved_not_another(run_dir: Path, before: str, workload: str, names: set[str]) -> None:
+    """Refuse, as the workload ``before`` moved to ``workload``, a file that holds none
+    of the run's tasks: another workload, whose tasks would be mixed into the run."""
+    from dione.state.store import STORE_FILE, RunStore
+
+    if not (run_dir / STORE_FILE).is_file():
+        return
+    with RunStore(run_dir) as store:
+        known = [t.name for t in store.tasks()]
+    if known and not names & set(known):
+        shown = ", ".join(known[:5]) + (", ..." if len(known) > 5 else "")
+        raise BadInput(f"{workload} holds none of the tasks of the run in {run_dir} ({shown}): "
+                       f"it is another workload, not {before} moved; give the file that "
+                       "workload moved to, or start the new one in a run directory of its "
+                       "own (dione run --out)")
+
+
 def execute(workload_file: str, run: SavedRun, run_dir: Path, *,
             record: SavedRun | None, replacing: str | None = None) -> int:
     """Validate, profile, plan, run, report: the body of ``run`` and ``resume``. The run
@@ -72,6 +89,9 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
     from dione.spec.cluster import ClusterError
 
     tasks, problems, cluster = valid_tasks(workload_file, run.devices, "started", launcher)
+    if replacing is not None:  # `resume --workload`: the same workload, moved
+        _moved_not_another(run_dir, replacing, workload_file,
+                           {t.name for t in tasks} | {p.task for p in problems if p.task})
     if record:  # once the workload and devices are known good: their errors come first
         _same_workload(run_dir, replacing or record.workload)
     with claimed(run_dir):
