@@ -334,6 +334,15 @@ def test_bad_numbers_and_files_are_refused_before_anything_runs(
     assert status == 2 and "is a folder; give a file name" in err
     status, err = refused(capsys, "export", str(tmp_path), "t", "-o", str(garbage))
     assert status == 2 and "is a file; give a folder" in err
+    # Dashboards it cannot write are refused before training, and not recorded.
+    status, err = refused(capsys, "run", demo, "--out", str(tmp_path / "tb"),
+                          "--tensorboard", str(garbage / "tb"))
+    assert status == 2 and "the folder cannot be made" in err
+    status, err = refused(capsys, "run", demo, "--out", str(tmp_path / "ml"),
+                          "--mlflow", "bogus://x")
+    assert status == 2 and "--mlflow bogus://x: MLflow cannot use it" in " ".join(err.split())
+    assert not (tmp_path / "tb" / "run.json").exists()
+    assert not (tmp_path / "ml" / "run.json").exists()
 
 
 RULED = """

@@ -84,15 +84,29 @@ def open_dashboards(run_dir: str | Path, *, tensorboard: str | Path | None = Non
                     tasks: Sequence[Task] | None = None) -> list[Dashboard]:
     """TensorBoard's writer into ``tensorboard`` (a folder) and MLflow's into ``mlflow``
     (a tracking URI, or True for MLflow's default), each if asked. RuntimeError (naming
-    the extra to install) where the package is missing."""
+    the extra to install) where the package is missing; ValueError naming the fix where
+    the folder cannot be made or MLflow cannot use the URI (before any training)."""
     boards: list[Dashboard] = []
     if tensorboard:
         from dione.report.tensorboard import TensorBoardExport
 
+        try:
+            Path(tensorboard).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(f"--tensorboard {tensorboard}: the folder cannot be made "
+                             f"({err.strerror or err}); give a folder you can write") from None
         boards.append(TensorBoardExport(run_dir, tensorboard, tasks=tasks))
     if mlflow:
         from dione.report.mlflow_runs import MlflowExport
 
-        boards.append(MlflowExport(run_dir, mlflow if isinstance(mlflow, str) else None,
-                                   tasks=tasks))
+        uri = mlflow if isinstance(mlflow, str) else None
+        try:
+            boards.append(MlflowExport(run_dir, uri, tasks=tasks))
+        except RuntimeError:
+            raise  # the extra is not installed: said so
+        except Exception as err:  # MLflow's own errors for a URI it cannot use
+            raise ValueError(f"--mlflow {uri or '(MLflow default)'}: MLflow cannot use it "
+                             f"({type(err).__name__}: {str(err)[:200]}); give a tracking "
+                             "URI it takes (a folder, sqlite:///mlflow.db, "
+                             "http://host:5000)") from None
     return boards

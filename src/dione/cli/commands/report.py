@@ -31,7 +31,7 @@ def command(args: argparse.Namespace) -> int:
                                  mlflow=args.mlflow)
         for board in boards:
             board.close()
-    except RuntimeError as err:  # the extra is not installed
+    except (RuntimeError, ValueError) as err:  # the extra is missing; a bad place
         raise BadInput(str(err)) from None
     if args.tensorboard:
         console.print(f"TensorBoard: tensorboard --logdir {args.tensorboard}")

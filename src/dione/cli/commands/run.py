@@ -95,17 +95,17 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
     if record:  # once the workload and devices are known good: their errors come first
         _same_workload(run_dir, replacing or record.workload)
     with claimed(run_dir):
+        from dione.report.dashboards import open_dashboards
+
+        try:  # before run.json: a dashboard it cannot write is refused, not recorded
+            boards = open_dashboards(run_dir, tensorboard=run.tensorboard, mlflow=run.mlflow,
+                                     tasks=tasks)
+        except (RuntimeError, ValueError) as err:  # the extra is missing; a bad place
+            raise BadInput(str(err)) from None
         if record:
             record.write(run_dir)
         where = ", ".join(f"{n.devices} {n.kind} device(s) of {n.name}" for n in cluster)
         console.print(f"dione run: {len(tasks)} task(s) on {where}; run dir {run_dir}")
-        from dione.report.dashboards import open_dashboards
-
-        try:
-            boards = open_dashboards(run_dir, tensorboard=run.tensorboard, mlflow=run.mlflow,
-                                     tasks=tasks)
-        except RuntimeError as err:  # the extra is not installed
-            raise BadInput(str(err)) from None
         # RUN_DIR/report/index.html (and the dashboards), fresh while it runs.
         page = LiveReport(run_dir, boards=boards)
         with LiveProgress(console) as live:
