@@ -32,7 +32,7 @@ def task(name, **changes):
 workload = Workload([
     task("ok"),
     task("ok"),
-    task("odd", batch_size=15),
+    task("odd", batch_size=15, techniques=("ddp", "fsdp")),  # no single to fall back on
     task("locked", loss=lambda out, y: (lock, torch.nn.functional.cross_entropy(out, y))[1]),
     task("broken", model=broken),
 ])

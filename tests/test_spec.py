@@ -63,7 +63,7 @@ def test_every_problem_is_reported_at_once_with_task_and_field() -> None:
     tasks = [
         digits_task("dup"),
         digits_task("dup"),
-        digits_task("odd-batch", batch_size=10),
+        digits_task("odd-batch", batch_size=10, techniques=("ddp",)),
         digits_task("unpicklable", data=lambda: (lock, digits_task().data())[1]),
         digits_task("raising-model", model=broken_model),
         digits_task("no-length", steps=None),
@@ -90,12 +90,33 @@ def test_messages_say_what_to_do() -> None:
         raise RuntimeError("out of ideas")
 
     messages = [str(p) for p in validate_workload(Workload([
-        digits_task("odd", batch_size=10), digits_task("raising", model=broken_model)]),
+        digits_task("odd", batch_size=10, techniques=("ddp", "gpipe")),
+        digits_task("single-too", batch_size=10), digits_task("raising", model=broken_model)]),
         devices=4)]
     assert any("task 'odd', field 'batch_size': 10 is not divisible by the 4 devices" in m
-               and "use a multiple of 4" in m for m in messages)
+               and "use a multiple of 4" in m and "--technique gpipe" in m for m in messages)
+    # Allowed single, the plan trains it on fewer devices (as `dione run` does).
+    assert not any("single-too" in m for m in messages)
     assert any("task 'raising', field 'model': the model factory raised RuntimeError: out of "
                "ideas" in m for m in messages)
+
+
+def test_the_common_pytorch_mistakes_are_named_with_their_fix() -> None:
+    """A module instance for the model factory was called (its forward ran without an
+    input); a DataLoader or a generator for the dataset failed at indexing or len()."""
+    from torch.utils.data import DataLoader
+
+    from dione.zoo import digits_mlp, digits_train
+
+    messages = " ".join(str(p) for p in validate_workload(Workload([
+        digits_task("instance", model=digits_mlp()),
+        digits_task("loader", data=lambda: DataLoader(digits_train(), batch_size=8)),
+        digits_task("generator", data=lambda: (x for x in digits_train()))])))
+    assert "task 'instance', field 'model': is a Sequential instance; give the function " \
+        "or class that builds it" in messages
+    assert "task 'loader', field 'data': returned a DataLoader; give a function returning " \
+        "a map-style dataset" in messages
+    assert "task 'generator', field 'data': returned a generator" in messages
 
 
 def test_a_bad_task_does_not_stop_the_others() -> None:

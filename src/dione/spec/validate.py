@@ -357,12 +357,14 @@ def checked_task(
     if not isinstance(task.batch_size, int) or isinstance(task.batch_size, bool) \
             or task.batch_size < 1:
         bad("batch_size", f"must be a positive integer, not {task.batch_size!r}")
-    elif devices is not None and split_problem(task.batch_size, devices, "devices"):
+    elif (devices is not None and split_problem(task.batch_size, devices, "devices")
+          and not _allows(task, "single")):  # else the plan trains it on one device
         bad("batch_size", f"{task.batch_size} is not divisible by the {devices} devices asked "
-            f"for; under data parallelism (single, ddp, fsdp) each device takes an equal "
-            f"share of the global batch: use a multiple of {devices}, or fewer devices (a "
-            f"pipeline splits it into micro-batches instead: `dione train --technique gpipe "
-            f"--knob micro_batches=M` with M dividing {task.batch_size})")
+            f"for; under data parallelism (ddp, fsdp) each device takes an equal share of "
+            f"the global batch: use a multiple of {devices}, or fewer devices"
+            + (f" (a pipeline splits it into micro-batches instead: `dione train --technique "
+               f"gpipe --knob micro_batches=M` with M dividing {task.batch_size})"
+               if _allows(task, "gpipe") else ""))
     if (task.steps is None) == (task.epochs is None):
         bad("steps", "give exactly one of steps or epochs")
     elif task.steps is not None and (not isinstance(task.steps, int) or task.steps < 1):
@@ -436,6 +438,10 @@ def checked_task(
 
     model: nn.Module | None = None
     try:
+        if isinstance(task.model, nn.Module):  # calling it would run its forward
+            raise _Said(f"is a {type(task.model).__name__} instance; give the function or "
+                        "class that builds it (model=MyNet, or functools.partial(MyNet, "
+                        "...)): each rank and slice builds its own")
         model = build_model(task.model)
         if not isinstance(model, nn.Module):
             bad("model", f"returned {type(model).__name__}, not a torch.nn.Module")
@@ -443,6 +449,8 @@ def checked_task(
         elif not any(p.requires_grad for p in model.parameters()):
             bad("model", "the model has no trainable parameters")
             model = None
+    except _Said as said:
+        bad("model", str(said))
     except Exception as err:
         bad("model", f"the model factory raised {_exception_line(err)}")
     if model is not None:
@@ -465,6 +473,11 @@ def checked_task(
                     bad("split_points", f"{point!r} is not a submodule of the model")
     try:
         dataset: Any = task.data()
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise _Said(f"returned a {type(dataset).__name__}; give a function returning a "
+                        "map-style dataset (len() and indexing: a torch Dataset such as "
+                        "TensorDataset, or a list): dione batches and shards it itself, so "
+                        "not a DataLoader or an iterator")
         size = len(dataset)
         if size < task.batch_size:
             bad("data", f"has {size} samples, fewer than one batch of {task.batch_size}")
@@ -477,11 +490,24 @@ def checked_task(
                     f"(with 'labels' for the task's loss), not {type(item).__name__}")
             if model is not None and not problems:
                 problems += _forward_problems(task, model, dataset, resolved)
+    except _Said as said:
+        bad("data", str(said))
     except Exception as err:
         bad("data", f"the data factory (or indexing its result) raised {_exception_line(err)}")
     if problems or resolved.get("loss_items", task.loss_items) is task.loss_items:
         return task, problems
     return replace(task, loss_items=resolved["loss_items"]), problems
+
+
+def _allows(task: Task, technique: str) -> bool:
+    """Whether the task lets ``technique`` train it (a malformed allowlist: all)."""
+    techniques = task.techniques
+    return (techniques is None or isinstance(techniques, str)
+            or technique in tuple(techniques))
+
+
+class _Said(Exception):
+    """A field's problem found while checking it, said as it is (no traceback line)."""
 
 
 def _name_problems(workload: Workload) -> list[Problem]:

@@ -33,4 +33,12 @@ def command(args: argparse.Namespace) -> int:
             refused.setdefault((technique, why), []).append(task.name)
     for (technique, why), names in refused.items():
         console.print(f"  {technique} will not train {', '.join(names)}: {why}")
+    if devices is not None:  # allowed single: trained on fewer devices, not refused
+        from dione.spec.batch import split_problem
+
+        odd = [t.name for t in tasks if split_problem(t.batch_size, devices, "devices")]
+        if odd:
+            console.print(f"  data parallelism over all {devices} devices will not train "
+                          f"{', '.join(odd)}: the batch size is not a multiple of {devices}; "
+                          "plans give them fewer devices")
     return 0
