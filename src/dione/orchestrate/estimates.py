@@ -55,12 +55,8 @@ def option_seconds(profile: TaskProfile, option: ProfiledOption, steps: int, res
     count = profile.evaluations if evaluations is None else evaluations
     seconds = option.seconds(steps, resumed, profile.evaluation_seconds * count)
     again = profile.restarts if restarts is None else restarts
-    if again:
-        # Each restart at the least start of the task's options: a trial's fixed seconds
-        # also hold what the first trial of a technique on a worker pays once (single's
-        # 0.40 s on this machine, against 0.09 s a slice in a run); charged 60 times, an
-        # option's own would have put a task judged every step on the wrong technique.
-        seconds += again * min(o.seconds(0, resumed=True) for o in profile.options)
+    if again:  # each a resumed slice's start under this option
+        seconds += again * option.seconds(0, resumed=True)
     if measured is not None and option.record.step_seconds is not None:
         seconds += steps * (measured - option.record.step_seconds)
     return seconds

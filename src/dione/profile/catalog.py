@@ -50,8 +50,9 @@ class TrialRecord:
 
     A slice of N steps is predicted as ``fixed_seconds + warmup_excess_seconds +
     N * step_seconds`` plus ``load_seconds`` when it resumes from a checkpoint:
-    ``fixed_seconds`` is the trial's wall time less its steps and its load probe
-    (process start, data, model build, checkpoint save, exit), all measured.
+    ``fixed_seconds`` is the trial's wall time less its steps, its load probe and the
+    imports a worker's first slice of the workload pays once (process start, data,
+    model build, checkpoint save, exit), all measured.
     """
 
     fingerprint: str

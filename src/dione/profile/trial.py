@@ -124,6 +124,8 @@ def run_trial(
     load = timings.get("load_probed", timings.get("saved", 0.0)) - timings.get("saved", 0.0)
     save = timings.get("saved", 0.0) - timings.get("trained", 0.0)
     evaluation = timings.get("evaluate_seconds")
+    # A worker's first slice imports the workload's modules; no later slice pays that.
+    once = timings.get("first_imports", 0.0)
     record = TrialRecord(
         **base,  # type: ignore[arg-type]
         status="ok",
@@ -131,7 +133,8 @@ def run_trial(
         spread=(quartiles[2] - quartiles[0]) / median if median > 0 else 0.0,
         measured_steps=len(measured),
         warmup_excess_seconds=max(0.0, sum(times[:warmup]) - warmup * mean),
-        fixed_seconds=max(0.0, result.seconds - sum(times) - load - (evaluation or 0.0)),
+        fixed_seconds=max(0.0, result.seconds - sum(times) - load - (evaluation or 0.0)
+                          - once),
         load_seconds=load,
         save_seconds=save,
         peak_memory_bytes=max(result.peak_memory_bytes) if result.peak_memory_bytes else None,
