@@ -89,8 +89,9 @@ class _Actor:
 
     def __init__(self) -> None:
         import dione.techniques  # noqa: F401 - the built-in techniques, registered once
-        from dione.launch.worker import Baseline
+        from dione.launch.worker import Baseline, warm_torch
 
+        warm_torch()  # before its first job, as the spawner does for local workers
         self.baseline = Baseline()
         self.reset_worked = True  # whether the reset after its last job did
         # What no launcher can remove: gangs whose node left the cluster, or whose

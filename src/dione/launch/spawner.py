@@ -463,16 +463,12 @@ def main(fd: int) -> int:
     die_with_parent(signal.SIGTERM)
     # What every worker imports before its first job, paid here once.
     import cloudpickle  # noqa: F401
-    import torch
+    import torch  # noqa: F401
 
     import dione.launch.worker
-    import dione.techniques  # noqa: F401
+    import dione.techniques
 
-    # torch builds its first optimizer slowly (it imports its compiler stack then: 0.4-
-    # 0.6 s on 2 cores), which every worker's first slice paid, and a trial counted as
-    # each slice's start. Built once here, before any fork; nothing runs (no thread
-    # starts, so forking stays safe).
-    torch.optim.AdamW(torch.nn.Linear(1, 1).parameters())
+    dione.launch.worker.warm_torch()  # once here, before any fork
 
     sock = socket.socket(fileno=fd)
     channel = Channel(sock)

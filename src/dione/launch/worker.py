@@ -293,6 +293,16 @@ def restore_after_job(baseline: Baseline, rank: int) -> tuple[str, Any]:
         return "unrestored", _error_record(rank, err)
 
 
+def warm_torch() -> None:
+    """Pay what torch does once per process before a worker's first job: its first
+    optimizer imports its compiler stack (0.4-0.6 s on 2 cores), which every worker's
+    first slice paid and a trial counted as each slice's start. Nothing runs (no thread
+    starts: the spawner forks workers after it)."""
+    import torch
+
+    torch.optim.AdamW(torch.nn.Linear(1, 1).parameters())
+
+
 def run_job(job: Job, report: Report | None = None) -> tuple[str, Any]:
     """Train one rank's share of a slice: ``("result", SliceOutcome)`` or ``("error",
     record)``; ``report("progress", record)`` carries the slice's progress meanwhile
