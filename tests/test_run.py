@@ -374,6 +374,11 @@ def test_dione_run_from_python_leaves_out_invalid_tasks(tmp_path: Path, monkeypa
     assert [(t.task, t.status) for t in result.tasks] == [("a", "done"), ("b", "done")]
     assert all(t.final_loss is not None and t.checkpoint for t in result.tasks)
     assert len(result.invalid) == 1 and "odd" in result.invalid[0]
+    # Kept with the run: its report and status say the sweep was not whole.
+    with RunStore(tmp_path / "run") as store:
+        assert list(store.invalid()) == ["odd"] and "steps" in store.invalid()["odd"][0]
+    summary = (tmp_path / "run" / "report" / "summary.md").read_text()
+    assert "## Invalid tasks, never started" in summary and "- odd: steps: " in summary
 
 
 def test_replanning_never_holds_a_launch_back(tmp_path: Path, monkeypatch) -> None:

@@ -89,7 +89,8 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
             if ray is None:
                 result = run_workload(tasks, local_cluster(devices), run_dir, run_options,
                                       on_event=page.seeing(said[0], inbox),
-                                      on_profile_event=said[1], inbox=inbox)
+                                      on_profile_event=said[1], inbox=inbox,
+                                      invalid=problems)
             else:
                 from dione.launch.ray_launcher import RayLauncher
 
@@ -98,7 +99,8 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
                     result = run_workload(tasks, Cluster(launcher.nodes()), run_dir,
                                           run_options, launcher=launcher,
                                           on_event=page.seeing(said[0], inbox),
-                                          on_profile_event=said[1], inbox=inbox)
+                                          on_profile_event=said[1], inbox=inbox,
+                                          invalid=problems)
                 finally:
                     launcher.shutdown()
     finally:

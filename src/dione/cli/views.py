@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -200,13 +200,16 @@ def print_sequential_results(outcomes: Sequence[Any], run_dir: Path) -> None:
 
 
 def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Sequence[Any],
-                 launcher: str, additions: Sequence[Any] = ()) -> None:
-    """A run's tasks as its store has them, with the slices running now, and what
-    ``dione add`` asked of it that it has not taken (or refused)."""
+                 launcher: str, additions: Sequence[Any] = (),
+                 invalid: Mapping[str, Sequence[str]] | None = None) -> None:
+    """A run's tasks as its store has them, with the slices running now, what ``dione
+    add`` asked of it that it has not taken (or refused), and the workload's tasks
+    validation refused (never started)."""
     from dione.state.summaries import error_line
 
+    refused = f", {len(invalid)} invalid (never started)" if invalid else ""
     table = Table(title=f"{run_dir}: {sum(t.status == 'done' for t in tasks)} of {len(tasks)} "
-                  f"task(s) done, {plans} plan(s) adopted; {launcher}")
+                  f"task(s) done{refused}, {plans} plan(s) adopted; {launcher}")
     for column in ("task", "status", "steps", "techniques", "final loss", "evaluation",
                    "trained", "running now"):
         table.add_column(column)
@@ -225,6 +228,8 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
     for t in tasks:  # why each failed, diverged or was not evaluated (stopped: the report)
         if t.error and t.status != "stopped":
             console.print(f"{t.task} ({t.status}): {error_line(t.error)}", markup=False)
+    for name, problems in (invalid or {}).items():
+        console.print(f"{name} (invalid, never started): {'; '.join(problems)}", markup=False)
     for request in additions:
         if request.state == "waiting":
             console.print(f"asked to add {', '.join(request.names)} (from "

@@ -30,6 +30,7 @@ from dione.profile.profiler import profile_workload
 from dione.profile.results import ProfileEvent
 from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.task import Task
+from dione.spec.validate import Problem
 from dione.state.store import RunStore
 from dione.state.summaries import summaries
 
@@ -109,13 +110,15 @@ def run_workload(
     view: Callable[[RunState], None] | None = None,
     launcher: Launcher | None = None,
     inbox: TaskInbox | None = None,
+    invalid: Sequence[Problem] = (),
 ) -> RunResult:
     """Train every task to its end as early as possible; resumes what ``run_dir`` holds.
     ``launcher``: what runs the gangs (default: this machine's warm workers, which take
     a cluster of one node; a cluster of several needs a RayLauncher). ``inbox``: tasks
     added while it runs (it then ends once the inbox is closed and every task ended);
-    ``dione add``'s requests are taken either way. The result covers every task the run
-    took, added ones after the others."""
+    ``dione add``'s requests are taken either way. ``invalid``: the problems of the
+    workload's tasks validation refused, kept in the run store for its status and report.
+    The result covers every task the run took, added ones after the others."""
     options = options or RunOptions()
     run_dir = Path(run_dir)
     if launcher is None:
@@ -126,6 +129,12 @@ def run_workload(
                 "trains on this machine only, as one node")
         launcher = LOCAL
     with claim_run_dir(run_dir):
+        refused: dict[str, list[str]] = {}
+        for problem in invalid:
+            refused.setdefault(problem.task or "workload", []).append(
+                f"{problem.field}: {problem.message}")
+        with RunStore(run_dir) as store:  # this start's: a task fixed since is not listed
+            store.set_invalid(refused)
         return _run_claimed(tasks, cluster, run_dir, options, on_event, on_profile_event, view,
                             launcher, inbox)
 

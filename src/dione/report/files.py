@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
                                  s.status, _short(s.error)])
         _write_metrics(store, folder / "metrics.csv", wanted, written)
         tasks = summaries(store, wanted)
+        invalid = store.invalid()
         curves = {t.task: store.loss_curve(t.task, CURVE_POINTS) for t in tasks}
         evaluated = {t.task: store.evaluations(t.task) for t in tasks}
     if gone:  # a task its dead launcher left running waits for `dione resume`
@@ -114,7 +115,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
                              (t.error or "").splitlines()[0] if t.error else ""])
     simulated = (run_dir / SIMULATED_FILE).is_file()
     (folder / "summary.md").write_text(_markdown(tasks, metrics, plans, slices, zero,
-                                                 simulated))
+                                                 simulated, invalid))
     from dione.report.gantt import draw_gantt
 
     draw_gantt(plans[0] if plans else None, slices, zero, folder / "gantt.png", simulated)
@@ -184,7 +185,8 @@ def leaderboard(tasks: Sequence[TaskSummary], metric: str) -> list[TaskSummary]:
 
 def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
               plans: Sequence[AdoptedPlan], slices: Sequence[Any], zero: float,
-              simulated: bool = False) -> str:
+              simulated: bool = False,
+              invalid: Mapping[str, Sequence[str]] | None = None) -> str:
     lines = ["# dione run report" + (": SIMULATED" if simulated else ""), ""]
     if simulated:
         lines += [f"A virtual cluster ran this (`dione simulate`): no task trained; times are "
@@ -247,6 +249,11 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
         lines += ["", "## Failed and diverged tasks", ""]
         lines += [f"- {t.task} ({t.status}): "
                   f"{(t.error or '').splitlines()[0] if t.error else ''}" for t in failed]
+    if invalid:
+        lines += ["", "## Invalid tasks, never started", "",
+                  "Validation refused these tasks of the workload when the run (or its latest "
+                  "resume) started; fix them and `dione resume` to train them.", ""]
+        lines += [f"- {name}: " + "; ".join(problems) for name, problems in invalid.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -536,6 +536,18 @@ class RunStore(SQLiteFile):
 
     # -- the run ---------------------------------------------------------------------
 
+    def set_invalid(self, problems: Mapping[str, Sequence[str]]) -> None:
+        """The workload's tasks that validation refused when this run (or its latest
+        resume) started, each with its problems: never registered, never trained."""
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO run VALUES ('invalid', ?)",
+                       (json.dumps({k: list(v) for k, v in problems.items()}),))
+
+    def invalid(self) -> dict[str, list[str]]:
+        """``set_invalid``'s tasks and problems (empty: every task was valid)."""
+        row = self._db.execute("SELECT value FROM run WHERE key = 'invalid'").fetchone()
+        return {} if row is None else {str(k): list(v) for k, v in json.loads(row[0]).items()}
+
     @property
     def run_id(self) -> str:
         """A random name of this run, made once: its checkpoints' folder in a storage

@@ -117,7 +117,7 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
             try:
                 result = run_workload(tasks, cluster, run_dir, run.options, on_event=said,
                                       on_profile_event=profile_lines(), view=live.update,
-                                      launcher=launcher)
+                                      launcher=launcher, invalid=problems)
             except (RunDirError, ClusterError) as err:
                 raise BadInput(str(err)) from None
             finally:

@@ -28,6 +28,7 @@ def command(args: argparse.Namespace) -> int:
             tasks = summaries(store)
             running = [s for s in store.slices() if s.status == "running"]
             additions = store.additions("waiting", "refused")
+            invalid = store.invalid()
         plans = read_plans(run_dir)
     except (OSError, sqlite3.Error, ValueError) as err:
         raise BadInput(f"{run_dir} cannot be read ({type(err).__name__}: {err})") from None
@@ -47,5 +48,5 @@ def command(args: argparse.Namespace) -> int:
         launcher = "no launcher running"
     if (run_dir / SIMULATED_FILE).is_file():
         launcher = "SIMULATED on a virtual cluster (dione simulate): nothing trained"
-    print_status(run_dir, tasks, len(plans), running, launcher, additions)
+    print_status(run_dir, tasks, len(plans), running, launcher, additions, invalid)
     return 0
