@@ -171,9 +171,11 @@ def test_workload_file_lambdas_travel_by_value(tmp_path: Path) -> None:
 def test_devices_syntax() -> None:
     assert parse_devices("cpu:4") == ("cpu", 4)
     assert parse_devices(" cuda:2 ") == ("cuda", 2)
-    for bad in ("cpu:0", "gpu:2", "four", "cpu:"):
+    for bad in ("gpu:2", "four", "cpu:"):
         with pytest.raises(ClusterError, match=r"write e\.g\. 'cpu:4'"):
             parse_devices(bad)
+    with pytest.raises(ClusterError, match="the device count must be at least 1"):
+        parse_devices("cpu:0")
     cluster = local_cluster("cpu:3")
     assert [(n.kind, n.devices) for n in cluster] == [("cpu", 3)]
 

@@ -487,3 +487,8 @@ def test_the_leaderboard_ranks_tasks_stopped_early_after_those_that_ended() -> N
     board = _markdown(tasks, ["accuracy"], [], [], 0.0).split("## Leaderboard")[1]
     assert "| 1 | a | 0.8000 |" in board
     assert "| 3 | d | 0.9500 (stopped at step 10 of 40) |" in board
+    # The page shows the report's lists (stopped, failed tasks) as lists, not "- " text.
+    from dione.report.page import _markdown_tables
+
+    assert _markdown_tables("## Stopped early\n- b at step 10: <x>\n- d") == \
+        "<h2>Stopped early</h2>\n<ul><li>b at step 10: &lt;x&gt;</li><li>d</li></ul>"

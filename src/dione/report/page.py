@@ -26,9 +26,11 @@ def _image(path: Path, alt: str) -> str:
 
 
 def _markdown_tables(text: str) -> str:
-    """The summary's Markdown as HTML: headings, tables and paragraphs (all it holds)."""
+    """The summary's Markdown as HTML: headings, tables, lists and paragraphs (all it
+    holds)."""
     out: list[str] = []
     table: list[list[str]] = []
+    items: list[str] = []
 
     def flush() -> None:
         if table:
@@ -37,12 +39,22 @@ def _markdown_tables(text: str) -> str:
                        + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>"
                                  for row in rows) + "</table>")
             table.clear()
+        if items:
+            out.append("<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>")
+            items.clear()
 
     for line in text.splitlines():
         if line.startswith("|"):
+            if items:
+                flush()
             cells = [html.escape(c.strip()) for c in line.strip().strip("|").split("|")]
             if not all(set(c) <= {"-", ":", " "} for c in cells):
                 table.append(cells)
+            continue
+        if line.startswith("- "):
+            if table:
+                flush()
+            items.append(html.escape(line[2:]))
             continue
         flush()
         if line.startswith("#"):

@@ -97,10 +97,12 @@ _DEVICES = re.compile(r"^(?:(cpu|cuda):)?(\d+)$")
 def parse_devices(text: str) -> tuple[DeviceKind, int]:
     """Parse ``cpu:4``, ``cuda:2`` or ``4`` (the local kind) into (kind, count)."""
     match = _DEVICES.match(text.strip())
-    if not match or int(match.group(2)) < 1:
+    if not match:
         raise ClusterError(
             f"--devices {text!r} is not understood; write e.g. 'cpu:4', 'cuda:2' or '4'"
         )
+    if int(match.group(2)) < 1:
+        raise ClusterError(f"--devices {text!r}: the device count must be at least 1")
     kind = cast(DeviceKind, match.group(1) or local_device_kind())
     return kind, int(match.group(2))
 

@@ -104,6 +104,9 @@ def workload_of_task(run_dir: str | Path, task: str) -> str:
     added it from, else the one the run was started with."""
     from dione.state.store import STORE_FILE, RunStore
 
+    if not Path(run_dir).is_dir():
+        raise ExportError(f"{run_dir} does not exist; give the run directory that `dione run "
+                          "--out` (or dione.run's run_dir) wrote")
     if (Path(run_dir) / STORE_FILE).is_file():
         with RunStore(run_dir) as store:
             request = store.addition_of(task)
@@ -143,4 +146,8 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
                             and not (isinstance(v, float) and not math.isfinite(v)) else str(v)
                             for k, v in task.hyperparameters.items()},
     }, indent=1) + "\n")
+    if not callable(save_pretrained):
+        # safetensors writes its file readable by its owner only; an export is to be
+        # shared as the provenance beside it is (the user's umask).
+        (out / WEIGHTS_FILE).chmod((out / PROVENANCE_FILE).stat().st_mode & 0o777)
     return out
