@@ -10,6 +10,7 @@ from pathlib import Path
 from dione.cli.commands.run import execute
 from dione.cli.console import console
 from dione.cli.errors import BadInput
+from dione.cli.inputs import claimed
 from dione.cli.parser import run_options
 from dione.cli.saved_run import dashboard_places, load_saved_run
 
@@ -19,6 +20,8 @@ __all__ = ["command"]
 def command(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     saved = load_saved_run(run_dir)
+    with claimed(run_dir):  # a live launcher's directory: refused now, before torch loads
+        pass
     workload = args.workload or saved.workload
     if args.workload is None and not Path(workload).is_file():
         raise BadInput(f"{workload}, the workload this run started with, is not there: if "
