@@ -492,3 +492,13 @@ def test_the_leaderboard_ranks_tasks_stopped_early_after_those_that_ended() -> N
 
     assert _markdown_tables("## Stopped early\n- b at step 10: <x>\n- d") == \
         "<h2>Stopped early</h2>\n<ul><li>b at step 10: &lt;x&gt;</li><li>d</li></ul>"
+
+
+def test_a_task_that_trained_no_step_is_not_said_to_have_trained_exactly() -> None:
+    from dione.report.files import _markdown
+    from dione.state.summaries import TaskSummary
+
+    table = _markdown([TaskSummary("never", "failed", 0, 12),
+                       TaskSummary("some", "done", 12, 12)], [], [], [], 0.0)
+    assert "| never | failed | 0/12 | - | - | 0.0 | - | - |" in table
+    assert "| some | done | 12/12 | - | - | 0.0 | - | exact |" in table

@@ -219,7 +219,8 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
                       ", ".join(t.techniques) or "-",
                       "-" if t.final_loss is None else f"{t.final_loss:.4f}",
                       ", ".join(f"{k}={v:.4f}" for k, v in t.evaluation.items()) or "-",
-                      "exact" if not t.inexact and not any(s.inexactness for s in now)
+                      "-" if not t.steps and not now
+                      else "exact" if not t.inexact and not any(s.inexactness for s in now)
                       else "INEXACT",
                       "; ".join(f"{s.technique} on {s.node}:{s.device_ids} steps "
                                 f"{s.start_step}-{s.end_step} for "

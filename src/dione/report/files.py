@@ -208,6 +208,7 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
         lines.append(_row([t.task, t.status, f"{t.steps}/{t.total_steps}",
                            ", ".join(t.techniques) or "-", ", ".join(t.devices) or "-",
                            f"{t.seconds:.1f}", loss, *values,
+                           "-" if not t.steps else  # nothing trained: neither
                            "exact" if not t.inexact else "**inexact**"]))
     for metric in metrics:
         board = leaderboard(tasks, metric)

@@ -63,6 +63,7 @@ def digits_mlp(hidden: int = 128, depth: int = 3) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+@torch.no_grad()  # called by hand on a loaded model too: no graph, no warning
 def digits_accuracy(model: nn.Module) -> dict[str, float]:
     """Accuracy and mean cross-entropy on the held-out split."""
     inputs, labels = digits_test().tensors

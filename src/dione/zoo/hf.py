@@ -192,6 +192,7 @@ def _batches(data: DictDataset, limit: int, size: int = 64) -> list[dict[str, to
             for i in range(0, count, size)]
 
 
+@torch.no_grad()  # called by hand on a loaded model too: no graph, no warning
 def lm_validation_loss(model: Any, context: int = 32, limit: int = 256) -> dict[str, float]:
     """Mean next-byte cross-entropy (nats) on up to ``limit`` held-out windows."""
     device = next(model.parameters()).device
@@ -203,6 +204,7 @@ def lm_validation_loss(model: Any, context: int = 32, limit: int = 256) -> dict[
     return {"val_loss": total / count}
 
 
+@torch.no_grad()  # called by hand on a loaded model too: no graph, no warning
 def classification_accuracy(model: Any, context: int = 32,
                             limit: int = 512) -> dict[str, float]:
     """Accuracy on up to ``limit`` held-out windows (every module's last tenth)."""

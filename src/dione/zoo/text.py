@@ -64,6 +64,7 @@ def text_validation(context: int = 64) -> TensorDataset:
     return _windows(context, True)
 
 
+@torch.no_grad()  # called by hand on a loaded model too: no graph, no warning
 def text_validation_loss(model: nn.Module, context: int = 64, limit: int = 512) -> dict[str, float]:
     """Mean next-character cross-entropy (nats) on up to ``limit`` validation windows."""
     inputs, target = (t[:limit] for t in text_validation(context).tensors)
