@@ -117,7 +117,8 @@ def test_routine_skips_are_said_once_per_technique() -> None:
     original = views.console.print
     views.console.print = lambda text, *a, **k: printed.append(str(text))  # type: ignore
     try:
-        reason = ("the lighter setting activation_checkpointing=False fits in memory, and "
+        reason = ("the faster setting activation_checkpointing=False (its memory knobs off) "
+                  "fits in memory, and "
                   "this one only trades speed for memory")
         for label in ("fsdp x2 a", "fsdp x2 b", "gpipe x2 c", "fsdp x1 d"):
             show(ProfileEvent("skipped", label, ("t",), reason=reason))

@@ -150,7 +150,7 @@ class _Pass:
         if lighter is not None:
             self.covered[trial.spec.fingerprint] = lighter
             off = [f"{k}={v}" for k, v in lighter.knobs.items() if trial.spec.knobs[k] != v]
-            self.skip(trial, f"the lighter setting {', '.join(off)} "
+            self.skip(trial, f"the faster setting {', '.join(off)} (its memory knobs off) "
                       + ("fits in memory" if lighter.feasible else
                          f"failed ({lighter.status}), not for lack of memory")
                       + ", and this one only trades speed for memory")
