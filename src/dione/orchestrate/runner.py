@@ -551,14 +551,12 @@ class Runner:
         start = record.done_steps
         rule = record.task.stopping
         rung = None if rule is None else rule.next_rung(start, record.total)
-        evaluated = record.task.evaluation_steps(record.total)
         # A slice ends at each rung and each step the task evaluates after.
-        ends = [s for s in (rung, next((e for e in evaluated if e > start), None))
-                if s is not None]
-        if ends and start + steps >= min(ends):
-            steps = min(ends) - start
+        forced = next((s for s in record.task.slice_ends(record.total) if s > start), None)
+        if forced is not None and start + steps >= forced:
+            steps = forced - start
         end = start + steps
-        evaluates = end in evaluated
+        evaluates = end in record.task.evaluation_steps(record.total)
         predicted = self.estimates.option_seconds(a.task, option, steps, start > 0,
                                                   int(evaluates))
         running = RunningSlice(a, self.now(), start, end, self.now() + predicted,
