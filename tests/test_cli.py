@@ -394,11 +394,11 @@ def test_run_refuses_a_run_directory_another_workload_started(
 def test_a_damaged_run_json_does_not_lock_its_run_directory(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """dione run writes it anew (the way out its error names), with a warning."""
-    from dione.cli.commands.run import _same_workload
+    from dione.cli.saved_run import same_workload
 
     (tmp_path / "run.json").write_text("{not json")
     capsys.readouterr()
-    _same_workload(tmp_path, str(ROOT / "examples" / "demo.py"))
+    same_workload(tmp_path, str(ROOT / "examples" / "demo.py"))
     assert "it is written anew for" in capsys.readouterr().err
 
 

@@ -121,25 +121,18 @@ def _record_run(workload_file: str, run_dir: str, options: Any, devices: str | N
     from pathlib import Path
 
     from dione.cli.errors import BadInput
-    from dione.cli.saved_run import RUN_FILE, SavedRun, dashboard_places, load_saved_run
+    from dione.cli.saved_run import SavedRun, dashboard_places, same_workload
     from dione.orchestrate.options import claim_run_dir
 
     workload = str(Path(workload_file).resolve())
     folder = Path(run_dir)
-    if (folder / RUN_FILE).is_file():
-        try:
-            before: str | None = load_saved_run(folder).workload
-        except BadInput:  # damaged: written anew below
-            before = None
-        if before is not None and before != workload:
-            raise ValueError(f"{run_dir} holds a run of {before}, not {workload}: give another "
-                             f"run_dir, or continue that run with `dione resume {run_dir}`")
-    with claim_run_dir(folder):
-        try:
+    try:
+        same_workload(folder, workload)  # as `dione run` refuses it
+        with claim_run_dir(folder):
             SavedRun(workload, options, devices, ray,
                      *dashboard_places(tensorboard, mlflow)).write(folder)
-        except BadInput as err:
-            raise ValueError(str(err)) from None
+    except BadInput as err:
+        raise ValueError(str(err)) from None
 
 
 class _LivePage:

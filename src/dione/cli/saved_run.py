@@ -14,7 +14,7 @@ from dione.cli.parser import run_options
 if TYPE_CHECKING:
     from dione.orchestrate.options import RunOptions
 
-__all__ = ["SavedRun", "load_saved_run"]
+__all__ = ["SavedRun", "load_saved_run", "same_workload"]
 
 RUN_FILE = "run.json"
 
@@ -108,3 +108,20 @@ def dashboard_places(tensorboard: str | None, mlflow: str | bool | None
         mlflow = (os.environ.get("MLFLOW_TRACKING_URI")
                   or f"sqlite:///{Path('mlflow.db').resolve()}")
     return folder, mlflow or None
+
+
+def same_workload(run_dir: Path, workload: str) -> None:
+    """Refuse a run directory another workload started: its run.json would be
+    overwritten (``resume`` and ``export`` would read the wrong workload) and the two
+    workloads' tasks mixed in one store and report."""
+    if not (run_dir / RUN_FILE).is_file():
+        return
+    try:
+        before = load_saved_run(run_dir).workload
+    except BadInput as err:  # damaged: this run writes it anew (the way out it names)
+        complain("warning", f"{err}; it is written anew for {workload}")
+        return
+    if before != workload:
+        raise BadInput(f"{run_dir} holds a run of {before}, not {workload}: give a new run "
+                       f"directory (--out), or continue that run with `dione resume {run_dir}` "
+                       f"(adding `--workload {workload}` if its workload moved there)")

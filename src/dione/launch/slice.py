@@ -327,11 +327,6 @@ def _record_finished(db: RunStore, slice_id: int, request: SliceRequest, spec: S
     db.finish_slice(slice_id, lead.losses, lead.step_seconds, lead.checkpoint,
                     {**lead.timings, "wall": seconds}, max(peak), lead.evaluation,
                     evaluation_error and f"evaluation failed:\n{evaluation_error}")
-    if evaluation_error:
-        record = db.task(task.name)  # registered by ``_slice_spec``
-        done = record is not None and spec.end_step == record.total_steps
-        db.set_task_status(task.name, "done" if done else "pending",
-                           f"evaluation failed:\n{evaluation_error}")
     gone = prune_checkpoints(db.checkpoint_root(request.storage), task.name,
                              request.keep_checkpoints,
                              [c.path for c in db.checkpoints(task.name)])

@@ -437,8 +437,8 @@ class RunStore(SQLiteFile):
         evaluation_error: str | None = None,
     ) -> None:
         """In one transaction: the slice's metrics, checkpoint, evaluation and status
-        (``evaluation_error``: why its evaluation failed, kept as the done slice's error;
-        its training stands)."""
+        (``evaluation_error``: why its evaluation failed, kept as the done slice's error
+        and the task's; its training stands)."""
         record = self.slice(slice_id)
         with self._transaction() as db:
             db.executemany(
@@ -463,8 +463,8 @@ class RunStore(SQLiteFile):
             total = db.execute("SELECT total_steps FROM tasks WHERE name = ?",
                                (record.task,)).fetchone()[0]
             status = "done" if record.end_step >= total else "pending"
-            db.execute("UPDATE tasks SET status = ?, error = NULL, updated_at = ? WHERE name = ?",
-                       (status, clock.now(), record.task))
+            db.execute("UPDATE tasks SET status = ?, error = ?, updated_at = ? WHERE name = ?",
+                       (status, evaluation_error, clock.now(), record.task))
 
     def diverge_slice(
         self, slice_id: int, losses: Sequence[float], step_seconds: Sequence[float], error: str,

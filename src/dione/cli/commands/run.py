@@ -11,7 +11,7 @@ from dione.cli.console import complain, console
 from dione.cli.errors import EXIT_FAILED, BadInput
 from dione.cli.inputs import claimed, default_run_dir, ray_launcher, valid_tasks
 from dione.cli.parser import run_options
-from dione.cli.saved_run import RUN_FILE, SavedRun, dashboard_places, load_saved_run
+from dione.cli.saved_run import SavedRun, dashboard_places, same_workload
 from dione.cli.views import print_results, print_sequential_results, profile_lines
 
 __all__ = ["command", "execute"]
@@ -29,23 +29,6 @@ def command(args: argparse.Namespace) -> int:
     run = SavedRun(str(Path(args.workload).resolve()), options, args.devices, args.ray,
                    tensorboard, mlflow)
     return execute(args.workload, run, run_dir, record=run)
-
-
-def _same_workload(run_dir: Path, workload: str) -> None:
-    """Refuse a run directory another workload started: its run.json would be
-    overwritten (``resume`` and ``export`` would read the wrong workload) and the two
-    workloads' tasks mixed in one store and report."""
-    if not (run_dir / RUN_FILE).is_file():
-        return
-    try:
-        before = load_saved_run(run_dir).workload
-    except BadInput as err:  # damaged: this run writes it anew (the way out it names)
-        complain("warning", f"{err}; it is written anew for {workload}")
-        return
-    if before != workload:
-        raise BadInput(f"{run_dir} holds a run of {before}, not {workload}: give a new run "
-                       f"directory (--out), or continue that run with `dione resume {run_dir}` "
-                       f"(adding `--workload {workload}` if its workload moved there)")
 
 
 def _moved_not_another(run_dir: Path, before: str, workload: str, names: set[str]) -> None:
@@ -93,7 +76,7 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
         _moved_not_another(run_dir, replacing, workload_file,
                            {t.name for t in tasks} | {p.task for p in problems if p.task})
     if record:  # once the workload and devices are known good: their errors come first
-        _same_workload(run_dir, replacing or record.workload)
+        same_workload(run_dir, replacing or record.workload)
     with claimed(run_dir):
         from dione.report.dashboards import open_dashboards
 
