@@ -342,7 +342,17 @@ def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(
     assert said in out
     with RunStore(run_dir) as store:
         statuses = [s.status for s in store.slices()]
+        cut = {s.task for s in store.slices() if s.status == "interrupted"}
     assert "running" not in statuses and "interrupted" in statuses
+    # `dione status` reads a stopped run as it reads a killed one: the task cut short is
+    # interrupted (not pending), and resume is named.
+    status = subprocess.run([sys.executable, "-m", "dione.cli", "status", str(run_dir)],
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0 and "stopped before its end" in status.stdout, status
+    rows = {line.split("│")[1].strip(): line for line in status.stdout.splitlines()
+            if line.count("│") > 3}
+    assert cut and all("interrupted" in rows[task] for task in cut), status.stdout
+
     hold.unlink()
     if signum != signal.SIGINT:
         return

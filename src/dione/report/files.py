@@ -16,7 +16,7 @@ from typing import Any
 from dione.orchestrate.plans import AdoptedPlan, read_plans
 from dione.state.private import private_dir
 from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, SliceRecord
-from dione.state.summaries import TaskSummary, error_line, summaries
+from dione.state.summaries import TaskSummary, as_left, error_line, summaries
 
 __all__ = ["MetricsWritten", "lower_is_better", "report_after_run", "write_report"]
 
@@ -97,9 +97,8 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
         invalid = store.invalid()
         curves = {t.task: store.loss_curve(t.task, CURVE_POINTS) for t in tasks}
         evaluated = {t.task: store.evaluations(t.task) for t in tasks}
-    if gone:  # a task its dead launcher left running waits for `dione resume`
-        tasks = [replace(t, status="interrupted") if t.status == "running" else t
-                 for t in tasks]
+    if gone:  # a task its launcher left unfinished waits for `dione resume`
+        tasks = as_left(tasks)
     metrics = sorted({m for t in tasks for m in t.evaluation})
     with open(folder / "summary.csv", "w", newline="") as out:
         writer = csv.writer(out)

@@ -10,7 +10,7 @@ from typing import Any
 
 from dione.state.store import RunStore, SliceRecord
 
-__all__ = ["TaskSummary", "error_line", "inexact_spans", "summaries"]
+__all__ = ["TaskSummary", "as_left", "error_line", "inexact_spans", "summaries"]
 
 
 @dataclass
@@ -32,6 +32,7 @@ class TaskSummary:
     device_counts: list[int] = field(default_factory=list)  # of the slices that trained it
     # How its steps that did not train as single would trained (empty: all did).
     inexact: list[str] = field(default_factory=list)
+    cut_short: bool = False  # its latest slice was interrupted
 
     @property
     def trained(self) -> str:
@@ -85,8 +86,22 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
             techniques, devices, sum((s.ended_at or s.started_at) - s.started_at for s in done),
             loss, store.evaluation(record.name),
             dict(record.hyperparameters), record.error, latest.path if latest else None,
-            sorted({len(s.device_ids) for s in done}), inexact_spans(done)))
+            sorted({len(s.device_ids) for s in done}), inexact_spans(done),
+            bool(slices) and slices[-1].status in ("interrupted", "running")))
     return result
+
+
+def as_left(tasks: Sequence[TaskSummary]) -> list[TaskSummary]:
+    """The tasks as a run whose launcher is gone left them: one it was training (the
+    store still says ``running``: the launcher was killed) or had begun and not ended
+    (``pending`` with steps trained or its slice cut short: stopped by Ctrl-C or
+    SIGTERM) is ``interrupted``, so that both ways of stopping a run read alike; `dione
+    resume` continues each."""
+    from dataclasses import replace
+
+    return [replace(t, status="interrupted")
+            if t.status == "running" or (t.status == "pending" and (t.steps or t.cut_short))
+            else t for t in tasks]
 
 
 def error_line(error: str) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 from dione.cli.errors import BadInput
@@ -18,7 +17,7 @@ def command(args: argparse.Namespace) -> int:
     from dione.orchestrate.plans import read_plans
     from dione.state.lock import lock_holder
     from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore
-    from dione.state.summaries import summaries
+    from dione.state.summaries import as_left, summaries
 
     run_dir = Path(args.run_dir)
     if not (run_dir / STORE_FILE).is_file():
@@ -33,6 +32,7 @@ def command(args: argparse.Namespace) -> int:
     except (OSError, sqlite3.Error, ValueError) as err:
         raise BadInput(f"{run_dir} cannot be read ({type(err).__name__}: {err})") from None
     holder = lock_holder(run_dir)
+    unfinished = [t for t in tasks if t.status in ("running", "pending", "paused")]
     if holder is not None and holder.alive:
         launcher = f"live: launcher pid {holder.pid} on {holder.host}"
     elif running or any(t.status == "running" for t in tasks):
@@ -42,8 +42,12 @@ def command(args: argparse.Namespace) -> int:
                     + (f"(pid {holder.pid} on {holder.host}) " if holder is not None else "")
                     + "is gone; `dione resume` continues from the last checkpoints")
         running = []
-        tasks = [dataclasses.replace(t, status="interrupted") if t.status == "running"
-                 else t for t in tasks]
+        tasks = as_left(tasks)
+    elif unfinished:
+        # Stopped cleanly (Ctrl-C, SIGTERM) before its end: read as a killed run reads.
+        launcher = ("no launcher running: the run stopped before its end; `dione resume` "
+                    "continues it from the last checkpoints")
+        tasks = as_left(tasks)
     else:
         launcher = "no launcher running"
     if (run_dir / SIMULATED_FILE).is_file():
