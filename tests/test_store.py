@@ -176,3 +176,19 @@ def test_a_long_curve_is_read_in_windows_and_its_last_loss_alone(tmp_path: Path)
                 assert mean == pytest.approx(sum(values) / 10)
         assert store.metrics("t", after=97) == [(98, losses[97], 0.1), (99, losses[98], 0.1),
                                                 (100, losses[99], 0.1)]
+
+
+def test_a_task_diverged_in_its_first_slice_shows_what_it_trained_under(tmp_path: Path) -> None:
+    """Its only slice diverged: the summary (status, report) names that slice's technique
+    and devices, not '-'."""
+    import math
+
+    from dione.state.summaries import summaries
+
+    with RunStore(tmp_path) as store:
+        store.register_task("t", 4, 8)
+        slice_id = store.begin_slice("t", "ddp", {}, "n0", [0, 1], 0, 4)
+        store.diverge_slice(slice_id, [1.0, math.nan], [0.1, 0.1], "loss nan at step 2")
+        (summary,) = summaries(store)
+    assert summary.status == "diverged" and summary.techniques == ["ddp"]
+    assert summary.devices == ["n0:0,1"]

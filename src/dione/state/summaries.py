@@ -67,7 +67,9 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
         done = [s for s in slices if s.status == "done"]
         techniques: list[str] = []
         devices: list[str] = []
-        for s in done:
+        # What trained it: a slice that diverged trained too (its task's only one where
+        # the first slice diverged).
+        for s in (s for s in slices if s.status in ("done", "diverged")):
             if not techniques or techniques[-1] != s.technique:
                 techniques.append(s.technique)
             where = f"{s.node}:{','.join(map(str, s.device_ids))}"
