@@ -499,3 +499,28 @@ def test_running_out_of_cpu_memory_is_recorded_as_out_of_memory() -> None:
                                 "MemoryError")) == "oom"
     assert _classify(SliceError("rank 0 (device 0) raised ValueError: bad", "raised",
                                 "ValueError")) == "crash"
+
+
+def test_the_profile_table_says_routine_skips_and_untried_techniques_once(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Settings skipped by design (only trading speed for memory, a lighter one fit) are
+    one row a task, not one each (407 lines for 4 tasks), and a technique not tried for
+    the same reason for every task is said once below the table, naming them."""
+    from dione.cli.views import print_profile
+    from dione.profile.results import NotApplicable, Profile, Skipped, TaskProfile
+    from dione.spec.cluster import local_cluster
+
+    routine = ("the faster setting accumulation=1 (its memory knobs off) fits in memory, "
+               "and this one only trades speed for memory")
+    tasks = [TaskProfile(
+        name, name, 10,
+        skipped=[Skipped("ddp", f"ddp x2 [accumulation={a}]", routine) for a in (2, 4, 8)]
+        + [Skipped("fsdp", "fsdp x2", "the profiling budget ran out")],
+        not_applicable=[NotApplicable("xpipe", 2, "xpipe is asynchronous; allow_inexact")])
+        for name in ("t0", "t1")]
+    print_profile(Profile(local_cluster("cpu:2"), tasks))
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.count("3 setting(s) that only trade speed for memory skipped") == 2, out
+    assert "accumulation=4" not in out and out.count("the profiling budget ran out") == 2
+    assert out.count("xpipe is asynchronous") == 1, out
+    assert "not tried: xpipe for t0, t1: xpipe is asynchronous; allow_inexact" in out

@@ -123,6 +123,7 @@ def print_profile(profile: Any) -> None:
     for column in ("task", "technique", "devices", "knobs", "ms/step", "spread",
                    "seconds (all steps)", "peak MiB", "note"):
         table.add_column(column, overflow="fold")
+    not_tried: dict[tuple[str, str], list[str]] = {}
     for task in profile.tasks:
         if task.error:
             table.add_row(task.task, "-", "-", "-", "-", "-", "-", "-",
@@ -144,12 +145,21 @@ def print_profile(profile: Any) -> None:
                 f"{record.spread:.0%}" if record.spread is not None else "-", seconds,
                 f"{record.peak_memory_bytes / 2**20:.0f}" if record.peak_memory_bytes else "-",
                 note)
+        routine = [skip for skip in task.skipped if skip.reason.endswith(_ROUTINE_SKIP)]
         for skip in task.skipped:
-            table.add_row(task.task, skip.label, "", "", "", "", "", "",
-                          f"skipped: {skip.reason}")
-        for technique, reason in task.not_tried():
-            table.add_row(task.task, technique, "", "", "", "", "", "", f"not tried: {reason}")
+            if skip not in routine:
+                table.add_row(task.task, skip.label, "", "", "", "", "", "",
+                              f"skipped: {skip.reason}")
+        if routine:  # by design on every profile: one row, not one per setting
+            techniques = sorted({skip.technique for skip in routine})
+            table.add_row(task.task, ", ".join(techniques), "", "", "", "", "", "",
+                          f"{len(routine)} setting(s) that only trade speed for memory "
+                          "skipped: a lighter one fits in memory")
+        for technique, reason in task.not_tried():  # said once below, for every task
+            not_tried.setdefault((technique, reason), []).append(task.task)
     console.print(table)
+    for (technique, reason), names in not_tried.items():
+        console.print(Text(f"not tried: {technique} for {_task_list(names)}: {reason}"))
 
 
 def print_results(result: Any, run_dir: Path) -> None:
