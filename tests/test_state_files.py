@@ -157,6 +157,32 @@ def test_a_run_json_out_of_range_or_of_the_wrong_type_is_refused(
         assert code == 2 and f"run option {field}=" in said, said
 
 
+def test_resume_of_a_run_a_live_launcher_holds_is_refused_with_its_pid(
+        trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """`dione resume` on a directory another launcher is running: refused before it
+    loads anything (exit 2, the holder's pid named), the run's files untouched."""
+    workload, run_dir = trained
+    from dione.cli.saved_run import SavedRun
+    from dione.orchestrate import RunOptions
+
+    SavedRun(str(workload), RunOptions()).write(run_dir)
+    store_before = (run_dir / "dione.sqlite").read_bytes()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from dione.state.lock import RunLock\n"
+         "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)",
+         str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        capsys.readouterr()
+        code, said = run(capsys, "resume", str(run_dir))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == 2 and "in use by another dione launcher" in said, said
+    assert f"pid {holder.pid}" in said and "Traceback" not in said
+    assert (run_dir / "dione.sqlite").read_bytes() == store_before
+
+
 def test_the_lock_cannot_be_bypassed_by_deleting_it_nor_followed_through_a_symlink(
         tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
@@ -189,6 +215,15 @@ def test_the_lock_cannot_be_bypassed_by_deleting_it_nor_followed_through_a_symli
     finally:
         holder.kill()
         holder.wait()
+    found = lock_holder(run_dir)
+    assert found is not None and not found.alive
+    # As every command and dione.run take it: held in the block, free after it (it was
+    # held until the process ended).
+    from dione.orchestrate.options import claim_run_dir
+
+    with claim_run_dir(run_dir):
+        found = lock_holder(run_dir)
+        assert found is not None and found.alive and found.pid == os.getpid()
     found = lock_holder(run_dir)
     assert found is not None and not found.alive
 

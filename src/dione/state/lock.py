@@ -160,7 +160,11 @@ class RunLock:
             self._fd = None
 
     def __enter__(self) -> RunLock:
-        self.acquire()
+        # ``with claim_run_dir(d):`` enters a lock already taken: taking it again nested
+        # left it held after the block (a Python session that ran dione kept every run
+        # directory locked, and `dione status` called its finished runs live).
+        if self._fd is None and not self._nested:
+            self.acquire()
         return self
 
     def __exit__(self, *exc: object) -> None:
