@@ -434,3 +434,38 @@ def test_a_task_no_node_holds_is_left_out_of_plan_and_simulate_and_said(
     assert status == 0 and "left out" in err and "1 tasks, 1 done" in out
     status, err = refused(capsys, "plan", str(bare))  # plan reads the file's own cluster
     assert status == 2 and "cluster: must be" in err
+
+
+DOUBTFUL_RULE = '''
+import functools, torch
+from dione import Asha, Task, Workload
+from dione.zoo import digits_mlp, digits_train
+from dione.zoo.digits import digits_accuracy
+
+def task(name, rule):
+    return Task(name=name, model=digits_mlp, data=digits_train,
+                loss=torch.nn.functional.cross_entropy, evaluate=digits_accuracy,
+                optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=16,
+                steps=8, stopping=rule)
+
+workload = Workload([task("a", Asha(metric="accuracy", min_steps=2)),
+                     task("b", Asha(metric="accuracy", min_steps=2)),
+                     task("c", Asha(metric="accuracy", min_steps=2, mode="max"))])
+'''
+
+
+def test_validate_warns_of_a_rule_judging_its_metric_the_other_way(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`accuracy` under the default mode="min" stops the most accurate tasks: valid (a
+    user may mean it), but said once for the tasks it applies to, with the fix."""
+    from dione.spec.metrics import direction_by_name, doubtful_direction
+
+    file = tmp_path / "rule.py"
+    file.write_text(DOUBTFUL_RULE)
+    status, out, _ = in_process(capsys, "validate", str(file))
+    said = " ".join(out.split())
+    assert status == 0 and "no problems" in said, said
+    assert said.count("warning:") == 1 and "warning: a, b: its stopping rule judges " \
+        "'accuracy' with mode='min'" in said and "Set mode='max'" in said, said
+    assert doubtful_direction("val_loss", "max") and not doubtful_direction("val_loss", "min")
+    assert direction_by_name("throughput") is None and not doubtful_direction("x", "max")

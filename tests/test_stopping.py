@@ -502,3 +502,18 @@ def test_a_task_that_trained_no_step_is_not_said_to_have_trained_exactly() -> No
                        TaskSummary("some", "done", 12, 12)], [], [], [], 0.0)
     assert "| never | failed | 0/12 | - | - | 0.0 | - | - |" in table
     assert "| some | done | 12/12 | - | - | 0.0 | - | exact |" in table
+
+
+def test_a_run_records_each_judged_metric_s_direction_and_questions_a_doubtful_one(
+        tmp_path: Path) -> None:
+    """The store keeps the direction the rule judges its metric by (the leaderboards
+    rank by it), and a rule judging `val_accuracy` with mode="min" is questioned once
+    for the tasks that share it, as the run starts."""
+    events: list[RunEvent] = []
+    simulate(small_problem(3), tmp_path / "run", scenario=Scenario(seed=3), steps=30,
+             options=SIMULATED, stopping=Asha(metric="val_accuracy", min_steps=10),
+             on_event=events.append)
+    doubts = [e for e in events if e.kind == "stopping_rule_doubtful"]
+    assert len(doubts) == 1 and "Set mode='max'" in doubts[0].message, doubts
+    with RunStore(tmp_path / "run") as store:
+        assert store.directions() == {"val_accuracy": "min"}

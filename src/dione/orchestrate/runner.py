@@ -39,6 +39,7 @@ from dione.plan.plan import Assignment
 from dione.plan.problem import Busy, PlanningProblem
 from dione.profile.results import Profile
 from dione.spec.cluster import Cluster
+from dione.spec.metrics import doubtful_direction
 from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
 from dione.state.store import RunStore
@@ -79,6 +80,7 @@ class Runner:
         self.view = view
         self.store = RunStore(run_dir)
         self.store.recover_interrupted()
+        self._doubted: set[str] = set()  # rules whose direction a warning questioned
         records = {}
         for task in tasks:
             try:
@@ -129,6 +131,14 @@ class Runner:
         failed where profiling found no way to train it."""
         total = self.profile.task(task.name).total_steps
         self.store.register_task(task.name, total, task.batch_size, task.hyperparameters)
+        rule = task.stopping
+        if rule is not None and rule.metric != "loss":  # the leaderboards rank by it
+            self.store.add_directions({rule.metric: rule.mode})
+            doubt = doubtful_direction(rule.metric, rule.mode)
+            if doubt and repr(rule) not in self._doubted:  # once a rule, not once a task
+                self._doubted.add(repr(rule))
+                self.emit(RunEvent("stopping_rule_doubtful", f"{task.name} (and the tasks "
+                                   f"that share its rule): {doubt}", task.name))
         latest = self.store.latest_checkpoint(task.name)
         done = latest.step if latest else 0
         stored = self.store.task(task.name)

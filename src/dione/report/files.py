@@ -21,9 +21,16 @@ from dione.state.summaries import TaskSummary, as_left, error_line, summaries
 __all__ = ["MetricsWritten", "lower_is_better", "report_after_run", "write_report"]
 
 
-def lower_is_better(metric: str) -> bool:
-    """Whether a smaller value of ``metric`` is better (losses, errors, perplexities)."""
-    return any(word in metric.lower() for word in ("loss", "error", "perplexity", "mse", "mae"))
+def lower_is_better(metric: str, directions: Mapping[str, str] | None = None) -> bool:
+    """Whether a smaller value of ``metric`` is better: as the run's stopping rules (or
+    its Optuna study) judge it (``directions``: metric -> "min"/"max", the store's),
+    else guessed from its name (losses, errors, nll, mse...; higher where it says
+    neither)."""
+    if directions and metric in directions:
+        return directions[metric] == "min"
+    from dione.spec.metrics import direction_by_name
+
+    return direction_by_name(metric) == "min"
 
 
 def _launcher_gone(run_dir: Path) -> bool:
@@ -95,6 +102,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
         _write_metrics(store, folder / "metrics.csv", wanted, written)
         tasks = summaries(store, wanted)
         invalid = store.invalid()
+        directions = store.directions()
         curves = {t.task: store.loss_curve(t.task, CURVE_POINTS) for t in tasks}
         evaluated = {t.task: store.evaluations(t.task) for t in tasks}
     if gone:  # a task its launcher left unfinished waits for `dione resume`
@@ -114,7 +122,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
                              (t.error or "").splitlines()[0] if t.error else ""])
     simulated = (run_dir / SIMULATED_FILE).is_file()
     (folder / "summary.md").write_text(_markdown(tasks, metrics, plans, slices, zero,
-                                                 simulated, invalid))
+                                                 simulated, invalid, directions))
     from dione.report.gantt import draw_gantt
 
     draw_gantt(plans[0] if plans else None, slices, zero, folder / "gantt.png", simulated)
@@ -173,19 +181,22 @@ def report_after_run(run_dir: str | Path, names: Sequence[Any]) -> str | None:
     return None
 
 
-def leaderboard(tasks: Sequence[TaskSummary], metric: str) -> list[TaskSummary]:
-    """Tasks with ``metric``, best first: those that trained to their end, then those
-    ended before it (stopped at a rung: their value is that rung's, not comparable with
-    a final one). A diverged task is ranked by no metric: it is listed after the board."""
+def leaderboard(tasks: Sequence[TaskSummary], metric: str,
+                directions: Mapping[str, str] | None = None) -> list[TaskSummary]:
+    """Tasks with ``metric``, best first (``directions``: as ``lower_is_better``): those
+    that trained to their end, then those ended before it (stopped at a rung: their
+    value is that rung's, not comparable with a final one). A diverged task is ranked by
+    no metric: it is listed after the board."""
     scored = [t for t in tasks if metric in t.evaluation and t.status != "diverged"]
-    return sorted(scored, key=lambda t: (t.steps < t.total_steps, t.evaluation[metric]
-                                         * (1 if lower_is_better(metric) else -1)))
+    sign = 1 if lower_is_better(metric, directions) else -1
+    return sorted(scored, key=lambda t: (t.steps < t.total_steps, t.evaluation[metric] * sign))
 
 
 def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
               plans: Sequence[AdoptedPlan], slices: Sequence[Any], zero: float,
               simulated: bool = False,
-              invalid: Mapping[str, Sequence[str]] | None = None) -> str:
+              invalid: Mapping[str, Sequence[str]] | None = None,
+              directions: Mapping[str, str] | None = None) -> str:
     lines = ["# dione run report" + (": SIMULATED" if simulated else ""), ""]
     if simulated:
         lines += [f"A virtual cluster ran this (`dione simulate`): no task trained; times are "
@@ -210,9 +221,11 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                            "-" if not t.steps else  # nothing trained: neither
                            "exact" if not t.inexact else "**inexact**"]))
     for metric in metrics:
-        board = leaderboard(tasks, metric)
-        order = "lower" if lower_is_better(metric) else "higher"
-        lines += ["", f"## Leaderboard by {metric} ({order} is better)", "",
+        board = leaderboard(tasks, metric, directions)
+        order = "lower" if lower_is_better(metric, directions) else "higher"
+        why = ("as the run's stopping rule judges it" if directions and metric in directions
+               else "guessed from its name: a stopping rule on it would set it")
+        lines += ["", f"## Leaderboard by {metric} ({order} is better, {why})", "",
                   "| rank | task | " + metric + " | hyperparameters | trained |",
                   "| --- | --- | --- | --- | --- |"]
         for rank, t in enumerate(board, 1):

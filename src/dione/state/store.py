@@ -548,6 +548,22 @@ class RunStore(SQLiteFile):
         row = self._db.execute("SELECT value FROM run WHERE key = 'invalid'").fetchone()
         return {} if row is None else {str(k): list(v) for k, v in json.loads(row[0]).items()}
 
+    def add_directions(self, directions: Mapping[str, str]) -> None:
+        """Which way each metric is better ("min" or "max"), as the tasks' stopping
+        rules (or an Optuna study) judge it, for the leaderboards; a metric already
+        recorded keeps its first direction."""
+        known = self.directions()
+        fresh = {m: d for m, d in directions.items() if m not in known}
+        if fresh:
+            with self._transaction() as db:
+                db.execute("INSERT OR REPLACE INTO run VALUES ('directions', ?)",
+                           (json.dumps({**known, **fresh}, sort_keys=True),))
+
+    def directions(self) -> dict[str, str]:
+        """``add_directions``'s metrics and their directions (empty: none recorded)."""
+        row = self._db.execute("SELECT value FROM run WHERE key = 'directions'").fetchone()
+        return {} if row is None else {str(k): str(v) for k, v in json.loads(row[0]).items()}
+
     @property
     def run_id(self) -> str:
         """A random name of this run, made once: its checkpoints' folder in a storage

@@ -13,6 +13,7 @@ __all__ = ["command"]
 
 def command(args: argparse.Namespace) -> int:
     from dione.spec.cluster import ClusterError, local_cluster
+    from dione.spec.metrics import doubtful_direction
     from dione.spec.validate import WorkloadError
     from dione.techniques.validation import valid_tasks
 
@@ -33,6 +34,14 @@ def command(args: argparse.Namespace) -> int:
             refused.setdefault((technique, why), []).append(task.name)
     for (technique, why), names in refused.items():
         console.print(f"  {technique} will not train {', '.join(names)}: {why}")
+    doubted: dict[str, list[str]] = {}  # a stopping rule judging its metric the other way
+    for task in tasks:
+        rule = task.stopping
+        doubt = rule and rule.metric != "loss" and doubtful_direction(rule.metric, rule.mode)
+        if doubt:
+            doubted.setdefault(doubt, []).append(task.name)
+    for doubt, names in doubted.items():
+        console.print(f"  warning: {', '.join(names)}: {doubt}")
     if devices is not None:  # allowed single: trained on fewer devices, not refused
         from dione.spec.batch import split_problem
 
