@@ -7,6 +7,7 @@ import functools
 from pathlib import Path
 
 import optuna
+import pytest
 import torch
 
 import dione.optuna
@@ -139,3 +140,56 @@ def test_a_malformed_pruning_rule_is_named_as_every_rule_is() -> None:
     assert "metric must be 'loss' or a name evaluate() returns" in said
     assert rule.mode == "max"
     assert dione.optuna.OptunaPruning(study, {}, report_every=5).mistakes() == []
+
+
+def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Path) -> None:
+    """A metric the evaluation does not return fails every trial (FAIL). Calling optimize
+    again trained them again and crashed reporting to finished trials; now they are not
+    trained again, and with ``retry_failed=True`` (the metric fixed) each configuration is
+    a new trial, trained and told; a second retry proposes none twice. A report_every
+    past the task's end is named as such, not as the user's function's fault."""
+    from dione.zoo.digits import digits_accuracy
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(storage=storage, study_name="typo", direction="maximize",
+                                pruner=optuna.pruners.NopPruner())
+    for lr in (0.01, 0.02):
+        study.enqueue_trial({"lr": lr})
+
+    def build(trial: optuna.trial.Trial) -> dione.Task:
+        lr = trial.suggest_float("lr", 1e-3, 3e-2, log=True)
+        return digits_task("digits", steps=8, techniques=("single",), evaluate=digits_accuracy,
+                           optimizer=functools.partial(torch.optim.Adam, lr=lr))
+
+    options = dict(report_every=4, run_dir=str(tmp_path / "run"), devices="cpu:2",
+                   quiet=True, catalog=str(tmp_path / "catalog.sqlite"), time_limit=2.0,
+                   trial=TrialOptions(warmup_steps=1, measure_steps=2))
+    dione.optuna.optimize(study, build, n_trials=2, metric="acc", **options)
+    assert [t.state for t in study.get_trials()] == [optuna.trial.TrialState.FAIL] * 2
+    with pytest.raises(ValueError, match="no trial of this run is left to train"):
+        dione.optuna.optimize(study, build, n_trials=2, metric="accuracy", **options)
+    result = dione.optuna.optimize(study, build, n_trials=2, metric="accuracy",
+                                   retry_failed=True, **options)
+    trials = study.get_trials()
+    assert [t.number for t in trials] == [0, 1, 2, 3]
+    for retry in trials[2:]:
+        assert retry.state == optuna.trial.TrialState.COMPLETE
+        original = trials[retry.user_attrs["dione_retry_of"]]
+        assert retry.params == original.params
+        assert retry.value == result.task(f"trial-{retry.number}").evaluation["accuracy"]
+    dione.optuna.optimize(study, build, n_trials=2, metric="accuracy", retry_failed=True,
+                          **options)
+    assert len(study.get_trials()) == 4
+    # A trial's trained model, its task built again from the trial's parameters (the run
+    # has no workload file; export says so and names this).
+    model = dione.optuna.load(study, build, 3, run_dir=str(tmp_path / "run"))
+    assert digits_accuracy(model)["accuracy"] == trials[3].value
+    from dione.cli import main
+
+    assert main(["export", str(tmp_path / "run"), "trial-3", "-o", str(tmp_path / "x")]) == 2
+
+    late = optuna.create_study(direction="minimize")
+    with pytest.raises(ValueError, match=r"report_every=40 leaves no report before the "
+                                         r"task's last step \(8\)"):
+        dione.optuna.optimize(late, build, n_trials=1, **{**options, "report_every": 40,
+                                                          "run_dir": str(tmp_path / "late")})

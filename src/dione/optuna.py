@@ -38,7 +38,7 @@ from typing import Any
 from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
 
-__all__ = ["OptunaPruning", "optimize"]
+__all__ = ["OptunaPruning", "load", "optimize"]
 
 _TASK = "dione_task"  # the trial's user attribute naming its task
 _RUN = "dione_run"  # ... and the run directory that trains it
@@ -152,14 +152,17 @@ def _ask(study: Any, run_dir: str) -> Any:
 
 def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
              report_every: int, metric: str = "loss", run_dir: str = "runs/optuna",
-             in_flight: int | None = None, **run: Any) -> Any:
+             in_flight: int | None = None, retry_failed: bool = False, **run: Any) -> Any:
     """Train ``n_trials`` of ``study``, each the task ``make_task(trial)`` builds, as one
     dione run in ``run_dir`` (``run``: ``dione.run``'s other arguments: devices, ray,
     options); see the module's docstring. ``in_flight``: at most this many trials
     asked and not yet told at once (the sampler proposes the next as each is told, so a
     sequential sampler such as TPE learns from this run's results); None: all
-    ``n_trials`` at once, which dione plans together. Returns ``dione.run``'s result;
-    the study holds each trial's outcome."""
+    ``n_trials`` at once, which dione plans together. A trial told FAIL is final, as
+    in Optuna; ``retry_failed``: each trial of this run that failed (not one that
+    diverged: its configuration would again) is proposed again as a new trial with its
+    parameters (after the cause was fixed), in its place among the ``n_trials``.
+    Returns ``dione.run``'s result; the study holds each trial's outcome."""
     try:
         import optuna
     except ImportError as err:
@@ -177,13 +180,19 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     where = str(Path(run_dir).resolve())
     trials = _asked_before(study, where)
     _tell_ended(study, trials, run_dir, metric)  # an interrupted call's, not yet told
+    failed_before = _failed(study, trials)
+    if retry_failed:  # each proposed again (Optuna asks enqueued trials first)
+        trials = [t for t in trials if t.number not in failed_before]
+        for params, number in _to_retry(study, run_dir, failed_before):
+            study.enqueue_trial(params, user_attrs={"dione_retry_of": number})
     told = _finished(study)
     want = n_trials if in_flight is None else min(n_trials, max(
         len(trials), in_flight + sum(t.number in told for t in trials)))
     trials += [_ask(study, where) for _ in range(want - len(trials))]
-    # A trial the user's function could not build (told FAIL then) never was a task.
-    by_task = {str(t.user_attrs[_TASK]): t for t in trials
-               if _BUILD_ERROR not in t.user_attrs}
+    # A trial told FAIL is final (Optuna's trials cannot be reported to or told again):
+    # its task is not trained again, whether it failed to build or to train.
+    failed_now = _failed(study, trials)
+    by_task = {str(t.user_attrs[_TASK]): t for t in trials if t.number not in failed_now}
     rule = OptunaPruning(study, by_task, report_every, metric)
 
     def build(name: str, trial: Any) -> Task:
@@ -194,6 +203,12 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
         built = make_task(trial)  # a resumed trial's suggestions return its own values
         task = replace(built, name=name, stopping=rule,
                        hyperparameters={**trial.params, **built.hyperparameters})
+        steps = task.steps if isinstance(task.steps, int) else None
+        if steps is not None and steps > 0 and not rule.mistakes() and not rule.rungs(steps):
+            raise ValueError(f"report_every={report_every} leaves no report before the "
+                             f"task's last step ({steps}), so its trial would never be "
+                             f"reported to nor pruned: give optimize a report_every below "
+                             f"{steps}")
         _, problems = valid_tasks([task])
         if problems:
             raise ValueError("; ".join(str(p) for p in problems))
@@ -262,8 +277,11 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     if not tasks:
         errors = "; ".join(f"trial {t.number}: {t.user_attrs[_BUILD_ERROR]}" for t in trials
                            if _BUILD_ERROR in t.user_attrs)
-        raise ValueError(f"make_task built no task for the study's trials ({errors}); "
-                         "fix the function, then call optimize again")
+        raise ValueError(
+            f"no trial of this run is left to train ({errors or 'each failed before'}): "
+            "fix what the errors name, then call optimize again with retry_failed=True "
+            "(the failed trials are final in the study; their configurations are "
+            "proposed again)")
     try:
         result = dione.run(tasks, run_dir=run_dir, inbox=inbox, **run)
     finally:
@@ -276,7 +294,56 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     for name, trial in by_task.items():
         if name not in in_run and trial.number not in told:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    retried = _to_retry(study, run_dir, _failed(study, trials) - failed_before)
+    if retried and not run.get("quiet"):
+        print(f"{len(retried)} trial(s) of this call failed (why: `dione status {run_dir}`, "
+              "or a trial's dione_error where its task could not be built): once the cause "
+              "is fixed, optimize(..., retry_failed=True) trains their configurations again")
     return result
+
+
+def load(study: Any, make_task: Callable[[Any], Task], trial: int, *,
+         run_dir: str = "runs/optuna", latest: bool = False) -> Any:
+    """The trained model of trial number ``trial`` of ``study`` in ``run_dir``: its task
+    built again by ``make_task`` from the trial's parameters, its weights loaded as
+    ``dione.load`` loads them (``latest``: the newest checkpoint of a trial pruned or
+    not finished). A run ``optimize`` trained has no workload file to load from."""
+    import optuna
+
+    import dione
+
+    found = [t for t in study.get_trials(deepcopy=False) if t.number == trial]
+    if not found:
+        raise KeyError(f"study {study.study_name!r} has no trial {trial!r}")
+    built = make_task(optuna.trial.FixedTrial(found[0].params, number=trial))
+    name = str(found[0].user_attrs.get(_TASK, f"trial-{trial}"))
+    return dione.load(run_dir, name, workload=[replace(built, name=name)], latest=latest)
+
+
+def _failed(study: Any, trials: Sequence[Any]) -> set[int]:
+    """The numbers of ``trials`` the study holds as FAIL."""
+    from optuna.trial import TrialState
+
+    mine = {t.number for t in trials}
+    return {t.number for t in study.get_trials(deepcopy=False)
+            if t.number in mine and t.state == TrialState.FAIL}
+
+
+def _to_retry(study: Any, run_dir: str, numbers: set[int]) -> list[tuple[dict[str, Any], int]]:
+    """(parameters, number) of each failed trial in ``numbers`` worth proposing again:
+    not one proposed again before, nor one whose task diverged (the same configuration
+    diverges again)."""
+    from dione.state.store import STORE_FILE, RunStore
+
+    diverged: set[str] = set()
+    if (Path(run_dir) / STORE_FILE).is_file():
+        with RunStore(run_dir) as store:
+            diverged = {t.name for t in store.tasks() if t.status == "diverged"}
+    every = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get("dione_retry_of") for t in every}  # once each, not per call
+    return [(dict(t.params), t.number) for t in every
+            if t.number in numbers and t.number not in retried
+            and t.user_attrs.get(_TASK) not in diverged]
 
 
 def _tell_ended(study: Any, trials: Sequence[Any], run_dir: str, metric: str) -> None:

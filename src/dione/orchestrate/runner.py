@@ -58,6 +58,11 @@ VIRTUAL_TICK = 30.0
 VIRTUAL_SECONDS_PER_UNIT = 5.0
 
 
+# How a run whose task failed for a fixable cause goes on, from each way of starting it.
+_RESUME = ("`dione resume` the run (from Python: dione.run again; dione.optuna: optimize "
+           "again with retry_failed=True)")
+
+
 class Runner:
     """One session of a run: executes and re-plans until every task has ended."""
 
@@ -705,12 +710,12 @@ class Runner:
         if result.evaluation_error:
             return (f"its stopping rule judges {rule.metric!r} at step {step}, but its "
                     f"evaluation there failed: {error_line(result.evaluation_error)}; fix "
-                    "the task's evaluate, then `dione resume` the run")
+                    f"the task's evaluate, then {_RESUME}")
         returned = ", ".join(repr(m) for m in sorted(result.evaluation)) or "nothing"
         return (f"its stopping rule judges {rule.metric!r}, which its evaluate did not "
                 f"return at step {step} (it returned {returned}): name one of those as "
                 f"the rule's metric, or return {rule.metric!r} from evaluate, then "
-                "`dione resume` the run")
+                f"{_RESUME}")
 
     def _rung_value(self, record: TaskRecord, step: int,
                     evaluation: Mapping[str, float]) -> float:

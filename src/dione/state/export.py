@@ -87,6 +87,12 @@ def _intact(checkpoint: Path) -> Path:
 def workload_of_run(run_dir: str | Path) -> str:
     """The workload file ``dione run`` started ``run_dir`` with (from its run.json)."""
     saved = Path(run_dir) / "run.json"
+    if not saved.exists() and (Path(run_dir) / "dione.sqlite").is_file():
+        raise ExportError(
+            f"{run_dir} was trained from Python with task objects (dione.run(tasks), "
+            "dione.optuna), not from a workload file: it has no run.json to name one. Give "
+            "the tasks: dione.load(run_dir, task, workload=[...]); a dione.optuna run's "
+            "trial: dione.optuna.load(study, make_task, trial_number, run_dir=...)")
     try:
         workload = str(json.loads(saved.read_text())["workload"])
     except (OSError, ValueError, KeyError, TypeError) as err:
