@@ -487,3 +487,30 @@ def test_a_pausing_rules_promoted_tasks_come_first_in_the_problem_best_first(
         assert priority["t0"] == pytest.approx(-1.0 + 0.999 * 2 / 4)  # two better
         assert priority["t3"] == 0.0  # a new configuration
         assert sorted(priority, key=lambda n: priority[n]) == ["t2", "t1", "t0", "t3"]
+
+
+def test_a_simulation_into_the_directory_of_an_earlier_one_starts_afresh(
+        tmp_path: Path) -> None:
+    """The same problem again into one directory found every task done and reported a
+    makespan of 0 s; another problem's tasks were mixed into the report. Now an earlier
+    simulation's files go first; a directory where a run trained is refused."""
+    from dione.orchestrate.options import RunDirError
+    from dione.state.store import RunStore
+
+    first = simulate(small_problem(4), tmp_path / "run", steps=20, options=OPTIONS)
+    again = simulate(small_problem(4), tmp_path / "run", steps=20, options=OPTIONS)
+    assert again.makespan == first.makespan > 0 and again.slices == first.slices
+    other = simulate(small_problem(2), tmp_path / "run", steps=20, options=OPTIONS)
+    with RunStore(tmp_path / "run") as store:
+        assert [t.name for t in store.tasks()] == ["t0", "t1"]
+        assert len(store.slices()) == other.slices
+    with RunStore(tmp_path / "real") as store:
+        store.register_task("t0", 20, 8)
+    with pytest.raises(RunDirError, match="holds a run that trained"):
+        simulate(small_problem(2), tmp_path / "real", steps=20, options=OPTIONS)
+    # Nothing trained in a simulated run: resume and export say so.
+    from dione.cli import main
+
+    assert main(["resume", str(tmp_path / "run")]) == 2
+    assert main(["export", str(tmp_path / "run"), "t0", "-o", str(tmp_path / "x")]) == 2
+    assert main(["resume", str(tmp_path / "nowhere")]) == 2

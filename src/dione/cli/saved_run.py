@@ -53,9 +53,22 @@ class SavedRun:
 def load_saved_run(run_dir: Path) -> SavedRun:
     """The run ``run_dir/run.json`` records; BadInput when there is none or it is damaged."""
     path = run_dir / RUN_FILE
+    if not run_dir.is_dir():
+        what = "does not exist" if not run_dir.exists() else "is a file, not a folder"
+        raise BadInput(f"{run_dir} {what}: give the run directory that `dione run --out` "
+                       "wrote")
     if not path.is_file():
-        raise BadInput(f"{run_dir} has no run.json: it was not started by `dione run` "
-                       "(give the run directory that `dione run --out` wrote)")
+        from dione.state.store import SIMULATED_FILE, STORE_FILE
+
+        if (run_dir / SIMULATED_FILE).is_file():
+            raise BadInput(f"{run_dir} is a simulated run (`dione simulate`): nothing "
+                           "trained there to resume or export; `dione simulate` again "
+                           "redoes it")
+        how = ("it was trained from Python with task objects (dione.run(tasks), "
+               "dione.optuna): call that again to go on" if (run_dir / STORE_FILE).is_file()
+               else "it was not started by `dione run`")
+        raise BadInput(f"{run_dir} has no run.json: {how} (give the run directory that "
+                       "`dione run --out` wrote)")
     try:
         saved = json.loads(path.read_text())
         options = saved.get("options")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dione import clock
-from dione.orchestrate.options import RunEvent, RunOptions, claim_run_dir
+from dione.orchestrate.options import RunDirError, RunEvent, RunOptions, claim_run_dir
 from dione.orchestrate.runner import Runner
 from dione.plan.problem import PlanningProblem
 from dione.profile.results import Profile
@@ -106,6 +106,7 @@ def simulate_profile(
     began = time.perf_counter()
     virtual = VirtualClock()
     with claim_run_dir(run_dir), clock.using(virtual):
+        _fresh(run_dir)
         write_private(run_dir / SIMULATED_FILE, json.dumps(
             {"scenario": scenario.to_json(), "tasks": len(tasks),
              "cluster": [{"name": n.name, "devices": n.devices} for n in cluster]},
@@ -124,3 +125,27 @@ def simulate_profile(
             run_dir, runner.now(), runner.first_planned or 0.0, 0.0, statuses,
             runner.slices_launched, runner.plans_adopted, runner.replanner.solves,
             runner.replanner.seconds, time.perf_counter() - began)
+
+
+def _fresh(run_dir: Path) -> None:
+    """An empty run directory for the simulation (its lock held): an earlier
+    simulation's files there are removed, as it would be redone from scratch (its
+    store, plans and report mixed with this one's: a second run found every task done
+    and reported a makespan of 0 s); a real run's directory is refused."""
+    import shutil
+
+    from dione.state.lock import LOCK_FILE
+    from dione.state.store import STORE_FILE
+
+    if not (run_dir / STORE_FILE).exists():
+        return
+    if not (run_dir / SIMULATED_FILE).is_file():
+        raise RunDirError(f"{run_dir} holds a run that trained (no {SIMULATED_FILE}): a "
+                          "simulation would mix with it; give another --out")
+    for entry in run_dir.iterdir():
+        if entry.name == LOCK_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()

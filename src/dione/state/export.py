@@ -47,6 +47,7 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
     if not run.is_dir():
         raise ExportError(f"{run} is not a directory; give the run directory that "
                           "`dione run --out` or `dione train --out` wrote")
+    _not_simulated(run)
     if not (run / STORE_FILE).is_file():
         found = latest_on_disk(run, task)
         if found is None:
@@ -84,9 +85,18 @@ def _intact(checkpoint: Path) -> Path:
     return checkpoint
 
 
+def _not_simulated(run: Path) -> None:
+    from dione.state.store import SIMULATED_FILE
+
+    if (run / SIMULATED_FILE).is_file():
+        raise ExportError(f"{run} is a simulated run (`dione simulate`): no task trained "
+                          "there, so it holds no weights")
+
+
 def workload_of_run(run_dir: str | Path) -> str:
     """The workload file ``dione run`` started ``run_dir`` with (from its run.json)."""
     saved = Path(run_dir) / "run.json"
+    _not_simulated(Path(run_dir))
     if not saved.exists() and (Path(run_dir) / "dione.sqlite").is_file():
         raise ExportError(
             f"{run_dir} was trained from Python with task objects (dione.run(tasks), "
