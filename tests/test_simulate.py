@@ -340,6 +340,9 @@ def test_a_node_that_joins_later_is_planned_from_then_on(tmp_path: Path) -> None
     with pytest.raises(ScenarioError, match=r"no node is left at 100\.0 s, before a node joins"):
         simulate(small_problem(), tmp_path / "gap", steps=40, options=OPTIONS,
                  scenario=Scenario(node_joins={"n1": 200.0}, node_losses={"n0": 100.0}))
+    with pytest.raises(ScenarioError, match=r"every node is lost \(the last at 200 s\)"):
+        simulate(small_problem(), tmp_path / "gone", steps=40, options=OPTIONS,
+                 scenario=Scenario(node_losses={"n0": 100.0, "n1": 200.0}))
     # A task the workload lacks (a misspelt name) is refused as a node is.
     with pytest.raises(ScenarioError, match=r"task_slowdown\['nosuch'\]: the workload has no "
                        r"such task \(its tasks: t0, t1"):
@@ -514,3 +517,30 @@ def test_a_simulation_into_the_directory_of_an_earlier_one_starts_afresh(
     assert main(["resume", str(tmp_path / "run")]) == 2
     assert main(["export", str(tmp_path / "run"), "t0", "-o", str(tmp_path / "x")]) == 2
     assert main(["resume", str(tmp_path / "nowhere")]) == 2
+
+
+def test_current_practice_counts_node_sizes_losses_and_joins() -> None:
+    """A task that does not fit the first free node goes to the next that holds it (it
+    was left out: the baseline ended at 100 s of 1,100); a node lost under a task moves
+    the rest of it to another node; a node that joins after the last task ends changes
+    nothing (it set the baseline's end)."""
+    def task(name: str, *options: tuple[int, float]) -> TaskOptions:
+        return TaskOptions(name, [Option("ddp", d, s) for d, s in options])
+
+    nodes = [NodeSpec("big", 8), NodeSpec("small", 4)]
+    work = PlanningProblem(nodes, [task("a", (1, 100.0)), task("w", (8, 1000.0))])
+    cluster = parse_cluster("8,4")
+    # a on big (both free at 0, by name), w waits for big: 100 + 1000.
+    assert current_practice(work, cluster, Scenario()) == pytest.approx(1100.0)
+    work = PlanningProblem(nodes, [task("w", (8, 1000.0)), task("a", (1, 100.0))])
+    assert current_practice(work, cluster, Scenario()) == pytest.approx(1000.0)
+    two = parse_cluster("2x4")  # n0, n1
+    work = PlanningProblem([NodeSpec("n0", 4), NodeSpec("n1", 4)],
+                           [task("x", (4, 400.0)), task("y", (4, 100.0))])
+    assert current_practice(work, two, Scenario()) == pytest.approx(400.0)  # x n0, y n1
+    # n0 lost at 200 under x: its other half on n1 from 200 (not from when n1 was
+    # free), then y after it there.
+    lost = Scenario(node_losses={"n0": 200.0})
+    assert current_practice(work, two, lost) == pytest.approx(200.0 + 200.0 + 100.0)
+    late = Scenario(node_joins={"n1": 100000.0})  # both on n0; n1 sets no end
+    assert current_practice(work, two, late) == pytest.approx(500.0)

@@ -38,7 +38,7 @@ from dione.orchestrate.replanning import (
 from dione.plan.plan import Assignment
 from dione.plan.problem import Busy, PlanningProblem
 from dione.profile.results import Profile
-from dione.spec.cluster import Cluster
+from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.metrics import doubtful_direction
 from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
@@ -838,7 +838,9 @@ class Runner:
             self._join_new_nodes()  # one that joined since the last plan is left too
             left = [n for n in self.cluster if n.name != node]
             if not left:
-                raise RuntimeError(f"node {node} was lost and no node is left to train on")
+                raise ClusterError(f"node {node} was lost and no node is left to train on: "
+                                   "the run stops here, its checkpoints kept; `dione "
+                                   "resume` it once nodes are back")
             self.cluster = Cluster(left)
             self.launcher.forget_node(node)
             self.emit(RunEvent("node_lost", f"node {node} left the cluster; its work is "

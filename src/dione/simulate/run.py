@@ -4,6 +4,7 @@ retries, node loss, store and report) driven by a virtual clock and simulated sl
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -46,18 +47,34 @@ class SimulationResult:
 
 def current_practice(problem: PlanningProblem, cluster: Cluster, scenario: Scenario) -> float:
     """Saturn's baseline: each task in turn (in the problem's order) on the next free
-    whole node, at its fastest option that fits the node, slowed as the scenario slows
-    it (its spread and failures left out)."""
-    free = {n.name: float(scenario.node_joins.get(n.name, 0.0)) for n in cluster}
+    whole node that holds it, at its fastest option there, slowed as the scenario slows
+    it (its spread and failures left out); a node serves from its join to its loss, and
+    a task its node's loss cuts short goes on (from a checkpoint, as dione's do) on the
+    next free node that holds it. When the last task ends; a task no node holds is left
+    out (the plan fails it too)."""
     sizes = {n.name: n.devices for n in cluster}
+    free = {n.name: float(scenario.node_joins.get(n.name, 0.0)) for n in cluster}
+    lost = {n.name: float(scenario.node_losses.get(n.name, math.inf)) for n in cluster}
+    end = 0.0
     for task in problem.tasks:
-        node = min(free, key=lambda n: (free[n], n))
-        fitting = [o.seconds for o in task.options if o.devices <= sizes[node]]
-        if not fitting:
-            continue  # no node holds it; the plan fails it too
-        free[node] += (min(fitting) * scenario.task_slowdown.get(task.name, 1.0)
+        left, ready = 1.0, 0.0  # the share of its work not done, and from when
+        while left > 1e-12:
+            holding = [n for n in free if max(free[n], ready) < lost[n]
+                       and any(o.devices <= sizes[n] for o in task.options)]
+            if not holding:
+                break  # no node (left) holds it
+            node = min(holding, key=lambda n: (max(free[n], ready), n))
+            seconds = (min(o.seconds for o in task.options if o.devices <= sizes[node])
+                       * scenario.task_slowdown.get(task.name, 1.0)
                        * scenario.node_slowdown.get(node, 1.0))
-    return max(free.values(), default=0.0)
+            start = max(free[node], ready)
+            finish = start + left * seconds
+            if finish <= lost[node]:
+                free[node], left, end = finish, 0.0, max(end, finish)
+            else:  # the node is lost under it: what it did stands, the rest moves on
+                left -= (lost[node] - start) / seconds
+                free[node] = ready = lost[node]
+    return end
 
 
 def simulate(

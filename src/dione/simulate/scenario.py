@@ -95,6 +95,10 @@ class Scenario:
                 reasons.append(f"node_losses: no node is left at {at} s, before a node "
                                "joins; a run would end there (a real one ends so too)")
                 break
+        if names and all(n in self.node_losses for n in names):
+            reasons.append(f"node_losses: every node is lost (the last at "
+                           f"{max(self.node_losses[n] for n in names):g} s), so no run could "
+                           "finish; leave at least one node out")
         _refuse(reasons)
 
     def check_tasks(self, names: Sequence[str]) -> None:
