@@ -419,8 +419,13 @@ def test_a_task_no_node_holds_is_left_out_of_plan_and_simulate_and_said(
     assert status == 0, err
     assert "task 'wide': no option fits any node (the widest has 2 devices, the narrowest " \
         "option needs 16): left out" in " ".join(err.split())
-    assert [a["task"] for a in json.loads((tmp_path / "plan.json").read_text())
-            ["assignments"]] == ["b"]
+    written = json.loads((tmp_path / "plan.json").read_text())
+    assert [a["task"] for a in written["assignments"]] == ["b"]
+    assert "task 'wide'" in written["notes"]["left_out"][0]  # the plan says what it lacks
+    # ... and checked against the same file, it passes (the check refused the file).
+    status, out, err = in_process(capsys, "plan", "--check", str(tmp_path / "plan.json"),
+                                  str(problem))
+    assert status == 0 and "a valid plan" in out and "left out" in err, err
     status, out, err = in_process(capsys, "simulate", str(problem), "--out",
                                   str(tmp_path / "sim"))
     assert status == 0 and "left out" in err and "1 tasks, 1 done" in out

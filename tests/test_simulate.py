@@ -544,3 +544,22 @@ def test_current_practice_counts_node_sizes_losses_and_joins() -> None:
     assert current_practice(work, two, lost) == pytest.approx(200.0 + 200.0 + 100.0)
     late = Scenario(node_joins={"n1": 100000.0})  # both on n0; n1 sets no end
     assert current_practice(work, two, late) == pytest.approx(500.0)
+
+
+def test_simulate_says_it_leaves_out_a_problem_s_release_times_and_busy_devices(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A problem saved mid-run holds release times and busy devices, which `dione plan`
+    honours and a simulation (every task from 0 s on idle devices) does not: said."""
+    from dione.cli import main
+    from dione.plan.problem import Busy
+
+    problem = small_problem(2)
+    problem = replace(problem, tasks=(replace(problem.tasks[0], release=50.0),
+                                      *problem.tasks[1:]),
+                      busy=(Busy("t1", "n0", (0,), 30.0),))
+    file = tmp_path / "problem.json"
+    file.write_text(json.dumps(problem.to_json()))
+    assert main(["simulate", str(file), "--out", str(tmp_path / "run"), "--steps", "10"]) == 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert "the release times of 1 task(s) (t0); 1 busy device range(s) in the problem are " \
+        "not simulated" in said, said

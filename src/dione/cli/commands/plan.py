@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from dione.cli.console import complain, console, errors
@@ -25,9 +26,9 @@ def command(args: argparse.Namespace) -> int:
             raise BadInput("give one PROBLEM.json (or --check PLAN.json PROBLEM.json)")
         problem_file, plan_file = args.files[0], None
     try:
-        # A plan checked is checked against the whole problem; a new plan leaves out
-        # the tasks no node can hold, said, and plans the others.
-        problem = load_problem(problem_file, fitting=plan_file is not None)
+        # The tasks no node can hold are left out, said, and the others planned (or a
+        # plan of them checked: a plan `dione plan` wrote of the same file passes).
+        problem = load_problem(problem_file, fitting=False)
     except ProblemError as err:
         raise BadInput(f"{problem_file}: {err}") from None
     problem, left_out = problem.left_out()
@@ -59,6 +60,8 @@ def command(args: argparse.Namespace) -> int:
         complain("no plan", f"{plan.solver} ({plan.status}): {reason}; try another "
                  "--solver (greedy always finds one) or a longer --time-limit")
         return EXIT_FAILED
+    if left_out:  # the plan file says what it does not hold, and why
+        plan = dataclasses.replace(plan, notes={**plan.notes, "left_out": list(left_out)})
     text = json.dumps(plan.to_json(), indent=1)
     summary = (f"{plan.solver}: {plan.status}, makespan {plan.makespan:.1f} s, lower bound "
                f"{plan.lower_bound:.1f} s (gap {plan.gap:.2%}), solved in "

@@ -31,6 +31,15 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput(f"{args.problem}: {err}") from None
     for reason in left_out:  # the others are simulated, as a run trains the others
         complain("warning", reason)
+    released = [t.name for t in problem.tasks if t.release]
+    if released or problem.busy:  # a snapshot of a live run's problem, say
+        complain("warning", "the simulation starts every task at 0 s on idle devices: "
+                 + "; ".join(part for part in (
+                     released and f"the release times of {len(released)} task(s) "
+                     f"({', '.join(released[:4])}{', ...' if len(released) > 4 else ''})",
+                     problem.busy and f"{len(problem.busy)} busy device range(s)")
+                     if part)
+                 + " in the problem are not simulated (`dione plan` honours them)")
     if not problem.tasks:
         raise BadInput(f"{args.problem}: no task fits the cluster; give a wider one "
                        "(--cluster)")
