@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BUILT_IN_TECHNIQUES",
     "Busy",
     "NodeSpec",
     "Option",
@@ -23,6 +24,10 @@ __all__ = [
     "TaskOptions",
     "load_problem",
 ]
+
+# dione's own techniques, by name, for the light commands that read problems without
+# torch (the registry imports it); tests/test_layers.py keeps it equal to the registry's.
+BUILT_IN_TECHNIQUES = ("single", "ddp", "fsdp", "gpipe", "1f1b", "xpipe")
 
 
 class ProblemError(ValueError):

@@ -15,6 +15,7 @@ __all__ = ["command"]
 
 def command(args: argparse.Namespace) -> int:
     from dione.plan import ProblemError, check_plan, load_plan, load_problem, solve
+    from dione.plan.problem import BUILT_IN_TECHNIQUES
 
     output = output_file(args.output) if not args.check else None
     if args.check:
@@ -34,6 +35,13 @@ def command(args: argparse.Namespace) -> int:
     problem, left_out = problem.left_out()
     for reason in left_out:
         complain("warning", reason)
+    unknown = sorted({o.technique for t in problem.tasks for o in t.options}
+                     - set(BUILT_IN_TECHNIQUES))
+    if unknown:  # planned (a user's own registered technique may bear the name), said
+        complain("warning", f"technique(s) {', '.join(unknown)} in {problem_file} are none of "
+                 f"dione's ({', '.join(BUILT_IN_TECHNIQUES)}): planned, but only a technique "
+                 "the workload registers under that name can train them, and `dione "
+                 "simulate` refuses them; a misspelt name: correct it in the file")
     if not problem.tasks:
         raise BadInput(f"{problem_file}: no task fits any node of its cluster; give wider "
                        "nodes")
