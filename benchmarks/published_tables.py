@@ -201,7 +201,7 @@ def options(model: Model, kind: str, batch: int, tokens: float) -> list[dict[str
                     rules += "; recompute"
                 knobs: dict[str, Any] = (
                     {"activation_checkpointing": checkpointed} if technique == "fsdp" else
-                    {"microbatches": batch} if technique in ("gpipe", "1f1b") else {})
+                    {"micro_batches": batch} if technique in ("gpipe", "1f1b") else {})
                 found.append({"technique": technique, "knobs": knobs, "devices": devices,
                               "seconds": round(seconds, 1),
                               "source": f"derived from {anchor}{rules}; memory: "
