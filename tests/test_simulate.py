@@ -130,6 +130,11 @@ def test_the_simulated_report_is_marked_simulated(tmp_path: Path) -> None:
     assert "SIMULATED" in shown.stdout and "current practice" in shown.stdout
     summary = (out / "report" / "summary.md").read_text()
     assert summary.startswith("# dione run report: SIMULATED")
+    # What the figures were simulated under, and what they compare with, as stdout says.
+    assert "Cluster: n0 (2 devices), n1 (2 devices)." in summary and "Scenario: " in summary
+    assert "Current practice (each task in turn" in summary
+    assert "<title>dione run report: SIMULATED</title>" in \
+        (out / "report" / "index.html").read_text()
     assert (out / "report" / "gantt.png").is_file()
     status = dione("status", str(out))
     assert status.returncode == 0 and "SIMULATED" in status.stdout

@@ -33,6 +33,27 @@ def lower_is_better(metric: str, directions: Mapping[str, str] | None = None) ->
     return direction_by_name(metric) == "min"
 
 
+def _simulated_setting(run_dir: Path | None) -> list[str]:
+    """A simulated run's cluster, scenario and current practice (from its
+    SIMULATED_FILE), as lines of the summary."""
+    try:
+        setting = json.loads((run_dir / SIMULATED_FILE).read_text()) if run_dir else {}
+    except (OSError, ValueError):
+        return []
+    lines = []
+    nodes = setting.get("cluster") or []
+    if nodes:
+        lines.append("Cluster: " + ", ".join(f"{n.get('name')} ({n.get('devices')} devices)"
+                                             for n in nodes[:16])
+                     + (f" and {len(nodes) - 16} more" if len(nodes) > 16 else "") + ".")
+    scenario = {k: v for k, v in (setting.get("scenario") or {}).items() if v}
+    lines.append(f"Scenario: {json.dumps(scenario, sort_keys=True) if scenario else 'none'}.")
+    if setting.get("current_practice"):
+        lines.append(f"Current practice (each task in turn on the next free whole node, "
+                     f"same cluster and scenario): {setting['current_practice']:.1f} s.")
+    return [*lines, ""]
+
+
 def _launcher_gone(run_dir: Path) -> bool:
     """Whether no launcher holds the run now (it ended, or was killed)."""
     from dione.state.lock import lock_holder
@@ -122,7 +143,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
                              (t.error or "").splitlines()[0] if t.error else ""])
     simulated = (run_dir / SIMULATED_FILE).is_file()
     (folder / "summary.md").write_text(_markdown(tasks, metrics, plans, slices, zero,
-                                                 simulated, invalid, directions))
+                                                 simulated, invalid, directions, run_dir))
     from dione.report.gantt import draw_gantt
 
     draw_gantt(plans[0] if plans else None, slices, zero, folder / "gantt.png", simulated)
@@ -196,11 +217,13 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
               plans: Sequence[AdoptedPlan], slices: Sequence[Any], zero: float,
               simulated: bool = False,
               invalid: Mapping[str, Sequence[str]] | None = None,
-              directions: Mapping[str, str] | None = None) -> str:
+              directions: Mapping[str, str] | None = None,
+              run_dir: Path | None = None) -> str:
     lines = ["# dione run report" + (": SIMULATED" if simulated else ""), ""]
     if simulated:
         lines += [f"A virtual cluster ran this (`dione simulate`): no task trained; times are "
                   f"virtual seconds and losses follow a curve, as {SIMULATED_FILE} says.", ""]
+        lines += _simulated_setting(run_dir)
     ended = [s.ended_at - zero for s in slices if s.ended_at is not None]
     if plans:
         first = plans[0]

@@ -72,8 +72,11 @@ def write_page(folder: Path, refresh_seconds: int | None = None) -> Path:
     summary = (folder / "summary.md").read_text() if (folder / "summary.md").is_file() else ""
     refresh = (f'<meta http-equiv="refresh" content="{refresh_seconds}">'
                if refresh_seconds else "")
+    # The summary's own title: "dione run report: SIMULATED" where nothing trained.
+    heading = next((line.lstrip("#").strip() for line in summary.splitlines()
+                    if line.startswith("# ")), "dione run report")
     page = f"""<!doctype html>
-<html><head><meta charset="utf-8">{refresh}<title>dione run report</title>
+<html><head><meta charset="utf-8">{refresh}<title>{html.escape(heading)}</title>
 <style>
 body {{ font-family: sans-serif; margin: 2em; max-width: 1200px; }}
 table {{ border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }}

@@ -98,6 +98,10 @@ def simulate(
     result = simulate_profile(tasks, profile, run_dir, cluster=cluster, scenario=scenario,
                               options=options, on_event=on_event)
     result.current_practice = current_practice(problem, cluster, scenario)
+    setting = Path(run_dir) / SIMULATED_FILE  # the report shows it beside the makespan
+    write_private(setting, json.dumps({**json.loads(setting.read_text()),
+                                       "current_practice": result.current_practice},
+                                      indent=1) + "\n")
     return result
 
 
