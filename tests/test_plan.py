@@ -124,6 +124,7 @@ def test_every_mistake_in_a_problem_is_named() -> None:
             {"name": "wide", "options": [{"technique": "single", "devices": 1,
                                           "seconds": 1}]},
             {"name": "none", "options": []},
+            {"name": "bare", "options": [{"technique": "ddp", "devices": 1}]},
         ],
         "deadline": 3,
     }
@@ -138,9 +139,10 @@ def test_every_mistake_in_a_problem_is_named() -> None:
         "task 'extra', option 0: unknown field(s) 'cost'",
         "task 'wide': the name is used twice",
         "task 'none': options must be a non-empty list",
+        "task 'bare', option 0: seconds is missing",  # not "... not None"
     ]:
         assert expected in text
-    assert len(caught.value.reasons) == 7
+    assert len(caught.value.reasons) == 8
 
 
 def test_a_problem_may_say_where_its_figures_come_from() -> None:

@@ -154,6 +154,10 @@ def test_bad_scenarios_and_clusters_are_named() -> None:
         Scenario(task_slowdown={"t1": 0.0})
     with pytest.raises(ScenarioError, match="curve: must be one of"):
         Scenario(curve="zigzag")
+    with pytest.raises(ScenarioError, match=r"task_slowdown: must be an object of names"):
+        Scenario(task_slowdown=[])  # type: ignore[arg-type]  # a JSON list, say
+    with pytest.raises(ScenarioError, match="a lost node never comes back"):
+        Scenario(node_losses={"n0": 10.0}, node_joins={"n0": 20.0})
     with pytest.raises(ValueError, match="NODESxDEVICES"):
         parse_cluster("four by eight")
 

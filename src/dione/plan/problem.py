@@ -145,8 +145,8 @@ class PlanningProblem:
         reasons = []
         if not self.nodes:
             reasons.append('cluster: must be {"nodes": [{"name": "n0", "devices": 8}, ...]}')
-        reasons += [f"cluster node {n.name!r}: devices must be a positive integer"
-                    for n in self.nodes if n.devices < 1]
+        reasons += [f"cluster node {n.name!r}: devices must be a positive integer, not "
+                    f"{n.devices!r}" for n in self.nodes if n.devices < 1]
         reasons += _used_twice("cluster: node name", [n.name for n in self.nodes])
         if not self.tasks:
             reasons.append("tasks: must be a non-empty list")
@@ -234,7 +234,10 @@ def _option_mistakes(where: str, technique: Any, devices: Any, seconds: Any) -> 
         bad.append(f"{where}: technique must be a name")
     if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
         bad.append(f"{where}: devices must be a positive integer, not {devices!r}")
-    if not _number(seconds) or seconds < 0:
+    if seconds is None:
+        bad.append(f"{where}: seconds is missing (the option's predicted seconds, a "
+                   "number >= 0)")
+    elif not _number(seconds) or seconds < 0:
         bad.append(f"{where}: seconds must be a finite number >= 0, not {seconds!r}")
     return bad
 
@@ -322,7 +325,8 @@ def _parse_nodes(data: Any, reasons: list[str]) -> list[NodeSpec]:
         if not isinstance(name, str) or not name:
             reasons.append(f"cluster node {i}: needs a name")
         elif not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
-            reasons.append(f"cluster node {name!r}: devices must be a positive integer")
+            reasons.append(f"cluster node {name!r}: devices must be a positive integer, not "
+                           f"{devices!r}")
         else:
             kind = node.get("kind")
             nodes.append(NodeSpec(name, devices, kind if isinstance(kind, str) else None))

@@ -49,6 +49,10 @@ class Scenario:
     curves: str | None = None
 
     def __post_init__(self) -> None:
+        maps = ("task_slowdown", "node_slowdown", "failures", "node_losses", "node_joins")
+        _refuse([f"{name}: must be an object of names to numbers ({{\"n0\": 2.0}}), not "
+                 f"{getattr(self, name)!r}" for name in maps
+                 if not isinstance(getattr(self, name), Mapping)])
         reasons = []
         for name in ("task_slowdown", "node_slowdown"):
             reasons += [f"{name}[{key!r}]: must be a positive number, not {value!r}"
@@ -64,8 +68,9 @@ class Scenario:
             reasons += [f"{name}[{key!r}]: must be seconds >= 0, not {value!r}"
                         for key, value in getattr(self, name).items()
                         if not (_number(value) and value >= 0)]
-        reasons += [f"node_joins[{key!r}]: the node joins at {value} s, not before it is "
-                    f"lost at {self.node_losses[key]} s"
+        reasons += [f"node_joins[{key!r}]: it joins at {value} s, after it is lost at "
+                    f"{self.node_losses[key]} s, and a lost node never comes back: a node "
+                    "may join and then be lost; a machine that returns is another node"
                     for key, value in self.node_joins.items()
                     if key in self.node_losses and _number(value)
                     and _number(self.node_losses[key]) and self.node_losses[key] <= value]
