@@ -205,6 +205,17 @@ def test_the_parser_writes_no_default_that_the_options_own() -> None:
         owner: object = RunOptions()
         for name in flag.field.split("."):
             owner = getattr(owner, name)
+    # A slice's length is steps or seconds: both refused; at resume the one given
+    # replaces the saved run's other.
+    from dione.cli.errors import BadInput
+
+    with pytest.raises(BadInput, match="a slice's length is one or the other"):
+        run_options(vars(parser.parse_args(["run", "w.py", "--slice-steps", "4",
+                                            "--slice-seconds", "3"])))
+    saved = RunOptions(slice_steps=4)
+    resumed = run_options(vars(parser.parse_args(["resume", "r", "--slice-seconds", "3"])),
+                          base=saved)
+    assert (resumed.slice_steps, resumed.slice_seconds) == (None, 3.0)
     plan = parser.parse_args(["plan", "problem.json"])
     defaults = inspect.signature(solve).parameters
     assert (plan.solver, plan.time_limit) == (defaults["solver"].default,
@@ -474,3 +485,20 @@ def test_validate_warns_of_a_rule_judging_its_metric_the_other_way(
         "'accuracy' with mode='min'" in said and "Set mode='max'" in said, said
     assert doubtful_direction("val_loss", "max") and not doubtful_direction("val_loss", "min")
     assert direction_by_name("throughput") is None and not doubtful_direction("x", "max")
+
+
+def test_a_mistyped_flag_is_named_by_its_command_with_the_nearest_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """It printed the top-level usage ("dione: error: unrecognized arguments")."""
+    from dione.cli import main
+
+    for argv, said in ((["run", "w.py", "--stoping-horizon", "rung"],
+                        "dione run: error: unrecognized arguments: --stoping-horizon rung; "
+                        "--stoping-horizon: did you mean --stopping-horizon?"),
+                       (["resume", "runs/w", "--devices", "cpu:1"],
+                        "--devices: a resumed run keeps the cluster it started with")):
+        with pytest.raises(SystemExit) as ended:
+            main(argv)
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 and said in " ".join(err.split()), err
+        assert f"usage: dione {argv[0]}" in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 
 from dione.cli.commands import COMMANDS
@@ -17,7 +18,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dione.orchestrate.interrupts import Terminated, interruptible
     from dione.state.sqlite import StateFileError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the command's own parser, with its usage and a near flag
+        _unknown_flags(parser, args.command, extra)
     try:
         with interruptible():
             return int(COMMANDS[args.command](args))
@@ -30,3 +34,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         errors.print("interrupted; every gang was stopped, checkpoints kept")
         return EXIT_INTERRUPTED
+
+
+def _unknown_flags(parser: argparse.ArgumentParser, command: str,
+                   extra: Sequence[str]) -> None:
+    """Exit (status 2) naming the flags the command does not take, with its usage (not
+    the top level's) and, for each, the nearest flag it does take."""
+    import difflib
+
+    sub = next(a for a in parser._actions  # argparse keeps its subcommands there only
+               if isinstance(a, argparse._SubParsersAction)).choices[command]
+    known = [o for a in sub._actions for o in a.option_strings]
+    hints = []
+    for flag in extra:
+        name = flag.split("=", 1)[0]
+        near = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+        if near:
+            hints.append(f"{name}: did you mean {near[0]}?")
+        elif command == "resume" and name == "--devices":
+            hints.append(f"{name}: a resumed run keeps the cluster it started with "
+                         "(its run.json)")
+    sub.error(f"unrecognized arguments: {' '.join(extra)}"
+              + ("" if not hints else "; " + "; ".join(hints)))

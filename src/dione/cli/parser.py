@@ -22,6 +22,7 @@ from dione.cli.values import (
     parse_bytes,
     positive_float,
     positive_int,
+    share,
 )
 from dione.plan.solve import SOLVERS, solve
 
@@ -148,7 +149,16 @@ def run_options(values: Mapping[str, Any], base: RunOptions | None = None) -> Ru
     given = given_options(values)
     trial = {k.removeprefix("trial."): v for k, v in given.items() if k.startswith("trial.")}
     top = {k: v for k, v in given.items() if not k.startswith("trial.")}
-    return dataclasses.replace(base, **top, trial=dataclasses.replace(base.trial, **trial))
+    # A slice's length is one or the other: the one given replaces the base's other.
+    lengths = {"slice_steps", "slice_seconds"}
+    if len(lengths & set(top)) == 1:
+        top = {**{k: None for k in lengths}, **top}
+    try:
+        return dataclasses.replace(base, **top, trial=dataclasses.replace(base.trial, **trial))
+    except ValueError as err:  # flags that do not go together
+        from dione.cli.errors import BadInput
+
+        raise BadInput(str(err)) from None
 
 
 def _field_default(path: str) -> Any:
@@ -319,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="each re-plan's cpsat deterministic time")
     simulate.add_argument("--replan-interval", type=positive_float, default=1000.0,
                           help="virtual seconds between re-plans without a slice end")
-    simulate.add_argument("--replan-share", type=positive_float, default=0.002,
+    simulate.add_argument("--replan-share", type=share, default=0.002,
                           help="re-plans wait while their solves (each counted at 5 s per "
                           "unit of deterministic time it spent) would pass this share of "
                           "the virtual run; each takes real seconds to simulate")

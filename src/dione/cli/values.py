@@ -60,6 +60,15 @@ def positive_float(text: str) -> float:
     return value
 
 
+def share(text: str) -> float:
+    """An argparse type: a share of a whole, above 0 and at most 1 (0.002: 0.2%)."""
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{text} is more than the whole: give a share "
+                                         "between 0 and 1 (0.002 for 0.2%)")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     """An argparse type: a finite number of at least 0."""
     value = _finite_float(text)

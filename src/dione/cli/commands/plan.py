@@ -17,6 +17,8 @@ def command(args: argparse.Namespace) -> int:
     from dione.plan import ProblemError, check_plan, load_plan, load_problem, solve
     from dione.plan.problem import BUILT_IN_TECHNIQUES
 
+    if args.check and args.output:
+        raise BadInput("--check writes no plan: drop -o (it would be left unwritten)")
     output = output_file(args.output) if not args.check else None
     if args.check:
         if len(args.files) != 2:
