@@ -209,7 +209,8 @@ def test_the_parser_writes_no_default_that_the_options_own() -> None:
     # replaces the saved run's other.
     from dione.cli.errors import BadInput
 
-    with pytest.raises(BadInput, match="a slice's length is one or the other"):
+    with pytest.raises(BadInput, match=r"--slice-steps 4 and --slice-seconds 3\.0: a "
+                       r"slice's length is one or the other"):
         run_options(vars(parser.parse_args(["run", "w.py", "--slice-steps", "4",
                                             "--slice-seconds", "3"])))
     saved = RunOptions(slice_steps=4)

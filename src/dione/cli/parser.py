@@ -149,9 +149,16 @@ def run_options(values: Mapping[str, Any], base: RunOptions | None = None) -> Ru
     given = given_options(values)
     trial = {k.removeprefix("trial."): v for k, v in given.items() if k.startswith("trial.")}
     top = {k: v for k, v in given.items() if not k.startswith("trial.")}
-    # A slice's length is one or the other: the one given replaces the base's other.
+    # A slice's length is one or the other (RunOptions takes slice_steps where both are
+    # set): both flags refused; the one given replaces the base's other.
     lengths = {"slice_steps", "slice_seconds"}
-    if len(lengths & set(top)) == 1:
+    if lengths <= set(top):
+        from dione.cli.errors import BadInput
+
+        raise BadInput(f"--slice-steps {top['slice_steps']} and --slice-seconds "
+                       f"{top['slice_seconds']}: a slice's length is one or the other; "
+                       "give one")
+    if lengths & set(top):
         top = {**{k: None for k in lengths}, **top}
     try:
         return dataclasses.replace(base, **top, trial=dataclasses.replace(base.trial, **trial))

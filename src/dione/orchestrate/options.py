@@ -91,10 +91,7 @@ class RunOptions:
                 raise ValueError(f"run option {name}={value!r}: {problem}")
         if not isinstance(self.trial, TrialOptions):
             raise ValueError(f"run option trial={self.trial!r}: must be a TrialOptions")
-        if self.slice_steps is not None and self.slice_seconds is not None:
-            raise ValueError(f"run options slice_steps={self.slice_steps} and slice_seconds="
-                             f"{self.slice_seconds}: a slice's length is one or the other; "
-                             "give one")
+
 
 
 def _number(positive: bool = True, optional: bool = False, whole: bool = False
