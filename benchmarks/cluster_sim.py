@@ -4,6 +4,8 @@ orchestrator at scale (1,000 tasks on 64 nodes, drift, two nodes lost, one joini
 
     python benchmarks/cluster_sim.py                      # the comparison (about 10 min)
     python benchmarks/cluster_sim.py --scale              # 1,000 tasks on 64 nodes
+    python benchmarks/cluster_sim.py --dione-drift --instances small-6.json,mixed-1.json \
+        --nodes 2,4                                       # dione alone, drift rows
     python benchmarks/cluster_sim.py --instances benchmarks/cluster_tables/llama2-sweep.json
                                           # option tables from published figures
 
@@ -103,6 +105,21 @@ def comparison(names: list[str], counts: list[int]) -> None:
               f"{min(against[drifted]):.3f}-{max(against[drifted]):.3f})")
 
 
+def dione_drift(names: list[str], counts: list[int]) -> None:
+    """dione's way alone under drift: makespan (virtual), re-plans, wall seconds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            problem = load_problem(name if "/" in name else INSTANCES / name)
+            for nodes in counts:
+                scenario = drift(problem, 7)
+                ours = run(problem, nodes, scenario, "dione", Path(tmp) / f"{name}-{nodes}")
+                base = current_practice(problem, parse_cluster(f"{nodes}x8"), scenario)
+                print(f"{Path(name).name.split('.')[0]} {nodes} nodes: dione "
+                      f"{ours['makespan']:.0f} s ({ours['makespan'] / base:.3f} of current "
+                      f"practice), {ours['replans']} re-plans, {ours['wall']:.0f} s of wall "
+                      "time", flush=True)
+
+
 def scale(name: str) -> None:
     problem = load_problem(INSTANCES / name)
     nodes = len(problem.nodes)
@@ -136,11 +153,16 @@ def main() -> None:
     parser.add_argument("--instances", default="small-1.json,small-4.json,medium-1.json,"
                         "mixed-1.json")
     parser.add_argument("--nodes", default="1,2,4")
+    parser.add_argument("--dione-drift", action="store_true",
+                        help="dione's way alone on the drift rows (an A/B of the orchestrator "
+                        "at two commits, by PYTHONPATH)")
     parser.add_argument("--scale", action="store_true")
     parser.add_argument("--scale-instance", default="large-1.json.gz")
     args = parser.parse_args()
     if args.scale:
         scale(args.scale_instance)
+    elif args.dione_drift:
+        dione_drift(args.instances.split(","), [int(n) for n in args.nodes.split(",")])
     else:
         comparison(args.instances.split(","), [int(n) for n in args.nodes.split(",")])
 

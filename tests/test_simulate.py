@@ -572,3 +572,28 @@ def test_simulate_says_it_leaves_out_a_problem_s_release_times_and_busy_devices(
     said = " ".join(capsys.readouterr().err.split())
     assert "the release times of 1 task(s) (t0); 1 busy device range(s) in the problem are " \
         "not simulated" in said, said
+
+
+def test_an_untried_option_is_estimated_as_slow_as_the_task_ran_under_its_others() -> None:
+    """A task measured twice as slow as profiled under single is expected twice as slow
+    under ddp, which it has not run (a re-plan took ddp at its profiled speed, and a
+    slowed task hopped from option to option); an option it ran keeps its own measure;
+    a task that ran nowhere keeps the profile's."""
+    from dione.orchestrate.estimates import Estimates
+
+    problem = small_problem(2)
+    _, profile = problem_workload(problem, 10, problem_cluster(problem))
+    estimates = Estimates(profile)
+    single = profile.task("t0").option("single", 1)
+    ddp = profile.task("t0").option("ddp", 2)
+    assert single is not None and ddp is not None
+    assert single.record.step_seconds and ddp.record.step_seconds
+    estimates.measured_slice("t0", "single", 1, [9.9] + [2 * single.record.step_seconds] * 4)
+    assert estimates.expected_step("t0", "single", 1) == pytest.approx(
+        2 * single.record.step_seconds)
+    assert estimates.expected_step("t0", "ddp", 2) == pytest.approx(
+        2 * ddp.record.step_seconds)
+    assert estimates.expected_step("t1", "ddp", 2) is None
+    planned = estimates.task_options("t0", 10, resumed=True, evaluations=0)
+    assert {o.technique: o.seconds for o in planned.options}["ddp"] == pytest.approx(
+        2 * 10 * ddp.record.step_seconds, rel=0.01)

@@ -4,7 +4,8 @@
 rule: the trial's prediction for the remaining steps (fixed cost, warm-up excess, steps,
 the checkpoint load of a resumed task, the evaluation at the end), with the step time
 this task measured under that technique and device count in place of the trial's where
-it has run so. So the same profile gives the same problem either way.
+it has run so, and elsewhere the trial's scaled as the task's measured step times were
+to its trials'. So the same profile gives the same problem either way.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class Estimates:
 
     profile: Profile
     _steps: dict[tuple[str, str, int], _Steps] = field(default_factory=dict)
+    _of_task: dict[str, set[tuple[str, str, int]]] = field(default_factory=dict)
 
     @classmethod
     def of_run(cls, profile: Profile, store: RunStore) -> Estimates:
@@ -124,22 +126,46 @@ class Estimates:
     def measured_slice(self, task: str, technique: str, devices: int,
                        step_seconds: list[float]) -> None:
         """A finished slice's step times (its first, the warm-up, left out)."""
-        self._steps.setdefault((task, technique, devices), _Steps()).add(step_seconds[1:])
+        key = (task, technique, devices)
+        self._steps.setdefault(key, _Steps()).add(step_seconds[1:])
+        self._of_task.setdefault(task, set()).add(key)
 
     def measured_step(self, task: str, technique: str, devices: int) -> float | None:
         found = self._steps.get((task, technique, devices))
         return None if found is None else found.mean
 
+    def expected_step(self, task: str, technique: str, devices: int) -> float | None:
+        """The task's step time under an option: as it measured there, else the
+        profile's scaled by how much slower (or faster) than profiled the task ran under
+        the options it did run (a task slower than profiled is so under every
+        technique: a re-plan that moved it to an option it had not tried took that one
+        at its profiled speed, and the task hopped from option to option, slower each
+        time than planned); None where it ran under none."""
+        own = self.measured_step(task, technique, devices)
+        if own is not None:
+            return own
+        profile = self.profile.task(task)
+        measured = profiled = 0.0
+        for key in self._of_task.get(task, ()):
+            steps, ran = self._steps[key], profile.option(key[1], key[2])
+            if steps.mean is not None and ran is not None and ran.record.step_seconds:
+                measured += steps.total
+                profiled += steps.count * ran.record.step_seconds
+        option = profile.option(technique, devices)
+        if not profiled or option is None or not option.record.step_seconds:
+            return None
+        return option.record.step_seconds * measured / profiled
+
     def option_seconds(self, task: str, option: ProfiledOption, steps: int,
                        resumed: bool, evaluations: int, restarts: int = 0) -> float:
         return option_seconds(self.profile.task(task), option, steps, resumed,
-                              self.measured_step(task, option.technique, option.devices),
+                              self.expected_step(task, option.technique, option.devices),
                               evaluations, restarts)
 
     def task_options(self, task: str, steps: int, resumed: bool,
                      evaluations: int, restarts: int = 0) -> TaskOptions:
         return task_options(self.profile.task(task), steps, resumed,
-                            lambda technique, devices: self.measured_step(task, technique,
+                            lambda technique, devices: self.expected_step(task, technique,
                                                                           devices),
                             evaluations, restarts)
 
