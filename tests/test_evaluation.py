@@ -241,7 +241,8 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
     assert statuses == {"typo": "failed", "raises": "failed", "noted": "done", "good": "done"}
     with RunStore(tmp_path / "run") as store:
         typo, raises = store.task("typo").error, store.task("raises").error
-        assert store.decisions("typo") == store.decisions("raises") == []  # never judged
+        judged = {d[0] for d in store.decisions()}
+        assert "typo" not in judged and "raises" not in judged  # never judged
     assert ("its stopping rule judges 'acc', which its evaluate did not return at step 6 "
             "(it returned 'accuracy', 'test_loss')") in typo
     assert ("judges 'accuracy' at step 6, but its evaluation there failed: RuntimeError: "
@@ -255,3 +256,25 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
     assert "- noted at step 12: RuntimeError: no held-out split" in summary
     timeline = (tmp_path / "run" / "report" / "timeline.csv").read_text()
     assert "evaluation failed: RuntimeError: no held-out split" in timeline
+
+    # Fixed (the metric's name, the evaluation) and resumed: the typo's rung is judged
+    # from the accuracy its evaluation did record there; the one whose evaluation raised
+    # trains its stretch to the rung again and is judged there, as the others were (it
+    # went on unjudged; a waiting rule would have ranked its NaN last).
+    file.write_text(UNJUDGEABLE.replace('metric="acc"', 'metric="accuracy"')
+                    .replace('task("raises", evaluate=broken', 'task("raises", '
+                             'evaluate=digits_accuracy'))
+    events.clear()
+    again = run_workload(list(load_workload(file)), Cluster([TEST_NODE]), tmp_path / "run",
+                         RunOptions(catalog=str(tmp_path / "catalog.sqlite"), time_limit=5.0,
+                                    trial=TrialOptions(warmup_steps=1, measure_steps=2)),
+                         on_event=events.append)
+    retrained = {e.task for e in events if e.kind == "rung_retrained"}
+    assert retrained == {"raises"}, [e.message for e in events]
+    assert {t.task: t.status for t in again.tasks}["typo"] in ("done", "stopped")
+    with RunStore(tmp_path / "run") as store:
+        for name in ("typo", "raises"):
+            assert [d[1] for d in store.decisions() if d[0] == name][:1] == [6], name
+            assert store.evaluation(name).get("accuracy") is not None
+        again_from = [s.start_step for s in store.slices("raises")][1]
+        assert again_from == 0  # its only checkpoint was the rung's: from the start

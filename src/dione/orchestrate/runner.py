@@ -13,6 +13,7 @@ the same loop runs a simulated cluster.
 from __future__ import annotations
 
 import math
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -744,6 +745,9 @@ class Runner:
             evaluated = {m: v for m, points in self.store.evaluations(record.name).items()
                          for at, v in points if at == step}
             value = self._rung_value(record, step, evaluated)
+            if math.isnan(value) and rule.metric != "loss" and self._train_to_rung_again(
+                    record, step):
+                continue  # judged when it reaches the rung again, as any task is
             if rule.waits_at_rungs:  # it waits there again
                 self._wait_at_rung(record, step, value)
                 continue
@@ -753,6 +757,28 @@ class Runner:
                                    "on unjudged there", record.name))
                 continue
             self._judge(record, step, value, replan=False)  # the first plan comes next
+
+    def _train_to_rung_again(self, record: TaskRecord, step: int) -> bool:
+        """A task at rung ``step`` with no metric recorded there (its evaluation failed,
+        and was fixed before this resume; or the run stopped between the checkpoint and
+        the evaluation): its checkpoint at the rung is set aside, so that it trains that
+        stretch again from the one before (as it trained it: a resume is bit for bit
+        under exact techniques) and is evaluated and judged at the rung as any task is,
+        not let past it unjudged (nor ranked last for a NaN). Whether it was."""
+        latest = self.store.latest_checkpoint(record.name)
+        if latest is None or latest.step != step:
+            return False
+        self.store.forget_checkpoints(record.name, [latest.path])
+        shutil.rmtree(latest.path, ignore_errors=True)  # the stretch writes it anew
+        older = self.store.latest_checkpoint(record.name)
+        record.done_steps = older.step if older else 0
+        rule = record.task.stopping
+        assert rule is not None
+        self.emit(RunEvent("rung_retrained", f"{record.name}: no {rule.metric} was recorded "
+                           f"at rung {step} (its evaluation failed, or the run stopped "
+                           f"before it); it trains again from step {record.done_steps} to "
+                           "the rung, to be evaluated and judged there", record.name))
+        return True
 
     def _judge(self, record: TaskRecord, step: int, value: float,
                replan: bool = True) -> bool:
