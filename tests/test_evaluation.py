@@ -220,7 +220,7 @@ workload = Workload([
 
 
 def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said(
-        tmp_path) -> None:
+        tmp_path, capsys) -> None:
     """A stopping rule whose metric the evaluation did not return (a name it does not
     return, or an evaluation that raised) fails its task with the reason and the fix,
     instead of stopping it for a NaN; an evaluation that fails with no rule on it is said
@@ -247,6 +247,12 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
             "(it returned 'accuracy', 'test_loss')") in typo
     assert ("judges 'accuracy' at step 6, but its evaluation there failed: RuntimeError: "
             "no held-out split") in raises
+    from dione.cli.views import print_results
+
+    capsys.readouterr()
+    print_results(result, tmp_path / "run")  # `dione run`'s closing table says it too
+    assert "evaluation failed: noted: RuntimeError: no held-out split" in " ".join(
+        capsys.readouterr().out.split())
     failed = [e.message for e in events if e.kind == "evaluation_failed"]
     assert "noted: its evaluation at step 6 failed (its training stands): RuntimeError: " \
         "no held-out split" in failed

@@ -202,6 +202,7 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
         time.sleep(0.1)
     assert killed.poll() is None, "the run ended before it could be killed"
     os.kill(killed.pid, signal.SIGKILL)
+    killed_at = time.time()
     killed.communicate(timeout=60)
     hold.unlink(missing_ok=True)
     with RunStore(killed_dir) as store:
@@ -220,6 +221,9 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
         rows = {int(r["slice"]): r for r in csv.DictReader(timeline)}
     assert cut_short and all(rows[i]["status"] == "interrupted" and rows[i]["end_s"]
                              for i in cut_short)
+    # ... ended at the last step it kept (none: a kill keeps a slice's steps only at its
+    # end), not at its planned end.
+    assert all(rows[i]["end_step"] == rows[i]["start_step"] for i in cut_short), rows
 
     # Resumed from elsewhere: a run directory can move (to shared storage, say).
     moved_dir = tmp_path / "moved"
@@ -240,8 +244,11 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
         for task_name, step in saved.items():
             assert min(s.start_step for s in store.slices(task_name) if s.id > last_slice) \
                 == step, task_name
-    # The killed run's slices are on record as such, and only those.
+    # The killed run's slices are on record as such, and only those, each ended before
+    # the kill (when the store last heard from it), not when the resume found it.
     assert {i for i, status in statuses.items() if status == "interrupted"} == cut_short
+    with RunStore(killed_dir) as store:
+        assert all((store.slice(i).ended_at or 0.0) <= killed_at for i in cut_short)
 
     status = subprocess.run([sys.executable, "-m", "dione.cli", "status", str(killed_dir)],
                             capture_output=True, text=True, timeout=120)

@@ -181,6 +181,12 @@ def print_results(result: Any, run_dir: Path) -> None:
                         for m in metrics), "exact" if not t.inexact else "INEXACT")
     console.print(table)
     _say_inexact(result.tasks)
+    from dione.state.summaries import error_line
+
+    for t in result.tasks:  # trained, but its last evaluation failed: its metrics are "-"
+        if t.status == "done" and t.error:
+            console.print(Text(f"evaluation failed: {t.task}: {error_line(t.error)} (its "
+                               "training stands; the report lists each failure)"))
     console.print(f"report: {run_dir / 'report'} (summary.md, gantt.png, timeline.csv, "
                   "metrics.csv); plans: " + str(run_dir / "plans"))
 

@@ -62,13 +62,19 @@ def _launcher_gone(run_dir: Path) -> bool:
     return holder is None or not holder.alive
 
 
-def _as_left(s: SliceRecord, store: RunStore) -> SliceRecord:
-    """A slice the store still calls running, with no launcher left: interrupted, ended
-    where its last step the store kept did."""
-    if s.status != "running":
+def _as_left(s: SliceRecord, store: RunStore, heard: float) -> SliceRecord:
+    """A slice as the timeline shows it with no launcher left: one the store still calls
+    running is interrupted, ended where its last step the store kept did or when the
+    store last heard from the run (``heard``), whichever is later; an interrupted one
+    ends at the last step it kept (its planned end was never reached)."""
+    if s.status not in ("running", "interrupted"):
         return s
-    trained = sum(store.slice_step_seconds(s.id))
-    return replace(s, status="interrupted", ended_at=s.started_at + trained,
+    seconds = store.slice_step_seconds(s.id)
+    s = replace(s, end_step=s.start_step + len(seconds))
+    if s.status == "interrupted":
+        return s
+    return replace(s, status="interrupted",
+                   ended_at=max(s.started_at + sum(seconds), heard),
                    error="its launcher is gone; `dione resume` continues from the last "
                    "checkpoint")
 
@@ -108,7 +114,8 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
     gone = _launcher_gone(run_dir)
     with RunStore(run_dir) as store:
         zero = _run_start(store, plans)
-        slices = [_as_left(s, store) if gone else s
+        heard = store.last_heard()
+        slices = [_as_left(s, store, heard) if gone else s
                   for s in store.slices() if wanted is None or s.task in wanted]
         with open(folder / "timeline.csv", "w", newline="") as out:
             writer = csv.writer(out)

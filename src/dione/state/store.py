@@ -486,25 +486,41 @@ class RunStore(SQLiteFile):
             db.execute("UPDATE tasks SET status = 'diverged', error = ?, updated_at = ?"
                        " WHERE name = ?", (error, clock.now(), record.task))
 
-    def fail_slice(self, slice_id: int, error: str, status: str = "failed") -> None:
-        """Record why a slice ended without a checkpoint; its task goes back to pending."""
+    def fail_slice(self, slice_id: int, error: str, status: str = "failed",
+                   ended_at: float | None = None) -> None:
+        """Record why a slice ended without a checkpoint (``ended_at``: when, default
+        now); its task goes back to pending."""
         record = self.slice(slice_id)
         with self._transaction() as db:
             db.execute("UPDATE slices SET status = ?, ended_at = ?, error = ? WHERE id = ?",
-                       (status, clock.now(), error, slice_id))
+                       (status, clock.now() if ended_at is None else ended_at, error,
+                        slice_id))
             db.execute("UPDATE tasks SET status = 'pending', updated_at = ?"
                        " WHERE name = ? AND status = 'running'", (clock.now(), record.task))
 
     def recover_interrupted(self) -> list[int]:
-        """Mark running slices whose launching process is gone as interrupted."""
+        """Mark running slices whose launching process is gone as interrupted, ended when
+        the store last heard from the run (the launcher lived at least so long; not now,
+        which drew a slice killed in its first second over the whole downtime)."""
         host = socket.gethostname()
         stale = [row["id"] for row in self._db.execute(
             "SELECT id, host, owner_pid FROM slices WHERE status = 'running'")
             if row["host"] == host and not pid_alive(row["owner_pid"])]
+        heard = self.last_heard()
         for slice_id in stale:
             self.fail_slice(slice_id, "the launching process died before the slice ended",
-                            status="interrupted")
+                            status="interrupted",
+                            ended_at=max(heard, self.slice(slice_id).started_at))
         return stale
+
+    def last_heard(self) -> float:
+        """The latest time the store holds of the run's doing (a slice's start or end, a
+        task's status, a decision); 0.0 for an empty store."""
+        row = self._db.execute(
+            "SELECT MAX(t) FROM (SELECT MAX(started_at) AS t FROM slices UNION ALL "
+            "SELECT MAX(ended_at) FROM slices UNION ALL SELECT MAX(updated_at) FROM tasks "
+            "UNION ALL SELECT MAX(decided_at) FROM decisions)").fetchone()
+        return float(row[0] or 0.0)
 
     def slice(self, slice_id: int) -> SliceRecord:
         row = self._db.execute("SELECT * FROM slices WHERE id = ?", (slice_id,)).fetchone()
