@@ -661,3 +661,23 @@ def test_a_nodes_first_free_time_bounds_every_start_there(
         line.reserve(at, at + seconds, devices)
         assert line.first_free(demand) == line.earliest_start(demand, 0.0)  # kept fresh
     assert line.first_free(demand) <= line.earliest_start(demand, length)
+
+
+def test_a_problem_says_what_its_plans_do_not_see() -> None:
+    """Nodes of several kinds are planned alike, and nodes wider than every option are
+    never filled by one task: both said (a CPU profile simulated on nodes of 8 gave GPU
+    answers with no word of it); a node's kind must be a name."""
+    def problem(kinds: tuple[str | None, ...], devices: int) -> PlanningProblem:
+        return PlanningProblem(
+            tuple(NodeSpec(f"n{i}", devices, kind) for i, kind in enumerate(kinds)),
+            (TaskOptions("t", (Option("ddp", 2, 10.0),)),))
+
+    assert problem(("H100", "H100"), 2).caveats() == []
+    said = problem(("H100", "A100"), 8).caveats()
+    assert len(said) == 2 and said[0].startswith("nodes of kinds A100, H100 are planned alike")
+    assert said[1].startswith("its widest option takes 2 device(s), its nodes have up to 8")
+    with pytest.raises(ProblemError, match="kind must be a name"):
+        PlanningProblem.from_json({"cluster": {"nodes": [{"name": "n0", "devices": 2,
+                                                          "kind": 7}]},
+                                   "tasks": [{"name": "t", "options": [
+                                       {"technique": "ddp", "devices": 2, "seconds": 1}]}]})

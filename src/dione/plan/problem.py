@@ -198,6 +198,25 @@ class PlanningProblem:
     def from_json(data: Any) -> PlanningProblem:
         return _parse(data)
 
+    def caveats(self) -> list[str]:
+        """What a planner (or a simulation) of this problem does not see: nodes of
+        several kinds (an option's seconds hold on every node alike), and nodes wider
+        than every option (several tasks share a node, none takes all of it)."""
+        said = []
+        kinds = sorted({n.kind for n in self.nodes if n.kind})
+        if len(kinds) > 1:
+            said.append(f"nodes of kinds {', '.join(kinds)} are planned alike: each option "
+                        "has one time for every node; profile each kind apart and give the "
+                        "slower ones' times, or plan them as separate problems")
+        widest = max((o.devices for t in self.tasks for o in t.options), default=0)
+        nodes = max((n.devices for n in self.nodes), default=0)
+        if widest and nodes > widest:
+            said.append(f"its widest option takes {widest} device(s), its nodes have up to "
+                        f"{nodes}: tasks share nodes, and none is planned wider than its "
+                        "options (a profile from smaller machines knows no wider option: "
+                        "profile on the cluster's nodes for those)")
+        return said
+
     def left_out(self) -> tuple[PlanningProblem, list[str]]:
         """The problem without its tasks that no option lets any node hold, and why each
         was left out (a task too wide for the cluster must not keep the others from
@@ -329,6 +348,9 @@ def _parse_nodes(data: Any, reasons: list[str]) -> list[NodeSpec]:
                            f"{devices!r}")
         else:
             kind = node.get("kind")
+            if kind is not None and (not isinstance(kind, str) or not kind):
+                reasons.append(f"cluster node {name!r}: kind must be a name (\"H100\"), not "
+                               f"{kind!r}")
             nodes.append(NodeSpec(name, devices, kind if isinstance(kind, str) else None))
     reasons += _used_twice("cluster: node name", [n.name for n in nodes])
     return nodes

@@ -35,6 +35,8 @@ def command(args: argparse.Namespace) -> int:
     except ProblemError as err:
         raise BadInput(f"{problem_file}: {err}") from None
     problem, left_out = problem.left_out()
+    for caveat in problem.caveats():
+        complain("note", caveat)
     for reason in left_out:
         complain("warning", reason)
     unknown = sorted({o.technique for t in problem.tasks for o in t.options}
