@@ -81,11 +81,12 @@ def test_the_zoo_and_the_ground_stand_apart_from_the_flow() -> None:
 
 
 def test_the_planner_s_list_of_built_in_techniques_is_the_registry_s() -> None:
-    """`dione plan` names a problem's techniques that are none of dione's from a list of
-    its own (the registry imports torch): the two must agree."""
-    from dione.plan.problem import BUILT_IN_TECHNIQUES
+    """`dione plan` names a problem's techniques that are none of dione's, and knobs they
+    do not take, from lists of its own (the registry imports torch): they must agree."""
+    from dione.plan.problem import BUILT_IN_KNOBS, BUILT_IN_TECHNIQUES
     from dione.techniques import techniques
 
-    ours = [t.name for t in techniques()  # not those other tests register
+    ours = [t for t in techniques()  # not those other tests register
             if type(t).__module__.startswith("dione.techniques.")]
-    assert list(BUILT_IN_TECHNIQUES) == ours
+    assert list(BUILT_IN_TECHNIQUES) == [t.name for t in ours]
+    assert {t.name: tuple(t.knobs) for t in ours} == BUILT_IN_KNOBS

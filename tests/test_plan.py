@@ -676,6 +676,12 @@ def test_a_problem_says_what_its_plans_do_not_see() -> None:
     said = problem(("H100", "A100"), 8).caveats()
     assert len(said) == 2 and said[0].startswith("nodes of kinds A100, H100 are planned alike")
     assert said[1].startswith("its widest option takes 2 device(s), its nodes have up to 8")
+    knobbed = PlanningProblem((NodeSpec("n0", 2),), (
+        TaskOptions("t", (Option("1f1b", 2, 10.0, {"microbatches": 8}),
+                          Option("single", 1, 10.0, {"accumulation": 2}))),))
+    assert knobbed.unknown_knobs() == [
+        "1f1b takes no knob 'microbatches' (its knobs: micro_batches, "
+        "activation_checkpointing, balance); set by the options of t"]
     with pytest.raises(ProblemError, match="kind must be a name"):
         PlanningProblem.from_json({"cluster": {"nodes": [{"name": "n0", "devices": 2,
                                                           "kind": 7}]},

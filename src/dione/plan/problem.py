@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BUILT_IN_KNOBS",
     "BUILT_IN_TECHNIQUES",
     "Busy",
     "NodeSpec",
@@ -28,6 +29,15 @@ __all__ = [
 # dione's own techniques, by name, for the light commands that read problems without
 # torch (the registry imports it); tests/test_layers.py keeps it equal to the registry's.
 BUILT_IN_TECHNIQUES = ("single", "ddp", "fsdp", "gpipe", "1f1b", "xpipe")
+# ... and the knobs each takes, likewise.
+BUILT_IN_KNOBS = {
+    "single": ("accumulation",), "ddp": ("accumulation",),
+    "fsdp": ("reshard_after_forward", "activation_checkpointing", "cpu_offload",
+             "accumulation"),
+    "gpipe": ("micro_batches", "activation_checkpointing", "balance"),
+    "1f1b": ("micro_batches", "activation_checkpointing", "balance"),
+    "xpipe": ("micro_batches", "prediction", "stashing", "balance", "log_prediction"),
+}
 
 
 class ProblemError(ValueError):
@@ -197,6 +207,19 @@ class PlanningProblem:
     @staticmethod
     def from_json(data: Any) -> PlanningProblem:
         return _parse(data)
+
+    def unknown_knobs(self) -> list[str]:
+        """Each knob an option of one of dione's techniques sets that the technique does
+        not take (a misspelling: a run would refuse it), once per technique and knob."""
+        found: dict[tuple[str, str], list[str]] = {}
+        for t in self.tasks:
+            for o in t.options:
+                for knob in set(o.knobs) - set(BUILT_IN_KNOBS.get(o.technique, o.knobs)):
+                    found.setdefault((o.technique, knob), []).append(t.name)
+        return [f"{technique} takes no knob {knob!r} (its knobs: "
+                f"{', '.join(BUILT_IN_KNOBS[technique])}); set by the options of "
+                f"{', '.join(names[:3])}{' and more' if len(names) > 3 else ''}"
+                for (technique, knob), names in sorted(found.items())]
 
     def caveats(self) -> list[str]:
         """What a planner (or a simulation) of this problem does not see: nodes of

@@ -37,6 +37,8 @@ def command(args: argparse.Namespace) -> int:
     problem, left_out = problem.left_out()
     for caveat in problem.caveats():
         complain("note", caveat)
+    for knob in problem.unknown_knobs():
+        complain("warning", knob)
     for reason in left_out:
         complain("warning", reason)
     unknown = sorted({o.technique for t in problem.tasks for o in t.options}

@@ -31,6 +31,8 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput(f"{args.problem}: {err}") from None
     for caveat in problem.caveats():
         complain("note", caveat)
+    for knob in problem.unknown_knobs():
+        complain("warning", knob)
     for reason in left_out:  # the others are simulated, as a run trains the others
         complain("warning", reason)
     released = [t.name for t in problem.tasks if t.release]
