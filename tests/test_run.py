@@ -257,6 +257,12 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0 and "Leaderboard" not in report.stdout  # no metric defined
     assert "| a | done | 12/12 |" in report.stdout
+    # It says the run was resumed; the slices the kill cut short end where they began
+    # in every report, the resuming launcher's too (it drew them to their planned end).
+    assert "Resumed 1 time(s), at " in report.stdout
+    with open(killed_dir / "report" / "timeline.csv") as timeline:
+        rows = {int(r["slice"]): r for r in csv.DictReader(timeline)}
+    assert all(rows[i]["end_step"] == rows[i]["start_step"] for i in cut_short), rows
 
 
 def test_a_crash_is_retried_and_an_always_failing_task_is_reported(

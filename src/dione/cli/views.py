@@ -164,10 +164,17 @@ def print_profile(profile: Any) -> None:
 
 def print_results(result: Any, run_dir: Path) -> None:
     """A run's table of per-task results, and where its report went."""
+    from dione.orchestrate.plans import read_plans
+
     metrics = sorted({k for t in result.tasks for k in t.evaluation})
+    try:  # a resumed run's figures are this session's; the report counts them all
+        sessions = len({p.clock_zero for p in read_plans(run_dir)})
+    except (OSError, ValueError):
+        sessions = 1
+    which = " (this session's; the report counts every session)" if sessions > 1 else ""
     table = Table(title=f"results ({run_dir}): makespan {result.makespan:.1f} s, first plan "
-                  f"{result.planned_makespan:.1f} s, {result.plans_adopted} plan(s), profiling "
-                  f"{result.profile_seconds:.0f} s")
+                  f"{result.planned_makespan:.1f} s{which}, {result.plans_adopted} plan(s), "
+                  f"profiling {result.profile_seconds:.0f} s")
     table.add_column("task", no_wrap=True)
     for column in ("status", "techniques", "devices", "seconds", "final loss", *metrics,
                    "trained"):

@@ -33,6 +33,24 @@ def lower_is_better(metric: str, directions: Mapping[str, str] | None = None) ->
     return direction_by_name(metric) == "min"
 
 
+def _sessions(plans: Sequence[AdoptedPlan], slices: Sequence[Any], zero: float) -> list[str]:
+    """Where the run was resumed, and the time it stood still between sessions (which
+    the actual end above counts, and a session's own makespan, as `dione run` and
+    `dione resume` print it, does not)."""
+    starts = sorted({p.clock_zero for p in plans})[1:]
+    if not starts:
+        return []
+    idle = 0.0
+    for start in starts:
+        before = [s.ended_at for s in slices if s.ended_at is not None and s.started_at < start]
+        idle += max(0.0, start - max(before, default=start))
+    return [f"Resumed {len(starts)} time(s), at "
+            + ", ".join(f"{start - zero:.1f} s" for start in starts)
+            + f" from the first start; {idle:.1f} s of that stood still between sessions "
+            "(counted in the actual end; each session's own makespan is what `dione run` and "
+            "`dione resume` printed)."]
+
+
 def _simulated_setting(run_dir: Path | None) -> list[str]:
     """A simulated run's cluster, scenario and current practice (from its
     SIMULATED_FILE), as lines of the summary."""
@@ -115,7 +133,9 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
     with RunStore(run_dir) as store:
         zero = _run_start(store, plans)
         heard = store.last_heard()
-        slices = [_as_left(s, store, heard) if gone else s
+        # An interrupted slice ends at the last step it kept, whoever writes the report
+        # (the resuming launcher too); a running one, with no launcher left, is one.
+        slices = [_as_left(s, store, heard) if gone or s.status == "interrupted" else s
                   for s in store.slices() if wanted is None or s.task in wanted]
         with open(folder / "timeline.csv", "w", newline="") as out:
             writer = csv.writer(out)
@@ -239,6 +259,7 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                      f"{len(plans)}.")
     if ended:
         lines.append(f"Actual: last slice ended at {max(ended):.1f} s.")
+    lines += _sessions(plans, slices, zero)
     header = ["task", "status", "steps", "techniques", "devices", "seconds", "final loss",
               *metrics, "trained"]
     lines += ["", "## Tasks", "", _row(header), "|" + " --- |" * len(header)]
