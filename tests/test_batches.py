@@ -117,3 +117,13 @@ class PaddedTogether(Dataset[torch.Tensor]):
 def test_a_data_set_that_fetches_a_batch_at_once_is_asked_for_the_batch() -> None:
     batch = BatchSource(PaddedTogether(), batch_size=8, seed=2).batch(0)
     assert batch.shape[0] == 8 and batch.shape[1] == max(int(row[0]) % 5 + 1 for row in batch)
+
+
+def test_the_loss_items_a_message_names_are_dione_s_own() -> None:
+    """Validation's fix for a padded loss names dione.tokens and dione.samples: both
+    must be there (dione.samples was not: an AttributeError for following the advice)."""
+    import dione
+    from dione.spec import batch
+
+    assert dione.tokens is batch.tokens and dione.samples is batch.samples
+    assert "samples" in dione.__all__

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,14 @@ def test_a_bad_task_does_not_stop_the_others() -> None:
     valid, problems = split_valid(Workload([good, bad]), None, technique_names())
     assert [t.name for t in valid] == ["good"]
     assert [(p.task, p.field) for p in problems] == [("bad", "steps")]
+    # A name that is no string, and hyperparameters that are no dict, were refused but
+    # kept among the valid tasks: the plan's sort, or the store, then crashed the run.
+    numbered = replace(digits_task("x"), name=123)
+    listed = replace(digits_task("listed"), hyperparameters=[1, 2])
+    valid, problems = split_valid(Workload([good, numbered, listed]), None, technique_names())
+    assert [t.name for t in valid] == ["good"]
+    assert [(p.task, p.field) for p in problems] == [("123", "name"),
+                                                     ("listed", "hyperparameters")]
 
 
 def test_epochs_become_steps() -> None:

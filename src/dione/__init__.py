@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         grid,
         load_workload,
         local_cluster,
+        samples,
         shifted_tokens,
         tokens,
     )
@@ -35,7 +36,7 @@ __getattr__ = lazy_exports(__name__, {
     **dict.fromkeys(("Asha", "Median", "Patience", "PausingAsha", "SuccessiveHalving"),
                    "dione.spec.stopping"),
     **dict.fromkeys(("Cluster", "Node", "Task", "Workload", "grid", "load_workload",
-                     "local_cluster", "shifted_tokens", "tokens"), "dione.spec"),
+                     "local_cluster", "samples", "shifted_tokens", "tokens"), "dione.spec"),
     **dict.fromkeys(("SliceContext", "SliceOutcome", "Technique", "get_technique",
                      "register"), "dione.techniques"),
     "TaskInbox": "dione.orchestrate.additions",
@@ -248,6 +249,7 @@ __all__ = [
     "local_cluster",
     "register",
     "run",
+    "samples",
     "shifted_tokens",
     "tokens",
 ]

@@ -7,7 +7,7 @@ import re
 import sys
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -375,6 +375,10 @@ def checked_task(
         bad("epochs", f"must be a positive, finite number, not {task.epochs!r}")
     if not isinstance(task.seed, int):
         bad("seed", f"must be an integer, not {task.seed!r}")
+    if not isinstance(task.hyperparameters, Mapping) or not all(
+            isinstance(k, str) for k in task.hyperparameters):
+        bad("hyperparameters", "must be a dict of names to values (the report's and the "
+            f"dashboards' columns, e.g. {{'lr': 0.01}}), not {task.hyperparameters!r}")
     kind = kind or local_device_kind()
     if task.precision not in PRECISIONS:
         bad("precision", f"must be one of {', '.join(PRECISIONS)}, not {task.precision!r}")
@@ -553,4 +557,6 @@ def split_valid(
     bad = {p.task for p in problems}
     if None in bad:
         return [], problems
-    return [t for t in checked if t.name not in bad], problems
+    # As problems name them: a name that is no string (refused above) by its repr.
+    return [t for t in checked
+            if (t.name if isinstance(t.name, str) else repr(t.name)) not in bad], problems
