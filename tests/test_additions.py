@@ -94,6 +94,29 @@ def test_tasks_added_from_python_are_trained_and_bad_ones_refused(tmp_path: Path
         assert store.task("lr-0.1").hyperparameters == {"lr": 0.1}
 
 
+def test_a_run_with_an_inbox_may_start_with_no_task(tmp_path: Path) -> None:
+    """dione.run([], inbox=...) refused ("the workload has no tasks"), though a run with
+    an open inbox waits for its tasks: a searcher whose first proposals come later."""
+    import dione
+
+    tasks = list(load_workload(growing(tmp_path, [1e-2])))
+    inbox = TaskInbox()
+
+    def later() -> None:
+        time.sleep(1.0)
+        inbox.add(tasks[0])
+        inbox.close()
+
+    feeder = threading.Thread(target=later)
+    feeder.start()
+    result = dione.run([], devices="cpu:1", run_dir=str(tmp_path / "run"), quiet=True,
+                       inbox=inbox, catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK)
+    feeder.join()
+    assert [(t.task, t.status) for t in result.tasks] == [(tasks[0].name, "done")]
+    with pytest.raises(ValueError, match="devices must be text as --devices takes it"):
+        dione.run(tasks, devices=2, run_dir=str(tmp_path / "other"))  # type: ignore[arg-type]
+
+
 def add(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     """`dione add ARGS` in this process (torch's import paid once): status, its output."""
     from dione.cli import main

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from dione.cli import main as dione_main
 from dione.launch import local_placement, run_slice
@@ -309,3 +310,31 @@ def test_a_workload_that_ends_the_process_at_import_is_refused(
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, (command, done.stdout, done.stderr)
         assert "while loading" in done.stderr
+
+
+def test_loading_takes_one_task_keeps_the_caller_s_random_state_and_names_a_changed_model(
+        trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """dione.load of one Task (a TypeError before); the caller's torch draws go on as
+    they would have (a load reseeded them from the task's seed); a model that changed
+    since the run is a CheckpointMismatch naming the fix, from dione.load (torch's
+    CheckpointException, a BaseException, slipped past `except Exception`) and from
+    export (exit 2, not a traceback)."""
+    import dione
+    from dione.spec.workload import load_workload
+    from dione.state.checkpoint import CheckpointMismatch
+
+    workload, run_dir = trained
+    (task,) = list(load_workload(workload))
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    model = dione.load(run_dir, "d", workload=task, latest=True)
+    assert torch.equal(torch.rand(3), expected) and not model.training
+    monkeypatch.setenv("HIDDEN", "32")
+    (wider,) = list(load_workload(workload))
+    with pytest.raises(CheckpointMismatch, match="does not fit the task's model"):
+        dione.load(run_dir, "d", workload=wider, latest=True)
+    code, said = run(capsys, "export", str(run_dir), "d", "--latest", "--workload",
+                     str(workload), "-o", str(run_dir.parent / "out"))
+    assert code == 2 and "does not fit the task's model" in said and "Traceback" not in said

@@ -74,8 +74,13 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     if isinstance(workload, (str, os.PathLike)):
         workload_file = os.fspath(workload)
         workload = load_workload(workload_file)
+    if devices is not None and not isinstance(devices, str):
+        raise ValueError(f"devices must be text as --devices takes it ('cpu:2', 'cuda:4'), "
+                         f"not {devices!r}")
     tasks, problems = valid_tasks(list(workload))
-    if not tasks:
+    if inbox is not None:  # the run waits for the inbox's tasks: it may start with none
+        problems = [p for p in problems if p.field != "tasks"]
+    if not tasks and inbox is None:
         raise ValueError("no task of the workload is valid:\n"
                          + "\n".join(str(p) for p in problems))
     said = _said(on_event, quiet)
@@ -219,6 +224,10 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
     from dione.state.export import load_trained, trained_checkpoint, workload_of_task
 
     run_dir = os.fspath(run_dir)
+    from dione.spec.task import Task
+
+    if isinstance(workload, Task):  # one task: as a list of it
+        workload = [workload]
     if workload is None or isinstance(workload, (str, os.PathLike)):
         workload = load_workload(os.fspath(workload or workload_of_task(run_dir, task)))
     matching = [t for t in workload if t.name == task]

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dione.plan.solve import SOLVERS
 from dione.profile.options import TrialOptions
 from dione.state.lock import RunDirBusy, RunLock
 from dione.state.private import UnsafePathError, private_dir
@@ -128,7 +129,7 @@ def _kind(kind: type, optional: bool = False) -> Callable[[object], str | None]:
 
 
 _OPTION_RULES: dict[str, Callable[[object], str | None]] = {
-    "solver": _kind(str), "time_limit": _number(), "replan_time_limit": _number(),
+    "solver": _one_of(*SOLVERS), "time_limit": _number(), "replan_time_limit": _number(),
     "replan": _kind(bool), "replan_interval": _number(), "replan_margin": _number(False),
     "replan_share": _number(), "replan_rule": _one_of("dione", "saturn"),
     "stopping_horizon": _one_of("auto", "full", "expected", "rung"),

@@ -343,7 +343,16 @@ def checked_task(
 ) -> tuple[Task, list[Problem]]:
     """``check_task``'s problems, and the task as it will train: with the ``loss_items``
     validation found its loss to average over, where dione's own rule does not fit it
-    (``_loss_items``)."""
+    (``_loss_items``). torch's random state is the caller's again after (validation
+    builds models from the task's seed: a notebook's own draws went on from there)."""
+    with torch.random.fork_rng(devices=[]):
+        return _checked_task(task, devices, techniques, kind, inexact)
+
+
+def _checked_task(
+    task: Task, devices: int | None, techniques: Iterable[str] | None,
+    kind: DeviceKind | None, inexact: Iterable[str],
+) -> tuple[Task, list[Problem]]:
     name = task.name if isinstance(task.name, str) else repr(task.name)
     problems: list[Problem] = []
     resolved: dict[str, Any] = {}

@@ -360,14 +360,7 @@ def load_checkpoint(
     try:
         dcp_load(state, checkpoint_id=folder, no_dist=not _grouped())
     except CheckpointException as err:
-        # torch says only "CheckpointException ranks:dict_keys([0])": say what it means.
-        causes = "; ".join(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                           for e, _ in list(err.failures.values())[:1])
-        raise CheckpointMismatch(
-            f"checkpoint {folder} does not fit the task's model and optimizer as they are "
-            f"now ({causes}): the model (or the optimizer) changed since the slice that "
-            "wrote it; train the changed task in a new run directory, or put the code "
-            "back") from None
+        raise _mismatch(folder, err, "model and optimizer") from None
     set_state_dict(model, optimizer, model_state_dict=cast(Any, state["model"]),
                    optim_state_dict=cast(Any, state["optim"]), options=_OPTIONS)
     if scheduler is not None and (folder / "scheduler.pt").is_file():
@@ -401,9 +394,24 @@ def load_model_weights(path: str | Path, model: nn.Module) -> Progress:
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():  # one process is what is meant: torch warns of it
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp_load(state, checkpoint_id=folder, no_dist=True)
+        try:
+            dcp_load(state, checkpoint_id=folder, no_dist=True)
+        except CheckpointException as err:  # a BaseException: `except Exception` missed it
+            raise _mismatch(folder, err, "model") from None
     model.load_state_dict(state["model"])
     return progress
+
+
+def _mismatch(folder: Path, err: CheckpointException, what: str) -> CheckpointMismatch:
+    """torch's CheckpointException, which says only "CheckpointException
+    ranks:dict_keys([0])", as what it means and the fix."""
+    causes = "; ".join(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                       for e, _ in list(err.failures.values())[:1])
+    return CheckpointMismatch(
+        f"checkpoint {folder} does not fit the task's {what} as it is now ({causes}): "
+        f"the {what} changed since the slice that wrote it; train the changed task in a "
+        "new run directory, or put the code back (export and load: give the workload the "
+        "run trained)")
 
 
 def prune_checkpoints(run_dir: str | Path, task: str, keep: int,

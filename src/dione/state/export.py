@@ -133,9 +133,11 @@ def workload_of_task(run_dir: str | Path, task: str) -> str:
 
 def load_trained(task: Task, checkpoint: str | Path) -> nn.Module:
     """A fresh, unwrapped model of ``task`` on the CPU with the checkpoint's weights, in
-    eval mode."""
-    torch.manual_seed(task.seed)
-    model = task.model()
+    eval mode. The caller's random state is left as it was (a notebook's own draws after
+    a load went on from the task's seed)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(task.seed)
+        model = task.model()
     load_model_weights(checkpoint, model)
     return model.eval()
 

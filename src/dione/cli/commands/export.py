@@ -34,7 +34,12 @@ def command(args: argparse.Namespace) -> int:
     except KeyError as err:
         raise BadInput(f"{err.args[0]}; give the workload the run was started with "
                        "(--workload)") from None
-    model = load_trained(task, checkpoint)
+    from dione.state.checkpoint import CheckpointError
+
+    try:
+        model = load_trained(task, checkpoint)
+    except CheckpointError as err:  # the workload's model is not the one trained
+        raise BadInput(str(err)) from None
     try:
         folder = export_model(model, args.output, task, checkpoint)
     except OSError as err:
