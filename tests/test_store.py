@@ -223,3 +223,18 @@ def test_leaderboards_rank_as_the_stopping_rules_judge_else_by_the_metric_s_name
     assert not lower_is_better("answer_accuracy") and not lower_is_better("f1")
     assert lower_is_better("val_wer") and lower_is_better("eval/loss")
     assert not lower_is_better("val_nll", {"val_nll": "max"})
+
+
+def test_status_counts_each_way_a_task_ended(capsys: pytest.CaptureFixture[str]) -> None:
+    """A finished sweep read "3 of 6 task(s) done", its stopped tasks unsaid."""
+    from dione.cli.views import print_status
+    from dione.state.summaries import TaskSummary
+
+    tasks = [TaskSummary(f"t{i}", status, 4, 8) for i, status in enumerate(
+        ["done", "done", "stopped", "stopped", "stopped", "diverged"])]
+    print_status(Path("run"), tasks, 2, [], "no launcher running")
+    said = " ".join(capsys.readouterr().out.split())
+    assert "2 of 6 task(s) done, 3 stopped, 1 diverged, 2 plan(s) adopted" in said, said
+    from dione.state.summaries import figure
+
+    assert (figure(4.377e-06), figure(0.5), figure(0.0)) == ("4.377e-06", "0.5000", "0.0000")

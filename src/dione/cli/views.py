@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dione.cli.console import console
+from dione.state.summaries import error_line, figure
 
 __all__ = ["live_steps", "print_profile", "print_results", "print_sequential_results",
            "print_status", "profile_lines", "profile_progress"]
@@ -183,12 +184,11 @@ def print_results(result: Any, run_dir: Path) -> None:
     for t in result.tasks:
         table.add_row(t.task, t.status, ", ".join(t.techniques) or "-",
                       ", ".join(map(str, t.devices)) or "-", f"{t.seconds:.1f}",
-                      "-" if t.final_loss is None else f"{t.final_loss:.4f}",
-                      *(f"{t.evaluation[m]:.4f}" if m in t.evaluation else "-"
+                      "-" if t.final_loss is None else figure(t.final_loss),
+                      *(figure(t.evaluation[m]) if m in t.evaluation else "-"
                         for m in metrics), "exact" if not t.inexact else "INEXACT")
     console.print(table)
     _say_inexact(result.tasks)
-    from dione.state.summaries import error_line
 
     for t in result.tasks:  # trained, but its last evaluation failed: its metrics are "-"
         if t.status == "done" and t.error:
@@ -215,8 +215,8 @@ def print_sequential_results(outcomes: Sequence[Any], run_dir: Path) -> None:
     for o in outcomes:
         table.add_row(
             o.task, o.technique or "-", str(o.devices), f"{o.seconds:.1f}",
-            "-" if o.final_loss is None else f"{o.final_loss:.4f}",
-            *(f"{o.evaluation[m]:.4f}" if m in o.evaluation else "-" for m in metrics),
+            "-" if o.final_loss is None else figure(o.final_loss),
+            *(figure(o.evaluation[m]) if m in o.evaluation else "-" for m in metrics),
             "failed" if o.error else "done",
         )
     console.print(table)
@@ -228,11 +228,13 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
     """A run's tasks as its store has them, with the slices running now, what ``dione
     add`` asked of it that it has not taken (or refused), and the workload's tasks
     validation refused (never started)."""
-    from dione.state.summaries import error_line
 
     refused = f", {len(invalid)} invalid (never started)" if invalid else ""
+    # Each way a task ended besides done, counted (a sweep's stopped tasks ended as asked).
+    ended = "".join(f", {n} {status}" for status in ("stopped", "diverged", "failed")
+                    if (n := sum(t.status == status for t in tasks)))
     table = Table(title=f"{run_dir}: {sum(t.status == 'done' for t in tasks)} of {len(tasks)} "
-                  f"task(s) done{refused}, {plans} plan(s) adopted; {launcher}")
+                  f"task(s) done{ended}{refused}, {plans} plan(s) adopted; {launcher}")
     for column in ("task", "status", "steps", "techniques", "final loss", "evaluation",
                    "trained", "running now"):
         table.add_column(column)
@@ -240,8 +242,8 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
         now = [s for s in running if s.task == t.task]
         table.add_row(t.task, t.status, f"{t.steps}/{t.total_steps}",
                       ", ".join(t.techniques) or "-",
-                      "-" if t.final_loss is None else f"{t.final_loss:.4f}",
-                      ", ".join(f"{k}={v:.4f}" for k, v in t.evaluation.items()) or "-",
+                      "-" if t.final_loss is None else figure(t.final_loss),
+                      ", ".join(f"{k}={figure(v)}" for k, v in t.evaluation.items()) or "-",
                       "-" if not t.steps and not now
                       else "exact" if not t.inexact and not any(s.inexactness for s in now)
                       else "INEXACT",

@@ -16,7 +16,7 @@ from typing import Any
 from dione.orchestrate.plans import AdoptedPlan, read_plans
 from dione.state.private import private_dir
 from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, SliceRecord
-from dione.state.summaries import TaskSummary, as_left, error_line, summaries
+from dione.state.summaries import TaskSummary, as_left, error_line, figure, summaries
 
 __all__ = ["MetricsWritten", "lower_is_better", "report_after_run", "write_report"]
 
@@ -164,7 +164,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
         for t in tasks:
             writer.writerow([t.task, t.status, t.steps, t.total_steps, " ".join(t.techniques),
                              " ".join(t.devices), f"{t.seconds:.2f}",
-                             "" if t.final_loss is None else f"{t.final_loss:.6f}",
+                             "" if t.final_loss is None else repr(t.final_loss),
                              *(t.evaluation.get(m, "") for m in metrics),
                              json.dumps(t.hyperparameters), t.trained,
                              (t.error or "").splitlines()[0] if t.error else ""])
@@ -264,8 +264,8 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
               *metrics, "trained"]
     lines += ["", "## Tasks", "", _row(header), "|" + " --- |" * len(header)]
     for t in tasks:
-        loss = "-" if t.final_loss is None else f"{t.final_loss:.4f}"
-        values = [f"{t.evaluation[m]:.4f}" if m in t.evaluation else "-" for m in metrics]
+        loss = "-" if t.final_loss is None else figure(t.final_loss)
+        values = [figure(t.evaluation[m]) if m in t.evaluation else "-" for m in metrics]
         lines.append(_row([t.task, t.status, f"{t.steps}/{t.total_steps}",
                            ", ".join(t.techniques) or "-", ", ".join(t.devices) or "-",
                            f"{t.seconds:.1f}", loss, *values,
@@ -282,7 +282,7 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
         for rank, t in enumerate(board, 1):
             early = (f" ({t.status} at step {t.steps} of {t.total_steps})"
                      if t.steps < t.total_steps else "")
-            lines.append(f"| {rank} | {t.task} | {t.evaluation[metric]:.4f}{early} | "
+            lines.append(f"| {rank} | {t.task} | {figure(t.evaluation[metric])}{early} | "
                          f"{json.dumps(t.hyperparameters)} | "
                          f"{'exact' if not t.inexact else '**inexact**'} |")
         lines += [f"| - | {t.task} | diverged | {json.dumps(t.hyperparameters)} | - |"

@@ -10,7 +10,7 @@ from typing import Any
 
 from dione.state.store import RunStore, SliceRecord
 
-__all__ = ["TaskSummary", "as_left", "error_line", "inexact_spans", "summaries"]
+__all__ = ["TaskSummary", "as_left", "error_line", "figure", "inexact_spans", "summaries"]
 
 
 @dataclass
@@ -104,6 +104,14 @@ def as_left(tasks: Sequence[TaskSummary]) -> list[TaskSummary]:
     return [replace(t, status="interrupted")
             if t.status == "running" or (t.status == "pending" and (t.steps or t.cut_short))
             else t for t in tasks]
+
+
+def figure(value: float) -> str:
+    """A loss or metric as the tables show it: four decimals, or three significant
+    digits where those would read 0.0000 (a loss of 4e-06 is not zero)."""
+    if value != 0 and abs(value) < 5e-4:
+        return f"{value:.3e}"
+    return f"{value:.4f}"
 
 
 def error_line(error: str) -> str:
