@@ -200,6 +200,7 @@ def test_the_report_page_holds_the_tables_and_both_figures(tmp_path: Path) -> No
                                          for src in page.images)
     assert "stopped" in page.cells and "t0" in page.cells
     assert "dione run report: SIMULATED" in page.headings and "Stopped early" in page.headings
+    assert '<a href="timeline.csv">' in (folder / "index.html").read_text()  # and the rest
 
 
 def test_tensorboard_holds_every_step_evaluation_and_the_hparams(tmp_path: Path) -> None:

@@ -492,6 +492,9 @@ def test_the_leaderboard_ranks_tasks_stopped_early_after_those_that_ended() -> N
 
     assert _markdown_tables("## Stopped early\n- b at step 10: <x>\n- d") == \
         "<h2>Stopped early</h2>\n<ul><li>b at step 10: &lt;x&gt;</li><li>d</li></ul>"
+    # ... and its `code` and **bold** as such (they showed as backticks and asterisks).
+    assert _markdown_tables("use `dione export --latest` on **b**") == \
+        "<p>use <code>dione export --latest</code> on <b>b</b></p>"
 
 
 def test_a_task_that_trained_no_step_is_not_said_to_have_trained_exactly() -> None:

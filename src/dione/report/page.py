@@ -25,6 +25,24 @@ def _image(path: Path, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
+def _inline(text: str) -> str:
+    """One line of the summary as HTML: escaped, its `code` spans and **bold** marked."""
+    import re
+
+    escaped = html.escape(text)
+    escaped = re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", escaped)
+
+
+def _files(folder: Path) -> str:
+    """Links to the report's own files (every slice, every step's loss and metric)."""
+    names = [("timeline.csv", "every slice"), ("metrics.csv", "every step's loss and metric"),
+             ("summary.csv", "per task"), ("summary.md", "this summary"),
+             ("gantt.png", "the Gantt chart"), ("curves.png", "the learning curves")]
+    return ", ".join(f'<a href="{name}">{name}</a> ({what})' for name, what in names
+                     if (folder / name).is_file()) or "none yet"
+
+
 def _markdown_tables(text: str) -> str:
     """The summary's Markdown as HTML: headings, tables, lists and paragraphs (all it
     holds)."""
@@ -47,21 +65,21 @@ def _markdown_tables(text: str) -> str:
         if line.startswith("|"):
             if items:
                 flush()
-            cells = [html.escape(c.strip()) for c in line.strip().strip("|").split("|")]
+            cells = [_inline(c.strip()) for c in line.strip().strip("|").split("|")]
             if not all(set(c) <= {"-", ":", " "} for c in cells):
                 table.append(cells)
             continue
         if line.startswith("- "):
             if table:
                 flush()
-            items.append(html.escape(line[2:]))
+            items.append(_inline(line[2:]))
             continue
         flush()
         if line.startswith("#"):
             level = min(len(line) - len(line.lstrip("#")), 3)
             out.append(f"<h{level}>{html.escape(line.lstrip('#').strip())}</h{level}>")
         elif line.strip():
-            out.append(f"<p>{html.escape(line)}</p>")
+            out.append(f"<p>{_inline(line)}</p>")
     flush()
     return "\n".join(out)
 
@@ -85,6 +103,7 @@ th {{ background: #eee; }}
 img {{ max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }}
 </style></head><body>
 {_markdown_tables(summary)}
+<p>Beside this page: {_files(folder)}</p>
 <h2>Plan and reality</h2>
 {_image(folder / "gantt.png", "Gantt chart: the first adopted plan and the actual slices")}
 <h2>Learning curves</h2>
@@ -136,7 +155,9 @@ class LiveReport:
 
         _yield_to_training()
         written = MetricsWritten()  # metrics.csv's rows, appended to as steps come
-        pause = self.every
+        # The first write comes soon after the first change (the plan): a page to open,
+        # and a report a run killed in its first half minute leaves; then every `every`.
+        pause = min(self.every, 2.0)
         while not self._stop.wait(pause):
             if not self._changed.is_set():
                 continue
@@ -152,6 +173,7 @@ class LiveReport:
             # At most a tenth of one core, however large the run grows: the launcher's
             # core is the gangs' on a small machine.
             pause = max(self.every, 9 * (time.monotonic() - began))
+        # (A change not yet written when the run ends: the final report writes it.)
 
     def close(self) -> list[str]:
         """Stop; close each dashboard (with the tasks' results). What failed, one
