@@ -5,7 +5,7 @@ Per task: its hyperparameters as params; each slice's technique, knobs, node and
 devices as a param ``slice.<first step>``; ``loss``, ``step_seconds``, ``throughput``,
 ``devices`` and each parameter group's ``learning_rate/group_<k>`` by step; each
 evaluation as ``eval/<metric>`` at its step; at the end ``final/<metric>``, a
-``dione.status`` tag, the run's status (FINISHED for a task done or stopped by its rule,
+``dione.status`` tag (and ``dione.stop_reason``, or ``dione.error``), the run's status (FINISHED for a task done or stopped by its rule,
 FAILED for failed or diverged, KILLED for one the run left unfinished) and, once a task
 is done, its exported model as the ``model`` artifact (as ``dione export`` writes it).
 Writing again into the same tracking store continues the same runs (found by the dione
@@ -255,8 +255,9 @@ class MlflowExport:
                 results.append(("final/loss", t.final_loss, t.steps))
             self._log(t.task, results, {"trained": _value(t.trained)})
             self.client.set_tag(run_id, "dione.status", t.status)
-            if t.error:
-                self.client.set_tag(run_id, "dione.error", t.error.splitlines()[0][:5000])
+            if t.error:  # a stopped task's "error" is its rule's reason, not a failure
+                self.client.set_tag(run_id, "dione.stop_reason" if t.status == "stopped"
+                                    else "dione.error", t.error.splitlines()[0][:5000])
             self.client.set_terminated(run_id, _TERMINAL.get(t.status, "KILLED"))
         ended = all(t.status in _TERMINAL for t in tasks)
         self.client.set_terminated(self.parent, "FINISHED" if ended else "KILLED")

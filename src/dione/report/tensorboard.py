@@ -73,8 +73,12 @@ class TensorBoardExport:
         if task not in self._writers:
             # A queue that never fills: with the default (10 events) every add_scalar
             # waited for the writer thread, 20 s of a 24,000-step run's close.
+            # purge_step 0: this export writes the task's whole history from the store,
+            # so what an earlier export (a report before, the run before a resume) left
+            # in the folder is hidden, not shown twice.
             self._writers[task] = self._writer_type(log_dir=str(self.out / task),
-                                                    max_queue=1_000_000, flush_secs=3600)
+                                                    max_queue=1_000_000, flush_secs=3600,
+                                                    purge_step=0)
         return self._writers[task]
 
     def update(self) -> None:
@@ -161,6 +165,8 @@ class TensorBoardExport:
             writer = self._writer(t.task)
             writer.add_text("status", f"{t.status} at step {t.steps} of {t.total_steps}"
                             + (f": {t.error.splitlines()[0]}" if t.error else ""), t.steps)
+            # (HParams' own session status reads success for every task: the status
+            # text above, and the "stopped at step" it names, say how each ended.)
             results = {f"final/{k}": v for k, v in t.evaluation.items()}
             if t.final_loss is not None:
                 results["final/loss"] = t.final_loss
