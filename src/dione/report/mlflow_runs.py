@@ -5,8 +5,9 @@ Per task: its hyperparameters as params; each slice's technique, knobs, node and
 devices as a param ``slice.<first step>``; ``loss``, ``step_seconds``, ``throughput``,
 ``devices`` and each parameter group's ``learning_rate/group_<k>`` by step; each
 evaluation as ``eval/<metric>`` at its step; at the end ``final/<metric>``, a
-``dione.status`` tag (and ``dione.stop_reason``, or ``dione.error``), the run's status (FINISHED for a task done or stopped by its rule,
-FAILED for failed or diverged, KILLED for one the run left unfinished) and, once a task
+``dione.status`` tag (and ``dione.stop_reason``, or ``dione.error``), the run's
+status (FINISHED for a task done or stopped by its rule, FAILED for failed or
+diverged, KILLED for one the run left unfinished) and, once a task
 is done, its exported model as the ``model`` artifact (as ``dione export`` writes it).
 Writing again into the same tracking store continues the same runs (found by the dione
 run's id), so ``dione report --mlflow`` after ``dione run --mlflow`` adds only what is
