@@ -284,3 +284,20 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
             assert store.evaluation(name).get("accuracy") is not None
         again_from = [s.start_step for s in store.slices("raises")][1]
         assert again_from == 0  # its only checkpoint was the rung's: from the start
+
+
+def test_an_evaluate_that_returns_no_dict_of_numbers_is_named() -> None:
+    """It read "TypeError: 'float' object is not iterable" from dione's own code."""
+    import torch
+
+    from dione.techniques.evaluate import evaluate_model
+
+    for returned, said in ((0.5, "returned float 0.5: it must return a dict of metric "
+                                 "names to numbers"),
+                           ({"acc": "high"}, "returned 'acc': 'high', which is not a number")):
+        task = dataclasses.replace(digits_task("e"), evaluate=lambda model, r=returned: r)
+        with pytest.raises(TypeError, match=said):
+            evaluate_model(task, task.model())
+    task = dataclasses.replace(digits_task("e"),
+                               evaluate=lambda model: {"a": torch.tensor(0.5), "b": 2})
+    assert evaluate_model(task, task.model()) == {"a": 0.5, "b": 2.0}

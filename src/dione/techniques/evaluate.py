@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -58,9 +58,18 @@ def evaluate_model(task: Task, model: nn.Module) -> dict[str, float]:
     with _own_generators(), torch.no_grad():
         torch.manual_seed(task.seed)
         metrics = task.evaluate(model)
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"evaluate of task {task.name!r} returned {type(metrics).__name__} "
+                        f"{metrics!r:.80}: it must return a dict of metric names to numbers, "
+                        "e.g. {'accuracy': 0.93}")
     result = {}
-    for name, value in dict(metrics).items():
-        number = float(value)
+    for name, value in metrics.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"evaluate of task {task.name!r} returned {name!r}: {value!r:.80}, "
+                            "which is not a number: each metric must be a number (a float, "
+                            "an int, a one-element tensor)") from None
         if not math.isfinite(number):
             raise ValueError(f"evaluation metric {name!r} of task {task.name!r} is {number}")
         result[str(name)] = number
