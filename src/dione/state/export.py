@@ -67,8 +67,10 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
         if record.status in ("stopped", "diverged"):  # resume never trains it again
             raise ExportError(f"task {task!r} is {record.status}, not done{step}, and will "
                               f"not train again: {latest_fix}")
+        how = (f"`dione resume {run}`" if (run / "run.json").is_file() else
+               "dione.run (or dione.optuna.optimize) again with this run directory")
         raise ExportError(f"task {task!r} is {record.status}, not done{step}: finish it with "
-                          f"`dione resume {run}`, or {latest_fix}")
+                          f"{how}, or {latest_fix}")
     if checkpoint is None or not Path(checkpoint.path).is_dir():
         raise ExportError(f"task {task!r} of run {run} has no checkpoint on disk"
                           + (f" (the store names {checkpoint.path})" if checkpoint else ""))

@@ -32,6 +32,10 @@ def command(args: argparse.Namespace) -> int:
     except (OSError, sqlite3.Error, ValueError) as err:
         raise BadInput(f"{run_dir} cannot be read ({type(err).__name__}: {err})") from None
     holder = lock_holder(run_dir)
+    # How it goes on: a run started from Python (no run.json) by the same call again.
+    go_on = ("`dione resume` continues" if (run_dir / "run.json").is_file() else
+             "calling dione.run (or dione.optuna.optimize) again with this run directory "
+             "continues")
     unfinished = [t for t in tasks if t.status in ("running", "pending", "paused")]
     if holder is not None and holder.alive:
         launcher = f"live: launcher pid {holder.pid} on {holder.host}"
@@ -40,13 +44,13 @@ def command(args: argparse.Namespace) -> int:
         # it ran was cut short (as the report shows it).
         launcher = ("dead: its launcher "
                     + (f"(pid {holder.pid} on {holder.host}) " if holder is not None else "")
-                    + "is gone; `dione resume` continues from the last checkpoints")
+                    + f"is gone; {go_on} from the last checkpoints")
         running = []
         tasks = as_left(tasks)
     elif unfinished:
         # Stopped cleanly (Ctrl-C, SIGTERM) before its end: read as a killed run reads.
-        launcher = ("no launcher running: the run stopped before its end; `dione resume` "
-                    "continues it from the last checkpoints")
+        launcher = ("no launcher running: the run stopped before its end; "
+                    f"{go_on} from the last checkpoints")
         tasks = as_left(tasks)
     else:
         launcher = "no launcher running"
