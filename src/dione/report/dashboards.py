@@ -105,8 +105,8 @@ def open_dashboards(run_dir: str | Path, *, tensorboard: str | Path | None = Non
         except RuntimeError:
             raise  # the extra is not installed: said so
         except Exception as err:  # MLflow's own errors for a URI it cannot use
+            said = " ".join(str(err).split())  # MLflow's whole reason (its own fix too)
             raise ValueError(f"--mlflow {uri or '(MLflow default)'}: MLflow cannot use it "
-                             f"({type(err).__name__}: {str(err)[:200]}); give a tracking "
-                             "URI it takes (a folder, sqlite:///mlflow.db, "
-                             "http://host:5000)") from None
+                             f"({type(err).__name__}: {said[:1000]}); give a tracking URI "
+                             "it takes (sqlite:///mlflow.db, http://host:5000)") from None
     return boards
