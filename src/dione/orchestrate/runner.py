@@ -621,9 +621,12 @@ class Runner:
                                        f"evaluation failed:\n{result.evaluation_error}")
             self._ended(record, result.evaluation)
         elapsed = self.now() - running.began
-        planned = running.predicted_end - running.began
+        planned = running.predicted_end - running.began  # revised from its pace, if heard
+        revised = (f", {planned:.1f} s from its pace" if abs(
+            planned - running.predicted_seconds) > 0.05 * max(planned, 1.0) else "")
         self.emit(RunEvent("slice_finished", f"{name}: steps {result.start_step}-"
-                           f"{result.end_step} in {elapsed:.1f} s (predicted {planned:.1f} s)"
+                           f"{result.end_step} in {elapsed:.1f} s (predicted "
+                           f"{running.predicted_seconds:.1f} s at its launch{revised})"
                            + (" - done" if ended else ""), name))
         if running.at_rung and not ended:
             unjudged = self._unjudgeable(record, result)
