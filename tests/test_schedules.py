@@ -178,6 +178,15 @@ def test_partition_follows_costs_and_split_points() -> None:
         ((0, 1), (1, 4)), ((0, 2), (2, 4)), ((0, 3), (3, 4)))
 
 
+class _OneBlock(nn.Module):
+    """A one-layer configuration of a model with a list of blocks (GPT-2 with n_layer=1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Linear(2, 2), nn.Linear(2, 2)
+        self.blocks = nn.ModuleList([nn.Linear(2, 2)])
+
+
 @pytest.mark.parametrize(
     ("model", "stages", "split", "message"),
     [
@@ -191,8 +200,11 @@ def test_partition_follows_costs_and_split_points() -> None:
          "2 stages, not 3"),
         (lambda: nn.Sequential(nn.Linear(2, 2), nn.ReLU()), 2, None,
          "no cut of its layers (0, 1) into 2 stages gives every stage trainable parameters"),
+        (lambda: _OneBlock(), 2, None,  # not "neither an nn.Sequential nor ..."
+         "its model's list of blocks (blocks) holds one block: a pipeline needs at least two"),
     ],
-    ids=["not-sequential", "too-few-layers", "unknown-split", "too-few-splits", "no-params"],
+    ids=["not-sequential", "too-few-layers", "unknown-split", "too-few-splits", "no-params",
+         "one-block"],
 )
 def test_models_that_cannot_be_cut_say_why(model, stages, split, message) -> None:
     with pytest.raises(PartitionError) as caught:

@@ -123,6 +123,14 @@ def find_stage_plan(model: nn.Module) -> StagePlan:
             "forward passes only the hidden state from block to block, or leave the pipelines out")
     container = lists[0] if lists else None
     if container is None:
+        single = [path for path, module in model.named_modules()
+                  if isinstance(module, nn.ModuleList) and len(list(module.children())) == 1
+                  and any(p.numel() for p in module.parameters())]
+        if single:  # a one-layer configuration: nothing to cut between
+            raise _PlanError(
+                f"its model's list of blocks ({single[0]}) holds one block: a pipeline needs "
+                "at least two stages to cut between; give the model two or more layers, or "
+                "leave the pipelines out of the task's techniques")
         raise _PlanError(
             f"its model is a {type(model).__name__}, neither an nn.Sequential nor a model with "
             "an nn.ModuleList of repeated blocks; give the model class a "
