@@ -173,7 +173,8 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
                                                  simulated, invalid, directions, run_dir))
     from dione.report.gantt import draw_gantt
 
-    draw_gantt(plans[0] if plans else None, slices, zero, folder / "gantt.png", simulated)
+    draw_gantt(plans[0] if plans else None, slices, zero, folder / "gantt.png", simulated,
+               ended={t.task: t.status for t in tasks})
     from dione.report.curves import draw_curves
     from dione.report.page import write_page
 

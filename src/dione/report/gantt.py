@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +13,12 @@ __all__ = ["draw_gantt"]
 
 def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
                path: Path, simulated: bool = False,
-               which: str = "plan (first adopted)") -> None:
+               which: str = "plan (first adopted)",
+               ended: Mapping[str, str] | None = None) -> None:
     """Two panels sharing the time axis: the first adopted plan and the actual slices
-    (failed or interrupted ones hatched), seconds from the run's start; a simulated
+    (failed or interrupted ones hatched, drawn at least a sliver wide), seconds from the
+    run's start; the last slice of a task its rule stopped (``ended``: task -> status)
+    marked with an x at its end; a label where its bar has room for it; a simulated
     run's says so in both titles."""
     import matplotlib
 
@@ -35,7 +38,13 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
         for device in s.device_ids:
             actual.append((f"{s.node}:{device}", s.task, s.technique, s.started_at - zero,
                            end - zero, s.status))
+    last: dict[str, Any] = {}  # each task's last actual slice: where a stop is marked
+    for s in slices:
+        if s.status == "done" and (s.task not in last or s.end_step >= last[s.task].end_step):
+            last[s.task] = s
+    stops = [s for task, s in last.items() if (ended or {}).get(task) == "stopped"]
     rows = sorted({r[0] for r in planned + actual})
+    span = max([r[4] for r in planned + actual] + [1e-3])
     tasks = sorted({r[1] for r in planned + actual})
     colours = plt.get_cmap("tab20")
     colour = {t: colours(i % 20) for i, t in enumerate(tasks)}
@@ -47,15 +56,23 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
                                                                  if simulated else ""))):
         for row, task, technique, start, end, status in bars:
             y = rows.index(row)
-            ax.barh(y, max(end - start, 1e-3), left=start, color=colour[task],
-                    edgecolor="black", linewidth=0.5,
-                    hatch="//" if status not in ("done", "running") else None)
-            if end - start > 0:
+            cut = status not in ("done", "running")
+            ax.barh(y, max(end - start, 0.004 * span if cut else 1e-3), left=start,
+                    color=colour[task], edgecolor="black", linewidth=0.5,
+                    hatch="//" if cut else None)
+            if end - start > 0.06 * span:  # room for it: narrower labels overlapped
                 ax.text(start + (end - start) / 2, y, f"{task}\n{technique}", ha="center",
                         va="center", fontsize=6, clip_on=True)
+        if bars is actual:
+            for s in stops:
+                for device in s.device_ids:
+                    ax.plot((s.ended_at or s.started_at) - zero,
+                            rows.index(f"{s.node}:{device}"), marker="x", color="black",
+                            markersize=7, markeredgewidth=2)
         ax.set_yticks(range(len(rows)), rows)
         ax.invert_yaxis()
-        ax.set_title(title, fontsize=9, loc="left")
+        ax.set_title(title + (" (x: a task its rule stopped)" if bars is actual and stops
+                              else ""), fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)
     axes[1].set_xlabel("seconds from the run's start")
     figure.tight_layout()
