@@ -580,7 +580,8 @@ def test_an_untried_option_is_estimated_as_slow_as_the_task_ran_under_its_others
     """A task measured twice as slow as profiled under single is expected twice as slow
     under ddp, which it has not run (a re-plan took ddp at its profiled speed, and a
     slowed task hopped from option to option); an option it ran keeps its own measure;
-    a task that ran nowhere keeps the profile's."""
+    a task that ran nowhere, or within the slices' spread of its profile, keeps the
+    profile's."""
     from dione.orchestrate.estimates import Estimates
 
     problem = small_problem(2)
@@ -588,6 +589,7 @@ def test_an_untried_option_is_estimated_as_slow_as_the_task_ran_under_its_others
     estimates = Estimates(profile)
     single = profile.task("t0").option("single", 1)
     ddp = profile.task("t0").option("ddp", 2)
+    single_1, ddp_1 = profile.task("t1").option("single", 1), profile.task("t1").option("ddp", 2)
     assert single is not None and ddp is not None
     assert single.record.step_seconds and ddp.record.step_seconds
     estimates.measured_slice("t0", "single", 1, [9.9] + [2 * single.record.step_seconds] * 4)
@@ -595,6 +597,12 @@ def test_an_untried_option_is_estimated_as_slow_as_the_task_ran_under_its_others
         2 * single.record.step_seconds)
     assert estimates.expected_step("t0", "ddp", 2) == pytest.approx(
         2 * ddp.record.step_seconds)
+    assert estimates.expected_step("t1", "ddp", 2) is None
+    # Within a slice's own spread (here 10% slower) a task is not taken to be slower
+    # elsewhere: its untried options keep the profile (taken so, a sweep's plans moved
+    # with every slice's noise: RESULTS, "A task's slowdown carried ...").
+    assert single_1 is not None and ddp_1 is not None
+    estimates.measured_slice("t1", "single", 1, [9.9] + [1.1 * single_1.record.step_seconds] * 4)
     assert estimates.expected_step("t1", "ddp", 2) is None
     planned = estimates.task_options("t0", 10, resumed=True, evaluations=0)
     assert {o.technique: o.seconds for o in planned.options}["ddp"] == pytest.approx(

@@ -29,6 +29,11 @@ __all__ = ["AUTO_SLICE_FLOOR_SECONDS", "AUTO_SLICE_START_UP_SHARE", "Estimates",
 AUTO_SLICE_START_UP_SHARE = 0.05
 AUTO_SLICE_FLOOR_SECONDS = 300.0
 
+# A task measured this many times slower (or faster) than profiled under the options it
+# ran is taken to be so under the others; nearer 1, the slices' own spread (a slice's
+# pace varies by some 10% on a shared machine) is no slowdown of the task.
+SLOWDOWN_SEEN = 1.25
+
 # (technique, devices) -> the mean step time this task measured so, if it ran so.
 Measured = Callable[[str, int], "float | None"]
 
@@ -154,7 +159,10 @@ class Estimates:
         option = profile.option(technique, devices)
         if not profiled or option is None or not option.record.step_seconds:
             return None
-        return option.record.step_seconds * measured / profiled
+        ratio = measured / profiled
+        if abs(math.log(ratio)) < math.log(SLOWDOWN_SEEN):
+            return None  # within a slice's own spread: the profile stands
+        return option.record.step_seconds * ratio
 
     def option_seconds(self, task: str, option: ProfiledOption, steps: int,
                        resumed: bool, evaluations: int, restarts: int = 0) -> float:
