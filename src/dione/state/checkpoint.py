@@ -408,7 +408,8 @@ def _mismatch(folder: Path, err: CheckpointException, what: str) -> CheckpointMi
     causes = "; ".join(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                        for e, _ in list(err.failures.values())[:1])
     return CheckpointMismatch(
-        f"checkpoint {folder} does not fit the task's {what} as it is now ({causes}): "
+        f"checkpoint {folder} does not fit the task's {what} as "
+        f"{'they are' if ' and ' in what else 'it is'} now ({causes}): "
         f"the {what} changed since the slice that wrote it; train the changed task in a "
         "new run directory, or put the code back (export and load: give the workload the "
         "run trained)")
