@@ -95,14 +95,9 @@ def simulate(
     scenario = scenario or Scenario()
     cluster = cluster or problem_cluster(problem)
     tasks, profile = problem_workload(problem, steps, cluster, stopping)
-    result = simulate_profile(tasks, profile, run_dir, cluster=cluster, scenario=scenario,
-                              options=options, on_event=on_event)
-    result.current_practice = current_practice(problem, cluster, scenario)
-    setting = Path(run_dir) / SIMULATED_FILE  # the report shows it beside the makespan
-    write_private(setting, json.dumps({**json.loads(setting.read_text()),
-                                       "current_practice": result.current_practice},
-                                      indent=1) + "\n")
-    return result
+    return simulate_profile(tasks, profile, run_dir, cluster=cluster, scenario=scenario,
+                            options=options, on_event=on_event,
+                            baseline=current_practice(problem, cluster, scenario))
 
 
 def simulate_profile(
@@ -114,9 +109,12 @@ def simulate_profile(
     scenario: Scenario | None = None,
     options: RunOptions | None = None,
     on_event: Callable[[RunEvent], None] | None = None,
+    baseline: float = 0.0,
 ) -> SimulationResult:
     """Run ``tasks`` as ``profile`` predicts them (a real workload's, from the catalog, or
-    a problem's) on ``cluster``, as ``scenario`` says, on a virtual clock."""
+    a problem's) on ``cluster``, as ``scenario`` says, on a virtual clock. ``baseline``:
+    current practice's makespan on the same (0: not computed), kept with the run for
+    its report."""
     scenario = scenario or Scenario()
     scenario.check_nodes([n.name for n in cluster])
     scenario.check_tasks([t.name for t in tasks])
@@ -130,7 +128,8 @@ def simulate_profile(
         _fresh(run_dir)
         write_private(run_dir / SIMULATED_FILE, json.dumps(
             {"scenario": scenario.to_json(), "tasks": len(tasks),
-             "cluster": [{"name": n.name, "devices": n.devices} for n in cluster]},
+             "cluster": [{"name": n.name, "devices": n.devices} for n in cluster],
+             **({"current_practice": baseline} if baseline else {})},
             indent=1) + "\n")
         machines = VirtualCluster(virtual, scenario, list(cluster))
         launching = SimulatedLaunching(run_dir, profile, virtual, scenario, machines)
@@ -143,7 +142,7 @@ def simulate_profile(
             runner.store.close()
         statuses = {name: r.status.value for name, r in runner.state.records.items()}
         return SimulationResult(
-            run_dir, runner.now(), runner.first_planned or 0.0, 0.0, statuses,
+            run_dir, runner.now(), runner.first_planned or 0.0, baseline, statuses,
             runner.slices_launched, runner.plans_adopted, runner.replanner.solves,
             runner.replanner.seconds, time.perf_counter() - began)
 

@@ -503,15 +503,14 @@ class RunStore(SQLiteFile):
         the store last heard from the run (the launcher lived at least so long; not now,
         which drew a slice killed in its first second over the whole downtime)."""
         host = socket.gethostname()
-        stale = [row["id"] for row in self._db.execute(
-            "SELECT id, host, owner_pid FROM slices WHERE status = 'running'")
+        stale = [(row["id"], row["started_at"]) for row in self._db.execute(
+            "SELECT id, host, owner_pid, started_at FROM slices WHERE status = 'running'")
             if row["host"] == host and not pid_alive(row["owner_pid"])]
         heard = self.last_heard()
-        for slice_id in stale:
+        for slice_id, started_at in stale:
             self.fail_slice(slice_id, "the launching process died before the slice ended",
-                            status="interrupted",
-                            ended_at=max(heard, self.slice(slice_id).started_at))
-        return stale
+                            status="interrupted", ended_at=max(heard, started_at))
+        return [slice_id for slice_id, _ in stale]
 
     def last_heard(self) -> float:
         """The latest time the store holds of the run's doing (a slice's start or end, a
@@ -555,14 +554,11 @@ class RunStore(SQLiteFile):
     def set_invalid(self, problems: Mapping[str, Sequence[str]]) -> None:
         """The workload's tasks that validation refused when this run (or its latest
         resume) started, each with its problems: never registered, never trained."""
-        with self._transaction() as db:
-            db.execute("INSERT OR REPLACE INTO run VALUES ('invalid', ?)",
-                       (json.dumps({k: list(v) for k, v in problems.items()}),))
+        self._set_run_value("invalid", {k: list(v) for k, v in problems.items()})
 
     def invalid(self) -> dict[str, list[str]]:
         """``set_invalid``'s tasks and problems (empty: every task was valid)."""
-        row = self._db.execute("SELECT value FROM run WHERE key = 'invalid'").fetchone()
-        return {} if row is None else {str(k): list(v) for k, v in json.loads(row[0]).items()}
+        return {str(k): list(v) for k, v in self._run_value("invalid").items()}
 
     def add_directions(self, directions: Mapping[str, str]) -> None:
         """Which way each metric is better ("min" or "max"), as the tasks' stopping
@@ -571,14 +567,22 @@ class RunStore(SQLiteFile):
         known = self.directions()
         fresh = {m: d for m, d in directions.items() if m not in known}
         if fresh:
-            with self._transaction() as db:
-                db.execute("INSERT OR REPLACE INTO run VALUES ('directions', ?)",
-                           (json.dumps({**known, **fresh}, sort_keys=True),))
+            self._set_run_value("directions", dict(sorted({**known, **fresh}.items())))
 
     def directions(self) -> dict[str, str]:
         """``add_directions``'s metrics and their directions (empty: none recorded)."""
-        row = self._db.execute("SELECT value FROM run WHERE key = 'directions'").fetchone()
-        return {} if row is None else {str(k): str(v) for k, v in json.loads(row[0]).items()}
+        return {str(k): str(v) for k, v in self._run_value("directions").items()}
+
+    def _set_run_value(self, key: str, value: Mapping[str, Any]) -> None:
+        """A JSON object kept under ``key`` in the run's own table."""
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO run VALUES (?, ?)",
+                       (key, json.dumps(value)))
+
+    def _run_value(self, key: str) -> dict[str, Any]:
+        """``_set_run_value``'s object under ``key`` (empty: none kept)."""
+        row = self._db.execute("SELECT value FROM run WHERE key = ?", (key,)).fetchone()
+        return {} if row is None else dict(json.loads(row[0]))
 
     @property
     def run_id(self) -> str:
