@@ -10,6 +10,8 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -158,6 +160,22 @@ def test_a_run_json_out_of_range_or_of_the_wrong_type_is_refused(
         assert code == 2 and f"run option {field}=" in said, said
 
 
+@contextmanager
+def held_by_another_process(run_dir: Path) -> Iterator[subprocess.Popen[str]]:
+    """``run_dir``'s lock held by another live process (a launcher, as far as the lock
+    tells) while the block runs; the process, whose pid the block may name."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from dione.state.lock import RunLock\n"
+         "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)",
+         str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_resume_of_a_run_a_live_launcher_holds_is_refused_with_its_pid(
         trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     """`dione resume` on a directory another launcher is running: refused before it
@@ -168,17 +186,9 @@ def test_resume_of_a_run_a_live_launcher_holds_is_refused_with_its_pid(
 
     SavedRun(str(workload), RunOptions()).write(run_dir)
     store_before = (run_dir / "dione.sqlite").read_bytes()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from dione.state.lock import RunLock\n"
-         "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)",
-         str(run_dir)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with held_by_another_process(run_dir) as holder:
         capsys.readouterr()
         code, said = run(capsys, "resume", str(run_dir))
-    finally:
-        holder.kill()
-        holder.wait()
     assert code == 2 and "in use by another dione launcher" in said, said
     assert f"pid {holder.pid}" in said and "Traceback" not in said
     assert (run_dir / "dione.sqlite").read_bytes() == store_before
@@ -203,19 +213,11 @@ def test_the_lock_cannot_be_bypassed_by_deleting_it_nor_followed_through_a_symli
         assert victim.read_text() == "the user's own file\n"
         assert not (run_dir / "lock").is_symlink()
         assert json.loads((run_dir / "lock").read_text())["pid"] == os.getpid()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from dione.state.lock import RunLock\n"
-         "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)",
-         str(run_dir)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with held_by_another_process(run_dir) as holder:
         with pytest.raises(RunDirBusy, match=f"pid {holder.pid}"):
             RunLock(run_dir).acquire()
         found = lock_holder(run_dir)
         assert found is not None and found.alive and found.pid == holder.pid
-    finally:
-        holder.kill()
-        holder.wait()
     found = lock_holder(run_dir)
     assert found is not None and not found.alive
     # As every command and dione.run take it: held in the block, free after it (it was

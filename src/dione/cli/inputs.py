@@ -3,13 +3,15 @@ directory; BadInput saying what is wrong with any of them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dione.cli.console import complain
 from dione.cli.errors import BadInput
 
-__all__ = ["claimed", "default_run_dir", "load", "ray_launcher", "valid_tasks"]
+__all__ = ["claimed", "default_run_dir", "load", "ray_launcher", "say_problem_notes",
+           "valid_tasks"]
 
 
 def load(path: str) -> Any:
@@ -41,6 +43,17 @@ def valid_tasks(workload_file: str, devices: str | None, what: str,
     if not tasks:
         raise BadInput(f"no task of the workload is valid; nothing {what}")
     return tasks, problems, cluster
+
+
+def say_problem_notes(problem: Any, left_out: Sequence[str]) -> None:
+    """What a plan or a simulation of a problem file does not see or cannot use (its
+    caveats, knobs its techniques do not take), and the tasks it left out, said."""
+    for caveat in problem.caveats():
+        complain("note", caveat)
+    for knob in problem.unknown_knobs():
+        complain("warning", knob)
+    for reason in left_out:  # the others are planned, as a run trains the others
+        complain("warning", reason)
 
 
 def output_file(path: str | None) -> Path | None:

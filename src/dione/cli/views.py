@@ -189,7 +189,6 @@ def print_results(result: Any, run_dir: Path) -> None:
                         for m in metrics), "exact" if not t.inexact else "INEXACT")
     console.print(table)
     _say_inexact(result.tasks)
-
     for t in result.tasks:  # trained, but its last evaluation failed: its metrics are "-"
         if t.status == "done" and t.error:
             console.print(Text(f"evaluation failed: {t.task}: {error_line(t.error)} (its "
@@ -228,7 +227,6 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
     """A run's tasks as its store has them, with the slices running now, what ``dione
     add`` asked of it that it has not taken (or refused), and the workload's tasks
     validation refused (never started)."""
-
     refused = f", {len(invalid)} invalid (never started)" if invalid else ""
     # Each way a task ended besides done, counted (a sweep's stopped tasks ended as asked).
     ended = "".join(f", {n} {status}" for status in ("stopped", "diverged", "failed")

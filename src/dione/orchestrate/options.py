@@ -94,7 +94,6 @@ class RunOptions:
             raise ValueError(f"run option trial={self.trial!r}: must be a TrialOptions")
 
 
-
 def _number(positive: bool = True, optional: bool = False, whole: bool = False
             ) -> Callable[[object], str | None]:
     def rule(value: object) -> str | None:

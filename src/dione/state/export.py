@@ -25,6 +25,7 @@ from dione.state.checkpoint import (
     read_progress,
     verify_checkpoint,
 )
+from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore
 
 __all__ = ["ExportError", "export_model", "load_trained", "trained_checkpoint",
            "workload_of_run", "workload_of_task"]
@@ -41,8 +42,6 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
     """The checkpoint holding ``task``'s trained weights: its final one once the run
     store says it is done; with ``latest``, its newest one whatever its status. A run
     directory of ``dione train`` (no store) gives its newest checkpoint."""
-    from dione.state.store import STORE_FILE, RunStore
-
     run = Path(run_dir)
     if not run.is_dir():
         raise ExportError(f"{run} is not a directory; give the run directory that "
@@ -88,8 +87,6 @@ def _intact(checkpoint: Path) -> Path:
 
 
 def _not_simulated(run: Path) -> None:
-    from dione.state.store import SIMULATED_FILE
-
     if (run / SIMULATED_FILE).is_file():
         raise ExportError(f"{run} is a simulated run (`dione simulate`): no task trained "
                           "there, so it holds no weights")
@@ -99,7 +96,7 @@ def workload_of_run(run_dir: str | Path) -> str:
     """The workload file ``dione run`` started ``run_dir`` with (from its run.json)."""
     saved = Path(run_dir) / "run.json"
     _not_simulated(Path(run_dir))
-    if not saved.exists() and (Path(run_dir) / "dione.sqlite").is_file():
+    if not saved.exists() and (Path(run_dir) / STORE_FILE).is_file():
         raise ExportError(
             f"{run_dir} was trained from Python with task objects (dione.run(tasks), "
             "dione.optuna), not from a workload file: it has no run.json to name one. Give "
@@ -120,8 +117,6 @@ def workload_of_run(run_dir: str | Path) -> str:
 def workload_of_task(run_dir: str | Path, task: str) -> str:
     """The workload file that defines ``task`` of ``run_dir``: the one ``dione add``
     added it from, else the one the run was started with."""
-    from dione.state.store import STORE_FILE, RunStore
-
     if not Path(run_dir).is_dir():
         raise ExportError(f"{run_dir} does not exist; give the run directory that `dione run "
                           "--out` (or dione.run's run_dir) wrote")

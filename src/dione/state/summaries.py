@@ -5,7 +5,7 @@ single would trained. The report, `dione status` and a run's result all read the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dione.state.store import RunStore, SliceRecord
@@ -32,7 +32,7 @@ class TaskSummary:
     device_counts: list[int] = field(default_factory=list)  # of the slices that trained it
     # How its steps that did not train as single would trained (empty: all did).
     inexact: list[str] = field(default_factory=list)
-    cut_short: bool = False  # its latest slice was interrupted
+    cut_short: bool = False  # its latest slice was interrupted (or runs still)
 
     @property
     def trained(self) -> str:
@@ -99,8 +99,6 @@ def as_left(tasks: Sequence[TaskSummary]) -> list[TaskSummary]:
     (``pending`` with steps trained or its slice cut short: stopped by Ctrl-C or
     SIGTERM) is ``interrupted``, so that both ways of stopping a run read alike; `dione
     resume` continues each."""
-    from dataclasses import replace
-
     return [replace(t, status="interrupted")
             if t.status == "running" or (t.status == "pending" and (t.steps or t.cut_short))
             else t for t in tasks]

@@ -8,7 +8,7 @@ import json
 
 from dione.cli.console import complain, console, errors
 from dione.cli.errors import EXIT_FAILED, BadInput
-from dione.cli.inputs import output_file, write_output
+from dione.cli.inputs import output_file, say_problem_notes, write_output
 
 __all__ = ["command"]
 
@@ -35,12 +35,7 @@ def command(args: argparse.Namespace) -> int:
     except ProblemError as err:
         raise BadInput(f"{problem_file}: {err}") from None
     problem, left_out = problem.left_out()
-    for caveat in problem.caveats():
-        complain("note", caveat)
-    for knob in problem.unknown_knobs():
-        complain("warning", knob)
-    for reason in left_out:
-        complain("warning", reason)
+    say_problem_notes(problem, left_out)
     unknown = sorted({o.technique for t in problem.tasks for o in t.options}
                      - set(BUILT_IN_TECHNIQUES))
     if unknown:  # planned (a user's own registered technique may bear the name), said

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from dione.cli.console import complain, console
 from dione.cli.errors import BadInput
+from dione.cli.inputs import say_problem_notes
 
 __all__ = ["command"]
 
@@ -29,12 +30,7 @@ def command(args: argparse.Namespace) -> int:
         ).left_out()
     except (OSError, ProblemError) as err:
         raise BadInput(f"{args.problem}: {err}") from None
-    for caveat in problem.caveats():
-        complain("note", caveat)
-    for knob in problem.unknown_knobs():
-        complain("warning", knob)
-    for reason in left_out:  # the others are simulated, as a run trains the others
-        complain("warning", reason)
+    say_problem_notes(problem, left_out)
     released = [t.name for t in problem.tasks if t.release]
     if released or problem.busy:  # a snapshot of a live run's problem, say
         complain("warning", "the simulation starts every task at 0 s on idle devices: "

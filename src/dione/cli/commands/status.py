@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from dione.cli.errors import BadInput
+from dione.cli.saved_run import RUN_FILE
 from dione.cli.views import print_status
 
 __all__ = ["command"]
@@ -33,7 +34,7 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput(f"{run_dir} cannot be read ({type(err).__name__}: {err})") from None
     holder = lock_holder(run_dir)
     # How it goes on: a run started from Python (no run.json) by the same call again.
-    go_on = ("`dione resume` continues" if (run_dir / "run.json").is_file() else
+    go_on = ("`dione resume` continues" if (run_dir / RUN_FILE).is_file() else
              "calling dione.run (or dione.optuna.optimize) again with this run directory "
              "continues")
     unfinished = [t for t in tasks if t.status in ("running", "pending", "paused")]
