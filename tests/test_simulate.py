@@ -205,20 +205,29 @@ def test_the_report_page_holds_the_tables_and_both_figures(tmp_path: Path) -> No
 
 def test_tensorboard_holds_every_step_evaluation_and_the_hparams(tmp_path: Path) -> None:
     """Read back with TensorBoard's own reader: per task its loss at every step it
-    trained, the devices it ran on, its status, and its HParams summary."""
+    trained, the devices it ran on, its status, and its HParams summary with the
+    session's status (torch's own writes success for a failed task too)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams.api_pb2 import Status
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
     out = tmp_path / "run"
-    simulate(small_problem(4), out, steps=20, options=OPTIONS)
+    simulate(small_problem(4), out, steps=20, options=OPTIONS,
+             scenario=Scenario(failures={"t3": 5}))
     for _ in range(2):  # again into the same folder: each step once (it was twice)
         shown = dione("report", str(out), "--tensorboard", str(tmp_path / "tb"))
         assert shown.returncode == 0, shown.stderr
     for task in ("t0", "t1", "t2", "t3"):
         events = EventAccumulator(str(tmp_path / "tb" / task))
         events.Reload()
-        assert [e.step for e in events.Scalars("loss")] == list(range(1, 21))
-        assert {e.value for e in events.Scalars("devices")} <= {1.0, 2.0}
-        assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
+        if task != "t3":  # t3 failed every slice: no step kept
+            assert [e.step for e in events.Scalars("loss")] == list(range(1, 21))
+            assert {e.value for e in events.Scalars("devices")} <= {1.0, 2.0}
+        hparams = events.PluginTagToContent("hparams")
+        assert "_hparams_/session_start_info" in hparams
+        end = HParamsPluginData.FromString(hparams["_hparams_/session_end_info"])
+        assert Status.Name(end.session_end_info.status) == (
+            "STATUS_FAILURE" if task == "t3" else "STATUS_SUCCESS")
 
 
 @pytest.mark.timeout(120)

@@ -32,6 +32,11 @@ if TYPE_CHECKING:  # imported by `dione report`, which starts without torch
 __all__ = ["PLANS_RUN", "TensorBoardExport"]
 
 PLANS_RUN = "_plans"  # the TensorBoard run holding each adopted plan's chart
+# HParams' session status by task status, as MLflow's runs end (the plugin has no
+# "stopped": a task its rule stopped ended as the sweep meant it to). Any other status
+# (a run that stopped before the task ended) is STATUS_UNKNOWN.
+SESSION_STATUS = {"done": "STATUS_SUCCESS", "stopped": "STATUS_SUCCESS",
+                  "failed": "STATUS_FAILURE", "diverged": "STATUS_FAILURE"}
 
 
 def _hparam(value: Any) -> Any:
@@ -165,12 +170,36 @@ class TensorBoardExport:
             writer = self._writer(t.task)
             writer.add_text("status", f"{t.status} at step {t.steps} of {t.total_steps}"
                             + (f": {t.error.splitlines()[0]}" if t.error else ""), t.steps)
-            # (HParams' own session status reads success for every task: the status
-            # text above, and the "stopped at step" it names, say how each ended.)
             results = {f"final/{k}": v for k, v in t.evaluation.items()}
             if t.final_loss is not None:
                 results["final/loss"] = t.final_loss
-            writer.add_hparams({k: _hparam(v) for k, v in t.hyperparameters.items()}
-                               or {"task": t.task}, results, run_name=".")
+            self._write_hparams(writer, {k: _hparam(v) for k, v in t.hyperparameters.items()}
+                                or {"task": t.task}, results, t.status)
         for writer in self._writers.values():
             writer.close()
+
+    def _write_hparams(self, writer: Any, hparams: dict[str, Any],
+                       results: dict[str, float], status: str) -> None:
+        """What ``add_hparams`` writes, but with the task's session status: torch's
+        writes STATUS_SUCCESS for every session, a diverged task's too."""
+        from tensorboard.plugins.hparams.api_pb2 import (  # type: ignore[import-untyped]
+            Status,
+        )
+        from tensorboard.plugins.hparams.plugin_data_pb2 import (  # type: ignore[import-untyped]
+            HParamsPluginData,
+        )
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+        experiment, start, end = hparams_summaries(hparams, results)  # type: ignore[no-untyped-call]
+        data = HParamsPluginData.FromString(end.value[0].metadata.plugin_data.content)
+        data.session_end_info.status = Status.Value(SESSION_STATUS.get(status,
+                                                                       "STATUS_UNKNOWN"))
+        end.value[0].metadata.plugin_data.content = data.SerializeToString()
+        # In an event file of its own, as torch writes it: in the task's file, these
+        # step-0 events after its last step read to TensorBoard as a restart, which
+        # hides every step before.
+        with self._writer_type(log_dir=writer.get_logdir()) as own:
+            for summary in (experiment, start, end):
+                own.file_writer.add_summary(summary)
+            for name, value in results.items():
+                own.add_scalar(name, value)
