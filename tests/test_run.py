@@ -489,3 +489,24 @@ def test_a_stalled_slice_is_cancelled_and_retried(tmp_path: Path, monkeypatch) -
         first, second = store.slices("a")
     assert first.status == "interrupted" and "stalled" in (first.error or "")
     assert second.status == "done" and second.start_step == 0
+
+
+def test_the_live_table_says_how_each_task_trained_only_once_it_trained(
+        tmp_path: Path, monkeypatch) -> None:
+    """The live table's "trained" column: '-' for a task with no step yet (it read
+    "exact" before its first slice, although its plan may be an opted-in xpipe)."""
+    from rich.console import Console
+
+    from dione.orchestrate.progress import LiveProgress
+    from dione.orchestrate.records import RunState, TaskRecord, TaskStatus
+
+    monkeypatch.setenv("TASKS", "a b c")
+    a, b, c = load_workload(write_workload(tmp_path))
+    state = RunState({"a": TaskRecord(a, 12, 0, TaskStatus.PENDING),
+                      "b": TaskRecord(b, 12, 4, TaskStatus.PENDING),
+                      "c": TaskRecord(c, 12, 4, TaskStatus.PENDING, inexact=True)}, [])
+    console = Console(record=True, width=120)
+    console.print(LiveProgress.render(state))
+    rows = {line.split()[1]: line.split()[-2] for line in console.export_text().splitlines()
+            if line.split()[1:2] in (["a"], ["b"], ["c"])}
+    assert rows == {"a": "-", "b": "exact", "c": "INEXACT"}

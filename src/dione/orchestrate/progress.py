@@ -74,7 +74,8 @@ class LiveProgress:
                 name, str(record.status), where.technique if where else "-",
                 f"{where.node}:{','.join(map(str, where.device_ids))}" if where else "-",
                 f"{step}/{record.total}", "-" if loss is None else f"{loss:.4f}", eta,
-                "INEXACT" if record.inexact else "exact")
+                "INEXACT" if record.inexact
+                else "-" if running is None and not record.done_steps else "exact")
         finish = Text(f"elapsed {clock:.0f} s, estimated finish at "
                       f"{state.estimated_finish:.0f} s")
         return Group(table, finish)
