@@ -22,6 +22,7 @@ from dione.state.checkpoint import (
     reseed,
     save_checkpoint,
 )
+from dione.techniques import import_clock
 from dione.techniques.base import SliceOutcome, SliceSpec
 from dione.techniques.batches import batch_map
 from dione.techniques.evaluate import (
@@ -74,6 +75,8 @@ class SliceContext:
         # evaluates the slice's checkpoint.
         self.evaluated = False
         self._first_step_done = self.timings["begin"]
+        self._imports_before_steps = import_clock.seconds()
+        self.imports_in_steps = 0.0
 
     @functools.cached_property
     def dataset(self) -> Any:
@@ -94,6 +97,7 @@ class SliceContext:
         self.restore(model, optimizer, scheduler)
         model.train()
         self._step_began = time.perf_counter()  # the first step's time starts here
+        self._imports_before_steps = import_clock.seconds()
         return optimizer, scheduler
 
     def to_device(self, batch: Any) -> Any:
@@ -166,6 +170,8 @@ class SliceContext:
     ) -> str | None:
         """Write the checkpoint at the slice's end step (collective); its folder."""
         self.timings["trained"] = time.perf_counter()
+        # Imports inside the steps are in the steps' times (the warm-up's excess).
+        self.imports_in_steps = import_clock.seconds() - self._imports_before_steps
         if not self.spec.save:
             return None
         progress = Progress(
@@ -225,7 +231,8 @@ class SliceContext:
             return
         self.evaluated = True
         if model is not None and self.rank == 0:
-            self._evaluate_on_rank0(outcome, model, time.perf_counter())
+            self._evaluate_on_rank0(outcome, model, time.perf_counter(),
+                                    import_clock.seconds())
 
     def evaluate_sharded(self, outcome: SliceOutcome, model: nn.Module) -> None:
         """Evaluate fsdp's live sharded model (collective, where the slice asks for an
@@ -238,7 +245,7 @@ class SliceContext:
         if not self.spec.evaluate:
             return
         self.evaluated = True
-        began = time.perf_counter()
+        began, imported = time.perf_counter(), import_clock.seconds()
         try:
             metrics = evaluate_model(self.task, model)
         except Exception as err:
@@ -247,7 +254,7 @@ class SliceContext:
             return
         if self.rank == 0:
             outcome.evaluation = metrics
-            outcome.timings["evaluate_seconds"] = time.perf_counter() - began
+            outcome.timings["evaluate_seconds"] = _without_imports(began, imported)
 
     def evaluate_stages(self, outcome: SliceOutcome, model: nn.Module) -> None:
         """Evaluate a pipeline's model, which no rank holds whole (collective, where the
@@ -258,7 +265,7 @@ class SliceContext:
         if not self.spec.evaluate:
             return
         self.evaluated = True
-        began = time.perf_counter()
+        began, imported = time.perf_counter(), import_clock.seconds()
         model.zero_grad(set_to_none=True)  # trained and saved: room for the whole model
         try:
             state = stages_on_rank0(model, self.rank, self.world)
@@ -270,18 +277,19 @@ class SliceContext:
             return
         del state
         if whole is not None:  # rank 0: its seconds count the gathering too
-            self._evaluate_on_rank0(outcome, whole, began)
+            self._evaluate_on_rank0(outcome, whole, began, imported)
 
     def _evaluate_on_rank0(self, outcome: SliceOutcome, model: nn.Module,
-                           began: float) -> None:
+                           began: float, imported: float) -> None:
         """The task's evaluation of ``model`` into ``outcome``, with its seconds since
-        ``began``; its error instead, if it fails."""
+        ``began`` (less the imports since the import clock read ``imported``); its error
+        instead, if it fails."""
         try:
             outcome.evaluation = evaluate_model(self.task, model)
         except Exception as err:
             note_evaluation_error(outcome, err)
             return
-        outcome.timings["evaluate_seconds"] = time.perf_counter() - began
+        outcome.timings["evaluate_seconds"] = _without_imports(began, imported)
 
     def check_memory(self) -> None:
         """Fail like an out-of-memory GPU when this rank's peak passes the slice's cap."""
@@ -315,3 +323,10 @@ class SliceContext:
             timings=timings,
             peak_memory_bytes=_peak_memory_bytes(self.device),
         )
+
+
+def _without_imports(began: float, imported: float) -> float:
+    """Seconds since ``began``, less the imports counted since the clock read
+    ``imported``: an evaluation's first run in a worker imports what it uses (a metric's
+    module), which later evaluations do not pay."""
+    return time.perf_counter() - began - (import_clock.seconds() - imported)
