@@ -114,3 +114,43 @@ def test_fsdp_shards_a_model_of_lists_inside_lists(tmp_path: Path) -> None:
                        knobs={"activation_checkpointing": True})
     assert_same_training(result, final_parameters(task, result.checkpoint), single,
                          final_parameters(task, single.checkpoint))
+
+
+def _batch_norm_mlp(synced: bool = False) -> nn.Module:
+    from dione.zoo import digits_mlp
+
+    model = digits_mlp(hidden=32, depth=2)
+    norm = (nn.SyncBatchNorm if synced else nn.BatchNorm1d)(32)
+    return nn.Sequential(model[0], norm, *list(model)[1:])
+
+
+def test_batch_norm_under_a_split_batch_is_inexact_and_trains_only_by_opt_in(
+        tmp_path: Path) -> None:
+    """BatchNorm normalises each share (ddp, fsdp) or accumulation part by its own
+    statistics: different training, not rounding. It was trained so without opt-in and
+    called exact; now every split of the batch is refused unless the task opts in (one
+    device, one part: single's training), and a slice trained so by opt-in says how."""
+    from dataclasses import replace
+
+    from dione.state.store import RunStore
+    from dione.techniques import get_technique
+
+    task = digits_task("bn", steps=2, model=_batch_norm_mlp)
+    ddp, fsdp, single = (get_technique(n) for n in ("ddp", "fsdp", "single"))
+    for technique, devices, knobs in ((ddp, 2, {}), (fsdp, 2, {}),
+                                      (single, 1, {"accumulation": 2})):
+        reasons = technique.check(task, devices, knobs, "cpu")
+        assert any("batch statistics in 1 are each of the batch's" in r
+                   and "allow_inexact=True" in r for r in reasons), reasons
+    assert ddp.check(task, 1, {}, "cpu") == [] and single.check(task, 1, {}, "cpu") == []
+    # torch's SyncBatchNorm shares the statistics over the ranks: only parts split them.
+    synced = replace(task, model=functools.partial(_batch_norm_mlp, synced=True))
+    assert ddp.check(synced, 2, {}, "cpu") == []
+    assert ddp.check(synced, 2, {"accumulation": 2}, "cpu")
+    # Opted in: it trains, and the slice is recorded as inexact, with why.
+    opted = replace(task, allow_inexact=True)
+    assert ddp.check(opted, 2, {}, "cpu") == []
+    run_slice(opted, "ddp", tmp_path / "run", local_placement(TEST_NODE, [0, 1]))
+    with RunStore(tmp_path / "run") as store:
+        [record] = store.slices()
+    assert record.inexactness and "batch statistics in 1" in record.inexactness

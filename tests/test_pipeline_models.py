@@ -400,6 +400,18 @@ def test_dropout_is_said_to_be_statistically_equivalent(tmp_path: Path) -> None:
     shared = train(task, "ddp", tmp_path / "ddp", 2)
     assert shared.extra["exactness"].startswith("statistical, not bitwise: dropout in ")
     assert "exactness" not in train(task, "ddp", tmp_path / "one", 1).extra
+    # Kept with the slice and shown with the task (it was said nowhere: "exact").
+    from dione.state.store import RunStore
+    from dione.state.summaries import summaries
+
+    said = {}
+    for folder in ("ddp", "one"):
+        with RunStore(tmp_path / folder) as store:
+            [said[folder]] = summaries(store)
+    assert [(s.exactness, s.inexact) for s in said.values()] == [("statistical", []),
+                                                                  ("exact", [])]
+    [note] = said["ddp"].statistical
+    assert note.startswith("steps 0-2, statistical, not bitwise: dropout in ")
 
 
 # --- layers that return tuples -------------------------------------------------------------

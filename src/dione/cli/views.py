@@ -186,7 +186,7 @@ def print_results(result: Any, run_dir: Path) -> None:
                       ", ".join(map(str, t.devices)) or "-", f"{t.seconds:.1f}",
                       "-" if t.final_loss is None else figure(t.final_loss),
                       *(figure(t.evaluation[m]) if m in t.evaluation else "-"
-                        for m in metrics), "exact" if not t.inexact else "INEXACT")
+                        for m in metrics), t.exactness)
     console.print(table)
     _say_inexact(result.tasks)
     for t in result.tasks:  # trained, but its last evaluation failed: its metrics are "-"
@@ -198,10 +198,18 @@ def print_results(result: Any, run_dir: Path) -> None:
 
 
 def _say_inexact(tasks: Sequence[Any]) -> None:
-    """A line per task some of whose steps did not train as single would, saying how."""
+    """A line per task some of whose steps did not train as single would, saying how;
+    and one for those that did so in distribution only (dropout)."""
     for t in tasks:
         if t.inexact:
             console.print(Text(f"inexact: {t.task} ({'; '.join(t.inexact)})"))
+    statistical = [t for t in tasks if t.statistical and not t.inexact]
+    for t in statistical:
+        console.print(Text(f"statistical: {t.task} ({'; '.join(t.statistical)})"))
+    if statistical:
+        console.print(Text("(statistical: single's training in distribution, not bit for "
+                           "bit; techniques=('single',) or a model without dropout trains "
+                           "alike under any plan)"))
 
 
 def print_sequential_results(outcomes: Sequence[Any], run_dir: Path) -> None:
@@ -243,8 +251,8 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
                       "-" if t.final_loss is None else figure(t.final_loss),
                       ", ".join(f"{k}={figure(v)}" for k, v in t.evaluation.items()) or "-",
                       "-" if not t.steps and not now
-                      else "exact" if not t.inexact and not any(s.inexactness for s in now)
-                      else "INEXACT",
+                      else "INEXACT" if t.inexact or any(s.inexactness for s in now)
+                      else t.exactness,
                       "; ".join(f"{s.technique} on {s.node}:{s.device_ids} steps "
                                 f"{s.start_step}-{s.end_step} for "
                                 f"{time.time() - s.started_at:.0f} s" for s in now) or "-")

@@ -229,7 +229,7 @@ def run_request(
     try:
         spec, latest, warnings = _slice_spec(db, request, method, knobs)
         start, end = spec.start_step, spec.end_step
-        inexactness = method.inexactness(method.resolve(knobs))
+        inexactness = method.task_inexactness(task, devices, method.resolve(knobs))
         slice_id = db.begin_slice(task.name, method.name, method.resolve(knobs), placement.node,
                                   placement.device_ids, start, end, inexactness)
         began = clock.now()
@@ -326,7 +326,8 @@ def _record_finished(db: RunStore, slice_id: int, request: SliceRequest, spec: S
     peak = [o.peak_memory_bytes for o in outcomes]
     db.finish_slice(slice_id, lead.losses, lead.step_seconds, lead.checkpoint,
                     {**lead.timings, "wall": seconds}, max(peak), lead.evaluation,
-                    evaluation_error and f"evaluation failed:\n{evaluation_error}")
+                    evaluation_error and f"evaluation failed:\n{evaluation_error}",
+                    lead.extra.get("exactness"))
     gone = prune_checkpoints(db.checkpoint_root(request.storage), task.name,
                              request.keep_checkpoints,
                              [c.path for c in db.checkpoints(task.name)])

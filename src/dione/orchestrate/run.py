@@ -55,6 +55,13 @@ class TaskResult:
     error: str | None = None
     # How the steps that did not train as single would trained (empty: every step did).
     inexact: list[str] = field(default_factory=list)
+    # How the steps that trained as single would in distribution only did (dropout).
+    statistical: list[str] = field(default_factory=list)
+
+    @property
+    def exactness(self) -> str:
+        """exact, statistical (dropout drew masks of its own) or INEXACT (opted in)."""
+        return "INEXACT" if self.inexact else "statistical" if self.statistical else "exact"
 
 
 @dataclass
@@ -82,7 +89,8 @@ def _results(tasks: Sequence[Task], run_dir: Path) -> list[TaskResult]:
     return [TaskResult(
         task=s.task, status=s.status, techniques=s.techniques, devices=s.device_counts,
         seconds=s.seconds, steps=s.steps, total_steps=s.total_steps, final_loss=s.final_loss,
-        evaluation=s.evaluation, checkpoint=s.checkpoint, error=s.error, inexact=s.inexact)
+        evaluation=s.evaluation, checkpoint=s.checkpoint, error=s.error, inexact=s.inexact,
+        statistical=s.statistical)
         if (s := recorded.get(t.name)) is not None else TaskResult(t.name, "pending")
         for t in tasks]
 

@@ -580,7 +580,8 @@ class Runner:
         record.running, record.status = running, TaskStatus.RUNNING
         self.slices_launched += 1
         technique = get_technique(a.technique)
-        if technique.inexactness(technique.resolve(a.knobs)) is not None:
+        if technique.task_inexactness(record.task, len(a.device_ids),
+                                      technique.resolve(a.knobs)) is not None:
             record.inexact = True
         self.emit(RunEvent("slice_started", f"{a.task}: steps {start}-{start + steps} under "
                            f"{a.technique} on {a.node} devices {list(a.device_ids)}", a.task))

@@ -271,7 +271,7 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                            ", ".join(t.techniques) or "-", ", ".join(t.devices) or "-",
                            f"{t.seconds:.1f}", loss, *values,
                            "-" if not t.steps else  # nothing trained: neither
-                           "exact" if not t.inexact else "**inexact**"]))
+                           _exactness(t)]))
     for metric in metrics:
         board = leaderboard(tasks, metric, directions)
         order = "lower" if lower_is_better(metric, directions) else "higher"
@@ -285,7 +285,7 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                      if t.steps < t.total_steps else "")
             lines.append(f"| {rank} | {t.task} | {figure(t.evaluation[metric])}{early} | "
                          f"{json.dumps(t.hyperparameters)} | "
-                         f"{'exact' if not t.inexact else '**inexact**'} |")
+                         f"{_exactness(t)} |")
         lines += [f"| - | {t.task} | diverged | {json.dumps(t.hyperparameters)} | - |"
                   for t in tasks if t.status == "diverged"]
     inexact = [t for t in tasks if t.inexact]
@@ -296,6 +296,15 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                   "results are not comparable with exactly trained ones as like for like.",
                   ""]
         lines += [f"- {t.task}: " + "; ".join(t.inexact) for t in inexact]
+    statistical = [t for t in tasks if t.statistical and not t.inexact]
+    if statistical:
+        lines += ["", "## Trained as single would in distribution, not bit for bit", "",
+                  "These tasks' models drop activations at random, and some of their steps "
+                  "trained on a batch split over devices or parts, each drawing masks of "
+                  "its own: the same training as single in distribution, not the same "
+                  "draws (`techniques=('single',)` or a model without dropout trains alike "
+                  "under any plan).", ""]
+        lines += [f"- {t.task}: " + "; ".join(t.statistical) for t in statistical]
     stopped = [t for t in tasks if t.status == "stopped"]
     if stopped:
         lines += ["", "## Stopped early", "",
@@ -334,3 +343,8 @@ def _short(error: str | None) -> str:
 def _row(cells: list[str]) -> str:
     """A Markdown table row of exactly these cells."""
     return "| " + " | ".join(cells) + " |"
+
+
+def _exactness(task: TaskSummary) -> str:
+    """The "trained" cell: exact, statistical (dropout) or **inexact** (opted in)."""
+    return "**inexact**" if task.inexact else task.exactness

@@ -39,7 +39,7 @@ STORE_FILE = "dione.sqlite"
 # Marks a run directory a simulation wrote (``dione simulate``): every view says so.
 SIMULATED_FILE = "simulated.json"
 # PRAGMA user_version of the schema below; older files are brought to it on open.
-_VERSION = 3
+_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -71,7 +71,8 @@ CREATE TABLE IF NOT EXISTS slices (
     owner_pid INTEGER NOT NULL,
     timings TEXT,
     peak_memory_bytes INTEGER,
-    inexactness TEXT  -- NULL: trained as single would
+    inexactness TEXT,  -- NULL: trained as single would
+    statistical TEXT  -- NULL: bitwise single's, else how only in distribution (dropout)
 );
 CREATE TABLE IF NOT EXISTS metrics (
     task TEXT NOT NULL,
@@ -164,6 +165,8 @@ class SliceRecord:
     timings: dict[str, float]
     peak_memory_bytes: int | None
     inexactness: str | None = None  # how the slice did not train as single would
+    # How it trained as single would in distribution only (dropout masks of its own).
+    statistical: str | None = None
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,8 @@ def _migrate(db: sqlite3.Connection) -> None:
     version 0 had no ``diverged`` status and a loss that could not be NaN (its tables
     are rebuilt), version 1 no record of a slice's exactness (a column is added: its
     slices trained exactly, or were xpipe's; see ``_old_inexactness``), version 2 no
-    ``stopped`` status (the tasks table is rebuilt)."""
+    ``stopped`` status (the tasks table is rebuilt), version 3 no record of a slice
+    trained as single would in distribution only (a column is added: NULL, unknown)."""
     version = db.execute("PRAGMA user_version").fetchone()[0]
     if version >= _VERSION:
         return
@@ -207,6 +211,8 @@ def _migrate(db: sqlite3.Connection) -> None:
     if "inexactness" not in had:
         db.execute("UPDATE slices SET inexactness = ? WHERE technique = 'xpipe'",
                    (_OLD_XPIPE,))
+    if "statistical" not in {row[1] for row in db.execute("PRAGMA table_info(slices)")}:
+        db.execute("ALTER TABLE slices ADD COLUMN statistical TEXT")
     db.execute(f"PRAGMA user_version={_VERSION}")
 
 
@@ -434,11 +440,12 @@ class RunStore(SQLiteFile):
         self, slice_id: int, losses: Sequence[float], step_seconds: Sequence[float],
         checkpoint: str | None, timings: Mapping[str, float] | None = None,
         peak_memory_bytes: int | None = None, evaluation: Mapping[str, float] | None = None,
-        evaluation_error: str | None = None,
+        evaluation_error: str | None = None, statistical: str | None = None,
     ) -> None:
         """In one transaction: the slice's metrics, checkpoint, evaluation and status
         (``evaluation_error``: why its evaluation failed, kept as the done slice's error
-        and the task's; its training stands)."""
+        and the task's; its training stands; ``statistical``: how it trained as single
+        would in distribution only)."""
         record = self.slice(slice_id)
         with self._transaction() as db:
             db.executemany(
@@ -456,9 +463,9 @@ class RunStore(SQLiteFile):
                             for k, v in (evaluation or {}).items()])
             db.execute(
                 "UPDATE slices SET status = 'done', ended_at = ?, checkpoint = ?, timings = ?,"
-                " peak_memory_bytes = ?, error = ? WHERE id = ?",
+                " peak_memory_bytes = ?, error = ?, statistical = ? WHERE id = ?",
                 (clock.now(), stored, json.dumps(dict(timings or {})), peak_memory_bytes,
-                 evaluation_error, slice_id),
+                 evaluation_error, statistical, slice_id),
             )
             total = db.execute("SELECT total_steps FROM tasks WHERE name = ?",
                                (record.task,)).fetchone()[0]
@@ -547,6 +554,7 @@ class RunStore(SQLiteFile):
             row["started_at"], row["ended_at"], row["error"],
             None if row["checkpoint"] is None else self._resolved(row["checkpoint"]),
             json.loads(row["timings"] or "{}"), row["peak_memory_bytes"], row["inexactness"],
+            row["statistical"],
         )
 
     # -- the run ---------------------------------------------------------------------

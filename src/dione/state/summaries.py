@@ -33,25 +33,35 @@ class TaskSummary:
     # How its steps that did not train as single would trained (empty: all did).
     inexact: list[str] = field(default_factory=list)
     cut_short: bool = False  # its latest slice was interrupted (or runs still)
+    # How its steps that trained as single would in distribution only (dropout) did.
+    statistical: list[str] = field(default_factory=list)
 
     @property
     def trained(self) -> str:
         """For the tables: exact, or inexact and how."""
         return "exact" if not self.inexact else "inexact: " + "; ".join(self.inexact)
 
+    @property
+    def exactness(self) -> str:
+        """One word for the tables: exact, statistical (single's training in
+        distribution: dropout drew masks of its own) or INEXACT (the task's opt-in)."""
+        return "INEXACT" if self.inexact else "statistical" if self.statistical else "exact"
 
-def inexact_spans(slices: Sequence[SliceRecord]) -> list[str]:
-    """How the finished slices of one task that did not train as single would trained:
-    consecutive ones with the same note as one span of steps."""
+
+def inexact_spans(slices: Sequence[SliceRecord], note: str = "inexactness") -> list[str]:
+    """How the finished slices of one task that did not train as single would trained
+    (``note="statistical"``: that did so in distribution only): consecutive ones with
+    the same note as one span of steps."""
     spans: list[tuple[int, int, str]] = []
     for s in slices:
-        if s.status != "done" or s.inexactness is None:
+        said = getattr(s, note)
+        if s.status != "done" or said is None:
             continue
-        if spans and spans[-1][1] == s.start_step and spans[-1][2] == s.inexactness:
-            spans[-1] = (spans[-1][0], s.end_step, s.inexactness)
+        if spans and spans[-1][1] == s.start_step and spans[-1][2] == said:
+            spans[-1] = (spans[-1][0], s.end_step, said)
         else:
-            spans.append((s.start_step, s.end_step, s.inexactness))
-    return [f"steps {a}-{b}, {note}" for a, b, note in spans]
+            spans.append((s.start_step, s.end_step, said))
+    return [f"steps {a}-{b}, {said}" for a, b, said in spans]
 
 
 def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskSummary]:
@@ -89,7 +99,8 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
             loss, store.evaluation(record.name),
             dict(record.hyperparameters), record.error, latest.path if latest else None,
             sorted({len(s.device_ids) for s in done}), inexact_spans(done),
-            bool(slices) and slices[-1].status in ("interrupted", "running")))
+            bool(slices) and slices[-1].status in ("interrupted", "running"),
+            inexact_spans(done, "statistical")))
     return result
 
 

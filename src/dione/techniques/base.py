@@ -112,7 +112,7 @@ class Technique(ABC):
         if not task.allows(self.name):
             allowed = ", ".join(task.techniques or ())
             reasons.append(f"task {task.name!r} allows only: {allowed}")
-        inexact = self.inexactness(self.resolve(knobs))
+        inexact = self.task_inexactness(task, devices, self.resolve(knobs))
         if inexact is not None and not task.allow_inexact:
             reasons.append(f"{inexact}; task {task.name!r} trains only as single would "
                            "unless it sets allow_inexact=True")
@@ -138,6 +138,12 @@ class Technique(ABC):
         """How training under this technique with ``knobs`` (resolved) departs from
         single's, beyond floating-point reduction order (None: it does not)."""
         return None if self.exact else f"{self.name} is not exact"
+
+    def task_inexactness(self, task: Task, devices: int, knobs: Knobs) -> str | None:
+        """How training ``task`` under this technique on ``devices`` devices with
+        ``knobs`` (resolved) departs from single's (None: it does not): the technique's
+        own departure, or its model's (BatchNorm under a split batch)."""
+        return self.inexactness(knobs)
 
     def lighter(self, knobs: Knobs) -> list[dict[str, Any]]:
         """Settings that must have run out of memory before ``knobs`` is worth a trial:

@@ -35,7 +35,7 @@ from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource
 from dione.techniques.context import SliceContext
-from dione.techniques.exactness import split_batch_exactness
+from dione.techniques.exactness import split_batch_exactness, split_statistics
 
 __all__ = ["DataParallelTechnique"]
 
@@ -59,6 +59,11 @@ class DataParallelTechnique(Technique):
         if isinstance(parts, int) and parts > 1:
             return devices * parts, f"parts ({devices} device(s) x accumulation {parts})"
         return devices, "devices"
+
+    def task_inexactness(self, task: Task, devices: int, knobs: Knobs) -> str | None:
+        parts = knobs.get("accumulation", 1)
+        return super().task_inexactness(task, devices, knobs) or (
+            split_statistics(task, devices, parts) if isinstance(parts, int) else None)
 
     def check(self, task: Task, devices: int, knobs: Knobs, kind: DeviceKind) -> list[str]:
         reasons = super().check(task, devices, knobs, kind)
@@ -105,6 +110,10 @@ class DataParallelTechnique(Technique):
                              task.collate_fn)
         ctx.timings["data_ready"] = time.perf_counter()
         bare = ctx.build_model()
+        statistics = split_statistics(task, ctx.world, parts, bare)
+        if statistics is not None and not task.allow_inexact:  # not seen on the meta device
+            raise ValueError(f"task {task.name!r}: {statistics}; it trains only as single "
+                             "would unless it sets allow_inexact=True")
         counting = item_counting(task, bare) if ctx.world * parts > 1 else None
         model = self.wrap(bare, ctx)
         optimizer, scheduler = ctx.start_training(model)

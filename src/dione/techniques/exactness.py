@@ -8,16 +8,26 @@
   (to infer shapes, on placeholder inputs) in training mode, which moves running
   statistics: that is different training, not rounding, so pipelines refuse it.
 
-DDP and FSDP shares, and accumulation parts, split the batch too: each rank seeds its
-own RNG stream (dropout draws other masks than single) and BatchNorm sees a share's
-statistics. They train on, and say so (``split_batch_exactness``).
+DDP and FSDP shares, and accumulation parts, split the batch too. Each rank seeds its
+own RNG stream, so dropout draws other masks than single: statistically the same
+training, and they train on and say so (``split_batch_exactness``). BatchNorm sees a
+share's or a part's statistics, not the batch's: different training, so a batch split
+in parts is inexact for such a model (``split_statistics``), trained only where the
+task opts in (``torch.nn.SyncBatchNorm`` shares the statistics over ranks: ddp and fsdp
+without accumulation stay exact for it).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
+import torch
 from torch import nn
 
-__all__ = ["batch_norm_layers", "dropout_layers", "split_batch_exactness"]
+from dione.spec.task import Task
+
+__all__ = ["batch_norm_layers", "dropout_layers", "split_batch_exactness", "split_statistics"]
 
 
 def dropout_layers(model: nn.Module) -> list[str]:
@@ -43,17 +53,54 @@ def batch_norm_layers(model: nn.Module) -> list[str]:
 
 
 def split_batch_exactness(model: nn.Module) -> str | None:
-    """Why training on shares or parts of the batch is not bitwise single for ``model``
-    (None: nothing keeps it from being so)."""
-    reasons = []
-    dropout, norms = dropout_layers(model), batch_norm_layers(model)
-    if dropout:
-        reasons.append(f"dropout in {_some(dropout)} draws other masks than single")
-    if norms:
-        reasons.append(f"batch statistics in {_some(norms)} are each share's, not the "
-                       "batch's (torch.nn.SyncBatchNorm shares them)")
-    return "statistical, not bitwise: " + "; ".join(reasons) if reasons else None
+    """Why training ``model`` on shares or parts of the batch is statistically, not
+    bitwise, single's (None: nothing keeps it from being so). BatchNorm is not said
+    here: it is different training (``split_statistics``)."""
+    dropout = dropout_layers(model)
+    if not dropout:
+        return None
+    return f"statistical, not bitwise: dropout in {_some(dropout)} draws other masks than single"
 
 
 def _some(names: list[str]) -> str:
     return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
+def _split_norms(model: nn.Module) -> tuple[list[str], list[str]]:
+    """``model``'s batch-statistics layers: those torch's SyncBatchNorm syncs over
+    ranks, and the others."""
+    synced = [n or "the model" for n, m in model.named_modules()
+              if isinstance(m, nn.SyncBatchNorm)]
+    return synced, [n for n in batch_norm_layers(model) if n not in synced]
+
+
+@functools.lru_cache(maxsize=256)
+def _norms_of(factory: Callable[[], nn.Module]) -> tuple[list[str], list[str]]:
+    """``_split_norms`` of the model ``factory`` builds (structure only, on the meta
+    device; torch's generators left as they were)."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        return _split_norms(factory())
+
+
+def split_statistics(task: Task, devices: int, accumulation: int,
+                     model: nn.Module | None = None) -> str | None:
+    """How splitting ``task``'s batch into ``devices`` shares of ``accumulation`` parts
+    each trains otherwise than single: its BatchNorm layers normalise each share or
+    part by its own statistics (None: it has none, or they are synced over the shares
+    and there is no accumulation). ``model``: the task's, built (default: built on the
+    meta device; None where it cannot be built so: the slice checks its real model)."""
+    if devices * accumulation <= 1:
+        return None
+    try:
+        synced, plain = _split_norms(model) if model is not None else _norms_of(task.model)
+    except Exception:  # not on the meta device, or the factory is not hashable
+        return None
+    norms = plain + (synced if accumulation > 1 else [])
+    if not norms:
+        return None
+    split = (f"{devices} shares" if accumulation == 1 else
+             f"{accumulation} accumulation parts" if devices == 1 else
+             f"{devices} shares of {accumulation} parts")
+    return (f"batch statistics in {_some(norms)} are each of the batch's {split}, not the "
+            "whole batch's: different training, not rounding (a norm without batch "
+            "statistics, LayerNorm or GroupNorm, trains alike however the batch is split)")

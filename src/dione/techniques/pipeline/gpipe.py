@@ -187,8 +187,7 @@ class PipelineTechnique(Technique):
                 f"{', '.join(norms[:3])}{', ...' if len(norms) > 3 else ''}), which a "
                 f"pipeline computes per micro-batch (and torch's runtime moves once more on "
                 f"placeholder inputs before the first step): not single's training; use "
-                "single, ddp or fsdp, or a norm without batch statistics (LayerNorm, "
-                "GroupNorm)")
+                "single, or a norm without batch statistics (LayerNorm, GroupNorm)")
         if devices >= 2:
             try:
                 plan = stage_plan(model, task.name)
