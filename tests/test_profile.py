@@ -249,6 +249,23 @@ def test_shared_cached_and_reprofiled_only_where_changed(tmp_path: Path) -> None
         assert forced.trials_run == 2
 
 
+def test_a_trial_its_task_diverges_is_timed_again_on_a_task_sharing_it(
+        tmp_path: Path) -> None:
+    """Tasks that differ in learning rate share trials; where the task a trial ran
+    diverged (lr 1e30), the trial runs again as the next task of its group, so one
+    diverging rate in a sweep does not leave every rate with no configuration that fits
+    (it did, depending on the grid's order)."""
+    wild = digits_task("wild", techniques=("single",),
+                       optimizer=functools.partial(torch.optim.Adam, lr=1e30))
+    tame = digits_task("tame", techniques=("single",))
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        found = profile_workload([wild, tame], CLUSTER, catalog, options=QUICK)
+    assert found.trials_run == 2  # the diverged one, then again
+    for name in ("wild", "tame"):
+        [option] = found.task(name).options
+        assert option.technique == "single" and option.record.status == "ok"
+
+
 OOM_AND_CRASH = '''
 import functools, torch
 from torch import nn

@@ -200,6 +200,21 @@ class _Pass:
         self.run_count += 1
         if trial.repeat:
             record = merged_runs(self.results[trial.spec.fingerprint], record)
+        elif record.status == "diverged" and trial.stand_ins:
+            # Its task's learning rate, not the configuration: time it on the next task
+            # that shares it (a sweep's one diverging rate left every other rate of its
+            # group with no configuration that fits).
+            self.queue.append(dataclasses.replace(
+                trial, spec=dataclasses.replace(trial.spec, task=trial.stand_ins[0]),
+                stand_ins=trial.stand_ins[1:]))
+            self.total += 1
+            if trial.evaluation_key is not None and evaluation is None and not any(
+                    p.evaluation_key == trial.evaluation_key
+                    for p, _, _ in self.running.values()):
+                self.evaluated.discard(trial.evaluation_key)  # the next one times it
+            setting.emit(ProfileEvent("finished", trial.spec.label, tuple(trial.tasks),
+                                      record, total=self.total))
+            return
         self.results[trial.spec.fingerprint] = record
         if record.status == "crash":
             record.extra["code"] = trial.code

@@ -51,6 +51,9 @@ class PendingTrial:
     lighter: list[str] = field(default_factory=list)
     repeat: bool = False  # a feasible trial run again, merged into its record
     code: str = ""  # the digest of the task's code (a crash is cached with it)
+    # The other tasks sharing it, in turn: where the trial diverges (its task's learning
+    # rate, which the fingerprint leaves out), it runs again as the next one.
+    stand_ins: list[Task] = field(default_factory=list)
 
 
 @dataclass
@@ -154,6 +157,7 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
                     by_task[task.name].append(fingerprint)
                     if fingerprint in wanted:
                         wanted[fingerprint].tasks.append(task.name)
+                        wanted[fingerprint].stand_ins.append(task)
                         continue
                     lighter = [fingerprints[_knobs_key(k)]
                                for k in _lighter_settings(knobs, technique, resolved)]
