@@ -343,15 +343,18 @@ def test_losing_a_node_mid_run_replans_onto_the_others(
                            and s.start_step > 0 for s in store.slices()):
                         break
             time.sleep(0.05)  # a slice lasts well under a second: look often
-        cluster.remove_node(extra)
+        cluster.remove_node(extra, allow_graceful=False)  # as a preempted machine goes
         thread.join(600)
         assert not thread.is_alive()
         result = outcome["result"]
         assert all(t.status == "done" for t in result.tasks), result.tasks
         with RunStore(tmp_path / "run") as store:
-            lost = [s for s in store.slices() if s.status == "failed"]
-            assert lost and all("node lost" in (s.error or "") for s in lost)
-            assert all(s.node == doomed.name for s in lost)
+            # Cut by the loss: failed as "node lost" (never "was killed": Ray calls the
+            # actor unreachable 10-15 s before it marks an abruptly lost node dead), or
+            # interrupted where the run saw the node gone first.
+            lost = [s for s in store.slices() if s.status in ("failed", "interrupted")]
+            assert lost and all(s.node == doomed.name for s in lost)
+            assert all("node lost" in (s.error or "") for s in lost if s.status == "failed")
             for task in tasks:
                 # No step lost before the last checkpoint: every step trained, and every
                 # slice started where a checkpoint was.

@@ -32,6 +32,7 @@ import os
 import queue
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -276,6 +277,11 @@ def _grown(log: Path, offset: int) -> tuple[bytes, int]:
     return data, offset + len(data)
 
 
+# How long an actor Ray cannot reach may wait for its node to be marked dead: Ray's
+# default health checks (every 3 s, 5 misses, after 5 s) mark a dead node within ~20 s.
+NODE_DEATH_SECONDS = 45.0
+
+
 class _RayMember:
     """One rank's actor and its job in flight."""
 
@@ -286,6 +292,8 @@ class _RayMember:
         self.actor = actor
         self.stream: Any = None  # the job's messages (a Ray ObjectRefGenerator)
         self.death = ""
+        # Ray called the actor unreachable, perhaps for now: its node may be going.
+        self.unreachable = False
 
     def send(self, job: Job) -> bool:
         self.stream = self.actor.run.options(num_returns="streaming").remote(job)
@@ -306,12 +314,22 @@ class _RayMember:
             return "lost", None
         except Exception as err:  # the actor died, or its node went away
             self.death = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+            self.unreachable = isinstance(err, ray.exceptions.ActorUnavailableError)
             return "lost", None
 
     def lost(self) -> Lost:
-        if not self.launcher.node_alive(self.node):
-            return Lost("node_lost", f"was lost with its node {self.node.name} (node lost)")
-        return Lost("signal", f"was killed ({self.death})")
+        # A node that went away abruptly (a preempted machine) reads first as an actor
+        # Ray cannot reach, and its node as alive until Ray's health checks miss it
+        # (10-15 s): asked at once, the slice was blamed ("was killed", a failure the
+        # task pays for) and retried on the dead node. An unreachable actor's node is
+        # watched until it is marked dead or the wait ends.
+        deadline = time.monotonic() + (NODE_DEATH_SECONDS if self.unreachable else 0.0)
+        while True:
+            if not self.launcher.node_alive(self.node):
+                return Lost("node_lost", f"was lost with its node {self.node.name} (node lost)")
+            if time.monotonic() >= deadline:
+                return Lost("signal", f"was killed ({self.death})")
+            time.sleep(0.5)
 
 
 def _reachable(address: str | None, seconds: float = 10.0) -> None:
