@@ -582,3 +582,41 @@ def test_runs_sharing_a_storage_keep_their_own_checkpoints(tmp_path: Path) -> No
     ours = load_trained(digits_task(seed=1), a.checkpoint).state_dict()
     theirs = load_trained(digits_task(seed=2), b.checkpoint).state_dict()
     assert any(not torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_a_full_checkpoint_disk_stops_the_run_naming_its_free_space(tmp_path: Path) -> None:
+    """A real full disk (a tmpfs of 8 MiB, filled, under --storage): the run stops at the first
+    checkpoint that cannot be written, in one sentence naming the folder and its free
+    space, every task kept at its last checkpoint; it goes on once space is freed. (It
+    failed every task in turn, each after a slice of training, with
+    "CheckpointException ranks:dict_keys([0])".)"""
+    from dione.orchestrate import RunOptions, run_workload
+    from dione.orchestrate.options import StorageFull
+
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(storage)],
+                             capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("a tmpfs cannot be mounted here (root only): a real full disk is the test")
+    try:
+        tasks = [digits_task(f"t{i}", steps=6, techniques=("single",)) for i in range(3)]
+        options = RunOptions(catalog=str(tmp_path / "catalog.sqlite"), slice_steps=3,
+                             trial=TrialOptions(warmup_steps=1, measure_steps=2, timeout=120),
+                             storage=str(storage), time_limit=2.0)
+        with Catalog(tmp_path / "catalog.sqlite") as catalog:  # trials first, on a free disk
+            profile_workload(tasks, Cluster([TEST_NODE]), catalog, options=options.trial)
+        free = shutil.disk_usage(storage).free
+        (storage / "filler").write_bytes(b"\0" * (free - 4096))
+        with pytest.raises(StorageFull) as stopped:
+            run_workload(tasks, Cluster([TEST_NODE]), tmp_path / "run", options)
+        said = str(stopped.value)
+        assert "the disk under the run's checkpoints is full" in said and "KiB free" in said
+        assert str(storage) in said and "dione resume" in said
+        with RunStore(tmp_path / "run") as store:
+            assert {t.status for t in store.tasks()} == {"pending"}
+        (storage / "filler").unlink()
+        result = run_workload(tasks, Cluster([TEST_NODE]), tmp_path / "run", options)
+        assert [t.status for t in result.tasks] == ["done"] * 3
+    finally:
+        subprocess.run(["umount", "-l", str(storage)], capture_output=True)

@@ -58,6 +58,12 @@ _PERMANENT_TEXT = ("Read-only file system", "No space left on device", "Permissi
                    "unexpected pos", "file write failed")
 
 
+# What a rank raises when its disk is full (torch's checkpoint writer on a full disk: a
+# short write, then its position check or "file write failed").
+_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "unexpected pos",
+              "file write failed")
+
+
 class SliceError(RuntimeError):
     """A slice that cannot start or did not finish; the message says why."""
 
@@ -65,6 +71,13 @@ class SliceError(RuntimeError):
         super().__init__(message)
         self.reason = reason  # refused | raised | signal | exit | timeout | diverged | outside
         self.error_type = error_type  # the failing rank's exception type, when it raised
+
+    @property
+    def disk_full(self) -> str | None:
+        """Where it failed for a full disk (no slice can write there until freed): the
+        line of its error that says so; None where it did not."""
+        return next((line.strip() for line in str(self).splitlines()
+                     if any(text in line for text in _FULL_TEXT)), None)
 
     @property
     def retryable(self) -> bool:
