@@ -591,7 +591,7 @@ def test_a_full_checkpoint_disk_stops_the_run_naming_its_free_space(tmp_path: Pa
     failed every task in turn, each after a slice of training, with
     "CheckpointException ranks:dict_keys([0])".)"""
     from dione.orchestrate import RunOptions, run_workload
-    from dione.orchestrate.options import StorageFull
+    from dione.state.disk import DiskFull
 
     storage = tmp_path / "storage"
     storage.mkdir()
@@ -608,10 +608,17 @@ def test_a_full_checkpoint_disk_stops_the_run_naming_its_free_space(tmp_path: Pa
             profile_workload(tasks, Cluster([TEST_NODE]), catalog, options=options.trial)
         free = shutil.disk_usage(storage).free
         (storage / "filler").write_bytes(b"\0" * (free - 4096))
-        with pytest.raises(StorageFull) as stopped:
+        # Profiling there stops too, and caches no trial as crashed (it cached every
+        # one, and no later profile tried them again).
+        with Catalog(tmp_path / "fresh.sqlite") as catalog, pytest.raises(DiskFull):
+            profile_workload(tasks, Cluster([TEST_NODE]), catalog, options=options.trial,
+                             storage=storage)
+        with Catalog(tmp_path / "fresh.sqlite") as catalog:
+            assert catalog.records() == []
+        with pytest.raises(DiskFull) as stopped:
             run_workload(tasks, Cluster([TEST_NODE]), tmp_path / "run", options)
         said = str(stopped.value)
-        assert "the disk under the run's checkpoints is full" in said and "KiB free" in said
+        assert "the disk under the checkpoints is full" in said and "KiB free" in said
         assert str(storage) in said and "dione resume" in said
         with RunStore(tmp_path / "run") as store:
             assert {t.status for t in store.tasks()} == {"pending"}

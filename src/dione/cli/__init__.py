@@ -16,6 +16,7 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command ``argv`` (default: the process's arguments) names; its exit status."""
     from dione.orchestrate.interrupts import Terminated, interruptible
+    from dione.state.disk import DiskFull
     from dione.state.sqlite import StateFileError
 
     parser = build_parser()
@@ -25,7 +26,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with interruptible():
             return int(COMMANDS[args.command](args))
-    except (BadInput, StateFileError) as err:  # a state file's damage: one sentence too
+    except (BadInput, StateFileError, DiskFull) as err:  # a state file's damage, a full
+        # disk: one sentence too
         complain("error", str(err))
         return EXIT_BAD_INPUT
     except Terminated:

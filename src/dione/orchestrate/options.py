@@ -20,11 +20,6 @@ class RunDirError(ValueError):
     steps), held by another live launcher, not private, or not writable."""
 
 
-class StorageFull(RunDirError):
-    """The disk under the run's checkpoints is full: the run stops (every task keeps its
-    last checkpoint) until space is freed, and ``dione resume`` goes on."""
-
-
 def claim_run_dir(run_dir: str | Path) -> RunLock:
     """Create ``run_dir`` private to this user (or check an existing one) and take its
     lock for this launcher; RunDirError saying why not and what to do."""

@@ -27,7 +27,7 @@ from dione.launch.slice import SliceError, SliceResult
 from dione.orchestrate.additions import Intake, Profiling, TaskInbox, request_message
 from dione.orchestrate.estimates import Estimates, planning_nodes
 from dione.orchestrate.launching import SliceLaunching, SliceStarter, launchable
-from dione.orchestrate.options import RunDirError, RunEvent, RunOptions, StorageFull
+from dione.orchestrate.options import RunDirError, RunEvent, RunOptions
 from dione.orchestrate.plans import AdoptedPlan, next_plan_file, plan_files, write_plan
 from dione.orchestrate.records import RunningSlice, RunState, TaskRecord, TaskStatus
 from dione.orchestrate.replanning import (
@@ -43,6 +43,7 @@ from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.metrics import doubtful_direction
 from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
+from dione.state.disk import DiskFull
 from dione.state.store import RunStore
 from dione.state.summaries import error_line
 from dione.techniques.registry import get_technique
@@ -849,7 +850,10 @@ class Runner:
             record.failures -= 1
             record.status = TaskStatus.PENDING
             self.store.set_task_status(name, "pending", None)
-            raise StorageFull(self._full_disk(err.disk_full))
+            raise DiskFull(self.store.checkpoint_root(self.options.storage), err.disk_full,
+                           "the run stopped, every task at its last checkpoint; free space "
+                           "there (or give --storage a larger disk), then `dione resume "
+                           f"{self.store.run_dir}`")
         elif not err.retryable:
             self._give_up(record, str(err), f"{name} failed, and no retry can succeed until "
                           "the disk, the permissions or the task change: "
@@ -863,21 +867,6 @@ class Runner:
                                f"{self.options.max_failures}), will retry: "
                                f"{str(err).splitlines()[0]}", name))
         return True
-
-    def _full_disk(self, said: str) -> str:
-        """The sentence a run stopped by a full disk ends with: where, how much is free."""
-        root = self.store.checkpoint_root(self.options.storage)
-        where = next((p for p in (root, *root.parents) if p.exists()), root)
-        try:
-            left = shutil.disk_usage(where).free
-            free = (f"{left / 2**20:,.0f} MiB free" if left >= 10 * 2**20
-                    else f"{left / 2**10:,.0f} KiB free")
-        except OSError as trouble:
-            free = f"free space unknown: {trouble}"
-        return (f"the disk under the run's checkpoints is full ({root}: {free}; "
-                f"{said}): the run stopped, every task at its last "
-                f"checkpoint; free space there (or give --storage a larger disk), then "
-                f"`dione resume {self.store.run_dir}`")
 
     def _lose_node(self, node: str, record: TaskRecord, err: SliceError) -> None:
         """A node left the cluster under a running slice: the task goes back to pending

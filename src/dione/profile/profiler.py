@@ -54,7 +54,8 @@ def profile_workload(
     storage: str | Path | None = None,
 ) -> Profile:
     """Profile ``tasks`` for ``cluster``'s first node (nodes are assumed alike), reusing
-    the catalog unless ``reprofile``; never raises for a failing trial or task. Trials
+    the catalog unless ``reprofile``; never raises for a failing trial or task (but
+    DiskFull where the checkpoints' disk is full: every trial would fail so). Trials
     run side by side on every node of the same kind and threads per device (they share
     catalog entries), each where its devices are free.
     ``storage``: where trials write their checkpoints, a folder every node can reach

@@ -30,6 +30,7 @@ from dione.profile.options import TrialOptions
 from dione.profile.simulated import pipeline_technique
 from dione.spec.cluster import Node
 from dione.spec.task import Task
+from dione.state.disk import DiskFull
 from dione.techniques.registry import get_technique
 
 __all__ = ["TrialOptions", "TrialSpec", "run_trial"]
@@ -102,6 +103,10 @@ def run_trial(
             storage=checkpoints)
         result = run_request(request, cancel=cancel, launcher=launcher)
     except SliceError as err:
+        if err.disk_full is not None:  # not the configuration's doing: never cached
+            raise DiskFull(folder if checkpoints is None else checkpoints, err.disk_full,
+                           "profiling stopped; free space there (or give --storage a "
+                           "larger disk), then run again") from None
         if err.reason == OUTSIDE_THE_GANG:
             # Not the configuration's doing (the store, the launcher, the disk): as
             # before such errors were SliceErrors, it ends the profile, never cached.
