@@ -91,9 +91,13 @@ def test_exported_hyperparameters_keep_their_json_types(tmp_path: Path) -> None:
     result = run_slice(task, "single", tmp_path / "run", local_placement(Node("n", 1, "cpu"),
                                                                          [0]))
     folder = export_model(load_trained(task, result.checkpoint), tmp_path / "out", task,
-                          result.checkpoint)
-    saved = json.loads((folder / "dione.json").read_text())["hyperparameters"]
-    assert saved == {"lr": 0.001, "batch_size": 16, "name": "x", "betas": "(0.9, 0.99)"}
+                          result.checkpoint, tmp_path / "run")
+    saved = json.loads((folder / "dione.json").read_text())
+    assert saved["hyperparameters"] == {"lr": 0.001, "batch_size": 16, "name": "x",
+                                        "betas": "(0.9, 0.99)"}
+    # How it trained, from the run store (it named only the last slice's technique).
+    assert saved["trained"] == {"techniques": ["single"], "exactness": "exact",
+                                "inexact": [], "statistical": []}
 
 
 def test_a_tuple_output_gives_its_first_item_as_the_loss_and_a_missing_one_says_why(

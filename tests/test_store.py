@@ -156,6 +156,22 @@ def test_a_store_from_before_exactness_was_recorded_marks_its_xpipe_slices(
         assert store.cut("t", 2) is None
 
 
+def test_a_task_that_diverged_under_an_inexact_technique_reads_inexact(
+        tmp_path: Path) -> None:
+    """A diverged slice trained its steps too: under xpipe (opted in) the task is
+    inexact (it read "exact": only finished slices counted)."""
+    from dione.state.summaries import summaries
+
+    with RunStore(tmp_path) as store:
+        store.register_task("t", 4, 8)
+        slice_id = store.begin_slice("t", "xpipe", {}, "n0", [0, 1], 0, 4,
+                                     "xpipe is asynchronous")
+        store.diverge_slice(slice_id, [1.0, float("nan")], [0.1, 0.1], "loss nan at step 2")
+        [summary] = summaries(store)
+    assert summary.status == "diverged" and summary.exactness == "INEXACT"
+    assert summary.inexact == ["steps 0-4, xpipe is asynchronous"]
+
+
 def test_a_long_curve_is_read_in_windows_and_its_last_loss_alone(tmp_path: Path) -> None:
     losses = [float(k % 7) for k in range(1, 101)]
     losses[42] = float("nan")  # step 43: its window's mean is NaN, as the step was

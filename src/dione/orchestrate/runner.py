@@ -157,7 +157,7 @@ class Runner:
         elif stored is not None and stored.status == "diverged":
             # Training it on would repeat the divergence: the user must change it.
             status = TaskStatus.DIVERGED
-        inexact = any(s.status == "done" and s.inexactness is not None
+        inexact = any(s.status in ("done", "diverged") and s.inexactness is not None
                       for s in self.store.slices(task.name))
         record = TaskRecord(task, total, done, status, inexact=inexact)
         if status == TaskStatus.PENDING and not self.profile.task(task.name).options:

@@ -239,7 +239,8 @@ class MlflowExport:
             self._models.add(name)
             return
         with tempfile.TemporaryDirectory(prefix="dione-mlflow-") as folder:
-            export_model(load_trained(task, checkpoint), folder, task, checkpoint)
+            export_model(load_trained(task, checkpoint), folder, task, checkpoint,
+                         self.run_dir)
             self.client.log_artifacts(self._children[name], folder, "model")
         self.client.set_tag(self._children[name], "dione.model", "logged")
         self._models.add(name)

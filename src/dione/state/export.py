@@ -13,6 +13,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,6 +27,7 @@ from dione.state.checkpoint import (
     verify_checkpoint,
 )
 from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore
+from dione.state.summaries import inexact_spans
 
 __all__ = ["ExportError", "export_model", "load_trained", "trained_checkpoint",
            "workload_of_run", "workload_of_task"]
@@ -139,9 +141,31 @@ def load_trained(task: Task, checkpoint: str | Path) -> nn.Module:
     return model.eval()
 
 
+def how_trained(run_dir: str | Path, task: str, step: int) -> dict[str, Any]:
+    """How ``task``'s first ``step`` steps trained, from the run store: the techniques
+    in turn, and ``exact``, ``statistical`` (dropout drew its own masks) or ``inexact``
+    with the spans of steps and why (empty where the directory has no store: a ``dione
+    train`` run's own checkpoints say their technique)."""
+    if not (Path(run_dir) / STORE_FILE).is_file():
+        return {}
+    with RunStore(run_dir) as store:
+        trained = [s for s in store.slices(task)
+                   if s.status in ("done", "diverged") and s.start_step < step]
+    techniques: list[str] = []
+    for s in trained:
+        if not techniques or techniques[-1] != s.technique:
+            techniques.append(s.technique)
+    inexact, statistical = inexact_spans(trained), inexact_spans(trained, "statistical")
+    return {"techniques": techniques,
+            "exactness": "inexact" if inexact else "statistical" if statistical else "exact",
+            "inexact": inexact, "statistical": statistical}
+
+
 def export_model(model: nn.Module, folder: str | Path, task: Task,
-                 checkpoint: str | Path) -> Path:
-    """Write ``model``'s weights into ``folder`` (created; files there are replaced)."""
+                 checkpoint: str | Path, run_dir: str | Path | None = None) -> Path:
+    """Write ``model``'s weights into ``folder`` (created; files there are replaced),
+    and beside them what they are (``dione.json``: the task, its step, how it trained:
+    from ``run_dir``'s store where given)."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     save_pretrained = getattr(model, "save_pretrained", None)
@@ -154,6 +178,8 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
     progress = read_progress(checkpoint)
     (out / PROVENANCE_FILE).write_text(json.dumps({
         "task": task.name, "step": progress.step, "technique": progress.technique,
+        **({"trained": how_trained(run_dir, task.name, progress.step)}
+           if run_dir is not None else {}),
         "checkpoint": str(Path(checkpoint).resolve()), "weights": WEIGHTS_FILE,
         "hugging_face": callable(save_pretrained), "exported_at": time.time(),
         # As JSON has them (a learning rate a number, not "0.001"); anything else as text.

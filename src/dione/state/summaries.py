@@ -38,8 +38,10 @@ class TaskSummary:
 
     @property
     def trained(self) -> str:
-        """For the tables: exact, or inexact and how."""
-        return "exact" if not self.inexact else "inexact: " + "; ".join(self.inexact)
+        """For the CSV and MLflow: exact, or inexact or statistical and how."""
+        if self.inexact:
+            return "inexact: " + "; ".join(self.inexact)
+        return "statistical: " + "; ".join(self.statistical) if self.statistical else "exact"
 
     @property
     def exactness(self) -> str:
@@ -55,7 +57,7 @@ def inexact_spans(slices: Sequence[SliceRecord], note: str = "inexactness") -> l
     spans: list[tuple[int, int, str]] = []
     for s in slices:
         said = getattr(s, note)
-        if s.status != "done" or said is None:
+        if s.status not in ("done", "diverged") or said is None:  # both trained
             continue
         if spans and spans[-1][1] == s.start_step and spans[-1][2] == said:
             spans[-1] = (spans[-1][0], s.end_step, said)
@@ -98,9 +100,9 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
             techniques, devices, sum((s.ended_at or s.started_at) - s.started_at for s in done),
             loss, store.evaluation(record.name),
             dict(record.hyperparameters), record.error, latest.path if latest else None,
-            sorted({len(s.device_ids) for s in done}), inexact_spans(done),
+            sorted({len(s.device_ids) for s in done}), inexact_spans(slices),
             bool(slices) and slices[-1].status in ("interrupted", "running"),
-            inexact_spans(done, "statistical")))
+            inexact_spans(slices, "statistical")))
     return result
 
 

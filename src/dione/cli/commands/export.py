@@ -41,7 +41,7 @@ def command(args: argparse.Namespace) -> int:
     except CheckpointError as err:  # the workload's model is not the one trained
         raise BadInput(str(err)) from None
     try:
-        folder = export_model(model, args.output, task, checkpoint)
+        folder = export_model(model, args.output, task, checkpoint, args.run_dir)
     except OSError as err:
         raise BadInput(f"cannot write {args.output}: {err.strerror or err}; give a folder "
                        "you can write (-o)") from None
