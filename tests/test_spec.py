@@ -194,10 +194,14 @@ def test_a_scheduler_that_cannot_be_built_is_a_problem_of_its_field() -> None:
     good = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=10)
     messages = [str(p) for p in validate_workload(Workload([
         digits_task("broken", lr_scheduler=no_step_size),
+        # Stepped by a metric: every trial crashed in step() (validation passed it).
+        digits_task("plateau", lr_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau),
         digits_task("fine", lr_scheduler=good)]), None, technique_names())]
-    assert len(messages) == 1
+    assert len(messages) == 2
     assert "task 'broken', field 'lr_scheduler': the scheduler factory raised TypeError" in (
         messages[0]) and "step_size=10" in messages[0]
+    assert "task 'plateau', field 'lr_scheduler': ReduceLROnPlateau.step() needs metrics" in (
+        messages[1]) and "once after every optimizer step" in messages[1]
 
 
 class _MaskedLinear(torch.nn.Module):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import sys
@@ -325,6 +326,19 @@ def _check_scheduler(task: Task, optimizer: torch.optim.Optimizer,
     if missing:
         bad("lr_scheduler", f"returned {type(scheduler).__name__}, which has no "
             f"{', '.join(missing)}: return a torch.optim.lr_scheduler scheduler")
+        return
+    try:
+        needed = [p.name for p in inspect.signature(scheduler.step).parameters.values()
+                  if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY,
+                                                         p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):  # no signature to read: its steps will tell
+        needed = []
+    if needed:  # ReduceLROnPlateau: step(metrics)
+        bad("lr_scheduler", f"{type(scheduler).__name__}.step() needs "
+            f"{', '.join(needed)}, but dione steps the scheduler once after every "
+            "optimizer step with no argument; use a schedule by step (StepLR, "
+            "CosineAnnealingLR, LambdaLR, ...), and a stopping rule (stopping=) for "
+            "decisions on a metric")
 
 
 def check_task(

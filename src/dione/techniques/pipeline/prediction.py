@@ -27,6 +27,7 @@ needs a metric to step).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -87,10 +88,14 @@ def future_rates(optimizer: torch.optim.Optimizer, scheduler: Any,
     if scheduler is None or factory is None or steps <= 1:
         return [r * max(steps, 0) for r in rates]
     shadow, copy = _stand_in(optimizer, factory, scheduler)
-    for _ in range(steps - 1):
-        copy.step()
-        for rate, group in zip(rates, shadow.param_groups, strict=True):
-            rate.append(float(group["lr"]))
+    with warnings.catch_warnings():
+        # The copy steps a stand-in optimizer that never steps: torch's warning that
+        # the scheduler stepped first would blame the user's code, which is right.
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+        for _ in range(steps - 1):
+            copy.step()
+            for rate, group in zip(rates, shadow.param_groups, strict=True):
+                rate.append(float(group["lr"]))
     return rates
 
 
