@@ -53,6 +53,19 @@ def test_grid_names_each_point_and_keeps_its_hyperparameters() -> None:
     assert [t.name for t in close] == ["close-lr0.001-batch_size32",
                                        "close-lr0.0010000001-batch_size32",
                                        "close-lr0.0003-batch_size32"]  # as it always was
+    # Tuples, classes and text a name cannot hold read as names validation takes (the
+    # grid's own names were refused, blaming a field the user never wrote).
+    def odd(betas: tuple[float, float], act: type, note: str) -> Task:
+        return digits_task(optimizer=functools.partial(torch.optim.Adam, betas=betas))
+
+    tasks = grid("g", odd, betas=[(0.9, 0.99)], act=[torch.nn.ReLU, torch.nn.GELU],
+                 note=["a b", "a/b"])
+    assert [t.name for t in tasks] == ["g-betas0.9_0.99-actReLU-notea_b-0",
+                                       "g-betas0.9_0.99-actReLU-notea_b-1",
+                                       "g-betas0.9_0.99-actGELU-notea_b-2",
+                                       "g-betas0.9_0.99-actGELU-notea_b-3"]
+    assert tasks[2].hyperparameters["act"] is torch.nn.GELU
+    assert validate_workload(Workload(tasks), None, technique_names()) == []
 
 
 def test_every_problem_is_reported_at_once_with_task_and_field() -> None:
@@ -72,6 +85,7 @@ def test_every_problem_is_reported_at_once_with_task_and_field() -> None:
         digits_task("unknown-technique", techniques=("zero3",)),
         digits_task("bad-split", split_points=("nowhere",)),
         digits_task("huge-batch", batch_size=4000),
+        digits_task("bool-steps", steps=True),  # an int to Python, "steps 0-True" to a run
     ]
     found = problems_of(*tasks, devices=4)
     assert ("dup", "name") in found
@@ -83,7 +97,8 @@ def test_every_problem_is_reported_at_once_with_task_and_field() -> None:
     assert ("unknown-technique", "techniques") in found
     assert ("bad-split", "split_points") in found
     assert ("huge-batch", "data") in found
-    assert len(found) == 9  # the two "dup" tasks share one problem
+    assert ("bool-steps", "steps") in found
+    assert len(found) == 10  # the two "dup" tasks share one problem
 
 
 def test_messages_say_what_to_do() -> None:

@@ -390,13 +390,15 @@ def _checked_task(
                if _allows(task, "gpipe") else ""))
     if (task.steps is None) == (task.epochs is None):
         bad("steps", "give exactly one of steps or epochs")
-    elif task.steps is not None and (not isinstance(task.steps, int) or task.steps < 1):
+    elif task.steps is not None and (not isinstance(task.steps, int)
+                                     or isinstance(task.steps, bool) or task.steps < 1):
         bad("steps", f"must be a positive integer, not {task.steps!r}")
     elif task.epochs is not None and not (
-        isinstance(task.epochs, (int, float)) and math.isfinite(task.epochs) and task.epochs > 0
+        isinstance(task.epochs, (int, float)) and not isinstance(task.epochs, bool)
+        and math.isfinite(task.epochs) and task.epochs > 0
     ):
         bad("epochs", f"must be a positive, finite number, not {task.epochs!r}")
-    if not isinstance(task.seed, int):
+    if not isinstance(task.seed, int) or isinstance(task.seed, bool):
         bad("seed", f"must be an integer, not {task.seed!r}")
     if not isinstance(task.hyperparameters, Mapping) or not all(
             isinstance(k, str) for k in task.hyperparameters):

@@ -7,8 +7,10 @@ import hashlib
 import importlib.util
 import itertools
 import os
+import re
 import sys
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -54,13 +56,19 @@ class Workload:
 
 def _format_value(value: Any, axis: Sequence[Any] = ()) -> str:
     """How ``value`` reads in a task's name: a float in six significant digits (1e-3 as
-    0.001), unless another value of its ``axis`` reads the same: then in full."""
+    0.001), unless another value of its ``axis`` reads the same: then in full; a class or
+    function by its name (``nn.GELU`` as GELU), a tuple's items joined by ``_`` (Adam's
+    betas (0.9, 0.99) as 0.9_0.99); any other character a name cannot hold as ``_``."""
     if isinstance(value, float):
         short = format(value, "g")
         clash = any(isinstance(v, float) and v != value and format(v, "g") == short
                     for v in axis)
         return repr(value) if clash else short
-    return str(value)
+    if isinstance(value, (tuple, list)):
+        return "_".join(_format_value(v) for v in value)
+    named = getattr(value, "__name__", None)
+    text = named if isinstance(named, str) and callable(value) else str(value)
+    return re.sub(r"[^A-Za-z0-9._=+-]+", "_", text).strip("_") or "_"
 
 
 def grid(prefix: str, build: Callable[..., Task], **axes: Sequence[Any]) -> list[Task]:
@@ -87,7 +95,10 @@ def grid(prefix: str, build: Callable[..., Task], **axes: Sequence[Any]) -> list
         name = "-".join([prefix, *(f"{k}{_format_value(v, axes[k])}"
                                    for k, v in point.items())])
         tasks.append(replace(task, name=name, hyperparameters={**task.hyperparameters, **point}))
-    return tasks
+    # Values that read alike (two functions of one name, "a b" and "a_b"): numbered.
+    counts = Counter(t.name for t in tasks)
+    return [replace(t, name=f"{t.name}-{i}") if counts[t.name] > 1 else t
+            for i, t in enumerate(tasks)]
 
 
 _LOADED: dict[str, str] = {}
