@@ -462,6 +462,34 @@ def test_a_loss_object_gives_the_same_speed_signature_every_time() -> None:
     assert first["loss"].endswith("._SmoothedLoss")
 
 
+class _Refiner(torch.nn.Module):
+    """One layer applied ``iterations`` times: the same weights and print at any count."""
+
+    def __init__(self, iterations: int) -> None:
+        super().__init__()
+        self.iterations = iterations
+        self.layer = torch.nn.Linear(64, 64)
+        self.head = torch.nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.iterations):
+            x = torch.relu(self.layer(x))
+        return self.head(x)
+
+
+def test_a_models_own_settings_are_part_of_its_speed_signature() -> None:
+    """A custom module's plain attributes (a loop count) decide its speed as its layers
+    do; torch's print leaves them out, and a model run 1 or 64 times shared one trial."""
+    from dione.profile.fingerprint import speed_signature
+
+    once, often, again = (speed_signature(digits_task(
+        name, model=functools.partial(_Refiner, n))) for name, n in
+        (("once", 1), ("often", 64), ("again", 1)))
+    assert once["architecture"] == often["architecture"]  # what was keyed before
+    assert once != often and once == again
+    assert once["settings"]["."] == {"iterations": 1}
+
+
 MOVABLE_WORKLOAD = """
 import functools, torch
 from dione import Task, Workload

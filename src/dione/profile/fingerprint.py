@@ -104,6 +104,7 @@ def speed_signature(task: Task) -> dict[str, Any]:
         samples = _shapes(task.data()[0])
     signature = {
         "architecture": _architecture(model),
+        "settings": _settings(model),
         "parameters": params,
         "buffers": buffers,
         "batch_size": task.batch_size,
@@ -142,6 +143,26 @@ def _batch_shapes(task: Task, batches: int = 3) -> Any:
 def _architecture(model: nn.Module) -> str:
     # The module tree as torch prints it: layer types and their constructor arguments.
     return repr(model)
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _settings(model: nn.Module) -> dict[str, dict[str, Any]]:
+    """Each module's own plain settings (numbers, text, flags and tuples of them), which
+    torch's print of a custom module leaves out: a loop count, an attention window or a
+    recurrence depth decides its speed as its layers do (a model applying one layer 1 or
+    64 times printed alike and shared one trial, 70x apart)."""
+    found = {}
+    for name, module in model.named_modules():
+        own = {k: v for k, v in sorted(vars(module).items())
+               if not k.startswith("_") and k != "training" and _plain(v)}
+        if own:
+            found[name or "."] = own
+    return found
 
 
 @lru_cache(maxsize=4)
