@@ -127,12 +127,16 @@ def test_the_common_pytorch_mistakes_are_named_with_their_fix() -> None:
     messages = " ".join(str(p) for p in validate_workload(Workload([
         digits_task("instance", model=digits_mlp()),
         digits_task("loader", data=lambda: DataLoader(digits_train(), batch_size=8)),
-        digits_task("generator", data=lambda: (x for x in digits_train()))])))
+        digits_task("generator", data=lambda: (x for x in digits_train())),
+        digits_task("no-loss", loss=None)])))
     assert "task 'instance', field 'model': is a Sequential instance; give the function " \
         "or class that builds it" in messages
     assert "task 'loader', field 'data': returned a DataLoader; give a function returning " \
         "a map-style dataset" in messages
     assert "task 'generator', field 'data': returned a generator" in messages
+    # A loss left out reads as a loss left out, not as the data's problem.
+    assert "task 'no-loss', field 'loss': none given, so the model gets the whole batch" \
+        in messages and "give the task a loss=" in messages
 
 
 def test_a_bad_task_does_not_stop_the_others() -> None:

@@ -116,6 +116,20 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
         with torch.no_grad():
             output = call_model(real, task, inputs)
     except Exception as err:
+        if task.loss is None and isinstance(batch, (tuple, list)) and len(batch) > 1:
+            # Without a loss the model gets the whole batch, target too: a model that
+            # takes the inputs alone is a loss left out, not a data problem.
+            try:
+                with torch.no_grad():
+                    real(batch[0])
+            except Exception:
+                pass
+            else:
+                return [Problem(task.name, "loss", f"none given, so the model gets the "
+                                f"whole batch (model(*batch), its {len(batch)} parts) and "
+                                f"must return its loss, but it takes the inputs alone "
+                                f"({_exception_line(err)}); give the task a loss=, e.g. "
+                                "torch.nn.functional.cross_entropy")]
         return [Problem(task.name, "data", f"the model cannot take a batch of this data "
                         f"({type(inputs).__name__}"
                         + (f" with fields {', '.join(map(str, inputs))}"
