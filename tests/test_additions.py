@@ -188,3 +188,10 @@ def test_dione_add_names_what_is_wrong(tmp_path: Path,
     assert status == 2 and "in the run already" in said, said
     with RunStore(run_dir) as store:
         assert store.additions() == []  # nothing asked of the run
+    # Some of the file's tasks invalid: the others asked for, and the exit status says
+    # one was left out (it was 0, as if every task had been taken).
+    growing(tmp_path, [1e-2, 3e-2, -1.0])
+    status, said = add(capsys, str(run_dir), str(file))
+    assert status == 1 and "invalid: task 'lr--1'" in said, said
+    with RunStore(run_dir) as store:
+        assert [a.names for a in store.additions()] == [["lr-0.03"]]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dione.cli.console import complain, console
-from dione.cli.errors import BadInput
+from dione.cli.errors import EXIT_FAILED, BadInput
 from dione.cli.inputs import load
 
 __all__ = ["command"]
@@ -49,12 +49,14 @@ def command(args: argparse.Namespace) -> int:
         if not tasks:
             raise BadInput("no task to add is valid (the problems are above)")
         request = store.add_tasks(workload, [t.name for t in tasks])
+    # Some of the file's tasks refused: said as `dione run` says it, by the exit status.
+    done = EXIT_FAILED if problems else 0
     names = ", ".join(t.name for t in tasks)
     holder = lock_holder(run_dir)
     if holder is None or not holder.alive:
         console.print(f"asked {run_dir} to add {names}; no launcher runs it now: `dione "
                       f"resume {run_dir}` trains them with the rest")
-        return 0
+        return done
     console.print(f"asked the live run in {run_dir} (launcher pid {holder.pid}) to add "
                   f"{names}")
     settled = _wait_for(run_dir, request, args.wait)
@@ -62,12 +64,12 @@ def command(args: argparse.Namespace) -> int:
         console.print(f"the run has not taken them within {args.wait:g} s (it may be "
                       "profiling them); the request stands: `dione status` shows them "
                       "once taken")
-        return 0
+        return done
     state, message = settled
     if state == "refused":
         raise BadInput(f"the run refused them: {message}")
     console.print(f"the run took them: {message}")
-    return 0
+    return done
 
 
 def _wait_for(run_dir: Path, request: int, seconds: float) -> tuple[str, Any] | None:
