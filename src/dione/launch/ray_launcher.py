@@ -363,8 +363,10 @@ class RayLauncher:
                               logging_level="ERROR", configure_logging=False)
             except (ConnectionError, RuntimeError, ValueError) as err:
                 raise ClusterError(f"cannot connect to a Ray cluster at {address!r}: {err}; "
-                                   "start one (`ray start --head`) or give its address "
-                                   "(--ray HOST:PORT)") from None
+                                   "where something answers there, Ray's own lines above say "
+                                   "why it refused (an authentication token, a version "
+                                   "apart); else start one (`ray start --head`) or give its "
+                                   "address (--ray HOST:PORT)") from None
         self._lock = threading.Lock()
         self._ids: dict[str, str] = {}  # dione node name -> Ray node id
         self._groups: dict[str, Any] = {}  # node name -> placement group
