@@ -19,15 +19,18 @@ without accumulation stay exact for it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 
 from dione.spec.task import Task
 
-__all__ = ["batch_norm_layers", "dropout_layers", "split_batch_exactness", "split_statistics"]
+__all__ = ["batch_norm_layers", "dropout_layers", "split_batch_exactness", "split_statistics",
+           "structure_only"]
 
 
 def dropout_layers(model: nn.Module) -> list[str]:
@@ -74,11 +77,26 @@ def _split_norms(model: nn.Module) -> tuple[list[str], list[str]]:
     return synced, [n for n in batch_norm_layers(model) if n not in synced]
 
 
+@contextlib.contextmanager
+def structure_only() -> Iterator[None]:
+    """Build a model's structure in the launcher: on the meta device, torch's generators
+    and the environment variables left as they were (building the character GPT sets
+    torch's TORCHINDUCTOR_CACHE_DIR, and the pool replaces its warm workers once the
+    launcher's environment changes)."""
+    environment = dict(os.environ)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            yield
+    finally:
+        if dict(os.environ) != environment:
+            os.environ.clear()
+            os.environ.update(environment)
+
+
 @functools.lru_cache(maxsize=256)
 def _norms_of(factory: Callable[[], nn.Module]) -> tuple[list[str], list[str]]:
-    """``_split_norms`` of the model ``factory`` builds (structure only, on the meta
-    device; torch's generators left as they were)."""
-    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+    """``_split_norms`` of the model ``factory`` builds (structure only)."""
+    with structure_only():
         return _split_norms(factory())
 
 

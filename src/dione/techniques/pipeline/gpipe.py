@@ -68,7 +68,11 @@ from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource, batch_rows, slice_batch
 from dione.techniques.context import SliceContext
-from dione.techniques.exactness import batch_norm_layers, split_batch_exactness
+from dione.techniques.exactness import (
+    batch_norm_layers,
+    split_batch_exactness,
+    structure_only,
+)
 from dione.techniques.pipeline.action_log import ActionLog, on_one_clock
 from dione.techniques.pipeline.balance import (
     BALANCES,
@@ -173,7 +177,7 @@ class PipelineTechnique(Technique):
             reasons.append(f"{self.name} knob 'balance' is one of {', '.join(BALANCES)}, "
                            f"not {resolved['balance']!r}")
         try:  # the structure only: a model on the meta device costs no memory
-            with torch.device("meta"):
+            with structure_only():
                 model = task.model()
         except Exception:
             try:  # a factory meta cannot run: the stages will be built on the host
