@@ -610,9 +610,10 @@ def test_a_full_checkpoint_disk_stops_the_run_naming_its_free_space(tmp_path: Pa
         (storage / "filler").write_bytes(b"\0" * (free - 4096))
         # Profiling there stops too, and caches no trial as crashed (it cached every
         # one, and no later profile tried them again).
-        with Catalog(tmp_path / "fresh.sqlite") as catalog, pytest.raises(DiskFull):
+        with Catalog(tmp_path / "fresh.sqlite") as catalog, pytest.raises(DiskFull) as full:
             profile_workload(tasks, Cluster([TEST_NODE]), catalog, options=options.trial,
                              storage=storage)
+        assert f"({storage}: " in str(full.value)  # the folder given, not a trial's own
         with Catalog(tmp_path / "fresh.sqlite") as catalog:
             assert catalog.records() == []
         with pytest.raises(DiskFull) as stopped:

@@ -104,7 +104,9 @@ def run_trial(
         result = run_request(request, cancel=cancel, launcher=launcher)
     except SliceError as err:
         if err.disk_full is not None:  # not the configuration's doing: never cached
-            raise DiskFull(folder if checkpoints is None else checkpoints, err.disk_full,
+            # Named as given: the trial's own folder is two levels under --storage.
+            raise DiskFull(folder.parent if checkpoints is None else checkpoints.parent.parent,
+                           err.disk_full,
                            "profiling stopped; free space there (or give --storage a "
                            "larger disk), then run again") from None
         if err.reason == OUTSIDE_THE_GANG:
