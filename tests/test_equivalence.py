@@ -140,13 +140,28 @@ def test_batch_norm_under_a_split_batch_is_inexact_and_trains_only_by_opt_in(
     for technique, devices, knobs in ((ddp, 2, {}), (fsdp, 2, {}),
                                       (single, 1, {"accumulation": 2})):
         reasons = technique.check(task, devices, knobs, "cpu")
-        assert any("batch statistics in 1 are each of the batch's" in r
+        assert any("the batch statistics in 1 are each of the batch's" in r
                    and "allow_inexact=True" in r for r in reasons), reasons
     assert ddp.check(task, 1, {}, "cpu") == [] and single.check(task, 1, {}, "cpu") == []
     # torch's SyncBatchNorm shares the statistics over the ranks: only parts split them.
     synced = replace(task, model=functools.partial(_batch_norm_mlp, synced=True))
     assert ddp.check(synced, 2, {}, "cpu") == []
     assert ddp.check(synced, 2, {"accumulation": 2}, "cpu")
+    # An instance norm tracking running statistics averages each share's into them.
+    tracking = replace(task, model=lambda: nn.Sequential(
+        nn.Unflatten(1, (1, 64)), nn.InstanceNorm1d(1, track_running_stats=True),
+        nn.Flatten(), nn.Linear(64, 10)))
+    assert ddp.check(tracking, 2, {}, "cpu") and not ddp.check(tracking, 1, {}, "cpu")
+    # A factory that cannot run on the meta device (it reads a weight) is built on the
+    # host instead: refused alike (it shared an opted-in twin's ddp trial, and failed).
+    def reads_a_weight() -> nn.Module:
+        model = _batch_norm_mlp()
+        first = next(m for m in model.modules() if isinstance(m, nn.Linear))
+        with torch.no_grad():  # a value read: the meta device has none
+            first.weight.mul_(float(first.weight.abs().max()))
+        return model
+
+    assert ddp.check(replace(task, model=reads_a_weight), 2, {}, "cpu")
     # Opted in: it trains, and the slice is recorded as inexact, with why.
     opted = replace(task, allow_inexact=True)
     assert ddp.check(opted, 2, {}, "cpu") == []

@@ -628,3 +628,17 @@ def test_a_full_checkpoint_disk_stops_the_run_naming_its_free_space(tmp_path: Pa
         assert [t.status for t in result.tasks] == ["done"] * 3
     finally:
         subprocess.run(["umount", "-l", str(storage)], capture_output=True)
+
+
+def test_only_a_checkpoint_written_to_a_full_disk_stops_the_run() -> None:
+    """A full /dev/shm under a data loader's workers says "No space left on device" too:
+    that is the task's own failure, not a disk every task's checkpoints share (it
+    stopped the whole run, and every resume again)."""
+    shm = SliceError("rank 0 (device 0) raised RuntimeError: DataLoader worker (pid 7) "
+                     "is killed\nOSError: [Errno 28] No space left on device", "raised")
+    assert shm.disk_full is None and not shm.retryable  # as before: that task fails alone
+    written = SliceError("rank 0 (device 0) raised CheckpointException: CheckpointException"
+                         " ranks:dict_keys([0])\n  File \".../torch/distributed/checkpoint/"
+                         "filesystem.py\", line 520\nOSError: [Errno 28] No space left on "
+                         "device", "raised")
+    assert written.disk_full == "OSError: [Errno 28] No space left on device"

@@ -60,12 +60,22 @@ def test_grid_names_each_point_and_keeps_its_hyperparameters() -> None:
 
     tasks = grid("g", odd, betas=[(0.9, 0.99)], act=[torch.nn.ReLU, torch.nn.GELU],
                  note=["a b", "a/b"])
-    assert [t.name for t in tasks] == ["g-betas0.9_0.99-actReLU-notea_b-0",
-                                       "g-betas0.9_0.99-actReLU-notea_b-1",
-                                       "g-betas0.9_0.99-actGELU-notea_b-2",
-                                       "g-betas0.9_0.99-actGELU-notea_b-3"]
+    assert [t.name for t in tasks] == ["g-betas0.9_0.99-actReLU-notea_b-1",
+                                       "g-betas0.9_0.99-actReLU-notea_b-2",
+                                       "g-betas0.9_0.99-actGELU-notea_b-1",
+                                       "g-betas0.9_0.99-actGELU-notea_b-2"]
     assert tasks[2].hyperparameters["act"] is torch.nn.GELU
     assert validate_workload(Workload(tasks), None, technique_names()) == []
+    # Numbered until none reads alike; a partial by what it holds, an object without
+    # its address (a name must read the same on resume); a long one cut to 100.
+    tags = grid("r", odd, betas=[(0.9, 0.99)], act=[torch.nn.ReLU],
+                note=["x y", "x_y", "x_y-1", functools.partial(max, 1, key=abs), object(),
+                      "z" * 120])
+    names = [t.name for t in tags]
+    assert len(set(names)) == len(names) and max(map(len, names)) == 100
+    assert "r-betas0.9_0.99-actReLU-notemax_1_key=abs" in names
+    assert "r-betas0.9_0.99-actReLU-noteobject_object" in names
+    assert validate_workload(Workload(tags), None, technique_names()) == []
 
 
 def test_every_problem_is_reported_at_once_with_task_and_field() -> None:

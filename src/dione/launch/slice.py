@@ -62,6 +62,9 @@ _PERMANENT_TEXT = ("Read-only file system", "No space left on device", "Permissi
 # short write, then its position check or "file write failed").
 _FULL_TEXT = ("No space left on device", "Disk quota exceeded", "unexpected pos",
               "file write failed")
+# Where a checkpoint's write fails: torch's checkpoint writer, dione's own files beside it.
+_CHECKPOINT_WRITERS = ("CheckpointException", "torch/distributed/checkpoint",
+                       "dione/state/checkpoint.py")
 
 
 class SliceError(RuntimeError):
@@ -74,10 +77,14 @@ class SliceError(RuntimeError):
 
     @property
     def disk_full(self) -> str | None:
-        """Where it failed for a full disk (no slice can write there until freed): the
-        line of its error that says so; None where it did not."""
-        return next((line.strip() for line in str(self).splitlines()
-                     if any(text in line for text in _FULL_TEXT)), None)
+        """Where it failed writing a checkpoint to a full disk (no slice can write there
+        until freed): the line of its error that says so; None where it did not (a full
+        /dev/shm under a data loader's workers is the task's own failure)."""
+        text = str(self)
+        if not any(marker in text for marker in _CHECKPOINT_WRITERS):
+            return None
+        return next((line.strip() for line in text.splitlines()
+                     if any(full in line for full in _FULL_TEXT)), None)
 
     @property
     def retryable(self) -> bool:

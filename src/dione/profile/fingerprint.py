@@ -148,14 +148,15 @@ def _architecture(model: nn.Module) -> str:
 def _plain(value: Any) -> bool:
     if isinstance(value, (tuple, list)):
         return all(_plain(v) for v in value)
-    return value is None or isinstance(value, (bool, int, float, str))
+    return isinstance(value, (bool, int))
 
 
 def _settings(model: nn.Module) -> dict[str, dict[str, Any]]:
-    """Each module's own plain settings (numbers, text, flags and tuples of them), which
+    """Each module's own whole-number and flag settings (and tuples of them), which
     torch's print of a custom module leaves out: a loop count, an attention window or a
     recurrence depth decides its speed as its layers do (a model applying one layer 1 or
-    64 times printed alike and shared one trial, 70x apart)."""
+    64 times printed alike and shared one trial, 70x apart). Not floats or text: a
+    time, a temporary path or an id kept on a module would key every build apart."""
     found = {}
     for name, module in model.named_modules():
         own = {k: v for k, v in sorted(vars(module).items())

@@ -37,6 +37,11 @@ def device_counts(devices: int) -> list[int]:
     return [*counts, devices]
 
 
+# How many other tasks a shared trial may run as, each after the one before diverged
+# (a sweep of many diverging rates ran every trial once per task).
+_STAND_INS = 2
+
+
 @dataclass
 class PendingTrial:
     """A trial to run, for the tasks that share it."""
@@ -157,7 +162,8 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
                     by_task[task.name].append(fingerprint)
                     if fingerprint in wanted:
                         wanted[fingerprint].tasks.append(task.name)
-                        wanted[fingerprint].stand_ins.append(task)
+                        if len(wanted[fingerprint].stand_ins) < _STAND_INS:
+                            wanted[fingerprint].stand_ins.append(task)
                         continue
                     lighter = [fingerprints[_knobs_key(k)]
                                for k in _lighter_settings(knobs, technique, resolved)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import itertools
@@ -66,9 +67,34 @@ def _format_value(value: Any, axis: Sequence[Any] = ()) -> str:
         return repr(value) if clash else short
     if isinstance(value, (tuple, list)):
         return "_".join(_format_value(v) for v in value)
+    if isinstance(value, functools.partial):
+        return "_".join([_format_value(value.func), *map(_format_value, value.args),
+                         *(f"{k}={_format_value(v)}" for k, v in value.keywords.items())])
     named = getattr(value, "__name__", None)
     text = named if isinstance(named, str) and callable(value) else str(value)
+    text = re.sub(r" at 0x[0-9a-fA-F]+", "", text)  # a default repr's address: per process
     return re.sub(r"[^A-Za-z0-9._=+-]+", "_", text).strip("_") or "_"
+
+
+_LONGEST_NAME = 100  # what validation takes
+
+
+def _unique_names(names: list[str]) -> list[str]:
+    """``names``, each within the longest a name may be (a long one cut, with a digest of
+    the whole), those that read alike numbered in turn (-1, -2, ...) until none do."""
+    names = [n if len(n) <= _LONGEST_NAME else
+             f"{n[:_LONGEST_NAME - 9]}-{hashlib.sha1(n.encode()).hexdigest()[:8]}"
+             for n in names]
+    while len(set(names)) < len(names):
+        counts, seen = Counter(names), Counter[str]()
+        renamed = []
+        for name in names:
+            if counts[name] > 1:
+                seen[name] += 1
+                name = f"{name[:_LONGEST_NAME - 4]}-{seen[name]}"
+            renamed.append(name)
+        names = renamed
+    return names
 
 
 def grid(prefix: str, build: Callable[..., Task], **axes: Sequence[Any]) -> list[Task]:
@@ -96,9 +122,8 @@ def grid(prefix: str, build: Callable[..., Task], **axes: Sequence[Any]) -> list
                                    for k, v in point.items())])
         tasks.append(replace(task, name=name, hyperparameters={**task.hyperparameters, **point}))
     # Values that read alike (two functions of one name, "a b" and "a_b"): numbered.
-    counts = Counter(t.name for t in tasks)
-    return [replace(t, name=f"{t.name}-{i}") if counts[t.name] > 1 else t
-            for i, t in enumerate(tasks)]
+    return [replace(t, name=name) if name != t.name else t
+            for t, name in zip(tasks, _unique_names([t.name for t in tasks]), strict=True)]
 
 
 _LOADED: dict[str, str] = {}

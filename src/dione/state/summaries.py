@@ -41,7 +41,10 @@ class TaskSummary:
         """For the CSV and MLflow: exact, or inexact or statistical and how."""
         if self.inexact:
             return "inexact: " + "; ".join(self.inexact)
-        return "statistical: " + "; ".join(self.statistical) if self.statistical else "exact"
+        if not self.statistical:
+            return "exact"
+        return "statistical: " + "; ".join(note.replace("statistical, not bitwise: ", "")
+                                           for note in self.statistical)
 
     @property
     def exactness(self) -> str:

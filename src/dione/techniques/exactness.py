@@ -74,7 +74,12 @@ def _split_norms(model: nn.Module) -> tuple[list[str], list[str]]:
     ranks, and the others."""
     synced = [n or "the model" for n, m in model.named_modules()
               if isinstance(m, nn.SyncBatchNorm)]
-    return synced, [n for n in batch_norm_layers(model) if n not in synced]
+    # An instance norm that tracks running statistics averages each share's into them:
+    # its training is single's, its evaluation not.
+    tracking = [n or "the model" for n, m in model.named_modules()
+                if isinstance(m, nn.modules.instancenorm._InstanceNorm)
+                and m.track_running_stats]
+    return synced, [n for n in batch_norm_layers(model) if n not in synced] + tracking
 
 
 @contextlib.contextmanager
@@ -83,10 +88,16 @@ def structure_only() -> Iterator[None]:
     and the environment variables left as they were (building the character GPT sets
     torch's TORCHINDUCTOR_CACHE_DIR, and the pool replaces its warm workers once the
     launcher's environment changes)."""
+    with _environment_kept(), torch.random.fork_rng(devices=[]), torch.device("meta"):
+        yield
+
+
+@contextlib.contextmanager
+def _environment_kept() -> Iterator[None]:
+    """The environment variables as they were before the block."""
     environment = dict(os.environ)
     try:
-        with torch.random.fork_rng(devices=[]), torch.device("meta"):
-            yield
+        yield
     finally:
         if dict(os.environ) != environment:
             os.environ.clear()
@@ -95,9 +106,16 @@ def structure_only() -> Iterator[None]:
 
 @functools.lru_cache(maxsize=256)
 def _norms_of(factory: Callable[[], nn.Module]) -> tuple[list[str], list[str]]:
-    """``_split_norms`` of the model ``factory`` builds (structure only)."""
-    with structure_only():
-        return _split_norms(factory())
+    """``_split_norms`` of the model ``factory`` builds: its structure only, or, where
+    a factory cannot run on the meta device (it reads a weight), the model on the host,
+    once (a twin task that opted in could otherwise share a trial under ddp that this
+    one cannot train)."""
+    try:
+        with structure_only():
+            return _split_norms(factory())
+    except Exception:
+        with _environment_kept(), torch.random.fork_rng(devices=[]):
+            return _split_norms(factory())
 
 
 def split_statistics(task: Task, devices: int, accumulation: int,
@@ -119,6 +137,6 @@ def split_statistics(task: Task, devices: int, accumulation: int,
     split = (f"{devices} shares" if accumulation == 1 else
              f"{accumulation} accumulation parts" if devices == 1 else
              f"{devices} shares of {accumulation} parts")
-    return (f"batch statistics in {_some(norms)} are each of the batch's {split}, not the "
-            "whole batch's: different training, not rounding (a norm without batch "
+    return (f"the batch statistics in {_some(norms)} are each of the batch's {split}, not "
+            "the whole batch's: different training, not rounding (a norm without batch "
             "statistics, LayerNorm or GroupNorm, trains alike however the batch is split)")
