@@ -123,8 +123,9 @@ def split_statistics(task: Task, devices: int, accumulation: int,
     """How splitting ``task``'s batch into ``devices`` shares of ``accumulation`` parts
     each trains otherwise than single: its BatchNorm layers normalise each share or
     part by its own statistics (None: it has none, or they are synced over the shares
-    and there is no accumulation). ``model``: the task's, built (default: built on the
-    meta device; None where it cannot be built so: the slice checks its real model)."""
+    and there is no accumulation). ``model``: the task's, built (default: its structure
+    on the meta device, else the model on the host; None where neither can be built:
+    the slice checks its real model)."""
     if devices * accumulation <= 1:
         return None
     try:
