@@ -503,3 +503,33 @@ def test_a_mistyped_flag_is_named_by_its_command_with_the_nearest_one(
         err = capsys.readouterr().err
         assert ended.value.code == 2 and said in " ".join(err.split()), err
         assert f"usage: dione {argv[0]}" in err
+
+
+BATCH_NORM_WORKLOAD = '''
+import functools, torch
+from torch import nn
+from dione import Task, Workload
+from dione.zoo import digits_train
+
+def model():
+    return nn.Sequential(nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10))
+
+workload = Workload([Task("bn", model, digits_train, loss=nn.functional.cross_entropy,
+                          optimizer=functools.partial(torch.optim.Adam, lr=1e-2),
+                          batch_size=16, steps=4)])
+'''
+
+
+def test_validate_names_what_will_not_train_a_task_for_its_model(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A technique's own refusals (BatchNorm under a split batch or a pipeline) are said
+    before profiling, as the pipelines' probe refusals are (only those were)."""
+    file = tmp_path / "bn.py"
+    file.write_text(BATCH_NORM_WORKLOAD)
+    status, out, _ = in_process(capsys, "validate", str(file), "--devices", "cpu:2")
+    said = " ".join(out.split())
+    assert status == 0 and "no problems" in said, said
+    for technique in ("ddp", "fsdp", "gpipe", "1f1b"):
+        assert f"{technique} will not train bn: " in said, said
+    assert "unless it sets allow_inexact=True" in said
+    assert "single will not train" not in said and "xpipe will not train" not in said

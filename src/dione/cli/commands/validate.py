@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from dione.cli.console import console
 from dione.cli.errors import BadInput
@@ -19,9 +20,10 @@ def command(args: argparse.Namespace) -> int:
 
     workload = load(args.workload)
     try:
-        devices = local_cluster(args.devices).nodes[0].devices if args.devices else None
+        node = local_cluster(args.devices).nodes[0] if args.devices else None
     except ClusterError as err:
         raise BadInput(str(err)) from None
+    devices = node.devices if node is not None else None
     tasks, problems = valid_tasks(workload, devices)
     if problems:
         raise BadInput(str(WorkloadError(problems)))
@@ -29,7 +31,9 @@ def command(args: argparse.Namespace) -> int:
     # What will not train a task that is otherwise fine: said per reason, tasks grouped.
     refused: dict[tuple[str, str], list[str]] = {}
     for task in tasks:
-        for technique, reason in task.refused_techniques.items():
+        said = {**task.refused_techniques,
+                **_model_refusals(task, devices or 2, node.kind if node else "cpu")}
+        for technique, reason in said.items():
             why = reason.replace(f"task {task.name!r}: ", "")
             refused.setdefault((technique, why), []).append(task.name)
     for (technique, why), names in refused.items():
@@ -51,3 +55,27 @@ def command(args: argparse.Namespace) -> int:
                           f"{', '.join(odd)}: the batch size is not a multiple of {devices}; "
                           "plans give them fewer devices")
     return 0
+
+
+def _model_refusals(task: Any, devices: int, kind: Any) -> dict[str, str]:
+    """Techniques (the task allows) that will not train it on ``devices`` devices for
+    what its model is (BatchNorm under a split batch, a pipeline's cut), as their own
+    checks say; not what is said elsewhere (a batch that does not divide, a technique
+    the task must opt in to)."""
+    from dione.spec.batch import split_problem
+    from dione.techniques import techniques
+
+    found = {}
+    for technique in techniques():
+        knobs = technique.resolve({})
+        if (not task.allows(technique.name) or technique.name in task.refused_techniques
+                or (technique.inexactness(knobs) is not None and not task.allow_inexact)):
+            continue
+        count = 1 if technique.name == "single" else devices  # single's only width
+        parts, what = technique.batch_parts(count, knobs)
+        odd = split_problem(task.batch_size, parts, what, task.name) if isinstance(
+            parts, int) else None
+        reasons = [r for r in technique.check(task, count, {}, kind) if r != odd]
+        if reasons:
+            found[technique.name] = "; ".join(reasons)
+    return found
