@@ -367,24 +367,35 @@ workload = Workload([Task(name=f"ruled-{i}", model=functools.partial(digits_mlp,
                           depth=1), data=digits_train, loss=torch.nn.functional.cross_entropy,
                           optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=8,
                           steps=4, techniques=("single",), stopping=Asha(min_steps=2, eta=2))
-                     for i in range(2)])
+                     for i in range(2)]
+                    + [Task(name="bad", model=functools.partial(digits_mlp, hidden=8, depth=1),
+                            data=digits_train, loss=torch.nn.functional.cross_entropy,
+                            optimizer=functools.partial(torch.optim.SGD, lr=-1.0),
+                            batch_size=8, steps=4)])
 """
 
 
 def test_current_practice_says_it_applies_no_stopping_rule(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The baseline trains every task to its end, and says so where tasks have rules."""
+    """The baseline trains every task to its end, and says so where tasks have rules;
+    like a planned run it keeps the tasks validation refused (status said "2 of 2 done"
+    for a run that exited 1), writes its report and says how each task trained."""
     from dione.state.store import RunStore
 
     workload = tmp_path / "ruled.py"
     workload.write_text(RULED)
-    status, _, err = in_process(capsys, "run", str(workload), "--current-practice",
-                                "--devices", "cpu:1", "--out", str(tmp_path / "r"))
-    assert status == 0, err
+    status, out, err = in_process(capsys, "run", str(workload), "--current-practice",
+                                  "--devices", "cpu:1", "--out", str(tmp_path / "r"))
+    assert status == 1, err  # the invalid task
     assert ("--current-practice trains every task to its end; the stopping rules of 2 "
             "task(s) (ruled-0, ruled-1) are not applied") in " ".join(err.split())
     with RunStore(tmp_path / "r") as store:
         assert [store.task(f"ruled-{i}").status for i in range(2)] == ["done", "done"]
+        assert list(store.invalid()) == ["bad"]
+    assert "trained" in out and "exact" in out
+    assert (tmp_path / "r" / "report" / "summary.md").is_file()
+    shown = dione("status", str(tmp_path / "r"))
+    assert "2 of 2 task(s) done, 1 invalid (never started)" in " ".join(shown.stdout.split())
 
 
 def test_run_refuses_a_run_directory_another_workload_started(

@@ -217,16 +217,20 @@ def print_sequential_results(outcomes: Sequence[Any], run_dir: Path) -> None:
     metrics = sorted({k for o in outcomes for k in o.evaluation})
     table = Table(title=f"results ({run_dir})")
     table.add_column("task", no_wrap=True)
-    for column in ("technique", "devices", "seconds", "final loss", *metrics, "status"):
-        table.add_column(column, justify="left" if column in ("technique", "status") else "right")
+    for column in ("technique", "devices", "seconds", "final loss", *metrics, "status",
+                   "trained"):
+        table.add_column(column, justify="left" if column in ("technique", "status",
+                                                              "trained") else "right")
     for o in outcomes:
         table.add_row(
             o.task, o.technique or "-", str(o.devices), f"{o.seconds:.1f}",
             "-" if o.final_loss is None else figure(o.final_loss),
             *(figure(o.evaluation[m]) if m in o.evaluation else "-" for m in metrics),
-            "failed" if o.error else "done",
+            "failed" if o.error else "done", o.exactness if o.slices else "-",
         )
     console.print(table)
+    console.print(f"report: {run_dir / 'report'} (summary.md, gantt.png, timeline.csv, "
+                  "metrics.csv)")
 
 
 def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Sequence[Any],

@@ -137,14 +137,19 @@ def run_workload(
                 "trains on this machine only, as one node")
         launcher = LOCAL
     with claim_run_dir(run_dir):
-        refused: dict[str, list[str]] = {}
-        for problem in invalid:
-            refused.setdefault(problem.task or "workload", []).append(
-                f"{problem.field}: {problem.message}")
         with RunStore(run_dir) as store:  # this start's: a task fixed since is not listed
-            store.set_invalid(refused)
+            store.set_invalid(invalid_by_task(invalid))
         return _run_claimed(tasks, cluster, run_dir, options, on_event, on_profile_event, view,
                             launcher, inbox)
+
+
+def invalid_by_task(invalid: Sequence[Problem]) -> dict[str, list[str]]:
+    """Validation's problems as the run store keeps them: by task, each "field: why"."""
+    refused: dict[str, list[str]] = {}
+    for problem in invalid:
+        refused.setdefault(problem.task or "workload", []).append(
+            f"{problem.field}: {problem.message}")
+    return refused
 
 
 def _run_claimed(

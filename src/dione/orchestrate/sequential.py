@@ -6,7 +6,7 @@ This is the baseline dione's planner must beat (Saturn's "current practice"):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +16,7 @@ from dione.orchestrate.options import claim_run_dir
 from dione.spec.cluster import Cluster
 from dione.spec.task import Task
 from dione.state.store import RunStore
+from dione.state.summaries import summaries
 from dione.techniques.base import Technique
 from dione.techniques.registry import get_technique
 
@@ -36,6 +37,7 @@ class TaskOutcome:
     evaluation: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     slices: list[SliceResult] = field(default_factory=list)
+    exactness: str = "exact"  # or statistical (dropout's own masks) or INEXACT
 
 
 def choose_technique(
@@ -65,15 +67,19 @@ def run_sequential(
     timeout: float | None = None,
     on_slice: Callable[[Task, SliceResult], None] | None = None,
     storage: str | Path | None = None,
+    invalid: Mapping[str, Sequence[str]] | None = None,
 ) -> list[TaskOutcome]:
     """Train every task to its end, one after another, on the first node's devices.
 
     A task that fails is recorded with its error and the next one starts: one bad task
     never takes down the others. Tasks already finished in ``run_dir`` are skipped.
+    ``invalid``: the workload's tasks validation refused, by task (kept in the store,
+    as a planned run keeps them, for ``dione status`` and the report).
     """
     node = cluster.nodes[0]
     outcomes = []
     with claim_run_dir(run_dir), RunStore(run_dir) as store:
+        store.set_invalid(dict(invalid or {}))
         for task in tasks:
             outcome = TaskOutcome(task.name, None, node.devices)
             outcomes.append(outcome)
@@ -101,4 +107,6 @@ def run_sequential(
             losses = store.losses(task.name)
             outcome.final_loss = losses[-1][1] if losses else None
             outcome.evaluation = store.evaluation(task.name)
+            said = summaries(store, [task.name])
+            outcome.exactness = said[0].exactness if said else "exact"
     return outcomes

@@ -124,8 +124,9 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
 
 
 def _current_practice(args: argparse.Namespace, options: Any, run_dir: Path) -> int:
-    from dione.orchestrate.run import RunDirError
+    from dione.orchestrate.run import RunDirError, invalid_by_task
     from dione.orchestrate.sequential import run_sequential
+    from dione.report import report_after_run
     from dione.techniques import technique_names
 
     if args.ray is not None:
@@ -154,9 +155,13 @@ def _current_practice(args: argparse.Namespace, options: Any, run_dir: Path) -> 
     try:
         outcomes = run_sequential(tasks, cluster, run_dir, technique=args.technique,
                                   slice_steps=options.slice_steps, timeout=options.timeout,
-                                  on_slice=report, storage=options.storage)
+                                  on_slice=report, storage=options.storage,
+                                  invalid=invalid_by_task(problems))
     except RunDirError as err:
         raise BadInput(str(err)) from None
+    trouble = report_after_run(run_dir, [o.task for o in outcomes])
+    if trouble:
+        complain("warning", trouble)
     print_sequential_results(outcomes, run_dir)
     failed = [o for o in outcomes if o.error]
     for o in failed:
