@@ -169,3 +169,26 @@ def test_batch_norm_under_a_split_batch_is_inexact_and_trains_only_by_opt_in(
     with RunStore(tmp_path / "run") as store:
         [record] = store.slices()
     assert record.inexactness and "batch statistics in 1" in record.inexactness
+
+
+def _tied_mlp() -> nn.Module:
+    """A Sequential whose two middle layers share one weight."""
+    model = nn.Sequential(nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
+                          nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 10))
+    model[4].weight = model[2].weight
+    return model
+
+
+def test_fsdp_trains_a_sequential_whose_layers_share_a_weight(tmp_path: Path) -> None:
+    """FSDP2 manages a parameter in one group only: the two layers sharing it go to the
+    root's group (it crashed with FSDP's "shared with a parameter already managed by
+    another FSDP group"), and the training is single's."""
+    from dione.techniques.fsdp import shard_units
+
+    model = _tied_mlp()
+    assert [id(u) for u in shard_units(model)] == [id(model[0]), id(model[6])]
+    task = digits_task("tied", steps=4, model=_tied_mlp)
+    one = run_slice(task, "single", tmp_path / "single", local_placement(TEST_NODE, [0]))
+    two = run_slice(task, "fsdp", tmp_path / "fsdp", local_placement(TEST_NODE, [0, 1]))
+    torch.testing.assert_close(torch.tensor(two.losses), torch.tensor(one.losses),
+                               rtol=1e-5, atol=1e-6)

@@ -38,7 +38,26 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
         candidates = [m for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst]
     units = [m for m in candidates if any(p.requires_grad for p in m.parameters())]
     inside = {id(sub) for unit in units for sub in unit.modules() if sub is not unit}
-    return [m for m in units if id(m) not in inside]
+    return _untied([m for m in units if id(m) not in inside], model)
+
+
+def _untied(units: list[nn.Module], model: nn.Module) -> list[nn.Module]:
+    """``units`` less those holding a weight another unit or the root also holds (a
+    Sequential whose output layer shares the embedding's weight): FSDP2 manages a
+    parameter in one group only, so those go to the root's group with what it holds."""
+    while True:
+        owner: dict[int, int] = {}  # a module's id -> the index of its unit (-1: the root)
+        for index, unit in enumerate(units):
+            owner.update({id(sub): index for sub in unit.modules()})
+        holders: dict[int, set[int]] = {}  # a parameter's id -> the units holding it
+        for module in model.modules():
+            for param in module._parameters.values():
+                if param is not None:
+                    holders.setdefault(id(param), set()).add(owner.get(id(module), -1))
+        tied = {i for held in holders.values() if len(held) > 1 for i in held if i >= 0}
+        if not tied:
+            return units
+        units = [u for i, u in enumerate(units) if i not in tied]
 
 
 class FSDP(DataParallelTechnique):
