@@ -14,6 +14,7 @@ half a percent of one step. Parameters must agree within atol 1e-5 + rtol 1e-4.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from pathlib import Path
 
@@ -192,3 +193,38 @@ def test_fsdp_trains_a_sequential_whose_layers_share_a_weight(tmp_path: Path) ->
     two = run_slice(task, "fsdp", tmp_path / "fsdp", local_placement(TEST_NODE, [0, 1]))
     torch.testing.assert_close(torch.tensor(two.losses), torch.tensor(one.losses),
                                rtol=1e-5, atol=1e-6)
+
+
+def _with_an_empty_sample() -> torch.utils.data.TensorDataset:
+    """Sequences whose padded targets (-100) end at varying places, one all padding."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 10, (64, 6), generator=g)
+    y = (x + 1) % 10
+    for i in range(64):
+        y[i, (i * 7) % 6 + 1:] = -100
+    y[5] = -100
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def _token_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(output.reshape(-1, 10), target.reshape(-1))
+
+
+def test_a_part_with_no_counted_token_adds_nothing_as_in_single(tmp_path: Path) -> None:
+    """A token-averaged loss whose batch holds an all-padding sample: a part (an
+    accumulation part, a micro-batch) with no counted token has a NaN mean of its own;
+    it failed the slice, so a plan's knob decided whether the task trained at all. It
+    adds nothing to the global mean, as in single: the same losses (8 steps of 8: the
+    whole epoch, the empty sample in one of them)."""
+    import dione
+
+    task = digits_task("padded", steps=8, batch_size=8, data=_with_an_empty_sample,
+                       loss=_token_loss, loss_items=dione.tokens,
+                       model=lambda: nn.Sequential(nn.Embedding(10, 16), nn.Linear(16, 16),
+                                                   nn.Tanh(), nn.Linear(16, 10)))
+    one = run_slice(task, "single", tmp_path / "one", local_placement(TEST_NODE, [0]))
+    parts = run_slice(task, "single", tmp_path / "parts", local_placement(TEST_NODE, [0]),
+                      knobs={"accumulation": 8})
+    torch.testing.assert_close(torch.tensor(parts.losses), torch.tensor(one.losses),
+                               rtol=1e-5, atol=1e-6)
+    assert all(math.isfinite(x) for x in parts.losses)

@@ -240,12 +240,20 @@ def loss_of(model: nn.Module, task: Task, batch: Any,
     extra = {NUM_ITEMS: max(share.items, 1)} if share is not None and share.keyword else {}
     if task.loss is None:
         args, kwargs = model_arguments(inputs, whole=True)
-        loss = own_loss(task, model(*args, **kwargs, **extra), batch)
+        output = model(*args, **kwargs, **extra)
+        loss = own_loss(task, output, batch)
     else:
-        loss = task.loss(call_model(model, task, inputs), target, **extra)
+        output = call_model(model, task, inputs)
+        loss = task.loss(output, target, **extra)
     if share is None or share.total == 0:  # no counted item anywhere: as single does
         return loss
     if share.items == 0 and not bool(torch.isfinite(loss.detach())):
+        # A part with none of the counted items adds nothing to the global batch's
+        # mean, as in single; its own mean over none is NaN (and so would its gradient
+        # be, times 0). Zero through the output instead: the same gradients, none NaN.
+        zero = _zero_through(output)
+        if zero is not None:
+            return zero
         raise ValueError(
             f"task {task.name!r}: a part of its global batch holds none of the items its "
             "loss counts, and its mean over none is not a number; single, which sees the "
@@ -253,3 +261,16 @@ def loss_of(model: nn.Module, task: Task, batch: Any,
             f"{NUM_ITEMS} (a sum over the part divided by it), or use fewer micro-batches "
             "or devices, so that no part is empty")
     return loss * (share.items * share.parts / share.total)
+
+
+def _zero_through(output: Any) -> torch.Tensor | None:
+    """Zero, connected to every floating tensor of a model's ``output`` that carries a
+    gradient (so a backward through it gives zero gradients); None where it has none."""
+    from torch.utils._pytree import tree_flatten
+
+    parts = output.to_tuple() if callable(getattr(output, "to_tuple", None)) else output
+    tensors = [t for t in tree_flatten(parts)[0] if isinstance(t, torch.Tensor)
+               and t.is_floating_point() and t.requires_grad]
+    if not tensors:
+        return None
+    return sum((t.sum() * 0.0 for t in tensors), torch.zeros((), device=tensors[0].device))
