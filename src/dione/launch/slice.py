@@ -49,19 +49,13 @@ __all__ = [
 ]
 
 
-# What a rank raises when no retry can succeed: the disk or the permissions must change.
-_PERMANENT_TYPES = ("PermissionError", "UnsafePathError", "CheckpointMismatch")
-_PERMANENT_TEXT = ("Read-only file system", "No space left on device", "Permission denied",
-                   "Disk quota exceeded",
-                   # torch's checkpoint writer on a full disk: a short write, then its
-                   # position check ("unexpected pos N vs M") or "file write failed".
-                   "unexpected pos", "file write failed")
-
-
 # What a rank raises when its disk is full (torch's checkpoint writer on a full disk: a
-# short write, then its position check or "file write failed").
+# short write, then its position check, "unexpected pos N vs M", or "file write failed").
 _FULL_TEXT = ("No space left on device", "Disk quota exceeded", "unexpected pos",
               "file write failed")
+# What a rank raises when no retry can succeed: the disk or the permissions must change.
+_PERMANENT_TYPES = ("PermissionError", "UnsafePathError", "CheckpointMismatch")
+_PERMANENT_TEXT = ("Read-only file system", "Permission denied", *_FULL_TEXT)
 # Where a checkpoint's write fails: torch's checkpoint writer, dione's own files beside it.
 _CHECKPOINT_WRITERS = ("CheckpointException", "torch/distributed/checkpoint",
                        "dione/state/checkpoint.py")

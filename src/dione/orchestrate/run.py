@@ -32,7 +32,7 @@ from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.task import Task
 from dione.spec.validate import Problem
 from dione.state.store import RunStore
-from dione.state.summaries import summaries
+from dione.state.summaries import exactness_of, summaries
 
 __all__ = ["RunDirError", "RunEvent", "RunOptions", "RunResult", "TaskResult", "claim_run_dir",
            "run_workload"]
@@ -60,8 +60,7 @@ class TaskResult:
 
     @property
     def exactness(self) -> str:
-        """exact, statistical (dropout drew masks of its own) or INEXACT (opted in)."""
-        return "INEXACT" if self.inexact else "statistical" if self.statistical else "exact"
+        return exactness_of(self.inexact, self.statistical)
 
 
 @dataclass

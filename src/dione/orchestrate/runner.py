@@ -839,21 +839,20 @@ class Runner:
         """A slice that failed: the task retried, or ended (diverged, a failure no retry
         can mend, or too many failures)."""
         name = record.name
+        if err.disk_full is not None:
+            # Every task's next checkpoint would fail there too: the run stops, each
+            # task at its last checkpoint (it failed them one by one, each a slice lost);
+            # no failure is the task's (the store put it back to pending with the slice).
+            record.status = TaskStatus.PENDING
+            raise DiskFull(self.store.checkpoint_root(self.options.storage), err.disk_full,
+                           "the run stopped, every task at its last checkpoint; free space "
+                           "there (or give --storage a larger disk), then `dione resume "
+                           f"{self.store.run_dir}`")
         record.failures += 1
         if err.reason == "diverged":  # the store already says so, with the step
             record.status = TaskStatus.DIVERGED
             self.emit(RunEvent("task_diverged", str(err).splitlines()[0], name))
             self._ended(record, {})
-        elif err.disk_full is not None:
-            # Every task's next checkpoint would fail there too: the run stops, each
-            # task at its last checkpoint (it failed them one by one, each a slice lost).
-            record.failures -= 1
-            record.status = TaskStatus.PENDING
-            self.store.set_task_status(name, "pending", None)
-            raise DiskFull(self.store.checkpoint_root(self.options.storage), err.disk_full,
-                           "the run stopped, every task at its last checkpoint; free space "
-                           "there (or give --storage a larger disk), then `dione resume "
-                           f"{self.store.run_dir}`")
         elif not err.retryable:
             self._give_up(record, str(err), f"{name} failed, and no retry can succeed until "
                           "the disk, the permissions or the task change: "

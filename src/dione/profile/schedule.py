@@ -200,31 +200,25 @@ class _Pass:
         self.run_count += 1
         if trial.repeat:
             record = merged_runs(self.results[trial.spec.fingerprint], record)
-        elif record.status == "diverged" and trial.stand_ins:
+        if record.status == "diverged" and trial.stand_ins and not trial.repeat:
             # Its task's learning rate, not the configuration: time it on the next task
             # that shares it (a sweep's one diverging rate left every other rate of its
-            # group with no configuration that fits).
+            # group with no configuration that fits); its evaluation too, below.
             self.queue.append(dataclasses.replace(
                 trial, spec=dataclasses.replace(trial.spec, task=trial.stand_ins[0]),
                 stand_ins=trial.stand_ins[1:]))
             self.total += 1
-            if trial.evaluation_key is not None and evaluation is None and not any(
-                    p.evaluation_key == trial.evaluation_key
-                    for p, _, _ in self.running.values()):
-                self.evaluated.discard(trial.evaluation_key)  # the next one times it
-            setting.emit(ProfileEvent("finished", trial.spec.label, tuple(trial.tasks),
-                                      record, total=self.total))
-            return
-        self.results[trial.spec.fingerprint] = record
-        if record.status == "crash":
-            record.extra["code"] = trial.code
-        if record.status == "timeout":  # a longer limit may see it through
-            record.extra["timeout"] = setting.options.timeout
-        # A divergence depends on the learning rate, which the fingerprint leaves out:
-        # it must not stand for the task's whole group later; a lost node (the last
-        # one) says nothing about the configuration.
-        if record.status not in ("diverged", "node_lost"):
-            setting.catalog.put(record)
+        else:
+            self.results[trial.spec.fingerprint] = record
+            if record.status == "crash":
+                record.extra["code"] = trial.code
+            if record.status == "timeout":  # a longer limit may see it through
+                record.extra["timeout"] = setting.options.timeout
+            # A divergence depends on the learning rate, which the fingerprint leaves
+            # out: it must not stand for the task's whole group later; a lost node (the
+            # last one) says nothing about the configuration.
+            if record.status not in ("diverged", "node_lost"):
+                setting.catalog.put(record)
         if trial.evaluation_key is not None:
             if evaluation is not None:
                 setting.catalog.put_evaluation_seconds(trial.evaluation_key, evaluation)

@@ -27,7 +27,7 @@ from dione.state.checkpoint import (
     verify_checkpoint,
 )
 from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore
-from dione.state.summaries import inexact_spans
+from dione.state.summaries import exactness_of, inexact_spans, techniques_in_turn
 
 __all__ = ["ExportError", "export_model", "load_trained", "trained_checkpoint",
            "workload_of_run", "workload_of_task"]
@@ -151,13 +151,9 @@ def how_trained(run_dir: str | Path, task: str, step: int) -> dict[str, Any]:
     with RunStore(run_dir) as store:
         trained = [s for s in store.slices(task)
                    if s.status in ("done", "diverged") and s.start_step < step]
-    techniques: list[str] = []
-    for s in trained:
-        if not techniques or techniques[-1] != s.technique:
-            techniques.append(s.technique)
     inexact, statistical = inexact_spans(trained), inexact_spans(trained, "statistical")
-    return {"techniques": techniques,
-            "exactness": "inexact" if inexact else "statistical" if statistical else "exact",
+    return {"techniques": techniques_in_turn(trained),
+            "exactness": exactness_of(inexact, statistical).lower(),
             "inexact": inexact, "statistical": statistical}
 
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from dione.state.store import RunStore, SliceRecord
 
-__all__ = ["TaskSummary", "as_left", "error_line", "figure", "inexact_spans", "summaries"]
+__all__ = ["TaskSummary", "as_left", "error_line", "exactness_of", "figure", "inexact_spans",
+           "summaries", "techniques_in_turn"]
 
 
 @dataclass
@@ -48,9 +49,25 @@ class TaskSummary:
 
     @property
     def exactness(self) -> str:
-        """One word for the tables: exact, statistical (single's training in
-        distribution: dropout drew masks of its own) or INEXACT (the task's opt-in)."""
-        return "INEXACT" if self.inexact else "statistical" if self.statistical else "exact"
+        return exactness_of(self.inexact, self.statistical)
+
+
+def exactness_of(inexact: Sequence[str], statistical: Sequence[str]) -> str:
+    """One word for the tables, from a task's spans of each: exact, statistical
+    (single's training in distribution: dropout drew masks of its own) or INEXACT (the
+    task's opt-in)."""
+    return "INEXACT" if inexact else "statistical" if statistical else "exact"
+
+
+def techniques_in_turn(slices: Sequence[SliceRecord]) -> list[str]:
+    """The techniques that trained a task, in turn (a slice that diverged trained too:
+    its task's only one where the first slice diverged)."""
+    techniques: list[str] = []
+    for s in slices:
+        if s.status in ("done", "diverged") and (not techniques
+                                                 or techniques[-1] != s.technique):
+            techniques.append(s.technique)
+    return techniques
 
 
 def inexact_spans(slices: Sequence[SliceRecord], note: str = "inexactness") -> list[str]:
@@ -80,13 +97,8 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
             continue
         slices = store.slices(record.name)
         done = [s for s in slices if s.status == "done"]
-        techniques: list[str] = []
         devices: list[str] = []
-        # What trained it: a slice that diverged trained too (its task's only one where
-        # the first slice diverged).
-        for s in (s for s in slices if s.status in ("done", "diverged")):
-            if not techniques or techniques[-1] != s.technique:
-                techniques.append(s.technique)
+        for s in (s for s in slices if s.status in ("done", "diverged")):  # both trained
             where = f"{s.node}:{','.join(map(str, s.device_ids))}"
             if where not in devices:
                 devices.append(where)
@@ -100,7 +112,8 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
                   else record.status)
         result.append(TaskSummary(
             record.name, status, trained, record.total_steps,
-            techniques, devices, sum((s.ended_at or s.started_at) - s.started_at for s in done),
+            techniques_in_turn(slices), devices,
+            sum((s.ended_at or s.started_at) - s.started_at for s in done),
             loss, store.evaluation(record.name),
             dict(record.hyperparameters), record.error, latest.path if latest else None,
             sorted({len(s.device_ids) for s in done}), inexact_spans(slices),

@@ -51,9 +51,8 @@ def _untied(units: list[nn.Module], model: nn.Module) -> list[nn.Module]:
             owner.update({id(sub): index for sub in unit.modules()})
         holders: dict[int, set[int]] = {}  # a parameter's id -> the units holding it
         for module in model.modules():
-            for param in module._parameters.values():
-                if param is not None:
-                    holders.setdefault(id(param), set()).add(owner.get(id(module), -1))
+            for param in module.parameters(recurse=False):
+                holders.setdefault(id(param), set()).add(owner.get(id(module), -1))
         tied = {i for held in holders.values() if len(held) > 1 for i in held if i >= 0}
         if not tied:
             return units
