@@ -4,6 +4,7 @@ and pipelines that refuse, before anything starts, what they cannot train."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
@@ -250,6 +251,98 @@ def test_a_model_reading_a_value_another_stage_holds_is_refused_by_validate(
     assert done.returncode == 0, done.stderr
     assert "gpipe will not train across" in done.stdout
     assert "fails on stage 1" in done.stdout
+
+
+class LongSkip(nn.Module):
+    """Four blocks and a head, nothing before the blocks, and a skip from block 1's
+    output to the head."""
+
+    dione_stages = {"blocks": "blocks", "last": ["head"]}  # noqa: RUF012
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(64, 64) for _ in range(4)])
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = torch.tanh(self.blocks[1](torch.tanh(self.blocks[0](x))))
+        h = torch.tanh(self.blocks[3](torch.tanh(self.blocks[2](skip))))
+        return self.head(h + skip)
+
+
+def test_a_skip_across_a_cut_stops_the_stage_instead_of_reading_the_raw_input() -> None:
+    """A cut between blocks 1 and 2 (one a time balance or a kept cut may choose, not
+    the one validation tries): the later stage's block 1 is absent, and the skip read
+    the raw batch it passed on, a finite value, so the stage trained another model
+    without a word (recorded exact). It reads NaN now, and the stage's first check says
+    what to do. The cut keeping the skip on one stage gives the whole model's loss."""
+    import copy
+
+    from dione.schedules import Partition
+    from dione.techniques.pipeline.partition import stage_plan
+    from dione.techniques.pipeline.stages import StageModule, batch_fields, cut_stage
+
+    torch.manual_seed(0)
+    model = LongSkip()
+    x, y = torch.randn(2, 64), torch.tensor([1, 2])
+    task = digits_task(name="skip", model=LongSkip)
+    fields, spec = batch_fields((x, y))
+    plan = stage_plan(model, "skip")
+    names = tuple(f"blocks.{i}" for i in range(4))
+    with torch.no_grad():
+        for cut, ok in ((1, True), (2, False)):
+            partition = Partition(names, ((0, cut), (cut, 4)))
+            stage = StageModule(cut_stage(copy.deepcopy(model), plan, partition, 1), task,
+                                plan, partition, 1, spec, contextlib.nullcontext)
+            hidden = x
+            for block in model.blocks[:cut]:
+                hidden = torch.tanh(block(hidden))
+            if ok:
+                torch.testing.assert_close(stage(hidden, **fields),
+                                           nn.functional.cross_entropy(model(x), y))
+                continue
+            with pytest.raises(RuntimeError, match="keep both its ends on one stage"):
+                stage(hidden, **fields)
+
+
+class Averaging(nn.Module):
+    """A block keeping a running mean of its input in a buffer, as it trains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.register_buffer("mean", torch.zeros(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            with torch.no_grad():
+                self.mean.mul_(0.9).add_(0.1 * x.mean(0))
+        return torch.relu(self.fc(x))
+
+
+def averaging_net() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 16), Averaging(), Averaging(), nn.Linear(16, 10))
+
+
+def spectral_net() -> nn.Module:
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    return nn.Sequential(nn.Linear(64, 16), spectral_norm(nn.Linear(16, 16)), nn.ReLU(),
+                         nn.Linear(16, 10))
+
+
+@pytest.mark.parametrize("model", [averaging_net, spectral_net])
+def test_a_forward_writing_buffers_is_refused_by_the_exact_pipelines(model) -> None:
+    """torch's pipeline runtime runs each stage once more before the first step, on
+    placeholder inputs (the later stage's running mean held -2.8e34), and each
+    micro-batch writes the buffer once: gpipe and 1f1b were recorded exact. Refused
+    now; xpipe, inexact and opted into, is not refused for it."""
+    checked, problems = valid_task(digits_task(name="bufs", model=model, allow_inexact=True))
+    assert problems == []
+    assert set(checked.refused_techniques) == {"gpipe", "1f1b"}
+    assert "writes buffers as it trains" in checked.refused_techniques["gpipe"]
+    plain, _ = valid_task(digits_task(name="plain"))
+    assert plain.refused_techniques == {}
 
 
 def _source(cls: type) -> str:

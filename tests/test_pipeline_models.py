@@ -507,7 +507,7 @@ def test_a_stubbed_module_feeding_the_blocks_stops_the_first_step(tmp_path: Path
     embedding is NaN, which reaches its output, and the first step says why."""
     from dione.launch.slice import SliceError
 
-    with pytest.raises(SliceError, match="feeds the blocks by some path other than the hidden"):
+    with pytest.raises(SliceError, match="feeds it by some path other than the hidden"):
         train(leaky_task(), "gpipe", tmp_path, 2, micro_batches=2)
 
 

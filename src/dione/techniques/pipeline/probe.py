@@ -118,9 +118,33 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
         return (f"task {task.name!r}: its model cut into pipeline stages gives the loss "
                 f"{staged:.6g} where the whole model gives {whole:.6g} on the same samples: "
                 "its forward computes something outside its blocks that the stages do not "
-                "reproduce; use another technique, or describe the model's stages "
-                "(dione.techniques.pipeline.stage_plan)")
+                "reproduce (a skip connection from a block to a later stage: keep both its "
+                "ends on one stage with the task's split_points); use another technique, or "
+                "describe the model's stages (dione.techniques.pipeline.stage_plan)")
     return None
+
+
+def _buffers_written(task: Task, model: nn.Module, batch: Any) -> list[str]:
+    """The buffers a training forward of ``model`` (a copy of it) writes on every call,
+    BatchNorm's aside (the pipelines refuse those by name): a running average, a counter,
+    spectral_norm's power iteration. Run twice, so that a cache filled once (rotary
+    embeddings' tables) does not count."""
+    copied = copy.deepcopy(model).train()
+    skip = {f"{m}.{n}" if m else n for m, module in copied.named_modules()
+            if isinstance(module, nn.modules.batchnorm._BatchNorm)
+            for n, _ in module.named_buffers(recurse=False)}
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        loss_of(copied, task, batch)
+        before = {n: b.detach().clone() for n, b in copied.named_buffers() if n not in skip}
+        loss_of(copied, task, batch)
+        after = dict(copied.named_buffers())
+    return [n for n, b in before.items() if n in after and not _same(b, after[n].detach())]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal, NaN where the other is NaN (a buffer left NaN is not written)."""
+    return torch.equal(a, b) or (a.shape == b.shape and a.is_floating_point() and bool(
+        torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).all()))
 
 
 def _optimised(task: Task, model: nn.Module) -> set[str]:
@@ -153,6 +177,17 @@ def pipeline_refusals(task: Task, pipelines: Sequence[PipelineTechnique] | None 
         problem = _stage_problem(task, model, batch)
         if problem is not None:
             refused.update({t.name: problem for t in pipelines if t.name not in refused})
+        exact = [t for t in pipelines if t.exact and t.name not in refused]
+        written = _buffers_written(task, model, batch) if exact else []
+        if written:  # xpipe, inexact and opted into, trains on: no placeholder pass
+            problem = (f"task {task.name!r}: its forward writes buffers as it trains "
+                       f"({', '.join(written[:3])}{', ...' if len(written) > 3 else ''}: a "
+                       "running average, a counter, spectral_norm's power iteration): a "
+                       "pipeline writes them once per micro-batch, not once per step, and "
+                       "torch's pipeline runtime runs each stage once more before the first "
+                       "step, on placeholder inputs: different training, not rounding; use "
+                       "another technique (single trains it as written)")
+            refused.update({t.name: problem for t in exact})
     return refused
 
 

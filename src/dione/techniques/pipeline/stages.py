@@ -79,11 +79,22 @@ class _Twinned(nn.Module):
 
 
 class Absent(_Twinned):
-    """A block another stage runs: passes its first argument on (its output is replaced
-    at this stage's first block anyway); holds the weights this stage shares with it."""
+    """A block another stage runs; holds the weights this stage shares with it. One of
+    an earlier stage gives NaN of its input's shape (``poisoned``): its output is
+    replaced at this stage's first block anyway, and a value read from it by any other
+    path (a long skip connection across the cut) must not pass for a real one, as the
+    raw input passed on would; one of a later stage is never reached (the stage hands
+    off first) and passes its first argument on."""
+
+    def __init__(self, poisoned: bool = False) -> None:
+        super().__init__()
+        self.poisoned = poisoned
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return args[0] if args else kwargs.get("hidden_states")
+        given = args[0] if args else kwargs.get("hidden_states")
+        if self.poisoned and isinstance(given, torch.Tensor) and given.is_floating_point():
+            return torch.full_like(given, float("nan"))
+        return given
 
 
 class _Before(_Twinned):
@@ -304,9 +315,11 @@ class StageModule(nn.Module):
         if finite_in and not bool(torch.isfinite(out).all()):
             raise RuntimeError(
                 f"pipeline stage {self.stage}: its output is not finite although its input "
-                "is: a module that runs before the blocks (stubbed with NaN on this stage) "
-                "feeds the blocks by some path other than the hidden state, or training "
-                "diverged at once; describe the model's stages "
+                "is: a module that runs before the blocks or a block of an earlier stage "
+                "(each NaN on this stage) feeds it by some path other than the hidden "
+                "state, or training diverged at once. A long skip connection across the "
+                "cut: keep both its ends on one stage (the task's split_points); a module "
+                "before the blocks: describe the model's stages "
                 "(dione.techniques.pipeline.stage_plan)")
 
 
@@ -324,10 +337,11 @@ def cut_stage(model: nn.Module, plan: StagePlan, partition: Partition, stage: in
     used = _used(stage_modules(model, plan, partition, stage))
     modules = dict(model.named_modules())
     mine = set(partition.layers(stage))
+    first = partition.names.index(partition.layers(stage)[0])
     replacements: list[tuple[str, nn.Module]] = []
-    for path in partition.names:
+    for place, path in enumerate(partition.names):
         if path not in mine:
-            absent = Absent()
+            absent = Absent(poisoned=place < first)
             _hold(absent, modules[path], used)
             absent.twin_with(meta_twin(modules[path]))
             replacements.append((path, absent))
