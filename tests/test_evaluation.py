@@ -199,6 +199,14 @@ def broken(model):
     raise RuntimeError("no held-out split")
 
 
+def overflowed(model):  # a perplexity beside the judged metric: inf early in a sweep
+    return {**digits_accuracy(model), "ppl": float("inf")}
+
+
+def diverged(model):  # the judged metric itself: a loser, not a broken evaluate
+    return {"accuracy": float("nan")}
+
+
 def task(name, **extra):
     return Task(name=name, model=functools.partial(digits_mlp, hidden=16, depth=1),
                 data=digits_train, loss=torch.nn.functional.cross_entropy,
@@ -215,6 +223,10 @@ workload = Workload([
     task("noted", evaluate=broken, eval_every=6),  # no rule judges it
     task("good", evaluate=digits_accuracy, stopping=Asha(metric="accuracy", mode="max",
                                                          min_steps=6, eta=2)),
+    task("overflow", evaluate=overflowed, stopping=Asha(metric="accuracy", mode="max",
+                                                        min_steps=6, eta=2)),
+    task("nan", evaluate=diverged, stopping=Asha(metric="accuracy", mode="max",
+                                                 min_steps=6, eta=2)),
 ])
 """
 
@@ -238,11 +250,18 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
                                      trial=TrialOptions(warmup_steps=1, measure_steps=2)),
                           on_event=events.append)
     statuses = {t.task: t.status for t in result.tasks}
-    assert statuses == {"typo": "failed", "raises": "failed", "noted": "done", "good": "done"}
+    # A metric that is not finite is a loser's, not a broken evaluate's: one beside the
+    # judged metric is left out (it failed the task), the judged one stops its task.
+    assert statuses == {"typo": "failed", "raises": "failed", "noted": "done", "good": "done",
+                        "overflow": "done", "nan": "stopped"}
     with RunStore(tmp_path / "run") as store:
         typo, raises = store.task("typo").error, store.task("raises").error
         judged = {d[0] for d in store.decisions()}
         assert "typo" not in judged and "raises" not in judged  # never judged
+        assert "ppl" not in store.evaluations("overflow")
+        assert [d[4] for d in store.decisions() if d[0] == "nan"] == [
+            "accuracy is nan at step 6"]
+        assert store.evaluations("nan") == {}
     assert ("its stopping rule judges 'acc', which its evaluate did not return at step 6 "
             "(it returned 'accuracy', 'test_loss')") in typo
     assert ("judges 'accuracy' at step 6, but its evaluation there failed: RuntimeError: "
@@ -253,6 +272,8 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
     print_results(result, tmp_path / "run")  # `dione run`'s closing table says it too
     assert "evaluation failed: noted: RuntimeError: no held-out split" in " ".join(
         capsys.readouterr().out.split())
+    assert "overflow: evaluated at step 6, ppl is inf (not recorded)" in [
+        e.message for e in events if e.kind == "evaluation_not_finite"]
     failed = [e.message for e in events if e.kind == "evaluation_failed"]
     assert "noted: its evaluation at step 6 failed (its training stands): RuntimeError: " \
         "no held-out split" in failed

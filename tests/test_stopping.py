@@ -28,7 +28,7 @@ from dione.spec.stopping import (
     SuccessiveHalving,
 )
 from dione.spec.validate import validate_workload
-from dione.state.export import ExportError, trained_checkpoint
+from dione.state.export import ExportError, status_in_run, trained_checkpoint
 from dione.state.store import RunStore
 from dione.state.summaries import summaries
 from helpers import TEST_NODE, digits_task, small_problem
@@ -58,6 +58,31 @@ def test_asha_decides_as_worked_by_hand() -> None:
     assert third.decide(3, 1.3, [2.0, 0.5, 1.0]).stop
     assert not third.decide(3, 1.4, [2.0, 0.5, 1.0]).stop
     assert Asha().decide(1, float("nan"), []).stop  # a loss that is not finite stops
+
+
+def test_rules_judge_ties_nan_and_fractional_rates_as_ray_does() -> None:
+    """A value the cutoff equals in exact arithmetic goes on (0.3 between 0.1 and 0.5
+    came out 0.30000000000000004, and the reason read "0.3 is outside ... cutoff 0.3");
+    a NaN recorded before (a loser) is left out of a cutoff or a median whatever its
+    place (it made the cutoff NaN or order-dependent); rungs are the first step at or
+    past each r * eta**k (Ray judges at 1, 3, 7, 16, 40, 98 for eta 2.5; round() gave
+    1, 2, 6, 16, 39, 98); 'loss' judged with mode='max' is refused (it stopped the
+    best tasks)."""
+    nan = float("nan")
+    tie = Asha(eta=2, mode="max").decide(1, 0.3, [0.1, 0.5])
+    assert not tie.stop and "cutoff 0.3)" in tie.reason
+    for recorded in ([nan, 0.5, 0.6], [0.5, 0.6, nan]):
+        judged = Asha(eta=2).decide(1, 10.0, recorded)
+        assert judged.stop and "of the 2 before it (cutoff 0.55)" in judged.reason
+        assert Median(min_tasks=2).decide(1, 10.0, recorded).stop
+        assert not Median(min_tasks=3).decide(1, 10.0, recorded).stop  # two count
+    assert Asha(min_steps=1, eta=2.5).rungs(100) == [1, 3, 7, 16, 40, 98]
+    assert Asha(min_steps=3, eta=1.5).rungs(20) == [3, 5, 7, 11, 16]
+    assert Asha(min_steps=2, eta=3).rungs(100) == [2, 6, 18, 54]  # whole rates as before
+    for rule in (Asha(mode="max"), Median(mode="max"), Patience(mode="max"),
+                 PausingAsha(mode="max"), SuccessiveHalving(mode="max")):
+        assert any("mode='max' on metric 'loss'" in m for m in rule.mistakes()), rule
+    assert Asha(metric="accuracy", mode="max").mistakes() == []
 
 
 def test_the_median_rule_decides_as_worked_by_hand() -> None:
@@ -279,6 +304,11 @@ def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path
                 assert "resume" not in str(refused.value)
                 assert trained_checkpoint(tmp_path / "run", name, latest=True).name == \
                     f"step-{stop[1]:08d}"
+                # Its export's dione.json says where it stopped and why.
+                said = status_in_run(tmp_path / "run", name)
+                assert said["status"] == "stopped" and said["total_steps"] == 24
+                assert said["stopped"] == {"step": stop[1], "value": stop[2],
+                                           "reason": stop[4]}
     # Each stop asked for a plan at once, past the re-planning budget: its devices go
     # to the others as soon as the solve is done.
     stops = [k for k, e in enumerate(events) if e.kind == "task_stopped"]

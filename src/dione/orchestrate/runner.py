@@ -611,6 +611,12 @@ class Runner:
             self.emit(RunEvent("evaluation_failed", f"{name}: its evaluation at step "
                                f"{result.end_step} failed (its training stands): "
                                f"{error_line(result.evaluation_error)}", name))
+        unfinite = {m: v for m, v in result.evaluation.items() if not math.isfinite(v)}
+        if unfinite:  # a loser's metric, not a broken evaluate: kept out of the store
+            self.emit(RunEvent("evaluation_not_finite", f"{name}: evaluated at step "
+                               f"{result.end_step}, " + ", ".join(
+                                   f"{m} is {v}" for m, v in sorted(unfinite.items()))
+                               + " (not recorded)", name))
         record.done_steps = result.end_step
         self.estimates.measured_slice(name, result.technique, running.assignment.devices,
                                       result.step_seconds)

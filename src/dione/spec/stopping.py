@@ -155,18 +155,20 @@ class Asha(_Halving):
                task: str = "", history: Sequence[float] = ()) -> Decision:
         if not math.isfinite(value):
             return Decision(rung, value, True, f"{self.metric} is {value} at step {rung}")
-        if not recorded:
+        # A value that is not finite (a loser judged before) has no place in a cutoff,
+        # as Ray's nanpercentile leaves it out.
+        ordered = sorted(v for v in recorded if math.isfinite(v))
+        if not ordered:
             return Decision(rung, value, False, f"first at step {rung}")
-        ordered = sorted(recorded)
         # The best 1/eta: below the 1/eta quantile (min), above the 1 - 1/eta one (max).
         cutoff = _quantile(ordered, 1 / self.eta if self.mode == "min" else 1 - 1 / self.eta)
         worse = value > cutoff if self.mode == "min" else value < cutoff
         keep = f"top {1 / self.eta:.0%}"
         return Decision(rung, value, worse,
                         f"{self.metric} {value:.4g} at step {rung} "
-                        + (f"is outside the {keep} of the {len(recorded)} before it "
+                        + (f"is outside the {keep} of the {len(ordered)} before it "
                            f"(cutoff {cutoff:.4g}): stopped by ASHA (eta {self.eta:g})"
-                           if worse else f"is within the {keep} of the {len(recorded)} "
+                           if worse else f"is within the {keep} of the {len(ordered)} "
                            f"before it (cutoff {cutoff:.4g})"))
 
 
@@ -243,10 +245,11 @@ class Median(StoppingRule):
         if not math.isfinite(value):
             return Decision(rung, value, True, f"{self.metric} is {value} at step {rung}")
         best = _best([*history, value], self.mode)
+        recorded = sorted(v for v in recorded if math.isfinite(v))  # as Asha's
         if len(recorded) < self.min_tasks:
             return Decision(rung, value, False, f"{self.metric} {value:.4g} at step {rung}: "
                             f"{len(recorded)} before it, fewer than {self.min_tasks} to judge by")
-        median = _quantile(sorted(recorded), 0.5)
+        median = _quantile(recorded, 0.5)
         worse = best > median if self.mode == "min" else best < median
         return Decision(rung, value, worse,
                         f"{self.metric} at step {rung}: best so far {best:.4g} is "
@@ -359,12 +362,14 @@ def _ranked(values: Mapping[str, float], mode: str) -> list[str]:
 
 
 def _geometric(first: int, ratio: float, total: int) -> list[int]:
-    """``first``, ``first * ratio``, ... rounded, distinct, below ``total``."""
+    """The first step at or past each of ``first``, ``first * ratio``, ... (a task is
+    judged once it has trained a rung's whole budget, as Ray's ASHA judges at the
+    first iteration past a milestone), distinct, below ``total``."""
     found: list[int] = []
     step = float(first)
-    while round(step) < total:
-        if not found or round(step) > found[-1]:
-            found.append(round(step))
+    while (at := math.ceil(step * (1 - 1e-12))) < total:  # 4.5000000001: 5; 9.0000001: 9
+        if not found or at > found[-1]:
+            found.append(at)
         step *= ratio
     return found
 
@@ -391,6 +396,10 @@ def common_mistakes(rule: StoppingRule, *whole: str) -> list[str]:
                        f"{rule.metric!r}")
     if rule.mode not in ("min", "max"):
         reasons.append(f"mode must be 'min' or 'max', not {rule.mode!r}")
+    elif rule.metric == "loss" and rule.mode == "max":  # training lowers it, always
+        reasons.append("mode='max' on metric 'loss' (the training loss, which training "
+                       "lowers) would stop the best tasks: leave mode out (its default "
+                       "is 'min'), or name an evaluated metric that is better higher")
     reasons += [f"{name} must be a whole number >= 1, not {getattr(rule, name)!r}"
                 for name in ("loss_window", *whole) if not _whole(getattr(rule, name), 1)]
     return reasons
@@ -405,8 +414,13 @@ def _halving_mistakes(rule: StoppingRule, eta: object) -> list[str]:
 
 
 def _quantile(ordered: Sequence[float], q: float) -> float:
-    """The ``q`` quantile of sorted values, linearly interpolated (numpy's default)."""
+    """The ``q`` quantile of sorted values, linearly interpolated as numpy's default
+    does it: from the nearer end, so that a midpoint a value ties in exact arithmetic
+    (0.3 between 0.1 and 0.5) is that value, not 0.30000000000000004."""
     position = q * (len(ordered) - 1)
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    part = position - low
+    if part < 0.5:
+        return ordered[low] + (ordered[high] - ordered[low]) * part
+    return ordered[high] - (ordered[high] - ordered[low]) * (1 - part)

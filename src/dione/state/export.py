@@ -157,6 +157,26 @@ def how_trained(run_dir: str | Path, task: str, step: int) -> dict[str, Any]:
             "inexact": inexact, "statistical": statistical}
 
 
+def status_in_run(run_dir: str | Path, task: str) -> dict[str, Any]:
+    """The task's status in its run (``done``, ``stopped``, ``diverged``, ...), its
+    length, and for a stopped one the decision that stopped it (its rung, metric value
+    and reason): a model exported from a rung says so (empty with no store)."""
+    if not (Path(run_dir) / STORE_FILE).is_file():
+        return {}
+    with RunStore(run_dir) as store:
+        record = store.task(task)
+        decisions = store.decisions() if record and record.status == "stopped" else []
+    if record is None:
+        return {}
+    said: dict[str, Any] = {"status": record.status, "total_steps": record.total_steps}
+    stop = next((d for d in reversed(decisions) if d[0] == task and d[3]), None)
+    if stop is not None:
+        _, step, value, _, reason = stop
+        said["stopped"] = {"step": step, "value": value if math.isfinite(value) else None,
+                           "reason": reason}
+    return said
+
+
 def export_model(model: nn.Module, folder: str | Path, task: Task,
                  checkpoint: str | Path, run_dir: str | Path | None = None) -> Path:
     """Write ``model``'s weights into ``folder`` (created; files there are replaced),
@@ -174,8 +194,8 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
     progress = read_progress(checkpoint)
     (out / PROVENANCE_FILE).write_text(json.dumps({
         "task": task.name, "step": progress.step, "technique": progress.technique,
-        **({"trained": how_trained(run_dir, task.name, progress.step)}
-           if run_dir is not None else {}),
+        **({"trained": how_trained(run_dir, task.name, progress.step),
+            "run": status_in_run(run_dir, task.name)} if run_dir is not None else {}),
         "checkpoint": str(Path(checkpoint).resolve()), "weights": WEIGHTS_FILE,
         "hugging_face": callable(save_pretrained), "exported_at": time.time(),
         # As JSON has them (a learning rate a number, not "0.001"); anything else as text.

@@ -460,7 +460,8 @@ class RunStore(SQLiteFile):
                            (record.task, record.end_step, stored, slice_id, clock.now()))
             db.executemany("INSERT OR REPLACE INTO evaluations VALUES (?, ?, ?, ?)",
                            [(record.task, record.end_step, k, float(v))
-                            for k, v in (evaluation or {}).items()])
+                            for k, v in (evaluation or {}).items()
+                            if math.isfinite(v)])  # NaN or inf: no figure to keep
             db.execute(
                 "UPDATE slices SET status = 'done', ended_at = ?, checkpoint = ?, timings = ?,"
                 " peak_memory_bytes = ?, error = ?, statistical = ? WHERE id = ?",

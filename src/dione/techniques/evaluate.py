@@ -6,7 +6,6 @@ technique that does none of these (a user's)."""
 from __future__ import annotations
 
 import contextlib
-import math
 import traceback
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -48,8 +47,10 @@ def evaluate_checkpoint(task: Task, checkpoint: str, device: torch.device) -> di
 
 
 def evaluate_model(task: Task, model: nn.Module) -> dict[str, float]:
-    """The task's evaluation of ``model`` in eval mode without gradients; a metric that
-    is not a finite number is an error. torch's random draws inside it start from the
+    """The task's evaluation of ``model`` in eval mode without gradients. A metric that
+    is NaN or infinite (a perplexity that overflowed, a validation that diverged) is
+    returned as it is: a stopping rule judging it stops the task as a loser, as Optuna
+    prunes it, and the store leaves it out. torch's random draws inside it start from the
     task's seed, and torch's generators are left as they were: a sampled evaluation
     gives the same numbers whichever technique trained the model."""
     if task.evaluate is None:
@@ -70,8 +71,6 @@ def evaluate_model(task: Task, model: nn.Module) -> dict[str, float]:
             raise TypeError(f"evaluate of task {task.name!r} returned {name!r}: {value!r:.80}, "
                             "which is not a number: each metric must be a number (a float, "
                             "an int, a one-element tensor)") from None
-        if not math.isfinite(number):
-            raise ValueError(f"evaluation metric {name!r} of task {task.name!r} is {number}")
         result[str(name)] = number
     return result
 
