@@ -109,6 +109,17 @@ def test_plans_cut_between_blocks_with_the_models_own_names() -> None:
     assert (bert.container, bert.first, bert.last) == (
         "bert.encoder.layer", ("bert.embeddings",), ("classifier", "bert.pooler"))
 
+    class SequentialBlocks(nn.Module):  # a timm ViT's shape: the blocks in a Sequential
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Linear(8, 16)
+            self.blocks = nn.Sequential(*(nn.Linear(16, 16) for _ in range(3)))
+            self.head = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 4))  # no rival
+
+    plan = stage_plan(SequentialBlocks(), "s")
+    assert (plan.blocks, plan.first, plan.last) == (
+        ("blocks.0", "blocks.1", "blocks.2"), ("stem",), ("head",))
+
 
 def test_a_tied_sequential_keeps_the_weight_on_both_stages_under_its_first_name() -> None:
     """The adapter a user would write around GPT-2: an nn.Sequential whose first and last

@@ -5,7 +5,8 @@ Two shapes of model are understood, without the user rewriting them:
 - an ``nn.Sequential``: its top-level layers are the blocks;
 - embeddings → a list of repeated blocks → head (GPT-2, Llama-style decoders, BERT-style
   encoders, and hand-written models of that shape): the blocks are the ``nn.ModuleList``
-  of same-class modules holding the most parameters; the modules with parameters
+  of same-class modules holding the most parameters (with no such list, the inner
+  ``nn.Sequential`` of them holding the most, as a timm ViT's); the modules with parameters
   registered before it (embeddings) run on the first stage only, those after it (final
   norm, head) on the last stage only::
 
@@ -85,13 +86,15 @@ def _declared(model: nn.Module, declared: object) -> StagePlan:
                      first, last)
 
 
-def _block_lists(model: nn.Module) -> list[str]:
-    """Paths of the ModuleLists of >= 2 same-class modules with parameters, the one
-    holding the most parameters first, leaving out those inside it (a block's experts)."""
+def _block_lists(model: nn.Module, kind: type[nn.Module] = nn.ModuleList) -> list[str]:
+    """Paths of the ModuleLists (``kind``) of >= 2 same-class modules with parameters,
+    the one holding the most parameters first, leaving out those inside it (a block's
+    experts). With no ModuleList, the nn.Sequential holding the most parameters (a
+    timm ViT's ``blocks``), alone: a head's Sequential of two Linears is no rival."""
     found: list[tuple[int, str]] = []
     for path, module in model.named_modules():
         children = list(module.children())
-        if (not isinstance(module, nn.ModuleList) or len(children) < 2
+        if (not isinstance(module, kind) or not path or len(children) < 2
                 or len({type(c) for c in children}) != 1):
             continue
         size = sum(p.numel() for p in module.parameters())
@@ -99,7 +102,7 @@ def _block_lists(model: nn.Module) -> list[str]:
             found.append((size, path))
     found.sort(key=lambda item: -item[0])
     if not found:
-        return []
+        return _block_lists(model, nn.Sequential)[:1] if kind is nn.ModuleList else []
     best = found[0][1]
     return [best] + [path for _, path in found[1:]
                      if not path.startswith(best + ".") and not best.startswith(path + ".")]
@@ -133,7 +136,7 @@ def find_stage_plan(model: nn.Module) -> StagePlan:
                 "leave the pipelines out of the task's techniques")
         raise _PlanError(
             f"its model is a {type(model).__name__}, neither an nn.Sequential nor a model with "
-            "an nn.ModuleList of repeated blocks; give the model class a "
+            "an nn.ModuleList (or nn.Sequential) of repeated blocks; give the model class a "
             f"{STAGES_ATTRIBUTE} = {{'blocks': ..., 'first': [...], 'last': [...]}} attribute "
             "(see dione.techniques.pipeline.stage_plan), or leave the pipelines out of the task's "
             "techniques")

@@ -313,13 +313,16 @@ class StageModule(nn.Module):
         finite_in = all(bool(torch.isfinite(r).all()) for r in received
                         if r.is_floating_point())
         if finite_in and not bool(torch.isfinite(out).all()):
+            before = (f" (the stage plan runs {', '.join(self.plan.first)} before the "
+                      "blocks, as they are registered before them: one that runs after "
+                      "belongs in the plan's 'last')" if self.plan.first else "")
             raise RuntimeError(
                 f"pipeline stage {self.stage}: its output is not finite although its input "
                 "is: a module that runs before the blocks or a block of an earlier stage "
-                "(each NaN on this stage) feeds it by some path other than the hidden "
-                "state, or training diverged at once. A long skip connection across the "
-                "cut: keep both its ends on one stage (the task's split_points); a module "
-                "before the blocks: describe the model's stages "
+                f"(each NaN on this stage){before} feeds it by some path other than the "
+                "hidden state, or training diverged at once. A long skip connection across "
+                "the cut: keep both its ends on one stage (the task's split_points); a "
+                "module before the blocks: describe the model's stages "
                 "(dione.techniques.pipeline.stage_plan)")
 
 
