@@ -172,6 +172,18 @@ def test_dione_add_reaches_a_live_run_and_a_stopped_one_trains_it_on_resume(
     assert [s.end_step for s in slices] == [4, 8]  # not trained again by the resume
     status = dione("status", str(run_dir))
     assert "lr-0.3" in status.stdout
+    # A resume takes the earlier requests again, quietly: it said "(workload): not
+    # added: the workload has no tasks" and rewrote what each request's record says.
+    assert "(workload)" not in resumed.stdout + resumed.stderr
+    with RunStore(run_dir) as store:
+        said_before = [a.message for a in store.additions()]
+    assert said_before[0].startswith("added lr-0.1"), said_before
+    again = dione("resume", str(run_dir), env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "not added" not in again.stdout + again.stderr
+    assert "added to the run" not in again.stdout + again.stderr
+    with RunStore(run_dir) as store:
+        assert [a.message for a in store.additions()] == said_before
 
 
 def test_dione_add_names_what_is_wrong(tmp_path: Path,

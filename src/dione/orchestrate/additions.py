@@ -210,7 +210,7 @@ def _intake(tasks: list[Task], requests: list[Addition], known: set[str], cluste
         else:
             known.add(task.name)
             fresh.append(task)
-    valid, problems = valid_tasks(fresh)
+    valid, problems = valid_tasks(fresh) if fresh else ([], [])  # none: no "no tasks"
     for problem in problems:  # a task may have several; one of the workload's names none
         name = problem.task or "(workload)"
         arrival.refused[name] = "; ".join(filter(None, [arrival.refused.get(name),

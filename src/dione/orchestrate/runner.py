@@ -180,6 +180,8 @@ class Runner:
         if arrival.profile is not None:
             self.profile.tasks.extend(arrival.profile.tasks)
         self._read_decisions(arrival.tasks)
+        # Taken by an earlier session of the run (a resume takes them again): said as such.
+        again = {n for r in arrival.requests if r.state == "taken" for n in r.names}
         for task in arrival.tasks:
             try:
                 self.state.records[task.name] = self._record(task)
@@ -188,6 +190,10 @@ class Runner:
                 continue
             if self.intake.inbox is not None:
                 self.intake.inbox.taken[task.name] = task
+            if task.name in again:
+                self.emit(RunEvent("task_readded", f"{task.name}: taken again from its "
+                                   "`dione add` request, as the run first took it", task.name))
+                continue
             self.emit(RunEvent("task_added", f"{task.name}: added to the run "
                                f"({arrival.trials}); planned at the next re-plan", task.name))
         for name, why in arrival.refused.items():
@@ -199,7 +205,8 @@ class Runner:
             self.emit(RunEvent("task_refused", f"{name}: not added: {why}",
                                name if name in self.state.records else None))
         for request in arrival.requests:
-            self.store.settle_addition(request.id, *request_message(request, arrival))
+            if request.state != "taken":  # one an earlier session took keeps its message
+                self.store.settle_addition(request.id, *request_message(request, arrival))
 
     # -- the clock -------------------------------------------------------------------
 
