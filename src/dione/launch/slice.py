@@ -66,7 +66,7 @@ class SliceError(RuntimeError):
 
     def __init__(self, message: str, reason: str = "refused", error_type: str | None = None):
         super().__init__(message)
-        self.reason = reason  # refused | raised | signal | exit | timeout | diverged | outside
+        self.reason = reason  # refused | trained (nothing left) | raised | signal | exit | timeout | diverged | outside
         self.error_type = error_type  # the failing rank's exception type, when it raised
 
     @property
@@ -286,7 +286,8 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
     start = latest.step if latest else 0
     if start >= total:
         raise SliceError(f"task {task.name!r} is already trained to step {start} of {total} "
-                         f"in {request.run_dir}; nothing to do")
+                         f"in {request.run_dir}; nothing to do (--out DIR trains it anew in a "
+                         "run directory of its own)", "trained")
     if request.steps is not None and request.steps < 1:
         raise SliceError(f"steps must be positive, not {request.steps}")
     end = total if request.steps is None else min(total, start + request.steps)

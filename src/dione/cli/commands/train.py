@@ -59,6 +59,9 @@ def command(args: argparse.Namespace) -> int:
                                    timeout=args.timeout)
             result = run_request(request, on_progress=live_steps())
         except SliceError as err:
+            if err.reason == "trained":  # not a failure: said, and done
+                console.print(str(err))
+                return 0
             complain("diverged" if err.reason == "diverged" else "error", str(err))
             return EXIT_FAILED
     for warning in result.warnings:
