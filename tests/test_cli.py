@@ -398,6 +398,15 @@ def test_current_practice_says_it_applies_no_stopping_rule(
     assert (tmp_path / "r" / "report" / "summary.md").is_file()
     shown = dione("status", str(tmp_path / "r"))
     assert "2 of 2 task(s) done, 1 invalid (never started)" in " ".join(shown.stdout.split())
+    # Its run.json names the workload (export said "trained from Python with task
+    # objects"), and resume names the command that continues it.
+    status, out, _ = in_process(capsys, "export", str(tmp_path / "r"), "ruled-0", "-o",
+                                str(tmp_path / "out"))
+    assert status == 0 and (tmp_path / "out" / "model.safetensors").is_file(), out
+    status, err = refused(capsys, "resume", str(tmp_path / "r"))
+    assert status == 2 and "is a current-practice run" in err
+    assert f"--current-practice --devices cpu:1 --out {tmp_path / 'r'}` continues it" in \
+        " ".join(err.split())
 
 
 def test_run_refuses_a_run_directory_another_workload_started(

@@ -31,12 +31,17 @@ class SavedRun:
     ray: str | None = None
     tensorboard: str | None = None
     mlflow: str | None = None
+    # `dione run --current-practice` (each task in turn on all devices; the technique
+    # it forced, "" for each task's best): `dione run` continues it, not `resume`.
+    current_practice: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         # `workload` stays at the top: `dione export` and `dione.load` read it there.
         return {"workload": self.workload, "devices": self.devices, "ray": self.ray,
                 "options": dataclasses.asdict(self.options),
-                "tensorboard": self.tensorboard, "mlflow": self.mlflow}
+                "tensorboard": self.tensorboard, "mlflow": self.mlflow,
+                **({"current_practice": self.current_practice}
+                   if self.current_practice is not None else {})}
 
     def write(self, run_dir: Path) -> None:
         """Write ``run_dir/run.json``; BadInput if it cannot be written."""
@@ -76,7 +81,8 @@ def load_saved_run(run_dir: Path) -> SavedRun:
                         options=_flags_of_old_run(saved) if options is None
                         else _options(options),
                         devices=saved.get("devices"), ray=saved.get("ray"),
-                        tensorboard=saved.get("tensorboard"), mlflow=saved.get("mlflow"))
+                        tensorboard=saved.get("tensorboard"), mlflow=saved.get("mlflow"),
+                        current_practice=saved.get("current_practice"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise BadInput(f"{path} is unreadable or damaged ({type(err).__name__}: {err}); "
                        "start the run again with `dione run WORKLOAD --out "

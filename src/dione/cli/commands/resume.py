@@ -20,6 +20,12 @@ __all__ = ["command"]
 def command(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     saved = load_saved_run(run_dir)
+    if saved.current_practice is not None:  # trained one task after another, unplanned
+        forced = f" --technique {saved.current_practice}" if saved.current_practice else ""
+        devices = f" --devices {saved.devices}" if saved.devices else ""
+        raise BadInput(f"{run_dir} is a current-practice run (each task in turn on all "
+                       f"devices): `dione run {saved.workload} --current-practice{forced}"
+                       f"{devices} --out {run_dir}` continues it from its checkpoints")
     with claimed(run_dir):  # a live launcher's directory: refused now, before torch loads
         pass
     workload = args.workload or saved.workload

@@ -143,6 +143,13 @@ def _current_practice(args: argparse.Namespace, options: Any, run_dir: Path) -> 
                  f"{', ...' if len(ruled) > 5 else ''}) are not applied. Drop "
                  "--current-practice to apply them")
     node = cluster.nodes[0]
+    # Recorded as `dione run` records a planned run: export and dione.load read the
+    # workload from it; resume names the command that continues it.
+    saved = SavedRun(str(Path(args.workload).resolve()), options, args.devices,
+                     current_practice=args.technique or "")
+    same_workload(run_dir, saved.workload)  # never over another workload's record
+    run_dir.mkdir(parents=True, exist_ok=True)
+    saved.write(run_dir)
     console.print(f"dione run: {len(tasks)} task(s) on {node.devices} {node.kind} device(s) of "
                   f"{node.name}, each in turn on all devices (current practice); run dir "
                   f"{run_dir}")
