@@ -182,6 +182,8 @@ def test_dione_add_reaches_a_live_run_and_a_stopped_one_trains_it_on_resume(
     assert again.returncode == 0, again.stdout + again.stderr
     assert "not added" not in again.stdout + again.stderr
     assert "added to the run" not in again.stdout + again.stderr
+    # Nothing left to train: no session figures ("first plan 0.0 s") beside the run's.
+    assert "nothing trained this session" in " ".join(again.stdout.split())
     with RunStore(run_dir) as store:
         assert [a.message for a in store.additions()] == said_before
 

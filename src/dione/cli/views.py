@@ -80,7 +80,7 @@ def profile_lines() -> Callable[[Any], None]:
                                           if record.step_seconds else "")
                     + ("" if record.feasible else failure(record))
                     if record else f"skipped: {event.reason}")
-            console.print(Text(f"  trial {event.label} ({', '.join(event.tasks)[:60]}): "
+            console.print(Text(f"  trial {event.label} ({_task_list(event.tasks)}): "
                                f"{what}"))
         elif event.kind == "not_tried":
             console.print(Text(f"  not tried: {event.label} for {_task_list(event.tasks)}: "
@@ -173,9 +173,14 @@ def print_results(result: Any, run_dir: Path) -> None:
     except (OSError, ValueError):
         sessions = 1
     which = " (this session's; the report counts every session)" if sessions > 1 else ""
-    table = Table(title=f"results ({run_dir}): makespan {result.makespan:.1f} s, first plan "
-                  f"{result.planned_makespan:.1f} s{which}, {result.plans_adopted} plan(s), "
-                  f"profiling {result.profile_seconds:.0f} s")
+    if not result.slices:  # nothing left to train: no session figures to give
+        title = (f"results ({run_dir}): nothing trained this session; the run's recorded "
+                 f"makespan {result.makespan:.1f} s")
+    else:
+        title = (f"results ({run_dir}): makespan {result.makespan:.1f} s, first plan "
+                 f"{result.planned_makespan:.1f} s{which}, {result.plans_adopted} plan(s), "
+                 f"profiling {result.profile_seconds:.0f} s")
+    table = Table(title=title)
     table.add_column("task", no_wrap=True)
     for column in ("status", "techniques", "devices", "seconds", "final loss", *metrics,
                    "trained"):
@@ -193,8 +198,9 @@ def print_results(result: Any, run_dir: Path) -> None:
         if t.status == "done" and t.error:
             console.print(Text(f"evaluation failed: {t.task}: {error_line(t.error)} (its "
                                "training stands; the report lists each failure)"))
-    console.print(f"report: {run_dir / 'report'} (summary.md, gantt.png, timeline.csv, "
-                  "metrics.csv); plans: " + str(run_dir / "plans"))
+    console.print(f"report: {run_dir / 'report' / 'index.html'} (beside it summary.md, "
+                  "gantt.png, curves.png, timeline.csv, metrics.csv); plans: "
+                  + str(run_dir / "plans"))
 
 
 def _say_inexact(tasks: Sequence[Any]) -> None:
@@ -229,8 +235,8 @@ def print_sequential_results(outcomes: Sequence[Any], run_dir: Path) -> None:
             "failed" if o.error else "done", o.exactness if o.slices else "-",
         )
     console.print(table)
-    console.print(f"report: {run_dir / 'report'} (summary.md, gantt.png, timeline.csv, "
-                  "metrics.csv)")
+    console.print(f"report: {run_dir / 'report' / 'index.html'} (beside it summary.md, "
+                  "gantt.png, curves.png, timeline.csv, metrics.csv)")
 
 
 def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Sequence[Any],

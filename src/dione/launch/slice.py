@@ -66,7 +66,9 @@ class SliceError(RuntimeError):
 
     def __init__(self, message: str, reason: str = "refused", error_type: str | None = None):
         super().__init__(message)
-        self.reason = reason  # refused | trained (nothing left) | raised | signal | exit | timeout | diverged | outside
+        # refused | trained (nothing left) | raised | signal | exit | timeout | diverged
+        # | outside
+        self.reason = reason
         self.error_type = error_type  # the failing rank's exception type, when it raised
 
     @property
