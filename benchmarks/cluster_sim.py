@@ -67,7 +67,7 @@ def run(problem: PlanningProblem, nodes: int, scenario: Scenario, way: str,
                              replan_interval=1000.0, replan_share=0.005)
     began = time.perf_counter()
     result = simulate(problem, folder / f"{way}-{nodes}", cluster=parse_cluster(f"{nodes}x8"),
-                      scenario=scenario, steps=100, options=options)
+                      scenario=scenario, steps=100, options=options, report=False)
     assert set(result.statuses.values()) == {"done"}, result.statuses
     return {"makespan": result.makespan, "planned": result.planned_makespan,
             "replans": result.replans, "replan_seconds": result.replan_seconds,
@@ -133,7 +133,7 @@ def scale(name: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         began = time.perf_counter()
         result = simulate(problem, Path(tmp) / "scale", scenario=scenario, steps=20,
-                          options=options)
+                          options=options, report=False)
         wall = time.perf_counter() - began
     states: dict[str, int] = {}
     for status in result.statuses.values():

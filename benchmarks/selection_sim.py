@@ -145,7 +145,8 @@ def main() -> None:
                 rule, replan, horizon, solver = WAYS[way]
                 run_dir = Path(tmp) / f"{way}-{nodes}"
                 result = simulate(problem, run_dir, cluster=cluster, scenario=scenario,
-                                  steps=STEPS, stopping=rules[rule] if rule else None,
+                                  steps=STEPS, report=False,
+                                  stopping=rules[rule] if rule else None,
                                   options=RunOptions(**{**options.__dict__,
                                                         "replan": replan, "solver": solver,
                                                         "stopping_horizon": horizon}))

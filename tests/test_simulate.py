@@ -140,6 +140,36 @@ def test_the_simulated_report_is_marked_simulated(tmp_path: Path) -> None:
     assert status.returncode == 0 and "SIMULATED" in status.stdout
 
 
+def test_a_simulation_says_what_it_left_out_and_what_its_baseline_leaves_out(
+        tmp_path: Path) -> None:
+    """A task no node holds vanished from everything past one warning (a real run lists
+    it as invalid); the baseline, which plays no failure or spread, was said to share
+    the scenario; the Python API wrote no report though its docstring promised one."""
+    problem = replace(small_problem(2), nodes=(NodeSpec("n0", 2, "A100"), NodeSpec("n1", 2)))
+    wide = TaskOptions("wide", (Option("fsdp", 4, 50.0),))
+    file = tmp_path / "problem.json"
+    file.write_text(json.dumps(replace(problem, tasks=(*problem.tasks, wide)).to_json()))
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps({"failures": {"t0": 1}}))
+    out = tmp_path / "run"
+    shown = dione("simulate", str(file), "--steps", "10", "--scenario", str(scenario),
+                  "--out", str(out), "--time-limit", "2")
+    assert shown.returncode == 0, shown.stderr
+    said = " ".join(shown.stdout.split())
+    assert "2 tasks, 2 done, 1 left out (no node holds them)" in said
+    assert "not its failures, spread or stopping rules" in said
+    summary = (out / "report" / "summary.md").read_text()
+    assert "wide" in summary and "Invalid tasks" in summary
+    assert "without the scenario's failures and spread" in summary
+    assert "n0 (2 A100 devices), n1 (2 devices)" in summary
+    # The Python API writes the report as the command does, and names a wrong argument.
+    result = simulate(problem, tmp_path / "api", steps=10)
+    assert result.statuses == {"t0": "done", "t1": "done"}
+    assert (tmp_path / "api" / "report" / "index.html").is_file()
+    with pytest.raises(TypeError, match=r"cluster=parse_cluster\('4x8'\)"):
+        simulate(problem, tmp_path / "bad", cluster="4x8")  # type: ignore[arg-type]
+
+
 def test_current_practice_runs_each_task_on_a_whole_node_in_turn() -> None:
     work = small_problem(4)  # on 2 devices: t0 90, t1 82.5, t2 180, t3 137.5 (ddp x2 each)
     cluster = parse_cluster("2x2")
@@ -160,6 +190,18 @@ def test_bad_scenarios_and_clusters_are_named() -> None:
         Scenario(node_losses={"n0": 10.0}, node_joins={"n0": 20.0})
     with pytest.raises(ValueError, match="NODESxDEVICES"):
         parse_cluster("four by eight")
+    with pytest.raises(ScenarioError, match=r"seed: must be a whole number"):
+        Scenario(seed=[1, 2])  # type: ignore[arg-type]  # a traceback mid-run, before
+    with pytest.raises(ScenarioError, match=r"curves: must be the path"):
+        Scenario(curves=5)  # type: ignore[arg-type]
+
+
+def test_a_curves_file_with_a_bad_curve_names_it(tmp_path: Path) -> None:
+    """It was dropped without a word, and its task took another's curve."""
+    curves = tmp_path / "curves.json"
+    curves.write_text(json.dumps({"a": [1, 0.5, "x"], "b": [2, 1]}))
+    with pytest.raises(ScenarioError, match="the curve of a is not a list of finite losses"):
+        Scenario(curves=str(curves))
 
 
 def test_the_report_page_holds_the_tables_and_both_figures(tmp_path: Path) -> None:

@@ -396,8 +396,10 @@ class Runner:
         for record in stranded:
             least = min(o.devices for o in self.profile.task(record.name).options)
             message = (f"{record.name} cannot be placed: its options need at least {least} "
-                       f"devices on one node, and the widest node left has {widest}; resume "
-                       "the run once such a node is back")
+                       f"devices on one node, and the widest node left has {widest}; "
+                       + ("simulate again with such a node kept (a scenario without its "
+                          "loss)" if self.virtual else "resume the run once such a node "
+                          "is back"))
             self._give_up(record, message, message)
         return bool(stranded)
 

@@ -61,14 +61,17 @@ def _simulated_setting(run_dir: Path | None) -> list[str]:
     lines = []
     nodes = setting.get("cluster") or []
     if nodes:
-        lines.append("Cluster: " + ", ".join(f"{n.get('name')} ({n.get('devices')} devices)"
+        lines.append("Cluster: " + ", ".join(f"{n.get('name')} ({n.get('devices')} "
+                                             f"{n.get('kind') or ''} devices)".replace("  ", " ")
                                              for n in nodes[:16])
                      + (f" and {len(nodes) - 16} more" if len(nodes) > 16 else "") + ".")
     scenario = {k: v for k, v in (setting.get("scenario") or {}).items() if v}
     lines.append(f"Scenario: {json.dumps(scenario, sort_keys=True) if scenario else 'none'}.")
     if setting.get("current_practice"):
         lines.append(f"Current practice (each task in turn on the next free whole node, "
-                     f"same cluster and scenario): {setting['current_practice']:.1f} s.")
+                     f"to its end; the same cluster, slowdowns, node losses and joins, "
+                     f"without the scenario's failures and spread): "
+                     f"{setting['current_practice']:.1f} s.")
     return [*lines, ""]
 
 

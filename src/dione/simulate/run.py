@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -87,17 +87,33 @@ def simulate(
     options: RunOptions | None = None,
     on_event: Callable[[RunEvent], None] | None = None,
     stopping: StoppingRule | None = None,
+    left_out: Mapping[str, str] | None = None,
+    report: bool = True,
 ) -> SimulationResult:
     """Run ``problem``'s tasks (``steps`` steps each, sharing ``stopping`` if given) on
     ``cluster`` (default: the problem's nodes) as ``scenario`` says, on a virtual clock;
-    the run directory holds the store, plans and report of a real run, marked
-    simulated."""
+    the run directory holds the store, plans and (``report``) report of a real run,
+    marked simulated. ``left_out``: tasks of the problem no node holds, with why (from
+    ``PlanningProblem.left_out``): the report lists them, as a run lists invalid tasks."""
+    if isinstance(cluster, str) or not isinstance(scenario, (Scenario, type(None))):
+        raise TypeError("simulate takes cluster=parse_cluster('4x8') (a Cluster) and "
+                        "scenario=Scenario(...) or load_scenario(path), not "
+                        f"{type(cluster).__name__} and {type(scenario).__name__}")
     scenario = scenario or Scenario()
+    # The problem's own words for its nodes (A100), where they are the cluster.
+    kinds = {n.name: n.kind for n in problem.nodes if n.kind} if cluster is None else {}
     cluster = cluster or problem_cluster(problem)
     tasks, profile = problem_workload(problem, steps, cluster, stopping)
-    return simulate_profile(tasks, profile, run_dir, cluster=cluster, scenario=scenario,
-                            options=options, on_event=on_event,
-                            baseline=current_practice(problem, cluster, scenario))
+    result = simulate_profile(tasks, profile, run_dir, cluster=cluster, scenario=scenario,
+                              options=options, on_event=on_event,
+                              baseline=current_practice(problem, cluster, scenario),
+                              left_out=left_out,
+                              node_kinds=kinds)
+    if report:
+        from dione.report import write_report
+
+        write_report(run_dir)
+    return result
 
 
 def simulate_profile(
@@ -110,12 +126,15 @@ def simulate_profile(
     options: RunOptions | None = None,
     on_event: Callable[[RunEvent], None] | None = None,
     baseline: float = 0.0,
+    left_out: Mapping[str, str] | None = None,
+    node_kinds: Mapping[str, str] | None = None,
 ) -> SimulationResult:
     """Run ``tasks`` as ``profile`` predicts them (a real workload's, from the catalog, or
     a problem's) on ``cluster``, as ``scenario`` says, on a virtual clock. ``baseline``:
     current practice's makespan on the same (0: not computed), kept with the run for
     its report."""
     scenario = scenario or Scenario()
+    node_kinds = node_kinds or {}  # the problem's words for its nodes (A100), for the report
     scenario.check_nodes([n.name for n in cluster])
     scenario.check_tasks([t.name for t in tasks])
     options = options or RunOptions()
@@ -128,7 +147,9 @@ def simulate_profile(
         _fresh(run_dir)
         write_private(run_dir / SIMULATED_FILE, json.dumps(
             {"scenario": scenario.to_json(), "tasks": len(tasks),
-             "cluster": [{"name": n.name, "devices": n.devices} for n in cluster],
+             "cluster": [{"name": n.name, "devices": n.devices,
+                          **({"kind": node_kinds[n.name]} if n.name in node_kinds else {})}
+                         for n in cluster],
              **({"current_practice": baseline} if baseline else {})},
             indent=1) + "\n")
         machines = VirtualCluster(virtual, scenario, list(cluster))
@@ -136,6 +157,8 @@ def simulate_profile(
         runner = Runner(tasks, Cluster(machines.present_at_start()), run_dir, profile,
                         options, on_event or (lambda e: None),
                         lambda state: None, machines, launching=launching, virtual=True)
+        if left_out:  # listed as a run lists the tasks it never started
+            runner.store.set_invalid({name: [why] for name, why in left_out.items()})
         try:
             runner.run()
         finally:

@@ -8,6 +8,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +75,15 @@ class Scenario:
                     for key, value in self.node_joins.items()
                     if key in self.node_losses and _number(value)
                     and _number(self.node_losses[key]) and self.node_losses[key] <= value]
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            reasons.append(f"seed: must be a whole number (the spread's draws), not "
+                           f"{self.seed!r}")
+        if self.curves is not None and not isinstance(self.curves, (str, PathLike)):
+            reasons.append(f"curves: must be the path of a JSON file of task: [loss per "
+                           f"step] or of a run directory, not {self.curves!r}")
         if self.curve not in CURVES:
             reasons.append(f"curve: must be one of {', '.join(CURVES)}, not {self.curve!r}")
-        if self.curves is not None:
+        if isinstance(self.curves, (str, PathLike)):
             try:
                 recorded_curves(self.curves)
             except ScenarioError as err:
@@ -182,6 +189,11 @@ def recorded_curves(source: str | Path) -> dict[str, list[float]]:
     curves = {str(name): list(losses) for name, losses in found.items()
               if isinstance(losses, list) and losses
               and all(_number(v) for v in losses)}
+    bad = sorted(str(name) for name in found if str(name) not in curves)
+    if bad and not path.is_dir():  # a run's diverged tasks are left out; a file's, said
+        raise ScenarioError(f"{path}: the curve of {', '.join(bad[:5])}"
+                            f"{', ...' if len(bad) > 5 else ''} is not a list of finite "
+                            "losses (a task's loss per step, at least one): fix or remove it")
     if not curves:
         raise ScenarioError(f"{path} holds no curve of finite losses (a task's loss per "
                             "step, at least one)")

@@ -73,5 +73,6 @@ def parse_cluster(text: str) -> Cluster:
         sizes = [int(part) for part in text.split(",")]
         return Cluster([Node(f"n{i}", devices, "cuda") for i, devices in enumerate(sizes)])
     except (ValueError, ClusterError) as err:
+        said = "" if "invalid literal" in str(err) else f": {err}"  # int()'s words: none
         raise ValueError(f"--cluster {text!r}: give NODESxDEVICES (4x8: four nodes of 8 "
-                         f"devices) or devices per node (8,8,4): {err}") from None
+                         f"devices) or devices per node (8,8,4){said}") from None

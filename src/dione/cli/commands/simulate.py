@@ -16,7 +16,6 @@ def command(args: argparse.Namespace) -> int:
     from dione.orchestrate.estimates import planning_nodes
     from dione.orchestrate.options import RunOptions
     from dione.plan import ProblemError, load_problem
-    from dione.report import write_report
     from dione.simulate import Scenario, ScenarioError, load_scenario, parse_cluster, simulate
 
     try:
@@ -25,11 +24,14 @@ def command(args: argparse.Namespace) -> int:
     except (ValueError, ScenarioError) as err:
         raise BadInput(str(err)) from None
     try:  # --cluster stands in for the file's cluster, which may then be left out
-        problem, left_out = load_problem(
-            args.problem, planning_nodes(cluster) if cluster else None, fitting=False
-        ).left_out()
+        loaded = load_problem(args.problem, planning_nodes(cluster) if cluster else None,
+                              fitting=False)
     except (OSError, ProblemError) as err:
         raise BadInput(f"{args.problem}: {err}") from None
+    problem, left_out = loaded.left_out()
+    kept = {t.name for t in problem.tasks}
+    dropped = dict(zip([t.name for t in loaded.tasks if t.name not in kept], left_out,
+                       strict=True))
     say_problem_notes(problem, left_out)
     released = [t.name for t in problem.tasks if t.release]
     if released or problem.busy:  # a snapshot of a live run's problem, say
@@ -52,22 +54,27 @@ def command(args: argparse.Namespace) -> int:
                          slice_seconds=args.slice_seconds)
     try:
         result = simulate(problem, out, cluster=cluster, scenario=scenario, steps=args.steps,
-                          options=options)
+                          options=options, left_out=dropped)
     except ValueError as err:
         raise BadInput(str(err)) from None
-    write_report(out)
     done = sum(1 for s in result.statuses.values() if s == "done")
     console.print(f"SIMULATED (virtual cluster, no task trained): {len(result.statuses)} "
-                  f"tasks, {done} done")
+                  f"tasks, {done} done"
+                  + (f", {len(dropped)} left out (no node holds them)" if dropped else ""))
+    ratio = (f" ({result.makespan / result.current_practice:.2f} of it)"
+             if result.current_practice > 0 else "")
     console.print(f"makespan {result.makespan:.1f} s (first plan: "
                   f"{result.planned_makespan:.1f} s); current practice "
-                  f"{result.current_practice:.1f} s "
-                  f"({result.makespan / max(result.current_practice, 1e-9):.2f} of it)")
+                  f"{result.current_practice:.1f} s{ratio}"
+                  + (" - which plays the scenario's slowdowns, node losses and joins, but "
+                     "not its failures, spread or stopping rules"
+                     if scenario.failures or scenario.spread else ""))
     console.print(f"{result.slices} slices, {result.plans_adopted} plans adopted, "
                   f"{result.replans} re-plans solved in {result.replan_seconds:.1f} s; "
                   f"simulated in {result.wall_seconds:.1f} s")
     for task, status in sorted(result.statuses.items()):
         if status != "done":
             console.print(f"  {task}: {status}")
-    console.print(f"report: {out / 'report'}")
+    console.print(f"report: {out / 'report' / 'index.html'}")
     return 0
+
