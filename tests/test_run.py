@@ -224,6 +224,7 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
     # ... ended at the last step it kept (none: a kill keeps a slice's steps only at its
     # end), not at its planned end.
     assert all(rows[i]["end_step"] == rows[i]["start_step"] for i in cut_short), rows
+    assert "## Slices cut short" in (killed_dir / "report" / "summary.md").read_text()
 
     # Resumed from elsewhere: a run directory can move (to shared storage, say).
     moved_dir = tmp_path / "moved"
@@ -263,6 +264,7 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
     with open(killed_dir / "report" / "timeline.csv") as timeline:
         rows = {int(r["slice"]): r for r in csv.DictReader(timeline)}
     assert all(rows[i]["end_step"] == rows[i]["start_step"] for i in cut_short), rows
+    assert "## Slices cut short" in (killed_dir / "report" / "summary.md").read_text()
 
 
 def test_a_crash_is_retried_and_an_always_failing_task_is_reported(

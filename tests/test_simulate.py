@@ -159,7 +159,7 @@ def test_a_simulation_says_what_it_left_out_and_what_its_baseline_leaves_out(
     assert "2 tasks, 2 done, 1 left out (no node holds them)" in said
     assert "not its failures, spread or stopping rules" in said
     summary = (out / "report" / "summary.md").read_text()
-    assert "wide" in summary and "Invalid tasks" in summary
+    assert "wide" in summary and "Tasks left out, never started" in summary
     assert "without the scenario's failures and spread" in summary
     assert "n0 (2 A100 devices), n1 (2 devices)" in summary
     # The Python API writes the report as the command does, and names a wrong argument.

@@ -93,6 +93,16 @@ def test_slices_of_a_dead_launcher_become_interrupted(tmp_path: Path) -> None:
         assert store.recover_interrupted() == [stale.id]
         assert store.slice(stale.id).status == "interrupted"
         assert store.task("t").status == "pending"
+    # A launcher's beat after the slice's start is when the store last heard of it: a
+    # slice a kill cut short ends there, not at its own start (a sliver of no seconds).
+    script = script.replace("s.register_task('t', 4, 8)\n", "") + (
+        "import time\ntime.sleep(0.2)\ns.beat()\n")
+    subprocess.run([sys.executable, "-c", script], check=True)
+    with RunStore(tmp_path) as store:
+        second = max(store.slices("t"), key=lambda s: s.id)
+        store.recover_interrupted()
+        ended = store.slice(second.id)
+        assert ended.ended_at is not None and ended.ended_at >= second.started_at + 0.2
 
 
 def test_a_store_of_an_older_dione_is_rebuilt_with_every_row(tmp_path: Path) -> None:

@@ -58,6 +58,8 @@ VIRTUAL_TICK = 30.0
 # deterministic time it spent (measured: about 5 s of one thread), so that the
 # re-planning budget holds in a simulation without reading the wall clock.
 VIRTUAL_SECONDS_PER_UNIT = 5.0
+# How often a live run writes its beat to the store (an interrupted slice ends there).
+BEAT_SECONDS = 5.0
 
 
 # How a run whose task failed for a fixable cause goes on, from each way of starting it.
@@ -115,6 +117,7 @@ class Runner:
         self.first_solve_seconds = 0.0  # the first plan's solve, on every core
         self.first_solve_units = 0.0  # its CP-SAT deterministic time (virtual runs)
         self.slices_launched = 0  # in this session
+        self._beaten = 0.0  # when the store last had this launcher's beat
         self.virtual = virtual
         self.tick = VIRTUAL_TICK if virtual else TICK
         self.replanner = Replanner(options.solver, options.replan_time_limit,
@@ -1013,6 +1016,9 @@ class Runner:
                 elif done:
                     self._estimate()
                 self.view(self.state)
+                if not self.virtual and clock.now() - self._beaten >= BEAT_SECONDS:
+                    self._beaten = clock.now()
+                    self.store.beat()  # a kill -9 cuts its slices short here, not earlier
         except BaseException:
             for record in self.state.records.values():  # every gang stops; their
                 if record.running is not None:  # slices are recorded interrupted

@@ -321,12 +321,25 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                   "whole traceback is the slice's error in the run store):", ""]
         lines += [f"- {s.task} at step {s.end_step}: {error_line(s.error)}"
                   for s in sorted(unevaluated, key=lambda s: (s.task, s.end_step))]
+    cut = [s for s in slices if s.status == "interrupted"]
+    if cut:
+        lines += ["", "## Slices cut short", "",
+                  "The launcher stopped (killed, or its machine lost) while these slices "
+                  "trained; their steps after the last checkpoint were trained again "
+                  "(hatched in the Gantt chart):", ""]
+        lines += [f"- {s.task}: steps {s.start_step}-{s.end_step} under {s.technique}, "
+                  f"{s.started_at - zero:.1f}-{(s.ended_at or s.started_at) - zero:.1f} s"
+                  for s in sorted(cut, key=lambda s: s.started_at)]
     failed = [t for t in tasks if t.status in ("failed", "diverged")]
     if failed:
         lines += ["", "## Failed and diverged tasks", ""]
         lines += [f"- {t.task} ({t.status}): "
                   f"{(t.error or '').splitlines()[0] if t.error else ''}" for t in failed]
-    if invalid:
+    if invalid and simulated:
+        lines += ["", "## Tasks left out, never started", "",
+                  "No node of the simulated cluster holds these tasks of the problem:", ""]
+        lines += [f"- {name}: " + "; ".join(problems) for name, problems in invalid.items()]
+    elif invalid:
         lines += ["", "## Invalid tasks, never started", "",
                   "Validation refused these tasks of the workload when the run (or its latest "
                   "resume) started; fix them and `dione resume` to train them.", ""]

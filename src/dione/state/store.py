@@ -520,14 +520,21 @@ class RunStore(SQLiteFile):
                             status="interrupted", ended_at=max(heard, started_at))
         return [slice_id for slice_id, _ in stale]
 
+    def beat(self) -> None:
+        """Say that the run's launcher lives now: a slice a kill -9 cuts short ends at
+        the launcher's last beat, not at its own start (the latest slice start or end
+        before the kill, which drew a slice of seconds as a sliver of none)."""
+        self._set_run_value("heard", {"at": clock.now()})
+
     def last_heard(self) -> float:
         """The latest time the store holds of the run's doing (a slice's start or end, a
-        task's status, a decision); 0.0 for an empty store."""
+        task's status, a decision, the launcher's beat); 0.0 for an empty store."""
         row = self._db.execute(
             "SELECT MAX(t) FROM (SELECT MAX(started_at) AS t FROM slices UNION ALL "
             "SELECT MAX(ended_at) FROM slices UNION ALL SELECT MAX(updated_at) FROM tasks "
             "UNION ALL SELECT MAX(decided_at) FROM decisions)").fetchone()
-        return float(row[0] or 0.0)
+        beat = self._run_value("heard").get("at")
+        return max(float(row[0] or 0.0), float(beat) if isinstance(beat, (int, float)) else 0.0)
 
     def slice(self, slice_id: int) -> SliceRecord:
         row = self._db.execute("SELECT * FROM slices WHERE id = ?", (slice_id,)).fetchone()
