@@ -555,3 +555,22 @@ def test_validate_names_what_will_not_train_a_task_for_its_model(
         assert f"{technique} will not train bn: " in said, said
     assert "unless it sets allow_inexact=True" in said
     assert "single will not train" not in said and "xpipe will not train" not in said
+
+
+def test_status_says_a_run_is_profiling(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Before profiling ends the store knows no task: status showed an empty run ("0 of
+    0 task(s) done") for the first minute a user watches."""
+    from dione.orchestrate.options import claim_run_dir
+    from dione.state.store import RunStore
+
+    run_dir = tmp_path / "run"
+    with claim_run_dir(run_dir):
+        with RunStore(run_dir) as store:
+            store.set_profiling(3)
+        status, out, _ = in_process(capsys, "status", str(run_dir))
+        assert status == 0 and "profiling 3 task(s) for" in " ".join(out.split()), out
+        with RunStore(run_dir) as store:
+            store.set_profiling(None)
+        status, out, _ = in_process(capsys, "status", str(run_dir))
+        assert "profiling" not in out

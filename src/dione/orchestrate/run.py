@@ -159,11 +159,18 @@ def _run_claimed(
 ) -> RunResult:
     emit = on_event or (lambda event: None)
     began = time.perf_counter()
-    with Catalog(options.catalog) as catalog:
-        profile = profile_workload(tasks, cluster, catalog, options=options.trial,
-                                   reprofile=options.reprofile, budget=options.profile_budget,
-                                   on_event=on_profile_event, launcher=launcher,
-                                   storage=options.storage)
+    with RunStore(run_dir) as store:  # `dione status` says so meanwhile
+        store.set_profiling(len(tasks))
+    try:
+        with Catalog(options.catalog) as catalog:
+            profile = profile_workload(tasks, cluster, catalog, options=options.trial,
+                                       reprofile=options.reprofile,
+                                       budget=options.profile_budget,
+                                       on_event=on_profile_event, launcher=launcher,
+                                       storage=options.storage)
+    finally:
+        with RunStore(run_dir) as store:
+            store.set_profiling(None)
     profile_seconds = time.perf_counter() - began
     emit(RunEvent("profiled", f"{profile.trials_run} trial(s) run, {profile.trials_cached} "
                   f"from the catalog, in {profile_seconds:.0f} s"))

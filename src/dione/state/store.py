@@ -520,6 +520,16 @@ class RunStore(SQLiteFile):
                             status="interrupted", ended_at=max(heard, started_at))
         return [slice_id for slice_id, _ in stale]
 
+    def set_profiling(self, tasks: int | None) -> None:
+        """Say that the run profiles ``tasks`` tasks now (None: it no longer does), for
+        `dione status` while the store knows no task yet."""
+        self._set_run_value("profiling", {} if tasks is None else
+                            {"tasks": tasks, "since": clock.now()})
+
+    def profiling(self) -> dict[str, Any]:
+        """``set_profiling``'s tasks and start (empty: not profiling)."""
+        return self._run_value("profiling")
+
     def beat(self) -> None:
         """Say that the run's launcher lives now: a slice a kill -9 cuts short ends at
         the launcher's last beat, not at its own start (the latest slice start or end

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from dione.cli.errors import BadInput
@@ -29,6 +30,7 @@ def command(args: argparse.Namespace) -> int:
             running = [s for s in store.slices() if s.status == "running"]
             additions = store.additions("waiting", "refused")
             invalid = store.invalid()
+            profiling = store.profiling()
         plans = read_plans(run_dir)
     except (OSError, sqlite3.Error, ValueError) as err:
         raise BadInput(f"{run_dir} cannot be read ({type(err).__name__}: {err})") from None
@@ -40,6 +42,10 @@ def command(args: argparse.Namespace) -> int:
     unfinished = [t for t in tasks if t.status in ("running", "pending", "paused")]
     if holder is not None and holder.alive:
         launcher = f"live: launcher pid {holder.pid} on {holder.host}"
+        if profiling:  # before any task is in the store: said, not an empty run
+            launcher += (f"; profiling {profiling.get('tasks')} task(s) for "
+                         f"{time.time() - float(profiling.get('since', time.time())):.0f} s "
+                         "(each trial is a line of the run's output)")
     elif running or any(t.status == "running" for t in tasks):
         # The store says running, but no launcher holds the directory: it died, and what
         # it ran was cut short (as the report shows it).
