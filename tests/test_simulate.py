@@ -426,6 +426,10 @@ def test_a_task_only_a_later_node_can_hold_waits_for_it(tmp_path: Path) -> None:
     with RunStore(run.run_dir) as store:
         wide = store.slices("wide")
     assert {s.node for s in wide} == {"n1"} and min(s.started_at for s in wide) >= 300.0
+    # The first plan placed only "narrow", and the report says so (its 50 s against the
+    # run's 380 s read as drift).
+    assert "it placed 1 of the 2 tasks; the others were planned later" in \
+        (run.run_dir / "report" / "summary.md").read_text()
 
 
 def test_owed_replans_are_solved_past_the_budget_and_not_counted_in_it(
