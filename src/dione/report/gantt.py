@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
         if s.status == "done" and (s.task not in last or s.end_step >= last[s.task].end_step):
             last[s.task] = s
     stops = [s for task, s in last.items() if (ended or {}).get(task) == "stopped"]
-    rows = sorted({r[0] for r in planned + actual})
+    rows = sorted({r[0] for r in planned + actual}, key=_natural)  # n2 before n10
     span = max([r[4] for r in planned + actual] + [1e-3])
     tasks = sorted({r[1] for r in planned + actual})
     colours = plt.get_cmap("tab20")
@@ -70,11 +71,18 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
                             rows.index(f"{s.node}:{device}"), marker="x", color="black",
                             markersize=7, markeredgewidth=2)
         ax.set_yticks(range(len(rows)), rows)
-        ax.invert_yaxis()
+        ax.set_ylim(len(rows) - 0.5, -0.5)  # first row on top, no empty band around them
+        cut_short = bars is actual and any(r[5] not in ("done", "running") for r in bars)
         ax.set_title(title + (" (x: a task its rule stopped)" if bars is actual and stops
-                              else ""), fontsize=9, loc="left")
+                              else "") + ("; hatched: a slice that failed or was cut short"
+                                          if cut_short else ""), fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)
     axes[1].set_xlabel("seconds from the run's start")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _natural(row: str) -> list[Any]:
+    """A device row's sort key: its numbers as numbers (n2:1 before n10:0)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", row)]
