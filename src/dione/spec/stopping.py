@@ -222,8 +222,10 @@ class Median(StoppingRule):
     """The median rule (Golovin et al., "Google Vizier", KDD 2017; Optuna's
     ``MedianPruner``): judged at ``min_steps`` and every ``every`` steps after, a task
     stops when its best value so far is worse than the median of the values the tasks
-    before it recorded at that rung. Until ``min_tasks`` have recorded there, every task
-    goes on (a median of one or two says little)."""
+    before it recorded at that rung, those stopped since included (Optuna's counts
+    completed trials only, which tasks trained side by side seldom are by the early
+    rungs). Until ``min_tasks`` have recorded there, every task goes on (a median of
+    one or two says little)."""
 
     metric: str = "loss"
     mode: str = "min"
