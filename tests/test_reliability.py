@@ -642,3 +642,49 @@ def test_only_a_checkpoint_written_to_a_full_disk_stops_the_run() -> None:
                          "filesystem.py\", line 520\nOSError: [Errno 28] No space left on "
                          "device", "raised")
     assert written.disk_full == "OSError: [Errno 28] No space left on device"
+
+
+EDITED = """
+import functools, torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+def loss(output, target):
+    return torch.nn.functional.cross_entropy(output, target) * SCALE
+
+SCALE = 1.0
+workload = Workload([Task(name="t", model=functools.partial(digits_mlp, hidden=16, depth=1),
+                          data=digits_train, loss=loss, batch_size=16, steps=4, seed=1,
+                          optimizer=functools.partial(torch.optim.SGD, lr=0.1))])
+"""
+
+
+def test_a_run_trains_its_tasks_as_their_file_was_when_it_loaded_them(
+        tmp_path: Path) -> None:
+    """Workers read the workload file from disk at every slice: a user growing the
+    sweep's file for `dione add` and saving it half-written failed the slices that
+    started meanwhile, and an edit to a function changed the tasks already training
+    (a loss scaled 1000 times, recorded exact). They now get the text loaded."""
+    file = tmp_path / "edited.py"
+    file.write_text(EDITED)
+    (task,) = load_workload(file)
+    reference = run_slice(task, "ddp", tmp_path / "a", local_placement(TEST_NODE, [0, 1]),
+                          steps=2, timeout=300)
+    file.write_text(EDITED.replace("SCALE = 1.0", "SCALE = 1000.0"))
+    edited = run_slice(task, "ddp", tmp_path / "b", local_placement(TEST_NODE, [0, 1]),
+                       steps=2, timeout=300)
+    assert edited.losses == reference.losses
+    file.write_text(EDITED + "\nthis is not python(\n")  # saved half-written
+    again = run_slice(task, "single", tmp_path / "c", local_placement(TEST_NODE, [0]),
+                      steps=2, timeout=300)
+    assert again.losses == pytest.approx(reference.losses, rel=1e-5)
+    # Loaded again, the file's new text is a module of its own: the old task keeps its.
+    file.write_text(EDITED.replace("SCALE = 1.0", "SCALE = 1000.0"))
+    (scaled,) = load_workload(file)
+    assert scaled.loss.__module__ != task.loss.__module__
+    grown = run_slice(scaled, "single", tmp_path / "d", local_placement(TEST_NODE, [0]),
+                      steps=2, timeout=300)
+    assert grown.losses[0] == pytest.approx(1000 * reference.losses[0], rel=1e-4)
+    old = run_slice(task, "single", tmp_path / "e", local_placement(TEST_NODE, [0]),
+                    steps=2, timeout=300)
+    assert old.losses == again.losses

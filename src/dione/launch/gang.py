@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dione.spec.devices import DeviceKind
-from dione.spec.workload import loaded_workload_files
+from dione.spec.workload import loaded_workload_sources
 from dione.techniques.base import SliceOutcome, SliceSpec
 
 __all__ = [
@@ -110,10 +110,10 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 
 
 def workload_sources() -> dict[str, tuple[str, str]]:
-    """Each workload file loaded here: module name -> (path, source), for workers to
-    import afresh (by value: on another host the path may not exist)."""
-    return {name: (path, Path(path).read_text()) for name, path in
-            loaded_workload_files().items()}
+    """Each workload file loaded here: module name -> (path, source as it was loaded),
+    for workers to import afresh (by value: on another host the path may not exist;
+    and the file may have been edited since)."""
+    return loaded_workload_sources()
 
 
 def describe_failure(

@@ -126,16 +126,27 @@ def grid(prefix: str, build: Callable[..., Task], **axes: Sequence[Any]) -> list
             for t, name in zip(tasks, _unique_names([t.name for t in tasks]), strict=True)]
 
 
-_LOADED: dict[str, str] = {}
+# Module name -> (path, the source as it was loaded). A run trains its tasks as their
+# file was when it loaded them: workers get that text, not the file as it is now (a
+# user growing the sweep's file for `dione add`, or saving a typo, changed or failed
+# the slices that started meanwhile).
+_LOADED: dict[str, tuple[str, str]] = {}
 
 
-def _module_name(file: Path) -> str:
-    digest = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:12]
+def _module_name(file: Path, source: str) -> str:
+    """A name of the file's path and text: a file loaded again after an edit is a
+    module of its own, so the tasks loaded before keep the functions they had."""
+    digest = hashlib.sha1(f"{file.resolve()}\0{source}".encode()).hexdigest()[:12]
     return f"dione_workload_{digest}"
 
 
 def loaded_workload_files() -> dict[str, str]:
     """Module name to path of every workload file loaded in this process."""
+    return {name: path for name, (path, _) in _LOADED.items()}
+
+
+def loaded_workload_sources() -> dict[str, tuple[str, str]]:
+    """Module name to (path, source as loaded) of every workload file loaded here."""
     return dict(_LOADED)
 
 
@@ -183,7 +194,11 @@ def load_workload(path: str | Path) -> Workload:
     file = Path(path)
     if not file.is_file():
         raise WorkloadFileError(f"workload file {str(file)!r} does not exist")
-    module_name = _module_name(file)
+    try:
+        source = file.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise WorkloadFileError(f"{file}: cannot be read: {err}") from None
+    module_name = _module_name(file, source)
     spec = importlib.util.spec_from_file_location(module_name, file)
     if spec is None or spec.loader is None:
         raise WorkloadFileError(f"{file}: not a Python file; a workload file ends in .py")
@@ -193,8 +208,8 @@ def load_workload(path: str | Path) -> Workload:
     if folder not in sys.path:  # its sibling modules import, as under `python FILE`
         sys.path.insert(0, folder)
     try:
-        with _exit_refused(file):
-            spec.loader.exec_module(module)
+        with _exit_refused(file):  # the text read above, as workers will run it
+            exec(compile(source, str(file), "exec"), module.__dict__)
     except SystemExit as err:  # sys.exit at import: no workload, and no silent exit 0
         sys.modules.pop(module_name, None)
         raise WorkloadFileError(f"{file}: called sys.exit({err.code!r}) while loading; a "
@@ -215,7 +230,7 @@ def load_workload(path: str | Path) -> Workload:
         raise WorkloadFileError(
             f"{file}: raised {type(err).__name__} while loading: {err}\n{trace}"
         ) from None
-    _LOADED[module_name] = str(file.resolve())
+    _LOADED[module_name] = (str(file.resolve()), source)
     if not hasattr(module, "workload"):
         raise WorkloadFileError(
             f"{file}: defines no `workload`; end the file with e.g. "
