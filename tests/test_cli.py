@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -574,3 +575,35 @@ def test_status_says_a_run_is_profiling(tmp_path: Path,
             store.set_profiling(None)
         status, out, _ = in_process(capsys, "status", str(run_dir))
         assert "profiling" not in out
+
+
+def test_current_practice_never_writes_a_live_runs_record(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It wrote run.json before claiming the directory: pointed at a live planned run,
+    it was refused, but the planned run's record said "current practice" (its resume
+    refused). It claims first now; its directory is private, as every run's."""
+    from dione.orchestrate.options import claim_run_dir
+
+    workload = tmp_path / "ruled.py"
+    workload.write_text(RULED)
+    run_dir = tmp_path / "live"
+    with claim_run_dir(run_dir):  # made as a run makes it; then a live launcher holds it
+        planned = json.dumps({"workload": str(workload.resolve())})  # the same workload
+        (run_dir / "run.json").write_text(planned)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom dione.orchestrate.options import "
+         f"claim_run_dir\nlock = claim_run_dir({str(run_dir)!r})\nprint('held', "
+         "flush=True)\ntime.sleep(120)\n"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        status, err = refused(capsys, "run", str(workload), "--current-practice",
+                              "--devices", "cpu:1", "--out", str(run_dir))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert status == 2 and "another dione launcher" in " ".join(err.split()), err
+    assert (run_dir / "run.json").read_text() == planned
+    fresh = tmp_path / "fresh"
+    assert in_process(capsys, "run", str(workload), "--current-practice", "--devices",
+                      "cpu:1", "--out", str(fresh))[0] == 1  # its one invalid task
+    assert fresh.stat().st_mode & 0o077 == 0

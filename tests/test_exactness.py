@@ -320,6 +320,27 @@ class Averaging(nn.Module):
         return torch.relu(self.fc(x))
 
 
+class ActNorm(nn.Module):
+    """Glow's ActNorm: its shift set from the first batch it sees, then trained on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.register_buffer("shift", torch.zeros(16))
+        self.register_buffer("ready", torch.tensor(False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and not bool(self.ready):
+            with torch.no_grad():
+                self.shift.copy_(-x.mean(0))
+                self.ready.fill_(True)
+        return torch.relu(self.fc(x + self.shift))
+
+
+def act_norm_net() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 16), ActNorm(), ActNorm(), nn.Linear(16, 10))
+
+
 def averaging_net() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 16), Averaging(), Averaging(), nn.Linear(16, 10))
 
@@ -331,7 +352,7 @@ def spectral_net() -> nn.Module:
                          nn.Linear(16, 10))
 
 
-@pytest.mark.parametrize("model", [averaging_net, spectral_net])
+@pytest.mark.parametrize("model", [averaging_net, spectral_net, act_norm_net])
 def test_a_forward_writing_buffers_is_refused_by_the_exact_pipelines(model) -> None:
     """torch's pipeline runtime runs each stage once more before the first step, on
     placeholder inputs (the later stage's running mean held -2.8e34), and each

@@ -139,7 +139,15 @@ def test_a_malformed_pruning_rule_is_named_as_every_rule_is() -> None:
     assert "loss_window must be a whole number >= 1, not 0" in said
     assert "metric must be 'loss' or a name evaluate() returns" in said
     assert rule.mode == "max"
-    assert dione.optuna.OptunaPruning(study, {}, report_every=5).mistakes() == []
+    assert dione.optuna.OptunaPruning(study, {}, report_every=5,
+                                      metric="accuracy").mistakes() == []
+    # A study maximizing the training loss stops the best trials: named, with its fix.
+    (said,) = dione.optuna.OptunaPruning(study, {}, report_every=5).mistakes()
+    assert "create the study with direction='minimize'" in said
+    # ... and optimize says so before asking any trial (each was asked and told FAIL).
+    with pytest.raises(ValueError, match="optimize cannot prune this study: mode='max'"):
+        dione.optuna.optimize(study, lambda trial: None, 4, report_every=5)
+    assert study.trials == []
 
 
 def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Path) -> None:

@@ -190,7 +190,7 @@ def test_bad_scenarios_and_clusters_are_named() -> None:
         Scenario(node_losses={"n0": 10.0}, node_joins={"n0": 20.0})
     with pytest.raises(ValueError, match="NODESxDEVICES"):
         parse_cluster("four by eight")
-    with pytest.raises(ScenarioError, match=r"seed: must be a whole number"):
+    with pytest.raises(ScenarioError, match=r"seed: must be a number or text"):
         Scenario(seed=[1, 2])  # type: ignore[arg-type]  # a traceback mid-run, before
     with pytest.raises(ScenarioError, match=r"curves: must be the path"):
         Scenario(curves=5)  # type: ignore[arg-type]

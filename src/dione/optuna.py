@@ -76,7 +76,8 @@ class OptunaPruning(StoppingRule):
         """Each way the rule is malformed (empty: none), with the fix."""
         from dione.spec.stopping import common_mistakes
 
-        return common_mistakes(self, "report_every")
+        return common_mistakes(self, "report_every", mode_fix="the study maximizes it; "
+                               "create the study with direction='minimize'")
 
     def rungs(self, total: int) -> list[int]:
         return list(range(self.report_every, total, self.report_every))
@@ -172,6 +173,11 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     from dione.orchestrate.additions import TaskInbox
 
     _direction(study)
+    # The rule's own mistakes (a study maximizing the training loss, report_every 0) are
+    # every trial's: said before any is asked, not as n_trials failed trials.
+    mistakes = OptunaPruning(study, {}, report_every, metric).mistakes()
+    if mistakes:
+        raise ValueError("optimize cannot prune this study: " + "; ".join(mistakes))
     if not isinstance(n_trials, int) or n_trials < 1:
         raise ValueError(f"n_trials must be a whole number >= 1, not {n_trials!r}")
     if in_flight is not None and (not isinstance(in_flight, int) or in_flight < 1):

@@ -208,8 +208,10 @@ class Runner:
             self.emit(RunEvent("task_refused", f"{name}: not added: {why}",
                                name if name in self.state.records else None))
         for request in arrival.requests:
-            if request.state != "taken":  # one an earlier session took keeps its message
-                self.store.settle_addition(request.id, *request_message(request, arrival))
+            state, message = request_message(request, arrival)
+            if request.state == "taken" and state == "taken":
+                continue  # an earlier session took it, and takes it again: its record stands
+            self.store.settle_addition(request.id, state, message)
 
     # -- the clock -------------------------------------------------------------------
 

@@ -332,7 +332,7 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                   "The launcher stopped (killed, or its machine lost) while these slices "
                   "trained; their steps after the last checkpoint were trained again "
                   "(hatched in the Gantt chart):", ""]
-        lines += [f"- {s.task}: steps {s.start_step}-{s.end_step} under {s.technique}, "
+        lines += [f"- {s.task}: from step {s.start_step} under {s.technique}, "
                   f"{s.started_at - zero:.1f}-{(s.ended_at or s.started_at) - zero:.1f} s"
                   for s in sorted(cut, key=lambda s: s.started_at)]
     failed = [t for t in tasks if t.status in ("failed", "diverged")]

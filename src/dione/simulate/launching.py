@@ -8,6 +8,7 @@ import functools
 import random
 from collections.abc import Sequence
 from concurrent.futures import Future
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,8 @@ class SimulatedLaunching:
         self.clock = clock
         self.scenario = scenario
         self.cluster = cluster
-        self.rng = random.Random(scenario.seed)
+        seed = scenario.seed  # a numpy integer is no seed random.Random takes
+        self.rng = random.Random(int(seed) if isinstance(seed, Integral) else seed)
         self.failures_left = dict(scenario.failures)
         self.curves = scenario.assigned_curves([t.task for t in profile.tasks])
 

@@ -8,6 +8,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from numbers import Integral
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,9 @@ class Scenario:
                     for key, value in self.node_joins.items()
                     if key in self.node_losses and _number(value)
                     and _number(self.node_losses[key]) and self.node_losses[key] <= value]
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            reasons.append(f"seed: must be a whole number (the spread's draws), not "
+        if isinstance(self.seed, bool) or not (
+                isinstance(self.seed, (Integral, str)) or _number(self.seed)):
+            reasons.append(f"seed: must be a number or text (the spread's draws), not "
                            f"{self.seed!r}")
         if self.curves is not None and not isinstance(self.curves, (str, PathLike)):
             reasons.append(f"curves: must be the path of a JSON file of task: [loss per "
@@ -155,7 +157,9 @@ class Scenario:
                         for i, name in enumerate(others)}
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: (dict(v) if isinstance(v := getattr(self, f.name), Mapping) else v)
+        return {f.name: (dict(v) if isinstance(v := getattr(self, f.name), Mapping)
+                         else str(v) if isinstance(v, PathLike)  # curves as a Path
+                         else int(v) if isinstance(v, Integral) else v)  # numpy's seed
                 for f in fields(self)}
 
 

@@ -389,9 +389,11 @@ def _number(value: object) -> bool:
             and math.isfinite(value))
 
 
-def common_mistakes(rule: StoppingRule, *whole: str) -> list[str]:
+def common_mistakes(rule: StoppingRule, *whole: str,
+                    mode_fix: str = "leave mode out (its default is 'min')") -> list[str]:
     """What every rule checks: its metric, mode and loss window, and that each field
-    named in ``whole`` is a whole number >= 1."""
+    named in ``whole`` is a whole number >= 1 (``mode_fix``: how to judge the training
+    loss lower-is-better, for a rule whose mode is not its own field)."""
     reasons = []
     if not isinstance(rule.metric, str) or not rule.metric:
         reasons.append(f"metric must be 'loss' or a name evaluate() returns, not "
@@ -400,8 +402,8 @@ def common_mistakes(rule: StoppingRule, *whole: str) -> list[str]:
         reasons.append(f"mode must be 'min' or 'max', not {rule.mode!r}")
     elif rule.metric == "loss" and rule.mode == "max":  # training lowers it, always
         reasons.append("mode='max' on metric 'loss' (the training loss, which training "
-                       "lowers) would stop the best tasks: leave mode out (its default "
-                       "is 'min'), or name an evaluated metric that is better higher")
+                       f"lowers) would stop the best tasks: {mode_fix}, or name an "
+                       "evaluated metric that is better higher")
     reasons += [f"{name} must be a whole number >= 1, not {getattr(rule, name)!r}"
                 for name in ("loss_window", *whole) if not _whole(getattr(rule, name), 1)]
     return reasons

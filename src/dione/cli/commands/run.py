@@ -148,8 +148,8 @@ def _current_practice(args: argparse.Namespace, options: Any, run_dir: Path) -> 
     saved = SavedRun(str(Path(args.workload).resolve()), options, args.devices,
                      current_practice=args.technique or "")
     same_workload(run_dir, saved.workload)  # never over another workload's record
-    run_dir.mkdir(parents=True, exist_ok=True)
-    saved.write(run_dir)
+    with claimed(run_dir):  # created private; never under a live launcher's run
+        saved.write(run_dir)
     console.print(f"dione run: {len(tasks)} task(s) on {node.devices} {node.kind} device(s) of "
                   f"{node.name}, each in turn on all devices (current practice); run dir "
                   f"{run_dir}")

@@ -124,21 +124,28 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
     return None
 
 
-def _buffers_written(task: Task, model: nn.Module, batch: Any) -> list[str]:
-    """The buffers a training forward of ``model`` (a copy of it) writes on every call,
-    BatchNorm's aside (the pipelines refuse those by name): a running average, a counter,
-    spectral_norm's power iteration. Run twice, so that a cache filled once (rotary
-    embeddings' tables) does not count."""
-    copied = copy.deepcopy(model).train()
+def _buffers_written(task: Task, model: nn.Module, batch: Any, other: Any) -> list[str]:
+    """The buffers a training forward of ``model`` (copies of it) writes from the data
+    or on every call, BatchNorm's aside (the pipelines refuse those by name): a running
+    average, a counter, spectral_norm's power iteration, an ActNorm's data-dependent
+    initialisation. A cache filled once from the shapes alone (rotary embeddings'
+    tables) does not count: one copy runs on ``batch`` twice, another on ``other``
+    (another batch of the same shape), and a buffer counts where the second call moved
+    it or the two batches left it different."""
+    copied, twin = copy.deepcopy(model).train(), copy.deepcopy(model).train()
     skip = {f"{m}.{n}" if m else n for m, module in copied.named_modules()
             if isinstance(module, nn.modules.batchnorm._BatchNorm)
             for n, _ in module.named_buffers(recurse=False)}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         loss_of(copied, task, batch)
-        before = {n: b.detach().clone() for n, b in copied.named_buffers() if n not in skip}
+        loss_of(twin, task, other)
+        first = {n: b.detach().clone() for n, b in copied.named_buffers() if n not in skip}
+        by_data = dict(twin.named_buffers())
         loss_of(copied, task, batch)
-        after = dict(copied.named_buffers())
-    return [n for n, b in before.items() if n in after and not _same(b, after[n].detach())]
+        second = dict(copied.named_buffers())
+    return [n for n, b in first.items()
+            if (n in second and not _same(b, second[n].detach()))
+            or (n in by_data and not _same(b, by_data[n].detach()))]
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -173,16 +180,21 @@ def pipeline_refusals(task: Task, pipelines: Sequence[PipelineTechnique] | None 
     model = task.model()
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     if size <= _PROBE_BYTES:
-        batch = slice_batch(source.global_batch(0), 0, min(2, task.batch_size))
+        whole = source.global_batch(0)
+        batch = slice_batch(whole, 0, min(2, task.batch_size))
+        # Other samples of the same shape: the batch's next two, or the next batch's.
+        other = (slice_batch(whole, 2, 4) if task.batch_size >= 4 else
+                 slice_batch(source.global_batch(1), 0, min(2, task.batch_size)))
         problem = _stage_problem(task, model, batch)
         if problem is not None:
             refused.update({t.name: problem for t in pipelines if t.name not in refused})
         exact = [t for t in pipelines if t.exact and t.name not in refused]
-        written = _buffers_written(task, model, batch) if exact else []
+        written = _buffers_written(task, model, batch, other) if exact else []
         if written:  # xpipe, inexact and opted into, trains on: no placeholder pass
             problem = (f"task {task.name!r}: its forward writes buffers as it trains "
                        f"({', '.join(written[:3])}{', ...' if len(written) > 3 else ''}: a "
-                       "running average, a counter, spectral_norm's power iteration): a "
+                       "running average, a counter, spectral_norm's power iteration, an "
+                       "initialisation from the first batch): a "
                        "pipeline writes them once per micro-batch, not once per step, and "
                        "torch's pipeline runtime runs each stage once more before the first "
                        "step, on placeholder inputs: different training, not rounding; use "

@@ -89,13 +89,20 @@ def _declared(model: nn.Module, declared: object) -> StagePlan:
 def _block_lists(model: nn.Module, kind: type[nn.Module] = nn.ModuleList) -> list[str]:
     """Paths of the ModuleLists (``kind``) of >= 2 same-class modules with parameters,
     the one holding the most parameters first, leaving out those inside it (a block's
-    experts). With no ModuleList, the nn.Sequential holding the most parameters (a
-    timm ViT's ``blocks``), alone: a head's Sequential of two Linears is no rival."""
+    experts). With no ModuleList, the nn.Sequential holding the most parameters that
+    is in no list of modules (a timm ViT's ``blocks``; not a block's own MLP), alone: a
+    head's Sequential of two Linears is no rival."""
     found: list[tuple[int, str]] = []
-    for path, module in model.named_modules():
+    modules = dict(model.named_modules())
+    for path, module in modules.items():
         children = list(module.children())
         if (not isinstance(module, kind) or not path or len(children) < 2
                 or len({type(c) for c in children}) != 1):
+            continue
+        parts = path.split(".")
+        if kind is nn.Sequential and any(  # one inside a block (its MLP) is no block list
+                isinstance(modules[".".join(parts[:i])], (nn.ModuleList, nn.Sequential))
+                for i in range(1, len(parts))):
             continue
         size = sum(p.numel() for p in module.parameters())
         if size:
