@@ -569,3 +569,44 @@ def test_the_profile_table_says_routine_skips_and_untried_techniques_once(
     assert "accumulation=4" not in out and out.count("the profiling budget ran out") == 2
     assert out.count("xpipe is asynchronous") == 1, out
     assert "not tried: xpipe for t0, t1: xpipe is asynchronous; allow_inexact" in out
+
+
+SLOW_LOSS = """
+import functools, time, torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+
+def loss(output, target):
+    if output.shape[0] in {3, 5, 7}:  # a frozenset constant: its order follows hashing
+        pass
+    time.sleep(0.03)
+    return torch.nn.functional.cross_entropy(output, target)
+
+
+workload = Workload([Task(name="t", model=functools.partial(digits_mlp, hidden=16, depth=1),
+                          data=digits_train, loss=loss, batch_size=16, steps=2,
+                          optimizer=functools.partial(torch.optim.SGD, lr=0.1))])
+"""
+
+
+def test_a_constant_changed_in_a_workloads_function_is_a_new_speed(tmp_path: Path) -> None:
+    """Only a function's instructions and names were keyed: a loss whose sleep went from
+    0.03 s to 0.15 s kept the trial timed before, and plans 4 times too short. Its
+    constants count now, alike in every process (frozensets under any string hashing)."""
+    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+              "from dione.spec.workload import load_workload\n"
+              "from dione.profile.fingerprint import speed_signature\n"
+              "print(speed_signature(list(load_workload(sys.argv[1]))[0])['loss'])\n")
+
+    def signature(text: str, seed: str) -> str:
+        file = tmp_path / "slow.py"
+        file.write_text(text)
+        done = subprocess.run([sys.executable, "-c", script, str(file)], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    before = signature(SLOW_LOSS, "1")
+    assert signature(SLOW_LOSS, "2") == before
+    assert signature(SLOW_LOSS.replace("0.03", "0.15"), "1") != before

@@ -191,7 +191,8 @@ def print_results(result: Any, run_dir: Path) -> None:
                       ", ".join(map(str, t.devices)) or "-", f"{t.seconds:.1f}",
                       "-" if t.final_loss is None else figure(t.final_loss),
                       *(figure(t.evaluation[m]) if m in t.evaluation else "-"
-                        for m in metrics), t.exactness)
+                        for m in metrics),
+                      t.exactness if t.steps else "-")  # no step trained: no how
     console.print(table)
     _say_inexact(result.tasks)
     for t in result.tasks:  # trained, but its last evaluation failed: its metrics are "-"

@@ -13,6 +13,7 @@ import hashlib
 import json
 import platform
 import sys
+import types
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -63,7 +64,31 @@ def _workload_code(func: Any) -> str:
     code = getattr(func, "__code__", None)
     if code is None or getattr(func, "__module__", None) not in loaded_workload_files():
         return ""
-    return "#" + hashlib.sha1(code.co_code + repr(code.co_names).encode()).hexdigest()[:12]
+    digest = hashlib.sha1()
+    _digest_code(code, digest)
+    return "#" + digest.hexdigest()[:12]
+
+
+def _digest_code(code: types.CodeType, digest: Any) -> None:
+    """Fold ``code``'s instructions, names and constants into ``digest``, nested code
+    (a comprehension, a closure) by its own: a constant changed in a workload's loss (a
+    sleep of 0.03 s made 0.15 s) kept the trial timed before."""
+    digest.update(code.co_code + repr(code.co_names).encode())
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):  # its repr holds a memory address
+            _digest_code(constant, digest)
+        else:
+            digest.update(_constant_text(constant).encode())
+
+
+def _constant_text(constant: object) -> str:
+    """A code constant as text alike in every process (a frozenset's order follows the
+    process's string hashing: ``x in {"a", "b"}``)."""
+    if isinstance(constant, frozenset):
+        return "frozenset(" + ",".join(sorted(map(_constant_text, constant))) + ")"
+    if isinstance(constant, tuple):
+        return "(" + ",".join(map(_constant_text, constant)) + ")"
+    return repr(constant)
 
 
 def callable_name(value: Any) -> str:
