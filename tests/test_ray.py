@@ -192,6 +192,71 @@ def test_an_actor_whose_reset_fails_is_replaced_and_the_next_slice_not_blamed(
     assert launcher.actors_started == started + 1
 
 
+HOLDING = """
+import functools, time, torch
+from pathlib import Path
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+HOLD = Path(%r)
+
+
+def held_loss(output, target):
+    if torch.is_grad_enabled():  # each training step waits while HOLD is there
+        Path(str(HOLD) + ".held").touch()
+        while HOLD.exists():
+            time.sleep(0.05)
+    return torch.nn.functional.cross_entropy(output, target)
+
+
+workload = Workload([Task(name=name, model=functools.partial(digits_mlp, hidden=16, depth=1),
+                          data=digits_train, loss=held_loss, batch_size=16, steps=2, seed=1,
+                          optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+                     for name in ("first", "second")])
+"""
+
+
+def test_a_device_a_gang_holds_is_waited_for_not_given_a_second_actor(
+        launcher: RayLauncher, tmp_path: Path) -> None:
+    """A task added to a live run profiles beside the run's gangs: its warm-up started
+    an actor for every device, and one for a device a gang held waited 300 s for the
+    device's bundle (a resumed Optuna search on Ray hung); a gang on a held device got
+    a second actor, which the first's, back in the idle pool, kept from its bundle for
+    ever. The warm-up now leaves held devices alone, and the gang waits for the actor."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    file = tmp_path / "holding.py"
+    file.write_text(HOLDING % str(hold))
+    first, second = load_workload(file)
+    node = launcher.nodes()[0]
+    placement = launcher.placement(node, [0])
+    results: dict[str, Any] = {}
+
+    def run(task: Any) -> None:
+        results[task.name] = run_slice(task, "single", tmp_path / task.name, placement,
+                                       launcher=launcher, timeout=120)
+
+    gangs = [threading.Thread(target=run, args=(first,))]
+    gangs[0].start()
+    try:
+        deadline = time.monotonic() + 120
+        while not Path(f"{hold}.held").exists():  # the first gang holds device 0
+            assert time.monotonic() < deadline and gangs[0].is_alive()
+            time.sleep(0.1)
+        started = launcher.actors_started
+        launcher.warm_up(node)  # the node's other devices only
+        gangs.append(threading.Thread(target=run, args=(second,)))
+        gangs[1].start()
+        time.sleep(1.0)
+        assert "second" not in results  # it waits for the device
+    finally:
+        hold.unlink()
+        for gang in gangs:
+            gang.join(150)
+    assert [len(results[n].losses) for n in ("first", "second")] == [2, 2]
+    assert launcher.actors_started == started + node.devices - 1
+
+
 def test_trials_run_side_by_side_on_every_node(launcher: RayLauncher, tmp_path: Path) -> None:
     tasks = [digits_task("a", techniques=("single", "ddp")),
              digits_task("b", batch_size=32, techniques=("single", "ddp"))]

@@ -280,6 +280,9 @@ def _grown(log: Path, offset: int) -> tuple[bytes, int]:
 # How long an actor Ray cannot reach may wait for its node to be marked dead: Ray's
 # default health checks (every 3 s, 5 misses, after 5 s) mark a dead node within ~20 s.
 NODE_DEATH_SECONDS = 45.0
+# How long a gang waits for a device another gang of this launcher holds (a trial of a
+# task added to a live run, beside the run's slices) before starting an actor anyway.
+BUSY_WAIT_SECONDS = 600.0
 
 
 class _RayMember:
@@ -368,10 +371,14 @@ class RayLauncher:
                                    "apart); else start one (`ray start --head`) or give its "
                                    "address (--ray HOST:PORT)") from None
         self._lock = threading.Lock()
+        self._released = threading.Condition(self._lock)  # a device's gang ended
         self._ids: dict[str, str] = {}  # dione node name -> Ray node id
         self._groups: dict[str, Any] = {}  # node name -> placement group
         self._idle: dict[tuple[str, int], Any] = {}  # (node, device) -> actor
         self._busy: set[Any] = set()
+        # (node, device) whose actor a gang holds or is being given (a device's actor
+        # holds its placement group's bundle: a second one waits for it for ever).
+        self._busy_at: set[tuple[str, int]] = set()
         # Removals of gangs' folders on their nodes (by a finished gang's actor, or by a
         # task for a failed gang's): awaited at shutdown, dropped here once done.
         self._forgetting: list[Any] = []
@@ -434,10 +441,26 @@ class RayLauncher:
         return self._groups[node.name]
 
     def _actor(self, node: Node, device: int, threads: int) -> Any:
+        """The device's actor for a gang (the device is then the caller's until it gives
+        it back: ``_give_back``, or the actor returned to the idle pool)."""
+        key = (node.name, device)
+        with self._released:
+            # A device another gang of this launcher holds (a trial of a task added to
+            # a live run, beside the run's gangs): its actor comes back when that gang
+            # ends; one started meanwhile waited for the actor's bundle for ever.
+            self._released.wait_for(lambda: key not in self._busy_at, BUSY_WAIT_SECONDS)
+            actor = self._idle.pop(key, None)
+            self._busy_at.add(key)  # the caller's until it gives the device back
+        try:
+            return self._ready_actor(node, device, threads, actor)
+        except BaseException:
+            self._give_back({key})
+            raise
+
+    def _ready_actor(self, node: Node, device: int, threads: int, actor: Any) -> Any:
+        """``actor`` (the device's idle one, or None) if it reset itself, else a new one."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        with self._lock:
-            actor = self._idle.pop((node.name, device), None)
         if actor is not None:
             # Also as it is on a node that has gone: an actor in its place would wait
             # for it forever, where this one reads as lost, and the node with it.
@@ -488,7 +511,16 @@ class RayLauncher:
 
             raise GangError(f"node {placement.node} is not in the Ray cluster (node lost)",
                             None, "node_lost")
-        members = [_RayMember(self, node, device, self._actor(node, device, placement.threads))
+        held = {(node.name, device) for device in placement.device_ids}
+        taken: dict[int, Any] = {}
+        try:  # in device order: two gangs wanting two devices each never wait on each other
+            for device in sorted(placement.device_ids):
+                taken[device] = self._actor(node, device, placement.threads)
+        except BaseException:  # the device that failed was given back by ``_actor``
+            self._end(list(taken.values()))
+            self._give_back({(node.name, device) for device in taken})
+            raise
+        members = [_RayMember(self, node, device, taken[device])
                    for device in placement.device_ids]
         actors = [m.actor for m in members]
         with self._lock:
@@ -504,11 +536,12 @@ class RayLauncher:
                                   lambda: self._end(actors), timeout, cancel, on_progress)
         except BaseException:
             self._end(actors)
+            self._give_back(held)
             self._remove_failed(node.name, store)
             raise
         # Awaited at shutdown (ending the actor first would drop it, the folder left).
         self._removing(actors[0].forget.remote(store))
-        with self._lock:
+        with self._released:
             self._busy.difference_update(actors)
             surplus = []
             for device, actor in zip(placement.device_ids, actors, strict=True):
@@ -516,8 +549,16 @@ class RayLauncher:
                     surplus.append(actor)
                 else:
                     self._idle[(node.name, device)] = actor
+            self._busy_at.difference_update(held)
+            self._released.notify_all()
         self._end(surplus)  # outside the lock, which ``_end`` takes
         return outcomes
+
+    def _give_back(self, held: set[tuple[str, int]]) -> None:
+        """Devices whose actors were ended: another gang may start fresh ones there."""
+        with self._released:
+            self._busy_at.difference_update(held)
+            self._released.notify_all()
 
     def _removing(self, removal: Any) -> None:
         """Keep ``removal`` for shutdown to wait for; drop those already done."""
@@ -546,13 +587,28 @@ class RayLauncher:
             ).remote(store, _RELEASE_SECONDS))
 
     def warm_up(self, node: Node) -> None:
-        """Start the actors of every device of ``node`` and wait until they are ready."""
+        """Start the actors of the devices of ``node`` that have none (idle, or running
+        a gang: a task added to a live run profiles beside the run's gangs, and an actor
+        for a device one of them holds waited 300 s for its placement group's bundle)
+        and wait until they are ready."""
         threads = self.placement(node, range(node.devices)).threads
-        actors = [self._actor(node, device, threads) for device in range(node.devices)]
-        self.ray.get([actor.pid.remote() for actor in actors], timeout=300)
         with self._lock:
-            for device, actor in enumerate(actors):
-                self._idle.setdefault((node.name, device), actor)
+            held = {d for n, d in (*self._idle, *self._busy_at) if n == node.name}
+        wanted = [d for d in range(node.devices) if d not in held]
+        actors: list[Any] = []
+        try:
+            for device in wanted:
+                actors.append(self._actor(node, device, threads))
+            self.ray.get([actor.pid.remote() for actor in actors], timeout=300)
+        except BaseException:  # the device that failed was given back by ``_actor``
+            self._end(actors)
+            self._give_back({(node.name, d) for d in wanted[:len(actors)]})
+            raise
+        with self._released:
+            for device, actor in zip(wanted, actors, strict=True):
+                self._idle[(node.name, device)] = actor
+                self._busy_at.discard((node.name, device))
+            self._released.notify_all()
 
     def forget_node(self, name: str) -> None:
         """Drop what this launcher holds on a node that left the cluster."""
