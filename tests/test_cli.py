@@ -113,6 +113,9 @@ def test_train_prints_losses_and_resumes(tmp_path: Path,
     assert first.returncode == 0, first.stderr
     assert [line.split()[1] for line in first.stdout.splitlines()
             if line.startswith("step")] == ["1", "2", "3"]
+    # Resume, status and export name the command that goes on (they named dione.run).
+    status, stderr = refused(capsys, "resume", str(run_dir))
+    assert status == 2 and "it is a `dione train` folder" in " ".join(stderr.split())
     status, stderr = refused(capsys, "train", str(file), "--task", "lone", "--technique",
                              "fsdp", "--devices", "2", "--knob", "zero_stage=3", "--out",
                              str(run_dir))
@@ -388,8 +391,10 @@ def test_current_practice_says_it_applies_no_stopping_rule(
     workload = tmp_path / "ruled.py"
     workload.write_text(RULED)
     status, out, err = in_process(capsys, "run", str(workload), "--current-practice",
-                                  "--devices", "cpu:1", "--out", str(tmp_path / "r"))
+                                  "--devices", "cpu:1", "--out", str(tmp_path / "r"),
+                                  "--time-limit", "5")
     assert status == 1, err  # the invalid task
+    assert "--time-limit do(es) nothing here" in " ".join(err.split())
     assert ("--current-practice trains every task to its end; the stopping rules of 2 "
             "task(s) (ruled-0, ruled-1) are not applied") in " ".join(err.split())
     with RunStore(tmp_path / "r") as store:

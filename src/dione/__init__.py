@@ -85,6 +85,8 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
                          + "\n".join(str(p) for p in problems))
     said = _said(on_event, quiet)
     run_options = RunOptions(**options)  # bad options are named before anything starts
+    # Devices checked before run.json records them (a bad one made every resume fail).
+    cluster = local_cluster(devices) if ray is None else None
     if workload_file is not None:  # `dione resume`, `export` and `dione.load` read it
         _record_run(workload_file, run_dir, run_options, devices, ray, tensorboard, mlflow)
     page = _LivePage(run_dir, list(tasks), tensorboard, mlflow)
@@ -93,7 +95,8 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     try:
         with interruptible():
             if ray is None:
-                result = run_workload(tasks, local_cluster(devices), run_dir, run_options,
+                assert cluster is not None
+                result = run_workload(tasks, cluster, run_dir, run_options,
                                       on_event=page.seeing(said[0], inbox),
                                       on_profile_event=said[1], inbox=inbox,
                                       invalid=problems)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dione.cli.errors import BadInput
 from dione.cli.values import (
     non_negative_float,
     non_negative_int,
@@ -40,7 +41,19 @@ _FIELD = "dione_field"  # the attribute of an option flag's argparse action
 
 def _absolute(path: str) -> str:
     # Workers on other nodes, and a resume from another folder, need the same place.
+    if not path.strip():
+        raise BadInput("an empty path (it named the current folder): give a file or folder")
     return str(Path(path).expanduser().resolve())
+
+
+def _folder(path: str) -> str:
+    """``_absolute``, refused where a file (not a folder) is there or above it."""
+    absolute = Path(_absolute(path))
+    blocking = next((p for p in (absolute, *absolute.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise BadInput(f"{blocking} is a file, not a folder; give a folder (it is made "
+                       "where missing)")
+    return str(absolute)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +137,9 @@ _PROFILE = (
                "seconds after which a trial counts as timed out", type=positive_float),
 )
 _STORAGE = OptionFlag("--storage", "storage", "where checkpoints go (default: the run "
-                      "directory); with more than one node, a folder every node reaches at "
-                      "this same path", convert=_absolute, metavar="PATH")
+                      "directory; for profile, a scratch folder); with more than one node, "
+                      "a folder every node reaches at this same path", convert=_folder,
+                      metavar="PATH")
 OPTION_FLAGS: tuple[OptionFlag, ...] = (*_RUN, *_PROFILE, _STORAGE)
 
 
@@ -136,7 +150,12 @@ def given_options(values: Mapping[str, Any]) -> dict[str, Any]:
     for flag in OPTION_FLAGS:
         value = values.get(flag.dest)
         if value is not None:
-            given[flag.field] = flag.convert(value) if flag.convert else value
+            try:
+                given[flag.field] = flag.convert(value) if flag.convert else value
+            except BadInput as err:
+                said = str(err)
+                raise BadInput(said if said.startswith(flag.name) else
+                               f"{flag.name} {value!r}: {said}") from None
     return given
 
 
@@ -316,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "threads)")
     plan.add_argument("-o", "--output", help="write the plan JSON here (default: stdout)")
 
+    from dione.orchestrate.options import SIMULATION_OPTIONS
+
     simulate = command("simulate", "run a problem's tasks on a virtual cluster through the "
                        "real orchestrator (plans, re-plans, slices, failures, report), on a "
                        "simulated clock: nothing trains")
@@ -328,15 +349,20 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--steps", type=positive_int, default=100,
                           help="steps per task (each option's seconds spread over them)")
     simulate.add_argument("--out", help="run directory (default: runs/simulate-<problem>)")
-    simulate.add_argument("--solver", default=_solve_default("solver"), choices=tuple(SOLVERS))
-    simulate.add_argument("--time-limit", type=positive_float, default=1.0,
+    simulate.add_argument("--solver", default=_solve_default("solver"), choices=tuple(SOLVERS),
+                          help="the planner for the first plan and every re-plan")
+    simulate.add_argument("--time-limit", type=positive_float,
+                          default=SIMULATION_OPTIONS.time_limit,
                           help="the first plan's cpsat deterministic time (a unit is about "
                           "5 s on one thread): the same inputs give the same plans")
-    simulate.add_argument("--replan-time-limit", type=positive_float, default=0.1,
+    simulate.add_argument("--replan-time-limit", type=positive_float,
+                          default=SIMULATION_OPTIONS.replan_time_limit,
                           help="each re-plan's cpsat deterministic time")
-    simulate.add_argument("--replan-interval", type=positive_float, default=1000.0,
+    simulate.add_argument("--replan-interval", type=positive_float,
+                          default=SIMULATION_OPTIONS.replan_interval,
                           help="virtual seconds between re-plans without a slice end")
-    simulate.add_argument("--replan-share", type=share, default=0.002,
+    simulate.add_argument("--replan-share", type=share,
+                          default=SIMULATION_OPTIONS.replan_share,
                           help="re-plans wait while their solves (each counted at 5 s per "
                           "unit of deterministic time it spent) would pass this share of "
                           "the virtual run; each takes real seconds to simulate")

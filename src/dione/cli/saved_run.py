@@ -69,7 +69,10 @@ def load_saved_run(run_dir: Path) -> SavedRun:
             raise BadInput(f"{run_dir} is a simulated run (`dione simulate`): nothing "
                            "trained there to resume or export; `dione simulate` again "
                            "redoes it")
-        how = ("it was trained from Python with task objects (dione.run(tasks), "
+        from dione.state.store import TRAIN_FOLDER, trained_by_train
+
+        how = (TRAIN_FOLDER.format(run=run_dir) if trained_by_train(run_dir) else
+               "it was trained from Python with task objects (dione.run(tasks), "
                "dione.optuna): call that again to go on" if (run_dir / STORE_FILE).is_file()
                else "it was not started by `dione run`")
         raise BadInput(f"{run_dir} has no run.json: {how} (give the run directory that "

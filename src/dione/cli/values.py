@@ -97,6 +97,7 @@ def parse_bytes(text: str) -> int:
     except ValueError:
         raise BadInput(f"--memory-cap {text!r}: write a size such as 2GiB, 512MiB or "
                        "1000000000") from None
-    if value <= 0:
-        raise BadInput(f"--memory-cap {text!r} must be positive")
+    if not math.isfinite(value) or value * units[unit] < 1:
+        raise BadInput(f"--memory-cap {text!r}: give a finite size of at least one byte, "
+                       "such as 2GiB")
     return int(value * units[unit])

@@ -12,7 +12,7 @@ from dione.profile.options import TrialOptions
 from dione.state.lock import RunDirBusy, RunLock
 from dione.state.private import UnsafePathError, private_dir
 
-__all__ = ["RunDirError", "RunEvent", "RunOptions", "claim_run_dir"]
+__all__ = ["SIMULATION_OPTIONS", "RunDirError", "RunEvent", "RunOptions", "claim_run_dir"]
 
 
 class RunDirError(ValueError):
@@ -149,3 +149,10 @@ class RunEvent:
     kind: str
     message: str
     task: str | None = None
+
+
+# What `dione simulate` plans with unless told otherwise (its flags' defaults, and the
+# Python API's: they differed, 10 against 1 unit for the first plan): solves bounded by
+# CP-SAT's deterministic time, re-planned as a cluster's run is.
+SIMULATION_OPTIONS = RunOptions(time_limit=1.0, replan_time_limit=0.1,
+                                replan_interval=1000.0, replan_share=0.002)

@@ -11,7 +11,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dione import clock
-from dione.orchestrate.options import RunDirError, RunEvent, RunOptions, claim_run_dir
+from dione.orchestrate.options import (
+    SIMULATION_OPTIONS,
+    RunDirError,
+    RunEvent,
+    RunOptions,
+    claim_run_dir,
+)
 from dione.orchestrate.runner import Runner
 from dione.plan.problem import PlanningProblem
 from dione.profile.results import Profile
@@ -137,7 +143,7 @@ def simulate_profile(
     node_kinds = node_kinds or {}  # the problem's words for its nodes (A100), for the report
     scenario.check_nodes([n.name for n in cluster])
     scenario.check_tasks([t.name for t in tasks])
-    options = options or RunOptions()
+    options = options or SIMULATION_OPTIONS
     # Never cancelled as stalled: a simulated slice takes exactly the time drawn for it.
     options = replace(options, stall_factor=None)
     run_dir = Path(run_dir)

@@ -26,7 +26,7 @@ from dione.state.checkpoint import (
     read_progress,
     verify_checkpoint,
 )
-from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore
+from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, trained_by_train
 from dione.state.summaries import exactness_of, inexact_spans, techniques_in_turn
 
 __all__ = ["ExportError", "export_model", "load_trained", "trained_checkpoint",
@@ -69,7 +69,8 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
             raise ExportError(f"task {task!r} is {record.status}, not done{step}, and will "
                               f"not train again: {latest_fix}")
         how = (f"`dione resume {run}`" if (run / "run.json").is_file() else
-               "dione.run (or dione.optuna.optimize) again with this run directory")
+               f"`dione train WORKLOAD --task {task} --out {run}`" if trained_by_train(run)
+               else "dione.run (or dione.optuna.optimize) again with this run directory")
         raise ExportError(f"task {task!r} is {record.status}, not done{step}: finish it with "
                           f"{how}, or {latest_fix}")
     if checkpoint is None or not Path(checkpoint.path).is_dir():
@@ -98,6 +99,9 @@ def workload_of_run(run_dir: str | Path) -> str:
     """The workload file ``dione run`` started ``run_dir`` with (from its run.json)."""
     saved = Path(run_dir) / "run.json"
     _not_simulated(Path(run_dir))
+    if trained_by_train(run_dir):
+        raise ExportError(f"{run_dir} was written by `dione train`, which records no "
+                          "workload: give it (--workload FILE; dione.load(..., workload=FILE))")
     if not saved.exists() and (Path(run_dir) / STORE_FILE).is_file():
         raise ExportError(
             f"{run_dir} was trained from Python with task objects (dione.run(tasks), "

@@ -526,6 +526,12 @@ class RunStore(SQLiteFile):
         self._set_run_value("profiling", {} if tasks is None else
                             {"tasks": tasks, "since": clock.now()})
 
+    def started_by_a_run(self) -> bool:
+        """Whether ``dione run`` / ``dione.run`` started this directory (it says when it
+        profiles), not ``dione train``."""
+        return self._db.execute("SELECT 1 FROM run WHERE key = 'profiling'").fetchone() \
+            is not None
+
     def profiling(self) -> dict[str, Any]:
         """``set_profiling``'s tasks and start (empty: not profiling)."""
         return self._run_value("profiling")
@@ -732,3 +738,18 @@ class RunStore(SQLiteFile):
             "SELECT metric, value FROM evaluations WHERE task = ? AND step ="
             " (SELECT MAX(step) FROM evaluations WHERE task = ?)", (task, task))
         return {r[0]: r[1] for r in rows}
+
+
+TRAIN_FOLDER = ("it is a `dione train` folder: `dione train WORKLOAD --task TASK --out "
+                "{run}` trains a task on from its latest checkpoint")
+
+
+def trained_by_train(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` is a ``dione train`` folder (a store, and no run started it:
+    no run.json, no plans, no profiling said)."""
+    run = Path(run_dir)
+    if not (run / STORE_FILE).is_file() or (run / "run.json").exists() \
+            or (run / "plans").exists():
+        return False
+    with RunStore(run) as store:
+        return not store.started_by_a_run()

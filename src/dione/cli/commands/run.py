@@ -136,6 +136,17 @@ def _current_practice(args: argparse.Namespace, options: Any, run_dir: Path) -> 
         raise BadInput(f"--technique {args.technique!r} is not a technique; choose one of "
                        f"{', '.join(technique_names())}")
     tasks, problems, cluster = valid_tasks(args.workload, args.devices, "started")
+    # What the baseline does not do (no plan, no profile, no dashboard): said, not
+    # ignored without a word. It uses --slice-steps, --timeout, --storage, --technique.
+    unused = [f"--{name.replace('_', '-')}" for name in (
+        "tensorboard", "mlflow", "slice_seconds", "solver", "time_limit", "replan",
+        "replan_interval", "stopping_horizon", "budget", "catalog", "memory_cap",
+        "warmup_steps", "measure_steps", "trial_repeats", "trial_timeout", "reprofile",
+        "max_failures", "stall_factor", "stall_grace") if getattr(args, name, None)
+        not in (None, False)]
+    if unused:
+        complain("warning", f"--current-practice trains each task in turn without a plan "
+                 f"or a profile: {', '.join(unused)} do(es) nothing here")
     ruled = [t.name for t in tasks if t.stopping is not None]
     if ruled:  # the baseline trains everything: said, so no one compares it unawares
         complain("warning", f"--current-practice trains every task to its end; the stopping "

@@ -36,7 +36,11 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput(f"{run_dir} cannot be read ({type(err).__name__}: {err})") from None
     holder = lock_holder(run_dir)
     # How it goes on: a run started from Python (no run.json) by the same call again.
+    from dione.state.store import trained_by_train
+
     go_on = ("`dione resume` continues" if (run_dir / RUN_FILE).is_file() else
+             f"`dione train WORKLOAD --task TASK --out {run_dir}` continues a task"
+             if trained_by_train(run_dir) else
              "calling dione.run (or dione.optuna.optimize) again with this run directory "
              "continues")
     unfinished = [t for t in tasks if t.status in ("running", "pending", "paused")]
