@@ -336,6 +336,18 @@ def test_bad_numbers_and_files_are_refused_before_anything_runs(
         assert exit_.value.code == 2
         assert f"argument {flag}" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+    # Sizes and places: a traceback, 0 bytes, or found only once profiling had started
+    # (run.json already naming the bad catalog, so every resume failed).
+    file = tmp_path / "a-file"
+    file.write_text("")
+    for flag, value, said in (("--memory-cap", "nan", "a finite size of at least one byte"),
+                              ("--memory-cap", "0.1", "a finite size of at least one byte"),
+                              ("--storage", str(file / "sub"), "is a file, not a folder"),
+                              ("--catalog", str(tmp_path), "is a folder; give a file"),
+                              ("--catalog", "", "an empty path")):
+        status, err = refused(capsys, "run", demo, flag, value, "--out", str(tmp_path / "r"))
+        assert status == 2 and flag in err and said in " ".join(err.split()), err
+    assert not (tmp_path / "r").exists()
     garbage = tmp_path / "garbage.json"
     garbage.write_bytes(bytes(range(128, 256)))
     status, err = refused(capsys, "plan", str(garbage))

@@ -46,6 +46,16 @@ def _absolute(path: str) -> str:
     return str(Path(path).expanduser().resolve())
 
 
+def _file(path: str) -> str:
+    """``_absolute``, refused where a folder is there or a file above it (the catalog:
+    found only once profiling opened it, after run.json recorded it)."""
+    absolute = Path(_absolute(path))
+    if absolute.is_dir():
+        raise BadInput(f"{absolute} is a folder; give a file (made where missing)")
+    _folder(str(absolute.parent))
+    return str(absolute)
+
+
 def _folder(path: str) -> str:
     """``_absolute``, refused where a file (not a folder) is there or above it."""
     absolute = Path(_absolute(path))
@@ -119,7 +129,7 @@ _RUN = (
 # How trials measure and what the catalog keeps: `run`, `resume` and `profile`.
 _PROFILE = (
     OptionFlag("--catalog", "catalog", "trial catalog SQLite file (default: $DIONE_CATALOG "
-               "or ~/.cache/dione/catalog.sqlite)", convert=_absolute),
+               "or ~/.cache/dione/catalog.sqlite)", convert=_file),
     OptionFlag("--reprofile", "reprofile", "run every trial again, ignoring the catalog",
                switch=True),
     OptionFlag("--budget", "profile_budget", "seconds of profiling after which no new "
