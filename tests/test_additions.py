@@ -115,6 +115,20 @@ def test_a_run_with_an_inbox_may_start_with_no_task(tmp_path: Path) -> None:
     assert [(t.task, t.status) for t in result.tasks] == [(tasks[0].name, "done")]
     with pytest.raises(ValueError, match="devices must be text as --devices takes it"):
         dione.run(tasks, devices=2, run_dir=str(tmp_path / "other"))  # type: ignore[arg-type]
+    # A wrong type is named by its argument, not met deep inside ("'int' object is not
+    # iterable"); a bad device text is refused before run.json records it.
+    with pytest.raises(TypeError, match="workload must be a workload file's path"):
+        dione.run(3, run_dir=str(tmp_path / "other"))
+    with pytest.raises(TypeError, match="run_dir must be a folder's path"):
+        dione.run(tasks, run_dir=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="latest must be True or False"):
+        dione.load(tmp_path / "run", tasks[0].name, workload=tasks,
+                   latest="no")  # type: ignore[arg-type]
+    (tmp_path / "f").mkdir()
+    file = growing(tmp_path / "f", [1e-2])
+    with pytest.raises(Exception, match="devices"):
+        dione.run(str(file), devices="foo", run_dir=str(tmp_path / "bad"))
+    assert not (tmp_path / "bad" / "run.json").exists()
 
 
 def add(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:

@@ -148,6 +148,8 @@ def test_a_malformed_pruning_rule_is_named_as_every_rule_is() -> None:
     with pytest.raises(ValueError, match="optimize cannot prune this study: mode='max'"):
         dione.optuna.optimize(study, lambda trial: None, 4, report_every=5)
     assert study.trials == []
+    with pytest.raises(TypeError, match=r"study must be an optuna\.Study"):
+        dione.optuna.optimize(None, lambda trial: None, 4, report_every=5)
 
 
 def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Path) -> None:

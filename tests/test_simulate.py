@@ -168,6 +168,11 @@ def test_a_simulation_says_what_it_left_out_and_what_its_baseline_leaves_out(
     assert (tmp_path / "api" / "report" / "index.html").is_file()
     with pytest.raises(TypeError, match=r"cluster=parse_cluster\('4x8'\)"):
         simulate(problem, tmp_path / "bad", cluster="4x8")  # type: ignore[arg-type]
+    for wrong, said in (({"problem": "problem.json"}, "takes a PlanningProblem"),
+                        ({"steps": "10"}, "steps must be a whole number"),
+                        ({"options": {"time_limit": 1}}, "options must be a RunOptions")):
+        with pytest.raises(TypeError, match=said):
+            simulate(**{"problem": problem, "run_dir": tmp_path / "bad", **wrong})
 
 
 def test_current_practice_runs_each_task_on_a_whole_node_in_turn() -> None:

@@ -70,6 +70,7 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     from dione.spec import Cluster, load_workload, local_cluster
     from dione.techniques.validation import valid_tasks
 
+    _argument_types(workload=workload, run_dir=run_dir, on_event=on_event)
     workload_file = None
     if isinstance(workload, (str, os.PathLike)):
         workload_file = os.fspath(workload)
@@ -216,6 +217,26 @@ def _said(on_event: Callable[[Any], None] | None, quiet: bool
     return run_event, profile_event
 
 
+def _argument_types(*, workload: Any = None, run_dir: Any = "", on_event: Any = None,
+                    latest: bool = False) -> None:
+    """TypeError naming the argument of ``run`` or ``load`` given a value of a wrong
+    type (it failed deep inside: "'int' object is not iterable")."""
+    from collections.abc import Iterable
+
+    from dione.spec.task import Task
+
+    if not (workload is None or isinstance(workload, (str, os.PathLike, Task, Iterable))):
+        raise TypeError(f"workload must be a workload file's path, a dione.Workload or a "
+                        f"list of dione.Task, not {type(workload).__name__}")
+    if not isinstance(run_dir, (str, os.PathLike)):
+        raise TypeError(f"run_dir must be a folder's path, not {type(run_dir).__name__}")
+    if on_event is not None and not callable(on_event):
+        raise TypeError(f"on_event must be a function of one RunEvent, not "
+                        f"{type(on_event).__name__}")
+    if not isinstance(latest, bool):
+        raise TypeError(f"latest must be True or False, not {latest!r}")
+
+
 def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
          latest: bool = False) -> Any:
     """The trained model of ``task`` in ``run_dir``: a fresh, unwrapped model (on the
@@ -226,6 +247,7 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
     from dione.spec import load_workload
     from dione.state.export import load_trained, trained_checkpoint, workload_of_task
 
+    _argument_types(workload=workload, run_dir=run_dir, latest=latest)
     run_dir = os.fspath(run_dir)
     from dione.spec.task import Task
 

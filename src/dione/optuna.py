@@ -126,6 +126,9 @@ def _tell(study: Any, trial: Any, metric: str, status: str, loss: float | None,
 def _direction(study: Any) -> str:
     import optuna
 
+    if not isinstance(study, optuna.study.Study):
+        raise TypeError(f"study must be an optuna.Study (optuna.create_study(...)), not "
+                        f"{type(study).__name__}")
     if len(study.directions) != 1:
         raise ValueError(f"study {study.study_name!r} has {len(study.directions)} objectives; "
                          "dione.optuna drives single-objective studies")

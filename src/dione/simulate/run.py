@@ -101,6 +101,14 @@ def simulate(
     the run directory holds the store, plans and (``report``) report of a real run,
     marked simulated. ``left_out``: tasks of the problem no node holds, with why (from
     ``PlanningProblem.left_out``): the report lists them, as a run lists invalid tasks."""
+    if not isinstance(problem, PlanningProblem):
+        raise TypeError(f"simulate takes a PlanningProblem (dione.plan.load_problem(path)), "
+                        f"not {type(problem).__name__}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise TypeError(f"steps must be a whole number >= 1, not {steps!r}")
+    if options is not None and not isinstance(options, RunOptions):
+        raise TypeError(f"options must be a RunOptions (dione.orchestrate.RunOptions(...)), "
+                        f"not {type(options).__name__}")
     if isinstance(cluster, str) or not isinstance(scenario, (Scenario, type(None))):
         raise TypeError("simulate takes cluster=parse_cluster('4x8') (a Cluster) and "
                         "scenario=Scenario(...) or load_scenario(path), not "
