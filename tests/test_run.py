@@ -59,9 +59,14 @@ def loss(name, output, target):
             time.sleep(0.05)
     hold = os.environ.get("HOLD_FILE")
     if hold and Path(hold).exists():  # a test holds training here until it lets go
-        Path(hold + ".held").touch()
-        while Path(hold).exists():
-            time.sleep(0.05)
+        # HOLD_MIDWAY (a run directory): only a task midway, once two checkpoints exist.
+        saved = Path(os.environ["HOLD_MIDWAY"], "checkpoints") \
+            if os.environ.get("HOLD_MIDWAY") else None
+        if saved is None or (len(list(saved.glob("*/step-*"))) >= 2
+                             and any((saved / name).glob("step-*"))):
+            Path(hold + ".held").touch()
+            while Path(hold).exists():
+                time.sleep(0.05)
     marker = os.environ.get("FLAKY_MARKER")
     if name == "flaky" and marker and not Path(marker).exists():
         loss.calls = getattr(loss, "calls", 0) + 1
@@ -173,8 +178,13 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
     # state looked at is still the state when the kill lands (a quick machine once
     # finished the midway task between the look and the kill).
     hold, held = tmp_path / "hold", tmp_path / "hold.held"
+    # Training holds once a task is midway with two checkpoints written: the run is
+    # killed in that state on any machine (looking for it from here, a quick machine
+    # once finished the run between the looks).
+    hold.touch()
     killed = started_dione("run", str(file), "--out", str(killed_dir), *common,
-                           env={**env, "HOLD_FILE": str(hold)})
+                           env={**env, "HOLD_FILE": str(hold),
+                                "HOLD_MIDWAY": str(killed_dir)})
 
     def ready_to_kill() -> bool:
         """A slice runs (between slices nothing is left to mark interrupted) and a task
@@ -189,18 +199,11 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
         return checkpoints >= 2 and running and midway
 
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and killed.poll() is None:
-        if ready_to_kill():
-            hold.touch()
-            until = time.monotonic() + 60
-            while not held.exists() and killed.poll() is None and time.monotonic() < until:
-                time.sleep(0.05)
-            if held.exists() and ready_to_kill():  # held mid-slice, a task still midway
-                break
-            hold.unlink()  # missed: let it go on, and look again
-            held.unlink(missing_ok=True)
+    while time.monotonic() < deadline and killed.poll() is None and not (
+            held.exists() and ready_to_kill()):  # held mid-slice, its checkpoint recorded
         time.sleep(0.1)
     assert killed.poll() is None, "the run ended before it could be killed"
+    assert held.exists() and ready_to_kill()
     os.kill(killed.pid, signal.SIGKILL)
     killed_at = time.time()
     killed.communicate(timeout=60)
