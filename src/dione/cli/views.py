@@ -199,9 +199,7 @@ def print_results(result: Any, run_dir: Path) -> None:
         if t.status == "done" and t.error:
             console.print(Text(f"evaluation failed: {t.task}: {error_line(t.error)} (its "
                                "training stands; the report lists each failure)"))
-    console.print(f"report: {run_dir / 'report' / 'index.html'} (beside it summary.md, "
-                  "gantt.png, curves.png, timeline.csv, metrics.csv); plans: "
-                  + str(run_dir / "plans"))
+    _say_report(run_dir, f"; plans: {run_dir / 'plans'}")
 
 
 def _say_inexact(tasks: Sequence[Any]) -> None:
@@ -236,8 +234,13 @@ def print_sequential_results(outcomes: Sequence[Any], run_dir: Path) -> None:
             "failed" if o.error else "done", o.exactness if o.slices else "-",
         )
     console.print(table)
+    _say_report(run_dir)
+
+
+def _say_report(run_dir: Path, more: str = "") -> None:
+    """Where a run's report went (the page, and the files beside it)."""
     console.print(f"report: {run_dir / 'report' / 'index.html'} (beside it summary.md, "
-                  "gantt.png, curves.png, timeline.csv, metrics.csv)")
+                  f"gantt.png, curves.png, timeline.csv, metrics.csv){more}")
 
 
 def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Sequence[Any],

@@ -10,7 +10,7 @@ from typing import Any
 from dione.cli.console import complain, console
 from dione.cli.errors import EXIT_FAILED, BadInput
 from dione.cli.inputs import claimed, default_run_dir, ray_launcher, valid_tasks
-from dione.cli.parser import run_options
+from dione.cli.parser import OPTION_FLAGS, run_options
 from dione.cli.saved_run import SavedRun, dashboard_places, same_workload
 from dione.cli.views import print_results, print_sequential_results, profile_lines
 
@@ -137,13 +137,11 @@ def _current_practice(args: argparse.Namespace, options: Any, run_dir: Path) -> 
                        f"{', '.join(technique_names())}")
     tasks, problems, cluster = valid_tasks(args.workload, args.devices, "started")
     # What the baseline does not do (no plan, no profile, no dashboard): said, not
-    # ignored without a word. It uses --slice-steps, --timeout, --storage, --technique.
-    unused = [f"--{name.replace('_', '-')}" for name in (
-        "tensorboard", "mlflow", "slice_seconds", "solver", "time_limit", "replan",
-        "replan_interval", "stopping_horizon", "budget", "catalog", "memory_cap",
-        "warmup_steps", "measure_steps", "trial_repeats", "trial_timeout", "reprofile",
-        "max_failures", "stall_factor", "stall_grace") if getattr(args, name, None)
-        not in (None, False)]
+    # ignored without a word. Of the option flags it uses --slice-steps, --timeout and
+    # --storage (and --technique, its own).
+    unused = [name for name in ("--tensorboard", "--mlflow", *(
+        f.name for f in OPTION_FLAGS if f.field not in ("slice_steps", "timeout", "storage")))
+        if getattr(args, name.removeprefix("--").replace("-", "_"), None) not in (None, False)]
     if unused:
         complain("warning", f"--current-practice trains each task in turn without a plan "
                  f"or a profile: {', '.join(unused)} do(es) nothing here")
