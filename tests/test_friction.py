@@ -79,6 +79,14 @@ def test_the_python_api_says_what_it_does_and_a_finished_run_keeps_its_makespan(
     assert capsys.readouterr().out == ""
     # From the run's start to its last slice's end, as the first session measured it.
     assert again.makespan == pytest.approx(first.makespan, rel=0.2, abs=0.5)
+    # A notebook cell run again with another learning rate returned the first rate's
+    # results as its own: the run directory now says the task was trained otherwise.
+    faster = [digits_task(steps=6, techniques=("single",),
+                          optimizer=functools.partial(torch.optim.Adam, lr=0.1))]
+    with pytest.raises(ValueError, match=r"other training \(optimizer: Adam\(lr=0.01\) "
+                       r"-> Adam\(lr=0.1\)\): use a new run directory"):
+        dione.run(faster, devices="cpu:1", run_dir=str(tmp_path / "run"), quiet=True,
+                  **options)
 
 
 def test_exported_hyperparameters_keep_their_json_types(tmp_path: Path) -> None:

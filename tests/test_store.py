@@ -44,6 +44,22 @@ def test_changed_training_is_refused(tmp_path: Path) -> None:
             store.register_task("t", 4, 16)
 
 
+def test_changed_training_settings_are_refused_and_older_records_adopted(
+        tmp_path: Path) -> None:
+    first = {"optimizer": "Adam(lr=0.01)", "seed": "0"}
+    with RunStore(tmp_path) as store:
+        store.register_task("t", 4, 8, settings=first)
+        store.register_task("t", 4, 8, settings=first)  # the same: resumed
+        with pytest.raises(ValueError, match=r"other training \(optimizer: Adam\(lr=0.01\) "
+                           r"-> Adam\(lr=0.1\)\)"):
+            store.register_task("t", 4, 8, settings={**first, "optimizer": "Adam(lr=0.1)"})
+        # Recorded by a dione that kept no settings: taken as they are now, then held.
+        store.register_task("old", 4, 8)
+        store.register_task("old", 4, 8, settings=first)
+        with pytest.raises(ValueError, match="seed: 0 -> 1"):
+            store.register_task("old", 4, 8, settings={**first, "seed": "1"})
+
+
 def test_a_checkpoint_whose_folder_is_gone_is_skipped(tmp_path: Path) -> None:
     good = tmp_path / "good"
     good.mkdir()

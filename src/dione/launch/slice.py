@@ -25,6 +25,7 @@ from dione.launch.local import (
     Placement,
     local_placement,
 )
+from dione.spec.settings import training_settings
 from dione.spec.task import Task
 from dione.state.checkpoint import (
     CorruptCheckpoint,
@@ -281,7 +282,8 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
     (or all) of what is left; that checkpoint; warnings about those passed over."""
     task, placement, trial = request.task, request.placement, request.trial
     total = total_steps(task) if request.total is None else request.total
-    db.register_task(task.name, total, task.batch_size, task.hyperparameters)
+    db.register_task(task.name, total, task.batch_size, task.hyperparameters,
+                     training_settings(task))
     db.recover_interrupted()
     warnings: list[str] = []
     latest = _intact_checkpoint(db, task.name, warnings)

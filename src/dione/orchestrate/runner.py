@@ -41,6 +41,7 @@ from dione.plan.problem import Busy, PlanningProblem
 from dione.profile.results import Profile
 from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.metrics import doubtful_direction
+from dione.spec.settings import training_settings
 from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
 from dione.state.disk import DiskFull
@@ -140,7 +141,8 @@ class Runner:
         """A task as the store has it: registered, trained to its latest checkpoint;
         failed where profiling found no way to train it."""
         total = self.profile.task(task.name).total_steps
-        self.store.register_task(task.name, total, task.batch_size, task.hyperparameters)
+        self.store.register_task(task.name, total, task.batch_size, task.hyperparameters,
+                                 training_settings(task))
         rule = task.stopping
         if rule is not None and rule.metric != "loss":  # the leaderboards rank by it
             self.store.add_directions({rule.metric: rule.mode})

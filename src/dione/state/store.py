@@ -306,8 +306,11 @@ class RunStore(SQLiteFile):
     def register_task(
         self, name: str, total_steps: int, batch_size: int,
         hyperparameters: Mapping[str, Any] | None = None,
+        settings: Mapping[str, str] | None = None,
     ) -> TaskRecord:
-        """Record a task, or check that a recorded one still has the same training."""
+        """Record a task, or check that a recorded one still has the same training: its
+        steps, batch and ``settings`` (``dione.spec.settings.training_settings``: a
+        notebook run again with another learning rate got the first rate's results)."""
         existing = self.task(name)
         if existing is not None:
             if (existing.total_steps, existing.batch_size) != (total_steps, batch_size):
@@ -316,6 +319,18 @@ class RunStore(SQLiteFile):
                     f"steps of batch {existing.batch_size}; it now says {total_steps} steps of "
                     f"batch {batch_size}: use a new run directory for changed training"
                 )
+            if settings is not None:
+                recorded = self._run_value(f"training:{name}")
+                changed = [f"{k}: {recorded[k]} -> {v}" for k, v in settings.items()
+                           if k in recorded and recorded[k] != v]
+                if changed:
+                    raise ValueError(
+                        f"task {name!r} was recorded in {self.run_dir} with other training "
+                        f"({'; '.join(changed)}): use a new run directory (or another task "
+                        "name) for changed training, or put the task back as it was to "
+                        "resume it")
+                if any(k not in recorded for k in settings):  # recorded by an older dione
+                    self._set_run_value(f"training:{name}", {**settings, **recorded})
             return existing
         with self._transaction() as db:
             db.execute(
@@ -324,6 +339,9 @@ class RunStore(SQLiteFile):
                 (name, total_steps, batch_size,
                  json.dumps(dict(hyperparameters or {}), default=str), clock.now()),
             )
+            if settings is not None:
+                db.execute("INSERT OR REPLACE INTO run VALUES (?, ?)",
+                           (f"training:{name}", json.dumps(dict(settings))))
         record = self.task(name)
         assert record is not None
         return record

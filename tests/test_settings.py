@@ -1,0 +1,67 @@
+"""A task's training settings: the same text in any process and after an edit elsewhere
+in its file, other text for another learning rate."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from dione.spec import Task, load_workload
+from dione.spec.settings import training_settings
+from helpers import digits_task
+
+SWEEP = '''
+import functools, torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+def task(lr, betas):
+    # a closure, as a loop or a sampler's callback makes them
+    return Task(name=f"d{lr}", model=digits_mlp, data=digits_train,
+                loss=torch.nn.functional.cross_entropy,
+                optimizer=lambda params: torch.optim.Adam(params, lr=lr, betas=betas),
+                lr_scheduler=functools.partial(torch.optim.lr_scheduler.StepLR, step_size=5),
+                batch_size=16, steps=4)
+
+workload = Workload([task(RATE, (0.9, 0.99))])
+'''
+
+SETTINGS = ("import sys; from dione.spec import load_workload; "
+            "from dione.spec.settings import training_settings; "
+            "print(repr(training_settings(list(load_workload(sys.argv[1]))[0])))")
+
+
+def test_settings_are_the_same_in_another_process_and_after_an_unrelated_edit(
+        tmp_path: Path) -> None:
+    file = tmp_path / "sweep.py"
+    file.write_text(SWEEP.replace("RATE", "0.001"))
+    here = training_settings(_first(file))
+    assert here["optimizer"] == "task.<locals>.<lambda>[betas=(0.9, 0.99), lr=0.001]"
+    assert here["lr_scheduler"] == "StepLR(step_size=5)"
+    there = subprocess.run([sys.executable, "-c", SETTINGS, str(file)], capture_output=True,
+                           text=True, timeout=120, check=True).stdout.strip()
+    assert there == repr(here)  # no memory address, no module named by the file's digest
+    file.write_text("# a comment\n" + SWEEP.replace("RATE", "0.001"))
+    assert training_settings(_first(file)) == here
+    file.write_text(SWEEP.replace("RATE", "0.003"))
+    assert training_settings(_first(file))["optimizer"] != \
+        here["optimizer"]
+
+
+def _first(file: Path) -> Task:
+    return next(iter(load_workload(str(file))))
+
+
+def test_settings_name_what_sets_the_training() -> None:
+    task = digits_task(optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+                       clip_grad_norm=1.0, seed=7)
+    settings = training_settings(task)
+    assert settings == {"optimizer": "SGD(lr=0.1, momentum=0.9)", "lr_scheduler": "None",
+                        "seed": "7", "precision": "'fp32'", "clip_grad_norm": "1.0"}
+    # An object without a repr of its own is named by its type, not its address.
+    holder = functools.partial(torch.optim.SGD, lr=0.1, foreach=object())
+    assert "foreach=object" in training_settings(digits_task(optimizer=holder))["optimizer"]
