@@ -94,6 +94,46 @@ def test_tasks_added_from_python_are_trained_and_bad_ones_refused(tmp_path: Path
         assert store.task("lr-0.1").hyperparameters == {"lr": 0.1}
 
 
+def test_a_name_an_add_took_is_not_the_inbox_s_and_a_task_diverging_in_profiling_diverged(
+        tmp_path: Path) -> None:
+    """An Optuna trial whose name `dione add` took first waited for ever, the run with it:
+    the add's task was recorded as the inbox's, so the searcher never heard its own was
+    refused. A task whose every trial diverged ended failed (a searcher proposed it
+    again), said before it was said added."""
+    file = growing(tmp_path, [1e-2, 3e-2])
+    tasks = list(load_workload(file))
+    with RunStore(tmp_path / "run") as store:
+        store.add_tasks(str(file), ["lr-0.03"])  # a `dione add` before the run's start
+    inbox = TaskInbox()
+    refused: list[str] = []
+    inbox.on_refused = lambda name, why: refused.append(name)
+    events = []
+
+    def heard(event) -> None:
+        events.append(event)
+        if event.kind == "slice_finished" and not hasattr(heard, "asked"):
+            heard.asked = True  # the searcher's own task of that name; one diverging
+            inbox.add(replace(tasks[0], name="lr-0.03", hyperparameters={"lr": 0.5},
+                              optimizer=functools.partial(torch.optim.Adam, lr=0.5)),
+                      replace(tasks[0], name="huge", hyperparameters={"lr": 1e30}, batch_size=8,
+                              optimizer=functools.partial(torch.optim.Adam, lr=1e30)))
+            inbox.close()
+
+    result = run_workload(tasks[:1], Cluster([TEST_NODE]), tmp_path / "run",
+                          RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                                     slice_steps=4),
+                          on_event=heard, inbox=inbox)
+    assert refused == ["lr-0.03"] and "already has a task named" in inbox.refused["lr-0.03"]
+    assert set(inbox.taken) == {"huge"}  # not the add's lr-0.03
+    statuses = {t.task: t.status for t in result.tasks}
+    assert statuses == {"lr-0.01": "done", "lr-0.03": "done", "huge": "diverged"}
+    kinds = [(e.kind, e.task) for e in events if e.task == "huge"]
+    assert kinds.index(("task_added", "huge")) < kinds.index(("task_diverged", "huge"))
+    with RunStore(tmp_path / "run") as store:
+        assert store.task("huge").status == "diverged"
+        assert "diverged in its profiling trial" in (store.task("huge").error or "")
+
+
 def test_a_run_with_an_inbox_may_start_with_no_task(tmp_path: Path) -> None:
     """dione.run([], inbox=...) refused ("the workload has no tasks"), though a run with
     an open inbox waits for its tasks: a searcher whose first proposals come later."""

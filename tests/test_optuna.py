@@ -203,3 +203,34 @@ def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Pa
                                          r"task's last step \(8\)"):
         dione.optuna.optimize(late, build, n_trials=1, **{**options, "report_every": 40,
                                                           "run_dir": str(tmp_path / "late")})
+
+
+def test_a_trial_whose_name_another_task_took_fails_saying_so(tmp_path: Path) -> None:
+    """A `dione add` that took a trial's task name before the trial's task came: resumed,
+    the trial was told that other task's result as its own (another learning rate's
+    final loss, COMPLETE). It now fails naming why; the next trial trains."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(storage=storage, study_name="taken", direction="minimize")
+    for lr in (0.01, 0.02):
+        study.enqueue_trial({"lr": lr})
+    run_dir = tmp_path / "run"
+    asked = dione.optuna._ask(study, str(run_dir.resolve()))  # then the call was killed
+    with RunStore(run_dir) as store:  # the add's task, of the trial's name
+        store.register_task(f"trial-{asked.number}", 8, 16,
+                            settings={"optimizer": "Adam(lr=0.5)"})
+        store.set_task_status(f"trial-{asked.number}", "done")
+
+    def build(trial: optuna.trial.Trial) -> dione.Task:
+        lr = trial.suggest_float("lr", 1e-3, 3e-2, log=True)
+        return digits_task("digits", steps=8, techniques=("single",),
+                           optimizer=functools.partial(torch.optim.Adam, lr=lr))
+
+    dione.optuna.optimize(study, build, n_trials=2, report_every=4, run_dir=str(run_dir),
+                          devices="cpu:1", quiet=True, time_limit=2.0,
+                          catalog=str(tmp_path / "catalog.sqlite"),
+                          trial=TrialOptions(warmup_steps=1, measure_steps=2))
+    first, second = study.get_trials()
+    assert first.state == optuna.trial.TrialState.FAIL
+    assert "optimizer: Adam(lr=0.5) -> Adam(lr=0.01)" in first.user_attrs["dione_error"]
+    assert "another task took its name" in first.user_attrs["dione_error"]
+    assert second.state == optuna.trial.TrialState.COMPLETE

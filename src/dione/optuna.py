@@ -188,6 +188,11 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
                          f"once), not {in_flight!r}")
     where = str(Path(run_dir).resolve())
     trials = _asked_before(study, where)
+    # A trial whose task name the run holds with other training (a `dione add` took the
+    # name first) is not told that task's outcome: it fails, saying so.
+    for trial, why in _taken_by_another(study, trials, make_task, run_dir):
+        trial.set_user_attr(_BUILD_ERROR, why)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
     _tell_ended(study, trials, run_dir, metric)  # an interrupted call's, not yet told
     failed_before = _failed(study, trials)
     if retry_failed:  # each proposed again (Optuna asks enqueued trials first)
@@ -353,6 +358,37 @@ def _to_retry(study: Any, run_dir: str, numbers: set[int]) -> list[tuple[dict[st
     return [(dict(t.params), t.number) for t in every
             if t.number in numbers and t.number not in retried
             and t.user_attrs.get(_TASK) not in diverged]
+
+
+def _taken_by_another(study: Any, trials: Sequence[Any], make_task: Callable[[Any], Task],
+                      run_dir: str) -> list[tuple[Any, str]]:
+    """Each trial not yet told whose task name the run's store records with other
+    training than ``make_task`` builds for it, and why (a trial whose task cannot be
+    built is left to the build, which says why)."""
+    from dione.spec.settings import training_settings
+    from dione.state.store import STORE_FILE, RunStore
+
+    if not (Path(run_dir) / STORE_FILE).is_file():
+        return []
+    told = _finished(study)
+    found = []
+    with RunStore(run_dir) as store:
+        for trial in trials:
+            name = str(trial.user_attrs.get(_TASK))
+            recorded = store.training_settings(name)
+            if trial.number in told or not recorded:
+                continue
+            try:
+                settings = training_settings(make_task(trial))
+            except Exception:  # the build says why, later
+                continue
+            changed = [f"{k}: {recorded[k]} -> {v}" for k, v in settings.items()
+                       if k in recorded and recorded[k] != v]
+            if changed:
+                found.append((trial, f"the run's task {name!r} was trained otherwise "
+                              f"({'; '.join(changed)}): another task took its name (a "
+                              "`dione add`), so this trial cannot be trained under it"))
+    return found
 
 
 def _tell_ended(study: Any, trials: Sequence[Any], run_dir: str, metric: str) -> None:

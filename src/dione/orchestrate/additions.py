@@ -105,6 +105,7 @@ class Arrival:
     refused: dict[str, str] = field(default_factory=dict)
     requests_refused: dict[int, str] = field(default_factory=dict)
     present: set[str] = field(default_factory=set)  # asked for, and in the run already
+    from_inbox: set[str] = field(default_factory=set)  # names of the inbox's tasks added
     trials: str = ""  # what profiling cost, as the run's first profile says it
 
 
@@ -210,6 +211,8 @@ def _intake(tasks: list[Task], requests: list[Addition], known: set[str], cluste
         else:
             known.add(task.name)
             fresh.append(task)
+            if any(task is t for t in tasks):  # not a `dione add` request's
+                arrival.from_inbox.add(task.name)
     valid, problems = valid_tasks(fresh) if fresh else ([], [])  # none: no "no tasks"
     for problem in problems:  # a task may have several; one of the workload's names none
         name = problem.task or "(workload)"

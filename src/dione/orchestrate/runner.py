@@ -137,9 +137,9 @@ class Runner:
                 self.curves.setdefault((rule, name), []).append(value)
                 self.judged.setdefault((rule, step), {})[name] = value
 
-    def _record(self, task: Task) -> TaskRecord:
+    def _record(self, task: Task, settle: bool = True) -> TaskRecord:
         """A task as the store has it: registered, trained to its latest checkpoint;
-        failed where profiling found no way to train it."""
+        (with ``settle``) ended where profiling found no way to train it."""
         total = self.profile.task(task.name).total_steps
         self.store.register_task(task.name, total, task.batch_size, task.hyperparameters,
                                  training_settings(task))
@@ -165,11 +165,30 @@ class Runner:
         inexact = any(s.status in ("done", "diverged") and s.inexactness is not None
                       for s in self.store.slices(task.name))
         record = TaskRecord(task, total, done, status, inexact=inexact)
-        if status == TaskStatus.PENDING and not self.profile.task(task.name).options:
-            reason = (self.profile.task(task.name).error
-                      or self.profile.task(task.name).why_no_option())
-            self._give_up(record, reason, f"{task.name}: {reason}")
+        if settle:
+            self._end_unprofiled(record)
         return record
+
+    def _end_unprofiled(self, record: TaskRecord) -> None:
+        """End a pending task profiling found no way to train: diverged where a trial's
+        loss did (it would again, under any exact technique: the user must change it; a
+        sweep's searcher proposes it no more), else failed with every trial's reason."""
+        profile = self.profile.task(record.name)
+        if record.status != TaskStatus.PENDING or profile.options:
+            return
+        diverged = [t for t in profile.trials if t.status == "diverged"]
+        if diverged and profile.error is None:
+            why = (diverged[0].reason or "its loss was not finite").strip().splitlines()[-1]
+            record.status = TaskStatus.DIVERGED
+            self.store.set_task_status(record.name, "diverged",
+                                       f"diverged in its profiling trial: {why}")
+            self.emit(RunEvent("task_diverged", f"{record.name} diverged in its profiling "
+                               f"trial ({diverged[0].technique} x{diverged[0].devices}): "
+                               f"{why}", record.name))
+            self._ended(record, {})
+            return
+        reason = profile.error or profile.why_no_option()
+        self._give_up(record, reason, f"{record.name}: {reason}")
 
     # -- tasks added while it runs ---------------------------------------------------
 
@@ -187,13 +206,18 @@ class Runner:
         self._read_decisions(arrival.tasks)
         # Taken by an earlier session of the run (a resume takes them again): said as such.
         again = {n for r in arrival.requests if r.state == "taken" for n in r.names}
+        added: list[TaskRecord] = []
         for task in arrival.tasks:
             try:
-                self.state.records[task.name] = self._record(task)
+                record = self.state.records[task.name] = self._record(task, settle=False)
             except ValueError as err:  # the store knows it with other training
                 arrival.refused[task.name] = str(err)
                 continue
-            if self.intake.inbox is not None:
+            added.append(record)
+            # Only the inbox's own: a searcher reads a name there as its task taken, and
+            # a `dione add` request's task of that name is not its (an Optuna trial whose
+            # name an add had taken waited for ever, the run with it).
+            if self.intake.inbox is not None and task.name in arrival.from_inbox:
                 self.intake.inbox.taken[task.name] = task
             if task.name in again:
                 self.emit(RunEvent("task_readded", f"{task.name}: taken again from its "
@@ -201,6 +225,8 @@ class Runner:
                 continue
             self.emit(RunEvent("task_added", f"{task.name}: added to the run "
                                f"({arrival.trials}); planned at the next re-plan", task.name))
+        for record in added:  # said after it was added (it read failed, then added)
+            self._end_unprofiled(record)
         for name, why in arrival.refused.items():
             if self.intake.inbox is not None:
                 try:

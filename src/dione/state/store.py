@@ -346,6 +346,10 @@ class RunStore(SQLiteFile):
         assert record is not None
         return record
 
+    def training_settings(self, name: str) -> dict[str, str]:
+        """The settings ``register_task`` recorded for task ``name`` (empty: none)."""
+        return {str(k): str(v) for k, v in self._run_value(f"training:{name}").items()}
+
     def task(self, name: str) -> TaskRecord | None:
         row = self._db.execute("SELECT * FROM tasks WHERE name = ?", (name,)).fetchone()
         return None if row is None else self._task(row)
