@@ -216,6 +216,23 @@ def test_the_checker_catches_a_wrong_makespan_and_busy_devices() -> None:
     busy = replace(SMALL, busy=(Busy("old", "n0", (1,), 30.0),))
     fixed = replace(valid_plan(), makespan=140.0)
     assert any("holds running task 'old' and task 'c'" in r for r in check_plan(fixed, busy))
+    # A bound above the plan's own end is no bound (--check said "a valid plan").
+    assert "lower_bound 280 s is above the makespan 140 s: no plan ends before its own " \
+        "bound" in check_plan(replace(fixed, lower_bound=280.0), SMALL)
+
+
+def test_the_checker_names_every_overlap_not_only_neighbours() -> None:
+    """A long task under two short ones on one device: the second pair was not named
+    (only spans next to each other in start order were compared)."""
+    wide = problem_of({"long": [(1, 100.0)], "x": [(1, 10.0)], "y": [(1, 10.0)]}, {"n0": 1})
+    plan = Plan("greedy", "feasible", 100.0, 100.0, (
+        Assignment("long", "single", {}, "n0", (0,), 0.0, 100.0),
+        Assignment("x", "single", {}, "n0", (0,), 10.0, 20.0),
+        Assignment("y", "single", {}, "n0", (0,), 30.0, 40.0)))
+    held = [r for r in check_plan(plan, wide) if "at once" in r]
+    assert held == [
+        "device 0 of node 'n0' holds task 'long' and task 'x' at once (from 10 s to 20 s)",
+        "device 0 of node 'n0' holds task 'long' and task 'y' at once (from 30 s to 40 s)"]
 
 
 # -- solvers -----------------------------------------------------------------------------
@@ -593,13 +610,23 @@ def test_the_same_option_twice_and_bad_numbers_are_refused_with_the_fix() -> Non
     with pytest.raises(ProblemError, match=r"integers 0 to 1\), not \[True\]"):
         PlanningProblem.from_json(held)
     plan = solve(SMALL, "greedy").to_json()
-    for field, value in (("makespan", float("nan")), ("makespan", float("inf"))):
+    for field, value in (("makespan", float("nan")), ("makespan", float("inf")),
+                         ("lower_bound", float("nan"))):
         with pytest.raises(ValueError, match=f"{field} must be a finite number"):
             Plan.from_json({**plan, field: value})
     fractional = {**plan, "assignments": [{**plan["assignments"][0], "device_ids": [0.9]},
                                           *plan["assignments"][1:]]}
     with pytest.raises(ValueError, match="device_ids must be a list of integers"):
         Plan.from_json(fractional)
+    # Numbers past any cluster or training overflowed the solvers (a bound of inf, an
+    # OverflowError from a node of 10**30 devices): refused as the unit or typo they are.
+    huge = problem_of({"a": [(1, 1e308)]}, {"n0": 10**30})
+    assert huge.mistakes() == [
+        "cluster node 'n0': devices must be at most 65,536, not "
+        "1,000,000,000,000,000,000,000,000,000,000: give the devices of one node (a "
+        "cluster is a list of nodes)",
+        "task 'a', option 0: seconds must be at most 1e+12 (31,700 years), not 1e+308: give "
+        "the option's predicted seconds"]
     with pytest.raises(ValueError, match="threads must be at least 1"):
         solve(SMALL, "cpsat", 1.0, threads=-1)
     with pytest.raises(ValueError, match="positive number of seconds, not nan"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from collections import defaultdict
@@ -92,7 +91,7 @@ class Plan:
         try:
             return Plan(
                 solver=str(data["solver"]), status=str(data["status"]),
-                makespan=_finite(data, "makespan"), lower_bound=float(data["lower_bound"]),
+                makespan=_finite(data, "makespan"), lower_bound=_finite(data, "lower_bound"),
                 solve_seconds=float(data.get("solve_seconds", 0.0)),
                 notes=dict(data.get("notes", {})),
                 assignments=tuple(assignment_from_json(a) for a in data["assignments"]),
@@ -191,14 +190,20 @@ def check_plan(plan: Plan, problem: PlanningProblem) -> list[str]:
             occupancy[(a.node, device)].append((a.start, a.end, where))
     for (node_name, device), spans in occupancy.items():
         spans.sort()
-        for (_, end, first), (start, _, second) in itertools.pairwise(spans):
-            if start < end - TIME_TOLERANCE:
+        for i, (_, end, first) in enumerate(spans):  # every pair, not only neighbours
+            for start, other_end, second in spans[i + 1:]:
+                if start >= end - TIME_TOLERANCE:
+                    break  # sorted by start: none later overlaps this one
                 reasons.append(f"device {device} of node {node_name!r} holds {first} and "
-                               f"{second} at once (from {start:g} s to {end:g} s)")
+                               f"{second} at once (from {start:g} s to "
+                               f"{min(end, other_end):g} s)")
     if plan.assignments:  # the running tasks count: the makespan is when all work ends
         latest = max([a.end for a in plan.assignments] + [b.until for b in problem.busy])
         if abs(latest - plan.makespan) > TIME_TOLERANCE * max(1.0, latest):
             reasons.append(f"makespan {plan.makespan:g} s is not the last end, {latest:g} s")
+    if plan.lower_bound > plan.makespan * (1 + TIME_TOLERANCE) + TIME_TOLERANCE:
+        reasons.append(f"lower_bound {plan.lower_bound:g} s is above the makespan "
+                       f"{plan.makespan:g} s: no plan ends before its own bound")
     return reasons
 
 

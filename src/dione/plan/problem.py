@@ -155,8 +155,8 @@ class PlanningProblem:
         reasons = []
         if not self.nodes:
             reasons.append('cluster: must be {"nodes": [{"name": "n0", "devices": 8}, ...]}')
-        reasons += [f"cluster node {n.name!r}: devices must be a positive integer, not "
-                    f"{n.devices!r}" for n in self.nodes if n.devices < 1]
+        reasons += [wrong for n in self.nodes
+                    if (wrong := _devices_mistake(f"cluster node {n.name!r}", n.devices))]
         reasons += _used_twice("cluster: node name", [n.name for n in self.nodes])
         if not self.tasks:
             reasons.append("tasks: must be a non-empty list")
@@ -270,17 +270,37 @@ def _used_twice(what: str, names: list[str]) -> list[str]:
     return [f"{what} {n!r} is used twice" for n in _twice(names)]
 
 
+# Beyond any cluster or training (a pod slice of 65,536 chips; 31,700 years): a larger
+# number is a unit or a typo, and overflowed the solvers' arithmetic (a bound of inf, a
+# traceback from a node of 10**30 devices).
+MOST_DEVICES = 65_536
+MOST_SECONDS = 1e12
+
+
+def _devices_mistake(where: str, devices: Any) -> str | None:
+    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+        return f"{where}: devices must be a positive integer, not {devices!r}"
+    if devices > MOST_DEVICES:
+        return (f"{where}: devices must be at most {MOST_DEVICES:,}, not {devices:,}: give "
+                "the devices of one node (a cluster is a list of nodes)")
+    return None
+
+
 def _option_mistakes(where: str, technique: Any, devices: Any, seconds: Any) -> list[str]:
     bad = []
     if not isinstance(technique, str) or not technique:
         bad.append(f"{where}: technique must be a name")
-    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
-        bad.append(f"{where}: devices must be a positive integer, not {devices!r}")
+    wrong = _devices_mistake(where, devices)
+    if wrong:
+        bad.append(wrong)
     if seconds is None:
         bad.append(f"{where}: seconds is missing (the option's predicted seconds, a "
                    "number >= 0)")
     elif not _number(seconds) or seconds < 0:
         bad.append(f"{where}: seconds must be a finite number >= 0, not {seconds!r}")
+    elif seconds > MOST_SECONDS:
+        bad.append(f"{where}: seconds must be at most {MOST_SECONDS:g} (31,700 years), not "
+                   f"{seconds!r}: give the option's predicted seconds")
     return bad
 
 
@@ -366,10 +386,9 @@ def _parse_nodes(data: Any, reasons: list[str]) -> list[NodeSpec]:
         name, devices = node.get("name"), node.get("devices")
         if not isinstance(name, str) or not name:
             reasons.append(f"cluster node {i}: needs a name")
-        elif not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
-            reasons.append(f"cluster node {name!r}: devices must be a positive integer, not "
-                           f"{devices!r}")
-        else:
+        elif (wrong := _devices_mistake(f"cluster node {name!r}", devices)) is not None:
+            reasons.append(wrong)
+        elif isinstance(devices, int):
             kind = node.get("kind")
             if kind is not None and (not isinstance(kind, str) or not kind):
                 reasons.append(f"cluster node {name!r}: kind must be a name (\"H100\"), not "
