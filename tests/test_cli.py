@@ -526,6 +526,14 @@ def test_validate_warns_of_a_rule_judging_its_metric_the_other_way(
         "'accuracy' with mode='min'" in said and "Set mode='max'" in said, said
     assert doubtful_direction("val_loss", "max") and not doubtful_direction("val_loss", "min")
     assert direction_by_name("throughput") is None and not doubtful_direction("x", "max")
+    # An eval_every at or past the last step does nothing (accepted silently).
+    file.write_text(DOUBTFUL_RULE.replace('mode="max"))', 'mode="max"), eval_every=8)')
+                    .replace("steps=8, stopping=rule)", "steps=8, stopping=rule, **extra)")
+                    .replace("def task(name, rule):", "def task(name, rule, **extra):"))
+    status, out, _ = in_process(capsys, "validate", str(file))
+    said = " ".join(out.split())
+    assert status == 0 and "warning: c: eval_every=8 is at or past its last step (8): it " \
+        "evaluates only at its end" in said, said
 
 
 def test_a_mistyped_flag_is_named_by_its_command_with_the_nearest_one(

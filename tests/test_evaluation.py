@@ -262,8 +262,12 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
         assert [d[4] for d in store.decisions() if d[0] == "nan"] == [
             "accuracy is nan at step 6"]
         assert store.evaluations("nan") == {}
-    assert ("its stopping rule judges 'acc', which its evaluate did not return at step 6 "
-            "(it returned 'accuracy', 'test_loss')") in typo
+    # A metric its evaluate lacks is named by the profiling trial, before any training
+    # (it trained to its first rung, then failed).
+    assert ("its stopping rule judges 'acc', which its evaluate does not return (it "
+            "returned 'accuracy', 'test_loss' in its profiling trial)") in typo
+    with RunStore(tmp_path / "run") as store:
+        assert store.slices("typo") == []
     assert ("judges 'accuracy' at step 6, but its evaluation there failed: RuntimeError: "
             "no held-out split") in raises
     from dione.cli.views import print_results
@@ -281,6 +285,15 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
     assert "## Evaluations that failed" in summary
     assert "- noted at step 6: RuntimeError: no held-out split" in summary
     assert "- noted at step 12: RuntimeError: no held-out split" in summary
+    # Every evaluation with its step (metrics.csv has the losses only).
+    rows = (tmp_path / "run" / "report" / "evaluations.csv").read_text().splitlines()
+    assert rows[0] == "task,step,metric,value"
+    with RunStore(tmp_path / "run") as store:
+        good = store.evaluations("good")
+    assert sorted(good) == ["accuracy", "test_loss"] and [s for s, _ in good["accuracy"]] \
+        == [6, 12]
+    assert f"good,6,accuracy,{good['accuracy'][0][1]!r}" in rows
+    assert sum(r.startswith("good,") for r in rows) == 4
     timeline = (tmp_path / "run" / "report" / "timeline.csv").read_text()
     assert "evaluation failed: RuntimeError: no held-out split" in timeline
 
@@ -305,6 +318,32 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
             assert store.evaluation(name).get("accuracy") is not None
         again_from = [s.start_step for s in store.slices("raises")][1]
         assert again_from == 0  # its only checkpoint was the rung's: from the start
+
+
+def test_an_evaluate_that_fails_in_its_profiling_trial_is_said_before_training(
+        tmp_path) -> None:
+    """Said first where the task evaluated (for a task with no eval_every, after all its
+    training); its training goes on, as a failed evaluation's does."""
+    from dione.orchestrate.options import RunEvent
+    from dione.spec.workload import load_workload
+    from helpers import TEST_NODE
+
+    file = tmp_path / "noted.py"
+    # The same functions, one task whose evaluate raises and no rule judges it.
+    file.write_text(UNJUDGEABLE.split("workload = ")[0]
+                    + 'workload = Workload([task("alone", evaluate=broken)])\n')
+    events: list[RunEvent] = []
+    result = run_workload(list(load_workload(file)), Cluster([TEST_NODE]), tmp_path / "run",
+                          RunOptions(catalog=str(tmp_path / "catalog.sqlite"), time_limit=5.0,
+                                     trial=TrialOptions(warmup_steps=1, measure_steps=2)),
+                          on_event=events.append)
+    assert [(t.task, t.status) for t in result.tasks] == [("alone", "done")]
+    said = [e.message for e in events if e.kind == "evaluation_failed"]
+    assert said[0] == ("alone: its evaluation failed in its profiling trial (RuntimeError: "
+                       "no held-out split): it will fail where the task evaluates, its "
+                       "training kept; fix evaluate, then resume"), said
+    kinds = [e.kind for e in events]
+    assert kinds.index("evaluation_failed") < kinds.index("slice_started")
 
 
 def test_an_evaluate_that_returns_no_dict_of_numbers_is_named() -> None:

@@ -38,12 +38,13 @@ from dione.orchestrate.replanning import (
 )
 from dione.plan.plan import Assignment
 from dione.plan.problem import Busy, PlanningProblem
-from dione.profile.results import Profile
+from dione.profile.results import Profile, evaluation_mistake
 from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.metrics import doubtful_direction
 from dione.spec.settings import training_settings
 from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
+from dione.spec.validate import late_evaluation
 from dione.state.disk import DiskFull
 from dione.state.store import RunStore
 from dione.state.summaries import error_line
@@ -151,6 +152,9 @@ class Runner:
                 self._doubted.add(repr(rule))
                 self.emit(RunEvent("stopping_rule_doubtful", f"{task.name} (and the tasks "
                                    f"that share its rule): {doubt}", task.name))
+        late = late_evaluation(task, total)
+        if late:
+            self.emit(RunEvent("eval_every_doubtful", f"{task.name}: {late}", task.name))
         latest = self.store.latest_checkpoint(task.name)
         done = latest.step if latest else 0
         stored = self.store.task(task.name)
@@ -166,15 +170,30 @@ class Runner:
                       for s in self.store.slices(task.name))
         record = TaskRecord(task, total, done, status, inexact=inexact)
         if settle:
-            self._end_unprofiled(record)
+            self._settle_profiled(record)
         return record
 
-    def _end_unprofiled(self, record: TaskRecord) -> None:
-        """End a pending task profiling found no way to train: diverged where a trial's
-        loss did (it would again, under any exact technique: the user must change it; a
-        sweep's searcher proposes it no more), else failed with every trial's reason."""
+    def _settle_profiled(self, record: TaskRecord) -> None:
+        """What a pending task's profile says before it trains: failed where its trial's
+        evaluation lacks its rule's metric (an evaluation that failed is said); where no
+        option fits, diverged if a trial's loss did (it would again, under any exact
+        technique: the user must change it; a sweep's searcher proposes it no more),
+        else failed with every trial's reason."""
         profile = self.profile.task(record.name)
-        if record.status != TaskStatus.PENDING or profile.options:
+        if record.status != TaskStatus.PENDING:
+            return
+        mistake = evaluation_mistake(record.task, profile.evaluated)
+        if mistake is not None:  # named now, not at the first rung
+            self._give_up(record, mistake, f"{record.name}: {mistake}")
+            return
+        if profile.evaluated is not None and profile.evaluated.error:
+            # Said now, not first at a rung or the end: its training stands either way.
+            last = profile.evaluated.error.strip().splitlines()[-1]
+            self.emit(RunEvent("evaluation_failed", f"{record.name}: its evaluation failed "
+                               f"in its profiling trial ({last}): it will fail where the task "
+                               "evaluates, its training kept; fix evaluate, then resume",
+                               record.name))
+        if profile.options:
             return
         diverged = [t for t in profile.trials if t.status == "diverged"]
         if diverged and profile.error is None:
@@ -226,7 +245,7 @@ class Runner:
             self.emit(RunEvent("task_added", f"{task.name}: added to the run "
                                f"({arrival.trials}); planned at the next re-plan", task.name))
         for record in added:  # said after it was added (it read failed, then added)
-            self._end_unprofiled(record)
+            self._settle_profiled(record)
         for name, why in arrival.refused.items():
             if self.intake.inbox is not None:
                 try:

@@ -8,9 +8,10 @@ from typing import Any
 
 from dione.profile.catalog import TrialRecord
 from dione.spec.cluster import Cluster
+from dione.spec.task import Task
 
 __all__ = ["NotApplicable", "Profile", "ProfileEvent", "ProfiledOption", "Skipped",
-           "TaskProfile"]
+           "TaskProfile", "TrialEvaluation", "evaluation_mistake"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,16 @@ class NotApplicable:
         return f"{self.technique} x{self.devices}"
 
 
+@dataclass(frozen=True)
+class TrialEvaluation:
+    """What a trial's evaluation of the task gave: its seconds (None where it failed),
+    the names of the metrics it returned, or why it failed."""
+
+    seconds: float | None
+    metrics: tuple[str, ...]
+    error: str | None
+
+
 @dataclass
 class TaskProfile:
     """What profiling found for one task."""
@@ -70,6 +81,10 @@ class TaskProfile:
     # before the end), each then paying a resumed slice's start.
     restarts: int = 0
     error: str | None = None  # the task could not be profiled at all
+    evaluation_key: str | None = None  # tasks with this key share their evaluation's trial
+    # What this profiling's trial of the evaluation gave (None: not run this time; the
+    # catalog gave its seconds, or the task has no evaluate).
+    evaluated: TrialEvaluation | None = None
 
     def why_no_option(self) -> str:
         """Why no configuration fits, from the trials' failures and the skips."""
@@ -139,3 +154,17 @@ class ProfileEvent:
     reason: str | None = None
     total: int = 0  # trials to run in this profile
     node: str | None = None  # where a trial ``started``
+
+
+def evaluation_mistake(task: Task, evaluated: TrialEvaluation | None) -> str | None:
+    """The metric ``task``'s stopping rule judges, where its profiling trial's evaluation
+    did not return it (None: it did, or none ran): found in seconds, not at the task's
+    first rung."""
+    rule = task.stopping
+    if (evaluated is None or evaluated.error or rule is None or rule.metric == "loss"
+            or rule.metric in evaluated.metrics):
+        return None
+    returned = ", ".join(repr(m) for m in evaluated.metrics) or "no metric"
+    return (f"its stopping rule judges {rule.metric!r}, which its evaluate does not return "
+            f"(it returned {returned} in its profiling trial): name one of those as the "
+            "rule's metric, or return it from evaluate, then resume (nothing was trained)")

@@ -19,7 +19,7 @@ from dione.launch.scratch import clean_stale_scratch, scratch_dir
 from dione.profile.catalog import Catalog, TrialRecord
 from dione.profile.choice import merged_runs
 from dione.profile.options import TrialOptions
-from dione.profile.results import ProfileEvent, TaskProfile
+from dione.profile.results import ProfileEvent, TaskProfile, TrialEvaluation
 from dione.profile.trial import run_trial
 from dione.profile.trials import PendingTrial
 from dione.spec.cluster import Node
@@ -75,7 +75,7 @@ class _Pass:
         self.queue = list(pending)
         self.total = counted + len(pending)
         self.free = {n.name: list(range(n.devices)) for n in setting.nodes}
-        self.running: dict[Future[tuple[TrialRecord, float | None]],
+        self.running: dict[Future[tuple[TrialRecord, TrialEvaluation | None]],
                            tuple[PendingTrial, Node, list[int]]] = {}
         self.evaluated: set[str] = set()  # evaluation keys measured or being measured
         # Trials skipped because a lighter setting fits: the record that showed it.
@@ -181,9 +181,10 @@ class _Pass:
                                  self.cancel, self.setting.launcher, shared)
             self.running[future] = (trial, node, devices)
 
-    def finish(self, future: Future[tuple[TrialRecord, float | None]]) -> None:
+    def finish(self, future: Future[tuple[TrialRecord, TrialEvaluation | None]]) -> None:
         trial, node, devices = self.running.pop(future)
-        record, evaluation = future.result()
+        record, evaluated = future.result()
+        evaluation = None if evaluated is None else evaluated.seconds
         setting = self.setting
         if record.status == "node_lost" and any(n != node.name for n in self.free):
             # Not the trial's doing: the node leaves the profile, and the trial runs
@@ -219,6 +220,10 @@ class _Pass:
             # last one) says nothing about the configuration.
             if record.status not in ("diverged", "node_lost"):
                 setting.catalog.put(record)
+        if trial.evaluation_key is not None and evaluated is not None:
+            for profile in setting.profiles:  # what it returned, or why it failed
+                if profile.evaluation_key == trial.evaluation_key:
+                    profile.evaluated = evaluated
         if trial.evaluation_key is not None:
             if evaluation is not None:
                 setting.catalog.put_evaluation_seconds(trial.evaluation_key, evaluation)

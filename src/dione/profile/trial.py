@@ -27,6 +27,7 @@ from dione.launch.slice import (
 )
 from dione.profile.catalog import TrialRecord
 from dione.profile.options import TrialOptions
+from dione.profile.results import TrialEvaluation
 from dione.profile.simulated import pipeline_technique
 from dione.spec.cluster import Node
 from dione.spec.task import Task
@@ -83,10 +84,11 @@ def run_trial(
     spec: TrialSpec, node: Node, device_ids: Sequence[int], scratch: Path, options: TrialOptions,
     cancel: threading.Event | None = None, launcher: Launcher = LOCAL,
     storage: Path | None = None,
-) -> tuple[TrialRecord, float | None]:
-    """Run ``spec`` on ``device_ids`` of ``node``; its record and, when asked, the
-    seconds the task's evaluation took. Its store lives in ``scratch``, its checkpoint
-    in ``storage`` (a folder the node can reach; default ``scratch``)."""
+) -> tuple[TrialRecord, TrialEvaluation | None]:
+    """Run ``spec`` on ``device_ids`` of ``node``; its record and, when asked, what the
+    task's evaluation gave (its seconds, its metrics' names, or why it failed). Its store
+    lives in ``scratch``, its checkpoint in ``storage`` (a folder the node can reach;
+    default ``scratch``)."""
     folder = scratch / spec.fingerprint[:16]
     checkpoints = None if storage is None else storage / spec.fingerprint[:16]
     for path in (folder, checkpoints):
@@ -148,7 +150,13 @@ def run_trial(
         trial_seconds=result.seconds,
         extra=_stage_times(result.technique, result.extra, len(times)),
     )
-    return record, evaluation
+    if not spec.evaluate or (evaluation is None and not result.evaluation_error):
+        return record, None
+    # What the task's evaluate returned (its metrics' names) or why it failed: a stopping
+    # rule's metric it lacks is named before any slice trains, not at the first rung.
+    # Not in the record: the catalog keys trials without the evaluate function.
+    return record, TrialEvaluation(evaluation, tuple(sorted(result.evaluation)),
+                                   result.evaluation_error)
 
 
 def _stage_times(technique: str, extra: Mapping[str, Any], minibatches: int) -> dict[str, Any]:

@@ -132,7 +132,7 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
                               restarts=len(task.slice_ends(steps)))
         profiles.append(profile)
         by_task[task.name] = []
-        eval_key = _evaluation_key(signature, task, device)
+        eval_key = profile.evaluation_key = _evaluation_key(signature, task, device)
         if eval_key is not None:
             cached_eval = catalog.evaluation_seconds(eval_key)
             if cached_eval is not None and not reprofile:

@@ -156,6 +156,13 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
         directions = store.directions()
         curves = {t.task: store.loss_curve(t.task, CURVE_POINTS) for t in tasks}
         evaluated = {t.task: store.evaluations(t.task) for t in tasks}
+    with open(folder / "evaluations.csv", "w", newline="") as out:  # eval_every's too
+        writer = csv.writer(out)
+        writer.writerow(["task", "step", "metric", "value"])
+        writer.writerows([task, step, metric, repr(value)]
+                         for task, curves_of in evaluated.items()
+                         for metric, points in sorted(curves_of.items())
+                         for step, value in points)
     if gone:  # a task its launcher left unfinished waits for `dione resume`
         tasks = as_left(tasks)
     metrics = sorted({m for t in tasks for m in t.evaluation})

@@ -35,8 +35,10 @@ def _inline(text: str) -> str:
 
 
 def _files(folder: Path) -> str:
-    """Links to the report's own files (every slice, every step's loss and metric)."""
-    names = [("timeline.csv", "every slice"), ("metrics.csv", "every step's loss and metric"),
+    """Links to the report's own files (every slice, every step's loss, every
+    evaluation)."""
+    names = [("timeline.csv", "every slice"), ("metrics.csv", "every step's loss and time"),
+             ("evaluations.csv", "every evaluation, with its step"),
              ("summary.csv", "per task"), ("summary.md", "this summary"),
              ("gantt.png", "the Gantt chart"), ("curves.png", "the learning curves")]
     return ", ".join(f'<a href="{name}">{name}</a> ({what})' for name, what in names

@@ -22,7 +22,7 @@ from dione.spec.task import PRECISIONS, ItemCounter, Task
 from dione.spec.workload import Workload
 
 __all__ = ["Problem", "WorkloadError", "build_model", "check_task", "checked_task",
-           "split_valid", "validate_workload"]
+           "late_evaluation", "split_valid", "validate_workload"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}$")
 _FACTORIES = ("model", "data", "loss", "optimizer", "evaluate", "lr_scheduler", "collate_fn",
@@ -599,3 +599,15 @@ def split_valid(
     # As problems name them: a name that is no string (refused above) by its repr.
     return [t for t in checked
             if (t.name if isinstance(t.name, str) else repr(t.name)) not in bad], problems
+
+
+def late_evaluation(task: Task, total: int | None = None) -> str | None:
+    """Why ``task``'s ``eval_every`` does nothing (at or past its last step, where it
+    evaluates anyway), with the fix; None where it evaluates sooner, or is not set.
+    ``total``: its steps where known (else ``steps``, when given)."""
+    every, steps = task.eval_every, total if total is not None else task.steps
+    if (not isinstance(every, int) or isinstance(every, bool) or every < 1
+            or not isinstance(steps, int) or isinstance(steps, bool) or every < steps):
+        return None
+    return (f"eval_every={every} is at or past its last step ({steps}): it evaluates only "
+            "at its end; give eval_every a number of steps below that")

@@ -15,7 +15,7 @@ __all__ = ["command"]
 def command(args: argparse.Namespace) -> int:
     from dione.spec.cluster import ClusterError, local_cluster
     from dione.spec.metrics import doubtful_direction
-    from dione.spec.validate import WorkloadError
+    from dione.spec.validate import WorkloadError, late_evaluation
     from dione.techniques.validation import valid_tasks
 
     workload = load(args.workload)
@@ -44,6 +44,10 @@ def command(args: argparse.Namespace) -> int:
         doubt = rule and rule.metric != "loss" and doubtful_direction(rule.metric, rule.mode)
         if doubt:
             doubted.setdefault(doubt, []).append(task.name)
+    for task in tasks:  # evaluates at its end anyway: eval_every does nothing
+        late = late_evaluation(task)
+        if late:
+            doubted.setdefault(late, []).append(task.name)
     for doubt, names in doubted.items():
         console.print(f"  warning: {', '.join(names)}: {doubt}")
     if devices is not None:  # allowed single: trained on fewer devices, not refused
