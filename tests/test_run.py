@@ -515,3 +515,59 @@ def test_the_live_table_says_how_each_task_trained_only_once_it_trained(
     rows = {line.split()[1]: line.split()[-2] for line in console.export_text().splitlines()
             if line.split()[1:2] in (["a"], ["b"], ["c"])}
     assert rows == {"a": "-", "b": "exact", "c": "INEXACT"}
+
+
+def test_the_live_table_keeps_names_apart_and_figures_whole_on_a_narrow_terminal() -> None:
+    """On 80 columns grid names read "gpt2-lr0…" all alike and figures "0.…"; an ended
+    task showed the devices of a stale plan; the last frame said "estimated finish at
+    0 s"."""
+    from rich.console import Console
+
+    from dione.orchestrate.progress import LiveProgress
+    from dione.orchestrate.records import RunState, TaskRecord, TaskStatus
+    from dione.plan.plan import Assignment
+    from helpers import digits_task
+
+    names = [f"gpt2-lr{lr}-batch_size16" for lr in ("0.01", "0.003", "0.0001")]
+    records = {n: TaskRecord(digits_task(n), 60, 20, status) for n, status in
+               zip(names, (TaskStatus.PENDING, TaskStatus.DONE, TaskStatus.STOPPED),
+                   strict=True)}
+    for record in records.values():
+        record.last_loss = 1.23456
+    plan = [Assignment(n, "single", {}, "vm", (i,), 0.0, 100.0) for i, n in enumerate(names)]
+    console = Console(record=True, width=80)
+    console.print(LiveProgress.render(RunState(records, plan)))
+    text = console.export_text()
+    cells = ["".join(line.split("│")[1].strip() for line in text.splitlines()
+                     if line.startswith("│"))]
+    for name in names:  # folded onto lines, whole
+        assert name in cells[0], text
+    assert text.count("1.2346") == 3 and text.count("20/60") == 3, text
+    assert text.count("vm:") == 1, text  # the pending one's plan only
+    assert "estimated finish" in text
+    ended = {n: records[n] for n in names[1:]}
+    console = Console(record=True, width=80)
+    console.print(LiveProgress.render(RunState(ended, plan)))
+    assert "nothing left to train" in console.export_text()
+
+
+def test_a_results_table_too_wide_for_the_terminal_reads_as_lines(monkeypatch) -> None:
+    """Squeezed into 80 columns the closing table folded each name one or two letters a
+    line and kept no figure readable."""
+    from rich.console import Console
+
+    import dione.cli.views as views
+
+    columns = ["task", "status", "techniques", "devices", "seconds", "final loss",
+               "accuracy", "test_loss", "trained"]
+    rows = [[f"digits-mlp-lr{lr}-batch_size16", "done", "single", "1", "0.2", "2.2736",
+             "0.2444", "2.2829", "exact"] for lr in ("0.001", "0.0001")]
+    for width, table in ((80, False), (140, True)):
+        console = Console(record=True, width=width)
+        monkeypatch.setattr(views, "console", console)
+        views._print_rows("results", columns, rows, left=("status",))
+        text = " ".join(console.export_text().split())  # a line wraps at the width
+        assert ("┃ task" in text) == table, text
+        assert ("digits-mlp-lr0.0001-batch_size16: status done, techniques single, devices "
+                "1, seconds 0.2, final loss 2.2736, accuracy 0.2444, test_loss 2.2829, "
+                "trained exact" in text) != table, text

@@ -180,26 +180,47 @@ def print_results(result: Any, run_dir: Path) -> None:
         title = (f"results ({run_dir}): makespan {result.makespan:.1f} s, first plan "
                  f"{result.planned_makespan:.1f} s{which}, {result.plans_adopted} plan(s), "
                  f"profiling {result.profile_seconds:.0f} s")
-    table = Table(title=title)
-    table.add_column("task", no_wrap=True)
-    for column in ("status", "techniques", "devices", "seconds", "final loss", *metrics,
-                   "trained"):
-        table.add_column(column, justify="left" if column in ("status", "techniques",
-                                                              "trained") else "right")
-    for t in result.tasks:
-        table.add_row(t.task, t.status, ", ".join(t.techniques) or "-",
-                      ", ".join(map(str, t.devices)) or "-", f"{t.seconds:.1f}",
-                      "-" if t.final_loss is None else figure(t.final_loss),
-                      *(figure(t.evaluation[m]) if m in t.evaluation else "-"
-                        for m in metrics),
-                      t.exactness if t.steps else "-")  # no step trained: no how
-    console.print(table)
+    columns = ["task", "status", "techniques", "devices", "seconds", "final loss", *metrics,
+               "trained"]
+    rows = [[t.task, t.status, ", ".join(t.techniques) or "-",
+             ", ".join(map(str, t.devices)) or "-", f"{t.seconds:.1f}",
+             "-" if t.final_loss is None else figure(t.final_loss),
+             *(figure(t.evaluation[m]) if m in t.evaluation else "-" for m in metrics),
+             t.exactness if t.steps else "-"]  # no step trained: no how
+            for t in result.tasks]
+    _print_rows(title, columns, rows, left=("status", "techniques", "trained"))
     _say_inexact(result.tasks)
     for t in result.tasks:  # trained, but its last evaluation failed: its metrics are "-"
         if t.status == "done" and t.error:
             console.print(Text(f"evaluation failed: {t.task}: {error_line(t.error)} (its "
                                "training stands; the report lists each failure)"))
     _say_report(run_dir, f"; plans: {run_dir / 'plans'}")
+
+
+def _print_rows(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
+                left: Sequence[str]) -> None:
+    """A table of ``rows`` under ``title``; where the terminal is too narrow for it
+    whole, a line per row instead (squeezed, a table read "0.…", "do…" and names cut
+    to "gpt2-lr0…" alike on 80 columns)."""
+    table = Table(title=title)
+    longest = max((len(r[0]) for r in rows), default=4)
+    table.add_column(columns[0], overflow="fold", min_width=min(longest, 32))
+    for column in columns[1:]:
+        table.add_column(column, justify="left" if column in left else "right",
+                         no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    # Each column's widest cell (the name's up to 32) plus its padding and border.
+    needed = 1 + min(max(longest, len(columns[0])), 32) + 3 + sum(
+        max([len(c), *(len(r[i]) for r in rows)]) + 3 for i, c in enumerate(columns)
+        if i > 0)
+    if needed <= console.width:
+        console.print(table)
+        return
+    console.print(Text(title))
+    for row in rows:
+        console.print(Text(f"{row[0]}: " + ", ".join(f"{c} {v}" for c, v in
+                                                     zip(columns[1:], row[1:], strict=True))))
 
 
 def _say_inexact(tasks: Sequence[Any]) -> None:
@@ -220,20 +241,15 @@ def _say_inexact(tasks: Sequence[Any]) -> None:
 def print_sequential_results(outcomes: Sequence[Any], run_dir: Path) -> None:
     """The current-practice baseline's table of per-task outcomes."""
     metrics = sorted({k for o in outcomes for k in o.evaluation})
-    table = Table(title=f"results ({run_dir})")
-    table.add_column("task", no_wrap=True)
-    for column in ("technique", "devices", "seconds", "final loss", *metrics, "status",
-                   "trained"):
-        table.add_column(column, justify="left" if column in ("technique", "status",
-                                                              "trained") else "right")
-    for o in outcomes:
-        table.add_row(
-            o.task, o.technique or "-", str(o.devices), f"{o.seconds:.1f}",
-            "-" if o.final_loss is None else figure(o.final_loss),
-            *(figure(o.evaluation[m]) if m in o.evaluation else "-" for m in metrics),
-            "failed" if o.error else "done", o.exactness if o.slices else "-",
-        )
-    console.print(table)
+    columns = ["task", "technique", "devices", "seconds", "final loss", *metrics, "status",
+               "trained"]
+    rows = [[o.task, o.technique or "-", str(o.devices), f"{o.seconds:.1f}",
+             "-" if o.final_loss is None else figure(o.final_loss),
+             *(figure(o.evaluation[m]) if m in o.evaluation else "-" for m in metrics),
+             "failed" if o.error else "done", o.exactness if o.slices else "-"]
+            for o in outcomes]
+    _print_rows(f"results ({run_dir})", columns, rows, left=("technique", "status",
+                                                             "trained"))
     _say_report(run_dir)
 
 

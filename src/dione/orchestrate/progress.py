@@ -56,12 +56,17 @@ class LiveProgress:
         table = Table(expand=False)
         for column in ("task", "status", "technique", "devices", "step", "loss", "ETA s",
                        "trained"):
+            # On a narrow terminal the name folds (a grid's points differ at its end:
+            # cut, three read "gpt2-lr0…"); the figures keep their width.
             table.add_column(column, justify="right" if column in ("step", "loss", "ETA s")
-                             else "left")
+                             else "left", overflow="fold",
+                             no_wrap=column not in ("task", "devices"))
         plan = {a.task: a for a in state.plan}
         for name, record in state.records.items():
             running = record.running
-            where = running.assignment if running else plan.get(name)
+            # An ended task holds no devices (it showed its stale plan's until a re-plan).
+            where = (running.assignment if running
+                     else None if record.status.ended else plan.get(name))
             step = record.done_steps
             if running is not None and 0 in running.progress:
                 step = running.progress[0].get("step", step)
@@ -76,6 +81,8 @@ class LiveProgress:
                 f"{step}/{record.total}", "-" if loss is None else f"{loss:.4f}", eta,
                 "INEXACT" if record.inexact
                 else "-" if running is None and not record.done_steps else "exact")
+        left = any(not r.status.ended for r in state.records.values())
         finish = Text(f"elapsed {clock:.0f} s, estimated finish at "
-                      f"{state.estimated_finish:.0f} s")
+                      f"{state.estimated_finish:.0f} s" if left
+                      else f"elapsed {clock:.0f} s, nothing left to train")
         return Group(table, finish)
