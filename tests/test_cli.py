@@ -106,13 +106,16 @@ def test_train_prints_losses_and_resumes(tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     file = tmp_path / "good.py"
     file.write_text(BAD_FIELDS.replace("workload = Workload([", "workload = Workload([\n"
-                                       "    task('lone', steps=4),\n    #"))
+                                       "    task('lone', steps=4, eval_every=2, evaluate="
+                                       "lambda m: {'x': 1.0}),\n    #"))
     run_dir = tmp_path / "run"
     first = dione("train", str(file), "--task", "lone", "--technique", "single", "--steps", "3",
                   "--out", str(run_dir))
     assert first.returncode == 0, first.stderr
     assert [line.split()[1] for line in first.stdout.splitlines()
             if line.startswith("step")] == ["1", "2", "3"]
+    # One slice: the task's eval_every is `dione run`'s (it was ignored without a word).
+    assert "note: lone's eval_every is `dione run`'s" in " ".join(first.stdout.split())
     # Resume, status and export name the command that goes on (they named dione.run).
     status, stderr = refused(capsys, "resume", str(run_dir))
     assert status == 2 and "it is a `dione train` folder" in " ".join(stderr.split())

@@ -51,6 +51,15 @@ def command(args: argparse.Namespace) -> int:
     if reasons:
         raise BadInput(f"{technique.name} cannot train task {task.name!r} on {count} "
                        "device(s): " + "; ".join(reasons))
+    ends = [what for what, has in (("eval_every", task.eval_every),
+                                   ("stopping rule", task.stopping is not None)) if has]
+    if ends:
+        # One slice: its evaluations and rungs are `dione run`'s (it ended each slice at
+        # them); trained as one, the task said nothing of it and evaluated at the end only.
+        verb = "are" if len(ends) > 1 else "is"
+        console.print(f"note: {task.name}'s {' and '.join(ends)} {verb} `dione run`'s (it ends "
+                      "a slice at each): `dione train` trains one slice, which evaluates "
+                      "only where it ends the task")
     run_dir = Path(args.out) if args.out else default_run_dir(args.workload)
     with claimed(run_dir):
         try:
