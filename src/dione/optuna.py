@@ -42,7 +42,7 @@ __all__ = ["OptunaPruning", "load", "optimize"]
 
 _TASK = "dione_task"  # the trial's user attribute naming its task
 _RUN = "dione_run"  # ... and the run directory that trains it
-_BUILD_ERROR = "dione_error"  # why its task could not be built, or was refused
+_BUILD_ERROR = "dione_error"  # why its task could not be built, was refused, or failed
 
 
 class OptunaPruning(StoppingRule):
@@ -57,6 +57,7 @@ class OptunaPruning(StoppingRule):
         the next one then)."""
         self.study = study
         self.on_told = on_told
+        self.run_dir: str | None = None  # where a failed task's reason is read (optimize)
         self.trials = trials  # task name -> optuna.trial.Trial
         self.report_every = report_every
         self.metric = metric
@@ -103,10 +104,28 @@ class OptunaPruning(StoppingRule):
         trial = self.trials.get(task)
         if trial is not None and trial.number not in _finished(self.study):
             try:
+                if status in ("failed", "diverged") and self.run_dir is not None:
+                    _note_error(trial, _store_error(self.run_dir, task))
                 _tell(self.study, trial, self.metric, status, loss, evaluation)
             finally:  # told or not (the storage failed), its place in flight is free
                 if self.on_told is not None:
                     self.on_told()
+
+
+def _store_error(run_dir: str, task: str) -> str | None:
+    """Why the run's store says ``task`` failed or diverged (None: it says nothing)."""
+    from dione.state.store import RunStore
+
+    with RunStore(run_dir) as store:
+        record = store.task(task)
+    return None if record is None else record.error
+
+
+def _note_error(trial: Any, error: str | None) -> None:
+    """Keep why a trial's task failed in its ``dione_error`` (an Optuna user reads the
+    study, not ``dione status``), unless a reason is kept already."""
+    if error and _BUILD_ERROR not in trial.user_attrs:
+        trial.set_user_attr(_BUILD_ERROR, error[:5000])
 
 
 def _tell(study: Any, trial: Any, metric: str, status: str, loss: float | None,
@@ -208,6 +227,7 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     failed_now = _failed(study, trials)
     by_task = {str(t.user_attrs[_TASK]): t for t in trials if t.number not in failed_now}
     rule = OptunaPruning(study, by_task, report_every, metric)
+    rule.run_dir = run_dir
 
     def build(name: str, trial: Any) -> Task:
         """The trial's task; ValueError where dione would refuse it (then its trial
@@ -407,6 +427,8 @@ def _tell_ended(study: Any, trials: Sequence[Any], run_dir: str, metric: str) ->
     for summary in ended:
         trial = by_task.get(summary.task)
         if trial is not None and trial.number not in told:
+            if summary.status in ("failed", "diverged"):
+                _note_error(trial, summary.error)
             _tell(study, trial, metric, summary.status, summary.final_loss,
                   summary.evaluation)
 
