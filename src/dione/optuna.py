@@ -395,15 +395,13 @@ def _taken_by_another(study: Any, trials: Sequence[Any], make_task: Callable[[An
     with RunStore(run_dir) as store:
         for trial in trials:
             name = str(trial.user_attrs.get(_TASK))
-            recorded = store.training_settings(name)
-            if trial.number in told or not recorded:
+            if trial.number in told or not store.training_settings(name):
                 continue
             try:
                 settings = training_settings(make_task(trial))
             except Exception:  # the build says why, later
                 continue
-            changed = [f"{k}: {recorded[k]} -> {v}" for k, v in settings.items()
-                       if k in recorded and recorded[k] != v]
+            changed = store.changed_settings(name, settings)
             if changed:
                 found.append((trial, f"the run's task {name!r} was trained otherwise "
                               f"({'; '.join(changed)}): another task took its name (a "

@@ -320,9 +320,8 @@ class RunStore(SQLiteFile):
                     f"batch {batch_size}: use a new run directory for changed training"
                 )
             if settings is not None:
-                recorded = self._run_value(f"training:{name}")
-                changed = [f"{k}: {recorded[k]} -> {v}" for k, v in settings.items()
-                           if k in recorded and recorded[k] != v]
+                recorded = self.training_settings(name)
+                changed = self.changed_settings(name, settings)
                 if changed:
                     raise ValueError(
                         f"task {name!r} was recorded in {self.run_dir} with other training "
@@ -349,6 +348,14 @@ class RunStore(SQLiteFile):
     def training_settings(self, name: str) -> dict[str, str]:
         """The settings ``register_task`` recorded for task ``name`` (empty: none)."""
         return {str(k): str(v) for k, v in self._run_value(f"training:{name}").items()}
+
+    def changed_settings(self, name: str, settings: Mapping[str, str]) -> list[str]:
+        """Each of ``settings`` the store recorded otherwise for task ``name``, as
+        ``name: recorded -> now`` (one it did not record, as an older dione, is not
+        judged)."""
+        recorded = self.training_settings(name)
+        return [f"{k}: {recorded[k]} -> {v}" for k, v in settings.items()
+                if k in recorded and recorded[k] != v]
 
     def task(self, name: str) -> TaskRecord | None:
         row = self._db.execute("SELECT * FROM tasks WHERE name = ?", (name,)).fetchone()
