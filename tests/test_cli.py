@@ -132,6 +132,14 @@ def test_train_prints_losses_and_resumes(tmp_path: Path,
                                 "single", "--out", str(run_dir))
     assert status == 0 and "already trained to step 4 of 4" in out
     assert "--out DIR trains it anew" in " ".join(out.split())
+    # Trained otherwise there (another rate): refused as bad input, not said to be a
+    # slice that "failed outside its gang".
+    file.write_text(file.read_text().replace("lr=0.1", "lr=0.2"))
+    status, stderr = refused(capsys, "train", str(file), "--task", "lone", "--technique",
+                             "single", "--out", str(run_dir))
+    said = " ".join(stderr.split())
+    assert status == 2 and "with other training (optimizer: SGD(lr=0.1) -> SGD(lr=0.2))" \
+        in said and "outside its gang" not in said, said
 
 
 def test_the_demo_workload_is_valid() -> None:

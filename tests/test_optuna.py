@@ -220,6 +220,8 @@ def test_a_trial_whose_name_another_task_took_fails_saying_so(tmp_path: Path) ->
     run_dir = tmp_path / "run"
     asked = dione.optuna._ask(study, str(run_dir.resolve()))  # then the call was killed
     with RunStore(run_dir) as store:  # the add's task, of the trial's name
+        request = store.add_tasks(str(tmp_path / "more.py"), [f"trial-{asked.number}"])
+        store.settle_addition(request, "taken", f"added trial-{asked.number}")
         store.register_task(f"trial-{asked.number}", 8, 16,
                             settings={"optimizer": "Adam(lr=0.5)"})
         store.set_task_status(f"trial-{asked.number}", "done")
@@ -235,6 +237,23 @@ def test_a_trial_whose_name_another_task_took_fails_saying_so(tmp_path: Path) ->
                           trial=TrialOptions(warmup_steps=1, measure_steps=2))
     first, second = study.get_trials()
     assert first.state == optuna.trial.TrialState.FAIL
-    assert "optimizer: Adam(lr=0.5) -> Adam(lr=0.01)" in first.user_attrs["dione_error"]
-    assert "another task took its name" in first.user_attrs["dione_error"]
+    assert "the run's task 'trial-0' came from `dione add` of " in \
+        first.user_attrs["dione_error"]
     assert second.state == optuna.trial.TrialState.COMPLETE
+    # No add: the trial's own task, trained otherwise (make_task edited between the two
+    # calls). The run refuses, naming the change; the trial stays open (it was failed
+    # for good, blamed on an add that never was), so putting make_task back resumes it.
+    other = optuna.create_study(storage=storage, study_name="edited", direction="minimize")
+    other.enqueue_trial({"lr": 0.01})
+    edited = tmp_path / "edited"
+    asked = dione.optuna._ask(other, str(edited.resolve()))
+    with RunStore(edited) as store:
+        store.register_task(f"trial-{asked.number}", 8, 16,
+                            settings={"optimizer": "Adam(lr=0.5)"})
+    with pytest.raises(ValueError, match=r"other training \(optimizer: Adam\(lr=0.5\) -> "
+                                         r"Adam\(lr=0.01\)\)"):
+        dione.optuna.optimize(other, build, n_trials=1, report_every=4,
+                              run_dir=str(edited), devices="cpu:1", quiet=True,
+                              catalog=str(tmp_path / "catalog.sqlite"),
+                              trial=TrialOptions(warmup_steps=1, measure_steps=2))
+    assert [t.state for t in other.get_trials()] == [optuna.trial.TrialState.RUNNING]

@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import cloudpickle
 import pytest
 import torch
 
@@ -36,6 +37,9 @@ from dione.spec.cluster import Cluster
 from dione.spec.workload import load_workload
 from dione.zoo.digits import digits_accuracy
 from helpers import TEST_NODE, digits_task
+
+# The workers cannot import this test module: its functions travel by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 CLUSTER = Cluster([TEST_NODE])
 QUICK = TrialOptions(warmup_steps=1, measure_steps=3, timeout=120)
@@ -264,6 +268,45 @@ def test_a_trial_its_task_diverges_is_timed_again_on_a_task_sharing_it(
     for name in ("wild", "tame"):
         [option] = found.task(name).options
         assert option.technique == "single" and option.record.status == "ok"
+
+
+def pick(model, metric):  # travels by value (below): the workers cannot import tests
+    """An evaluate that returns one metric, named by its partial's argument."""
+    from dione.zoo.digits import digits_accuracy
+
+    found = digits_accuracy(model)
+    return {metric: found["accuracy" if metric == "acc" else "test_loss"]}
+
+
+def test_a_run_ends_diverged_only_the_tasks_whose_trials_diverged_and_judges_each_evaluate(
+        tmp_path: Path) -> None:
+    """Three rates of a group diverged in the trial it shares, so the fourth, a tame one,
+    never ran: it read diverged (for good) in a message naming another task. And tasks
+    whose evaluate is one function under two partials (metric 'acc', metric 'loss') share
+    an evaluation key: the one trial's metrics failed the other before it trained."""
+    from dione.orchestrate import run_workload
+    from dione.spec.stopping import Patience
+    from dione.state.store import RunStore
+
+    wild = [digits_task(f"wild{i}", techniques=("single",),
+                        optimizer=functools.partial(torch.optim.Adam, lr=lr))
+            for i, lr in enumerate((1e30, 1e29, 1e28))]
+    tame = digits_task("tame", techniques=("single",))
+    judged = [digits_task(f"by-{m}", batch_size=8, steps=8, techniques=("single",),
+                          evaluate=functools.partial(pick, metric=m),
+                          stopping=Patience(metric=m, mode="max" if m == "acc" else "min",
+                                            min_steps=4, every=4, patience=5))
+              for m in ("acc", "loss")]
+    result = run_workload([*wild, tame, *judged], Cluster([TEST_NODE]), tmp_path / "run",
+                          RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                                     time_limit=2.0))
+    statuses = {t.task: t.status for t in result.tasks}
+    assert statuses == {"wild0": "diverged", "wild1": "diverged", "wild2": "diverged",
+                        "tame": "failed", "by-acc": "done", "by-loss": "done"}, statuses
+    with RunStore(tmp_path / "run") as store:
+        assert "no configuration fits" in (store.task("tame").error or "")
+        assert "(single x1, which diverged as each of wild0, wild1, wild2; the last: " \
+            "task 'wild2' diverged: its loss was nan" in (store.task("wild1").error or "")
 
 
 OOM_AND_CRASH = '''

@@ -7,11 +7,12 @@ import functools
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from dione.spec import Task, load_workload
-from dione.spec.settings import training_settings
+from dione.spec.settings import described, training_settings
 from helpers import digits_task
 
 SWEEP = '''
@@ -40,7 +41,7 @@ def test_settings_are_the_same_in_another_process_and_after_an_unrelated_edit(
     file = tmp_path / "sweep.py"
     file.write_text(SWEEP.replace("RATE", "0.001"))
     here = training_settings(_first(file))
-    assert here["optimizer"] == "task.<locals>.<lambda>[betas=(0.9, 0.99), lr=0.001]"
+    assert here["optimizer"] == "<lambda>[betas=(0.9, 0.99), lr=0.001]"
     assert here["lr_scheduler"] == "StepLR(step_size=5)"
     there = subprocess.run([sys.executable, "-c", SETTINGS, str(file)], capture_output=True,
                            text=True, timeout=120, check=True).stdout.strip()
@@ -65,3 +66,46 @@ def test_settings_name_what_sets_the_training() -> None:
     # An object without a repr of its own is named by its type, not its address.
     holder = functools.partial(torch.optim.SGD, lr=0.1, foreach=object())
     assert "foreach=object" in training_settings(digits_task(optimizer=holder))["optimizer"]
+
+
+LEARNING_RATE = 0.01  # a notebook's (or a module's) number, read by the lambda below
+
+
+class OptimizerFactory:
+    """A callable object as an optimizer factory (its own numbers set the training)."""
+
+    def __init__(self, lr: float, run_name: str) -> None:
+        self.lr, self.run_name = lr, run_name
+
+    def __call__(self, params: Any) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=self.lr)
+
+
+def test_what_a_function_or_an_object_reads_counts_and_what_changes_per_run_does_not(
+        ) -> None:
+    """A notebook's lr read by a lambda, a callable object's lr, a partial held by a
+    closure: each was described by its name alone (a changed rate passed). A config dict
+    holding a run's name and time, or the name of the function that made the lambda,
+    refused a resume that changed nothing."""
+    import time
+
+    global LEARNING_RATE
+    notebook = lambda params: torch.optim.Adam(params, lr=LEARNING_RATE)  # noqa: E731
+    first = described(notebook)
+    LEARNING_RATE = 5.0
+    assert described(notebook) != first and "LEARNING_RATE=5.0" in described(notebook)
+    LEARNING_RATE = 0.01
+    assert described(OptimizerFactory(0.1, "a")) == "OptimizerFactory(lr=0.1)"
+    assert described(OptimizerFactory(0.1, "b")) != described(OptimizerFactory(0.2, "b"))
+    base = functools.partial(torch.optim.AdamW, lr=0.02)
+    assert described(lambda params: base(params)) == "<lambda>[base=AdamW(lr=0.02)]"
+
+    def made(config):
+        return lambda params: torch.optim.AdamW(params, lr=config["lr"])
+
+    def renamed(config):
+        return lambda params: torch.optim.AdamW(params, lr=config["lr"])
+
+    now = {"lr": 0.01, "run": time.strftime("%H%M%S"), "started": time.time()}
+    later = {**now, "run": "later", "started": now["started"] + 1}
+    assert described(made(now)) == described(made(later)) == described(renamed(now))

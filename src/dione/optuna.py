@@ -209,7 +209,7 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     trials = _asked_before(study, where)
     # A trial whose task name the run holds with other training (a `dione add` took the
     # name first) is not told that task's outcome: it fails, saying so.
-    for trial, why in _taken_by_another(study, trials, make_task, run_dir):
+    for trial, why in _taken_by_another(study, trials, run_dir):
         trial.set_user_attr(_BUILD_ERROR, why)
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
     _tell_ended(study, trials, run_dir, metric)  # an interrupted call's, not yet told
@@ -380,12 +380,11 @@ def _to_retry(study: Any, run_dir: str, numbers: set[int]) -> list[tuple[dict[st
             and t.user_attrs.get(_TASK) not in diverged]
 
 
-def _taken_by_another(study: Any, trials: Sequence[Any], make_task: Callable[[Any], Task],
-                      run_dir: str) -> list[tuple[Any, str]]:
-    """Each trial not yet told whose task name the run's store records with other
-    training than ``make_task`` builds for it, and why (a trial whose task cannot be
-    built is left to the build, which says why)."""
-    from dione.spec.settings import training_settings
+def _taken_by_another(study: Any, trials: Sequence[Any], run_dir: str
+                      ) -> list[tuple[Any, str]]:
+    """Each trial not yet told whose task name a `dione add` request gave the run (an
+    interrupted call asked the trial, but the add's task took the name first), and why:
+    that task is another configuration, whatever its settings."""
     from dione.state.store import STORE_FILE, RunStore
 
     if not (Path(run_dir) / STORE_FILE).is_file():
@@ -395,17 +394,11 @@ def _taken_by_another(study: Any, trials: Sequence[Any], make_task: Callable[[An
     with RunStore(run_dir) as store:
         for trial in trials:
             name = str(trial.user_attrs.get(_TASK))
-            if trial.number in told or not store.training_settings(name):
-                continue
-            try:
-                settings = training_settings(make_task(trial))
-            except Exception:  # the build says why, later
-                continue
-            changed = store.changed_settings(name, settings)
-            if changed:
-                found.append((trial, f"the run's task {name!r} was trained otherwise "
-                              f"({'; '.join(changed)}): another task took its name (a "
-                              "`dione add`), so this trial cannot be trained under it"))
+            added = store.addition_of(name)
+            if trial.number not in told and added is not None:
+                found.append((trial, f"the run's task {name!r} came from `dione add` of "
+                              f"{added.workload}: another configuration took this trial's "
+                              "name, so the trial cannot be trained under it"))
     return found
 
 

@@ -282,8 +282,11 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
     (or all) of what is left; that checkpoint; warnings about those passed over."""
     task, placement, trial = request.task, request.placement, request.trial
     total = total_steps(task) if request.total is None else request.total
-    db.register_task(task.name, total, task.batch_size, task.hyperparameters,
-                     training_settings(task))
+    try:
+        db.register_task(task.name, total, task.batch_size, task.hyperparameters,
+                         training_settings(task))
+    except ValueError as err:  # the run directory holds the task trained otherwise
+        raise SliceError(str(err), "refused") from None
     db.recover_interrupted()
     warnings: list[str] = []
     latest = _intact_checkpoint(db, task.name, warnings)

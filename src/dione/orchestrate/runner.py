@@ -195,15 +195,20 @@ class Runner:
                                record.name))
         if profile.options:
             return
-        diverged = [t for t in profile.trials if t.status == "diverged"]
+        # Diverged only where a trial ran as this very task: a task of its speed group
+        # whose trials all diverged as others never ran (failed: a resume profiles it).
+        diverged = [t for t in profile.trials if t.status == "diverged"
+                    and record.name in t.extra.get("diverged_as", ())]
         if diverged and profile.error is None:
-            why = (diverged[0].reason or "its loss was not finite").strip().splitlines()[-1]
+            trial = diverged[0]
+            why = (trial.reason or "its loss was not finite").strip().splitlines()[-1]
+            ran = trial.extra["diverged_as"]
+            said = (f"diverged in its profiling trial ({trial.technique} x{trial.devices}"
+                    + (f", which diverged as each of {', '.join(ran)}; the last: "
+                       if len(ran) > 1 else "): ") + why)
             record.status = TaskStatus.DIVERGED
-            self.store.set_task_status(record.name, "diverged",
-                                       f"diverged in its profiling trial: {why}")
-            self.emit(RunEvent("task_diverged", f"{record.name} diverged in its profiling "
-                               f"trial ({diverged[0].technique} x{diverged[0].devices}): "
-                               f"{why}", record.name))
+            self.store.set_task_status(record.name, "diverged", said)
+            self.emit(RunEvent("task_diverged", f"{record.name} {said}", record.name))
             self._ended(record, {})
             return
         reason = profile.error or profile.why_no_option()

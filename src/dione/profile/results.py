@@ -82,6 +82,7 @@ class TaskProfile:
     restarts: int = 0
     error: str | None = None  # the task could not be profiled at all
     evaluation_key: str | None = None  # tasks with this key share their evaluation's trial
+    evaluate: str = ""  # the task's evaluate as text (a partial's arguments too)
     # What this profiling's trial of the evaluation gave (None: not run this time; the
     # catalog gave its seconds, or the task has no evaluate).
     evaluated: TrialEvaluation | None = None

@@ -23,6 +23,7 @@ from dione.profile.results import ProfileEvent, TaskProfile, TrialEvaluation
 from dione.profile.trial import run_trial
 from dione.profile.trials import PendingTrial
 from dione.spec.cluster import Node
+from dione.spec.settings import described
 from dione.techniques.registry import get_technique
 
 __all__ = ["ProfilingSession", "run_trials"]
@@ -207,9 +208,13 @@ class _Pass:
             # group with no configuration that fits); its evaluation too, below.
             self.queue.append(dataclasses.replace(
                 trial, spec=dataclasses.replace(trial.spec, task=trial.stand_ins[0]),
-                stand_ins=trial.stand_ins[1:]))
+                stand_ins=trial.stand_ins[1:],
+                diverged_as=(*trial.diverged_as, trial.spec.task.name)))
             self.total += 1
         else:
+            if record.status == "diverged":  # whose learning rates: those tasks diverged,
+                # the group's others never ran (their own profile says no option fits)
+                record.extra["diverged_as"] = [*trial.diverged_as, trial.spec.task.name]
             self.results[trial.spec.fingerprint] = record
             if record.status == "crash":
                 record.extra["code"] = trial.code
@@ -221,8 +226,12 @@ class _Pass:
             if record.status not in ("diverged", "node_lost"):
                 setting.catalog.put(record)
         if trial.evaluation_key is not None and evaluated is not None:
-            for profile in setting.profiles:  # what it returned, or why it failed
-                if profile.evaluation_key == trial.evaluation_key:
+            # What it returned, or why it failed: for the tasks whose evaluate is the one
+            # it ran (the key leaves out a partial's arguments, and a stand-in's evaluate
+            # may be another function of the same name).
+            ran = described(trial.spec.task.evaluate)
+            for profile in setting.profiles:
+                if profile.evaluation_key == trial.evaluation_key and profile.evaluate == ran:
                     profile.evaluated = evaluated
         if trial.evaluation_key is not None:
             if evaluation is not None:

@@ -21,6 +21,7 @@ from dione.profile.fingerprint import (
 from dione.profile.results import NotApplicable, Skipped, TaskProfile
 from dione.profile.trial import TrialSpec
 from dione.spec.cluster import Node
+from dione.spec.settings import described
 from dione.spec.task import Task
 from dione.techniques.base import Technique
 from dione.techniques.registry import techniques
@@ -59,6 +60,7 @@ class PendingTrial:
     # The other tasks sharing it, in turn: where the trial diverges (its task's learning
     # rate, which the fingerprint leaves out), it runs again as the next one.
     stand_ins: list[Task] = field(default_factory=list)
+    diverged_as: tuple[str, ...] = ()  # the tasks it ran as before, each of which diverged
 
 
 @dataclass
@@ -133,6 +135,7 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
         profiles.append(profile)
         by_task[task.name] = []
         eval_key = profile.evaluation_key = _evaluation_key(signature, task, device)
+        profile.evaluate = described(task.evaluate)
         if eval_key is not None:
             cached_eval = catalog.evaluation_seconds(eval_key)
             if cached_eval is not None and not reprofile:

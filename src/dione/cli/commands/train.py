@@ -71,6 +71,8 @@ def command(args: argparse.Namespace) -> int:
             if err.reason == "trained":  # not a failure: said, and done
                 console.print(str(err))
                 return 0
+            if err.reason == "refused":  # trained otherwise there: bad input, not a crash
+                raise BadInput(str(err)) from None
             complain("diverged" if err.reason == "diverged" else "error", str(err))
             return EXIT_FAILED
     for warning in result.warnings:
