@@ -370,6 +370,13 @@ def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(
     rows = {line.split("│")[1].strip(): line for line in status.stdout.splitlines()
             if line.count("│") > 3}
     assert cut and all("interrupted" in rows[task] for task in cut), status.stdout
+    # The report, written as the run stopped, says the same (it kept the live page's last
+    # rewrite, up to 30 s old: tasks done since read pending).
+    summary = (run_dir / "report" / "summary.md").read_text()
+    for line in status.stdout.splitlines():
+        if line.count("│") > 3 and line.split("│")[1].strip() in ("a", "b"):
+            name, state = (c.strip() for c in line.split("│")[1:3])
+            assert f"| {name} | {state} |" in summary, (line, summary)
 
     hold.unlink()
     if signum != signal.SIGINT:

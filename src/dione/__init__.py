@@ -66,8 +66,10 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     # Imported here: workers import this package and need none of the planning stack.
     from dione.orchestrate import RunOptions, run_workload
     from dione.orchestrate.interrupts import interruptible
+    from dione.orchestrate.options import RunDirError
     from dione.report import report_after_run
     from dione.spec import Cluster, load_workload, local_cluster
+    from dione.state.store import STORE_FILE
     from dione.techniques.validation import valid_tasks
 
     _argument_types(workload=workload, run_dir=run_dir, on_event=on_event)
@@ -113,8 +115,13 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
                                           invalid=problems)
                 finally:
                     launcher.shutdown()
-    finally:
-        troubles = page.close()
+    except BaseException as err:  # interrupted: the report says where the run stands
+        page.close()
+        if not isinstance(err, RunDirError) and os.path.isfile(os.path.join(run_dir,
+                                                                             STORE_FILE)):
+            report_after_run(run_dir, [t.name for t in tasks], stopped=True)
+        raise
+    troubles = page.close()
     problem = report_after_run(run_dir, [t.task for t in result.tasks])
     for trouble in [*troubles, *([problem] if problem else [])]:
         if not quiet:

@@ -121,18 +121,19 @@ class MetricsWritten:
 
 
 def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
-                 written: MetricsWritten | None = None) -> Path:
+                 written: MetricsWritten | None = None, stopped: bool = False) -> Path:
     """Write ``<run_dir>/report/``; its folder. ``names``: tasks (or their names) to
     include (default: every task in the store). ``written``: what this caller wrote to
     ``metrics.csv`` before (updated here): only the steps since are appended, where a
-    long run's file would otherwise be rewritten whole each time."""
+    long run's file would otherwise be rewritten whole each time. ``stopped``: by its
+    own launcher, interrupted, which still holds the run (read as one that is gone)."""
     run_dir = Path(run_dir)
     if not (run_dir / STORE_FILE).is_file():
         raise FileNotFoundError(f"{run_dir} is not a dione run directory (no {STORE_FILE})")
     folder = private_dir(run_dir / "report")
     wanted = None if names is None else [getattr(n, "name", n) for n in names]
     plans = read_plans(run_dir)
-    gone = _launcher_gone(run_dir)
+    gone = stopped or _launcher_gone(run_dir)
     with RunStore(run_dir) as store:
         zero = _run_start(store, plans)
         heard = store.last_heard()
@@ -227,13 +228,15 @@ def _signature(path: Path) -> tuple[int, int, int] | None:
     return info.st_ino, info.st_size, info.st_mtime_ns
 
 
-def report_after_run(run_dir: str | Path, names: Sequence[Any]) -> str | None:
-    """Write the report of a run that just ended; why it could not be (None: written).
+def report_after_run(run_dir: str | Path, names: Sequence[Any],
+                     stopped: bool = False) -> str | None:
+    """Write the report of a run that just ended (``stopped``: interrupted, its tasks
+    cut short read as `dione status` reads them); why it could not be (None: written).
     The training is done and kept either way: `dione status` and `dione report` read it."""
     import sqlite3
 
     try:
-        write_report(run_dir, names)
+        write_report(run_dir, names, stopped=stopped)
     except (OSError, ValueError, sqlite3.Error) as err:
         return (f"the report could not be written ({type(err).__name__}: {err}); the results "
                 "stand: `dione status` reads them, `dione report` tries again")
