@@ -109,9 +109,19 @@ def test_train_prints_losses_and_resumes(tmp_path: Path,
                                        "    task('lone', steps=4, eval_every=2, evaluate="
                                        "lambda m: {'x': 1.0}),\n    #"))
     run_dir = tmp_path / "run"
+    # A killed launcher's scratch folder: `dione train` removes it, as every launcher does.
+    from dione.launch.scratch import MARKER
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    temp = tmp_path / "tmp"
+    stale = temp / f"dione-gang-{gone.pid}-abc"
+    stale.mkdir(parents=True)
+    (stale / MARKER).write_text("x")
     first = dione("train", str(file), "--task", "lone", "--technique", "single", "--steps", "3",
-                  "--out", str(run_dir))
+                  "--out", str(run_dir), env={"TMPDIR": str(temp)})
     assert first.returncode == 0, first.stderr
+    assert not stale.exists()
     assert [line.split()[1] for line in first.stdout.splitlines()
             if line.startswith("step")] == ["1", "2", "3"]
     # One slice: the task's eval_every is `dione run`'s (it was ignored without a word).

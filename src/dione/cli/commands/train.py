@@ -15,6 +15,7 @@ __all__ = ["command"]
 
 
 def command(args: argparse.Namespace) -> int:
+    from dione.launch.scratch import clean_stale_scratch
     from dione.launch.slice import SliceError, SliceRequest, local_placement, run_request
     from dione.spec.cluster import ClusterError, Node, local_cluster
     from dione.spec.validate import WorkloadError
@@ -61,6 +62,7 @@ def command(args: argparse.Namespace) -> int:
                       "a slice at each): `dione train` trains one slice, which evaluates "
                       "only where it ends the task")
     run_dir = Path(args.out) if args.out else default_run_dir(args.workload)
+    clean_stale_scratch()  # what killed launchers left in $TMPDIR, as profiling removes it
     with claimed(run_dir):
         try:
             request = SliceRequest(task, technique, local_placement(node, range(count)),
