@@ -60,6 +60,9 @@ def test_a_workload_imports_its_sibling_modules_in_the_launcher_and_every_worker
     assert "steps 0-4 under ddp" in done.stdout
 
 
+NOTEBOOK_LR = 0.01  # a notebook's number, read by a task's optimizer lambda
+
+
 def test_the_python_api_says_what_it_does_and_a_finished_run_keeps_its_makespan(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """dione.run() printed nothing for the whole profile; run again once done, it said
@@ -87,6 +90,19 @@ def test_the_python_api_says_what_it_does_and_a_finished_run_keeps_its_makespan(
                        r"-> Adam\(lr=0.1\)\): use a new run directory"):
         dione.run(faster, devices="cpu:1", run_dir=str(tmp_path / "run"), quiet=True,
                   **options)
+    # A notebook's rate, read by a lambda: said, not refused (what a module holds may be
+    # a time or a pid, which would refuse every resume).
+    global NOTEBOOK_LR
+    cell = [digits_task("cell", steps=4, techniques=("single",),
+                        optimizer=lambda params: torch.optim.Adam(params, lr=NOTEBOOK_LR))]
+    dione.run(cell, devices="cpu:1", run_dir=str(tmp_path / "cell"), quiet=True, **options)
+    NOTEBOOK_LR = 5.0
+    heard.clear()
+    dione.run(cell, devices="cpu:1", run_dir=str(tmp_path / "cell"), quiet=True,
+              on_event=heard.append, **options)
+    changed = [e.message for e in heard if e.kind == "training_changed"]
+    assert changed and changed[0].startswith(
+        "cell: optimizer reads: NOTEBOOK_LR=0.01 -> NOTEBOOK_LR=5.0 since the run recorded it")
 
 
 def test_exported_hyperparameters_keep_their_json_types(tmp_path: Path) -> None:

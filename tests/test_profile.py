@@ -304,7 +304,9 @@ def test_a_run_ends_diverged_only_the_tasks_whose_trials_diverged_and_judges_eac
     assert statuses == {"wild0": "diverged", "wild1": "diverged", "wild2": "diverged",
                         "tame": "failed", "by-acc": "done", "by-loss": "done"}, statuses
     with RunStore(tmp_path / "run") as store:
-        assert "no configuration fits" in (store.task("tame").error or "")
+        assert "the trial it shares with wild0, wild1, wild2 diverged as each of them " \
+            "(their learning rates) and was not run as this task: lower those rates" in \
+            (store.task("tame").error or "")
         assert "(single x1, which diverged as each of wild0, wild1, wild2; the last: " \
             "task 'wild2' diverged: its loss was nan" in (store.task("wild1").error or "")
 

@@ -46,18 +46,31 @@ def test_changed_training_is_refused(tmp_path: Path) -> None:
 
 def test_changed_training_settings_are_refused_and_older_records_adopted(
         tmp_path: Path) -> None:
-    first = {"optimizer": "Adam(lr=0.01)", "seed": "0"}
+    first = {"optimizer": "Adam(lr=0.01)", "seed": "0", "optimizer reads": "lr=0.01"}
     with RunStore(tmp_path) as store:
         store.register_task("t", 4, 8, settings=first)
+        store.begin_slice("t", "single", {}, "n0", [0], 0, 2)  # it trained
         store.register_task("t", 4, 8, settings=first)  # the same: resumed
         with pytest.raises(ValueError, match=r"other training \(optimizer: Adam\(lr=0.01\) "
                            r"-> Adam\(lr=0.1\)\)"):
             store.register_task("t", 4, 8, settings={**first, "optimizer": "Adam(lr=0.1)"})
+        # What its factory reads from its module: the caller says it; recorded anew.
+        moved = {**first, "optimizer reads": "lr=5.0"}
+        assert store.changed_settings("t", moved) == ["optimizer reads: lr=0.01 -> lr=5.0"]
+        store.register_task("t", 4, 8, settings=moved, said_only=("optimizer reads",))
+        assert store.training_settings("t") == moved
         # Recorded by a dione that kept no settings: taken as they are now, then held.
         store.register_task("old", 4, 8)
         store.register_task("old", 4, 8, settings=first)
+        store.begin_slice("old", "single", {}, "n0", [0], 0, 2)
         with pytest.raises(ValueError, match="seed: 0 -> 1"):
             store.register_task("old", 4, 8, settings={**first, "seed": "1"})
+        # A task that never trained a step (its profiling trial diverged): changed, it is
+        # taken anew, pending (a lowered rate was refused, and it stayed diverged).
+        store.register_task("wild", 4, 8, settings=first)
+        store.set_task_status("wild", "diverged", "its loss was nan")
+        again = store.register_task("wild", 4, 8, settings={**first, "seed": "1"})
+        assert again.status == "pending" and store.task("wild").status == "pending"
 
 
 def test_a_checkpoint_whose_folder_is_gone_is_skipped(tmp_path: Path) -> None:

@@ -66,7 +66,6 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     # Imported here: workers import this package and need none of the planning stack.
     from dione.orchestrate import RunOptions, run_workload
     from dione.orchestrate.interrupts import interruptible
-    from dione.orchestrate.options import RunDirError
     from dione.report import report_after_run
     from dione.spec import Cluster, load_workload, local_cluster
     from dione.state.store import STORE_FILE
@@ -115,11 +114,12 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
                                           invalid=problems)
                 finally:
                     launcher.shutdown()
-    except BaseException as err:  # interrupted: the report says where the run stands
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the report says where the run stands
+        # (not a refusal, which may be of another run's directory); every task the store
+        # holds, those added while it ran too.
         page.close()
-        if not isinstance(err, RunDirError) and os.path.isfile(os.path.join(run_dir,
-                                                                             STORE_FILE)):
-            report_after_run(run_dir, [t.name for t in tasks], stopped=True)
+        if os.path.isfile(os.path.join(run_dir, STORE_FILE)):
+            report_after_run(run_dir, None, stopped=True)
         raise
     troubles = page.close()
     problem = report_after_run(run_dir, [t.task for t in result.tasks])

@@ -25,7 +25,7 @@ from dione.launch.local import (
     Placement,
     local_placement,
 )
-from dione.spec.settings import training_settings
+from dione.spec.settings import READ_SETTINGS, training_settings
 from dione.spec.task import Task
 from dione.state.checkpoint import (
     CorruptCheckpoint,
@@ -282,13 +282,18 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
     (or all) of what is left; that checkpoint; warnings about those passed over."""
     task, placement, trial = request.task, request.placement, request.trial
     total = total_steps(task) if request.total is None else request.total
+    settings = training_settings(task)
+    warnings: list[str] = [
+        f"{task.name}: {change} since the run recorded it: steps trained from now read "
+        "the new value (a new run directory trains it anew)"
+        for change in db.changed_settings(task.name, settings)
+        if change.split(":")[0] in READ_SETTINGS]
     try:
-        db.register_task(task.name, total, task.batch_size, task.hyperparameters,
-                         training_settings(task))
+        db.register_task(task.name, total, task.batch_size, task.hyperparameters, settings,
+                         said_only=READ_SETTINGS)
     except ValueError as err:  # the run directory holds the task trained otherwise
         raise SliceError(str(err), "refused") from None
     db.recover_interrupted()
-    warnings: list[str] = []
     latest = _intact_checkpoint(db, task.name, warnings)
     start = latest.step if latest else 0
     if start >= total:

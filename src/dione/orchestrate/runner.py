@@ -41,7 +41,7 @@ from dione.plan.problem import Busy, PlanningProblem
 from dione.profile.results import Profile, evaluation_mistake
 from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.metrics import doubtful_direction
-from dione.spec.settings import training_settings
+from dione.spec.settings import READ_SETTINGS, training_settings
 from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
 from dione.spec.validate import late_evaluation
@@ -142,8 +142,14 @@ class Runner:
         """A task as the store has it: registered, trained to its latest checkpoint;
         (with ``settle``) ended where profiling found no way to train it."""
         total = self.profile.task(task.name).total_steps
+        settings = training_settings(task)
+        for change in self.store.changed_settings(task.name, settings):
+            if change.split(":")[0] in READ_SETTINGS:  # a number its factory reads: said
+                self.emit(RunEvent("training_changed", f"{task.name}: {change} since "
+                                   "the run recorded it: steps trained from now read the new "
+                                   "value (a new run directory trains it anew)", task.name))
         self.store.register_task(task.name, total, task.batch_size, task.hyperparameters,
-                                 training_settings(task))
+                                 settings, said_only=READ_SETTINGS)
         rule = task.stopping
         if rule is not None and rule.metric != "loss":  # the leaderboards rank by it
             self.store.add_directions({rule.metric: rule.mode})
@@ -211,7 +217,13 @@ class Runner:
             self.emit(RunEvent("task_diverged", f"{record.name} {said}", record.name))
             self._ended(record, {})
             return
-        reason = profile.error or profile.why_no_option()
+        others = sorted({n for t in profile.trials if t.status == "diverged"
+                         for n in t.extra.get("diverged_as", ())})
+        reason = profile.error or (
+            f"no configuration could be timed: the trial it shares with {', '.join(others)} "
+            "diverged as each of them (their learning rates) and was not run as this task: "
+            "lower those rates, or leave those tasks out, then resume" if others
+            else profile.why_no_option())
         self._give_up(record, reason, f"{record.name}: {reason}")
 
     # -- tasks added while it runs ---------------------------------------------------

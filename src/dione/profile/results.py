@@ -3,6 +3,7 @@ progress events a caller's display follows."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,7 +12,7 @@ from dione.spec.cluster import Cluster
 from dione.spec.task import Task
 
 __all__ = ["NotApplicable", "Profile", "ProfileEvent", "ProfiledOption", "Skipped",
-           "TaskProfile", "TrialEvaluation", "evaluation_mistake"]
+           "TaskProfile", "TrialEvaluation", "evaluation_mistake", "same_function"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ class TaskProfile:
     restarts: int = 0
     error: str | None = None  # the task could not be profiled at all
     evaluation_key: str | None = None  # tasks with this key share their evaluation's trial
-    evaluate: str = ""  # the task's evaluate as text (a partial's arguments too)
+    # The task's evaluate (a trial's evaluation judges the tasks whose evaluate is it).
+    evaluate: Any = field(default=None, repr=False, compare=False)
     # What this profiling's trial of the evaluation gave (None: not run this time; the
     # catalog gave its seconds, or the task has no evaluate).
     evaluated: TrialEvaluation | None = None
@@ -169,3 +171,18 @@ def evaluation_mistake(task: Task, evaluated: TrialEvaluation | None) -> str | N
     return (f"its stopping rule judges {rule.metric!r}, which its evaluate does not return "
             f"(it returned {returned} in its profiling trial): name one of those as the "
             "rule's metric, or return it from evaluate, then resume (nothing was trained)")
+
+
+def same_function(one: Any, other: Any) -> bool:
+    """Whether two callables are one function: the same object, or partials of one
+    function with equal arguments (not two objects of one class, nor two closures of one
+    factory, which may each return other metrics)."""
+    if one is other:
+        return True
+    if isinstance(one, functools.partial) and isinstance(other, functools.partial):
+        try:
+            return bool(one.func is other.func and one.args == other.args
+                        and one.keywords == other.keywords)
+        except Exception:  # arguments that cannot be compared (arrays): not the same
+            return False
+    return False

@@ -19,11 +19,10 @@ from dione.launch.scratch import clean_stale_scratch, scratch_dir
 from dione.profile.catalog import Catalog, TrialRecord
 from dione.profile.choice import merged_runs
 from dione.profile.options import TrialOptions
-from dione.profile.results import ProfileEvent, TaskProfile, TrialEvaluation
+from dione.profile.results import ProfileEvent, TaskProfile, TrialEvaluation, same_function
 from dione.profile.trial import run_trial
 from dione.profile.trials import PendingTrial
 from dione.spec.cluster import Node
-from dione.spec.settings import described
 from dione.techniques.registry import get_technique
 
 __all__ = ["ProfilingSession", "run_trials"]
@@ -229,9 +228,10 @@ class _Pass:
             # What it returned, or why it failed: for the tasks whose evaluate is the one
             # it ran (the key leaves out a partial's arguments, and a stand-in's evaluate
             # may be another function of the same name).
-            ran = described(trial.spec.task.evaluate)
+            ran = trial.spec.task.evaluate
             for profile in setting.profiles:
-                if profile.evaluation_key == trial.evaluation_key and profile.evaluate == ran:
+                if (profile.evaluation_key == trial.evaluation_key
+                        and same_function(profile.evaluate, ran)):
                     profile.evaluated = evaluated
         if trial.evaluation_key is not None:
             if evaluation is not None:

@@ -21,7 +21,6 @@ from dione.profile.fingerprint import (
 from dione.profile.results import NotApplicable, Skipped, TaskProfile
 from dione.profile.trial import TrialSpec
 from dione.spec.cluster import Node
-from dione.spec.settings import described
 from dione.spec.task import Task
 from dione.techniques.base import Technique
 from dione.techniques.registry import techniques
@@ -135,7 +134,7 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
         profiles.append(profile)
         by_task[task.name] = []
         eval_key = profile.evaluation_key = _evaluation_key(signature, task, device)
-        profile.evaluate = described(task.evaluate)
+        profile.evaluate = task.evaluate
         if eval_key is not None:
             cached_eval = catalog.evaluation_seconds(eval_key)
             if cached_eval is not None and not reprofile:

@@ -228,7 +228,7 @@ def _signature(path: Path) -> tuple[int, int, int] | None:
     return info.st_ino, info.st_size, info.st_mtime_ns
 
 
-def report_after_run(run_dir: str | Path, names: Sequence[Any],
+def report_after_run(run_dir: str | Path, names: Sequence[Any] | None,
                      stopped: bool = False) -> str | None:
     """Write the report of a run that just ended (``stopped``: interrupted, its tasks
     cut short read as `dione status` reads them); why it could not be (None: written).
@@ -339,9 +339,9 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
     cut = [s for s in slices if s.status == "interrupted"]
     if cut:
         lines += ["", "## Slices cut short", "",
-                  "The launcher stopped (killed, or its machine lost) while these slices "
-                  "trained; their steps after the last checkpoint were trained again "
-                  "(hatched in the Gantt chart):", ""]
+                  "The launcher stopped (killed, interrupted, or its machine lost) while "
+                  "these slices trained; their steps after the last checkpoint are trained "
+                  "again when the run resumes (hatched in the Gantt chart):", ""]
         lines += [f"- {s.task}: from step {s.start_step} under {s.technique}, "
                   f"{s.started_at - zero:.1f}-{(s.ended_at or s.started_at) - zero:.1f} s"
                   for s in sorted(cut, key=lambda s: s.started_at)]

@@ -2,29 +2,42 @@
 
 from __future__ import annotations
 
+import dis
 import functools
+import numbers
 import types
 from typing import Any
 
 from dione.spec.task import Task
 
-__all__ = ["described", "training_settings"]
+__all__ = ["READ_SETTINGS", "described", "training_settings"]
 
 _SIMPLE = (bool, int, float, str, type(None))
+
+
+# What a factory reads besides its own arguments and closure (its module's numbers, a
+# callable object's): a change there is said on resume, not refused. Such a value may
+# differ from process to process for no fault of the task (a time, a pid, a flag from
+# the environment), which would refuse every resume.
+READ_SETTINGS = ("optimizer reads", "lr_scheduler reads")
 
 
 def training_settings(task: Task) -> dict[str, str]:
     """What sets how ``task`` learns, besides its code, its steps and its batch: the
     optimizer and scheduler with their arguments (a ``functools.partial``'s, or the
     values a closure holds: ``lambda p: AdamW(p, lr=lr)`` made in a loop), the seed, the
-    precision and the clipping. Written so that the same task gives the same text in
-    any process (no memory addresses), and a changed learning rate gives another."""
+    precision and the clipping; and (``READ_SETTINGS``) the numbers the two factories
+    read from their module or object (a notebook's ``lr``). Written so that the same
+    task gives the same text in any process (no memory addresses), and a changed
+    learning rate gives another."""
     return {
         "optimizer": _describe(task.optimizer),
         "lr_scheduler": _describe(task.lr_scheduler),
         "seed": repr(task.seed),
         "precision": repr(task.precision),
         "clip_grad_norm": repr(task.clip_grad_norm),
+        "optimizer reads": _reads(task.optimizer),
+        "lr_scheduler reads": _reads(task.lr_scheduler),
     }
 
 
@@ -37,9 +50,9 @@ def described(value: Any) -> str:
 def _describe(value: Any, depth: int = 0) -> str:
     """``value`` as stable text: simple values by repr (floats exactly), containers
     item by item, a partial with its arguments, a function by its name with the numbers
-    it reads (what its closure and its module hold: ``lambda p: Adam(p, lr=lr)`` made in
-    a loop or in a notebook), a class by its name, anything else by its repr unless
-    that holds a memory address (then its type's name and its numbers)."""
+    its closure holds (``lambda p: Adam(p, lr=lr)`` made in a loop), a class by its
+    name, anything else by its repr unless that holds a memory address (then its
+    type's name)."""
     if depth > 4:
         return "..."
     if isinstance(value, _SIMPLE):
@@ -57,47 +70,67 @@ def _describe(value: Any, depth: int = 0) -> str:
         arguments = [_describe(a, depth + 1) for a in value.args] + [
             f"{k}={_describe(v, depth + 1)}" for k, v in sorted(value.keywords.items())]
         return f"{_describe(value.func, depth + 1)}({', '.join(arguments)})"
-    if isinstance(value, types.MethodType):  # a bound method: its object's numbers too
+    if isinstance(value, types.MethodType):
         return f"{_describe(value.__self__, depth + 1)}.{value.__func__.__name__}"
     if isinstance(value, types.FunctionType):
         return _function(value, depth)
     if isinstance(value, type):
         return value.__qualname__
     text = repr(value)
-    if " at 0x" not in text:
-        return text
-    held = [f"{k}={_describe(v, depth + 1)}" for k, v in sorted(vars(value).items())
-            if _read(v) and not isinstance(v, str)] if hasattr(value, "__dict__") else []
-    return f"{type(value).__qualname__}({', '.join(held)})"
+    return type(value).__qualname__ if " at 0x" in text else text
 
 
 def _function(function: types.FunctionType, depth: int) -> str:
     """A function by its own name (a lambda's is ``<lambda>``; the names around it are
-    left out, so renaming the function that made it changes nothing), with what it
-    reads that sets a number: its closure's and its module's numbers, tuples and
-    partials (not a dict or an object, which may hold a run's name or a time), its
-    defaults."""
+    left out, so renaming the function that made it changes nothing), with the numbers,
+    strings, tuples and partials its closure holds (not a dict or an object, which may
+    hold a run's name or a time) and its defaults."""
     code = function.__code__
     cells = [(n, c.cell_contents) for n, c in zip(code.co_freevars, function.__closure__ or (),
                                                   strict=False) if _filled(c)]
-    module = [(n, function.__globals__[n]) for n in code.co_names
-              if n in function.__globals__]
-    # A module's strings are left out: a run's name or a path set where it loads.
-    read = {**{n: v for n, v in module if not isinstance(v, str)}, **dict(cells)}
-    held = [f"{n}={_describe(v, depth + 1)}" for n, v in sorted(read.items()) if _read(v)]
+    held = [f"{n}={_describe(v, depth + 1)}" for n, v in sorted(cells) if _read(v)]
     defaults = [_describe(d, depth + 1) for d in function.__defaults__ or ()]
     if defaults:
         held.append(f"defaults={', '.join(defaults)}")
     return f"{function.__name__}[{', '.join(held)}]" if held else function.__name__
 
 
+def _reads(value: Any) -> str:
+    """The numbers ``value`` reads besides its arguments and closure: the module
+    globals its code (and the functions nested in it) loads by name, a callable object's
+    (or a bound method's object's) attributes; as ``name=value``, sorted."""
+    found: dict[str, Any] = {}
+    target = value.func if isinstance(value, functools.partial) else value
+    if isinstance(target, types.MethodType):
+        target = target.__self__
+    if isinstance(target, types.FunctionType):
+        for name in _global_names(target.__code__):
+            if name in target.__globals__:
+                found[name] = target.__globals__[name]
+    elif not isinstance(target, type) and hasattr(target, "__dict__"):
+        found = dict(vars(target))
+    return ", ".join(f"{n}={_describe(v)}" for n, v in sorted(found.items())
+                     if _read(v) and not isinstance(v, str))
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The names ``code`` (and each function defined in it) loads as globals, not the
+    attributes it reads (``hp.lr`` loads ``hp``, not ``lr``)."""
+    names = {i.argval for i in dis.get_instructions(code)
+             if i.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(i.argval, str)}
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _global_names(constant)
+    return names
+
+
 def _read(value: Any) -> bool:
-    """Whether a value a function reads counts as a setting: a number, a flag, a
-    string, a tuple of such, or a partial (not a module, a class, a function, a dict or
-    an object: those are code, or may hold what changes from run to run)."""
+    """Whether a value a function reads counts as a setting: a number (numpy's too), a
+    flag, a string, a tuple of such, or a partial (not a module, a class, a function, a
+    dict or an object: those are code, or may hold what changes from run to run)."""
     if isinstance(value, tuple):
         return all(_read(v) for v in value)
-    return isinstance(value, (*_SIMPLE, functools.partial))
+    return isinstance(value, (*_SIMPLE, numbers.Number, functools.partial))
 
 
 def _filled(cell: Any) -> bool:

@@ -22,8 +22,8 @@ import os
 import secrets
 import socket
 import sqlite3
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -306,11 +306,13 @@ class RunStore(SQLiteFile):
     def register_task(
         self, name: str, total_steps: int, batch_size: int,
         hyperparameters: Mapping[str, Any] | None = None,
-        settings: Mapping[str, str] | None = None,
+        settings: Mapping[str, str] | None = None, said_only: Collection[str] = (),
     ) -> TaskRecord:
         """Record a task, or check that a recorded one still has the same training: its
         steps, batch and ``settings`` (``dione.spec.settings.training_settings``: a
-        notebook run again with another learning rate got the first rate's results)."""
+        notebook run again with another learning rate got the first rate's results),
+        but for those in ``said_only``, which are recorded anew (the caller says the
+        change: ``changed_settings`` before)."""
         existing = self.task(name)
         if existing is not None:
             if (existing.total_steps, existing.batch_size) != (total_steps, batch_size):
@@ -321,15 +323,23 @@ class RunStore(SQLiteFile):
                 )
             if settings is not None:
                 recorded = self.training_settings(name)
-                changed = self.changed_settings(name, settings)
+                changed = self.changed_settings(
+                    name, {k: v for k, v in settings.items() if k not in said_only})
+                if changed and not self.slices(name):
+                    # It never trained a step (its profiling trial diverged, say): a new
+                    # task under the old name, its training and status taken anew.
+                    self._set_run_value(f"training:{name}", dict(settings))
+                    self.set_task_status(name, "pending")
+                    return replace(existing, status="pending", error=None)
                 if changed:
                     raise ValueError(
                         f"task {name!r} was recorded in {self.run_dir} with other training "
                         f"({'; '.join(changed)}): use a new run directory (or another task "
                         "name) for changed training, or put the task back as it was to "
                         "resume it")
-                if any(k not in recorded for k in settings):  # recorded by an older dione
-                    self._set_run_value(f"training:{name}", {**settings, **recorded})
+                kept = {k: v for k, v in recorded.items() if k not in said_only}
+                if {**settings, **kept} != recorded:  # an older dione's record; said_only
+                    self._set_run_value(f"training:{name}", {**settings, **kept})
             return existing
         with self._transaction() as db:
             db.execute(

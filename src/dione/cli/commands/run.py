@@ -97,21 +97,23 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
                 if event.kind in ("planned", "replanned", "slice_finished", "task_stopped"):
                     page.touch()
 
-            stopped = True  # by Ctrl-C, SIGTERM or an error, until the run returns
+            stopped = False  # by Ctrl-C or SIGTERM (not a refusal: maybe another's run)
             try:
                 result = run_workload(tasks, cluster, run_dir, run.options, on_event=said,
                                       on_profile_event=profile_lines(), view=live.update,
                                       launcher=launcher, invalid=problems)
-                stopped = False
             except (RunDirError, ClusterError) as err:
-                stopped = False  # refused before it ran (another workload's directory)
                 raise BadInput(str(err)) from None
+            except KeyboardInterrupt:
+                stopped = True
+                raise
             finally:
                 for trouble in page.close():  # the final report comes next, written once
                     complain("warning", trouble)
                 if stopped:  # it says where the run stands, as `dione status` does (it
-                    # showed the live page's last rewrite, up to 30 s before the stop)
-                    report_after_run(run_dir, [t.name for t in tasks], stopped=True)
+                    # showed the live page's last rewrite, up to 30 s before the stop);
+                    # every task of the store: those `dione add` gave it too
+                    report_after_run(run_dir, None, stopped=True)
         problem = report_after_run(run_dir, [t.task for t in result.tasks])
         if problem:
             complain("warning", problem)
