@@ -250,6 +250,7 @@ def test_a_trial_whose_name_another_task_took_fails_saying_so(tmp_path: Path) ->
     with RunStore(edited) as store:
         store.register_task(f"trial-{asked.number}", 8, 16,
                             settings={"optimizer": "Adam(lr=0.5)"})
+        store.begin_slice(f"trial-{asked.number}", "single", {}, "vm", [0], 0, 4)  # trained
     with pytest.raises(ValueError, match=r"other training \(optimizer: Adam\(lr=0.5\) -> "
                                          r"Adam\(lr=0.01\)\)"):
         dione.optuna.optimize(other, build, n_trials=1, report_every=4,
