@@ -240,6 +240,15 @@ def test_a_trial_whose_name_another_task_took_fails_saying_so(tmp_path: Path) ->
     assert "the run's task 'trial-0' came from `dione add` of " in \
         first.user_attrs["dione_error"]
     assert second.state == optuna.trial.TrialState.COMPLETE
+    # A request that named a trial's task but was refused it (the trial had the name):
+    # the task holding the trial's parameters is its own, and the trial is not failed.
+    third = dione.optuna._ask(study, str(run_dir.resolve()))
+    third.suggest_float("lr", 1e-3, 3e-2, log=True)  # built, as make_task builds it
+    with RunStore(run_dir) as store:
+        store.register_task(f"trial-{third.number}", 8, 16, dict(third.params))
+        late = store.add_tasks(str(tmp_path / "more.py"), [f"trial-{third.number}", "x"])
+        store.settle_addition(late, "taken", "added x; refused ...")
+    assert dione.optuna._taken_by_another(study, [third], str(run_dir)) == []
     # No add: the trial's own task, trained otherwise (make_task edited between the two
     # calls). The run refuses, naming the change; the trial stays open (it was failed
     # for good, blamed on an add that never was), so putting make_task back resumes it.

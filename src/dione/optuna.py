@@ -29,6 +29,7 @@ as Optuna's own ``study.optimize(n_jobs=k)`` would let it. Needs the ``optuna`` 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -207,8 +208,8 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
                          f"once), not {in_flight!r}")
     where = str(Path(run_dir).resolve())
     trials = _asked_before(study, where)
-    # A trial whose task name the run holds with other training (a `dione add` took the
-    # name first) is not told that task's outcome: it fails, saying so.
+    # A trial whose task name a `dione add` took first is not told that task's outcome:
+    # it fails, saying so.
     for trial, why in _taken_by_another(study, trials, run_dir):
         trial.set_user_attr(_BUILD_ERROR, why)
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -395,7 +396,13 @@ def _taken_by_another(study: Any, trials: Sequence[Any], run_dir: str
         for trial in trials:
             name = str(trial.user_attrs.get(_TASK))
             added = store.addition_of(name)
-            if trial.number not in told and added is not None:
+            record = store.task(name)
+            # A request that named it may have been refused it (the trial's task had
+            # the name): its own task holds the trial's parameters.
+            own = record is not None and bool(trial.params) and all(
+                record.hyperparameters.get(k) == json.loads(json.dumps(v, default=str))
+                for k, v in trial.params.items())
+            if trial.number not in told and added is not None and not own:
                 found.append((trial, f"the run's task {name!r} came from `dione add` of "
                               f"{added.workload}: another configuration took this trial's "
                               "name, so the trial cannot be trained under it"))
