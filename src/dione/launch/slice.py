@@ -25,7 +25,7 @@ from dione.launch.local import (
     Placement,
     local_placement,
 )
-from dione.spec.settings import READ_SETTINGS, training_settings
+from dione.spec.settings import READ_SETTINGS, read_changes, training_settings
 from dione.spec.task import Task
 from dione.state.checkpoint import (
     CorruptCheckpoint,
@@ -283,11 +283,7 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
     task, placement, trial = request.task, request.placement, request.trial
     total = total_steps(task) if request.total is None else request.total
     settings = training_settings(task)
-    warnings: list[str] = [
-        f"{task.name}: {change} since the run recorded it: steps trained from now read "
-        "the new value (a new run directory trains it anew)"
-        for change in db.changed_settings(task.name, settings)
-        if change.split(":")[0] in READ_SETTINGS]
+    warnings = read_changes(task.name, db.changed_settings(task.name, settings))
     try:
         db.register_task(task.name, total, task.batch_size, task.hyperparameters, settings,
                          said_only=READ_SETTINGS)

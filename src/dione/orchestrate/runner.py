@@ -41,7 +41,7 @@ from dione.plan.problem import Busy, PlanningProblem
 from dione.profile.results import Profile, evaluation_mistake
 from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.metrics import doubtful_direction
-from dione.spec.settings import READ_SETTINGS, training_settings
+from dione.spec.settings import READ_SETTINGS, read_changes, training_settings
 from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
 from dione.spec.validate import late_evaluation
@@ -143,11 +143,8 @@ class Runner:
         (with ``settle``) ended where profiling found no way to train it."""
         total = self.profile.task(task.name).total_steps
         settings = training_settings(task)
-        for change in self.store.changed_settings(task.name, settings):
-            if change.split(":")[0] in READ_SETTINGS:  # a number its factory reads: said
-                self.emit(RunEvent("training_changed", f"{task.name}: {change} since "
-                                   "the run recorded it: steps trained from now read the new "
-                                   "value (a new run directory trains it anew)", task.name))
+        for said in read_changes(task.name, self.store.changed_settings(task.name, settings)):
+            self.emit(RunEvent("training_changed", said, task.name))  # a number it reads
         self.store.register_task(task.name, total, task.batch_size, task.hyperparameters,
                                  settings, said_only=READ_SETTINGS)
         rule = task.stopping

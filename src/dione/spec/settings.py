@@ -10,7 +10,7 @@ from typing import Any
 
 from dione.spec.task import Task
 
-__all__ = ["READ_SETTINGS", "described", "training_settings"]
+__all__ = ["READ_SETTINGS", "described", "read_changes", "training_settings"]
 
 _SIMPLE = (bool, int, float, str, type(None))
 
@@ -39,6 +39,14 @@ def training_settings(task: Task) -> dict[str, str]:
         "optimizer reads": _reads(task.optimizer),
         "lr_scheduler reads": _reads(task.lr_scheduler),
     }
+
+
+def read_changes(task: str, changed: list[str]) -> list[str]:
+    """Of a store's changed settings (``RunStore.changed_settings``), what to say of
+    those in ``READ_SETTINGS``: one line each (the run and ``dione train`` say them)."""
+    return [f"{task}: {change} since the run recorded it: steps trained from now read the "
+            "new value (a new run directory trains it anew)"
+            for change in changed if change.split(":")[0] in READ_SETTINGS]
 
 
 def described(value: Any) -> str:
