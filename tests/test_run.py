@@ -147,6 +147,7 @@ def test_run_plans_executes_and_reports(tmp_path: Path, monkeypatch) -> None:
         assert (report / name).is_file(), name
     metrics = (report / "metrics.csv").read_text().splitlines()
     assert len(metrics) == 1 + 3 * 12
+    assert metrics[0].endswith(",simulated") and all(m.endswith(",false") for m in metrics[1:])
     assert {e.kind for e in events} >= {"profiled", "planned", "slice_started",
                                         "slice_finished", "finished"}
     # The tasks table: every row as many cells as its header (no evaluation here).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from collections.abc import Iterator
@@ -248,6 +249,15 @@ def test_the_report_page_holds_the_tables_and_both_figures(tmp_path: Path) -> No
     assert "stopped" in page.cells and "t0" in page.cells
     assert "dione run report: SIMULATED" in page.headings and "Stopped early" in page.headings
     assert '<a href="timeline.csv">' in (folder / "index.html").read_text()  # and the rest
+    # Every row of every CSV says it was simulated (read beside a real run's files; this
+    # run evaluates nothing, so evaluations.csv has its header only).
+    for name in ("timeline.csv", "metrics.csv", "evaluations.csv", "summary.csv"):
+        with open(folder / name) as file:
+            reader = csv.DictReader(file)
+            rows = list(reader)
+        assert reader.fieldnames and reader.fieldnames[-1] == "simulated", name
+        assert {row["simulated"] for row in rows} == ({"true"} if name != "evaluations.csv"
+                                                      else set()), name
 
 
 def test_tensorboard_holds_every_step_evaluation_and_the_hparams(tmp_path: Path) -> None:

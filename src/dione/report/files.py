@@ -134,6 +134,10 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
     wanted = None if names is None else [getattr(n, "name", n) for n in names]
     plans = read_plans(run_dir)
     gone = stopped or _launcher_gone(run_dir)
+    simulated = (run_dir / SIMULATED_FILE).is_file()
+    # Each CSV row says whether it was measured or simulated: the files of a real run and
+    # of its simulation, read together for comparison, are told apart row by row.
+    mark = "true" if simulated else "false"
     with RunStore(run_dir) as store:
         zero = _run_start(store, plans)
         heard = store.last_heard()
@@ -144,14 +148,15 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
         with open(folder / "timeline.csv", "w", newline="") as out:
             writer = csv.writer(out)
             writer.writerow(["slice", "task", "technique", "knobs", "node", "device_ids",
-                             "start_step", "end_step", "start_s", "end_s", "status", "error"])
+                             "start_step", "end_step", "start_s", "end_s", "status", "error",
+                             "simulated"])
             for s in slices:
                 writer.writerow([s.id, s.task, s.technique, json.dumps(s.knobs), s.node,
                                  " ".join(map(str, s.device_ids)), s.start_step, s.end_step,
                                  f"{s.started_at - zero:.3f}",
                                  "" if s.ended_at is None else f"{s.ended_at - zero:.3f}",
-                                 s.status, _short(s.error)])
-        _write_metrics(store, folder / "metrics.csv", wanted, written)
+                                 s.status, _short(s.error), mark])
+        _write_metrics(store, folder / "metrics.csv", wanted, written, mark)
         tasks = summaries(store, wanted)
         invalid = store.invalid()
         directions = store.directions()
@@ -159,8 +164,8 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
         evaluated = {t.task: store.evaluations(t.task) for t in tasks}
     with open(folder / "evaluations.csv", "w", newline="") as out:  # eval_every's too
         writer = csv.writer(out)
-        writer.writerow(["task", "step", "metric", "value"])
-        writer.writerows([task, step, metric, repr(value)]
+        writer.writerow(["task", "step", "metric", "value", "simulated"])
+        writer.writerows([task, step, metric, repr(value), mark]
                          for task, curves_of in evaluated.items()
                          for metric, points in sorted(curves_of.items())
                          for step, value in points)
@@ -171,15 +176,14 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
         writer = csv.writer(out)
         writer.writerow(["task", "status", "steps", "total_steps", "techniques", "devices",
                          "seconds", "final_loss", *metrics, "hyperparameters", "trained",
-                         "error"])
+                         "error", "simulated"])
         for t in tasks:
             writer.writerow([t.task, t.status, t.steps, t.total_steps, " ".join(t.techniques),
                              " ".join(t.devices), f"{t.seconds:.2f}",
                              "" if t.final_loss is None else repr(t.final_loss),
                              *(t.evaluation.get(m, "") for m in metrics),
                              json.dumps(t.hyperparameters), t.trained,
-                             (t.error or "").splitlines()[0] if t.error else ""])
-    simulated = (run_dir / SIMULATED_FILE).is_file()
+                             (t.error or "").splitlines()[0] if t.error else "", mark])
     (folder / "summary.md").write_text(_markdown(tasks, metrics, plans, slices, zero,
                                                  simulated, invalid, directions, run_dir))
     from dione.report.gantt import draw_gantt
@@ -198,7 +202,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
 
 
 def _write_metrics(store: RunStore, path: Path, wanted: Sequence[str] | None,
-                   written: MetricsWritten | None) -> None:
+                   written: MetricsWritten | None, mark: str) -> None:
     """Every step's loss and seconds, per task: whole, or appended past ``written``
     where the file is as that caller left it."""
     append = written is not None and written.signature is not None \
@@ -207,12 +211,12 @@ def _write_metrics(store: RunStore, path: Path, wanted: Sequence[str] | None,
     with open(path, "a" if append else "w", newline="") as out:
         writer = csv.writer(out)
         if not append:
-            writer.writerow(["task", "step", "loss", "step_seconds"])
+            writer.writerow(["task", "step", "loss", "step_seconds", "simulated"])
         for task in store.tasks():
             if wanted is not None and task.name not in wanted:
                 continue
             rows = store.metrics(task.name, after=steps.get(task.name, 0))
-            writer.writerows([task.name, *row] for row in rows)
+            writer.writerows([task.name, *row, mark] for row in rows)
             if rows:
                 steps[task.name] = rows[-1][0]
     if written is not None:
