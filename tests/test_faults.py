@@ -147,3 +147,22 @@ def _alive(process: Path) -> bool:
         return (process / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def test_a_dead_ranks_log_tail_leaves_out_the_warnings_libraries_printed(
+        tmp_path: Path) -> None:
+    """What a killed rank printed last is quoted, not torch's deprecation notes."""
+    from dione.launch.gang import _log_tail
+
+    log = tmp_path / "rank1.log"
+    log.write_text(
+        "step 3 loss 2.1\n"
+        "/venv/lib/python3.11/site-packages/torch/distributed/c10d.py:410: UserWarning: "
+        "barrier is deprecated\n"
+        "  warnings.warn(\n"
+        "allocating 40 GB for the cache\n"
+        "/venv/torch/utils/checkpoint.py:87: FutureWarning: use_reentrant will change\n"
+        "  return fn(*args)\n")
+    assert _log_tail(log) == "step 3 loss 2.1\nallocating 40 GB for the cache"
+    assert _log_tail(log, lines=1) == "allocating 40 GB for the cache"
+    assert _log_tail(tmp_path / "absent.log") == ""

@@ -11,6 +11,7 @@ lost their peer. A gang past its timeout, or cancelled, is ended the same way.
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
@@ -101,12 +102,30 @@ def signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+# A line Python's warnings module prints ("file.py:12: UserWarning: text"); the source
+# line it quotes follows, indented.
+_WARNING_LINE = re.compile(r"^\S.*:\d+: \w*Warning: ")
+
+
 def _log_tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` of a rank's log, less the warnings libraries printed there (a
+    killed rank's log otherwise read as torch's deprecation notes, as if they were why)."""
     try:
         text = path.read_text(errors="replace").rstrip().splitlines()
     except OSError:
         return ""
-    return "\n".join(text[-lines:])
+    kept: list[str] = []
+    quoted = False  # the line after a warning: the source line it quotes
+    for line in text:
+        if _WARNING_LINE.match(line):
+            quoted = True
+            continue
+        if quoted and line[:1].isspace():
+            quoted = False
+            continue
+        quoted = False
+        kept.append(line)
+    return "\n".join(kept[-lines:])
 
 
 def workload_sources() -> dict[str, tuple[str, str]]:
