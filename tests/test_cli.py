@@ -653,3 +653,14 @@ def test_current_practice_never_writes_a_live_runs_record(
     assert in_process(capsys, "run", str(workload), "--current-practice", "--devices",
                       "cpu:1", "--out", str(fresh))[0] == 1  # its one invalid task
     assert fresh.stat().st_mode & 0o077 == 0
+
+
+def test_techniques_lists_the_built_ins_and_those_a_workload_registers(tmp_path: Path) -> None:
+    from test_profile import OOM_AND_CRASH  # registers "crashes" as it loads
+
+    (tmp_path / "workload.py").write_text(OOM_AND_CRASH)
+    listed = dione("techniques", str(tmp_path / "workload.py"))
+    assert listed.returncode == 0, listed.stderr
+    names = {t["name"]: t["exact"] for t in json.loads(listed.stdout)}
+    assert {"single", "ddp", "fsdp", "gpipe", "1f1b", "xpipe", "crashes"} <= set(names)
+    assert names["xpipe"] is False and names["crashes"] is True

@@ -390,7 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--latest", action="store_true",
                         help="take the newest checkpoint of a task that is not done")
 
-    command("techniques", "list registered techniques and knobs")
+    techniques = command("techniques", "list registered techniques and knobs")
+    techniques.add_argument("workload", nargs="?",
+                            help="a workload file: its own registered techniques listed too")
     return parser
 
 

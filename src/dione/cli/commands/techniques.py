@@ -11,8 +11,11 @@ __all__ = ["command"]
 
 
 def command(args: argparse.Namespace) -> int:
+    from dione.cli.inputs import load
     from dione.techniques import techniques
 
+    if args.workload:  # it registers its own techniques as it loads
+        load(args.workload)
     rows = [{"name": t.name, "exact": t.exact, "knobs": dict(t.knobs)} for t in techniques()]
     console.print_json(json.dumps(rows))
     return 0
