@@ -98,6 +98,24 @@ def test_prune_counts_only_the_checkpoints_the_store_recorded(tmp_path: Path) ->
     assert all(checkpoint_path(tmp_path, "t", step).is_dir() for step in (2, 3, 4, 5))
 
 
+def test_a_model_that_lost_layers_since_its_checkpoint_is_refused(tmp_path: Path) -> None:
+    """DCP loads only what the model asks for: a model edited to fewer layers would train
+    on, and be exported, from the bigger one's checkpoint without a word."""
+    from dione.state.checkpoint import CheckpointMismatch, load_model_weights
+
+    model, optimizer = model_and_optimizer(0)
+    folder = save(tmp_path, 5, model, optimizer)
+    smaller = torch.nn.Sequential(torch.nn.Linear(4, 8))  # its "0" is the first layer
+    with pytest.raises(CheckpointMismatch, match=r"holds 2 weight\(s\) the task's model no "
+                       r"longer has \(2.bias, 2.weight\)"):
+        load_checkpoint(folder, smaller, torch.optim.AdamW(smaller.parameters()),
+                        batch_size=8, seed=0)
+    with pytest.raises(CheckpointMismatch, match=r"\(2.bias, 2.weight\).*put the code back"):
+        load_model_weights(folder, smaller)
+    # The same model loads (every name it has, none left over).
+    load_model_weights(folder, model_and_optimizer(1)[0])
+
+
 def test_export_refuses_a_checkpoint_whose_files_do_not_match(tmp_path: Path) -> None:
     model, optimizer = model_and_optimizer(0)
     folder = save(tmp_path, 5, model, optimizer)

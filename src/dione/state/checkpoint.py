@@ -361,6 +361,7 @@ def load_checkpoint(
         dcp_load(state, checkpoint_id=folder, no_dist=not _grouped())
     except CheckpointException as err:
         raise _mismatch(folder, err, "model and optimizer") from None
+    _refuse_left_out(folder, model_state, "model and optimizer")
     set_state_dict(model, optimizer, model_state_dict=cast(Any, state["model"]),
                    optim_state_dict=cast(Any, state["optim"]), options=_OPTIONS)
     if scheduler is not None and (folder / "scheduler.pt").is_file():
@@ -398,8 +399,39 @@ def load_model_weights(path: str | Path, model: nn.Module) -> Progress:
             dcp_load(state, checkpoint_id=folder, no_dist=True)
         except CheckpointException as err:  # a BaseException: `except Exception` missed it
             raise _mismatch(folder, err, "model") from None
+    _refuse_left_out(folder, state["model"], "model")
     model.load_state_dict(state["model"])
     return progress
+
+
+def _refuse_left_out(folder: Path, model_state: Iterable[str], what: str) -> None:
+    """CheckpointMismatch where the checkpoint holds weights no rank's model has (the
+    model lost layers or modules since the slice that wrote it). DCP loads only what the
+    model asks for, so they would be dropped without a word: a model edited to fewer
+    layers trained on, and was exported, as if it were the one the run trained.
+    Collective where there is a group: a pipeline's stages each hold a part."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    names = set(model_state)
+    world = _rank()[1]
+    if world > 1:
+        parts: list[Any] = [None] * world
+        dist.all_gather_object(parts, sorted(names))
+        names = set().union(*parts)
+    saved = [key.removeprefix("model.") for key in
+             FileSystemReader(folder).read_metadata().state_dict_metadata
+             if key.startswith("model.")]
+    # A name is the model's where it, or a prefix of it at a dot, is one of the model's
+    # own (an entry that is not a tensor is stored flattened under its name).
+    gone = sorted(key for key in saved if not any(
+        key[:i] in names for i in [len(key), *(j for j, c in enumerate(key) if c == ".")]))
+    if gone:
+        listed = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
+        raise CheckpointMismatch(
+            f"checkpoint {folder} holds {len(gone)} weight(s) the task's model no longer has "
+            f"({listed}): the {what} changed since the slice that wrote it; train the changed "
+            "task in a new run directory, or put the code back (export and load: give the "
+            "workload the run trained)")
 
 
 def _mismatch(folder: Path, err: CheckpointException, what: str) -> CheckpointMismatch:
