@@ -452,6 +452,9 @@ def test_nodes_of_different_sizes_each_run_slices_that_fit_them(
         nodes = launcher.nodes()
         one = dione_node(nodes, small)
         assert one.devices == 1 and {n.devices for n in nodes} == {1, 2}
+        # The widest first, whatever Ray's node ids: the profiler measures options on the
+        # first node, up to its width.
+        assert nodes[0].devices == 2 and nodes[-1] == one
         tasks = [digits_task(f"s{i}", steps=12, techniques=("single",)) for i in range(4)]
         result = run_workload(
             tasks, Cluster(nodes), tmp_path / "run",
@@ -471,6 +474,21 @@ def test_nodes_of_different_sizes_each_run_slices_that_fit_them(
         cluster.remove_node(small)
     actors, groups = _left_behind()
     assert not actors and not groups, (actors, groups)
+
+
+def test_a_cpu_head_beside_gpu_nodes_holds_no_device_of_the_run(cluster: Any) -> None:
+    """A Ray head started on a CPU machine, GPU workers beside it: the run's devices are
+    the GPUs only (Ray's GPU resource is declared here; nothing trains on it)."""
+    gpu = cluster.add_node(num_cpus=1, num_gpus=2)
+    cluster.wait_for_nodes()
+    launcher = RayLauncher()
+    try:
+        nodes = launcher.nodes()
+        assert nodes == [dione_node(nodes, gpu)] and nodes[0].kind == "cuda" \
+            and nodes[0].devices == 2, nodes
+    finally:
+        launcher.shutdown()
+        cluster.remove_node(gpu)
 
 
 def test_a_node_that_joins_mid_run_is_planned_at_the_next_replan(

@@ -389,19 +389,27 @@ class RayLauncher:
     # -- the cluster -----------------------------------------------------------------
 
     def nodes(self) -> list[Node]:
-        """The alive nodes with devices: their GPUs, else their CPUs as slots."""
+        """The alive nodes with devices: their GPUs, else their CPUs as slots; where any
+        has GPUs, those only (a head started on a CPU machine holds no device of the run:
+        its CPUs, planned alike with GPUs, would take slices). The first is the widest:
+        the profiler measures options on it, up to its width (taken in the order Ray
+        lists nodes, a 1-device node first profiled no option wider, and tasks that
+        need two devices failed while a wider node idled)."""
         found = []
-        for info in sorted(self.ray.nodes(), key=lambda n: n["NodeID"]):
+        for info in self.ray.nodes():
             resources = info.get("Resources", {})
             gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
             if not info.get("Alive") or (gpus == 0 and cpus == 0):
                 continue
             name = f"{info.get('NodeManagerHostname', 'node')}-{info['NodeID'][:6]}"
             self._ids[name] = info["NodeID"]
-            found.append(Node(name, gpus or cpus, "cuda" if gpus else "cpu", max(cpus, 1)))
+            found.append((info["NodeID"], Node(name, gpus or cpus, "cuda" if gpus else "cpu",
+                                               max(cpus, 1))))
         if not found:
             raise ClusterError("the Ray cluster has no alive node with CPUs or GPUs")
-        return found
+        if any(node.kind == "cuda" for _, node in found):
+            found = [(i, node) for i, node in found if node.kind == "cuda"]
+        return [node for _, node in sorted(found, key=lambda f: (-f[1].devices, f[0]))]
 
     def alive_nodes(self) -> list[Node] | None:
         """The nodes alive now: a run plans a node that joined at its next re-plan."""
