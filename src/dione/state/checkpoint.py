@@ -410,7 +410,7 @@ def _refuse_left_out(folder: Path, model_state: Iterable[str], what: str) -> Non
     model asks for, so they would be dropped without a word: a model edited to fewer
     layers trained on, and was exported, as if it were the one the run trained.
     Collective where there is a group: a pipeline's stages each hold a part."""
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
 
     names = set(model_state)
     world = _rank()[1]
