@@ -664,3 +664,19 @@ def test_techniques_lists_the_built_ins_and_those_a_workload_registers(tmp_path:
     names = {t["name"]: t["exact"] for t in json.loads(listed.stdout)}
     assert {"single", "ddp", "fsdp", "gpipe", "1f1b", "xpipe", "crashes"} <= set(names)
     assert names["xpipe"] is False and names["crashes"] is True
+
+
+def test_run_refuses_a_folder_that_is_not_a_runs_and_keeps_its_files(tmp_path: Path) -> None:
+    """A project folder given as --out was adopted: its run.json replaced, its lock and
+    report/ written over."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "run.json").write_text('{"my": "experiment config"}')
+    (project / "notes.txt").write_text("mine")
+    demo = Path(__file__).parent.parent / "examples" / "demo.py"
+    refused = dione("run", str(demo), "--devices", "cpu:1", "--out", str(project))
+    assert refused.returncode == 2
+    assert "is not a dione run directory and is not empty (it holds notes.txt)" in \
+        refused.stderr
+    assert (project / "run.json").read_text() == '{"my": "experiment config"}'
+    assert sorted(p.name for p in project.iterdir()) == ["notes.txt", "run.json"]

@@ -592,6 +592,19 @@ def test_a_simulation_into_the_directory_of_an_earlier_one_starts_afresh(
         store.register_task("t0", 20, 8)
     with pytest.raises(RunDirError, match="holds a run that trained"):
         simulate(small_problem(2), tmp_path / "real", steps=20, options=OPTIONS)
+    # A project folder given as --out is refused, not adopted (a simulation redone there
+    # cleared the project's files with its own); a file put beside a simulation since
+    # stays when it is redone.
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "NOTES.md").write_text("mine")
+    with pytest.raises(RunDirError, match=r"not a dione run directory and is not empty "
+                       r"\(it holds NOTES.md, src\): give a new or empty folder"):
+        simulate(small_problem(2), project, steps=20, options=OPTIONS)
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    simulate(small_problem(2), tmp_path / "run", steps=20, options=OPTIONS)
+    assert (tmp_path / "run" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in project.iterdir()) == ["NOTES.md", "src"]
     # Nothing trained in a simulated run: resume and export say so.
     from dione.cli import main
 

@@ -12,7 +12,8 @@ from dione.profile.options import TrialOptions
 from dione.state.lock import RunDirBusy, RunLock
 from dione.state.private import UnsafePathError, private_dir
 
-__all__ = ["SIMULATION_OPTIONS", "RunDirError", "RunEvent", "RunOptions", "claim_run_dir"]
+__all__ = ["RUN_DIR_ENTRIES", "SIMULATION_OPTIONS", "RunDirError", "RunEvent", "RunOptions",
+           "claim_run_dir"]
 
 
 class RunDirError(ValueError):
@@ -20,9 +21,28 @@ class RunDirError(ValueError):
     steps), held by another live launcher, not private, or not writable."""
 
 
+# What dione writes in a run directory (a store's journals beside it): an existing
+# folder that holds anything else and no store is someone else's.
+RUN_DIR_ENTRIES = frozenset({
+    "dione.sqlite", "dione.sqlite-wal", "dione.sqlite-shm", "dione.sqlite-journal", "lock",
+    "run.json", "simulated.json", "plans", "report", "logs", "checkpoints", "tensorboard"})
+
+
 def claim_run_dir(run_dir: str | Path) -> RunLock:
     """Create ``run_dir`` private to this user (or check an existing one) and take its
-    lock for this launcher; RunDirError saying why not and what to do."""
+    lock for this launcher; RunDirError saying why not and what to do (an existing folder
+    that is not a run's: dione writes over files of its own names and a simulation
+    redone clears its folder, so a project folder given as --out would lose files)."""
+    folder = Path(run_dir)
+    if folder.is_dir() and not (folder / "dione.sqlite").exists():
+        try:
+            others = sorted(e.name for e in folder.iterdir() if e.name not in RUN_DIR_ENTRIES)
+        except OSError:
+            others = []  # unreadable: said below, where it is made private and locked
+        if others:
+            listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+            raise RunDirError(f"{folder} is not a dione run directory and is not empty (it "
+                              f"holds {listed}): give a new or empty folder (--out)")
     try:
         private_dir(run_dir)
         lock = RunLock(run_dir)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dione import clock
 from dione.orchestrate.options import (
+    RUN_DIR_ENTRIES,
     SIMULATION_OPTIONS,
     RunDirError,
     RunEvent,
@@ -200,7 +201,8 @@ def _fresh(run_dir: Path) -> None:
         raise RunDirError(f"{run_dir} holds a run that trained (no {SIMULATED_FILE}): a "
                           "simulation would mix with it; give another --out")
     for entry in run_dir.iterdir():
-        if entry.name == LOCK_FILE:
+        # What a simulation wrote only (another file there, put beside it since, stays).
+        if entry.name == LOCK_FILE or entry.name not in RUN_DIR_ENTRIES:
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
