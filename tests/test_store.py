@@ -293,3 +293,41 @@ def test_status_counts_each_way_a_task_ended(capsys: pytest.CaptureFixture[str])
     from dione.state.summaries import figure
 
     assert (figure(4.377e-06), figure(0.5), figure(0.0)) == ("4.377e-06", "0.5000", "0.0000")
+
+
+def test_an_unreadable_add_request_is_refused_and_the_others_go_on(tmp_path: Path) -> None:
+    """A damaged row in the inbox crashed the live run at its next poll, and every resume
+    and `dione add` after it, with a traceback."""
+    import sqlite3
+
+    from dione.orchestrate.additions import _intake
+
+    with RunStore(tmp_path) as store:
+        bad = store.add_tasks(str(tmp_path / "w.py"), ["a"])
+        good = store.add_tasks(str(tmp_path / "absent.py"), ["b"])
+    db = sqlite3.connect(tmp_path / "dione.sqlite")
+    db.execute("UPDATE additions SET names = 'not json[' WHERE id = ?", (bad,))
+    db.commit()
+    db.close()
+    with RunStore(tmp_path) as store:
+        requests = store.additions("waiting")
+        assert [(r.id, r.names) for r in requests] == [(bad, []), (good, ["b"])]
+        assert store.addition_of("a") is None
+        arrival = _intake([], requests, set(), None, None)  # type: ignore[arg-type]
+    assert arrival.requests_refused[bad].startswith("its record is unreadable")
+    assert "absent.py could not be loaded" in arrival.requests_refused[good]
+
+
+def test_a_store_of_a_newer_dione_is_refused_saying_so(tmp_path: Path) -> None:
+    import sqlite3
+
+    from dione.state.sqlite import StateFileError
+
+    with RunStore(tmp_path) as store:
+        store.register_task("t", 10, 8)
+    db = sqlite3.connect(tmp_path / "dione.sqlite")
+    db.execute("PRAGMA user_version = 99")
+    db.close()
+    with pytest.raises(StateFileError, match=r"written by a newer dione \(store schema 99; "
+                       r"this dione knows \d+\): upgrade dione"):
+        RunStore(tmp_path)

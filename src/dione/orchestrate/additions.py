@@ -188,6 +188,9 @@ def _intake(tasks: list[Task], requests: list[Addition], known: set[str], cluste
     arrival = Arrival([], None, requests)
     wanted: list[Task] = list(tasks)
     for request in requests:
+        if request.unreadable:  # a damaged row: refused, the others go on
+            arrival.requests_refused[request.id] = request.unreadable
+            continue
         try:
             by_name = {t.name: t for t in load_workload(request.workload)}
         except Exception as err:  # any workload error refuses this request only

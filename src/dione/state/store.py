@@ -178,6 +178,7 @@ class Addition:
     names: list[str]
     state: str  # waiting | taken | refused
     message: str | None
+    unreadable: str | None = None  # why its names could not be read (it names none)
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,11 @@ def _migrate(db: sqlite3.Connection) -> None:
     ``stopped`` status (the tasks table is rebuilt), version 3 no record of a slice
     trained as single would in distribution only (a column is added: NULL, unknown)."""
     version = db.execute("PRAGMA user_version").fetchone()[0]
-    if version >= _VERSION:
+    if version > _VERSION:  # its tables may mean other things: reading them would guess
+        file = db.execute("PRAGMA database_list").fetchone()[2]
+        raise StateFileError(f"{file} was written by a newer dione (store schema {version}; "
+                             f"this dione knows {_VERSION}): upgrade dione to use it")
+    if version == _VERSION:
         return
     had = {row[1] for row in db.execute("PRAGMA table_info(slices)")}
     if version < 1:
@@ -439,8 +444,19 @@ class RunStore(SQLiteFile):
         """The requests to add tasks (in ``states``, else all), in the order made."""
         where = f" WHERE state IN ({', '.join('?' * len(states))})" if states else ""
         rows = self._db.execute(f"SELECT * FROM additions{where} ORDER BY id", states)
-        return [Addition(r["id"], r["workload"], json.loads(r["names"]), r["state"],
-                         r["message"]) for r in rows]
+        return [self._addition(r) for r in rows]
+
+    def _addition(self, row: sqlite3.Row) -> Addition:
+        """A request as recorded; one whose names cannot be read (a damaged row, one a
+        script wrote) names no task, and says why, for the run to refuse it and go on."""
+        try:
+            names = json.loads(row["names"])
+            if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+                raise ValueError(f"not a list of names: {row['names']!r:.80}")
+        except (ValueError, TypeError) as err:
+            return Addition(row["id"], str(row["workload"]), [], row["state"],
+                            row["message"], unreadable=f"its record is unreadable ({err})")
+        return Addition(row["id"], row["workload"], names, row["state"], row["message"])
 
     def addition_of(self, task: str) -> Addition | None:
         """The request the run took ``task`` from (the latest, should two name it)."""
