@@ -28,6 +28,13 @@ def _busy(err: BaseException) -> bool:
 def _damaged(path: Path, what: str, fix: str, err: BaseException) -> StateFileError:
     if "full" in str(err):
         fix = "free space on that disk, then go on (`dione resume` for a run)"
+    elif "readonly" in str(err) or "read-only" in str(err):
+        # Intact, but where this user may not write (an archived run, a read-only mount,
+        # another user's file): dione opens it for writing, even to read.
+        return StateFileError(f"{path} cannot be written here ({type(err).__name__}: {err}); "
+                              "it is not damaged: dione needs to write its folder even to "
+                              "read it, so copy the folder somewhere you can write and use "
+                              "the copy")
     return StateFileError(f"{path} cannot be used as dione's {what} ({type(err).__name__}: "
                           f"{err}); {fix}")
 
