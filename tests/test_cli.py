@@ -357,6 +357,13 @@ def test_bad_numbers_and_files_are_refused_before_anything_runs(
         assert exit_.value.code == 2
         assert f"argument {flag}" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+    # An empty folder named the current one (a run, a simulation, an export there).
+    for args in (("run", demo, "--out", ""), ("export", str(tmp_path), "t", "-o", "")):
+        with pytest.raises(SystemExit) as exit_:
+            in_process(capsys, *args)
+        assert exit_.value.code == 2 and "an empty path" in capsys.readouterr().err
+    status, err = refused(capsys, "resume", str(tmp_path / "r"), "--workload", "")
+    assert status == 2 and "an empty path" in err
     # Sizes and places: a traceback, 0 bytes, or found only once profiling had started
     # (run.json already naming the bad catalog, so every resume failed).
     file = tmp_path / "a-file"

@@ -20,7 +20,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dione.state.sqlite import StateFileError
 
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+    except BadInput as err:  # a flag's value checked as it is parsed (an empty path)
+        complain("error", str(err))
+        return EXIT_BAD_INPUT
     if extra:  # said by the command's own parser, with its usage and a near flag
         _unknown_flags(parser, args.command, extra)
     try:

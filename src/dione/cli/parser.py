@@ -46,6 +46,15 @@ def _absolute(path: str) -> str:
     return str(Path(path).expanduser().resolve())
 
 
+def _given(path: str) -> str:
+    """A path as given, refused where empty (``Path("")`` is the current folder: a run,
+    a simulation or an export would write there)."""
+    if not path.strip():  # said by argparse, naming the flag, with exit status 2
+        raise argparse.ArgumentTypeError("an empty path (it named the current folder): "
+                                         "give a folder")
+    return path
+
+
 def _file(path: str) -> str:
     """``_absolute``, refused where a folder is there or a file above it (the catalog:
     found only once profiling opened it, after run.json recorded it)."""
@@ -251,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("workload", help="a Python file that defines `workload`")
     run.add_argument("--devices", help="e.g. cpu:4 or cuda:8 (default: every GPU, else one "
                      "CPU slot per core)")
-    run.add_argument("--out", help="run directory (default: runs/<workload name>)")
+    run.add_argument("--out", type=_given, help="run directory (default: runs/<workload name>)")
     _add_ray(run)
     for flag in _RUN:
         flag.add_to(run)
@@ -320,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=positive_int,
                        help="steps in this slice (default: to the end)")
     train.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE")
-    train.add_argument("--out", help="run directory (default: runs/<workload name>)")
+    train.add_argument("--out", type=_given, help="run directory (default: runs/<workload name>)")
     train.add_argument("--timeout", type=positive_float,
                        help="seconds after which the gang is stopped")
 
@@ -358,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "dione.simulate.Scenario)")
     simulate.add_argument("--steps", type=positive_int, default=100,
                           help="steps per task (each option's seconds spread over them)")
-    simulate.add_argument("--out", help="run directory (default: runs/simulate-<problem>)")
+    simulate.add_argument("--out", type=_given, help="run directory (default: runs/simulate-<problem>)")
     simulate.add_argument("--solver", default=_solve_default("solver"), choices=tuple(SOLVERS),
                           help="the planner for the first plan and every re-plan")
     simulate.add_argument("--time-limit", type=positive_float,
@@ -384,7 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "(Hugging Face models: save_pretrained output)")
     export.add_argument("run_dir")
     export.add_argument("task")
-    export.add_argument("-o", "--output", required=True, help="folder to write")
+    export.add_argument("-o", "--output", required=True, type=_given,
+                        help="folder to write")
     export.add_argument("--workload", help="the workload file (default: the one the run "
                         "was started with, from its run.json)")
     export.add_argument("--latest", action="store_true",
