@@ -687,3 +687,23 @@ def test_run_refuses_a_folder_that_is_not_a_runs_and_keeps_its_files(tmp_path: P
         refused.stderr
     assert (project / "run.json").read_text() == '{"my": "experiment config"}'
     assert sorted(p.name for p in project.iterdir()) == ["notes.txt", "run.json"]
+
+
+def test_a_run_directory_given_through_a_symlink_is_refused_naming_its_real_path(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """dione add and export gave UnsafePathError's traceback (status and report a
+    sentence that did not say what to give instead)."""
+    from dione.state import RunStore
+
+    with RunStore(tmp_path / "real") as store:
+        store.register_task("t", 10, 8)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    demo = str(Path(__file__).parent.parent / "examples" / "demo.py")
+    for args in (("add", str(tmp_path / "link"), demo),
+                 ("export", str(tmp_path / "link"), "t", "-o", str(tmp_path / "out")),
+                 ("status", str(tmp_path / "link"))):
+        status, err = refused(capsys, *args)
+        assert status == 2 and "Traceback" not in err, (args, err)
+        # (the console folds long lines: compared without their spaces)
+        said = "".join(err.split())
+        assert "giveitsrealpath:" + str((tmp_path / "real").resolve()) in said, (args, err)

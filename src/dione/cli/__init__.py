@@ -17,6 +17,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command ``argv`` (default: the process's arguments) names; its exit status."""
     from dione.orchestrate.interrupts import Terminated, interruptible
     from dione.state.disk import DiskFull
+    from dione.state.private import UnsafePathError
     from dione.state.sqlite import StateFileError
 
     parser = build_parser()
@@ -33,6 +34,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BadInput, StateFileError, DiskFull) as err:  # a state file's damage, a full
         # disk: one sentence too
         complain("error", str(err))
+        return EXIT_BAD_INPUT
+    except PermissionError as err:  # another user's run directory, a symlink refused
+        complain("error", str(err) if isinstance(err, UnsafePathError) else
+                 f"{err.filename or 'a file'}: permission denied (another user's, or not "
+                 "readable by you): run dione as the user who owns it, or use a copy")
         return EXIT_BAD_INPUT
     except Terminated:
         errors.print("terminated (SIGTERM); every gang was stopped, checkpoints kept")

@@ -26,7 +26,8 @@ def check_private(path: str | Path) -> None:
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
         raise UnsafePathError(f"{path} is a symbolic link; dione trusts only real files and "
-                              "folders in a run directory")
+                              "folders in a run directory (where it is the run directory "
+                              f"itself, give its real path: {os.path.realpath(path)})")
     if info.st_uid != os.getuid():
         raise UnsafePathError(
             f"{path} belongs to user id {info.st_uid}, not to you ({os.getuid()}): another "
