@@ -707,3 +707,21 @@ def test_a_run_directory_given_through_a_symlink_is_refused_naming_its_real_path
         # (the console folds long lines: compared without their spaces)
         said = "".join(err.split())
         assert "giveitsrealpath:" + str((tmp_path / "real").resolve()) in said, (args, err)
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_or_folder_where_the_lock_is_neither_hangs_nor_fails_a_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Reading RUN_DIR/lock opened a FIFO there and waited for a writer for ever (status,
+    resume); a folder there gave IsADirectoryError's traceback."""
+    from dione.state import RunStore
+    from dione.state.lock import RunLock
+
+    for run, make in ((tmp_path / "fifo", os.mkfifo), (tmp_path / "dir", os.mkdir)):
+        with RunStore(run) as store:
+            store.register_task("t", 10, 8)
+        make(run / "lock")
+        status, _, err = in_process(capsys, "status", str(run))
+        assert status == 0 and "Traceback" not in err, err
+        with RunLock(run):  # a launcher takes it, writing its record there
+            assert json.loads((run / "lock").read_text())["pid"] == os.getpid()

@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,8 +63,12 @@ def _holder_record(run_dir: Path) -> dict[str, Any] | None:
     """What the holder wrote to ``RUN_DIR/lock`` (None: nothing readable; a symlink is
     not followed)."""
     try:
-        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+        # Non-blocking: a FIFO there would wait for a writer for ever.
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder, a FIFO: nothing a holder wrote
+        os.close(fd)
         return None
     with os.fdopen(fd) as file:
         return _read(file)
@@ -141,8 +146,12 @@ class RunLock:
     def _write_holder(self) -> None:
         """Who holds it, in ``RUN_DIR/lock``: a symlink there is replaced, not followed
         (its target may be anyone's file)."""
-        if self.path.is_symlink():
-            self.path.unlink()
+        if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
+            # A FIFO would block the open; a folder fail it (neither is a holder's record).
+            if self.path.is_dir() and not self.path.is_symlink():
+                os.rmdir(self.path)  # empty only: a folder of anything is left, and said
+            else:
+                self.path.unlink()
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as file:
             os.fchmod(file.fileno(), 0o600)
