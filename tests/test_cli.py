@@ -449,6 +449,23 @@ def test_current_practice_says_it_applies_no_stopping_rule(
     status, out, _ = in_process(capsys, "export", str(tmp_path / "r"), "ruled-0", "-o",
                                 str(tmp_path / "out"))
     assert status == 0 and (tmp_path / "out" / "model.safetensors").is_file(), out
+    # Again over it, a symlink put at its dione.json: replaced, not followed (its target
+    # was written over); a folder of other files is refused (written over as well).
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    (tmp_path / "out" / "dione.json").unlink()
+    (tmp_path / "out" / "dione.json").symlink_to(victim)
+    status, out, _ = in_process(capsys, "export", str(tmp_path / "r"), "ruled-0", "-o",
+                                str(tmp_path / "out"))
+    assert status == 0 and victim.read_text() == "mine", out
+    assert not (tmp_path / "out" / "dione.json").is_symlink()
+    assert json.loads((tmp_path / "out" / "dione.json").read_text())["task"] == "ruled-0"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    status, err = refused(capsys, "export", str(tmp_path / "r"), "ruled-0", "-o",
+                          str(tmp_path / "other"))
+    assert status == 2 and "is not empty and holds no earlier export" in " ".join(err.split())
+    assert [p.name for p in (tmp_path / "other").iterdir()] == ["notes.txt"]
     status, err = refused(capsys, "resume", str(tmp_path / "r"))
     assert status == 2 and "is a current-practice run" in err
     assert f"--current-practice --devices cpu:1 --out {tmp_path / 'r'}` continues it" in \

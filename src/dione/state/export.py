@@ -29,8 +29,8 @@ from dione.state.checkpoint import (
 from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, trained_by_train
 from dione.state.summaries import exactness_of, inexact_spans, techniques_in_turn
 
-__all__ = ["ExportError", "export_model", "load_trained", "trained_checkpoint",
-           "workload_of_run", "workload_of_task"]
+__all__ = ["ExportError", "check_export_folder", "export_model", "load_trained",
+           "trained_checkpoint", "workload_of_run", "workload_of_task"]
 
 WEIGHTS_FILE = "model.safetensors"
 PROVENANCE_FILE = "dione.json"
@@ -181,12 +181,22 @@ def status_in_run(run_dir: str | Path, task: str) -> dict[str, Any]:
     return said
 
 
+def check_export_folder(out: Path) -> None:
+    """ExportError where ``out`` holds files and no earlier export (``dione.json``): an
+    export writes its files over those of the same names."""
+    if out.is_dir() and any(out.iterdir()) and not (out / PROVENANCE_FILE).is_file():
+        raise ExportError(f"{out} is not empty and holds no earlier export ({PROVENANCE_FILE}): "
+                          "give a new or empty folder (-o), so that nothing of yours is "
+                          "written over")
+
+
 def export_model(model: nn.Module, folder: str | Path, task: Task,
                  checkpoint: str | Path, run_dir: str | Path | None = None) -> Path:
     """Write ``model``'s weights into ``folder`` (created; files there are replaced),
     and beside them what they are (``dione.json``: the task, its step, how it trained:
     from ``run_dir``'s store where given)."""
     out = Path(folder)
+    check_export_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     save_pretrained = getattr(model, "save_pretrained", None)
     if callable(save_pretrained):
@@ -196,7 +206,11 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
 
         save_model(model, str(out / WEIGHTS_FILE))
     progress = read_progress(checkpoint)
-    (out / PROVENANCE_FILE).write_text(json.dumps({
+    # Written beside and renamed over: a symlink at dione.json is replaced, not followed
+    # (its target may be anyone's file).
+    partial = out / f".{PROVENANCE_FILE}.partial"
+    partial.unlink(missing_ok=True)
+    partial.write_text(json.dumps({
         "task": task.name, "step": progress.step, "technique": progress.technique,
         **({"trained": how_trained(run_dir, task.name, progress.step),
             "run": status_in_run(run_dir, task.name)} if run_dir is not None else {}),
@@ -207,6 +221,7 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
                             and not (isinstance(v, float) and not math.isfinite(v)) else str(v)
                             for k, v in task.hyperparameters.items()},
     }, indent=1) + "\n")
+    partial.replace(out / PROVENANCE_FILE)
     if not callable(save_pretrained):
         # safetensors writes its file readable by its owner only; an export is to be
         # shared as the provenance beside it is (the user's umask).

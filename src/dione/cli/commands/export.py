@@ -16,6 +16,7 @@ def command(args: argparse.Namespace) -> int:
 
     from dione.state.export import (
         ExportError,
+        check_export_folder,
         export_model,
         load_trained,
         trained_checkpoint,
@@ -26,6 +27,7 @@ def command(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise BadInput(f"-o {out} is a file; give a folder to write the weights into")
     try:
+        check_export_folder(out)  # before the model loads, not after
         checkpoint = trained_checkpoint(args.run_dir, args.task, args.latest)
         workload = load(args.workload or workload_of_task(args.run_dir, args.task))
         task = workload.task(args.task)
