@@ -34,7 +34,7 @@ lint: setup
 # compile the sources again (about 7% of a gang-heavy test's time).
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m compileall -q src > /dev/null
+	$(BIN)/python -m compileall -q src
 	$(BIN)/mypy > .mypy.log 2>&1 & types=$$!; \
 	$(BIN)/python -m pytest -n 2 --dist loadfile; tests=$$?; \
 	wait $$types; typed=$$?; cat .mypy.log; rm -f .mypy.log; \

@@ -116,6 +116,34 @@ def test_a_model_that_lost_layers_since_its_checkpoint_is_refused(tmp_path: Path
     load_model_weights(folder, model_and_optimizer(1)[0])
 
 
+def _load_on_rank_zero(rank: int, folder: str, rendezvous: str) -> None:
+    """One of two ranks of a user's script: only rank 0 loads weights (dione.load)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from dione.state.checkpoint import load_model_weights
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=30))
+    if rank == 0:
+        load_model_weights(folder, model_and_optimizer(1)[0])
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_weights_load_in_one_rank_of_a_users_process_group(tmp_path: Path) -> None:
+    """The check for weights the model lost gathered every rank's names wherever a group
+    was up: rank 0 of a torchrun script calling dione.load waited for ranks that never
+    came, until the group timed out."""
+    import torch.multiprocessing as mp
+
+    model, optimizer = model_and_optimizer(0)
+    folder = save(tmp_path, 5, model, optimizer)
+    mp.spawn(_load_on_rank_zero, args=(str(folder), str(tmp_path / "rendezvous")), nprocs=2)
+
+
 def test_export_refuses_a_checkpoint_whose_files_do_not_match(tmp_path: Path) -> None:
     model, optimizer = model_and_optimizer(0)
     folder = save(tmp_path, 5, model, optimizer)

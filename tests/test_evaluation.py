@@ -287,12 +287,12 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
     assert "- noted at step 12: RuntimeError: no held-out split" in summary
     # Every evaluation with its step (metrics.csv has the losses only).
     rows = (tmp_path / "run" / "report" / "evaluations.csv").read_text().splitlines()
-    assert rows[0] == "task,step,metric,value"
+    assert rows[0] == "task,step,metric,value,simulated"
     with RunStore(tmp_path / "run") as store:
         good = store.evaluations("good")
     assert sorted(good) == ["accuracy", "test_loss"] and [s for s, _ in good["accuracy"]] \
         == [6, 12]
-    assert f"good,6,accuracy,{good['accuracy'][0][1]!r}" in rows
+    assert f"good,6,accuracy,{good['accuracy'][0][1]!r},false" in rows
     assert sum(r.startswith("good,") for r in rows) == 4
     timeline = (tmp_path / "run" / "report" / "timeline.csv").read_text()
     assert "evaluation failed: RuntimeError: no held-out split" in timeline

@@ -166,3 +166,9 @@ def test_a_dead_ranks_log_tail_leaves_out_the_warnings_libraries_printed(
     assert _log_tail(log) == "step 3 loss 2.1\nallocating 40 GB for the cache"
     assert _log_tail(log, lines=1) == "allocating 40 GB for the cache"
     assert _log_tail(tmp_path / "absent.log") == ""
+    # A warning of frozen code quotes no source line; an error quoting a warning is kept.
+    kept = ("<frozen importlib._bootstrap>:241: DeprecationWarning: old\n"
+            '  File "w.py", line 3, in <module>\n'
+            "RuntimeError: w.py:3: UserWarning: turned into an error")
+    log.write_text(kept + "\n")
+    assert _log_tail(log) == kept

@@ -476,19 +476,29 @@ def test_nodes_of_different_sizes_each_run_slices_that_fit_them(
     assert not actors and not groups, (actors, groups)
 
 
-def test_a_cpu_head_beside_gpu_nodes_holds_no_device_of_the_run(cluster: Any) -> None:
+def test_a_cpu_head_beside_gpu_nodes_holds_no_device_of_the_run(
+        cluster: Any, tmp_path: Path) -> None:
     """A Ray head started on a CPU machine, GPU workers beside it: the run's devices are
-    the GPUs only (Ray's GPU resource is declared here; nothing trains on it)."""
-    gpu = cluster.add_node(num_cpus=1, num_gpus=2)
-    cluster.wait_for_nodes()
+    the GPUs only (Ray's GPU resource is declared here; nothing trains on it). A run
+    already planned on CPU nodes keeps them when a GPU node joins (its slices failed as
+    "node lost" on nodes alive, one by one, until none was left)."""
     launcher = RayLauncher()
+    gpu = None
     try:
+        cpu = launcher.nodes()[0]
+        gpu = cluster.add_node(num_cpus=1, num_gpus=2)
+        cluster.wait_for_nodes()
         nodes = launcher.nodes()
         assert nodes == [dione_node(nodes, gpu)] and nodes[0].kind == "cuda" \
             and nodes[0].devices == 2, nodes
+        assert cpu in (launcher.alive_nodes() or [])
+        result = run_slice(digits_task("a", steps=2, techniques=("single",)), "single",
+                           tmp_path / "run", launcher.placement(cpu, [0]), launcher=launcher)
+        assert len(result.losses) == 2
     finally:
         launcher.shutdown()
-        cluster.remove_node(gpu)
+        if gpu is not None:
+            cluster.remove_node(gpu)
 
 
 def test_a_node_that_joins_mid_run_is_planned_at_the_next_replan(

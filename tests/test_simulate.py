@@ -605,6 +605,11 @@ def test_a_simulation_into_the_directory_of_an_earlier_one_starts_afresh(
     simulate(small_problem(2), tmp_path / "run", steps=20, options=OPTIONS)
     assert (tmp_path / "run" / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in project.iterdir()) == ["NOTES.md", "src"]
+    # Hidden files (a Finder visit, NFS) and dione's own half-written ones are no one's.
+    (tmp_path / "hidden").mkdir()
+    for name in (".DS_Store", ".nfs0001", "run.json.partial"):
+        (tmp_path / "hidden" / name).write_text("")
+    simulate(small_problem(2), tmp_path / "hidden", steps=20, options=OPTIONS)
     # Nothing trained in a simulated run: resume and export say so.
     from dione.cli import main
 

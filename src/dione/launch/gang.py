@@ -102,9 +102,11 @@ def signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-# A line Python's warnings module prints ("file.py:12: UserWarning: text"); the source
-# line it quotes follows, indented.
-_WARNING_LINE = re.compile(r"^\S.*:\d+: \w*Warning: ")
+# A line Python's warnings module prints for a source file ("/x/file.py:12: UserWarning:
+# text"); the source line it quotes follows, indented. Only at the line's start and for a
+# .py file: an error line that quotes one ("RuntimeError: a.py:3: UserWarning: ...") says
+# why the rank died, and a warning of frozen code quotes no line.
+_WARNING_LINE = re.compile(r"^\S+\.py:\d+: \w*Warning: ")
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:

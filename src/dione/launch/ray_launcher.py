@@ -395,6 +395,14 @@ class RayLauncher:
         the profiler measures options on it, up to its width (taken in the order Ray
         lists nodes, a 1-device node first profiled no option wider, and tasks that
         need two devices failed while a wider node idled)."""
+        found = self._alive()
+        if any(node.kind == "cuda" for _, node in found):
+            found = [(i, node) for i, node in found if node.kind == "cuda"]
+        return [node for _, node in sorted(found, key=lambda f: (-f[1].devices, f[0]))]
+
+    def _alive(self) -> list[tuple[str, Node]]:
+        """Every alive node with devices, GPU or CPU, with its Ray node id (a run planned
+        on CPU nodes keeps them when a GPU node joins: they are looked up here)."""
         found = []
         for info in self.ray.nodes():
             resources = info.get("Resources", {})
@@ -407,13 +415,11 @@ class RayLauncher:
                                                max(cpus, 1))))
         if not found:
             raise ClusterError("the Ray cluster has no alive node with CPUs or GPUs")
-        if any(node.kind == "cuda" for _, node in found):
-            found = [(i, node) for i, node in found if node.kind == "cuda"]
-        return [node for _, node in sorted(found, key=lambda f: (-f[1].devices, f[0]))]
+        return found
 
     def alive_nodes(self) -> list[Node] | None:
         """The nodes alive now: a run plans a node that joined at its next re-plan."""
-        return self.nodes()
+        return [node for _, node in self._alive()]  # the run keeps those of its kind
 
     def next_join(self) -> float | None:
         return None  # a node joins when someone starts it: nothing says when
@@ -513,7 +519,7 @@ class RayLauncher:
         """Run ``spec`` on one warm actor per device of ``placement.node``."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)  # the ranks' logs, as they arrive
-        node = next((n for n in self.nodes() if n.name == placement.node), None)
+        node = next((n for _, n in self._alive() if n.name == placement.node), None)
         if node is None:
             from dione.launch.gang import GangError
 

@@ -36,7 +36,11 @@ def claim_run_dir(run_dir: str | Path) -> RunLock:
     folder = Path(run_dir)
     if folder.is_dir() and not (folder / "dione.sqlite").exists():
         try:
-            others = sorted(e.name for e in folder.iterdir() if e.name not in RUN_DIR_ENTRIES)
+            # Hidden files (.DS_Store, NFS's .nfs*, .gitkeep) and dione's own half-written
+            # ones (a run killed mid-write) do not make a folder someone else's.
+            others = sorted(e.name for e in folder.iterdir()
+                            if e.name.removesuffix(".partial") not in RUN_DIR_ENTRIES
+                            and not e.name.startswith("."))
         except OSError:
             others = []  # unreadable: said below, where it is made private and locked
         if others:

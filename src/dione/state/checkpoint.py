@@ -361,7 +361,7 @@ def load_checkpoint(
         dcp_load(state, checkpoint_id=folder, no_dist=not _grouped())
     except CheckpointException as err:
         raise _mismatch(folder, err, "model and optimizer") from None
-    _refuse_left_out(folder, model_state, "model and optimizer")
+    _refuse_left_out(folder, model_state, "model and optimizer", collective=_grouped())
     set_state_dict(model, optimizer, model_state_dict=cast(Any, state["model"]),
                    optim_state_dict=cast(Any, state["optim"]), options=_OPTIONS)
     if scheduler is not None and (folder / "scheduler.pt").is_file():
@@ -399,21 +399,24 @@ def load_model_weights(path: str | Path, model: nn.Module) -> Progress:
             dcp_load(state, checkpoint_id=folder, no_dist=True)
         except CheckpointException as err:  # a BaseException: `except Exception` missed it
             raise _mismatch(folder, err, "model") from None
-    _refuse_left_out(folder, state["model"], "model")
+    _refuse_left_out(folder, state["model"], "model", collective=False)
     model.load_state_dict(state["model"])
     return progress
 
 
-def _refuse_left_out(folder: Path, model_state: Iterable[str], what: str) -> None:
+def _refuse_left_out(folder: Path, model_state: Iterable[str], what: str, *,
+                     collective: bool) -> None:
     """CheckpointMismatch where the checkpoint holds weights no rank's model has (the
     model lost layers or modules since the slice that wrote it). DCP loads only what the
     model asks for, so they would be dropped without a word: a model edited to fewer
     layers trained on, and was exported, as if it were the one the run trained.
-    Collective where there is a group: a pipeline's stages each hold a part."""
+    ``collective``: the gang's ranks each hold a part (a pipeline's stages), gathered
+    here; never where one process loads alone (``dione.load`` in a user's torchrun
+    script would wait on ranks that never join it)."""
     from torch.distributed.checkpoint.filesystem import FileSystemReader
 
     names = set(model_state)
-    world = _rank()[1]
+    world = _rank()[1] if collective else 1
     if world > 1:
         parts: list[Any] = [None] * world
         dist.all_gather_object(parts, sorted(names))
