@@ -274,22 +274,25 @@ def test_resume_keeps_the_saved_options_and_applies_the_flags_given(
     from dione.orchestrate import RunOptions
     from dione.profile import TrialOptions
 
+    # The workload beside the run directory: a folder of other files is not a run's.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
     started = SavedRun(str(tmp_path / "w.py"), RunOptions(
         solver="greedy", time_limit=3.0, replan=False, slice_steps=4, timeout=50.0,
         trial=TrialOptions(warmup_steps=1, measure_steps=3, memory_cap_bytes=2**30)),
         devices="cpu:2")
-    started.write(tmp_path)
+    started.write(run_dir)
     (tmp_path / "w.py").write_text("")  # resume refuses a workload that is not there
-    assert load_saved_run(tmp_path) == started
+    assert load_saved_run(run_dir) == started
     resumed: list[SavedRun] = []
     monkeypatch.setattr(resume, "execute",
                         lambda workload, run, run_dir, **_: resumed.append(run) or 0)
-    assert main(["resume", str(tmp_path), "--timeout", "9", "--replan",
+    assert main(["resume", str(run_dir), "--timeout", "9", "--replan",
                  "--measure-steps", "7"]) == 0
     assert resumed == [dataclasses.replace(started, options=dataclasses.replace(
         started.options, timeout=9.0, replan=True,
         trial=dataclasses.replace(started.options.trial, measure_steps=7)))]
-    assert main(["resume", str(tmp_path)]) == 0
+    assert main(["resume", str(run_dir)]) == 0
     assert resumed[-1] == started
 
 
