@@ -9,8 +9,9 @@ from pathlib import Path
 
 from dione.plan.solve import SOLVERS
 from dione.profile.options import TrialOptions
-from dione.state.lock import RunDirBusy, RunLock
+from dione.state.lock import LOCK_FILE, RunDirBusy, RunLock
 from dione.state.private import UnsafePathError, private_dir
+from dione.state.store import SIMULATED_FILE, STORE_FILE
 
 __all__ = ["RUN_DIR_ENTRIES", "SIMULATION_OPTIONS", "RunDirError", "RunEvent", "RunOptions",
            "claim_run_dir"]
@@ -24,8 +25,9 @@ class RunDirError(ValueError):
 # What dione writes in a run directory (a store's journals beside it): an existing
 # folder that holds anything else and no store is someone else's.
 RUN_DIR_ENTRIES = frozenset({
-    "dione.sqlite", "dione.sqlite-wal", "dione.sqlite-shm", "dione.sqlite-journal", "lock",
-    "run.json", "simulated.json", "plans", "report", "logs", "checkpoints", "tensorboard"})
+    STORE_FILE, *(f"{STORE_FILE}-{journal}" for journal in ("wal", "shm", "journal")),
+    LOCK_FILE, "run.json", SIMULATED_FILE, "plans", "report", "logs", "checkpoints",
+    "tensorboard"})
 
 
 def claim_run_dir(run_dir: str | Path) -> RunLock:
@@ -34,7 +36,7 @@ def claim_run_dir(run_dir: str | Path) -> RunLock:
     that is not a run's: dione writes over files of its own names and a simulation
     redone clears its folder, so a project folder given as --out would lose files)."""
     folder = Path(run_dir)
-    if folder.is_dir() and not (folder / "dione.sqlite").exists():
+    if folder.is_dir() and not (folder / STORE_FILE).exists():
         try:
             # Hidden files (.DS_Store, NFS's .nfs*, .gitkeep) and dione's own half-written
             # ones (a run killed mid-write) do not make a folder someone else's.

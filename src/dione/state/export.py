@@ -26,6 +26,7 @@ from dione.state.checkpoint import (
     read_progress,
     verify_checkpoint,
 )
+from dione.state.private import write_whole
 from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, trained_by_train
 from dione.state.summaries import exactness_of, inexact_spans, techniques_in_turn
 
@@ -206,11 +207,7 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
 
         save_model(model, str(out / WEIGHTS_FILE))
     progress = read_progress(checkpoint)
-    # Written beside and renamed over: a symlink at dione.json is replaced, not followed
-    # (its target may be anyone's file).
-    partial = out / f".{PROVENANCE_FILE}.partial"
-    partial.unlink(missing_ok=True)
-    partial.write_text(json.dumps({
+    write_whole(out / PROVENANCE_FILE, json.dumps({
         "task": task.name, "step": progress.step, "technique": progress.technique,
         **({"trained": how_trained(run_dir, task.name, progress.step),
             "run": status_in_run(run_dir, task.name)} if run_dir is not None else {}),
@@ -220,8 +217,7 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
         "hyperparameters": {k: v if isinstance(v, (bool, int, float, str, type(None)))
                             and not (isinstance(v, float) and not math.isfinite(v)) else str(v)
                             for k, v in task.hyperparameters.items()},
-    }, indent=1) + "\n")
-    partial.replace(out / PROVENANCE_FILE)
+    }, indent=1) + "\n", 0o666)  # shared as the user's umask has it
     if not callable(save_pretrained):
         # safetensors writes its file readable by its owner only; an export is to be
         # shared as the provenance beside it is (the user's umask).

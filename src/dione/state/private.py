@@ -13,7 +13,8 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["UnsafePathError", "check_private", "private_dir", "private_file", "write_private"]
+__all__ = ["UnsafePathError", "check_private", "private_dir", "private_file", "write_private",
+           "write_whole"]
 
 
 class UnsafePathError(PermissionError):
@@ -64,11 +65,18 @@ def private_file(path: str | Path) -> Path:
 def write_private(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` whole or not at all (a temporary file, then a rename),
     readable by this user only, never through a symlink."""
+    return write_whole(path, text, 0o600)
+
+
+def write_whole(path: str | Path, text: str, mode: int) -> Path:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file, then a rename),
+    with ``mode`` (less the umask), never through a symlink: one at ``path`` is
+    replaced, not followed (its target may be anyone's file)."""
     target = Path(path)
     partial = target.with_name(target.name + ".partial")
     with contextlib.suppress(FileNotFoundError):
         partial.unlink()
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     with os.fdopen(fd, "w") as file:
         file.write(text)
     os.replace(partial, target)
