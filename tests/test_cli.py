@@ -481,13 +481,14 @@ def test_run_refuses_a_run_directory_another_workload_started(
     from dione.cli.saved_run import SavedRun
     from dione.orchestrate.options import RunOptions
 
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / "my run"  # a space: the command it suggests quotes it
     run_dir.mkdir()
     SavedRun(str(tmp_path / "first.py"), RunOptions()).write(run_dir)
     before = (run_dir / "run.json").read_text()
     status, err = refused(capsys, "run", str(ROOT / "examples" / "demo.py"), "--out",
                           str(run_dir))
-    assert status == 2 and "holds a run of" in err and "dione resume" in err
+    assert status == 2 and "holds a run of" in err
+    assert f"`dione resume '{run_dir}'`" in " ".join(err.split())
     assert (run_dir / "run.json").read_text() == before
 
 

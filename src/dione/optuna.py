@@ -34,6 +34,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from shlex import quote
 from typing import Any
 
 from dione.spec.stopping import Decision, StoppingRule
@@ -331,9 +332,10 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
     retried = _to_retry(study, run_dir, _failed(study, trials) - failed_before)
     if retried and not run.get("quiet"):
-        print(f"{len(retried)} trial(s) of this call failed (why: `dione status {run_dir}`, "
-              "or a trial's dione_error where its task could not be built): once the cause "
-              "is fixed, optimize(..., retry_failed=True) trains their configurations again")
+        print(f"{len(retried)} trial(s) of this call failed (why: `dione status "
+              f"{quote(str(run_dir))}`, or a trial's dione_error where its task could not "
+              "be built): once the cause is fixed, optimize(..., retry_failed=True) trains "
+              "their configurations again")
     return result
 
 

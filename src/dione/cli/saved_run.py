@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from shlex import quote
 from typing import TYPE_CHECKING, Any
 
 from dione.cli.console import complain
@@ -145,5 +146,6 @@ def same_workload(run_dir: Path, workload: str) -> None:
         return
     if before != workload:
         raise BadInput(f"{run_dir} holds a run of {before}, not {workload}: give a new run "
-                       f"directory (--out), or continue that run with `dione resume {run_dir}` "
-                       f"(adding `--workload {workload}` if its workload moved there)")
+                       f"directory (--out), or continue that run with `dione resume "
+                       f"{quote(str(run_dir))}` "
+                       f"(adding `--workload {quote(str(workload))}` if its workload moved there)")

@@ -13,6 +13,7 @@ import json
 import math
 import time
 from pathlib import Path
+from shlex import quote
 from typing import Any
 
 import torch
@@ -69,8 +70,9 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
         if record.status in ("stopped", "diverged"):  # resume never trains it again
             raise ExportError(f"task {task!r} is {record.status}, not done{step}, and will "
                               f"not train again: {latest_fix}")
-        how = (f"`dione resume {run}`" if (run / "run.json").is_file() else
-               f"`dione train WORKLOAD --task {task} --out {run}`" if trained_by_train(run)
+        how = (f"`dione resume {quote(str(run))}`" if (run / "run.json").is_file() else
+               f"`dione train WORKLOAD --task {quote(task)} --out {quote(str(run))}`"
+               if trained_by_train(run)
                else "dione.run (or dione.optuna.optimize) again with this run directory")
         raise ExportError(f"task {task!r} is {record.status}, not done{step}: finish it with "
                           f"{how}, or {latest_fix}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from shlex import quote
 from typing import Any
 
 from dione.cli.console import complain, console
@@ -55,7 +56,7 @@ def command(args: argparse.Namespace) -> int:
     holder = lock_holder(run_dir)
     if holder is None or not holder.alive:
         console.print(f"asked {run_dir} to add {names}; no launcher runs it now: `dione "
-                      f"resume {run_dir}` trains them with the rest")
+                      f"resume {quote(str(run_dir))}` trains them with the rest")
         return done
     console.print(f"asked the live run in {run_dir} (launcher pid {holder.pid}) to add "
                   f"{names}")

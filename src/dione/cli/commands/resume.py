@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
+from shlex import quote
 
 from dione.cli.commands.run import execute
 from dione.cli.console import console
@@ -24,14 +25,15 @@ def command(args: argparse.Namespace) -> int:
         forced = f" --technique {saved.current_practice}" if saved.current_practice else ""
         devices = f" --devices {saved.devices}" if saved.devices else ""
         raise BadInput(f"{run_dir} is a current-practice run (each task in turn on all "
-                       f"devices): `dione run {saved.workload} --current-practice{forced}"
-                       f"{devices} --out {run_dir}` continues it from its checkpoints")
+                       f"devices): `dione run {quote(saved.workload)} "
+                       f"--current-practice{forced}{devices} --out {quote(str(run_dir))}` "
+                       "continues it from its checkpoints")
     with claimed(run_dir):  # a live launcher's directory: refused now, before torch loads
         pass
     workload = args.workload or saved.workload
     if args.workload is None and not Path(workload).is_file():
         raise BadInput(f"{workload}, the workload this run started with, is not there: if "
-                       f"it moved, give its new place with `dione resume {run_dir} "
+                       f"it moved, give its new place with `dione resume {quote(str(run_dir))} "
                        "--workload NEW.py`")
     tensorboard, mlflow = dashboard_places(args.tensorboard, args.mlflow)
     run = dataclasses.replace(saved, workload=workload,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from shlex import quote
 
 from dione.cli.errors import BadInput
 from dione.cli.saved_run import RUN_FILE
@@ -39,7 +40,7 @@ def command(args: argparse.Namespace) -> int:
     from dione.state.store import trained_by_train
 
     go_on = ("`dione resume` continues" if (run_dir / RUN_FILE).is_file() else
-             f"`dione train WORKLOAD --task TASK --out {run_dir}` continues a task"
+             f"`dione train WORKLOAD --task TASK --out {quote(str(run_dir))}` continues a task"
              if trained_by_train(run_dir) else
              "calling dione.run (or dione.optuna.optimize) again with this run directory "
              "continues")
