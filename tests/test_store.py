@@ -318,6 +318,28 @@ def test_an_unreadable_add_request_is_refused_and_the_others_go_on(tmp_path: Pat
     assert "absent.py could not be loaded" in arrival.requests_refused[good]
 
 
+def test_status_says_why_a_request_was_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A workload file that raised on loading: `dione add` prints its traceback; the
+    status table gave the whole traceback under every later status too."""
+    from dione.cli.views import print_status
+    from dione.orchestrate.additions import _intake
+
+    (tmp_path / "w.py").write_text("raise RuntimeError('boom in my file')\n")
+    with RunStore(tmp_path) as store:
+        request = store.add_tasks(str(tmp_path / "w.py"), ["a"])
+        arrival = _intake([], store.additions("waiting"), set(), None,
+                          None)  # type: ignore[arg-type]
+        assert "Traceback" in arrival.requests_refused[request]
+        store.settle_addition(request, "refused", arrival.requests_refused[request])
+        print_status(tmp_path, [], 0, [], "no launcher running",
+                     store.additions("waiting", "refused"))
+    said = capsys.readouterr().out
+    assert "w.py: raised RuntimeError while loading: boom in my file (its traceback: " \
+        "the launcher's output)" in " ".join(said.split()), said
+    assert "Traceback" not in said
+
+
 def test_a_store_of_a_newer_dione_is_refused_saying_so(tmp_path: Path) -> None:
     import sqlite3
 

@@ -297,5 +297,10 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
             console.print(f"asked to add {', '.join(request.names)} (from "
                           f"{request.workload}): not taken yet")
         elif request.state == "refused":
-            console.print(f"refused to add {', '.join(request.names)}: {request.message}")
+            # Its first line says why; a traceback after it (a workload file that failed
+            # to load) was `dione add`'s to print and the run's log's, not a table's.
+            first, *rest = (request.message or "").strip().splitlines() or [""]
+            console.print(f"refused to add {', '.join(request.names)}: {first}"
+                          + (" (its traceback: the launcher's output)" if rest else ""),
+                          markup=False)
     _say_inexact(tasks)

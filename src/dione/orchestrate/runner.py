@@ -272,6 +272,10 @@ class Runner:
             state, message = request_message(request, arrival)
             if request.state == "taken" and state == "taken":
                 continue  # an earlier session took it, and takes it again: its record stands
+            if request.id in arrival.requests_refused and request.state != "refused":
+                # Refused whole (its file failed to load): said once, traceback and all.
+                self.emit(RunEvent("task_refused", f"request to add "
+                                   f"{', '.join(request.names)} refused: {message}"))
             self.store.settle_addition(request.id, state, message)
 
     # -- the clock -------------------------------------------------------------------
