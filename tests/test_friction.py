@@ -124,6 +124,52 @@ def test_exported_hyperparameters_keep_their_json_types(tmp_path: Path) -> None:
                                 "inexact": [], "statistical": []}
 
 
+class _Vocabulary(torch.nn.Module):
+    """A model whose extra state is a dict (a tokenizer's vocabulary, say)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+        self.vocab = {"a": 1, "b": 2}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def get_extra_state(self) -> dict[str, int]:
+        return dict(self.vocab)
+
+    def set_extra_state(self, state: dict[str, int]) -> None:
+        self.vocab = dict(state)
+
+
+def test_a_model_with_extra_state_that_is_no_tensor_is_exported(tmp_path: Path) -> None:
+    """safetensors holds tensors only: the export failed with an AttributeError."""
+    from safetensors.torch import load_file
+
+    from dione.launch import local_placement, run_slice
+    from dione.spec.cluster import Node
+    from dione.state.export import export_model, load_trained
+
+    task = digits_task(steps=2, model=_Vocabulary)
+    result = run_slice(task, "single", tmp_path / "run", local_placement(Node("n", 1, "cpu"),
+                                                                         [0]))
+    trained = load_trained(task, result.checkpoint)
+    trained.vocab["c"] = 3  # as if training had grown it
+    folder = export_model(trained, tmp_path / "out", task, result.checkpoint)
+    saved = json.loads((folder / "dione.json").read_text())
+    assert (saved["extra_state"], saved["extra_state_keys"]) == ("extra_state.pt",
+                                                                 ["_extra_state"])
+    # Read back as the README says (safetensors' load_model asks the model for a state
+    # of tensors only, and so cannot load this one).
+    plain = _Vocabulary()
+    plain.load_state_dict({**load_file(folder / "model.safetensors"),
+                           **torch.load(folder / "extra_state.pt", weights_only=True)})
+    assert plain.vocab == {"a": 1, "b": 2, "c": 3}
+    for name, value in plain.state_dict().items():
+        if isinstance(value, torch.Tensor):
+            torch.testing.assert_close(value, trained.state_dict()[name], rtol=0, atol=0)
+
+
 def test_a_tuple_output_gives_its_first_item_as_the_loss_and_a_missing_one_says_why(
 ) -> None:
     task = digits_task(loss=None)

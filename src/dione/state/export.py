@@ -14,7 +14,7 @@ import math
 import time
 from pathlib import Path
 from shlex import quote
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -36,6 +36,7 @@ __all__ = ["ExportError", "check_export_folder", "export_model", "load_trained",
 
 WEIGHTS_FILE = "model.safetensors"
 PROVENANCE_FILE = "dione.json"
+EXTRA_STATE_FILE = "extra_state.pt"  # non-tensor extra state: torch.load(weights_only=True)
 
 
 class ExportError(ValueError):
@@ -202,18 +203,29 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
     check_export_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     save_pretrained = getattr(model, "save_pretrained", None)
+    extra: dict[str, Any] = {}
     if callable(save_pretrained):
         save_pretrained(str(out))
     else:
         from safetensors.torch import save_model
 
-        save_model(model, str(out / WEIGHTS_FILE))
+        state = model.state_dict()
+        # A module's get_extra_state may return anything (a vocabulary, a config):
+        # safetensors holds tensors only, so what is not one goes to a file of its own.
+        extra = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
+        save_model(cast(nn.Module, _Tensors(state, extra)) if extra else model,
+                   str(out / WEIGHTS_FILE))
+        (out / EXTRA_STATE_FILE).unlink(missing_ok=True)  # an earlier export's
+        if extra:
+            torch.save(extra, out / EXTRA_STATE_FILE)
     progress = read_progress(checkpoint)
     write_whole(out / PROVENANCE_FILE, json.dumps({
         "task": task.name, "step": progress.step, "technique": progress.technique,
         **({"trained": how_trained(run_dir, task.name, progress.step),
             "run": status_in_run(run_dir, task.name)} if run_dir is not None else {}),
         "checkpoint": str(Path(checkpoint).resolve()), "weights": WEIGHTS_FILE,
+        **({"extra_state": EXTRA_STATE_FILE, "extra_state_keys": sorted(extra)}
+           if extra else {}),
         "hugging_face": callable(save_pretrained), "exported_at": time.time(),
         # As JSON has them (a learning rate a number, not "0.001"); anything else as text.
         "hyperparameters": {k: v if isinstance(v, (bool, int, float, str, type(None)))
@@ -223,5 +235,17 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
     if not callable(save_pretrained):
         # safetensors writes its file readable by its owner only; an export is to be
         # shared as the provenance beside it is (the user's umask).
-        (out / WEIGHTS_FILE).chmod((out / PROVENANCE_FILE).stat().st_mode & 0o777)
+        for name in (WEIGHTS_FILE, *([EXTRA_STATE_FILE] if extra else [])):
+            (out / name).chmod((out / PROVENANCE_FILE).stat().st_mode & 0o777)
     return out
+
+
+class _Tensors:
+    """A model's state as ``safetensors.torch.save_model`` asks for it, its non-tensor
+    extra state left out (save_model reads nothing but ``state_dict``)."""
+
+    def __init__(self, state: dict[str, Any], extra: dict[str, Any]):
+        self._state = {k: v for k, v in state.items() if k not in extra}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self._state)
