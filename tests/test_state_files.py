@@ -3,6 +3,7 @@ read: each one sentence and exit 2, nothing lost, nothing followed that is not o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -120,6 +121,30 @@ def test_a_damaged_store_is_one_sentence_and_exit_2(
     assert code == 2 and "Traceback" not in said
     assert str(store) in said and "cannot be used as dione's run store" in said
     assert said.count("\n") <= 3
+
+
+def test_a_catalog_record_with_an_impossible_time_is_a_trial_to_run_again(
+        tmp_path: Path) -> None:
+    """A catalog edited or copied by hand with a negative time made every slice end
+    before it began: every task of every run looked stalled."""
+    from dione.profile.catalog import Catalog, TrialRecord
+
+    good = TrialRecord("f" * 64, "single", {}, 1, "cpu", "ok", step_seconds=0.01,
+                       fixed_seconds=0.5)
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        catalog.put(good)
+        catalog.put_evaluation_seconds("k", 0.2)
+        assert catalog.get(good.fingerprint) == good and \
+            catalog.evaluation_seconds("k") == 0.2
+        for bad in ({"fixed_seconds": -40.0}, {"step_seconds": float("nan")},
+                    {"step_seconds": None}, {"load_seconds": "1"}):
+            catalog.put(dataclasses.replace(good, **bad))
+            assert catalog.get(good.fingerprint) is None, bad
+            assert catalog.records() == []
+        catalog.put_evaluation_seconds("k", -3.0)
+        assert catalog.evaluation_seconds("k") is None
+        catalog.put(dataclasses.replace(good, status="oom", step_seconds=None))
+        assert catalog.get(good.fingerprint).status == "oom"  # no time: none to doubt
 
 
 def test_a_damaged_or_misplaced_catalog_is_one_sentence_and_exit_2(

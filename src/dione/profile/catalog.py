@@ -9,6 +9,7 @@ stored: the next profile runs them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -91,7 +92,23 @@ class TrialRecord:
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> TrialRecord:
-        return TrialRecord(**data)
+        """The record ``data`` holds; ValueError where its times cannot be a trial's
+        (a catalog edited or copied by hand: a negative time made every slice end
+        before it began, and so every task look stalled)."""
+        record = TrialRecord(**data)
+        times = {name: getattr(record, name) for name in _TIMES}
+        for name, value in times.items():
+            if value is not None and not (isinstance(value, (int, float))
+                                          and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} {value!r} is not a time")
+        if record.feasible and not times["step_seconds"]:
+            raise ValueError("a feasible trial without a step time")
+        return record
+
+
+# A record's times: each a finite number of seconds, never negative (None: not measured).
+_TIMES = ("step_seconds", "spread", "warmup_excess_seconds", "fixed_seconds", "load_seconds",
+          "save_seconds", "trial_seconds", "simulated_step_seconds")
 
 
 class Catalog(SQLiteFile):
@@ -144,7 +161,13 @@ class Catalog(SQLiteFile):
     def evaluation_seconds(self, key: str) -> float | None:
         row = self._db.execute("SELECT seconds FROM evaluation_costs WHERE key = ?",
                                (key,)).fetchone()
-        return float(row[0]) if row else None
+        try:
+            seconds = float(row[0]) if row else None
+        except (TypeError, ValueError):
+            return None
+        # One that cannot be a cost (edited by hand) is measured again, as a missing one.
+        return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 \
+            else None
 
     def put_evaluation_seconds(self, key: str, seconds: float) -> None:
         with self._transaction() as db:
