@@ -280,7 +280,7 @@ def test_resume_keeps_the_saved_options_and_applies_the_flags_given(
     started = SavedRun(str(tmp_path / "w.py"), RunOptions(
         solver="greedy", time_limit=3.0, replan=False, slice_steps=4, timeout=50.0,
         trial=TrialOptions(warmup_steps=1, measure_steps=3, memory_cap_bytes=2**30)),
-        devices="cpu:2")
+        devices="cpu:2", ray_env=("DIONE_A=1", "HOME"))
     started.write(run_dir)
     (tmp_path / "w.py").write_text("")  # resume refuses a workload that is not there
     assert load_saved_run(run_dir) == started
@@ -294,6 +294,38 @@ def test_resume_keeps_the_saved_options_and_applies_the_flags_given(
         trial=dataclasses.replace(started.options.trial, measure_steps=7)))]
     assert main(["resume", str(run_dir)]) == 0
     assert resumed[-1] == started
+
+
+def test_ray_env_passes_variables_to_ray_workers_and_is_checked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's workers start with their node's environment, not the launcher's: a
+    variable the workload reads had to be set where each node was started."""
+    import dione
+    from dione.cli.errors import BadInput
+    from dione.cli.inputs import ray_environment
+
+    monkeypatch.setenv("DIONE_SIZE", "64")
+    monkeypatch.delenv("DIONE_ABSENT", raising=False)
+    assert ray_environment(["DIONE_LR=0.1=x", "DIONE_SIZE"]) == {
+        "DIONE_LR": "0.1=x", "DIONE_SIZE": "64"}
+    with pytest.raises(BadInput, match="DIONE_ABSENT is not set in this shell; export it, "
+                       "or give --ray-env DIONE_ABSENT=VALUE"):
+        ray_environment(["DIONE_ABSENT"])
+    with pytest.raises(BadInput, match="give NAME=VALUE or NAME"):
+        ray_environment(["1X=2"])
+    status, err = refused(capsys, "run", str(ROOT / "examples" / "demo.py"), "--ray-env",
+                          "DIONE_SIZE", "--out", str(tmp_path / "r"))
+    assert status == 2 and "--ray-env sets variables in a Ray cluster's workers: add " \
+        "--ray" in " ".join(err.split())
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(ValueError, match="ray_env sets variables in a Ray cluster's"):
+        dione.run(str(ROOT / "examples" / "demo.py"), ray_env={"A": "1"},
+                  run_dir=str(tmp_path / "p"))
+    with pytest.raises(ValueError, match="ray_env must map variable names to text"):
+        dione.run(str(ROOT / "examples" / "demo.py"), ray="auto", ray_env={"A": 1},
+                  run_dir=str(tmp_path / "p"))
+    assert not (tmp_path / "p").exists()
 
 
 def test_resume_reads_the_flags_an_older_dione_saved(tmp_path: Path,

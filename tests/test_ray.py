@@ -129,6 +129,20 @@ def test_two_nodes_train_as_planned_and_match_a_local_run(
         assert all(torch.equal(ours[k], theirs[k]) for k in ours), task.name
 
 
+def test_ray_env_reaches_the_launcher_the_cli_makes(cluster: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--ray-env` to the actors' environment (which test_a_failing_rank_reads_as_it_does
+    _locally shows reaching the ranks: FAULT)."""
+    from dione.cli.inputs import ray_launcher
+
+    monkeypatch.setenv("DIONE_PROBE_SHELL", "from the shell")
+    ours = ray_launcher(cluster.address, None, ["DIONE_PROBE=7", "DIONE_PROBE_SHELL"])
+    try:
+        assert ours.env == {"DIONE_PROBE": "7", "DIONE_PROBE_SHELL": "from the shell"}
+    finally:
+        ours.shutdown()
+
+
 @pytest.mark.parametrize(
     ("launcher", "expected"),
     [({"FAULT": "raise"}, "rank 1 (device 1) raised ValueError: injected failure on rank 1"),

@@ -1,7 +1,7 @@
 """dione: train many deep-learning models at once, finishing the whole batch early."""
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from dione._lazy import lazy_exports
@@ -46,7 +46,8 @@ __getattr__ = lazy_exports(__name__, {
 def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione",
         ray: str | None = None, on_event: Callable[[Any], None] | None = None,
         quiet: bool = False, tensorboard: str | None = None,
-        mlflow: str | bool | None = None, inbox: Any = None, **options: Any) -> Any:
+        mlflow: str | bool | None = None, inbox: Any = None,
+        ray_env: Mapping[str, str] | None = None, **options: Any) -> Any:
     """Profile, plan and train every task of ``workload`` (a Workload, a list of tasks or
     a workload file's path) on this machine (``devices`` as ``--devices``), or on the Ray
     cluster at ``ray`` (an address as ``ray.init`` takes it, e.g. ``"auto"``), as ``dione
@@ -62,7 +63,9 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     ``run_dir/report/index.html``, is kept fresh either way. ``inbox``: a
     ``dione.TaskInbox`` another thread adds tasks to while the run trains (a sequential
     searcher's next configurations); the run then ends once the inbox is closed and
-    every task ended, and its result covers the added tasks too."""
+    every task ended, and its result covers the added tasks too. ``ray_env``: variables
+    the Ray workers get (they start with their node's environment, not this process's),
+    as ``--ray-env NAME=VALUE``."""
     # Imported here: workers import this package and need none of the planning stack.
     from dione.orchestrate import RunOptions, run_workload
     from dione.orchestrate.interrupts import interruptible
@@ -72,6 +75,7 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     from dione.techniques.validation import valid_tasks
 
     _argument_types(workload=workload, run_dir=run_dir, on_event=on_event)
+    env = _ray_env(ray, ray_env)
     workload_file = None
     if isinstance(workload, (str, os.PathLike)):
         workload_file = os.fspath(workload)
@@ -90,7 +94,8 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     # Devices checked before run.json records them (a bad one made every resume fail).
     cluster = local_cluster(devices) if ray is None else None
     if workload_file is not None:  # `dione resume`, `export` and `dione.load` read it
-        _record_run(workload_file, run_dir, run_options, devices, ray, tensorboard, mlflow)
+        _record_run(workload_file, run_dir, run_options, devices, ray, tensorboard, mlflow,
+                    env)
     page = _LivePage(run_dir, list(tasks), tensorboard, mlflow)
     # Ctrl-C (and SIGTERM) stop the run cleanly at any moment; the caller's handlers are
     # put back after (a notebook's interrupt keeps working).
@@ -105,7 +110,7 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
             else:
                 from dione.launch.ray_launcher import RayLauncher
 
-                launcher = RayLauncher(ray)
+                launcher = RayLauncher(ray, env=env)
                 try:
                     result = run_workload(tasks, Cluster(launcher.nodes()), run_dir,
                                           run_options, launcher=launcher,
@@ -130,8 +135,28 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     return result
 
 
+def _ray_env(ray: str | None, env: Mapping[str, str] | None) -> dict[str, str]:
+    """``ray_env`` checked: text names and values, and only with ``ray``."""
+    if not env:
+        return {}
+    if ray is None:
+        raise ValueError("ray_env sets variables in a Ray cluster's workers: give ray= too, "
+                         "or set the variables in os.environ for this machine's workers")
+    if not isinstance(env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ValueError(f"ray_env must map variable names to text values, not {env!r}")
+    from dione.cli.errors import BadInput
+    from dione.cli.inputs import ray_environment
+
+    try:  # the names checked as --ray-env checks them
+        return ray_environment([f"{k}={v}" for k, v in env.items()])
+    except BadInput as err:
+        raise ValueError(str(err).replace("--ray-env", "ray_env")) from None
+
+
 def _record_run(workload_file: str, run_dir: str, options: Any, devices: str | None,
-                ray: str | None, tensorboard: str | None, mlflow: str | bool | None) -> None:
+                ray: str | None, tensorboard: str | None, mlflow: str | bool | None,
+                ray_env: Mapping[str, str]) -> None:
     """Write ``run_dir/run.json`` as ``dione run`` does (the workload file, the options,
     the cluster, the dashboards), under the run directory's lock; a directory another
     workload's run holds is refused (ValueError), as ``dione run`` refuses it."""
@@ -146,8 +171,8 @@ def _record_run(workload_file: str, run_dir: str, options: Any, devices: str | N
     try:
         same_workload(folder, workload)  # as `dione run` refuses it
         with claim_run_dir(folder):
-            SavedRun(workload, options, devices, ray,
-                     *dashboard_places(tensorboard, mlflow)).write(folder)
+            SavedRun(workload, options, devices, ray, *dashboard_places(tensorboard, mlflow),
+                     ray_env=tuple(f"{k}={v}" for k, v in ray_env.items())).write(folder)
     except BadInput as err:
         raise ValueError(str(err)) from None
 

@@ -3,6 +3,8 @@ directory; BadInput saying what is wrong with any of them."""
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -10,8 +12,8 @@ from typing import Any
 from dione.cli.console import complain
 from dione.cli.errors import BadInput
 
-__all__ = ["claimed", "default_run_dir", "load", "ray_launcher", "say_problem_notes",
-           "valid_tasks"]
+__all__ = ["claimed", "default_run_dir", "load", "ray_environment", "ray_launcher",
+           "say_problem_notes", "valid_tasks"]
 
 
 def load(path: str) -> Any:
@@ -79,10 +81,16 @@ def write_output(file: Path, text: str) -> None:
                        "write (-o)") from None
 
 
-def ray_launcher(address: str | None, devices: str | None) -> Any:
-    """The Ray launcher for ``--ray ADDRESS`` (None without it: this machine's workers)."""
+def ray_launcher(address: str | None, devices: str | None,
+                 env: Sequence[str] = ()) -> Any:
+    """The Ray launcher for ``--ray ADDRESS`` (None without it: this machine's workers),
+    its workers given ``env`` (``--ray-env``'s NAME=VALUE or NAME items)."""
     if address is None:
+        if env:
+            raise BadInput("--ray-env sets variables in a Ray cluster's workers: add --ray, "
+                           "or set the variable in this shell for this machine's workers")
         return None
+    variables = ray_environment(env)
     if devices:
         raise BadInput("--devices describes this machine; with --ray the cluster's nodes "
                        "and devices come from Ray: leave --devices out")
@@ -90,9 +98,30 @@ def ray_launcher(address: str | None, devices: str | None) -> Any:
     from dione.spec.cluster import ClusterError
 
     try:
-        return RayLauncher(address)
+        return RayLauncher(address, env=variables)
     except ClusterError as err:
         raise BadInput(str(err)) from None
+
+
+def ray_environment(items: Sequence[str]) -> dict[str, str]:
+    """``--ray-env`` items as variables: NAME=VALUE as given, NAME with this process's
+    value; BadInput naming the item and the fix where one is neither."""
+    variables = {}
+    for item in items:
+        name, given, value = item.partition("=")
+        if not _VARIABLE.fullmatch(name):
+            raise BadInput(f"--ray-env {item!r}: give NAME=VALUE or NAME, NAME a variable "
+                           "name (letters, digits, _)")
+        if not given:
+            if name not in os.environ:
+                raise BadInput(f"--ray-env {name}: {name} is not set in this shell; "
+                               f"export it, or give --ray-env {name}=VALUE")
+            value = os.environ[name]
+        variables[name] = value
+    return variables
+
+
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def default_run_dir(workload: str) -> Path:

@@ -424,6 +424,11 @@ def _add_ray(parser: argparse.ArgumentParser) -> None:
                         help="run on a Ray cluster (ADDRESS as ray.init takes it; default "
                         "auto): its alive nodes and their GPUs (else CPUs) are the cluster; "
                         "a task stays within one node; needs `pip install 'dione[ray]'`")
+    parser.add_argument("--ray-env", action="append", default=[], metavar="NAME[=VALUE]",
+                        help="with --ray: set this variable in the Ray workers (they start "
+                        "with their node's environment, not this shell's); NAME alone "
+                        "passes this shell's value, read again at each resume (repeat "
+                        "for more)")
     _STORAGE.add_to(parser)
 
 

@@ -32,6 +32,8 @@ class SavedRun:
     ray: str | None = None
     tensorboard: str | None = None
     mlflow: str | None = None
+    # `--ray-env` as given (NAME=VALUE, or NAME: read from the shell at each start).
+    ray_env: tuple[str, ...] = ()
     # `dione run --current-practice` (each task in turn on all devices; the technique
     # it forced, "" for each task's best): `dione run` continues it, not `resume`.
     current_practice: str | None = None
@@ -41,6 +43,7 @@ class SavedRun:
         return {"workload": self.workload, "devices": self.devices, "ray": self.ray,
                 "options": dataclasses.asdict(self.options),
                 "tensorboard": self.tensorboard, "mlflow": self.mlflow,
+                **({"ray_env": list(self.ray_env)} if self.ray_env else {}),
                 **({"current_practice": self.current_practice}
                    if self.current_practice is not None else {})}
 
@@ -86,7 +89,8 @@ def load_saved_run(run_dir: Path) -> SavedRun:
                         else _options(options),
                         devices=saved.get("devices"), ray=saved.get("ray"),
                         tensorboard=saved.get("tensorboard"), mlflow=saved.get("mlflow"),
-                        current_practice=saved.get("current_practice"))
+                        current_practice=saved.get("current_practice"),
+                        ray_env=tuple(str(item) for item in saved.get("ray_env") or ()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise BadInput(f"{path} is unreadable or damaged ({type(err).__name__}: {err}); "
                        "start the run again with `dione run WORKLOAD --out "

@@ -18,7 +18,7 @@ __all__ = ["command"]
 def command(args: argparse.Namespace) -> int:
     options = run_options(vars(args))
     output = output_file(args.output)  # before the trials, not after them
-    launcher = ray_launcher(args.ray, args.devices)
+    launcher = ray_launcher(args.ray, args.devices, args.ray_env)
     try:
         tasks, problems, cluster = valid_tasks(args.workload, args.devices, "profiled",
                                                launcher)

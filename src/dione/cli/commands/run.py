@@ -27,7 +27,7 @@ def command(args: argparse.Namespace) -> int:
                        "--current-practice, or restrict techniques in the task")
     tensorboard, mlflow = dashboard_places(args.tensorboard, args.mlflow)
     run = SavedRun(str(Path(args.workload).resolve()), options, args.devices, args.ray,
-                   tensorboard, mlflow)
+                   tensorboard, mlflow, ray_env=tuple(args.ray_env))
     return execute(args.workload, run, run_dir, record=run)
 
 
@@ -54,7 +54,7 @@ def execute(workload_file: str, run: SavedRun, run_dir: Path, *,
     directory is touched only once the workload is known to start; then ``record`` is
     written to its ``run.json`` (for ``dione resume``), replacing one of the same
     workload or of ``replacing`` (a workload that moved), never another's."""
-    launcher = ray_launcher(run.ray, run.devices)
+    launcher = ray_launcher(run.ray, run.devices, run.ray_env)
     try:
         return _execute_on(workload_file, run, run_dir, record, replacing, launcher)
     finally:
@@ -137,7 +137,7 @@ def _current_practice(args: argparse.Namespace, options: Any, run_dir: Path) -> 
     from dione.report import report_after_run
     from dione.techniques import technique_names
 
-    if args.ray is not None:
+    if args.ray is not None or args.ray_env:
         raise BadInput("--current-practice trains on this machine's devices, one task after "
                        "another; drop --ray, or drop --current-practice to plan the cluster")
     if args.technique is not None and args.technique not in technique_names():
