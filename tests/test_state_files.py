@@ -56,6 +56,65 @@ def trained(tmp_path: Path) -> tuple[Path, Path]:
     return workload, run_dir
 
 
+@contextmanager
+def read_only(folder: Path) -> Iterator[Path]:
+    """``folder`` where nothing can be written: a read-only bind mount of it as root (who
+    may write whatever its permissions), its permissions taken away otherwise."""
+    if os.geteuid() != 0:
+        entries = [folder, *folder.rglob("*")]
+        modes = {p: p.stat().st_mode for p in entries}
+        for p in entries:
+            p.chmod(modes[p] & ~0o222)
+        try:
+            yield folder
+        finally:
+            for p in entries:
+                p.chmod(modes[p])
+        return
+    view = folder.with_name(folder.name + "-read-only")
+    view.mkdir()
+    try:
+        for command in (["mount", "--bind", str(folder), str(view)],
+                        ["mount", "-o", "remount,bind,ro", str(view)]):
+            if subprocess.run(command, capture_output=True).returncode != 0:
+                subprocess.run(["umount", str(view)], capture_output=True)
+                pytest.skip("root who may not mount: no folder here is read-only to root")
+        try:
+            yield view
+        finally:
+            subprocess.run(["umount", str(view)], check=True)
+    finally:
+        view.rmdir()
+
+
+def test_a_read_only_run_directory_is_read_where_it_is(
+        trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    """An archived run (a read-only mount, another user's folder) could not even be
+    looked at: SQLite writes beside a WAL file to read it."""
+    import tempfile
+
+    workload, run_dir = trained
+    capsys.readouterr()
+    copies = set(Path(tempfile.gettempdir()).glob("dione-read-*"))
+    with read_only(run_dir) as archived:
+        code, said = run(capsys, "status", str(archived))
+        assert code == 0 and "4/" in said and "Traceback" not in said, said
+        code, said = run(capsys, "export", str(archived), "d", "--latest", "-o",
+                         str(tmp_path / "out"), "--workload", str(workload))
+        assert code == 0 and (tmp_path / "out" / "model.safetensors").is_file(), said
+        code, said = run(capsys, "train", str(workload), "--task", "d", "--technique",
+                         "single", "--out", str(archived))
+        assert code == 2 and "Traceback" not in said, said
+        assert "give a directory you can write" in said, said
+        with RunStore(archived) as store:  # read from a copy; a write says where it is
+            assert store.read_only and [t.name for t in store.tasks()] == ["d"]
+            with pytest.raises(StateFileError, match=r"cannot be written here .*it is not "
+                               r"damaged, and is read where it is"):
+                store.register_task("e", 10, 8)
+    assert set(Path(tempfile.gettempdir()).glob("dione-read-*")) == copies
+
+
 def test_a_store_cut_to_nothing_is_refused_not_taken_for_a_new_run(
         trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     """It silently restarted every task from step 0 over the checkpoints it held."""

@@ -353,17 +353,3 @@ def test_a_store_of_a_newer_dione_is_refused_saying_so(tmp_path: Path) -> None:
     with pytest.raises(StateFileError, match=r"written by a newer dione \(store schema 99; "
                        r"this dione knows \d+\): upgrade dione"):
         RunStore(tmp_path)
-
-
-def test_a_store_where_the_user_may_not_write_is_not_called_damaged(tmp_path: Path) -> None:
-    """An archived run (read-only folder, another user's files) was said to be damaged,
-    with the advice to restore it or train again. Root writes anywhere, so SQLite's own
-    error stands in for the refused write (seen as a second user by hand)."""
-    import sqlite3
-
-    from dione.state.sqlite import _damaged
-
-    said = str(_damaged(tmp_path / "dione.sqlite", "run store", "restore it",
-                        sqlite3.OperationalError("attempt to write a readonly database")))
-    assert "it is not damaged" in said and "copy the folder somewhere you can write" in said
-    assert "restore it" not in said

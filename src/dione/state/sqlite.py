@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,11 +32,11 @@ def _damaged(path: Path, what: str, fix: str, err: BaseException) -> StateFileEr
         fix = "free space on that disk, then go on (`dione resume` for a run)"
     elif "readonly" in str(err) or "read-only" in str(err):
         # Intact, but where this user may not write (an archived run, a read-only mount,
-        # another user's file): dione opens it for writing, even to read.
+        # another user's file): it was read from a copy, and this needs to write.
         return StateFileError(f"{path} cannot be written here ({type(err).__name__}: {err}); "
-                              "it is not damaged: dione needs to write its folder even to "
-                              "read it, so copy the folder somewhere you can write and use "
-                              "the copy")
+                              "it is not damaged, and is read where it is (status, export), "
+                              "but to write it copy its folder somewhere you can write and "
+                              "use the copy")
     return StateFileError(f"{path} cannot be used as dione's {what} ({type(err).__name__}: "
                           f"{err}); {fix}")
 
@@ -122,6 +124,26 @@ def _create_whole(path: Path, schema: str) -> None:
             leftover.unlink(missing_ok=True)
 
 
+def _read_only(path: Path) -> bool:
+    """Whether ``path`` (an existing file) or its folder cannot be written here."""
+    return not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+
+
+def _copy_to_read(path: Path) -> Path:
+    """A private folder holding a copy of ``path`` and its WAL (changes a run killed
+    before its last close left there); SQLite folds the WAL into the copy on opening."""
+    folder = Path(tempfile.mkdtemp(prefix="dione-read-"))
+    try:
+        shutil.copyfile(path, folder / path.name)
+        wal = path.with_name(path.name + "-wal")
+        if wal.is_file():
+            shutil.copyfile(wal, folder / wal.name)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
+
+
 class SQLiteFile:
     """One SQLite file with its schema applied; a context manager that closes it.
 
@@ -133,16 +155,28 @@ class SQLiteFile:
     # What the file is, and what to do when it is damaged (for StateFileError).
     what: ClassVar[str] = "state file"
     fix: ClassVar[str] = "move it aside and start again"
+    # Whether a file that cannot be written here is read from a copy (a run store, for
+    # status and export) or refused at once (the catalog, which a run writes as it goes).
+    read_from_copy: ClassVar[bool] = False
 
     def __init__(self, path: Path, schema: str, *, timeout: float = 60.0,
                  any_thread: bool = False) -> None:
         self.path = path
+        self._snapshot: Path | None = None
         try:
             if not path.exists():
                 _create_whole(path, schema)
-            db = sqlite3.connect(path, timeout=timeout, isolation_level=None,
+            # SQLite writes beside a WAL file even to read it (its -shm index), which a
+            # read-only folder (an archived run, a read-only mount) refuses: such a file is
+            # read from a private copy, made read-only, so that a write says so.
+            opened = path
+            if self.read_from_copy and _read_only(path):
+                self._snapshot = _copy_to_read(path)
+                opened = self._snapshot / path.name
+            db = sqlite3.connect(opened, timeout=timeout, isolation_level=None,
                                  check_same_thread=not any_thread, factory=_Connection)
         except (sqlite3.Error, OSError) as err:
+            self._remove_snapshot()
             raise self.damaged(err) from None
         assert isinstance(db, _Connection)
         db.file = self
@@ -153,20 +187,39 @@ class SQLiteFile:
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(schema)  # idempotent; executescript commits on its own
         except sqlite3.DatabaseError as err:
-            self._db.close()
+            self.close()
             if _busy(err):
                 raise
             raise self.damaged(err) from None
         except StateFileError:
-            self._db.close()
+            self.close()
             raise
+
+    @property
+    def read_only(self) -> bool:
+        """Whether this file is read from a copy (its folder cannot be written)."""
+        return self._snapshot is not None
+
+    def refuse_writes(self) -> None:
+        """From now on a write fails, as the file itself would fail it (a read-only one's
+        copy: after a subclass brought the copy to the current schema)."""
+        if self._snapshot is not None:
+            self._db.execute("PRAGMA query_only = ON")
 
     def damaged(self, err: BaseException) -> StateFileError:
         """``err`` as this file's StateFileError."""
+        if self._snapshot is not None and "query_only" in str(err):
+            err = sqlite3.OperationalError("attempt to write a readonly database")
         return _damaged(self.path, self.what, self.fix, err)
 
     def close(self) -> None:
-        self._db.close()
+        if hasattr(self, "_db"):
+            self._db.close()
+        self._remove_snapshot()
+
+    def _remove_snapshot(self) -> None:
+        if self._snapshot is not None:
+            shutil.rmtree(self._snapshot, ignore_errors=True)
 
     def __enter__(self) -> Any:
         return self

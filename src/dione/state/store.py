@@ -282,6 +282,7 @@ class RunStore(SQLiteFile):
     what = "run store"
     fix = ("the checkpoints are kept: restore the file from a copy, or train the workload "
            "again in a new run directory")
+    read_from_copy = True  # an archived run's status and export
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = private_dir(run_dir)
@@ -296,12 +297,14 @@ class RunStore(SQLiteFile):
             raise StateFileError(f"{path} is empty, yet {self.run_dir} holds a run (its "
                                  f"checkpoints or run.json): it was cut to nothing; {self.fix}")
         super().__init__(path, _SCHEMA)
-        private_file(self.path)
         try:
-            _migrate(self._db)
+            if not self.read_only:
+                private_file(self.path)
+            _migrate(self._db)  # a read-only store's copy: an older one read as this one
         except StateFileError:
             self.close()
             raise
+        self.refuse_writes()
 
     def __enter__(self) -> RunStore:
         return self
