@@ -263,3 +263,49 @@ def test_dione_add_names_what_is_wrong(tmp_path: Path,
     assert status == 1 and "invalid: task 'lr--1'" in said, said
     with RunStore(run_dir) as store:
         assert [a.names for a in store.additions()] == [["lr-0.03"]]
+
+
+def test_two_adds_of_one_file_add_its_tasks_once_and_say_so_to_each(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two `dione add`s of one file at once: both requests were settled refused while
+    their tasks trained (the refusal was kept by task name, so the request that added
+    them read it too), and the live log said "not added" after "added"."""
+    from dione.orchestrate.additions import _intake, request_message
+    from dione.state.store import AlreadyInRun
+
+    file = growing(tmp_path, [-1.0, -2.0])  # refused by validation: nothing to profile
+    with RunStore(tmp_path / "run") as store:
+        first = store.add_tasks(str(file), ["lr--1", "lr--2"])
+        # What the second `dione add` now meets, checked as the request is recorded.
+        with pytest.raises(AlreadyInRun, match="the run already has task"):
+            store.add_tasks(str(file), ["lr--1"], unless_present=True)
+        second = store.add_tasks(str(file), ["lr--1"])  # as one that slipped past before
+        requests = store.additions("waiting")
+    arrival = _intake([], requests, set(), None, None)  # type: ignore[arg-type]
+    state, said = request_message(requests[0], arrival)
+    assert requests[0].id == first and state == "refused" and "learning rate" in said, said
+    state, said = request_message(requests[1], arrival)
+    assert requests[1].id == second and state == "refused"
+    assert said == f"lr--1: request {first} asks for it as well: it is that request's"
+    assert set(arrival.refused) == {"lr--1", "lr--2"}  # each task's own refusal, once
+
+
+def test_a_file_defining_a_name_twice_is_refused_by_dione_add_and_by_the_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Which of the two was asked for no one can tell: the last was trained silently
+    (`dione validate` refuses such a file; `dione add` took it)."""
+    from dione.orchestrate.additions import _intake
+
+    file = growing(tmp_path, [1e-2, 3e-2])
+    run_dir = tmp_path / "run"
+    with RunStore(run_dir) as store:
+        store.register_task("other", 8, 16)
+        request = store.add_tasks(str(file), ["lr-0.03"])  # before the file changed
+    growing(tmp_path, [1e-2, 3e-2, 3e-2])
+    status, said = add(capsys, str(run_dir), str(file))
+    assert status == 2 and "defines more than one task named 'lr-0.03'" in said, said
+    with RunStore(run_dir) as store:
+        requests = store.additions("waiting")
+    assert [r.id for r in requests] == [request]  # nothing more asked of the run
+    arrival = _intake([], requests, {"other"}, None, None)  # type: ignore[arg-type]
+    assert "defines more than one task named 'lr-0.03'" in arrival.requests_refused[request]

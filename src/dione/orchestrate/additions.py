@@ -105,6 +105,9 @@ class Arrival:
     refused: dict[str, str] = field(default_factory=dict)
     requests_refused: dict[int, str] = field(default_factory=dict)
     present: set[str] = field(default_factory=set)  # asked for, and in the run already
+    # Per request, names it shares with a task the run has or an earlier request of
+    # the batch brings (two `dione add`s of one file), with why: refused for it alone.
+    duplicates: dict[int, dict[str, str]] = field(default_factory=dict)
     from_inbox: set[str] = field(default_factory=set)  # names of the inbox's tasks added
     trials: str = ""  # what profiling cost, as the run's first profile says it
 
@@ -186,35 +189,49 @@ def _intake(tasks: list[Task], requests: list[Addition], known: set[str], cluste
     from dione.techniques.validation import valid_tasks
 
     arrival = Arrival([], None, requests)
-    wanted: list[Task] = list(tasks)
+    wanted: list[tuple[Task, int | None]] = [(t, None) for t in tasks]  # and who asked
     for request in requests:
         if request.unreadable:  # a damaged row: refused, the others go on
             arrival.requests_refused[request.id] = request.unreadable
             continue
         try:
-            by_name = {t.name: t for t in load_workload(request.workload)}
+            defined = list(load_workload(request.workload))
         except Exception as err:  # any workload error refuses this request only
             arrival.requests_refused[request.id] = (
                 f"{request.workload} could not be loaded: {type(err).__name__}: {err}")
             continue
+        by_name = {t.name: t for t in defined}
         missing = [n for n in request.names if n not in by_name]
-        if missing:
+        twice = sorted({n for n in request.names
+                        if sum(t.name == n for t in defined) > 1})
+        if missing or twice:  # which of two of a name was asked for, no one can tell
             arrival.requests_refused[request.id] = (
-                f"{request.workload} no longer defines task(s) {', '.join(missing)}")
+                f"{request.workload} no longer defines task(s) {', '.join(missing)}"
+                if missing else f"{request.workload} defines more than one task named "
+                f"{', '.join(map(repr, twice))}: give each a name of its own")
             continue
         # A name the run has (the run's workload file grew to define it, or a resumed
         # run took the request before) is in the run already: nothing to add.
         arrival.present.update(n for n in request.names if n in known)
-        wanted += [by_name[n] for n in request.names if n not in known]
+        wanted += [(by_name[n], request.id) for n in request.names if n not in known]
     fresh: list[Task] = []
-    for task in wanted:
+    brought: dict[str, int | None] = {}  # name -> the request adding it (None: the inbox)
+    for task, source in wanted:
         if task.name in known:
-            arrival.refused[task.name] = (f"the run already has a task named {task.name!r}; "
-                                          "give the new one a name of its own")
+            earlier = brought.get(task.name)
+            why = (f"request {earlier} asks for it as well: it is that request's"
+                   if earlier is not None
+                   else f"the run already has a task named {task.name!r}; give the new one "
+                   "a name of its own")
+            if source is None:  # an inbox task: refused as a task
+                arrival.refused[task.name] = why
+            else:  # the request's duplicate only: the task another brought is added
+                arrival.duplicates.setdefault(source, {})[task.name] = why
         else:
             known.add(task.name)
+            brought[task.name] = source
             fresh.append(task)
-            if any(task is t for t in tasks):  # not a `dione add` request's
+            if source is None:  # not a `dione add` request's
                 arrival.from_inbox.add(task.name)
     valid, problems = valid_tasks(fresh) if fresh else ([], [])  # none: no "no tasks"
     for problem in problems:  # a task may have several; one of the workload's names none
@@ -236,9 +253,12 @@ def request_message(request: Addition, arrival: Arrival) -> tuple[str, str]:
     """(state, message) to settle ``request`` with, from what the intake made of it."""
     if request.id in arrival.requests_refused:
         return "refused", arrival.requests_refused[request.id]
-    refused = [f"{n}: {arrival.refused[n]}" for n in request.names if n in arrival.refused]
-    added = [n for n in request.names if n not in arrival.refused and n not in arrival.present]
-    present = [n for n in request.names if n in arrival.present]
+    duplicates = arrival.duplicates.get(request.id, {})
+    refused = [f"{n}: {duplicates.get(n) or arrival.refused[n]}" for n in request.names
+               if n in duplicates or n in arrival.refused]
+    added = [n for n in request.names if n not in arrival.refused and n not in duplicates
+             and n not in arrival.present]
+    present = [n for n in request.names if n in arrival.present and n not in duplicates]
     if refused and not added and not present:
         return "refused", "; ".join(refused)
     said = [*(["added " + ", ".join(added)] if added else []),

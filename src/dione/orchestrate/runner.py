@@ -268,6 +268,10 @@ class Runner:
                     why += f" (and the inbox's on_refused failed: {type(err).__name__}: {err})"
             self.emit(RunEvent("task_refused", f"{name}: not added: {why}",
                                name if name in self.state.records else None))
+        for source, names in arrival.duplicates.items():
+            for name, why in names.items():
+                self.emit(RunEvent("task_refused", f"{name} (request {source}): not added "
+                                   f"again: {why}"))
         for request in arrival.requests:
             state, message = request_message(request, arrival)
             if request.state == "taken" and state == "taken":

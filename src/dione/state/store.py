@@ -276,6 +276,14 @@ def _rebuild_tasks_with_stopped(db: sqlite3.Connection) -> None:
     db.execute("PRAGMA foreign_keys=ON")
 
 
+class AlreadyInRun(ValueError):
+    """Tasks asked to be added that the run has, or was asked for already."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        super().__init__(f"the run already has task(s) {', '.join(names)}")
+        self.names = list(names)
+
+
 class RunStore(SQLiteFile):
     """The SQLite file of one run directory (created on first use)."""
 
@@ -433,10 +441,20 @@ class RunStore(SQLiteFile):
 
     # -- tasks added to a live run (``dione add``) ---------------------------------------
 
-    def add_tasks(self, workload: str, names: Sequence[str]) -> int:
+    def add_tasks(self, workload: str, names: Sequence[str], *,
+                  unless_present: bool = False) -> int:
         """Ask the run to take tasks ``names`` of workload file ``workload``; the
-        request's id (its state ``waiting`` until the run takes or refuses it)."""
+        request's id (its state ``waiting`` until the run takes or refuses it).
+        ``unless_present``: AlreadyInRun where the run has one of the names, or was
+        asked for it and has not refused (checked and recorded in one transaction: two
+        `dione add`s of one file at once both passed a check made before)."""
         with self._transaction() as db:
+            if unless_present:
+                have = {t.name for t in self.tasks()} | {
+                    n for a in self.additions("waiting", "taken") for n in a.names}
+                already = [n for n in names if n in have]
+                if already:
+                    raise AlreadyInRun(already)
             cursor = db.execute(
                 "INSERT INTO additions (workload, names, state, added_at) VALUES "
                 "(?, ?, 'waiting', ?)", (workload, json.dumps(list(names)), clock.now()))

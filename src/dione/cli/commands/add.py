@@ -18,7 +18,7 @@ __all__ = ["command"]
 
 def command(args: argparse.Namespace) -> int:
     from dione.state.lock import lock_holder
-    from dione.state.store import STORE_FILE, RunStore
+    from dione.state.store import STORE_FILE, AlreadyInRun, RunStore
     from dione.techniques.validation import valid_tasks
 
     run_dir = Path(args.run_dir)
@@ -26,7 +26,12 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput(f"{run_dir} is not a dione run directory (no {STORE_FILE}); start a "
                        "run with `dione run WORKLOAD --out RUN_DIR` first")
     workload = str(Path(args.workload).resolve())
-    by_name = {t.name: t for t in load(workload)}
+    defined = list(load(workload))
+    twice = sorted({t.name for t in defined if sum(u.name == t.name for u in defined) > 1})
+    if twice:  # which of them would be added, no one could tell
+        raise BadInput(f"{args.workload} defines more than one task named "
+                       f"{', '.join(map(repr, twice))}: give each a name of its own")
+    by_name = {t.name: t for t in defined}
     unknown = [n for n in args.task if n not in by_name]
     if unknown:
         raise BadInput(f"{args.workload} defines no task {', '.join(map(repr, unknown))}; "
@@ -49,7 +54,10 @@ def command(args: argparse.Namespace) -> int:
             complain("invalid", str(problem))
         if not tasks:
             raise BadInput("no task to add is valid (the problems are above)")
-        request = store.add_tasks(workload, [t.name for t in tasks])
+        try:  # checked again as it is recorded: another add may have asked meanwhile
+            request = store.add_tasks(workload, [t.name for t in tasks], unless_present=True)
+        except AlreadyInRun as err:
+            raise BadInput(f"{err}: a task added needs a name of its own") from None
     # Some of the file's tasks refused: said as `dione run` says it, by the exit status.
     done = EXIT_FAILED if problems else 0
     names = ", ".join(t.name for t in tasks)
