@@ -695,3 +695,24 @@ def test_an_untried_option_is_estimated_as_slow_as_the_task_ran_under_its_others
     planned = estimates.task_options("t0", 10, resumed=True, evaluations=0)
     assert {o.technique: o.seconds for o in planned.options}["ddp"] == pytest.approx(
         2 * 10 * ddp.record.step_seconds, rel=0.01)
+
+
+def test_the_gantt_chart_of_a_large_cluster_stays_a_readable_size(tmp_path: Path) -> None:
+    """720 devices drew a 79,000-pixel-tall image (past what image readers open by
+    default, and most of a minute of drawing): past 64 devices a row is a node."""
+    from PIL import Image
+
+    from dione.report.gantt import MAX_HEIGHT, draw_gantt
+    from dione.state.store import SliceRecord
+
+    slices = [SliceRecord(i, f"t{i}", "ddp", {}, f"n{i // 4}", [2 * (i % 4), 2 * (i % 4) + 1],
+                          0, 10, "done" if i % 7 else "failed", float(i % 5), 6.0 + i % 5,
+                          None, None, {}, None) for i in range(400)]  # 100 nodes of 8
+    draw_gantt(None, slices, 0.0, tmp_path / "gantt.png", ended={"t8": "stopped"})
+    width, height = Image.open(tmp_path / "gantt.png").size
+    assert width == 1210 and height <= MAX_HEIGHT * 110
+    from dione.report.gantt import _Layout
+
+    by_device = _Layout([(s.node, d, s.task, "", 0.0, 1.0, "") for s in slices[:8]
+                         for d in s.device_ids])  # 2 nodes: a row a device, as before
+    assert not by_device.by_node and by_device.rows[:3] == ["n0:0", "n0:1", "n0:2"]

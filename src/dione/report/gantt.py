@@ -1,4 +1,5 @@
-"""A Gantt chart of the first plan against what actually ran, one row per device."""
+"""A Gantt chart of the first plan against what actually ran: a row per device, or, on a
+cluster of more devices than a page can show one per row, a row per node."""
 
 from __future__ import annotations
 
@@ -11,12 +12,20 @@ from dione.orchestrate.plans import AdoptedPlan
 
 __all__ = ["draw_gantt"]
 
+# More device rows than this and each node is one row, its devices stacked in it (720
+# devices drew a 79,000-pixel-tall image, past what image readers open by default).
+MAX_DEVICE_ROWS = 64
+# The figure's height at most, in inches (about 4,400 pixels at the saved resolution).
+MAX_HEIGHT = 40.0
+MAX_LABELS = 400  # per panel: past this, labels cost more time than they tell
+Bar = tuple[str, int, str, str, float, float, str]  # node, device, task, technique, ...
+
 
 def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
                path: Path, simulated: bool = False,
                which: str = "plan (first adopted)",
                ended: Mapping[str, str] | None = None) -> None:
-    """Two panels sharing the time axis: the first adopted plan and the actual slices
+    """Two panels, each with its time axis: the first adopted plan and the actual slices
     (failed or interrupted ones hatched, drawn at least a sliver wide), seconds from the
     run's start; the last slice of a task its rule stopped (``ended``: task -> status)
     marked with an x at its end; a label where its bar has room for it; a simulated
@@ -26,63 +35,124 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
-    planned = []
+    planned: list[Bar] = []
     if plan is not None:
         offset = plan.clock_zero - zero
         for a in plan.run_clock:
             for device in a.device_ids:
-                planned.append((f"{a.node}:{device}", a.task, a.technique,
-                                a.start + offset, a.end + offset, "done"))
-    actual = []
+                planned.append((a.node, device, a.task, a.technique, a.start + offset,
+                                a.end + offset, "done"))
+    actual: list[Bar] = []
     for s in slices:
         end = s.ended_at if s.ended_at is not None else s.started_at
         for device in s.device_ids:
-            actual.append((f"{s.node}:{device}", s.task, s.technique, s.started_at - zero,
+            actual.append((s.node, device, s.task, s.technique, s.started_at - zero,
                            end - zero, s.status))
     last: dict[str, Any] = {}  # each task's last actual slice: where a stop is marked
     for s in slices:
         if s.status == "done" and (s.task not in last or s.end_step >= last[s.task].end_step):
             last[s.task] = s
     stops = [s for task, s in last.items() if (ended or {}).get(task) == "stopped"]
-    rows = sorted({r[0] for r in planned + actual}, key=_natural)  # n2 before n10
-    span = max([r[4] for r in planned + actual] + [1e-3])
-    tasks = sorted({r[1] for r in planned + actual})
+    layout = _Layout(planned + actual)
+    span = max([r[5] for r in planned + actual] + [1e-3])
+    tasks = sorted({r[2] for r in planned + actual})
     colours = plt.get_cmap("tab20")
     colour = {t: colours(i % 20) for i, t in enumerate(tasks)}
-    figure, axes = plt.subplots(2, 1, sharex=True, figsize=(11, 1.2 + 0.5 * len(rows) * 2 + 1),
-                                squeeze=True)
+    row_inches = min(0.5, max(0.05, (MAX_HEIGHT - 2.2) / 2 / max(1, len(layout.rows))))
+    figure, axes = plt.subplots(2, 1, sharex=True, squeeze=True,
+                                figsize=(11, 2.2 + row_inches * len(layout.rows) * 2))
     mark = "SIMULATED: " if simulated else ""
     for ax, bars, title in ((axes[0], planned, f"{mark}{which}"),
                             (axes[1], actual, f"{mark}actual" + (" (virtual cluster)"
                                                                  if simulated else ""))):
-        for row, task, technique, start, end, status in bars:
-            y = rows.index(row)
-            cut = status not in ("done", "running")
-            ax.barh(y, max(end - start, 0.004 * span if cut else 1e-3), left=start,
-                    color=colour[task], edgecolor="black", linewidth=0.5,
-                    hatch="//" if cut else None)
-            if end - start > 0.06 * span:  # room for it: narrower labels overlapped
-                ax.text(start + (end - start) / 2, y, f"{task}\n{technique}", ha="center",
-                        va="center", fontsize=6, clip_on=True)
+        _draw_bars(ax, bars, layout, span, colour, row_inches)
         if bars is actual:
             for s in stops:
                 for device in s.device_ids:
                     ax.plot((s.ended_at or s.started_at) - zero,
-                            rows.index(f"{s.node}:{device}"), marker="x", color="black",
+                            layout.middle(s.node, device), marker="x", color="black",
                             markersize=7, markeredgewidth=2)
-        ax.set_yticks(range(len(rows)), rows)
-        ax.set_ylim(len(rows) - 0.5, -0.5)  # first row on top, no empty band around them
-        cut_short = bars is actual and any(r[5] not in ("done", "running") for r in bars)
+        layout.label_rows(ax, row_inches)
+        cut_short = bars is actual and any(r[6] not in ("done", "running") for r in bars)
         ax.set_title(title + (" (x: a task its rule stopped)" if bars is actual and stops
                               else "") + ("; hatched: a slice that failed or was cut short"
-                                          if cut_short else ""), fontsize=9, loc="left")
+                                          if cut_short else "")
+                     + ("; a row per node, its devices stacked" if layout.by_node else ""),
+                     fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)
-    axes[1].set_xlabel("seconds from the run's start")
+        ax.tick_params(axis="x", labelbottom=True)  # a time axis under each panel
+        ax.set_xlabel("seconds from the run's start", fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
 
+class _Layout:
+    """Where a device's bar goes: its own row, or its band of its node's row."""
+
+    def __init__(self, bars: Sequence[Bar]) -> None:
+        devices = sorted({(r[0], r[1]) for r in bars}, key=lambda d: (_natural(d[0]), d[1]))
+        self.by_node = len(devices) > MAX_DEVICE_ROWS
+        if self.by_node:
+            self.rows = sorted({node for node, _ in devices}, key=_natural)  # n2 before n10
+            # A node's width as the run used it: its devices seen, up to the highest id.
+            self.width = {node: 1 + max(d for n, d in devices if n == node)
+                          for node in self.rows}
+        else:
+            self.rows = [f"{node}:{device}" for node, device in devices]
+        self.index = {row: i for i, row in enumerate(self.rows)}
+
+    def band(self, node: str, device: int) -> tuple[float, float]:
+        """The top and height of a device's bar (rows at integers, first on top)."""
+        if not self.by_node:
+            return self.index[f"{node}:{device}"] - 0.4, 0.8
+        size = 0.9 / self.width[node]
+        return self.index[node] - 0.45 + device * size, size
+
+    def middle(self, node: str, device: int) -> float:
+        top, height = self.band(node, device)
+        return top + height / 2
+
+    def label_rows(self, ax: Any, row_inches: float) -> None:
+        # Every row named where the names fit (8 points is about 0.11 inch), else every
+        # k-th: a label per row at 0.05 inch would be a black smear.
+        every = max(1, round(0.11 / row_inches))
+        ticks = range(0, len(self.rows), every)
+        ax.set_yticks(list(ticks), [self.rows[i] for i in ticks],
+                      fontsize=8 if every == 1 else 6)
+        ax.set_ylim(len(self.rows) - 0.5, -0.5)  # first row on top, no empty band around
+
+
+def _draw_bars(ax: Any, bars: Sequence[Bar], layout: _Layout, span: float,
+               colour: Mapping[str, Any], row_inches: float) -> None:
+    """The bars as two collections (drawn whole, not one artist per bar: thousands of
+    slices took most of a minute), cut ones hatched; labels where they have room."""
+    from matplotlib.collections import PolyCollection
+
+    shapes: dict[bool, tuple[list[list[tuple[float, float]]], list[Any]]] = {
+        False: ([], []), True: ([], [])}
+    labels = []
+    for node, device, task, technique, start, end, status in bars:
+        cut = status not in ("done", "running")
+        width = max(end - start, 0.004 * span if cut else 1e-3)
+        top, height = layout.band(node, device)
+        verts, faces = shapes[cut]
+        verts.append([(start, top), (start + width, top), (start + width, top + height),
+                      (start, top + height)])
+        faces.append(colour[task])
+        # Room for it: wide enough (narrower labels overlapped) and a row of its own.
+        if end - start > 0.06 * span and not layout.by_node and row_inches >= 0.3:
+            labels.append((start + (end - start) / 2, top + height / 2, f"{task}\n{technique}"))
+    for cut, (verts, faces) in shapes.items():
+        if verts:
+            ax.add_collection(PolyCollection(verts, facecolors=faces, edgecolors="black",
+                                             linewidths=0.5 if len(verts) < 2000 else 0.2,
+                                             hatch="//" if cut else None))
+    for x, y, text in labels[:MAX_LABELS]:
+        ax.text(x, y, text, ha="center", va="center", fontsize=6, clip_on=True)
+    ax.set_xlim(0, span * 1.01)
+
+
 def _natural(row: str) -> list[Any]:
-    """A device row's sort key: its numbers as numbers (n2:1 before n10:0)."""
+    """A row's sort key: its numbers as numbers (n2:1 before n10:0)."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", row)]
