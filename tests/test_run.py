@@ -559,6 +559,38 @@ def test_the_live_table_keeps_names_apart_and_figures_whole_on_a_narrow_terminal
     assert "nothing left to train" in console.export_text()
 
 
+def test_the_live_table_of_a_sweep_shows_what_runs_first_and_fits_the_terminal() -> None:
+    """48 tasks on 24 lines: rich cropped the table from the bottom, so the first tasks
+    by name showed all run long, never the running ones nor the finish estimate, which
+    came after the table."""
+    from rich.console import Console
+
+    from dione.orchestrate.progress import LiveProgress
+    from dione.orchestrate.records import RunningSlice, RunState, TaskRecord, TaskStatus
+    from dione.plan.plan import Assignment
+    from helpers import digits_task
+
+    names = [f"t{i:02d}" for i in range(48)]
+    records = {n: TaskRecord(digits_task(n), 60, 60 if i < 20 else 0,
+                             TaskStatus.DONE if i < 20 else TaskStatus.PENDING)
+               for i, n in enumerate(names)}
+    plan = [Assignment(n, "single", {}, "vm", (0,), float(100 - i), float(101 - i))
+            for i, n in enumerate(names[20:])]
+    for n in ("t40", "t41"):
+        records[n].status = TaskStatus.RUNNING
+        records[n].running = RunningSlice(Assignment(n, "ddp", {}, "vm", (0, 1), 0.0, 9.0),
+                                          0.0, 0, 10, 9.0, 9.0)
+    console = Console(record=True, width=100)
+    console.print(LiveProgress.render(RunState(records, plan), rows=10))
+    lines = console.export_text().splitlines()
+    assert lines[0].startswith("elapsed") and "2 running, 26 pending, 20 done" in lines[0]
+    shown = [line.split("│")[1].strip() for line in lines if line.startswith("│")]
+    # Running first, then pending by planned start (the later-listed start sooner).
+    assert shown == ["t40", "t41", "t47", "t46", "t45", "t44", "t43", "t42", "t39",
+                     "... 39 more"], lines
+    assert "19 pending, 20 done" in lines[-2], lines  # what the last row stands for
+
+
 def test_a_results_table_too_wide_for_the_terminal_reads_as_lines(monkeypatch) -> None:
     """Squeezed into 80 columns the closing table folded each name one or two letters a
     line and kept no figure readable."""

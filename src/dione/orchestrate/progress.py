@@ -48,10 +48,15 @@ class LiveProgress:
         if now - self._last < 0.4:
             return
         self._last = now
-        self.live.update(self.render(state))
+        # The rows that fit under the events above it: rich crops a taller table from
+        # the bottom, and a sweep's running tasks were never on screen.
+        self.live.update(self.render(state, max(4, self.console.size.height - 8)))
 
     @staticmethod
-    def render(state: RunState) -> Group:
+    def render(state: RunState, rows: int | None = None) -> Group:
+        """The summary line, then a row per task: running ones first, then those the
+        plan starts soonest, then those ended last; at most ``rows`` (the rest
+        counted in a last row)."""
         clock = now() - state.clock_zero
         table = Table(expand=False)
         for column in ("task", "status", "technique", "devices", "step", "loss", "ETA s",
@@ -62,7 +67,12 @@ class LiveProgress:
                              else "left", overflow="fold",
                              no_wrap=column not in ("task", "devices"))
         plan = {a.task: a for a in state.plan}
-        for name, record in state.records.items():
+        place = {name: i for i, name in enumerate(state.records)}
+        order = sorted(state.records, key=lambda name: _shown_first(
+            state.records[name], plan.get(name), place[name]))
+        shown = order if rows is None or len(order) <= rows else order[:max(1, rows - 1)]
+        for name in shown:
+            record = state.records[name]
             running = record.running
             # An ended task holds no devices (it showed its stale plan's until a re-plan).
             where = (running.assignment if running
@@ -81,8 +91,34 @@ class LiveProgress:
                 f"{step}/{record.total}", "-" if loss is None else f"{loss:.4f}", eta,
                 "INEXACT" if record.inexact
                 else "-" if running is None and not record.done_steps else "exact")
+        hidden = order[len(shown):]
+        if hidden:
+            table.add_row(f"... {len(hidden)} more", _counts(state.records[n] for n in hidden),
+                          "", "", "", "", "", "")
         left = any(not r.status.ended for r in state.records.values())
+        counts = _counts(state.records.values())
         finish = Text(f"elapsed {clock:.0f} s, estimated finish at "
-                      f"{state.estimated_finish:.0f} s" if left
-                      else f"elapsed {clock:.0f} s, nothing left to train")
-        return Group(table, finish)
+                      f"{state.estimated_finish:.0f} s; {counts}" if left
+                      else f"elapsed {clock:.0f} s, nothing left to train; {counts}")
+        return Group(finish, table)
+
+
+def _shown_first(record: Any, planned: Any, index: int) -> tuple[int, float, int]:
+    """A task's place in the live table: running, then waiting to train (soonest planned
+    first), then ended; within each as the run has them."""
+    if record.running is not None:
+        return (0, 0.0, index)
+    if not record.status.ended:
+        return (1, planned.start if planned is not None else float("inf"), index)
+    return (2, 0.0, index)
+
+
+def _counts(records: Any) -> str:
+    """How many tasks stand where: "3 running, 40 pending, 5 done"."""
+    tally: dict[str, int] = {}
+    for record in records:
+        status = "running" if record.running is not None else str(record.status)
+        tally[status] = tally.get(status, 0) + 1
+    order = ("running", "waiting", "pending", "done", "stopped", "diverged", "failed")
+    return ", ".join(f"{tally[status]} {status}" for status in sorted(
+        tally, key=lambda s: order.index(s) if s in order else len(order)))
