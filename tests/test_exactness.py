@@ -425,3 +425,129 @@ def test_the_catalog_tells_apart_batches_a_collator_pads_differently() -> None:
     assert speed_signature(dynamic) != speed_signature(fixed)
     assert len({str(shapes) for shapes in speed_signature(dynamic)["batches"]}) > 1
     assert "batches" not in speed_signature(padded_lm())  # old keys stand
+
+
+def _by_position(parameters):
+    """Param groups by position: the first two tensors at one rate, the rest at another
+    with weight decay (a pipeline stage's first two are other tensors)."""
+    tensors = list(parameters)
+    return torch.optim.AdamW([{"params": tensors[:2], "lr": 1e-2, "weight_decay": 0.0},
+                              {"params": tensors[2:], "lr": 3e-3, "weight_decay": 0.1}])
+
+
+def _by_shape(parameters):
+    """Param groups by what the tensors are: the same on a stage as on the whole."""
+    tensors = list(parameters)
+    return torch.optim.AdamW([{"params": [p for p in tensors if p.dim() > 1], "lr": 1e-2},
+                              {"params": [p for p in tensors if p.dim() <= 1], "lr": 3e-3,
+                               "weight_decay": 0.0}])
+
+
+def test_param_groups_built_by_position_are_refused_by_the_pipelines() -> None:
+    """Every stage's parameters were in some group, so the check passed, but a stage's
+    first two got the first group's rate and decay: gpipe and 1f1b drifted from single
+    from step 2, recorded exact."""
+    checked, problems = valid_task(digits_task(name="groups", optimizer=_by_position))
+    assert problems == []
+    assert set(checked.refused_techniques) == {"gpipe", "1f1b"}
+    assert "in a group of other settings than on the whole model" in \
+        checked.refused_techniques["gpipe"]
+    kept, _ = valid_task(digits_task(name="by-shape", optimizer=_by_shape))
+    assert kept.refused_techniques == {}
+
+
+class Counting(nn.Module):
+    """A block counting its training calls in a buffer (written alike by any data)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls += 1
+        return torch.relu(self.fc(x))
+
+
+def counting_net() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 16), Counting(), nn.Linear(16, 10))
+
+
+def test_buffers_written_from_the_data_make_a_split_batch_inexact(tmp_path: Path) -> None:
+    """A running mean of the input: ddp (rank 0's broadcast) and fsdp (each rank's own)
+    trained otherwise than single from step 1, and than each other, recorded exact. A
+    counter is single's under ddp, not under accumulation."""
+    task, problems = valid_task(digits_task(name="ema", model=averaging_net))
+    assert problems == [] and task.buffers_written == (("1.mean", "2.mean"), ())
+    ddp, fsdp, single = (get_technique(n) for n in ("ddp", "fsdp", "single"))
+    for technique in (ddp, fsdp):
+        reasons = technique.check(task, 2, {}, "cpu")
+        assert any("writes buffers from the data (1.mean, 2.mean)" in r and
+                   "unless it sets allow_inexact=True" in r for r in reasons), reasons
+    assert ddp.check(task, 1, {}, "cpu") == [] and single.check(task, 1, {}, "cpu") == []
+    opted, _ = valid_task(replace(task, name="ema-opted", allow_inexact=True))
+    assert ddp.check(opted, 2, {}, "cpu") == []
+    assert "writes buffers from the data" in ddp.task_inexactness(opted, 2, {"accumulation": 1})
+    counter, _ = valid_task(digits_task(name="counter", model=counting_net))
+    assert counter.buffers_written == ((), ("1.calls",))
+    assert ddp.check(counter, 2, {}, "cpu") == []
+    assert any("2 accumulation parts write them 2 times a step" in r
+               for r in ddp.check(counter, 2, {"accumulation": 2}, "cpu"))
+    plain, _ = valid_task(digits_task(name="plain"))
+    assert plain.buffers_written == ((), ())
+    from dione.launch.slice import SliceError
+
+    with pytest.raises(SliceError, match="writes buffers from the data"):
+        train(task, "ddp", tmp_path / "run", devices=2)
+
+
+class WithAuxHead(nn.Module):
+    """A head only evaluation would use: no gradient in a training step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+        self.aux_head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class LayerDrop(nn.Module):
+    """A block skipped at random for the whole batch (Hugging Face's layerdrop)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 16), nn.Linear(16, 16)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x.flatten(1)))
+        if not self.training or torch.rand(()) > 0.5:
+            h = h + torch.relu(self.b(h))
+        return self.head(h)
+
+
+def test_a_parameter_without_gradient_trains_under_ddp_and_layerdrop_is_said(
+        tmp_path: Path) -> None:
+    """ddp failed at step 2 with torch's advice to pass find_unused_parameters=True,
+    which no one could; layers skipped at random made each rank skip others (ddp the
+    same error, fsdp's collectives mismatched: SIGABRT), validation said nothing."""
+    from dione.launch.slice import SliceError
+
+    aux, problems = valid_task(digits_task(name="aux", model=WithAuxHead, steps=3))
+    assert problems == [] and aux.unused_parameters == (("aux_head.bias", "aux_head.weight"),
+                                                          ())
+    assert get_technique("ddp").check(aux, 2, {}, "cpu") == []
+    ours = train(aux, "ddp", tmp_path / "ddp", devices=2)
+    alone = train(aux, "single", tmp_path / "single")
+    torch.testing.assert_close(torch.tensor(ours.losses), torch.tensor(alone.losses),
+                               **LOSS_TOLERANCE)
+    drop, problems = valid_task(digits_task(name="drop", model=LayerDrop, steps=3))
+    assert problems == [] and drop.unused_parameters[1] == ("b.bias", "b.weight")
+    assert "fsdp's ranks would each skip others" in drop.refused_techniques["fsdp"]
+    assert any("leaves parameters out at random (b.bias, b.weight" in r
+               for r in get_technique("ddp").check(drop, 2, {}, "cpu"))
+    with pytest.raises(SliceError, match="leaves parameters out at random"):
+        train(drop, "ddp", tmp_path / "drop", devices=2)

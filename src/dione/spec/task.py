@@ -120,6 +120,15 @@ class Task:
     eval_every: int | None = None  # also evaluate every this many steps, not just at the end
     refused_techniques: Mapping[str, str] = field(default_factory=dict, repr=False,
                                                   compare=False)
+    # What validation saw its training forward write in buffers (BatchNorm's aside):
+    # (names written from the data, names written on every call alone); a batch split
+    # into shares or parts writes them otherwise than single (techniques/exactness.py).
+    buffers_written: tuple[tuple[str, ...], tuple[str, ...]] = field(
+        default=((), ()), repr=False, compare=False)
+    # Trainable parameters validation saw get no gradient in a training step: (in every
+    # draw: a head only evaluation uses; in some draws only: layers skipped at random).
+    unused_parameters: tuple[tuple[str, ...], tuple[str, ...]] = field(
+        default=((), ()), repr=False, compare=False)
 
     def total_steps(self, dataset_size: int) -> int:
         """Steps to train: ``steps`` as given, or ``epochs`` over a data set of that size."""

@@ -35,7 +35,12 @@ from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource
 from dione.techniques.context import SliceContext
-from dione.techniques.exactness import split_batch_exactness, split_statistics
+from dione.techniques.exactness import (
+    split_batch_exactness,
+    split_buffers,
+    split_draws,
+    split_statistics,
+)
 
 __all__ = ["DataParallelTechnique"]
 
@@ -62,8 +67,11 @@ class DataParallelTechnique(Technique):
 
     def task_inexactness(self, task: Task, devices: int, knobs: Knobs) -> str | None:
         parts = knobs.get("accumulation", 1)
-        return super().task_inexactness(task, devices, knobs) or (
-            split_statistics(task, devices, parts) if isinstance(parts, int) else None)
+        if not isinstance(parts, int):
+            return super().task_inexactness(task, devices, knobs)
+        return (super().task_inexactness(task, devices, knobs)
+                or split_statistics(task, devices, parts) or split_buffers(task, devices, parts)
+                or split_draws(task, devices, parts))
 
     def check(self, task: Task, devices: int, knobs: Knobs, kind: DeviceKind) -> list[str]:
         reasons = super().check(task, devices, knobs, kind)
@@ -110,7 +118,9 @@ class DataParallelTechnique(Technique):
                              task.collate_fn)
         ctx.timings["data_ready"] = time.perf_counter()
         bare = ctx.build_model()
-        statistics = split_statistics(task, ctx.world, parts, bare)
+        statistics = (split_statistics(task, ctx.world, parts, bare)
+                      or split_buffers(task, ctx.world, parts)
+                      or split_draws(task, ctx.world, parts))
         if statistics is not None and not task.allow_inexact:  # not seen on the meta device
             raise ValueError(f"task {task.name!r}: {statistics}; it trains only as single "
                              "would unless it sets allow_inexact=True")

@@ -25,7 +25,11 @@ class DDP(DataParallelTechnique):
 
     def wrap(self, model: nn.Module, ctx: SliceContext) -> nn.Module:
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids)
+        # Parameters a step leaves without a gradient (a head only evaluation uses)
+        # make DDP wait for their gradients for ever, unless told to look for them (a
+        # traversal of the graph each step: only where validation saw such parameters).
+        return DistributedDataParallel(model, device_ids=device_ids,
+                                       find_unused_parameters=any(ctx.task.unused_parameters))
 
     def without_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         return model.no_sync()  # type: ignore[operator,no-any-return]

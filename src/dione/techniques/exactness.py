@@ -14,7 +14,10 @@ training, and they train on and say so (``split_batch_exactness``). BatchNorm se
 share's or a part's statistics, not the batch's: different training, so a batch split
 in parts is inexact for such a model (``split_statistics``), trained only where the
 task opts in (``torch.nn.SyncBatchNorm`` shares the statistics over ranks: ddp and fsdp
-without accumulation stay exact for it).
+without accumulation stay exact for it). Other buffers a training forward writes from
+the data (a running mean, an ActNorm's first-batch initialisation; found by validation,
+``Task.buffers_written``) are each share's or part's alike, and a buffer written on every
+call (a counter) moves once per accumulation part (``split_buffers``).
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ from torch import nn
 
 from dione.spec.task import Task
 
-__all__ = ["batch_norm_layers", "dropout_layers", "split_batch_exactness", "split_statistics",
-           "structure_only"]
+__all__ = ["batch_norm_layers", "dropout_layers", "split_batch_exactness", "split_buffers",
+           "split_draws", "split_statistics", "structure_only"]
 
 
 def dropout_layers(model: nn.Module) -> list[str]:
@@ -141,3 +144,31 @@ def split_statistics(task: Task, devices: int, accumulation: int,
     return (f"the batch statistics in {_some(norms)} are each of the batch's {split}, not "
             "the whole batch's: different training, not rounding (a norm without batch "
             "statistics, LayerNorm or GroupNorm, trains alike however the batch is split)")
+
+
+def split_draws(task: Task, devices: int, accumulation: int) -> str | None:
+    """How splitting ``task``'s batch makes each share or part draw which parameters
+    its forward skips (LayerDrop: one draw a batch under single), or None."""
+    at_random = task.unused_parameters[1]
+    if not at_random or devices * accumulation <= 1:
+        return None
+    return (f"its forward leaves parameters out at random ({_some(list(at_random))}: "
+            f"layers skipped at random, as LayerDrop does): each of the batch's "
+            f"{devices * accumulation} shares or parts draws its own, where single draws "
+            "once for the whole batch: different training, not rounding")
+
+
+def split_buffers(task: Task, devices: int, accumulation: int) -> str | None:
+    """How splitting ``task``'s batch into ``devices`` shares of ``accumulation`` parts
+    writes the buffers its forward writes otherwise than single (None: it writes none
+    that validation saw, or this split leaves them as single's)."""
+    by_data, every_call = task.buffers_written
+    if by_data and devices * accumulation > 1:
+        return (f"its forward writes buffers from the data ({_some(list(by_data))}): each "
+                f"of the batch's {devices * accumulation} shares or parts writes them from "
+                "its own samples, not the whole batch's: different training, not rounding")
+    if every_call and accumulation > 1:
+        return (f"its forward writes buffers on every call ({_some(list(every_call))}): "
+                f"{accumulation} accumulation parts write them {accumulation} times a "
+                "step, not once: different training, not rounding")
+    return None

@@ -34,6 +34,7 @@ from dione.schedules import PartitionError
 from dione.spec.batch import loss_of
 from dione.spec.task import Task
 from dione.techniques.batches import BatchSource, slice_batch
+from dione.techniques.data_parallel import DataParallelTechnique
 from dione.techniques.pipeline.gpipe import PipelineTechnique
 from dione.techniques.pipeline.partition import partition_model, stage_plan
 from dione.techniques.pipeline.stages import StageModule, batch_fields, cut_stage
@@ -85,7 +86,7 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
             cut = cut_stage(copy.deepcopy(model), plan, partition, stage)
             try:
                 on_stage = _optimised(task, cut)
-                stray, left = on_stage - whole_optimised, left - on_stage
+                stray, left = set(on_stage) - set(whole_optimised), left - set(on_stage)
             except Exception as err:
                 return (f"task {task.name!r}: its optimizer factory fails on the parameters "
                         f"of pipeline stage {stage} ({type(err).__name__}: {err}); a pipeline "
@@ -96,6 +97,18 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
                         "it leaves out of the whole model's (it picks them by position?): a "
                         "pipeline builds one optimizer per stage, so choose parameters by "
                         "what they are (p.dim(), p.requires_grad), or use another technique")
+            # Groups built by position (the first N parameters at one rate) give a
+            # stage's parameters other settings than the whole model's: every parameter
+            # is updated, with the wrong learning rate or weight decay.
+            regrouped = sorted(n for n in on_stage if n in whole_optimised
+                               and on_stage[n] != whole_optimised[n])
+            if regrouped:
+                return (f"task {task.name!r}: its optimizer factory, given pipeline stage "
+                        f"{stage}'s parameters, puts {', '.join(regrouped[:3])} in a group "
+                        "of other settings than on the whole model (it builds its groups "
+                        "by position?): a pipeline builds one optimizer per stage, so "
+                        "choose each group's parameters by what they are (names, "
+                        "p.dim()), or use another technique")
             module = StageModule(cut, task, plan, partition, stage, structure,
                                  contextlib.nullcontext)
             try:
@@ -124,14 +137,26 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
     return None
 
 
-def _buffers_written(task: Task, model: nn.Module, batch: Any, other: Any) -> list[str]:
+def _written_by(task: Task, model: nn.Module, batch: Any, other: Any
+                ) -> tuple[list[str], list[str]]:
+    """The buffers a training forward of ``model`` (copies of it) writes, BatchNorm's
+    aside (refused by name where it matters): those two batches leave different (a
+    running average, an ActNorm's initialisation from the first batch), and those the
+    second call moved alike (a counter, spectral_norm's power iteration)."""
+    by_data = _buffers_written(task, model, batch, other, by_data=True)
+    return by_data, [n for n in _buffers_written(task, model, batch, other)
+                     if n not in by_data]
+
+
+def _buffers_written(task: Task, model: nn.Module, batch: Any, other: Any,
+                     by_data: bool = False) -> list[str]:
     """The buffers a training forward of ``model`` (copies of it) writes from the data
-    or on every call, BatchNorm's aside (the pipelines refuse those by name): a running
-    average, a counter, spectral_norm's power iteration, an ActNorm's data-dependent
-    initialisation. A cache filled once from the shapes alone (rotary embeddings'
-    tables) does not count: one copy runs on ``batch`` twice, another on ``other``
-    (another batch of the same shape), and a buffer counts where the second call moved
-    it or the two batches left it different."""
+    or on every call (``by_data``: from the data only), BatchNorm's aside (the
+    pipelines refuse those by name): a running average, a counter, spectral_norm's power
+    iteration, an ActNorm's data-dependent initialisation. A cache filled once from the
+    shapes alone (rotary embeddings' tables) does not count: one copy runs on ``batch``
+    twice, another on ``other`` (another batch of the same shape), and a buffer counts
+    where the second call moved it or the two batches left it different."""
     copied, twin = copy.deepcopy(model).train(), copy.deepcopy(model).train()
     skip = {f"{m}.{n}" if m else n for m, module in copied.named_modules()
             if isinstance(module, nn.modules.batchnorm._BatchNorm)
@@ -140,12 +165,12 @@ def _buffers_written(task: Task, model: nn.Module, batch: Any, other: Any) -> li
         loss_of(copied, task, batch)
         loss_of(twin, task, other)
         first = {n: b.detach().clone() for n, b in copied.named_buffers() if n not in skip}
-        by_data = dict(twin.named_buffers())
+        other_data = dict(twin.named_buffers())
         loss_of(copied, task, batch)
         second = dict(copied.named_buffers())
     return [n for n, b in first.items()
-            if (n in second and not _same(b, second[n].detach()))
-            or (n in by_data and not _same(b, by_data[n].detach()))]
+            if (n in second and not _same(b, second[n].detach()) and not by_data)
+            or (n in other_data and not _same(b, other_data[n].detach()))]
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -154,26 +179,51 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
         torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).all()))
 
 
-def _optimised(task: Task, model: nn.Module) -> set[str]:
-    """The names of the parameters the task's optimizer factory updates on ``model``."""
+def _optimised(task: Task, model: nn.Module) -> dict[str, str]:
+    """The parameters the task's optimizer factory updates on ``model``, by name, each
+    with its group's settings (learning rate, weight decay, ...) as text."""
     names = {id(p): n for n, p in model.named_parameters()}
     optimizer = task.optimizer(model.parameters())
-    return {names[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in names}
+    return {names[id(p)]: _group_settings(g) for g in optimizer.param_groups
+            for p in g["params"] if id(p) in names}
+
+
+def _group_settings(group: dict[str, Any]) -> str:
+    """A parameter group's settings but its parameters, comparable across optimizers."""
+    return repr(sorted((key, value.tolist() if isinstance(value, torch.Tensor) else value)
+                       for key, value in group.items() if key != "params"))
 
 
 def pipeline_refusals(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
                       ) -> dict[str, str]:
     """Pipeline techniques (default: every registered one the task allows) that cannot
     train ``task``, with why: tried on its first batches, in this process, on the CPU."""
+    return probe_task(task, pipelines)[0]
+
+
+def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
+               ) -> tuple[dict[str, str], tuple[tuple[str, ...], tuple[str, ...]],
+                          tuple[tuple[str, ...], tuple[str, ...]]]:
+    """``pipeline_refusals``, and, where the task allows a data-parallel technique
+    besides single, the buffers its training forward writes (from the data, on every
+    call alone: ``Task.buffers_written``) and the parameters a training step leaves
+    without a gradient (always, at random: ``Task.unused_parameters``); fsdp refused for
+    a model that skips parameters at random (its ranks' collectives would not match)."""
     if pipelines is None:
         pipelines = [t for t in techniques() if isinstance(t, PipelineTechnique)
                      and task.allows(t.name) and (t.exact or task.allow_inexact)]
-    if not pipelines:
-        return {}
+    # Single's accumulation splits the batch too, but is tried only where memory ran
+    # out: a model too large to build here twice more is left to its trials.
+    parallel = any(isinstance(t, DataParallelTechnique) and t.name != "single"
+                   and task.allows(t.name) for t in techniques())
+    written_how: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    unused: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    if not pipelines and not parallel:
+        return {}, written_how, unused
     dataset: Any = task.data()
     source = BatchSource(dataset, task.batch_size, task.seed, collate=task.collate_fn)
     refused: dict[str, str] = {}
-    varying = _varying_shapes(task, source, len(dataset))
+    varying = _varying_shapes(task, source, len(dataset)) if pipelines else None
     if varying is not None:
         refused.update({t.name: varying for t in pipelines if t.fixed_shapes})
     torch.manual_seed(task.seed)
@@ -185,11 +235,23 @@ def pipeline_refusals(task: Task, pipelines: Sequence[PipelineTechnique] | None 
         # Other samples of the same shape: the batch's next two, or the next batch's.
         other = (slice_batch(whole, 2, 4) if task.batch_size >= 4 else
                  slice_batch(source.global_batch(1), 0, min(2, task.batch_size)))
-        problem = _stage_problem(task, model, batch)
+        problem = _stage_problem(task, model, batch) if pipelines else None
         if problem is not None:
             refused.update({t.name: problem for t in pipelines if t.name not in refused})
         exact = [t for t in pipelines if t.exact and t.name not in refused]
-        written = _buffers_written(task, model, batch, other) if exact else []
+        by_data, every_call = (_written_by(task, model, batch, other) if exact or parallel
+                               else ([], []))
+        written_how = (tuple(by_data), tuple(every_call))
+        if parallel:
+            unused = _unused(task, model, batch)
+            if unused[1] and task.allows("fsdp"):
+                refused["fsdp"] = (
+                    f"task {task.name!r}: its training forward leaves parameters out at "
+                    f"random ({', '.join(unused[1][:3])}{', ...' if len(unused[1]) > 3 else ''}"
+                    ": layers skipped at random, as LayerDrop does): fsdp's ranks would "
+                    "each skip others and gather parameters in another order, which stops "
+                    "the gang; use another technique")
+        written = (by_data + every_call) if exact else []
         if written:  # xpipe, inexact and opted into, trains on: no placeholder pass
             problem = (f"task {task.name!r}: its forward writes buffers as it trains "
                        f"({', '.join(written[:3])}{', ...' if len(written) > 3 else ''}: a "
@@ -200,7 +262,26 @@ def pipeline_refusals(task: Task, pipelines: Sequence[PipelineTechnique] | None 
                        "step, on placeholder inputs: different training, not rounding; use "
                        "another technique (single trains it as written)")
             refused.update({t.name: problem for t in exact})
-    return refused
+    return refused, written_how, unused
+
+
+def _unused(task: Task, model: nn.Module, batch: Any, draws: int = 4
+            ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The trainable parameters a training step of ``model`` (copies of it) on ``batch``
+    leaves without a gradient in each of ``draws`` seeded draws, and in some only."""
+    left_out = []
+    with torch.random.fork_rng(devices=[]):
+        for draw in range(draws):
+            torch.manual_seed(task.seed + draw)
+            copied = copy.deepcopy(model).train()
+            try:
+                torch.autograd.backward(loss_of(copied, task, batch))
+            except Exception:  # its trials say why it cannot train; nothing known here
+                return (), ()
+            left_out.append({n for n, p in copied.named_parameters()
+                             if p.requires_grad and p.grad is None})
+    always = set.intersection(*left_out)
+    return tuple(sorted(always)), tuple(sorted(set.union(*left_out) - always))
 
 
 def with_refusals(tasks: Iterable[Task]) -> list[Task]:
@@ -210,9 +291,11 @@ def with_refusals(tasks: Iterable[Task]) -> list[Task]:
     result = []
     for task in tasks:
         try:
-            refused = pipeline_refusals(task)
+            refused, written, unused = probe_task(task)
         except Exception:
-            refused = {}
-        result.append(dataclasses.replace(task, refused_techniques={
-            **task.refused_techniques, **refused}) if refused else task)
+            refused, written, unused = {}, ((), ()), ((), ())
+        result.append(dataclasses.replace(
+            task, refused_techniques={**task.refused_techniques, **refused},
+            buffers_written=written, unused_parameters=unused)
+            if refused or any(written) or any(unused) else task)
     return result
