@@ -778,3 +778,17 @@ def test_a_fifo_or_folder_where_the_lock_is_neither_hangs_nor_fails_a_command(
         assert status == 0 and "Traceback" not in err, err
         with RunLock(run):  # a launcher takes it, writing its record there
             assert json.loads((run / "lock").read_text())["pid"] == os.getpid()
+
+
+def test_dione_report_prints_each_table_of_the_summary_cut_short() -> None:
+    """A sweep's 720-row table buried the line saying where the report went."""
+    from dione.cli.commands.report import shortened
+
+    table = ["| task | loss |", "| --- | --- |", *(f"| t{i} | {i} |" for i in range(25))]
+    summary = "\n".join(["# report", "", *table, "", "## Board", *table[:5], "end"])
+    lines = shortened(summary, rows=20).splitlines()
+    assert lines[:4] == ["# report", "", "| task | loss |", "| --- | --- |"]
+    assert lines[4:24] == table[2:22] and lines[24] == "(5 more row(s) in summary.md)"
+    assert lines[25:] == ["", "## Board", *table[:5], "end"]  # a short table whole
+    assert shortened(summary + "\n" + "\n".join(table), rows=20).endswith(
+        "(5 more row(s) in summary.md)")

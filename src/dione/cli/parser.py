@@ -286,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dashboards(resume, "; default: where the run wrote before")
 
     report = command("report", "(re)write a run's report (summary, Gantt chart, learning "
-                     "curves, index.html) and print it")
+                     "curves, index.html) and print its summary (each table's first "
+                     "20 rows)")
     report.add_argument("run_dir")
     report.add_argument("--tensorboard", metavar="DIR",
                         help="also write the run for TensorBoard: one run per task")

@@ -7,7 +7,35 @@ import argparse
 from dione.cli.console import console
 from dione.cli.errors import BadInput
 
-__all__ = ["command"]
+__all__ = ["command", "shortened"]
+
+TABLE_ROWS = 20  # a table's rows printed; the file holds them all
+
+
+def shortened(summary: str, rows: int = TABLE_ROWS) -> str:
+    """``summary`` (Markdown) with each table cut to its first ``rows`` rows and a line
+    counting the rest: a sweep's hundreds of rows buried where the report went."""
+    out: list[str] = []
+    body = 0  # rows of the current table past its header and rule
+    for line in summary.splitlines():
+        if not line.startswith("|"):
+            if body - 1 > rows:
+                out.append(f"({body - 1 - rows} more row(s) in summary.md)")
+            body = 0
+            out.append(line)
+            continue
+        if body == 0 and out and out[-1].startswith("|") and set(line) <= set("|-: "):
+            out.append(line)  # the rule under a header
+            body = 1
+            continue
+        if body:
+            body += 1
+            if body - 1 > rows:
+                continue
+        out.append(line)
+    if body - 1 > rows:
+        out.append(f"({body - 1 - rows} more row(s) in summary.md)")
+    return "\n".join(out)
 
 
 def command(args: argparse.Namespace) -> int:
@@ -22,7 +50,7 @@ def command(args: argparse.Namespace) -> int:
     except (OSError, ValueError, sqlite3.Error) as err:
         raise BadInput(f"{args.run_dir} cannot be reported ({type(err).__name__}: {err}); "
                        "`dione status` says what it can still read") from None
-    console.print((folder / "summary.md").read_text())
+    console.print(shortened((folder / "summary.md").read_text()), markup=False)
     console.print(f"written: {folder}")
     from dione.report.dashboards import open_dashboards
 
