@@ -716,3 +716,18 @@ def test_the_gantt_chart_of_a_large_cluster_stays_a_readable_size(tmp_path: Path
     by_device = _Layout([(s.node, d, s.task, "", 0.0, 1.0, "") for s in slices[:8]
                          for d in s.device_ids])  # 2 nodes: a row a device, as before
     assert not by_device.by_node and by_device.rows[:3] == ["n0:0", "n0:1", "n0:2"]
+
+
+def test_learning_curves_of_a_sweep_name_each_panels_best(tmp_path: Path) -> None:
+    """57 tasks in twenty colours, no legend: no curve could be told from another."""
+    from dione.report.curves import NAMED, _best, draw_curves
+    from dione.state.summaries import TaskSummary
+
+    lines = {f"t{i}": [(1, 5.0), (2, float(i))] for i in range(30)}
+    lines["nan"] = [(1, float("nan"))]
+    assert _best(lines, lower=True) == [f"t{i}" for i in range(NAMED)]
+    assert _best(lines, lower=False)[:2] == ["t29", "t28"]
+    tasks = [TaskSummary(name, "stopped" if name == "t3" else "done", 2, 2) for name in lines]
+    draw_curves(tasks, lines, {n: {"accuracy": p} for n, p in lines.items()},
+                tmp_path / "curves.png", lower={"loss": True, "accuracy": False})
+    assert (tmp_path / "curves.png").stat().st_size > 0

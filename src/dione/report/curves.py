@@ -4,6 +4,7 @@ diverged or failed."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -13,12 +14,18 @@ __all__ = ["draw_curves"]
 
 # How a task that did not finish ends its line.
 ENDS = {"stopped": ("x", "stopped"), "diverged": ("*", "diverged"), "failed": ("v", "failed")}
+# Past this many tasks only each panel's best (by its last value) get colours and a
+# legend, the others grey: twenty colours over 57 tasks told none apart.
+NAMED = 10
 
 
 def draw_curves(tasks: Sequence[TaskSummary], losses: Mapping[str, Sequence[tuple[int, float]]],
                 evaluations: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]],
-                path: Path, simulated: bool = False) -> None:
-    """One panel for the training loss, one per evaluated metric; a line per task."""
+                path: Path, simulated: bool = False,
+                lower: Mapping[str, bool] | None = None) -> None:
+    """One panel for the training loss, one per evaluated metric; a line per task (past
+    20 tasks, each panel's best ``NAMED`` by their last value in colour and named, the
+    rest grey; ``lower``: metric -> whether lower is better, default loss-like)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,35 +42,54 @@ def draw_curves(tasks: Sequence[TaskSummary], losses: Mapping[str, Sequence[tupl
                                 squeeze=False)
     colours = plt.get_cmap("tab20")
     status = {t.task: t.status for t in tasks}
+    many = len(tasks) > 20
     for index, panel in enumerate(panels):
         ax = axes[index][0]
+        lines = {t.task: (losses.get(t.task, []) if panel == "loss"
+                          else evaluations.get(t.task, {}).get(panel, [])) for t in tasks}
+        best = _best(lines, (lower or {}).get(panel, True)) if many else []
         for k, task in enumerate(t.task for t in tasks):
-            points = (losses.get(task, []) if panel == "loss"
-                      else evaluations.get(task, {}).get(panel, []))
+            points = lines[task]
             if not points:
                 continue
             steps, values = zip(*points, strict=True)
-            ax.plot(steps, values, color=colours(k % 20), linewidth=1,
-                    marker="o" if panel != "loss" else None, markersize=3, label=task)
+            named = not many or task in best
+            colour = (colours(k % 20) if not many else
+                      colours(2 * best.index(task) % 20) if named else "0.75")
+            ax.plot(steps, values, color=colour, linewidth=1 if named else 0.6,
+                    marker="o" if panel != "loss" and named else None, markersize=3,
+                    label=task if named else None, zorder=2 if named else 1)
             end = ENDS.get(status.get(task, ""))
             if end is not None:
                 # In the task's own colour (black marks of several tasks could not be
                 # told apart), edged black to stand out.
-                ax.plot(steps[-1], values[-1], marker=end[0], color=colours(k % 20),
-                        markeredgecolor="black", markeredgewidth=1.5, markersize=9)
+                ax.plot(steps[-1], values[-1], marker=end[0], color=colour,
+                        markeredgecolor="black" if named else "0.5",
+                        markeredgewidth=1.5 if named else 0.8, markersize=9 if named else 5,
+                        zorder=3 if named else 1)
         if panel == "loss" and log_loss:
             ax.set_yscale("log")
         title = ("training loss" + (" (log scale)" if log_loss else "") if panel == "loss"
                  else f"evaluated {panel}")
         mark = "SIMULATED: " if simulated else ""
-        ax.set_title(f"{mark}{title} by step (x: stopped, *: diverged, v: failed)",
-                     fontsize=9, loc="left")
+        ax.set_title(f"{mark}{title} by step (x: stopped, *: diverged, v: failed)"
+                     + (f"; the best {len(best)} by their last value named, the rest grey"
+                        if many else ""), fontsize=9, loc="left")
+        if many and best:
+            ax.legend(fontsize=6, ncol=2)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    if len(tasks) <= 20:  # every panel: the evaluation panels had none
+    if not many:  # every panel: the evaluation panels had none
         for row in axes:
             if row[0].get_legend_handles_labels()[0]:
                 row[0].legend(fontsize=6, ncol=2)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+def _best(lines: Mapping[str, Sequence[tuple[int, float]]], lower: bool) -> list[str]:
+    """The ``NAMED`` tasks whose last value is best (finite values only), best first."""
+    last = {task: points[-1][1] for task, points in lines.items()
+            if points and math.isfinite(points[-1][1])}
+    return sorted(last, key=lambda t: last[t] if lower else -last[t])[:NAMED]

@@ -193,7 +193,8 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
     from dione.report.curves import draw_curves
     from dione.report.page import write_page
 
-    draw_curves(tasks, curves, evaluated, folder / "curves.png", simulated)
+    draw_curves(tasks, curves, evaluated, folder / "curves.png", simulated,
+                lower={m: lower_is_better(m, directions) for m in ("loss", *metrics)})
     write_page(folder)
     for file in folder.iterdir():  # as private as the run directory it reports on
         if file.is_file() and not file.is_symlink():
