@@ -294,6 +294,8 @@ def test_resume_keeps_the_saved_options_and_applies_the_flags_given(
         trial=dataclasses.replace(started.options.trial, measure_steps=7)))]
     assert main(["resume", str(run_dir)]) == 0
     assert resumed[-1] == started
+    assert main(["resume", str(run_dir), "--ray-env", "DIONE_B=2"]) == 0  # in their place
+    assert resumed[-1] == dataclasses.replace(started, ray_env=("DIONE_B=2",))
 
 
 def test_ray_env_passes_variables_to_ray_workers_and_is_checked(
@@ -325,6 +327,9 @@ def test_ray_env_passes_variables_to_ray_workers_and_is_checked(
     with pytest.raises(ValueError, match="ray_env must map variable names to text"):
         dione.run(str(ROOT / "examples" / "demo.py"), ray="auto", ray_env={"A": 1},
                   run_dir=str(tmp_path / "p"))
+    with pytest.raises(ValueError, match="ray_env DIONE_ABSENT: DIONE_ABSENT is not set"):
+        dione.run(str(ROOT / "examples" / "demo.py"), ray="auto",
+                  ray_env=["DIONE_SIZE", "DIONE_ABSENT"], run_dir=str(tmp_path / "p"))
     assert not (tmp_path / "p").exists()
 
 

@@ -1,7 +1,7 @@
 """dione: train many deep-learning models at once, finishing the whole batch early."""
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dione._lazy import lazy_exports
@@ -47,7 +47,7 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
         ray: str | None = None, on_event: Callable[[Any], None] | None = None,
         quiet: bool = False, tensorboard: str | None = None,
         mlflow: str | bool | None = None, inbox: Any = None,
-        ray_env: Mapping[str, str] | None = None, **options: Any) -> Any:
+        ray_env: Mapping[str, str] | Sequence[str] | None = None, **options: Any) -> Any:
     """Profile, plan and train every task of ``workload`` (a Workload, a list of tasks or
     a workload file's path) on this machine (``devices`` as ``--devices``), or on the Ray
     cluster at ``ray`` (an address as ``ray.init`` takes it, e.g. ``"auto"``), as ``dione
@@ -64,8 +64,9 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     ``dione.TaskInbox`` another thread adds tasks to while the run trains (a sequential
     searcher's next configurations); the run then ends once the inbox is closed and
     every task ended, and its result covers the added tasks too. ``ray_env``: variables
-    the Ray workers get (they start with their node's environment, not this process's),
-    as ``--ray-env NAME=VALUE``."""
+    the Ray workers get (they start with their node's environment, not this process's):
+    a mapping, or ``--ray-env``'s items (``"NAME=VALUE"``, or ``"NAME"`` for this
+    process's value, read again each time and never written down: a secret)."""
     # Imported here: workers import this package and need none of the planning stack.
     from dione.orchestrate import RunOptions, run_workload
     from dione.orchestrate.interrupts import interruptible
@@ -108,9 +109,10 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
                                       on_profile_event=said[1], inbox=inbox,
                                       invalid=problems)
             else:
+                from dione.cli.inputs import ray_environment
                 from dione.launch.ray_launcher import RayLauncher
 
-                launcher = RayLauncher(ray, env=env)
+                launcher = RayLauncher(ray, env=ray_environment(env))
                 try:
                     result = run_workload(tasks, Cluster(launcher.nodes()), run_dir,
                                           run_options, launcher=launcher,
@@ -135,28 +137,35 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     return result
 
 
-def _ray_env(ray: str | None, env: Mapping[str, str] | None) -> dict[str, str]:
-    """``ray_env`` checked: text names and values, and only with ``ray``."""
+def _ray_env(ray: str | None, env: Mapping[str, str] | Sequence[str] | None) -> list[str]:
+    """``ray_env`` checked (text names and values, only with ``ray``), as ``--ray-env``
+    items: what run.json records."""
     if not env:
-        return {}
+        return []
     if ray is None:
         raise ValueError("ray_env sets variables in a Ray cluster's workers: give ray= too, "
                          "or set the variables in os.environ for this machine's workers")
-    if not isinstance(env, Mapping) or not all(
+    if isinstance(env, Mapping) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise ValueError(f"ray_env must map variable names to text values, not {env!r}")
+        items = [f"{k}={v}" for k, v in env.items()]
+    elif not isinstance(env, (str, Mapping)) and all(isinstance(i, str) for i in env):
+        items = list(env)
+    else:
+        raise ValueError(f"ray_env must map variable names to text values, or list "
+                         f"'NAME=VALUE' and 'NAME' items, not {env!r}")
     from dione.cli.errors import BadInput
     from dione.cli.inputs import ray_environment
 
-    try:  # the names checked as --ray-env checks them
-        return ray_environment([f"{k}={v}" for k, v in env.items()])
+    try:  # checked as --ray-env checks them
+        ray_environment(items)
     except BadInput as err:
         raise ValueError(str(err).replace("--ray-env", "ray_env")) from None
+    return items
 
 
 def _record_run(workload_file: str, run_dir: str, options: Any, devices: str | None,
                 ray: str | None, tensorboard: str | None, mlflow: str | bool | None,
-                ray_env: Mapping[str, str]) -> None:
+                ray_env: Sequence[str]) -> None:
     """Write ``run_dir/run.json`` as ``dione run`` does (the workload file, the options,
     the cluster, the dashboards), under the run directory's lock; a directory another
     workload's run holds is refused (ValueError), as ``dione run`` refuses it."""
@@ -172,7 +181,7 @@ def _record_run(workload_file: str, run_dir: str, options: Any, devices: str | N
         same_workload(folder, workload)  # as `dione run` refuses it
         with claim_run_dir(folder):
             SavedRun(workload, options, devices, ray, *dashboard_places(tensorboard, mlflow),
-                     ray_env=tuple(f"{k}={v}" for k, v in ray_env.items())).write(folder)
+                     ray_env=tuple(ray_env)).write(folder)
     except BadInput as err:
         raise ValueError(str(err)) from None
 

@@ -283,6 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
         flag.add_to(resume)
     for flag in _PROFILE:
         flag.add_to(resume)
+    resume.add_argument("--ray-env", action="append", metavar="NAME[=VALUE]",
+                        help="for a Ray run: the variables its Ray workers get, in place of "
+                        "those it was started with (repeat for more)")
     _add_dashboards(resume, "; default: where the run wrote before")
 
     report = command("report", "(re)write a run's report (summary, Gantt chart, learning "

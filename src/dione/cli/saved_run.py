@@ -75,7 +75,7 @@ def load_saved_run(run_dir: Path) -> SavedRun:
                            "redoes it")
         from dione.state.store import TRAIN_FOLDER, trained_by_train
 
-        how = (TRAIN_FOLDER.format(run=run_dir) if trained_by_train(run_dir) else
+        how = (TRAIN_FOLDER.format(run=quote(str(run_dir))) if trained_by_train(run_dir) else
                "it was trained from Python with task objects (dione.run(tasks), "
                "dione.optuna): call that again to go on" if (run_dir / STORE_FILE).is_file()
                else "it was not started by `dione run`")
@@ -94,7 +94,7 @@ def load_saved_run(run_dir: Path) -> SavedRun:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise BadInput(f"{path} is unreadable or damaged ({type(err).__name__}: {err}); "
                        "start the run again with `dione run WORKLOAD --out "
-                       f"{run_dir}`, which keeps every checkpoint") from None
+                       f"{quote(str(run_dir))}`, which keeps every checkpoint") from None
 
 
 def _options(saved: dict[str, Any]) -> RunOptions:

@@ -55,7 +55,7 @@ class LiveProgress:
     @staticmethod
     def render(state: RunState, rows: int | None = None) -> Group:
         """The summary line, then a row per task: running ones first, then those the
-        plan starts soonest, then those ended last; at most ``rows`` (the rest
+        plan starts soonest, then ended ones; at most ``rows`` (the rest
         counted in a last row)."""
         clock = now() - state.clock_zero
         table = Table(expand=False)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
+from shlex import quote
 
 from dione import clock
 from dione.launch.local import GangInterrupted, Launcher
@@ -936,7 +937,7 @@ class Runner:
             raise DiskFull(self.store.checkpoint_root(self.options.storage), err.disk_full,
                            "the run stopped, every task at its last checkpoint; free space "
                            "there (or give --storage a larger disk), then `dione resume "
-                           f"{self.store.run_dir}`")
+                           f"{quote(str(self.store.run_dir))}`")
         record.failures += 1
         if err.reason == "diverged":  # the store already says so, with the step
             record.status = TaskStatus.DIVERGED

@@ -132,16 +132,31 @@ def _read_only(path: Path) -> bool:
 def _copy_to_read(path: Path) -> Path:
     """A private folder holding a copy of ``path`` and its WAL (changes a run killed
     before its last close left there); SQLite folds the WAL into the copy on opening."""
-    folder = Path(tempfile.mkdtemp(prefix="dione-read-"))
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="dione-read-"))
+    except OSError as err:
+        raise _copy_failed(path, err) from None
     try:
         shutil.copyfile(path, folder / path.name)
         wal = path.with_name(path.name + "-wal")
         if wal.is_file():
             shutil.copyfile(wal, folder / wal.name)
+    except OSError as err:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise _copy_failed(path, err) from None
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
     return folder
+
+
+def _copy_failed(path: Path, err: OSError) -> StateFileError:
+    """Where the copy to read a read-only file could not be made (the temporary
+    folder full, say): not the file's fault, nor its disk's."""
+    return StateFileError(f"{path} is read-only here, and is read from a copy in "
+                          f"{tempfile.gettempdir()}, which could not be made "
+                          f"({err.strerror or err}); free space there or point TMPDIR at a "
+                          "folder with room")
 
 
 class SQLiteFile:
@@ -178,6 +193,9 @@ class SQLiteFile:
         except (sqlite3.Error, OSError) as err:
             self._remove_snapshot()
             raise self.damaged(err) from None
+        except BaseException:  # Ctrl-C while copying or opening: no copy left behind
+            self._remove_snapshot()
+            raise
         assert isinstance(db, _Connection)
         db.file = self
         self._db: sqlite3.Connection = db
@@ -191,7 +209,7 @@ class SQLiteFile:
             if _busy(err):
                 raise
             raise self.damaged(err) from None
-        except StateFileError:
+        except BaseException:  # StateFileError, Ctrl-C: no connection nor copy kept
             self.close()
             raise
 

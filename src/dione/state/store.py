@@ -309,7 +309,7 @@ class RunStore(SQLiteFile):
             if not self.read_only:
                 private_file(self.path)
             _migrate(self._db)  # a read-only store's copy: an older one read as this one
-        except StateFileError:
+        except BaseException:  # the connection closed, and a read-only store's copy gone
             self.close()
             raise
         self.refuse_writes()

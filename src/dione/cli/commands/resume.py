@@ -39,7 +39,8 @@ def command(args: argparse.Namespace) -> int:
     run = dataclasses.replace(saved, workload=workload,
                               options=run_options(vars(args), base=saved.options),
                               tensorboard=tensorboard or saved.tensorboard,
-                              mlflow=mlflow or saved.mlflow)
+                              mlflow=mlflow or saved.mlflow,
+                              ray_env=tuple(args.ray_env or saved.ray_env))
     console.print(f"resuming {run_dir} ({workload})")
     # A workload that moved is recorded at its new place, for the next resume and export;
     # the options given now are not: the next resume starts again from the saved ones.

@@ -143,20 +143,6 @@ def _written_by(task: Task, model: nn.Module, batch: Any, other: Any
     aside (refused by name where it matters): those two batches leave different (a
     running average, an ActNorm's initialisation from the first batch), and those the
     second call moved alike (a counter, spectral_norm's power iteration)."""
-    by_data = _buffers_written(task, model, batch, other, by_data=True)
-    return by_data, [n for n in _buffers_written(task, model, batch, other)
-                     if n not in by_data]
-
-
-def _buffers_written(task: Task, model: nn.Module, batch: Any, other: Any,
-                     by_data: bool = False) -> list[str]:
-    """The buffers a training forward of ``model`` (copies of it) writes from the data
-    or on every call (``by_data``: from the data only), BatchNorm's aside (the
-    pipelines refuse those by name): a running average, a counter, spectral_norm's power
-    iteration, an ActNorm's data-dependent initialisation. A cache filled once from the
-    shapes alone (rotary embeddings' tables) does not count: one copy runs on ``batch``
-    twice, another on ``other`` (another batch of the same shape), and a buffer counts
-    where the second call moved it or the two batches left it different."""
     copied, twin = copy.deepcopy(model).train(), copy.deepcopy(model).train()
     skip = {f"{m}.{n}" if m else n for m, module in copied.named_modules()
             if isinstance(module, nn.modules.batchnorm._BatchNorm)
@@ -168,9 +154,22 @@ def _buffers_written(task: Task, model: nn.Module, batch: Any, other: Any,
         other_data = dict(twin.named_buffers())
         loss_of(copied, task, batch)
         second = dict(copied.named_buffers())
-    return [n for n, b in first.items()
-            if (n in second and not _same(b, second[n].detach()) and not by_data)
-            or (n in other_data and not _same(b, other_data[n].detach()))]
+    by_data = [n for n, b in first.items()
+               if n in other_data and not _same(b, other_data[n].detach())]
+    return by_data, [n for n, b in first.items() if n not in by_data
+                     and n in second and not _same(b, second[n].detach())]
+
+
+def _buffers_written(task: Task, model: nn.Module, batch: Any, other: Any) -> list[str]:
+    """The buffers a training forward of ``model`` writes from the data or on every
+    call, BatchNorm's aside (the pipelines refuse those by name): a running average, a
+    counter, spectral_norm's power iteration, an ActNorm's data-dependent
+    initialisation. A cache filled once from the shapes alone (rotary embeddings'
+    tables) does not count: one copy runs on ``batch`` twice, another on ``other``
+    (another batch of the same shape), and a buffer counts where the second call moved
+    it or the two batches left it different."""
+    by_data, every_call = _written_by(task, model, batch, other)
+    return by_data + every_call
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -267,19 +266,36 @@ def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
 
 def _unused(task: Task, model: nn.Module, batch: Any, draws: int = 4
             ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The trainable parameters a training step of ``model`` (copies of it) on ``batch``
-    leaves without a gradient in each of ``draws`` seeded draws, and in some only."""
+    """The trainable parameters a training forward of ``model`` (a copy of it) on
+    ``batch`` leaves out in each of ``draws`` seeded draws, and in some only (a layer
+    skipped with probability 1/2 shows in four draws 7 times in 8): those of modules
+    that did not run. Without gradients, as validation's forwards all are (a workload
+    may count its training steps by ``torch.is_grad_enabled()``); a weight read by
+    another module than its own counts as unused, which only costs ddp a search."""
+    copied = copy.deepcopy(model).train()
+    owners: dict[int, list[str]] = {}  # a parameter -> the modules holding it (tied: two)
+    for name, module in copied.named_modules():
+        for parameter in module.parameters(recurse=False):
+            owners.setdefault(id(parameter), []).append(name)
+    ran: set[str] = set()
+    names = {module: name for name, module in copied.named_modules()}
+    hooks = [module.register_forward_pre_hook(lambda m, _: ran.add(names[m]))
+             for module in names if any(True for _ in module.parameters(recurse=False))]
     left_out = []
-    with torch.random.fork_rng(devices=[]):
-        for draw in range(draws):
-            torch.manual_seed(task.seed + draw)
-            copied = copy.deepcopy(model).train()
-            try:
-                torch.autograd.backward(loss_of(copied, task, batch))
-            except Exception:  # its trials say why it cannot train; nothing known here
-                return (), ()
-            left_out.append({n for n, p in copied.named_parameters()
-                             if p.requires_grad and p.grad is None})
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            for draw in range(draws):
+                torch.manual_seed(task.seed + draw)
+                ran.clear()
+                try:
+                    loss_of(copied, task, batch)
+                except Exception:  # its trials say why it cannot train; nothing known here
+                    return (), ()
+                left_out.append({n for n, p in copied.named_parameters()
+                                 if p.requires_grad and not ran & set(owners[id(p)])})
+    finally:
+        for hook in hooks:
+            hook.remove()
     always = set.intersection(*left_out)
     return tuple(sorted(always)), tuple(sorted(set.union(*left_out) - always))
 
