@@ -159,3 +159,19 @@ def test_a_checkpoint_that_is_not_there_is_not_called_corrupt(tmp_path: Path) ->
     with pytest.raises(CheckpointError, match="is not there") as raised:
         verify_checkpoint(tmp_path / "checkpoints" / "t" / "step-00000004")
     assert not isinstance(raised.value, CorruptCheckpoint)
+
+
+def test_a_one_device_slice_log_holds_no_warning_that_one_process_is_meant(
+        tmp_path: Path) -> None:
+    """torch's "torch.distributed is disabled ... assuming the intent is to save in a
+    single process" was each one-device slice's whole log (its save, then its load)."""
+    from dione.launch import local_placement, run_slice
+    from dione.spec.cluster import Node
+    from helpers import digits_task
+
+    task = digits_task(steps=4)
+    for _ in range(2):  # a save, then a load and a save
+        run_slice(task, "single", tmp_path, local_placement(Node("n", 1, "cpu"), [0]), steps=2)
+    logs = sorted((tmp_path / "logs").glob("*/rank0.log"))
+    assert len(logs) == 2
+    assert not any("torch.distributed is disabled" in log.read_text() for log in logs)

@@ -21,6 +21,7 @@ load with ``weights_only=True``, which runs no code.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,7 +30,7 @@ import re
 import shutil
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -282,8 +283,9 @@ def save_checkpoint(
         private_dir(partial)  # and the task's folder, private like the run directory
     _barrier()
     model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
-    dcp_save({"model": model_state, "optim": optim_state}, checkpoint_id=partial,
-             no_dist=not _grouped())
+    with _one_process_meant():
+        dcp_save({"model": model_state, "optim": optim_state}, checkpoint_id=partial,
+                 no_dist=not _grouped())
     (partial / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), partial / "rng" / f"rank{rank}.pt")
     _barrier()
@@ -358,7 +360,8 @@ def load_checkpoint(
     model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
     state = {"model": model_state, "optim": optim_state}
     try:
-        dcp_load(state, checkpoint_id=folder, no_dist=not _grouped())
+        with _one_process_meant():
+            dcp_load(state, checkpoint_id=folder, no_dist=not _grouped())
     except CheckpointException as err:
         raise _mismatch(folder, err, "model and optimizer") from None
     _refuse_left_out(folder, model_state, "model and optimizer", collective=_grouped())
@@ -388,13 +391,22 @@ def _load_plain(path: Path) -> Any:
             f"containers, or is damaged): {type(err).__name__}: {str(err)[:300]}") from None
 
 
+@contextlib.contextmanager
+def _one_process_meant() -> Iterator[None]:
+    """Without torch's warning that a save or load without a process group is meant for
+    one process: it is (a one-device slice, a load to evaluate or export), and the
+    warning was every such slice's whole log, twice."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def load_model_weights(path: str | Path, model: nn.Module) -> Progress:
     """Load only the model's weights, in one process with no gang (e.g. to evaluate)."""
     folder = Path(path)
     progress = read_progress(folder)
     state = {"model": model.state_dict()}
-    with warnings.catch_warnings():  # one process is what is meant: torch warns of it
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with _one_process_meant():
         try:
             dcp_load(state, checkpoint_id=folder, no_dist=True)
         except CheckpointException as err:  # a BaseException: `except Exception` missed it
