@@ -250,7 +250,7 @@ def run_request(
         slice_id = db.begin_slice(task.name, method.name, method.resolve(knobs), placement.node,
                                   placement.device_ids, start, end, inexactness)
         began = clock.now()
-        folder = Path(run_dir) / "logs" / f"slice-{slice_id:06d}-{task.name}"
+        folder = log_folder(Path(run_dir), slice_id, task.name)
         if on_begin is not None:
             on_begin(slice_id, folder)
         where = (f"{method.name} on {placement.node} devices "
@@ -274,6 +274,20 @@ def run_request(
     finally:
         if own_store:
             db.close()
+
+
+def log_folder(run_dir: Path, slice_id: int, task: str) -> Path:
+    """Where slice ``slice_id`` of ``task`` keeps its ranks' output."""
+    return run_dir / "logs" / f"slice-{slice_id:06d}-{task}"
+
+
+def _prune_logs(run_dir: Path, task: str, db: RunStore, keep: int) -> None:
+    """Remove the logs of the task's slices that trained to their end, but its last
+    ``keep`` (those whose checkpoints are kept): a sweep of short slices left a folder
+    a slice, for ever. A failed or interrupted slice's log stays: it says why."""
+    done = [s.id for s in db.slices(task) if s.status == "done"]
+    for slice_id in done[:-keep] if keep > 0 else done:
+        shutil.rmtree(log_folder(run_dir, slice_id, task), ignore_errors=True)
 
 
 def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: dict[str, Any]
@@ -356,6 +370,7 @@ def _record_finished(db: RunStore, slice_id: int, request: SliceRequest, spec: S
                              [c.path for c in db.checkpoints(task.name)])
     if gone:
         db.forget_checkpoints(task.name, [str(p) for p in gone])
+    _prune_logs(Path(request.run_dir), task.name, db, request.keep_checkpoints)
     return SliceResult(
         slice_id=slice_id, task=task.name, technique=technique, start_step=spec.start_step,
         end_step=spec.end_step, losses=lead.losses, step_seconds=lead.step_seconds,
