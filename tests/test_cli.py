@@ -328,8 +328,9 @@ def test_ray_env_passes_variables_to_ray_workers_and_is_checked(
         dione.run(str(ROOT / "examples" / "demo.py"), ray="auto", ray_env={"A": 1},
                   run_dir=str(tmp_path / "p"))
     with pytest.raises(ValueError, match="ray_env DIONE_ABSENT: DIONE_ABSENT is not set"):
-        dione.run(str(ROOT / "examples" / "demo.py"), ray="auto",
-                  ray_env=["DIONE_SIZE", "DIONE_ABSENT"], run_dir=str(tmp_path / "p"))
+        dione.run(str(ROOT / "examples" / "demo.py"), ray="auto",  # a generator, read once
+                  ray_env=(n for n in ["DIONE_SIZE", "DIONE_ABSENT"]),
+                  run_dir=str(tmp_path / "p"))
     assert not (tmp_path / "p").exists()
 
 

@@ -551,3 +551,60 @@ def test_a_parameter_without_gradient_trains_under_ddp_and_layerdrop_is_said(
                for r in get_technique("ddp").check(drop, 2, {}, "cpu"))
     with pytest.raises(SliceError, match="leaves parameters out at random"):
         train(drop, "ddp", tmp_path / "drop", devices=2)
+
+
+class DiscardedAux(nn.Module):
+    """An aux head run for a logged number, out of the loss: it gets no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU())
+        self.head, self.aux_head = nn.Linear(16, 10), nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        with torch.no_grad():
+            self.seen = float(self.aux_head(h).mean())
+        return self.head(h)
+
+
+class Gate(nn.Module):
+    """A block that always runs and skips its own weight at random."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 16) * 0.1)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.rand(()) < 0.5:
+            return h
+        return h + torch.relu(h @ self.w)
+
+
+class WithAttention(nn.Module):
+    """MultiheadAttention reads its out_proj's weight without calling it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.mha = nn.Linear(8, 16), nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.Linear(16 * 8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x.reshape(-1, 8, 8))
+        h, _ = self.mha(h, h, h, need_weights=False)
+        return self.head(h.flatten(1))
+
+
+@pytest.mark.parametrize(("model", "unused"), [
+    (DiscardedAux, (("aux_head.bias", "aux_head.weight"), ())),
+    (lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 16), Gate(), nn.Linear(16, 10)),
+     ((), ("2.w",))),
+    (WithAttention, ((), ())),
+], ids=["out-of-the-loss", "own-weight-skipped", "attention"])
+def test_parameters_the_loss_does_not_reach_are_found_as_the_gradients_would(
+        model, unused) -> None:
+    """Judged by modules that ran (a first version), a head computed out of the loss and
+    a weight its always-running module skips at random were missed, and attention's
+    out_proj, read without being called, was called unused."""
+    task, problems = valid_task(digits_task(name="probe", model=model))
+    assert problems == [] and task.unused_parameters == unused

@@ -31,13 +31,13 @@ FAULT = os.environ.get("FAULT", "none")
 
 
 class Faulty(nn.Linear):
-    """The last layer: fails in its third forward that trains, i.e. inside step 1 on
-    stage 1 (validation's forwards, in the launcher, compute no gradients)."""
+    """The last layer: fails in its third forward that trains in a gang, i.e. inside
+    step 1 on stage 1 (validation's forwards run in the launcher, with no gang)."""
 
     calls = 0
 
     def forward(self, x):
-        Faulty.calls += torch.is_grad_enabled()
+        Faulty.calls += torch.is_grad_enabled() and torch.distributed.is_initialized()
         if Faulty.calls == 3:
             if FAULT == "raise":
                 raise ValueError("injected failure in the last stage")

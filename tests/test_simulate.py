@@ -720,13 +720,18 @@ def test_the_gantt_chart_of_a_large_cluster_stays_a_readable_size(tmp_path: Path
 
 def test_learning_curves_of_a_sweep_name_each_panels_best(tmp_path: Path) -> None:
     """57 tasks in twenty colours, no legend: no curve could be told from another."""
-    from dione.report.curves import NAMED, _best, draw_curves
+    import matplotlib
+
+    from dione.report.curves import NAMED, _best, _named_colour, draw_curves
     from dione.state.summaries import TaskSummary
 
     lines = {f"t{i}": [(1, 5.0), (2, float(i))] for i in range(30)}
     lines["nan"] = [(1, float("nan"))]
     assert _best(lines, lower=True) == [f"t{i}" for i in range(NAMED)]
     assert _best(lines, lower=False)[:2] == ["t29", "t28"]
+    grey = matplotlib.colormaps["tab10"](7)  # the 8th best was drawn among the grey lines
+    assert len({_named_colour(i) for i in range(NAMED)}) == NAMED and \
+        grey not in {_named_colour(i) for i in range(NAMED)}
     tasks = [TaskSummary(name, "stopped" if name == "t3" else "done", 2, 2) for name in lines]
     draw_curves(tasks, lines, {n: {"accuracy": p} for n, p in lines.items()},
                 tmp_path / "curves.png", lower={"loss": True, "accuracy": False})

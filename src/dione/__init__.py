@@ -145,6 +145,8 @@ def _ray_env(ray: str | None, env: Mapping[str, str] | Sequence[str] | None) -> 
     if ray is None:
         raise ValueError("ray_env sets variables in a Ray cluster's workers: give ray= too, "
                          "or set the variables in os.environ for this machine's workers")
+    if not isinstance(env, (str, Mapping)):
+        env = list(env)  # a generator is read once: kept, not used up by the check
     if isinstance(env, Mapping) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         items = [f"{k}={v}" for k, v in env.items()]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from dione.state.summaries import TaskSummary
 
@@ -17,6 +18,15 @@ ENDS = {"stopped": ("x", "stopped"), "diverged": ("*", "diverged"), "failed": ("
 # Past this many tasks only each panel's best (by its last value) get colours and a
 # legend, the others grey: twenty colours over 57 tasks told none apart.
 NAMED = 10
+
+
+def _named_colour(rank: int) -> Any:
+    """The colour of the task ranked ``rank`` among the named: tab10's, its grey left
+    out (the 8th best was drawn grey among the grey lines), then black."""
+    import matplotlib
+
+    return (*(matplotlib.colormaps["tab10"](i) for i in (0, 1, 2, 3, 4, 5, 6, 8, 9)),
+            "black")[rank]
 
 
 def draw_curves(tasks: Sequence[TaskSummary], losses: Mapping[str, Sequence[tuple[int, float]]],
@@ -55,7 +65,7 @@ def draw_curves(tasks: Sequence[TaskSummary], losses: Mapping[str, Sequence[tupl
             steps, values = zip(*points, strict=True)
             named = not many or task in best
             colour = (colours(k % 20) if not many else
-                      colours(2 * best.index(task) % 20) if named else "0.75")
+                      _named_colour(best.index(task)) if named else "0.75")
             ax.plot(steps, values, color=colour, linewidth=1 if named else 0.6,
                     marker="o" if panel != "loss" and named else None, markersize=3,
                     label=task if named else None, zorder=2 if named else 1)
@@ -75,8 +85,12 @@ def draw_curves(tasks: Sequence[TaskSummary], losses: Mapping[str, Sequence[tupl
         ax.set_title(f"{mark}{title} by step (x: stopped, *: diverged, v: failed)"
                      + (f"; the best {len(best)} by their last value named, the rest grey"
                         if many else ""), fontsize=9, loc="left")
-        if many and best:
-            ax.legend(fontsize=6, ncol=2)
+        if many and best:  # best first
+            handles, labels = ax.get_legend_handles_labels()
+            ranked = sorted(zip(handles, labels, strict=True),
+                            key=lambda pair: best.index(pair[1]))
+            ax.legend([h for h, _ in ranked], [label for _, label in ranked], fontsize=6,
+                      ncol=2)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     if not many:  # every panel: the evaluation panels had none

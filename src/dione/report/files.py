@@ -194,7 +194,8 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
     from dione.report.page import write_page
 
     draw_curves(tasks, curves, evaluated, folder / "curves.png", simulated,
-                lower={m: lower_is_better(m, directions) for m in ("loss", *metrics)})
+                lower={m: lower_is_better(m, directions) for m in
+                       {"loss", *metrics, *(m for per in evaluated.values() for m in per)}})
     write_page(folder)
     for file in folder.iterdir():  # as private as the run directory it reports on
         if file.is_file() and not file.is_symlink():

@@ -266,38 +266,45 @@ def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
 
 def _unused(task: Task, model: nn.Module, batch: Any, draws: int = 4
             ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The trainable parameters a training forward of ``model`` (a copy of it) on
-    ``batch`` leaves out in each of ``draws`` seeded draws, and in some only (a layer
-    skipped with probability 1/2 shows in four draws 7 times in 8): those of modules
-    that did not run. Without gradients, as validation's forwards all are (a workload
-    may count its training steps by ``torch.is_grad_enabled()``); a weight read by
-    another module than its own counts as unused, which only costs ddp a search."""
-    copied = copy.deepcopy(model).train()
-    owners: dict[int, list[str]] = {}  # a parameter -> the modules holding it (tied: two)
-    for name, module in copied.named_modules():
-        for parameter in module.parameters(recurse=False):
-            owners.setdefault(id(parameter), []).append(name)
-    ran: set[str] = set()
-    names = {module: name for name, module in copied.named_modules()}
-    hooks = [module.register_forward_pre_hook(lambda m, _: ran.add(names[m]))
-             for module in names if any(True for _ in module.parameters(recurse=False))]
+    """The trainable parameters a training forward of ``model`` (a fresh copy each
+    draw) on ``batch`` leaves out of its loss's graph in each of ``draws`` seeded draws,
+    and in some only (a layer skipped with probability 1/2 shows in four draws 7 times
+    in 8). The graph is read, never run backward: a parameter whose module runs but
+    whose output does not reach the loss (a head computed for a logged number) counts,
+    and one another module reads directly (MultiheadAttention's out_proj) does not."""
     left_out = []
-    try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            for draw in range(draws):
-                torch.manual_seed(task.seed + draw)
-                ran.clear()
-                try:
-                    loss_of(copied, task, batch)
-                except Exception:  # its trials say why it cannot train; nothing known here
-                    return (), ()
-                left_out.append({n for n, p in copied.named_parameters()
-                                 if p.requires_grad and not ran & set(owners[id(p)])})
-    finally:
-        for hook in hooks:
-            hook.remove()
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        for draw in range(draws):
+            torch.manual_seed(task.seed + draw)
+            copied = copy.deepcopy(model).train()  # a model that changes as it runs: anew
+            try:
+                loss = loss_of(copied, task, batch)
+            except Exception:  # its trials say why it cannot train; nothing known here
+                return (), ()
+            if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+                return (), ()  # nothing to train here: its trials say so
+            reached = _leaves(loss.grad_fn)
+            left_out.append({n for n, p in copied.named_parameters()
+                             if p.requires_grad and id(p) not in reached})
+            del loss, copied
     always = set.intersection(*left_out)
     return tuple(sorted(always)), tuple(sorted(set.union(*left_out) - always))
+
+
+def _leaves(root: Any) -> set[int]:
+    """The ids of the tensors whose gradients the autograd graph from ``root`` would
+    accumulate (its AccumulateGrad nodes' variables)."""
+    seen, found, stack = set(), set(), [root]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            found.add(id(variable))
+        stack.extend(next_node for next_node, _ in getattr(node, "next_functions", ()))
+    return found
 
 
 def with_refusals(tasks: Iterable[Task]) -> list[Task]:
