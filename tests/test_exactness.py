@@ -608,3 +608,20 @@ def test_parameters_the_loss_does_not_reach_are_found_as_the_gradients_would(
     out_proj, read without being called, was called unused."""
     task, problems = valid_task(digits_task(name="probe", model=model))
     assert problems == [] and task.unused_parameters == unused
+
+
+def test_the_probe_leaves_the_callers_random_draws_as_they_were() -> None:
+    """Its forwards draw from Python's and NumPy's generators too (LayerDrop in some
+    Hugging Face models draws random.uniform): the caller's sequence goes on."""
+    import random
+
+    import numpy as np
+
+    random.seed(5)
+    np.random.seed(5)
+    expected = random.random(), np.random.rand()
+    random.seed(5)
+    np.random.seed(5)
+    valid_task(digits_task(name="drop", model=lambda: nn.Sequential(
+        nn.Flatten(), nn.Linear(64, 16), Gate(), nn.Linear(16, 10))))
+    assert (random.random(), np.random.rand()) == expected

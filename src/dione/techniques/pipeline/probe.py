@@ -23,9 +23,11 @@ import contextlib
 import copy
 import dataclasses
 import math
+import random
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
@@ -269,26 +271,44 @@ def _unused(task: Task, model: nn.Module, batch: Any, draws: int = 4
     """The trainable parameters a training forward of ``model`` (a fresh copy each
     draw) on ``batch`` leaves out of its loss's graph in each of ``draws`` seeded draws,
     and in some only (a layer skipped with probability 1/2 shows in four draws 7 times
-    in 8). The graph is read, never run backward: a parameter whose module runs but
-    whose output does not reach the loss (a head computed for a logged number) counts,
-    and one another module reads directly (MultiheadAttention's out_proj) does not."""
+    in 8); one draw where the forward drew no random number (torch's, Python's or
+    NumPy's generator: no dropout, no LayerDrop). The graph is read, never run
+    backward: a parameter whose module runs but whose output does not reach the loss (a
+    head computed for a logged number) counts, and one another module reads directly
+    (MultiheadAttention's out_proj) does not."""
     left_out = []
-    with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        for draw in range(draws):
-            torch.manual_seed(task.seed + draw)
-            copied = copy.deepcopy(model).train()  # a model that changes as it runs: anew
-            try:
-                loss = loss_of(copied, task, batch)
-            except Exception:  # its trials say why it cannot train; nothing known here
-                return (), ()
-            if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
-                return (), ()  # nothing to train here: its trials say so
-            reached = _leaves(loss.grad_fn)
-            left_out.append({n for n, p in copied.named_parameters()
-                             if p.requires_grad and id(p) not in reached})
-            del loss, copied
+    kept = random.getstate(), np.random.get_state()  # the caller's draws go on as before
+    try:
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            for draw in range(draws):
+                torch.manual_seed(task.seed + draw)
+                before = torch.get_rng_state(), random.getstate(), _numpy_draws()
+                copied = copy.deepcopy(model).train()  # a model that changes as it runs
+                try:
+                    loss = loss_of(copied, task, batch)
+                except Exception:  # its trials say why it cannot train; nothing known
+                    return (), ()
+                if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+                    return (), ()  # nothing to train here: its trials say so
+                reached = _leaves(loss.grad_fn)
+                left_out.append({n for n, p in copied.named_parameters()
+                                 if p.requires_grad and id(p) not in reached})
+                del loss, copied
+                drew = not (torch.equal(before[0], torch.get_rng_state())
+                            and before[1] == random.getstate()
+                            and bool((before[2] == _numpy_draws()).all()))
+                if not drew:  # no random draw in its forward: another would be the same
+                    break
+    finally:
+        random.setstate(kept[0])
+        np.random.set_state(kept[1])
     always = set.intersection(*left_out)
     return tuple(sorted(always)), tuple(sorted(set.union(*left_out) - always))
+
+
+def _numpy_draws() -> Any:
+    """NumPy's global generator's state words (its legacy state's key)."""
+    return cast(Any, np.random.get_state())[1]
 
 
 def _leaves(root: Any) -> set[int]:
