@@ -622,6 +622,24 @@ def test_the_probe_leaves_the_callers_random_draws_as_they_were() -> None:
     expected = random.random(), np.random.rand()
     random.seed(5)
     np.random.seed(5)
-    valid_task(digits_task(name="drop", model=lambda: nn.Sequential(
-        nn.Flatten(), nn.Linear(64, 16), Gate(), nn.Linear(16, 10))))
+    task, _ = valid_task(digits_task(name="drop", model=PythonLayerDrop))
     assert (random.random(), np.random.rand()) == expected
+    assert task.unused_parameters == ((), ("b.bias", "b.weight"))  # seen, by four draws
+
+
+class PythonLayerDrop(nn.Module):
+    """LayerDrop drawn from Python's and NumPy's generators."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(64, 16), nn.Linear(16, 16), nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import random
+
+        import numpy as np
+
+        h = torch.relu(self.a(x.flatten(1)))
+        if not self.training or (random.random() + np.random.rand()) / 2 > 0.5:
+            h = h + torch.relu(self.b(h))
+        return self.head(h)

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.spec.validate import Problem, checked_task, split_valid
-from dione.techniques.pipeline.probe import with_refusals
+from dione.techniques.pipeline.probe import draws_kept, with_refusals
 from dione.techniques.registry import technique_names, techniques
 
 __all__ = ["valid_task", "valid_tasks"]
@@ -24,13 +24,15 @@ def valid_tasks(tasks: Iterable[Task], devices: int | None = None,
     others; a bad task stops only itself."""
     from dione.spec.workload import Workload
 
-    valid, problems = split_valid(Workload(list(tasks)), devices, technique_names(), kind,
-                                  _inexact())
-    return with_refusals(valid), problems
+    with draws_kept():  # validation's forwards may draw (LayerDrop): not the caller's
+        valid, problems = split_valid(Workload(list(tasks)), devices, technique_names(),
+                                      kind, _inexact())
+        return with_refusals(valid), problems
 
 
 def valid_task(task: Task, kind: DeviceKind | None = None) -> tuple[Task, list[Problem]]:
     """One task as it will train (``dione.spec.validate.checked_task``) and its problems;
     where it has none, with its refused techniques."""
-    task, problems = checked_task(task, None, technique_names(), kind, _inexact())
-    return (task if problems else with_refusals([task])[0]), problems
+    with draws_kept():
+        task, problems = checked_task(task, None, technique_names(), kind, _inexact())
+        return (task if problems else with_refusals([task])[0]), problems

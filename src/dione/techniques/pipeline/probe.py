@@ -24,7 +24,7 @@ import copy
 import dataclasses
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -42,7 +42,7 @@ from dione.techniques.pipeline.partition import partition_model, stage_plan
 from dione.techniques.pipeline.stages import StageModule, batch_fields, cut_stage
 from dione.techniques.registry import techniques
 
-__all__ = ["pipeline_refusals", "with_refusals"]
+__all__ = ["draws_kept", "pipeline_refusals", "probe_task", "with_refusals"]
 
 # A model up to this size is built for real and run stage by stage (as validation does).
 _PROBE_BYTES = 1 << 30
@@ -277,33 +277,40 @@ def _unused(task: Task, model: nn.Module, batch: Any, draws: int = 4
     head computed for a logged number) counts, and one another module reads directly
     (MultiheadAttention's out_proj) does not."""
     left_out = []
-    kept = random.getstate(), np.random.get_state()  # the caller's draws go on as before
+    with draws_kept(), torch.random.fork_rng(devices=[]), torch.enable_grad():
+        for draw in range(draws):
+            torch.manual_seed(task.seed + draw)
+            before = torch.get_rng_state(), random.getstate(), _numpy_draws()
+            copied = copy.deepcopy(model).train()  # a model that changes as it runs
+            try:
+                loss = loss_of(copied, task, batch)
+            except Exception:  # its trials say why it cannot train; nothing known
+                return (), ()
+            if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+                return (), ()  # nothing to train here: its trials say so
+            reached = _leaves(loss.grad_fn)
+            left_out.append({n for n, p in copied.named_parameters()
+                             if p.requires_grad and id(p) not in reached})
+            del loss, copied
+            drew = not (torch.equal(before[0], torch.get_rng_state())
+                        and before[1] == random.getstate()
+                        and bool((before[2] == _numpy_draws()).all()))
+            if not drew:  # no random draw in its forward: another would be the same
+                break
+    always = set.intersection(*left_out)
+    return tuple(sorted(always)), tuple(sorted(set.union(*left_out) - always))
+
+
+@contextlib.contextmanager
+def draws_kept() -> Iterator[None]:
+    """Python's and NumPy's global generators as they were before the block: the
+    caller's draws go on as if no probe had run (torch's: ``fork_rng``)."""
+    kept = random.getstate(), np.random.get_state()
     try:
-        with torch.random.fork_rng(devices=[]), torch.enable_grad():
-            for draw in range(draws):
-                torch.manual_seed(task.seed + draw)
-                before = torch.get_rng_state(), random.getstate(), _numpy_draws()
-                copied = copy.deepcopy(model).train()  # a model that changes as it runs
-                try:
-                    loss = loss_of(copied, task, batch)
-                except Exception:  # its trials say why it cannot train; nothing known
-                    return (), ()
-                if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
-                    return (), ()  # nothing to train here: its trials say so
-                reached = _leaves(loss.grad_fn)
-                left_out.append({n for n, p in copied.named_parameters()
-                                 if p.requires_grad and id(p) not in reached})
-                del loss, copied
-                drew = not (torch.equal(before[0], torch.get_rng_state())
-                            and before[1] == random.getstate()
-                            and bool((before[2] == _numpy_draws()).all()))
-                if not drew:  # no random draw in its forward: another would be the same
-                    break
+        yield
     finally:
         random.setstate(kept[0])
         np.random.set_state(kept[1])
-    always = set.intersection(*left_out)
-    return tuple(sorted(always)), tuple(sorted(set.union(*left_out) - always))
 
 
 def _numpy_draws() -> Any:
@@ -334,7 +341,8 @@ def with_refusals(tasks: Iterable[Task]) -> list[Task]:
     result = []
     for task in tasks:
         try:
-            refused, written, unused = probe_task(task)
+            with draws_kept():  # its forwards may draw from them (LayerDrop)
+                refused, written, unused = probe_task(task)
         except Exception:
             refused, written, unused = {}, ((), ()), ((), ())
         result.append(dataclasses.replace(
