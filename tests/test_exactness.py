@@ -643,3 +643,36 @@ class PythonLayerDrop(nn.Module):
         if not self.training or (random.random() + np.random.rand()) / 2 > 0.5:
             h = h + torch.relu(self.b(h))
         return self.head(h)
+
+
+class BatchFetched(Dataset):
+    """Digits fetched a batch at a time (``__getitems__``), noise added there when
+    ``noisy``: drawn per share of a split batch, not per sample."""
+
+    def __init__(self, noisy: bool) -> None:
+        self.inner, self.noisy = digits_train(), noisy
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int):
+        return self.inner[index]
+
+    def __getitems__(self, indices: list[int]):
+        items = [self.inner[i] for i in indices]
+        if self.noisy:
+            items = [(x + 0.1 * torch.randn_like(x), y) for x, y in items]
+        return items
+
+
+def test_random_draws_in_a_batch_fetch_are_recorded_as_statistical(tmp_path: Path) -> None:
+    """ddp fetched each share's samples with the share's draws, recorded exact."""
+    noisy, problems = valid_task(digits_task(name="noisy", steps=2,
+                                             data=functools.partial(BatchFetched, True)))
+    assert problems == [] and noisy.fetch_draws
+    plain, _ = valid_task(digits_task(name="plain", steps=2,
+                                      data=functools.partial(BatchFetched, False)))
+    assert not plain.fetch_draws
+    result = train(noisy, "ddp", tmp_path / "ddp", devices=2)
+    assert "its data set's batch fetch (__getitems__) draws random numbers" in \
+        result.extra["exactness"]

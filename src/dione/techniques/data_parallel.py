@@ -145,7 +145,7 @@ class DataParallelTechnique(Technique):
         checkpoint = ctx.save(model, optimizer, scheduler)
         outcome = ctx.outcome(checkpoint)
         if ctx.world > 1 or parts > 1:
-            note = split_batch_exactness(bare)  # the user's names, not the wrapper's
+            note = split_batch_exactness(bare, task)  # the user's names, not the wrapper's
             if note:
                 outcome.extra["exactness"] = note
         if self.shards_memory:  # no rank holds it whole: all evaluate it together

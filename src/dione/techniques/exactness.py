@@ -58,14 +58,18 @@ def batch_norm_layers(model: nn.Module) -> list[str]:
             if isinstance(module, nn.modules.batchnorm._BatchNorm)]
 
 
-def split_batch_exactness(model: nn.Module) -> str | None:
-    """Why training ``model`` on shares or parts of the batch is statistically, not
-    bitwise, single's (None: nothing keeps it from being so). BatchNorm is not said
-    here: it is different training (``split_statistics``)."""
+def split_batch_exactness(model: nn.Module, task: Task | None = None) -> str | None:
+    """Why training ``model`` (of ``task``) on shares or parts of the batch is
+    statistically, not bitwise, single's (None: nothing keeps it from being so).
+    BatchNorm is not said here: it is different training (``split_statistics``)."""
     dropout = dropout_layers(model)
-    if not dropout:
-        return None
-    return f"statistical, not bitwise: dropout in {_some(dropout)} draws other masks than single"
+    if dropout:
+        return (f"statistical, not bitwise: dropout in {_some(dropout)} draws other masks "
+                "than single")
+    if task is not None and task.fetch_draws:
+        return ("statistical, not bitwise: its data set's batch fetch (__getitems__) draws "
+                "random numbers, seeded per share of the batch, not per sample")
+    return None
 
 
 def _some(names: list[str]) -> str:

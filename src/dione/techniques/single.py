@@ -20,7 +20,8 @@ class Single(DataParallelTechnique):
     def check(self, task: Task, devices: int, knobs: Knobs, kind: DeviceKind) -> list[str]:
         reasons = super().check(task, devices, knobs, kind)
         if devices != 1:
-            reasons.append(f"single trains on exactly 1 device, not {devices}; use ddp or fsdp")
+            reasons.append(f"{self.name} trains on exactly 1 device, not {devices}; use ddp or "
+                           "fsdp")
         return reasons
 
     def wrap(self, model: nn.Module, ctx: SliceContext) -> nn.Module:

@@ -31,11 +31,12 @@ import numpy as np
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
+from torch.utils.data import Subset
 
 from dione.schedules import PartitionError
 from dione.spec.batch import loss_of
 from dione.spec.task import Task
-from dione.techniques.batches import BatchSource, slice_batch
+from dione.techniques.batches import BatchSource, SampleOrder, _fetch, slice_batch
 from dione.techniques.data_parallel import DataParallelTechnique
 from dione.techniques.pipeline.gpipe import PipelineTechnique
 from dione.techniques.pipeline.partition import partition_model, stage_plan
@@ -109,8 +110,8 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
                         f"{stage}'s parameters, puts {', '.join(regrouped[:3])} in a group "
                         "of other settings than on the whole model (it builds its groups "
                         "by position?): a pipeline builds one optimizer per stage, so "
-                        "choose each group's parameters by what they are (names, "
-                        "p.dim()), or use another technique")
+                        "choose each group's parameters by what they are (p.dim(), their "
+                        "shape), or use another technique")
             module = StageModule(cut, task, plan, partition, stage, structure,
                                  contextlib.nullcontext)
             try:
@@ -204,7 +205,7 @@ def pipeline_refusals(task: Task, pipelines: Sequence[PipelineTechnique] | None 
 
 def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
                ) -> tuple[dict[str, str], tuple[tuple[str, ...], tuple[str, ...]],
-                          tuple[tuple[str, ...], tuple[str, ...]]]:
+                          tuple[tuple[str, ...], tuple[str, ...]], bool]:
     """``pipeline_refusals``, and, where the task allows a data-parallel technique
     besides single, the buffers its training forward writes (from the data, on every
     call alone: ``Task.buffers_written``) and the parameters a training step leaves
@@ -220,13 +221,14 @@ def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
     written_how: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
     unused: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
     if not pipelines and not parallel:
-        return {}, written_how, unused
+        return {}, written_how, unused, False
     dataset: Any = task.data()
     source = BatchSource(dataset, task.batch_size, task.seed, collate=task.collate_fn)
     refused: dict[str, str] = {}
     varying = _varying_shapes(task, source, len(dataset)) if pipelines else None
     if varying is not None:
         refused.update({t.name: varying for t in pipelines if t.fixed_shapes})
+    fetch_draws = parallel and _fetch_draws(task, dataset)
     torch.manual_seed(task.seed)
     model = task.model()
     size = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -263,7 +265,27 @@ def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
                        "step, on placeholder inputs: different training, not rounding; use "
                        "another technique (single trains it as written)")
             refused.update({t.name: problem for t in exact})
-    return refused, written_how, unused
+    return refused, written_how, unused, fetch_draws
+
+
+def _fetch_draws(task: Task, dataset: Any) -> bool:
+    """Whether ``dataset``'s batch fetch (``__getitems__``, called once per share of a
+    split batch, seeded by the share's first position) draws random numbers: the same
+    samples fetched under two seeds differ (a fetch that only pads them does not)."""
+    if getattr(dataset, "__getitems__", None) is None or (
+            isinstance(dataset, Subset) and not hasattr(dataset.dataset, "__getitems__")):
+        return False
+    count = min(2, len(dataset))
+    indices = SampleOrder(len(dataset), task.seed).indices(0, count)
+    try:
+        first, second = (tree_flatten(_fetch(dataset, indices, task.seed, at,
+                                              task.collate_fn))[0] for at in (0, count))
+    except Exception:  # its trials say why it cannot fetch; nothing known here
+        return False
+    if len(first) != len(second):
+        return True
+    return not all(_same(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                   else a == b for a, b in zip(first, second, strict=True))
 
 
 def _unused(task: Task, model: nn.Module, batch: Any, draws: int = 4
@@ -342,11 +364,11 @@ def with_refusals(tasks: Iterable[Task]) -> list[Task]:
     for task in tasks:
         try:
             with draws_kept():  # its forwards may draw from them (LayerDrop)
-                refused, written, unused = probe_task(task)
+                refused, written, unused, fetch_draws = probe_task(task)
         except Exception:
-            refused, written, unused = {}, ((), ()), ((), ())
+            refused, written, unused, fetch_draws = {}, ((), ()), ((), ()), False
         result.append(dataclasses.replace(
             task, refused_techniques={**task.refused_techniques, **refused},
-            buffers_written=written, unused_parameters=unused)
-            if refused or any(written) or any(unused) else task)
+            buffers_written=written, unused_parameters=unused, fetch_draws=fetch_draws)
+            if refused or any(written) or any(unused) or fetch_draws else task)
     return result
