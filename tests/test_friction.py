@@ -270,3 +270,52 @@ def test_a_run_of_a_workload_file_by_the_python_api_can_be_exported_and_resumed(
     other.write_text(ONE_TASK)
     with pytest.raises(ValueError, match=f"holds a run of {file.resolve()}, not "):
         dione.run(str(other), devices="cpu:1", run_dir=str(run_dir), quiet=True, **options)
+
+
+RETURNS_NOTHING = """
+import functools, torch
+from dione import Task, Workload, register
+from dione.techniques.single import Single
+from dione.zoo import digits_mlp, digits_train
+
+
+class Forgetful(Single):
+    name = "forgetful"
+
+    def train(self, ctx):
+        outcome = super().train(ctx)
+        return None if ctx.task.name == "none" else \\
+            type(outcome)(outcome.losses, outcome.step_seconds, None)
+
+
+register(Forgetful())
+workload = Workload([Task(name=name, model=functools.partial(digits_mlp, hidden=8, depth=1),
+                          data=digits_train, loss=torch.nn.functional.cross_entropy,
+                          optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+                          batch_size=8, steps=2) for name in ("none", "unsaved")])
+"""
+
+
+def test_a_techniques_train_returning_what_no_slice_records_is_said_in_a_sentence(
+        tmp_path: Path) -> None:
+    """None gave "'NoneType' object has no attribute 'timings'"; no checkpoint gave a
+    slice recorded done whose training was lost."""
+    from dione.launch import local_placement, run_slice
+    from dione.launch.slice import SliceError
+    from dione.spec.cluster import Node
+    from dione.spec.workload import load_workload
+    from dione.techniques.registry import _REGISTRY
+
+    file = tmp_path / "forgetful.py"
+    file.write_text(RETURNS_NOTHING)
+    try:
+        none, unsaved = load_workload(file)
+        placement = local_placement(Node("n", 1, "cpu"), [0])
+        with pytest.raises(SliceError, match="its train\\(\\) returned NoneType, not a "
+                           "SliceOutcome"):
+            run_slice(none, "forgetful", tmp_path / "a", placement)
+        with pytest.raises(SliceError, match="its train\\(\\) saved no checkpoint, so "
+                           "the slice's training would be lost"):
+            run_slice(unsaved, "forgetful", tmp_path / "b", placement)
+    finally:  # the registry is the process's: no later test profiles it
+        _REGISTRY.pop("forgetful", None)

@@ -330,6 +330,17 @@ class Crashes(Single):
 register(Crashes())
 
 
+class Unsure(Single):
+    """A user's technique whose knob_settings raises: left out for its task alone."""
+    name = "unsure"
+
+    def knob_settings(self, task, devices, kind):
+        raise ValueError("no settings today")
+
+
+register(Unsure())
+
+
 def big_model():
     # About 400 MB with gradients and Adam's two moments, over a 512 MiB cap beside a
     # worker's own ~300 MB (a small model: every trial of it builds it and fails).
@@ -346,7 +357,8 @@ def task(name, model, techniques):
 
 workload = Workload([
     task("big", big_model, ("single", "ddp", "fsdp")),
-    task("small", functools.partial(digits_mlp, hidden=16, depth=1), ("single", "crashes")),
+    task("small", functools.partial(digits_mlp, hidden=16, depth=1),
+         ("single", "crashes", "unsure")),
 ])
 '''
 
@@ -399,6 +411,9 @@ def test_out_of_memory_and_crash_are_recorded_and_the_rest_completes(tmp_path: P
     assert all("ran out of memory" in reason for reason in skipped.values())
     # fsdp shards it over both devices, so it is tried (and fits or not, but is recorded).
     assert any(r.technique == "fsdp" for r in big.trials)
+    # A technique's knob_settings that raises took the whole profile down.
+    assert any(n.technique == "unsure" and "raised ValueError: no settings today" in n.reason
+               for n in small.not_applicable), small.not_applicable
     crashed = next(r for r in small.trials if r.technique == "crashes")
     assert crashed.status == "crash"
     assert "this technique always crashes" in (crashed.reason or "")

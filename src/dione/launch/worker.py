@@ -303,6 +303,30 @@ def warm_torch() -> None:
     torch.optim.AdamW(torch.nn.Linear(1, 1).parameters())
 
 
+def _check_outcome(spec: Any, outcome: Any, rank: int) -> None:
+    """ValueError, in one sentence, where a technique's ``train`` (a user's) returned
+    what a slice cannot be recorded from: not a SliceOutcome, a loss count that is not
+    its steps', or, on rank 0 of a slice that saves, no checkpoint (its training was
+    recorded done, and lost)."""
+    from dione.techniques.base import SliceOutcome
+
+    name = spec.technique.name
+    if not isinstance(outcome, SliceOutcome):
+        raise ValueError(f"technique {name!r}: its train() returned {type(outcome).__name__}, "
+                         "not a SliceOutcome; end it with `return ctx.outcome(checkpoint)`")
+    if rank != 0:
+        return
+    steps = spec.end_step - spec.start_step
+    if len(outcome.losses) != steps or len(outcome.step_seconds) != steps:
+        raise ValueError(f"technique {name!r}: its train() returned {len(outcome.losses)} "
+                         f"loss(es) and {len(outcome.step_seconds)} step time(s) for the "
+                         f"slice's {steps} steps; call ctx.step_done(loss) once a step")
+    if spec.save and outcome.checkpoint is None:
+        raise ValueError(f"technique {name!r}: its train() saved no checkpoint, so the "
+                         "slice's training would be lost; end it with "
+                         "`return ctx.outcome(ctx.save(model, optimizer, scheduler))`")
+
+
 def run_job(job: Job, report: Report | None = None) -> tuple[str, Any]:
     """Train one rank's share of a slice: ``("result", SliceOutcome)`` or ``("error",
     record)``; ``report("progress", record)`` carries the slice's progress meanwhile
@@ -353,6 +377,7 @@ def run_job(job: Job, report: Report | None = None) -> tuple[str, Any]:
         before = import_clock.seconds()
         with import_clock.counting():
             outcome = spec.technique.train(ctx)
+        _check_outcome(spec, outcome, rank)
         # And what the slice imported outside its steps, once per worker: a lazy
         # package's module (transformers loads a model's the first time the task's
         # model() names its class: 2 s of a tiny GPT-2's first trial), the first

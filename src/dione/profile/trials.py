@@ -146,9 +146,15 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
                     f"task {task.name!r} allows only {', '.join(task.techniques or ())}"))
                 continue
             for count in device_counts(node.devices):
-                settings = technique.knob_settings(task, count, node.kind)
+                try:  # a user's technique: its failure leaves it out for this task alone
+                    settings = technique.knob_settings(task, count, node.kind)
+                    reasons = [] if settings else technique.check(task, count, {}, node.kind)
+                except Exception as err:
+                    profile.not_applicable.append(NotApplicable(
+                        technique.name, count, f"{technique.name}'s knob_settings or check "
+                        f"raised {type(err).__name__}: {err}"))
+                    continue
                 if not settings:
-                    reasons = technique.check(task, count, {}, node.kind)
                     profile.not_applicable.append(NotApplicable(
                         technique.name, count,
                         "; ".join(reasons) or f"{technique.name} proposes no setting"))
