@@ -226,8 +226,6 @@ class SQLiteFile:
 
     def damaged(self, err: BaseException) -> StateFileError:
         """``err`` as this file's StateFileError."""
-        if self._snapshot is not None and "query_only" in str(err):
-            err = sqlite3.OperationalError("attempt to write a readonly database")
         return _damaged(self.path, self.what, self.fix, err)
 
     def close(self) -> None:

@@ -145,7 +145,9 @@ def _written_by(task: Task, model: nn.Module, batch: Any, other: Any
     """The buffers a training forward of ``model`` (copies of it) writes, BatchNorm's
     aside (refused by name where it matters): those two batches leave different (a
     running average, an ActNorm's initialisation from the first batch), and those the
-    second call moved alike (a counter, spectral_norm's power iteration)."""
+    second call moved alike (a counter, spectral_norm's power iteration). A cache filled
+    once from the shapes alone (rotary embeddings' tables) does not count: one copy runs
+    on ``batch`` twice, another on ``other`` (another batch of the same shape)."""
     copied, twin = copy.deepcopy(model).train(), copy.deepcopy(model).train()
     skip = {f"{m}.{n}" if m else n for m, module in copied.named_modules()
             if isinstance(module, nn.modules.batchnorm._BatchNorm)
@@ -161,18 +163,6 @@ def _written_by(task: Task, model: nn.Module, batch: Any, other: Any
                if n in other_data and not _same(b, other_data[n].detach())]
     return by_data, [n for n, b in first.items() if n not in by_data
                      and n in second and not _same(b, second[n].detach())]
-
-
-def _buffers_written(task: Task, model: nn.Module, batch: Any, other: Any) -> list[str]:
-    """The buffers a training forward of ``model`` writes from the data or on every
-    call, BatchNorm's aside (the pipelines refuse those by name): a running average, a
-    counter, spectral_norm's power iteration, an ActNorm's data-dependent
-    initialisation. A cache filled once from the shapes alone (rotary embeddings'
-    tables) does not count: one copy runs on ``batch`` twice, another on ``other``
-    (another batch of the same shape), and a buffer counts where the second call moved
-    it or the two batches left it different."""
-    by_data, every_call = _written_by(task, model, batch, other)
-    return by_data + every_call
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -299,7 +289,8 @@ def _unused(task: Task, model: nn.Module, batch: Any, draws: int = 4
     head computed for a logged number) counts, and one another module reads directly
     (MultiheadAttention's out_proj) does not."""
     left_out = []
-    with draws_kept(), torch.random.fork_rng(devices=[]), torch.enable_grad():
+    # Python's and NumPy's draws are put back by the caller (with_refusals, validation).
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
         for draw in range(draws):
             torch.manual_seed(task.seed + draw)
             before = torch.get_rng_state(), random.getstate(), _numpy_draws()
