@@ -36,7 +36,8 @@ from torch.utils.data._utils.collate import default_collate
 
 from dione.spec.batch import split_problem
 
-__all__ = ["Batch", "BatchSource", "SampleOrder", "batch_map", "batch_rows", "slice_batch"]
+__all__ = ["Batch", "BatchSource", "SampleOrder", "batch_map", "batch_rows", "draws_kept",
+           "slice_batch"]
 
 # A collated batch: tensors, possibly in (nested) tuples, lists and dicts.
 Batch = Any
@@ -106,12 +107,25 @@ def item_seed(seed: int, position: int) -> int:
 
 
 @contextlib.contextmanager
+def draws_kept() -> Iterator[None]:
+    """Python's and (if loaded) NumPy's global generators as they were before the
+    block: the caller's draws go on as if it had not run (torch's: ``fork_rng``)."""
+    numpy = sys.modules.get("numpy")
+    python_state = random.getstate()
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        if numpy is not None:
+            numpy.random.set_state(numpy_state)
+
+
+@contextlib.contextmanager
 def _seeded_generators() -> Iterator[Callable[[int], None]]:
     """A function that seeds torch's CPU, Python's and (if loaded) NumPy's global
     generators; all three put back as they were on exit."""
     numpy = sys.modules.get("numpy")
-    python_state = random.getstate()
-    numpy_state = numpy.random.get_state() if numpy is not None else None
 
     def seed_all(seed: int) -> None:
         torch.default_generator.manual_seed(seed)
@@ -119,13 +133,8 @@ def _seeded_generators() -> Iterator[Callable[[int], None]]:
         if numpy is not None:  # all 63 bits, as two 32-bit words
             numpy.random.seed([seed & 0xFFFFFFFF, seed >> 32])
 
-    try:
-        with torch.random.fork_rng(devices=[]):
-            yield seed_all
-    finally:
-        random.setstate(python_state)
-        if numpy is not None:
-            numpy.random.set_state(numpy_state)
+    with draws_kept(), torch.random.fork_rng(devices=[]):
+        yield seed_all
 
 
 def _fetch(dataset: Dataset[Any], indices: torch.Tensor, seed: int, first: int,

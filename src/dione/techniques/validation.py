@@ -8,7 +8,8 @@ from collections.abc import Iterable
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.spec.validate import Problem, checked_task, split_valid
-from dione.techniques.pipeline.probe import draws_kept, with_refusals
+from dione.techniques.batches import draws_kept
+from dione.techniques.pipeline.probe import with_refusals
 from dione.techniques.registry import technique_names, techniques
 
 __all__ = ["valid_task", "valid_tasks"]

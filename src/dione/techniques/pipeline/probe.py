@@ -24,7 +24,7 @@ import copy
 import dataclasses
 import math
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -36,14 +36,20 @@ from torch.utils.data import Subset
 from dione.schedules import PartitionError
 from dione.spec.batch import loss_of
 from dione.spec.task import Task
-from dione.techniques.batches import BatchSource, SampleOrder, _fetch, slice_batch
+from dione.techniques.batches import (
+    BatchSource,
+    SampleOrder,
+    _fetch,
+    draws_kept,
+    slice_batch,
+)
 from dione.techniques.data_parallel import DataParallelTechnique
 from dione.techniques.pipeline.gpipe import PipelineTechnique
 from dione.techniques.pipeline.partition import partition_model, stage_plan
 from dione.techniques.pipeline.stages import StageModule, batch_fields, cut_stage
 from dione.techniques.registry import techniques
 
-__all__ = ["draws_kept", "pipeline_refusals", "probe_task", "with_refusals"]
+__all__ = ["pipeline_refusals", "probe_task", "with_refusals"]
 
 # A model up to this size is built for real and run stage by stage (as validation does).
 _PROBE_BYTES = 1 << 30
@@ -312,18 +318,6 @@ def _unused(task: Task, model: nn.Module, batch: Any, draws: int = 4
                 break
     always = set.intersection(*left_out)
     return tuple(sorted(always)), tuple(sorted(set.union(*left_out) - always))
-
-
-@contextlib.contextmanager
-def draws_kept() -> Iterator[None]:
-    """Python's and NumPy's global generators as they were before the block: the
-    caller's draws go on as if no probe had run (torch's: ``fork_rng``)."""
-    kept = random.getstate(), np.random.get_state()
-    try:
-        yield
-    finally:
-        random.setstate(kept[0])
-        np.random.set_state(kept[1])
 
 
 def _numpy_draws() -> Any:
