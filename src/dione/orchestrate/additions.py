@@ -185,6 +185,7 @@ class Intake:
 def _intake(tasks: list[Task], requests: list[Addition], known: set[str], cluster: Cluster,
             profiling: Profiling) -> Arrival:
     """Load the requests' workload files, validate every task, profile the valid ones."""
+    from dione.spec.validate import repeated_names
     from dione.spec.workload import load_workload
     from dione.techniques.validation import valid_tasks
 
@@ -202,8 +203,7 @@ def _intake(tasks: list[Task], requests: list[Addition], known: set[str], cluste
             continue
         by_name = {t.name: t for t in defined}
         missing = [n for n in request.names if n not in by_name]
-        twice = sorted({n for n in request.names
-                        if sum(t.name == n for t in defined) > 1})
+        twice = sorted(set(request.names) & set(repeated_names(defined)))
         if missing or twice:  # which of two of a name was asked for, no one can tell
             arrival.requests_refused[request.id] = (
                 f"{request.workload} no longer defines task(s) {', '.join(missing)}"

@@ -22,7 +22,7 @@ from dione.spec.task import PRECISIONS, ItemCounter, Task
 from dione.spec.workload import Workload
 
 __all__ = ["Problem", "WorkloadError", "build_model", "check_task", "checked_task",
-           "late_evaluation", "split_valid", "validate_workload"]
+           "late_evaluation", "repeated_names", "split_valid", "validate_workload"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}$")
 _FACTORIES = ("model", "data", "loss", "optimizer", "evaluate", "lr_scheduler", "collate_fn",
@@ -552,10 +552,16 @@ class _Said(Exception):
     """A field's problem found while checking it, said as it is (no traceback line)."""
 
 
+def repeated_names(tasks: Iterable[Task]) -> dict[str, int]:
+    """The names more than one of ``tasks`` has, each with how many have it."""
+    return {name: count for name, count in Counter(t.name for t in tasks).items()
+            if count > 1}
+
+
 def _name_problems(workload: Workload) -> list[Problem]:
     return [Problem(name, "name", f"{count} tasks share this name; names must be unique "
                     "(grid() makes unique names)")
-            for name, count in Counter(t.name for t in workload).items() if count > 1]
+            for name, count in repeated_names(workload).items()]
 
 
 def validate_workload(

@@ -17,6 +17,7 @@ __all__ = ["command"]
 
 
 def command(args: argparse.Namespace) -> int:
+    from dione.spec.validate import repeated_names
     from dione.state.lock import lock_holder
     from dione.state.store import STORE_FILE, AlreadyInRun, RunStore
     from dione.techniques.validation import valid_tasks
@@ -27,7 +28,7 @@ def command(args: argparse.Namespace) -> int:
                        "run with `dione run WORKLOAD --out RUN_DIR` first")
     workload = str(Path(args.workload).resolve())
     defined = list(load(workload))
-    twice = sorted({t.name for t in defined if sum(u.name == t.name for u in defined) > 1})
+    twice = sorted(repeated_names(defined))
     if twice:  # which of them would be added, no one could tell
         raise BadInput(f"{args.workload} defines more than one task named "
                        f"{', '.join(map(repr, twice))}: give each a name of its own")
