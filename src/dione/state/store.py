@@ -450,8 +450,7 @@ class RunStore(SQLiteFile):
         `dione add`s of one file at once both passed a check made before)."""
         with self._transaction() as db:
             if unless_present:
-                have = {t.name for t in self.tasks()} | {
-                    n for a in self.additions("waiting", "taken") for n in a.names}
+                have = self.names_taken()
                 already = [n for n in names if n in have]
                 if already:
                     raise AlreadyInRun(already)
@@ -460,6 +459,11 @@ class RunStore(SQLiteFile):
                 "(?, ?, 'waiting', ?)", (workload, json.dumps(list(names)), clock.now()))
         assert cursor.lastrowid is not None
         return cursor.lastrowid
+
+    def names_taken(self) -> set[str]:
+        """The task names the run has, or was asked to add and has not refused."""
+        return {t.name for t in self.tasks()} | {
+            n for a in self.additions("waiting", "taken") for n in a.names}
 
     def additions(self, *states: str) -> list[Addition]:
         """The requests to add tasks (in ``states``, else all), in the order made."""

@@ -38,9 +38,7 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput(f"{args.workload} defines no task {', '.join(map(repr, unknown))}; "
                        f"it defines {', '.join(by_name) or 'none'}")
     with RunStore(run_dir) as store:
-        # What the run has, and what it was asked to take and has not refused.
-        have = {t.name for t in store.tasks()} | {
-            n for a in store.additions("waiting", "taken") for n in a.names}
+        have = store.names_taken()
         wanted = [by_name[n] for n in args.task] if args.task else [
             t for t in by_name.values() if t.name not in have]
         already = [t.name for t in wanted if t.name in have]
