@@ -35,12 +35,7 @@ from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource
 from dione.techniques.context import SliceContext
-from dione.techniques.exactness import (
-    split_batch_exactness,
-    split_buffers,
-    split_draws,
-    split_statistics,
-)
+from dione.techniques.exactness import split_batch_exactness, split_inexactness
 
 __all__ = ["DataParallelTechnique"]
 
@@ -70,8 +65,7 @@ class DataParallelTechnique(Technique):
         if not isinstance(parts, int):
             return super().task_inexactness(task, devices, knobs)
         return (super().task_inexactness(task, devices, knobs)
-                or split_statistics(task, devices, parts) or split_buffers(task, devices, parts)
-                or split_draws(task, devices, parts))
+                or split_inexactness(task, devices, parts))
 
     def check(self, task: Task, devices: int, knobs: Knobs, kind: DeviceKind) -> list[str]:
         reasons = super().check(task, devices, knobs, kind)
@@ -118,9 +112,7 @@ class DataParallelTechnique(Technique):
                              task.collate_fn)
         ctx.timings["data_ready"] = time.perf_counter()
         bare = ctx.build_model()
-        statistics = (split_statistics(task, ctx.world, parts, bare)
-                      or split_buffers(task, ctx.world, parts)
-                      or split_draws(task, ctx.world, parts))
+        statistics = split_inexactness(task, ctx.world, parts, bare)
         if statistics is not None and not task.allow_inexact:  # not seen on the meta device
             raise ValueError(f"task {task.name!r}: {statistics}; it trains only as single "
                              "would unless it sets allow_inexact=True")

@@ -33,7 +33,7 @@ from torch import nn
 from dione.spec.task import Task
 
 __all__ = ["batch_norm_layers", "dropout_layers", "split_batch_exactness", "split_buffers",
-           "split_draws", "split_statistics", "structure_only"]
+           "split_draws", "split_inexactness", "split_statistics", "structure_only"]
 
 
 def dropout_layers(model: nn.Module) -> list[str]:
@@ -176,3 +176,14 @@ def split_buffers(task: Task, devices: int, accumulation: int) -> str | None:
                 f"{accumulation} accumulation parts write them {accumulation} times a "
                 "step, not once: different training, not rounding")
     return None
+
+
+def split_inexactness(task: Task, devices: int, accumulation: int,
+                      model: nn.Module | None = None) -> str | None:
+    """How splitting ``task``'s batch into ``devices`` shares of ``accumulation`` parts
+    trains otherwise than single, the first of its batch statistics, the buffers it
+    writes and the layers it skips at random (None: none); ``model`` as
+    ``split_statistics`` takes it."""
+    return (split_statistics(task, devices, accumulation, model)
+            or split_buffers(task, devices, accumulation)
+            or split_draws(task, devices, accumulation))
