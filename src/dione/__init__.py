@@ -145,14 +145,13 @@ def _ray_env(ray: str | None, env: Mapping[str, str] | Sequence[str] | None) -> 
     if ray is None:
         raise ValueError("ray_env sets variables in a Ray cluster's workers: give ray= too, "
                          "or set the variables in os.environ for this machine's workers")
-    if not isinstance(env, (str, Mapping)):
-        env = list(env)  # a generator is read once: kept, not used up by the check
-    if isinstance(env, Mapping) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        items = [f"{k}={v}" for k, v in env.items()]
-    elif not isinstance(env, (str, Mapping)) and all(isinstance(i, str) for i in env):
-        items = list(env)
+    items: list[Any] | None  # a generator is read once, here: kept, not used up
+    if isinstance(env, Mapping):
+        items = [f"{k}={v}" if isinstance(k, str) and isinstance(v, str) else None
+                 for k, v in env.items()]
     else:
+        items = None if isinstance(env, str) else list(env)
+    if items is None or not all(isinstance(item, str) for item in items):
         raise ValueError(f"ray_env must map variable names to text values, or list "
                          f"'NAME=VALUE' and 'NAME' items, not {env!r}")
     from dione.cli.errors import BadInput
