@@ -674,5 +674,5 @@ def test_random_draws_in_a_batch_fetch_are_recorded_as_statistical(tmp_path: Pat
                                       data=functools.partial(BatchFetched, False)))
     assert not plain.fetch_draws
     result = train(noisy, "ddp", tmp_path / "ddp", devices=2)
-    assert "its data set's batch fetch (__getitems__) draws random numbers" in \
+    assert "the data set's __getitems__ or the task's collate_fn) draws random" in \
         result.extra["exactness"]

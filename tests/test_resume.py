@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import random
 from pathlib import Path
 
@@ -169,3 +170,40 @@ def test_augmented_data_resumes_bit_identically_and_splits_exactly(tmp_path: Pat
     ddp = train_in_slices(task, [("ddp", TWO, STEPS)], tmp_path / "ddp")[0]
     torch.testing.assert_close(torch.tensor(ddp.losses), torch.tensor(whole.losses),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_a_collate_that_masks_at_random_resumes_bit_identically(tmp_path: Path) -> None:
+    """A collate function that masks tokens at random (as Hugging Face's
+    DataCollatorForLanguageModeling): validation refused it (each half of a batch masked
+    otherwise than the whole, blamed on the loss), and it drew from the worker's own
+    generator, so a resume masked otherwise. Now seeded per share: the same after a
+    resume, and a split batch recorded statistical."""
+    from torch import nn
+
+    import dione
+    from dione.techniques.validation import valid_task
+
+    def sequences() -> torch.utils.data.TensorDataset:
+        x = torch.randint(0, 10, (64, 6), generator=torch.Generator().manual_seed(0))
+        return torch.utils.data.TensorDataset(x, (x + 1) % 10)
+
+    def mask_at_random(items):
+        x = torch.stack([i for i, _ in items])
+        y = torch.stack([t for _, t in items])
+        return x, y.masked_fill(torch.rand(y.shape) < 0.5, -100)
+
+    def token_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(output.reshape(-1, 10), target.reshape(-1))
+
+    task, problems = valid_task(digits_task(
+        "masked", steps=STEPS, batch_size=8, data=sequences, collate_fn=mask_at_random,
+        loss=token_loss, loss_items=dione.tokens,
+        model=lambda: nn.Sequential(nn.Embedding(10, 16), nn.Linear(16, 10))))
+    assert problems == [] and task.fetch_draws
+    whole = train_in_slices(task, [("single", ONE, STEPS)], tmp_path / "whole")[0]
+    parts = train_in_slices(task, [("single", ONE, FIRST), ("single", ONE, None)],
+                            tmp_path / "parts")
+    assert joined(parts).losses == whole.losses  # bit for bit
+    ddp = train_in_slices(task, [("ddp", TWO, STEPS)], tmp_path / "ddp")[0]
+    assert "the task's collate_fn) draws random numbers" in ddp.extra["exactness"]
+    assert all(math.isfinite(loss) for loss in ddp.losses)

@@ -26,14 +26,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from dione.spec.draws import seeded_draws
 from dione.spec.task import ItemCounter, Task
 
 __all__ = [
     "IGNORE_INDEX",
     "LABELS",
+    "Batch",
     "ItemCounting",
     "ItemShare",
+    "batch_map",
+    "batch_rows",
     "call_model",
+    "collate_draws",
+    "collated",
     "item_counting",
     "labels_of",
     "loss_of",
@@ -41,6 +47,7 @@ __all__ = [
     "own_loss",
     "samples",
     "shifted_tokens",
+    "slice_batch",
     "split_problem",
     "split_target",
     "tokens",
@@ -50,6 +57,57 @@ LABELS = "labels"
 # The label a token-averaged loss leaves out (torch's cross_entropy and Hugging Face's).
 IGNORE_INDEX = -100
 NUM_ITEMS = "num_items_in_batch"
+
+# A collated batch: tensors, possibly in (nested) tuples, lists and dicts.
+Batch = Any
+
+
+def batch_map(fn: Callable[[torch.Tensor], Any], batch: Batch) -> Batch:
+    """``batch`` with ``fn`` applied to each of its tensors, its structure kept."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: batch_map(fn, v) for k, v in batch.items()})  # type: ignore[call-arg]
+    if isinstance(batch, tuple):
+        return tuple(batch_map(fn, v) for v in batch)
+    if isinstance(batch, list):
+        return [batch_map(fn, v) for v in batch]
+    return batch
+
+
+def batch_rows(batch: Batch) -> int:
+    """The number of samples in ``batch`` (its tensors' first dimension)."""
+    rows: list[int] = []
+    batch_map(lambda t: rows.append(t.shape[0] if t.dim() else 1), batch)
+    if not rows:
+        raise ValueError("a batch holds no tensor")
+    return rows[0]
+
+
+def slice_batch(batch: Batch, start: int, stop: int) -> Batch:
+    """Samples ``[start, stop)`` of ``batch``."""
+    return batch_map(lambda t: t[start:stop] if t.dim() else t, batch)
+
+
+def collated(task: Task, items: list[Any], seed: int) -> Batch:
+    """``items`` collated by ``task``, its collate function's random draws (if any)
+    seeded by ``seed``."""
+    with seeded_draws() as seed_all:
+        seed_all(seed)
+        return task.collate(items)
+
+
+def collate_draws(task: Task, items: list[Any]) -> bool:
+    """Whether the task's collate function draws random numbers (random masking, as
+    Hugging Face's ``DataCollatorForLanguageModeling``): ``items`` collated under two
+    seeds differ. Such a function sees a share of a split batch, not the whole, so a
+    split batch is drawn otherwise than single's."""
+    if task.collate_fn is None:
+        return False
+    first, second = (_tensors(collated(task, items, seed)) for seed in (0, 1))
+    return len(first) != len(second) or not all(
+        a.shape == b.shape and bool(torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).all())
+        for a, b in zip(first, second, strict=True))
 
 
 def labels_of(batch: Any) -> torch.Tensor:
@@ -264,13 +322,16 @@ def loss_of(model: nn.Module, task: Task, batch: Any,
 
 
 def _zero_through(output: Any) -> torch.Tensor | None:
-    """Zero, connected to every floating tensor of a model's ``output`` that carries a
-    gradient (so a backward through it gives zero gradients); None where it has none."""
+    """Zero, connected to every finite floating tensor of a model's ``output`` that
+    carries a gradient (so a backward through it gives zero gradients); None where it has
+    none. Not through a model's own mean over none (NaN: times zero it stays NaN, and its
+    backward divides by the count of none)."""
     from torch.utils._pytree import tree_flatten
 
     parts = output.to_tuple() if callable(getattr(output, "to_tuple", None)) else output
     tensors = [t for t in tree_flatten(parts)[0] if isinstance(t, torch.Tensor)
-               and t.is_floating_point() and t.requires_grad]
+               and t.is_floating_point() and t.requires_grad
+               and bool(torch.isfinite(t.detach()).all())]
     if not tensors:
         return None
     return sum((t.sum() * 0.0 for t in tensors), torch.zeros((), device=tensors[0].device))

@@ -129,8 +129,9 @@ class Task:
     # draw: a head only evaluation uses; in some draws only: layers skipped at random).
     unused_parameters: tuple[tuple[str, ...], tuple[str, ...]] = field(
         default=((), ()), repr=False, compare=False)
-    # Whether its data set's batch fetch (``__getitems__``) draws random numbers, seeded
-    # per share of a split batch: a share's samples drawn otherwise than single's.
+    # Whether its batch fetch (the data set's ``__getitems__``, its ``collate_fn``) draws
+    # random numbers, seeded per share of a split batch: a share drawn otherwise than
+    # single's (random masking).
     fetch_draws: bool = field(default=False, repr=False, compare=False)
 
     def total_steps(self, dataset_size: int) -> int:

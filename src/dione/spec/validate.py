@@ -177,16 +177,28 @@ def _varied(items: list[Any]) -> list[Any] | None:
 def _combines(task: Task, model: nn.Module, counter: Any, items: list[Any]) -> bool:
     """Whether, counting items with ``counter``, the halves of ``items`` combine to the
     loss of all of them, as a technique combines its parts (``ItemShare``)."""
-    from dione.spec.batch import ItemCounting, ItemShare, item_counting, loss_of
+    from dione.spec.batch import (
+        ItemCounting,
+        ItemShare,
+        collate_draws,
+        collated,
+        item_counting,
+        loss_of,
+        slice_batch,
+    )
 
     half = len(items) // 2
-    whole = task.collate(items)
+    whole = collated(task, items, task.seed)
+    # A collate function that draws (random masking) draws otherwise for each half: the
+    # halves are the whole batch's rows, so that only the loss's averaging is compared.
+    halves = ((slice_batch(whole, 0, half), slice_batch(whole, half, len(items)))
+              if collate_draws(task, items) else (task.collate(items[:half]),
+                                                  task.collate(items[half:])))
     counting: ItemCounting | None = item_counting(replace(task, loss_items=counter), model)
     expected = float(loss_of(model, task, whole))
     total = counting.count(whole) if counting is not None else 0
     parts = [loss_of(model, task, batch, None if counting is None else ItemShare(
-        counting.count(batch), total, 2, counting.keyword))
-        for batch in (task.collate(items[:half]), task.collate(items[half:]))]
+        counting.count(batch), total, 2, counting.keyword)) for batch in halves]
     combined = float(sum(parts)) / 2
     return math.isclose(combined, expected, rel_tol=_SPLIT_TOLERANCE, abs_tol=1e-7) or not (
         math.isfinite(expected) and math.isfinite(combined))

@@ -18,57 +18,24 @@ draws them from torch's CPU, Python's and NumPy's generators seeded by ``(seed, 
 item's stream position)``, then put back as they were: an item is the same on every rank
 count, technique and resume, as its position is. A data set that fetches several items
 at once (``__getitems__``, where a batch-level transform may pad them together) is
-called once per share, its draws seeded by the share's first position: the same on
-resume, not across rank counts.
+called once per share, its draws seeded by the share's first position, and so is the
+task's collate function (random masking): the same on resume, not across rank counts
+(validation records such a task's split batches as statistical, as dropout's).
 """
 
 from __future__ import annotations
 
-import contextlib
-import random
-import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
-from dione.spec.batch import split_problem
+from dione.spec.batch import Batch, split_problem
+from dione.spec.draws import seeded_draws
 
-__all__ = ["Batch", "BatchSource", "SampleOrder", "batch_map", "batch_rows", "draws_kept",
-           "slice_batch"]
-
-# A collated batch: tensors, possibly in (nested) tuples, lists and dicts.
-Batch = Any
-
-
-def batch_map(fn: Callable[[torch.Tensor], Any], batch: Batch) -> Batch:
-    """``batch`` with ``fn`` applied to each of its tensors, its structure kept."""
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: batch_map(fn, v) for k, v in batch.items()})  # type: ignore[call-arg]
-    if isinstance(batch, tuple):
-        return tuple(batch_map(fn, v) for v in batch)
-    if isinstance(batch, list):
-        return [batch_map(fn, v) for v in batch]
-    return batch
-
-
-def batch_rows(batch: Batch) -> int:
-    """The number of samples in ``batch`` (its tensors' first dimension)."""
-    rows: list[int] = []
-    batch_map(lambda t: rows.append(t.shape[0] if t.dim() else 1), batch)
-    if not rows:
-        raise ValueError("a batch holds no tensor")
-    return rows[0]
-
-
-def slice_batch(batch: Batch, start: int, stop: int) -> Batch:
-    """Samples ``[start, stop)`` of ``batch``."""
-    return batch_map(lambda t: t[start:stop] if t.dim() else t, batch)
-
+__all__ = ["Batch", "BatchSource", "SampleOrder"]
 
 class SampleOrder:
     """Stream positions to data-set indices, one seeded permutation per epoch."""
@@ -106,47 +73,24 @@ def item_seed(seed: int, position: int) -> int:
     return (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9) % 2**63
 
 
-@contextlib.contextmanager
-def draws_kept() -> Iterator[None]:
-    """Python's and (if loaded) NumPy's global generators as they were before the
-    block: the caller's draws go on as if it had not run (torch's: ``fork_rng``)."""
-    numpy = sys.modules.get("numpy")
-    python_state = random.getstate()
-    numpy_state = numpy.random.get_state() if numpy is not None else None
-    try:
-        yield
-    finally:
-        random.setstate(python_state)
-        if numpy is not None:
-            numpy.random.set_state(numpy_state)
-
-
-@contextlib.contextmanager
-def _seeded_generators() -> Iterator[Callable[[int], None]]:
-    """A function that seeds torch's CPU, Python's and (if loaded) NumPy's global
-    generators; all three put back as they were on exit."""
-    numpy = sys.modules.get("numpy")
-
-    def seed_all(seed: int) -> None:
-        torch.default_generator.manual_seed(seed)
-        random.seed(seed)
-        if numpy is not None:  # all 63 bits, as two 32-bit words
-            numpy.random.seed([seed & 0xFFFFFFFF, seed >> 32])
-
-    with draws_kept(), torch.random.fork_rng(devices=[]):
-        yield seed_all
+def collate_seed(seed: int, first: int) -> int:
+    """The seed of the random draws of a collate function (random masking, as Hugging
+    Face's ``DataCollatorForLanguageModeling``) on the items from stream position
+    ``first``: a position before the stream's start, so no item's stream."""
+    return item_seed(seed, -1 - first)
 
 
 def _fetch(dataset: Dataset[Any], indices: torch.Tensor, seed: int, first: int,
            collate: Callable[[list[Any]], Batch] | None = None) -> Batch:
     """The items at ``indices`` (stream positions ``first``, ``first + 1``, ...), collated
-    (by ``collate``, default torch's ``default_collate``)."""
+    (by ``collate``, its draws seeded by ``collate_seed``; default torch's
+    ``default_collate``)."""
     if isinstance(dataset, TensorDataset) and collate is None:  # no draws: one gather
         return tuple(t[indices] for t in dataset.tensors)
     getitems = getattr(dataset, "__getitems__", None)
     if isinstance(dataset, Subset) and not hasattr(dataset.dataset, "__getitems__"):
         getitems = None  # torch's Subset fetches item by item itself
-    with _seeded_generators() as seed_all:
+    with seeded_draws() as seed_all:
         if getitems is not None:  # several at once, as the data set asks (see above)
             seed_all(item_seed(seed, first))
             items = getitems(indices.tolist())
@@ -155,8 +99,9 @@ def _fetch(dataset: Dataset[Any], indices: torch.Tensor, seed: int, first: int,
             for offset, index in enumerate(indices.tolist()):
                 seed_all(item_seed(seed, first + offset))
                 items.append(dataset[index])
-    if collate is not None:
-        return collate(items)
+        if collate is not None:
+            seed_all(collate_seed(seed, first))
+            return collate(items)
     return default_collate(items)  # type: ignore[no-untyped-call]
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dione.spec.batch import batch_map
 from dione.spec.devices import torch_device
 from dione.state.checkpoint import (
     Progress,
@@ -24,7 +25,6 @@ from dione.state.checkpoint import (
 )
 from dione.techniques import import_clock
 from dione.techniques.base import SliceOutcome, SliceSpec
-from dione.techniques.batches import batch_map
 from dione.techniques.evaluate import (
     evaluate_model,
     model_from_state,

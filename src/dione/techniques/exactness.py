@@ -67,8 +67,9 @@ def split_batch_exactness(model: nn.Module, task: Task | None = None) -> str | N
         return (f"statistical, not bitwise: dropout in {_some(dropout)} draws other masks "
                 "than single")
     if task is not None and task.fetch_draws:
-        return ("statistical, not bitwise: its data set's batch fetch (__getitems__) draws "
-                "random numbers, seeded per share of the batch, not per sample")
+        return ("statistical, not bitwise: its batch fetch (the data set's __getitems__ or "
+                "the task's collate_fn) draws random numbers, seeded per share of the "
+                "batch, not per sample")
     return None
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from dione.spec.devices import DeviceKind
+from dione.spec.draws import draws_kept
 from dione.spec.task import Task
 from dione.spec.validate import Problem, checked_task, split_valid
-from dione.techniques.batches import draws_kept
 from dione.techniques.pipeline.probe import with_refusals
 from dione.techniques.registry import technique_names, techniques
 

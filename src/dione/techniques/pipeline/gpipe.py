@@ -62,11 +62,11 @@ from dione.schedules import (
     one_f_one_b,
     spans_of,
 )
-from dione.spec.batch import split_target
+from dione.spec.batch import batch_rows, slice_batch, split_target
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceOutcome, Technique
-from dione.techniques.batches import BatchSource, batch_rows, slice_batch
+from dione.techniques.batches import BatchSource
 from dione.techniques.context import SliceContext
 from dione.techniques.exactness import (
     batch_norm_layers,

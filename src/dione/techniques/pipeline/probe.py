@@ -34,15 +34,10 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.data import Subset
 
 from dione.schedules import PartitionError
-from dione.spec.batch import loss_of
+from dione.spec.batch import collate_draws, loss_of, slice_batch
+from dione.spec.draws import draws_kept
 from dione.spec.task import Task
-from dione.techniques.batches import (
-    BatchSource,
-    SampleOrder,
-    _fetch,
-    draws_kept,
-    slice_batch,
-)
+from dione.techniques.batches import BatchSource, SampleOrder, _fetch
 from dione.techniques.data_parallel import DataParallelTechnique
 from dione.techniques.pipeline.gpipe import PipelineTechnique
 from dione.techniques.pipeline.partition import partition_model, stage_plan
@@ -265,15 +260,19 @@ def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
 
 
 def _fetch_draws(task: Task, dataset: Any) -> bool:
-    """Whether ``dataset``'s batch fetch (``__getitems__``, called once per share of a
-    split batch, seeded by the share's first position) draws random numbers: the same
-    samples fetched under two seeds differ (a fetch that only pads them does not)."""
-    if getattr(dataset, "__getitems__", None) is None or (
-            isinstance(dataset, Subset) and not hasattr(dataset.dataset, "__getitems__")):
-        return False
+    """Whether a batch's fetch draws random numbers where it is called once per share of
+    a split batch, seeded by the share's first position: the data set's ``__getitems__``
+    (the same samples fetched under two seeds differ; a fetch that only pads them does
+    not) or the task's collate function (``collate_draws``)."""
     count = min(2, len(dataset))
     indices = SampleOrder(len(dataset), task.seed).indices(0, count)
     try:
+        if task.collate_fn is not None and collate_draws(
+                task, _fetch(dataset, indices, task.seed, 0, list)):
+            return True
+        if getattr(dataset, "__getitems__", None) is None or (
+                isinstance(dataset, Subset) and not hasattr(dataset.dataset, "__getitems__")):
+            return False
         first, second = (tree_flatten(_fetch(dataset, indices, task.seed, at,
                                               task.collate_fn))[0] for at in (0, count))
     except Exception:  # its trials say why it cannot fetch; nothing known here

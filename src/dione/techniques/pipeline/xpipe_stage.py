@@ -27,7 +27,8 @@ from torch.func import functional_call
 
 from dione.schedules import xpipe
 from dione.schedules.messages import LinkOp, Message, link_plan
-from dione.techniques.batches import BatchSource, slice_batch
+from dione.spec.batch import slice_batch
+from dione.techniques.batches import BatchSource
 from dione.techniques.context import SliceContext
 from dione.techniques.pipeline.gpipe import PipelineStagePart
 from dione.techniques.pipeline.prediction import future_rates, predict_weights
