@@ -107,6 +107,12 @@ def test_a_read_only_run_directory_is_read_where_it_is(
                          "single", "--out", str(archived))
         assert code == 2 and "Traceback" not in said, said
         assert "give a directory you can write" in said, said
+        # Its report: written elsewhere where asked, the way there named where not.
+        code, said = run(capsys, "report", str(archived))
+        assert code == 2 and "give --out DIR to write it elsewhere" in said, said
+        code, said = run(capsys, "report", str(archived), "--out", str(tmp_path / "report"))
+        assert code == 0 and (tmp_path / "report" / "gantt.png").is_file(), said
+        assert not (archived / "report").exists()
         with RunStore(archived) as store:  # read from a copy; a write says where it is
             assert store.read_only and [t.name for t in store.tasks()] == ["d"]
             with pytest.raises(StateFileError, match=r"cannot be written here .*it is not "

@@ -292,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "curves, index.html) and print its summary (each table's first "
                      "20 rows)")
     report.add_argument("run_dir")
+    report.add_argument("--out", metavar="DIR", type=_folder,
+                        help="write the report here (default: RUN_DIR/report); for a run "
+                        "directory you cannot write")
     report.add_argument("--tensorboard", metavar="DIR",
                         help="also write the run for TensorBoard: one run per task")
     report.add_argument("--mlflow", nargs="?", const=True, metavar="TRACKING_URI",

@@ -121,16 +121,18 @@ class MetricsWritten:
 
 
 def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
-                 written: MetricsWritten | None = None, stopped: bool = False) -> Path:
-    """Write ``<run_dir>/report/``; its folder. ``names``: tasks (or their names) to
-    include (default: every task in the store). ``written``: what this caller wrote to
-    ``metrics.csv`` before (updated here): only the steps since are appended, where a
-    long run's file would otherwise be rewritten whole each time. ``stopped``: by its
-    own launcher, interrupted, which still holds the run (read as one that is gone)."""
+                 written: MetricsWritten | None = None, stopped: bool = False,
+                 into: str | Path | None = None) -> Path:
+    """Write ``<run_dir>/report/`` (or ``into``: a run directory one cannot write, a
+    colleague's); its folder. ``names``: tasks (or their names) to include (default:
+    every task in the store). ``written``: what this caller wrote to ``metrics.csv``
+    before (updated here): only the steps since are appended, where a long run's file
+    would otherwise be rewritten whole each time. ``stopped``: by its own launcher,
+    interrupted, which still holds the run (read as one that is gone)."""
     run_dir = Path(run_dir)
     if not (run_dir / STORE_FILE).is_file():
         raise FileNotFoundError(f"{run_dir} is not a dione run directory (no {STORE_FILE})")
-    folder = private_dir(run_dir / "report")
+    folder = private_dir(run_dir / "report" if into is None else into)
     wanted = None if names is None else [getattr(n, "name", n) for n in names]
     plans = read_plans(run_dir)
     gone = stopped or _launcher_gone(run_dir)

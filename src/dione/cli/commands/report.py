@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 
 from dione.cli.console import console
 from dione.cli.errors import BadInput
@@ -44,10 +45,21 @@ def command(args: argparse.Namespace) -> int:
     from dione.report import write_report
 
     try:
-        folder = write_report(args.run_dir)
+        folder = write_report(args.run_dir, into=args.out)
     except FileNotFoundError as err:
         raise BadInput(str(err)) from None
-    except (OSError, ValueError, sqlite3.Error) as err:
+    except PermissionError as err:  # a folder that is not one's own counts too
+        where = "--out DIR: the report's folder" if args.out else "--out DIR to write it"
+        raise BadInput(f"{args.run_dir}'s report cannot be written ({err}); give {where} "
+                       "elsewhere, a folder of your own") from None
+    except OSError as err:
+        if err.errno == errno.EROFS:
+            where = "--out DIR: the report's folder" if args.out else "--out DIR to write it"
+            raise BadInput(f"{args.run_dir}'s report cannot be written ({err}); give {where} "
+                           "elsewhere") from None
+        raise BadInput(f"{args.run_dir} cannot be reported ({type(err).__name__}: {err}); "
+                       "`dione status` says what it can still read") from None
+    except (ValueError, sqlite3.Error) as err:
         raise BadInput(f"{args.run_dir} cannot be reported ({type(err).__name__}: {err}); "
                        "`dione status` says what it can still read") from None
     console.print(shortened((folder / "summary.md").read_text()), markup=False)
