@@ -8,7 +8,7 @@ import re
 import sys
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,6 +17,7 @@ from torch import nn
 
 from dione.spec.batch import split_problem
 from dione.spec.devices import DeviceKind, local_device_kind
+from dione.spec.sameness import task_key
 from dione.spec.stopping import StoppingRule
 from dione.spec.task import PRECISIONS, ItemCounter, Task
 from dione.spec.workload import Workload
@@ -380,18 +381,27 @@ def check_task(
 def checked_task(
     task: Task, devices: int | None = None, techniques: Iterable[str] | None = None,
     kind: DeviceKind | None = None, inexact: Iterable[str] = (),
+    seen: dict[Hashable, dict[str, Any]] | None = None,
 ) -> tuple[Task, list[Problem]]:
     """``check_task``'s problems, and the task as it will train: with the ``loss_items``
     validation found its loss to average over, where dione's own rule does not fit it
     (``_loss_items``). torch's random state is the caller's again after (validation
-    builds models from the task's seed: a notebook's own draws went on from there)."""
+    builds models from the task's seed: a notebook's own draws went on from there).
+    ``seen``: what a batch through the model found for tasks alike (``_FORWARD_FIELDS``)
+    checked before without a problem, kept for the next (one workload's)."""
     with torch.random.fork_rng(devices=[]):
-        return _checked_task(task, devices, techniques, kind, inexact)
+        return _checked_task(task, devices, techniques, kind, inexact, seen)
+
+
+# What a batch through the model (``_try_forward``, ``_loss_items``) reads of a task.
+_FORWARD_FIELDS = ("model", "data", "collate_fn", "loss", "loss_items", "batch_size", "seed",
+                   "techniques", "precision")
 
 
 def _checked_task(
     task: Task, devices: int | None, techniques: Iterable[str] | None,
     kind: DeviceKind | None, inexact: Iterable[str],
+    seen: dict[Hashable, dict[str, Any]] | None,
 ) -> tuple[Task, list[Problem]]:
     name = task.name if isinstance(task.name, str) else repr(task.name)
     problems: list[Problem] = []
@@ -544,7 +554,14 @@ def _checked_task(
                 bad("data", "items must be (inputs, target) pairs or dicts of tensors "
                     f"(with 'labels' for the task's loss), not {type(item).__name__}")
             if model is not None and not problems:
-                problems += _forward_problems(task, model, dataset, resolved)
+                key = task_key(task, _FORWARD_FIELDS)
+                if seen is not None and key in seen:  # a task alike tried before
+                    resolved.update(seen[key])
+                else:
+                    found = _forward_problems(task, model, dataset, resolved)
+                    problems += found
+                    if seen is not None and not found:
+                        seen[key] = dict(resolved)
     except _Said as said:
         bad("data", str(said))
     except Exception as err:
@@ -607,8 +624,9 @@ def split_valid(
     problems += _name_problems(workload)
     known = list(techniques) if techniques is not None else None
     checked = []
+    seen: dict[Hashable, dict[str, Any]] = {}  # a sweep's tasks alike: one model tried
     for task in workload:
-        task, found = checked_task(task, devices, known, kind, list(inexact))
+        task, found = checked_task(task, devices, known, kind, list(inexact), seen)
         checked.append(task)
         problems += found
     bad = {p.task for p in problems}

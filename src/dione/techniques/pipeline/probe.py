@@ -24,7 +24,7 @@ import copy
 import dataclasses
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -36,6 +36,7 @@ from torch.utils.data import Subset
 from dione.schedules import PartitionError
 from dione.spec.batch import collate_draws, loss_of, slice_batch
 from dione.spec.draws import draws_kept
+from dione.spec.sameness import task_key
 from dione.spec.task import Task
 from dione.techniques.batches import BatchSource, SampleOrder, _fetch
 from dione.techniques.data_parallel import DataParallelTechnique
@@ -45,6 +46,11 @@ from dione.techniques.pipeline.stages import StageModule, batch_fields, cut_stag
 from dione.techniques.registry import techniques
 
 __all__ = ["pipeline_refusals", "probe_task", "with_refusals"]
+
+# probe_task's outcome: refusals by technique, buffers written, parameters unused, draws.
+Probed = tuple[dict[str, str], tuple[tuple[str, ...], tuple[str, ...]],
+               tuple[tuple[str, ...], tuple[str, ...]], bool]
+
 
 # A model up to this size is built for real and run stage by stage (as validation does).
 _PROBE_BYTES = 1 << 30
@@ -195,8 +201,7 @@ def pipeline_refusals(task: Task, pipelines: Sequence[PipelineTechnique] | None 
 
 
 def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
-               ) -> tuple[dict[str, str], tuple[tuple[str, ...], tuple[str, ...]],
-                          tuple[tuple[str, ...], tuple[str, ...]], bool]:
+               ) -> Probed:
     """``pipeline_refusals``, and, where the task allows a data-parallel technique
     besides single, the buffers its training forward writes (from the data, on every
     call alone: ``Task.buffers_written``) and the parameters a training step leaves
@@ -340,17 +345,30 @@ def _leaves(root: Any) -> set[int]:
     return found
 
 
+# What a probe reads of a task; the optimizer up to its numbers (a learning rate cannot
+# change which parameters a stage's optimizer groups together).
+_PROBED_FIELDS = ("model", "data", "collate_fn", "loss", "loss_items", "batch_size", "seed",
+                  "techniques", "allow_inexact", "split_points", "precision",
+                  "refused_techniques", "optimizer")
+_NAME_SLOT = "dione-probed-task-7c1e"
+
 def with_refusals(tasks: Iterable[Task]) -> list[Task]:
     """``tasks``, each with the pipelines that cannot train it in its
     ``refused_techniques`` (a task whose probe itself fails is left as it is: validation
     has named its problem, or its trials will)."""
     result = []
+    seen: dict[Hashable, Probed] = {}  # a sweep's tasks alike (over learning rates)
     for task in tasks:
-        try:
-            with draws_kept():  # its forwards may draw from them (LayerDrop)
-                refused, written, unused, fetch_draws = probe_task(task)
-        except Exception:
-            refused, written, unused, fetch_draws = {}, ((), ()), ((), ()), False
+        key = task_key(task, _PROBED_FIELDS, loose=("optimizer",))
+        if key not in seen:
+            try:
+                with draws_kept():  # its forwards may draw from them (LayerDrop)
+                    # Under a name of its own, put in each task's messages below.
+                    seen[key] = probe_task(dataclasses.replace(task, name=_NAME_SLOT))
+            except Exception:
+                seen[key] = {}, ((), ()), ((), ()), False
+        refused, written, unused, fetch_draws = seen[key]
+        refused = {t: m.replace(_NAME_SLOT, task.name) for t, m in refused.items()}
         result.append(dataclasses.replace(
             task, refused_techniques={**task.refused_techniques, **refused},
             buffers_written=written, unused_parameters=unused, fetch_draws=fetch_draws)
