@@ -353,3 +353,33 @@ def test_a_store_of_a_newer_dione_is_refused_saying_so(tmp_path: Path) -> None:
     with pytest.raises(StateFileError, match=r"written by a newer dione \(store schema 99; "
                        r"this dione knows \d+\): upgrade dione"):
         RunStore(tmp_path)
+
+
+def test_a_done_task_whose_last_evaluation_failed_is_not_ranked_by_an_earlier_one(
+        tmp_path: Path) -> None:
+    """Its step-2 metrics were reported as its final ones, ranked on the leaderboard
+    beside weights trained to step 4 that measure otherwise; each is now marked with its
+    step, and the board lists it after the ranked, saying why."""
+    from dione.report import write_report
+    from dione.state.summaries import summaries
+
+    with RunStore(tmp_path) as store:
+        for name in ("flaky", "steady"):
+            store.register_task(name, 4, 8)
+            first = store.begin_slice(name, "single", {}, "n0", [0], 0, 2)
+            store.finish_slice(first, [1.0, 0.5], [0.1, 0.1], None,
+                               evaluation={"accuracy": 0.5 if name == "flaky" else 0.4})
+            last = store.begin_slice(name, "single", {}, "n0", [0], 2, 4)
+            store.finish_slice(last, [0.4, 0.3], [0.1, 0.1], None,
+                               evaluation={"accuracy": 0.6} if name == "steady" else None,
+                               evaluation_error=None if name == "steady" else "OSError: x")
+        assert store.latest_evaluation("flaky") == (2, {"accuracy": 0.5})
+        flaky, steady = summaries(store)
+    assert (flaky.status, flaky.steps, flaky.evaluated_at, flaky.evaluated_before) == (
+        "done", 4, 2, True)
+    assert (steady.evaluated_at, steady.evaluated_before) == (4, False)
+    summary = (write_report(tmp_path) / "summary.md").read_text()
+    assert "| 1 | steady | 0.6000 |" in summary
+    assert ("| - | flaky | not ranked: its evaluation at step 4 failed (step 2's: 0.5000) |"
+            in summary)
+    assert "| flaky | done | 4/4 |" in summary and "0.5000 (step 2)" in summary

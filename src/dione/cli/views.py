@@ -185,16 +185,25 @@ def print_results(result: Any, run_dir: Path) -> None:
     rows = [[t.task, t.status, ", ".join(t.techniques) or "-",
              ", ".join(map(str, t.devices)) or "-", f"{t.seconds:.1f}",
              "-" if t.final_loss is None else figure(t.final_loss),
-             *(figure(t.evaluation[m]) if m in t.evaluation else "-" for m in metrics),
+             *(_evaluated(t, m) for m in metrics),
              t.exactness if t.steps else "-"]  # no step trained: no how
             for t in result.tasks]
     _print_rows(title, columns, rows, left=("status", "techniques", "trained"))
     _say_inexact(result.tasks)
-    for t in result.tasks:  # trained, but its last evaluation failed: its metrics are "-"
+    for t in result.tasks:  # trained, but its last evaluation failed: an earlier's marked
         if t.status == "done" and t.error:
             console.print(Text(f"evaluation failed: {t.task}: {error_line(t.error)} (its "
                                "training stands; the report lists each failure)"))
     _say_report(run_dir, f"; plans: {run_dir / 'plans'}")
+
+
+def _evaluated(t: Any, metric: str) -> str:
+    """``t``'s value of ``metric``, with its step where it is of earlier weights than
+    those ``t`` trained to (a later evaluation failed)."""
+    if metric not in t.evaluation:
+        return "-"
+    before = t.evaluated_at is not None and t.evaluated_at < t.steps
+    return figure(t.evaluation[metric]) + (f" (step {t.evaluated_at})" if before else "")
 
 
 def _print_rows(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
@@ -234,8 +243,7 @@ def _say_inexact(tasks: Sequence[Any]) -> None:
         console.print(Text(f"statistical: {t.task} ({'; '.join(t.statistical)})"))
     if statistical:
         console.print(Text("(statistical: single's training in distribution, not bit for "
-                           "bit; techniques=('single',) or a model without dropout trains "
-                           "alike under any plan)"))
+                           "bit; techniques=('single',) trains alike under any plan)"))
 
 
 def print_sequential_results(outcomes: Sequence[Any], run_dir: Path) -> None:
@@ -279,7 +287,8 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
         table.add_row(t.task, t.status, f"{t.steps}/{t.total_steps}",
                       ", ".join(t.techniques) or "-",
                       "-" if t.final_loss is None else figure(t.final_loss),
-                      ", ".join(f"{k}={figure(v)}" for k, v in t.evaluation.items()) or "-",
+                      ", ".join(f"{k}={figure(v)}" for k, v in t.evaluation.items())
+                      + (f" (step {t.evaluated_at})" if t.evaluated_before else "") or "-",
                       "-" if not t.steps and not now
                       else "INEXACT" if t.inexact or any(s.inexactness for s in now)
                       else t.exactness,

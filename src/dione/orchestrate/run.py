@@ -57,6 +57,9 @@ class TaskResult:
     inexact: list[str] = field(default_factory=list)
     # How the steps that trained as single would in distribution only did (dropout).
     statistical: list[str] = field(default_factory=list)
+    # The step ``evaluation`` is from (None: none): before ``steps`` where a later
+    # evaluation failed or it ended between evaluations; its checkpoint is at ``steps``.
+    evaluated_at: int | None = None
 
     @property
     def exactness(self) -> str:
@@ -89,7 +92,7 @@ def _results(tasks: Sequence[Task], run_dir: Path) -> list[TaskResult]:
         task=s.task, status=s.status, techniques=s.techniques, devices=s.device_counts,
         seconds=s.seconds, steps=s.steps, total_steps=s.total_steps, final_loss=s.final_loss,
         evaluation=s.evaluation, checkpoint=s.checkpoint, error=s.error, inexact=s.inexact,
-        statistical=s.statistical)
+        statistical=s.statistical, evaluated_at=s.evaluated_at)
         if (s := recorded.get(t.name)) is not None else TaskResult(t.name, "pending")
         for t in tasks]
 

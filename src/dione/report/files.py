@@ -177,13 +177,14 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
     with open(folder / "summary.csv", "w", newline="") as out:
         writer = csv.writer(out)
         writer.writerow(["task", "status", "steps", "total_steps", "techniques", "devices",
-                         "seconds", "final_loss", *metrics, "hyperparameters", "trained",
-                         "error", "simulated"])
+                         "seconds", "final_loss", *metrics, "evaluated_at_step",
+                         "hyperparameters", "trained", "error", "simulated"])
         for t in tasks:
             writer.writerow([t.task, t.status, t.steps, t.total_steps, " ".join(t.techniques),
                              " ".join(t.devices), f"{t.seconds:.2f}",
                              "" if t.final_loss is None else repr(t.final_loss),
                              *(t.evaluation.get(m, "") for m in metrics),
+                             "" if t.evaluated_at is None else t.evaluated_at,
                              json.dumps(t.hyperparameters), t.trained,
                              (t.error or "").splitlines()[0] if t.error else "", mark])
     (folder / "summary.md").write_text(_markdown(tasks, metrics, plans, slices, zero,
@@ -251,13 +252,29 @@ def report_after_run(run_dir: str | Path, names: Sequence[Any] | None,
     return None
 
 
+def _unranked(t: TaskSummary, metric: str) -> str | None:
+    """Why ``t`` is listed after ``metric``'s board rather than on it (None: it is on
+    it, or has no evaluation to speak of)."""
+    if t.status == "diverged":
+        return "diverged"
+    if t.status == "done" and t.evaluated_before:
+        earlier = (f" (step {t.evaluated_at}'s: {figure(t.evaluation[metric])})"
+                   if metric in t.evaluation else "")
+        return f"not ranked: its evaluation at step {t.steps} failed{earlier}"
+    if t.evaluation and metric not in t.evaluation:
+        return f"not ranked: no finite {metric} at step {t.evaluated_at}"
+    return None
+
+
 def leaderboard(tasks: Sequence[TaskSummary], metric: str,
                 directions: Mapping[str, str] | None = None) -> list[TaskSummary]:
     """Tasks with ``metric``, best first (``directions``: as ``lower_is_better``): those
     that trained to their end, then those ended before it (stopped at a rung: their
     value is that rung's, not comparable with a final one). A diverged task is ranked by
-    no metric: it is listed after the board."""
-    scored = [t for t in tasks if metric in t.evaluation and t.status != "diverged"]
+    no metric, nor a done one whose final evaluation failed (its metrics are of earlier
+    weights than those it exports): they are listed after the board."""
+    scored = [t for t in tasks if metric in t.evaluation and t.status != "diverged"
+              and not (t.status == "done" and t.evaluated_before)]
     sign = 1 if lower_is_better(metric, directions) else -1
     return sorted(scored, key=lambda t: (t.steps < t.total_steps, t.evaluation[metric] * sign))
 
@@ -292,7 +309,8 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
     lines += ["", "## Tasks", "", _row(header), "|" + " --- |" * len(header)]
     for t in tasks:
         loss = "-" if t.final_loss is None else figure(t.final_loss)
-        values = [figure(t.evaluation[m]) if m in t.evaluation else "-" for m in metrics]
+        at = f" (step {t.evaluated_at})" if t.evaluated_before else ""
+        values = [figure(t.evaluation[m]) + at if m in t.evaluation else "-" for m in metrics]
         lines.append(_row([t.task, t.status, f"{t.steps}/{t.total_steps}",
                            ", ".join(t.techniques) or "-", ", ".join(t.devices) or "-",
                            f"{t.seconds:.1f}", loss, *values,
@@ -307,13 +325,14 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                   "| rank | task | " + metric + " | hyperparameters | trained |",
                   "| --- | --- | --- | --- | --- |"]
         for rank, t in enumerate(board, 1):
-            early = (f" ({t.status} at step {t.steps} of {t.total_steps})"
+            at = f"from step {t.evaluated_at}; " if t.evaluated_before else ""
+            early = (f" ({at}{t.status} at step {t.steps} of {t.total_steps})"
                      if t.steps < t.total_steps else "")
             lines.append(f"| {rank} | {t.task} | {figure(t.evaluation[metric])}{early} | "
                          f"{json.dumps(t.hyperparameters)} | "
                          f"{_exactness(t)} |")
-        lines += [f"| - | {t.task} | diverged | {json.dumps(t.hyperparameters)} | - |"
-                  for t in tasks if t.status == "diverged"]
+        lines += [f"| - | {t.task} | {reason} | {json.dumps(t.hyperparameters)} | - |"
+                  for t in tasks if (reason := _unranked(t, metric))]
     inexact = [t for t in tasks if t.inexact]
     if inexact:
         lines += ["", "## Trained inexactly", "",
@@ -325,11 +344,12 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
     statistical = [t for t in tasks if t.statistical and not t.inexact]
     if statistical:
         lines += ["", "## Trained as single would in distribution, not bit for bit", "",
-                  "These tasks' models drop activations at random, and some of their steps "
-                  "trained on a batch split over devices or parts, each drawing masks of "
-                  "its own: the same training as single in distribution, not the same "
-                  "draws (`techniques=('single',)` or a model without dropout trains alike "
-                  "under any plan).", ""]
+                  "These tasks draw at random as they train (dropout, a collate function's "
+                  "masking, a data set's batch fetch), and some of their steps trained on a "
+                  "batch split over devices or parts, each drawing its own: the same "
+                  "training as single in distribution, not the same draws "
+                  "(`techniques=('single',)` trains alike under any plan; each line says "
+                  "what draws).", ""]
         lines += [f"- {t.task}: " + "; ".join(t.statistical) for t in statistical]
     stopped = [t for t in tasks if t.status == "stopped"]
     if stopped:

@@ -814,10 +814,16 @@ class RunStore(SQLiteFile):
 
     def evaluation(self, task: str) -> dict[str, float]:
         """The metrics of the task's latest evaluation."""
+        return self.latest_evaluation(task)[1]
+
+    def latest_evaluation(self, task: str) -> tuple[int | None, dict[str, float]]:
+        """The step of the task's latest evaluation (None: none) and its metrics: an
+        earlier step than the task trained to where a later evaluation failed or the
+        task was stopped between evaluations."""
         rows = self._db.execute(
-            "SELECT metric, value FROM evaluations WHERE task = ? AND step ="
-            " (SELECT MAX(step) FROM evaluations WHERE task = ?)", (task, task))
-        return {r[0]: r[1] for r in rows}
+            "SELECT step, metric, value FROM evaluations WHERE task = ? AND step ="
+            " (SELECT MAX(step) FROM evaluations WHERE task = ?)", (task, task)).fetchall()
+        return (rows[0][0] if rows else None), {r[1]: r[2] for r in rows}
 
 
 TRAIN_FOLDER = ("it is a `dione train` folder: `dione train WORKLOAD --task TASK --out "

@@ -36,6 +36,13 @@ class TaskSummary:
     cut_short: bool = False  # its latest slice was interrupted (or runs still)
     # How its steps that trained as single would in distribution only (dropout) did.
     statistical: list[str] = field(default_factory=list)
+    evaluated_at: int | None = None  # the step of ``evaluation`` (None: no evaluation)
+
+    @property
+    def evaluated_before(self) -> bool:
+        """Whether its metrics are of weights before those it trained to (a later
+        evaluation failed; or it ended between evaluations)."""
+        return self.evaluated_at is not None and self.evaluated_at < self.steps
 
     @property
     def trained(self) -> str:
@@ -110,15 +117,16 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
             trained = max(s.end_step for s in done)
         status = ("paused" if record.status == "pending" and record.name in paused
                   else record.status)
+        evaluated_at, evaluation = store.latest_evaluation(record.name)
         result.append(TaskSummary(
             record.name, status, trained, record.total_steps,
             techniques_in_turn(slices), devices,
             sum((s.ended_at or s.started_at) - s.started_at for s in done),
-            loss, store.evaluation(record.name),
+            loss, evaluation,
             dict(record.hyperparameters), record.error, latest.path if latest else None,
             sorted({len(s.device_ids) for s in done}), inexact_spans(slices),
             bool(slices) and slices[-1].status in ("interrupted", "running"),
-            inexact_spans(slices, "statistical")))
+            inexact_spans(slices, "statistical"), evaluated_at))
     return result
 
 
