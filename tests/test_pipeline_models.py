@@ -176,6 +176,28 @@ def checkpoint_tensors(checkpoint: str, names: list[str],
     return state["model"]
 
 
+def as_batch_encoding(items: list[dict[str, torch.Tensor]]):
+    """Items collated into a tokenizer's ``BatchEncoding`` (what Hugging Face's collators
+    return), not a dict."""
+    from torch.utils.data._utils.collate import default_collate
+    from transformers import BatchEncoding
+
+    return BatchEncoding(default_collate(items))
+
+
+def test_a_batch_encoding_is_split_into_micro_batches_not_handed_whole_to_each(
+        gpt2_single, tmp_path: Path) -> None:
+    """torch's pytree takes a BatchEncoding for one leaf: the schedule gave every
+    micro-batch the whole batch, each stage ran it micro_batches times and the recorded
+    loss was micro_batches times single's (review: 4x for a BERT with
+    DataCollatorWithPadding)."""
+    task, reference, reference_params = gpt2_single
+    encoded = replace(task, collate_fn=as_batch_encoding)
+    result = train(encoded, "gpipe", tmp_path, 2, micro_batches=4)
+    assert_same_training(result, final_parameters(encoded, result.checkpoint), reference,
+                         reference_params)
+
+
 @pytest.mark.parametrize("stages", [2, pytest.param(3, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("technique", ["gpipe", "1f1b"])
 def test_tied_gpt2_matches_single(gpt2_single, technique: str, stages: int,

@@ -45,6 +45,7 @@ __all__ = [
     "loss_of",
     "model_arguments",
     "own_loss",
+    "plain_batch",
     "samples",
     "shifted_tokens",
     "slice_batch",
@@ -87,6 +88,17 @@ def batch_rows(batch: Batch) -> int:
 def slice_batch(batch: Batch, start: int, stop: int) -> Batch:
     """Samples ``[start, stop)`` of ``batch``."""
     return batch_map(lambda t: t[start:stop] if t.dim() else t, batch)
+
+
+def plain_batch(batch: Batch) -> Batch:
+    """``batch`` with every mapping in it a dict: torch's pytree takes a mapping of
+    another type (a tokenizer's ``BatchEncoding``) for one leaf, so a pipeline schedule
+    handed it whole to every micro-batch, and shapes read through it found none."""
+    if isinstance(batch, Mapping):
+        return {k: plain_batch(v) for k, v in batch.items()}
+    if type(batch) in (tuple, list):
+        return type(batch)(plain_batch(v) for v in batch)
+    return batch
 
 
 def collated(task: Task, items: list[Any], seed: int) -> Batch:

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from dione.schedules import Partition, PartitionError
-from dione.spec.batch import loss_of, split_target
+from dione.spec.batch import loss_of, plain_batch, split_target
 from dione.spec.task import Task
 from dione.techniques.pipeline.stage_plan import StagePlan
 from dione.techniques.pipeline.stages import meta_twin
@@ -107,7 +107,8 @@ def tensor_starts(model: nn.Module, task: Task, batch: Any) -> set[int] | None:
     time rather than train wrong)."""
     twin = meta_twin(model)
     inputs, _ = split_target(task, batch)
-    x = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, inputs)
+    x = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t,
+                 plain_batch(inputs))
     starts = set()
     try:
         with torch.no_grad():

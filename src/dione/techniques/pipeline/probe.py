@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.data import Subset
 
 from dione.schedules import PartitionError
-from dione.spec.batch import collate_draws, loss_of, slice_batch
+from dione.spec.batch import collate_draws, loss_of, plain_batch, slice_batch
 from dione.spec.draws import draws_kept
 from dione.spec.sameness import task_key
 from dione.spec.task import Task
@@ -59,7 +59,8 @@ _SHAPE_BATCHES = 3
 
 
 def _shapes(batch: Any) -> list[tuple[int, ...]]:
-    return [tuple(t.shape) for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor)]
+    return [tuple(t.shape) for t in tree_flatten(plain_batch(batch))[0]
+            if isinstance(t, torch.Tensor)]
 
 
 def _varying_shapes(task: Task, source: BatchSource, dataset_size: int) -> str | None:
@@ -278,8 +279,9 @@ def _fetch_draws(task: Task, dataset: Any) -> bool:
         if getattr(dataset, "__getitems__", None) is None or (
                 isinstance(dataset, Subset) and not hasattr(dataset.dataset, "__getitems__")):
             return False
-        first, second = (tree_flatten(_fetch(dataset, indices, task.seed, at,
-                                              task.collate_fn))[0] for at in (0, count))
+        first, second = (tree_flatten(plain_batch(_fetch(dataset, indices, task.seed, at,
+                                                         task.collate_fn)))[0]
+                         for at in (0, count))
     except Exception:  # its trials say why it cannot fetch; nothing known here
         return False
     if len(first) != len(second):

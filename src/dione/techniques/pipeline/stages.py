@@ -36,7 +36,7 @@ from torch import nn
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from dione.schedules import Partition, PartitionError
-from dione.spec.batch import ItemCounting, item_counting, loss_of
+from dione.spec.batch import ItemCounting, item_counting, loss_of, plain_batch
 from dione.spec.task import Task
 from dione.techniques.pipeline.stage_plan import StagePlan
 
@@ -329,7 +329,7 @@ class StageModule(nn.Module):
 def batch_fields(batch: Any) -> tuple[dict[str, torch.Tensor], TreeSpec]:
     """``batch`` (a tensor, tuple or dict) as flat keyword tensors every stage receives,
     and the structure to rebuild it."""
-    leaves, spec = tree_flatten(batch)
+    leaves, spec = tree_flatten(plain_batch(batch))
     return {f"batch_{i}": leaf for i, leaf in enumerate(leaves)}, spec
 
 
