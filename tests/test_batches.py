@@ -127,3 +127,62 @@ def test_the_loss_items_a_message_names_are_dione_s_own() -> None:
 
     assert dione.tokens is batch.tokens and dione.samples is batch.samples
     assert "samples" in dione.__all__
+
+
+def _pairs(items):
+    return torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
+
+
+def _rarely_masked(items):
+    """Masks a target with probability 1e-4: on a few items, almost surely none."""
+    x, y = _pairs(items)
+    return x, y.masked_fill(torch.rand(y.shape) < 1e-4, -100)
+
+
+class _OwnGenerator:
+    """Masks from a generator of its own, seeded once (Hugging Face's ``seed=``): each
+    call draws on from the last."""
+
+    def __init__(self) -> None:
+        self.generator = torch.Generator().manual_seed(0)
+
+    def __call__(self, items):
+        x, y = _pairs(items)
+        return x, y.masked_fill(torch.rand(y.shape, generator=self.generator) < 0.5, -100)
+
+
+@pytest.mark.parametrize(("collate", "draws"), [
+    (_pairs, False), (_rarely_masked, True), (_OwnGenerator(), True)],
+    ids=["deterministic", "rarely-masked", "own-generator"])
+def test_a_collate_that_draws_is_seen_even_where_its_draws_change_nothing(
+        collate, draws: bool) -> None:
+    """Two seeds' collations of two items were compared: a low masking rate masked
+    nothing under either, and a collate with a generator of its own was not looked at
+    twice, so a split batch was recorded exact (review)."""
+    from dione.spec.batch import collate_draws
+    from helpers import digits_task
+
+    items = [dataset()[i] for i in range(2)]
+    assert collate_draws(digits_task(collate_fn=collate), items) is draws
+
+
+def test_a_part_with_no_counted_item_is_zero_without_gradients_too() -> None:
+    """Validation's forwards run without gradients: the zero standing for a part with no
+    counted token found no tensor to pass through and raised, refusing a masked-LM task
+    whose probe batch had an unmasked half (review)."""
+    from dione.spec.batch import ItemShare, loss_of
+    from helpers import digits_task
+
+    class OwnLoss(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(1, 3)
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+            logits = self.fc(x)
+            return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+    task = digits_task(loss=None)
+    batch = {"x": torch.ones(2, 1), "labels": torch.full((2,), -100)}
+    with torch.no_grad():
+        assert float(loss_of(OwnLoss(), task, batch, ItemShare(0, 4, 2, False))) == 0.0

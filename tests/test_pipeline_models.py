@@ -557,3 +557,18 @@ def test_the_profiler_finds_pipeline_options_for_an_lstm(tmp_path: Path) -> None
     (found,) = profile.tasks
     assert [(o.technique, o.devices) for o in found.options] == [("gpipe", 2)]
     assert all(t.status == "ok" for t in found.trials), [(t.knobs, t.status) for t in found.trials]
+
+
+def test_a_probe_batch_with_no_counted_token_does_not_refuse_the_pipelines() -> None:
+    """A masked LM's two-sample probe batch with no masked token has a NaN mean over none
+    on the whole model and on the stages: the stages' finiteness check named a skip
+    connection across the cut, and refused gpipe and 1f1b for a model they cut fine."""
+    from dione.techniques.pipeline.probe import _stage_problem
+
+    task = gpt2_task()
+    model = task.model()
+    items = [lm_data()[i] for i in range(2)]
+    batch = {k: torch.stack([item[k] for item in items]) for k in items[0]}
+    assert _stage_problem(task, model, batch) is None
+    batch["labels"] = torch.full_like(batch["labels"], -100)
+    assert _stage_problem(task, model, batch) is None

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dione.spec.draws import seeded_draws
+from dione.spec.draws import global_draws, seeded_draws
 from dione.spec.task import ItemCounter, Task
 
 __all__ = [
@@ -111,13 +111,25 @@ def collated(task: Task, items: list[Any], seed: int) -> Batch:
 
 def collate_draws(task: Task, items: list[Any]) -> bool:
     """Whether the task's collate function draws random numbers (random masking, as
-    Hugging Face's ``DataCollatorForLanguageModeling``): ``items`` collated under two
-    seeds differ. Such a function sees a share of a split batch, not the whole, so a
-    split batch is drawn otherwise than single's."""
+    Hugging Face's ``DataCollatorForLanguageModeling``): it moves torch's, Python's or
+    NumPy's global generator (a low masking rate may mask nothing on a few items), or
+    ``items`` collated under two seeds, or twice under one, differ (a generator of its
+    own: HF's ``seed=``). Such a function sees a share of a split batch, not the whole,
+    so a split batch is drawn otherwise than single's."""
     if task.collate_fn is None:
         return False
-    first, second = (_tensors(collated(task, items, seed)) for seed in (0, 1))
-    return len(first) != len(second) or not all(
+    with seeded_draws() as seed_all:
+        seed_all(0)
+        before = global_draws()
+        first = _tensors(task.collate(items))
+        if global_draws() != before:
+            return True
+    return any(not _same_tensors(first, _tensors(collated(task, items, seed)))
+               for seed in (0, 1))
+
+
+def _same_tensors(first: list[torch.Tensor], second: list[torch.Tensor]) -> bool:
+    return len(first) == len(second) and all(
         a.shape == b.shape and bool(torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).all())
         for a, b in zip(first, second, strict=True))
 
@@ -341,8 +353,9 @@ def _zero_through(output: Any) -> torch.Tensor | None:
     from torch.utils._pytree import tree_flatten
 
     parts = output.to_tuple() if callable(getattr(output, "to_tuple", None)) else output
+    grad = torch.is_grad_enabled()  # without: any finite output (validation's forwards)
     tensors = [t for t in tree_flatten(parts)[0] if isinstance(t, torch.Tensor)
-               and t.is_floating_point() and t.requires_grad
+               and t.is_floating_point() and (t.requires_grad or not grad)
                and bool(torch.isfinite(t.detach()).all())]
     if not tensors:
         return None

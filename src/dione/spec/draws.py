@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["draws_kept", "seeded_draws"]
+__all__ = ["draws_kept", "global_draws", "seeded_draws"]
 
 
 @contextlib.contextmanager
@@ -27,6 +27,14 @@ def draws_kept() -> Iterator[None]:
         random.setstate(python_state)
         if numpy is not None:
             numpy.random.set_state(numpy_state)
+
+
+def global_draws() -> tuple[bytes, object, bytes | None]:
+    """The states of torch's CPU, Python's and (if loaded) NumPy's global generators, to
+    compare: a call that moved one drew from it."""
+    numpy = sys.modules.get("numpy")
+    return (bytes(torch.get_rng_state().numpy()), random.getstate(),
+            None if numpy is None else numpy.random.get_state()[1].tobytes())
 
 
 @contextlib.contextmanager

@@ -88,6 +88,8 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
     model.eval()  # no dropout: the stages must give the whole model's loss exactly
     with torch.no_grad():
         whole = float(loss_of(model, task, batch))
+        if not math.isfinite(whole):  # a mean over none (no masked token): no measure
+            return None
         _, structure = batch_fields(batch)
         fields, _ = batch_fields(batch)
         received: tuple[torch.Tensor, ...] = ()
