@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from dione.launch import local_placement, run_slice
+from dione.launch.slice import SliceError
 from dione.orchestrate import RunOptions, run_workload
 from dione.orchestrate.options import RunEvent
 from dione.orchestrate.plans import read_plans
@@ -309,6 +311,15 @@ def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path
                 assert said["status"] == "stopped" and said["total_steps"] == 24
                 assert said["stopped"] == {"step": stop[1], "value": stop[2],
                                            "reason": stop[4]}
+                # Nor does a slice by hand: it trained on, and a resume finished it
+                # as done, the rule's decision gone from every table (review).
+                stopped_task = next(t for t in tasks if t.name == name)
+                with pytest.raises(SliceError, match="was stopped by its stopping rule at "
+                                   f"step {stop[1]}.*never trains again") as by_hand:
+                    run_slice(stopped_task, "single", tmp_path / "run",
+                              local_placement(TEST_NODE, [0]), steps=2)
+                assert by_hand.value.reason == "refused"
+                assert store.task(name).status == "stopped"
     # Each stop asked for a plan at once, past the re-planning budget: its devices go
     # to the others as soon as the solve is done.
     stops = [k for k, e in enumerate(events) if e.kind == "task_stopped"]

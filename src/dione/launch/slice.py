@@ -303,6 +303,16 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
                          said_only=READ_SETTINGS)
     except ValueError as err:  # the run directory holds the task trained otherwise
         raise SliceError(str(err), "refused") from None
+    record = db.task(task.name)
+    if record is not None and record.status == "stopped":  # its rule's decision stands
+        latest = db.latest_checkpoint(task.name)
+        raise SliceError(
+            f"task {task.name!r} was stopped by its stopping rule"
+            + (f" at step {latest.step}" if latest else "") + f" in {request.run_dir} ("
+            f"{(record.error or 'its rung').splitlines()[0]}): a stopped task never trains "
+            "again there, so the sweep's decisions stand; to train it on, train it in a run "
+            "directory of its own (--out DIR), from its checkpoint (dione export "
+            "--latest) or anew", "refused")
     db.recover_interrupted()
     latest = _intact_checkpoint(db, task.name, warnings)
     start = latest.step if latest else 0
