@@ -132,7 +132,8 @@ def _note_error(trial: Any, error: str | None) -> None:
 
 def _tell(study: Any, trial: Any, metric: str, status: str, loss: float | None,
           evaluation: Mapping[str, float]) -> None:
-    """A finished task's value (its last loss, or ``metric`` of its evaluation); a
+    """A finished task's value (its mean loss over its last steps, or ``metric`` of its
+    evaluation); a
     stopped one PRUNED; a failed or diverged one, or a value that is not a number, FAIL."""
     from optuna.trial import TrialState
 
@@ -199,7 +200,8 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     _direction(study)
     # The rule's own mistakes (a study maximizing the training loss, report_every 0) are
     # every trial's: said before any is asked, not as n_trials failed trials.
-    mistakes = OptunaPruning(study, {}, report_every, metric).mistakes()
+    checked = OptunaPruning(study, {}, report_every, metric)
+    mistakes = checked.mistakes()
     if mistakes:
         raise ValueError("optimize cannot prune this study: " + "; ".join(mistakes))
     if not isinstance(n_trials, int) or n_trials < 1:
@@ -214,7 +216,8 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     for trial, why in _taken_by_another(study, trials, run_dir):
         trial.set_user_attr(_BUILD_ERROR, why)
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    _tell_ended(study, trials, run_dir, metric)  # an interrupted call's, not yet told
+    # An interrupted call's, not yet told.
+    _tell_ended(study, trials, run_dir, metric, checked.loss_window)
     failed_before = _failed(study, trials)
     if retry_failed:  # each proposed again (Optuna asks enqueued trials first)
         trials = [t for t in trials if t.number not in failed_before]
@@ -324,7 +327,7 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
         if inbox is not None:
             inbox.close()
     # Each task was told as it ended; one the store has ended untold is told now.
-    _tell_ended(study, trials, run_dir, metric)
+    _tell_ended(study, trials, run_dir, metric, rule.loss_window)
     # A trial whose task the run never took (refused at the start or as it came).
     told, in_run = _finished(study), {t.task for t in result.tasks}
     for name, trial in by_task.items():
@@ -411,9 +414,11 @@ def _taken_by_another(study: Any, trials: Sequence[Any], run_dir: str
     return found
 
 
-def _tell_ended(study: Any, trials: Sequence[Any], run_dir: str, metric: str) -> None:
+def _tell_ended(study: Any, trials: Sequence[Any], run_dir: str, metric: str,
+                loss_window: int) -> None:
     """Tell each trial whose task the run's store has ended (an interrupted call ended
-    it and stopped before telling): such a trial holds no place in flight."""
+    it and stopped before telling): such a trial holds no place in flight. Its "loss":
+    the mean of its last ``loss_window`` steps, as the runner tells it."""
     from dione.state.store import STORE_FILE, RunStore
     from dione.state.summaries import summaries
 
@@ -424,12 +429,16 @@ def _tell_ended(study: Any, trials: Sequence[Any], run_dir: str, metric: str) ->
     with RunStore(run_dir) as store:
         ended = [s for s in summaries(store)
                  if s.status in ("done", "stopped", "failed", "diverged")]
+        windows = {s.task: [loss for _, loss in store.losses(s.task)][-loss_window:]
+                   for s in ended}
     for summary in ended:
         trial = by_task.get(summary.task)
         if trial is not None and trial.number not in told:
             if summary.status in ("failed", "diverged"):
                 _note_error(trial, summary.error)
-            _tell(study, trial, metric, summary.status, summary.final_loss,
+            window = windows[summary.task]
+            _tell(study, trial, metric, summary.status,
+                  sum(window) / len(window) if window else summary.final_loss,
                   summary.evaluation)
 
 

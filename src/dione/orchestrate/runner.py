@@ -911,8 +911,12 @@ class Runner:
         rule = record.task.stopping
         if rule is None:
             return
+        # Its final "loss" as at a rung: the mean of its last loss_window steps (an
+        # Optuna study was told one batch's loss, beside intermediate windows' means).
+        window = [loss for _, loss in self.store.losses(record.name)][-rule.loss_window:]
+        final = sum(window) / len(window) if window else record.last_loss
         try:
-            rule.ended(record.name, record.status.value, record.last_loss, evaluation)
+            rule.ended(record.name, record.status.value, final, evaluation)
         except Exception as err:  # the rule's own bookkeeping: the run goes on
             self.emit(RunEvent("stopping_rule_failed", f"{record.name}: {rule!r} could not "
                                f"record its end: {type(err).__name__}: {err}", record.name))
