@@ -380,6 +380,21 @@ def test_a_done_task_whose_last_evaluation_failed_is_not_ranked_by_an_earlier_on
     assert (steady.evaluated_at, steady.evaluated_before) == (4, False)
     summary = (write_report(tmp_path) / "summary.md").read_text()
     assert "| 1 | steady | 0.6000 |" in summary
-    assert ("| - | flaky | not ranked: its evaluation at step 4 failed (step 2's: 0.5000) |"
-            in summary)
+    assert ("| - | flaky | not ranked: nothing recorded at step 4, its evaluation failed or "
+            "gave no finite value (step 2's: 0.5000) |" in summary)
     assert "| flaky | done | 4/4 |" in summary and "0.5000 (step 2)" in summary
+
+
+
+def test_equal_values_share_a_rank(tmp_path: Path) -> None:
+    from dione.report import write_report
+
+    with RunStore(tmp_path) as store:
+        for name, accuracy in (("a", 0.9), ("b", 0.9), ("c", 0.8)):
+            store.register_task(name, 2, 8)
+            slice_id = store.begin_slice(name, "single", {}, "n0", [0], 0, 2)
+            store.finish_slice(slice_id, [1.0, 0.5], [0.1, 0.1], None,
+                               evaluation={"accuracy": accuracy})
+    summary = (write_report(tmp_path) / "summary.md").read_text()
+    assert "| 1 | a | 0.9000 |" in summary and "| 1 | b | 0.9000 |" in summary
+    assert "| 3 | c | 0.8000 |" in summary

@@ -243,7 +243,8 @@ def _say_inexact(tasks: Sequence[Any]) -> None:
         console.print(Text(f"statistical: {t.task} ({'; '.join(t.statistical)})"))
     if statistical:
         console.print(Text("(statistical: single's training in distribution, not bit for "
-                           "bit; techniques=('single',) trains alike under any plan)"))
+                           "bit; techniques=('single',) trains alike under any plan that "
+                           "does not accumulate, which it does only where memory runs out)"))
 
 
 def print_sequential_results(outcomes: Sequence[Any], run_dir: Path) -> None:

@@ -310,9 +310,9 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
             f"task {task.name!r} was stopped by its stopping rule"
             + (f" at step {latest.step}" if latest else "") + f" in {request.run_dir} ("
             f"{(record.error or 'its rung').splitlines()[0]}): a stopped task never trains "
-            "again there, so the sweep's decisions stand; to train it on, train it in a run "
-            "directory of its own (--out DIR), from its checkpoint (dione export "
-            "--latest) or anew", "refused")
+            "again there, so the sweep's decisions stand; to train the configuration on, "
+            "train it anew in a run directory of its own (--out DIR); its weights at the "
+            "rung: dione export --latest", "refused")
     db.recover_interrupted()
     latest = _intact_checkpoint(db, task.name, warnings)
     start = latest.step if latest else 0

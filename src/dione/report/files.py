@@ -260,8 +260,9 @@ def _unranked(t: TaskSummary, metric: str) -> str | None:
     if t.status == "done" and t.evaluated_before:
         earlier = (f" (step {t.evaluated_at}'s: {figure(t.evaluation[metric])})"
                    if metric in t.evaluation else "")
-        return f"not ranked: its evaluation at step {t.steps} failed{earlier}"
-    if t.evaluation and metric not in t.evaluation:
+        return (f"not ranked: nothing recorded at step {t.steps}, its evaluation failed "
+                f"or gave no finite value{earlier}")
+    if metric in t.metrics_seen and metric not in t.evaluation:
         return f"not ranked: no finite {metric} at step {t.evaluated_at}"
     return None
 
@@ -324,7 +325,11 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
         lines += ["", f"## Leaderboard by {metric} ({order} is better, {why})", "",
                   "| rank | task | " + metric + " | hyperparameters | trained |",
                   "| --- | --- | --- | --- | --- |"]
-        for rank, t in enumerate(board, 1):
+        rank, previous = 0, None
+        for place, t in enumerate(board, 1):
+            # Equal values (and both trained to their end, or both not) share a rank.
+            key = (t.steps < t.total_steps, t.evaluation[metric])
+            rank, previous = (rank if key == previous else place), key
             at = f"from step {t.evaluated_at}; " if t.evaluated_before else ""
             early = (f" ({at}{t.status} at step {t.steps} of {t.total_steps})"
                      if t.steps < t.total_steps else "")
@@ -348,7 +353,8 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                   "masking, a data set's batch fetch), and some of their steps trained on a "
                   "batch split over devices or parts, each drawing its own: the same "
                   "training as single in distribution, not the same draws "
-                  "(`techniques=('single',)` trains alike under any plan; each line says "
+                  "(`techniques=('single',)` trains alike under any plan that does not "
+                  "accumulate, which it does only where memory runs out; each line says "
                   "what draws).", ""]
         lines += [f"- {t.task}: " + "; ".join(t.statistical) for t in statistical]
     stopped = [t for t in tasks if t.status == "stopped"]

@@ -37,6 +37,7 @@ class TaskSummary:
     # How its steps that trained as single would in distribution only (dropout) did.
     statistical: list[str] = field(default_factory=list)
     evaluated_at: int | None = None  # the step of ``evaluation`` (None: no evaluation)
+    metrics_seen: frozenset[str] = frozenset()  # in any of its evaluations
 
     @property
     def evaluated_before(self) -> bool:
@@ -126,7 +127,8 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
             dict(record.hyperparameters), record.error, latest.path if latest else None,
             sorted({len(s.device_ids) for s in done}), inexact_spans(slices),
             bool(slices) and slices[-1].status in ("interrupted", "running"),
-            inexact_spans(slices, "statistical"), evaluated_at))
+            inexact_spans(slices, "statistical"), evaluated_at,
+            frozenset(store.evaluations(record.name))))
     return result
 
 

@@ -219,15 +219,16 @@ def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
                    and task.allows(t.name) for t in techniques())
     written_how: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
     unused: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
-    if not pipelines and not parallel:
-        return {}, written_how, unused, False
     dataset: Any = task.data()
+    # Single's accumulation collates each part: a collate that draws masks otherwise.
+    fetch_draws = _fetch_draws(task, dataset)
+    if not pipelines and not parallel:
+        return {}, written_how, unused, fetch_draws
     source = BatchSource(dataset, task.batch_size, task.seed, collate=task.collate_fn)
     refused: dict[str, str] = {}
     varying = _varying_shapes(task, source, len(dataset)) if pipelines else None
     if varying is not None:
         refused.update({t.name: varying for t in pipelines if t.fixed_shapes})
-    fetch_draws = parallel and _fetch_draws(task, dataset)
     torch.manual_seed(task.seed)
     model = task.model()
     size = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -349,8 +350,8 @@ def _leaves(root: Any) -> set[int]:
     return found
 
 
-# What a probe reads of a task; the optimizer up to its numbers (a learning rate cannot
-# change which parameters a stage's optimizer groups together).
+# What a probe reads of a task; the optimizer whole (a weight decay of 0 can make two
+# groups built by position alike, which the pipelines' check compares).
 _PROBED_FIELDS = ("model", "data", "collate_fn", "loss", "loss_items", "batch_size", "seed",
                   "techniques", "allow_inexact", "split_points", "precision",
                   "refused_techniques", "optimizer")
@@ -363,7 +364,7 @@ def with_refusals(tasks: Iterable[Task]) -> list[Task]:
     result = []
     seen: dict[Hashable, Probed] = {}  # a sweep's tasks alike (over learning rates)
     for task in tasks:
-        key = task_key(task, _PROBED_FIELDS, loose=("optimizer",))
+        key = task_key(task, _PROBED_FIELDS)
         if key not in seen:
             try:
                 with draws_kept():  # its forwards may draw from them (LayerDrop)
