@@ -133,8 +133,8 @@ def _note_error(trial: Any, error: str | None) -> None:
 def _tell(study: Any, trial: Any, metric: str, status: str, loss: float | None,
           evaluation: Mapping[str, float]) -> None:
     """A finished task's value (its mean loss over its last steps, or ``metric`` of its
-    evaluation); a
-    stopped one PRUNED; a failed or diverged one, or a value that is not a number, FAIL."""
+    evaluation); a stopped one PRUNED; a failed or diverged one, or a value that is not a
+    number, FAIL."""
     from optuna.trial import TrialState
 
     if status == "done":

@@ -37,6 +37,7 @@ from dione.spec.draws import seeded_draws
 
 __all__ = ["Batch", "BatchSource", "SampleOrder"]
 
+
 class SampleOrder:
     """Stream positions to data-set indices, one seeded permutation per epoch."""
 
