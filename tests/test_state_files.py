@@ -112,6 +112,13 @@ def test_a_read_only_run_directory_is_read_where_it_is(
         assert code == 2 and "give --out DIR to write it elsewhere" in said, said
         code, said = run(capsys, "report", str(archived), "--out", str(tmp_path / "report"))
         assert code == 0 and (tmp_path / "report" / "gantt.png").is_file(), said
+        code, said = run(capsys, "report", str(archived), "--out", str(tmp_path / "report"))
+        assert code == 0, said  # a report's folder is written again
+        (tmp_path / "mine").mkdir()
+        (tmp_path / "mine" / "index.html").write_text("my page")
+        code, said = run(capsys, "report", str(archived), "--out", str(tmp_path / "mine"))
+        assert code == 2 and "holds files that are not a dione report" in said, said
+        assert (tmp_path / "mine" / "index.html").read_text() == "my page"
         assert not (archived / "report").exists()
         with RunStore(archived) as store:  # read from a copy; a write says where it is
             assert store.read_only and [t.name for t in store.tasks()] == ["d"]

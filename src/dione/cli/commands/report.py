@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+from pathlib import Path
 
 from dione.cli.console import console
 from dione.cli.errors import BadInput
@@ -44,6 +45,10 @@ def command(args: argparse.Namespace) -> int:
 
     from dione.report import write_report
 
+    if args.out and (out := Path(args.out)).is_dir() and any(out.iterdir()) \
+            and not (out / "summary.md").is_file():
+        raise BadInput(f"--out {out} holds files that are not a dione report (its files "
+                       "would overwrite theirs): give a new or empty folder, or a report's")
     try:
         folder = write_report(args.run_dir, into=args.out)
     except FileNotFoundError as err:
