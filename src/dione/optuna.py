@@ -429,17 +429,15 @@ def _tell_ended(study: Any, trials: Sequence[Any], run_dir: str, metric: str,
     with RunStore(run_dir) as store:
         ended = [s for s in summaries(store)
                  if s.status in ("done", "stopped", "failed", "diverged")]
-        windows = {s.task: [loss for _, loss in store.losses(s.task)][-loss_window:]
-                   for s in ended}
+        means = {s.task: store.mean_loss(s.task, loss_window) for s in ended}
     for summary in ended:
         trial = by_task.get(summary.task)
         if trial is not None and trial.number not in told:
             if summary.status in ("failed", "diverged"):
                 _note_error(trial, summary.error)
-            window = windows[summary.task]
+            mean = means[summary.task]
             _tell(study, trial, metric, summary.status,
-                  sum(window) / len(window) if window else summary.final_loss,
-                  summary.evaluation)
+                  summary.final_loss if mean is None else mean, summary.evaluation)
 
 
 def _finished(study: Any) -> set[int]:

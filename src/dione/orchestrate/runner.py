@@ -820,9 +820,8 @@ class Runner:
         rule = record.task.stopping
         assert rule is not None
         if rule.metric == "loss":
-            window = [loss for at, loss in self.store.losses(record.name)
-                      if at <= step][-rule.loss_window:]
-            return sum(window) / len(window) if window else math.nan
+            mean = self.store.mean_loss(record.name, rule.loss_window, up_to=step)
+            return math.nan if mean is None else mean
         return float(evaluation.get(rule.metric, math.nan))
 
     def _judge_missed_rungs(self) -> None:
@@ -913,10 +912,10 @@ class Runner:
             return
         # Its final "loss" as at a rung: the mean of its last loss_window steps (an
         # Optuna study was told one batch's loss, beside intermediate windows' means).
-        window = [loss for _, loss in self.store.losses(record.name)][-rule.loss_window:]
-        final = sum(window) / len(window) if window else record.last_loss
+        final = self.store.mean_loss(record.name, rule.loss_window)
         try:
-            rule.ended(record.name, record.status.value, final, evaluation)
+            rule.ended(record.name, record.status.value,
+                       record.last_loss if final is None else final, evaluation)
         except Exception as err:  # the rule's own bookkeeping: the run goes on
             self.emit(RunEvent("stopping_rule_failed", f"{record.name}: {rule!r} could not "
                                f"record its end: {type(err).__name__}: {err}", record.name))

@@ -740,6 +740,16 @@ class RunStore(SQLiteFile):
         return [(r[0], _loss(r[1])) for r in self._db.execute(
             "SELECT step, loss FROM metrics WHERE task = ? ORDER BY step", (task,)).fetchall()]
 
+    def mean_loss(self, task: str, window: int, up_to: int | None = None) -> float | None:
+        """The mean of the task's last ``window`` losses (of steps up to ``up_to``):
+        its "loss" at a rung and at its end, as stopping rules and Optuna judge it
+        (None: no step trained)."""
+        rows = self._db.execute(
+            "SELECT loss FROM metrics WHERE task = ? AND step <= ? ORDER BY step DESC "
+            "LIMIT ?", (task, 2**62 if up_to is None else up_to, window)).fetchall()
+        losses = [_loss(r[0]) for r in reversed(rows)]  # summed in step order, as before
+        return sum(losses) / len(losses) if losses else None
+
     def last_loss(self, task: str) -> float | None:
         """The loss of the last step trained so far (None: none trained)."""
         row = self._db.execute("SELECT loss FROM metrics WHERE task = ? ORDER BY step DESC "
