@@ -175,13 +175,14 @@ def _varied(items: list[Any]) -> list[Any] | None:
     return [changed, *items[1:]]
 
 
-def _combines(task: Task, model: nn.Module, counter: Any, items: list[Any]) -> bool:
+def _combines(task: Task, model: nn.Module, counter: Any, items: list[Any],
+              draws: bool) -> bool:
     """Whether, counting items with ``counter``, the halves of ``items`` combine to the
-    loss of all of them, as a technique combines its parts (``ItemShare``)."""
+    loss of all of them, as a technique combines its parts (``ItemShare``). ``draws``:
+    the task's collate function draws random numbers (``collate_draws``)."""
     from dione.spec.batch import (
         ItemCounting,
         ItemShare,
-        collate_draws,
         collated,
         item_counting,
         loss_of,
@@ -193,7 +194,7 @@ def _combines(task: Task, model: nn.Module, counter: Any, items: list[Any]) -> b
     # A collate function that draws (random masking) draws otherwise for each half: the
     # halves are the whole batch's rows, so that only the loss's averaging is compared.
     halves = ((slice_batch(whole, 0, half), slice_batch(whole, half, len(items)))
-              if collate_draws(task, items) else (task.collate(items[:half]),
+              if draws else (task.collate(items[:half]),
                                                   task.collate(items[half:])))
     counting: ItemCounting | None = item_counting(replace(task, loss_items=counter), model)
     expected = float(loss_of(model, task, whole))
@@ -219,7 +220,14 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
     it averages over (``loss_items``) nor takes ``num_items_in_batch`` is a problem: a
     token mean and a sample mean differ there, and on an untrained model the halves
     cannot tell which it is (every token's loss is about the same)."""
-    from dione.spec.batch import IGNORE_INDEX, item_counting, labels_of, samples, shifted_tokens
+    from dione.spec.batch import (
+        IGNORE_INDEX,
+        collate_draws,
+        item_counting,
+        labels_of,
+        samples,
+        shifted_tokens,
+    )
     from dione.spec.batch import tokens as token_count
 
     size = min(task.batch_size, len(dataset))
@@ -250,12 +258,15 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
         candidates = [samples]
     candidates = list(dict.fromkeys(candidates))
     probes = [items] if candidates == [samples] else [_varied(items), items]
+    draws: bool | None = None  # once, not per candidate: it collates the items thrice
     model.eval()
     try:
         for probe in filter(None, probes):
             try:
+                if draws is None:
+                    draws = collate_draws(task, items)
                 with torch.no_grad():
-                    fits = [c for c in candidates if _combines(task, model, c, probe)]
+                    fits = [c for c in candidates if _combines(task, model, c, probe, draws)]
             except Exception as err:
                 if probe is items:
                     return task.loss_items, [Problem(task.name, "loss", (
