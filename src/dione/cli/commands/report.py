@@ -53,15 +53,13 @@ def command(args: argparse.Namespace) -> int:
         folder = write_report(args.run_dir, into=args.out)
     except FileNotFoundError as err:
         raise BadInput(str(err)) from None
-    except PermissionError as err:  # a folder that is not one's own counts too
-        where = "--out DIR: the report's folder" if args.out else "--out DIR to write it"
-        raise BadInput(f"{args.run_dir}'s report cannot be written ({err}); give {where} "
-                       "elsewhere, a folder of your own") from None
     except OSError as err:
-        if err.errno == errno.EROFS:
+        # Refused (a folder that is not one's own counts too) or a read-only disk.
+        if isinstance(err, PermissionError) or err.errno == errno.EROFS:
             where = "--out DIR: the report's folder" if args.out else "--out DIR to write it"
+            own = ", a folder of your own" if isinstance(err, PermissionError) else ""
             raise BadInput(f"{args.run_dir}'s report cannot be written ({err}); give {where} "
-                           "elsewhere") from None
+                           f"elsewhere{own}") from None
         raise BadInput(f"{args.run_dir} cannot be reported ({type(err).__name__}: {err}); "
                        "`dione status` says what it can still read") from None
     except (ValueError, sqlite3.Error) as err:
