@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from dione.launch import local_placement, run_slice
+from dione.spec.task import Task
 from helpers import (
     TEST_NODE,
     assert_same_training,
@@ -211,6 +212,17 @@ def _token_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(output.reshape(-1, 10), target.reshape(-1))
 
 
+def _assert_eight_parts_train_as_one(task: Task, tmp_path: Path) -> None:
+    """Single's losses on the whole batch, and on it accumulated in 8 parts of one
+    sample each: the same, and finite."""
+    one = run_slice(task, "single", tmp_path / "one", local_placement(TEST_NODE, [0]))
+    parts = run_slice(task, "single", tmp_path / "parts", local_placement(TEST_NODE, [0]),
+                      knobs={"accumulation": 8})
+    torch.testing.assert_close(torch.tensor(parts.losses), torch.tensor(one.losses),
+                               rtol=1e-5, atol=1e-6)
+    assert all(math.isfinite(x) for x in parts.losses)
+
+
 def test_a_part_with_no_counted_token_adds_nothing_as_in_single(tmp_path: Path) -> None:
     """A token-averaged loss whose batch holds an all-padding sample: a part (an
     accumulation part, a micro-batch) with no counted token has a NaN mean of its own;
@@ -223,12 +235,7 @@ def test_a_part_with_no_counted_token_adds_nothing_as_in_single(tmp_path: Path) 
                        loss=_token_loss, loss_items=dione.tokens,
                        model=lambda: nn.Sequential(nn.Embedding(10, 16), nn.Linear(16, 16),
                                                    nn.Tanh(), nn.Linear(16, 10)))
-    one = run_slice(task, "single", tmp_path / "one", local_placement(TEST_NODE, [0]))
-    parts = run_slice(task, "single", tmp_path / "parts", local_placement(TEST_NODE, [0]),
-                      knobs={"accumulation": 8})
-    torch.testing.assert_close(torch.tensor(parts.losses), torch.tensor(one.losses),
-                               rtol=1e-5, atol=1e-6)
-    assert all(math.isfinite(x) for x in parts.losses)
+    _assert_eight_parts_train_as_one(task, tmp_path)
 
 
 class _OwnTokenLoss(nn.Module):
@@ -261,9 +268,4 @@ def test_a_part_with_no_counted_token_adds_nothing_with_the_model_s_own_loss(
 
     task = digits_task("own-padded", steps=8, batch_size=8, data=_dict_with_an_empty_sample,
                        loss=None, loss_items=dione.tokens, model=_OwnTokenLoss)
-    one = run_slice(task, "single", tmp_path / "one", local_placement(TEST_NODE, [0]))
-    parts = run_slice(task, "single", tmp_path / "parts", local_placement(TEST_NODE, [0]),
-                      knobs={"accumulation": 8})
-    torch.testing.assert_close(torch.tensor(parts.losses), torch.tensor(one.losses),
-                               rtol=1e-5, atol=1e-6)
-    assert all(math.isfinite(x) for x in parts.losses)
+    _assert_eight_parts_train_as_one(task, tmp_path)
