@@ -11,6 +11,7 @@ from dione.state import (
     CheckpointError,
     CorruptCheckpoint,
     Progress,
+    RunStore,
     checkpoint_path,
     latest_on_disk,
     load_checkpoint,
@@ -177,3 +178,17 @@ def test_slice_logs_hold_no_one_process_warning_and_only_the_last_two_stay(
     # Only the last two done slices' logs stay (a folder a slice piled up for ever), as
     # their checkpoints do.
     assert [log.parent.name for log in logs] == ["slice-000002-digits", "slice-000003-digits"]
+
+
+def test_a_task_that_diverged_before_its_first_checkpoint_is_not_offered_latest(
+        tmp_path: Path) -> None:
+    """Nothing to export: it never saved weights, and --latest would find none."""
+    with RunStore(tmp_path) as store:
+        store.register_task("t", 4, 8)
+        slice_id = store.begin_slice("t", "single", {}, "n0", [0], 0, 2)
+        store.diverge_slice(slice_id, [float("nan")], [0.1], "loss is nan")
+    for latest in (False, True):
+        with pytest.raises(ExportError, match="diverged and was never checkpointed: it "
+                           "holds no weights") as refused:
+            trained_checkpoint(tmp_path, "t", latest=latest)
+        assert "--latest" not in str(refused.value)

@@ -65,6 +65,10 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
     if record is None:
         raise ExportError(f"run {run} has no task {task!r}; its tasks: "
                           f"{', '.join(names) or 'none'}")
+    if record.status in ("stopped", "diverged") and checkpoint is None:
+        raise ExportError(f"task {task!r} is {record.status} and was never checkpointed: "
+                          "it holds no weights to give and will not train again; train "
+                          "its configuration anew to get them")
     if record.status != "done" and not latest:
         step = f"; its newest checkpoint is at step {checkpoint.step}" if checkpoint else ""
         latest_fix = "take its newest checkpoint as it is (--latest; dione.load(..., latest=True))"
