@@ -18,6 +18,7 @@ from torch import nn
 import dione
 from dione.profile import TrialOptions
 from dione.spec.batch import own_loss
+from dione.state import RunStore
 from helpers import digits_task
 
 # The workers cannot import this test module: its model classes travel by value.
@@ -109,9 +110,11 @@ def test_exported_hyperparameters_keep_their_json_types(tmp_path: Path) -> None:
     from dione.launch import local_placement, run_slice
     from dione.spec.cluster import Node
     from dione.state.export import export_model, load_trained
+    from dione.zoo import digits_accuracy
 
     task = digits_task(steps=2, hyperparameters={"lr": 0.001, "batch_size": 16,
-                                                 "name": "x", "betas": (0.9, 0.99)})
+                                                 "name": "x", "betas": (0.9, 0.99)},
+                       evaluate=digits_accuracy)
     result = run_slice(task, "single", tmp_path / "run", local_placement(Node("n", 1, "cpu"),
                                                                          [0]))
     folder = export_model(load_trained(task, result.checkpoint), tmp_path / "out", task,
@@ -122,6 +125,11 @@ def test_exported_hyperparameters_keep_their_json_types(tmp_path: Path) -> None:
     # How it trained, from the run store (it named only the last slice's technique).
     assert saved["trained"] == {"techniques": ["single"], "exactness": "exact",
                                 "inexact": [], "statistical": []}
+    # And what its weights measured there (it was not written: a user had to find the
+    # step in the run's tables).
+    with RunStore(tmp_path / "run") as store:
+        assert saved["evaluation"] == store.evaluation(task.name) != {}
+        assert store.latest_evaluation(task.name)[0] == saved["step"] == 2
 
 
 class _Vocabulary(torch.nn.Module):

@@ -189,6 +189,17 @@ def status_in_run(run_dir: str | Path, task: str) -> dict[str, Any]:
     return said
 
 
+def evaluation_at(run_dir: str | Path, task: str, step: int) -> dict[str, float]:
+    """The metrics the run recorded for ``task``'s weights at ``step`` (empty where they
+    were not evaluated there; the store keeps no value that was not finite)."""
+    if not (Path(run_dir) / STORE_FILE).is_file():
+        return {}
+    with RunStore(run_dir) as store:
+        found = store.evaluations(task)
+    return {metric: value for metric, points in found.items() for at, value in points
+            if at == step}
+
+
 def check_export_folder(out: Path) -> None:
     """ExportError where ``out`` holds files and no earlier export (``dione.json``): an
     export writes its files over those of the same names."""
@@ -226,7 +237,9 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
     write_whole(out / PROVENANCE_FILE, json.dumps({
         "task": task.name, "step": progress.step, "technique": progress.technique,
         **({"trained": how_trained(run_dir, task.name, progress.step),
-            "run": status_in_run(run_dir, task.name)} if run_dir is not None else {}),
+            "run": status_in_run(run_dir, task.name),
+            "evaluation": evaluation_at(run_dir, task.name, progress.step)}
+           if run_dir is not None else {}),
         "checkpoint": str(Path(checkpoint).resolve()), "weights": WEIGHTS_FILE,
         **({"extra_state": EXTRA_STATE_FILE, "extra_state_keys": sorted(extra)}
            if extra else {}),
