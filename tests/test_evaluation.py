@@ -283,6 +283,14 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
         "no held-out split" in failed
     summary = (write_report(tmp_path / "run") / "summary.md").read_text()
     assert "## Evaluations that failed" in summary
+    # The run's result ranks as the report does (a sweep's best without parsing it).
+    board = summary.split("## Leaderboard by accuracy")[1].split("\n\n")[1]
+    ranked = [row.split(" | ")[1] for row in board.splitlines()[2:] if row.startswith("| ")]
+    assert [t.task for t in result.leaderboard("accuracy")] == ranked
+    assert len(ranked) >= 2 and result.best("accuracy") == result.task(ranked[0])
+    with pytest.raises(ValueError, match=r"no task of run .* has a value of 'acc'; its "
+                       r"metrics: accuracy, test_loss"):
+        result.best("acc")
     assert "- noted at step 6: RuntimeError: no held-out split" in summary
     assert "- noted at step 12: RuntimeError: no held-out split" in summary
     # Every evaluation with its step (metrics.csv has the losses only).

@@ -516,8 +516,8 @@ def test_a_rung_a_killed_run_left_undecided_is_judged_before_anything_trains_pas
 def test_the_leaderboard_ranks_tasks_stopped_early_after_those_that_ended() -> None:
     """A stopped task's value is from its rung, not comparable with a final one: it was
     ranked among the finished ones, unmarked."""
-    from dione.report.files import _markdown, leaderboard
-    from dione.state.summaries import TaskSummary
+    from dione.report.files import _markdown
+    from dione.state.summaries import TaskSummary, leaderboard
 
     tasks = [TaskSummary("a", "done", 40, 40, evaluation={"accuracy": 0.8}),
              TaskSummary("b", "stopped", 10, 40, evaluation={"accuracy": 0.9}),

@@ -32,7 +32,7 @@ from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.task import Task
 from dione.spec.validate import Problem
 from dione.state.store import RunStore
-from dione.state.summaries import exactness_of, summaries
+from dione.state.summaries import exactness_of, leaderboard, summaries
 
 __all__ = ["RunDirError", "RunEvent", "RunOptions", "RunResult", "TaskResult", "claim_run_dir",
            "run_workload"]
@@ -83,6 +83,27 @@ class RunResult:
 
     def task(self, name: str) -> TaskResult:
         return next(t for t in self.tasks if t.task == name)
+
+    def leaderboard(self, metric: str) -> list[TaskResult]:
+        """The tasks ranked by ``metric``, best first, as the report's leaderboard ranks
+        them: those trained to their end, then those ended before it (a stopping rule's
+        rung: that rung's value). Lower or higher is better as the run's stopping rule
+        or Optuna study has it, else as the name says (loss, error: lower). Left out: a
+        diverged task, and a done one whose last evaluation failed (its value would be
+        of earlier weights than it exports)."""
+        seen = sorted({m for t in self.tasks for m in t.evaluation})
+        if metric not in seen:
+            raise ValueError(f"no task of run {self.run_dir} has a value of {metric!r}; "
+                             f"its metrics: {', '.join(seen) or 'none (no task evaluated)'}")
+        with RunStore(self.run_dir) as store:
+            ranked = leaderboard(summaries(store, [t.task for t in self.tasks]), metric,
+                                 store.directions())
+        return [self.task(s.task) for s in ranked]
+
+    def best(self, metric: str) -> TaskResult | None:
+        """The first of ``leaderboard(metric)`` (None: no task is ranked): a task trained
+        to its end wherever one has a value."""
+        return next(iter(self.leaderboard(metric)), None)
 
 
 def _results(tasks: Sequence[Task], run_dir: Path) -> list[TaskResult]:

@@ -16,21 +16,17 @@ from typing import Any
 from dione.orchestrate.plans import AdoptedPlan, read_plans
 from dione.state.private import private_dir
 from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, SliceRecord
-from dione.state.summaries import TaskSummary, as_left, error_line, figure, summaries
+from dione.state.summaries import (
+    TaskSummary,
+    as_left,
+    error_line,
+    figure,
+    leaderboard,
+    lower_is_better,
+    summaries,
+)
 
 __all__ = ["MetricsWritten", "lower_is_better", "report_after_run", "write_report"]
-
-
-def lower_is_better(metric: str, directions: Mapping[str, str] | None = None) -> bool:
-    """Whether a smaller value of ``metric`` is better: as the run's stopping rules (or
-    its Optuna study) judge it (``directions``: metric -> "min"/"max", the store's),
-    else guessed from its name (losses, errors, nll, mse...; higher where it says
-    neither)."""
-    if directions and metric in directions:
-        return directions[metric] == "min"
-    from dione.spec.metrics import direction_by_name
-
-    return direction_by_name(metric) == "min"
 
 
 def _sessions(plans: Sequence[AdoptedPlan], slices: Sequence[Any], zero: float) -> list[str]:
@@ -265,19 +261,6 @@ def _unranked(t: TaskSummary, metric: str) -> str | None:
     if metric in t.metrics_seen and metric not in t.evaluation:
         return f"not ranked: no finite {metric} at step {t.evaluated_at}"
     return None
-
-
-def leaderboard(tasks: Sequence[TaskSummary], metric: str,
-                directions: Mapping[str, str] | None = None) -> list[TaskSummary]:
-    """Tasks with ``metric``, best first (``directions``: as ``lower_is_better``): those
-    that trained to their end, then those ended before it (stopped at a rung: their
-    value is that rung's, not comparable with a final one). A diverged task is ranked by
-    no metric, nor a done one whose final evaluation failed (its metrics are of earlier
-    weights than those it exports): they are listed after the board."""
-    scored = [t for t in tasks if metric in t.evaluation and t.status != "diverged"
-              and not (t.status == "done" and t.evaluated_before)]
-    sign = 1 if lower_is_better(metric, directions) else -1
-    return sorted(scored, key=lambda t: (t.steps < t.total_steps, t.evaluation[metric] * sign))
 
 
 def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],

@@ -4,14 +4,14 @@ single would trained. The report, `dione status` and a run's result all read the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dione.state.store import RunStore, SliceRecord
 
 __all__ = ["TaskSummary", "as_left", "error_line", "exactness_of", "figure", "inexact_spans",
-           "summaries", "techniques_in_turn"]
+           "leaderboard", "lower_is_better", "summaries", "techniques_in_turn"]
 
 
 @dataclass
@@ -155,3 +155,28 @@ def error_line(error: str) -> str:
     """An error's one line to show: a traceback's last (the exception and its message)."""
     lines = [line for line in error.strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else error
+
+
+def lower_is_better(metric: str, directions: Mapping[str, str] | None = None) -> bool:
+    """Whether a smaller value of ``metric`` is better: as the run's stopping rules (or
+    its Optuna study) judge it (``directions``: metric -> "min"/"max", the store's),
+    else guessed from its name (losses, errors, nll, mse...; higher where it says
+    neither)."""
+    if directions and metric in directions:
+        return directions[metric] == "min"
+    from dione.spec.metrics import direction_by_name
+
+    return direction_by_name(metric) == "min"
+
+
+def leaderboard(tasks: Sequence[TaskSummary], metric: str,
+                directions: Mapping[str, str] | None = None) -> list[TaskSummary]:
+    """Tasks with ``metric``, best first (``directions``: as ``lower_is_better``): those
+    that trained to their end, then those ended before it (stopped at a rung: their
+    value is that rung's, not comparable with a final one). A diverged task is ranked by
+    no metric, nor a done one whose final evaluation failed (its metrics are of earlier
+    weights than those it exports): they are listed after the board."""
+    scored = [t for t in tasks if metric in t.evaluation and t.status != "diverged"
+              and not (t.status == "done" and t.evaluated_before)]
+    sign = 1 if lower_is_better(metric, directions) else -1
+    return sorted(scored, key=lambda t: (t.steps < t.total_steps, t.evaluation[metric] * sign))
