@@ -133,10 +133,10 @@ def test_train_prints_losses_and_resumes(tmp_path: Path,
                              "fsdp", "--devices", "2", "--knob", "zero_stage=3", "--out",
                              str(run_dir))
     assert status == 2 and "fsdp has no knob 'zero_stage'" in stderr
-    second = dione("train", str(file), "--task", "lone", "--technique", "ddp", "--devices", "2",
-                   "--out", str(run_dir))
-    assert second.returncode == 0, second.stderr
-    assert "step      4" in second.stdout and "steps 3-4 under ddp" in second.stdout
+    status, out, err = in_process(capsys, "train", str(file), "--task", "lone", "--technique",
+                                  "ddp", "--devices", "2", "--out", str(run_dir))
+    assert status == 0, err
+    assert "step      4" in out and "steps 3-4 under ddp" in out
     # A task trained to its end: said, not a failure (exit 1 read "training failed").
     status, out, _ = in_process(capsys, "train", str(file), "--task", "lone", "--technique",
                                 "single", "--out", str(run_dir))
@@ -152,10 +152,11 @@ def test_train_prints_losses_and_resumes(tmp_path: Path,
         in said and "outside its gang" not in said, said
 
 
-def test_the_demo_workload_is_valid() -> None:
-    result = dione("validate", str(ROOT / "examples" / "demo.py"), "--devices", "cpu:2")
-    assert result.returncode == 0, result.stderr
-    assert "6 task(s), no problems" in result.stdout
+def test_the_demo_workload_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = in_process(capsys, "validate", str(ROOT / "examples" / "demo.py"),
+                                  "--devices", "cpu:2")
+    assert status == 0, err
+    assert "6 task(s), no problems" in out
 
 
 def test_version_and_train_devices_as_every_command_takes_them(
@@ -164,10 +165,10 @@ def test_version_and_train_devices_as_every_command_takes_them(
     assert version.returncode == 0 and version.stdout.startswith("dione 0.")
     file = tmp_path / "one.py"
     file.write_text(BAD_FIELDS.split("workload = ")[0] + "workload = Workload([task('ok')])\n")
-    trained = dione("train", str(file), "--task", "ok", "--technique", "ddp", "--devices",
-                    "cpu:2", "--out", str(tmp_path / "run"))
-    assert trained.returncode == 0, trained.stderr
-    assert "under ddp on 2 device(s)" in trained.stdout
+    status, out, err = in_process(capsys, "train", str(file), "--task", "ok", "--technique",
+                                  "ddp", "--devices", "cpu:2", "--out", str(tmp_path / "run"))
+    assert status == 0, err
+    assert "under ddp on 2 device(s)" in out
     status, stderr = refused(capsys, "train", str(file), "--task", "ok", "--technique", "ddp",
                              "--devices", "gpu:2", "--out", str(tmp_path / "run"))
     assert status == 2 and "--devices 'gpu:2' is not understood" in stderr
@@ -732,7 +733,8 @@ def test_techniques_lists_the_built_ins_and_those_a_workload_registers(tmp_path:
     assert names["xpipe"] is False and names["crashes"] is True
 
 
-def test_run_refuses_a_folder_that_is_not_a_runs_and_keeps_its_files(tmp_path: Path) -> None:
+def test_run_refuses_a_folder_that_is_not_a_runs_and_keeps_its_files(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A project folder given as --out was adopted: its run.json replaced, its lock and
     report/ written over."""
     project = tmp_path / "project"
@@ -740,10 +742,9 @@ def test_run_refuses_a_folder_that_is_not_a_runs_and_keeps_its_files(tmp_path: P
     (project / "run.json").write_text('{"my": "experiment config"}')
     (project / "notes.txt").write_text("mine")
     demo = Path(__file__).parent.parent / "examples" / "demo.py"
-    refused = dione("run", str(demo), "--devices", "cpu:1", "--out", str(project))
-    assert refused.returncode == 2
-    assert "is not a dione run directory and is not empty (it holds notes.txt)" in \
-        refused.stderr
+    status, err = refused(capsys, "run", str(demo), "--devices", "cpu:1", "--out", str(project))
+    assert status == 2
+    assert "is not a dione run directory and is not empty (it holds notes.txt)" in err
     assert (project / "run.json").read_text() == '{"my": "experiment config"}'
     assert sorted(p.name for p in project.iterdir()) == ["notes.txt", "run.json"]
 
