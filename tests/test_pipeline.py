@@ -16,7 +16,6 @@ from helpers import (
     assert_same_training,
     char_task,
     check_real_timeline,
-    dione,
     final_parameters,
 )
 
@@ -76,32 +75,41 @@ workload = Workload([task("pipe", model), task("opaque", NotSequential)])
         ("1f1b", "kill", "rank 1 (device 1, pipeline stage 1 of 2) was killed by SIGKILL"),
     ],
 )
-def test_a_dying_stage_ends_the_gang_and_is_named(technique, fault, expected,
-                                                  tmp_path: Path) -> None:
+def test_a_dying_stage_ends_the_gang_and_is_named(
+        technique, fault, expected, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from dione.cli import main
+
     workload = tmp_path / "workload.py"
     workload.write_text(WORKLOAD)
-    result = dione("train", str(workload), "--task", "pipe", "--technique", technique,
-                   "--devices", "2", "--knob", "micro_batches=2", "--out", str(tmp_path / "run"),
-                   env={"FAULT": fault})
-    assert result.returncode == 1
-    assert expected in result.stderr
+    with monkeypatch.context() as faulty:  # `dione train` in this process, its ranks FAULT
+        faulty.setenv("FAULT", fault)
+        capsys.readouterr()
+        status = main(["train", str(workload), "--task", "pipe", "--technique", technique,
+                       "--devices", "2", "--knob", "micro_batches=2", "--out",
+                       str(tmp_path / "run")])
+    assert status == 1
+    assert expected in capsys.readouterr().err
     # The same slice without the fault trains: the failure was the stage's, not the setup's
-    # (run from this process, whose environment has no FAULT).
+    # (its ranks' environment has no FAULT now).
     pipe = next(t for t in load_workload(workload) if t.name == "pipe")
     healthy = run_slice(pipe, technique, tmp_path / "ok", local_placement(TEST_NODE, [0, 1]),
                         knobs={"micro_batches": 2})
     assert healthy.end_step == 4 and len(healthy.losses) == 4
 
 
-def test_a_model_that_cannot_be_cut_is_refused_before_starting(tmp_path: Path) -> None:
+def test_a_model_that_cannot_be_cut_is_refused_before_starting(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dione.cli import main
+
     workload = tmp_path / "workload.py"
     workload.write_text(WORKLOAD)
-    result = dione("train", str(workload), "--task", "opaque", "--technique", "gpipe",
-                   "--devices", "2", "--out", str(tmp_path / "run"))
-    assert result.returncode == 2
+    capsys.readouterr()
+    assert main(["train", str(workload), "--task", "opaque", "--technique", "gpipe",
+                 "--devices", "2", "--out", str(tmp_path / "run")]) == 2
     assert ("task 'opaque': pipelines cut a model between its blocks, and its model is a "
             "NotSequential, neither an nn.Sequential nor a model with an nn.ModuleList (or "
-            "nn.Sequential) of repeated blocks") in result.stderr
+            "nn.Sequential) of repeated blocks") in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "run" / "logs").exists()  # no gang was started
 
 
