@@ -127,21 +127,26 @@ def test_a_half_written_reply_is_no_report(tmp_path: Path) -> None:
 # -- diverging tasks --------------------------------------------------------------------
 
 
-def test_diverging_tasks_end_diverged_and_the_others_go_on(tmp_path: Path) -> None:
+def test_diverging_tasks_end_diverged_and_the_others_go_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`dione run` and `resume` in the test's process (no interpreter and spawner of
+    their own: some 9 s of CPU each)."""
     workload = tmp_path / "diverging.py"
     workload.write_text(DIVERGING)
     run_dir = tmp_path / "run"
     common = ["--devices", "cpu:2", "--catalog", str(tmp_path / "catalog.sqlite")]
-    ran = dione("run", str(workload), "--out", str(run_dir), "--slice-steps", "4",
-                "--warmup-steps", "1", "--measure-steps", "2", "--solver", "greedy",
-                *common)
-    assert ran.returncode == 1, ran.stdout + ran.stderr
+    capsys.readouterr()
+    status = dione_main(["run", str(workload), "--out", str(run_dir), "--slice-steps", "4",
+                         "--warmup-steps", "1", "--measure-steps", "2", "--solver", "greedy",
+                         *common])
+    ran = capsys.readouterr()
+    assert status == 1, ran.out + ran.err
     diverging = {"diverging-nan": math.isnan, "diverging-inf": math.isinf}
     with RunStore(run_dir) as store:
         good = store.task("good")
         assert good is not None and good.status == "done"
         for name, bad in diverging.items():
-            assert f"task {name} diverged" in ran.stderr
+            assert f"task {name} diverged" in ran.err
             record = store.task(name)
             assert record is not None and record.status == "diverged", name
             assert "at step 7" in (record.error or "")
@@ -155,9 +160,10 @@ def test_diverging_tasks_end_diverged_and_the_others_go_on(tmp_path: Path) -> No
             assert [s.status for s in store.slices(name)] == ["done", "diverged"]
             assert not (run_dir / "checkpoints" / name / "step-00000008").exists()
     # Resuming does not crash, and does not train the diverged tasks again.
-    resumed = dione("resume", str(run_dir))
-    assert resumed.returncode == 1, resumed.stdout + resumed.stderr
-    assert "Traceback" not in resumed.stderr
+    status = dione_main(["resume", str(run_dir)])
+    resumed = capsys.readouterr()
+    assert status == 1, resumed.out + resumed.err
+    assert "Traceback" not in resumed.err
     summary = (run_dir / "report" / "summary.md").read_text()
     with RunStore(run_dir) as store:
         for name in diverging:
