@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dione.cli import main
 from dione.orchestrate import RunOptions, run_workload
 from dione.orchestrate.additions import TaskInbox
 from dione.profile import TrialOptions
@@ -173,8 +174,6 @@ def test_a_run_with_an_inbox_may_start_with_no_task(tmp_path: Path) -> None:
 
 def add(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     """`dione add ARGS` in this process (torch's import paid once): status, its output."""
-    from dione.cli import main
-
     capsys.readouterr()
     status = main(["add", *args])
     out, err = capsys.readouterr()
@@ -182,7 +181,8 @@ def add(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
 
 
 def test_dione_add_reaches_a_live_run_and_a_stopped_one_trains_it_on_resume(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     file = growing(tmp_path, [1e-2, 3e-2])
     hold = tmp_path / "hold"
     env = {"DIONE_CATALOG": str(tmp_path / "catalog.sqlite"), "HOLD_FILE": str(hold)}
@@ -217,8 +217,19 @@ def test_dione_add_reaches_a_live_run_and_a_stopped_one_trains_it_on_resume(
     assert status == 0 and "no launcher runs it now" in said, said
     waiting = dione("status", str(run_dir))
     assert "asked to add lr-0.3" in waiting.stdout and "not taken yet" in waiting.stdout
-    resumed = dione("resume", str(run_dir), env=env)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+
+    def resume() -> str:
+        """`dione resume` in this process (no interpreter and spawner of its own)."""
+        with monkeypatch.context() as its:
+            for name, value in env.items():
+                its.setenv(name, value)
+            capsys.readouterr()
+            status = main(["resume", str(run_dir)])
+        out, err = capsys.readouterr()
+        assert status == 0, out + err
+        return out + err
+
+    resumed = resume()
     with RunStore(run_dir) as store:
         assert store.latest_checkpoint("lr-0.3").step == 8
         assert [a.state for a in store.additions()] == ["taken", "taken"]
@@ -228,16 +239,15 @@ def test_dione_add_reaches_a_live_run_and_a_stopped_one_trains_it_on_resume(
     assert "lr-0.3" in status.stdout
     # A resume takes the earlier requests again, quietly: it said "(workload): not
     # added: the workload has no tasks" and rewrote what each request's record says.
-    assert "(workload)" not in resumed.stdout + resumed.stderr
+    assert "(workload)" not in resumed
     with RunStore(run_dir) as store:
         said_before = [a.message for a in store.additions()]
     assert said_before[0].startswith("added lr-0.1"), said_before
-    again = dione("resume", str(run_dir), env=env)
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "not added" not in again.stdout + again.stderr
-    assert "added to the run" not in again.stdout + again.stderr
+    again = resume()
+    assert "not added" not in again
+    assert "added to the run" not in again
     # Nothing left to train: no session figures ("first plan 0.0 s") beside the run's.
-    assert "nothing trained this session" in " ".join(again.stdout.split())
+    assert "nothing trained this session" in " ".join(again.split())
     with RunStore(run_dir) as store:
         assert [a.message for a in store.additions()] == said_before
 
