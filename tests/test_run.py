@@ -335,7 +335,8 @@ def test_replanning_adopts_a_new_plan_when_a_task_runs_slow(tmp_path: Path, monk
     (signal.SIGTERM, 143, "terminated (SIGTERM); every gang was stopped, checkpoints kept"),
 ], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(
-        tmp_path: Path, signum: int, code: int, said: str) -> None:
+        tmp_path: Path, signum: int, code: int, said: str,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """After the plans (CP-SAT's, of tasks with more than one option) the signal still
     stops the run cleanly: CP-SAT no longer takes SIGINT over, and SIGTERM is handled as
     Ctrl-C is (it killed the launcher with no message)."""
@@ -382,20 +383,28 @@ def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(
     hold.unlink()
     if signum != signal.SIGINT:
         return
+    # The resumes in this process (a process of their own is what the run above shows).
+    from dione.cli import main
+
+    def resume(*args: str, **extra: str) -> tuple[int, str]:
+        with monkeypatch.context() as its:
+            for name, value in {**env, **extra}.items():
+                its.setenv(name, value)
+            capsys.readouterr()
+            status = main(["resume", str(run_dir), *args])
+        out, err = capsys.readouterr()
+        return status, " ".join((out + err).split())
+
     # The workload moves before the resume (a project folder renamed): named, not lost.
     moved = file.rename(tmp_path / "moved.py")
-    refused = started_dione("resume", str(run_dir), env=env)
-    out, _ = refused.communicate(timeout=120)
-    assert refused.returncode == 2 and "--workload NEW.py" in out, out
+    status, out = resume()
+    assert status == 2 and "--workload NEW.py" in out, out
     # Another workload (none of the run's tasks) is not taken for it moved: its tasks
     # would be mixed into the run.
-    other = started_dione("resume", str(run_dir), "--workload", str(moved),
-                          env={**env, "TASK_PREFIX": "other-"})
-    out, _ = other.communicate(timeout=120)
-    assert other.returncode == 2 and "holds none of the tasks of the run" in out, out
-    resumed = started_dione("resume", str(run_dir), "--workload", str(moved), env=env)
-    out, _ = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, out
+    status, out = resume("--workload", str(moved), TASK_PREFIX="other-")
+    assert status == 2 and "holds none of the tasks of the run" in out, out
+    status, out = resume("--workload", str(moved))
+    assert status == 0, out
     assert json.loads((run_dir / "run.json").read_text())["workload"] == str(moved)
 
 
