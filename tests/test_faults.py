@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dione.state import RunStore
-from helpers import dione, interruptible, worker_processes, workload_text
+from helpers import interruptible, worker_processes, workload_text
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +24,10 @@ def trained_good_task(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
     workload = folder / "workload.py"
     workload.write_text(workload_text("faulty"))
     run_dir = folder / "run"
-    done = dione("train", str(workload), "--task", "good", "--technique", "ddp", "--devices",
-                 "2", "--steps", "3", "--out", str(run_dir))
-    assert done.returncode == 0, done.stderr
+    from dione.cli import main  # in this process: no interpreter and spawner of its own
+
+    assert main(["train", str(workload), "--task", "good", "--technique", "ddp", "--devices",
+                 "2", "--steps", "3", "--out", str(run_dir)]) == 0
     return workload, run_dir
 
 
