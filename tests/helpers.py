@@ -17,6 +17,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 
 from dione.launch import local_placement, run_slice
@@ -109,6 +110,18 @@ def dione(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
     return subprocess.run([sys.executable, "-m", "dione.cli", *args], capture_output=True,
                           text=True, env={**os.environ, **(env or {})}, timeout=timeout,
                           cwd=cwd)
+
+
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`dione ARGS` run by this process: exit status, stdout, stderr. For what a command
+    does rather than how a process of its own ends: that pays torch's imports again,
+    and a spawner's for a command that trains (some 9 s of CPU in all)."""
+    from dione.cli import main
+
+    capsys.readouterr()
+    status = main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
 
 
 def started_dione(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:

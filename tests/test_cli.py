@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import dione
+from helpers import dione, in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,16 +47,6 @@ def refused(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     torch's import in an interpreter of its own."""
     status, _, err = in_process(capsys, *args)
     return status, err
-
-
-def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """`dione ARGS` run by this process: exit status, stdout, stderr."""
-    from dione.cli import main
-
-    capsys.readouterr()
-    status = main(list(args))
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 def test_validate_reports_every_problem(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from dione.simulate import (
 from dione.simulate.launching import SimulatedLaunching, VirtualCluster
 from dione.simulate.workload import problem_cluster, problem_workload
 from dione.state.store import RunStore
-from helpers import dione, small_problem
+from helpers import dione, in_process, small_problem
 
 OPTIONS = RunOptions(solver="cpsat", time_limit=2.0, replan_time_limit=0.5,
                      slice_seconds=60.0, replan_interval=600.0)
@@ -121,14 +121,15 @@ def test_injected_failures_are_retried_and_a_hopeless_task_fails_alone(tmp_path:
     assert result.statuses == {"t0": "done", "t1": "done", "t2": "failed", "t3": "done"}
 
 
-def test_the_simulated_report_is_marked_simulated(tmp_path: Path) -> None:
+def test_the_simulated_report_is_marked_simulated(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     file = tmp_path / "problem.json"
     file.write_text(json.dumps(small_problem(4).to_json()))
-    shown = dione("simulate", str(file), "--cluster", "2x2", "--steps", "20",
-                  "--out", str(out), "--time-limit", "2")
-    assert shown.returncode == 0, shown.stderr
-    assert "SIMULATED" in shown.stdout and "current practice" in shown.stdout
+    status, shown, err = in_process(capsys, "simulate", str(file), "--cluster", "2x2",
+                                    "--steps", "20", "--out", str(out), "--time-limit", "2")
+    assert status == 0, err
+    assert "SIMULATED" in shown and "current practice" in shown
     summary = (out / "report" / "summary.md").read_text()
     assert summary.startswith("# dione run report: SIMULATED")
     # What the figures were simulated under, and what they compare with, as stdout says.
@@ -142,7 +143,7 @@ def test_the_simulated_report_is_marked_simulated(tmp_path: Path) -> None:
 
 
 def test_a_simulation_says_what_it_left_out_and_what_its_baseline_leaves_out(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A task no node holds vanished from everything past one warning (a real run lists
     it as invalid); the baseline, which plays no failure or spread, was said to share
     the scenario; the Python API wrote no report though its docstring promised one."""
@@ -153,10 +154,11 @@ def test_a_simulation_says_what_it_left_out_and_what_its_baseline_leaves_out(
     scenario = tmp_path / "scenario.json"
     scenario.write_text(json.dumps({"failures": {"t0": 1}}))
     out = tmp_path / "run"
-    shown = dione("simulate", str(file), "--steps", "10", "--scenario", str(scenario),
-                  "--out", str(out), "--time-limit", "2")
-    assert shown.returncode == 0, shown.stderr
-    said = " ".join(shown.stdout.split())
+    status, shown, err = in_process(capsys, "simulate", str(file), "--steps", "10",
+                                    "--scenario", str(scenario), "--out", str(out),
+                                    "--time-limit", "2")
+    assert status == 0, err
+    said = " ".join(shown.split())
     assert "2 tasks, 2 done, 1 left out (no node holds them)" in said
     assert "not its failures, spread or stopping rules" in said
     summary = (out / "report" / "summary.md").read_text()
@@ -260,7 +262,8 @@ def test_the_report_page_holds_the_tables_and_both_figures(tmp_path: Path) -> No
                                                       else set()), name
 
 
-def test_tensorboard_holds_every_step_evaluation_and_the_hparams(tmp_path: Path) -> None:
+def test_tensorboard_holds_every_step_evaluation_and_the_hparams(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Read back with TensorBoard's own reader: per task its loss at every step it
     trained, the devices it ran on, its status, and its HParams summary with the
     session's status (torch's own writes success for a failed task too)."""
@@ -272,8 +275,9 @@ def test_tensorboard_holds_every_step_evaluation_and_the_hparams(tmp_path: Path)
     simulate(small_problem(4), out, steps=20, options=OPTIONS,
              scenario=Scenario(failures={"t3": 5}))
     for _ in range(2):  # again into the same folder: each step once (it was twice)
-        shown = dione("report", str(out), "--tensorboard", str(tmp_path / "tb"))
-        assert shown.returncode == 0, shown.stderr
+        status, _, err = in_process(capsys, "report", str(out), "--tensorboard",
+                                    str(tmp_path / "tb"))
+        assert status == 0, err
     for task in ("t0", "t1", "t2", "t3"):
         events = EventAccumulator(str(tmp_path / "tb" / task))
         events.Reload()
