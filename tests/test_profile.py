@@ -36,7 +36,7 @@ from dione.profile.simulated import cross_check, is_pipeline, simulated_step_sec
 from dione.spec.cluster import Cluster
 from dione.spec.workload import load_workload
 from dione.zoo.digits import digits_accuracy
-from helpers import TEST_NODE, digits_task
+from helpers import TEST_NODE, digits_task, in_process
 
 # The workers cannot import this test module: its functions travel by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -461,20 +461,21 @@ workload = grid("digits", task, lr=[0.05, 0.1])
 '''
 
 
-def test_cli_profile_writes_a_problem_the_planner_solves(tmp_path: Path) -> None:
+def test_cli_profile_writes_a_problem_the_planner_solves(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     file = tmp_path / "small.py"
     file.write_text(SMALL)
-    env = {**os.environ, "DIONE_CATALOG": str(tmp_path / "catalog.sqlite")}
+    monkeypatch.setenv("DIONE_CATALOG", str(tmp_path / "catalog.sqlite"))
 
-    def profile() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "dione.cli", "profile", str(file), "--devices", "cpu:2",
-             "--warmup-steps", "1", "--measure-steps", "3", "-o", str(tmp_path / "p.json")],
-            capture_output=True, text=True, env=env, timeout=300)
+    def profile() -> tuple[int, str, str]:  # in this process: its spawner is kept
+        return in_process(capsys, "profile", str(file), "--devices", "cpu:2",
+                          "--warmup-steps", "1", "--measure-steps", "3", "-o",
+                          str(tmp_path / "p.json"))
 
-    done = profile()
-    assert done.returncode == 0, done.stderr
-    assert "2 trial(s) run, 0 from the catalog" in done.stdout
+    status, out, err = profile()
+    assert status == 0, err
+    assert "2 trial(s) run, 0 from the catalog" in out
     problem = load_problem(tmp_path / "p.json")
     assert [t.name for t in problem.tasks] == ["digits-lr0.05", "digits-lr0.1"]
     raw = json.loads((tmp_path / "p.json").read_text())
@@ -482,9 +483,9 @@ def test_cli_profile_writes_a_problem_the_planner_solves(tmp_path: Path) -> None
         assert {o["technique"] for o in task["options"]} == {"single", "ddp"}
         assert all(o["seconds"] > 0 for o in task["options"])
     assert solve(problem, "cpsat", 5.0).assignments
-    again = profile()
-    assert again.returncode == 0, again.stderr
-    assert "0 trial(s) run, 2 from the catalog" in again.stdout
+    status, out, err = profile()
+    assert status == 0, err
+    assert "0 trial(s) run, 2 from the catalog" in out
 
 
 def test_memory_saving_knobs_are_tried_only_where_memory_ran_out(tmp_path: Path) -> None:
