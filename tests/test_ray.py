@@ -93,40 +93,124 @@ def _final_weights(task: Any, checkpoint: str) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def test_two_nodes_train_as_planned_and_match_a_local_run(
-        launcher: RayLauncher, tmp_path: Path) -> None:
-    tasks = [digits_task(f"d{i}", steps=24, batch_size=16,
-                         optimizer=functools.partial(torch.optim.Adam, lr=1e-2 * (i + 1)),
-                         techniques=("single", "ddp"))
-             for i in range(4)]
-    nodes = launcher.nodes()
-    shared = tmp_path / "shared"  # the storage every node reaches (here: one disk)
-    result = run_workload(tasks, Cluster(nodes), tmp_path / "run",
-                          RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
-                                     solver="greedy", time_limit=5.0, storage=str(shared)),
-                          launcher=launcher)
-    assert all(t.status == "done" for t in result.tasks), result.tasks
-    # Checkpoints went to the storage, the run store stayed in the run directory; the
-    # trials left nothing behind there.
-    assert all(Path(str(t.checkpoint)).is_relative_to(shared) for t in result.tasks)
-    assert not (tmp_path / "run" / "checkpoints").exists()
-    assert [p.name for p in shared.iterdir()] == ["runs"]  # this run's folder, no other
-    with RunStore(tmp_path / "run") as store:
-        assert [p.name for p in (shared / "runs").iterdir()] == [store.run_id]
-    with RunStore(tmp_path / "run") as store:
-        slices = [s for s in store.slices() if s.status == "done"]
-    assert {s.node for s in slices} == {n.name for n in nodes}  # both nodes trained
-    # Exact techniques: the same final weights as the same (technique, devices) here.
-    for task in tasks:
-        ran = [s for s in slices if s.task == task.name]
-        assert len(ran) == 1
-        local = run_slice(task, ran[0].technique, tmp_path / "local",
-                          local_placement(Node("here", 2, "cpu"), ran[0].device_ids))
-        done = result.task(task.name)
-        assert done.final_loss == local.losses[-1], task.name
-        ours = _final_weights(task, str(done.checkpoint))
-        theirs = _final_weights(task, str(local.checkpoint))
-        assert all(torch.equal(ours[k], theirs[k]) for k in ours), task.name
+class TestOnWarmActors:
+    """Tests that need no environment of their own nor cold actors share one launcher,
+    whose warm actors serve each in turn as a long run's do (an actor's start costs some
+    7 s of CPU here: a Ray worker, torch, dione). Afterwards no actor or placement group
+    may be left."""
+
+    @pytest.fixture(scope="class")
+    def launcher(self, cluster: Any) -> Iterator[RayLauncher]:
+        ours = RayLauncher()
+        yield ours
+        ours.shutdown()
+        actors, groups = _left_behind()
+        assert not actors and not groups, (actors, groups)
+
+    def test_two_nodes_train_as_planned_and_match_a_local_run(
+            self, launcher: RayLauncher, tmp_path: Path) -> None:
+        tasks = [digits_task(f"d{i}", steps=24, batch_size=16,
+                             optimizer=functools.partial(torch.optim.Adam, lr=1e-2 * (i + 1)),
+                             techniques=("single", "ddp"))
+                 for i in range(4)]
+        nodes = launcher.nodes()
+        shared = tmp_path / "shared"  # the storage every node reaches (here: one disk)
+        result = run_workload(tasks, Cluster(nodes), tmp_path / "run",
+                              RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                                         solver="greedy", time_limit=5.0, storage=str(shared)),
+                              launcher=launcher)
+        assert all(t.status == "done" for t in result.tasks), result.tasks
+        # Checkpoints went to the storage, the run store stayed in the run directory; the
+        # trials left nothing behind there.
+        assert all(Path(str(t.checkpoint)).is_relative_to(shared) for t in result.tasks)
+        assert not (tmp_path / "run" / "checkpoints").exists()
+        assert [p.name for p in shared.iterdir()] == ["runs"]  # this run's folder, no other
+        with RunStore(tmp_path / "run") as store:
+            assert [p.name for p in (shared / "runs").iterdir()] == [store.run_id]
+        with RunStore(tmp_path / "run") as store:
+            slices = [s for s in store.slices() if s.status == "done"]
+        assert {s.node for s in slices} == {n.name for n in nodes}  # both nodes trained
+        # Exact techniques: the same final weights as the same (technique, devices) here.
+        for task in tasks:
+            ran = [s for s in slices if s.task == task.name]
+            assert len(ran) == 1
+            local = run_slice(task, ran[0].technique, tmp_path / "local",
+                              local_placement(Node("here", 2, "cpu"), ran[0].device_ids))
+            done = result.task(task.name)
+            assert done.final_loss == local.losses[-1], task.name
+            ours = _final_weights(task, str(done.checkpoint))
+            theirs = _final_weights(task, str(local.checkpoint))
+            assert all(torch.equal(ours[k], theirs[k]) for k in ours), task.name
+
+    @pytest.mark.parametrize("reset", ["raises", "hangs"])
+    def test_an_actor_whose_reset_fails_is_replaced_and_the_next_slice_not_blamed(
+            self, launcher: RayLauncher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+            reset: str) -> None:
+        """As a local worker (``test_warm_workers``): an actor that cannot put its state back
+        after a slice is ended before the next slice on its device, which gets a new one."""
+        file = tmp_path / "stubborn.py"
+        file.write_text(workload_text("stubborn"))
+        tasks = {task.name: task for task in load_workload(file)}
+        if reset == "hangs":  # the launcher waits this long for its word, then ends it
+            monkeypatch.setattr(ray_launcher, "RESTORE_SECONDS", 2.0)
+        placement = launcher.placement(launcher.nodes()[0], [0])
+        run_slice(tasks[reset], "single", tmp_path, placement, launcher=launcher)
+        started = launcher.actors_started
+        innocent = run_slice(tasks["innocent"], "single", tmp_path, placement,
+                             launcher=launcher, timeout=120)
+        assert len(innocent.losses) == 2
+        assert launcher.actors_started == started + 1
+
+    def test_trials_run_side_by_side_on_every_node(self, launcher: RayLauncher,
+                                                   tmp_path: Path) -> None:
+        tasks = [digits_task("a", techniques=("single", "ddp")),
+                 digits_task("b", batch_size=32, techniques=("single", "ddp"))]
+        nodes = launcher.nodes()
+        events: list[ProfileEvent] = []
+        with Catalog(tmp_path / "catalog.sqlite") as catalog:
+            first = profile_workload(tasks, Cluster(nodes), catalog, options=QUICK,
+                                     on_event=events.append, launcher=launcher)
+            # Nodes of the same kind share catalog entries: one node alone runs nothing anew.
+            again = profile_workload(tasks, Cluster(nodes[1:]), catalog, options=QUICK,
+                                     launcher=launcher)
+        assert first.trials_run >= 4 and all(t.options for t in first.tasks)
+        assert {e.node for e in events if e.kind == "started"} == {n.name for n in nodes}
+        assert again.trials_run == 0 and again.trials_cached == first.trials_run
+
+    def test_progress_comes_back_through_the_launcher(self, launcher: RayLauncher,
+                                                      tmp_path: Path) -> None:
+        task = digits_task("p", steps=6)
+        heard: dict[str, list[tuple[int, int]]] = {"ray": [], "local": []}
+        node = launcher.nodes()[0]
+        began = time.time()
+        swept: list[Path] = []
+        running: list[Path] = []
+        held: list[int] = []  # per running folder, its ranks' holds while the gang ran
+
+        def on_ray_progress(rank: int, record: dict[str, Any]) -> None:
+            heard["ray"].append((rank, record["step"]))
+            if not running:  # the gang runs: its folder survives a sweep, whatever its age
+                running.extend(f for f in Path(tempfile.gettempdir()).glob(f"{GANG_PREFIX}*")
+                               if f.stat().st_mtime >= began)
+                held.extend(len(list(f.glob("rank*.held"))) for f in running)
+                an_hour_ago = time.time() - 3600
+                for folder in running:  # aged by hand: only its holds keep it
+                    os.utime(folder, (an_hour_ago, an_hour_ago))
+                swept.extend(remove_abandoned_gangs())
+                for folder in running:  # young again: no other session's sweep takes it
+                    with contextlib.suppress(FileNotFoundError):  # once its holds end
+                        os.utime(folder)
+
+        run_slice(task, "ddp", tmp_path / "ray", launcher.placement(node, [0, 1]),
+                  launcher=launcher, on_progress=on_ray_progress)
+        # Counted while it ran: once it ends, the folder goes whenever its actor gets to it.
+        assert running and held == [2] * len(running), (running, held)
+        assert not set(running) & set(swept)
+        run_slice(task, "ddp", tmp_path / "local", local_placement(Node("here", 2, "cpu"), [0, 1]),
+                  on_progress=lambda rank, record: heard["local"].append((rank, record["step"])))
+        for said in heard.values():  # every rank reports its first step at once
+            assert {(0, 1), (1, 1)} <= set(said), heard
+        assert not list(tmp_path.glob("**/progress-*.json"))  # no file carried it
 
 
 def test_ray_env_reaches_the_launcher_the_cli_makes(cluster: Any,
@@ -184,26 +268,6 @@ def test_a_failing_rank_reads_as_it_does_locally(
     assert not failed[0].exists()
     with RunStore(tmp_path / "ray") as store:
         assert [s.status for s in store.slices()] == ["failed"]
-
-
-@pytest.mark.parametrize("reset", ["raises", "hangs"])
-def test_an_actor_whose_reset_fails_is_replaced_and_the_next_slice_not_blamed(
-        launcher: RayLauncher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        reset: str) -> None:
-    """As a local worker (``test_warm_workers``): an actor that cannot put its state back
-    after a slice is ended before the next slice on its device, which gets a new one."""
-    file = tmp_path / "stubborn.py"
-    file.write_text(workload_text("stubborn"))
-    tasks = {task.name: task for task in load_workload(file)}
-    if reset == "hangs":  # the launcher waits this long for its word, then ends it
-        monkeypatch.setattr(ray_launcher, "RESTORE_SECONDS", 2.0)
-    placement = launcher.placement(launcher.nodes()[0], [0])
-    run_slice(tasks[reset], "single", tmp_path, placement, launcher=launcher)
-    started = launcher.actors_started
-    innocent = run_slice(tasks["innocent"], "single", tmp_path, placement,
-                         launcher=launcher, timeout=120)
-    assert len(innocent.losses) == 2
-    assert launcher.actors_started == started + 1
 
 
 HOLDING = """
@@ -271,22 +335,6 @@ def test_a_device_a_gang_holds_is_waited_for_not_given_a_second_actor(
     assert launcher.actors_started == started + node.devices - 1
 
 
-def test_trials_run_side_by_side_on_every_node(launcher: RayLauncher, tmp_path: Path) -> None:
-    tasks = [digits_task("a", techniques=("single", "ddp")),
-             digits_task("b", batch_size=32, techniques=("single", "ddp"))]
-    nodes = launcher.nodes()
-    events: list[ProfileEvent] = []
-    with Catalog(tmp_path / "catalog.sqlite") as catalog:
-        first = profile_workload(tasks, Cluster(nodes), catalog, options=QUICK,
-                                 on_event=events.append, launcher=launcher)
-        # Nodes of the same kind share catalog entries: one node alone runs nothing anew.
-        again = profile_workload(tasks, Cluster(nodes[1:]), catalog, options=QUICK,
-                                 launcher=launcher)
-    assert first.trials_run >= 4 and all(t.options for t in first.tasks)
-    assert {e.node for e in events if e.kind == "started"} == {n.name for n in nodes}
-    assert again.trials_run == 0 and again.trials_cached == first.trials_run
-
-
 def dione_node(nodes: list[Node], added: Any) -> Node:
     """The node dione names for a node ``cluster.add_node`` made (its name ends with a
     prefix of Ray's node id)."""
@@ -324,41 +372,6 @@ def test_a_node_lost_while_profiling_leaves_the_profile_not_the_catalog(
         launcher.shutdown()
     actors, groups = _left_behind()
     assert not actors and not groups, (actors, groups)
-
-
-def test_progress_comes_back_through_the_launcher(launcher: RayLauncher, tmp_path: Path) -> None:
-    task = digits_task("p", steps=6)
-    heard: dict[str, list[tuple[int, int]]] = {"ray": [], "local": []}
-    node = launcher.nodes()[0]
-    began = time.time()
-    swept: list[Path] = []
-    running: list[Path] = []
-    held: list[int] = []  # per running folder, its ranks' holds while the gang ran
-
-    def on_ray_progress(rank: int, record: dict[str, Any]) -> None:
-        heard["ray"].append((rank, record["step"]))
-        if not running:  # the gang runs: its folder survives a sweep, whatever its age
-            running.extend(f for f in Path(tempfile.gettempdir()).glob(f"{GANG_PREFIX}*")
-                           if f.stat().st_mtime >= began)
-            held.extend(len(list(f.glob("rank*.held"))) for f in running)
-            an_hour_ago = time.time() - 3600
-            for folder in running:  # aged by hand: only its holds keep it
-                os.utime(folder, (an_hour_ago, an_hour_ago))
-            swept.extend(remove_abandoned_gangs())
-            for folder in running:  # young again: no other session's sweep takes it
-                with contextlib.suppress(FileNotFoundError):  # once its holds end
-                    os.utime(folder)
-
-    run_slice(task, "ddp", tmp_path / "ray", launcher.placement(node, [0, 1]),
-              launcher=launcher, on_progress=on_ray_progress)
-    # Counted while it ran: once it ends, the folder goes whenever its actor gets to it.
-    assert running and held == [2] * len(running), (running, held)
-    assert not set(running) & set(swept)
-    run_slice(task, "ddp", tmp_path / "local", local_placement(Node("here", 2, "cpu"), [0, 1]),
-              on_progress=lambda rank, record: heard["local"].append((rank, record["step"])))
-    for said in heard.values():  # every rank reports its first step at once
-        assert {(0, 1), (1, 1)} <= set(said), heard
-    assert not list(tmp_path.glob("**/progress-*.json"))  # no file carried it
 
 
 def test_a_gang_folder_no_rank_holds_goes_with_the_next_actor_started(
