@@ -189,6 +189,23 @@ def test_a_task_that_diverged_before_its_first_checkpoint_is_not_offered_latest(
         store.diverge_slice(slice_id, [float("nan")], [0.1], "loss is nan")
     for latest in (False, True):
         with pytest.raises(ExportError, match="diverged and was never checkpointed: it "
-                           "holds no weights") as refused:
+                           r"holds no weights .* change what made it diverge") as refused:
             trained_checkpoint(tmp_path, "t", latest=latest)
         assert "--latest" not in str(refused.value)
+
+
+def test_an_export_says_what_its_weights_measured_at_their_step_only(tmp_path: Path) -> None:
+    """dione.json's evaluation: the metrics recorded at the exported step, none from an
+    earlier one (a step the task was not evaluated at, a later evaluation that failed)."""
+    from dione.state.export import evaluation_at
+
+    (tmp_path / "ck").mkdir()
+    with RunStore(tmp_path) as store:
+        store.register_task("t", 6, 8)
+        for start, metrics in ((0, {"accuracy": 0.9}), (2, {}), (4, {"accuracy": 0.95})):
+            slice_id = store.begin_slice("t", "single", {}, "n0", [0], start, start + 2)
+            store.finish_slice(slice_id, [1.0, 0.5], [0.1, 0.1], str(tmp_path / "ck"),
+                               {"wall": 2.0}, 123, metrics)
+    assert [evaluation_at(tmp_path, "t", step) for step in (2, 4, 6, 3)] == [
+        {"accuracy": 0.9}, {}, {"accuracy": 0.95}, {}]
+    assert evaluation_at(tmp_path / "no-store", "t", 2) == {}

@@ -291,6 +291,11 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
     with pytest.raises(ValueError, match=r"no task of run .* has a value of 'acc'; its "
                        r"metrics: accuracy, test_loss"):
         result.best("acc")
+    # From the result itself: a run directory moved since ranks the same, and is not
+    # made again where it was (review: a store was created there, and nothing ranked).
+    moved = dataclasses.replace(result, run_dir=tmp_path / "moved")
+    assert moved.leaderboard("accuracy") == result.leaderboard("accuracy")
+    assert not (tmp_path / "moved").exists()
     assert "- noted at step 6: RuntimeError: no held-out split" in summary
     assert "- noted at step 12: RuntimeError: no held-out split" in summary
     # Every evaluation with its step (metrics.csv has the losses only).

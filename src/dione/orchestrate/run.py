@@ -80,29 +80,29 @@ class RunResult:
     slices: int = 0  # launched in this session
     replans: int = 0  # re-plans solved beside execution (the first plan not counted)
     replan_seconds: float = 0.0  # their solver time, beside execution
+    # Metric -> "min"/"max", as the run's stopping rules or Optuna study judge them.
+    directions: dict[str, str] = field(default_factory=dict)
 
     def task(self, name: str) -> TaskResult:
         return next(t for t in self.tasks if t.task == name)
 
     def leaderboard(self, metric: str) -> list[TaskResult]:
-        """The tasks ranked by ``metric``, best first, as the report's leaderboard ranks
-        them: those trained to their end, then those ended before it (a stopping rule's
-        rung: that rung's value). Lower or higher is better as the run's stopping rule
-        or Optuna study has it, else as the name says (loss, error: lower). Left out: a
-        diverged task, and a done one whose last evaluation failed (its value would be
-        of earlier weights than it exports)."""
+        """These results ranked by ``metric``, best first, as the report's leaderboard
+        ranks them: those trained to their end, then those that did not (stopped at a
+        rung, failed or interrupted on the way: their value is of that step). Lower or
+        higher is better as the run's stopping rule or Optuna study has it, else as the
+        name says (loss, error: lower). Left out: a diverged task, and a done one whose
+        last evaluation failed (its value would be of earlier weights than it exports).
+        The results as the run ended: a later session's are in its own result."""
         seen = sorted({m for t in self.tasks for m in t.evaluation})
         if metric not in seen:
             raise ValueError(f"no task of run {self.run_dir} has a value of {metric!r}; "
                              f"its metrics: {', '.join(seen) or 'none (no task evaluated)'}")
-        with RunStore(self.run_dir) as store:
-            ranked = leaderboard(summaries(store, [t.task for t in self.tasks]), metric,
-                                 store.directions())
-        return [self.task(s.task) for s in ranked]
+        return leaderboard(self.tasks, metric, self.directions)
 
     def best(self, metric: str) -> TaskResult | None:
-        """The first of ``leaderboard(metric)`` (None: no task is ranked): a task trained
-        to its end wherever one has a value."""
+        """The first of ``leaderboard(metric)`` (None: no task is ranked); check its
+        ``status``: it did not train to its end only where no task that did has a value."""
         return next(iter(self.leaderboard(metric)), None)
 
 
@@ -208,7 +208,9 @@ def _run_claimed(
     makespan = runner.now() if runner.slices_launched else _recorded_makespan(run_dir)
     emit(RunEvent("finished", f"makespan {makespan:.1f} s"))
     taken = [r.task for r in runner.state.records.values()]  # with those added
+    with RunStore(run_dir) as store:
+        directions = store.directions()
     return RunResult(run_dir, _results(taken, run_dir), makespan,
                      runner.first_planned or 0.0, runner.plans_adopted, profile_seconds,
                      slices=runner.slices_launched, replans=runner.replanner.solves,
-                     replan_seconds=runner.replanner.seconds)
+                     replan_seconds=runner.replanner.seconds, directions=directions)

@@ -66,9 +66,11 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
         raise ExportError(f"run {run} has no task {task!r}; its tasks: "
                           f"{', '.join(names) or 'none'}")
     if record.status in ("stopped", "diverged") and checkpoint is None:
+        anew = ("change what made it diverge (a lower learning rate, say) and train it "
+                "anew" if record.status == "diverged" else "train its configuration anew")
         raise ExportError(f"task {task!r} is {record.status} and was never checkpointed: "
-                          "it holds no weights to give and will not train again; train "
-                          "its configuration anew to get them")
+                          f"it holds no weights to give and will not train again; {anew} "
+                          "to get them")
     if record.status != "done" and not latest:
         step = f"; its newest checkpoint is at step {checkpoint.step}" if checkpoint else ""
         latest_fix = "take its newest checkpoint as it is (--latest; dione.load(..., latest=True))"

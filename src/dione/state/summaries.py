@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from dione.state.store import RunStore, SliceRecord
 
@@ -169,14 +169,29 @@ def lower_is_better(metric: str, directions: Mapping[str, str] | None = None) ->
     return direction_by_name(metric) == "min"
 
 
-def leaderboard(tasks: Sequence[TaskSummary], metric: str,
-                directions: Mapping[str, str] | None = None) -> list[TaskSummary]:
+class Ranked(Protocol):
+    """What a leaderboard reads of a task (a ``TaskSummary``, or a run's ``TaskResult``)."""
+
+    status: str
+    steps: int
+    total_steps: int
+    evaluation: dict[str, float]
+    evaluated_at: int | None
+
+
+R = TypeVar("R", bound=Ranked)
+
+
+def leaderboard(tasks: Sequence[R], metric: str,
+                directions: Mapping[str, str] | None = None) -> list[R]:
     """Tasks with ``metric``, best first (``directions``: as ``lower_is_better``): those
-    that trained to their end, then those ended before it (stopped at a rung: their
-    value is that rung's, not comparable with a final one). A diverged task is ranked by
-    no metric, nor a done one whose final evaluation failed (its metrics are of earlier
-    weights than those it exports): they are listed after the board."""
+    that trained to their end, then those that did not (stopped at a rung, or failed,
+    paused or interrupted on the way: their value is of that step, not comparable with
+    a final one). A diverged task is ranked by no metric, nor a done one whose final
+    evaluation failed (its metrics are of earlier weights than those it exports): they
+    are listed after the board."""
     scored = [t for t in tasks if metric in t.evaluation and t.status != "diverged"
-              and not (t.status == "done" and t.evaluated_before)]
+              and not (t.status == "done" and t.evaluated_at is not None
+                       and t.evaluated_at < t.steps)]
     sign = 1 if lower_is_better(metric, directions) else -1
     return sorted(scored, key=lambda t: (t.steps < t.total_steps, t.evaluation[metric] * sign))
