@@ -165,14 +165,27 @@ def test_run_plans_executes_and_reports(tmp_path: Path, monkeypatch) -> None:
 
 
 @pytest.mark.timeout(900)  # three `dione` runs (whole, killed, resumed)
-def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: Path) -> None:
+def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     file = write_workload(tmp_path)
     env = {"DIONE_CATALOG": str(tmp_path / "catalog.sqlite"), "TASKS": "a b c"}
     common = ["--devices", "cpu:2", "--slice-steps", "4", "--warmup-steps", "1",
               "--measure-steps", "3", "--time-limit", "5"]
-    whole = started_dione("run", str(file), "--out", str(tmp_path / "whole"), *common, env=env)
-    out, _ = whole.communicate(timeout=600)
-    assert whole.returncode == 0, out
+    from dione.cli import main
+
+    def here(*args: str) -> str:
+        """`dione ARGS` in this process (only the run killed needs a process of its own)."""
+        with monkeypatch.context() as its:
+            for name, value in env.items():
+                its.setenv(name, value)
+            capsys.readouterr()
+            status = main(list(args))
+        out, err = capsys.readouterr()
+        assert status == 0, out + err
+        return out
+
+    here("run", str(file), "--out", str(tmp_path / "whole"), *common)
 
     killed_dir = tmp_path / "killed"
     # Training holds at its next step while this file exists (the workload's loss): the
@@ -234,9 +247,7 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
     moved_dir = tmp_path / "moved"
     killed_dir.rename(moved_dir)
     killed_dir = moved_dir
-    resumed = started_dione("resume", str(killed_dir), env=env)
-    out, _ = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, out
+    here("resume", str(killed_dir))
     tasks = list(load_workload(file))
     for task in tasks:
         ours, theirs = (final_parameters(tmp_path / d, task) for d in ("moved", "whole"))
@@ -258,13 +269,12 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(tmp_path: 
     status = subprocess.run([sys.executable, "-m", "dione.cli", "status", str(killed_dir)],
                             capture_output=True, text=True, timeout=120)
     assert status.returncode == 0 and "3 of 3 task(s) done" in status.stdout
-    report = subprocess.run([sys.executable, "-m", "dione.cli", "report", str(killed_dir)],
-                            capture_output=True, text=True, timeout=120)
-    assert report.returncode == 0 and "Leaderboard" not in report.stdout  # no metric defined
-    assert "| a | done | 12/12 |" in report.stdout
+    report = here("report", str(killed_dir))
+    assert "Leaderboard" not in report  # no metric defined
+    assert "| a | done | 12/12 |" in report
     # It says the run was resumed; the slices the kill cut short end where they began
     # in every report, the resuming launcher's too (it drew them to their planned end).
-    assert "Resumed 1 time(s), at " in report.stdout
+    assert "Resumed 1 time(s), at " in report
     with open(killed_dir / "report" / "timeline.csv") as timeline:
         rows = {int(r["slice"]): r for r in csv.DictReader(timeline)}
     assert all(rows[i]["end_step"] == rows[i]["start_step"] for i in cut_short), rows
