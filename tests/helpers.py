@@ -112,15 +112,26 @@ def dione(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
                           cwd=cwd)
 
 
-def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """`dione ARGS` run by this process: exit status, stdout, stderr. For what a command
-    does rather than how a process of its own ends: that pays torch's imports again,
-    and a spawner's for a command that trains (some 9 s of CPU in all)."""
+def in_process(capsys: pytest.CaptureFixture[str], *args: str,
+               env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """`dione ARGS` run by this process (``env`` set while it runs: its workers get it
+    too): exit status, stdout, stderr. For what a command does rather than how a process
+    of its own ends: that pays torch's imports again, and a spawner's for a command that
+    trains (some 9 s of CPU in all)."""
     from dione.cli import main
 
-    capsys.readouterr()
-    status = main(list(args))
-    out, err = capsys.readouterr()
+    before = {name: os.environ.get(name) for name in env or {}}
+    os.environ.update(env or {})
+    try:
+        capsys.readouterr()
+        status = main(list(args))
+        out, err = capsys.readouterr()
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return status, out, err
 
 

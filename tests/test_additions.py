@@ -22,7 +22,14 @@ from dione.profile import TrialOptions
 from dione.spec.cluster import Cluster
 from dione.spec.workload import load_workload
 from dione.state.store import RunStore
-from helpers import TEST_NODE, dione, started_dione, wait_until_training, workload_text
+from helpers import (
+    TEST_NODE,
+    dione,
+    in_process,
+    started_dione,
+    wait_until_training,
+    workload_text,
+)
 
 QUICK = TrialOptions(warmup_steps=1, measure_steps=3, timeout=120)
 
@@ -181,8 +188,7 @@ def add(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
 
 
 def test_dione_add_reaches_a_live_run_and_a_stopped_one_trains_it_on_resume(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     file = growing(tmp_path, [1e-2, 3e-2])
     hold = tmp_path / "hold"
     env = {"DIONE_CATALOG": str(tmp_path / "catalog.sqlite"), "HOLD_FILE": str(hold)}
@@ -220,12 +226,7 @@ def test_dione_add_reaches_a_live_run_and_a_stopped_one_trains_it_on_resume(
 
     def resume() -> str:
         """`dione resume` in this process (no interpreter and spawner of its own)."""
-        with monkeypatch.context() as its:
-            for name, value in env.items():
-                its.setenv(name, value)
-            capsys.readouterr()
-            status = main(["resume", str(run_dir)])
-        out, err = capsys.readouterr()
+        status, out, err = in_process(capsys, "resume", str(run_dir), env=env)
         assert status == 0, out + err
         return out + err
 

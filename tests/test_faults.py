@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dione.state import RunStore
-from helpers import interruptible, worker_processes, workload_text
+from helpers import in_process, interruptible, worker_processes, workload_text
 
 
 @pytest.fixture(scope="module")
@@ -61,14 +61,11 @@ def snapshot(run_dir: Path, task: str):
     ],
 )
 def test_faulty_worker_ends_the_gang(run_with_good_task, fault: str, expected: str,
-                                    capsys: pytest.CaptureFixture[str],
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+                                    capsys: pytest.CaptureFixture[str]) -> None:
     """`dione train` run by this process (its workers' environment: FAULT), whose kept
     spawner forks the ranks: a process of its own would pay torch's imports twice more
     (its own, its spawner's), some 9 s of CPU a run; what only a process of its own
     shows (Ctrl-C, a killed launcher) the tests below show."""
-    from dione.cli import main
-
     workload, run_dir = run_with_good_task
     before = snapshot(run_dir, "good")
     # Only the hang needs a time limit; on the others it could cut a cold start short on a
@@ -77,11 +74,7 @@ def test_faulty_worker_ends_the_gang(run_with_good_task, fault: str, expected: s
     limit = ["--timeout", "8"] if fault == "hang" else []
     train = ["train", str(workload), "--task", "faulty", "--technique", "ddp", "--devices",
              "2", "--out", str(run_dir)]
-    with monkeypatch.context() as faulty:
-        faulty.setenv("FAULT", fault)
-        capsys.readouterr()
-        status = main([*train, *limit])
-        out, err = capsys.readouterr()
+    status, out, err = in_process(capsys, *train, *limit, env={"FAULT": fault})
     assert status == 1, out + err
     assert expected in err
     assert "task 'faulty', steps 0-6, ddp" in err
@@ -94,7 +87,8 @@ def test_faulty_worker_ends_the_gang(run_with_good_task, fault: str, expected: s
         assert failed.status == "failed" and expected in failed.error
         assert store.checkpoints("faulty") == [] and store.task("faulty").status == "pending"
     # The fault gone, the same task trains in the same run dir.
-    assert main(train) == 0, capsys.readouterr().err
+    status, out, err = in_process(capsys, *train)
+    assert status == 0, err
 
 
 def test_ctrl_c_stops_the_gang_and_keeps_the_run(run_with_good_task, tmp_path: Path

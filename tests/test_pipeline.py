@@ -17,6 +17,7 @@ from helpers import (
     char_task,
     check_real_timeline,
     final_parameters,
+    in_process,
 )
 
 WORKLOAD = '''
@@ -76,20 +77,16 @@ workload = Workload([task("pipe", model), task("opaque", NotSequential)])
     ],
 )
 def test_a_dying_stage_ends_the_gang_and_is_named(
-        technique, fault, expected, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from dione.cli import main
-
+        technique, fault, expected, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     workload = tmp_path / "workload.py"
     workload.write_text(WORKLOAD)
-    with monkeypatch.context() as faulty:  # `dione train` in this process, its ranks FAULT
-        faulty.setenv("FAULT", fault)
-        capsys.readouterr()
-        status = main(["train", str(workload), "--task", "pipe", "--technique", technique,
-                       "--devices", "2", "--knob", "micro_batches=2", "--out",
-                       str(tmp_path / "run")])
+    status, _, err = in_process(capsys, "train", str(workload), "--task", "pipe",
+                                "--technique", technique, "--devices", "2", "--knob",
+                                "micro_batches=2", "--out", str(tmp_path / "run"),
+                                env={"FAULT": fault})  # its ranks' environment
     assert status == 1
-    assert expected in capsys.readouterr().err
+    assert expected in err
     # The same slice without the fault trains: the failure was the stage's, not the setup's
     # (its ranks' environment has no FAULT now).
     pipe = next(t for t in load_workload(workload) if t.name == "pipe")
@@ -100,16 +97,15 @@ def test_a_dying_stage_ends_the_gang_and_is_named(
 
 def test_a_model_that_cannot_be_cut_is_refused_before_starting(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from dione.cli import main
-
     workload = tmp_path / "workload.py"
     workload.write_text(WORKLOAD)
-    capsys.readouterr()
-    assert main(["train", str(workload), "--task", "opaque", "--technique", "gpipe",
-                 "--devices", "2", "--out", str(tmp_path / "run")]) == 2
+    status, _, err = in_process(capsys, "train", str(workload), "--task", "opaque",
+                                "--technique", "gpipe", "--devices", "2", "--out",
+                                str(tmp_path / "run"))
+    assert status == 2
     assert ("task 'opaque': pipelines cut a model between its blocks, and its model is a "
             "NotSequential, neither an nn.Sequential nor a model with an nn.ModuleList (or "
-            "nn.Sequential) of repeated blocks") in " ".join(capsys.readouterr().err.split())
+            "nn.Sequential) of repeated blocks") in " ".join(err.split())
     assert not (tmp_path / "run" / "logs").exists()  # no gang was started
 
 

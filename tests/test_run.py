@@ -23,7 +23,7 @@ from dione.spec.cluster import Cluster, Node
 from dione.spec.workload import load_workload
 from dione.state.checkpoint import load_model_weights
 from dione.state.store import RunStore
-from helpers import started_dione, wait_until_training
+from helpers import in_process, started_dione, wait_until_training
 
 QUICK = TrialOptions(warmup_steps=1, measure_steps=3, timeout=120)
 
@@ -166,22 +166,15 @@ def test_run_plans_executes_and_reports(tmp_path: Path, monkeypatch) -> None:
 
 @pytest.mark.timeout(900)  # three `dione` runs (whole, killed, resumed)
 def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     file = write_workload(tmp_path)
     env = {"DIONE_CATALOG": str(tmp_path / "catalog.sqlite"), "TASKS": "a b c"}
     common = ["--devices", "cpu:2", "--slice-steps", "4", "--warmup-steps", "1",
               "--measure-steps", "3", "--time-limit", "5"]
-    from dione.cli import main
 
     def here(*args: str) -> str:
         """`dione ARGS` in this process (only the run killed needs a process of its own)."""
-        with monkeypatch.context() as its:
-            for name, value in env.items():
-                its.setenv(name, value)
-            capsys.readouterr()
-            status = main(list(args))
-        out, err = capsys.readouterr()
+        status, out, err = in_process(capsys, *args, env=env)
         assert status == 0, out + err
         return out
 
@@ -346,7 +339,7 @@ def test_replanning_adopts_a_new_plan_when_a_task_runs_slow(tmp_path: Path, monk
 ], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(
         tmp_path: Path, signum: int, code: int, said: str,
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        capsys: pytest.CaptureFixture[str]) -> None:
     """After the plans (CP-SAT's, of tasks with more than one option) the signal still
     stops the run cleanly: CP-SAT no longer takes SIGINT over, and SIGTERM is handled as
     Ctrl-C is (it killed the launcher with no message)."""
@@ -394,15 +387,9 @@ def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(
     if signum != signal.SIGINT:
         return
     # The resumes in this process (a process of their own is what the run above shows).
-    from dione.cli import main
-
     def resume(*args: str, **extra: str) -> tuple[int, str]:
-        with monkeypatch.context() as its:
-            for name, value in {**env, **extra}.items():
-                its.setenv(name, value)
-            capsys.readouterr()
-            status = main(["resume", str(run_dir), *args])
-        out, err = capsys.readouterr()
+        status, out, err = in_process(capsys, "resume", str(run_dir), *args,
+                                      env={**env, **extra})
         return status, " ".join((out + err).split())
 
     # The workload moves before the resume (a project folder renamed): named, not lost.
