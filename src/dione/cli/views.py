@@ -202,8 +202,8 @@ def _evaluated(t: Any, metric: str) -> str:
     those ``t`` trained to (a later evaluation failed)."""
     if metric not in t.evaluation:
         return "-"
-    before = t.evaluated_at is not None and t.evaluated_at < t.steps
-    return figure(t.evaluation[metric]) + (f" (step {t.evaluated_at})" if before else "")
+    return figure(t.evaluation[metric]) + (f" (step {t.evaluated_at})"
+                                           if t.evaluated_before else "")
 
 
 def _print_rows(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]],

@@ -65,6 +65,11 @@ class TaskResult:
     def exactness(self) -> str:
         return exactness_of(self.inexact, self.statistical)
 
+    @property
+    def evaluated_before(self) -> bool:
+        """Whether ``evaluation`` is of weights before those it trained to."""
+        return self.evaluated_at is not None and self.evaluated_at < self.steps
+
 
 @dataclass
 class RunResult:

@@ -178,6 +178,9 @@ class Ranked(Protocol):
     evaluation: dict[str, float]
     evaluated_at: int | None
 
+    @property
+    def evaluated_before(self) -> bool: ...
+
 
 R = TypeVar("R", bound=Ranked)
 
@@ -191,7 +194,6 @@ def leaderboard(tasks: Sequence[R], metric: str,
     evaluation failed (its metrics are of earlier weights than those it exports): they
     are listed after the board."""
     scored = [t for t in tasks if metric in t.evaluation and t.status != "diverged"
-              and not (t.status == "done" and t.evaluated_at is not None
-                       and t.evaluated_at < t.steps)]
+              and not (t.status == "done" and t.evaluated_before)]
     sign = 1 if lower_is_better(metric, directions) else -1
     return sorted(scored, key=lambda t: (t.steps < t.total_steps, t.evaluation[metric] * sign))
