@@ -120,18 +120,12 @@ def in_process(capsys: pytest.CaptureFixture[str], *args: str,
     trains (some 9 s of CPU in all)."""
     from dione.cli import main
 
-    before = {name: os.environ.get(name) for name in env or {}}
-    os.environ.update(env or {})
-    try:
+    with pytest.MonkeyPatch.context() as environ:
+        for name, value in (env or {}).items():
+            environ.setenv(name, value)
         capsys.readouterr()
         status = main(list(args))
         out, err = capsys.readouterr()
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     return status, out, err
 
 
