@@ -93,14 +93,30 @@ def _final_weights(task: Any, checkpoint: str) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
+def dione_node(nodes: list[Node], added: Any) -> Node:
+    """The node dione names for a node ``cluster.add_node`` made (its name ends with a
+    prefix of Ray's node id)."""
+    return next(n for n in nodes if added.node_id.startswith(n.name.rsplit("-", 1)[1]))
+
+
+def remove_node(cluster: Any, launcher: RayLauncher, added: Any) -> None:
+    """Take a node ``cluster.add_node`` made out of the cluster, as an operator drains
+    one: the launcher first lets go of its actors and devices there."""
+    for node in launcher.nodes():
+        if added.node_id.startswith(node.name.rsplit("-", 1)[1]):
+            launcher.forget_node(node.name)
+    cluster.remove_node(added)
+
+
 class TestOnWarmActors:
     """Tests that need no environment of their own nor cold actors share one launcher,
-    whose warm actors serve each in turn as a long run's do (an actor's start costs some
-    7 s of CPU here: a Ray worker, torch, dione). Afterwards no actor or placement group
-    may be left."""
+    whose warm actors serve each in turn as a long run's do, nodes joining and leaving
+    the cluster between and during them (an actor's start costs some 7 s of CPU here: a
+    Ray worker, torch, dione). Afterwards no actor or placement group may be left."""
 
     @pytest.fixture(scope="class")
-    def launcher(self, cluster: Any) -> Iterator[RayLauncher]:
+    @classmethod
+    def launcher(cls, cluster: Any) -> Iterator[RayLauncher]:
         ours = RayLauncher()
         yield ours
         ours.shutdown()
@@ -211,6 +227,117 @@ class TestOnWarmActors:
         for said in heard.values():  # every rank reports its first step at once
             assert {(0, 1), (1, 1)} <= set(said), heard
         assert not list(tmp_path.glob("**/progress-*.json"))  # no file carried it
+
+    def test_a_node_lost_while_profiling_leaves_the_profile_not_the_catalog(
+            self, launcher: RayLauncher, cluster: Any, tmp_path: Path) -> None:
+        extra = cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        nodes = launcher.nodes()
+        doomed = dione_node(nodes, extra)
+        tasks = [digits_task(f"p{i}", steps=400, batch_size=16 * (i + 1),
+                             techniques=("single", "ddp")) for i in range(3)]
+        events: list[ProfileEvent] = []
+
+        def heard(event: ProfileEvent) -> None:
+            events.append(event)
+            if event.kind == "started" and event.node == doomed.name and not any(
+                    e.node == doomed.name for e in events[:-1]):
+                threading.Thread(target=cluster.remove_node, args=(extra,)).start()
+
+        with Catalog(tmp_path / "catalog.sqlite") as catalog:
+            profile = profile_workload(tasks, Cluster(nodes), catalog, launcher=launcher,
+                                       options=TrialOptions(warmup_steps=1, measure_steps=300),
+                                       on_event=heard)
+            records = [catalog.get(r.fingerprint) for t in profile.tasks for r in t.trials]
+        assert all(t.options for t in profile.tasks), [t.why_no_option() for t in profile.tasks]
+        assert all(r is not None and r.status == "ok" for r in records), records
+        print("started:", [(e.label, e.tasks, e.node == doomed.name) for e in events
+                           if e.kind == "started"])
+        launcher.forget_node(doomed.name)  # gone: what the launcher held there goes too
+
+    def test_nodes_of_different_sizes_each_run_slices_that_fit_them(
+            self, launcher: RayLauncher, cluster: Any, tmp_path: Path) -> None:
+        small = cluster.add_node(num_cpus=1)  # a node of one device beside the two of two
+        cluster.wait_for_nodes()
+        try:
+            nodes = launcher.nodes()
+            one = dione_node(nodes, small)
+            assert one.devices == 1 and {n.devices for n in nodes} == {1, 2}
+            # The widest first, whatever Ray's node ids: the profiler measures options on the
+            # first node, up to its width.
+            assert nodes[0].devices == 2 and nodes[-1] == one
+            tasks = [digits_task(f"s{i}", steps=12, techniques=("single",)) for i in range(4)]
+            result = run_workload(
+                tasks, Cluster(nodes), tmp_path / "run",
+                RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                           solver="greedy", time_limit=5.0),
+                launcher=launcher)
+            assert all(t.status == "done" for t in result.tasks), result.tasks
+            with RunStore(tmp_path / "run") as store:
+                ran = [s for s in store.slices() if s.status == "done"]
+            devices = {n.name: n.devices for n in nodes}
+            assert all(max(s.device_ids) < devices[s.node] for s in ran)
+            # Greedy puts the first task on the smallest node where it ends as early: the
+            # node of one device trains too.
+            assert one.name in {s.node for s in ran}
+        finally:
+            remove_node(cluster, launcher, small)
+
+    def test_a_cpu_head_beside_gpu_nodes_holds_no_device_of_the_run(
+            self, launcher: RayLauncher, cluster: Any, tmp_path: Path) -> None:
+        """A Ray head started on a CPU machine, GPU workers beside it: the run's devices are
+        the GPUs only (Ray's GPU resource is declared here; nothing trains on it). A run
+        already planned on CPU nodes keeps them when a GPU node joins (its slices failed as
+        "node lost" on nodes alive, one by one, until none was left)."""
+        gpu = None
+        try:
+            cpu = launcher.nodes()[0]
+            gpu = cluster.add_node(num_cpus=1, num_gpus=2)
+            cluster.wait_for_nodes()
+            nodes = launcher.nodes()
+            assert nodes == [dione_node(nodes, gpu)] and nodes[0].kind == "cuda" \
+                and nodes[0].devices == 2, nodes
+            assert cpu in (launcher.alive_nodes() or [])
+            result = run_slice(digits_task("a", steps=2, techniques=("single",)), "single",
+                               tmp_path / "run", launcher.placement(cpu, [0]), launcher=launcher)
+            assert len(result.losses) == 2
+        finally:
+            if gpu is not None:
+                remove_node(cluster, launcher, gpu)
+
+    def test_a_node_that_joins_mid_run_is_planned_at_the_next_replan(
+            self, launcher: RayLauncher, cluster: Any, tmp_path: Path) -> None:
+        joined: Any = None
+        try:
+            tasks = [digits_task(f"j{i}", steps=100, batch_size=16, techniques=("single",))
+                     for i in range(6)]
+            events: list[RunEvent] = []
+
+            def on_event(event: RunEvent) -> None:
+                # The node joins while the run loop waits here, at its first slice's start:
+                # the tasks queued behind the first four are still to start when the next
+                # re-plan sees it (added from the test's thread instead, the node could come
+                # up after they had started, leaving nothing worth moving).
+                nonlocal joined
+                events.append(event)
+                if event.kind == "slice_started" and joined is None:
+                    joined = cluster.add_node(num_cpus=2)
+                    cluster.wait_for_nodes()
+
+            result = run_workload(
+                tasks, Cluster(launcher.nodes()), tmp_path / "run",
+                RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                           solver="greedy", slice_steps=20, time_limit=5.0),
+                launcher=launcher, on_event=on_event)
+            assert all(t.status == "done" for t in result.tasks)
+            new = next(n.name for n in launcher.nodes()
+                       if joined.node_id.startswith(n.name.rsplit("-", 1)[1]))
+            assert any(e.kind == "node_joined" and new in e.message for e in events)
+            with RunStore(tmp_path / "run") as store:
+                assert any(s.node == new and s.status == "done" for s in store.slices())
+        finally:
+            if joined is not None:
+                remove_node(cluster, launcher, joined)
 
 
 def test_ray_env_reaches_the_launcher_the_cli_makes(cluster: Any,
@@ -335,45 +462,6 @@ def test_a_device_a_gang_holds_is_waited_for_not_given_a_second_actor(
     assert launcher.actors_started == started + node.devices - 1
 
 
-def dione_node(nodes: list[Node], added: Any) -> Node:
-    """The node dione names for a node ``cluster.add_node`` made (its name ends with a
-    prefix of Ray's node id)."""
-    return next(n for n in nodes if added.node_id.startswith(n.name.rsplit("-", 1)[1]))
-
-
-def test_a_node_lost_while_profiling_leaves_the_profile_not_the_catalog(
-        cluster: Any, tmp_path: Path) -> None:
-    extra = cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    launcher = RayLauncher()
-    try:
-        nodes = launcher.nodes()
-        doomed = dione_node(nodes, extra)
-        tasks = [digits_task(f"p{i}", steps=400, batch_size=16 * (i + 1),
-                             techniques=("single", "ddp")) for i in range(3)]
-        events: list[ProfileEvent] = []
-
-        def heard(event: ProfileEvent) -> None:
-            events.append(event)
-            if event.kind == "started" and event.node == doomed.name and not any(
-                    e.node == doomed.name for e in events[:-1]):
-                threading.Thread(target=cluster.remove_node, args=(extra,)).start()
-
-        with Catalog(tmp_path / "catalog.sqlite") as catalog:
-            profile = profile_workload(tasks, Cluster(nodes), catalog, launcher=launcher,
-                                       options=TrialOptions(warmup_steps=1, measure_steps=300),
-                                       on_event=heard)
-            records = [catalog.get(r.fingerprint) for t in profile.tasks for r in t.trials]
-        assert all(t.options for t in profile.tasks), [t.why_no_option() for t in profile.tasks]
-        assert all(r is not None and r.status == "ok" for r in records), records
-        print("started:", [(e.label, e.tasks, e.node == doomed.name) for e in events
-                           if e.kind == "started"])
-    finally:
-        launcher.shutdown()
-    actors, groups = _left_behind()
-    assert not actors and not groups, (actors, groups)
-
-
 def test_a_gang_folder_no_rank_holds_goes_with_the_next_actor_started(
         launcher: RayLauncher) -> None:
     # Gang folders as the actors' machine could hold them: one whose ranks all ended,
@@ -468,100 +556,3 @@ def test_losing_a_node_mid_run_replans_onto_the_others(
     for folder in left:
         os.utime(folder, (an_hour_ago, an_hour_ago))
     assert set(left) <= set(remove_abandoned_gangs())
-
-
-def test_nodes_of_different_sizes_each_run_slices_that_fit_them(
-        cluster: Any, tmp_path: Path) -> None:
-    small = cluster.add_node(num_cpus=1)  # a node of one device beside the two of two
-    cluster.wait_for_nodes()
-    launcher = RayLauncher()
-    try:
-        nodes = launcher.nodes()
-        one = dione_node(nodes, small)
-        assert one.devices == 1 and {n.devices for n in nodes} == {1, 2}
-        # The widest first, whatever Ray's node ids: the profiler measures options on the
-        # first node, up to its width.
-        assert nodes[0].devices == 2 and nodes[-1] == one
-        tasks = [digits_task(f"s{i}", steps=12, techniques=("single",)) for i in range(4)]
-        result = run_workload(
-            tasks, Cluster(nodes), tmp_path / "run",
-            RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
-                       solver="greedy", time_limit=5.0),
-            launcher=launcher)
-        assert all(t.status == "done" for t in result.tasks), result.tasks
-        with RunStore(tmp_path / "run") as store:
-            ran = [s for s in store.slices() if s.status == "done"]
-        devices = {n.name: n.devices for n in nodes}
-        assert all(max(s.device_ids) < devices[s.node] for s in ran)
-        # Greedy puts the first task on the smallest node where it ends as early: the
-        # node of one device trains too.
-        assert one.name in {s.node for s in ran}
-    finally:
-        launcher.shutdown()
-        cluster.remove_node(small)
-    actors, groups = _left_behind()
-    assert not actors and not groups, (actors, groups)
-
-
-def test_a_cpu_head_beside_gpu_nodes_holds_no_device_of_the_run(
-        cluster: Any, tmp_path: Path) -> None:
-    """A Ray head started on a CPU machine, GPU workers beside it: the run's devices are
-    the GPUs only (Ray's GPU resource is declared here; nothing trains on it). A run
-    already planned on CPU nodes keeps them when a GPU node joins (its slices failed as
-    "node lost" on nodes alive, one by one, until none was left)."""
-    launcher = RayLauncher()
-    gpu = None
-    try:
-        cpu = launcher.nodes()[0]
-        gpu = cluster.add_node(num_cpus=1, num_gpus=2)
-        cluster.wait_for_nodes()
-        nodes = launcher.nodes()
-        assert nodes == [dione_node(nodes, gpu)] and nodes[0].kind == "cuda" \
-            and nodes[0].devices == 2, nodes
-        assert cpu in (launcher.alive_nodes() or [])
-        result = run_slice(digits_task("a", steps=2, techniques=("single",)), "single",
-                           tmp_path / "run", launcher.placement(cpu, [0]), launcher=launcher)
-        assert len(result.losses) == 2
-    finally:
-        launcher.shutdown()
-        if gpu is not None:
-            cluster.remove_node(gpu)
-
-
-def test_a_node_that_joins_mid_run_is_planned_at_the_next_replan(
-        cluster: Any, tmp_path: Path) -> None:
-    launcher = RayLauncher()
-    joined: Any = None
-    try:
-        tasks = [digits_task(f"j{i}", steps=100, batch_size=16, techniques=("single",))
-                 for i in range(6)]
-        events: list[RunEvent] = []
-
-        def on_event(event: RunEvent) -> None:
-            # The node joins while the run loop waits here, at its first slice's start:
-            # the tasks queued behind the first four are still to start when the next
-            # re-plan sees it (added from the test's thread instead, the node could come
-            # up after they had started, leaving nothing worth moving).
-            nonlocal joined
-            events.append(event)
-            if event.kind == "slice_started" and joined is None:
-                joined = cluster.add_node(num_cpus=2)
-                cluster.wait_for_nodes()
-
-        result = run_workload(
-            tasks, Cluster(launcher.nodes()), tmp_path / "run",
-            RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
-                       solver="greedy", slice_steps=20, time_limit=5.0),
-            launcher=launcher, on_event=on_event)
-        assert all(t.status == "done" for t in result.tasks)
-        new = next(n.name for n in launcher.nodes()
-                   if joined.node_id.startswith(n.name.rsplit("-", 1)[1]))
-        assert any(e.kind == "node_joined" and new in e.message for e in events)
-        with RunStore(tmp_path / "run") as store:
-            assert any(s.node == new and s.status == "done" for s in store.slices())
-    finally:
-        launcher.shutdown()
-        if joined is not None:
-            cluster.remove_node(joined)
-    actors, groups = _left_behind()
-    assert not actors and not groups, (actors, groups)
