@@ -280,16 +280,28 @@ def _argument_types(*, workload: Any = None, run_dir: Any = "", on_event: Any = 
 
 
 def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
-         latest: bool = False) -> Any:
+         latest: bool = False, best: bool = False, step: int | None = None) -> Any:
     """The trained model of ``task`` in ``run_dir``: a fresh, unwrapped model (on the
     CPU, in eval mode) with the weights of its final checkpoint, whatever technique
     trained it. ``workload`` (a file, a Workload or a list of tasks) defaults to the
     file the run was started with (its ``run.json``); ``latest`` takes the newest
-    checkpoint of a task that is not done."""
+    checkpoint of a task that is not done, ``best`` the one where its ``keep_best``
+    metric was best, ``step`` the one it keeps at that step (one of the three at most)."""
     from dione.spec import load_workload
-    from dione.state.export import load_trained, trained_checkpoint, workload_of_task
+    from dione.state.export import (
+        kept_checkpoint,
+        load_trained,
+        trained_checkpoint,
+        workload_of_task,
+    )
 
     _argument_types(workload=workload, run_dir=run_dir, latest=latest)
+    if not isinstance(best, bool):
+        raise TypeError(f"best must be True or False, not {best!r}")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
+        raise TypeError(f"step must be a step number >= 1 or None, not {step!r}")
+    if latest + best + (step is not None) > 1:
+        raise ValueError("give one of latest, best and step, not several")
     run_dir = os.fspath(run_dir)
     from dione.spec.task import Task
 
@@ -301,6 +313,9 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
     if not matching:
         raise KeyError(f"the workload has no task {task!r}; its tasks: "
                        + ", ".join(t.name for t in workload))
+    if best or step is not None:
+        return load_trained(matching[0], kept_checkpoint(run_dir, matching[0], best=best,
+                                                         step=step))
     return load_trained(matching[0], trained_checkpoint(run_dir, task, latest))
 
 __all__ = [

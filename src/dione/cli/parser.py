@@ -405,8 +405,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder to write")
     export.add_argument("--workload", help="the workload file (default: the one the run "
                         "was started with, from its run.json)")
-    export.add_argument("--latest", action="store_true",
-                        help="take the newest checkpoint of a task that is not done")
+    which = export.add_mutually_exclusive_group()
+    which.add_argument("--latest", action="store_true",
+                       help="take the newest checkpoint of a task that is not done")
+    which.add_argument("--best", action="store_true",
+                       help="take the checkpoint where the task's keep_best metric was best")
+    which.add_argument("--step", type=positive_int,
+                       help="take the task's checkpoint at this step (one it keeps)")
 
     techniques = command("techniques", "list registered techniques and knobs")
     techniques.add_argument("workload", nargs="?",

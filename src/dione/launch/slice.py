@@ -375,9 +375,13 @@ def _record_finished(db: RunStore, slice_id: int, request: SliceRequest, spec: S
                     {**lead.timings, "wall": seconds}, max(peak), lead.evaluation,
                     evaluation_error and f"evaluation failed:\n{evaluation_error}",
                     lead.extra.get("exactness"))
+    mode = task.best_mode()
+    best = db.best_checkpoint(task.name, task.keep_best, mode) if task.keep_best and mode \
+        else None
     gone = prune_checkpoints(db.checkpoint_root(request.storage), task.name,
                              request.keep_checkpoints,
-                             [c.path for c in db.checkpoints(task.name)])
+                             [c.path for c in db.checkpoints(task.name)],
+                             spare=[best[0].path] if best else [])
     if gone:
         db.forget_checkpoints(task.name, [str(p) for p in gone])
     _prune_logs(Path(request.run_dir), task.name, db, request.keep_checkpoints)

@@ -60,6 +60,10 @@ class TaskResult:
     # The step ``evaluation`` is from (None: none): before ``steps`` where a later
     # evaluation failed or it ended between evaluations; its checkpoint is at ``steps``.
     evaluated_at: int | None = None
+    # With keep_best: the step where its metric was best, and the checkpoint kept there
+    # (``dione.load(..., best=True)`` loads it).
+    best_step: int | None = None
+    best_checkpoint: str | None = None
 
     @property
     def exactness(self) -> str:
@@ -114,11 +118,15 @@ class RunResult:
 def _results(tasks: Sequence[Task], run_dir: Path) -> list[TaskResult]:
     with RunStore(run_dir) as store:
         recorded = {s.task: s for s in summaries(store, [t.name for t in tasks])}
+        best = {t.name: found[0] for t in tasks if t.keep_best and (mode := t.best_mode())
+                and (found := store.best_checkpoint(t.name, t.keep_best, mode))}
     return [TaskResult(
         task=s.task, status=s.status, techniques=s.techniques, devices=s.device_counts,
         seconds=s.seconds, steps=s.steps, total_steps=s.total_steps, final_loss=s.final_loss,
         evaluation=s.evaluation, checkpoint=s.checkpoint, error=s.error, inexact=s.inexact,
-        statistical=s.statistical, evaluated_at=s.evaluated_at)
+        statistical=s.statistical, evaluated_at=s.evaluated_at,
+        best_step=best[t.name].step if t.name in best else None,
+        best_checkpoint=best[t.name].path if t.name in best else None)
         if (s := recorded.get(t.name)) is not None else TaskResult(t.name, "pending")
         for t in tasks]
 

@@ -160,17 +160,23 @@ class ProfileEvent:
 
 
 def evaluation_mistake(task: Task, evaluated: TrialEvaluation | None) -> str | None:
-    """The metric ``task``'s stopping rule judges, where its profiling trial's evaluation
-    did not return it (None: it did, or none ran): found in seconds, not at the task's
-    first rung."""
-    rule = task.stopping
-    if (evaluated is None or evaluated.error or rule is None or rule.metric == "loss"
-            or rule.metric in evaluated.metrics):
+    """The metric ``task``'s stopping rule judges, or its ``keep_best`` names, where its
+    profiling trial's evaluation did not return it (None: it did, or none ran): found in
+    seconds, not at the task's first rung (nor, for keep_best, never)."""
+    if evaluated is None or evaluated.error:
         return None
     returned = ", ".join(repr(m) for m in evaluated.metrics) or "no metric"
-    return (f"its stopping rule judges {rule.metric!r}, which its evaluate does not return "
-            f"(it returned {returned} in its profiling trial): name one of those as the "
-            "rule's metric, or return it from evaluate, then resume (nothing was trained)")
+    rule = task.stopping
+    if rule is not None and rule.metric != "loss" and rule.metric not in evaluated.metrics:
+        return (f"its stopping rule judges {rule.metric!r}, which its evaluate does not "
+                f"return (it returned {returned} in its profiling trial): name one of those "
+                "as the rule's metric, or return it from evaluate, then resume (nothing was "
+                "trained)")
+    if task.keep_best is not None and task.keep_best not in evaluated.metrics:
+        return (f"keep_best names {task.keep_best!r}, which its evaluate does not return "
+                f"(it returned {returned} in its profiling trial): name one of those, or "
+                "return it from evaluate, then resume (nothing was trained)")
+    return None
 
 
 def same_function(one: Any, other: Any) -> bool:

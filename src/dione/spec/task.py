@@ -94,6 +94,12 @@ class Task:
     metric (a slice ends at each such step and evaluates in its worker: the live model
     on rank 0 under single and ddp, the live sharded model on every rank under fsdp, a
     pipeline's stages put together on rank 0), each result recorded with its step.
+    ``keep_best`` names one of those metrics: the checkpoint of the step where it was
+    best is kept beside the newest ones (which a run prunes to two), for ``dione export
+    --best`` and ``dione.load(..., best=True)`` (a task that overfits is taken at its best
+    evaluation, not its last step; Ray Tune's ``checkpoint_score_attribute``). Lower or
+    higher is better as ``keep_best_mode`` says ("min", "max"); by default as the task's
+    stopping rule judges that metric, else as its name says (a loss, an accuracy).
     """
 
     name: str
@@ -118,6 +124,8 @@ class Task:
     allow_inexact: bool = False
     stopping: StoppingRule | None = None  # a stopping rule the sweep's tasks share (spec/stopping)
     eval_every: int | None = None  # also evaluate every this many steps, not just at the end
+    keep_best: str | None = None  # keep the checkpoint where this evaluated metric was best
+    keep_best_mode: str | None = None  # "min"/"max"; None: the stopping rule's, or the name's
     refused_techniques: Mapping[str, str] = field(default_factory=dict, repr=False,
                                                   compare=False)
     # What validation saw its training forward write in buffers (BatchNorm's aside):
@@ -163,6 +171,20 @@ class Task:
         if self.stopping is not None:
             ends |= set(self.stopping.rungs(total))
         return sorted(ends)
+
+    def best_mode(self) -> str | None:
+        """Which way ``keep_best`` is better: "min" or "max" (None: no keep_best, or
+        nothing says)."""
+        if self.keep_best is None:
+            return None
+        if self.keep_best_mode is not None:
+            return self.keep_best_mode
+        rule = self.stopping  # not yet validated: any object
+        if getattr(rule, "metric", None) == self.keep_best and getattr(rule, "mode", None):
+            return str(getattr(rule, "mode", None))  # as the rule that judges it
+        from dione.spec.metrics import direction_by_name
+
+        return direction_by_name(self.keep_best)
 
     def allows(self, technique: str) -> bool:
         """Whether the task lets ``technique`` train it (no allowlist: every technique)."""

@@ -490,6 +490,7 @@ def _checked_task(
         elif task.evaluate is None:
             bad("eval_every", "evaluates with evaluate(), which the task does not define: "
                 "give evaluate, or leave eval_every out")
+    _check_keep_best(task, bad)
     for field in _FACTORIES:
         value = getattr(task, field)
         optional = field in ("evaluate", "lr_scheduler", "loss", "collate_fn", "loss_items")
@@ -622,6 +623,28 @@ def validate_workload(
     for task in workload:
         problems += check_task(task, devices, known, kind, list(inexact))
     return problems
+
+
+
+def _check_keep_best(task: Task, bad: Callable[[str, str], None]) -> None:
+    """``keep_best`` names an evaluated metric, and which way it is better is known."""
+    metric, mode = task.keep_best, task.keep_best_mode
+    if mode is not None and mode not in ("min", "max"):
+        bad("keep_best_mode", f"must be 'min' (lower is better), 'max' or None, not {mode!r}")
+    if metric is None:
+        if mode is not None:
+            bad("keep_best_mode", "says which way keep_best is better, but keep_best is not "
+                "given: name the metric (keep_best='accuracy'), or leave the mode out")
+        return
+    if not isinstance(metric, str) or not metric:
+        bad("keep_best", f"must be the name of a metric evaluate() returns, not {metric!r}")
+    elif task.evaluate is None:
+        bad("keep_best", f"{metric!r} comes from evaluate(), which the task does not "
+            "define: give evaluate (with eval_every, to evaluate during training), or "
+            "leave keep_best out")
+    elif mode is None and task.best_mode() is None:
+        bad("keep_best", f"its name {metric!r} does not say whether lower or higher is "
+            "better: give keep_best_mode='min' or 'max'")
 
 
 def split_valid(

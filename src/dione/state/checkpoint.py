@@ -463,8 +463,10 @@ def _mismatch(folder: Path, err: CheckpointException, what: str) -> CheckpointMi
 
 
 def prune_checkpoints(run_dir: str | Path, task: str, keep: int,
-                      recorded: Iterable[str | Path] | None = None) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints of ``task``; returns those gone.
+                      recorded: Iterable[str | Path] | None = None,
+                      spare: Iterable[str | Path] = ()) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints of ``task`` and those in
+    ``spare`` (the task's best evaluated: ``Task.keep_best``); returns those gone.
 
     ``recorded``: the checkpoints a run store records. Then only those count and only
     those go: a folder the store never recorded (its gang was killed before the slice was)
@@ -474,7 +476,8 @@ def prune_checkpoints(run_dir: str | Path, task: str, keep: int,
     if recorded is not None:
         known = {Path(p).resolve() for p in recorded}
         done = [p for p in done if p.resolve() in known]
-    gone = done[: max(0, len(done) - keep)]
+    spared = {Path(p).resolve() for p in spare}
+    gone = [p for p in done[: max(0, len(done) - keep)] if p.resolve() not in spared]
     for old in gone:
         shutil.rmtree(old, ignore_errors=True)
     return gone

@@ -31,8 +31,16 @@ from dione.state.private import write_whole
 from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, trained_by_train
 from dione.state.summaries import exactness_of, inexact_spans, techniques_in_turn
 
-__all__ = ["ExportError", "check_export_folder", "export_model", "load_trained",
-           "trained_checkpoint", "workload_of_run", "workload_of_task"]
+__all__ = [
+    "ExportError",
+    "check_export_folder",
+    "export_model",
+    "kept_checkpoint",
+    "load_trained",
+    "trained_checkpoint",
+    "workload_of_run",
+    "workload_of_task",
+]
 
 WEIGHTS_FILE = "model.safetensors"
 PROVENANCE_FILE = "dione.json"
@@ -87,6 +95,59 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
         raise ExportError(f"task {task!r} of run {run} has no checkpoint on disk"
                           + (f" (the store names {checkpoint.path})" if checkpoint else ""))
     return _intact(Path(checkpoint.path))
+
+
+def kept_checkpoint(run_dir: str | Path, task: Task, *, best: bool = False,
+                    step: int | None = None) -> Path:
+    """A checkpoint ``task`` keeps besides its final one, whatever its status: the one
+    at ``step``, or (``best``) the one where its ``keep_best`` metric was best."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise ExportError(f"{run} is not a directory; give the run directory that "
+                          "`dione run --out` or `dione train --out` wrote")
+    _not_simulated(run)
+    if not (run / STORE_FILE).is_file():
+        raise ExportError(f"{run} has no run store ({STORE_FILE}), which says what each "
+                          "checkpoint is; give the run directory that `dione run --out` or "
+                          "`dione train --out` wrote")
+    with RunStore(run) as store:
+        if store.task(task.name) is None:
+            names = [t.name for t in store.tasks()]
+            raise ExportError(f"run {run} has no task {task.name!r}; its tasks: "
+                              f"{', '.join(names) or 'none'}")
+        kept = [c for c in store.checkpoints(task.name)
+                if (Path(c.path) / "progress.json").is_file()]
+        steps = ", ".join(str(c.step) for c in kept) or "none"
+        if not best:
+            found = next((c for c in kept if c.step == step), None)
+            if found is None:
+                raise ExportError(f"task {task.name!r} keeps no checkpoint at step {step}; "
+                                  f"it keeps steps: {steps} (a run keeps the newest two, "
+                                  "and the best evaluated with keep_best)")
+            return _intact(Path(found.path))
+        metric, mode = task.keep_best, task.best_mode()
+        if metric is None or mode is None:
+            raise ExportError(f"task {task.name!r} names no keep_best metric, so no "
+                              "checkpoint was kept for being best: give one of the steps it "
+                              f"keeps (--step; it keeps {steps}), and keep_best='METRIC' on "
+                              "the task to keep its best from now on")
+        chosen = store.best_checkpoint(task.name, metric, mode)
+        evaluated = store.evaluations(task.name).get(metric, [])
+    if chosen is None:
+        at = ", ".join(str(s) for s, _ in evaluated)
+        raise ExportError(f"task {task.name!r} has no checkpoint at a step where {metric!r} "
+                          "was evaluated (" + (f"evaluated at steps {at}" if at else
+                                               "it was never evaluated")
+                          + f"); it keeps steps: {steps} (--step)")
+    record, value = chosen
+    sign = 1 if mode == "min" else -1
+    top_step, top = min(evaluated, key=lambda e: (sign * e[1], -e[0]))
+    if sign * top < sign * value:  # the best one's checkpoint went (keep_best came later)
+        raise ExportError(f"task {task.name!r}'s best {metric} ({top:.6g} at step {top_step}) "
+                          f"was not kept: its checkpoint was pruned before keep_best named "
+                          f"{metric!r}; the best it keeps is {value:.6g} at step "
+                          f"{record.step} (--step {record.step})")
+    return _intact(Path(record.path))
 
 
 def _intact(checkpoint: Path) -> Path:

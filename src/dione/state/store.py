@@ -792,6 +792,20 @@ class RunStore(SQLiteFile):
                 return record
         return None
 
+    def best_checkpoint(self, task: str, metric: str,
+                        mode: str) -> tuple[CheckpointRecord, float] | None:
+        """The recorded checkpoint, complete on disk, at the step whose evaluation of
+        ``metric`` was best (``mode`` "min": lowest), with that value; of equal values the
+        later step (trained further). None: no checkpoint is at an evaluated step."""
+        values = dict(self.evaluations(task).get(metric, []))
+        found = [(values[c.step], c) for c in self.checkpoints(task)
+                 if c.step in values and (Path(c.path) / "progress.json").is_file()]
+        if not found:
+            return None
+        sign = 1 if mode == "min" else -1
+        value, record = min(found, key=lambda f: (sign * f[0], -f[1].step))
+        return record, value
+
     def forget_checkpoints(self, task: str, paths: Sequence[str]) -> None:
         with self._transaction() as db:
             db.executemany("DELETE FROM checkpoints WHERE task = ? AND path IN (?, ?)",

@@ -18,6 +18,7 @@ def command(args: argparse.Namespace) -> int:
         ExportError,
         check_export_folder,
         export_model,
+        kept_checkpoint,
         load_trained,
         trained_checkpoint,
         workload_of_task,
@@ -28,9 +29,13 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput(f"-o {out} is a file; give a folder to write the weights into")
     try:
         check_export_folder(out)  # before the model loads, not after
-        checkpoint = trained_checkpoint(args.run_dir, args.task, args.latest)
+        kept = args.best or args.step is not None
+        if not kept:  # found before the workload loads: its mistakes are said sooner
+            checkpoint = trained_checkpoint(args.run_dir, args.task, args.latest)
         workload = load(args.workload or workload_of_task(args.run_dir, args.task))
         task = workload.task(args.task)
+        if kept:  # the task says which metric was best, and which way
+            checkpoint = kept_checkpoint(args.run_dir, task, best=args.best, step=args.step)
     except ExportError as err:
         raise BadInput(str(err)) from None
     except KeyError as err:

@@ -1,0 +1,141 @@
+"""A task's best evaluated checkpoint (``keep_best``): kept beside the newest ones while
+the run prunes the rest, and what ``dione export --best`` / ``--step`` and
+``dione.load(best=..., step=...)`` give."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import dione
+from dione.profile.results import TrialEvaluation, evaluation_mistake
+from dione.spec.stopping import Asha
+from dione.spec.validate import validate_workload
+from dione.spec.workload import load_workload
+from dione.state import load_model_weights
+from dione.state.store import RunStore
+from dione.zoo.digits import digits_accuracy
+from helpers import digits_task, in_process
+
+# How far the weights moved from where they started: lower is better, and it grows as
+# the task trains, so its best evaluation is its first, whose checkpoint the run would
+# otherwise prune (it keeps the newest two).
+DRIFTING = """
+import functools
+import torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+model = functools.partial(digits_mlp, hidden=16, depth=1)
+
+
+def drift(trained):
+    torch.manual_seed(3)  # the task's seed: the weights it started from
+    start = model().state_dict()
+    return {"drift": sum(float((v - start[k]).norm()) for k, v in trained.state_dict().items())}
+
+
+def task(name, **extra):
+    return Task(name=name, model=model, data=digits_train,
+                loss=torch.nn.functional.cross_entropy,
+                optimizer=functools.partial(torch.optim.Adam, lr=1e-2), batch_size=16,
+                steps=12, seed=3, evaluate=drift, eval_every=2, techniques=("single",),
+                **extra)
+
+
+workload = Workload([task("kept", keep_best="drift", keep_best_mode="min"), task("plain")])
+"""
+
+
+def _weights(task: dione.Task, checkpoint: str | Path) -> dict[str, torch.Tensor]:
+    model = task.model()
+    load_model_weights(checkpoint, model)
+    return model.state_dict()
+
+
+def _equal(one: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> bool:
+    return one.keys() == other.keys() and all(torch.equal(one[k], other[k]) for k in one)
+
+
+def test_the_best_evaluation_keeps_its_checkpoint_and_is_what_export_gives(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    file = tmp_path / "drifting.py"
+    file.write_text(DRIFTING)
+    run = tmp_path / "run"
+    status, out, err = in_process(capsys, "run", str(file), "--out", str(run),
+                                  "--catalog", str(tmp_path / "catalog.sqlite"))
+    assert status == 0, out + err
+    with RunStore(run) as store:
+        assert [t.status for t in store.tasks()] == ["done", "done"]
+        drift = dict(store.evaluations("kept")["drift"])
+        kept = {t: [c.step for c in store.checkpoints(t)] for t in ("kept", "plain")}
+        paths = {c.step: c.path for c in store.checkpoints("kept")}
+    assert sorted(drift) == [2, 4, 6, 8, 10, 12]
+    best = min(drift, key=lambda s: drift[s])
+    assert best == 2 and drift[2] < min(drift[s] for s in drift if s != 2)
+    assert kept == {"kept": [2, 10, 12], "plain": [10, 12]}  # the newest two, and the best
+    assert sorted(p.name for p in (run / "checkpoints" / "kept").iterdir()) == [
+        "step-00000002", "step-00000010", "step-00000012"]
+
+    workload = load_workload(file)
+    task = workload.task("kept")
+    result = dione.run(workload, run_dir=str(run), quiet=True,  # finished: nothing trains
+                       catalog=str(tmp_path / "catalog.sqlite"))
+    assert [(t.best_step, t.best_checkpoint) for t in result.tasks] == [(2, paths[2]),
+                                                                        (None, None)]
+    assert _equal(dione.load(run, "kept", best=True).state_dict(), _weights(task, paths[2]))
+    assert _equal(dione.load(run, "kept", step=10).state_dict(), _weights(task, paths[10]))
+    assert _equal(dione.load(run, "kept").state_dict(), _weights(task, paths[12]))
+
+    status, out, err = in_process(capsys, "export", str(run), "kept", "-o",
+                                  str(tmp_path / "best"), "--best")
+    assert status == 0, out + err
+    said = json.loads((tmp_path / "best" / "dione.json").read_text())
+    assert said["step"] == 2 and said["evaluation"] == {"drift": drift[2]}
+    assert said["run"]["status"] == "done"
+
+    # What cannot be given says why, and what can.
+    status, out, err = in_process(capsys, "export", str(run), "kept", "-o",
+                                  str(tmp_path / "four"), "--step", "4")
+    assert status != 0
+    assert "keeps no checkpoint at step 4; it keeps steps: 2, 10, 12" in out + err
+    status, out, err = in_process(capsys, "export", str(run), "plain", "-o",
+                                  str(tmp_path / "plain"), "--best")
+    assert status != 0
+    assert "names no keep_best metric" in out + err and "it keeps 10, 12" in out + err
+    with pytest.raises(ValueError, match="one of latest, best and step"):
+        dione.load(run, "kept", best=True, step=2)
+    assert not (tmp_path / "four").exists() and not (tmp_path / "plain").exists()
+
+
+def test_keep_best_is_checked_before_anything_trains() -> None:
+    said = " ".join(str(p) for p in validate_workload([
+        digits_task("no-evaluate", keep_best="accuracy"),
+        digits_task("no-direction", evaluate=digits_accuracy, keep_best="score"),
+        digits_task("bad-mode", evaluate=digits_accuracy, keep_best="accuracy",
+                    keep_best_mode="up"),
+        digits_task("mode-alone", evaluate=digits_accuracy, keep_best_mode="max"),
+    ]))
+    assert "no-evaluate" in said and "which the task does not define: give evaluate" in said
+    assert "'score' does not say whether lower or higher is better: give " \
+           "keep_best_mode='min' or 'max'" in said
+    assert "must be 'min' (lower is better), 'max' or None, not 'up'" in said
+    assert "keep_best is not given" in said
+    fine = [digits_task("by-name", evaluate=digits_accuracy, keep_best="accuracy"),
+            digits_task("by-rule", evaluate=digits_accuracy, keep_best="score",
+                        stopping=Asha(metric="score", mode="max", min_steps=4))]
+    assert validate_workload(fine) == []
+    assert [t.best_mode() for t in fine] == ["max", "max"]
+    assert digits_task("min", keep_best="score", keep_best_mode="min").best_mode() == "min"
+
+
+def test_a_keep_best_metric_evaluate_does_not_return_is_named_from_its_trial() -> None:
+    task = digits_task("t", evaluate=digits_accuracy, keep_best="acuracy")
+    mistake = evaluation_mistake(task, TrialEvaluation(0.1, ("accuracy",), None))
+    assert mistake is not None and mistake.startswith(
+        "keep_best names 'acuracy', which its evaluate does not return (it returned "
+        "'accuracy' in its profiling trial)")
+    assert evaluation_mistake(task, TrialEvaluation(0.1, ("acuracy",), None)) is None
