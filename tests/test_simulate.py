@@ -722,6 +722,19 @@ def test_the_gantt_chart_of_a_large_cluster_stays_a_readable_size(tmp_path: Path
     assert not by_device.by_node and by_device.rows[:3] == ["n0:0", "n0:1", "n0:2"]
 
 
+def test_a_gantt_chart_with_nothing_to_draw_says_so(tmp_path: Path) -> None:
+    """A run whose every task failed before training (an Optuna study's broken
+    trials) drew a chart that warned of a singular axis, and showed two blank panels."""
+    import warnings
+
+    from dione.report.gantt import draw_gantt
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        draw_gantt(None, [], 0.0, tmp_path / "gantt.png")
+    assert (tmp_path / "gantt.png").stat().st_size > 0
+
+
 def test_learning_curves_of_a_sweep_name_each_panels_best(tmp_path: Path) -> None:
     """57 tasks in twenty colours, no legend: no curve could be told from another."""
     import matplotlib

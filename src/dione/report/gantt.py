@@ -66,6 +66,11 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
                             (axes[1], actual, f"{mark}actual" + (" (virtual cluster)"
                                                                  if simulated else ""))):
         _draw_bars(ax, bars, layout, span, colour, row_inches)
+        if not bars:  # every task failed or was refused before a plan, or a slice ran
+            ax.text(0.5, 0.5, "no plan was adopted" if bars is planned else "no slice ran",
+                    transform=ax.transAxes, ha="center", va="center", fontsize=9)
+            if not (planned or actual):
+                ax.set_xticks([])  # no time passed on either: no axis of it
         if bars is actual:
             for s in stops:
                 for device in s.device_ids:
@@ -120,7 +125,8 @@ class _Layout:
         ticks = range(0, len(self.rows), every)
         ax.set_yticks(list(ticks), [self.rows[i] for i in ticks],
                       fontsize=8 if every == 1 else 6)
-        ax.set_ylim(len(self.rows) - 0.5, -0.5)  # first row on top, no empty band around
+        # First row on top, no empty band around (one empty band where there is no row).
+        ax.set_ylim(max(1, len(self.rows)) - 0.5, -0.5)
 
 
 def _draw_bars(ax: Any, bars: Sequence[Bar], layout: _Layout, span: float,
