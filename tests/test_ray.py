@@ -255,6 +255,66 @@ class TestOnWarmActors:
                            if e.kind == "started"])
         launcher.forget_node(doomed.name)  # gone: what the launcher held there goes too
 
+    def test_losing_a_node_mid_run_replans_onto_the_others(
+            self, launcher: RayLauncher, cluster: Any, tmp_path: Path) -> None:
+        began = time.time()
+        extra = cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        nodes = launcher.nodes()
+        doomed = dione_node(nodes, extra)
+        tasks = [digits_task(f"t{i}", steps=80, batch_size=16, techniques=("single",))
+                 for i in range(6)]
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            outcome["result"] = run_workload(
+                tasks, Cluster(nodes), tmp_path / "run",
+                RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                           solver="greedy", slice_steps=20, time_limit=5.0),
+                launcher=launcher)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and thread.is_alive():
+            if (tmp_path / "run" / "dione.sqlite").exists():
+                with RunStore(tmp_path / "run") as store:
+                    if any(s.node == doomed.name and s.status == "running"
+                           and s.start_step > 0 for s in store.slices()):
+                        break
+            time.sleep(0.05)  # a slice lasts well under a second: look often
+        cluster.remove_node(extra, allow_graceful=False)  # as a preempted machine goes
+        thread.join(600)
+        assert not thread.is_alive()
+        result = outcome["result"]
+        assert all(t.status == "done" for t in result.tasks), result.tasks
+        with RunStore(tmp_path / "run") as store:
+            # Cut by the loss: failed as "node lost" (never "was killed": Ray calls the
+            # actor unreachable 10-15 s before it marks an abruptly lost node dead), or
+            # interrupted where the run saw the node gone first.
+            lost = [s for s in store.slices() if s.status in ("failed", "interrupted")]
+            assert lost and all(s.node == doomed.name for s in lost)
+            assert all("node lost" in (s.error or "") for s in lost if s.status == "failed")
+            for task in tasks:
+                # No step lost before the last checkpoint: every step trained, and every
+                # slice started where a checkpoint was.
+                assert [step for step, _ in store.losses(task.name)] == list(range(1, 81))
+                done = [s for s in store.slices(task.name) if s.status == "done"]
+                assert [s.start_step for s in done] == [0, 20, 40, 60]
+        launcher.forget_node(doomed.name)
+        launcher.settle()  # the other gangs' folders gone from their (alive) nodes
+        # The lost node's gang kept its folder (no launcher reaches a lost node); its ranks
+        # held it, and their holds ended with their processes: the next actor on that
+        # machine removes it (as here, aged by hand: it has not had the minute to age; not
+        # swept with age 0, which could take another session's folder just made).
+        left = [f for f in Path(tempfile.gettempdir()).glob(f"{GANG_PREFIX}*")
+                if f.stat().st_mtime >= began]
+        assert left and all(list(f.glob("rank*.held")) for f in left)
+        an_hour_ago = time.time() - 3600
+        for folder in left:
+            os.utime(folder, (an_hour_ago, an_hour_ago))
+        assert set(left) <= set(remove_abandoned_gangs())
+
     def test_nodes_of_different_sizes_each_run_slices_that_fit_them(
             self, launcher: RayLauncher, cluster: Any, tmp_path: Path) -> None:
         small = cluster.add_node(num_cpus=1)  # a node of one device beside the two of two
@@ -491,68 +551,3 @@ def test_a_gang_folder_no_rank_holds_goes_with_the_next_actor_started(
         os.close(hold)
         for folder in folders.values():
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def test_losing_a_node_mid_run_replans_onto_the_others(
-        cluster: Any, tmp_path: Path) -> None:
-    began = time.time()
-    extra = cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    launcher = RayLauncher()
-    try:
-        nodes = launcher.nodes()
-        doomed = dione_node(nodes, extra)
-        tasks = [digits_task(f"t{i}", steps=80, batch_size=16, techniques=("single",))
-                 for i in range(6)]
-        outcome: dict[str, Any] = {}
-
-        def run() -> None:
-            outcome["result"] = run_workload(
-                tasks, Cluster(nodes), tmp_path / "run",
-                RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
-                           solver="greedy", slice_steps=20, time_limit=5.0),
-                launcher=launcher)
-
-        thread = threading.Thread(target=run)
-        thread.start()
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and thread.is_alive():
-            if (tmp_path / "run" / "dione.sqlite").exists():
-                with RunStore(tmp_path / "run") as store:
-                    if any(s.node == doomed.name and s.status == "running"
-                           and s.start_step > 0 for s in store.slices()):
-                        break
-            time.sleep(0.05)  # a slice lasts well under a second: look often
-        cluster.remove_node(extra, allow_graceful=False)  # as a preempted machine goes
-        thread.join(600)
-        assert not thread.is_alive()
-        result = outcome["result"]
-        assert all(t.status == "done" for t in result.tasks), result.tasks
-        with RunStore(tmp_path / "run") as store:
-            # Cut by the loss: failed as "node lost" (never "was killed": Ray calls the
-            # actor unreachable 10-15 s before it marks an abruptly lost node dead), or
-            # interrupted where the run saw the node gone first.
-            lost = [s for s in store.slices() if s.status in ("failed", "interrupted")]
-            assert lost and all(s.node == doomed.name for s in lost)
-            assert all("node lost" in (s.error or "") for s in lost if s.status == "failed")
-            for task in tasks:
-                # No step lost before the last checkpoint: every step trained, and every
-                # slice started where a checkpoint was.
-                assert [step for step, _ in store.losses(task.name)] == list(range(1, 81))
-                done = [s for s in store.slices(task.name) if s.status == "done"]
-                assert [s.start_step for s in done] == [0, 20, 40, 60]
-    finally:
-        launcher.shutdown()
-    actors, groups = _left_behind()
-    assert not actors and not groups, (actors, groups)
-    # The lost node's gang kept its folder (no launcher reaches a lost node); its ranks
-    # held it, and their holds ended with their processes: the next actor on that
-    # machine removes it (as here, aged by hand: it has not had the minute to age; not
-    # swept with age 0, which could take another session's folder just made).
-    left = [f for f in Path(tempfile.gettempdir()).glob(f"{GANG_PREFIX}*")
-            if f.stat().st_mtime >= began]
-    assert left and all(list(f.glob("rank*.held")) for f in left)
-    an_hour_ago = time.time() - 3600
-    for folder in left:
-        os.utime(folder, (an_hour_ago, an_hour_ago))
-    assert set(left) <= set(remove_abandoned_gangs())

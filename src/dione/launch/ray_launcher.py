@@ -635,21 +635,28 @@ class RayLauncher:
             with contextlib.suppress(Exception):  # already gone with its node
                 _remove_group(group)
 
-    def shutdown(self) -> None:
-        """End every actor and free every placement group of this launcher."""
+    def settle(self) -> None:
+        """Wait for the removals of ended gangs' folders on their nodes (up to
+        ``_CLEANUP_SECONDS``; a node too slow to answer keeps its folders, for the next
+        actor started on that machine)."""
         with self._lock:
-            actors = [*self._idle.values(), *self._busy]
-            self._idle.clear()
-            groups = list(self._groups.values())
-            self._groups.clear()
             forgetting, self._forgetting = self._forgetting, []
         if forgetting:
             with contextlib.suppress(Exception):  # an actor or node already gone
                 _, late = self.ray.wait(forgetting, num_returns=len(forgetting),
                                         timeout=_CLEANUP_SECONDS)
-                for call in late:  # a node too slow to answer keeps its folders
+                for call in late:
                     with contextlib.suppress(Exception):
                         self.ray.cancel(call, force=True)
+
+    def shutdown(self) -> None:
+        """End every actor and free every placement group of this launcher."""
+        self.settle()  # before the actors that remove them end
+        with self._lock:
+            actors = [*self._idle.values(), *self._busy]
+            self._idle.clear()
+            groups = list(self._groups.values())
+            self._groups.clear()
         self._end(actors)
         for group in groups:
             with contextlib.suppress(Exception):  # already gone with its node
