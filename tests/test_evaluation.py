@@ -359,6 +359,36 @@ def test_an_evaluate_that_fails_in_its_profiling_trial_is_said_before_training(
     assert kinds.index("evaluation_failed") < kinds.index("slice_started")
 
 
+def test_a_metric_the_catalogs_evaluation_did_not_return_is_said_before_training(
+        tmp_path) -> None:
+    """Where the catalog knows the evaluation's cost, no trial runs it: a rule's metric
+    or keep_best it does not return was found only at the task's first rung (or never).
+    The names it returned when it was timed are kept beside its cost, and a metric
+    missing from them is said before training; a warning, not a failure (evaluate may
+    have changed since)."""
+    from dione.orchestrate.options import RunEvent
+    from helpers import TEST_NODE
+
+    options = RunOptions(catalog=str(tmp_path / "catalog.sqlite"), time_limit=5.0,
+                         trial=TrialOptions(warmup_steps=1, measure_steps=2))
+    first = run_workload([digits_task("first", steps=8, evaluate=digits_accuracy)],
+                         Cluster([TEST_NODE]), tmp_path / "first", options)
+    assert [t.status for t in first.tasks] == ["done"]
+    events: list[RunEvent] = []
+    second = run_workload([digits_task("second", steps=8, evaluate=digits_accuracy,
+                                       eval_every=4, keep_best="acc", keep_best_mode="max")],
+                          Cluster([TEST_NODE]), tmp_path / "second", options,
+                          on_event=events.append)
+    assert [t.status for t in second.tasks] == ["done"]  # trained, as it would have
+    said = [e.message for e in events if e.kind == "evaluation_doubtful"]
+    assert said == ["second: keep_best names 'acc', which its evaluate does not return (it "
+                    "returned 'accuracy', 'test_loss' when the catalog timed it): if it still "
+                    "does, the rule fails the task at its first rung, and keep_best keeps "
+                    "nothing; stop, fix it and resume (`--reprofile` runs it again)"], said
+    kinds = [e.kind for e in events]
+    assert kinds.index("evaluation_doubtful") < kinds.index("slice_started")
+
+
 def test_an_evaluate_that_returns_no_dict_of_numbers_is_named() -> None:
     """It read "TypeError: 'float' object is not iterable" from dione's own code."""
     import torch

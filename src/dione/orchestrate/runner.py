@@ -39,7 +39,7 @@ from dione.orchestrate.replanning import (
 )
 from dione.plan.plan import Assignment
 from dione.plan.problem import Busy, PlanningProblem
-from dione.profile.results import Profile, evaluation_mistake
+from dione.profile.results import Profile, evaluation_mistake, remembered_mistake
 from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.metrics import doubtful_direction
 from dione.spec.settings import READ_SETTINGS, read_changes, training_settings
@@ -190,6 +190,10 @@ class Runner:
         if mistake is not None:  # named now, not at the first rung
             self._give_up(record, mistake, f"{record.name}: {mistake}")
             return
+        doubt = None if profile.evaluated is not None else remembered_mistake(
+            record.task, profile.cached_metrics)
+        if doubt is not None:  # evaluate may have changed since: said, not failed
+            self.emit(RunEvent("evaluation_doubtful", f"{record.name}: {doubt}", record.name))
         if profile.evaluated is not None and profile.evaluated.error:
             # Said now, not first at a rung or the end: its training stands either way.
             last = profile.evaluated.error.strip().splitlines()[-1]

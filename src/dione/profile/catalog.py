@@ -32,7 +32,14 @@ CREATE TABLE IF NOT EXISTS evaluation_costs (
     seconds REAL NOT NULL,
     created_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS evaluation_metrics (
+    key TEXT PRIMARY KEY,
+    metrics TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
 """
+# evaluation_metrics: the names of the metrics an evaluation returned when it was timed
+# (a table of its own: an older dione writes evaluation_costs rows of three columns).
 
 
 def default_catalog_path() -> Path:
@@ -169,7 +176,25 @@ class Catalog(SQLiteFile):
         return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 \
             else None
 
-    def put_evaluation_seconds(self, key: str, seconds: float) -> None:
+    def put_evaluation_seconds(self, key: str, seconds: float,
+                               metrics: tuple[str, ...] | None = None) -> None:
+        """The evaluation's cost, and the names of the metrics it returned then."""
         with self._transaction() as db:
             db.execute("INSERT OR REPLACE INTO evaluation_costs VALUES (?, ?, ?)",
                        (key, seconds, time.time()))
+            if metrics is not None:
+                db.execute("INSERT OR REPLACE INTO evaluation_metrics VALUES (?, ?, ?)",
+                           (key, json.dumps(sorted(metrics)), time.time()))
+
+    def evaluation_metrics(self, key: str) -> tuple[str, ...] | None:
+        """The names of the metrics the evaluation returned when it was timed (None:
+        not known, or not readable)."""
+        row = self._db.execute("SELECT metrics FROM evaluation_metrics WHERE key = ?",
+                               (key,)).fetchone()
+        try:
+            names = json.loads(row[0]) if row else None
+        except (TypeError, ValueError):
+            return None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return None
+        return tuple(names)

@@ -12,7 +12,8 @@ from dione.spec.cluster import Cluster
 from dione.spec.task import Task
 
 __all__ = ["NotApplicable", "Profile", "ProfileEvent", "ProfiledOption", "Skipped",
-           "TaskProfile", "TrialEvaluation", "evaluation_mistake", "same_function"]
+           "TaskProfile", "TrialEvaluation", "evaluation_mistake", "remembered_mistake",
+           "same_function"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,9 @@ class TaskProfile:
     # What this profiling's trial of the evaluation gave (None: not run this time; the
     # catalog gave its seconds, or the task has no evaluate).
     evaluated: TrialEvaluation | None = None
+    # Where the catalog gave the evaluation's seconds: the metrics' names it returned
+    # when it was timed (None: not known), which may no longer be what it returns.
+    cached_metrics: tuple[str, ...] | None = None
 
     def why_no_option(self) -> str:
         """Why no configuration fits, from the trials' failures and the skips."""
@@ -165,18 +169,36 @@ def evaluation_mistake(task: Task, evaluated: TrialEvaluation | None) -> str | N
     seconds, not at the task's first rung (nor, for keep_best, never)."""
     if evaluated is None or evaluated.error:
         return None
-    returned = ", ".join(repr(m) for m in evaluated.metrics) or "no metric"
+    missing = _missing_metric(task, evaluated.metrics)
+    if missing is None:
+        return None
+    return (f"{missing} (it returned {_listed(evaluated.metrics)} in its profiling trial): "
+            "name one of those, or return it from evaluate, then resume (nothing was trained)")
+
+
+def remembered_mistake(task: Task, metrics: tuple[str, ...] | None) -> str | None:
+    """As ``evaluation_mistake``, where no trial ran the evaluation this time and the
+    catalog remembers the ``metrics`` it returned when it was timed: a warning, since
+    evaluate may have changed since (None: nothing to say)."""
+    missing = None if metrics is None else _missing_metric(task, metrics)
+    if missing is None:
+        return None
+    return (f"{missing} (it returned {_listed(metrics or ())} when the catalog timed it): "
+            "if it still does, the rule fails the task at its first rung, and keep_best "
+            "keeps nothing; stop, fix it and resume (`--reprofile` runs it again)")
+
+
+def _missing_metric(task: Task, returned: tuple[str, ...]) -> str | None:
     rule = task.stopping
-    if rule is not None and rule.metric != "loss" and rule.metric not in evaluated.metrics:
-        return (f"its stopping rule judges {rule.metric!r}, which its evaluate does not "
-                f"return (it returned {returned} in its profiling trial): name one of those "
-                "as the rule's metric, or return it from evaluate, then resume (nothing was "
-                "trained)")
-    if task.keep_best is not None and task.keep_best not in evaluated.metrics:
-        return (f"keep_best names {task.keep_best!r}, which its evaluate does not return "
-                f"(it returned {returned} in its profiling trial): name one of those, or "
-                "return it from evaluate, then resume (nothing was trained)")
+    if rule is not None and rule.metric != "loss" and rule.metric not in returned:
+        return f"its stopping rule judges {rule.metric!r}, which its evaluate does not return"
+    if task.keep_best is not None and task.keep_best not in returned:
+        return f"keep_best names {task.keep_best!r}, which its evaluate does not return"
     return None
+
+
+def _listed(metrics: tuple[str, ...]) -> str:
+    return ", ".join(repr(m) for m in metrics) or "no metric"
 
 
 def same_function(one: Any, other: Any) -> bool:

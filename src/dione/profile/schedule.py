@@ -235,7 +235,9 @@ class _Pass:
                     profile.evaluated = evaluated
         if trial.evaluation_key is not None:
             if evaluation is not None:
-                setting.catalog.put_evaluation_seconds(trial.evaluation_key, evaluation)
+                setting.catalog.put_evaluation_seconds(
+                    trial.evaluation_key, evaluation,
+                    evaluated.metrics if evaluated is not None else None)
                 for profile in setting.profiles:
                     if profile.group == trial.group:
                         profile.evaluation_seconds = evaluation

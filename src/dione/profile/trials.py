@@ -139,6 +139,7 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
             cached_eval = catalog.evaluation_seconds(eval_key)
             if cached_eval is not None and not reprofile:
                 profile.evaluation_seconds = cached_eval
+                profile.cached_metrics = catalog.evaluation_metrics(eval_key)
         for technique in techniques():
             if not task.allows(technique.name):
                 profile.skipped.append(Skipped(
