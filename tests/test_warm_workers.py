@@ -123,6 +123,24 @@ def test_forked_workers_train_as_new_interpreters_do(
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
+def test_torchs_own_cache_folder_is_no_change_that_replaces_a_spawner(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch writes TORCHINDUCTOR_CACHE_DIR into the environment the first time a
+    process builds an optimizer: a spawner started before (a slice run straight from
+    Python, before any task was validated) was replaced for it, its imports paid twice.
+    Its default is no change; any other folder is."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from dione.launch.pool import _import_fingerprint
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    unset = _import_fingerprint()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(default_cache_dir()))
+    assert _import_fingerprint() == unset
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
+    assert _import_fingerprint() != unset
+
+
 def test_a_replaced_spawner_serves_its_busy_worker_to_the_end(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A spawner replaced (the environment changed) while one of its workers is busy

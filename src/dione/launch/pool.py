@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -164,7 +165,28 @@ def _environ_fingerprint() -> int:
 
 def _import_fingerprint() -> int:
     """A fingerprint of the variables a spawner's imports may read, as they are now."""
-    return hash(frozenset((k, v) for k, v in os.environ.items() if read_at_import(k)))
+    found = {k: v for k, v in os.environ.items() if read_at_import(k)}
+    # torch writes its compiler cache's folder here when it first needs it (building an
+    # optimizer does, as validation and every spawner do): its default is no change, and
+    # a spawner started before it (a slice run straight from Python before any task was
+    # validated, as tests do) was replaced for it, its imports paid twice.
+    if found.get(_CACHE_VARIABLE) == _default_cache_dir():
+        del found[_CACHE_VARIABLE]
+    return hash(frozenset(found.items()))
+
+
+_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+
+
+@functools.cache
+def _default_cache_dir() -> str | None:
+    """The folder torch writes into ``TORCHINDUCTOR_CACHE_DIR`` when it is unset."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        return os.path.abspath(default_cache_dir())
+    except Exception:  # another torch: the variable then counts as any other
+        return None
 
 
 def _signal_group(process: WorkerProcess, sig: int) -> None:
