@@ -4,6 +4,7 @@ the run prunes the rest, and what ``dione export --best`` / ``--step`` and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,14 +12,16 @@ import pytest
 import torch
 
 import dione
+from dione.launch import local_placement, run_slice
 from dione.profile.results import TrialEvaluation, evaluation_mistake
 from dione.spec.stopping import Asha
-from dione.spec.validate import validate_workload
+from dione.spec.validate import keep_best_doubts, validate_workload
 from dione.spec.workload import load_workload
 from dione.state import load_model_weights
+from dione.state.export import ExportError, best_kept
 from dione.state.store import RunStore
 from dione.zoo.digits import digits_accuracy
-from helpers import digits_task, in_process
+from helpers import TEST_NODE, digits_task, in_process
 
 # How far the weights moved from where they started: lower is better, and it grows as
 # the task trains, so its best evaluation is its first, whose checkpoint the run would
@@ -95,6 +98,7 @@ def test_the_best_evaluation_keeps_its_checkpoint_and_is_what_export_gives(
     assert status == 0, out + err
     said = json.loads((tmp_path / "best" / "dione.json").read_text())
     assert said["step"] == 2 and said["evaluation"] == {"drift": drift[2]}
+    assert said["chosen"] == {"by": "best", "metric": "drift", "mode": "min", "value": drift[2]}
     assert said["run"]["status"] == "done"
 
     # What cannot be given says why, and what can.
@@ -105,9 +109,12 @@ def test_the_best_evaluation_keeps_its_checkpoint_and_is_what_export_gives(
     status, out, err = in_process(capsys, "export", str(run), "plain", "-o",
                                   str(tmp_path / "plain"), "--best")
     assert status != 0
-    assert "names no keep_best metric" in out + err and "it keeps 10, 12" in out + err
+    assert "names no keep_best metric" in out + err and "it keeps steps: 10, 12 (--step)" \
+        in out + err
     with pytest.raises(ValueError, match="one of latest, best and step"):
         dione.load(run, "kept", best=True, step=2)
+    with pytest.raises(ValueError, match="step must be 1 or more"):
+        dione.load(run, "kept", step=0)
     assert not (tmp_path / "four").exists() and not (tmp_path / "plain").exists()
 
 
@@ -139,3 +146,96 @@ def test_a_keep_best_metric_evaluate_does_not_return_is_named_from_its_trial() -
         "keep_best names 'acuracy', which its evaluate does not return (it returned "
         "'accuracy' in its profiling trial)")
     assert evaluation_mistake(task, TrialEvaluation(0.1, ("acuracy",), None)) is None
+
+
+# A score the test sets before each slice: the best moves, ties, and falls back.
+SCORED = """
+import functools
+from pathlib import Path
+import torch
+from dione import Asha, Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+SCORE = Path(%r)
+
+
+def scored(model):
+    return {"score": float(SCORE.read_text())}
+
+
+def task(name, **extra):
+    return Task(name=name, model=functools.partial(digits_mlp, hidden=16, depth=1),
+                data=digits_train, loss=torch.nn.functional.cross_entropy,
+                optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=16,
+                steps=16, seed=1, evaluate=scored, **extra)
+
+
+# Its direction from its rule (the name says neither way).
+workload = Workload([task("moving", keep_best="score",
+                          stopping=Asha(metric="score", mode="max", min_steps=2)),
+                     task("misnamed", keep_best="acc", keep_best_mode="max")])
+"""
+
+
+def test_the_best_moves_as_it_is_overtaken_and_the_direction_is_the_one_pruned_by(
+        tmp_path: Path) -> None:
+    score = tmp_path / "score"
+    file = tmp_path / "scored.py"
+    file.write_text(SCORED % str(score))
+    moving, misnamed = load_workload(file)
+    run = tmp_path / "run"
+    placement = local_placement(TEST_NODE, [0])
+    kept_after: list[list[int]] = []
+    # Steps 2..16; 0.95 twice: the later is best. A best outside the newest two is kept,
+    # and goes once overtaken.
+    for value in (0.5, 0.9, 0.7, 0.6, 0.95, 0.95, 0.2, 0.1):
+        score.write_text(str(value))
+        result = run_slice(moving, "single", run, placement, steps=2, evaluate_at_end=True)
+        assert result.evaluation == {"score": value}
+        with RunStore(run) as store:
+            kept_after.append([c.step for c in store.checkpoints("moving")])
+    assert kept_after == [[2], [2, 4], [4, 6], [4, 6, 8], [8, 10], [10, 12], [12, 14],
+                          [12, 14, 16]]
+    with RunStore(run) as store:
+        assert store.keep_best("moving") == ("score", "max")
+        paths = {c.step: c.path for c in store.checkpoints("moving")}
+    # Exported by what the run pruned by, whatever the workload says now.
+    turned = dataclasses.replace(moving, stopping=None, keep_best_mode="min")
+    assert _equal(dione.load(run, "moving", workload=[turned], best=True).state_dict(),
+                  _weights(moving, paths[12]))
+    # The best's checkpoint set aside (as a corrupt one is): said, not another given.
+    with RunStore(run) as store:
+        store.forget_checkpoints("moving", [paths[12]])
+        why = best_kept(store, "moving", (None, None))
+    assert why == ("has its best score (0.95 at step 12) in no checkpoint it keeps (pruned "
+                   "before keep_best named 'score', or set aside as corrupt); the best it "
+                   "keeps is 0.2, at step 14")
+    with pytest.raises(ExportError, match="it keeps steps: 14, 16"):
+        dione.load(run, "moving", workload=[moving], best=True)
+
+    # A keep_best its evaluate does not return: said at the slice's end, nothing spared.
+    score.write_text("0.5")
+    result = run_slice(misnamed, "single", run, placement, steps=2, evaluate_at_end=True)
+    assert result.warnings == ["keep_best names 'acc', which its evaluate did not return at "
+                               "step 2 (it returned 'score'): no checkpoint is kept for being "
+                               "best; name one of those"]
+    with RunStore(run) as store:
+        assert best_kept(store, "misnamed", (None, None)) == (
+            "was never evaluated for 'acc' (keep_best), its evaluate returned 'score'")
+
+
+def test_what_keep_best_may_not_do_is_said() -> None:
+    only_at_end = digits_task("end", evaluate=digits_accuracy, keep_best="accuracy")
+    assert keep_best_doubts(only_at_end) == [
+        "keep_best='accuracy' keeps nothing but its last checkpoint: the task evaluates "
+        "only at its end; give eval_every (or a stopping rule on that metric)"]
+    turned = digits_task("turned", evaluate=digits_accuracy, eval_every=4,
+                         keep_best="test_loss", keep_best_mode="max")
+    assert keep_best_doubts(turned) == [
+        "keep_best_mode='max' keeps the checkpoint where 'test_loss' was highest, but a "
+        "lower test_loss is usually better: set keep_best_mode='min' if so"]
+    both = digits_task("both", evaluate=digits_accuracy, keep_best="acc",
+                       stopping=Asha(metric="acc", mode="max", min_steps=4))
+    assert evaluation_mistake(both, TrialEvaluation(0.1, ("accuracy",), None)).startswith(
+        "its stopping rule judges 'acc' and keep_best names 'acc', neither of which its "
+        "evaluate returns")

@@ -237,23 +237,31 @@ class TestOnWarmActors:
         tasks = [digits_task(f"p{i}", steps=400, batch_size=16 * (i + 1),
                              techniques=("single", "ddp")) for i in range(3)]
         events: list[ProfileEvent] = []
+        removal: list[threading.Thread] = []
 
         def heard(event: ProfileEvent) -> None:
             events.append(event)
-            if event.kind == "started" and event.node == doomed.name and not any(
-                    e.node == doomed.name for e in events[:-1]):
-                threading.Thread(target=cluster.remove_node, args=(extra,)).start()
+            if event.kind == "started" and event.node == doomed.name and not removal:
+                removal.append(threading.Thread(target=cluster.remove_node, args=(extra,)))
+                removal[0].start()
 
-        with Catalog(tmp_path / "catalog.sqlite") as catalog:
-            profile = profile_workload(tasks, Cluster(nodes), catalog, launcher=launcher,
-                                       options=TrialOptions(warmup_steps=1, measure_steps=300),
-                                       on_event=heard)
-            records = [catalog.get(r.fingerprint) for t in profile.tasks for r in t.trials]
+        try:
+            with Catalog(tmp_path / "catalog.sqlite") as catalog:
+                profile = profile_workload(
+                    tasks, Cluster(nodes), catalog, launcher=launcher,
+                    options=TrialOptions(warmup_steps=1, measure_steps=300), on_event=heard)
+                records = [catalog.get(r.fingerprint) for t in profile.tasks for r in t.trials]
+        finally:  # the node gone, whatever happened, before the class's next test
+            if removal:
+                removal[0].join(60)
+            else:
+                cluster.remove_node(extra)
+            launcher.forget_node(doomed.name)
+        assert removal, "no trial started on the node to lose"
         assert all(t.options for t in profile.tasks), [t.why_no_option() for t in profile.tasks]
         assert all(r is not None and r.status == "ok" for r in records), records
         print("started:", [(e.label, e.tasks, e.node == doomed.name) for e in events
                            if e.kind == "started"])
-        launcher.forget_node(doomed.name)  # gone: what the launcher held there goes too
 
     def test_losing_a_node_mid_run_replans_onto_the_others(
             self, launcher: RayLauncher, cluster: Any, tmp_path: Path) -> None:
@@ -285,6 +293,7 @@ class TestOnWarmActors:
             time.sleep(0.05)  # a slice lasts well under a second: look often
         cluster.remove_node(extra, allow_graceful=False)  # as a preempted machine goes
         thread.join(600)
+        launcher.forget_node(doomed.name)  # before any assertion: the class's next tests
         assert not thread.is_alive()
         result = outcome["result"]
         assert all(t.status == "done" for t in result.tasks), result.tasks
@@ -301,7 +310,6 @@ class TestOnWarmActors:
                 assert [step for step, _ in store.losses(task.name)] == list(range(1, 81))
                 done = [s for s in store.slices(task.name) if s.status == "done"]
                 assert [s.start_step for s in done] == [0, 20, 40, 60]
-        launcher.forget_node(doomed.name)
         launcher.settle()  # the other gangs' folders gone from their (alive) nodes
         # The lost node's gang kept its folder (no launcher reaches a lost node); its ranks
         # held it, and their holds ended with their processes: the next actor on that

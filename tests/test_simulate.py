@@ -722,16 +722,24 @@ def test_the_gantt_chart_of_a_large_cluster_stays_a_readable_size(tmp_path: Path
     assert not by_device.by_node and by_device.rows[:3] == ["n0:0", "n0:1", "n0:2"]
 
 
-def test_a_gantt_chart_with_nothing_to_draw_says_so(tmp_path: Path) -> None:
+def test_a_gantt_chart_with_nothing_to_draw_says_so(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A run whose every task failed before training (an Optuna study's broken
     trials) drew a chart that warned of a singular axis, and showed two blank panels."""
     import warnings
 
+    from matplotlib.axes import Axes
+
     from dione.report.gantt import draw_gantt
 
+    written: list[str] = []
+    text = Axes.text
+    monkeypatch.setattr(Axes, "text", lambda ax, x, y, s, *a, **k: (
+        written.append(s), text(ax, x, y, s, *a, **k))[1])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         draw_gantt(None, [], 0.0, tmp_path / "gantt.png")
+    assert written == ["no plan was adopted", "no slice ran"]
     assert (tmp_path / "gantt.png").stat().st_size > 0
 
 

@@ -298,8 +298,11 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
     _argument_types(workload=workload, run_dir=run_dir, latest=latest)
     if not isinstance(best, bool):
         raise TypeError(f"best must be True or False, not {best!r}")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
-        raise TypeError(f"step must be a step number >= 1 or None, not {step!r}")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        raise TypeError(f"step must be a step number or None, not {step!r}")
+    if step is not None and step < 1:
+        raise ValueError(f"step must be 1 or more (a checkpoint after that many steps), "
+                         f"not {step}")
     if latest + best + (step is not None) > 1:
         raise ValueError("give one of latest, best and step, not several")
     run_dir = os.fspath(run_dir)
@@ -315,7 +318,7 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
                        + ", ".join(t.name for t in workload))
     if best or step is not None:
         return load_trained(matching[0], kept_checkpoint(run_dir, matching[0], best=best,
-                                                         step=step))
+                                                         step=step)[0])
     return load_trained(matching[0], trained_checkpoint(run_dir, task, latest))
 
 __all__ = [

@@ -343,11 +343,13 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
 
 
 def load(study: Any, make_task: Callable[[Any], Task], trial: int, *,
-         run_dir: str = "runs/optuna", latest: bool = False, best: bool = False) -> Any:
+         run_dir: str = "runs/optuna", latest: bool = False, best: bool = False,
+         step: int | None = None) -> Any:
     """The trained model of trial number ``trial`` of ``study`` in ``run_dir``: its task
     built again by ``make_task`` from the trial's parameters, its weights loaded as
     ``dione.load`` loads them (``latest``: the newest checkpoint of a trial pruned or
-    not finished; ``best``: where the task's ``keep_best`` metric was best). A run
+    not finished; ``best``: where the task's ``keep_best`` metric was best, by the
+    metric and direction the run pruned by; ``step``: one it keeps at that step). A run
     ``optimize`` trained has no workload file to load from."""
     import optuna
 
@@ -359,7 +361,7 @@ def load(study: Any, make_task: Callable[[Any], Task], trial: int, *,
     built = make_task(optuna.trial.FixedTrial(found[0].params, number=trial))
     name = str(found[0].user_attrs.get(_TASK, f"trial-{trial}"))
     return dione.load(run_dir, name, workload=[replace(built, name=name)], latest=latest,
-                      best=best)
+                      best=best, step=step)
 
 
 def _failed(study: Any, trials: Sequence[Any]) -> set[int]:

@@ -575,13 +575,14 @@ class RayLauncher:
             self._released.notify_all()
 
     def _removing(self, removal: Any) -> None:
-        """Keep ``removal`` for shutdown to wait for; drop those already done."""
+        """Keep ``removal`` for ``settle`` to wait for; drop those already done (the
+        list is never emptied meanwhile: a ``settle`` then would wait for nothing)."""
         with self._lock:
-            pending, self._forgetting = self._forgetting, []
-        if pending:
-            pending = self.ray.wait(pending, num_returns=len(pending), timeout=0)[1]
+            pending = list(self._forgetting)
+        done = self.ray.wait(pending, num_returns=len(pending), timeout=0)[0] if pending \
+            else []
         with self._lock:
-            self._forgetting += [*pending, removal]
+            self._forgetting = [r for r in self._forgetting if r not in done] + [removal]
 
     def _remove_failed(self, name: str, store: str) -> None:
         """Remove a failed gang's folder (its ranks' logs in it) on node ``name``: a Ray
@@ -640,7 +641,7 @@ class RayLauncher:
         ``_CLEANUP_SECONDS``; a node too slow to answer keeps its folders, for the next
         actor started on that machine)."""
         with self._lock:
-            forgetting, self._forgetting = self._forgetting, []
+            forgetting = list(self._forgetting)
         if forgetting:
             with contextlib.suppress(Exception):  # an actor or node already gone
                 _, late = self.ray.wait(forgetting, num_returns=len(forgetting),
@@ -648,6 +649,8 @@ class RayLauncher:
                 for call in late:
                     with contextlib.suppress(Exception):
                         self.ray.cancel(call, force=True)
+        with self._lock:
+            self._forgetting = [r for r in self._forgetting if r not in forgetting]
 
     def shutdown(self) -> None:
         """End every actor and free every placement group of this launcher."""
@@ -657,6 +660,7 @@ class RayLauncher:
             self._idle.clear()
             groups = list(self._groups.values())
             self._groups.clear()
+        self.settle()  # a gang that ended meanwhile
         self._end(actors)
         for group in groups:
             with contextlib.suppress(Exception):  # already gone with its node

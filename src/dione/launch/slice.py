@@ -276,6 +276,25 @@ def run_request(
             db.close()
 
 
+def _best_to_keep(db: RunStore, task: Task, evaluation: dict[str, float],
+                  evaluation_error: str | None, step: int,
+                  warnings: list[str]) -> CheckpointRecord | None:
+    """The checkpoint ``task``'s ``keep_best`` spares (None: none), its metric and mode
+    recorded for export; a warning where the slice's evaluation lacked that metric."""
+    metric, mode = task.keep_best, task.best_mode()
+    if db.keep_best(task.name) != ((metric, mode) if metric and mode else None):
+        db.set_keep_best(task.name, metric, mode)
+    if not metric or not mode:
+        return None
+    if evaluation and not evaluation_error and metric not in evaluation:
+        returned = ", ".join(repr(m) for m in sorted(evaluation))
+        warnings.append(f"keep_best names {metric!r}, which its evaluate did not return at "
+                        f"step {step} (it returned {returned}): no checkpoint is kept for "
+                        "being best; name one of those")
+    found = db.best_checkpoint(task.name, metric, mode)
+    return found[0] if found else None
+
+
 def log_folder(run_dir: Path, slice_id: int, task: str) -> Path:
     """Where slice ``slice_id`` of ``task`` keeps its ranks' output."""
     return run_dir / "logs" / f"slice-{slice_id:06d}-{task}"
@@ -283,8 +302,9 @@ def log_folder(run_dir: Path, slice_id: int, task: str) -> Path:
 
 def _prune_logs(run_dir: Path, task: str, db: RunStore, keep: int) -> None:
     """Remove the logs of the task's slices that trained to their end, but its last
-    ``keep`` (those whose checkpoints are kept): a sweep of short slices left a folder
-    a slice, for ever. A failed or interrupted slice's log stays: it says why."""
+    ``keep`` (those of its newest checkpoints; one kept for being best keeps no log: its
+    store rows say how it trained): a sweep of short slices left a folder a slice, for
+    ever. A failed or interrupted slice's log stays: it says why."""
     done = [s.id for s in db.slices(task) if s.status == "done"]
     for slice_id in done[:-keep] if keep > 0 else done:
         shutil.rmtree(log_folder(run_dir, slice_id, task), ignore_errors=True)
@@ -375,13 +395,11 @@ def _record_finished(db: RunStore, slice_id: int, request: SliceRequest, spec: S
                     {**lead.timings, "wall": seconds}, max(peak), lead.evaluation,
                     evaluation_error and f"evaluation failed:\n{evaluation_error}",
                     lead.extra.get("exactness"))
-    mode = task.best_mode()
-    best = db.best_checkpoint(task.name, task.keep_best, mode) if task.keep_best and mode \
-        else None
+    best = _best_to_keep(db, task, lead.evaluation, evaluation_error, spec.end_step, warnings)
     gone = prune_checkpoints(db.checkpoint_root(request.storage), task.name,
                              request.keep_checkpoints,
                              [c.path for c in db.checkpoints(task.name)],
-                             spare=[best[0].path] if best else [])
+                             spare=[best.path] if best else [])
     if gone:
         db.forget_checkpoints(task.name, [str(p) for p in gone])
     _prune_logs(Path(request.run_dir), task.name, db, request.keep_checkpoints)

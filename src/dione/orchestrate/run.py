@@ -31,6 +31,7 @@ from dione.profile.results import ProfileEvent
 from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.task import Task
 from dione.spec.validate import Problem
+from dione.state.export import best_kept
 from dione.state.store import RunStore
 from dione.state.summaries import exactness_of, leaderboard, summaries
 
@@ -118,8 +119,8 @@ class RunResult:
 def _results(tasks: Sequence[Task], run_dir: Path) -> list[TaskResult]:
     with RunStore(run_dir) as store:
         recorded = {s.task: s for s in summaries(store, [t.name for t in tasks])}
-        best = {t.name: found[0] for t in tasks if t.keep_best and (mode := t.best_mode())
-                and (found := store.best_checkpoint(t.name, t.keep_best, mode))}
+        best = {t.name: found[0] for t in tasks if not isinstance(
+            found := best_kept(store, t.name, (t.keep_best, t.best_mode())), str)}
     return [TaskResult(
         task=s.task, status=s.status, techniques=s.techniques, devices=s.device_counts,
         seconds=s.seconds, steps=s.steps, total_steps=s.total_steps, final_loss=s.final_loss,

@@ -45,7 +45,7 @@ from dione.spec.metrics import doubtful_direction
 from dione.spec.settings import READ_SETTINGS, read_changes, training_settings
 from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
-from dione.spec.validate import late_evaluation
+from dione.spec.validate import keep_best_doubts, late_evaluation
 from dione.state.disk import DiskFull
 from dione.state.store import RunStore
 from dione.state.summaries import error_line
@@ -159,6 +159,8 @@ class Runner:
         late = late_evaluation(task, total)
         if late:
             self.emit(RunEvent("eval_every_doubtful", f"{task.name}: {late}", task.name))
+        for doubt in keep_best_doubts(task, total):
+            self.emit(RunEvent("keep_best_doubtful", f"{task.name}: {doubt}", task.name))
         latest = self.store.latest_checkpoint(task.name)
         done = latest.step if latest else 0
         stored = self.store.task(task.name)

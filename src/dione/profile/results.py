@@ -189,12 +189,19 @@ def remembered_mistake(task: Task, metrics: tuple[str, ...] | None) -> str | Non
 
 
 def _missing_metric(task: Task, returned: tuple[str, ...]) -> str | None:
+    """What names a metric ``returned`` lacks (the stopping rule, keep_best: both at once,
+    so that one fix is not followed by another refusal)."""
+    missing = []
     rule = task.stopping
     if rule is not None and rule.metric != "loss" and rule.metric not in returned:
-        return f"its stopping rule judges {rule.metric!r}, which its evaluate does not return"
+        missing.append(f"its stopping rule judges {rule.metric!r}")
     if task.keep_best is not None and task.keep_best not in returned:
-        return f"keep_best names {task.keep_best!r}, which its evaluate does not return"
-    return None
+        missing.append(f"keep_best names {task.keep_best!r}")
+    if not missing:
+        return None
+    which = "which its evaluate does not return" if len(missing) == 1 else \
+        "neither of which its evaluate returns"
+    return f"{' and '.join(missing)}, {which}"
 
 
 def _listed(metrics: tuple[str, ...]) -> str:

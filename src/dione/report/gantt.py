@@ -67,7 +67,9 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
                                                                  if simulated else ""))):
         _draw_bars(ax, bars, layout, span, colour, row_inches)
         if not bars:  # every task failed or was refused before a plan, or a slice ran
-            ax.text(0.5, 0.5, "no plan was adopted" if bars is planned else "no slice ran",
+            said = ("no plan was adopted" if plan is None else "the plan assigned nothing") \
+                if bars is planned else "no slice ran"
+            ax.text(0.5, 0.5, said,
                     transform=ax.transAxes, ha="center", va="center", fontsize=9)
             if not (planned or actual):
                 ax.set_xticks([])  # no time passed on either: no axis of it

@@ -94,12 +94,13 @@ class Task:
     metric (a slice ends at each such step and evaluates in its worker: the live model
     on rank 0 under single and ddp, the live sharded model on every rank under fsdp, a
     pipeline's stages put together on rank 0), each result recorded with its step.
-    ``keep_best`` names one of those metrics: the checkpoint of the step where it was
-    best is kept beside the newest ones (which a run prunes to two), for ``dione export
-    --best`` and ``dione.load(..., best=True)`` (a task that overfits is taken at its best
-    evaluation, not its last step; Ray Tune's ``checkpoint_score_attribute``). Lower or
-    higher is better as ``keep_best_mode`` says ("min", "max"); by default as the task's
-    stopping rule judges that metric, else as its name says (a loss, an accuracy).
+    ``keep_best`` names one of those metrics (never the training loss): the checkpoint of
+    the step where it was best is kept beside the newest ones (which a run prunes to two),
+    for ``dione export --best`` and ``dione.load(..., best=True)`` (a task that overfits
+    is taken at its best evaluation, not its last step; Ray Tune's
+    ``checkpoint_score_attribute``). Lower or higher is better as ``keep_best_mode`` says
+    ("min", "max"); by default as the task's stopping rule judges that metric, else as
+    its name says (a loss, an accuracy).
     """
 
     name: str

@@ -17,13 +17,15 @@ from torch import nn
 
 from dione.spec.batch import split_problem
 from dione.spec.devices import DeviceKind, local_device_kind
+from dione.spec.metrics import direction_by_name
 from dione.spec.sameness import task_key
 from dione.spec.stopping import StoppingRule
 from dione.spec.task import PRECISIONS, ItemCounter, Task
 from dione.spec.workload import Workload
 
 __all__ = ["Problem", "WorkloadError", "build_model", "check_task", "checked_task",
-           "late_evaluation", "repeated_names", "split_valid", "validate_workload"]
+           "keep_best_doubts", "late_evaluation", "repeated_names", "split_valid",
+           "validate_workload"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}$")
 _FACTORIES = ("model", "data", "loss", "optimizer", "evaluate", "lr_scheduler", "collate_fn",
@@ -669,6 +671,29 @@ def split_valid(
     # As problems name them: a name that is no string (refused above) by its repr.
     return [t for t in checked
             if (t.name if isinstance(t.name, str) else repr(t.name)) not in bad], problems
+
+
+def keep_best_doubts(task: Task, total: int | None = None) -> list[str]:
+    """Why ``task``'s ``keep_best`` may not do what it seems to (it evaluates only at its
+    end, so its best is its last; a direction given the other way from what the metric's
+    name says), each with the fix. ``total``: its steps where known."""
+    metric, mode = task.keep_best, task.keep_best_mode
+    if not isinstance(metric, str) or not metric or task.evaluate is None:
+        return []
+    doubts = []
+    steps = total if total is not None else task.steps
+    if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1 \
+            and task.evaluation_steps(steps) == [steps]:
+        doubts.append(f"keep_best={metric!r} keeps nothing but its last checkpoint: the "
+                      "task evaluates only at its end; give eval_every (or a stopping rule "
+                      "on that metric)")
+    by_name = direction_by_name(metric)
+    if mode in ("min", "max") and by_name is not None and by_name != mode:
+        better = "higher" if by_name == "max" else "lower"
+        doubts.append(f"keep_best_mode={mode!r} keeps the checkpoint where {metric!r} was "
+                      f"{'lowest' if mode == 'min' else 'highest'}, but a {better} {metric} "
+                      f"is usually better: set keep_best_mode={by_name!r} if so")
+    return doubts
 
 
 def late_evaluation(task: Task, total: int | None = None) -> str | None:

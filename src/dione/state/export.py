@@ -28,7 +28,13 @@ from dione.state.checkpoint import (
     verify_checkpoint,
 )
 from dione.state.private import write_whole
-from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, trained_by_train
+from dione.state.store import (
+    SIMULATED_FILE,
+    STORE_FILE,
+    CheckpointRecord,
+    RunStore,
+    trained_by_train,
+)
 from dione.state.summaries import exactness_of, inexact_spans, techniques_in_turn
 
 __all__ = [
@@ -98,9 +104,11 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
 
 
 def kept_checkpoint(run_dir: str | Path, task: Task, *, best: bool = False,
-                    step: int | None = None) -> Path:
+                    step: int | None = None) -> tuple[Path, dict[str, Any]]:
     """A checkpoint ``task`` keeps besides its final one, whatever its status: the one
-    at ``step``, or (``best``) the one where its ``keep_best`` metric was best."""
+    at ``step``, or (``best``) the one where its ``keep_best`` metric was best, by the
+    metric and direction the run pruned by (the task's own where it recorded none); and
+    why it is that one (``dione.json``'s ``chosen``)."""
     run = Path(run_dir)
     if not run.is_dir():
         raise ExportError(f"{run} is not a directory; give the run directory that "
@@ -124,30 +132,43 @@ def kept_checkpoint(run_dir: str | Path, task: Task, *, best: bool = False,
                 raise ExportError(f"task {task.name!r} keeps no checkpoint at step {step}; "
                                   f"it keeps steps: {steps} (a run keeps the newest two, "
                                   "and the best evaluated with keep_best)")
-            return _intact(Path(found.path))
-        metric, mode = task.keep_best, task.best_mode()
-        if metric is None or mode is None:
-            raise ExportError(f"task {task.name!r} names no keep_best metric, so no "
-                              "checkpoint was kept for being best: give one of the steps it "
-                              f"keeps (--step; it keeps {steps}), and keep_best='METRIC' on "
-                              "the task to keep its best from now on")
-        chosen = store.best_checkpoint(task.name, metric, mode)
-        evaluated = store.evaluations(task.name).get(metric, [])
-    if chosen is None:
-        at = ", ".join(str(s) for s, _ in evaluated)
-        raise ExportError(f"task {task.name!r} has no checkpoint at a step where {metric!r} "
-                          "was evaluated (" + (f"evaluated at steps {at}" if at else
-                                               "it was never evaluated")
-                          + f"); it keeps steps: {steps} (--step)")
-    record, value = chosen
+            return _intact(Path(found.path)), {"by": "step"}
+        chosen = best_kept(store, task.name, (task.keep_best, task.best_mode()))
+    if isinstance(chosen, str):
+        raise ExportError(f"task {task.name!r} {chosen}; it keeps steps: {steps} (--step)")
+    record, value, metric, mode = chosen
+    return _intact(Path(record.path)), {"by": "best", "metric": metric, "mode": mode,
+                                        "value": value}
+
+
+def best_kept(store: RunStore, task: str, fallback: tuple[str | None, str | None]
+              ) -> tuple[CheckpointRecord, float, str, str] | str:
+    """The checkpoint of ``task`` where its ``keep_best`` metric was best, with that
+    value, the metric and its direction: by the metric and direction the run pruned by
+    (``fallback``, the task's own, where it recorded none). Where there is none, or the
+    best evaluation's checkpoint is gone, why (a sentence that follows the task's name)."""
+    metric, mode = store.keep_best(task) or fallback
+    if metric is None or mode is None:
+        return ("names no keep_best metric, so no checkpoint was kept for being best "
+                "(keep_best='METRIC' on the task keeps it from then on)")
+    evaluated = store.evaluations(task)
+    points = evaluated.get(metric, [])
+    if not points:
+        returned = ", ".join(repr(m) for m in sorted(evaluated))
+        return (f"was never evaluated for {metric!r} (keep_best), " + (
+            f"its evaluate returned {returned}" if returned else "nor for anything else"))
+    found = store.best_checkpoint(task, metric, mode)
+    if found is None:
+        return (f"has no checkpoint at a step where {metric!r} was evaluated (steps "
+                f"{', '.join(str(s) for s, _ in points)})")
+    record, value = found
     sign = 1 if mode == "min" else -1
-    top_step, top = min(evaluated, key=lambda e: (sign * e[1], -e[0]))
-    if sign * top < sign * value:  # the best one's checkpoint went (keep_best came later)
-        raise ExportError(f"task {task.name!r}'s best {metric} ({top:.6g} at step {top_step}) "
-                          f"was not kept: its checkpoint was pruned before keep_best named "
-                          f"{metric!r}; the best it keeps is {value:.6g} at step "
-                          f"{record.step} (--step {record.step})")
-    return _intact(Path(record.path))
+    top_step, top = min(points, key=lambda p: (sign * p[1], -p[0]))
+    if sign * top < sign * value:
+        return (f"has its best {metric} ({top:.6g} at step {top_step}) in no checkpoint "
+                f"it keeps (pruned before keep_best named {metric!r}, or set aside as "
+                f"corrupt); the best it keeps is {value:.6g}, at step {record.step}")
+    return record, value, metric, mode
 
 
 def _intact(checkpoint: Path) -> Path:
@@ -273,10 +294,12 @@ def check_export_folder(out: Path) -> None:
 
 
 def export_model(model: nn.Module, folder: str | Path, task: Task,
-                 checkpoint: str | Path, run_dir: str | Path | None = None) -> Path:
+                 checkpoint: str | Path, run_dir: str | Path | None = None,
+                 chosen: dict[str, Any] | None = None) -> Path:
     """Write ``model``'s weights into ``folder`` (created; files there are replaced),
     and beside them what they are (``dione.json``: the task, its step, how it trained:
-    from ``run_dir``'s store where given)."""
+    from ``run_dir``'s store where given; ``chosen``: why this checkpoint, where it is
+    not the task's final or newest one)."""
     out = Path(folder)
     check_export_folder(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -299,6 +322,7 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
     progress = read_progress(checkpoint)
     write_whole(out / PROVENANCE_FILE, json.dumps({
         "task": task.name, "step": progress.step, "technique": progress.technique,
+        **({"chosen": chosen} if chosen else {}),
         **({"trained": how_trained(run_dir, task.name, progress.step),
             "run": status_in_run(run_dir, task.name),
             "evaluation": evaluation_at(run_dir, task.name, progress.step)}

@@ -806,6 +806,17 @@ class RunStore(SQLiteFile):
         value, record = min(found, key=lambda f: (sign * f[0], -f[1].step))
         return record, value
 
+    def set_keep_best(self, task: str, metric: str | None, mode: str | None) -> None:
+        """The metric and direction (``Task.keep_best``) the task's checkpoints are pruned
+        by now (None: none), kept for export and load, whatever the workload says later."""
+        self._set_run_value(f"keep_best:{task}",
+                            {"metric": metric, "mode": mode} if metric and mode else {})
+
+    def keep_best(self, task: str) -> tuple[str, str] | None:
+        """``set_keep_best``'s metric and direction for ``task`` (None: none recorded)."""
+        kept = self._run_value(f"keep_best:{task}")
+        return (str(kept["metric"]), str(kept["mode"])) if kept else None
+
     def forget_checkpoints(self, task: str, paths: Sequence[str]) -> None:
         with self._transaction() as db:
             db.executemany("DELETE FROM checkpoints WHERE task = ? AND path IN (?, ?)",

@@ -30,12 +30,14 @@ def command(args: argparse.Namespace) -> int:
     try:
         check_export_folder(out)  # before the model loads, not after
         kept = args.best or args.step is not None
+        chosen = None
         if not kept:  # found before the workload loads: its mistakes are said sooner
             checkpoint = trained_checkpoint(args.run_dir, args.task, args.latest)
         workload = load(args.workload or workload_of_task(args.run_dir, args.task))
         task = workload.task(args.task)
         if kept:  # the task says which metric was best, and which way
-            checkpoint = kept_checkpoint(args.run_dir, task, best=args.best, step=args.step)
+            checkpoint, chosen = kept_checkpoint(args.run_dir, task, best=args.best,
+                                                 step=args.step)
     except ExportError as err:
         raise BadInput(str(err)) from None
     except KeyError as err:
@@ -48,7 +50,7 @@ def command(args: argparse.Namespace) -> int:
     except CheckpointError as err:  # the workload's model is not the one trained
         raise BadInput(str(err)) from None
     try:
-        folder = export_model(model, args.output, task, checkpoint, args.run_dir)
+        folder = export_model(model, args.output, task, checkpoint, args.run_dir, chosen)
     except OSError as err:
         raise BadInput(f"cannot write {args.output}: {err.strerror or err}; give a folder "
                        "you can write (-o)") from None

@@ -53,7 +53,8 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput(f"{technique.name} cannot train task {task.name!r} on {count} "
                        "device(s): " + "; ".join(reasons))
     ends = [what for what, has in (("eval_every", task.eval_every),
-                                   ("stopping rule", task.stopping is not None)) if has]
+                                   ("stopping rule", task.stopping is not None),
+                                   ("keep_best", task.keep_best is not None)) if has]
     if ends:
         # One slice: its evaluations and rungs are `dione run`'s (it ended each slice at
         # them); trained as one, the task said nothing of it and evaluated at the end only.
