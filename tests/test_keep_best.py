@@ -82,6 +82,11 @@ def test_the_best_evaluation_keeps_its_checkpoint_and_is_what_export_gives(
     assert kept == {"kept": [2, 10, 12], "plain": [10, 12]}  # the newest two, and the best
     assert sorted(p.name for p in (run / "checkpoints" / "kept").iterdir()) == [
         "step-00000002", "step-00000010", "step-00000012"]
+    summary = (run / "report" / "summary.md").read_text()
+    kept_section = summary.split("## Best checkpoints kept (keep_best)")[1].split("##")[0]
+    assert [line.split(" ")[1] for line in kept_section.splitlines()
+            if line.startswith("- ")] == ["kept:"]  # plain keeps none for being best
+    assert "at step 2 (lowest)" in kept_section
 
     workload = load_workload(file)
     task = workload.task("kept")

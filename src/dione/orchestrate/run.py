@@ -31,9 +31,8 @@ from dione.profile.results import ProfileEvent
 from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.task import Task
 from dione.spec.validate import Problem
-from dione.state.export import best_kept
 from dione.state.store import RunStore
-from dione.state.summaries import exactness_of, leaderboard, summaries
+from dione.state.summaries import best_kept, exactness_of, leaderboard, summaries
 
 __all__ = ["RunDirError", "RunEvent", "RunOptions", "RunResult", "TaskResult", "claim_run_dir",
            "run_workload"]

@@ -19,6 +19,7 @@ from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, SliceRecord
 from dione.state.summaries import (
     TaskSummary,
     as_left,
+    best_kept,
     error_line,
     figure,
     leaderboard,
@@ -160,6 +161,8 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
         directions = store.directions()
         curves = {t.task: store.loss_curve(t.task, CURVE_POINTS) for t in tasks}
         evaluated = {t.task: store.evaluations(t.task) for t in tasks}
+        kept_best = {t.task: best_kept(store, t.task, (None, None)) for t in tasks
+                     if store.keep_best(t.task)}
     with open(folder / "evaluations.csv", "w", newline="") as out:  # eval_every's too
         writer = csv.writer(out)
         writer.writerow(["task", "step", "metric", "value", "simulated"])
@@ -184,7 +187,8 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
                              json.dumps(t.hyperparameters), t.trained,
                              (t.error or "").splitlines()[0] if t.error else "", mark])
     (folder / "summary.md").write_text(_markdown(tasks, metrics, plans, slices, zero,
-                                                 simulated, invalid, directions, run_dir))
+                                                 simulated, invalid, directions, run_dir,
+                                                 kept_best))
     from dione.report.gantt import draw_gantt
 
     draw_gantt(plans[0] if plans else None, slices, zero, folder / "gantt.png", simulated,
@@ -268,7 +272,8 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
               simulated: bool = False,
               invalid: Mapping[str, Sequence[str]] | None = None,
               directions: Mapping[str, str] | None = None,
-              run_dir: Path | None = None) -> str:
+              run_dir: Path | None = None,
+              kept_best: Mapping[str, Any] | None = None) -> str:
     lines = ["# dione run report" + (": SIMULATED" if simulated else ""), ""]
     if simulated:
         lines += [f"A virtual cluster ran this (`dione simulate`): no task trained; times are "
@@ -340,6 +345,18 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                   "accumulate, which it does only where memory runs out; each line says "
                   "what draws).", ""]
         lines += [f"- {t.task}: " + "; ".join(t.statistical) for t in statistical]
+    if kept_best:
+        lines += ["", "## Best checkpoints kept (keep_best)", "",
+                  "Besides their newest checkpoints, these tasks keep the one where their "
+                  "keep_best metric was best: `dione export RUN_DIR TASK --best -o DIR` writes "
+                  "it (`dione.load(..., best=True)`).", ""]
+        for task, found in kept_best.items():
+            if isinstance(found, str):
+                lines.append(f"- {task}: none; it {found}")
+            else:
+                record, value, metric, mode = found
+                lines.append(f"- {task}: {metric} {figure(value)} at step {record.step} "
+                             f"({'lowest' if mode == 'min' else 'highest'})")
     stopped = [t for t in tasks if t.status == "stopped"]
     if stopped:
         lines += ["", "## Stopped early", "",

@@ -28,14 +28,8 @@ from dione.state.checkpoint import (
     verify_checkpoint,
 )
 from dione.state.private import write_whole
-from dione.state.store import (
-    SIMULATED_FILE,
-    STORE_FILE,
-    CheckpointRecord,
-    RunStore,
-    trained_by_train,
-)
-from dione.state.summaries import exactness_of, inexact_spans, techniques_in_turn
+from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, trained_by_train
+from dione.state.summaries import best_kept, exactness_of, inexact_spans, techniques_in_turn
 
 __all__ = [
     "ExportError",
@@ -61,11 +55,7 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
     """The checkpoint holding ``task``'s trained weights: its final one once the run
     store says it is done; with ``latest``, its newest one whatever its status. A run
     directory of ``dione train`` (no store) gives its newest checkpoint."""
-    run = Path(run_dir)
-    if not run.is_dir():
-        raise ExportError(f"{run} is not a directory; give the run directory that "
-                          "`dione run --out` or `dione train --out` wrote")
-    _not_simulated(run)
+    run = _trained_run(run_dir)
     if not (run / STORE_FILE).is_file():
         found = latest_on_disk(run, task)
         if found is None:
@@ -109,11 +99,7 @@ def kept_checkpoint(run_dir: str | Path, task: Task, *, best: bool = False,
     at ``step``, or (``best``) the one where its ``keep_best`` metric was best, by the
     metric and direction the run pruned by (the task's own where it recorded none); and
     why it is that one (``dione.json``'s ``chosen``)."""
-    run = Path(run_dir)
-    if not run.is_dir():
-        raise ExportError(f"{run} is not a directory; give the run directory that "
-                          "`dione run --out` or `dione train --out` wrote")
-    _not_simulated(run)
+    run = _trained_run(run_dir)
     if not (run / STORE_FILE).is_file():
         raise ExportError(f"{run} has no run store ({STORE_FILE}), which says what each "
                           "checkpoint is; give the run directory that `dione run --out` or "
@@ -141,36 +127,6 @@ def kept_checkpoint(run_dir: str | Path, task: Task, *, best: bool = False,
                                         "value": value}
 
 
-def best_kept(store: RunStore, task: str, fallback: tuple[str | None, str | None]
-              ) -> tuple[CheckpointRecord, float, str, str] | str:
-    """The checkpoint of ``task`` where its ``keep_best`` metric was best, with that
-    value, the metric and its direction: by the metric and direction the run pruned by
-    (``fallback``, the task's own, where it recorded none). Where there is none, or the
-    best evaluation's checkpoint is gone, why (a sentence that follows the task's name)."""
-    metric, mode = store.keep_best(task) or fallback
-    if metric is None or mode is None:
-        return ("names no keep_best metric, so no checkpoint was kept for being best "
-                "(keep_best='METRIC' on the task keeps it from then on)")
-    evaluated = store.evaluations(task)
-    points = evaluated.get(metric, [])
-    if not points:
-        returned = ", ".join(repr(m) for m in sorted(evaluated))
-        return (f"was never evaluated for {metric!r} (keep_best), " + (
-            f"its evaluate returned {returned}" if returned else "nor for anything else"))
-    found = store.best_checkpoint(task, metric, mode)
-    if found is None:
-        return (f"has no checkpoint at a step where {metric!r} was evaluated (steps "
-                f"{', '.join(str(s) for s, _ in points)})")
-    record, value = found
-    sign = 1 if mode == "min" else -1
-    top_step, top = min(points, key=lambda p: (sign * p[1], -p[0]))
-    if sign * top < sign * value:
-        return (f"has its best {metric} ({top:.6g} at step {top_step}) in no checkpoint "
-                f"it keeps (pruned before keep_best named {metric!r}, or set aside as "
-                f"corrupt); the best it keeps is {value:.6g}, at step {record.step}")
-    return record, value, metric, mode
-
-
 def _intact(checkpoint: Path) -> Path:
     """``checkpoint`` once its files match the digests written with it."""
     try:
@@ -179,6 +135,16 @@ def _intact(checkpoint: Path) -> Path:
         raise ExportError(f"{err}: its weights cannot be trusted. `dione resume` sets it "
                           "aside and trains again from the checkpoint before it") from None
     return checkpoint
+
+
+def _trained_run(run_dir: str | Path) -> Path:
+    """``run_dir``, once it is a folder where tasks trained (not a simulated run)."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise ExportError(f"{run} is not a directory; give the run directory that "
+                          "`dione run --out` or `dione train --out` wrote")
+    _not_simulated(run)
+    return run
 
 
 def _not_simulated(run: Path) -> None:

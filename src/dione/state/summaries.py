@@ -8,10 +8,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
-from dione.state.store import RunStore, SliceRecord
+from dione.state.store import CheckpointRecord, RunStore, SliceRecord
 
-__all__ = ["TaskSummary", "as_left", "error_line", "exactness_of", "figure", "inexact_spans",
-           "leaderboard", "lower_is_better", "summaries", "techniques_in_turn"]
+__all__ = ["TaskSummary", "as_left", "best_kept", "error_line", "exactness_of", "figure",
+           "inexact_spans", "leaderboard", "lower_is_better", "summaries",
+           "techniques_in_turn"]
 
 
 @dataclass
@@ -197,3 +198,33 @@ def leaderboard(tasks: Sequence[R], metric: str,
               and not (t.status == "done" and t.evaluated_before)]
     sign = 1 if lower_is_better(metric, directions) else -1
     return sorted(scored, key=lambda t: (t.steps < t.total_steps, t.evaluation[metric] * sign))
+
+
+def best_kept(store: RunStore, task: str, fallback: tuple[str | None, str | None]
+              ) -> tuple[CheckpointRecord, float, str, str] | str:
+    """The checkpoint of ``task`` where its ``keep_best`` metric was best, with that
+    value, the metric and its direction: by the metric and direction the run pruned by
+    (``fallback``, the task's own, where it recorded none). Where there is none, or the
+    best evaluation's checkpoint is gone, why (a sentence that follows the task's name)."""
+    metric, mode = store.keep_best(task) or fallback
+    if metric is None or mode is None:
+        return ("names no keep_best metric, so no checkpoint was kept for being best "
+                "(keep_best='METRIC' on the task keeps it from then on)")
+    evaluated = store.evaluations(task)
+    points = evaluated.get(metric, [])
+    if not points:
+        returned = ", ".join(repr(m) for m in sorted(evaluated))
+        return (f"was never evaluated for {metric!r} (keep_best), " + (
+            f"its evaluate returned {returned}" if returned else "nor for anything else"))
+    found = store.best_checkpoint(task, metric, mode)
+    if found is None:
+        return (f"has no checkpoint at a step where {metric!r} was evaluated (steps "
+                f"{', '.join(str(s) for s, _ in points)})")
+    record, value = found
+    sign = 1 if mode == "min" else -1
+    top_step, top = min(points, key=lambda p: (sign * p[1], -p[0]))
+    if sign * top < sign * value:
+        return (f"has its best {metric} ({top:.6g} at step {top_step}) in no checkpoint "
+                f"it keeps (pruned before keep_best named {metric!r}, or set aside as "
+                f"corrupt); the best it keeps is {value:.6g}, at step {record.step}")
+    return record, value, metric, mode
