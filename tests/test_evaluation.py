@@ -383,8 +383,8 @@ def test_a_metric_the_catalogs_evaluation_did_not_return_is_said_before_training
     said = [e.message for e in events if e.kind == "evaluation_doubtful"]
     assert said == ["second: keep_best names 'acc', which its evaluate does not return (it "
                     "returned 'accuracy', 'test_loss' when the catalog timed it): if it still "
-                    "does, the rule fails the task at its first rung, and keep_best keeps "
-                    "nothing; stop, fix it and resume (`--reprofile` runs it again)"], said
+                    "does, keep_best keeps nothing; stop, fix it and resume (`--reprofile` "
+                    "runs it again)"], said
     kinds = [e.kind for e in events]
     assert kinds.index("evaluation_doubtful") < kinds.index("slice_started")
 

@@ -13,7 +13,7 @@ import torch
 
 import dione
 from dione.launch import local_placement, run_slice
-from dione.profile.results import TrialEvaluation, evaluation_mistake
+from dione.profile.results import TrialEvaluation, evaluation_mistake, remembered_mistake
 from dione.spec.stopping import Asha
 from dione.spec.validate import keep_best_doubts, validate_workload
 from dione.spec.workload import load_workload
@@ -221,12 +221,19 @@ def test_the_best_moves_as_it_is_overtaken_and_the_direction_is_the_one_pruned_b
     # A keep_best its evaluate does not return: said at the slice's end, nothing spared.
     score.write_text("0.5")
     result = run_slice(misnamed, "single", run, placement, steps=2, evaluate_at_end=True)
-    assert result.warnings == ["keep_best names 'acc', which its evaluate did not return at "
-                               "step 2 (it returned 'score'): no checkpoint is kept for being "
-                               "best; name one of those"]
+    assert result.doubts == ["misnamed: keep_best names 'acc', which its evaluate did not "
+                             "return at step 2 (it returned 'score'): no checkpoint is kept "
+                             "for being best; name one of those"]
     with RunStore(run) as store:
         assert best_kept(store, "misnamed", (None, None)) == (
             "was never evaluated for 'acc' (keep_best), its evaluate returned 'score'")
+    # keep_best removed on resume: pruned by none since, whatever an older workload says.
+    run_slice(dataclasses.replace(misnamed, keep_best=None, keep_best_mode=None), "single",
+              run, placement, steps=2, evaluate_at_end=True)
+    with RunStore(run) as store:
+        assert store.keep_best("misnamed") == (None, None)
+        assert best_kept(store, "misnamed", ("acc", "max")).startswith(
+            "had its keep_best removed")
 
 
 def test_what_keep_best_may_not_do_is_said() -> None:
@@ -239,8 +246,16 @@ def test_what_keep_best_may_not_do_is_said() -> None:
     assert keep_best_doubts(turned) == [
         "keep_best_mode='max' keeps the checkpoint where 'test_loss' was highest, but a "
         "lower test_loss is usually better: set keep_best_mode='min' if so"]
-    both = digits_task("both", evaluate=digits_accuracy, keep_best="acc",
-                       stopping=Asha(metric="acc", mode="max", min_steps=4))
-    assert evaluation_mistake(both, TrialEvaluation(0.1, ("accuracy",), None)).startswith(
-        "its stopping rule judges 'acc' and keep_best names 'acc', neither of which its "
+    one = digits_task("one", evaluate=digits_accuracy, keep_best="acc",
+                      stopping=Asha(metric="acc", mode="max", min_steps=4))
+    two = dataclasses.replace(one, keep_best="f1")
+    returned = TrialEvaluation(0.1, ("accuracy",), None)
+    assert str(evaluation_mistake(one, returned)).startswith(
+        "its stopping rule judges 'acc' and keep_best names it, which its evaluate does not "
+        "return (it returned 'accuracy' in its profiling trial)")
+    assert str(evaluation_mistake(two, returned)).startswith(
+        "its stopping rule judges 'acc' and keep_best names 'f1', neither of which its "
         "evaluate returns")
+    assert str(remembered_mistake(two, ("accuracy",))).endswith(
+        "if it still does, the rule fails the task at its first rung and keep_best keeps "
+        "nothing; stop, fix it and resume (`--reprofile` runs it again)")

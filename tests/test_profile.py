@@ -680,3 +680,27 @@ def test_a_constant_changed_in_a_workloads_function_is_a_new_speed(tmp_path: Pat
     before = signature(SLOW_LOSS, "1")
     assert here(SLOW_LOSS) == before
     assert here(SLOW_LOSS.replace("0.03", "0.15")) != before
+
+
+def test_the_catalog_remembers_an_evaluations_metric_names_by_its_partials_arguments(
+        tmp_path: Path) -> None:
+    """The evaluation's key leaves a partial's arguments out (its cost is alike), but
+    they may change which metrics it returns: names remembered under other arguments,
+    or from before a timing that did not say them, are not given."""
+    from dione.profile.catalog import Catalog
+    from dione.profile.trials import evaluation_arguments
+    from dione.zoo.digits import digits_accuracy
+
+    def scores(model: object, which: str) -> dict[str, float]:
+        return {which: 1.0}
+
+    acc, f1 = functools.partial(scores, which="acc"), functools.partial(scores, which="f1")
+    assert evaluation_arguments(digits_accuracy) == ""
+    assert evaluation_arguments(acc) != evaluation_arguments(f1)
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        catalog.put_evaluation_seconds("k", 0.5, ("acc",), evaluation_arguments(acc))
+        assert catalog.evaluation_metrics("k", evaluation_arguments(acc)) == ("acc",)
+        assert catalog.evaluation_metrics("k", evaluation_arguments(f1)) is None
+        catalog.put_evaluation_seconds("k", 0.6)  # timed again, its names not said
+        assert catalog.evaluation_seconds("k") == 0.6
+        assert catalog.evaluation_metrics("k", evaluation_arguments(acc)) is None

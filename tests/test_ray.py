@@ -283,17 +283,19 @@ class TestOnWarmActors:
 
         thread = threading.Thread(target=run)
         thread.start()
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and thread.is_alive():
-            if (tmp_path / "run" / "dione.sqlite").exists():
-                with RunStore(tmp_path / "run") as store:
-                    if any(s.node == doomed.name and s.status == "running"
-                           and s.start_step > 0 for s in store.slices()):
-                        break
-            time.sleep(0.05)  # a slice lasts well under a second: look often
-        cluster.remove_node(extra, allow_graceful=False)  # as a preempted machine goes
-        thread.join(600)
-        launcher.forget_node(doomed.name)  # before any assertion: the class's next tests
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and thread.is_alive():
+                if (tmp_path / "run" / "dione.sqlite").exists():
+                    with RunStore(tmp_path / "run") as store:
+                        if any(s.node == doomed.name and s.status == "running"
+                               and s.start_step > 0 for s in store.slices()):
+                            break
+                time.sleep(0.05)  # a slice lasts well under a second: look often
+        finally:  # the node gone, whatever happened, before the class's next test
+            cluster.remove_node(extra, allow_graceful=False)  # as a preempted machine goes
+            thread.join(600)
+            launcher.forget_node(doomed.name)
         assert not thread.is_alive()
         result = outcome["result"]
         assert all(t.status == "done" for t in result.tasks), result.tasks

@@ -170,7 +170,7 @@ def _import_fingerprint() -> int:
     # optimizer does, as validation and every spawner do): its default is no change, and
     # a spawner started before it (a slice run straight from Python before any task was
     # validated, as tests do) was replaced for it, its imports paid twice.
-    if found.get(_CACHE_VARIABLE) == _default_cache_dir():
+    if _CACHE_VARIABLE in found and found[_CACHE_VARIABLE] == _default_cache_dir():
         del found[_CACHE_VARIABLE]
     return hash(frozenset(found.items()))
 

@@ -149,6 +149,8 @@ class SliceResult:
     evaluation_error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # what the technique adds
     warnings: list[str] = field(default_factory=list)  # e.g. a corrupt checkpoint set aside
+    # What may not do what the task meant: a keep_best its evaluation did not return.
+    doubts: list[str] = field(default_factory=list)
     inexactness: str | None = None  # how it did not train as single would (None: it did)
 
 
@@ -278,19 +280,23 @@ def run_request(
 
 def _best_to_keep(db: RunStore, task: Task, evaluation: dict[str, float],
                   evaluation_error: str | None, step: int,
-                  warnings: list[str]) -> CheckpointRecord | None:
+                  doubts: list[str]) -> CheckpointRecord | None:
     """The checkpoint ``task``'s ``keep_best`` spares (None: none), its metric and mode
-    recorded for export; a warning where the slice's evaluation lacked that metric."""
+    recorded for export (and that it has none, once it had one); a doubt where the
+    slice's evaluation lacked that metric."""
     metric, mode = task.keep_best, task.best_mode()
-    if db.keep_best(task.name) != ((metric, mode) if metric and mode else None):
+    recorded = db.keep_best(task.name)
+    if metric and mode and recorded != (metric, mode):
         db.set_keep_best(task.name, metric, mode)
+    elif not (metric and mode) and recorded is not None and recorded[0] is not None:
+        db.set_keep_best(task.name, None, None)  # removed: pruned by none from now on
     if not metric or not mode:
         return None
     if evaluation and not evaluation_error and metric not in evaluation:
         returned = ", ".join(repr(m) for m in sorted(evaluation))
-        warnings.append(f"keep_best names {metric!r}, which its evaluate did not return at "
-                        f"step {step} (it returned {returned}): no checkpoint is kept for "
-                        "being best; name one of those")
+        doubts.append(f"{task.name}: keep_best names {metric!r}, which its evaluate did not "
+                      f"return at step {step} (it returned {returned}): no checkpoint is "
+                      "kept for being best; name one of those")
     found = db.best_checkpoint(task.name, metric, mode)
     return found[0] if found else None
 
@@ -395,7 +401,8 @@ def _record_finished(db: RunStore, slice_id: int, request: SliceRequest, spec: S
                     {**lead.timings, "wall": seconds}, max(peak), lead.evaluation,
                     evaluation_error and f"evaluation failed:\n{evaluation_error}",
                     lead.extra.get("exactness"))
-    best = _best_to_keep(db, task, lead.evaluation, evaluation_error, spec.end_step, warnings)
+    doubts: list[str] = []
+    best = _best_to_keep(db, task, lead.evaluation, evaluation_error, spec.end_step, doubts)
     gone = prune_checkpoints(db.checkpoint_root(request.storage), task.name,
                              request.keep_checkpoints,
                              [c.path for c in db.checkpoints(task.name)],
@@ -410,5 +417,5 @@ def _record_finished(db: RunStore, slice_id: int, request: SliceRequest, spec: S
         peak_memory_bytes=peak, evaluation=lead.evaluation,
         evaluation_error=evaluation_error,
         extra={k: v for k, v in lead.extra.items() if k != "evaluation_error"},
-        warnings=warnings, inexactness=inexactness,
+        warnings=warnings, doubts=doubts, inexactness=inexactness,
     )

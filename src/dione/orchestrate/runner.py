@@ -92,7 +92,9 @@ class Runner:
         self.view = view
         self.store = RunStore(run_dir)
         self.store.recover_interrupted()
-        self._doubted: set[str] = set()  # rules whose direction a warning questioned
+        # What a warning questioned once: rules' directions, keep_best doubts, and the
+        # tasks whose slices' evaluations lacked their keep_best metric.
+        self._doubted: set[str | tuple[str, str]] = set()
         records = {}
         for task in tasks:
             try:
@@ -159,8 +161,11 @@ class Runner:
         late = late_evaluation(task, total)
         if late:
             self.emit(RunEvent("eval_every_doubtful", f"{task.name}: {late}", task.name))
-        for doubt in keep_best_doubts(task, total):
-            self.emit(RunEvent("keep_best_doubtful", f"{task.name}: {doubt}", task.name))
+        for doubt in keep_best_doubts(task, total):  # once a doubt: a sweep's tasks share it
+            if doubt not in self._doubted:
+                self._doubted.add(doubt)
+                self.emit(RunEvent("keep_best_doubtful", f"{task.name} (and any task alike): "
+                                   f"{doubt}", task.name))
         latest = self.store.latest_checkpoint(task.name)
         done = latest.step if latest else 0
         stored = self.store.task(task.name)
@@ -697,6 +702,10 @@ class Runner:
             return self._failed(record, err)
         for warning in result.warnings:
             self.emit(RunEvent("checkpoint_quarantined", warning, name))
+        for doubt in result.doubts:  # once a task: it would say the same at every slice
+            if ("slice", name) not in self._doubted:
+                self._doubted.add(("slice", name))
+                self.emit(RunEvent("keep_best_doubtful", doubt, name))
         if result.evaluation_error:  # the store keeps the traceback with the slice
             self.emit(RunEvent("evaluation_failed", f"{name}: its evaluation at step "
                                f"{result.end_step} failed (its training stands): "

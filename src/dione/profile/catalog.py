@@ -32,14 +32,16 @@ CREATE TABLE IF NOT EXISTS evaluation_costs (
     seconds REAL NOT NULL,
     created_at REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS evaluation_metrics (
+CREATE TABLE IF NOT EXISTS evaluation_returns (
     key TEXT PRIMARY KEY,
+    arguments TEXT NOT NULL,
     metrics TEXT NOT NULL,
     created_at REAL NOT NULL
 );
 """
-# evaluation_metrics: the names of the metrics an evaluation returned when it was timed
-# (a table of its own: an older dione writes evaluation_costs rows of three columns).
+# evaluation_returns: the names of the metrics an evaluation returned when it was timed,
+# and the arguments of the partial it was (the key leaves them out); a table of its
+# own: an older dione writes evaluation_costs rows of three columns.
 
 
 def default_catalog_path() -> Path:
@@ -177,20 +179,24 @@ class Catalog(SQLiteFile):
             else None
 
     def put_evaluation_seconds(self, key: str, seconds: float,
-                               metrics: tuple[str, ...] | None = None) -> None:
-        """The evaluation's cost, and the names of the metrics it returned then."""
+                               metrics: tuple[str, ...] | None = None,
+                               arguments: str = "") -> None:
+        """The evaluation's cost, and the names of the metrics it returned then (with
+        ``arguments``, its partial's; none known: any kept before go)."""
         with self._transaction() as db:
             db.execute("INSERT OR REPLACE INTO evaluation_costs VALUES (?, ?, ?)",
                        (key, seconds, time.time()))
-            if metrics is not None:
-                db.execute("INSERT OR REPLACE INTO evaluation_metrics VALUES (?, ?, ?)",
-                           (key, json.dumps(sorted(metrics)), time.time()))
+            if metrics is None:
+                db.execute("DELETE FROM evaluation_returns WHERE key = ?", (key,))
+            else:
+                db.execute("INSERT OR REPLACE INTO evaluation_returns VALUES (?, ?, ?, ?)",
+                           (key, arguments, json.dumps(sorted(metrics)), time.time()))
 
-    def evaluation_metrics(self, key: str) -> tuple[str, ...] | None:
-        """The names of the metrics the evaluation returned when it was timed (None:
-        not known, or not readable)."""
-        row = self._db.execute("SELECT metrics FROM evaluation_metrics WHERE key = ?",
-                               (key,)).fetchone()
+    def evaluation_metrics(self, key: str, arguments: str = "") -> tuple[str, ...] | None:
+        """The names of the metrics the evaluation returned when it was timed, where its
+        partial's ``arguments`` were these (None: not known, or not readable)."""
+        row = self._db.execute("SELECT metrics FROM evaluation_returns WHERE key = ? AND "
+                               "arguments = ?", (key, arguments)).fetchone()
         try:
             names = json.loads(row[0]) if row else None
         except (TypeError, ValueError):

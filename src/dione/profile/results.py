@@ -169,39 +169,48 @@ def evaluation_mistake(task: Task, evaluated: TrialEvaluation | None) -> str | N
     seconds, not at the task's first rung (nor, for keep_best, never)."""
     if evaluated is None or evaluated.error:
         return None
-    missing = _missing_metric(task, evaluated.metrics)
-    if missing is None:
+    missing = _missing_metrics(task, evaluated.metrics)
+    if not missing:
         return None
-    return (f"{missing} (it returned {_listed(evaluated.metrics)} in its profiling trial): "
-            "name one of those, or return it from evaluate, then resume (nothing was trained)")
+    return (f"{_said(missing)} (it returned {_listed(evaluated.metrics)} in its profiling "
+            "trial): name one of those, or return it from evaluate, then resume (nothing "
+            "was trained)")
 
 
 def remembered_mistake(task: Task, metrics: tuple[str, ...] | None) -> str | None:
     """As ``evaluation_mistake``, where no trial ran the evaluation this time and the
     catalog remembers the ``metrics`` it returned when it was timed: a warning, since
     evaluate may have changed since (None: nothing to say)."""
-    missing = None if metrics is None else _missing_metric(task, metrics)
-    if missing is None:
-        return None
-    return (f"{missing} (it returned {_listed(metrics or ())} when the catalog timed it): "
-            "if it still does, the rule fails the task at its first rung, and keep_best "
-            "keeps nothing; stop, fix it and resume (`--reprofile` runs it again)")
-
-
-def _missing_metric(task: Task, returned: tuple[str, ...]) -> str | None:
-    """What names a metric ``returned`` lacks (the stopping rule, keep_best: both at once,
-    so that one fix is not followed by another refusal)."""
-    missing = []
-    rule = task.stopping
-    if rule is not None and rule.metric != "loss" and rule.metric not in returned:
-        missing.append(f"its stopping rule judges {rule.metric!r}")
-    if task.keep_best is not None and task.keep_best not in returned:
-        missing.append(f"keep_best names {task.keep_best!r}")
+    missing = [] if metrics is None else _missing_metrics(task, metrics)
     if not missing:
         return None
+    then = " and ".join(("the rule fails the task at its first rung" if part == "rule"
+                         else "keep_best keeps nothing") for part, _ in missing)
+    return (f"{_said(missing)} (it returned {_listed(metrics or ())} when the catalog timed "
+            f"it): if it still does, {then}; stop, fix it and resume (`--reprofile` runs it "
+            "again)")
+
+
+def _missing_metrics(task: Task, returned: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(part, metric) for each of "rule" (its stopping rule's metric, unless the training
+    loss) and "keep_best" that names a metric ``returned`` lacks: both at once, so that
+    one fix is not followed by another refusal."""
+    rule = task.stopping
+    named = [("rule", rule.metric if rule is not None and rule.metric != "loss" else None),
+             ("keep_best", task.keep_best)]
+    return [(part, metric) for part, metric in named
+            if metric is not None and metric not in returned]
+
+
+def _said(missing: list[tuple[str, str]]) -> str:
+    """What names the missing metric(s), as a sentence's start."""
+    said = {"rule": "its stopping rule judges {!r}", "keep_best": "keep_best names {!r}"}
+    if len(missing) == 2 and missing[0][1] == missing[1][1]:
+        return (f"its stopping rule judges {missing[0][1]!r} and keep_best names it, which "
+                "its evaluate does not return")
     which = "which its evaluate does not return" if len(missing) == 1 else \
         "neither of which its evaluate returns"
-    return f"{' and '.join(missing)}, {which}"
+    return " and ".join(said[part].format(metric) for part, metric in missing) + f", {which}"
 
 
 def _listed(metrics: tuple[str, ...]) -> str:

@@ -21,7 +21,7 @@ from dione.profile.choice import merged_runs
 from dione.profile.options import TrialOptions
 from dione.profile.results import ProfileEvent, TaskProfile, TrialEvaluation, same_function
 from dione.profile.trial import run_trial
-from dione.profile.trials import PendingTrial
+from dione.profile.trials import PendingTrial, evaluation_arguments
 from dione.spec.cluster import Node
 from dione.techniques.registry import get_technique
 
@@ -237,7 +237,8 @@ class _Pass:
             if evaluation is not None:
                 setting.catalog.put_evaluation_seconds(
                     trial.evaluation_key, evaluation,
-                    evaluated.metrics if evaluated is not None else None)
+                    evaluated.metrics if evaluated is not None else None,
+                    evaluation_arguments(trial.spec.task.evaluate))
                 for profile in setting.profiles:
                     if profile.group == trial.group:
                         profile.evaluation_seconds = evaluation

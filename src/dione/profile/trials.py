@@ -3,6 +3,7 @@ per fingerprint, so tasks of one speed group share them."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -25,7 +26,8 @@ from dione.spec.task import Task
 from dione.techniques.base import Technique
 from dione.techniques.registry import techniques
 
-__all__ = ["PendingTrial", "WantedTrials", "device_counts", "speed_group", "wanted_trials"]
+__all__ = ["PendingTrial", "WantedTrials", "device_counts", "evaluation_arguments", "speed_group",
+           "wanted_trials"]
 
 
 def device_counts(devices: int) -> list[int]:
@@ -96,6 +98,14 @@ def _evaluation_key(signature: Mapping[str, Any], task: Task, device: str) -> st
     return _digest([signature, module, name, device])
 
 
+def evaluation_arguments(evaluate: Any) -> str:
+    """The arguments of a partial ``evaluate`` as text (empty for a plain function): the
+    evaluation key leaves them out, and they may change what it returns."""
+    if not isinstance(evaluate, functools.partial):
+        return ""
+    return repr((evaluate.args, sorted(evaluate.keywords.items())))
+
+
 def _lighter_settings(knobs: Mapping[str, Any], technique: Technique,
                       settings: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """Settings among ``settings`` one memory-saving step lighter than ``knobs`` (the
@@ -139,7 +149,8 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
             cached_eval = catalog.evaluation_seconds(eval_key)
             if cached_eval is not None and not reprofile:
                 profile.evaluation_seconds = cached_eval
-                profile.cached_metrics = catalog.evaluation_metrics(eval_key)
+                profile.cached_metrics = catalog.evaluation_metrics(
+                    eval_key, evaluation_arguments(task.evaluate))
         for technique in techniques():
             if not task.allows(technique.name):
                 profile.skipped.append(Skipped(

@@ -162,7 +162,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
         curves = {t.task: store.loss_curve(t.task, CURVE_POINTS) for t in tasks}
         evaluated = {t.task: store.evaluations(t.task) for t in tasks}
         kept_best = {t.task: best_kept(store, t.task, (None, None)) for t in tasks
-                     if store.keep_best(t.task)}
+                     if (store.keep_best(t.task) or (None,))[0] is not None}
     with open(folder / "evaluations.csv", "w", newline="") as out:  # eval_every's too
         writer = csv.writer(out)
         writer.writerow(["task", "step", "metric", "value", "simulated"])
@@ -348,11 +348,11 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
     if kept_best:
         lines += ["", "## Best checkpoints kept (keep_best)", "",
                   "Besides their newest checkpoints, these tasks keep the one where their "
-                  "keep_best metric was best: `dione export RUN_DIR TASK --best -o DIR` writes "
-                  "it (`dione.load(..., best=True)`).", ""]
+                  "keep_best metric was best, where it is still there: `dione export RUN_DIR "
+                  "TASK --best -o DIR` writes it (`dione.load(..., best=True)`).", ""]
         for task, found in kept_best.items():
             if isinstance(found, str):
-                lines.append(f"- {task}: none; it {found}")
+                lines.append(f"- {task} {found}")
             else:
                 record, value, metric, mode = found
                 lines.append(f"- {task}: {metric} {figure(value)} at step {record.step} "

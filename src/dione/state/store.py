@@ -808,14 +808,18 @@ class RunStore(SQLiteFile):
 
     def set_keep_best(self, task: str, metric: str | None, mode: str | None) -> None:
         """The metric and direction (``Task.keep_best``) the task's checkpoints are pruned
-        by now (None: none), kept for export and load, whatever the workload says later."""
-        self._set_run_value(f"keep_best:{task}",
-                            {"metric": metric, "mode": mode} if metric and mode else {})
+        by now (None, None: by none, once they were), kept for export and load, whatever
+        the workload says later."""
+        self._set_run_value(f"keep_best:{task}", {"metric": metric, "mode": mode})
 
-    def keep_best(self, task: str) -> tuple[str, str] | None:
-        """``set_keep_best``'s metric and direction for ``task`` (None: none recorded)."""
+    def keep_best(self, task: str) -> tuple[str | None, str | None] | None:
+        """``set_keep_best``'s metric and direction for ``task``: (None, None) where it
+        was pruned by one and is by none now; None where none was ever recorded."""
         kept = self._run_value(f"keep_best:{task}")
-        return (str(kept["metric"]), str(kept["mode"])) if kept else None
+        if not kept:
+            return None
+        metric, mode = kept.get("metric"), kept.get("mode")
+        return (str(metric), str(mode)) if metric and mode else (None, None)
 
     def forget_checkpoints(self, task: str, paths: Sequence[str]) -> None:
         with self._transaction() as db:

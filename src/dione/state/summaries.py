@@ -206,7 +206,11 @@ def best_kept(store: RunStore, task: str, fallback: tuple[str | None, str | None
     value, the metric and its direction: by the metric and direction the run pruned by
     (``fallback``, the task's own, where it recorded none). Where there is none, or the
     best evaluation's checkpoint is gone, why (a sentence that follows the task's name)."""
-    metric, mode = store.keep_best(task) or fallback
+    recorded = store.keep_best(task)
+    metric, mode = recorded if recorded is not None else fallback
+    if recorded is not None and metric is None:
+        return ("had its keep_best removed: its checkpoints are pruned by none since, so "
+                "no checkpoint is kept for being best")
     if metric is None or mode is None:
         return ("names no keep_best metric, so no checkpoint was kept for being best "
                 "(keep_best='METRIC' on the task keeps it from then on)")

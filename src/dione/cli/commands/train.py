@@ -78,7 +78,7 @@ def command(args: argparse.Namespace) -> int:
                 raise BadInput(str(err)) from None
             complain("diverged" if err.reason == "diverged" else "error", str(err))
             return EXIT_FAILED
-    for warning in result.warnings:
+    for warning in [*result.warnings, *result.doubts]:
         complain("warning", warning)
     if result.extra.get("stages"):
         console.print("stages: " + "; ".join(
