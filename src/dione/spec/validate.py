@@ -627,7 +627,6 @@ def validate_workload(
     return problems
 
 
-
 def _check_keep_best(task: Task, bad: Callable[[str, str], None]) -> None:
     """``keep_best`` names an evaluated metric, and which way it is better is known."""
     metric, mode = task.keep_best, task.keep_best_mode
