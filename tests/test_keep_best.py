@@ -71,6 +71,9 @@ def test_the_best_evaluation_keeps_its_checkpoint_and_is_what_export_gives(
     status, out, err = in_process(capsys, "run", str(file), "--out", str(run),
                                   "--catalog", str(tmp_path / "catalog.sqlite"))
     assert status == 0, out + err
+    said = " ".join(out.split())
+    assert "best checkpoints kept (keep_best): kept at step 2; `dione export" in said
+    assert "TASK --best -o DIR` writes one" in said
     with RunStore(run) as store:
         assert [t.status for t in store.tasks()] == ["done", "done"]
         drift = dict(store.evaluations("kept")["drift"])

@@ -190,6 +190,11 @@ def print_results(result: Any, run_dir: Path) -> None:
             for t in result.tasks]
     _print_rows(title, columns, rows, left=("status", "techniques", "trained"))
     _say_inexact(result.tasks)
+    best = [f"{t.task} at step {t.best_step}" for t in result.tasks
+            if t.best_step is not None and t.best_step != t.steps]
+    if best:  # keep_best's, where it is not the last: what export --best gives
+        console.print(Text(f"best checkpoints kept (keep_best): {', '.join(best)}; `dione "
+                           f"export {run_dir} TASK --best -o DIR` writes one"))
     for t in result.tasks:  # trained, but its last evaluation failed: an earlier's marked
         if t.status == "done" and t.error:
             console.print(Text(f"evaluation failed: {t.task}: {error_line(t.error)} (its "
