@@ -162,7 +162,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
         curves = {t.task: store.loss_curve(t.task, CURVE_POINTS) for t in tasks}
         evaluated = {t.task: store.evaluations(t.task) for t in tasks}
         kept_best = {t.task: best_kept(store, t.task, (None, None)) for t in tasks
-                     if (store.keep_best(t.task) or (None,))[0] is not None}
+                     if (recorded := store.keep_best(t.task)) and recorded[0] is not None}
     with open(folder / "evaluations.csv", "w", newline="") as out:  # eval_every's too
         writer = csv.writer(out)
         writer.writerow(["task", "step", "metric", "value", "simulated"])

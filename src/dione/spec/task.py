@@ -181,8 +181,9 @@ class Task:
         if self.keep_best_mode is not None:
             return self.keep_best_mode
         rule = self.stopping  # not yet validated: any object
-        if getattr(rule, "metric", None) == self.keep_best and getattr(rule, "mode", None):
-            return str(getattr(rule, "mode", None))  # as the rule that judges it
+        if getattr(rule, "metric", None) == self.keep_best and (
+                mode := getattr(rule, "mode", None)):
+            return str(mode)  # as the rule that judges it
         from dione.spec.metrics import direction_by_name
 
         return direction_by_name(self.keep_best)

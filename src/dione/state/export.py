@@ -109,8 +109,7 @@ def kept_checkpoint(run_dir: str | Path, task: Task, *, best: bool = False,
             names = [t.name for t in store.tasks()]
             raise ExportError(f"run {run} has no task {task.name!r}; its tasks: "
                               f"{', '.join(names) or 'none'}")
-        kept = [c for c in store.checkpoints(task.name)
-                if (Path(c.path) / "progress.json").is_file()]
+        kept = [c for c in store.checkpoints(task.name) if c.complete]
         steps = ", ".join(str(c.step) for c in kept) or "none"
         if not best:
             found = next((c for c in kept if c.step == step), None)

@@ -33,7 +33,7 @@ from dione.state.private import private_dir, private_file
 from dione.state.sqlite import SQLiteFile, StateFileError
 
 __all__ = ["SIMULATED_FILE", "STORE_FILE", "Addition", "CheckpointRecord", "RunStore",
-           "SliceRecord", "TaskRecord"]
+           "SliceRecord", "TaskRecord", "best_evaluation"]
 
 STORE_FILE = "dione.sqlite"
 # Marks a run directory a simulation wrote (``dione simulate``): every view says so.
@@ -186,6 +186,18 @@ class CheckpointRecord:
     task: str
     step: int
     path: str
+
+    @property
+    def complete(self) -> bool:
+        """Whether its folder is still complete on disk (its progress.json, written last)."""
+        return (Path(self.path) / "progress.json").is_file()
+
+
+def best_evaluation(points: Sequence[tuple[int, float]], mode: str) -> tuple[int, float]:
+    """The best of (step, value) points (``mode`` "min": lowest); of equal values the
+    later step (trained further)."""
+    sign = 1 if mode == "min" else -1
+    return min(points, key=lambda p: (sign * p[1], -p[0]))
 
 
 def _loss(value: float | None) -> float:
@@ -787,10 +799,7 @@ class RunStore(SQLiteFile):
 
     def latest_checkpoint(self, task: str) -> CheckpointRecord | None:
         """The newest recorded checkpoint whose folder is still complete on disk."""
-        for record in reversed(self.checkpoints(task)):
-            if (Path(record.path) / "progress.json").is_file():
-                return record
-        return None
+        return next((r for r in reversed(self.checkpoints(task)) if r.complete), None)
 
     def best_checkpoint(self, task: str, metric: str,
                         mode: str) -> tuple[CheckpointRecord, float] | None:
@@ -798,13 +807,11 @@ class RunStore(SQLiteFile):
         ``metric`` was best (``mode`` "min": lowest), with that value; of equal values the
         later step (trained further). None: no checkpoint is at an evaluated step."""
         values = dict(self.evaluations(task).get(metric, []))
-        found = [(values[c.step], c) for c in self.checkpoints(task)
-                 if c.step in values and (Path(c.path) / "progress.json").is_file()]
-        if not found:
+        kept = {c.step: c for c in self.checkpoints(task) if c.step in values and c.complete}
+        if not kept:
             return None
-        sign = 1 if mode == "min" else -1
-        value, record = min(found, key=lambda f: (sign * f[0], -f[1].step))
-        return record, value
+        step, value = best_evaluation([(s, values[s]) for s in kept], mode)
+        return kept[step], value
 
     def set_keep_best(self, task: str, metric: str | None, mode: str | None) -> None:
         """The metric and direction (``Task.keep_best``) the task's checkpoints are pruned

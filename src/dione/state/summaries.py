@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
-from dione.state.store import CheckpointRecord, RunStore, SliceRecord
+from dione.state.store import CheckpointRecord, RunStore, SliceRecord, best_evaluation
 
 __all__ = ["TaskSummary", "as_left", "best_kept", "error_line", "exactness_of", "figure",
            "inexact_spans", "leaderboard", "lower_is_better", "summaries",
@@ -225,9 +225,8 @@ def best_kept(store: RunStore, task: str, fallback: tuple[str | None, str | None
         return (f"has no checkpoint at a step where {metric!r} was evaluated (steps "
                 f"{', '.join(str(s) for s, _ in points)})")
     record, value = found
-    sign = 1 if mode == "min" else -1
-    top_step, top = min(points, key=lambda p: (sign * p[1], -p[0]))
-    if sign * top < sign * value:
+    top_step, top = best_evaluation(points, mode)
+    if (top < value) if mode == "min" else (top > value):  # a better one's checkpoint went
         return (f"has its best {metric} ({top:.6g} at step {top_step}) in no checkpoint "
                 f"it keeps (pruned before keep_best named {metric!r}, or set aside as "
                 f"corrupt); the best it keeps is {value:.6g}, at step {record.step}")
