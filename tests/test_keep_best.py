@@ -17,11 +17,10 @@ from dione.profile.results import TrialEvaluation, evaluation_mistake, remembere
 from dione.spec.stopping import Asha
 from dione.spec.validate import keep_best_doubts, validate_workload
 from dione.spec.workload import load_workload
-from dione.state import load_model_weights
 from dione.state.export import ExportError, best_kept
 from dione.state.store import RunStore
 from dione.zoo.digits import digits_accuracy
-from helpers import TEST_NODE, digits_task, in_process
+from helpers import TEST_NODE, digits_task, final_parameters, in_process
 
 # How far the weights moved from where they started: lower is better, and it grows as
 # the task trains, so its best evaluation is its first, whose checkpoint the run would
@@ -51,12 +50,6 @@ def task(name, **extra):
 
 workload = Workload([task("kept", keep_best="drift", keep_best_mode="min"), task("plain")])
 """
-
-
-def _weights(task: dione.Task, checkpoint: str | Path) -> dict[str, torch.Tensor]:
-    model = task.model()
-    load_model_weights(checkpoint, model)
-    return model.state_dict()
 
 
 def _equal(one: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> bool:
@@ -97,9 +90,9 @@ def test_the_best_evaluation_keeps_its_checkpoint_and_is_what_export_gives(
                        catalog=str(tmp_path / "catalog.sqlite"))
     assert [(t.best_step, t.best_checkpoint) for t in result.tasks] == [(2, paths[2]),
                                                                         (None, None)]
-    assert _equal(dione.load(run, "kept", best=True).state_dict(), _weights(task, paths[2]))
-    assert _equal(dione.load(run, "kept", step=10).state_dict(), _weights(task, paths[10]))
-    assert _equal(dione.load(run, "kept").state_dict(), _weights(task, paths[12]))
+    assert _equal(dione.load(run, "kept", best=True).state_dict(), final_parameters(task, paths[2]))
+    assert _equal(dione.load(run, "kept", step=10).state_dict(), final_parameters(task, paths[10]))
+    assert _equal(dione.load(run, "kept").state_dict(), final_parameters(task, paths[12]))
 
     status, out, err = in_process(capsys, "export", str(run), "kept", "-o",
                                   str(tmp_path / "best"), "--best")
@@ -210,7 +203,7 @@ def test_the_best_moves_as_it_is_overtaken_and_the_direction_is_the_one_pruned_b
     # Exported by what the run pruned by, whatever the workload says now.
     turned = dataclasses.replace(moving, stopping=None, keep_best_mode="min")
     assert _equal(dione.load(run, "moving", workload=[turned], best=True).state_dict(),
-                  _weights(moving, paths[12]))
+                  final_parameters(moving, paths[12]))
     # The best's checkpoint set aside (as a corrupt one is): said, not another given.
     with RunStore(run) as store:
         store.forget_checkpoints("moving", [paths[12]])
