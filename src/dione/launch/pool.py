@@ -44,7 +44,13 @@ import cloudpickle
 
 from dione.launch.gang import Lost, signal_name
 from dione.launch.scratch import scratch_dir
-from dione.launch.spawner import SpawnedProcess, Spawner, read_at_import, start_module
+from dione.launch.spawner import (
+    SpawnedProcess,
+    Spawner,
+    preloadable,
+    read_at_import,
+    start_module,
+)
 from dione.launch.worker import RESTORE_SECONDS
 
 __all__ = ["WarmWorker", "WorkerPool", "local_pool", "shutdown_local_pool"]
@@ -238,6 +244,9 @@ class WorkerPool:
         self._fork_server: Spawner | None = None
         self._retired: list[Spawner] = []  # replaced, exiting once their workers end
         self.started = 0  # workers started so far (a measure of warmth)
+        # Whether spawners import what this process has of PRELOADED_PACKAGES before they
+        # fork (off once a spawn that asked it failed).
+        self._preload = True
 
     def take(self, kind: str, device_ids: Sequence[int], threads: int) -> list[WarmWorker]:
         """A worker for each device: the idle one of its slot, else a new one. If one
@@ -364,9 +373,13 @@ class WorkerPool:
         spawner = self._current_spawner(threads)
         process: WorkerProcess | None = None
         if spawner is not None:
+            preload = preloadable() if self._preload else []
             process = spawner.spawn(_worker_environment(own), str(log), theirs.fileno(),
-                                    _SPAWNER_START_SECONDS)
+                                    _SPAWNER_START_SECONDS, preload)
             if process is None:  # the spawner may still hold ``theirs``: a new pair
+                if preload:  # should preloading be why, the next spawner forks without
+                    self._preload = False
+                    spawner.retire()
                 ours.close()
                 theirs.close()
                 ours, theirs = socket.socketpair()

@@ -3,8 +3,9 @@ fresh worker per request, so a worker starts in milliseconds rather than seconds
 
 ``python -m dione.launch.spawner FD`` serves its launcher over the socket on FD:
 
-    launcher -> spawner   ("spawn", {the worker's whole environment, log path}) + the
-                          worker's end of its connection (a file descriptor, SCM_RIGHTS);
+    launcher -> spawner   ("spawn", {the worker's whole environment, log path, modules
+                          to import first}) + the worker's end of its connection (a file
+                          descriptor, SCM_RIGHTS);
                           ("signal", number, signal) for a worker's process group;
                           ("retire",)
     spawner -> launcher   ("ready", pid) once; ("started", number, pid) or ("failed",
@@ -43,13 +44,14 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dione.launch.worker import die_with_parent
 
-__all__ = ["IMPORT_VARIABLES", "SpawnedProcess", "Spawner", "main", "read_at_import",
-           "start_module"]
+__all__ = ["IMPORT_VARIABLES", "PRELOADED_PACKAGES", "SpawnedProcess", "Spawner", "main",
+           "preloadable", "read_at_import", "start_module"]
 
 _HEADER = struct.Struct("!I")
 _WAIT_STEP_SECONDS = 0.5  # how often a waiting launcher also looks at the pidfd
@@ -68,12 +70,29 @@ IMPORT_VARIABLES = (
     "NVIDIA_", "HIP_", "HSA_", "ROCR_", "NCCL_", "GLOO_", "OMP_", "MKL_", "KMP_", "GOMP_",
     "GOTO_", "OPENBLAS_", "BLIS_", "NPY_", "NUMPY_", "NUMEXPR_", "DNNL_", "ONEDNN_",
     "TRITON_", "XLA_", "DIONE_", "TMP", "TEMP", "HOME", "PATH",
+    # What the preloaded packages (below) and huggingface_hub read at import: their
+    # caches' folders, offline switches, which frameworks to use (USE_TORCH, USE_TF).
+    "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "SAFETENSORS_", "USE_", "XDG_",
 )
+
+# Packages whose modules the launcher has imported (validating a task builds its
+# model) a spawner imports too before it forks a worker, so that no worker imports them
+# again: transformers costs each new rank 2-4 s of CPU (its lazy import structure, its
+# modeling modules, scipy through its losses), paid by every rank of a gang at once. Only
+# packages known to start no thread and touch no GPU as they import; the check after
+# each preload stands guard where one does.
+PRELOADED_PACKAGES = ("transformers",)
 
 
 def read_at_import(name: str) -> bool:
     """Whether the spawner's imports may read the variable ``name`` (``IMPORT_VARIABLES``)."""
     return name.startswith(IMPORT_VARIABLES)
+
+
+def preloadable() -> list[str]:
+    """The modules of ``PRELOADED_PACKAGES`` this process has imported, parents first."""
+    return sorted(name for name, module in list(sys.modules.items())
+                  if module is not None and name.partition(".")[0] in PRELOADED_PACKAGES)
 
 
 def send(sock: socket.socket, message: Any, fds: tuple[int, ...] = ()) -> None:
@@ -282,9 +301,10 @@ class Spawner:
             return self._gone or not self._live
 
     def spawn(self, environ: dict[str, str], log: str, connection_fd: int,
-              timeout: float) -> SpawnedProcess | None:
+              timeout: float, preload: Sequence[str] = ()) -> SpawnedProcess | None:
         """Fork a worker with the environment ``environ`` (all of it) that serves
-        ``connection_fd``; None if the spawner could not (it died, did not answer within
+        ``connection_fd``, once the spawner has imported the modules ``preload`` names
+        (``preloadable``); None if the spawner could not (it died, did not answer within
         ``timeout``, or the fork failed: the caller starts one itself)."""
         with self._changed:
             if not self._changed.wait_for(lambda: self._ready or self._gone, timeout):
@@ -293,7 +313,8 @@ class Spawner:
             if self._gone or self._failed or self._retired:
                 return None
             try:
-                send(self._sock, ("spawn", {"environ": environ, "log": log}),
+                send(self._sock, ("spawn", {"environ": environ, "log": log,
+                                            "preload": list(preload)}),
                      (connection_fd,))
             except OSError:
                 self._failed = True
@@ -405,6 +426,39 @@ def _reap(sock: socket.socket, children: dict[int, int]) -> None:
                 send(sock, ("exited", number, os.waitstatus_to_exitcode(status)))
 
 
+def _preload(names: Sequence[str]) -> str:
+    """Import the launcher's ``names`` (``preloadable``) not yet imported here; a module
+    that fails to is left to the worker, which says why as it imports it. '' unless a
+    preload initialised CUDA, which no fork may inherit: then why the spawner must fork
+    no more (its launcher starts workers as processes of their own)."""
+    import importlib
+
+    import torch
+
+    wanted = [n for n in names if n not in sys.modules
+              and n.partition(".")[0] in PRELOADED_PACKAGES]
+    if not wanted:
+        return ""
+    # torch.cuda.is_available() asked at import then goes through NVML, which leaves
+    # a fork able to use CUDA (torch's documented switch); the workers' environment is
+    # their launcher's.
+    before = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    try:
+        for name in wanted:
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+    finally:
+        if before is None:
+            del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+        else:
+            os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = before
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return (f"importing {wanted[0].partition('.')[0]} initialised CUDA in the spawner, "
+                "which a forked worker cannot use")
+    return ""
+
+
 def _fork_worker(request: dict[str, Any], fd: int, sock: socket.socket,
                  wake: tuple[int, int]) -> int:
     """Fork a worker serving ``fd``; its pid (in the spawner). OSError if fork failed."""
@@ -477,6 +531,7 @@ def main(fd: int) -> int:
     signal.set_wakeup_fd(wake[1])
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
     spawned = 0
+    poisoned = ""  # why it forks no more: a preloaded module set a GPU up
     send(sock, ("ready", os.getpid()))
     listening, retired = True, False
     # Retired or left by its launcher, it stays while a worker it started lives: its
@@ -495,7 +550,9 @@ def main(fd: int) -> int:
             listening = False
             continue
         (kind, *args), fds = message
-        if kind == "spawn" and len(fds) == 1 and not retired:
+        if kind == "spawn" and len(fds) == 1 and not retired and not poisoned:
+            poisoned = _preload(args[0].get("preload", ()))
+        if kind == "spawn" and len(fds) == 1 and not retired and not poisoned:
             try:
                 pid = _fork_worker(args[0], fds[0], sock, wake)
             except OSError as err:  # EAGAIN, ENOMEM: this worker, not every gang, fails
@@ -512,7 +569,8 @@ def main(fd: int) -> int:
                 for opened in pidfd:
                     os.close(opened)
         elif kind == "spawn":
-            send(sock, ("failed", "retired" if retired else "no connection passed"))
+            send(sock, ("failed", poisoned or ("retired" if retired
+                                              else "no connection passed")))
         elif kind == "signal":
             # Only a worker not yet reaped: its pid is still its own.
             for pid in [p for p, number in children.items() if number == args[0]]:
