@@ -245,7 +245,7 @@ class WorkerPool:
         self._retired: list[Spawner] = []  # replaced, exiting once their workers end
         self.started = 0  # workers started so far (a measure of warmth)
         # Whether spawners import what this process has of PRELOADED_PACKAGES before they
-        # fork (off once a spawn that asked it failed).
+        # fork (off once a preload set CUDA up in one).
         self._preload = True
 
     def take(self, kind: str, device_ids: Sequence[int], threads: int) -> list[WarmWorker]:
@@ -377,7 +377,7 @@ class WorkerPool:
             process = spawner.spawn(_worker_environment(own), str(log), theirs.fileno(),
                                     _SPAWNER_START_SECONDS, preload)
             if process is None:  # the spawner may still hold ``theirs``: a new pair
-                if preload:  # should preloading be why, the next spawner forks without
+                if spawner.poisoned:  # by a preload: the next spawner forks without
                     self._preload = False
                     spawner.retire()
                 ours.close()

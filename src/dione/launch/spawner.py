@@ -8,7 +8,8 @@ fresh worker per request, so a worker starts in milliseconds rather than seconds
                           descriptor, SCM_RIGHTS);
                           ("signal", number, signal) for a worker's process group;
                           ("retire",)
-    spawner -> launcher   ("ready", pid) once; ("started", number, pid) or ("failed",
+    spawner -> launcher   ("ready", pid) once; ("started", number, pid), ("poisoned", why:
+                          a preload set CUDA up, it forks no more) or ("failed",
                           why) per spawn; ("exited", number, code) for each worker that
                           ended, with subprocess's convention (-N: killed by signal N)
 
@@ -232,6 +233,7 @@ class Spawner:
         self._gone = False  # its connection ended or broke: it starts nothing more
         self._failed = False  # a spawn went unanswered: it must not be asked again
         self._retired = False
+        self.poisoned = ""  # why it forks no more, where a preload set a GPU up in it
         self._listener = threading.Thread(target=self._listen, daemon=True,
                                           name="dione-spawner-listener")
         self._listener.start()
@@ -277,6 +279,9 @@ class Spawner:
                 self._replies.append(worker)
             elif kind == "failed":
                 self._replies.append(str(args[0]))
+            elif kind == "poisoned":  # it forks no more: its preload set a GPU up
+                self.poisoned = str(args[0])
+                self._replies.append(self.poisoned)
             elif kind == "exited":
                 ended = self._live.pop(args[0], None)
                 if ended is not None:
@@ -569,8 +574,8 @@ def main(fd: int) -> int:
                 for opened in pidfd:
                     os.close(opened)
         elif kind == "spawn":
-            send(sock, ("failed", poisoned or ("retired" if retired
-                                              else "no connection passed")))
+            send(sock, ("poisoned", poisoned) if poisoned else (
+                "failed", "retired" if retired else "no connection passed"))
         elif kind == "signal":
             # Only a worker not yet reaped: its pid is still its own.
             for pid in [p for p, number in children.items() if number == args[0]]:
