@@ -67,6 +67,10 @@ def test_the_best_evaluation_keeps_its_checkpoint_and_is_what_export_gives(
     said = " ".join(out.split())
     assert "best checkpoints kept (keep_best): kept at step 2; `dione export" in said
     assert "TASK --best -o DIR` writes one" in said
+    status, out, err = in_process(capsys, "status", str(run))  # by the store alone
+    assert status == 0, out + err
+    assert "best checkpoints kept (keep_best): kept at step 2; `dione export" in " ".join(
+        out.split())
     with RunStore(run) as store:
         assert [t.status for t in store.tasks()] == ["done", "done"]
         drift = dict(store.evaluations("kept")["drift"])

@@ -190,16 +190,22 @@ def print_results(result: Any, run_dir: Path) -> None:
             for t in result.tasks]
     _print_rows(title, columns, rows, left=("status", "techniques", "trained"))
     _say_inexact(result.tasks)
-    best = [f"{t.task} at step {t.best_step}" for t in result.tasks
-            if t.best_step is not None and t.best_step != t.steps]
-    if best:  # keep_best's, where it is not the last: what export --best gives
-        console.print(Text(f"best checkpoints kept (keep_best): {', '.join(best)}; `dione "
-                           f"export {run_dir} TASK --best -o DIR` writes one"))
+    _say_best(run_dir, {t.task: t.best_step for t in result.tasks
+                        if t.best_step is not None and t.best_step != t.steps})
     for t in result.tasks:  # trained, but its last evaluation failed: an earlier's marked
         if t.status == "done" and t.error:
             console.print(Text(f"evaluation failed: {t.task}: {error_line(t.error)} (its "
                                "training stands; the report lists each failure)"))
     _say_report(run_dir, f"; plans: {run_dir / 'plans'}")
+
+
+def _say_best(run_dir: Path, best: Mapping[str, int]) -> None:
+    """A line naming each task's checkpoint kept for being best (keep_best), where it is
+    not the last: what export --best gives."""
+    if best:
+        console.print(Text(f"best checkpoints kept (keep_best): "
+                           f"{', '.join(f'{t} at step {s}' for t, s in best.items())}; "
+                           f"`dione export {run_dir} TASK --best -o DIR` writes one"))
 
 
 def _evaluated(t: Any, metric: str) -> str:
@@ -275,10 +281,12 @@ def _say_report(run_dir: Path, more: str = "") -> None:
 
 def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Sequence[Any],
                  launcher: str, additions: Sequence[Any] = (),
-                 invalid: Mapping[str, Sequence[str]] | None = None) -> None:
+                 invalid: Mapping[str, Sequence[str]] | None = None,
+                 best: Mapping[str, int] | None = None) -> None:
     """A run's tasks as its store has them, with the slices running now, what ``dione
-    add`` asked of it that it has not taken (or refused), and the workload's tasks
-    validation refused (never started)."""
+    add`` asked of it that it has not taken (or refused), the workload's tasks
+    validation refused (never started), and the step of each checkpoint kept for being
+    best (``best``: keep_best's, where it is not the task's last)."""
     refused = f", {len(invalid)} invalid (never started)" if invalid else ""
     # Each way a task ended besides done, counted (a sweep's stopped tasks ended as asked).
     ended = "".join(f", {n} {status}" for status in ("stopped", "diverged", "failed")
@@ -319,3 +327,4 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
                           + (" (its traceback: the launcher's output)" if rest else ""),
                           markup=False)
     _say_inexact(tasks)
+    _say_best(run_dir, best or {})

@@ -20,7 +20,7 @@ def command(args: argparse.Namespace) -> int:
     from dione.orchestrate.plans import read_plans
     from dione.state.lock import lock_holder
     from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore
-    from dione.state.summaries import as_left, summaries
+    from dione.state.summaries import as_left, best_kept, summaries
 
     run_dir = Path(args.run_dir)
     if not (run_dir / STORE_FILE).is_file():
@@ -32,6 +32,11 @@ def command(args: argparse.Namespace) -> int:
             additions = store.additions("waiting", "refused")
             invalid = store.invalid()
             profiling = store.profiling()
+            # keep_best's checkpoint where it is not the last (what export --best gives),
+            # by the metric and direction the run pruned by.
+            best = {t.task: kept[0].step for t in tasks
+                    if isinstance(kept := best_kept(store, t.task, (None, None)), tuple)
+                    and kept[0].step != t.steps}
         plans = read_plans(run_dir)
     except (OSError, sqlite3.Error, ValueError) as err:
         raise BadInput(f"{run_dir} cannot be read ({type(err).__name__}: {err})") from None
@@ -68,5 +73,5 @@ def command(args: argparse.Namespace) -> int:
         launcher = "no launcher running"
     if (run_dir / SIMULATED_FILE).is_file():
         launcher = "SIMULATED on a virtual cluster (dione simulate): nothing trained"
-    print_status(run_dir, tasks, len(plans), running, launcher, additions, invalid)
+    print_status(run_dir, tasks, len(plans), running, launcher, additions, invalid, best)
     return 0
