@@ -155,6 +155,62 @@ def test_a_malformed_pruning_rule_is_named_as_every_rule_is() -> None:
     assert study.trials == []
     with pytest.raises(TypeError, match=r"study must be an optuna\.Study"):
         dione.optuna.optimize(None, lambda trial: None, 4, report_every=5)
+    # A timeout stops the asking, which in_flight=None does all at once: it says so.
+    with pytest.raises(ValueError, match="give in_flight=k"):
+        dione.optuna.optimize(study, lambda trial: None, 4, report_every=5,
+                              metric="accuracy", timeout=60)
+    with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):
+        dione.optuna.optimize(study, lambda trial: None, 4, report_every=5,
+                              metric="accuracy", in_flight=2, timeout=0)
+    assert study.trials == []
+
+
+def _score(model: torch.nn.Module) -> dict[str, float]:
+    """The held-out loss as a metric named "score", whose name says no direction."""
+    from dione.zoo.digits import digits_accuracy
+
+    return {"score": digits_accuracy(model)["test_loss"]}
+
+
+def test_a_timeout_stops_the_asking_and_load_gives_the_best_by_the_studys_direction(
+        tmp_path: Path) -> None:
+    """Past the ``in_flight`` trials a call starts with, a passed ``timeout`` asks no more
+    (Optuna's own ``timeout``); those asked train to their end. ``load(best=True)`` gives
+    a trial's ``keep_best`` checkpoint ranked by the study's direction (the metric's name
+    says none): here a study maximizing a held-out loss, whose best is its first
+    evaluation, a checkpoint only keep_best keeps."""
+    import sys
+
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.NopPruner())
+
+    def build(trial: optuna.trial.Trial) -> dione.Task:
+        lr = trial.suggest_float("lr", 1e-2, 2e-2)
+        return digits_task("digits", steps=12, techniques=("single",), evaluate=_score,
+                           keep_best="score",
+                           optimizer=functools.partial(torch.optim.Adam, lr=lr))
+
+    run_dir = str(tmp_path / "run")
+    result = dione.optuna.optimize(
+        study, build, n_trials=4, report_every=4, metric="score", in_flight=2,
+        timeout=1e-9, run_dir=run_dir, devices="cpu:2", quiet=True,
+        catalog=str(tmp_path / "catalog.sqlite"), time_limit=2.0,
+        trial=TrialOptions(warmup_steps=1, measure_steps=2))
+    assert [t.number for t in study.trials] == [0, 1]  # the two it started with, no more
+    assert {t.task: t.status for t in result.tasks} == {"trial-0": "done", "trial-1": "done"}
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    with RunStore(tmp_path / "run") as store:
+        scores = dict(store.evaluations("trial-0")["score"])
+        assert store.keep_best("trial-0") == ("score", "max")
+        kept = [c.step for c in store.checkpoints("trial-0")]
+    assert sorted(scores) == [4, 8, 12] and kept == [4, 8, 12]
+    assert max(scores, key=lambda s: scores[s]) == 4 and scores[4] > scores[12]
+    best = dione.optuna.load(study, build, 0, run_dir=run_dir, best=True)
+    last = dione.optuna.load(study, build, 0, run_dir=run_dir)
+    assert _score(best)["score"] == pytest.approx(scores[4], rel=1e-6)
+    assert _score(last)["score"] == pytest.approx(scores[12], rel=1e-6)
 
 
 def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -178,7 +179,8 @@ def _ask(study: Any, run_dir: str) -> Any:
 
 def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
              report_every: int, metric: str = "loss", run_dir: str = "runs/optuna",
-             in_flight: int | None = None, retry_failed: bool = False, **run: Any) -> Any:
+             in_flight: int | None = None, retry_failed: bool = False,
+             timeout: float | None = None, **run: Any) -> Any:
     """Train ``n_trials`` of ``study``, each the task ``make_task(trial)`` builds, as one
     dione run in ``run_dir`` (``run``: ``dione.run``'s other arguments: devices, ray,
     options); see the module's docstring. ``in_flight``: at most this many trials
@@ -188,6 +190,10 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     in Optuna; ``retry_failed``: each trial of this run that failed (not one that
     diverged: its configuration would again) is proposed again as a new trial with its
     parameters (after the cause was fixed), in its place among the ``n_trials``.
+    ``timeout``: past the ``in_flight`` trials the call starts with, no trial is asked
+    once this many seconds have passed since it began (those asked train to their end
+    or their pruning, as under Optuna's own ``timeout``); with ``in_flight`` only, since
+    otherwise every trial is asked at once.
     Returns ``dione.run``'s result; the study holds each trial's outcome."""
     try:
         import optuna
@@ -209,6 +215,14 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     if in_flight is not None and (not isinstance(in_flight, int) or in_flight < 1):
         raise ValueError(f"in_flight must be a whole number >= 1, or None (every trial at "
                          f"once), not {in_flight!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+            timeout, (int, float)) or not timeout > 0):
+        raise ValueError(f"timeout must be a number of seconds > 0, or None, not {timeout!r}")
+    if timeout is not None and in_flight is None:
+        raise ValueError("timeout stops the asking of new trials, and with in_flight=None "
+                         "all n_trials are asked before training starts: give in_flight=k "
+                         "(at most k trials training at once) with it")
+    began = time.monotonic()
     where = str(Path(run_dir).resolve())
     trials = _asked_before(study, where)
     # A trial whose task name a `dione add` took first is not told that task's outcome:
@@ -268,12 +282,16 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     inbox = TaskInbox() if len(trials) < n_trials else None
     sent: set[str] = set()  # the tasks given to the live run through the inbox
 
-    def ask_next() -> None:
-        """One more trial for the live run, once one is told; the inbox closed once
-        ``n_trials`` were asked. A trial ``make_task`` cannot build fails (its error in
-        the trial's user attribute ``dione_error``) and the next is asked."""
+    def ask_next(first: bool = False) -> None:
+        """One more trial for the live run, once one is told (``first``: one of the
+        trials the run starts with); the inbox closed once ``n_trials`` were asked, or
+        the timeout passed. A trial ``make_task`` cannot build fails (its error in the
+        trial's user attribute ``dione_error``) and the next is asked."""
         assert inbox is not None
         if inbox.closed:
+            return
+        if not first and timeout is not None and time.monotonic() - began >= timeout:
+            inbox.close()  # the run ends once the trials asked have
             return
         try:
             while len(trials) < n_trials:
@@ -311,7 +329,7 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
         finished = _finished(study)  # with those just failed: others take their place
         for _ in range((in_flight or 0) - sum(t.number not in finished
                                               for t in by_task.values())):
-            ask_next()
+            ask_next(first=True)
         tasks += inbox.take()  # the run starts with them
     if not tasks:
         errors = "; ".join(f"trial {t.number}: {t.user_attrs[_BUILD_ERROR]}" for t in trials
@@ -333,6 +351,9 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     for name, trial in by_task.items():
         if name not in in_run and trial.number not in told:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    if len(trials) < n_trials and not run.get("quiet"):
+        print(f"{len(trials)} of n_trials={n_trials} trial(s) asked before the timeout of "
+              f"{timeout:g} s; calling optimize again asks the rest")
     retried = _to_retry(study, run_dir, _failed(study, trials) - failed_before)
     if retried and not run.get("quiet"):
         print(f"{len(retried)} trial(s) of this call failed (why: `dione status "
