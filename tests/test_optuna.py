@@ -155,13 +155,13 @@ def test_a_malformed_pruning_rule_is_named_as_every_rule_is() -> None:
     assert study.trials == []
     with pytest.raises(TypeError, match=r"study must be an optuna\.Study"):
         dione.optuna.optimize(None, lambda trial: None, 4, report_every=5)
-    # A timeout stops the asking, which in_flight=None does all at once: it says so.
+    # stop_asking_after stops the asking, which in_flight=None does all at once: said.
     with pytest.raises(ValueError, match="give in_flight=k"):
         dione.optuna.optimize(study, lambda trial: None, 4, report_every=5,
-                              metric="accuracy", timeout=60)
-    with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):
+                              metric="accuracy", stop_asking_after=60)
+    with pytest.raises(ValueError, match="stop_asking_after must be a number of seconds > 0"):
         dione.optuna.optimize(study, lambda trial: None, 4, report_every=5,
-                              metric="accuracy", in_flight=2, timeout=0)
+                              metric="accuracy", in_flight=2, stop_asking_after=0)
     assert study.trials == []
 
 
@@ -172,13 +172,13 @@ def _score(model: torch.nn.Module) -> dict[str, float]:
     return {"score": digits_accuracy(model)["test_loss"]}
 
 
-def test_a_timeout_stops_the_asking_and_load_gives_the_best_by_the_studys_direction(
+def test_asking_stops_after_its_time_and_load_gives_the_best_by_the_studys_direction(
         tmp_path: Path) -> None:
-    """Past the ``in_flight`` trials a call starts with, a passed ``timeout`` asks no more
-    (Optuna's own ``timeout``); those asked train to their end. ``load(best=True)`` gives
-    a trial's ``keep_best`` checkpoint ranked by the study's direction (the metric's name
-    says none): here a study maximizing a held-out loss, whose best is its first
-    evaluation, a checkpoint only keep_best keeps."""
+    """Past the ``in_flight`` trials a call starts with, ``stop_asking_after`` passed, no
+    more is asked (Optuna's own ``timeout``); those asked train to their end.
+    ``load(best=True)`` gives a trial's ``keep_best`` checkpoint ranked by the study's
+    direction (the metric's name says none): here a study maximizing a held-out loss,
+    whose best is its first evaluation, a checkpoint only keep_best keeps."""
     import sys
 
     import cloudpickle
@@ -195,7 +195,7 @@ def test_a_timeout_stops_the_asking_and_load_gives_the_best_by_the_studys_direct
     run_dir = str(tmp_path / "run")
     result = dione.optuna.optimize(
         study, build, n_trials=4, report_every=4, metric="score", in_flight=2,
-        timeout=1e-9, run_dir=run_dir, devices="cpu:2", quiet=True,
+        stop_asking_after=1e-9, run_dir=run_dir, devices="cpu:2", quiet=True,
         catalog=str(tmp_path / "catalog.sqlite"), time_limit=2.0,
         trial=TrialOptions(warmup_steps=1, measure_steps=2))
     assert [t.number for t in study.trials] == [0, 1]  # the two it started with, no more

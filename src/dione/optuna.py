@@ -180,7 +180,7 @@ def _ask(study: Any, run_dir: str) -> Any:
 def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
              report_every: int, metric: str = "loss", run_dir: str = "runs/optuna",
              in_flight: int | None = None, retry_failed: bool = False,
-             timeout: float | None = None, **run: Any) -> Any:
+             stop_asking_after: float | None = None, **run: Any) -> Any:
     """Train ``n_trials`` of ``study``, each the task ``make_task(trial)`` builds, as one
     dione run in ``run_dir`` (``run``: ``dione.run``'s other arguments: devices, ray,
     options); see the module's docstring. ``in_flight``: at most this many trials
@@ -190,10 +190,11 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     in Optuna; ``retry_failed``: each trial of this run that failed (not one that
     diverged: its configuration would again) is proposed again as a new trial with its
     parameters (after the cause was fixed), in its place among the ``n_trials``.
-    ``timeout``: past the ``in_flight`` trials the call starts with, no trial is asked
-    once this many seconds have passed since it began (those asked train to their end
-    or their pruning, as under Optuna's own ``timeout``); with ``in_flight`` only, since
-    otherwise every trial is asked at once.
+    ``stop_asking_after``: past the ``in_flight`` trials the call starts with, no trial
+    is asked once this many seconds have passed since it began (those asked train to
+    their end or their pruning), as Optuna's own ``timeout`` (``timeout`` here is
+    ``dione.run``'s, each slice's limit); with ``in_flight`` only, since otherwise every
+    trial is asked at once.
     Returns ``dione.run``'s result; the study holds each trial's outcome."""
     try:
         import optuna
@@ -215,13 +216,15 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     if in_flight is not None and (not isinstance(in_flight, int) or in_flight < 1):
         raise ValueError(f"in_flight must be a whole number >= 1, or None (every trial at "
                          f"once), not {in_flight!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-            timeout, (int, float)) or not timeout > 0):
-        raise ValueError(f"timeout must be a number of seconds > 0, or None, not {timeout!r}")
-    if timeout is not None and in_flight is None:
-        raise ValueError("timeout stops the asking of new trials, and with in_flight=None "
-                         "all n_trials are asked before training starts: give in_flight=k "
-                         "(at most k trials training at once) with it")
+    if stop_asking_after is not None and (isinstance(stop_asking_after, bool) or not
+                                          isinstance(stop_asking_after, (int, float))
+                                          or not stop_asking_after > 0):
+        raise ValueError(f"stop_asking_after must be a number of seconds > 0, or None, not "
+                         f"{stop_asking_after!r}")
+    if stop_asking_after is not None and in_flight is None:
+        raise ValueError("stop_asking_after stops the asking of new trials, and with "
+                         "in_flight=None all n_trials are asked before training starts: "
+                         "give in_flight=k (at most k trials training at once) with it")
     began = time.monotonic()
     where = str(Path(run_dir).resolve())
     trials = _asked_before(study, where)
@@ -285,12 +288,13 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     def ask_next(first: bool = False) -> None:
         """One more trial for the live run, once one is told (``first``: one of the
         trials the run starts with); the inbox closed once ``n_trials`` were asked, or
-        the timeout passed. A trial ``make_task`` cannot build fails (its error in the
+        ``stop_asking_after`` passed. A trial ``make_task`` cannot build fails (its error in the
         trial's user attribute ``dione_error``) and the next is asked."""
         assert inbox is not None
         if inbox.closed:
             return
-        if not first and timeout is not None and time.monotonic() - began >= timeout:
+        if (not first and stop_asking_after is not None
+                and time.monotonic() - began >= stop_asking_after):
             inbox.close()  # the run ends once the trials asked have
             return
         try:
@@ -352,8 +356,9 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
         if name not in in_run and trial.number not in told:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
     if len(trials) < n_trials and not run.get("quiet"):
-        print(f"{len(trials)} of n_trials={n_trials} trial(s) asked before the timeout of "
-              f"{timeout:g} s; calling optimize again asks the rest")
+        print(f"{len(trials)} of n_trials={n_trials} trial(s) asked in the "
+              f"{stop_asking_after:g} s of stop_asking_after; calling optimize again asks "
+              "the rest")
     retried = _to_retry(study, run_dir, _failed(study, trials) - failed_before)
     if retried and not run.get("quiet"):
         print(f"{len(retried)} trial(s) of this call failed (why: `dione status "
