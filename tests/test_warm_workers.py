@@ -493,3 +493,36 @@ def test_a_forked_worker_finds_what_its_launcher_imported_of_transformers(
     run_slice(task, "single", tmp_path / "run", local_placement(TEST_NODE, [0]), steps=1)
     assert note.read_text() == "True"
     assert local_pool().spawner_pids()  # a forked worker, not a process of its own
+
+
+def test_a_preload_that_exits_or_sets_cuda_up_is_survived(tmp_path: Path) -> None:
+    """A module to preload that ends the process as it imports is left to the worker
+    (the spawner forks on); one that sets CUDA up, which no fork could use, stops the
+    spawner forking and says so (its launcher then starts workers of its own)."""
+    fake = tmp_path / "fake" / "transformers"  # a package the spawner preloads
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "exits.py").write_text("raise SystemExit(3)\n")
+    (fake / "poison.py").write_text("import torch\ntorch.cuda.is_initialized = lambda: True\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path / "fake"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    spawner = Spawner.start(0, env, tmp_path / "spawner.log")
+    try:
+        ours, theirs = socket.socketpair()
+        worker = spawner.spawn(dict(os.environ), str(tmp_path / "worker.log"), theirs.fileno(),
+                               120, ["transformers", "transformers.exits"])
+        theirs.close()
+        assert worker is not None and worker.poll() is None and not spawner.poisoned
+        worker.signal_group(signal.SIGTERM)
+        assert worker.wait(60) == -signal.SIGTERM
+        ours.close()
+        ours, theirs = socket.socketpair()
+        refused = spawner.spawn(dict(os.environ), str(tmp_path / "next.log"), theirs.fileno(),
+                                120, ["transformers", "transformers.poison"])
+        theirs.close()
+        ours.close()
+        assert refused is None
+        assert "importing transformers set CUDA up in the spawner" in spawner.poisoned
+    finally:
+        spawner.close(5)
+    assert spawner.process.returncode == 0

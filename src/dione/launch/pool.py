@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -245,7 +246,7 @@ class WorkerPool:
         self._retired: list[Spawner] = []  # replaced, exiting once their workers end
         self.started = 0  # workers started so far (a measure of warmth)
         # Whether spawners import what this process has of PRELOADED_PACKAGES before they
-        # fork (off once a preload set CUDA up in one).
+        # fork (off once a preload set CUDA up in one, or ended or hung it).
         self._preload = True
 
     def take(self, kind: str, device_ids: Sequence[int], threads: int) -> list[WarmWorker]:
@@ -377,9 +378,15 @@ class WorkerPool:
             process = spawner.spawn(_worker_environment(own), str(log), theirs.fileno(),
                                     _SPAWNER_START_SECONDS, preload)
             if process is None:  # the spawner may still hold ``theirs``: a new pair
-                if spawner.poisoned:  # by a preload: the next spawner forks without
+                if preload and (spawner.poisoned or not spawner.alive()):
+                    # A preload set CUDA up in it, or ended or hung it: the next spawner
+                    # forks without (each would fail alike).
                     self._preload = False
                     spawner.retire()
+                    why = spawner.poisoned or (f"it ended or hung as it imported "
+                                               f"{preload[0].partition('.')[0]}")
+                    warnings.warn(f"dione's spawner: {why}; workers import such modules "
+                                  "themselves from now on", RuntimeWarning, stacklevel=1)
                 ours.close()
                 theirs.close()
                 ours, theirs = socket.socketpair()

@@ -21,8 +21,10 @@ worker; a number is never reused. A retired spawner starts nothing more, reports
 remaining workers' ends, and exits when none is left.
 
 Why a fork is a fresh worker: the spawner only imports (what every worker imports before
-its first job) and never runs a torch operation, so no torch thread pool, CUDA context
-or process group exists to be inherited; it starts with its workers' thread settings
+its first job, and the modules of ``PRELOADED_PACKAGES`` its launcher has: a worker of
+any task then holds them, as its own import would have left them) and never runs a
+torch operation, so no torch thread pool, CUDA context or process group exists to be
+inherited; it starts with its workers' thread settings
 (numpy's BLAS sizes its pool at import) and is replaced when they, the launcher's folder
 or a variable that may be read at import change (``IMPORT_VARIABLES``). Each child starts
 its own session, takes its own output file and the whole environment its launcher sent
@@ -74,14 +76,15 @@ IMPORT_VARIABLES = (
     # What the preloaded packages (below) and huggingface_hub read at import: their
     # caches' folders, offline switches, which frameworks to use (USE_TORCH, USE_TF).
     "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "SAFETENSORS_", "USE_", "XDG_",
+    "DO_NOT_TRACK", "DISABLE_TELEMETRY", "SCIPY_",
 )
 
 # Packages whose modules the launcher has imported (validating a task builds its
 # model) a spawner imports too before it forks a worker, so that no worker imports them
 # again: transformers costs each new rank 2-4 s of CPU (its lazy import structure, its
 # modeling modules, scipy through its losses), paid by every rank of a gang at once. Only
-# packages known to start no thread and touch no GPU as they import; the check after
-# each preload stands guard where one does.
+# packages known to touch no GPU as they import (a BLAS thread pool, scipy's as numpy's,
+# is fork-safe); the checks after each preload stand guard where one does.
 PRELOADED_PACKAGES = ("transformers",)
 
 
@@ -309,8 +312,9 @@ class Spawner:
               timeout: float, preload: Sequence[str] = ()) -> SpawnedProcess | None:
         """Fork a worker with the environment ``environ`` (all of it) that serves
         ``connection_fd``, once the spawner has imported the modules ``preload`` names
-        (``preloadable``); None if the spawner could not (it died, did not answer within
-        ``timeout``, or the fork failed: the caller starts one itself)."""
+        (``preloadable``; while none of its workers runs); None if the spawner could
+        not (it died, did not answer within ``timeout``, the fork failed, or a preload
+        set CUDA up in it, ``poisoned`` then saying so: the caller starts one itself)."""
         with self._changed:
             if not self._changed.wait_for(lambda: self._ready or self._gone, timeout):
                 self._failed = True
@@ -431,37 +435,54 @@ def _reap(sock: socket.socket, children: dict[int, int]) -> None:
                 send(sock, ("exited", number, os.waitstatus_to_exitcode(status)))
 
 
-def _preload(names: Sequence[str]) -> str:
-    """Import the launcher's ``names`` (``preloadable``) not yet imported here; a module
-    that fails to is left to the worker, which says why as it imports it. '' unless a
-    preload initialised CUDA, which no fork may inherit: then why the spawner must fork
-    no more (its launcher starts workers as processes of their own)."""
+def _preload(names: Sequence[str], skipped: set[str]) -> str:
+    """Import the launcher's ``names`` (``preloadable``) not yet imported here; one that
+    fails to (``skipped`` then holds it: it is not tried again) is left to the worker,
+    which says why as it imports it. Called only while no worker of this spawner runs,
+    so that an import that ends the spawner takes no busy rank with it. '' unless a
+    preload set CUDA up, which no fork may inherit: then why the spawner must fork no
+    more (its launcher starts workers as processes of their own)."""
     import importlib
 
     import torch
 
-    wanted = [n for n in names if n not in sys.modules
+    wanted = [n for n in names if n not in sys.modules and n not in skipped
               and n.partition(".")[0] in PRELOADED_PACKAGES]
     if not wanted:
         return ""
-    # torch.cuda.is_available() asked at import then goes through NVML, which leaves
-    # a fork able to use CUDA (torch's documented switch); the workers' environment is
-    # their launcher's.
+    driver = _cuda_driver_loaded()
+    # torch.cuda.is_available() asked at import then goes through NVML (torch's
+    # documented switch that leaves a fork able to use CUDA, where NVML works; the
+    # checks below catch it where it did not); the workers' environment is their
+    # launcher's.
     before = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     try:
         for name in wanted:
-            with contextlib.suppress(Exception):
+            try:
                 importlib.import_module(name)
+            except BaseException:  # SystemExit too: the worker's import will say it
+                skipped.add(name)
     finally:
         if before is None:
             del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
         else:
             os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = before
-    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        return (f"importing {wanted[0].partition('.')[0]} initialised CUDA in the spawner, "
-                "which a forked worker cannot use")
+    initialised = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    if initialised or (_cuda_driver_loaded() and not driver):
+        return (f"importing {wanted[0].partition('.')[0]} set CUDA up in the spawner, "
+                "which a forked worker could not use")
     return ""
+
+
+def _cuda_driver_loaded() -> bool:
+    """Whether CUDA's driver library is mapped into this process (loaded to initialise
+    the driver: a fork after cuInit cannot use CUDA, though torch may not know it)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return any("libcuda.so" in line for line in maps)
+    except OSError:
+        return False
 
 
 def _fork_worker(request: dict[str, Any], fd: int, sock: socket.socket,
@@ -537,6 +558,7 @@ def main(fd: int) -> int:
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
     spawned = 0
     poisoned = ""  # why it forks no more: a preloaded module set a GPU up
+    skipped: set[str] = set()  # modules to preload that failed to import here
     send(sock, ("ready", os.getpid()))
     listening, retired = True, False
     # Retired or left by its launcher, it stays while a worker it started lives: its
@@ -556,7 +578,9 @@ def main(fd: int) -> int:
             continue
         (kind, *args), fds = message
         if kind == "spawn" and len(fds) == 1 and not retired and not poisoned:
-            poisoned = _preload(args[0].get("preload", ()))
+            _reap(sock, children)
+            if not children:  # none of its workers runs to die with it, should it end
+                poisoned = _preload(args[0].get("preload", ()), skipped)
         if kind == "spawn" and len(fds) == 1 and not retired and not poisoned:
             try:
                 pid = _fork_worker(args[0], fds[0], sock, wake)
