@@ -496,14 +496,16 @@ def test_a_forked_worker_finds_what_its_launcher_imported_of_transformers(
 
 
 def test_a_preload_that_exits_or_sets_cuda_up_is_survived(tmp_path: Path) -> None:
-    """A module to preload that ends the process as it imports is left to the worker
+    """A module to preload that raises SystemExit as it imports is left to the worker
     (the spawner forks on); one that sets CUDA up, which no fork could use, stops the
-    spawner forking and says so (its launcher then starts workers of its own)."""
+    spawner forking and says so; one that ends the spawner is named as what it was
+    importing (its launcher then starts workers of its own, and turns preloading off)."""
     fake = tmp_path / "fake" / "transformers"  # a package the spawner preloads
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
     (fake / "exits.py").write_text("raise SystemExit(3)\n")
     (fake / "poison.py").write_text("import torch\ntorch.cuda.is_initialized = lambda: True\n")
+    (fake / "ends.py").write_text("import os\nos._exit(5)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(tmp_path / "fake"), *filter(None, [os.environ.get("PYTHONPATH")])])}
     spawner = Spawner.start(0, env, tmp_path / "spawner.log")
@@ -526,3 +528,13 @@ def test_a_preload_that_exits_or_sets_cuda_up_is_survived(tmp_path: Path) -> Non
     finally:
         spawner.close(5)
     assert spawner.process.returncode == 0
+    ended = Spawner.start(0, env, tmp_path / "ended.log")
+    try:
+        ours, theirs = socket.socketpair()
+        assert ended.spawn(dict(os.environ), str(tmp_path / "never.log"), theirs.fileno(),
+                           120, ["transformers", "transformers.ends"]) is None
+        theirs.close()
+        ours.close()
+        assert ended.preloading == "transformers" and not ended.alive()
+    finally:
+        ended.close(5)

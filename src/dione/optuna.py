@@ -284,6 +284,7 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
             del by_task[name]
     inbox = TaskInbox() if len(trials) < n_trials else None
     sent: set[str] = set()  # the tasks given to the live run through the inbox
+    timed_out: list[int] = []  # the trials asked when stop_asking_after closed the inbox
 
     def ask_next(first: bool = False) -> None:
         """One more trial for the live run, once one is told (``first``: one of the
@@ -296,6 +297,7 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
         if (not first and stop_asking_after is not None
                 and time.monotonic() - began >= stop_asking_after):
             inbox.close()  # the run ends once the trials asked have
+            timed_out.append(len(trials))
             return
         try:
             while len(trials) < n_trials:
@@ -355,10 +357,9 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     for name, trial in by_task.items():
         if name not in in_run and trial.number not in told:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    if len(trials) < n_trials and not run.get("quiet"):
-        print(f"{len(trials)} of n_trials={n_trials} trial(s) asked in the "
-              f"{stop_asking_after:g} s of stop_asking_after; calling optimize again asks "
-              "the rest")
+    if timed_out and not run.get("quiet"):
+        print(f"stop_asking_after={stop_asking_after:g} s passed with {timed_out[0]} of "
+              f"n_trials={n_trials} trial(s) asked; calling optimize again asks the rest")
     retried = _to_retry(study, run_dir, _failed(study, trials) - failed_before)
     if retried and not run.get("quiet"):
         print(f"{len(retried)} trial(s) of this call failed (why: `dione status "

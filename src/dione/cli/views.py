@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from shlex import quote
 from typing import Any
 
 from rich.table import Table
@@ -205,7 +206,8 @@ def _say_best(run_dir: Path, best: Mapping[str, int]) -> None:
     if best:
         console.print(Text(f"best checkpoints kept (keep_best): "
                            f"{', '.join(f'{t} at step {s}' for t, s in best.items())}; "
-                           f"`dione export {run_dir} TASK --best -o DIR` writes one"))
+                           f"`dione export {quote(str(run_dir))} TASK --best -o DIR` "
+                           "writes one"))
 
 
 def _evaluated(t: Any, metric: str) -> str:

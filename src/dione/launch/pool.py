@@ -378,13 +378,13 @@ class WorkerPool:
             process = spawner.spawn(_worker_environment(own), str(log), theirs.fileno(),
                                     _SPAWNER_START_SECONDS, preload)
             if process is None:  # the spawner may still hold ``theirs``: a new pair
-                if preload and (spawner.poisoned or not spawner.alive()):
-                    # A preload set CUDA up in it, or ended or hung it: the next spawner
-                    # forks without (each would fail alike).
+                if spawner.poisoned or spawner.preloading:
+                    # A preload set CUDA up in it, or it ended or hung while importing
+                    # one: the next spawner forks without (each would fail alike).
                     self._preload = False
                     spawner.retire()
                     why = spawner.poisoned or (f"it ended or hung as it imported "
-                                               f"{preload[0].partition('.')[0]}")
+                                               f"{spawner.preloading}")
                     warnings.warn(f"dione's spawner: {why}; workers import such modules "
                                   "themselves from now on", RuntimeWarning, stacklevel=1)
                 ours.close()

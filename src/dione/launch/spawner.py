@@ -8,8 +8,9 @@ fresh worker per request, so a worker starts in milliseconds rather than seconds
                           descriptor, SCM_RIGHTS);
                           ("signal", number, signal) for a worker's process group;
                           ("retire",)
-    spawner -> launcher   ("ready", pid) once; ("started", number, pid), ("poisoned", why:
-                          a preload set CUDA up, it forks no more) or ("failed",
+    spawner -> launcher   ("ready", pid) once; ("preloading", package) as it starts to
+                          import one for a spawn; ("started", number, pid), ("poisoned",
+                          why: a preload set CUDA up, it forks no more) or ("failed",
                           why) per spawn; ("exited", number, code) for each worker that
                           ended, with subprocess's convention (-N: killed by signal N)
 
@@ -237,6 +238,8 @@ class Spawner:
         self._failed = False  # a spawn went unanswered: it must not be asked again
         self._retired = False
         self.poisoned = ""  # why it forks no more, where a preload set a GPU up in it
+        # The package it is importing before a spawn ('': none): one it died or hung in.
+        self.preloading = ""
         self._listener = threading.Thread(target=self._listen, daemon=True,
                                           name="dione-spawner-listener")
         self._listener.start()
@@ -274,15 +277,20 @@ class Spawner:
         with self._changed:
             if kind == "ready":
                 self._ready = True
+            elif kind == "preloading":  # until this spawn's reply
+                self.preloading = str(args[0])
             elif kind == "started":
+                self.preloading = ""
                 # Registered here, in the order of the stream, so that its "exited"
                 # (which may follow at once) always finds it.
                 worker = SpawnedProcess(self, args[0], args[1], fds.pop() if fds else None)
                 self._live[worker.number] = worker
                 self._replies.append(worker)
             elif kind == "failed":
+                self.preloading = ""
                 self._replies.append(str(args[0]))
             elif kind == "poisoned":  # it forks no more: its preload set a GPU up
+                self.preloading = ""
                 self.poisoned = str(args[0])
                 self._replies.append(self.poisoned)
             elif kind == "exited":
@@ -435,7 +443,7 @@ def _reap(sock: socket.socket, children: dict[int, int]) -> None:
                 send(sock, ("exited", number, os.waitstatus_to_exitcode(status)))
 
 
-def _preload(names: Sequence[str], skipped: set[str]) -> str:
+def _preload(names: Sequence[str], skipped: set[str], sock: socket.socket) -> str:
     """Import the launcher's ``names`` (``preloadable``) not yet imported here; one that
     fails to (``skipped`` then holds it: it is not tried again) is left to the worker,
     which says why as it imports it. Called only while no worker of this spawner runs,
@@ -450,6 +458,8 @@ def _preload(names: Sequence[str], skipped: set[str]) -> str:
               and n.partition(".")[0] in PRELOADED_PACKAGES]
     if not wanted:
         return ""
+    # Said first: should the import end or hang the spawner, its launcher knows why.
+    send(sock, ("preloading", wanted[0].partition(".")[0]))
     driver = _cuda_driver_loaded()
     # torch.cuda.is_available() asked at import then goes through NVML (torch's
     # documented switch that leaves a fork able to use CUDA, where NVML works; the
@@ -580,7 +590,7 @@ def main(fd: int) -> int:
         if kind == "spawn" and len(fds) == 1 and not retired and not poisoned:
             _reap(sock, children)
             if not children:  # none of its workers runs to die with it, should it end
-                poisoned = _preload(args[0].get("preload", ()), skipped)
+                poisoned = _preload(args[0].get("preload", ()), skipped, sock)
         if kind == "spawn" and len(fds) == 1 and not retired and not poisoned:
             try:
                 pid = _fork_worker(args[0], fds[0], sock, wake)
