@@ -184,7 +184,8 @@ def test_asking_stops_after_its_time_and_load_gives_the_best_by_the_studys_direc
     import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.NopPruner())
+    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.NopPruner(),
+                                sampler=optuna.samplers.RandomSampler(seed=0))
 
     def build(trial: optuna.trial.Trial) -> dione.Task:
         lr = trial.suggest_float("lr", 1e-2, 2e-2)
