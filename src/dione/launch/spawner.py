@@ -94,10 +94,15 @@ def read_at_import(name: str) -> bool:
     return name.startswith(IMPORT_VARIABLES)
 
 
+def _package(module: str) -> str:
+    """The top-level package of a module's dotted name."""
+    return module.partition(".")[0]
+
+
 def preloadable() -> list[str]:
     """The modules of ``PRELOADED_PACKAGES`` this process has imported, parents first."""
     return sorted(name for name, module in list(sys.modules.items())
-                  if module is not None and name.partition(".")[0] in PRELOADED_PACKAGES)
+                  if module is not None and _package(name) in PRELOADED_PACKAGES)
 
 
 def send(sock: socket.socket, message: Any, fds: tuple[int, ...] = ()) -> None:
@@ -275,22 +280,21 @@ class Spawner:
     def _heard(self, message: tuple[Any, ...], fds: list[int]) -> None:
         kind, *args = message
         with self._changed:
+            if kind in ("started", "failed", "poisoned"):  # a spawn's reply: preloaded
+                self.preloading = ""
             if kind == "ready":
                 self._ready = True
             elif kind == "preloading":  # until this spawn's reply
                 self.preloading = str(args[0])
             elif kind == "started":
-                self.preloading = ""
                 # Registered here, in the order of the stream, so that its "exited"
                 # (which may follow at once) always finds it.
                 worker = SpawnedProcess(self, args[0], args[1], fds.pop() if fds else None)
                 self._live[worker.number] = worker
                 self._replies.append(worker)
             elif kind == "failed":
-                self.preloading = ""
                 self._replies.append(str(args[0]))
             elif kind == "poisoned":  # it forks no more: its preload set a GPU up
-                self.preloading = ""
                 self.poisoned = str(args[0])
                 self._replies.append(self.poisoned)
             elif kind == "exited":
@@ -455,11 +459,12 @@ def _preload(names: Sequence[str], skipped: set[str], sock: socket.socket) -> st
     import torch
 
     wanted = [n for n in names if n not in sys.modules and n not in skipped
-              and n.partition(".")[0] in PRELOADED_PACKAGES]
+              and _package(n) in PRELOADED_PACKAGES]
     if not wanted:
         return ""
     # Said first: should the import end or hang the spawner, its launcher knows why.
-    send(sock, ("preloading", wanted[0].partition(".")[0]))
+    package = _package(wanted[0])
+    send(sock, ("preloading", package))
     driver = _cuda_driver_loaded()
     # torch.cuda.is_available() asked at import then goes through NVML (torch's
     # documented switch that leaves a fork able to use CUDA, where NVML works; the
@@ -480,7 +485,7 @@ def _preload(names: Sequence[str], skipped: set[str], sock: socket.socket) -> st
             os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = before
     initialised = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
     if initialised or (_cuda_driver_loaded() and not driver):
-        return (f"importing {wanted[0].partition('.')[0]} set CUDA up in the spawner, "
+        return (f"importing {package} set CUDA up in the spawner, "
                 "which a forked worker could not use")
     return ""
 
