@@ -31,7 +31,7 @@ from dione.profile import (
     profile_workload,
 )
 from dione.profile.catalog import TrialRecord
-from dione.profile.choice import choose_options
+from dione.profile.choice import choose_options, trial_runs
 from dione.profile.simulated import cross_check, is_pipeline, simulated_step_seconds
 from dione.spec.cluster import Cluster
 from dione.spec.workload import load_workload
@@ -309,6 +309,78 @@ def test_a_run_ends_diverged_only_the_tasks_whose_trials_diverged_and_judges_eac
             (store.task("tame").error or "")
         assert "(single x1, which diverged as each of wild0, wild1, wild2; the last: " \
             "task 'wild2' diverged: its loss was nan" in (store.task("wild1").error or "")
+
+
+def slow_score(model):  # another evaluate of the same model: slower, another name
+    """An evaluate that returns the accuracy as 'score', after 0.3 s."""
+    from dione.zoo.digits import digits_accuracy
+
+    time.sleep(0.3)
+    return {"score": digits_accuracy(model)["accuracy"]}
+
+
+def scored(model):
+    """An evaluate the catalog has not timed."""
+    return {"score": 1.0}
+
+
+def test_each_evaluate_of_a_speed_group_is_run_by_a_trial_it_shares(tmp_path: Path) -> None:
+    """Tasks of one speed group share trials; each evaluate function among them is run
+    by one (what it returns, its cost), not only the first task's: a second task's typo'd
+    metric was found at its first rung, its evaluation priced at the first's cost. An
+    evaluate the catalog never timed, on tasks whose trials it holds, is timed by one
+    trial run again."""
+    from dione.spec.stopping import Asha
+
+    first = digits_task("first", techniques=("single",), evaluate=digits_accuracy)
+    second = digits_task("second", techniques=("single",), evaluate=slow_score,
+                         optimizer=functools.partial(torch.optim.Adam, lr=3e-2))
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        profile = profile_workload([first, second], CLUSTER, catalog, options=QUICK)
+        # One trial times one evaluation: the shared one ran again for the second's.
+        assert profile.trials_run == 2
+        assert profile.task("first").group == profile.task("second").group
+        evaluated = {name: profile.task(name).evaluated for name in ("first", "second")}
+        assert evaluated["first"] is not None and evaluated["second"] is not None
+        assert evaluated["first"].metrics == ("accuracy", "test_loss")
+        assert evaluated["second"].metrics == ("score",)
+        assert profile.task("second").evaluation_seconds >= 0.3
+        assert profile.task("first").evaluation_seconds < 0.3
+
+        # With a trial for each, no trial runs again: a second trial times the second's.
+        wider = [replace(t, techniques=DATA_PARALLEL) for t in (first, second)]
+        with Catalog(tmp_path / "wider.sqlite") as own:
+            both = profile_workload(wider, CLUSTER, own, options=QUICK)
+        assert both.trials_run == 2
+        said = [both.task(t.name).evaluated for t in wider]
+        assert [None if e is None else e.metrics for e in said] == [
+            ("accuracy", "test_loss"), ("score",)]
+
+        third = replace(second, name="third", evaluate=scored)
+        again = profile_workload([first, second, third], CLUSTER, catalog, options=QUICK)
+        assert again.trials_cached == 1 and again.trials_run == 1  # for third's evaluate
+        assert again.task("third").evaluated is not None
+        assert again.task("third").evaluated.metrics == ("score",)
+        assert again.task("second").evaluated is None  # the catalog knows its returns
+        assert again.task("second").cached_metrics == ("score",)
+        # Its record holds each run (the catalog's, too).
+        [record] = again.task("third").trials
+        assert len(trial_runs(record)) == 3 == len(trial_runs(catalog.get(record.fingerprint)))
+
+    # Before any training, in a run: the second's rule names a metric its evaluate lacks.
+    typo = replace(second, steps=8, eval_every=4,
+                   stopping=Asha(metric="scor", mode="max", min_steps=4, eta=2))
+    from dione.orchestrate import run_workload
+    from dione.state.store import RunStore
+
+    result = run_workload([first, typo], CLUSTER, tmp_path / "run",
+                          RunOptions(catalog=str(tmp_path / "fresh.sqlite"), trial=QUICK,
+                                     time_limit=2.0))
+    assert {t.task: t.status for t in result.tasks} == {"first": "done", "second": "failed"}
+    with RunStore(tmp_path / "run") as store:
+        assert store.slices("second") == []
+        assert "it returned 'score' in its profiling trial" in (store.task("second").error
+                                                                 or "")
 
 
 OOM_AND_CRASH = '''

@@ -80,5 +80,5 @@ def repeats_due(profiles: Sequence[TaskProfile], by_task: Mapping[str, list[str]
             fingerprint = option.record.fingerprint
             if len(trial_runs(results[fingerprint])) < repeats and fingerprint in wanted:
                 due[fingerprint] = dataclasses.replace(
-                    wanted[fingerprint], evaluation_key=None, lighter=[], repeat=True)
+                    wanted[fingerprint], evaluations=[], lighter=[], repeat=True)
     return list(due.values())

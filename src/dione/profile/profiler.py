@@ -13,8 +13,9 @@ get the schedule simulator's step time beside the measured one (``simulated``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from dione.launch.local import LOCAL, Launcher, warm_up
@@ -37,6 +38,31 @@ __all__ = [
     "device_counts",
     "profile_workload",
 ]
+
+
+def _evaluations_untimed(profiles: Sequence[TaskProfile], by_task: Mapping[str, list[str]],
+                         wanted: Mapping[str, PendingTrial],
+                         results: Mapping[str, TrialRecord]) -> list[PendingTrial]:
+    """For each evaluation no trial ran and whose returns the catalog does not know: its
+    task's feasible trial on the fewest devices, run again (one more run of its record)
+    to time it. A trial times one evaluation: where the tasks sharing trials have more
+    evaluate functions than they have trials, or every trial was in the catalog, the
+    others were first checked at the task's first rung, and priced at another's cost."""
+    extra: list[PendingTrial] = []
+    for profile in profiles:
+        key = profile.evaluation_key
+        if (key is None or profile.error is not None or profile.evaluated is not None
+                or profile.cached_metrics is not None
+                or any(t.times(key, profile.evaluate) for t in extra)):
+            continue
+        feasible = [f for f in by_task.get(profile.task, ())
+                    if f in results and results[f].feasible]
+        if feasible:
+            rerun = min(feasible, key=lambda f: wanted[f].spec.devices)
+            extra.append(dataclasses.replace(
+                wanted[rerun], evaluations=[(key, profile.evaluate)], lighter=[],
+                repeat=True))
+    return extra
 
 
 def profile_workload(
@@ -95,10 +121,18 @@ def profile_workload(
         profiles=profiles, emit=emit, began=began, budget=budget, parallel=parallel,
         scratch=scratch, launcher=launcher, storage=storage)
     trials_run, skips = run_trials(pending, results, setting)
+    counted = trials_run + len(skips)
+    untimed = _evaluations_untimed(profiles, by_task, wanted, results)
+    if untimed:
+        if not pending:
+            warm_up(launcher, alike)
+        # Runs again of records there are: one skipped (over the budget) is no skip.
+        ran, skipped = run_trials(untimed, results, setting, counted)
+        trials_run += ran
+        counted += ran + len(skipped)
     # Repeats: each option's chosen setting again, at a later moment (a whole pass of
     # other trials lies between), until it has ``options.repeats`` runs; a repeat can
     # change which setting is fastest, so a few more passes may follow.
-    counted = trials_run + len(skips)
     for _ in range(2 * (options.repeats - 1)):
         again = repeats_due(profiles, by_task, wanted, results, options.repeats)
         if not again:

@@ -4,6 +4,7 @@ progress events a caller's display follows."""
 from __future__ import annotations
 
 import functools
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -218,15 +219,24 @@ def _listed(metrics: tuple[str, ...]) -> str:
 
 
 def same_function(one: Any, other: Any) -> bool:
-    """Whether two callables are one function: the same object, or partials of one
-    function with equal arguments (not two objects of one class, nor two closures of one
-    factory, which may each return other metrics)."""
+    """Whether two callables are one function: the same object, partials of one function
+    with equal arguments, or functions of one code with equal defaults and captured
+    values (a sweep's ``lambda m: evaluate(m, split)`` made per task); not two objects
+    of one class, nor two closures of one factory that captured other values, which may
+    each return other metrics."""
     if one is other:
         return True
-    if isinstance(one, functools.partial) and isinstance(other, functools.partial):
-        try:
-            return bool(one.func is other.func and one.args == other.args
+    try:
+        if isinstance(one, functools.partial) and isinstance(other, functools.partial):
+            return bool(same_function(one.func, other.func) and one.args == other.args
                         and one.keywords == other.keywords)
-        except Exception:  # arguments that cannot be compared (arrays): not the same
-            return False
+        if isinstance(one, types.FunctionType) and isinstance(other, types.FunctionType):
+            cells = [(a.cell_contents, b.cell_contents) for a, b in
+                     zip(one.__closure__ or (), other.__closure__ or (), strict=True)]
+            return bool(one.__code__ is other.__code__ and one.__globals__ is other.__globals__
+                        and one.__defaults__ == other.__defaults__
+                        and one.__kwdefaults__ == other.__kwdefaults__
+                        and all(a is b or a == b for a, b in cells))
+    except Exception:  # values that cannot be compared (arrays), empty cells: not the same
+        return False
     return False

@@ -77,7 +77,8 @@ class _Pass:
         self.free = {n.name: list(range(n.devices)) for n in setting.nodes}
         self.running: dict[Future[tuple[TrialRecord, TrialEvaluation | None]],
                            tuple[PendingTrial, Node, list[int]]] = {}
-        self.evaluated: set[str] = set()  # evaluation keys measured or being measured
+        # Evaluations (key, evaluate) timed or being timed in this pass.
+        self.evaluated: list[tuple[str, Any]] = []
         # Trials skipped because a lighter setting fits: the record that showed it.
         self.covered: dict[str, TrialRecord] = {}
         self.skips: dict[str, str] = {}
@@ -171,20 +172,39 @@ class _Pass:
             self.queue.remove(trial)
             left = self.free[node.name]
             devices, left[:] = left[:trial.spec.devices], left[trial.spec.devices:]
+            trial = self._with_evaluation(trial)
             spec = trial.spec
-            if trial.evaluation_key and trial.evaluation_key not in self.evaluated:
-                self.evaluated.add(trial.evaluation_key)
-                spec = dataclasses.replace(spec, evaluate=True)
             self.setting.emit(ProfileEvent("started", spec.label, tuple(trial.tasks),
                                            total=self.total, node=node.name))
             future = pool.submit(run_trial, spec, node, devices, root, self.setting.options,
                                  self.cancel, self.setting.launcher, shared)
             self.running[future] = (trial, node, devices)
 
+    def _timed(self, key: str, evaluate: Any) -> bool:
+        return any(k == key and same_function(e, evaluate) for k, e in self.evaluated)
+
+    def _with_evaluation(self, trial: PendingTrial) -> PendingTrial:
+        """``trial`` as it runs: timing the first of its tasks' evaluations not timed yet
+        in this pass (its task, with that evaluate, trains as it would), or none."""
+        spec = dataclasses.replace(trial.spec, evaluate=False)
+        for key, evaluate in trial.evaluations:
+            if not self._timed(key, evaluate):
+                self.evaluated.append((key, evaluate))
+                task = spec.task if evaluate is spec.task.evaluate else dataclasses.replace(
+                    spec.task, evaluate=evaluate)
+                spec = dataclasses.replace(spec, task=task, evaluate=True)
+                return dataclasses.replace(trial, spec=spec, evaluation_key=key)
+        return dataclasses.replace(trial, spec=spec, evaluation_key=None)
+
+    def _untimed(self, trial: PendingTrial) -> None:
+        """The evaluation ``trial`` was to time is for another trial to time."""
+        ran = trial.spec.task.evaluate
+        self.evaluated = [(k, e) for k, e in self.evaluated
+                          if not (k == trial.evaluation_key and same_function(e, ran))]
+
     def finish(self, future: Future[tuple[TrialRecord, TrialEvaluation | None]]) -> None:
         trial, node, devices = self.running.pop(future)
         record, evaluated = future.result()
-        evaluation = None if evaluated is None else evaluated.seconds
         setting = self.setting
         if record.status == "node_lost" and any(n != node.name for n in self.free):
             # Not the trial's doing: the node leaves the profile, and the trial runs
@@ -193,8 +213,8 @@ class _Pass:
                 setting.launcher.forget_node(node.name)
                 self.lanes = max(1, self.lanes - node.devices) if setting.parallel else 1
             self.queue.append(trial)
-            if trial.evaluation_key is not None:
-                self.evaluated.discard(trial.evaluation_key)
+            if trial.spec.evaluate:
+                self._untimed(trial)
             return
         if node.name in self.free:
             self.free[node.name] = sorted(self.free[node.name] + devices)
@@ -224,29 +244,31 @@ class _Pass:
             # last one) says nothing about the configuration.
             if record.status not in ("diverged", "node_lost"):
                 setting.catalog.put(record)
-        if trial.evaluation_key is not None and evaluated is not None:
-            # What it returned, or why it failed: for the tasks whose evaluate is the one
-            # it ran (the key leaves out a partial's arguments, and a stand-in's evaluate
-            # may be another function of the same name).
-            ran = trial.spec.task.evaluate
-            for profile in setting.profiles:
-                if (profile.evaluation_key == trial.evaluation_key
-                        and same_function(profile.evaluate, ran)):
-                    profile.evaluated = evaluated
-        if trial.evaluation_key is not None:
-            if evaluation is not None:
-                setting.catalog.put_evaluation_seconds(
-                    trial.evaluation_key, evaluation,
-                    evaluated.metrics if evaluated is not None else None,
-                    evaluation_arguments(trial.spec.task.evaluate))
-                for profile in setting.profiles:
-                    if profile.group == trial.group:
-                        profile.evaluation_seconds = evaluation
-            elif not any(p.evaluation_key == trial.evaluation_key
-                         for p, _, _ in self.running.values()):
-                self.evaluated.discard(trial.evaluation_key)  # another trial times it
+        if trial.spec.evaluate and trial.evaluation_key is not None:
+            self._evaluated(trial, evaluated)
         setting.emit(ProfileEvent("finished", trial.spec.label, tuple(trial.tasks), record,
                                   total=self.total))
+
+    def _evaluated(self, trial: PendingTrial, evaluated: TrialEvaluation | None) -> None:
+        """What the evaluation ``trial`` timed gave, to the tasks whose evaluate it ran
+        (the key leaves out a partial's arguments, and a stand-in's evaluate may be another
+        function of the same name), its cost to those of its key, and to the catalog."""
+        key, ran = trial.evaluation_key, trial.spec.task.evaluate
+        assert key is not None
+        if evaluated is not None:
+            for profile in self.setting.profiles:
+                if profile.evaluation_key == key and same_function(profile.evaluate, ran):
+                    profile.evaluated = evaluated
+        if evaluated is not None and evaluated.seconds is not None:
+            self.setting.catalog.put_evaluation_seconds(
+                key, evaluated.seconds, evaluated.metrics, evaluation_arguments(ran))
+            for profile in self.setting.profiles:
+                if profile.evaluation_key == key:
+                    profile.evaluation_seconds = evaluated.seconds
+        elif not any(p.spec.evaluate and p.evaluation_key == key
+                     and same_function(p.spec.task.evaluate, ran)
+                     for p, _, _ in self.running.values()):
+            self._untimed(trial)  # another trial times it
 
     def run(self) -> tuple[int, dict[str, str]]:
         clean_stale_scratch()  # what killed launchers left behind

@@ -19,7 +19,7 @@ from dione.profile.fingerprint import (
     speed_signature,
     trial_fingerprint,
 )
-from dione.profile.results import NotApplicable, Skipped, TaskProfile
+from dione.profile.results import NotApplicable, Skipped, TaskProfile, same_function
 from dione.profile.trial import TrialSpec
 from dione.spec.cluster import Node
 from dione.spec.task import Task
@@ -52,7 +52,6 @@ class PendingTrial:
     group: str
     tasks: list[str]
     shards_memory: bool
-    evaluation_key: str | None
     # Fingerprints of the same configuration with one memory-saving knob off: this
     # trial runs only if each of them ran out of memory.
     lighter: list[str] = field(default_factory=list)
@@ -62,6 +61,17 @@ class PendingTrial:
     # rate, which the fingerprint leaves out), it runs again as the next one.
     stand_ins: list[Task] = field(default_factory=list)
     diverged_as: tuple[str, ...] = ()  # the tasks it ran as before, each of which diverged
+    # Every evaluation of the tasks sharing it, (evaluation key, evaluate), the first
+    # task's first, none twice: a trial of the same model and batch may time any of them,
+    # so each is run (and what it returns checked) once, not only the first task's (a
+    # sweep mixing evaluate functions in one speed group ran one of them).
+    evaluations: list[tuple[str, Any]] = field(default_factory=list)
+    # As it runs: the key of the evaluation it times (its task's evaluate is that one).
+    evaluation_key: str | None = None
+
+    def times(self, key: str, evaluate: Any) -> bool:
+        """Whether it may time this evaluation."""
+        return any(k == key and same_function(e, evaluate) for k, e in self.evaluations)
 
 
 @dataclass
@@ -182,6 +192,9 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
                     by_task[task.name].append(fingerprint)
                     if fingerprint in wanted:
                         wanted[fingerprint].tasks.append(task.name)
+                        if eval_key is not None and not wanted[fingerprint].times(
+                                eval_key, task.evaluate):
+                            wanted[fingerprint].evaluations.append((eval_key, task.evaluate))
                         if len(wanted[fingerprint].stand_ins) < _STAND_INS:
                             wanted[fingerprint].stand_ins.append(task)
                         continue
@@ -189,6 +202,6 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
                                for k in _lighter_settings(knobs, technique, resolved)]
                     wanted[fingerprint] = PendingTrial(
                         TrialSpec(task, technique.name, knobs, count, fingerprint, device),
-                        group, [task.name], technique.shards_memory, eval_key, lighter,
-                        code=code)
+                        group, [task.name], technique.shards_memory, lighter, code=code,
+                        evaluations=[] if eval_key is None else [(eval_key, task.evaluate)])
     return WantedTrials(profiles, wanted, by_task)
