@@ -694,3 +694,36 @@ def test_a_run_trains_its_tasks_as_their_file_was_when_it_loaded_them(
     old = run_slice(task, "single", tmp_path / "e", local_placement(TEST_NODE, [0]),
                     steps=2, timeout=300)
     assert old.losses == again.losses
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_python_drops_still_ends_the_command_as_interrupted(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A SIGINT that comes while a weakref callback runs is raised there, where Python
+    only prints "Exception ignored": the command went on and exited 0 (a review's Ctrl-C
+    as `dione run` wrote its closing report). It ends as interrupted (130), saying the
+    command ran to its end."""
+    import weakref
+
+    from dione import cli
+    from dione.cli.errors import EXIT_INTERRUPTED
+
+    went_on = []
+
+    def dropping(args: object) -> int:
+        class Held:
+            pass
+
+        held = Held()
+        ref = weakref.ref(held, lambda _: signal.raise_signal(signal.SIGINT))
+        del held  # the callback runs, and its KeyboardInterrupt is dropped
+        went_on.append(ref() is None)
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "validate", dropping)
+    assert cli.main(["validate", "workload.py"]) == EXIT_INTERRUPTED
+    assert went_on == [True]
+    said = " ".join(capsys.readouterr().err.split())
+    assert "interrupted; it came where Python could not stop the command, which went on " \
+        "to its end" in said
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # pytest's, back

@@ -29,8 +29,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:  # said by the command's own parser, with its usage and a near flag
         _unknown_flags(parser, args.command, extra)
     try:
-        with interruptible():
-            return int(COMMANDS[args.command](args))
+        with interruptible() as seen:
+            status = int(COMMANDS[args.command](args))
+        if seen.received is not None:  # raised where Python dropped it: still a stop
+            stopped = isinstance(seen.received, Terminated)
+            errors.print(f"{'terminated (SIGTERM)' if stopped else 'interrupted'}; it came "
+                         "where Python could not stop the command, which went on to its end")
+            return EXIT_TERMINATED if stopped else EXIT_INTERRUPTED
+        return status
     except (BadInput, StateFileError, DiskFull) as err:  # a state file's damage, a full
         # disk: one sentence too
         complain("error", str(err))
@@ -40,11 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                  f"{err.filename or 'a file'}: permission denied (another user's, or not "
                  "readable by you): run dione as the user who owns it, or use a copy")
         return EXIT_BAD_INPUT
-    except Terminated:
-        errors.print("terminated (SIGTERM); every gang was stopped, checkpoints kept")
-        return EXIT_TERMINATED
-    except KeyboardInterrupt:
-        errors.print("interrupted; every gang was stopped, checkpoints kept")
+    except KeyboardInterrupt as err:  # Terminated too
+        left = ("the simulation stopped (nothing trains in one), its run directory kept"
+                if args.command == "simulate" else "every gang was stopped, checkpoints kept")
+        if isinstance(err, Terminated):
+            errors.print(f"terminated (SIGTERM); {left}")
+            return EXIT_TERMINATED
+        errors.print(f"interrupted; {left}")
         return EXIT_INTERRUPTED
 
 

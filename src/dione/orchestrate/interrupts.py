@@ -11,29 +11,43 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-__all__ = ["Terminated", "interruptible"]
+__all__ = ["Signals", "Terminated", "interruptible"]
 
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be: the same clean stop."""
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise Terminated(f"stopped by signal {signal.Signals(signum).name}")
+class Signals:
+    """The stop the block's handlers raised last, if any: Python drops one raised where
+    it cannot propagate (a weakref callback, a ``__del__``: "Exception ignored in"), and
+    the block then went on as if none came; its caller can still see it."""
+
+    def __init__(self) -> None:
+        self.received: KeyboardInterrupt | None = None
+
+    def interrupt(self, signum: int, frame: FrameType | None) -> None:
+        self.received = KeyboardInterrupt()
+        raise self.received
+
+    def terminate(self, signum: int, frame: FrameType | None) -> None:
+        self.received = Terminated(f"stopped by signal {signal.Signals(signum).name}")
+        raise self.received
 
 
 @contextlib.contextmanager
-def interruptible() -> Iterator[None]:
+def interruptible() -> Iterator[Signals]:
     """For the block: SIGINT raises KeyboardInterrupt and SIGTERM raises Terminated (on
     the main thread; elsewhere signals cannot be handled and nothing changes)."""
+    seen = Signals()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield seen
         return
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, seen.interrupt)
+    signal.signal(signal.SIGTERM, seen.terminate)
     try:
-        yield
+        yield seen
     finally:
         for signum, handler in zip((signal.SIGINT, signal.SIGTERM), before, strict=True):
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
