@@ -226,7 +226,8 @@ def test_the_best_moves_as_it_is_overtaken_and_the_direction_is_the_one_pruned_b
                              "for being best; name one of those"]
     with RunStore(run) as store:
         assert best_kept(store, "misnamed", (None, None)) == (
-            "was never evaluated for 'acc' (keep_best), its evaluate returned 'score'")
+            "has no value of 'acc' (keep_best) recorded: its evaluate did not return it, or "
+            "returned NaN or inf each time (recorded: 'score')")
     # keep_best removed on resume: pruned by none since, whatever an older workload says.
     run_slice(dataclasses.replace(misnamed, keep_best=None, keep_best_mode=None), "single",
               run, placement, steps=2, evaluate_at_end=True)
@@ -246,6 +247,12 @@ def test_what_keep_best_may_not_do_is_said() -> None:
     assert keep_best_doubts(turned) == [
         "keep_best_mode='max' keeps the checkpoint where 'test_loss' was highest, but a "
         "lower test_loss is usually better: set keep_best_mode='min' if so"]
+    # Ray Tune's and Lightning's habit (monitor="loss"): said before anything runs.
+    training = dataclasses.replace(turned, keep_best="loss", keep_best_mode=None)
+    assert keep_best_doubts(training) == [
+        "keep_best='loss' ranks what evaluate returns as 'loss', not the training loss (a "
+        "stopping rule's metric='loss'): unless evaluate returns 'loss', name the held-out "
+        "metric it returns (keep_best='test_loss')"]
     one = digits_task("one", evaluate=digits_accuracy, keep_best="acc",
                       stopping=Asha(metric="acc", mode="max", min_steps=4))
     two = dataclasses.replace(one, keep_best="f1")

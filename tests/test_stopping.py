@@ -172,7 +172,7 @@ def test_pausing_asha_promotes_and_stops_as_worked_by_hand() -> None:
     # floor(8/3) = 2 ever will, so the third (c) stops now and b waits.
     three = rule.decide_paused(1, {"a": 1.0, "b": 2.0, "c": 3.0}, ["a", "b", "c"], 5)
     assert not three["a"].stop and "promoted" in three["a"].reason
-    assert three["c"].stop and "at most the best 2 go on" in three["c"].reason
+    assert three["c"].stop and "it cannot be among the best 2 of" in three["c"].reason
     assert "b" not in three
     # a went on before; d arrives: 4 there, 1 goes on (a, already); with 5 to come at
     # most floor(9/3) = 3 ever will: b (2nd) and d (3rd) wait; with 4, d (3rd) stops.

@@ -213,7 +213,10 @@ class PausingAsha(_Halving):
                 decisions[task] = Decision(
                     rung, value, True, f"{said}"
                     + (f" and {to_come} more may" if to_come else "")
-                    + f"; at most the best {ever} go on: stopped by ASHA (eta {self.eta:g})")
+                    # Not how many go on: those promoted earlier, from fewer at the rung,
+                    # went on too (Li et al.'s promotions are for good).
+                    + f"; it cannot be among the best {ever} of {n + to_come}: stopped by "
+                    f"PausingAsha (eta {self.eta:g})")
         return decisions
 
 

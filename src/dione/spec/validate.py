@@ -686,6 +686,11 @@ def keep_best_doubts(task: Task, total: int | None = None) -> list[str]:
         doubts.append(f"keep_best={metric!r} keeps nothing but its last checkpoint: the "
                       "task evaluates only at its end; give eval_every (or a stopping rule "
                       "on that metric)")
+    if metric == "loss":  # a rule's name for the training loss, which is not evaluated
+        doubts.append("keep_best='loss' ranks what evaluate returns as 'loss', not the "
+                      "training loss (a stopping rule's metric='loss'): unless evaluate "
+                      "returns 'loss', name the held-out metric it returns (keep_best="
+                      "'test_loss')")
     by_name = direction_by_name(metric)
     if mode in ("min", "max") and by_name is not None and by_name != mode:
         better = "higher" if by_name == "max" else "lower"

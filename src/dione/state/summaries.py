@@ -218,8 +218,10 @@ def best_kept(store: RunStore, task: str, fallback: tuple[str | None, str | None
     points = evaluated.get(metric, [])
     if not points:
         returned = ", ".join(repr(m) for m in sorted(evaluated))
-        return (f"was never evaluated for {metric!r} (keep_best), " + (
-            f"its evaluate returned {returned}" if returned else "nor for anything else"))
+        # A value that is not finite is not recorded: the store cannot tell it from none.
+        return (f"has no value of {metric!r} (keep_best) recorded: its evaluate did not "
+                "return it, or returned NaN or inf each time (" + (
+                    f"recorded: {returned}" if returned else "nothing was recorded") + ")")
     found = store.best_checkpoint(task, metric, mode)
     if found is None:
         return (f"has no checkpoint at a step where {metric!r} was evaluated (steps "
