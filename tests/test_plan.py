@@ -705,6 +705,7 @@ def test_a_problem_says_what_its_plans_do_not_see() -> None:
     assert said[1].startswith("the problem's widest option takes 2 device(s), its nodes up to 8")
     knobbed = PlanningProblem((NodeSpec("n0", 2),), (
         TaskOptions("t", (Option("1f1b", 2, 10.0, {"microbatches": 8}),
+                          Option("1f1b", 4, 6.0, {"microbatches": 8}),
                           Option("single", 1, 10.0, {"accumulation": 2}))),))
     assert knobbed.unknown_knobs() == [
         "1f1b takes no knob 'microbatches' (its knobs: micro_batches, "

@@ -159,8 +159,19 @@ def test_a_simulation_says_what_it_left_out_and_what_its_baseline_leaves_out(
                                     "--time-limit", "2")
     assert status == 0, err
     said = " ".join(shown.split())
-    assert "2 tasks, 2 done, 1 left out (no node holds them)" in said
+    assert "3 tasks, 2 done, 1 left out (no node holds them)" in said
     assert "not its failures, spread or stopping rules" in said
+    # A task that failed for good: its work was never done, so the makespan is no saving
+    # against current practice, which trains it (it read 0.20 of it, and exited 0).
+    scenario.write_text(json.dumps({"failures": {"t0": 3}}))
+    status, shown, err = in_process(capsys, "simulate", str(file), "--steps", "10",
+                                    "--scenario", str(scenario), "--out", str(out),
+                                    "--time-limit", "2")
+    said = " ".join(shown.split())
+    assert status == 1, said
+    assert "3 tasks, 1 done, 1 left out" in said and "t0: failed" in said
+    assert "(not comparable: 1 task(s) did not finish here)" in said and " of it)" not in said
+    scenario.write_text(json.dumps({"failures": {"t0": 1}}))
     summary = (out / "report" / "summary.md").read_text()
     assert "wide" in summary and "Tasks left out, never started" in summary
     assert "without the scenario's failures and spread" in summary
@@ -198,6 +209,9 @@ def test_bad_scenarios_and_clusters_are_named() -> None:
         Scenario(node_losses={"n0": 10.0}, node_joins={"n0": 20.0})
     with pytest.raises(ValueError, match="NODESxDEVICES"):
         parse_cluster("four by eight")
+    with pytest.raises(ValueError, match="NODESxDEVICES"):
+        parse_cluster("")  # `--cluster ""` took the problem's own cluster, unsaid
+    assert [n.devices for n in parse_cluster("2X8")] == [8, 8]
     with pytest.raises(ScenarioError, match=r"seed: must be a number or text"):
         Scenario(seed=[1, 2])  # type: ignore[arg-type]  # a traceback mid-run, before
     with pytest.raises(ScenarioError, match=r"curves: must be the path"):

@@ -97,9 +97,9 @@ def options_for(params_b: float, tokens: float, rng: random.Random) -> list[dict
             add("ddp", g, states + activations / g, 1 / (1 + communication * log_g))
             bubble = 0.97 * MICROBATCHES / (MICROBATCHES + g - 1)
             add("gpipe", g, states / g + activations / g, bubble,
-                {"microbatches": MICROBATCHES})
+                {"micro_batches": MICROBATCHES})
             add("1f1b", g, states / g + activations / g * min(g, MICROBATCHES) / MICROBATCHES,
-                bubble, {"microbatches": MICROBATCHES})
+                bubble, {"micro_batches": MICROBATCHES})
         fsdp = 1 / (1 + 1.5 * communication * log_g)
         add("fsdp", g, states / g + activations / g, fsdp,
             {"activation_checkpointing": False, "cpu_offload": False})

@@ -215,7 +215,9 @@ class PlanningProblem:
         for t in self.tasks:
             for o in t.options:
                 for knob in set(o.knobs) - set(BUILT_IN_KNOBS.get(o.technique, o.knobs)):
-                    found.setdefault((o.technique, knob), []).append(t.name)
+                    names = found.setdefault((o.technique, knob), [])
+                    if t.name not in names:  # a task's options of several widths: once
+                        names.append(t.name)
         return [f"{technique} takes no knob {knob!r} (its knobs: "
                 f"{', '.join(BUILT_IN_KNOBS[technique])}); set by the options of "
                 f"{', '.join(names[:3])}{' and more' if len(names) > 3 else ''}"

@@ -63,7 +63,7 @@ def problem_cluster(problem: PlanningProblem) -> Cluster:
 
 def parse_cluster(text: str) -> Cluster:
     """``NxD`` (N nodes of D devices each: ``4x8``), or ``D,D,...`` (one node each)."""
-    found = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", text)
+    found = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
     try:
         if found:
             count, devices = int(found.group(1)), int(found.group(2))

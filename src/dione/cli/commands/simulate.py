@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from dione.cli.console import complain, console
-from dione.cli.errors import BadInput
+from dione.cli.errors import EXIT_FAILED, BadInput
 from dione.cli.inputs import say_problem_notes
 
 __all__ = ["command"]
@@ -19,7 +19,7 @@ def command(args: argparse.Namespace) -> int:
     from dione.simulate import Scenario, ScenarioError, load_scenario, parse_cluster, simulate
 
     try:
-        cluster = parse_cluster(args.cluster) if args.cluster else None
+        cluster = parse_cluster(args.cluster) if args.cluster is not None else None
         scenario = load_scenario(args.scenario) if args.scenario else Scenario()
     except (ValueError, ScenarioError) as err:
         raise BadInput(str(err)) from None
@@ -58,10 +58,14 @@ def command(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise BadInput(str(err)) from None
     done = sum(1 for s in result.statuses.values() if s == "done")
-    console.print(f"SIMULATED (virtual cluster, no task trained): {len(result.statuses)} "
-                  f"tasks, {done} done"
+    console.print(f"SIMULATED (virtual cluster, no task trained): "
+                  f"{len(result.statuses) + len(dropped)} tasks, {done} done"
                   + (f", {len(dropped)} left out (no node holds them)" if dropped else ""))
-    ratio = (f" ({result.makespan / result.current_practice:.2f} of it)"
+    # Current practice trains every task the plan holds to its end: a run that failed
+    # some did less work, and its makespan is no saving.
+    unfinished = [t for t, s in result.statuses.items() if s not in ("done", "stopped")]
+    ratio = (f" (not comparable: {len(unfinished)} task(s) did not finish here)" if unfinished
+             else f" ({result.makespan / result.current_practice:.2f} of it)"
              if result.current_practice > 0 else "")
     console.print(f"makespan {result.makespan:.1f} s (first plan: "
                   f"{result.planned_makespan:.1f} s); current practice "
@@ -76,5 +80,5 @@ def command(args: argparse.Namespace) -> int:
         if status != "done":
             console.print(f"  {task}: {status}")
     console.print(f"report: {out / 'report' / 'index.html'}")
-    return 0
+    return EXIT_FAILED if unfinished else 0
 
