@@ -143,7 +143,8 @@ def test_the_simulated_report_is_marked_simulated(
 
 
 def test_a_simulation_says_what_it_left_out_and_what_its_baseline_leaves_out(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A task no node holds vanished from everything past one warning (a real run lists
     it as invalid); the baseline, which plays no failure or spread, was said to share
     the scenario; the Python API wrote no report though its docstring promised one."""
@@ -154,11 +155,14 @@ def test_a_simulation_says_what_it_left_out_and_what_its_baseline_leaves_out(
     scenario = tmp_path / "scenario.json"
     scenario.write_text(json.dumps({"failures": {"t0": 1}}))
     out = tmp_path / "run"
+    # Where it stands, as it goes (every event here; every 15 s of wall time by default).
+    monkeypatch.setattr("dione.cli.commands.simulate.PROGRESS_SECONDS", 0.0)
     status, shown, err = in_process(capsys, "simulate", str(file), "--steps", "10",
                                     "--scenario", str(scenario), "--out", str(out),
                                     "--time-limit", "2")
     assert status == 0, err
     said = " ".join(shown.split())
+    assert "slices ended, 1 plan(s) adopted" in said
     assert "3 tasks, 2 done, 1 left out (no node holds them)" in said
     assert "not its failures, spread or stopping rules" in said
     # A task that failed for good: its work was never done, so the makespan is no saving

@@ -3,13 +3,42 @@
 from __future__ import annotations
 
 import argparse
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dione.cli.console import complain, console
 from dione.cli.errors import EXIT_FAILED, BadInput
 from dione.cli.inputs import say_problem_notes
 
+if TYPE_CHECKING:
+    from dione.orchestrate.options import RunEvent
+
 __all__ = ["command"]
+
+
+# Wall seconds between progress lines: a large simulation re-plans for minutes.
+PROGRESS_SECONDS = 15.0
+
+
+def _progress() -> Callable[[RunEvent], None]:
+    """Every ``PROGRESS_SECONDS`` of wall time at most, a line of where the simulation
+    stands (it printed nothing for minutes)."""
+    began = last = time.monotonic()
+    seen = {"slice_finished": 0, "planned": 0, "replanned": 0}
+
+    def heard(event: RunEvent) -> None:
+        nonlocal last
+        if event.kind in seen:
+            seen[event.kind] += 1
+        now = time.monotonic()
+        if now - last >= PROGRESS_SECONDS:
+            last = now
+            console.print(f"... {now - began:.0f} s: {seen['slice_finished']} slices ended, "
+                          f"{seen['planned'] + seen['replanned']} plan(s) adopted")
+
+    return heard
 
 
 def command(args: argparse.Namespace) -> int:
@@ -54,7 +83,8 @@ def command(args: argparse.Namespace) -> int:
                          slice_seconds=args.slice_seconds)
     try:
         result = simulate(problem, out, cluster=cluster, scenario=scenario, steps=args.steps,
-                          options=options, left_out=dropped)
+                          options=options, left_out=dropped,
+                          on_event=_progress())
     except ValueError as err:
         raise BadInput(str(err)) from None
     done = sum(1 for s in result.statuses.values() if s == "done")
