@@ -107,8 +107,12 @@ class _Pass:
 
     def waits_for(self, trial: PendingTrial) -> bool:
         """Whether a trial whose result decides this one's fate is still to finish: a
-        replicating trial of its group on fewer devices, or a lighter knob setting."""
-        earlier = [*self.queue, *(p for p, _, _ in self.running.values())]
+        replicating trial of its group on fewer devices, or a lighter knob setting; or a
+        run of the same trial is running."""
+        running = [p for p, _, _ in self.running.values()]
+        if any(p.spec.fingerprint == trial.spec.fingerprint for p in running):
+            return True  # a run of it again (another evaluation) shares its folders
+        earlier = [*self.queue, *running]
         if any(p.spec.fingerprint in trial.lighter for p in earlier):
             return True
         if trial.shards_memory:
