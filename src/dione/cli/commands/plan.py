@@ -57,7 +57,9 @@ def command(args: argparse.Namespace) -> int:
                 complain("invalid", reason)
             return EXIT_FAILED
         console.print(f"{plan_file}: a valid plan of {problem_file}, makespan "
-                      f"{plan.makespan:.1f} s")
+                      f"{plan.makespan:.1f} s" + (
+                          f", without the {len(left_out)} task(s) no node holds (above)"
+                          if left_out else ""))
         return 0
     try:
         plan = solve(problem, args.solver, args.time_limit, args.threads,
