@@ -15,7 +15,7 @@ import dione
 from dione.launch import local_placement, run_slice
 from dione.profile.results import TrialEvaluation, evaluation_mistake, remembered_mistake
 from dione.spec.stopping import Asha
-from dione.spec.validate import keep_best_doubts, validate_workload
+from dione.spec.validate import keep_best_doubts, training_loss_doubt, validate_workload
 from dione.spec.workload import load_workload
 from dione.state.export import ExportError, best_kept
 from dione.state.store import RunStore
@@ -249,7 +249,8 @@ def test_what_keep_best_may_not_do_is_said() -> None:
         "lower test_loss is usually better: set keep_best_mode='min' if so"]
     # Ray Tune's and Lightning's habit (monitor="loss"): said before anything runs.
     training = dataclasses.replace(turned, keep_best="loss", keep_best_mode=None)
-    assert keep_best_doubts(training) == [
+    assert keep_best_doubts(training) == []  # a run checks what evaluate returns
+    assert [training_loss_doubt(training)] == [
         "keep_best='loss' ranks what evaluate returns as 'loss', not the training loss (a "
         "stopping rule's metric='loss'): unless evaluate returns 'loss', name the held-out "
         "metric it returns (keep_best='test_loss')"]

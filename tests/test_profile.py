@@ -32,7 +32,9 @@ from dione.profile import (
 )
 from dione.profile.catalog import TrialRecord
 from dione.profile.choice import choose_options, trial_runs
+from dione.profile.results import same_function
 from dione.profile.simulated import cross_check, is_pipeline, simulated_step_seconds
+from dione.profile.trials import evaluation_arguments
 from dione.spec.cluster import Cluster
 from dione.spec.workload import load_workload
 from dione.zoo.digits import digits_accuracy
@@ -324,6 +326,35 @@ def scored(model):
     return {"score": 1.0}
 
 
+def scored_as(name, model):
+    """An evaluate whose metric its partial names."""
+    return {name: 1.0}
+
+
+class Evaluator:
+    """An evaluate as a method of an object (a held-out split it keeps)."""
+
+    def evaluate(self, model):
+        return {"score": 1.0}
+
+
+def test_one_function_is_told_from_another_as_its_evaluations_need() -> None:
+    """A bound method read once per task is a new object each time: each task's was taken
+    for an evaluation of its own, and run again (a review: a trial per task)."""
+
+    def made(split):
+        return lambda model: {split: 1.0}
+
+    held, other = Evaluator(), Evaluator()
+    assert same_function(held.evaluate, held.evaluate)
+    assert not same_function(held.evaluate, other.evaluate)
+    assert same_function(made("val"), made("val")) and not same_function(made("val"),
+                                                                         made("test"))
+    assert same_function(functools.partial(scored_as, "a"), functools.partial(scored_as, "a"))
+    assert evaluation_arguments(made("val")) != evaluation_arguments(made("test"))
+    assert evaluation_arguments(scored_as) == ""  # as catalogs have keyed it
+
+
 def test_each_evaluate_of_a_speed_group_is_run_by_a_trial_it_shares(tmp_path: Path) -> None:
     """Tasks of one speed group share trials; each evaluate function among them is run
     by one (what it returns, its cost), not only the first task's: a second task's typo'd
@@ -363,9 +394,17 @@ def test_each_evaluate_of_a_speed_group_is_run_by_a_trial_it_shares(tmp_path: Pa
         assert again.task("third").evaluated.metrics == ("score",)
         assert again.task("second").evaluated is None  # the catalog knows its returns
         assert again.task("second").cached_metrics == ("score",)
-        # Its record holds each run (the catalog's, too).
+        # Runs again for an evaluation alone leave the record as it was (merged, a
+        # record grew by a run in every session whose evaluation the catalog lacked).
         [record] = again.task("third").trials
-        assert len(trial_runs(record)) == 3 == len(trial_runs(catalog.get(record.fingerprint)))
+        assert len(trial_runs(record)) == 1 == len(trial_runs(catalog.get(record.fingerprint)))
+        # A key the catalog knows is not run again, though these arguments are new.
+        fourth = replace(second, name="fourth", evaluate=functools.partial(scored_as, "f"))
+        fifth = replace(second, name="fifth", evaluate=functools.partial(scored_as, "g"))
+        known = profile_workload([first, fourth], CLUSTER, catalog, options=QUICK)
+        assert known.trials_run == 1 and known.task("fourth").evaluated is not None
+        later = profile_workload([first, fifth], CLUSTER, catalog, options=QUICK)
+        assert later.trials_run == 0 and later.task("fifth").evaluated is None
 
     # Before any training, in a run: the second's rule names a metric its evaluate lacks.
     typo = replace(second, steps=8, eval_every=4,

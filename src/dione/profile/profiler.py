@@ -40,28 +40,33 @@ __all__ = [
 ]
 
 
-def _evaluations_untimed(profiles: Sequence[TaskProfile], by_task: Mapping[str, list[str]],
-                         wanted: Mapping[str, PendingTrial],
-                         results: Mapping[str, TrialRecord]) -> list[PendingTrial]:
-    """For each evaluation no trial ran and whose returns the catalog does not know: its
-    task's feasible trial on the fewest devices, run again (one more run of its record)
-    to time it. A trial times one evaluation: where the tasks sharing trials have more
-    evaluate functions than they have trials, or every trial was in the catalog, the
-    others were first checked at the task's first rung, and priced at another's cost."""
+def _evaluations_untimed(tasks: Sequence[Task], profiles: Sequence[TaskProfile],
+                         by_task: Mapping[str, list[str]], wanted: Mapping[str, PendingTrial],
+                         results: Mapping[str, TrialRecord],
+                         catalog: Catalog) -> list[PendingTrial]:
+    """For each evaluation key (an evaluate function) no trial timed and the catalog does
+    not know: a task's feasible trial on the fewest devices, run again as that task to
+    time its evaluation. A trial times one evaluation: where the tasks sharing trials have
+    more evaluate functions than trials, or every trial came from the catalog, the others
+    were first checked at the task's first rung, and priced at another's cost. Once per
+    key (partials of one function over objects made per task would each cost a run)."""
+    named = {t.name: t for t in tasks}
     extra: list[PendingTrial] = []
     for profile in profiles:
         key = profile.evaluation_key
         if (key is None or profile.error is not None or profile.evaluated is not None
                 or profile.cached_metrics is not None
-                or any(t.times(key, profile.evaluate) for t in extra)):
+                or catalog.evaluation_seconds(key) is not None
+                or any(t.evaluations[0][0] == key for t in extra)):
             continue
         feasible = [f for f in by_task.get(profile.task, ())
                     if f in results and results[f].feasible]
         if feasible:
-            rerun = min(feasible, key=lambda f: wanted[f].spec.devices)
+            rerun = wanted[min(feasible, key=lambda f: wanted[f].spec.devices)]
             extra.append(dataclasses.replace(
-                wanted[rerun], evaluations=[(key, profile.evaluate)], lighter=[],
-                repeat=True))
+                rerun, spec=dataclasses.replace(rerun.spec, task=named[profile.task]),
+                evaluations=[(key, profile.evaluate)], lighter=[], stand_ins=[],
+                for_evaluation=True))
     return extra
 
 
@@ -122,11 +127,11 @@ def profile_workload(
         scratch=scratch, launcher=launcher, storage=storage)
     trials_run, skips = run_trials(pending, results, setting)
     counted = trials_run + len(skips)
-    untimed = _evaluations_untimed(profiles, by_task, wanted, results)
+    untimed = _evaluations_untimed(tasks, profiles, by_task, wanted, results, catalog)
     if untimed:
         if not pending:
             warm_up(launcher, alike)
-        # Runs again of records there are: one skipped (over the budget) is no skip.
+        # Runs again of trials there are: one skipped (over the budget) is no skip.
         ran, skipped = run_trials(untimed, results, setting, counted)
         trials_run += ran
         counted += ran + len(skipped)

@@ -220,16 +220,20 @@ def _listed(metrics: tuple[str, ...]) -> str:
 
 def same_function(one: Any, other: Any) -> bool:
     """Whether two callables are one function: the same object, partials of one function
-    with equal arguments, or functions of one code with equal defaults and captured
-    values (a sweep's ``lambda m: evaluate(m, split)`` made per task); not two objects
-    of one class, nor two closures of one factory that captured other values, which may
-    each return other metrics."""
+    with equal arguments, one method of one object, or functions of one code with equal
+    defaults and captured values (a sweep's ``lambda m: evaluate(m, split)`` made per
+    task); not two objects of one class, nor two closures of one factory that captured
+    other values, which may each return other metrics."""
     if one is other:
         return True
     try:
         if isinstance(one, functools.partial) and isinstance(other, functools.partial):
             return bool(same_function(one.func, other.func) and one.args == other.args
                         and one.keywords == other.keywords)
+        if isinstance(one, types.MethodType) and isinstance(other, types.MethodType):
+            # ``evaluator.evaluate`` read once per task: a new bound method each time
+            return one.__self__ is other.__self__ and same_function(one.__func__,
+                                                                    other.__func__)
         if isinstance(one, types.FunctionType) and isinstance(other, types.FunctionType):
             cells = [(a.cell_contents, b.cell_contents) for a, b in
                      zip(one.__closure__ or (), other.__closure__ or (), strict=True)]

@@ -187,11 +187,19 @@ class _Pass:
     def _timed(self, key: str, evaluate: Any) -> bool:
         return any(k == key and same_function(e, evaluate) for k, e in self.evaluated)
 
+    def _known(self, key: str, evaluate: Any) -> bool:
+        """Whether the catalog knows what this evaluation returns (timed before)."""
+        return any(p.evaluation_key == key and p.cached_metrics is not None
+                   and same_function(p.evaluate, evaluate) for p in self.setting.profiles)
+
     def _with_evaluation(self, trial: PendingTrial) -> PendingTrial:
-        """``trial`` as it runs: timing the first of its tasks' evaluations not timed yet
-        in this pass (its task, with that evaluate, trains as it would), or none."""
+        """``trial`` as it runs: timing one of its tasks' evaluations not timed yet in
+        this pass (its task, with that evaluate, trains as it would), or none: one the
+        catalog does not know before one it does, its own task's first."""
         spec = dataclasses.replace(trial.spec, evaluate=False)
-        for key, evaluate in trial.evaluations:
+        own = spec.task.evaluate
+        for key, evaluate in sorted(trial.evaluations, key=lambda pair: (
+                self._known(*pair), not same_function(pair[1], own))):
             if not self._timed(key, evaluate):
                 self.evaluated.append((key, evaluate))
                 task = spec.task if evaluate is spec.task.evaluate else dataclasses.replace(
@@ -223,6 +231,12 @@ class _Pass:
         if node.name in self.free:
             self.free[node.name] = sorted(self.free[node.name] + devices)
         self.run_count += 1
+        if trial.for_evaluation:  # its timing is not merged: a run per session, unbounded
+            if trial.spec.evaluate and trial.evaluation_key is not None:
+                self._evaluated(trial, evaluated)
+            setting.emit(ProfileEvent("finished", trial.spec.label, tuple(trial.tasks),
+                                      record, total=self.total))
+            return
         if trial.repeat:
             record = merged_runs(self.results[trial.spec.fingerprint], record)
         if record.status == "diverged" and trial.stand_ins and not trial.repeat:
@@ -259,20 +273,26 @@ class _Pass:
         function of the same name), its cost to those of its key, and to the catalog."""
         key, ran = trial.evaluation_key, trial.spec.task.evaluate
         assert key is not None
-        if evaluated is not None:
-            for profile in self.setting.profiles:
-                if profile.evaluation_key == key and same_function(profile.evaluate, ran):
-                    profile.evaluated = evaluated
-        if evaluated is not None and evaluated.seconds is not None:
+        if evaluated is None:  # the trial ended before it evaluated: another times it
+            if not any(p.spec.evaluate and p.evaluation_key == key
+                       and same_function(p.spec.task.evaluate, ran)
+                       for p, _, _ in self.running.values()):
+                self._untimed(trial)
+            return
+        if evaluated.seconds is not None:
             self.setting.catalog.put_evaluation_seconds(
                 key, evaluated.seconds, evaluated.metrics, evaluation_arguments(ran))
-            for profile in self.setting.profiles:
-                if profile.evaluation_key == key:
+        for profile in self.setting.profiles:
+            if profile.evaluation_key != key:
+                continue
+            if same_function(profile.evaluate, ran):  # what it returned, or why it failed
+                profile.evaluated = evaluated
+                if evaluated.seconds is not None:
                     profile.evaluation_seconds = evaluated.seconds
-        elif not any(p.spec.evaluate and p.evaluation_key == key
-                     and same_function(p.spec.task.evaluate, ran)
-                     for p, _, _ in self.running.values()):
-            self._untimed(trial)  # another trial times it
+            elif profile.evaluated is None and evaluated.seconds is not None:
+                # Of its key but not its own (another partial's arguments): until its
+                # own is timed, the nearest cost there is.
+                profile.evaluation_seconds = evaluated.seconds
 
     def run(self) -> tuple[int, dict[str, str]]:
         clean_stale_scratch()  # what killed launchers left behind

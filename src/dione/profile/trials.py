@@ -68,6 +68,8 @@ class PendingTrial:
     evaluations: list[tuple[str, Any]] = field(default_factory=list)
     # As it runs: the key of the evaluation it times (its task's evaluate is that one).
     evaluation_key: str | None = None
+    # Run again only to time an evaluation: its record (the catalog's) stands as it was.
+    for_evaluation: bool = False
 
     def times(self, key: str, evaluate: Any) -> bool:
         """Whether it may time this evaluation."""
@@ -108,12 +110,23 @@ def _evaluation_key(signature: Mapping[str, Any], task: Task, device: str) -> st
     return _digest([signature, module, name, device])
 
 
+# Values whose text is the same in every process (an object's default repr holds its
+# address: a decorator's closure, torch.no_grad's, would never be found again).
+_PLAIN = (str, int, float, bool, type(None))
+
+
 def evaluation_arguments(evaluate: Any) -> str:
-    """The arguments of a partial ``evaluate`` as text (empty for a plain function): the
-    evaluation key leaves them out, and they may change what it returns."""
-    if not isinstance(evaluate, functools.partial):
+    """The arguments of a partial ``evaluate``, or the plain values (names, numbers) a
+    closure captured, as text (empty for a plain function, or a closure that captured
+    anything else): the evaluation key leaves them out, and they may change what it
+    returns (two closures of one factory kept one row of returns, the last's)."""
+    if isinstance(evaluate, functools.partial):
+        return repr((evaluate.args, sorted(evaluate.keywords.items())))
+    try:
+        values = tuple(c.cell_contents for c in getattr(evaluate, "__closure__", None) or ())
+    except ValueError:  # a cell not yet filled
         return ""
-    return repr((evaluate.args, sorted(evaluate.keywords.items())))
+    return repr(values) if values and all(isinstance(v, _PLAIN) for v in values) else ""
 
 
 def _lighter_settings(knobs: Mapping[str, Any], technique: Technique,

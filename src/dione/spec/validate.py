@@ -25,7 +25,7 @@ from dione.spec.workload import Workload
 
 __all__ = ["Problem", "WorkloadError", "build_model", "check_task", "checked_task",
            "keep_best_doubts", "late_evaluation", "repeated_names", "split_valid",
-           "validate_workload"]
+           "training_loss_doubt", "validate_workload"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}$")
 _FACTORIES = ("model", "data", "loss", "optimizer", "evaluate", "lr_scheduler", "collate_fn",
@@ -686,11 +686,6 @@ def keep_best_doubts(task: Task, total: int | None = None) -> list[str]:
         doubts.append(f"keep_best={metric!r} keeps nothing but its last checkpoint: the "
                       "task evaluates only at its end; give eval_every (or a stopping rule "
                       "on that metric)")
-    if metric == "loss":  # a rule's name for the training loss, which is not evaluated
-        doubts.append("keep_best='loss' ranks what evaluate returns as 'loss', not the "
-                      "training loss (a stopping rule's metric='loss'): unless evaluate "
-                      "returns 'loss', name the held-out metric it returns (keep_best="
-                      "'test_loss')")
     by_name = direction_by_name(metric)
     if mode in ("min", "max") and by_name is not None and by_name != mode:
         better = "higher" if by_name == "max" else "lower"
@@ -698,6 +693,17 @@ def keep_best_doubts(task: Task, total: int | None = None) -> list[str]:
                       f"{'lowest' if mode == 'min' else 'highest'}, but a {better} {metric} "
                       f"is usually better: set keep_best_mode={by_name!r} if so")
     return doubts
+
+
+def training_loss_doubt(task: Task) -> str | None:
+    """Why ``keep_best='loss'`` may not do what it seems to (Ray Tune's and Lightning's
+    habit, ``monitor="loss"``): it ranks an evaluated 'loss', not the training loss. Said
+    by `dione validate` only: a run checks what evaluate returns in its profiling trial."""
+    if task.keep_best != "loss" or task.evaluate is None:
+        return None
+    return ("keep_best='loss' ranks what evaluate returns as 'loss', not the training "
+            "loss (a stopping rule's metric='loss'): unless evaluate returns 'loss', name "
+            "the held-out metric it returns (keep_best='test_loss')")
 
 
 def late_evaluation(task: Task, total: int | None = None) -> str | None:

@@ -15,7 +15,12 @@ __all__ = ["command"]
 def command(args: argparse.Namespace) -> int:
     from dione.spec.cluster import ClusterError, local_cluster
     from dione.spec.metrics import doubtful_direction
-    from dione.spec.validate import WorkloadError, keep_best_doubts, late_evaluation
+    from dione.spec.validate import (
+        WorkloadError,
+        keep_best_doubts,
+        late_evaluation,
+        training_loss_doubt,
+    )
     from dione.techniques.validation import valid_tasks
 
     workload = load(args.workload)
@@ -48,8 +53,9 @@ def command(args: argparse.Namespace) -> int:
         late = late_evaluation(task)
         if late:
             doubted.setdefault(late, []).append(task.name)
-        for doubt in keep_best_doubts(task):
-            doubted.setdefault(doubt, []).append(task.name)
+        for doubt in [*keep_best_doubts(task), training_loss_doubt(task)]:
+            if doubt:
+                doubted.setdefault(doubt, []).append(task.name)
     for doubt, names in doubted.items():
         console.print(f"  warning: {', '.join(names)}: {doubt}")
     if devices is not None:  # allowed single: trained on fewer devices, not refused
