@@ -57,7 +57,7 @@ def _evaluations_untimed(tasks: Sequence[Task], profiles: Sequence[TaskProfile],
         if (key is None or profile.error is not None or profile.evaluated is not None
                 or profile.cached_metrics is not None
                 or catalog.evaluation_seconds(key) is not None
-                or any(t.evaluations[0][0] == key for t in extra)):
+                or any(t.times(key) for t in extra)):
             continue
         feasible = [f for f in by_task.get(profile.task, ())
                     if f in results and results[f].feasible]

@@ -77,8 +77,11 @@ class _Pass:
         self.free = {n.name: list(range(n.devices)) for n in setting.nodes}
         self.running: dict[Future[tuple[TrialRecord, TrialEvaluation | None]],
                            tuple[PendingTrial, Node, list[int]]] = {}
-        # Evaluations (key, evaluate) timed or being timed in this pass.
+        # Evaluations (key, evaluate) timed or being timed in this pass, and those whose
+        # returns the catalog knows (timed before).
         self.evaluated: list[tuple[str, Any]] = []
+        self.known = [(p.evaluation_key, p.evaluate) for p in setting.profiles
+                      if p.evaluation_key is not None and p.cached_metrics is not None]
         # Trials skipped because a lighter setting fits: the record that showed it.
         self.covered: dict[str, TrialRecord] = {}
         self.skips: dict[str, str] = {}
@@ -188,9 +191,7 @@ class _Pass:
         return any(k == key and same_function(e, evaluate) for k, e in self.evaluated)
 
     def _known(self, key: str, evaluate: Any) -> bool:
-        """Whether the catalog knows what this evaluation returns (timed before)."""
-        return any(p.evaluation_key == key and p.cached_metrics is not None
-                   and same_function(p.evaluate, evaluate) for p in self.setting.profiles)
+        return any(k == key and same_function(e, evaluate) for k, e in self.known)
 
     def _with_evaluation(self, trial: PendingTrial) -> PendingTrial:
         """``trial`` as it runs: timing one of its tasks' evaluations not timed yet in

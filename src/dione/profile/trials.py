@@ -19,7 +19,7 @@ from dione.profile.fingerprint import (
     speed_signature,
     trial_fingerprint,
 )
-from dione.profile.results import NotApplicable, Skipped, TaskProfile, same_function
+from dione.profile.results import NotApplicable, Skipped, TaskProfile
 from dione.profile.trial import TrialSpec
 from dione.spec.cluster import Node
 from dione.spec.task import Task
@@ -61,19 +61,20 @@ class PendingTrial:
     # rate, which the fingerprint leaves out), it runs again as the next one.
     stand_ins: list[Task] = field(default_factory=list)
     diverged_as: tuple[str, ...] = ()  # the tasks it ran as before, each of which diverged
-    # Every evaluation of the tasks sharing it, (evaluation key, evaluate), the first
-    # task's first, none twice: a trial of the same model and batch may time any of them,
-    # so each is run (and what it returns checked) once, not only the first task's (a
-    # sweep mixing evaluate functions in one speed group ran one of them).
+    # An evaluation of each evaluate function of the tasks sharing it, (evaluation key,
+    # evaluate), the first task's first: a trial of the same model and batch may time any
+    # of them, so each is run (and what it returns checked) once, not only the first
+    # task's (a sweep mixing evaluate functions in one speed group ran one of them). One
+    # a key: a sweep's partials or closures of one function, made per task, are many.
     evaluations: list[tuple[str, Any]] = field(default_factory=list)
     # As it runs: the key of the evaluation it times (its task's evaluate is that one).
     evaluation_key: str | None = None
     # Run again only to time an evaluation: its record (the catalog's) stands as it was.
     for_evaluation: bool = False
 
-    def times(self, key: str, evaluate: Any) -> bool:
-        """Whether it may time this evaluation."""
-        return any(k == key and same_function(e, evaluate) for k, e in self.evaluations)
+    def times(self, key: str) -> bool:
+        """Whether it may time an evaluation of this key."""
+        return any(k == key for k, _ in self.evaluations)
 
 
 @dataclass
@@ -205,8 +206,7 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
                     by_task[task.name].append(fingerprint)
                     if fingerprint in wanted:
                         wanted[fingerprint].tasks.append(task.name)
-                        if eval_key is not None and not wanted[fingerprint].times(
-                                eval_key, task.evaluate):
+                        if eval_key is not None and not wanted[fingerprint].times(eval_key):
                             wanted[fingerprint].evaluations.append((eval_key, task.evaluate))
                         if len(wanted[fingerprint].stand_ins) < _STAND_INS:
                             wanted[fingerprint].stand_ins.append(task)
