@@ -702,7 +702,7 @@ def test_a_problem_says_what_its_plans_do_not_see() -> None:
     assert problem(("H100", "H100"), 2).caveats() == []
     said = problem(("H100", "A100"), 8).caveats()
     assert len(said) == 2 and said[0].startswith("nodes of kinds A100, H100 are planned alike")
-    assert said[1].startswith("the problem's widest option takes 2 device(s), its nodes up to 8")
+    assert said[1].startswith("the widest option planned takes 2 device(s), the nodes up to 8")
     knobbed = PlanningProblem((NodeSpec("n0", 2),), (
         TaskOptions("t", (Option("1f1b", 2, 10.0, {"microbatches": 8}),
                           Option("1f1b", 4, 6.0, {"microbatches": 8}),

@@ -50,12 +50,12 @@ def valid_tasks(workload_file: str, devices: str | None, what: str,
 def say_problem_notes(problem: Any, left_out: Sequence[str]) -> None:
     """What a plan or a simulation of a problem file does not see or cannot use (its
     caveats, knobs its techniques do not take), and the tasks it left out, said."""
-    for caveat in problem.caveats():
+    for reason in left_out:  # the others are planned, as a run trains the others
+        complain("warning", reason)
+    for caveat in problem.caveats():  # of what is planned: those left out, said first
         complain("note", caveat)
     for knob in problem.unknown_knobs():
         complain("warning", knob)
-    for reason in left_out:  # the others are planned, as a run trains the others
-        complain("warning", reason)
 
 
 def output_file(path: str | None) -> Path | None:

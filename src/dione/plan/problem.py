@@ -236,7 +236,7 @@ class PlanningProblem:
         widest = max((o.devices for t in self.tasks for o in t.options), default=0)
         nodes = max((n.devices for n in self.nodes), default=0)
         if widest and nodes > widest:
-            said.append(f"the problem's widest option takes {widest} device(s), its nodes up to "
+            said.append(f"the widest option planned takes {widest} device(s), the nodes up to "
                         f"{nodes}: tasks share nodes, and none is planned wider than its "
                         "options (a profile from smaller machines knows no wider option: "
                         "profile on the cluster's nodes for those)")
