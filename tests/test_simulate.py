@@ -175,6 +175,10 @@ def test_a_simulation_says_what_it_left_out_and_what_its_baseline_leaves_out(
     assert status == 1, said
     assert "3 tasks, 1 done, 1 left out" in said and "t0: failed" in said
     assert "(not comparable: 1 task(s) did not finish here)" in said and " of it)" not in said
+    status, shown, err = in_process(capsys, "simulate", str(file), "--steps", "10",
+                                    "--scenario", str(scenario), "--out", str(out),
+                                    "--time-limit", "2", "--max-failures", "4")
+    assert status == 0 and "3 tasks, 2 done" in " ".join(shown.split()), shown + err
     scenario.write_text(json.dumps({"failures": {"t0": 1}}))
     summary = (out / "report" / "summary.md").read_text()
     assert "wide" in summary and "Tasks left out, never started" in summary

@@ -397,6 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--slice-seconds", type=positive_float,
                           help="aim for slices of this many virtual seconds (default: 5 min)")
     simulate.add_argument("--no-replan", action="store_true", help="keep the first plan")
+    simulate.add_argument("--max-failures", type=positive_int,
+                          default=SIMULATION_OPTIONS.max_failures,
+                          help="a task whose slices failed this often is failed (the "
+                          "scenario's failures beyond it fail the task, as in a run)")
 
     export = command("export", "write a finished task's trained weights as safetensors "
                      "(Hugging Face models: save_pretrained output)")

@@ -80,7 +80,7 @@ def command(args: argparse.Namespace) -> int:
                          replan_time_limit=args.replan_time_limit, replan=not args.no_replan,
                          replan_interval=args.replan_interval,
                          replan_share=args.replan_share,
-                         slice_seconds=args.slice_seconds)
+                         slice_seconds=args.slice_seconds, max_failures=args.max_failures)
     try:
         result = simulate(problem, out, cluster=cluster, scenario=scenario, steps=args.steps,
                           options=options, left_out=dropped,
