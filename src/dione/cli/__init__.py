@@ -15,7 +15,7 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command ``argv`` (default: the process's arguments) names; its exit status."""
-    from dione.orchestrate.interrupts import Terminated, interruptible
+    from dione.orchestrate.interrupts import interruptible
     from dione.state.disk import DiskFull
     from dione.state.private import UnsafePathError
     from dione.state.sqlite import StateFileError
@@ -32,10 +32,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with interruptible() as seen:
             status = int(COMMANDS[args.command](args))
         if seen.received is not None:  # raised where Python dropped it: still a stop
-            stopped = isinstance(seen.received, Terminated)
-            errors.print(f"{'terminated (SIGTERM)' if stopped else 'interrupted'}; it came "
-                         "where Python could not stop the command, which went on to its end")
-            return EXIT_TERMINATED if stopped else EXIT_INTERRUPTED
+            return _stopped(seen.received, "it came where Python could not stop the "
+                            "command, which went on to its end")
         return status
     except (BadInput, StateFileError, DiskFull) as err:  # a state file's damage, a full
         # disk: one sentence too
@@ -47,13 +45,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "readable by you): run dione as the user who owns it, or use a copy")
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as err:  # Terminated too
-        left = ("the simulation stopped (nothing trains in one), its run directory kept"
-                if args.command == "simulate" else "every gang was stopped, checkpoints kept")
-        if isinstance(err, Terminated):
-            errors.print(f"terminated (SIGTERM); {left}")
-            return EXIT_TERMINATED
-        errors.print(f"interrupted; {left}")
-        return EXIT_INTERRUPTED
+        return _stopped(err, "the simulation stopped (nothing trains in one), its run "
+                        "directory kept" if args.command == "simulate"
+                        else "every gang was stopped, checkpoints kept")
+
+
+def _stopped(stop: KeyboardInterrupt, left: str) -> int:
+    """Say that Ctrl-C or SIGTERM stopped the command, and what it ``left``; the exit
+    status a shell gives each."""
+    from dione.orchestrate.interrupts import Terminated
+
+    if isinstance(stop, Terminated):
+        errors.print(f"terminated (SIGTERM); {left}")
+        return EXIT_TERMINATED
+    errors.print(f"interrupted; {left}")
+    return EXIT_INTERRUPTED
 
 
 def _unknown_flags(parser: argparse.ArgumentParser, command: str,

@@ -54,6 +54,11 @@ class ProfilingSession:
     storage: str | Path | None = None
 
 
+def _listed(evaluations: Sequence[tuple[str, Any]], key: str, evaluate: Any) -> bool:
+    """Whether ``evaluations`` (key, evaluate) hold this evaluation."""
+    return any(k == key and same_function(e, evaluate) for k, e in evaluations)
+
+
 def run_trials(pending: list[PendingTrial], results: dict[str, TrialRecord],
                setting: ProfilingSession, counted: int = 0) -> tuple[int, dict[str, str]]:
     """Run the pending trials on the setting's nodes (each trial on one node, where enough
@@ -188,10 +193,10 @@ class _Pass:
             self.running[future] = (trial, node, devices)
 
     def _timed(self, key: str, evaluate: Any) -> bool:
-        return any(k == key and same_function(e, evaluate) for k, e in self.evaluated)
+        return _listed(self.evaluated, key, evaluate)
 
     def _known(self, key: str, evaluate: Any) -> bool:
-        return any(k == key and same_function(e, evaluate) for k, e in self.known)
+        return _listed(self.known, key, evaluate)
 
     def _with_evaluation(self, trial: PendingTrial) -> PendingTrial:
         """``trial`` as it runs: timing one of its tasks' evaluations not timed yet in
@@ -275,10 +280,8 @@ class _Pass:
         key, ran = trial.evaluation_key, trial.spec.task.evaluate
         assert key is not None
         if evaluated is None:  # the trial ended before it evaluated: another times it
-            if not any(p.spec.evaluate and p.evaluation_key == key
-                       and same_function(p.spec.task.evaluate, ran)
-                       for p, _, _ in self.running.values()):
-                self._untimed(trial)
+            # (no other runs it now: a pass lists each evaluation once until then)
+            self._untimed(trial)
             return
         if evaluated.seconds is not None:
             self.setting.catalog.put_evaluation_seconds(
