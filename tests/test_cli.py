@@ -33,7 +33,8 @@ def task(name, **changes):
 workload = Workload([
     task("ok"),
     task("ok"),
-    task("odd", batch_size=15, techniques=("ddp", "fsdp")),  # no single to fall back on
+    # No single, ddp or pipeline to fall back on (fsdp on one CPU device shards nothing).
+    task("odd", batch_size=15, techniques=("fsdp",)),
     task("locked", loss=lambda out, y: (lock, torch.nn.functional.cross_entropy(out, y))[1]),
     task("broken", model=broken),
 ])
@@ -62,6 +63,68 @@ def test_validate_reports_every_problem(tmp_path: Path,
                      "task 'locked', field 'loss': cannot be pickled",
                      "task 'broken', field 'model': the model factory raised RuntimeError"):
         assert expected in said
+
+
+NO_TECHNIQUE_TRAINS = '''
+import functools, torch
+from torch import nn
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+class OneLayer(nn.Module):  # no blocks to cut between
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.linear(x.flatten(1))
+
+def with_batch_norm():
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(),
+                         nn.Linear(32, 10))
+
+def task(name, **changes):
+    base = dict(name=name, model=digits_mlp, data=digits_train,
+                loss=torch.nn.functional.cross_entropy,
+                optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=16, steps=3)
+    return Task(**{**base, **changes})
+
+workload = Workload([
+    task("uncut", model=OneLayer, techniques=("gpipe", "1f1b")),
+    task("batch-norm-ddp", model=with_batch_norm, techniques=("ddp",)),
+    task("plain-sgd-xpipe", techniques=("xpipe",), allow_inexact=True),
+    task("odd-pipeline", batch_size=15, techniques=("gpipe",)),
+])
+'''
+
+
+def test_validate_fails_a_task_no_technique_it_allows_trains(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every technique a task allows refusing it was "no problems" to validate, and the
+    run failed it after profiling; where a technique can train it some other way (ddp on
+    one device where single is not allowed, xpipe with weight stashing alone for an
+    optimizer it cannot predict, micro-batches that divide an odd batch), it was refused
+    too."""
+    from dione.spec.workload import load_workload
+    from dione.techniques import get_technique
+    from dione.techniques.pipeline.gpipe import micro_batch_counts
+
+    file = tmp_path / "workload.py"
+    file.write_text(NO_TECHNIQUE_TRAINS)
+    status, err = refused(capsys, "validate", str(file), "--devices", "cpu:4")
+    said = " ".join(err.split())
+    assert status == 2 and "1 problem(s)" in said, said
+    assert ("task 'uncut', field 'techniques': no technique it allows (gpipe, 1f1b) will "
+            "train it" in said and "gpipe, 1f1b: pipelines cut a model between its blocks"
+            in said and "allow single" in said)
+    tasks = {t.name: t for t in load_workload(file)}
+    assert get_technique("ddp").knob_settings(tasks["batch-norm-ddp"], 1, "cpu")
+    assert not get_technique("ddp").knob_settings(tasks["uncut"], 1, "cpu")  # single's
+    settings = get_technique("xpipe").knob_settings(tasks["plain-sgd-xpipe"], 2, "cpu")
+    assert settings and not any(s["prediction"] for s in settings)
+    assert micro_batch_counts(4, 15) == [4, 5, 8, 16]
+    assert {s["micro_batches"] for s in get_technique("gpipe").knob_settings(
+        tasks["odd-pipeline"], 2, "cpu")} == {3}
 
 
 def test_syntax_error_and_missing_workload(tmp_path: Path,

@@ -87,7 +87,7 @@ def test_every_problem_is_reported_at_once_with_task_and_field() -> None:
     tasks = [
         digits_task("dup"),
         digits_task("dup"),
-        digits_task("odd-batch", batch_size=10, techniques=("ddp",)),
+        digits_task("odd-batch", batch_size=10, techniques=("fsdp",)),
         digits_task("unpicklable", data=lambda: (lock, digits_task().data())[1]),
         digits_task("raising-model", model=broken_model),
         digits_task("no-length", steps=None),
@@ -116,13 +116,15 @@ def test_messages_say_what_to_do() -> None:
         raise RuntimeError("out of ideas")
 
     messages = [str(p) for p in validate_workload(Workload([
-        digits_task("odd", batch_size=10, techniques=("ddp", "gpipe")),
-        digits_task("single-too", batch_size=10), digits_task("raising", model=broken_model)]),
-        devices=4)]
+        digits_task("odd", batch_size=10, techniques=("fsdp",)),
+        digits_task("single-too", batch_size=10),
+        digits_task("ddp-or-pipeline", batch_size=10, techniques=("ddp", "gpipe")),
+        digits_task("raising", model=broken_model)]), devices=4)]
     assert any("task 'odd', field 'batch_size': 10 is not divisible by the 4 devices" in m
-               and "use a multiple of 4" in m and "--technique gpipe" in m for m in messages)
-    # Allowed single, the plan trains it on fewer devices (as `dione run` does).
-    assert not any("single-too" in m for m in messages)
+               and "use a multiple of 4" in m and "allow single, ddp" in m for m in messages)
+    # Allowed single, the plan trains it on fewer devices (as `dione run` does); allowed
+    # ddp or a pipeline, on fewer devices or as micro-batches that divide the batch.
+    assert not any("single-too" in m or "ddp-or-pipeline" in m for m in messages)
     assert any("task 'raising', field 'model': the model factory raised RuntimeError: out of "
                "ideas" in m for m in messages)
 

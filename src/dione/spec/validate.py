@@ -430,13 +430,14 @@ def _checked_task(
             or task.batch_size < 1:
         bad("batch_size", f"must be a positive integer, not {task.batch_size!r}")
     elif (devices is not None and split_problem(task.batch_size, devices, "devices")
-          and not _allows(task, "single")):  # else the plan trains it on one device
+          and not any(_allows(task, t) for t in ("single", "ddp", "gpipe", "1f1b"))):
+        # Else a plan trains it on fewer devices (single, ddp on one where single is not
+        # allowed), or as a pipeline of micro-batches that divide its batch.
         bad("batch_size", f"{task.batch_size} is not divisible by the {devices} devices asked "
             f"for; under data parallelism (ddp, fsdp) each device takes an equal share of "
-            f"the global batch: use a multiple of {devices}, or fewer devices"
-            + (f" (a pipeline splits it into micro-batches instead: `dione train --technique "
-               f"gpipe --knob micro_batches=M` with M dividing {task.batch_size})"
-               if _allows(task, "gpipe") else ""))
+            f"the global batch: use a multiple of {devices}, or fewer devices, or allow "
+            "single, ddp (on fewer devices) or a pipeline (gpipe, 1f1b: micro-batches that "
+            f"divide {task.batch_size})")
     if (task.steps is None) == (task.epochs is None):
         bad("steps", "give exactly one of steps or epochs")
     elif task.steps is not None and (not isinstance(task.steps, int)

@@ -20,8 +20,12 @@ class DDP(DataParallelTechnique):
     name = "ddp"
 
     def knob_settings(self, task: Task, devices: int, kind: DeviceKind) -> list[dict[str, Any]]:
-        # On one device DDP is single with extra work: not worth a trial.
-        return [] if devices < 2 else super().knob_settings(task, devices, kind)
+        # On one device DDP is single with extra work: not worth a trial, unless the task
+        # allows no single (it then trains alone only so; a task of ddp alone failed
+        # with "ddp proposes no setting" where ddp on one device trains it exactly).
+        if devices < 2 and task.allows("single"):
+            return []
+        return super().knob_settings(task, devices, kind)
 
     def wrap(self, model: nn.Module, ctx: SliceContext) -> nn.Module:
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None

@@ -16,6 +16,7 @@ def command(args: argparse.Namespace) -> int:
     from dione.spec.cluster import ClusterError, local_cluster
     from dione.spec.metrics import doubtful_direction
     from dione.spec.validate import (
+        Problem,
         WorkloadError,
         keep_best_doubts,
         late_evaluation,
@@ -30,15 +31,20 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput(str(err)) from None
     devices = node.devices if node is not None else None
     tasks, problems = valid_tasks(workload, devices)
+    kind = node.kind if node else "cpu"
+    said = {task.name: {**task.refused_techniques,
+                        **_model_refusals(task, devices or 2, kind)} for task in tasks}
+    # A task every technique it allows refuses would fail after profiling ("no
+    # configuration fits"): a problem of its own here, as any other of its fields.
+    problems += [Problem(task.name, "techniques", _untrainable(task, said[task.name]))
+                 for task in tasks if _trained_by_none(task, devices or 2, kind)]
     if problems:
         raise BadInput(str(WorkloadError(problems)))
     console.print(f"{args.workload}: {len(workload)} task(s), no problems")
     # What will not train a task that is otherwise fine: said per reason, tasks grouped.
     refused: dict[tuple[str, str], list[str]] = {}
     for task in tasks:
-        said = {**task.refused_techniques,
-                **_model_refusals(task, devices or 2, node.kind if node else "cpu")}
-        for technique, reason in said.items():
+        for technique, reason in said[task.name].items():
             why = reason.replace(f"task {task.name!r}: ", "")
             refused.setdefault((technique, why), []).append(task.name)
     for (technique, why), names in refused.items():
@@ -69,11 +75,19 @@ def command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _counts(technique: Any, devices: int) -> list[int]:
+    """The device counts profiling tries ``technique`` on, up to ``devices``."""
+    from dione.profile.trials import device_counts
+
+    return [1] if technique.name == "single" else device_counts(devices)
+
+
 def _model_refusals(task: Any, devices: int, kind: Any) -> dict[str, str]:
     """Techniques (the task allows) that will not train it on ``devices`` devices for
     what its model is (BatchNorm under a split batch, a pipeline's cut), as their own
     checks say; not what is said elsewhere (a batch that does not divide, a technique
-    the task must opt in to)."""
+    the task must opt in to). One that trains it on fewer devices is said to refuse
+    only the wider ones (gpipe in 2 stages but not 4)."""
     from dione.spec.batch import split_problem
     from dione.techniques import techniques
 
@@ -88,6 +102,37 @@ def _model_refusals(task: Any, devices: int, kind: Any) -> dict[str, str]:
         odd = split_problem(task.batch_size, parts, what, task.name) if isinstance(
             parts, int) else None
         reasons = [r for r in technique.check(task, count, {}, kind) if r != odd]
+        if reasons and technique.knob_settings(task, count, kind):
+            continue  # its defaults do not fit, another setting of it does
         if reasons:
-            found[technique.name] = "; ".join(reasons)
+            narrower = [c for c in _counts(technique, devices)
+                        if c < count and technique.knob_settings(task, c, kind)]
+            found[technique.name] = (f"not on {count} devices (it does on "
+                                     f"{', '.join(map(str, narrower))}): " if narrower
+                                     else "") + "; ".join(reasons)
     return found
+
+
+def _trained_by_none(task: Any, devices: int, kind: Any) -> bool:
+    """Whether no technique proposes a setting for ``task`` on any device count up to
+    ``devices``, as profiling will find."""
+    from dione.techniques import techniques
+
+    return not any(technique.knob_settings(task, count, kind)
+                   for technique in techniques() if task.allows(technique.name)
+                   for count in _counts(technique, devices))
+
+
+def _untrainable(task: Any, refused: dict[str, str]) -> str:
+    """The problem of a task no technique it allows will train, with each one's reason."""
+    allowed = ", ".join(task.techniques) if task.techniques else "every technique"
+    by_reason: dict[str, list[str]] = {}  # gpipe and 1f1b refuse a model alike
+    for technique, why in refused.items():
+        if task.allows(technique):
+            by_reason.setdefault(why.replace(f"task {task.name!r}: ", ""),
+                                 []).append(technique)
+    reasons = "; ".join(f"{', '.join(names)}: {why}" for why, names in by_reason.items())
+    return (f"no technique it allows ({allowed}) will train it on these devices"
+            + (f" ({reasons})" if reasons else "")
+            + "; allow single (techniques=None allows every exact one), or fix what "
+              "each names")

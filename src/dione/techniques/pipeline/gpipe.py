@@ -103,7 +103,8 @@ from dione.techniques.pipeline.stages import (
 )
 from dione.techniques.recompute import checkpoint_activations
 
-__all__ = ["GPipe", "OneFOneB", "PipelineStagePart", "PipelineTechnique", "keep_stage"]
+__all__ = ["GPipe", "OneFOneB", "PipelineStagePart", "PipelineTechnique", "keep_stage",
+           "micro_batch_counts"]
 
 @dataclass
 class PipelineStagePart:
@@ -125,6 +126,18 @@ def keep_stage(model: nn.Sequential, partition: Partition, stage: int) -> nn.Seq
         if name not in mine:
             setattr(model, name, nn.Identity())
     return model
+
+
+def micro_batch_counts(stages: int, batch_size: int) -> list[int]:
+    """The micro-batch counts worth a trial on ``stages`` stages: 1, 2 and 4 per stage
+    (more shrink the bubble, each doing less work), and where none of those divides the
+    batch, its smallest divisor from ``stages`` up (a batch of 15 on 4 stages: 5), so a
+    batch no device count divides still pipelines, as validation says it may."""
+    counts = [stages, 2 * stages, 4 * stages]
+    if isinstance(batch_size, int) and batch_size >= stages and not any(
+            batch_size % m == 0 for m in counts):
+        counts.append(next(m for m in range(stages, batch_size + 1) if batch_size % m == 0))
+    return sorted(counts)
 
 
 class PipelineTechnique(Technique):
@@ -211,13 +224,14 @@ class PipelineTechnique(Technique):
     def knob_settings(self, task: Task, devices: int, kind: DeviceKind) -> list[dict[str, Any]]:
         if devices < 2:
             return []
-        settings = []
-        # More micro-batches shrink the bubble but each does less work; try a few.
-        for micro in sorted({devices, 2 * devices, 4 * devices}):
-            settings.append({"micro_batches": micro, "activation_checkpointing": False,
-                             "balance": "time"})
-        settings.append({"micro_batches": 2 * devices, "activation_checkpointing": True,
-                         "balance": "time"})
+        counts = micro_batch_counts(devices, task.batch_size)
+        settings = [{"micro_batches": micro, "activation_checkpointing": False,
+                     "balance": "time"} for micro in counts]
+        # Recomputation (tried where the same setting without it ran out of memory) at
+        # two micro-batches per stage, or at the batch's own divisor where it has one.
+        settings += [{"micro_batches": micro, "activation_checkpointing": True,
+                      "balance": "time"} for micro in counts if micro == 2 * devices
+                     or micro % devices]
         return [s for s in settings if not self.check(task, devices, s, kind)]
 
     def _partition(self, model: nn.Module, plan: StagePlan, ctx: SliceContext,

@@ -56,7 +56,7 @@ from dione.techniques.batches import BatchSource
 from dione.techniques.context import SliceContext
 from dione.techniques.pipeline.action_log import on_one_clock
 from dione.techniques.pipeline.balance import cut_record
-from dione.techniques.pipeline.gpipe import PipelineTechnique
+from dione.techniques.pipeline.gpipe import PipelineTechnique, micro_batch_counts
 from dione.techniques.pipeline.prediction import prediction_problem, scheduler_problem
 from dione.techniques.pipeline.stage_build import build_structure
 from dione.techniques.pipeline.xpipe_stage import XPipeStage
@@ -123,10 +123,17 @@ class XPipe(PipelineTechnique):
     def knob_settings(self, task: Task, devices: int, kind: DeviceKind) -> list[dict[str, Any]]:
         if devices < 2:
             return []
-        settings = [{"micro_batches": m, "prediction": True, "stashing": True,
-                     "balance": "time", "log_prediction": False}
-                    for m in sorted({devices, 2 * devices, 4 * devices})]
-        return [s for s in settings if not self.check(task, devices, s, kind)]
+        counts = micro_batch_counts(devices, task.batch_size)
+        for prediction in (True, False):
+            settings = [{"micro_batches": m, "prediction": prediction, "stashing": True,
+                         "balance": "time", "log_prediction": False} for m in counts]
+            fitting = [s for s in settings if not self.check(task, devices, s, kind)]
+            # An optimizer xpipe cannot predict for (SGD without momentum): the task
+            # opted in to inexact training, so weight stashing alone (PipeDream's) is
+            # tried; its slices say so ("weight stashing").
+            if fitting or not task.allow_inexact:
+                return fitting
+        return []
 
     def train(self, ctx: SliceContext) -> SliceOutcome:
         micro_batches = int(ctx.knobs["micro_batches"])
