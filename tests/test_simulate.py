@@ -765,6 +765,40 @@ def test_a_gantt_chart_with_nothing_to_draw_says_so(tmp_path: Path,
     assert (tmp_path / "gantt.png").stat().st_size > 0
 
 
+def test_a_task_has_one_colour_in_the_gantt_chart_and_the_learning_curves(
+        tmp_path: Path) -> None:
+    """The Gantt chart coloured tasks alphabetically, the curves in the workload's
+    order: one page showed a task in two colours, and most short bars have no label."""
+    import matplotlib
+    import numpy as np
+    from PIL import Image
+
+    from dione.report.curves import draw_curves
+    from dione.report.gantt import draw_gantt
+    from dione.state.store import SliceRecord
+    from dione.state.summaries import TaskSummary
+
+    order = ["failed-first", "zeta", "alpha"]  # the workload's; the first never ran
+    slices = [SliceRecord(i, task, "single", {}, "n", [i], 0, 10, "done", 0.0, 5.0, None,
+                          None, {}, None) for i, task in enumerate(order[1:])]
+    draw_gantt(None, slices, 0.0, tmp_path / "gantt.png", order=order)
+    draw_curves([TaskSummary(t, "done", 10, 10) for t in order],
+                {"zeta": [(s, 3.0 - s / 10) for s in range(1, 11)],
+                 "alpha": [(s, 2.0) for s in range(1, 11)]}, {}, tmp_path / "curves.png")
+
+    def colours(image: str) -> list[int]:
+        """tab20's first four colours (by index) found in ``image`` (its greys are in
+        every chart's grid)."""
+        pixels = np.asarray(Image.open(tmp_path / image).convert("RGB")).reshape(-1, 3)
+        palette = np.round(np.array([matplotlib.colormaps["tab20"](i)[:3]
+                                     for i in range(4)]) * 255)
+        return [i for i, rgb in enumerate(palette)
+                if (np.abs(pixels - rgb).max(axis=1) <= 1).any()]
+
+    # zeta is tab20's second in both, alpha its third (the chart had alpha first).
+    assert colours("gantt.png") == colours("curves.png") == [1, 2]
+
+
 def test_learning_curves_of_a_sweep_name_each_panels_best(tmp_path: Path) -> None:
     """57 tasks in twenty colours, no legend: no curve could be told from another."""
     import matplotlib

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dione.report.colours import task_colours
 from dione.state.summaries import TaskSummary
 
 __all__ = ["draw_curves"]
@@ -50,7 +51,7 @@ def draw_curves(tasks: Sequence[TaskSummary], losses: Mapping[str, Sequence[tupl
         v > 0 for points in losses.values() for _, v in points)
     figure, axes = plt.subplots(len(panels), 1, figsize=(10, 3.2 * len(panels)),
                                 squeeze=False)
-    colours = plt.get_cmap("tab20")
+    colours = task_colours([t.task for t in tasks])  # as the Gantt chart's
     status = {t.task: t.status for t in tasks}
     many = len(tasks) > 20
     for index, panel in enumerate(panels):
@@ -58,13 +59,13 @@ def draw_curves(tasks: Sequence[TaskSummary], losses: Mapping[str, Sequence[tupl
         lines = {t.task: (losses.get(t.task, []) if panel == "loss"
                           else evaluations.get(t.task, {}).get(panel, [])) for t in tasks}
         best = _best(lines, (lower or {}).get(panel, True)) if many else []
-        for k, task in enumerate(t.task for t in tasks):
+        for task in (t.task for t in tasks):
             points = lines[task]
             if not points:
                 continue
             steps, values = zip(*points, strict=True)
             named = not many or task in best
-            colour = (colours(k % 20) if not many else
+            colour = (colours[task] if not many else
                       _named_colour(best.index(task)) if named else "0.75")
             ax.plot(steps, values, color=colour, linewidth=1 if named else 0.6,
                     marker="o" if panel != "loss" and named else None, markersize=3,

@@ -3,12 +3,14 @@ cluster of more devices than a page can show one per row, a row per node."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dione.orchestrate.plans import AdoptedPlan
+from dione.report.colours import task_colours
 
 __all__ = ["draw_gantt"]
 
@@ -18,18 +20,20 @@ MAX_DEVICE_ROWS = 64
 # The figure's height at most, in inches (about 4,400 pixels at the saved resolution).
 MAX_HEIGHT = 40.0
 MAX_LABELS = 400  # per panel: past this, labels cost more time than they tell
+LEGEND_TASKS = 20  # past this, colours repeat: a legend would name several tasks alike
 Bar = tuple[str, int, str, str, float, float, str]  # node, device, task, technique, ...
 
 
 def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
                path: Path, simulated: bool = False,
                which: str = "plan (first adopted)",
-               ended: Mapping[str, str] | None = None) -> None:
+               ended: Mapping[str, str] | None = None, order: Sequence[str] = ()) -> None:
     """Two panels, each with its time axis: the first adopted plan and the actual slices
     (failed or interrupted ones hatched, drawn at least a sliver wide), seconds from the
     run's start; the last slice of a task its rule stopped (``ended``: task -> status)
-    marked with an x at its end; a label where its bar has room for it; a simulated
-    run's says so in both titles."""
+    marked with an x at its end; a label where its bar has room for it, and a legend of
+    the tasks' colours (as the learning curves colour them: ``order``, the workload's)
+    up to 20 tasks; a simulated run's says so in both titles."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -55,12 +59,13 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
     stops = [s for task, s in last.items() if (ended or {}).get(task) == "stopped"]
     layout = _Layout(planned + actual)
     span = max([r[5] for r in planned + actual] + [1e-3])
-    tasks = sorted({r[2] for r in planned + actual})
-    colours = plt.get_cmap("tab20")
-    colour = {t: colours(i % 20) for i, t in enumerate(tasks)}
+    tasks = {r[2] for r in planned + actual}
+    colour = {t: c for t, c in task_colours(order, tasks).items() if t in tasks}
     row_inches = min(0.5, max(0.05, (MAX_HEIGHT - 2.2) / 2 / max(1, len(layout.rows))))
-    figure, axes = plt.subplots(2, 1, sharex=True, squeeze=True,
-                                figsize=(11, 2.2 + row_inches * len(layout.rows) * 2))
+    legend = 0 < len(colour) <= LEGEND_TASKS  # short slices leave most bars unlabelled
+    legend_inches = 0.2 + 0.2 * math.ceil(len(colour) / 4) if legend else 0.0
+    height = 2.2 + row_inches * len(layout.rows) * 2 + legend_inches
+    figure, axes = plt.subplots(2, 1, sharex=True, squeeze=True, figsize=(11, height))
     mark = "SIMULATED: " if simulated else ""
     for ax, bars, title in ((axes[0], planned, f"{mark}{which}"),
                             (axes[1], actual, f"{mark}actual" + (" (virtual cluster)"
@@ -89,7 +94,13 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(axis="x", labelbottom=True)  # a time axis under each panel
         ax.set_xlabel("seconds from the run's start", fontsize=8)
-    figure.tight_layout()
+    if legend:
+        from matplotlib.patches import Patch
+
+        figure.legend(handles=[Patch(facecolor=c, edgecolor="black", label=t)
+                               for t, c in colour.items()], loc="lower center",
+                      ncol=min(4, len(colour)), fontsize=7, frameon=False)
+    figure.tight_layout(rect=(0, legend_inches / height, 1, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)
 

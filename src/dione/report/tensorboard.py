@@ -145,6 +145,7 @@ class TensorBoardExport:
         slices = store.slices()
         zero = min([p.clock_zero for p in plans] + [s.started_at for s in slices])
         simulated = (self.run_dir / SIMULATED_FILE).is_file()
+        order = [t.name for t in store.tasks()]  # the report's colours
         writer = self._writer(PLANS_RUN)
         with tempfile.TemporaryDirectory(prefix="dione-tb-") as folder:
             for index in range(self._plans, len(plans)):
@@ -155,7 +156,8 @@ class TensorBoardExport:
                 seen = [replace(s, ended_at=min(s.ended_at or adopted, adopted))
                         for s in slices if s.started_at <= adopted]
                 draw_gantt(plan, seen, zero, path, simulated,
-                           f"plan {index + 1}, adopted at {adopted - zero:.0f} s")
+                           f"plan {index + 1}, adopted at {adopted - zero:.0f} s",
+                           order=order)
                 image = matplotlib.image.imread(path)[..., :3]  # RGBA floats: RGB
                 writer.add_image("plan", image, index, dataformats="HWC")
         writer.flush()
