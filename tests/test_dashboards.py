@@ -4,6 +4,7 @@ mlflow=)``, ``dione report --mlflow``), read back with the tools' own readers.""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 import threading
@@ -149,3 +150,35 @@ def test_the_live_report_writes_at_the_lowest_priority_and_only_its_thread(
     assert live.close() == []
     assert seen and seen[0] == 19
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+
+
+def test_the_live_page_says_when_it_was_written_and_when_it_has_gone_stale(
+        tmp_path: Path) -> None:
+    """A live run's page gave no time and, left by a killed run, went on saying
+    "running" (and reloading) for ever: it now says when it was written, a live run
+    rewrites it at least every period with nothing new (so a page older than that is
+    a gone launcher's, which its script says), and a finished run's page has no script."""
+    import re
+
+    from dione.report.page import LiveReport, write_page
+    from dione.state import RunStore
+
+    RunStore(tmp_path).close()
+    live = LiveReport(tmp_path, every=0.2)
+    live.touch()  # the plan: a first report
+    page = tmp_path / "report" / "index.html"
+    stamps: set[str] = set()
+    deadline = time.monotonic() + 60
+    while len(stamps) < 3 and time.monotonic() < deadline:  # no touch after the first
+        time.sleep(0.3)
+        if page.is_file():
+            stamps |= set(re.findall(r"- (\d+);", page.read_text()))
+    assert live.close() == []
+    assert len(stamps) >= 3  # rewritten, each with its time, with nothing new to say
+    text = page.read_text()
+    assert "rewritten at least every 1 s while the run's launcher lives" in text
+    assert "location.reload" in text and "the run's launcher may be gone" in text
+    assert json.dumps(str(tmp_path)) in text  # the status and resume it names
+    assert '<meta http-equiv="refresh"' not in text.split("<noscript>")[0]
+    final = write_page(tmp_path / "report").read_text()  # as a finished run writes it
+    assert "Written " in final and "<script>" not in final and "refresh" not in final

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import html
+import json
 import os
 import sys
 import threading
@@ -86,12 +87,43 @@ def _markdown_tables(text: str) -> str:
     return "\n".join(out)
 
 
+def _written(refresh_seconds: int | None, now: float, run_dir: Path) -> str:
+    """When the page was written; on a live run's page, a script that reloads it and,
+    once it has not been rewritten for three of its periods and a minute (a live run
+    rewrites it at least every period), says the run's launcher may be gone (a page
+    left by a killed run said "running" for ever)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now))
+    if not refresh_seconds:
+        return f'<p class="written">Written {stamp}.</p>'
+    stale = 3 * refresh_seconds + 60
+    where = json.dumps(str(run_dir)).replace("</", "<\\/")  # a string in the script
+    return f"""<p class="written" id="written">Written {stamp}; rewritten at least every \
+{refresh_seconds} s while the run's launcher lives.</p>
+<p id="stale" style="display:none; background:#fdd; padding:0.5em"></p>
+<script>
+(function () {{
+  const late = Date.now() / 1000 - {now:.0f};
+  if (late > {stale}) {{
+    const note = document.getElementById("stale");
+    note.textContent = "This page has not been rewritten for " + Math.round(late / 60) +
+      " min: the run's launcher may be gone (killed, or its machine lost), and what it " +
+      "shows as running is not. `dione status " + {where} + "` says; `dione resume " +
+      {where} + "` continues the run.";
+    note.style.display = "block";
+  }}
+  setTimeout(function () {{ location.reload(); }}, {refresh_seconds * 1000});
+}})();
+</script>"""
+
+
 def write_page(folder: Path, refresh_seconds: int | None = None) -> Path:
-    """``folder/index.html`` from the summary and figures written there; with
-    ``refresh_seconds``, the browser reloads it (a live run rewrites it)."""
+    """``folder/index.html`` from the summary and figures written there, saying when it
+    was written; with ``refresh_seconds``, the browser reloads it (a live run rewrites
+    it) and says when it has gone stale."""
     summary = (folder / "summary.md").read_text() if (folder / "summary.md").is_file() else ""
-    refresh = (f'<meta http-equiv="refresh" content="{refresh_seconds}">'
-               if refresh_seconds else "")
+    # Without scripts a browser still reloads a live page (it cannot say it is stale).
+    refresh = (f'<noscript><meta http-equiv="refresh" content="{refresh_seconds}">'
+               "</noscript>" if refresh_seconds else "")
     # The summary's own title: "dione run report: SIMULATED" where nothing trained.
     heading = next((line.lstrip("#").strip() for line in summary.splitlines()
                     if line.startswith("# ")), "dione run report")
@@ -103,7 +135,9 @@ table {{ border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }}
 th, td {{ border: 1px solid #bbb; padding: 0.2em 0.6em; text-align: left; }}
 th {{ background: #eee; }}
 img {{ max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }}
+.written {{ color: #666; font-size: 0.85em; }}
 </style></head><body>
+{_written(refresh_seconds, time.time(), folder.parent)}
 {_markdown_tables(summary)}
 <p>Beside this page: {_files(folder)}</p>
 <h2>Plan and reality</h2>
@@ -157,11 +191,16 @@ class LiveReport:
 
         _yield_to_training()
         written = MetricsWritten()  # metrics.csv's rows, appended to as steps come
+        folder: Path | None = None
         # The first write comes soon after the first change (the plan): a page to open,
         # and a report a run killed in its first half minute leaves; then every `every`.
         pause = min(self.every, 2.0)
         while not self._stop.wait(pause):
             if not self._changed.is_set():
+                if folder is not None:  # nothing new (a long slice): only a fresh stamp,
+                    with contextlib.suppress(Exception):  # so a stale page means a dead run
+                        write_page(folder, refresh_seconds=max(1, round(self.every)))
+                pause = self.every
                 continue
             self._changed.clear()
             began = time.monotonic()
@@ -169,7 +208,7 @@ class LiveReport:
                 for board in self.boards:
                     board.update()
                 folder = write_report(self.run_dir, written=written)
-                write_page(folder, refresh_seconds=int(self.every))
+                write_page(folder, refresh_seconds=max(1, round(self.every)))
             except Exception:  # a live view must never stop the run
                 pass  # the next change tries again; the final report says what failed
             # At most a tenth of one core, however large the run grows: the launcher's
