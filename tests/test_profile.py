@@ -299,13 +299,22 @@ def test_a_run_ends_diverged_only_the_tasks_whose_trials_diverged_and_judges_eac
                           stopping=Patience(metric=m, mode="max" if m == "acc" else "min",
                                             min_steps=4, every=4, patience=5))
               for m in ("acc", "loss")]
-    result = run_workload([*wild, tame, *judged], Cluster([TEST_NODE]), tmp_path / "run",
+    # A group whose trial diverged as its first task and fit as its second: the first
+    # was launched all the same, to diverge again (review).
+    alone = [digits_task(name, batch_size=4, steps=8, techniques=("single",),
+                         optimizer=functools.partial(torch.optim.Adam, lr=lr))
+             for name, lr in (("lone-wild", 1e30), ("calm", 1e-3))]
+    result = run_workload([*wild, tame, *judged, *alone], Cluster([TEST_NODE]),
+                          tmp_path / "run",
                           RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
                                      time_limit=2.0))
     statuses = {t.task: t.status for t in result.tasks}
     assert statuses == {"wild0": "diverged", "wild1": "diverged", "wild2": "diverged",
-                        "tame": "failed", "by-acc": "done", "by-loss": "done"}, statuses
+                        "tame": "failed", "by-acc": "done", "by-loss": "done",
+                        "lone-wild": "diverged", "calm": "done"}, statuses
     with RunStore(tmp_path / "run") as store:
+        assert store.slices("lone-wild") == [] and "diverged in its profiling trial " \
+            "(single x1): task 'lone-wild' diverged" in (store.task("lone-wild").error or "")
         assert "the trial it shares with wild0, wild1, wild2 diverged as each of them " \
             "(their learning rates) and was not run as this task: lower those rates" in \
             (store.task("tame").error or "")

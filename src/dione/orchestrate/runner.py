@@ -208,12 +208,18 @@ class Runner:
                                f"in its profiling trial ({last}): it will fail where the task "
                                "evaluates, its training kept; fix evaluate, then resume",
                                record.name))
-        if profile.options:
-            return
         # Diverged only where a trial ran as this very task: a task of its speed group
         # whose trials all diverged as others never ran (failed: a resume profiles it).
         diverged = [t for t in profile.trials if t.status == "diverged"
                     and record.name in t.extra.get("diverged_as", ())]
+        if profile.options:
+            # Its group's trial diverged as it, then fit as another task: under an exact
+            # technique it would diverge under each (its first steps are single's), so
+            # it is not launched to find that again.
+            diverged = [t for t in (profile.diverged_trial,)
+                        if t is not None and _exact(t.technique)]
+            if not diverged:
+                return
         if diverged and profile.error is None:
             trial = diverged[0]
             why = (trial.reason or "its loss was not finite").strip().splitlines()[-1]
@@ -1127,3 +1133,11 @@ class Runner:
                     and not self.state.any_pending():
                 self.state.estimated_finish = self.now()  # nothing left to estimate
             self.view(self.state)
+
+
+def _exact(technique: str) -> bool:
+    """Whether ``technique`` trains as single does (a user's no longer registered: no)."""
+    try:
+        return bool(get_technique(technique).exact)
+    except (KeyError, ValueError):
+        return False

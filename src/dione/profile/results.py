@@ -84,6 +84,9 @@ class TaskProfile:
     # before the end), each then paying a resumed slice's start.
     restarts: int = 0
     error: str | None = None  # the task could not be profiled at all
+    # A trial of its group that diverged as this task and then ran as another (its
+    # options are the other's timing; the task, diverged under that trial, would again).
+    diverged_trial: TrialRecord | None = None
     evaluation_key: str | None = None  # tasks with this key share their evaluation's trial
     # The task's evaluate (a trial's evaluation judges the tasks whose evaluate is it).
     evaluate: Any = field(default=None, repr=False, compare=False)

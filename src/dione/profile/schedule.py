@@ -249,6 +249,10 @@ class _Pass:
             # Its task's learning rate, not the configuration: time it on the next task
             # that shares it (a sweep's one diverging rate left every other rate of its
             # group with no configuration that fits); its evaluation too, below.
+            record.extra["diverged_as"] = [*trial.diverged_as, trial.spec.task.name]
+            for profile in self.setting.profiles:  # not launched to diverge again
+                if profile.task == trial.spec.task.name:
+                    profile.diverged_trial = record
             self.queue.append(dataclasses.replace(
                 trial, spec=dataclasses.replace(trial.spec, task=trial.stand_ins[0]),
                 stand_ins=trial.stand_ins[1:],
