@@ -120,6 +120,15 @@ def test_xpipe_trains_a_task_only_if_it_opts_in(tmp_path: Path) -> None:
     with RunStore(tmp_path) as store:
         [recorded] = store.slices("digits")
     assert recorded.inexactness == result.inexactness
+    # dione.load's model says how it was trained, and an inexact one warns (it passed
+    # for one trained as single would).
+    with pytest.warns(UserWarning, match="trained inexactly, not as single would"):
+        model = dione.load(tmp_path, "digits", workload=[replace(task, allow_inexact=True)],
+                           latest=True)
+    assert model.dione_trained["exactness"] == "inexact"
+    assert model.dione_trained["techniques"] == ["xpipe"]
+    assert dione.load(tmp_path / "ddp", "digits", workload=[task], latest=True
+                      ).dione_trained["exactness"] == "exact"
 
 
 BURN = "import time\nend = time.time() + 120\nwhile time.time() < end: pass\n"

@@ -286,11 +286,15 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
     trained it. ``workload`` (a file, a Workload or a list of tasks) defaults to the
     file the run was started with (its ``run.json``); ``latest`` takes the newest
     checkpoint of a task that is not done, ``best`` the one where its ``keep_best``
-    metric was best, ``step`` the one it keeps at that step (one of the three at most)."""
+    metric was best, ``step`` the one it keeps at that step (one of the three at most).
+    Its ``dione_trained`` attribute says how it was trained (the step, the techniques in
+    turn, and ``exactness``: exact, statistical or inexact, with the spans and why, as
+    ``dione export``'s ``dione.json`` does); loading an inexactly trained one warns."""
     from dione.spec import load_workload
     from dione.state.export import (
         kept_checkpoint,
         load_trained,
+        loaded_provenance,
         trained_checkpoint,
         workload_of_task,
     )
@@ -316,10 +320,20 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
     if not matching:
         raise KeyError(f"the workload has no task {task!r}; its tasks: "
                        + ", ".join(t.name for t in workload))
-    if best or step is not None:
-        return load_trained(matching[0], kept_checkpoint(run_dir, matching[0], best=best,
-                                                         step=step)[0])
-    return load_trained(matching[0], trained_checkpoint(run_dir, task, latest))
+    checkpoint = (kept_checkpoint(run_dir, matching[0], best=best, step=step)[0]
+                  if best or step is not None else trained_checkpoint(run_dir, task, latest))
+    model: Any = load_trained(matching[0], checkpoint)
+    # How it was trained, as `dione export`'s dione.json says: a model trained inexactly
+    # (xpipe) must not pass for one trained as single would in a comparison.
+    model.dione_trained = trained = loaded_provenance(run_dir, task, checkpoint)
+    if trained.get("exactness") == "inexact":
+        import warnings
+
+        spans = "; ".join(trained["inexact"])
+        warnings.warn(f"task {task!r} (step {trained['step']}) trained inexactly, not as "
+                      f"single would ({spans}): its model.dione_trained says how",
+                      stacklevel=2)
+    return model
 
 __all__ = [
     "Asha",

@@ -37,6 +37,7 @@ __all__ = [
     "export_model",
     "kept_checkpoint",
     "load_trained",
+    "loaded_provenance",
     "trained_checkpoint",
     "workload_of_run",
     "workload_of_task",
@@ -216,6 +217,15 @@ def how_trained(run_dir: str | Path, task: str, step: int) -> dict[str, Any]:
     return {"techniques": techniques_in_turn(trained),
             "exactness": exactness_of(inexact, statistical).lower(),
             "inexact": inexact, "statistical": statistical}
+
+
+def loaded_provenance(run_dir: str | Path, task: str, checkpoint: str | Path
+                      ) -> dict[str, Any]:
+    """What ``dione.load`` says of a model it loads: its task, the checkpoint's step and
+    technique, and ``how_trained`` up to that step."""
+    progress = read_progress(checkpoint)
+    return {"task": task, "step": progress.step, "technique": progress.technique,
+            **how_trained(_trained_run(run_dir), task, progress.step)}
 
 
 def status_in_run(run_dir: str | Path, task: str) -> dict[str, Any]:
