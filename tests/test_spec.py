@@ -23,6 +23,7 @@ from dione.spec import (
     validate_workload,
 )
 from dione.techniques import technique_names
+from dione.zoo import digits_mlp, digits_train
 from helpers import digits_task
 
 
@@ -109,6 +110,18 @@ def test_every_problem_is_reported_at_once_with_task_and_field() -> None:
     assert ("huge-batch", "data") in found
     assert ("bool-steps", "steps") in found
     assert len(found) == 10  # the two "dup" tasks share one problem
+
+
+def test_misspelt_task_fields_are_named_together_with_the_likely_field() -> None:
+    """Python's own error named the first unknown keyword only: a misspelt allow_inexact
+    (the opt-in itself) went unsaid behind a misspelt steps."""
+    with pytest.raises(TypeError) as caught:
+        Task(name="t", model=digits_mlp, data=digits_train, optimizer=torch.optim.SGD,
+             batch_size=4, step=4, allow_inexcat=True, colour="red")
+    said = str(caught.value)
+    assert said.startswith("Task got 3 unknown field(s): 'step' (did you mean 'steps'?), "
+                           "'allow_inexcat' (did you mean 'allow_inexact'?), 'colour';")
+    assert "its fields: allow_inexact, batch_size," in said and "refused_techniques" not in said
 
 
 def test_messages_say_what_to_do() -> None:
