@@ -253,11 +253,12 @@ def test_leaderboards_rank_as_the_stopping_rules_judge_else_by_the_metric_s_name
         tmp_path: Path) -> None:
     """`val_nll` under a rule with mode="min" was ranked highest first (its name is no
     loss/error/mse): the run records each judged metric's direction and the board
-    follows it; a metric no rule judges is guessed from its name, and says so."""
+    follows it; a metric no rule judges is guessed from its name, and says so. Values
+    that read alike share a rank (d, 2e-8 from c: exact techniques' reduction order)."""
     from dione.report import lower_is_better, write_report
 
     with RunStore(tmp_path) as store:
-        for name, nll in (("a", 0.27), ("b", 0.31), ("c", 0.25)):
+        for name, nll in (("a", 0.27), ("b", 0.31), ("c", 0.25), ("d", 0.25000002)):
             store.register_task(name, 2, 8)
             slice_id = store.begin_slice(name, "single", {}, "n0", [0], 0, 2)
             store.finish_slice(slice_id, [1.0, 0.9], [0.1, 0.1], None,
@@ -272,9 +273,10 @@ def test_leaderboards_rank_as_the_stopping_rules_judge_else_by_the_metric_s_name
                         ("top1_err", "guessed from its name")):
         board = summary.split(f"## Leaderboard by {metric} (lower is better, ")[1]
         assert board.startswith(why), summary
-        ranks = [line.split("|")[2].strip() for line in board.split("##")[0].splitlines()
-                 if line.startswith("| 1") or line.startswith("| 2") or line.startswith("| 3")]
-        assert ranks == ["c", "a", "b"], (metric, ranks)
+        ranks = [(line.split("|")[1].strip(), line.split("|")[2].strip())
+                 for line in board.split("##")[0].splitlines() if line[:3] in ("| 1", "| 3",
+                                                                               "| 4")]
+        assert ranks == [("1", "c"), ("1", "d"), ("3", "a"), ("4", "b")], (metric, ranks)
     assert not lower_is_better("answer_accuracy") and not lower_is_better("f1")
     assert lower_is_better("val_wer") and lower_is_better("eval/loss")
     assert not lower_is_better("val_nll", {"val_nll": "max"})

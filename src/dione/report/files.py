@@ -315,8 +315,10 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                   "| --- | --- | --- | --- | --- |"]
         rank, previous = 0, None
         for place, t in enumerate(board, 1):
-            # Equal values (and both trained to their end, or both not) share a rank.
-            key = (t.steps < t.total_steps, t.evaluation[metric])
+            # Values that read alike (and both trained to their end, or both not) share
+            # a rank: exact techniques differ from single in the last bits (reduction
+            # order, ~1e-7), and "4.0368" ranked 1, 1 and 3 read as a difference.
+            key = (t.steps < t.total_steps, figure(t.evaluation[metric]))
             rank, previous = (rank if key == previous else place), key
             at = f"from step {t.evaluated_at}; " if t.evaluated_before else ""
             early = (f" ({at}{t.status} at step {t.steps} of {t.total_steps})"
