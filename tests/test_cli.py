@@ -181,6 +181,11 @@ def test_train_prints_losses_and_resumes(tmp_path: Path,
             if line.startswith("step")] == ["1", "2", "3"]
     # One slice: the task's eval_every is `dione run`'s (it was ignored without a word).
     assert "note: lone's eval_every is `dione run`'s" in " ".join(first.stdout.split())
+    # Part of a task trained as asked is pending, not "interrupted" (review).
+    status, out, _ = in_process(capsys, "status", str(run_dir))
+    said = " ".join(out.split())
+    assert status == 0 and "lone pending 3/4" in said.replace("│", "").replace("  ", " ") \
+        and "interrupted" not in said and "a `dione train` folder" in said, said
     # Resume, status and export name the command that goes on (they named dione.run).
     status, stderr = refused(capsys, "resume", str(run_dir))
     assert status == 2 and "it is a `dione train` folder" in " ".join(stderr.split())
@@ -192,6 +197,7 @@ def test_train_prints_losses_and_resumes(tmp_path: Path,
                                   "ddp", "--devices", "2", "--out", str(run_dir))
     assert status == 0, err
     assert "step      4" in out and "steps 3-4 under ddp" in out
+    assert "trained exact (as single would)" in out  # as dione run's table says it
     # A task trained to its end: said, not a failure (exit 1 read "training failed").
     status, out, _ = in_process(capsys, "train", str(file), "--task", "lone", "--technique",
                                 "single", "--out", str(run_dir))
@@ -855,3 +861,19 @@ def test_dione_report_prints_each_table_of_the_summary_cut_short() -> None:
     assert lines[25:] == ["", "## Board", *table[:5], "end"]  # a short table whole
     assert shortened(summary + "\n" + "\n".join(table), rows=20).endswith(
         "(5 more row(s) in summary.md)")
+
+
+def test_the_live_step_line_says_a_gang_rank_s_loss_is_its_part_of_the_batch(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Under ddp the line showed rank 0's share of the batch as "loss 4.6624 (rank 0)"
+    beside single's 4.8491 at the same step: someone checking equivalence saw a
+    difference that is none."""
+    from dione.cli.views import live_steps
+
+    show = live_steps()
+    show(0, {"step": 1, "loss": 4.6624, "seconds_per_step": None, "world": 2})
+    alone = live_steps()
+    alone(0, {"step": 1, "loss": 4.8491, "seconds_per_step": None, "world": 1})
+    lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    assert lines == ["... step 1, loss 4.6624 (rank 0 of 2: its part of the batch; the "
+                     "batch's loss follows)", "... step 1, loss 4.8491"]

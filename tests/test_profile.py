@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import os
@@ -320,6 +321,11 @@ def test_a_run_ends_diverged_only_the_tasks_whose_trials_diverged_and_judges_eac
             (store.task("tame").error or "")
         assert "(single x1, which diverged as each of wild0, wild1, wild2; the last: " \
             "task 'wild2' diverged: its loss was nan" in (store.task("wild1").error or "")
+    from dione.report import write_report
+
+    with open(write_report(tmp_path / "run") / "summary.csv") as rows:
+        trained = {row["task"]: row["trained"] for row in csv.DictReader(rows)}
+    assert trained["lone-wild"] == "" and trained["calm"] == "exact"  # no step: not exact
 
 
 def own_score(model):  # another evaluate of the same model, another name

@@ -31,11 +31,15 @@ def live_steps() -> Callable[[int, dict[str, Any]], None]:
             return
         pace = record.get("seconds_per_step")
         holder = next((r for r in sorted(latest) if latest[r].get("loss") is not None), None)
+        world = record.get("world", 1)
+        # A rank's loss of a gang is its part of the batch (a share, a micro-batch's):
+        # said so, since it differs from single's loss at the same step (review).
         console.print(Text(
             f"  ... step {record['step']}"
             + (f", {pace * 1000:.1f} ms/step" if pace else "")
-            + (f", loss {latest[holder]['loss']:.4f} (rank {holder})" if holder is not None
-               else "")))
+            + ("" if holder is None else f", loss {latest[holder]['loss']:.4f}"
+               + (f" (rank {holder} of {world}: its part of the batch; the batch's loss "
+                  "follows)" if world > 1 else ""))))
 
     return show
 

@@ -255,7 +255,7 @@ class MlflowExport:
             results = [(_key(f"final/{k}"), v, t.steps) for k, v in t.evaluation.items()]
             if t.final_loss is not None:
                 results.append(("final/loss", t.final_loss, t.steps))
-            self._log(t.task, results, {"trained": _value(t.trained)})
+            self._log(t.task, results, {"trained": _value(t.trained or "-")})
             self.client.set_tag(run_id, "dione.status", t.status)
             if t.error:  # a stopped task's "error" is its rule's reason, not a failure
                 self.client.set_tag(run_id, "dione.stop_reason" if t.status == "stopped"

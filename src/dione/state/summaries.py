@@ -48,7 +48,11 @@ class TaskSummary:
 
     @property
     def trained(self) -> str:
-        """For the CSV and MLflow: exact, or inexact or statistical and how."""
+        """For the CSV and MLflow: exact, or inexact or statistical and how; nothing for
+        a task that trained no step (the tables' "-": a task diverged at its first
+        steps read "exact" in summary.csv only)."""
+        if not self.steps:
+            return ""
         if self.inexact:
             return "inexact: " + "; ".join(self.inexact)
         if not self.statistical:
@@ -133,14 +137,16 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
     return result
 
 
-def as_left(tasks: Sequence[TaskSummary]) -> list[TaskSummary]:
+def as_left(tasks: Sequence[TaskSummary], by_slices: bool = False) -> list[TaskSummary]:
     """The tasks as a run whose launcher is gone left them: one it was training (the
     store still says ``running``: the launcher was killed) or had begun and not ended
     (``pending`` with steps trained or its slice cut short: stopped by Ctrl-C or
     SIGTERM) is ``interrupted``, so that both ways of stopping a run read alike; `dione
-    resume` continues each."""
+    resume` continues each. ``by_slices`` (a ``dione train`` folder, where a slice of
+    some of a task's steps is what was asked): only a slice cut short interrupts."""
     return [replace(t, status="interrupted")
-            if t.status == "running" or (t.status == "pending" and (t.steps or t.cut_short))
+            if t.status == "running" or (t.status == "pending" and (
+                t.cut_short or (t.steps and not by_slices)))
             else t for t in tasks]
 
 

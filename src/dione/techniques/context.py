@@ -215,7 +215,7 @@ class SliceContext:
         self._last_progress = now
         record = {"step": self.spec.start_step + self.steps_done,
                   "loss": None if loss is None else float(loss),
-                  "seconds": now - self.timings["begin"],
+                  "seconds": now - self.timings["begin"], "world": self.world,
                   # The pace since the first step: start-up excluded.
                   "seconds_per_step": (now - self._first_step_done) / (self.steps_done - 1)
                   if self.steps_done > 1 else None}

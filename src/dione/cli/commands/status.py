@@ -64,6 +64,9 @@ def command(args: argparse.Namespace) -> int:
                     + f"is gone; {go_on} from the last checkpoints")
         running = []
         tasks = as_left(tasks)
+    elif unfinished and trained_by_train(run_dir):  # `--steps N` trains part of a task
+        launcher = f"no launcher running (a `dione train` folder): {go_on}"
+        tasks = as_left(tasks, by_slices=True)
     elif unfinished:
         # Stopped cleanly (Ctrl-C, SIGTERM) before its end: read as a killed run reads.
         launcher = ("no launcher running: the run stopped before its end; "

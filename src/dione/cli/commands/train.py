@@ -90,6 +90,15 @@ def command(args: argparse.Namespace) -> int:
         f"task {task.name}: steps {result.start_step}-{result.end_step} under {technique.name} on "
         f"{count} device(s) in {result.seconds:.1f} s; checkpoint {result.checkpoint}"
     )
+    # How it trained, as `dione run`'s table and `dione status` say (it said nothing).
+    if result.inexactness:
+        console.print(f"trained INEXACT (not as single would; the task opted in): "
+                      f"{result.inexactness}")
+    elif result.extra.get("exactness"):
+        console.print(f"trained statistically as single would, not bitwise: "
+                      f"{result.extra['exactness']}")
+    else:
+        console.print("trained exact (as single would)")
     if result.evaluation:
         console.print("evaluation: " + ", ".join(f"{k}={v:.4f}" for k, v in
                                                  result.evaluation.items()))
