@@ -89,7 +89,7 @@ def test_tasks_added_from_python_are_trained_and_bad_ones_refused(tmp_path: Path
     assert [e.task for e in added] == ["lr-0.1", "lr-0.3"]
     # The catalog knew the speed of a new learning rate: no trial ran for it; another
     # batch size got its trials first.
-    assert "(0 trial(s) run, 1 from the catalog)" in added[0].message, added
+    assert "(0 trial(s) run, 1 taken from the catalog)" in added[0].message, added
     assert "(0 trial(s)" not in added[1].message, added
     kinds = [e.kind for e in events]
     assert "replanned" in kinds[kinds.index("task_added"):] or \

@@ -605,7 +605,7 @@ def test_cli_profile_writes_a_problem_the_planner_solves(
 
     status, out, err = profile()
     assert status == 0, err
-    assert "2 trial(s) run, 0 from the catalog" in out
+    assert "2 trial(s) run, 0 taken from the catalog" in out
     problem = load_problem(tmp_path / "p.json")
     assert [t.name for t in problem.tasks] == ["digits-lr0.05", "digits-lr0.1"]
     raw = json.loads((tmp_path / "p.json").read_text())
@@ -615,7 +615,7 @@ def test_cli_profile_writes_a_problem_the_planner_solves(
     assert solve(problem, "cpsat", 5.0).assignments
     status, out, err = profile()
     assert status == 0, err
-    assert "0 trial(s) run, 2 from the catalog" in out
+    assert "0 trial(s) run, 2 taken from the catalog" in out
 
 
 def test_memory_saving_knobs_are_tried_only_where_memory_ran_out(tmp_path: Path) -> None:

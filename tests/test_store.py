@@ -263,6 +263,12 @@ def test_leaderboards_rank_as_the_stopping_rules_judge_else_by_the_metric_s_name
             slice_id = store.begin_slice(name, "single", {}, "n0", [0], 0, 2)
             store.finish_slice(slice_id, [1.0, 0.9], [0.1, 0.1], None,
                                evaluation={"val_nll": nll, "top1_err": nll, "score": nll})
+        # A task that failed on the way, its last value the best: listed, unranked.
+        store.register_task("e", 2, 8)
+        slice_id = store.begin_slice("e", "single", {}, "n0", [0], 0, 1)
+        store.finish_slice(slice_id, [1.0], [0.1], None,
+                           evaluation={"val_nll": 0.1, "top1_err": 0.1, "score": 0.1})
+        store.set_task_status("e", "failed", "RuntimeError: boom")
         store.add_directions({"val_nll": "min", "score": "min"})
         store.add_directions({"val_nll": "max"})  # the first direction recorded stands
         assert store.directions() == {"score": "min", "val_nll": "min"}
@@ -277,6 +283,7 @@ def test_leaderboards_rank_as_the_stopping_rules_judge_else_by_the_metric_s_name
                  for line in board.split("##")[0].splitlines() if line[:3] in ("| 1", "| 3",
                                                                                "| 4")]
         assert ranks == [("1", "c"), ("1", "d"), ("3", "a"), ("4", "b")], (metric, ranks)
+        assert "| - | e | 0.1000 (failed at step 1 of 2) |" in board, board
     assert not lower_is_better("answer_accuracy") and not lower_is_better("f1")
     assert lower_is_better("val_wer") and lower_is_better("eval/loss")
     assert not lower_is_better("val_nll", {"val_nll": "max"})

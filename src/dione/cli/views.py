@@ -125,7 +125,7 @@ def print_profile(profile: Any) -> None:
     from dione.techniques import get_technique
 
     table = Table(title=f"profile: {profile.trials_run} trial(s) run, {profile.trials_cached} "
-                  f"from the catalog, {profile.seconds:.0f} s")
+                  f"taken from the catalog, {profile.seconds:.0f} s")
     for column in ("task", "technique", "devices", "knobs", "ms/step", "spread",
                    "seconds (all steps)", "peak MiB", "note"):
         table.add_column(column, overflow="fold")

@@ -245,7 +245,7 @@ def _intake(tasks: list[Task], requests: list[Addition], known: set[str], cluste
                 storage=profiling.storage)
         arrival.tasks = valid
         arrival.trials = (f"{arrival.profile.trials_run} trial(s) run, "
-                          f"{arrival.profile.trials_cached} from the catalog")
+                          f"{arrival.profile.trials_cached} taken from the catalog")
     return arrival
 
 

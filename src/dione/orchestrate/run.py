@@ -210,7 +210,7 @@ def _run_claimed(
             store.set_profiling(None)
     profile_seconds = time.perf_counter() - began
     emit(RunEvent("profiled", f"{profile.trials_run} trial(s) run, {profile.trials_cached} "
-                  f"from the catalog, in {profile_seconds:.0f} s"))
+                  f"taken from the catalog, in {profile_seconds:.0f} s"))
     runner = Runner(tasks, cluster, run_dir, profile, options, emit, view or (lambda s: None),
                     launcher, inbox=inbox)
     warm_up(launcher, cluster.nodes)  # the trials measured slices on warm workers: so do they

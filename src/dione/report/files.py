@@ -313,17 +313,21 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
         lines += ["", f"## Leaderboard by {metric} ({order} is better, {why})", "",
                   "| rank | task | " + metric + " | hyperparameters | trained |",
                   "| --- | --- | --- | --- | --- |"]
-        rank, previous = 0, None
-        for place, t in enumerate(board, 1):
+        rank, previous, place = 0, None, 0
+        for t in board:
             # Values that read alike (and both trained to their end, or both not) share
             # a rank: exact techniques differ from single in the last bits (reduction
-            # order, ~1e-7), and "4.0368" ranked 1, 1 and 3 read as a difference.
+            # order, ~1e-7), and "4.0368" ranked 1, 1 and 3 read as a difference. A
+            # failed task is listed with its last value, unranked: no rule judged it.
             key = (t.steps < t.total_steps, figure(t.evaluation[metric]))
-            rank, previous = (rank if key == previous else place), key
+            if t.status != "failed":
+                place += 1
+                rank, previous = (rank if key == previous else place), key
             at = f"from step {t.evaluated_at}; " if t.evaluated_before else ""
             early = (f" ({at}{t.status} at step {t.steps} of {t.total_steps})"
                      if t.steps < t.total_steps else "")
-            lines.append(f"| {rank} | {t.task} | {figure(t.evaluation[metric])}{early} | "
+            lines.append(f"| {'-' if t.status == 'failed' else rank} | {t.task} | "
+                         f"{figure(t.evaluation[metric])}{early} | "
                          f"{json.dumps(t.hyperparameters)} | "
                          f"{_exactness(t)} |")
         lines += [f"| - | {t.task} | {reason} | {json.dumps(t.hyperparameters)} | - |"

@@ -13,6 +13,7 @@ from dione.cli.inputs import claimed, default_run_dir, ray_launcher, valid_tasks
 from dione.cli.parser import OPTION_FLAGS, run_options
 from dione.cli.saved_run import SavedRun, dashboard_places, same_workload
 from dione.cli.views import print_results, print_sequential_results, profile_lines
+from dione.state.summaries import error_line
 
 __all__ = ["command", "execute"]
 
@@ -127,7 +128,10 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
     for t in failed:
         error = str(t.error or "")
         begins = f"task {t.task!r} {t.status}: "  # a divergence's message does
-        complain(f"task {t.task} {t.status}", error.removeprefix(begins))
+        # A traceback once (its event said it whole as it came): its last line here.
+        last = error_line(error) + (" (its traceback: above, and in the report)"
+                                    if len(error.strip().splitlines()) > 1 else "")
+        complain(f"task {t.task} {t.status}", last.removeprefix(begins))
     return EXIT_FAILED if failed or problems else 0
 
 
