@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -554,10 +555,27 @@ def test_a_gang_folder_no_rank_holds_goes_with_the_next_actor_started(
         an_hour_ago = time.time() - 3600
         for kind in ("abandoned", "held", "unmarked", "elsewhere"):
             os.utime(folders[kind], (an_hour_ago, an_hour_ago))
-        launcher.warm_up(launcher.nodes()[0])  # new actors, on (here) the same machine
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            launcher.warm_up(launcher.nodes()[0])  # new actors, on (here) the same machine
+        assert not [w for w in said if "Ray workers" in str(w.message)]  # dione's own
         assert not folders["abandoned"].exists()
         assert all(folders[kind].is_dir() for kind in ("held", "new", "unmarked", "elsewhere"))
     finally:
         os.close(hold)
         for folder in folders.values():
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_workers_running_another_dione_than_the_driver_are_said_once_per_node(
+        launcher: RayLauncher) -> None:
+    """The actors import the dione of their raylet's environment: a patched dione
+    tried on Ray (PYTHONPATH in the driver's shell only) ran the installed one unsaid."""
+    node = launcher.nodes()[0]
+    launcher._warned_source.discard(node.name)
+    with pytest.warns(UserWarning, match=f"the Ray workers on node {node.name} run dione "
+                      "0.0.0 from /elsewhere/dione, this process dione"):
+        launcher._same_source(node, [(1, "0.0.0", "/elsewhere/dione")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        launcher._same_source(node, [(1, "0.0.0", "/elsewhere/dione")])  # said already

@@ -170,8 +170,20 @@ class _Actor:
         """Remove a finished gang's rendezvous folder on this node."""
         _remove_rendezvous_folders([store])
 
+    def source(self) -> tuple[int, str, str]:
+        """Its pid, and the dione it runs: version and folder (a worker whose node has
+        another installed runs that one, whatever the driver imports)."""
+        return os.getpid(), *_dione_source()
+
     def pid(self) -> int:
         return os.getpid()
+
+
+def _dione_source() -> tuple[str, str]:
+    """This process's dione: its version and the folder it is imported from."""
+    import dione
+
+    return dione.__version__, str(Path(dione.__file__).resolve().parent)
 
 
 def _remove_rendezvous_folders(stores: list[str]) -> None:
@@ -385,6 +397,7 @@ class RayLauncher:
         self.failed_gangs: list[str] = []  # the folders' names, for the tests to look at
         self._actor_class = self.ray.remote(_Actor)
         self.actors_started = 0
+        self._warned_source: set[str] = set()  # nodes said to run another dione
 
     # -- the cluster -----------------------------------------------------------------
 
@@ -614,7 +627,8 @@ class RayLauncher:
         try:
             for device in wanted:
                 actors.append(self._actor(node, device, threads))
-            self.ray.get([actor.pid.remote() for actor in actors], timeout=300)
+            sources = self.ray.get([actor.source.remote() for actor in actors], timeout=300)
+            self._same_source(node, sources)
         except BaseException:  # the device that failed was given back by ``_actor``
             self._end(actors)
             self._give_back({(node.name, d) for d in wanted[:len(actors)]})
@@ -624,6 +638,22 @@ class RayLauncher:
                 self._idle[(node.name, device)] = actor
                 self._busy_at.discard((node.name, device))
             self._released.notify_all()
+
+    def _same_source(self, node: Node, sources: list[tuple[int, str, str]]) -> None:
+        """Warn once per node whose actors run another dione than this process (the
+        raylet's environment, not the driver's PYTHONPATH: a patched dione tried on
+        Ray ran the installed one unsaid)."""
+        mine = _dione_source()
+        other = next(((v, f) for _, v, f in sources if (v, f) != mine), None)
+        if other is None or node.name in self._warned_source:
+            return
+        self._warned_source.add(node.name)
+        import warnings
+
+        warnings.warn(f"the Ray workers on node {node.name} run dione {other[0]} from "
+                      f"{other[1]}, this process dione {mine[0]} from {mine[1]}: they train "
+                      "with their own; install the same dione there (or pass its folder "
+                      "with --ray-env PYTHONPATH=...)", stacklevel=2)
 
     def forget_node(self, name: str) -> None:
         """Drop what this launcher holds on a node that left the cluster."""
