@@ -799,6 +799,26 @@ def test_a_task_has_one_colour_in_the_gantt_chart_and_the_learning_curves(
     assert colours("gantt.png") == colours("curves.png") == [1, 2]
 
 
+def test_the_gantt_chart_marks_where_a_run_was_resumed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kill and a resume left a gap in the chart only the summary explained."""
+    from matplotlib.axes import Axes
+
+    from dione.report.gantt import draw_gantt
+    from dione.state.store import SliceRecord
+
+    lines: list[float] = []
+    axvline = Axes.axvline
+    monkeypatch.setattr(Axes, "axvline", lambda ax, x=0, *a, **k: (
+        lines.append(x), axvline(ax, x, *a, **k))[1])
+    slices = [SliceRecord(i, "t", "single", {}, "n", [0], 0, 10, status, start, end, None,
+                          None, {}, None)
+              for i, (status, start, end) in enumerate((("interrupted", 0.0, 4.0),
+                                                         ("done", 30.0, 40.0)))]
+    draw_gantt(None, slices, 0.0, tmp_path / "gantt.png", resumed=[29.5])
+    assert lines == [29.5]
+
+
 def test_learning_curves_of_a_sweep_name_each_panels_best(tmp_path: Path) -> None:
     """57 tasks in twenty colours, no legend: no curve could be told from another."""
     import matplotlib

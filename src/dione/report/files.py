@@ -192,7 +192,8 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
     from dione.report.gantt import draw_gantt
 
     draw_gantt(plans[0] if plans else None, slices, zero, folder / "gantt.png", simulated,
-               ended={t.task: t.status for t in tasks}, order=[t.task for t in tasks])
+               ended={t.task: t.status for t in tasks}, order=[t.task for t in tasks],
+               resumed=[start - zero for start in sorted({p.clock_zero for p in plans})[1:]])
     from dione.report.curves import draw_curves
     from dione.report.page import write_page
 

@@ -27,13 +27,16 @@ Bar = tuple[str, int, str, str, float, float, str]  # node, device, task, techni
 def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
                path: Path, simulated: bool = False,
                which: str = "plan (first adopted)",
-               ended: Mapping[str, str] | None = None, order: Sequence[str] = ()) -> None:
+               ended: Mapping[str, str] | None = None, order: Sequence[str] = (),
+               resumed: Sequence[float] = ()) -> None:
     """Two panels, each with its time axis: the first adopted plan and the actual slices
     (failed or interrupted ones hatched, drawn at least a sliver wide), seconds from the
     run's start; the last slice of a task its rule stopped (``ended``: task -> status)
     marked with an x at its end; a label where its bar has room for it, and a legend of
     the tasks' colours (as the learning curves colour them: ``order``, the workload's)
-    up to 20 tasks; a simulated run's says so in both titles."""
+    up to 20 tasks; a dashed line where the run was resumed (``resumed``: seconds from
+    the run's start of each session after the first); a simulated run's says so in both
+    titles."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -79,6 +82,9 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
             if not (planned or actual):
                 ax.set_xticks([])  # no time passed on either: no axis of it
         if bars is actual:
+            for at in resumed:  # the gap before it stood still (killed, stopped)
+                ax.axvline(at, color="0.3", linestyle="--", linewidth=1)
+                ax.text(at, -0.42, " resumed", fontsize=7, va="top", color="0.3")
             for s in stops:
                 for device in s.device_ids:
                     ax.plot((s.ended_at or s.started_at) - zero,
@@ -89,7 +95,8 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
         ax.set_title(title + (" (x: a task its rule stopped)" if bars is actual and stops
                               else "") + ("; hatched: a slice that failed or was cut short"
                                           if cut_short else "")
-                     + ("; a row per node, its devices stacked" if layout.by_node else ""),
+                     + ("; a row per node, its devices stacked" if layout.by_node else "")
+                     + ("; dashed: resumed" if bars is actual and resumed else ""),
                      fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(axis="x", labelbottom=True)  # a time axis under each panel
