@@ -79,9 +79,17 @@ def list_schedule(
         option = choice[name]
         ready = release.get(name, 0.0)
         best: tuple[float, int, float, str] | None = None
+        empty: set[int] = set()  # sizes of nodes with nothing on them, one seen
         for node in problem.nodes:
             if option.devices > node.devices:
                 continue
+            if lines[node.name].empty:
+                # Every node with nothing on it of one size gives the same end, and the
+                # first such wins a tie: the others need no look (a cluster of hundreds
+                # of nodes took most of a re-plan's time here).
+                if node.devices in empty:
+                    continue
+                empty.add(node.devices)
             need = demand(option, node.devices)
             if best is not None and \
                     max(lines[node.name].first_free(need), ready) + option.seconds \

@@ -79,6 +79,11 @@ class NodeTimeline:
                 self.times[-1])
         return self._first_free[demand]
 
+    @property
+    def empty(self) -> bool:
+        """Whether nothing was ever reserved on it (all free, always)."""
+        return len(self.times) == 1
+
     def finish_time(self) -> float:
         """When the last reservation ends."""
         return self.times[-1] if len(self.times) > 1 else 0.0
