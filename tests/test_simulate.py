@@ -142,6 +142,25 @@ def test_the_simulated_report_is_marked_simulated(
     assert status.returncode == 0 and "SIMULATED" in status.stdout
 
 
+def test_a_simulation_says_where_it_stands_while_a_plan_is_solved(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its line came only with events: a solve of minutes printed nothing."""
+    import time
+
+    from dione.cli.commands import simulate as command
+
+    monkeypatch.setattr(command, "PROGRESS_SECONDS", 0.05)
+    progress = command._Progress()  # and no event comes
+    deadline = time.monotonic() + 30
+    said = ""
+    while "still working" not in said and time.monotonic() < deadline:
+        time.sleep(0.1)
+        said += capsys.readouterr().out
+    progress.close()
+    assert "0 slices ended, 0 plan(s) adopted (still working: a plan being solved)" in \
+        " ".join(said.split())
+
+
 def test_a_simulation_says_what_it_left_out_and_what_its_baseline_leaves_out(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
