@@ -124,7 +124,9 @@ def test_exported_hyperparameters_keep_their_json_types(tmp_path: Path) -> None:
                                         "betas": "(0.9, 0.99)"}
     # How it trained, from the run store (it named only the last slice's technique).
     assert saved["trained"] == {"techniques": ["single"], "exactness": "exact",
-                                "inexact": [], "statistical": []}
+                                "inexact": [], "statistical": [],
+                                "spans": [{"steps": [0, 2], "technique": "single",
+                                           "devices": 1}]}
     # And what its weights measured there (it was not written: a user had to find the
     # step in the run's tables).
     with RunStore(tmp_path / "run") as store:

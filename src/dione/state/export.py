@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from shlex import quote
 from typing import Any, cast
@@ -28,7 +29,7 @@ from dione.state.checkpoint import (
     verify_checkpoint,
 )
 from dione.state.private import write_whole
-from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, trained_by_train
+from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, SliceRecord, trained_by_train
 from dione.state.summaries import best_kept, exactness_of, inexact_spans, techniques_in_turn
 
 __all__ = [
@@ -216,7 +217,23 @@ def how_trained(run_dir: str | Path, task: str, step: int) -> dict[str, Any]:
     inexact, statistical = inexact_spans(trained), inexact_spans(trained, "statistical")
     return {"techniques": techniques_in_turn(trained),
             "exactness": exactness_of(inexact, statistical).lower(),
-            "inexact": inexact, "statistical": statistical}
+            "inexact": inexact, "statistical": statistical, "spans": _spans(trained, step)}
+
+
+def _spans(slices: Sequence[SliceRecord], step: int) -> list[dict[str, Any]]:
+    """Each stretch of steps up to ``step`` one technique trained on one device count
+    (the report's devices; techniques alone hid a move from 1 device to 8)."""
+    spans: list[dict[str, Any]] = []
+    for s in slices:
+        end = min(s.end_step, step)
+        if (spans and spans[-1]["technique"] == s.technique
+                and spans[-1]["devices"] == len(s.device_ids)
+                and spans[-1]["steps"][1] == s.start_step):
+            spans[-1]["steps"][1] = end
+        else:
+            spans.append({"steps": [s.start_step, end], "technique": s.technique,
+                          "devices": len(s.device_ids)})
+    return spans
 
 
 def loaded_provenance(run_dir: str | Path, task: str, checkpoint: str | Path
