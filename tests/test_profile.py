@@ -681,6 +681,44 @@ def test_a_models_own_settings_are_part_of_its_speed_signature() -> None:
     assert once["settings"]["."] == {"iterations": 1}
 
 
+_LOOPS = 1  # a module constant a model's forward reads
+
+
+def _deepen(x: torch.Tensor, layer: torch.nn.Module) -> torch.Tensor:
+    for _ in range(_LOOPS):
+        x = torch.relu(layer(x))
+    return x
+
+
+class _Looped(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(64, 64)
+        self.head = torch.nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(_deepen(x.flatten(1), self.layer))
+
+
+def test_a_models_own_code_is_part_of_its_speed_signature(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forward edited, or a constant it reads changed (one layer applied 40 times,
+    not once), printed and shaped alike: the stale trial came from the catalog, 9x too
+    fast (review). Its code, the user's functions it calls and the plain values they
+    read are keyed; a model of torch's and dione's classes alone keeps its key."""
+    from dione.profile.fingerprint import speed_signature
+
+    once = speed_signature(digits_task("once", model=_Looped))
+    monkeypatch.setattr(sys.modules[__name__], "_LOOPS", 40)
+    often = speed_signature(digits_task("often", model=_Looped))
+    assert once["architecture"] == often["architecture"] and once["settings"] == \
+        often["settings"]  # all that was keyed before
+    assert once["model_code"] != often["model_code"]
+    monkeypatch.setattr(sys.modules[__name__], "_LOOPS", 1)
+    assert speed_signature(digits_task("again", model=_Looped)) == once
+    assert "model_code" not in speed_signature(digits_task("mlp"))  # the zoo's, torch's
+
+
 MOVABLE_WORKLOAD = """
 import functools, torch
 from dione import Task, Workload

@@ -148,6 +148,9 @@ def speed_signature(task: Task) -> dict[str, Any]:
         # cannot take), so the first batches' shapes are keyed instead.
         signature["collate_fn"] = callable_name(task.collate_fn)
         signature["batches"] = _batch_shapes(task)
+    code = _model_code(model)
+    if code:  # only where the model has classes of the user's own (catalogs keep keys)
+        signature["model_code"] = code
     if task.precision != "fp32":
         signature["precision"] = task.precision
     if task.clip_grad_norm is not None:
@@ -168,6 +171,63 @@ def _batch_shapes(task: Task, batches: int = 3) -> Any:
 def _architecture(model: nn.Module) -> str:
     # The module tree as torch prints it: layer types and their constructor arguments.
     return repr(model)
+
+
+def _users_own(value: Any) -> bool:
+    """Whether ``value`` (a class or function) is the user's own code: defined in a
+    file that is not an installed package's (torch's, transformers': their versions
+    decide them) nor dione's (its version is keyed)."""
+    name = getattr(value, "__module__", None) or ""
+    if name == "__main__":  # a script's or a notebook's (which has no file)
+        return True
+    path = str(getattr(sys.modules.get(name), "__file__", None) or "")
+    return bool(path) and not any(part in path for part in (
+        "site-packages", "dist-packages", str(Path(__file__).parents[1])))
+
+
+def _model_code(model: nn.Module) -> str:
+    """A digest of the code of the model's classes that are the user's own: their
+    methods, the functions and classes of the user's they call, and the plain values
+    (numbers, text, flags) of the module globals they read. A forward edited (a layer
+    applied 40 times, not once, by a constant of the workload file) printed and shaped
+    alike, and its stale trial was taken from the catalog, 9x too fast."""
+    digest = hashlib.sha1()
+    seen: set[int] = set()
+    found = False
+
+    def fold(value: Any) -> None:
+        nonlocal found
+        if id(value) in seen or not _users_own(value):
+            return
+        seen.add(id(value))
+        found = True
+        digest.update(f"{getattr(value, '__qualname__', '?')}:".encode())
+        functions = ([value] if isinstance(value, types.FunctionType) else
+                     [f for base in getattr(value, "__mro__", ()) if _users_own(base)
+                      for f in vars(base).values() if isinstance(f, types.FunctionType)])
+        for function in functions:
+            _digest_code(function.__code__, digest)
+            for name in sorted(_names(function.__code__)):
+                used = function.__globals__.get(name)
+                if isinstance(used, (types.FunctionType, type)):
+                    fold(used)
+                elif isinstance(used, (bool, int, float, str)) or (
+                        isinstance(used, tuple) and all(
+                            isinstance(v, (bool, int, float, str)) for v in used)):
+                    digest.update(f"{name}={used!r};".encode())
+
+    for module in model.modules():
+        fold(type(module))
+    return digest.hexdigest()[:16] if found else ""
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """The global (and attribute) names ``code`` and the code nested in it read."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _names(constant)
+    return names
 
 
 def _plain(value: Any) -> bool:
