@@ -329,3 +329,37 @@ def test_a_techniques_train_returning_what_no_slice_records_is_said_in_a_sentenc
             run_slice(unsaved, "forgetful", tmp_path / "b", placement)
     finally:  # the registry is the process's: no later test profiles it
         _REGISTRY.pop("forgetful", None)
+
+
+def test_a_notebook_s_mistakes_and_a_raising_callback_leave_the_process_clean(
+        tmp_path: Path) -> None:
+    """An on_event that raised stopped the run, but the live page's thread went on
+    rewriting a page that said the run was live for as long as the notebook lived; one
+    task (not a list) failed deep inside ('Task' object is not iterable), a dict with an
+    AttributeError, a misspelt option naming RunOptions.__init__ (review)."""
+    import threading
+
+    options = {"catalog": str(tmp_path / "catalog.sqlite"), "time_limit": 2.0,
+               "trial": TrialOptions(warmup_steps=1, measure_steps=2)}
+    task = digits_task(steps=6, techniques=("single",), evaluate=None)
+    with pytest.raises(TypeError, match=r"item 0 is a str; a dict's tasks are "
+                       r"list\(d.values\(\)\)"):
+        dione.run({"a": task}, devices="cpu:1", run_dir=str(tmp_path / "x"), **options)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) 'slice_step' \(did you mean "
+                       r"'slice_steps'\?\)"):
+        dione.run(task, devices="cpu:1", run_dir=str(tmp_path / "x"), slice_step=3)
+    with pytest.raises(TypeError, match="quiet must be True or False"):
+        dione.run(task, devices="cpu:1", run_dir=str(tmp_path / "x"), quiet="no")
+
+    def stop(event: Any) -> None:
+        if event.kind == "slice_finished":
+            raise RuntimeError("my callback")
+
+    with pytest.raises(RuntimeError, match="my callback"):
+        dione.run(task, devices="cpu:1", run_dir=str(tmp_path / "run"), quiet=True,
+                  on_event=stop, slice_steps=2, **options)  # one task, not a list
+    assert "dione-live-report" not in [t.name for t in threading.enumerate()]
+    page = (tmp_path / "run" / "report" / "index.html").read_text()
+    assert "location.reload" not in page  # a stopped run's page, not a live one
+    assert dione.run(task, devices="cpu:1", run_dir=str(tmp_path / "run"), quiet=True,
+                     slice_steps=2, **options).tasks[0].status == "done"

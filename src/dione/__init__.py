@@ -48,13 +48,14 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
         quiet: bool = False, tensorboard: str | None = None,
         mlflow: str | bool | None = None, inbox: Any = None,
         ray_env: Mapping[str, str] | Sequence[str] | None = None, **options: Any) -> Any:
-    """Profile, plan and train every task of ``workload`` (a Workload, a list of tasks or
-    a workload file's path) on this machine (``devices`` as ``--devices``), or on the Ray
+    """Profile, plan and train every task of ``workload`` (a Workload, a list of tasks, a
+    task, or a workload file's path) on this machine (``devices`` as ``--devices``), or on the Ray
     cluster at ``ray`` (an address as ``ray.init`` takes it, e.g. ``"auto"``), as ``dione
     run`` does; ``options`` are ``dione.orchestrate.RunOptions`` fields. Each event (a
     ``ProfileEvent`` while profiling, then a ``RunEvent`` per plan, slice and task) goes
     to ``on_event``, and, unless ``quiet``, is printed as one line, as ``dione run``
-    prints it off a terminal. Returns the
+    prints it off a terminal; an exception ``on_event`` raises stops the run (its gangs
+    stopped, its report written, as Ctrl-C does) and reaches the caller. Returns the
     ``RunResult``: per task its status, final loss, evaluation and checkpoint; invalid
     tasks are left out and listed in its ``invalid``. Calling it
     again with the same ``run_dir`` resumes an interrupted run. ``tensorboard`` (a
@@ -70,8 +71,9 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     # Imported here: workers import this package and need none of the planning stack.
     from dione.orchestrate import RunOptions, run_workload
     from dione.orchestrate.interrupts import interruptible
+    from dione.orchestrate.options import RunDirError
     from dione.report import report_after_run
-    from dione.spec import Cluster, load_workload, local_cluster
+    from dione.spec import Cluster, ClusterError, load_workload, local_cluster
     from dione.state.store import STORE_FILE
     from dione.techniques.validation import valid_tasks
 
@@ -84,7 +86,20 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     if devices is not None and not isinstance(devices, str):
         raise ValueError(f"devices must be text as --devices takes it ('cpu:2', 'cuda:4'), "
                          f"not {devices!r}")
-    tasks, problems = valid_tasks(list(workload))
+    if not isinstance(quiet, bool):
+        raise TypeError(f"quiet must be True or False, not {quiet!r}")
+    from dione.spec.task import Task
+
+    workload = [workload] if isinstance(workload, Task) else list(workload)
+    strays = [f"item {i} is a {type(t).__name__}" for i, t in enumerate(workload)
+              if not isinstance(t, Task)]
+    if strays:  # a dict gave its keys: an AttributeError on the first
+        raise TypeError("workload must be a workload file's path, a dione.Workload or a list "
+                        f"of dione.Task: {'; '.join(strays[:3])}"
+                        + ("; a dict's tasks are list(d.values())" if any(
+                            "str" in s for s in strays) else ""))
+    _known_options(options)
+    tasks, problems = valid_tasks(workload)
     if inbox is not None:  # the run waits for the inbox's tasks: it may start with none
         problems = [p for p in problems if p.field != "tasks"]
     if not tasks and inbox is None:
@@ -121,11 +136,15 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
                                           invalid=problems)
                 finally:
                     launcher.shutdown()
-    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the report says where the run stands
-        # (not a refusal, which may be of another run's directory); every task the store
+    except BaseException as err:
+        # Whatever ends it (Ctrl-C, SIGTERM, an on_event that raised), the live page's
+        # thread goes (it went on rewriting a "live" page after an on_event raised, for
+        # as long as the notebook lived) and the report says where the run stands: not
+        # for a refusal, which may be of another run's directory; every task the store
         # holds, those added while it ran too.
         page.close()
-        if os.path.isfile(os.path.join(run_dir, STORE_FILE)):
+        refused = isinstance(err, (RunDirError, ClusterError))
+        if not refused and os.path.isfile(os.path.join(run_dir, STORE_FILE)):
             report_after_run(run_dir, None, stopped=True)
         raise
     troubles = page.close()
@@ -135,6 +154,25 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
             print(f"warning: {trouble}")
     result.invalid = [str(p) for p in problems]  # a bad task stops only itself
     return result
+
+
+def _known_options(options: Mapping[str, Any]) -> None:
+    """Every keyword of ``dione.run`` beyond its own is a ``RunOptions`` field: a TypeError
+    naming each unknown one with the field it likely misspells (it said
+    ``RunOptions.__init__() got an unexpected keyword argument``, the first only)."""
+    import dataclasses
+    import difflib
+
+    from dione.orchestrate import RunOptions
+
+    fields = sorted(f.name for f in dataclasses.fields(RunOptions))
+    unknown = [k for k in options if k not in fields]
+    if unknown:
+        said = [f"{k!r}" + (f" (did you mean {close[0]!r}?)" if (
+            close := difflib.get_close_matches(k, fields, 1)) else "") for k in unknown]
+        raise TypeError(f"dione.run() got unknown option(s) {', '.join(said)}; its options "
+                        f"beside its own arguments (dione.orchestrate.RunOptions): "
+                        f"{', '.join(fields)}")
 
 
 def _ray_env(ray: str | None, env: Mapping[str, str] | Sequence[str] | None) -> list[str]:
