@@ -6,12 +6,15 @@ Test modules import from here, never from each other or from ``conftest``."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import itertools
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import replace
@@ -171,6 +174,12 @@ def workload_text(name: str) -> str:
 # this session's workers only (another suite or benchmark may run on the machine).
 SESSION_MARKER = f"DIONE_TEST_SESSION={uuid.uuid4().hex}".encode()
 os.environ["DIONE_TEST_SESSION"] = SESSION_MARKER.split(b"=", 1)[1].decode()
+# Each pytest worker's processes mark their training apart: the suite's two workers
+# share the cores, and each would find its trials timed beside the other's, never kept
+# in a catalog that its tests read back.
+os.environ["DIONE_TRAINING_MARKS"] = os.path.join(
+    tempfile.gettempdir(), f"dione-test-marks-{os.environ['DIONE_TEST_SESSION']}")
+atexit.register(shutil.rmtree, os.environ["DIONE_TRAINING_MARKS"], ignore_errors=True)
 
 
 def dione_processes() -> dict[int, tuple[bytes, int]]:

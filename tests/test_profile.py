@@ -256,6 +256,32 @@ def test_shared_cached_and_reprofiled_only_where_changed(tmp_path: Path) -> None
         assert forced.trials_run == 2
 
 
+def test_a_trial_timed_beside_another_dione_process_training_is_not_kept(
+        tmp_path: Path) -> None:
+    """Two profiles sharing the CPU cores stored a task at 4x its speed alone, and every
+    later run took it from the catalog (review): a trial timed while another dione
+    process trains here is this profile's only, and says so; a process gone is none."""
+    from dione.launch.neighbours import others_training
+
+    neighbour = subprocess.Popen(
+        [sys.executable, "-c", "import time\nfrom dione.launch.neighbours import "
+         "training_here\nwith training_here():\n    print('ready', flush=True)\n"
+         "    time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert neighbour.stdout is not None and neighbour.stdout.readline() == "ready\n"
+        assert neighbour.pid in others_training()
+        with Catalog(tmp_path / "catalog.sqlite") as catalog:
+            found = profile_workload([digits_task("a", techniques=("single",))], CLUSTER,
+                                     catalog, options=QUICK)
+            [record] = found.task("a").trials
+            assert record.status == "ok" and neighbour.pid in record.extra["beside"]
+            assert catalog.get(record.fingerprint) is None  # timed again next time
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert neighbour.pid not in others_training()
+
+
 def test_a_trial_its_task_diverges_is_timed_again_on_a_task_sharing_it(
         tmp_path: Path) -> None:
     """Tasks that differ in learning rate share trials; where the task a trial ran

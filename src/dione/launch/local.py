@@ -30,6 +30,7 @@ from dione.launch.gang import (
     watch_gang,
     workload_sources,
 )
+from dione.launch.neighbours import training_here
 from dione.launch.pool import WarmWorker, local_pool
 from dione.launch.scratch import scratch_dir
 from dione.launch.worker import Job
@@ -68,6 +69,13 @@ def run_local_gang(
     """Run ``spec`` on a gang of warm workers, one per device; each rank's outcome, or a
     GangError. Setting ``cancel`` (from another thread) stops the gang and raises
     GangInterrupted; ``on_progress(rank, record)`` hears each rank's progress."""
+    with training_here():  # a trial another process times meanwhile is told of it
+        return _run_local_gang(spec, placement, folder, timeout, cancel, on_progress)
+
+
+def _run_local_gang(spec: SliceSpec, placement: Placement, folder: str | Path,
+                    timeout: float | None, cancel: threading.Event | None,
+                    on_progress: OnProgress | None) -> list[SliceOutcome]:
     folder = private_dir(folder)
     for rank in range(spec.world):  # private before a worker appends to it
         os.close(os.open(folder / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW,

@@ -270,7 +270,9 @@ class _Pass:
             # A divergence depends on the learning rate, which the fingerprint leaves
             # out: it must not stand for the task's whole group later; a lost node (the
             # last one) says nothing about the configuration.
-            if record.status not in ("diverged", "node_lost"):
+            # Nor one timed beside another dione process's training: its contention.
+            if record.status not in ("diverged", "node_lost") and \
+                    not record.extra.get("beside"):
                 setting.catalog.put(record)
         if trial.spec.evaluate and trial.evaluation_key is not None:
             self._evaluated(trial, evaluated)

@@ -103,7 +103,9 @@ def run_trial(
             knobs=spec.knobs, steps=steps, timeout=options.timeout, keep_checkpoints=1,
             evaluate=False, trial=TrialProbe(options.memory_cap_bytes, True, spec.evaluate),
             storage=checkpoints)
+        beside = _others_training(node, launcher)
         result = run_request(request, cancel=cancel, launcher=launcher)
+        beside = sorted({*beside, *_others_training(node, launcher)})
     except SliceError as err:
         if err.disk_full is not None:  # not the configuration's doing: never cached
             # Named as given: the trial's own folder is two levels under --storage.
@@ -150,6 +152,8 @@ def run_trial(
         trial_seconds=result.seconds,
         extra=_stage_times(result.technique, result.extra, len(times)),
     )
+    if beside:  # timed their contention too: this profile's, never the catalog's
+        record.extra["beside"] = beside
     if not spec.evaluate or (evaluation is None and not result.evaluation_error):
         return record, None
     # What the task's evaluate returned (its metrics' names) or why it failed: a stopping
@@ -157,6 +161,17 @@ def run_trial(
     # Not in the record: the catalog keys trials without the evaluate function.
     return record, TrialEvaluation(evaluation, tuple(sorted(result.evaluation)),
                                    result.evaluation_error)
+
+
+def _others_training(node: Node, launcher: Launcher) -> list[int]:
+    """Other dione processes training on this machine's CPU cores, which a CPU trial
+    shares (a profile beside another stored its task 4x slower than alone, for every
+    later run); GPUs apart are not shared so, and a Ray node is another machine."""
+    if node.kind != "cpu" or launcher is not LOCAL:
+        return []
+    from dione.launch.neighbours import others_training
+
+    return others_training()
 
 
 def _stage_times(technique: str, extra: Mapping[str, Any], minibatches: int) -> dict[str, Any]:
