@@ -282,6 +282,20 @@ def test_a_trial_timed_beside_another_dione_process_training_is_not_kept(
     assert neighbour.pid not in others_training()
 
 
+def test_a_trial_measured_over_fewer_steps_than_asked_is_timed_again(
+        tmp_path: Path) -> None:
+    """--measure-steps raised was answered with the catalog's rows of fewer steps,
+    silently (review); more steps than asked serve, and so does a short task's all."""
+    task = digits_task("a", techniques=("single",))
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        runs = [profile_workload([task], CLUSTER, catalog, options=replace(
+            QUICK, measure_steps=steps)).trials_run for steps in (3, 6, 6, 3)]
+        assert runs == [1, 1, 0, 0]
+        short = replace(task, name="short", steps=4)  # 1 warm-up, 3 timed: all it has
+        assert profile_workload([short], CLUSTER, catalog, options=replace(
+            QUICK, measure_steps=6)).trials_run == 0
+
+
 def test_a_trial_its_task_diverges_is_timed_again_on_a_task_sharing_it(
         tmp_path: Path) -> None:
     """Tasks that differ in learning rate share trials; where the task a trial ran

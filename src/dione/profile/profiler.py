@@ -26,6 +26,7 @@ from dione.profile.options import TrialOptions
 from dione.profile.results import Profile, ProfiledOption, ProfileEvent, Skipped, TaskProfile
 from dione.profile.schedule import ProfilingSession, run_trials
 from dione.profile.simulated import cross_check
+from dione.profile.trial import measured_steps
 from dione.profile.trials import PendingTrial, device_counts, wanted_trials
 from dione.spec.cluster import Cluster
 from dione.spec.task import Task
@@ -113,6 +114,11 @@ def profile_workload(
         if cached is not None and cached.status == "timeout" and float(cached.extra.get(
                 "timeout", 0.0)) < options.timeout:
             cached = None  # it ran out of a shorter time than it has now: try again
+        if cached is not None and cached.status == "ok" and (cached.measured_steps or 0) \
+                < measured_steps(trial.spec.task, options):
+            # Timed over fewer steps than asked for now (--measure-steps raised): its
+            # mean is the noisier one the user asked to replace.
+            cached = None
         if cached is not None:
             results[fingerprint] = cached
             emit(ProfileEvent("cached", trial.spec.label, tuple(trial.tasks), cached))
