@@ -656,6 +656,13 @@ def test_cli_profile_writes_a_problem_the_planner_solves(
     status, out, err = profile()
     assert status == 0, err
     assert "0 trial(s) run, 2 taken from the catalog" in out
+    # No task with a feasible option (a budget of 0 runs no trial): no problem file,
+    # which `dione plan` would refuse (review).
+    status, out, err = in_process(capsys, "profile", str(file), "--devices", "cpu:2",
+                                  "--budget", "0", "--reprofile", "-o",
+                                  str(tmp_path / "none.json"))
+    assert status == 1 and not (tmp_path / "none.json").exists()
+    assert "no task has a feasible option" in " ".join(err.split())
 
 
 def test_memory_saving_knobs_are_tried_only_where_memory_ran_out(tmp_path: Path) -> None:

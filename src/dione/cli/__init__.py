@@ -45,9 +45,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "readable by you): run dione as the user who owns it, or use a copy")
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as err:  # Terminated too
-        return _stopped(err, "the simulation stopped (nothing trains in one), its run "
-                        "directory kept" if args.command == "simulate"
-                        else "every gang was stopped, checkpoints kept")
+        return _stopped(err, _STOPPED.get(args.command, "every gang was stopped, "
+                                          "checkpoints kept"))
+
+
+# What a stop leaves where it is not a run's gangs and checkpoints.
+_STOPPED = {
+    "simulate": "the simulation stopped (nothing trains in one), its run directory kept",
+    "profile": "every trial was stopped; those that ended are in the catalog, and the "
+               "next profile runs the others",
+}
 
 
 def _stopped(stop: KeyboardInterrupt, left: str) -> int:

@@ -141,8 +141,9 @@ _PROFILE = (
                "or ~/.cache/dione/catalog.sqlite)", convert=_file),
     OptionFlag("--reprofile", "reprofile", "run every trial again, ignoring the catalog",
                switch=True),
-    OptionFlag("--budget", "profile_budget", "seconds of profiling after which no new "
-               "trial starts", type=non_negative_float),
+    OptionFlag("--budget", "profile_budget", "seconds of profiling (its start-up, the "
+               "workers' warm-up, included) after which no new trial starts",
+               type=non_negative_float),
     OptionFlag("--memory-cap", "trial.memory_cap_bytes", "memory per device, e.g. 2GiB: a "
                "trial above it counts as out of memory (default: the device's own limit)",
                convert=parse_bytes),

@@ -118,7 +118,15 @@ def run_trial(
             # before such errors were SliceErrors, it ends the profile, never cached.
             raise
         status = _classify(err)
-        return TrialRecord(**base, status=status, reason=_shorten(str(err))), None  # type: ignore[arg-type]
+        reason = str(err)
+        if status == "timeout" and "; raise the timeout" in reason:
+            # Its rank logs go with the trial's folder (and the catalog keeps the text):
+            # a way to see them, not a path that leads nowhere.
+            reason = (reason.split("; raise the timeout")[0] + "; raise --trial-timeout "
+                      "if the trial is just slow, else `dione train WORKLOAD --task "
+                      f"{spec.task.name} --technique {spec.technique} --devices "
+                      f"{spec.devices}` keeps its ranks' logs, to look for a hang")
+        return TrialRecord(**base, status=status, reason=_shorten(reason)), None  # type: ignore[arg-type]
     finally:
         for path in (folder, checkpoints):
             if path is not None:

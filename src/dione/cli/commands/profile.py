@@ -31,7 +31,9 @@ def command(args: argparse.Namespace) -> int:
 
     problem = profile_problem(profile)
     text = json.dumps(problem.to_json(), indent=1)
-    if output is not None:
+    if output is not None and not problem.tasks:  # `dione plan` would refuse it
+        complain("warning", f"no task has a feasible option: {args.output} not written")
+    elif output is not None:
         write_output(output, text + "\n")
         console.print(f"problem for the planner: {args.output} ({len(problem.tasks)} "
                       "task(s)); next: dione plan " + args.output)
