@@ -341,7 +341,8 @@ def test_a_notebook_s_mistakes_and_a_raising_callback_leave_the_process_clean(
 
     options = {"catalog": str(tmp_path / "catalog.sqlite"), "time_limit": 2.0,
                "trial": TrialOptions(warmup_steps=1, measure_steps=2)}
-    task = digits_task(steps=6, techniques=("single",), evaluate=None)
+    task = digits_task(steps=6, techniques=("single",), evaluate=None,
+                       hyperparameters={"lr": 0.01})
     with pytest.raises(TypeError, match=r"item 0 is a str; a dict's tasks are "
                        r"list\(d.values\(\)\)"):
         dione.run({"a": task}, devices="cpu:1", run_dir=str(tmp_path / "x"), **options)
@@ -361,5 +362,8 @@ def test_a_notebook_s_mistakes_and_a_raising_callback_leave_the_process_clean(
     assert "dione-live-report" not in [t.name for t in threading.enumerate()]
     page = (tmp_path / "run" / "report" / "index.html").read_text()
     assert "location.reload" not in page  # a stopped run's page, not a live one
-    assert dione.run(task, devices="cpu:1", run_dir=str(tmp_path / "run"), quiet=True,
-                     slice_steps=2, **options).tasks[0].status == "done"
+    result = dione.run(task, devices="cpu:1", run_dir=str(tmp_path / "run"), quiet=True,
+                       slice_steps=2, **options)
+    assert result.tasks[0].status == "done" and isinstance(result, dione.RunResult)
+    # A results table's columns without parsing names; a path a notebook's chdir keeps.
+    assert result.tasks[0].hyperparameters == {"lr": 0.01} and result.run_dir.is_absolute()

@@ -90,3 +90,16 @@ def test_the_planner_s_list_of_built_in_techniques_is_the_registry_s() -> None:
             if type(t).__module__.startswith("dione.techniques.")]
     assert list(BUILT_IN_TECHNIQUES) == [t.name for t in ours]
     assert {t.name: tuple(t.knobs) for t in ours} == BUILT_IN_KNOBS
+
+
+def test_every_kind_of_run_event_is_in_its_docstring() -> None:
+    """RunEvent's docstring named 8 of some 30 kinds an on_event callback gets."""
+    import re
+
+    from dione.orchestrate import RunEvent
+
+    source = "".join(path.read_text() for path in SOURCE.rglob("*.py"))
+    kinds = set(re.findall(r'RunEvent\(\s*"([a-z_]+)"', source))
+    assert len(kinds) > 25 and {"replanned"} <= set(re.findall(r"``([a-z_]+)``",
+                                                                RunEvent.__doc__ or ""))
+    assert kinds <= set(re.findall(r"``([a-z_]+)``", RunEvent.__doc__ or "")), kinds

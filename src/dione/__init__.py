@@ -8,6 +8,7 @@ from dione._lazy import lazy_exports
 from dione._version import __version__
 
 if TYPE_CHECKING:
+    from dione.orchestrate import RunEvent, RunOptions, RunResult, TaskResult
     from dione.orchestrate.additions import TaskInbox
     from dione.spec import (
         Cluster,
@@ -40,6 +41,9 @@ __getattr__ = lazy_exports(__name__, {
     **dict.fromkeys(("SliceContext", "SliceOutcome", "Technique", "get_technique",
                      "register"), "dione.techniques"),
     "TaskInbox": "dione.orchestrate.additions",
+    # What dione.run returns, takes and tells on_event, for help() and type hints.
+    **dict.fromkeys(("RunEvent", "RunOptions", "RunResult", "TaskResult"),
+                   "dione.orchestrate"),
 })
 
 
@@ -380,11 +384,15 @@ __all__ = [
     "Node",
     "Patience",
     "PausingAsha",
+    "RunEvent",
+    "RunOptions",
+    "RunResult",
     "SliceContext",
     "SliceOutcome",
     "SuccessiveHalving",
     "Task",
     "TaskInbox",
+    "TaskResult",
     "Technique",
     "Workload",
     "__version__",

@@ -183,7 +183,10 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
              stop_asking_after: float | None = None, **run: Any) -> Any:
     """Train ``n_trials`` of ``study``, each the task ``make_task(trial)`` builds, as one
     dione run in ``run_dir`` (``run``: ``dione.run``'s other arguments: devices, ray,
-    options); see the module's docstring. ``in_flight``: at most this many trials
+    options); see the module's docstring. ``n_trials`` is the run directory's total, not
+    a number more: a call again with the same study and ``run_dir`` resumes, training
+    what is left of it (Optuna's ``study.optimize`` adds ``n_trials`` at each call;
+    here raise it, or give another ``run_dir``, for more). ``in_flight``: at most this many trials
     asked and not yet told at once (the sampler proposes the next as each is told, so a
     sequential sampler such as TPE learns from this run's results); None: all
     ``n_trials`` at once, which dione plans together. A trial told FAIL is final, as

@@ -169,8 +169,22 @@ _OPTION_RULES: dict[str, Callable[[object], str | None]] = {
 
 @dataclass(frozen=True)
 class RunEvent:
-    """For a live display: ``profiled``, ``planned``, ``replanned``, ``slice_started``,
-    ``slice_finished``, ``slice_failed``, ``task_failed``, ``finished``."""
+    """What a run tells as it goes (``dione run`` prints each as a line; ``on_event``
+    gets each), by ``kind``; ``message`` says it in words, ``task`` names its task:
+
+    - the run: ``profiled``, ``planned``, ``replanned``, ``planner_fell_back``,
+      ``node_lost``, ``node_joined``, ``finished``;
+    - slices: ``slice_started``, ``slice_finished``, ``slice_failed``, ``slice_slow``,
+      ``slice_cancelled``, ``checkpoint_quarantined``;
+    - tasks: ``task_added``, ``task_readded``, ``task_refused``, ``task_stopped``,
+      ``task_diverged``, ``task_failed``, ``training_changed``;
+    - evaluations and stopping rules: ``rung_passed``, ``rung_waiting``,
+      ``rung_unjudged``, ``rung_retrained``, ``evaluation_failed``,
+      ``evaluation_doubtful``, ``evaluation_not_finite``, ``keep_best_doubtful``,
+      ``eval_every_doubtful``, ``stopping_rule_doubtful``, ``stopping_rule_failed``.
+
+    The numbers (losses, evaluations, times) are the run store's: ``dione.load`` the
+    model, or read ``RUN_DIR/report/*.csv`` (``metrics.csv``, ``evaluations.csv``)."""
 
     kind: str
     message: str

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dione.launch.local import LOCAL, Launcher, warm_up
 from dione.orchestrate.additions import TaskInbox
@@ -45,6 +46,8 @@ class TaskResult:
     task: str
     status: str  # done | stopped | failed | diverged | pending | paused (at a rung)
     techniques: list[str] = field(default_factory=list)
+    # The device count each of ``techniques`` trained on, in turn (not device ids: the
+    # report names those, as node:ids).
     devices: list[int] = field(default_factory=list)
     seconds: float = 0.0
     steps: int = 0
@@ -64,6 +67,8 @@ class TaskResult:
     # (``dione.load(..., best=True)`` loads it).
     best_step: int | None = None
     best_checkpoint: str | None = None
+    # The task's hyperparameters (``grid``'s axes), as the leaderboards show them.
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exactness(self) -> str:
@@ -126,8 +131,10 @@ def _results(tasks: Sequence[Task], run_dir: Path) -> list[TaskResult]:
         evaluation=s.evaluation, checkpoint=s.checkpoint, error=s.error, inexact=s.inexact,
         statistical=s.statistical, evaluated_at=s.evaluated_at,
         best_step=best[t.name].step if t.name in best else None,
-        best_checkpoint=best[t.name].path if t.name in best else None)
-        if (s := recorded.get(t.name)) is not None else TaskResult(t.name, "pending")
+        best_checkpoint=best[t.name].path if t.name in best else None,
+        hyperparameters=dict(t.hyperparameters))
+        if (s := recorded.get(t.name)) is not None else TaskResult(
+            t.name, "pending", hyperparameters=dict(t.hyperparameters))
         for t in tasks]
 
 
@@ -223,7 +230,7 @@ def _run_claimed(
     taken = [r.task for r in runner.state.records.values()]  # with those added
     with RunStore(run_dir) as store:
         directions = store.directions()
-    return RunResult(run_dir, _results(taken, run_dir), makespan,
+    return RunResult(run_dir.resolve(), _results(taken, run_dir), makespan,
                      runner.first_planned or 0.0, runner.plans_adopted, profile_seconds,
                      slices=runner.slices_launched, replans=runner.replanner.solves,
                      replan_seconds=runner.replanner.seconds, directions=directions)
