@@ -877,3 +877,18 @@ def test_the_live_step_line_says_a_gang_rank_s_loss_is_its_part_of_the_batch(
     lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
     assert lines == ["... step 1, loss 4.6624 (rank 0 of 2: its part of the batch; the "
                      "batch's loss follows)", "... step 1, loss 4.8491"]
+
+
+def test_status_of_a_run_stopped_while_profiling_says_why_it_holds_no_task(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run stopped before its profile ended (tasks are recorded once profiled) showed
+    '0 of 0 task(s) done' and an empty table, and no word of how it goes on."""
+    from dione.state import RunStore
+
+    with RunStore(tmp_path) as store:  # as dione.run leaves it, stopped while profiling
+        store.set_profiling(2)
+        store.set_profiling(None)
+    status, out, _ = in_process(capsys, "status", str(tmp_path))
+    said = " ".join(out.split())
+    assert status == 0 and "no task recorded: the run stopped before its profile ended" \
+        in said and "calling dione.run (or dione.optuna.optimize) again" in said, said

@@ -421,6 +421,9 @@ def test_dione_run_from_python_leaves_out_invalid_tasks(tmp_path: Path, monkeypa
         assert list(store.invalid()) == ["odd"] and "steps" in store.invalid()["odd"][0]
     summary = (tmp_path / "run" / "report" / "summary.md").read_text()
     assert "## Invalid tasks, never started" in summary and "- odd: steps: " in summary
+    # A run dione.run started has no run.json: `dione resume` refuses it (review).
+    assert "fix them, then calling dione.run (or dione.optuna.optimize) again with this " \
+        "run directory trains them" in " ".join(summary.split())
 
 
 def test_replanning_never_holds_a_launch_back(tmp_path: Path, monkeypatch) -> None:

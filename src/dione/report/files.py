@@ -15,7 +15,13 @@ from typing import Any
 
 from dione.orchestrate.plans import AdoptedPlan, read_plans
 from dione.state.private import private_dir
-from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, SliceRecord
+from dione.state.store import (
+    SIMULATED_FILE,
+    STORE_FILE,
+    RunStore,
+    SliceRecord,
+    how_to_continue,
+)
 from dione.state.summaries import (
     TaskSummary,
     as_left,
@@ -93,8 +99,8 @@ def _as_left(s: SliceRecord, store: RunStore, heard: float) -> SliceRecord:
         return s
     return replace(s, status="interrupted",
                    ended_at=max(s.started_at + sum(seconds), heard),
-                   error="its launcher is gone; `dione resume` continues from the last "
-                   "checkpoint")
+                   error=f"its launcher is gone; {how_to_continue(store.run_dir)} from "
+                   "the last checkpoint")
 
 
 def _run_start(store: RunStore, plans: Sequence[AdoptedPlan]) -> float:
@@ -398,7 +404,10 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
     elif invalid:
         lines += ["", "## Invalid tasks, never started", "",
                   "Validation refused these tasks of the workload when the run (or its latest "
-                  "resume) started; fix them and `dione resume` to train them.", ""]
+                  "resume) started; fix them, then "
+                  + how_to_continue(run_dir).replace(" continues", "") + " trains them."
+                  if run_dir is not None else "Validation refused these tasks of the "
+                  "workload when the run (or its latest resume) started.", ""]
         lines += [f"- {name}: " + "; ".join(problems) for name, problems in invalid.items()]
     return "\n".join(lines) + "\n"
 

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import secrets
+import shlex
 import socket
 import sqlite3
 from collections.abc import Collection, Mapping, Sequence
@@ -33,7 +34,7 @@ from dione.state.private import private_dir, private_file
 from dione.state.sqlite import SQLiteFile, StateFileError
 
 __all__ = ["SIMULATED_FILE", "STORE_FILE", "Addition", "CheckpointRecord", "RunStore",
-           "SliceRecord", "TaskRecord", "best_evaluation"]
+           "SliceRecord", "TaskRecord", "best_evaluation", "how_to_continue"]
 
 STORE_FILE = "dione.sqlite"
 # Marks a run directory a simulation wrote (``dione simulate``): every view says so.
@@ -874,6 +875,21 @@ class RunStore(SQLiteFile):
 
 TRAIN_FOLDER = ("it is a `dione train` folder: `dione train WORKLOAD --task TASK --out "
                 "{run}` trains a task on from its latest checkpoint")
+
+
+def how_to_continue(run_dir: str | Path) -> str:
+    """What continues the run in ``run_dir``, as the end of a sentence ("... continues"):
+    ``dione resume`` for a run the CLI started (its run.json), ``dione train`` for its
+    folder, the same Python call for a run ``dione.run`` started (no run.json: `dione
+    resume` refused it)."""
+    run = Path(run_dir)
+    if (run / "run.json").is_file():
+        return "`dione resume` continues"
+    if trained_by_train(run):
+        return (f"`dione train WORKLOAD --task TASK --out {shlex.quote(str(run))}` "
+                "continues a task")
+    return ("calling dione.run (or dione.optuna.optimize) again with this run directory "
+            "continues")
 
 
 def trained_by_train(run_dir: str | Path) -> bool:

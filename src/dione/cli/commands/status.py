@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from shlex import quote
 
 from dione.cli.errors import BadInput
-from dione.cli.saved_run import RUN_FILE
 from dione.cli.views import print_status
 
 __all__ = ["command"]
@@ -42,13 +40,9 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput(f"{run_dir} cannot be read ({type(err).__name__}: {err})") from None
     holder = lock_holder(run_dir)
     # How it goes on: a run started from Python (no run.json) by the same call again.
-    from dione.state.store import trained_by_train
+    from dione.state.store import how_to_continue, trained_by_train
 
-    go_on = ("`dione resume` continues" if (run_dir / RUN_FILE).is_file() else
-             f"`dione train WORKLOAD --task TASK --out {quote(str(run_dir))}` continues a task"
-             if trained_by_train(run_dir) else
-             "calling dione.run (or dione.optuna.optimize) again with this run directory "
-             "continues")
+    go_on = how_to_continue(run_dir)
     unfinished = [t for t in tasks if t.status in ("running", "pending", "paused")]
     if holder is not None and holder.alive:
         launcher = f"live: launcher pid {holder.pid} on {holder.host}"
@@ -72,6 +66,9 @@ def command(args: argparse.Namespace) -> int:
         launcher = ("no launcher running: the run stopped before its end; "
                     f"{go_on} from the last checkpoints")
         tasks = as_left(tasks)
+    elif not tasks:  # tasks are recorded once profiled: a stop before says nothing else
+        launcher = ("no launcher running, and no task recorded: the run stopped before its "
+                    f"profile ended (or never started); {go_on}")
     else:
         launcher = "no launcher running"
     if (run_dir / SIMULATED_FILE).is_file():
