@@ -652,6 +652,11 @@ def test_cli_profile_writes_a_problem_the_planner_solves(
     for task in raw["tasks"]:
         assert {o["technique"] for o in task["options"]} == {"single", "ddp"}
         assert all(o["seconds"] > 0 for o in task["options"])
+        # Where each figure comes from (the file said nothing of it: review).
+        assert all(o["source"].startswith("profile: trial ") and "3 steps timed" in
+                   o["source"] for o in task["options"])
+    assert "trials of 1 warm-up and 3 timed steps (2 run now, 0 from the catalog" in \
+        raw["sources"]["profile"] and "torch " in raw["sources"]["profile"]
     assert solve(problem, "cpsat", 5.0).assignments
     status, out, err = profile()
     assert status == 0, err

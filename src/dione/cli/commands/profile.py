@@ -30,7 +30,7 @@ def command(args: argparse.Namespace) -> int:
     from dione.orchestrate.estimates import profile_problem
 
     problem = profile_problem(profile)
-    text = json.dumps(problem.to_json(), indent=1)
+    text = json.dumps(_with_sources(problem.to_json(), profile, args, options), indent=1)
     if output is not None and not problem.tasks:  # `dione plan` would refuse it
         complain("warning", f"no task has a feasible option: {args.output} not written")
     elif output is not None:
@@ -42,6 +42,40 @@ def command(args: argparse.Namespace) -> int:
         complain("no feasible option", f"task {name}: every configuration failed or was "
                  "skipped; see the table")
     return EXIT_FAILED if unprofiled or problems else 0
+
+
+def _with_sources(data: dict[str, Any], profile: Any, args: argparse.Namespace,
+                  options: Any) -> dict[str, Any]:
+    """The problem's JSON saying where its seconds come from (the file said nothing of
+    its profile, device, versions or trials): ``sources["profile"]`` the profile as a
+    whole, each option's ``source`` its trial (its catalog fingerprint, timed steps and
+    spread)."""
+    import time
+
+    import torch
+
+    from dione._version import __version__
+
+    trial = options.trial
+    devices = sorted({o.record.device for t in profile.tasks for o in t.options})
+    data["sources"] = {"profile": (
+        f"dione profile {args.workload} at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}: dione "
+        f"{__version__}, torch {torch.__version__}, {'; '.join(devices) or 'no device'}, "
+        f"catalog {options.catalog or 'the default'}; trials of {trial.warmup_steps} "
+        f"warm-up and {trial.measure_steps} timed steps ({profile.trials_run} run now, "
+        f"{profile.trials_cached} from the catalog, each with the steps it timed); an "
+        "option's seconds: fixed + warm-up excess + steps x mean step, and the "
+        "evaluations")}
+    by_task = {t.task: t for t in profile.tasks}
+    for task in data["tasks"]:
+        for option, profiled in zip(task["options"], by_task[task["name"]].options,
+                                    strict=True):
+            record = profiled.record
+            option["source"] = (f"profile: trial {record.fingerprint[:12]}, "
+                                f"{record.measured_steps} steps timed"
+                                + (f", spread {record.spread:.0%}" if record.spread is not None
+                                   else ""))
+    return data
 
 
 def _profile(tasks: Any, cluster: Any, options: Any, parallel: bool, launcher: Any) -> Any:
