@@ -351,6 +351,19 @@ def test_a_notebook_s_mistakes_and_a_raising_callback_leave_the_process_clean(
         dione.run(task, devices="cpu:1", run_dir=str(tmp_path / "x"), slice_step=3)
     with pytest.raises(TypeError, match="quiet must be True or False"):
         dione.run(task, devices="cpu:1", run_dir=str(tmp_path / "x"), quiet="no")
+    # In this call's words, not the command line's (--devices, --out).
+    from dione.orchestrate.options import RunDirError
+    from dione.spec import ClusterError
+
+    with pytest.raises(ClusterError, match=r"^devices=") as bad:
+        dione.run(task, devices="cpu:4096", run_dir=str(tmp_path / "x"), **options)
+    assert "--devices" not in str(bad.value)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match=r"\(run_dir=\)") as bad:
+        dione.run(task, devices="cpu:1", run_dir=str(tmp_path / "mine"), quiet=True,
+                  **options)
+    assert "--out" not in str(bad.value)
 
     def stop(event: Any) -> None:
         if event.kind == "slice_finished":

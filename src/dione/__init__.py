@@ -112,7 +112,10 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     said = _said(on_event, quiet)
     run_options = RunOptions(**options)  # bad options are named before anything starts
     # Devices checked before run.json records them (a bad one made every resume fail).
-    cluster = local_cluster(devices) if ray is None else None
+    try:
+        cluster = local_cluster(devices) if ray is None else None
+    except ClusterError as err:  # in this call's words, not the command line's
+        raise ClusterError(str(err).replace("--devices ", "devices=")) from None
     if workload_file is not None:  # `dione resume`, `export` and `dione.load` read it
         _record_run(workload_file, run_dir, run_options, devices, ray, tensorboard, mlflow,
                     env)
@@ -150,6 +153,8 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
         refused = isinstance(err, (RunDirError, ClusterError))
         if not refused and os.path.isfile(os.path.join(run_dir, STORE_FILE)):
             report_after_run(run_dir, None, stopped=True)
+        if isinstance(err, RunDirError) and "(--out)" in str(err):  # this call's words
+            raise RunDirError(str(err).replace("(--out)", "(run_dir=)")) from None
         raise
     troubles = page.close()
     problem = report_after_run(run_dir, [t.task for t in result.tasks])
