@@ -145,8 +145,9 @@ _PROFILE = (
                "workers' warm-up, included) after which no new trial starts",
                type=non_negative_float),
     OptionFlag("--memory-cap", "trial.memory_cap_bytes", "memory per device, e.g. 2GiB: a "
-               "trial above it counts as out of memory (default: the device's own limit)",
-               convert=parse_bytes),
+               "trial above it counts as out of memory (default: the device's own limit; "
+               "on CPU slots a rank's resident memory, some 300 MiB of Python and torch "
+               "included)", convert=parse_bytes),
     OptionFlag("--warmup-steps", "trial.warmup_steps", "steps not timed",
                type=non_negative_int),
     OptionFlag("--measure-steps", "trial.measure_steps", "steps timed", type=positive_int),
