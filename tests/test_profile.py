@@ -772,9 +772,23 @@ def test_a_models_own_code_is_part_of_its_speed_signature(
 
 
 MOVABLE_WORKLOAD = """
-import functools, torch
+import functools, logging, os, torch
 from dione import Task, Workload
 from dione.zoo import digits_mlp, digits_train
+
+HERE = os.path.dirname(os.path.abspath(__file__))  # text: a path, never keyed
+DEPTH = 2
+
+class Net(torch.nn.Module):  # the user's own: its code keyed, not its folder
+    def __init__(self):
+        super().__init__()
+        self.log = logging.getLogger(__name__)  # a name made from the file's path
+        self.body = digits_mlp()
+
+    def forward(self, x):
+        for _ in range(DEPTH - 1):
+            self.log.debug("from %s", HERE)
+        return self.body(x)
 
 def loss(output, target):
     return torch.nn.functional.cross_entropy(output, target)
@@ -782,7 +796,7 @@ def loss(output, target):
 def accuracy(model):
     return {"accuracy": 0.0}
 
-workload = Workload([Task(name="a", model=digits_mlp, data=digits_train, loss=loss,
+workload = Workload([Task(name="a", model=Net, data=digits_train, loss=loss,
                           optimizer=functools.partial(torch.optim.SGD, lr=0.1),
                           batch_size=16, steps=3, evaluate=accuracy)])
 """
@@ -801,7 +815,7 @@ def test_a_workload_that_moved_keeps_its_trials(tmp_path: Path) -> None:
         (task,) = load_workload(tmp_path / folder / "grid.py")
         signature = speed_signature(task)
         keys.append((signature, _evaluation_key(signature, task, "cpu")))
-    assert keys[0] == keys[1]
+    assert keys[0] == keys[1] and keys[0][0]["model_code"]  # its own code, not its folder
     assert keys[0][0]["loss"].startswith("workload grid.py.loss#")
     # Another project's grid.py whose loss of the same name does other work: its own key.
     (tmp_path / "other").mkdir()

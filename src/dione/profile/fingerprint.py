@@ -13,6 +13,7 @@ import hashlib
 import json
 import platform
 import sys
+import sysconfig
 import types
 from collections.abc import Mapping
 from functools import lru_cache
@@ -173,24 +174,37 @@ def _architecture(model: nn.Module) -> str:
     return repr(model)
 
 
+# Where code is not the user's: Python's own library, installed packages (torch's,
+# transformers': their versions decide them) and dione (its version is keyed).
+_NOT_USERS = tuple({str(Path(sysconfig.get_paths()[key]).resolve())
+                    for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+                   | {str(Path(__file__).resolve().parents[1])})
+
+
 def _users_own(value: Any) -> bool:
-    """Whether ``value`` (a class or function) is the user's own code: defined in a
-    file that is not an installed package's (torch's, transformers': their versions
-    decide them) nor dione's (its version is keyed)."""
+    """Whether ``value`` (a class or function) is the user's own code: a script's or a
+    notebook's, or defined in a file outside Python's library, installed packages and
+    dione."""
     name = getattr(value, "__module__", None) or ""
     if name == "__main__":  # a script's or a notebook's (which has no file)
         return True
-    path = str(getattr(sys.modules.get(name), "__file__", None) or "")
-    return bool(path) and not any(part in path for part in (
-        "site-packages", "dist-packages", str(Path(__file__).parents[1])))
+    path = getattr(sys.modules.get(name), "__file__", None)
+    if not path:
+        return False
+    resolved = Path(path).resolve()
+    return not any(resolved.is_relative_to(root) for root in _NOT_USERS) and not any(
+        part in ("site-packages", "dist-packages") for part in resolved.parts)
 
 
 def _model_code(model: nn.Module) -> str:
     """A digest of the code of the model's classes that are the user's own: their
-    methods, the functions and classes of the user's they call, and the plain values
-    (numbers, text, flags) of the module globals they read. A forward edited (a layer
-    applied 40 times, not once, by a constant of the workload file) printed and shaped
-    alike, and its stale trial was taken from the catalog, 9x too fast."""
+    methods, the functions and classes of the user's they call, and the numbers and
+    flags of the module globals they read. A forward edited (a layer applied 40 times,
+    not once, by a constant of the workload file) printed and shaped alike, and its
+    stale trial was taken from the catalog, 9x too fast. Not text, nor a dunder name:
+    a workload file's ``__name__`` and a path it keeps (``__file__``'s folder) would
+    key every trial of a project that moved apart (as ``module_name`` avoids), and a
+    run id or a temporary folder every process's."""
     digest = hashlib.sha1()
     seen: set[int] = set()
     found = False
@@ -209,11 +223,13 @@ def _model_code(model: nn.Module) -> str:
             _digest_code(function.__code__, digest)
             for name in sorted(_names(function.__code__)):
                 used = function.__globals__.get(name)
+                if name.startswith("__"):
+                    continue
                 if isinstance(used, (types.FunctionType, type)):
                     fold(used)
-                elif isinstance(used, (bool, int, float, str)) or (
+                elif isinstance(used, (bool, int, float)) or (
                         isinstance(used, tuple) and all(
-                            isinstance(v, (bool, int, float, str)) for v in used)):
+                            isinstance(v, (bool, int, float)) for v in used)):
                     digest.update(f"{name}={used!r};".encode())
 
     for module in model.modules():
