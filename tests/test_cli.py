@@ -118,6 +118,11 @@ def test_validate_fails_a_task_no_technique_it_allows_trains(
             "train it" in said and "gpipe, 1f1b: pipelines cut a model between its blocks"
             in said and "allow single" in said)
     tasks = {t.name: t for t in load_workload(file)}
+    # A run refuses it as validate does, before profiling (it failed after: review).
+    import dione
+
+    with pytest.raises(ValueError, match="no technique it allows"):
+        dione.run([tasks["uncut"]], devices="cpu:2", run_dir=str(tmp_path / "run"))
     assert get_technique("ddp").knob_settings(tasks["batch-norm-ddp"], 1, "cpu")
     assert not get_technique("ddp").knob_settings(tasks["uncut"], 1, "cpu")  # single's
     settings = get_technique("xpipe").knob_settings(tasks["plain-sgd-xpipe"], 2, "cpu")

@@ -79,7 +79,7 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     from dione.report import report_after_run
     from dione.spec import Cluster, ClusterError, load_workload, local_cluster
     from dione.state.store import STORE_FILE
-    from dione.techniques.validation import valid_tasks
+    from dione.techniques.validation import trained_by_none, valid_tasks
 
     _argument_types(workload=workload, run_dir=run_dir, on_event=on_event)
     env = _ray_env(ray, ray_env)
@@ -116,6 +116,13 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
         cluster = local_cluster(devices) if ray is None else None
     except ClusterError as err:  # in this call's words, not the command line's
         raise ClusterError(str(err).replace("--devices ", "devices=")) from None
+    if cluster is not None:  # one no technique it allows trains: refused, not failed later
+        tasks, untrainable = trained_by_none(tasks, cluster.nodes[0].devices,
+                                             cluster.nodes[0].kind)
+        problems = [*problems, *untrainable]
+        if not tasks and inbox is None:
+            raise ValueError("no task of the workload is valid:\n"
+                             + "\n".join(str(p) for p in problems))
     if workload_file is not None:  # `dione resume`, `export` and `dione.load` read it
         _record_run(workload_file, run_dir, run_options, devices, ray, tensorboard, mlflow,
                     env)

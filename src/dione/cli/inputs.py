@@ -32,6 +32,7 @@ def valid_tasks(workload_file: str, devices: str | None, what: str,
     (the local machine, or the Ray launcher's nodes); BadInput when the cluster is wrong
     or no task is valid (nothing ``what``)."""
     from dione.spec.cluster import Cluster, ClusterError, local_cluster
+    from dione.techniques.validation import trained_by_none
     from dione.techniques.validation import valid_tasks as checked
 
     workload = load(workload_file)
@@ -40,6 +41,11 @@ def valid_tasks(workload_file: str, devices: str | None, what: str,
     except ClusterError as err:
         raise BadInput(str(err)) from None
     tasks, problems = checked(workload, None, cluster.nodes[0].kind)
+    # A task no technique it allows trains on the widest node: refused now, not failed
+    # after profiling.
+    tasks, untrainable = trained_by_none(tasks, max(n.devices for n in cluster),
+                                         cluster.nodes[0].kind)
+    problems = [*problems, *untrainable]
     for problem in problems:
         complain("invalid", str(problem))
     if not tasks:

@@ -9,10 +9,11 @@ from dione.spec.devices import DeviceKind
 from dione.spec.draws import draws_kept
 from dione.spec.task import Task
 from dione.spec.validate import Problem, checked_task, split_valid
+from dione.techniques.base import Technique
 from dione.techniques.pipeline.probe import with_refusals
 from dione.techniques.registry import technique_names, techniques
 
-__all__ = ["valid_task", "valid_tasks"]
+__all__ = ["trained_by_none", "valid_task", "valid_tasks"]
 
 
 def _inexact() -> list[str]:
@@ -37,3 +38,56 @@ def valid_task(task: Task, kind: DeviceKind | None = None) -> tuple[Task, list[P
     with draws_kept():
         task, problems = checked_task(task, None, technique_names(), kind, _inexact())
         return (task if problems else with_refusals([task])[0]), problems
+
+
+def _counts(devices: int) -> list[int]:
+    """1, 2, 4, ... up to ``devices``, and ``devices``: the widths profiling tries."""
+    counts, count = [], 1
+    while count < devices:
+        counts.append(count)
+        count *= 2
+    return [*counts, devices]
+
+
+def _proposes(technique: Technique, task: Task, devices: int, kind: DeviceKind) -> bool:
+    """Whether ``technique`` proposes a setting for ``task`` on ``devices`` devices (a
+    user's technique that raises proposes none, as profiling leaves it out)."""
+    try:
+        return bool(technique.knob_settings(task, devices, kind))
+    except Exception:
+        return False
+
+
+def trained_by_none(tasks: Iterable[Task], devices: int, kind: DeviceKind
+                    ) -> tuple[list[Task], list[Problem]]:
+    """The tasks some technique they allow proposes a setting for on a device count up
+    to ``devices`` (as profiling will find), and a problem for each of the others,
+    naming every technique's reason at ``devices`` (they failed after profiling, "no
+    configuration fits", and ``dione validate`` said "no problems")."""
+    kept, problems = [], []
+    for task in tasks:
+        allowed = [t for t in techniques() if task.allows(t.name)]
+        if any(_proposes(t, task, c, kind) for t in allowed
+               for c in ([1] if t.name == "single" else _counts(devices))):
+            kept.append(task)
+            continue
+        by_reason: dict[str, list[str]] = {}  # gpipe and 1f1b refuse a model alike
+        for technique in allowed:
+            try:
+                said = technique.check(task, 1 if technique.name == "single" else devices,
+                                       {}, kind)
+            except Exception as err:
+                said = [f"its check raised {type(err).__name__}: {err}"]
+            # Micro-batches that do not divide the batch are its defaults' only: the
+            # settings tried include a count that does.
+            said = [r for r in said if "micro-batches" not in r] or said
+            why = "; ".join(said) or f"{technique.name} proposes no setting"
+            by_reason.setdefault(why.replace(f"task {task.name!r}: ", ""),
+                                 []).append(technique.name)
+        names = ", ".join(task.techniques) if task.techniques else "every technique"
+        reasons = "; ".join(", ".join(n) + ": " + why for why, n in by_reason.items())
+        problems.append(Problem(task.name, "techniques", (
+            f"no technique it allows ({names}) will train it on up to {devices} device(s) "
+            f"({reasons}); allow single (techniques=None allows every exact one), or fix "
+            "what each names")))
+    return kept, problems

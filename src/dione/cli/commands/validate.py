@@ -16,13 +16,12 @@ def command(args: argparse.Namespace) -> int:
     from dione.spec.cluster import ClusterError, local_cluster
     from dione.spec.metrics import doubtful_direction
     from dione.spec.validate import (
-        Problem,
         WorkloadError,
         keep_best_doubts,
         late_evaluation,
         training_loss_doubt,
     )
-    from dione.techniques.validation import valid_tasks
+    from dione.techniques.validation import trained_by_none, valid_tasks
 
     workload = load(args.workload)
     try:
@@ -32,12 +31,12 @@ def command(args: argparse.Namespace) -> int:
     devices = node.devices if node is not None else None
     tasks, problems = valid_tasks(workload, devices)
     kind = node.kind if node else "cpu"
+    # A task every technique it allows refuses would fail after profiling ("no
+    # configuration fits"): a problem of its own, as a run finds it.
+    tasks, untrainable = trained_by_none(tasks, devices or 2, kind)
+    problems += untrainable
     said = {task.name: {**task.refused_techniques,
                         **_model_refusals(task, devices or 2, kind)} for task in tasks}
-    # A task every technique it allows refuses would fail after profiling ("no
-    # configuration fits"): a problem of its own here, as any other of its fields.
-    problems += [Problem(task.name, "techniques", _untrainable(task, said[task.name]))
-                 for task in tasks if _trained_by_none(task, devices or 2, kind)]
     if problems:
         raise BadInput(str(WorkloadError(problems)))
     console.print(f"{args.workload}: {len(workload)} task(s), no problems")
@@ -111,28 +110,3 @@ def _model_refusals(task: Any, devices: int, kind: Any) -> dict[str, str]:
                                      f"{', '.join(map(str, narrower))}): " if narrower
                                      else "") + "; ".join(reasons)
     return found
-
-
-def _trained_by_none(task: Any, devices: int, kind: Any) -> bool:
-    """Whether no technique proposes a setting for ``task`` on any device count up to
-    ``devices``, as profiling will find."""
-    from dione.techniques import techniques
-
-    return not any(technique.knob_settings(task, count, kind)
-                   for technique in techniques() if task.allows(technique.name)
-                   for count in _counts(technique, devices))
-
-
-def _untrainable(task: Any, refused: dict[str, str]) -> str:
-    """The problem of a task no technique it allows will train, with each one's reason."""
-    allowed = ", ".join(task.techniques) if task.techniques else "every technique"
-    by_reason: dict[str, list[str]] = {}  # gpipe and 1f1b refuse a model alike
-    for technique, why in refused.items():
-        if task.allows(technique):
-            by_reason.setdefault(why.replace(f"task {task.name!r}: ", ""),
-                                 []).append(technique)
-    reasons = "; ".join(f"{', '.join(names)}: {why}" for why, names in by_reason.items())
-    return (f"no technique it allows ({allowed}) will train it on these devices"
-            + (f" ({reasons})" if reasons else "")
-            + "; allow single (techniques=None allows every exact one), or fix what "
-              "each names")
