@@ -4,7 +4,6 @@ mlflow=)``, ``dione report --mlflow``), read back with the tools' own readers.""
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 import threading
@@ -178,7 +177,8 @@ def test_the_live_page_says_when_it_was_written_and_when_it_has_gone_stale(
     text = page.read_text()
     assert "rewritten at least every 1 s while the run's launcher lives" in text
     assert "location.reload" in text and "the run's launcher may be gone" in text
-    assert json.dumps(str(tmp_path)) in text  # the status and resume it names
+    # The status it names, and how this run goes on (a dione.run's is not `resume`).
+    assert f"`dione status {tmp_path}` says; " in text and " continues" in text
     assert '<meta http-equiv="refresh"' not in text.split("<noscript>")[0]
     final = write_page(tmp_path / "report").read_text()  # as a finished run writes it
     assert "Written " in final and "<script>" not in final and "refresh" not in final

@@ -96,7 +96,12 @@ def _written(refresh_seconds: int | None, now: float, run_dir: Path) -> str:
     if not refresh_seconds:
         return f'<p class="written">Written {stamp}.</p>'
     stale = 3 * refresh_seconds + 60
-    where = json.dumps(str(run_dir)).replace("</", "<\\/")  # a string in the script
+    from dione.state.store import how_to_continue
+
+    rest = (" min: the run's launcher may be gone (killed, or its machine lost), and what "
+            f"it shows as running is not. `dione status {run_dir}` says; "
+            f"{how_to_continue(run_dir)}.")
+    said = json.dumps(rest).replace("</", "<\\/")  # a string in the script
     return f"""<p class="written" id="written">Written {stamp}; rewritten at least every \
 {refresh_seconds} s while the run's launcher lives.</p>
 <p id="stale" style="display:none; background:#fdd; padding:0.5em"></p>
@@ -106,9 +111,7 @@ def _written(refresh_seconds: int | None, now: float, run_dir: Path) -> str:
   if (late > {stale}) {{
     const note = document.getElementById("stale");
     note.textContent = "This page has not been rewritten for " + Math.round(late / 60) +
-      " min: the run's launcher may be gone (killed, or its machine lost), and what it " +
-      "shows as running is not. `dione status " + {where} + "` says; `dione resume " +
-      {where} + "` continues the run.";
+      {said};
     note.style.display = "block";
   }}
   setTimeout(function () {{ location.reload(); }}, {refresh_seconds * 1000});
@@ -192,15 +195,17 @@ class LiveReport:
         _yield_to_training()
         written = MetricsWritten()  # metrics.csv's rows, appended to as steps come
         folder: Path | None = None
+        full_after = 0.0  # when the next whole report may be written
         # The first write comes soon after the first change (the plan): a page to open,
         # and a report a run killed in its first half minute leaves; then every `every`.
         pause = min(self.every, 2.0)
         while not self._stop.wait(pause):
-            if not self._changed.is_set():
-                if folder is not None:  # nothing new (a long slice): only a fresh stamp,
-                    with contextlib.suppress(Exception):  # so a stale page means a dead run
+            pause = self.every
+            if not self._changed.is_set() or time.monotonic() < full_after:
+                if folder is not None:  # nothing new (a long slice), or a whole report
+                    # too soon: a fresh stamp, every `every`, so a stale page is a dead run
+                    with contextlib.suppress(Exception):
                         write_page(folder, refresh_seconds=max(1, round(self.every)))
-                pause = self.every
                 continue
             self._changed.clear()
             began = time.monotonic()
@@ -212,8 +217,8 @@ class LiveReport:
             except Exception:  # a live view must never stop the run
                 pass  # the next change tries again; the final report says what failed
             # At most a tenth of one core, however large the run grows: the launcher's
-            # core is the gangs' on a small machine.
-            pause = max(self.every, 9 * (time.monotonic() - began))
+            # core is the gangs' on a small machine (the page's stamp is not held back).
+            full_after = began + max(self.every, 10 * (time.monotonic() - began))
         # (A change not yet written when the run ends: the final report writes it.)
 
     def close(self) -> list[str]:
