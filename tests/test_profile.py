@@ -280,6 +280,14 @@ def test_a_trial_timed_beside_another_dione_process_training_is_not_kept(
         neighbour.kill()
         neighbour.wait()
     assert neighbour.pid not in others_training()
+    # This process's own task slices count too (a task added to a live run is profiled
+    # beside them), its trials side by side do not (a profile runs them so).
+    from dione.launch.neighbours import training_here
+
+    with training_here():
+        assert others_training() == []
+    with training_here(slice_of_a_task=True):
+        assert others_training() == [os.getpid()]
 
 
 def test_a_trial_measured_over_fewer_steps_than_asked_is_timed_again(

@@ -84,7 +84,7 @@ def profile_lines() -> Callable[[Any], None]:
             what = (f"{record.status}" + (f", {record.step_seconds * 1000:.1f} ms/step"
                                           if record.step_seconds else "")
                     + ("" if record.feasible else failure(record))
-                    + (f" (timed while other dione processes trained here, pid "
+                    + (f" (timed while dione trained beside it on this machine, pid "
                        f"{', '.join(map(str, record.extra['beside']))}: slower than alone, "
                        "so not kept in the catalog)" if record.extra.get("beside") else "")
                     if record else f"skipped: {event.reason}")

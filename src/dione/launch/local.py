@@ -69,7 +69,9 @@ def run_local_gang(
     """Run ``spec`` on a gang of warm workers, one per device; each rank's outcome, or a
     GangError. Setting ``cancel`` (from another thread) stops the gang and raises
     GangInterrupted; ``on_progress(rank, record)`` hears each rank's progress."""
-    with training_here():  # a trial another process times meanwhile is told of it
+    # A trial another process (or this one, beside a task's slice) times meanwhile is
+    # told of it.
+    with training_here(slice_of_a_task=not spec.probe_load):
         return _run_local_gang(spec, placement, folder, timeout, cancel, on_progress)
 
 
