@@ -1,5 +1,6 @@
 """dione: train many deep-learning models at once, finishing the whole batch early."""
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -159,7 +160,9 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
         page.close()
         refused = isinstance(err, (RunDirError, ClusterError))
         if not refused and os.path.isfile(os.path.join(run_dir, STORE_FILE)):
-            report_after_run(run_dir, None, stopped=True)
+            # What stopped the run is what the caller must see, not a report's failure.
+            with contextlib.suppress(Exception):
+                report_after_run(run_dir, None, stopped=True)
         if isinstance(err, RunDirError) and "(--out)" in str(err):  # this call's words
             raise RunDirError(str(err).replace("(--out)", "(run_dir=)")) from None
         raise
