@@ -666,9 +666,11 @@ def test_cli_profile_writes_a_problem_the_planner_solves(
     assert "trials of 1 warm-up and 3 timed steps (2 run now, 0 from the catalog" in \
         raw["sources"]["profile"] and "torch " in raw["sources"]["profile"]
     assert solve(problem, "cpsat", 5.0).assignments
+    assert out.count("from the catalog") == 1  # the title's: every row was run now
     status, out, err = profile()
     assert status == 0, err
     assert "0 trial(s) run, 2 taken from the catalog" in out
+    assert out.count("│ from the catalog") == 4  # which rows were not run now (review)
     # No task with a feasible option (a budget of 0 runs no trial): no problem file,
     # which `dione plan` would refuse (review).
     status, out, err = in_process(capsys, "profile", str(file), "--devices", "cpu:2",

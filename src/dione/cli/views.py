@@ -148,6 +148,11 @@ def print_profile(profile: Any) -> None:
                        if record.feasible else "-")
             note = (record.simulation_note or "" if record.feasible else
                     f"{record.status}: {(record.reason or '').splitlines()[0][:200]}")
+            if record.fingerprint in profile.from_catalog:  # not run now: said which
+                note = "; ".join(filter(None, ("from the catalog", note)))
+            elif record.extra.get("beside"):
+                note = "; ".join(filter(None, ("timed beside other training: not kept "
+                                               "in the catalog", note)))
             table.add_row(
                 task.task, record.technique, str(record.devices), knobs,
                 f"{record.step_seconds * 1000:.1f}" if record.step_seconds else "-",

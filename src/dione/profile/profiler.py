@@ -169,4 +169,5 @@ def profile_workload(
     for (name, why), names in not_tried.items():
         emit(ProfileEvent("not_tried", name, tuple(names), reason=why))
     return Profile(cluster, profiles, trials_run, len(wanted) - len(pending),
-                   time.monotonic() - began)
+                   time.monotonic() - began,
+                   frozenset(wanted.keys() - {p.spec.fingerprint for p in pending}))

@@ -140,6 +140,8 @@ class Profile:
     trials_run: int = 0
     trials_cached: int = 0
     seconds: float = 0.0
+    # The trials (by fingerprint) taken from the catalog, not run now.
+    from_catalog: frozenset[str] = frozenset()
 
     def task(self, name: str) -> TaskProfile:
         """The profile of task ``name`` (KeyError: none), from an index of ``tasks``
