@@ -407,3 +407,18 @@ def test_equal_values_share_a_rank(tmp_path: Path) -> None:
     summary = (write_report(tmp_path) / "summary.md").read_text()
     assert "| 1 | a | 0.9000 |" in summary and "| 1 | b | 0.9000 |" in summary
     assert "| 3 | c | 0.8000 |" in summary
+
+
+def test_the_summary_tells_a_task_s_gangs_apart(tmp_path: Path) -> None:
+    """A task on one device, then on a gang of two, read 'vm:0, vm:0,1': the gangs and
+    their devices shared a comma (review)."""
+    from dione.report import write_report
+
+    with RunStore(tmp_path) as store:
+        store.register_task("moved", 4, 8)
+        for start, devices in ((0, [0]), (2, [0, 1])):
+            slice_id = store.begin_slice("moved", "single" if start == 0 else "ddp", {}, "n0",
+                                         devices, start, start + 2)
+            store.finish_slice(slice_id, [1.0, 0.9], [0.1, 0.1], None)
+    summary = (write_report(tmp_path) / "summary.md").read_text()
+    assert "| single, ddp | n0:0; n0:0,1 |" in summary, summary

@@ -308,7 +308,7 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
         at = f" (step {t.evaluated_at})" if t.evaluated_before else ""
         values = [figure(t.evaluation[m]) + at if m in t.evaluation else "-" for m in metrics]
         lines.append(_row([t.task, t.status, f"{t.steps}/{t.total_steps}",
-                           ", ".join(t.techniques) or "-", ", ".join(t.devices) or "-",
+                           ", ".join(t.techniques) or "-", "; ".join(t.devices) or "-",
                            f"{t.seconds:.1f}", loss, *values,
                            "-" if not t.steps else  # nothing trained: neither
                            _exactness(t)]))
