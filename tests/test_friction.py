@@ -78,6 +78,11 @@ def test_the_python_api_says_what_it_does_and_a_finished_run_keeps_its_makespan(
     assert "trial single x1" in printed and "[planned]" in printed
     assert "[finished]" in printed
     assert {type(e).__name__ for e in heard} == {"ProfileEvent", "RunEvent"}
+    # A callback's numbers as numbers (it had only the message's text to parse: review).
+    [finished] = [e for e in heard if e.kind == "slice_finished"]
+    assert finished.data["end_step"] == 6 and finished.data["done"] is True
+    assert finished.data["loss"] == first.tasks[0].final_loss and finished.data["seconds"] > 0
+    assert [e.data["finish"] > 0 for e in heard if e.kind == "planned"] == [True]
     again = dione.run(tasks, devices="cpu:1", run_dir=str(tmp_path / "run"), quiet=True,
                       **options)
     assert capsys.readouterr().out == ""

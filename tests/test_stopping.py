@@ -324,6 +324,12 @@ def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path
     # to the others as soon as the solve is done.
     stops = [k for k, e in enumerate(events) if e.kind == "task_stopped"]
     assert stops and all(k in asked_owed for k in stops)
+    # Its rung, metric and value as numbers, as the store records the decision.
+    with RunStore(tmp_path / "run") as store:
+        for k in stops:
+            data = events[k].data
+            assert data["metric"] and (events[k].task, data["step"], data["value"], True) \
+                in {d[:4] for d in store.decisions()}
     summary = (write_report(tmp_path / "run") / "summary.md").read_text()
     assert "## Stopped early" in summary and "stopped by ASHA" in summary
 

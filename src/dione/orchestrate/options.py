@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dione.plan.solve import SOLVERS
 from dione.profile.options import TrialOptions
@@ -183,12 +184,19 @@ class RunEvent:
       ``evaluation_doubtful``, ``evaluation_not_finite``, ``keep_best_doubtful``,
       ``eval_every_doubtful``, ``stopping_rule_doubtful``, ``stopping_rule_failed``.
 
-    The numbers (losses, evaluations, times) are the run store's: ``dione.load`` the
-    model, or read ``RUN_DIR/report/*.csv`` (``metrics.csv``, ``evaluations.csv``)."""
+    ``data`` holds the numbers a callback would otherwise parse from ``message``:
+    ``planned``/``replanned``: ``finish`` (seconds from the run's start), ``solver``,
+    ``status``; ``slice_finished``: ``start_step``, ``end_step``, ``seconds``,
+    ``predicted`` (seconds, at its launch), ``loss`` (its last step's, or None),
+    ``evaluation`` (metric -> value, empty where it did not evaluate), ``technique``,
+    ``devices``, ``done``; ``rung_passed``/``task_stopped``: ``step``, ``metric``,
+    ``value``. Every step's loss and every evaluation are the run store's
+    (``RUN_DIR/report/metrics.csv``, ``evaluations.csv``)."""
 
     kind: str
     message: str
     task: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
 # What `dione simulate` plans with unless told otherwise (its flags' defaults, and the

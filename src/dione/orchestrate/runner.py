@@ -628,7 +628,9 @@ class Runner:
         plan = candidate.plan
         self.emit(RunEvent("planned" if first else "replanned",
                            f"{plan.solver} ({plan.status}): finish at "
-                           f"{self.state.estimated_finish:.1f} s"))
+                           f"{self.state.estimated_finish:.1f} s",
+                           data={"finish": self.state.estimated_finish,
+                                 "solver": plan.solver, "status": plan.status}))
 
     def _drifted(self) -> bool:
         """Whether a running slice's pace puts its end off the plan by more than 5%
@@ -740,7 +742,13 @@ class Runner:
         self.emit(RunEvent("slice_finished", f"{name}: steps {result.start_step}-"
                            f"{result.end_step} in {elapsed:.1f} s (predicted "
                            f"{running.predicted_seconds:.1f} s at its launch{revised})"
-                           + (" - done" if ended else ""), name))
+                           + (" - done" if ended else ""), name, data={
+                               "start_step": result.start_step, "end_step": result.end_step,
+                               "seconds": elapsed, "predicted": running.predicted_seconds,
+                               "loss": result.losses[-1] if result.losses else None,
+                               "evaluation": dict(result.evaluation),
+                               "technique": result.technique,
+                               "devices": running.assignment.devices, "done": ended}))
         if running.at_rung and not ended:
             unjudged = self._unjudgeable(record, result)
             if unjudged:  # a rule that cannot judge must not stop it for a NaN
@@ -915,12 +923,14 @@ class Runner:
         self.judged.setdefault((repr(rule), step), {})[record.name] = value
         self.store.record_decision(record.name, repr(rule), step, rule.metric, value,
                                    decision.stop, decision.reason)
+        judged = {"step": step, "metric": rule.metric, "value": value}
         if not decision.stop:
             self.emit(RunEvent("rung_passed", f"{record.name}: {decision.reason}",
-                               record.name))
+                               record.name, data=judged))
             return False
         record.status = TaskStatus.STOPPED
-        self.emit(RunEvent("task_stopped", f"{record.name}: {decision.reason}", record.name))
+        self.emit(RunEvent("task_stopped", f"{record.name}: {decision.reason}", record.name,
+                           data=judged))
         self._ended(record, {rule.metric: value} if rule.metric != "loss" else {})
         if replan:
             self.ask_replan(owed=self.options.replan)  # past the budget (none: --no-replan)
