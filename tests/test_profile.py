@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
 import pytest
@@ -779,6 +780,57 @@ def test_a_models_own_code_is_part_of_its_speed_signature(
     monkeypatch.setattr(sys.modules[__name__], "_LOOPS", 1)
     assert speed_signature(digits_task("again", model=_Looped)) == once
     assert "model_code" not in speed_signature(digits_task("mlp"))  # the zoo's, torch's
+
+
+_MODE = "fast"  # a text switch a forward reads
+_helpers: Any = None  # a module of the user's, set by the test
+
+
+class _Switched(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(64, 64)
+
+    @staticmethod
+    def _times() -> int:
+        return 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1)
+        for _ in range(40 if _MODE == "slow" else self._times()):
+            x = _helpers.deep(x, self.layer)
+        return x
+
+
+def test_a_models_text_switch_static_methods_and_helper_module_are_keyed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forward switched by text (MODE = "slow"), a static method and a function of the
+    user's module beside the workload shared the stale trial's key (review)."""
+    import importlib.util
+
+    from dione.profile.fingerprint import speed_signature
+
+    (tmp_path / "user_helpers.py").write_text(
+        "import torch\nN = 1\n\ndef deep(x, layer):\n    for _ in range(N):\n"
+        "        x = torch.relu(layer(x))\n    return x\n")
+    spec = importlib.util.spec_from_file_location("user_helpers", tmp_path / "user_helpers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "user_helpers", module)
+    monkeypatch.setattr(sys.modules[__name__], "_helpers", module)
+
+    def key() -> str:
+        return speed_signature(digits_task("t", model=_Switched))["model_code"]
+
+    keys = [key()]
+    monkeypatch.setattr(sys.modules[__name__], "_MODE", "slow")
+    keys.append(key())
+    monkeypatch.setattr(_Switched, "_times", staticmethod(lambda: 40))
+    keys.append(key())
+    monkeypatch.setattr(module, "N", 40)
+    keys.append(key())
+    assert len(set(keys)) == 4, keys
 
 
 MOVABLE_WORKLOAD = """

@@ -1,6 +1,5 @@
 """dione: train many deep-learning models at once, finishing the whole batch early."""
 
-import contextlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -144,7 +143,11 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
 
                 launcher = RayLauncher(ray, env=ray_environment(env))
                 try:
-                    result = run_workload(tasks, Cluster(launcher.nodes()), run_dir,
+                    nodes = launcher.nodes()  # widest first, as profiling takes them
+                    tasks, untrainable = trained_by_none(tasks, nodes[0].devices,
+                                                         nodes[0].kind)
+                    problems = [*problems, *untrainable]
+                    result = run_workload(tasks, Cluster(nodes), run_dir,
                                           run_options, launcher=launcher,
                                           on_event=page.seeing(said[0], inbox),
                                           on_profile_event=said[1], inbox=inbox,
@@ -160,9 +163,14 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
         page.close()
         refused = isinstance(err, (RunDirError, ClusterError))
         if not refused and os.path.isfile(os.path.join(run_dir, STORE_FILE)):
-            # What stopped the run is what the caller must see, not a report's failure.
-            with contextlib.suppress(Exception):
+            # What stopped the run is what the caller must see, not a report's failure
+            # (said in a line, as the success path says its troubles).
+            try:
                 report_after_run(run_dir, None, stopped=True)
+            except Exception as failed:
+                if not quiet:
+                    print(f"warning: the stopped run's report could not be written: "
+                          f"{type(failed).__name__}: {failed}")
         if isinstance(err, RunDirError) and "(--out)" in str(err):  # this call's words
             raise RunDirError(str(err).replace("(--out)", "(run_dir=)")) from None
         raise

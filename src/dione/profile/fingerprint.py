@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import sys
 import sysconfig
@@ -182,10 +183,18 @@ _NOT_USERS = tuple({str(Path(sysconfig.get_paths()[key]).resolve())
 
 
 def _users_own(value: Any) -> bool:
-    """Whether ``value`` (a class or function) is the user's own code: a script's or a
-    notebook's, or defined in a file outside Python's library, installed packages and
-    dione."""
-    name = getattr(value, "__module__", None) or ""
+    """Whether ``value`` (a class, function or module) is the user's own code: a
+    script's or a notebook's, or defined in a file outside Python's library, installed
+    packages and dione."""
+    name = value.__name__ if isinstance(value, types.ModuleType) else getattr(
+        value, "__module__", None)
+    return _users_module(name or "")
+
+
+@lru_cache(maxsize=1024)
+def _users_module(name: str) -> bool:
+    """Whether the module ``name`` is the user's own (once per module: a model of
+    thousands of layers asked it of each)."""
     if name == "__main__":  # a script's or a notebook's (which has no file)
         return True
     path = getattr(sys.modules.get(name), "__file__", None)
@@ -196,40 +205,74 @@ def _users_own(value: Any) -> bool:
         part in ("site-packages", "dist-packages") for part in resolved.parts)
 
 
+def _keyed_value(value: Any) -> bool:
+    """Whether a global's value is keyed as it is: numbers, flags and text (a mode
+    switch, "naive" or "flash"), and tuples of them; not a path (a folder the file
+    keeps would key a moved project's trials apart)."""
+    if isinstance(value, tuple):
+        return all(_keyed_value(v) for v in value)
+    if isinstance(value, str):
+        return not os.path.isabs(value) and len(value) <= 200
+    return isinstance(value, (bool, int, float))
+
+
+def _methods(value: Any) -> list[types.FunctionType]:
+    """The functions a class holds (its methods, static and class methods, properties'
+    accessors) up its user-owned bases; a function itself."""
+    if isinstance(value, types.FunctionType):
+        return [value]
+    found = []
+    for base in getattr(value, "__mro__", ()):
+        if not _users_own(base):
+            continue
+        for member in vars(base).values():
+            if isinstance(member, (staticmethod, classmethod)):
+                member = member.__func__
+            parts = ([member.fget, member.fset, member.fdel] if isinstance(member, property)
+                     else [member])
+            found += [f for f in parts if isinstance(f, types.FunctionType)]
+    return found
+
+
 def _model_code(model: nn.Module) -> str:
     """A digest of the code of the model's classes that are the user's own: their
-    methods, the functions and classes of the user's they call, and the numbers and
-    flags of the module globals they read. A forward edited (a layer applied 40 times,
-    not once, by a constant of the workload file) printed and shaped alike, and its
-    stale trial was taken from the catalog, 9x too fast. Not text, nor a dunder name:
-    a workload file's ``__name__`` and a path it keeps (``__file__``'s folder) would
-    key every trial of a project that moved apart (as ``module_name`` avoids), and a
-    run id or a temporary folder every process's."""
+    methods, the functions and classes of the user's they call (also through a module of
+    the user's), and the numbers, flags and text of the module globals they read. A
+    forward edited (a layer applied 40 times, not once, by a constant of the workload
+    file) printed and shaped alike, and its stale trial was taken from the catalog, 9x
+    too fast. Not a dunder name nor a path: a workload file's ``__name__`` is made
+    from its path, and a folder it keeps would key a moved project's trials apart."""
     digest = hashlib.sha1()
     seen: set[int] = set()
     found = False
 
     def fold(value: Any) -> None:
         nonlocal found
-        if id(value) in seen or not _users_own(value):
+        if id(value) in seen:
             return
         seen.add(id(value))
+        if not _users_own(value):
+            return
         found = True
         digest.update(f"{getattr(value, '__qualname__', '?')}:".encode())
-        functions = ([value] if isinstance(value, types.FunctionType) else
-                     [f for base in getattr(value, "__mro__", ()) if _users_own(base)
-                      for f in vars(base).values() if isinstance(f, types.FunctionType)])
-        for function in functions:
+        for function in _methods(value):
             _digest_code(function.__code__, digest)
-            for name in sorted(_names(function.__code__)):
-                used = function.__globals__.get(name)
+            names = sorted(_names(function.__code__))
+            for name in names:
                 if name.startswith("__"):
                     continue
-                if isinstance(used, (types.FunctionType, type)):
+                used = function.__globals__.get(name)
+                if isinstance(used, types.ModuleType) and _users_own(used):
+                    # helpers.deep(x), helpers.N: what the code reads of the module
+                    for attribute in names:
+                        read = getattr(used, attribute, None)
+                        if isinstance(read, (types.FunctionType, type)):
+                            fold(read)
+                        elif _keyed_value(read):
+                            digest.update(f"{name}.{attribute}={read!r};".encode())
+                elif isinstance(used, (types.FunctionType, type)):
                     fold(used)
-                elif isinstance(used, (bool, int, float)) or (
-                        isinstance(used, tuple) and all(
-                            isinstance(v, (bool, int, float)) for v in used)):
+                elif _keyed_value(used):
                     digest.update(f"{name}={used!r};".encode())
 
     for module in model.modules():

@@ -884,7 +884,7 @@ def how_to_continue(run_dir: str | Path) -> str:
     resume` refused it)."""
     run = Path(run_dir)
     if (run / "run.json").is_file():
-        return "`dione resume` continues"
+        return f"`dione resume {shlex.quote(str(run))}` continues"
     if trained_by_train(run):
         return (f"`dione train WORKLOAD --task TASK --out {shlex.quote(str(run))}` "
                 "continues a task")
