@@ -187,7 +187,7 @@ def _intake(tasks: list[Task], requests: list[Addition], known: set[str], cluste
     """Load the requests' workload files, validate every task, profile the valid ones."""
     from dione.spec.validate import repeated_names
     from dione.spec.workload import load_workload
-    from dione.techniques.validation import valid_tasks
+    from dione.techniques.validation import trained_by_none, valid_tasks
 
     arrival = Arrival([], None, requests)
     wanted: list[tuple[Task, int | None]] = [(t, None) for t in tasks]  # and who asked
@@ -234,6 +234,10 @@ def _intake(tasks: list[Task], requests: list[Addition], known: set[str], cluste
             if source is None:  # not a `dione add` request's
                 arrival.from_inbox.add(task.name)
     valid, problems = valid_tasks(fresh) if fresh else ([], [])  # none: no "no tasks"
+    if valid:  # one no technique it allows trains: refused now, as a run's own are
+        widest = max(cluster, key=lambda n: n.devices)
+        valid, untrainable = trained_by_none(valid, widest.devices, widest.kind)
+        problems = [*problems, *untrainable]
     for problem in problems:  # a task may have several; one of the workload's names none
         name = problem.task or "(workload)"
         arrival.refused[name] = "; ".join(filter(None, [arrival.refused.get(name),
