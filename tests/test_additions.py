@@ -42,6 +42,11 @@ def growing(folder: Path, rates: list[float]) -> Path:
     return file
 
 
+def _batch_normed() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16),
+                               torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 10))
+
+
 def test_tasks_added_from_python_are_trained_and_bad_ones_refused(tmp_path: Path) -> None:
     tasks = list(load_workload(growing(tmp_path, [1e-2, 3e-2])))
     first = tasks[0]
@@ -60,7 +65,11 @@ def test_tasks_added_from_python_are_trained_and_bad_ones_refused(tmp_path: Path
         if event.kind == "slice_finished" and not hasattr(heard, "asked"):
             heard.asked = True  # mid-run: a good one, a name taken, an invalid one
             inbox.add(rate(1e-1), rate(5e-2, name="lr-0.01"),
-                      replace(rate(2e-2), name="bad", batch_size=0))
+                      replace(rate(2e-2), name="bad", batch_size=0),
+                      # No technique it allows trains it (fsdp refuses BatchNorm, and
+                      # proposes nothing on one CPU device): refused at once (review).
+                      replace(rate(4e-2), name="untrainable", model=_batch_normed,
+                              techniques=("fsdp",)))
         if event.kind == "slice_finished" and event.message.endswith("done"):
             done.add(event.task)
             if done == {"lr-0.01", "lr-0.03", "lr-0.1"}:
@@ -82,7 +91,8 @@ def test_tasks_added_from_python_are_trained_and_bad_ones_refused(tmp_path: Path
     closer.join()
     assert [t.task for t in result.tasks] == ["lr-0.01", "lr-0.03", "lr-0.1", "lr-0.3"]
     assert all(t.status == "done" and t.steps == 8 for t in result.tasks), result.tasks
-    assert set(inbox.refused) == {"lr-0.01", "bad"}
+    assert set(inbox.refused) == {"lr-0.01", "bad", "untrainable"}
+    assert "no technique it allows (fsdp)" in inbox.refused["untrainable"]
     assert "already has a task named 'lr-0.01'" in inbox.refused["lr-0.01"]
     assert "batch_size" in inbox.refused["bad"]
     added = [e for e in events if e.kind == "task_added"]
