@@ -22,21 +22,13 @@ from dione.profile.fingerprint import (
 from dione.profile.results import NotApplicable, Skipped, TaskProfile
 from dione.profile.trial import TrialSpec
 from dione.spec.cluster import Node
+from dione.spec.devices import device_counts
 from dione.spec.task import Task
 from dione.techniques.base import Technique
 from dione.techniques.registry import techniques
 
 __all__ = ["PendingTrial", "WantedTrials", "device_counts", "evaluation_arguments", "speed_group",
            "wanted_trials"]
-
-
-def device_counts(devices: int) -> list[int]:
-    """1, 2, 4, ... up to ``devices``, and ``devices`` itself."""
-    counts, count = [], 1
-    while count < devices:
-        counts.append(count)
-        count *= 2
-    return [*counts, devices]
 
 
 # How many other tasks a shared trial may run as, each after the one before diverged

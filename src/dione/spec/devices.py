@@ -13,6 +13,7 @@ __all__ = [
     "available_cores",
     "backend_for",
     "cores_for_slot",
+    "device_counts",
     "local_device_count",
     "local_device_kind",
     "max_cpu_slots",
@@ -84,3 +85,12 @@ def cores_for_slot(slot: int, slots: int, cores: list[int]) -> list[int] | None:
     if share < 1:
         return None
     return cores[slot * share : (slot + 1) * share]
+
+
+def device_counts(devices: int) -> list[int]:
+    """1, 2, 4, ... up to ``devices``, and ``devices`` itself: the widths profiling tries."""
+    counts, count = [], 1
+    while count < devices:
+        counts.append(count)
+        count *= 2
+    return [*counts, devices]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from dione.spec.devices import DeviceKind
+from dione.spec.devices import DeviceKind, device_counts
 from dione.spec.draws import draws_kept
 from dione.spec.task import Task
 from dione.spec.validate import Problem, checked_task, split_valid
@@ -40,15 +40,6 @@ def valid_task(task: Task, kind: DeviceKind | None = None) -> tuple[Task, list[P
         return (task if problems else with_refusals([task])[0]), problems
 
 
-def _counts(devices: int) -> list[int]:
-    """1, 2, 4, ... up to ``devices``, and ``devices``: the widths profiling tries."""
-    counts, count = [], 1
-    while count < devices:
-        counts.append(count)
-        count *= 2
-    return [*counts, devices]
-
-
 def _proposes(technique: Technique, task: Task, devices: int, kind: DeviceKind) -> bool:
     """Whether ``technique`` proposes a setting for ``task`` on ``devices`` devices (a
     user's technique that raises proposes none, as profiling leaves it out)."""
@@ -68,7 +59,7 @@ def trained_by_none(tasks: Iterable[Task], devices: int, kind: DeviceKind
     for task in tasks:
         allowed = [t for t in techniques() if task.allows(t.name)]
         if any(_proposes(t, task, c, kind) for t in allowed
-               for c in ([1] if t.name == "single" else _counts(devices))):
+               for c in ([1] if t.name == "single" else device_counts(devices))):
             kept.append(task)
             continue
         by_reason: dict[str, list[str]] = {}  # gpipe and 1f1b refuse a model alike

@@ -76,7 +76,7 @@ def command(args: argparse.Namespace) -> int:
 
 def _counts(technique: Any, devices: int) -> list[int]:
     """The device counts profiling tries ``technique`` on, up to ``devices``."""
-    from dione.profile.trials import device_counts
+    from dione.spec.devices import device_counts
 
     return [1] if technique.name == "single" else device_counts(devices)
 
