@@ -200,7 +200,8 @@ class LiveReport:
         # and a report a run killed in its first half minute leaves; then every `every`.
         pause = min(self.every, 2.0)
         while not self._stop.wait(pause):
-            pause = self.every
+            if folder is not None:  # written once: then every `every`
+                pause = self.every
             if not self._changed.is_set() or time.monotonic() < full_after:
                 if folder is not None:  # nothing new (a long slice), or a whole report
                     # too soon: a fresh stamp, every `every`, so a stale page is a dead run
