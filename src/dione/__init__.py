@@ -147,6 +147,9 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
                     tasks, untrainable = trained_by_none(tasks, nodes[0].devices,
                                                          nodes[0].kind)
                     problems = [*problems, *untrainable]
+                    if not tasks and inbox is None:
+                        raise ValueError("no task of the workload is valid:\n"
+                                         + "\n".join(str(p) for p in problems))
                     result = run_workload(tasks, Cluster(nodes), run_dir,
                                           run_options, launcher=launcher,
                                           on_event=page.seeing(said[0], inbox),
@@ -166,11 +169,11 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
             # What stopped the run is what the caller must see, not a report's failure
             # (said in a line, as the success path says its troubles).
             try:
-                report_after_run(run_dir, None, stopped=True)
+                trouble = report_after_run(run_dir, None, stopped=True)
             except Exception as failed:
-                if not quiet:
-                    print(f"warning: the stopped run's report could not be written: "
-                          f"{type(failed).__name__}: {failed}")
+                trouble = f"the report could not be written ({type(failed).__name__}: {failed})"
+            if trouble and not quiet:
+                print(f"warning: the stopped run's {trouble.removeprefix('the ')}")
         if isinstance(err, RunDirError) and "(--out)" in str(err):  # this call's words
             raise RunDirError(str(err).replace("(--out)", "(run_dir=)")) from None
         raise
