@@ -679,6 +679,13 @@ def test_cli_profile_writes_a_problem_the_planner_solves(
                                   str(tmp_path / "none.json"))
     assert status == 1 and not (tmp_path / "none.json").exists()
     assert "no task has a feasible option" in " ".join(err.split())
+    assert "CPU slots on" not in err  # as many slots as cores (this machine: 2 or more)
+    # More slots than cores: said, as the plans are then optimistic (review).
+    slots = len(os.sched_getaffinity(0)) * 2
+    _, _, err = in_process(capsys, "profile", str(file), "--devices", f"cpu:{slots}",
+                           "--budget", "0")
+    assert f"{slots} CPU slots on {slots // 2} core(s): tasks side by side share cores" in \
+        " ".join(err.split())
 
 
 def test_memory_saving_knobs_are_tried_only_where_memory_ran_out(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ def valid_tasks(workload_file: str, devices: str | None, what: str,
     except ClusterError as err:
         raise BadInput(str(err)) from None
     tasks, problems = checked(workload, None, cluster.nodes[0].kind)
+    _say_shared_cores(cluster, launcher)
     # A task no technique it allows trains on the widest node: refused now, not failed
     # after profiling.
     tasks, untrainable = trained_by_none(tasks, max(n.devices for n in cluster),
@@ -51,6 +52,22 @@ def valid_tasks(workload_file: str, devices: str | None, what: str,
     if not tasks:
         raise BadInput(f"no task of the workload is valid; nothing {what}")
     return tasks, problems, cluster
+
+
+def _say_shared_cores(cluster: Any, launcher: Any) -> None:
+    """Warn where this machine's CPU slots outnumber its cores: a trial is timed with
+    its slot's core to itself, and tasks side by side then share cores, so they run
+    slower than planned (2 tasks on cpu:2 ran 2.3x their plan on 2 busy cores; cpu:4
+    on 2 cores shares the catalog rows of cpu:2)."""
+    from dione.spec.devices import available_cores
+
+    node = cluster.nodes[0]
+    cores = len(available_cores())
+    if launcher is None and node.kind == "cpu" and node.devices > cores:
+        complain("warning", f"{node.devices} CPU slots on {cores} core(s): tasks side by side "
+                 "share cores and run slower than their trials (each timed with a core to "
+                 "itself), so plans are optimistic until re-planning sees the slices' pace; "
+                 f"--devices cpu:{cores} plans what this machine runs")
 
 
 def say_problem_notes(problem: Any, left_out: Sequence[str]) -> None:
