@@ -608,8 +608,19 @@ def test_out_of_memory_and_crash_are_recorded_and_the_rest_completes(tmp_path: P
         uncapped = profile_workload([replace(tasks[0], techniques=("single",))], CLUSTER,
                                     catalog, options=QUICK, parallel=False)
     assert uncapped.trials_run > 0
-    assert {(r.technique, r.devices): r.status for r in uncapped.task("big").trials}[
-        ("single", 1)] == "ok"
+    record = {(r.technique, r.devices): r for r in uncapped.task("big").trials}[("single", 1)]
+    assert record.status == "ok" and record.peak_memory_bytes
+    # Under a cap above its peak, its uncapped row serves (every trial was timed again
+    # for any cap: review); under one below it, the capped rows stand.
+    for cap, runs in ((record.peak_memory_bytes + 2**20, 0), (2**29, 0)):
+        with Catalog(tmp_path / "catalog.sqlite") as catalog:
+            capped = profile_workload([replace(tasks[0], techniques=("single",))],
+                                      CLUSTER, catalog, options=replace(
+                                          QUICK, memory_cap_bytes=cap), parallel=False)
+        assert capped.trials_run == runs
+        first = {(r.technique, r.devices, r.knobs["accumulation"]): r.status
+                 for r in capped.task("big").trials}[("single", 1, 1)]
+        assert first == ("ok" if cap > 2**29 else "oom"), (cap, first)
 
 
 def test_budget_skips_trials_and_does_not_cache_the_skips(tmp_path: Path) -> None:

@@ -41,6 +41,16 @@ __all__ = [
 ]
 
 
+def _under_the_cap(uncapped: TrialRecord | None, fingerprint: str,
+                   cap: int | None) -> TrialRecord | None:
+    """An uncapped trial's record that fits under ``cap`` (its peak measured below it),
+    as the capped trial's: it would have measured the same."""
+    if (uncapped is None or cap is None or uncapped.status != "ok"
+            or uncapped.peak_memory_bytes is None or uncapped.peak_memory_bytes > cap):
+        return None
+    return dataclasses.replace(uncapped, fingerprint=fingerprint)
+
+
 def _evaluations_untimed(tasks: Sequence[Task], profiles: Sequence[TaskProfile],
                          by_task: Mapping[str, list[str]], wanted: Mapping[str, PendingTrial],
                          results: Mapping[str, TrialRecord],
@@ -108,6 +118,9 @@ def profile_workload(
     pending: list[PendingTrial] = []
     for fingerprint, trial in wanted.items():
         cached = None if reprofile else catalog.get(fingerprint)
+        if cached is None and not reprofile and trial.uncapped is not None:
+            cached = _under_the_cap(catalog.get(trial.uncapped), fingerprint,
+                                    options.memory_cap_bytes)
         if cached is not None and cached.status == "crash" and cached.extra.get(
                 "code") != trial.code:
             cached = None  # it crashed under code that has changed since: try again

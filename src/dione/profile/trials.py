@@ -63,6 +63,9 @@ class PendingTrial:
     evaluation_key: str | None = None
     # Run again only to time an evaluation: its record (the catalog's) stands as it was.
     for_evaluation: bool = False
+    # Under a memory cap: the same trial's fingerprint without one (its catalog row
+    # serves where its peak is under the cap: every trial was timed again for any cap).
+    uncapped: str | None = None
 
     def times(self, key: str) -> bool:
         """Whether it may time an evaluation of this key."""
@@ -208,5 +211,7 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
                     wanted[fingerprint] = PendingTrial(
                         TrialSpec(task, technique.name, knobs, count, fingerprint, device),
                         group, [task.name], technique.shards_memory, lighter, code=code,
-                        evaluations=[] if eval_key is None else [(eval_key, task.evaluate)])
+                        evaluations=[] if eval_key is None else [(eval_key, task.evaluate)],
+                        uncapped=None if memory_cap_bytes is None else trial_fingerprint(
+                            signature, technique.name, knobs, count, node.kind, threads))
     return WantedTrials(profiles, wanted, by_task)
