@@ -27,7 +27,7 @@ lint: setup
 # and timeouts rather than computing. Each test file runs whole in one worker, so a
 # module's shared fixture (test_ray.py's one Ray cluster) is made once (xdist's
 # loadgroup did not keep a group together under pytest 9).
-# mypy (45 s without its cache, as on CI) checks types beside the tests, on the core
+# mypy (40-110 CPU-s without its cache, as on CI) checks types beside the tests, on the core
 # they leave idle while waiting; its output follows theirs, and either failing fails.
 # Every process the suite starts (ranks, spawners, CLIs) imports dione: its bytecode is
 # written once here, where PYTHONDONTWRITEBYTECODE (set on our machines) has each process
@@ -40,7 +40,7 @@ test: setup
 	wait $$types; typed=$$?; cat .mypy.log; rm -f .mypy.log; \
 	test $$tests -eq 0 && test $$typed -eq 0
 
-# The inner loop (about a minute): lint, types, and the tests that start no gang
+# The inner loop (16-25 s with mypy's cache): lint, types, and the tests that start no gang
 # (layering, schedules, planner, store, spec, batches). `make test` runs everything.
 check: lint
 	$(BIN)/python -m pytest -q -x tests/test_layers.py tests/test_schedules.py \

@@ -422,3 +422,18 @@ def test_the_summary_tells_a_task_s_gangs_apart(tmp_path: Path) -> None:
             store.finish_slice(slice_id, [1.0, 0.9], [0.1, 0.1], None)
     summary = (write_report(tmp_path) / "summary.md").read_text()
     assert "| single, ddp | n0:0; n0:0,1 |" in summary, summary
+
+
+def test_the_best_of_a_run_result_is_the_report_s_rank_one(tmp_path: Path) -> None:
+    """best() gave a failed task the report lists unranked, where no task trained to
+    its end (review)."""
+    from dione.orchestrate import RunResult, TaskResult
+
+    tasks = [TaskResult("failed", "failed", steps=10, total_steps=40,
+                        evaluation={"accuracy": 0.9}),
+             TaskResult("stopped", "stopped", steps=10, total_steps=40,
+                        evaluation={"accuracy": 0.8})]
+    result = RunResult(tmp_path, tasks, 1.0, 1.0, 1, 0.0)
+    assert [t.task for t in result.leaderboard("accuracy")] == ["failed", "stopped"]
+    best = result.best("accuracy")
+    assert best is not None and best.task == "stopped"

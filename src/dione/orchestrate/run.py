@@ -103,7 +103,8 @@ class RunResult:
     def leaderboard(self, metric: str) -> list[TaskResult]:
         """These results ranked by ``metric``, best first, as the report's leaderboard
         ranks them: those trained to their end, then those that did not (stopped at a
-        rung, failed or interrupted on the way: their value is of that step). Lower or
+        rung, failed or interrupted on the way: their value is of that step; the report
+        lists a failed one unranked, at its place). Lower or
         higher is better as the run's stopping rule or Optuna study has it, else as the
         name says (loss, error: lower). Left out: a diverged task, and a done one whose
         last evaluation failed (its value would be of earlier weights than it exports).
@@ -115,9 +116,10 @@ class RunResult:
         return leaderboard(self.tasks, metric, self.directions)
 
     def best(self, metric: str) -> TaskResult | None:
-        """The first of ``leaderboard(metric)`` (None: no task is ranked); check its
-        ``status``: it did not train to its end only where no task that did has a value."""
-        return next(iter(self.leaderboard(metric)), None)
+        """The report's rank 1 of ``leaderboard(metric)``: its first task that did not
+        fail (None: no task is ranked); check its ``status``: it did not train to its end
+        only where no task that did has a value."""
+        return next((t for t in self.leaderboard(metric) if t.status != "failed"), None)
 
 
 def _results(tasks: Sequence[Task], run_dir: Path) -> list[TaskResult]:
