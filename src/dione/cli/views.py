@@ -290,7 +290,8 @@ def print_sequential_results(outcomes: Sequence[Any], run_dir: Path) -> None:
 def _say_report(run_dir: Path, more: str = "") -> None:
     """Where a run's report went (the page, and the files beside it)."""
     console.print(f"report: {run_dir / 'report' / 'index.html'} (beside it summary.md, "
-                  f"gantt.png, curves.png, timeline.csv, metrics.csv, evaluations.csv){more}")
+                  "summary.csv, gantt.png, curves.png, timeline.csv, metrics.csv, "
+                  f"evaluations.csv){more}")
 
 
 def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Sequence[Any],
