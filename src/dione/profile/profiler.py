@@ -116,6 +116,7 @@ def profile_workload(
     profiles, wanted, by_task = found.profiles, found.wanted, found.by_task
     results: dict[str, TrialRecord] = {}
     pending: list[PendingTrial] = []
+    totals = {p.task: p.total_steps for p in profiles}  # (an epoch's needs its data set)
     for fingerprint, trial in wanted.items():
         cached = None if reprofile else catalog.get(fingerprint)
         if cached is None and not reprofile and trial.uncapped is not None:
@@ -128,7 +129,7 @@ def profile_workload(
                 "timeout", 0.0)) < options.timeout:
             cached = None  # it ran out of a shorter time than it has now: try again
         if cached is not None and cached.status == "ok" and (cached.measured_steps or 0) \
-                < measured_steps(trial.spec.task, options):
+                < measured_steps(totals[trial.spec.task.name], options):
             # Timed over fewer steps than asked for now (--measure-steps raised): its
             # mean is the noisier one the user asked to replace.
             cached = None

@@ -94,7 +94,7 @@ def run_trial(
     for path in (folder, checkpoints):
         if path is not None:
             shutil.rmtree(path, ignore_errors=True)
-    steps = trial_steps(spec.task, options)
+    steps = trial_steps(total_steps(spec.task), options)
     base = dict(fingerprint=spec.fingerprint, technique=spec.technique, knobs=dict(spec.knobs),
                 devices=spec.devices, device=spec.device)
     try:
@@ -171,16 +171,16 @@ def run_trial(
                                    result.evaluation_error)
 
 
-def trial_steps(task: Task, options: TrialOptions) -> int:
-    """How many steps a trial of ``task`` trains: its warm-up and measured steps, or all
-    the task has."""
-    return min(options.warmup_steps + options.measure_steps, total_steps(task))
+def trial_steps(total: int, options: TrialOptions) -> int:
+    """How many steps a trial of a task of ``total`` steps trains: its warm-up and
+    measured steps, or all the task has."""
+    return min(options.warmup_steps + options.measure_steps, total)
 
 
-def measured_steps(task: Task, options: TrialOptions) -> int:
+def measured_steps(total: int, options: TrialOptions) -> int:
     """How many of a trial's steps are timed: those past its warm-up (at most half), as
     ``run_trial`` splits them."""
-    steps = trial_steps(task, options)
+    steps = trial_steps(total, options)
     return steps - min(options.warmup_steps, steps // 2)
 
 
