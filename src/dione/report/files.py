@@ -99,8 +99,8 @@ def _as_left(s: SliceRecord, store: RunStore, heard: float) -> SliceRecord:
         return s
     return replace(s, status="interrupted",
                    ended_at=max(s.started_at + sum(seconds), heard),
-                   error=f"its launcher is gone; {how_to_continue(store.run_dir)} from "
-                   "the last checkpoint")
+                   error=f"its launcher is gone; {how_to_continue(store.run_dir)} "
+                   "continues from the last checkpoint")
 
 
 def _run_start(store: RunStore, plans: Sequence[AdoptedPlan]) -> float:
@@ -405,7 +405,7 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
         lines += ["", "## Invalid tasks, never started", "",
                   "Validation refused these tasks of the workload when the run (or its latest "
                   "resume) started; fix them, then "
-                  + how_to_continue(run_dir).replace(" continues", "") + " trains them."
+                  + how_to_continue(run_dir) + " trains them."
                   if run_dir is not None else "Validation refused these tasks of the "
                   "workload when the run (or its latest resume) started.", ""]
         lines += [f"- {name}: " + "; ".join(problems) for name, problems in invalid.items()]

@@ -100,7 +100,7 @@ def _written(refresh_seconds: int | None, now: float, run_dir: Path) -> str:
 
     rest = (" min: the run's launcher may be gone (killed, or its machine lost), and what "
             f"it shows as running is not. `dione status {run_dir}` says; "
-            f"{how_to_continue(run_dir)}.")
+            f"{how_to_continue(run_dir)} continues it.")
     said = json.dumps(rest).replace("</", "<\\/")  # a string in the script
     return f"""<p class="written" id="written">Written {stamp}; rewritten at least every \
 {refresh_seconds} s while the run's launcher lives.</p>

@@ -878,18 +878,16 @@ TRAIN_FOLDER = ("it is a `dione train` folder: `dione train WORKLOAD --task TASK
 
 
 def how_to_continue(run_dir: str | Path) -> str:
-    """What continues the run in ``run_dir``, as the end of a sentence ("... continues"):
-    ``dione resume`` for a run the CLI started (its run.json), ``dione train`` for its
-    folder, the same Python call for a run ``dione.run`` started (no run.json: `dione
-    resume` refused it)."""
+    """What continues the run in ``run_dir``, as a sentence's subject ("... continues
+    it"): ``dione resume`` for a run the CLI started (its run.json), ``dione train`` for
+    its folder, the same Python call for a run ``dione.run`` started (no run.json:
+    `dione resume` refused it)."""
     run = Path(run_dir)
     if (run / "run.json").is_file():
-        return f"`dione resume {shlex.quote(str(run))}` continues"
+        return f"`dione resume {shlex.quote(str(run))}`"
     if trained_by_train(run):
-        return (f"`dione train WORKLOAD --task TASK --out {shlex.quote(str(run))}` "
-                "continues a task")
-    return ("calling dione.run (or dione.optuna.optimize) again with this run directory "
-            "continues")
+        return f"`dione train WORKLOAD --task TASK --out {shlex.quote(str(run))}`"
+    return "calling dione.run (or dione.optuna.optimize) again with this run directory"
 
 
 def trained_by_train(run_dir: str | Path) -> bool:

@@ -42,7 +42,7 @@ def command(args: argparse.Namespace) -> int:
     # How it goes on: a run started from Python (no run.json) by the same call again.
     from dione.state.store import how_to_continue, trained_by_train
 
-    go_on = how_to_continue(run_dir)
+    go_on = f"{how_to_continue(run_dir)} continues"
     unfinished = [t for t in tasks if t.status in ("running", "pending", "paused")]
     if holder is not None and holder.alive:
         launcher = f"live: launcher pid {holder.pid} on {holder.host}"
