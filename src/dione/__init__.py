@@ -79,7 +79,7 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     from dione.report import report_after_run
     from dione.spec import Cluster, ClusterError, load_workload, local_cluster
     from dione.state.store import STORE_FILE
-    from dione.techniques.validation import trained_by_none, valid_tasks
+    from dione.techniques.validation import valid_tasks
 
     _argument_types(workload=workload, run_dir=run_dir, on_event=on_event)
     env = _ray_env(ray, ray_env)
@@ -106,9 +106,7 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     tasks, problems = valid_tasks(workload)
     if inbox is not None:  # the run waits for the inbox's tasks: it may start with none
         problems = [p for p in problems if p.field != "tasks"]
-    if not tasks and inbox is None:
-        raise ValueError("no task of the workload is valid:\n"
-                         + "\n".join(str(p) for p in problems))
+    _some_valid(tasks, problems, inbox)
     said = _said(on_event, quiet)
     run_options = RunOptions(**options)  # bad options are named before anything starts
     # Devices checked before run.json records them (a bad one made every resume fail).
@@ -116,13 +114,8 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
         cluster = local_cluster(devices) if ray is None else None
     except ClusterError as err:  # in this call's words, not the command line's
         raise ClusterError(str(err).replace("--devices ", "devices=")) from None
-    if cluster is not None:  # one no technique it allows trains: refused, not failed later
-        tasks, untrainable = trained_by_none(tasks, cluster.nodes[0].devices,
-                                             cluster.nodes[0].kind)
-        problems = [*problems, *untrainable]
-        if not tasks and inbox is None:
-            raise ValueError("no task of the workload is valid:\n"
-                             + "\n".join(str(p) for p in problems))
+    if cluster is not None:
+        tasks, problems = _trainable(tasks, problems, cluster.nodes[0], inbox)
     if workload_file is not None:  # `dione resume`, `export` and `dione.load` read it
         _record_run(workload_file, run_dir, run_options, devices, ray, tensorboard, mlflow,
                     env)
@@ -144,12 +137,7 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
                 launcher = RayLauncher(ray, env=ray_environment(env))
                 try:
                     nodes = launcher.nodes()  # widest first, as profiling takes them
-                    tasks, untrainable = trained_by_none(tasks, nodes[0].devices,
-                                                         nodes[0].kind)
-                    problems = [*problems, *untrainable]
-                    if not tasks and inbox is None:
-                        raise ValueError("no task of the workload is valid:\n"
-                                         + "\n".join(str(p) for p in problems))
+                    tasks, problems = _trainable(tasks, problems, nodes[0], inbox)
                     result = run_workload(tasks, Cluster(nodes), run_dir,
                                           run_options, launcher=launcher,
                                           on_event=page.seeing(said[0], inbox),
@@ -184,6 +172,25 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
             print(f"warning: {trouble}")
     result.invalid = [str(p) for p in problems]  # a bad task stops only itself
     return result
+
+
+def _some_valid(tasks: Sequence[Any], problems: Sequence[Any], inbox: Any) -> None:
+    """Refuse a workload left with no task (one with an inbox may start with none)."""
+    if not tasks and inbox is None:
+        raise ValueError("no task of the workload is valid:\n"
+                         + "\n".join(str(p) for p in problems))
+
+
+def _trainable(tasks: list[Any], problems: list[Any], widest: Any, inbox: Any
+               ) -> tuple[list[Any], list[Any]]:
+    """``tasks`` less those no technique they allow trains on the ``widest`` node, whose
+    problems join ``problems`` (refused now, not failed after profiling)."""
+    from dione.techniques.validation import trained_by_none
+
+    tasks, untrainable = trained_by_none(tasks, widest.devices, widest.kind)
+    problems = [*problems, *untrainable]
+    _some_valid(tasks, problems, inbox)
+    return tasks, problems
 
 
 def _known_options(options: Mapping[str, Any]) -> None:

@@ -13,7 +13,7 @@ from dione.techniques.base import Technique
 from dione.techniques.pipeline.probe import with_refusals
 from dione.techniques.registry import technique_names, techniques
 
-__all__ = ["trained_by_none", "valid_task", "valid_tasks"]
+__all__ = ["profiled_widths", "trained_by_none", "valid_task", "valid_tasks"]
 
 
 def _inexact() -> list[str]:
@@ -40,6 +40,12 @@ def valid_task(task: Task, kind: DeviceKind | None = None) -> tuple[Task, list[P
         return (task if problems else with_refusals([task])[0]), problems
 
 
+def profiled_widths(technique: Technique, devices: int) -> list[int]:
+    """The device counts profiling tries ``technique`` on, up to ``devices`` (single's
+    one only)."""
+    return [1] if technique.name == "single" else device_counts(devices)
+
+
 def _proposes(technique: Technique, task: Task, devices: int, kind: DeviceKind) -> bool:
     """Whether ``technique`` proposes a setting for ``task`` on ``devices`` devices (a
     user's technique that raises proposes none, as profiling leaves it out)."""
@@ -59,14 +65,14 @@ def trained_by_none(tasks: Iterable[Task], devices: int, kind: DeviceKind
     for task in tasks:
         allowed = [t for t in techniques() if task.allows(t.name)]
         if any(_proposes(t, task, c, kind) for t in allowed
-               for c in ([1] if t.name == "single" else device_counts(devices))):
+               for c in profiled_widths(t, devices)):
             kept.append(task)
             continue
         by_reason: dict[str, list[str]] = {}  # gpipe and 1f1b refuse a model alike
         for technique in allowed:
             try:
-                said = technique.check(task, 1 if technique.name == "single" else devices,
-                                       {}, kind)
+                said = technique.check(task, profiled_widths(technique, devices)[-1], {},
+                                       kind)
             except Exception as err:
                 said = [f"its check raised {type(err).__name__}: {err}"]
             # Micro-batches that do not divide the batch are its defaults' only: the

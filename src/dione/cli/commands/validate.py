@@ -74,13 +74,6 @@ def command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _counts(technique: Any, devices: int) -> list[int]:
-    """The device counts profiling tries ``technique`` on, up to ``devices``."""
-    from dione.spec.devices import device_counts
-
-    return [1] if technique.name == "single" else device_counts(devices)
-
-
 def _model_refusals(task: Any, devices: int, kind: Any) -> dict[str, str]:
     """Techniques (the task allows) that will not train it on ``devices`` devices for
     what its model is (BatchNorm under a split batch, a pipeline's cut), as their own
@@ -89,6 +82,7 @@ def _model_refusals(task: Any, devices: int, kind: Any) -> dict[str, str]:
     only the wider ones (gpipe in 2 stages but not 4)."""
     from dione.spec.batch import split_problem
     from dione.techniques import techniques
+    from dione.techniques.validation import profiled_widths
 
     found = {}
     for technique in techniques():
@@ -96,7 +90,7 @@ def _model_refusals(task: Any, devices: int, kind: Any) -> dict[str, str]:
         if (not task.allows(technique.name) or technique.name in task.refused_techniques
                 or (technique.inexactness(knobs) is not None and not task.allow_inexact)):
             continue
-        count = 1 if technique.name == "single" else devices  # single's only width
+        count = profiled_widths(technique, devices)[-1]  # its widest (single's only)
         parts, what = technique.batch_parts(count, knobs)
         odd = split_problem(task.batch_size, parts, what, task.name) if isinstance(
             parts, int) else None
@@ -104,7 +98,7 @@ def _model_refusals(task: Any, devices: int, kind: Any) -> dict[str, str]:
         if reasons and technique.knob_settings(task, count, kind):
             continue  # its defaults do not fit, another setting of it does
         if reasons:
-            narrower = [c for c in _counts(technique, devices)
+            narrower = [c for c in profiled_widths(technique, devices)
                         if c < count and technique.knob_settings(task, c, kind)]
             found[technique.name] = (f"not on {count} devices (it does on "
                                      f"{', '.join(map(str, narrower))}): " if narrower
