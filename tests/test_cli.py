@@ -14,6 +14,15 @@ from helpers import dione, in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# A workload file's task of the digits MLP, changed as each test's workload needs.
+TASK = '''
+def task(name, **changes):
+    base = dict(name=name, model=digits_mlp, data=digits_train,
+                loss=torch.nn.functional.cross_entropy,
+                optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=16, steps=3)
+    return Task(**{**base, **changes})
+'''
+
 BAD_FIELDS = '''
 import functools, threading, torch
 from dione import Task, Workload
@@ -23,13 +32,7 @@ lock = threading.Lock()
 
 def broken():
     raise RuntimeError("no model today")
-
-def task(name, **changes):
-    base = dict(name=name, model=digits_mlp, data=digits_train,
-                loss=torch.nn.functional.cross_entropy,
-                optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=16, steps=3)
-    return Task(**{**base, **changes})
-
+''' + TASK + '''
 workload = Workload([
     task("ok"),
     task("ok"),
@@ -82,13 +85,7 @@ class OneLayer(nn.Module):  # no blocks to cut between
 def with_batch_norm():
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(),
                          nn.Linear(32, 10))
-
-def task(name, **changes):
-    base = dict(name=name, model=digits_mlp, data=digits_train,
-                loss=torch.nn.functional.cross_entropy,
-                optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=16, steps=3)
-    return Task(**{**base, **changes})
-
+''' + TASK + '''
 workload = Workload([
     task("uncut", model=OneLayer, techniques=("gpipe", "1f1b")),
     task("batch-norm-ddp", model=with_batch_norm, techniques=("ddp",)),
