@@ -87,6 +87,13 @@ def test_exact_techniques_evaluate_as_single_at_every_point(tmp_path) -> None:
             assert {s.technique for s in slices} == {t}
             assert {s.end_step for s in slices} >= {4, 8, 12}  # a slice ends at each
     assert [step for step, _ in found["single"]] == [4, 8, 12]
+    # The result carries each task's history, as Optuna's intermediate values (a notebook
+    # read the store's SQLite for it).
+    for t in TECHNIQUES:
+        history = result.task(f"by-{t}")
+        assert history.evaluations["accuracy"] == found[t], t
+        assert [step for step, _ in history.losses] == list(range(1, 13)), t
+        assert history.losses[-1][1] == history.final_loss, t
     for t in TECHNIQUES[1:]:
         assert [step for step, _ in found[t]] == [4, 8, 12], t
         # Accuracy over the 360 held-out digits: reduction order may move at most one

@@ -69,6 +69,12 @@ class TaskResult:
     best_checkpoint: str | None = None
     # The task's hyperparameters (``grid``'s axes), as the leaderboards show them.
     hyperparameters: dict[str, Any] = field(default_factory=dict)
+    # Its history, as Optuna's intermediate values or a Ray Tune result's metrics: (step,
+    # loss) of every step trained, and per metric (step, value) of every evaluation.
+    # Left out of repr: a long run's million steps.
+    losses: list[tuple[int, float]] = field(default_factory=list, repr=False)
+    evaluations: dict[str, list[tuple[int, float]]] = field(default_factory=dict,
+                                                            repr=False)
 
     @property
     def exactness(self) -> str:
@@ -127,6 +133,8 @@ def _results(tasks: Sequence[Task], run_dir: Path) -> list[TaskResult]:
         recorded = {s.task: s for s in summaries(store, [t.name for t in tasks])}
         best = {t.name: found[0] for t in tasks if not isinstance(
             found := best_kept(store, t.name, (t.keep_best, t.best_mode())), str)}
+        history = {t.name: (store.losses(t.name), store.evaluations(t.name)) for t in tasks
+                   if t.name in recorded}
     return [TaskResult(
         task=s.task, status=s.status, techniques=s.techniques, devices=s.device_counts,
         seconds=s.seconds, steps=s.steps, total_steps=s.total_steps, final_loss=s.final_loss,
@@ -134,7 +142,8 @@ def _results(tasks: Sequence[Task], run_dir: Path) -> list[TaskResult]:
         statistical=s.statistical, evaluated_at=s.evaluated_at,
         best_step=best[t.name].step if t.name in best else None,
         best_checkpoint=best[t.name].path if t.name in best else None,
-        hyperparameters=dict(t.hyperparameters))
+        hyperparameters=dict(t.hyperparameters), losses=history[t.name][0],
+        evaluations=history[t.name][1])
         if (s := recorded.get(t.name)) is not None else TaskResult(
             t.name, "pending", hyperparameters=dict(t.hyperparameters))
         for t in tasks]
