@@ -264,11 +264,16 @@ def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Pa
 
     assert main(["export", str(tmp_path / "run"), "trial-3", "-o", str(tmp_path / "x")]) == 2
 
-    late = optuna.create_study(direction="minimize")
-    with pytest.raises(ValueError, match=r"report_every=40 leaves no report before the "
-                                         r"task's last step \(8\)"):
-        dione.optuna.optimize(late, build, n_trials=1, **{**options, "report_every": 40,
-                                                          "run_dir": str(tmp_path / "late")})
+    # A mistake every trial shares is said at the first, which alone is told FAIL (as
+    # Optuna's optimize stops at an objective's first error): it used up all n_trials.
+    for in_flight in (None, 2):
+        late = optuna.create_study(direction="minimize")
+        with pytest.raises(ValueError, match=r"report_every=40 leaves no report before the "
+                           r"task's last step \(8\).*nothing was trained and no more "
+                           r"trials were asked"):
+            dione.optuna.optimize(late, build, n_trials=4, in_flight=in_flight, **{
+                **options, "report_every": 40, "run_dir": str(tmp_path / f"late{in_flight}")})
+        assert [t.state for t in late.get_trials()] == [optuna.trial.TrialState.FAIL]
 
 
 def test_a_trial_whose_name_another_task_took_fails_saying_so(tmp_path: Path) -> None:

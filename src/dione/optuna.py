@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from shlex import quote
-from typing import Any
+from typing import Any, NoReturn
 
 from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
@@ -246,7 +246,6 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     told = _finished(study)
     want = n_trials if in_flight is None else min(n_trials, max(
         len(trials), in_flight + sum(t.number in told for t in trials)))
-    trials += [_ask(study, where) for _ in range(want - len(trials))]
     # A trial told FAIL is final (Optuna's trials cannot be reported to or told again):
     # its task is not trained again, whether it failed to build or to train.
     failed_now = _failed(study, trials)
@@ -278,13 +277,37 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
         if trial.number not in _finished(study):  # a resumed one may be told already
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
-    tasks = []
-    for name, trial in list(by_task.items()):
+    tasks: list[Task] = []
+
+    def none_built(trial: Any, err: Exception) -> NoReturn:
+        """The first task of this call failed to build, with none built before it: a
+        mistake every trial would share (report_every past the task's end, a typo in
+        ``make_task``) is said once, not as ``n_trials`` failed trials."""
+        raise ValueError(
+            f"trial {trial.number}'s task could not be built ({type(err).__name__}: {err}), "
+            "and no trial's was before it: nothing was trained and no more trials were "
+            f"asked (as Optuna's own optimize stops at an objective's first error); trial "
+            f"{trial.number} is told FAIL: fix the cause, then call optimize again with "
+            "retry_failed=True") from err
+
+    def take(name: str, trial: Any) -> None:
+        """The trial's task built for the run, or its trial failed (the user's function:
+        this trial alone, once another's task was built)."""
         try:
             tasks.append(build(name, trial))
-        except Exception as err:  # the user's function: this trial alone fails
+        except Exception as err:
             failed(trial, f"{type(err).__name__}: {err}")
             del by_task[name]
+            if not tasks:
+                none_built(trial, err)
+
+    for name, trial in list(by_task.items()):
+        take(name, trial)
+    while len(trials) < want:  # asked one by one: a first that fails stops the asking
+        trial = _ask(study, where)
+        trials.append(trial)
+        by_task[name := str(trial.user_attrs[_TASK])] = trial
+        take(name, trial)
     inbox = TaskInbox() if len(trials) < n_trials else None
     sent: set[str] = set()  # the tasks given to the live run through the inbox
     timed_out: list[int] = []  # the trials asked when stop_asking_after closed the inbox
@@ -311,6 +334,8 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
                     task = build(name, trial)
                 except Exception as err:  # the user's function: this trial alone fails
                     failed(trial, f"{type(err).__name__}: {err}")
+                    if not tasks and not sent:
+                        none_built(trial, err)
                     continue
                 inbox.add(task)
                 by_task[name] = trial
