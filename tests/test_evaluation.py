@@ -370,9 +370,10 @@ def test_a_metric_the_catalogs_evaluation_did_not_return_is_said_before_training
         tmp_path) -> None:
     """Where the catalog knows the evaluation's cost, no trial runs it: a rule's metric
     or keep_best it does not return was found only at the task's first rung (or never).
-    The names it returned when it was timed are kept beside its cost, and a metric
-    missing from them is said before training; a warning, not a failure (evaluate may
-    have changed since)."""
+    The names it returned when it was timed are kept beside its cost; where they lack
+    the metric, the evaluation runs once again in profiling (evaluate may have changed
+    since), and a metric it still lacks fails the task before it trains (a warning
+    trained a whole sweep to its first rung on a typo: review)."""
     from dione.orchestrate.options import RunEvent
     from helpers import TEST_NODE
 
@@ -382,18 +383,21 @@ def test_a_metric_the_catalogs_evaluation_did_not_return_is_said_before_training
                          Cluster([TEST_NODE]), tmp_path / "first", options)
     assert [t.status for t in first.tasks] == ["done"]
     events: list[RunEvent] = []
-    second = run_workload([digits_task("second", steps=8, evaluate=digits_accuracy,
-                                       eval_every=4, keep_best="acc", keep_best_mode="max")],
+    second = run_workload([digits_task(f"second-{i}", steps=8, evaluate=digits_accuracy,
+                                       eval_every=4, keep_best="acc", keep_best_mode="max")
+                           for i in range(2)],
                           Cluster([TEST_NODE]), tmp_path / "second", options,
                           on_event=events.append)
-    assert [t.status for t in second.tasks] == ["done"]  # trained, as it would have
-    said = [e.message for e in events if e.kind == "evaluation_doubtful"]
-    assert said == ["second: keep_best names 'acc', which its evaluate does not return (it "
-                    "returned 'accuracy', 'test_loss' when the catalog timed it): if it still "
-                    "does, keep_best keeps nothing; stop, fix it and resume (`--reprofile` "
-                    "runs it again)"], said
-    kinds = [e.kind for e in events]
-    assert kinds.index("evaluation_doubtful") < kinds.index("slice_started")
+    assert [t.status for t in second.tasks] == ["failed"] * 2
+    assert [t.steps for t in second.tasks] == [0, 0]
+    assert second.tasks[0].error == (
+        "keep_best names 'acc', which its evaluate does not return (it returned "
+        "'accuracy', 'test_loss' in its profiling trial): name one of those, or return it "
+        "from evaluate, then resume (nothing was trained)")
+    # One run of the evaluation for both (one evaluate function), none of its steps kept.
+    assert [e.kind for e in events].count("slice_started") == 0
+    with RunStore(tmp_path / "second") as store:
+        assert store.slices() == []
 
 
 def test_an_evaluate_that_returns_no_dict_of_numbers_is_named() -> None:

@@ -240,7 +240,7 @@ def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Pa
     assert [t.state for t in study.get_trials()] == [optuna.trial.TrialState.FAIL] * 2
     # Why, in the study (it was only in `dione status`): before any step trained.
     for failed in study.get_trials():
-        assert "its stopping rule judges 'acc', which its evaluate does not return" in \
+        assert "optimize(metric=...) judges 'acc', which its evaluate does not return" in \
             failed.user_attrs["dione_error"], failed.user_attrs
     with pytest.raises(ValueError, match="no trial of this run is left to train"):
         dione.optuna.optimize(study, build, n_trials=2, metric="accuracy", **options)

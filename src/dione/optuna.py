@@ -53,6 +53,9 @@ class OptunaPruning(StoppingRule):
     task reports its metric to its trial and stops where ``should_prune()`` says. The
     study lives in the launcher only: the rule travels to workers without it."""
 
+    judged_by = "optimize(metric=...)"
+    metric_fix = "optimize's metric"
+
     def __init__(self, study: Any, trials: dict[str, Any], report_every: int,
                  metric: str = "loss", loss_window: int = 5,
                  on_told: Callable[[], None] | None = None) -> None:

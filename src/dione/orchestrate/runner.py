@@ -833,13 +833,13 @@ class Runner:
             return None
         step = result.end_step
         if result.evaluation_error:
-            return (f"its stopping rule judges {rule.metric!r} at step {step}, but its "
+            return (f"{rule.judged_by} judges {rule.metric!r} at step {step}, but its "
                     f"evaluation there failed: {error_line(result.evaluation_error)}; fix "
                     f"the task's evaluate, then {_RESUME}")
         returned = ", ".join(repr(m) for m in sorted(result.evaluation)) or "nothing"
-        return (f"its stopping rule judges {rule.metric!r}, which its evaluate did not "
+        return (f"{rule.judged_by} judges {rule.metric!r}, which its evaluate did not "
                 f"return at step {step} (it returned {returned}): name one of those as "
-                f"the rule's metric, or return {rule.metric!r} from evaluate, then "
+                f"{rule.metric_fix}, or return {rule.metric!r} from evaluate, then "
                 f"{_RESUME}")
 
     def _rung_value(self, record: TaskRecord, step: int,

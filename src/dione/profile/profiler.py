@@ -23,7 +23,14 @@ from dione.profile.catalog import Catalog, TrialRecord
 from dione.profile.choice import choose_options, repeats_due
 from dione.profile.fingerprint import device_description
 from dione.profile.options import TrialOptions
-from dione.profile.results import Profile, ProfiledOption, ProfileEvent, Skipped, TaskProfile
+from dione.profile.results import (
+    Profile,
+    ProfiledOption,
+    ProfileEvent,
+    Skipped,
+    TaskProfile,
+    remembered_mistake,
+)
 from dione.profile.schedule import ProfilingSession, run_trials
 from dione.profile.simulated import cross_check
 from dione.profile.trial import measured_steps
@@ -60,14 +67,18 @@ def _evaluations_untimed(tasks: Sequence[Task], profiles: Sequence[TaskProfile],
     time its evaluation. A trial times one evaluation: where the tasks sharing trials have
     more evaluate functions than trials, or every trial came from the catalog, the others
     were first checked at the task's first rung, and priced at another's cost. Once per
-    key (partials of one function over objects made per task would each cost a run)."""
+    key (partials of one function over objects made per task would each cost a run).
+    Also where the catalog knows it, but the names it returned then lack the task's
+    rule metric or keep_best (a typo, or an evaluate changed since): one run says which,
+    before the task trains to its first rung on a guess."""
     named = {t.name: t for t in tasks}
     extra: list[PendingTrial] = []
     for profile in profiles:
         key = profile.evaluation_key
+        doubted = remembered_mistake(named[profile.task], profile.cached_metrics) is not None
         if (key is None or profile.error is not None or profile.evaluated is not None
-                or profile.cached_metrics is not None
-                or catalog.evaluation_seconds(key) is not None
+                or (not doubted and (profile.cached_metrics is not None
+                                     or catalog.evaluation_seconds(key) is not None))
                 or any(t.times(key) for t in extra)):
             continue
         feasible = [f for f in by_task.get(profile.task, ())

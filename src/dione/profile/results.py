@@ -178,9 +178,9 @@ def evaluation_mistake(task: Task, evaluated: TrialEvaluation | None) -> str | N
     missing = _missing_metrics(task, evaluated.metrics)
     if not missing:
         return None
-    return (f"{_said(missing)} (it returned {_listed(evaluated.metrics)} in its profiling "
-            "trial): name one of those, or return it from evaluate, then resume (nothing "
-            "was trained)")
+    return (f"{_said(task, missing)} (it returned {_listed(evaluated.metrics)} in its "
+            "profiling trial): name one of those, or return it from evaluate, then resume "
+            "(nothing was trained)")
 
 
 def remembered_mistake(task: Task, metrics: tuple[str, ...] | None) -> str | None:
@@ -192,9 +192,9 @@ def remembered_mistake(task: Task, metrics: tuple[str, ...] | None) -> str | Non
         return None
     then = " and ".join(("the rule fails the task at its first rung" if part == "rule"
                          else "keep_best keeps nothing") for part, _ in missing)
-    return (f"{_said(missing)} (it returned {_listed(metrics or ())} when the catalog timed "
-            f"it): if it still does, {then}; stop, fix it and resume (`--reprofile` runs it "
-            "again)")
+    return (f"{_said(task, missing)} (it returned {_listed(metrics or ())} when the catalog "
+            f"timed it): if it still does, {then}; stop, fix it and resume (`--reprofile` "
+            "runs it again)")
 
 
 def _missing_metrics(task: Task, returned: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -208,11 +208,12 @@ def _missing_metrics(task: Task, returned: tuple[str, ...]) -> list[tuple[str, s
             if metric is not None and metric not in returned]
 
 
-def _said(missing: list[tuple[str, str]]) -> str:
+def _said(task: Task, missing: list[tuple[str, str]]) -> str:
     """What names the missing metric(s), as a sentence's start."""
-    said = {"rule": "its stopping rule judges {!r}", "keep_best": "keep_best names {!r}"}
+    judged_by = task.stopping.judged_by if task.stopping is not None else ""
+    said = {"rule": f"{judged_by} judges {{!r}}", "keep_best": "keep_best names {!r}"}
     if len(missing) == 2 and missing[0][1] == missing[1][1]:
-        return (f"its stopping rule judges {missing[0][1]!r} and keep_best names it, which "
+        return (f"{judged_by} judges {missing[0][1]!r} and keep_best names it, which "
                 "its evaluate does not return")
     which = "which its evaluate does not return" if len(missing) == 1 else \
         "neither of which its evaluate returns"

@@ -58,6 +58,10 @@ class StoppingRule(ABC):
     # Paused: a task that reaches a rung waits (holding no device) until
     # ``decide_paused`` promotes or stops it, asked again as others reach the rung.
     pausing: ClassVar[bool] = False
+    # What names the rule's metric, in messages that ask to fix it (dione.optuna's rule
+    # is made by optimize's metric argument, not written by the user).
+    judged_by: ClassVar[str] = "its stopping rule"
+    metric_fix: ClassVar[str] = "the rule's metric"
 
     @property
     def waits_at_rungs(self) -> bool:
