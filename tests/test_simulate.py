@@ -668,14 +668,19 @@ def test_current_practice_counts_node_sizes_losses_and_joins() -> None:
     was left out: the baseline ended at 100 s of 1,100); a node lost under a task moves
     the rest of it to another node; a node that joins after the last task ends changes
     nothing (it set the baseline's end)."""
+    from dione.spec.cluster import Cluster
+
     def task(name: str, *options: tuple[int, float]) -> TaskOptions:
         return TaskOptions(name, [Option("ddp", d, s) for d, s in options])
 
     nodes = [NodeSpec("big", 8), NodeSpec("small", 4)]
     work = PlanningProblem(nodes, [task("a", (1, 100.0)), task("w", (8, 1000.0))])
     cluster = parse_cluster("8,4")
-    # a on big (both free at 0, by name), w waits for big: 100 + 1000.
-    assert current_practice(work, cluster, Scenario()) == pytest.approx(1100.0)
+    # a on small (both free at 0, it ends as early there), w on big: 1000.
+    assert current_practice(work, cluster, Scenario()) == pytest.approx(1000.0)
+    held = PlanningProblem(nodes, [task("a", (8, 100.0)), task("w", (8, 1000.0))])
+    # w waits for big, the only node that holds it: 100 + 1000.
+    assert current_practice(held, cluster, Scenario()) == pytest.approx(1100.0)
     work = PlanningProblem(nodes, [task("w", (8, 1000.0)), task("a", (1, 100.0))])
     assert current_practice(work, cluster, Scenario()) == pytest.approx(1000.0)
     two = parse_cluster("2x4")  # n0, n1
@@ -688,6 +693,24 @@ def test_current_practice_counts_node_sizes_losses_and_joins() -> None:
     assert current_practice(work, two, lost) == pytest.approx(200.0 + 200.0 + 100.0)
     late = Scenario(node_joins={"n1": 100000.0})  # both on n0; n1 sets no end
     assert current_practice(work, two, late) == pytest.approx(500.0)
+    # The `sequential` solver is the same baseline: it put every task at the widest
+    # node's width, so on nodes of 8 and 4 both ran on the 8 (2,000 s, against the
+    # baseline's 1,100), and simulate printed a ratio to one and planned the other.
+    both = PlanningProblem(nodes, [task(n, (8, 1000.0), (4, 1100.0)) for n in ("t1", "t2")])
+    for problem, cluster_of in ((both, cluster), (held, cluster), (work, two)):
+        plan = solve(problem, "sequential")
+        assert plan.makespan == pytest.approx(current_practice(problem, cluster_of,
+                                                               Scenario()))
+    assert solve(both, "sequential").makespan == pytest.approx(1100.0)
+    # Of nodes free as early, where the task ends first, then the cluster's order: not
+    # the names' (renaming a node moved the baseline).
+    slow = Scenario(node_slowdown={"z0": 1.5})
+    renamed = Cluster([replace(parse_cluster("2x4").nodes[0], name="z0"),
+                       parse_cluster("2x4").nodes[1]])
+    work = PlanningProblem([NodeSpec("z0", 4), NodeSpec("n1", 4)],
+                           [task("x", (4, 400.0)), task("y", (4, 100.0))])
+    # x on n1 (ends at 400, not 600 on the slow z0), y on z0 (150).
+    assert current_practice(work, renamed, slow) == pytest.approx(400.0)
 
 
 def test_simulate_says_it_leaves_out_a_problem_s_release_times_and_busy_devices(

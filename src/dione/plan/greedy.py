@@ -357,12 +357,32 @@ def sequential(problem: PlanningProblem) -> Plan:
 
 
 def whole_nodes_in_turn(problem: PlanningProblem) -> tuple[list[Placement], float]:
-    """Current practice's placements and makespan (``sequential``)."""
-    widest = max(n.devices for n in problem.nodes)
-    choice = {}
+    """Current practice's placements and makespan (``sequential``): each task in turn on
+    a whole node, at its fastest option there, the node where it ends first; of those
+    where it ends as early, the smallest (the larger stay free for tasks only they
+    hold), then the first in the cluster's order (as ``dione.simulate.current_practice``
+    has it: one baseline, whatever the node sizes)."""
+    lines = _timelines(problem)
+    release = problem.releases()
+    placed: list[Placement] = []
+    makespan = max((b.until for b in problem.busy), default=0.0)
     for task in problem.tasks:
-        at_width = [o for o in task.options if o.devices == widest]
-        choice[task.name] = min(at_width or fitting_any_node(task, problem),
-                                key=lambda o: o.seconds)
-    return list_schedule(problem, choice, [t.name for t in problem.tasks],
-                         demand=lambda _, node_devices: node_devices)
+        best: tuple[float, int, float, Option, str] | None = None
+        for node in problem.nodes:
+            fitting = task.fitting(node)
+            if not fitting:
+                continue
+            option = min(fitting, key=lambda o: o.seconds)
+            start = lines[node.name].earliest_start(node.devices, option.seconds,
+                                                    release.get(task.name, 0.0))
+            end = start + option.seconds
+            if best is None or end < best[0] - 1e-9 or (
+                    end <= best[0] + 1e-9 and node.devices < best[1]):
+                best = (end, node.devices, start, option, node.name)
+        if best is None:
+            raise ValueError(f"task {task.name!r}: no option fits any node")
+        end, _, start, option, name = best
+        lines[name].reserve(start, end, problem.node(name).devices)
+        placed.append((task.name, option, name, start))
+        makespan = max(makespan, end)
+    return placed, makespan

@@ -53,9 +53,11 @@ class SimulationResult:
 
 
 def current_practice(problem: PlanningProblem, cluster: Cluster, scenario: Scenario) -> float:
-    """Saturn's baseline: each task in turn (in the problem's order) on the next free
-    whole node that holds it, at its fastest option there, slowed as the scenario slows
-    it (its spread and failures left out); a node serves from its join to its loss, and
+    """Saturn's baseline: each task in turn (in the problem's order) on a whole node, at
+    its fastest option there, the node where it ends first (of those where it ends as
+    early, the smallest, then the first in the cluster's order: the ``sequential``
+    solver's rule), slowed as the scenario slows it (its spread and failures left out); a node
+    serves from its join to its loss, and
     a task its node's loss cuts short goes on (from a checkpoint, as dione's do) on the
     next free node that holds it. When the last task ends; a task no node holds is left
     out (the plan fails it too)."""
@@ -70,10 +72,13 @@ def current_practice(problem: PlanningProblem, cluster: Cluster, scenario: Scena
                        and any(o.devices <= sizes[n] for o in task.options)]
             if not holding:
                 break  # no node (left) holds it
-            node = min(holding, key=lambda n: (max(free[n], ready), n))
-            seconds = (min(o.seconds for o in task.options if o.devices <= sizes[node])
+            lengths = {n: min(o.seconds for o in task.options if o.devices <= sizes[n])
                        * scenario.task_slowdown.get(task.name, 1.0)
-                       * scenario.node_slowdown.get(node, 1.0))
+                       * scenario.node_slowdown.get(n, 1.0) for n in holding}
+            # (min keeps the first of equal keys: the cluster's order, not the names')
+            node = min(holding, key=lambda n: (max(free[n], ready) + left * lengths[n],
+                                               sizes[n]))
+            seconds = lengths[node]
             start = max(free[node], ready)
             finish = start + left * seconds
             if finish <= lost[node]:
