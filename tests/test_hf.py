@@ -221,6 +221,22 @@ def test_export_after_fsdp_loads_into_plain_and_pretrained_models(tmp_path: Path
     load_model(plain, folder / "model.safetensors")
     for name, value in plain.state_dict().items():
         torch.testing.assert_close(value, params[name], rtol=0, atol=0)
+    # Shared as dione.json is (save_pretrained's weights were the owner's alone), with
+    # how the task was trained (the recipe was only in the run's store).
+    said = json.loads((folder / "dione.json").read_text())
+    mode = (folder / "dione.json").stat().st_mode & 0o777
+    assert {(folder / f).stat().st_mode & 0o777 for f in said["files"]} == {mode}
+    assert {"config.json", "model.safetensors"} <= set(said["files"])
+    assert said["training"]["optimizer"].startswith("AdamW(") and \
+        said["training"]["batch_size"] == task.batch_size, said["training"]
+    # Another task exported into the same folder: this export's files go, a file of
+    # the user's (a tokenizer copied in) stays.
+    (folder / "tokenizer.json").write_text("{}")
+    other = digits_task(steps=3)
+    trained, _ = train_and_read(other, "single", tmp_path / "other")
+    export_model(load_trained(other, trained.checkpoint), folder, other, trained.checkpoint)
+    assert sorted(p.name for p in folder.iterdir()) == ["dione.json", "model.safetensors",
+                                                        "tokenizer.json"]
 
 
 def test_export_of_a_plain_model_is_a_state_dict(tmp_path: Path) -> None:

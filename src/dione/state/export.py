@@ -20,6 +20,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from dione.spec.settings import training_settings
 from dione.spec.task import Task
 from dione.state.checkpoint import (
     CorruptCheckpoint,
@@ -295,6 +296,11 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
     out = Path(folder)
     check_export_folder(out)
     out.mkdir(parents=True, exist_ok=True)
+    # An earlier export's files go (a GPT-2's generation_config.json stayed beside a
+    # BERT's weights); files of the user's (a tokenizer copied in) stay.
+    for name in _earlier_export(out):
+        (out / name).unlink(missing_ok=True)
+    others = {p.name for p in out.iterdir()}
     save_pretrained = getattr(model, "save_pretrained", None)
     extra: dict[str, Any] = {}
     if callable(save_pretrained):
@@ -308,10 +314,10 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
         extra = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
         save_model(cast(nn.Module, _Tensors(state, extra)) if extra else model,
                    str(out / WEIGHTS_FILE))
-        (out / EXTRA_STATE_FILE).unlink(missing_ok=True)  # an earlier export's
         if extra:
             torch.save(extra, out / EXTRA_STATE_FILE)
     progress = read_progress(checkpoint)
+    written = sorted({p.name for p in out.iterdir()} - others - {PROVENANCE_FILE})
     write_whole(out / PROVENANCE_FILE, json.dumps({
         "task": task.name, "step": progress.step, "technique": progress.technique,
         **({"chosen": chosen} if chosen else {}),
@@ -323,17 +329,46 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
         **({"extra_state": EXTRA_STATE_FILE, "extra_state_keys": sorted(extra)}
            if extra else {}),
         "hugging_face": callable(save_pretrained), "exported_at": time.time(),
+        "files": written,  # what the next export into this folder replaces
+        # How it was trained, beside what trained it: the recipe a reader of the weights
+        # needs where the run directory is not at hand.
+        "training": _recipe(task),
         # As JSON has them (a learning rate a number, not "0.001"); anything else as text.
         "hyperparameters": {k: v if isinstance(v, (bool, int, float, str, type(None)))
                             and not (isinstance(v, float) and not math.isfinite(v)) else str(v)
                             for k, v in task.hyperparameters.items()},
     }, indent=1) + "\n", 0o666)  # shared as the user's umask has it
-    if not callable(save_pretrained):
-        # safetensors writes its file readable by its owner only; an export is to be
-        # shared as the provenance beside it is (the user's umask).
-        for name in (WEIGHTS_FILE, *([EXTRA_STATE_FILE] if extra else [])):
+    # safetensors writes its file readable by its owner only (save_pretrained's too); an
+    # export is to be shared as the provenance beside it is (the user's umask).
+    for name in written:
+        if (out / name).is_file():
             (out / name).chmod((out / PROVENANCE_FILE).stat().st_mode & 0o777)
     return out
+
+
+def _recipe(task: Task) -> dict[str, Any]:
+    """The task's optimizer and scheduler as the run store records them (with the
+    module's numbers they read), seed, precision, clipping and batch."""
+    settings = training_settings(task)
+    return {"optimizer": settings["optimizer"], "lr_scheduler": settings["lr_scheduler"],
+            **{k: v for k, v in settings.items() if k.endswith(" reads") and v},
+            "seed": task.seed, "precision": task.precision,
+            "clip_grad_norm": task.clip_grad_norm, "batch_size": task.batch_size}
+
+
+def _earlier_export(out: Path) -> list[str]:
+    """The files an earlier export wrote into ``out``: those its ``dione.json`` lists, or
+    for one that lists none (an older dione), the names exports write."""
+    try:
+        listed = json.loads((out / PROVENANCE_FILE).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        listed = None
+    if isinstance(listed, list):
+        return [str(n) for n in listed if "/" not in str(n) and str(n) not in ("", ".", "..")]
+    known = {WEIGHTS_FILE, EXTRA_STATE_FILE, "config.json", "generation_config.json",
+             "model.safetensors.index.json"}
+    return [p.name for p in out.glob("*") if p.name in known
+            or (p.name.startswith("model-") and p.name.endswith(".safetensors"))]
 
 
 class _Tensors:
