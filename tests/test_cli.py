@@ -575,6 +575,12 @@ def test_current_practice_says_it_applies_no_stopping_rule(
     assert status == 2 and "is a current-practice run" in err
     assert f"--current-practice --devices cpu:1 --out {tmp_path / 'r'}` continues it" in \
         " ".join(err.split())
+    # What status and the report name as what continues it: the same (they named the
+    # resume refused here).
+    from dione.state.store import how_to_continue
+
+    assert how_to_continue(tmp_path / "r").endswith(
+        f"--current-practice --devices cpu:1 --out {tmp_path / 'r'}`")
 
 
 def test_run_refuses_a_run_directory_another_workload_started(

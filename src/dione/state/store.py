@@ -879,11 +879,22 @@ TRAIN_FOLDER = ("it is a `dione train` folder: `dione train WORKLOAD --task TASK
 
 def how_to_continue(run_dir: str | Path) -> str:
     """What continues the run in ``run_dir``, as a sentence's subject ("... continues
-    it"): ``dione resume`` for a run the CLI started (its run.json), ``dione train`` for
+    it"): ``dione resume`` for a run the CLI started (its run.json; ``dione run
+    --current-practice`` for one it started so), ``dione train`` for
     its folder, the same Python call for a run ``dione.run`` started (no run.json:
     `dione resume` refused it)."""
     run = Path(run_dir)
     if (run / "run.json").is_file():
+        try:
+            saved = json.loads((run / "run.json").read_text())
+        except (OSError, ValueError):
+            saved = {}
+        forced = saved.get("current_practice") if isinstance(saved, dict) else None
+        if isinstance(forced, str):  # `dione run --current-practice`: resume refuses it
+            return (f"`dione run {shlex.quote(str(saved.get('workload')))} "
+                    f"--current-practice{' --technique ' + forced if forced else ''}"
+                    + (f" --devices {saved['devices']}" if saved.get("devices") else "")
+                    + f" --out {shlex.quote(str(run))}`")
         return f"`dione resume {shlex.quote(str(run))}`"
     if trained_by_train(run):
         return f"`dione train WORKLOAD --task TASK --out {shlex.quote(str(run))}`"

@@ -14,6 +14,7 @@ from dione.cli.errors import BadInput
 from dione.cli.inputs import claimed
 from dione.cli.parser import run_options
 from dione.cli.saved_run import dashboard_places, load_saved_run
+from dione.state.store import how_to_continue
 
 __all__ = ["command"]
 
@@ -22,12 +23,9 @@ def command(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     saved = load_saved_run(run_dir)
     if saved.current_practice is not None:  # trained one task after another, unplanned
-        forced = f" --technique {saved.current_practice}" if saved.current_practice else ""
-        devices = f" --devices {saved.devices}" if saved.devices else ""
         raise BadInput(f"{run_dir} is a current-practice run (each task in turn on all "
-                       f"devices): `dione run {quote(saved.workload)} "
-                       f"--current-practice{forced}{devices} --out {quote(str(run_dir))}` "
-                       "continues it from its checkpoints")
+                       f"devices): {how_to_continue(run_dir)} continues it from its "
+                       "checkpoints")
     with claimed(run_dir):  # a live launcher's directory: refused now, before torch loads
         pass
     workload = args.workload or saved.workload
