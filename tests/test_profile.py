@@ -602,6 +602,15 @@ def test_out_of_memory_and_crash_are_recorded_and_the_rest_completes(tmp_path: P
         again = profile_workload(tasks, CLUSTER, catalog, options=options)
     assert again.trials_run == 0
     assert again.task("big").trials[0].status == "oom"
+    # Out of memory everywhere, said in one line (the closing lines, status and
+    # summary.csv show a reason's last line: it was "(see `dione profile`)" alone).
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        only = profile_workload([replace(tasks[0], techniques=("single",))], CLUSTER,
+                                catalog, options=options)
+    why = only.task("big").why_no_option()
+    assert "\n" not in why and why.startswith(
+        "no configuration fits: out of memory under every option tried: single x1"), why
+    assert "raise --memory-cap" in why
     # Without the cap, what ran out of memory under it is measured afresh, not served
     # (single alone: ddp and fsdp of this model would only add seconds).
     with Catalog(tmp_path / "catalog.sqlite") as catalog:

@@ -104,9 +104,18 @@ class TaskProfile:
                    for r in self.trials if not r.feasible]
         reasons += [f"{s.label}: {s.reason}" for s in self.skipped]
         reasons += [f"{s.label}: {s.reason}" for s in self.not_applicable]
-        return ("no configuration fits: every trial failed or was skipped"
-                + (":\n  " + "\n  ".join(reasons[:12]) if reasons else "")
-                + ("\n  ..." if len(reasons) > 12 else "") + "\n(see `dione profile`)")
+        # One line: the closing lines, `dione status` and summary.csv show an error's
+        # last line, and showed "(see `dione profile`)" alone.
+        failed = [r for r in self.trials if not r.feasible]
+        if failed and all(r.status == "oom" for r in failed):
+            head = "no configuration fits: out of memory under every option tried"
+            fix = ("; raise --memory-cap or use larger devices, or make the batch or the "
+                   "model smaller (a pipeline splits it: allow gpipe or 1f1b)")
+        else:
+            head, fix = "no configuration fits: every trial failed or was skipped", ""
+        return (head + (": " + "; ".join(reasons[:12]) if reasons else "")
+                + ("; ..." if len(reasons) > 12 else "") + fix
+                + " (`dione profile` shows each trial)")
 
     def not_tried(self) -> list[tuple[str, str]]:
         """(technique, why) for each technique this task had no trial of at any device
