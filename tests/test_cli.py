@@ -538,7 +538,8 @@ def test_current_practice_says_it_applies_no_stopping_rule(
     status, out, err = in_process(capsys, "run", str(workload), "--current-practice",
                                   "--devices", "cpu:1", "--out", str(tmp_path / "r"),
                                   "--time-limit", "5")
-    assert status == 1, err  # the invalid task
+    assert status == 1, err  # the invalid task, said last (only before training was)
+    assert "task bad not trained (invalid): " in " ".join(err.split()), err
     assert "--time-limit do(es) nothing here" in " ".join(err.split())
     assert ("--current-practice trains every task to its end; the stopping rules of 2 "
             "task(s) (ruled-0, ruled-1) are not applied") in " ".join(err.split())

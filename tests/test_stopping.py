@@ -330,8 +330,22 @@ def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path
             data = events[k].data
             assert data["metric"] and (events[k].task, data["step"], data["value"], True) \
                 in {d[:4] for d in store.decisions()}
-    summary = (write_report(tmp_path / "run") / "summary.md").read_text()
+    with RunStore(tmp_path / "run") as store:  # as `dione run` keeps validation's
+        store.set_invalid({"bad": ["lr: must be > 0"]})
+    report = write_report(tmp_path / "run")
+    summary = (report / "summary.md").read_text()
     assert "## Stopped early" in summary and "stopped by ASHA" in summary
+    # summary.csv: a rule's reason is no error, and a task left out has its row (a
+    # script reading the file saw a clean run, and counted losers as errors).
+    import csv
+
+    with open(report / "summary.csv") as rows:
+        found = {row["task"]: row for row in csv.DictReader(rows)}
+    for name, status in statuses.items():
+        row = found[name]
+        assert row["error"] == "" and ("stopped by ASHA" in row["stop_reason"]) == (
+            status == "stopped"), row
+    assert found["bad"]["status"] == "invalid" and found["bad"]["error"] == "lr: must be > 0"
 
 
 def test_a_simulated_sweep_with_asha_stops_the_same_tasks_twice(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,17 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
         last = error_line(error) + (" (its traceback: above, and in the report)"
                                     if len(error.strip().splitlines()) > 1 else "")
         complain(f"task {t.task} {t.status}", last.removeprefix(begins))
+    _say_left_out(problems)
     return EXIT_FAILED if failed or problems else 0
+
+
+def _say_left_out(problems: Sequence[Any]) -> None:
+    """A closing line per task validation left out (said once, before profiling: the
+    exit status 1 at the end had no reason near it)."""
+    from dione.orchestrate.run import invalid_by_task
+
+    for name, why in invalid_by_task(problems).items():
+        complain(f"task {name} not trained (invalid)", "; ".join(why))
 
 
 def _current_practice(args: argparse.Namespace, options: Any, run_dir: Path) -> int:
@@ -194,4 +205,5 @@ def _current_practice(args: argparse.Namespace, options: Any, run_dir: Path) -> 
     failed = [o for o in outcomes if o.error]
     for o in failed:
         complain(f"task {o.task} failed", str(o.error))
+    _say_left_out(problems)
     return EXIT_FAILED if failed or problems else 0
