@@ -183,7 +183,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
         writer = csv.writer(out)
         writer.writerow(["task", "status", "steps", "total_steps", "techniques", "devices",
                          "seconds", "final_loss", *metrics, "evaluated_at_step",
-                         "hyperparameters", "trained", "error", "simulated", "stop_reason"])
+                         "hyperparameters", "trained", "error", "stop_reason", "simulated"])
         for t in tasks:
             # A stopping rule's reason is no error (a script counting errors counted
             # every loser a rule stopped).
@@ -194,14 +194,14 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
                              *(t.evaluation.get(m, "") for m in metrics),
                              "" if t.evaluated_at is None else t.evaluated_at,
                              json.dumps(t.hyperparameters), t.trained,
-                             "" if t.status == "stopped" else said, mark,
-                             said if t.status == "stopped" else ""])
+                             "" if t.status == "stopped" else said,
+                             said if t.status == "stopped" else "", mark])
         # Tasks validation left out: a script reading this file saw a clean run.
         for name, problems in invalid.items():
             if name not in {t.task for t in tasks}:
                 writer.writerow([name, "invalid", 0, "", "", "", "0.00", "",
                                  *("" for _ in metrics), "", "{}", "", "; ".join(problems),
-                                 mark, ""])
+                                 "", mark])
     (folder / "summary.md").write_text(_markdown(tasks, metrics, plans, slices, zero,
                                                  simulated, invalid, directions, run_dir,
                                                  kept_best))
