@@ -347,7 +347,8 @@ def test_a_run_ends_diverged_only_the_tasks_whose_trials_diverged_and_judges_eac
     judged = [digits_task(f"by-{m}", batch_size=8, steps=8, techniques=("single",),
                           evaluate=functools.partial(pick, metric=m),
                           stopping=Patience(metric=m, mode="max" if m == "acc" else "min",
-                                            min_steps=4, every=4, patience=5))
+                                            min_steps=4, every=4, patience=5,
+                                            threshold=-1e9 if m == "acc" else 1e9))
               for m in ("acc", "loss")]
     # A group whose trial diverged as its first task and fit as its second: the first
     # was launched all the same, to diverge again (review).

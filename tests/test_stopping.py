@@ -258,6 +258,15 @@ def test_a_malformed_rule_is_named_by_validation() -> None:
     assert "no rung before the task's last step (8), so it would never judge" in \
         " ".join(str(p) for p in late)
     assert validate_workload([digits_task("k", steps=8, stopping=Asha(min_steps=7))]) == []
+    # Patience that needs more rungs than the task has, with no threshold, would never
+    # stop it: accepted silently, it judged "fewer than 4 rungs to judge by" once.
+    idle = validate_workload([digits_task("p", steps=100, stopping=Patience(
+        min_steps=50, every=50, patience=3))])
+    assert "judges at 1 rung(s) before the task's last step (100), and a want of patience " \
+        "shows only from 4: it can never stop the task" in " ".join(str(p) for p in idle)
+    for fine in (Patience(min_steps=50, every=50, patience=3, threshold=2.0),
+                 Patience(min_steps=10, every=10, patience=3)):
+        assert validate_workload([digits_task("q", steps=100, stopping=fine)]) == []
 
 
 def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path,

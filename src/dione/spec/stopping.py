@@ -77,6 +77,11 @@ class StoppingRule(ABC):
     def rungs(self, total: int) -> list[int]:
         """The steps, before ``total``, at which a task is judged."""
 
+    def never_stops(self, total: int) -> str | None:
+        """Why the rule can stop no task of ``total`` steps, however it learns, with the
+        fix (None: it can)."""
+        return None
+
     def next_rung(self, done: int, total: int) -> int | None:
         """The first rung after step ``done`` (None: none is left)."""
         return next((r for r in self.rungs(total) if r > done), None)
@@ -298,6 +303,14 @@ class Patience(StoppingRule):
     def rungs(self, total: int) -> list[int]:
         """The steps, before ``total``, at which a task is judged."""
         return list(range(self.min_steps, total, self.every))
+
+    def never_stops(self, total: int) -> str | None:
+        rungs = len(self.rungs(total))
+        if self.threshold is not None or not rungs or rungs > self.patience:
+            return None
+        return (f"it judges at {rungs} rung(s) before the task's last step ({total}), and "
+                f"a want of patience shows only from {self.patience + 1}: it can never "
+                "stop the task: lower patience, every or min_steps, or give a threshold")
 
     def decide(self, rung: int, value: float, recorded: Sequence[float],
                task: str = "", history: Sequence[float] = ()) -> Decision:

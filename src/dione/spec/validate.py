@@ -486,6 +486,10 @@ def _checked_task(
                     and not task.stopping.rungs(steps)):
                 bad("stopping", f"it has no rung before the task's last step ({steps}), so "
                     "it would never judge: lower its min_steps, or leave the rule out")
+            elif (not task.stopping.mistakes() and isinstance(steps, int)
+                  and not isinstance(steps, bool) and steps > 1
+                  and (never := task.stopping.never_stops(steps)) is not None):
+                bad("stopping", never)
     every = task.eval_every
     if every is not None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
