@@ -361,7 +361,8 @@ def test_an_evaluate_that_fails_in_its_profiling_trial_is_said_before_training(
     said = [e.message for e in events if e.kind == "evaluation_failed"]
     assert said[0] == ("alone: its evaluation failed in its profiling trial (RuntimeError: "
                        "no held-out split): it will fail where the task evaluates, its "
-                       "training kept; fix evaluate, then resume"), said
+                       "training kept; stop, fix evaluate, then resume before the task "
+                       "ends (an evaluation that failed is not run again)"), said
     kinds = [e.kind for e in events]
     assert kinds.index("evaluation_failed") < kinds.index("slice_started")
 

@@ -208,7 +208,9 @@ def print_results(result: Any, run_dir: Path) -> None:
     for t in result.tasks:  # trained, but its last evaluation failed: an earlier's marked
         if t.status == "done" and t.error:
             console.print(Text(f"evaluation failed: {t.task}: {error_line(t.error)} (its "
-                               "training stands; the report lists each failure)"))
+                               "training stands; the report lists each failure; a resume "
+                               f"does not evaluate it again: `dione.load(RUN_DIR, "
+                               f"{t.task!r})` gives the trained model to evaluate)"))
     _say_report(run_dir, f"; plans: {run_dir / 'plans'}")
 
 

@@ -206,7 +206,9 @@ class Runner:
             last = profile.evaluated.error.strip().splitlines()[-1]
             self.emit(RunEvent("evaluation_failed", f"{record.name}: its evaluation failed "
                                f"in its profiling trial ({last}): it will fail where the task "
-                               "evaluates, its training kept; fix evaluate, then resume",
+                               "evaluates, its training kept; stop, fix evaluate, then resume "
+                               "before the task ends (an evaluation that failed is not run "
+                               "again)",
                                record.name))
         # Diverged only where a trial ran as this very task: a task of its speed group
         # whose trials all diverged as others never ran (failed: a resume profiles it).
