@@ -35,7 +35,11 @@ from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource
 from dione.techniques.context import SliceContext
-from dione.techniques.exactness import split_batch_exactness, split_inexactness
+from dione.techniques.exactness import (
+    split_batch_exactness,
+    split_inexactness,
+    split_rounding,
+)
 
 __all__ = ["DataParallelTechnique"]
 
@@ -137,7 +141,8 @@ class DataParallelTechnique(Technique):
         checkpoint = ctx.save(model, optimizer, scheduler)
         outcome = ctx.outcome(checkpoint)
         if ctx.world > 1 or parts > 1:
-            note = split_batch_exactness(bare, task)  # the user's names, not the wrapper's
+            # the user's names, not the wrapper's
+            note = split_batch_exactness(bare, task) or split_rounding(task)
             if note:
                 outcome.extra["exactness"] = note
         if self.shards_memory:  # no rank holds it whole: all evaluate it together

@@ -71,6 +71,7 @@ from dione.techniques.context import SliceContext
 from dione.techniques.exactness import (
     batch_norm_layers,
     split_batch_exactness,
+    split_rounding,
     structure_only,
 )
 from dione.techniques.pipeline.action_log import ActionLog, on_one_clock
@@ -288,7 +289,8 @@ class PipelineTechnique(Technique):
         sample = source.global_batch(ctx.spec.start_step)
         partition, note = self._partition(model, plan, ctx, sample)
         shared = shared_weights(model, plan, partition, task.name)
-        exactness = split_batch_exactness(model)  # the whole model's, before the cut
+        exactness = split_batch_exactness(model) or (  # the whole model's, before the cut
+            split_rounding(task) if ctx.knobs["micro_batches"] > 1 else None)
         cut_stage(model, plan, partition, ctx.rank)
         if ctx.knobs.get("activation_checkpointing"):
             for name in partition.layers(ctx.rank):
