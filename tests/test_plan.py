@@ -143,6 +143,20 @@ def test_every_mistake_in_a_problem_is_named() -> None:
     ]:
         assert expected in text
     assert len(caught.value.reasons) == 8
+    # A name used twice by a task with a mistake of its own, an option with no devices
+    # and an unknown technique: said with the rest (they came in later rounds).
+    data["tasks"] += [{"name": "neg", "options": [{"technique": "fsdpp", "devices": 1,
+                                                   "seconds": 1}]},
+                      {"name": "nodev", "options": [{"technique": "ddp", "seconds": 1}]}]
+    from dione.plan.problem import _parse
+
+    with pytest.raises(ProblemError) as again:
+        _parse(data, techniques=["ddp", "fsdp", "single"])
+    said = again.value.reasons
+    assert "task 'neg': the name is used twice" in said
+    assert "task 'nodev', option 0: devices is missing (a positive integer: devices of one " \
+        "node)" in said
+    assert any(r.startswith("technique(s) fsdpp are not registered") for r in said), said
 
 
 def test_a_problem_may_say_where_its_figures_come_from() -> None:

@@ -26,6 +26,7 @@ from dione.simulate import (
     ScenarioError,
     VirtualClock,
     current_practice,
+    load_scenario,
     parse_cluster,
     simulate,
 )
@@ -470,6 +471,19 @@ def test_a_node_that_joins_later_is_planned_from_then_on(tmp_path: Path) -> None
                        r"such task \(its tasks: t0, t1"):
         simulate(small_problem(), tmp_path / "typo", steps=40, options=OPTIONS,
                  scenario=Scenario(task_slowdown={"nosuch": 4.0}))
+    # Nodes and tasks said at once (they came in two rounds), and a file's unknown
+    # fields with its bad values (two more).
+    with pytest.raises(ScenarioError) as both:
+        simulate(small_problem(), tmp_path / "typos", steps=40, options=OPTIONS,
+                 scenario=Scenario(task_slowdown={"nosuch": 4.0}, node_losses={"n9": 1.0}))
+    assert len(both.value.reasons) == 2, both.value.reasons
+    file = tmp_path / "scenario.json"
+    file.write_text(json.dumps({"typo_field": 1, "spread": -1, "curve": "wavy",
+                                "failures": {"t0": -2}}))
+    with pytest.raises(ScenarioError) as every:
+        load_scenario(file)
+    assert [r.split(":")[0] for r in every.value.reasons] == [
+        "typo_field", "spread", "failures['t0']", "curve"], every.value.reasons
 
 
 def test_a_task_only_a_later_node_can_hold_waits_for_it(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -280,6 +280,8 @@ MOST_SECONDS = 1e12
 
 
 def _devices_mistake(where: str, devices: Any) -> str | None:
+    if devices is None:
+        return f"{where}: devices is missing (a positive integer: devices of one node)"
     if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
         return f"{where}: devices must be a positive integer, not {devices!r}"
     if devices > MOST_DEVICES:
@@ -423,10 +425,11 @@ def _parse_option(where: str, item: Any, reasons: list[str]) -> Option | None:
 
 
 def _parse(data: Any, nodes_instead: Sequence[NodeSpec] | None = None,
-           fitting: bool = True) -> PlanningProblem:
+           fitting: bool = True, techniques: Collection[str] | None = None) -> PlanningProblem:
     """``nodes_instead``: the cluster to plan on in place of the file's (which may then
     be left out); ``fitting=False``: a task that fits no node is kept (``left_out``
-    takes it out with its reason)."""
+    takes it out with its reason); ``techniques``: the names an option may have (None:
+    any, as a plan needs none to run)."""
     reasons: list[str] = []
     if not isinstance(data, Mapping):
         raise ProblemError(["the problem must be a JSON object with cluster and tasks"])
@@ -465,7 +468,17 @@ def _parse(data: Any, nodes_instead: Sequence[NodeSpec] | None = None,
             if nodes and fitting:
                 reasons += _fits_no_node(where, valid, widest)
             tasks.append(TaskOptions(name, valid, float(release), float(priority)))
-    reasons += [f"task {n!r}: the name is used twice" for n in _twice([t.name for t in tasks])]
+    # Of every named task, those with mistakes too (a name used twice was said only once
+    # the other mistakes were fixed).
+    reasons += [f"task {n!r}: the name is used twice" for n in _twice(
+        [raw["name"] for raw in raw_tasks if isinstance(raw, Mapping)
+         and isinstance(raw.get("name"), str) and raw["name"]])]
+    if techniques is not None:  # with the other mistakes, not in a later round
+        unknown = sorted({o.technique for t in tasks for o in t.options} - set(techniques))
+        if unknown:
+            reasons.append(f"technique(s) {', '.join(unknown)} are not registered "
+                           f"(registered: {', '.join(sorted(techniques))}): rename them "
+                           "to the technique each stands for")
     busy = _parse_busy(data.get("busy", []), nodes, reasons)
     if reasons:
         raise ProblemError(reasons)
@@ -504,10 +517,12 @@ def _parse_busy(raw: Any, nodes: list[NodeSpec], reasons: list[str]) -> list[Bus
 
 
 def load_problem(path: str | Path, nodes: Sequence[NodeSpec] | None = None,
-                 fitting: bool = True) -> PlanningProblem:
+                 fitting: bool = True,
+                 techniques: Collection[str] | None = None) -> PlanningProblem:
     """Read and check a problem JSON file (``.json.gz``: gzip-compressed JSON).
     ``nodes``: the cluster to plan on instead of the file's (which may then be left
-    out); ``fitting=False``: tasks that fit no node are kept (``left_out``)."""
+    out); ``fitting=False``: tasks that fit no node are kept (``left_out``);
+    ``techniques``: the registered names an option's technique must be one of."""
     file = Path(path)
     try:
         raw = gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
@@ -519,4 +534,4 @@ def load_problem(path: str | Path, nodes: Sequence[NodeSpec] | None = None,
     except UnicodeDecodeError as err:
         raise ProblemError([f"{path}: not JSON text (byte {err.start} is not UTF-8); give "
                             "the problem JSON file"]) from None
-    return _parse(data, nodes, fitting)
+    return _parse(data, nodes, fitting, techniques)

@@ -155,8 +155,7 @@ def simulate_profile(
     its report."""
     scenario = scenario or Scenario()
     node_kinds = node_kinds or {}  # the problem's words for its nodes (A100), for the report
-    scenario.check_nodes([n.name for n in cluster])
-    scenario.check_tasks([t.name for t in tasks])
+    scenario.check([n.name for n in cluster], [t.name for t in tasks])
     options = options or SIMULATION_OPTIONS
     # Never cancelled as stalled: a simulated slice takes exactly the time drawn for it.
     options = replace(options, stall_factor=None)

@@ -19,7 +19,12 @@ CURVES = ("exponential", "flat")
 
 
 class ScenarioError(ValueError):
-    """A scenario file or value with mistakes; the message names each and the fix."""
+    """A scenario file or value with mistakes; the message names each and the fix
+    (``reasons``: each alone)."""
+
+    def __init__(self, message: str, reasons: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.reasons = list(reasons) or [message]
 
 
 @dataclass(frozen=True)
@@ -92,9 +97,14 @@ class Scenario:
                 reasons.append(f"curves: {err}")
         _refuse(reasons)
 
-    def check_nodes(self, names: Sequence[str]) -> None:
-        """ScenarioError where the scenario names a node the cluster lacks, or every node
-        joins after the start."""
+    def check(self, nodes: Sequence[str], tasks: Sequence[str]) -> None:
+        """ScenarioError naming at once each node and task the scenario names that the
+        cluster or the workload lacks, and each way its nodes' times cannot be played."""
+        _refuse(self.node_mistakes(nodes) + self.task_mistakes(tasks))
+
+    def node_mistakes(self, names: Sequence[str]) -> list[str]:
+        """Where the scenario names a node the cluster lacks, or every node joins after
+        the start."""
         reasons = [f"{field_name}[{key!r}]: the cluster has no such node (its nodes: "
                    f"{', '.join(names)})"
                    for field_name in ("node_slowdown", "node_losses", "node_joins")
@@ -113,17 +123,16 @@ class Scenario:
             reasons.append(f"node_losses: every node is lost (the last at "
                            f"{max(self.node_losses[n] for n in names):g} s), so no run could "
                            "finish; leave at least one node out")
-        _refuse(reasons)
+        return reasons
 
-    def check_tasks(self, names: Sequence[str]) -> None:
-        """ScenarioError where the scenario slows or fails a task the workload lacks (a
-        misspelt name would leave the scenario silently unplayed)."""
+    def task_mistakes(self, names: Sequence[str]) -> list[str]:
+        """Where the scenario slows or fails a task the workload lacks (a misspelt name
+        would leave the scenario silently unplayed)."""
         known = set(names)
         shown = ", ".join(sorted(known)[:10]) + (", ..." if len(known) > 10 else "")
-        _refuse([f"{field_name}[{key!r}]: the workload has no such task (its tasks: "
-                 f"{shown})"
-                 for field_name in ("task_slowdown", "failures")
-                 for key in getattr(self, field_name) if key not in known])
+        return [f"{field_name}[{key!r}]: the workload has no such task (its tasks: {shown})"
+                for field_name in ("task_slowdown", "failures")
+                for key in getattr(self, field_name) if key not in known]
 
     def factor(self, task: str, node: str, rng: random.Random) -> float:
         """How much longer than profiled one slice of ``task`` on ``node`` takes."""
@@ -167,7 +176,7 @@ def _refuse(reasons: Sequence[str]) -> None:
     """ScenarioError listing ``reasons``, if there are any."""
     if reasons:
         raise ScenarioError("the scenario has mistakes:\n" + "\n".join(
-            f"  - {r}" for r in reasons))
+            f"  - {r}" for r in reasons), reasons)
 
 
 def recorded_curves(source: str | Path) -> dict[str, list[float]]:
@@ -233,13 +242,18 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(f"the scenario {path} must be a JSON object of "
                             f"{', '.join(f.name for f in fields(Scenario))}")
     known = {f.name for f in fields(Scenario)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ScenarioError(f"the scenario {path} has unknown field(s) {', '.join(unknown)} "
-                            f"(allowed: {', '.join(sorted(known))})")
+    # Every mistake at once: unknown fields were said alone, the values' next.
+    reasons = [f"{name}: no such field (allowed: {', '.join(sorted(known))})"
+               for name in sorted(set(data) - known)]
     if isinstance(data.get("curves"), str):  # a relative path: beside the scenario file
         data["curves"] = str(Path(path).parent / data["curves"])
     try:
-        return Scenario(**data)
+        scenario = Scenario(**{k: v for k, v in data.items() if k in known})
+    except ScenarioError as err:
+        reasons += err.reasons
     except (TypeError, AttributeError) as err:
-        raise ScenarioError(f"the scenario {path}: {err}") from None
+        reasons.append(str(err))
+    if reasons:
+        raise ScenarioError(f"the scenario {path} has mistakes:\n" + "\n".join(
+            f"  - {r}" for r in reasons), reasons)
+    return scenario

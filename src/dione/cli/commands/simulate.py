@@ -71,9 +71,11 @@ def command(args: argparse.Namespace) -> int:
         scenario = load_scenario(args.scenario) if args.scenario else Scenario()
     except (ValueError, ScenarioError) as err:
         raise BadInput(str(err)) from None
+    from dione.techniques.registry import technique_names
+
     try:  # --cluster stands in for the file's cluster, which may then be left out
         loaded = load_problem(args.problem, planning_nodes(cluster) if cluster else None,
-                              fitting=False)
+                              fitting=False, techniques=technique_names())
     except (OSError, ProblemError) as err:
         raise BadInput(f"{args.problem}: {err}") from None
     problem, left_out = loaded.left_out()
