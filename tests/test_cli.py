@@ -639,7 +639,7 @@ def test_a_task_no_node_holds_is_left_out_of_plan_and_simulate_and_said(
     assert "a valid plan" in out and "without the 1 task(s) no node holds" in out
     status, out, err = in_process(capsys, "simulate", str(problem), "--out",
                                   str(tmp_path / "sim"))
-    assert status == 0 and "left out" in err and "2 tasks, 1 done, 1 left out" in out
+    assert status == 1 and "left out" in err and "2 tasks, 1 done, 1 left out" in out
     bare = tmp_path / "bare.json"  # no cluster: --cluster gives it
     bare.write_text(json.dumps({"tasks": json.loads(problem.read_text())["tasks"]}))
     status, out, err = in_process(capsys, "simulate", str(bare), "--cluster", "1x16",
@@ -647,7 +647,7 @@ def test_a_task_no_node_holds_is_left_out_of_plan_and_simulate_and_said(
     assert status == 0 and "2 tasks, 2 done" in out, err
     status, out, err = in_process(capsys, "simulate", str(bare), "--cluster", "1x1",
                                   "--out", str(tmp_path / "sim1"))
-    assert status == 0 and "left out" in err and "2 tasks, 1 done, 1 left out" in out
+    assert status == 1 and "left out" in err and "2 tasks, 1 done, 1 left out" in out
     status, err = refused(capsys, "plan", str(bare))  # plan reads the file's own cluster
     assert status == 2 and "cluster: must be" in err
 

@@ -180,10 +180,12 @@ def test_a_simulation_says_what_it_left_out_and_what_its_baseline_leaves_out(
     status, shown, err = in_process(capsys, "simulate", str(file), "--steps", "10",
                                     "--scenario", str(scenario), "--out", str(out),
                                     "--time-limit", "2")
-    assert status == 0, err
+    assert status == 1, err  # a sweep this cluster cannot finish (it exited 0)
     said = " ".join(shown.split())
     assert "slices ended, 1 plan(s) adopted" in said
     assert "3 tasks, 2 done, 1 left out (no node holds them)" in said
+    with open(out / "report" / "summary.csv") as rows:  # a script sees it too
+        assert "invalid" in {row["status"] for row in csv.DictReader(rows)}
     assert "not its failures, spread or stopping rules" in said
     # A task that failed for good: its work was never done, so the makespan is no saving
     # against current practice, which trains it (it read 0.20 of it, and exited 0).
@@ -198,7 +200,7 @@ def test_a_simulation_says_what_it_left_out_and_what_its_baseline_leaves_out(
     status, shown, err = in_process(capsys, "simulate", str(file), "--steps", "10",
                                     "--scenario", str(scenario), "--out", str(out),
                                     "--time-limit", "2", "--max-failures", "4")
-    assert status == 0 and "3 tasks, 2 done" in " ".join(shown.split()), shown + err
+    assert status == 1 and "3 tasks, 2 done" in " ".join(shown.split()), shown + err
     scenario.write_text(json.dumps({"failures": {"t0": 1}}))
     summary = (out / "report" / "summary.md").read_text()
     assert "wide" in summary and "Tasks left out, never started" in summary

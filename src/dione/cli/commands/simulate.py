@@ -126,12 +126,14 @@ def command(args: argparse.Namespace) -> int:
                   + (" - which plays the scenario's slowdowns, node losses and joins, but "
                      "not its failures, spread or stopping rules"
                      if scenario.failures or scenario.spread else ""))
-    console.print(f"{result.slices} slices, {result.plans_adopted} plans adopted, "
+    console.print(f"{result.slices} slices, {result.plans_adopted} plan(s) adopted, "
                   f"{result.replans} re-plans solved in {result.replan_seconds:.1f} s; "
                   f"simulated in {result.wall_seconds:.1f} s")
     for task, status in sorted(result.statuses.items()):
         if status != "done":
             console.print(f"  {task}: {status}")
     console.print(f"report: {out / 'report' / 'index.html'}")
-    return EXIT_FAILED if unfinished else 0
+    # A task no node holds fails the sweep as an invalid task fails a run (exit 0 read as
+    # a sweep that fits the cluster).
+    return EXIT_FAILED if unfinished or dropped else 0
 
