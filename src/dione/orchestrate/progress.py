@@ -119,6 +119,6 @@ def _counts(records: Any) -> str:
     for record in records:
         status = "running" if record.running is not None else str(record.status)
         tally[status] = tally.get(status, 0) + 1
-    order = ("running", "waiting", "pending", "done", "stopped", "diverged", "failed")
+    order = ("running", "paused", "pending", "done", "stopped", "diverged", "failed")
     return ", ".join(f"{tally[status]} {status}" for status in sorted(
         tally, key=lambda s: order.index(s) if s in order else len(order)))

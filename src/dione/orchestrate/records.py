@@ -29,9 +29,10 @@ class TaskStatus(str, Enum):
     FAILED = "failed"
     DIVERGED = "diverged"
     STOPPED = "stopped"  # by its stopping rule, at a rung
-    # At a rung of a synchronous rule, holding no device, until the others reach it (the
-    # store keeps it pending: a resumed run waits there again).
-    WAITING = "waiting"
+    # At a rung of a synchronous or pausing rule, holding no device, until the others
+    # reach it or it is promoted (the store keeps it pending: a resumed run waits there
+    # again); "paused", as `dione status` and the report call it.
+    WAITING = "paused"
 
     def __str__(self) -> str:
         return self.value

@@ -424,8 +424,8 @@ def _checked_task(
         problems.append(Problem(name, field, message))
 
     if not isinstance(task.name, str) or not _NAME.match(task.name):
-        bad("name", "must be 1-100 letters, digits or ._=+- and start with a letter or digit "
-            "(it names the task's folder)")
+        bad("name", "must be 1-100 ASCII letters, digits or ._=+- and start with a letter or "
+            "digit (it names the task's folder)")
     if not isinstance(task.batch_size, int) or isinstance(task.batch_size, bool) \
             or task.batch_size < 1:
         bad("batch_size", f"must be a positive integer, not {task.batch_size!r}")
