@@ -136,6 +136,13 @@ def test_keep_best_is_checked_before_anything_trains() -> None:
            "keep_best_mode='min' or 'max'" in said
     assert "must be 'min' (lower is better), 'max' or None, not 'up'" in said
     assert "keep_best is not given" in said
+    # A typo of the rule's metric: the name is the fix (a mode moved the failure on).
+    typo = validate_workload([digits_task("typo", evaluate=digits_accuracy,
+                                          keep_best="acuracy", stopping=Asha(
+                                              metric="accuracy", mode="max", min_steps=4))])
+    assert "'acuracy' does not say whether lower or higher is better: did you mean " \
+        "'accuracy', the stopping rule's metric? Else give keep_best_mode" in \
+        " ".join(str(p) for p in typo)
     fine = [digits_task("by-name", evaluate=digits_accuracy, keep_best="accuracy"),
             digits_task("by-rule", evaluate=digits_accuracy, keep_best="score",
                         stopping=Asha(metric="score", mode="max", min_steps=4))]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 import re
@@ -649,8 +650,14 @@ def _check_keep_best(task: Task, bad: Callable[[str, str], None]) -> None:
             "define: give evaluate (with eval_every, to evaluate during training), or "
             "leave keep_best out")
     elif mode is None and task.best_mode() is None:
+        # A misspelt metric the rule names right: the fix is the name, not a mode (which
+        # only moved the failure to the run).
+        rule = task.stopping.metric if task.stopping is not None else None
+        near = rule if isinstance(rule, str) and rule != metric and difflib.get_close_matches(
+            metric, [rule], n=1, cutoff=0.75) else None
         bad("keep_best", f"its name {metric!r} does not say whether lower or higher is "
-            "better: give keep_best_mode='min' or 'max'")
+            "better: " + (f"did you mean {near!r}, the stopping rule's metric? Else "
+                          if near else "") + "give keep_best_mode='min' or 'max'")
 
 
 def split_valid(
