@@ -274,7 +274,15 @@ def test_dione_add_names_what_is_wrong(tmp_path: Path,
     status, said = add(capsys, str(run_dir), str(file), "--task", "lr-9")
     assert status == 2 and "defines no task 'lr-9'" in said, said
     status, said = add(capsys, str(run_dir), str(file))
-    assert status == 2 and "in the run already" in said, said
+    assert status == 2 and "in the run already;" in said, said  # the same training
+    # A task of the file changed since, under the same name: said, not "already in".
+    other = tmp_path / "other"
+    with RunStore(other) as store:
+        store.register_task("lr-0.01", 20, 16, settings={"optimizer": "Adam(lr=0.5)"})
+    status, said = add(capsys, str(other), str(file))
+    assert status == 2 and "in the run already by name, though the file trains lr-0.01 " \
+        "(optimizer: Adam(lr=0.5) -> Adam(lr=0.01); steps: 20 -> 8) otherwise than the " \
+        "run does" in " ".join(said.split()), said
     with RunStore(run_dir) as store:
         assert store.additions() == []  # nothing asked of the run
     # Some of the file's tasks invalid: the others asked for, and the exit status says

@@ -7,11 +7,15 @@ import argparse
 import time
 from pathlib import Path
 from shlex import quote
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dione.cli.console import complain, console
 from dione.cli.errors import EXIT_FAILED, BadInput
 from dione.cli.inputs import load
+
+if TYPE_CHECKING:
+    from dione.spec.task import Task
+    from dione.state.store import RunStore
 
 __all__ = ["command"]
 
@@ -46,8 +50,15 @@ def command(args: argparse.Namespace) -> int:
             raise BadInput(f"the run already has task(s) {', '.join(already)}: a task added "
                            "needs a name of its own")
         if not wanted:
-            raise BadInput(f"every task of {args.workload} is in the run already; add a task "
-                           "with a new name to the file, or name one with --task")
+            # The same name is not the same task: one changed in the file since is said
+            # (it read as added before, which it never was).
+            changed = [f"{name} ({'; '.join(differ)})" for name, task in by_name.items()
+                       if (differ := _trained_otherwise(store, task))]
+            raise BadInput(f"every task of {args.workload} is in the run already"
+                           + (f" by name, though the file trains {', '.join(changed)} "
+                              "otherwise than the run does" if changed else "")
+                           + "; add a task with a new name to the file, or name one with "
+                           "--task")
         tasks, problems = valid_tasks(wanted)
         for problem in problems:
             complain("invalid", str(problem))
@@ -93,3 +104,17 @@ def _wait_for(run_dir: Path, request: int, seconds: float) -> tuple[str, Any] | 
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.2)
+
+
+def _trained_otherwise(store: RunStore, task: Task) -> list[str]:
+    """How the run's task of ``task``'s name trains otherwise than ``task`` would: its
+    recorded settings, steps and batch, as "what: run's -> file's"."""
+    from dione.spec.settings import training_settings
+
+    record = store.task(task.name)
+    differ = store.changed_settings(task.name, training_settings(task))
+    if record is not None and isinstance(task.steps, int) and record.total_steps != task.steps:
+        differ.append(f"steps: {record.total_steps} -> {task.steps}")
+    if record is not None and record.batch_size != task.batch_size:
+        differ.append(f"batch_size: {record.batch_size} -> {task.batch_size}")
+    return differ
