@@ -235,6 +235,17 @@ def test_version_and_train_devices_as_every_command_takes_them(
     status, stderr = refused(capsys, "train", str(file), "--task", "ok", "--technique", "ddp",
                              "--devices", "gpu:2", "--out", str(tmp_path / "run"))
     assert status == 2 and "--devices 'gpu:2' is not understood" in stderr
+    # A slice that diverges prints its steps as one that ends does (only the store had
+    # them: the lines that show how the loss blew up).
+    wild = tmp_path / "wild.py"
+    wild.write_text(BAD_FIELDS.split("workload = ")[0] + "workload = Workload([task('wild', "
+                    "optimizer=functools.partial(torch.optim.SGD, lr=1e30), steps=6)])\n")
+    status, out, err = in_process(capsys, "train", str(wild), "--task", "wild", "--technique",
+                                  "single", "--out", str(tmp_path / "wild"))
+    assert status == 1 and "diverged" in err, err
+    shown = [line.split() for line in out.splitlines() if line.startswith("step ")]
+    assert shown and shown[-1][3] == "nan" and [int(s[1]) for s in shown] == list(
+        range(1, len(shown) + 1)), out
 
 
 PIPELINE_BATCH = '''

@@ -151,6 +151,10 @@ def test_diverging_tasks_end_diverged_and_the_others_go_on(
             assert record is not None and record.status == "diverged", name
             assert "at step 7" in (record.error or "")
             assert "last finite checkpoint is step 4" in (record.error or "")
+            # How to train it again (a resume leaves it; the message said only "again").
+            assert "under a new task name (`dione add RUN_DIR WORKLOAD` for a run) or in a " \
+                "new run directory: a resume leaves a diverged task as it is" in \
+                " ".join((record.error or "").split())
             latest = store.latest_checkpoint(name)
             assert latest is not None and latest.step == 4  # the last finite one, kept
             losses = dict(store.losses(name))

@@ -378,9 +378,12 @@ def _refuse_divergence(db: RunStore, slice_id: int, spec: SliceSpec, lead: Slice
     message = (
         f"task {spec.task.name!r} diverged: its loss was {lead.losses[diverged]} at step "
         f"{spec.start_step + diverged + 1} ({where}); its last finite checkpoint is "
-        + (f"step {spec.start_step} ({latest.path})" if latest else "none (step 0)")
-        + ". Lower the learning rate, or look for a loss or data problem, then "
-        "train it again" + "".join(f"\n{w}" for w in warnings))
+        + (f"step {spec.start_step} ({latest.path})" if latest
+           else "none (it had none before this slice)")
+        + ". Lower the learning rate, or look for a loss or data problem, then train it "
+        "again under a new task name (`dione add RUN_DIR WORKLOAD` for a run) or in a new "
+        "run directory: a resume leaves a diverged task as it is"
+        + "".join(f"\n{w}" for w in warnings))
     db.diverge_slice(slice_id, lead.losses[:diverged + 1],
                      lead.step_seconds[:diverged + 1], message)
     raise SliceError(message, "diverged")

@@ -76,6 +76,8 @@ def command(args: argparse.Namespace) -> int:
                 return 0
             if err.reason == "refused":  # trained otherwise there: bad input, not a crash
                 raise BadInput(str(err)) from None
+            if err.reason == "diverged":  # the steps that show how it blew up, as kept
+                _print_diverged_steps(run_dir, task.name)
             complain("diverged" if err.reason == "diverged" else "error", str(err))
             return EXIT_FAILED
     for warning in [*result.warnings, *result.doubts]:
@@ -106,3 +108,15 @@ def command(args: argparse.Namespace) -> int:
         complain("evaluation failed", result.evaluation_error)
         return EXIT_FAILED
     return 0
+
+
+def _print_diverged_steps(run_dir: Path, task: str) -> None:
+    """The step lines of the slice that diverged, as a finished slice prints its own
+    (they were only in the store: the lines that show how the loss blew up)."""
+    from dione.state.store import RunStore
+
+    with RunStore(run_dir) as store:
+        last = next((s for s in reversed(store.slices(task)) if s.status == "diverged"), None)
+        rows = [] if last is None else store.metrics(task, after=last.start_step)
+    for step, loss, seconds in rows:
+        console.print(f"step {step:>6}  loss {loss:.6f}  {seconds * 1000:8.2f} ms")
