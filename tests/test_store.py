@@ -124,8 +124,11 @@ def test_slices_of_a_dead_launcher_become_interrupted(tmp_path: Path) -> None:
         assert store.task("t").status == "pending"
     # A launcher's beat after the slice's start is when the store last heard of it: a
     # slice a kill cut short ends there, not at its own start (a sliver of no seconds).
+    # (beat_every: what a current-practice run hands its slices as on_progress; the
+    # first call beats, one within its interval does not write again)
     script = script.replace("s.register_task('t', 4, 8)\n", "") + (
-        "import time\ntime.sleep(0.2)\ns.beat()\n")
+        "import time\ntime.sleep(0.2)\nb = s.beat_every(3600)\nb(0, {})\n"
+        "heard = s.last_heard()\ntime.sleep(0.1)\nb(0, {})\nassert s.last_heard() == heard\n")
     subprocess.run([sys.executable, "-c", script], check=True)
     with RunStore(tmp_path) as store:
         second = max(store.slices("t"), key=lambda s: s.id)

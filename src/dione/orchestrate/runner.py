@@ -47,7 +47,7 @@ from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
 from dione.spec.validate import keep_best_doubts, late_evaluation
 from dione.state.disk import DiskFull
-from dione.state.store import RunStore
+from dione.state.store import BEAT_SECONDS, RunStore
 from dione.state.summaries import error_line
 from dione.techniques.registry import get_technique
 
@@ -61,8 +61,6 @@ VIRTUAL_TICK = 30.0
 # deterministic time it spent (measured: about 5 s of one thread), so that the
 # re-planning budget holds in a simulation without reading the wall clock.
 VIRTUAL_SECONDS_PER_UNIT = 5.0
-# How often a live run writes its beat to the store (an interrupted slice ends there).
-BEAT_SECONDS = 5.0
 
 
 # How a run whose task failed for a fixable cause goes on, from each way of starting it.

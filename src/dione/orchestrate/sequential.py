@@ -91,9 +91,11 @@ def run_sequential(
                     record = store.task(task.name)
                     if record is not None and record.status == "done":
                         break
+                    # (beats as it trains: a kill -9 recorded its slice as ending where
+                    # it began)
                     result = run_request(SliceRequest(
                         task, method, placement, run_dir, steps=slice_steps, timeout=timeout,
-                        storage=storage), store=store)
+                        storage=storage), store=store, on_progress=store.beat_every())
                     outcome.slices.append(result)
                     outcome.seconds += result.seconds
                     if on_slice is not None:
