@@ -304,6 +304,8 @@ def test_the_report_page_holds_the_tables_and_both_figures(tmp_path: Path) -> No
         assert reader.fieldnames and reader.fieldnames[-1] == "simulated", name
         assert {row["simulated"] for row in rows} == ({"true"} if name != "evaluations.csv"
                                                       else set()), name
+        if name == "summary.csv":  # nothing trained: no "exact" (a failed one said so)
+            assert {row["trained"] for row in rows} == {""}, rows
 
 
 def test_tensorboard_holds_every_step_evaluation_and_the_hparams(

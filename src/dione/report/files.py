@@ -193,7 +193,8 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
                              "" if t.final_loss is None else repr(t.final_loss),
                              *(t.evaluation.get(m, "") for m in metrics),
                              "" if t.evaluated_at is None else t.evaluated_at,
-                             json.dumps(t.hyperparameters), t.trained,
+                             # a simulation trains nothing: no how
+                             json.dumps(t.hyperparameters), "" if simulated else t.trained,
                              "" if t.status == "stopped" else said,
                              said if t.status == "stopped" else "", mark])
         # Tasks validation left out: a script reading this file saw a clean run.
@@ -320,8 +321,8 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
         lines.append(_row([t.task, t.status, f"{t.steps}/{t.total_steps}",
                            ", ".join(t.techniques) or "-", "; ".join(t.devices) or "-",
                            f"{t.seconds:.1f}", loss, *values,
-                           "-" if not t.steps else  # nothing trained: neither
-                           _exactness(t)]))
+                           # nothing trained (or simulated): neither
+                           "-" if not t.steps or simulated else _exactness(t)]))
     for metric in metrics:
         board = leaderboard(tasks, metric, directions)
         order = "lower" if lower_is_better(metric, directions) else "higher"
@@ -346,7 +347,7 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
             lines.append(f"| {'-' if t.status == 'failed' else rank} | {t.task} | "
                          f"{figure(t.evaluation[metric])}{early} | "
                          f"{json.dumps(t.hyperparameters)} | "
-                         f"{_exactness(t)} |")
+                         f"{'-' if simulated else _exactness(t)} |")
         lines += [f"| - | {t.task} | {reason} | {json.dumps(t.hyperparameters)} | - |"
                   for t in tasks if (reason := _unranked(t, metric))]
     inexact = [t for t in tasks if t.inexact]
