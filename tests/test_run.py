@@ -284,12 +284,14 @@ def test_a_crash_is_retried_and_an_always_failing_task_is_reported(
     run_dir = tmp_path / "run"
     result = run_workload(tasks, cluster, run_dir,
                           RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
-                                     max_failures=2, time_limit=5.0))
+                                     max_failures=3, time_limit=5.0))
     assert result.task("a").status == "done"
     assert result.task("flaky").status == "done"
     broken = result.task("broken")
     assert broken.status == "failed"
     assert "broken task fails after five steps, always" in (broken.error or "")
+    # Its second failure, the same exception from the same step, ends it: a third try
+    # (of max_failures=3) would raise it again.
     with RunStore(run_dir) as store:
         flaky = [s.status for s in store.slices("flaky")]
         assert flaky == ["failed", "done"]

@@ -707,7 +707,7 @@ class Runner:
             if err.reason == "node_lost":  # not the task's fault: plan it anew elsewhere
                 self._lose_node(running.assignment.node, record, err)
                 return True
-            return self._failed(record, err)
+            return self._failed(record, err, running.start_step)
         for warning in result.warnings:
             self.emit(RunEvent("checkpoint_quarantined", warning, name))
         for doubt in result.doubts:  # once a task: it would say the same at every slice
@@ -959,9 +959,10 @@ class Runner:
         self.emit(RunEvent("task_failed", said, record.name))
         self._ended(record, {})
 
-    def _failed(self, record: TaskRecord, err: SliceError) -> bool:
-        """A slice that failed: the task retried, or ended (diverged, a failure no retry
-        can mend, or too many failures)."""
+    def _failed(self, record: TaskRecord, err: SliceError, start: int | None = None) -> bool:
+        """A slice that failed (from step ``start``): the task retried, or ended
+        (diverged, a failure no retry can mend, the same exception from the same step
+        twice, or too many failures)."""
         name = record.name
         if err.disk_full is not None:
             # Every task's next checkpoint would fail there too: the run stops, each
@@ -973,6 +974,9 @@ class Runner:
                            "there (or give --storage a larger disk), then `dione resume "
                            f"{quote(str(self.store.run_dir))}`")
         record.failures += 1
+        raised = (start, error_line(str(err))) if err.reason == "raised" and start is not None \
+            else None
+        again, record.last_raised = raised is not None and raised == record.last_raised, raised
         if err.reason == "diverged":  # the store already says so, with the step
             record.status = TaskStatus.DIVERGED
             self.emit(RunEvent("task_diverged", str(err).splitlines()[0], name))
@@ -981,6 +985,10 @@ class Runner:
             self._give_up(record, str(err), f"{name} failed, and no retry can succeed until "
                           "the disk, the permissions or the task change: "
                           f"{str(err).splitlines()[0]}")
+        elif again:  # a bug of the task's: a third try (Ray: a cold actor) would fail alike
+            self._give_up(record, str(err), f"{name} failed twice from step {start} with the "
+                          f"same error, which a retry would raise again: fix the task, then "
+                          f"resume: {str(err).splitlines()[0]}")
         elif record.failures >= self.options.max_failures:
             self._give_up(record, str(err), f"{name} failed {record.failures} times; giving "
                           f"up: {err}")
