@@ -30,13 +30,16 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput(str(err)) from None
     devices = node.devices if node is not None else None
     tasks, problems = valid_tasks(workload, devices)
-    kind = node.kind if node else "cpu"
+    # Without --devices, what this machine gives a run (its GPUs, else a CPU slot per
+    # core): 2 CPU devices were assumed, which refused on a GPU machine a task only a
+    # CUDA technique trains.
+    here = node or local_cluster().nodes[0]
     # A task every technique it allows refuses would fail after profiling ("no
     # configuration fits"): a problem of its own, as a run finds it.
-    tasks, untrainable = trained_by_none(tasks, devices or 2, kind)
+    tasks, untrainable = trained_by_none(tasks, here.devices, here.kind)
     problems += untrainable
     said = {task.name: {**task.refused_techniques,
-                        **_model_refusals(task, devices or 2, kind)} for task in tasks}
+                        **_model_refusals(task, here.devices, here.kind)} for task in tasks}
     if problems:
         raise BadInput(str(WorkloadError(problems)))
     console.print(f"{args.workload}: {len(workload)} task(s), no problems")
