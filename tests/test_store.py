@@ -305,6 +305,9 @@ def test_status_counts_each_way_a_task_ended(capsys: pytest.CaptureFixture[str])
     from dione.state.summaries import figure
 
     assert (figure(4.377e-06), figure(0.5), figure(0.0)) == ("4.377e-06", "0.5000", "0.0000")
+    # A count as a count (it read 242.0000); a small whole value keeps its decimals,
+    # as losses and accuracies of 1.0 beside others of four.
+    assert (figure(242.0), figure(1.0), figure(242.5)) == ("242", "1.0000", "242.5000")
 
 
 def test_an_unreadable_add_request_is_refused_and_the_others_go_on(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ single would trained. The report, `dione status` and a run's result all read the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
@@ -152,9 +153,12 @@ def as_left(tasks: Sequence[TaskSummary], by_slices: bool = False) -> list[TaskS
 
 def figure(value: float) -> str:
     """A loss or metric as the tables show it: four decimals, or three significant
-    digits where those would read 0.0000 (a loss of 4e-06 is not zero)."""
+    digits where those would read 0.0000 (a loss of 4e-06 is not zero), or a whole
+    number of 10 or more as one (a count of 242 read "242.0000")."""
     if value != 0 and abs(value) < 5e-4:
         return f"{value:.3e}"
+    if math.isfinite(value) and value.is_integer() and abs(value) >= 10:
+        return f"{int(value)}"
     return f"{value:.4f}"
 
 
