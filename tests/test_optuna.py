@@ -264,16 +264,29 @@ def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Pa
 
     assert main(["export", str(tmp_path / "run"), "trial-3", "-o", str(tmp_path / "x")]) == 2
 
-    # A mistake every trial shares is said at the first, which alone is told FAIL (as
-    # Optuna's optimize stops at an objective's first error): it used up all n_trials.
+    # A mistake every trial shares is said once the first two failed alike (it used up
+    # all n_trials); one trial's own (Optuna's TrialPruned from make_task: a
+    # configuration it skips) is that trial's, PRUNED, and the others train.
     for in_flight in (None, 2):
         late = optuna.create_study(direction="minimize")
         with pytest.raises(ValueError, match=r"report_every=40 leaves no report before the "
-                           r"task's last step \(8\).*nothing was trained and no more "
-                           r"trials were asked"):
+                           r"task's last step \(8\).*a mistake every trial would share"):
             dione.optuna.optimize(late, build, n_trials=4, in_flight=in_flight, **{
                 **options, "report_every": 40, "run_dir": str(tmp_path / f"late{in_flight}")})
-        assert [t.state for t in late.get_trials()] == [optuna.trial.TrialState.FAIL]
+        assert [t.state for t in late.get_trials()] == [optuna.trial.TrialState.FAIL] * 2
+
+    def skipping(trial: optuna.trial.Trial) -> dione.Task:
+        if trial.suggest_float("lr", 1e-3, 3e-2, log=True) > 0.025:
+            raise optuna.TrialPruned("too fast for this model")
+        return build(trial)
+
+    skips = optuna.create_study(direction="maximize")
+    for lr in (0.03, 0.02):
+        skips.enqueue_trial({"lr": lr})
+    dione.optuna.optimize(skips, skipping, n_trials=2, metric="accuracy",
+                          **{**options, "run_dir": str(tmp_path / "skips")})
+    assert [t.state for t in skips.get_trials()] == [optuna.trial.TrialState.PRUNED,
+                                                      optuna.trial.TrialState.COMPLETE]
 
 
 def test_a_trial_whose_name_another_task_took_fails_saying_so(tmp_path: Path) -> None:

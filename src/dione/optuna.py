@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from shlex import quote
-from typing import Any, NoReturn
+from typing import Any
 
 from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
@@ -200,7 +200,10 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     is asked once this many seconds have passed since it began (those asked train to
     their end or their pruning), as Optuna's own ``timeout`` (``timeout`` here is
     ``dione.run``'s, each slice's limit); with ``in_flight`` only, since otherwise every
-    trial is asked at once.
+    trial is asked at once. A configuration ``make_task`` cannot build: raise
+    ``optuna.TrialPruned`` there (its trial is told PRUNED, as Optuna's optimize tells
+    it); another exception fails its trial alone, but where the first two trials fail
+    alike before any task was built (a mistake all share), the call stops there.
     Returns ``dione.run``'s result; the study holds each trial's outcome."""
     try:
         import optuna
@@ -275,44 +278,58 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
             raise ValueError("; ".join(str(p) for p in problems))
         return task
 
-    def failed(trial: Any, why: str) -> None:
+    def failed(trial: Any, err: BaseException | str) -> None:
+        """The trial whose task could not be built told so: PRUNED where ``make_task``
+        raised Optuna's TrialPruned (a configuration it skips, as Optuna's optimize takes
+        it), else FAIL with the error (one told already, resumed, is left as it is)."""
+        if trial.number in _finished(study):
+            return
+        if isinstance(err, optuna.TrialPruned):
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            return
+        why = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
         trial.set_user_attr(_BUILD_ERROR, why[:5000])
-        if trial.number not in _finished(study):  # a resumed one may be told already
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
     tasks: list[Task] = []
+    sent: set[str] = set()  # the tasks given to the live run through the inbox
+    unbuilt: list[str] = []  # the errors of the trials that failed before any was built
 
-    def none_built(trial: Any, err: Exception) -> NoReturn:
-        """The first task of this call failed to build, with none built before it: a
-        mistake every trial would share (report_every past the task's end, a typo in
-        ``make_task``) is said once, not as ``n_trials`` failed trials."""
-        raise ValueError(
-            f"trial {trial.number}'s task could not be built ({type(err).__name__}: {err}), "
-            "and no trial's was before it: nothing was trained and no more trials were "
-            f"asked (as Optuna's own optimize stops at an objective's first error); trial "
-            f"{trial.number} is told FAIL: fix the cause, then call optimize again with "
-            "retry_failed=True") from err
+    def same_mistake(name: str, trial: Any, err: BaseException) -> None:
+        """ValueError where the first two trials' tasks failed alike, none built before:
+        a mistake every trial shares (report_every past the task's end, a typo in
+        ``make_task``) is said then, not as ``n_trials`` failed trials; one trial's
+        configuration failing alone (a parameter that cannot work) is that trial's."""
+        if tasks or sent or isinstance(err, optuna.TrialPruned):
+            return
+        unbuilt.append(f"{type(err).__name__}: {err}".replace(name, "{task}"))
+        if len(unbuilt) >= 2 and unbuilt[-1] == unbuilt[-2]:
+            raise ValueError(
+                f"the first two trials' tasks could not be built, alike ({type(err).__name__}: "
+                f"{err}): a mistake every trial would share, so no more trials were asked "
+                f"and nothing was trained; trial {trial.number} and the one before it are "
+                "told FAIL: fix the cause, then call optimize again (with retry_failed=True "
+                "their parameters are proposed again; a configuration make_task cannot "
+                "build is skipped where it raises optuna.TrialPruned)") from err
 
     def take(name: str, trial: Any) -> None:
         """The trial's task built for the run, or its trial failed (the user's function:
-        this trial alone, once another's task was built)."""
+        this trial alone)."""
         try:
             tasks.append(build(name, trial))
         except Exception as err:
-            failed(trial, f"{type(err).__name__}: {err}")
+            failed(trial, err)
             del by_task[name]
-            if not tasks:
-                none_built(trial, err)
+            same_mistake(name, trial, err)
 
     for name, trial in list(by_task.items()):
         take(name, trial)
-    while len(trials) < want:  # asked one by one: a first that fails stops the asking
+    while len(trials) < want:  # asked one by one: a shared mistake stops the asking
         trial = _ask(study, where)
         trials.append(trial)
         by_task[name := str(trial.user_attrs[_TASK])] = trial
         take(name, trial)
     inbox = TaskInbox() if len(trials) < n_trials else None
-    sent: set[str] = set()  # the tasks given to the live run through the inbox
     timed_out: list[int] = []  # the trials asked when stop_asking_after closed the inbox
 
     def ask_next(first: bool = False) -> None:
@@ -336,9 +353,8 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
                 try:
                     task = build(name, trial)
                 except Exception as err:  # the user's function: this trial alone fails
-                    failed(trial, f"{type(err).__name__}: {err}")
-                    if not tasks and not sent:
-                        none_built(trial, err)
+                    failed(trial, err)
+                    same_mistake(name, trial, err)
                     continue
                 inbox.add(task)
                 by_task[name] = trial
