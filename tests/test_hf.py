@@ -242,6 +242,27 @@ def test_export_after_fsdp_loads_into_plain_and_pretrained_models(tmp_path: Path
     export_model(load_trained(other, trained.checkpoint), folder, other, trained.checkpoint)
     assert sorted(p.name for p in folder.iterdir()) == ["dione.json", "model.safetensors",
                                                         "tokenizer.json"]
+    # A file of the user's that an export writes over is the export's from then on (the
+    # next export took it for the user's and left it); a folder save_pretrained writes
+    # (a PEFT adapter's) is shared whole and replaced (unlink failed on it).
+    (folder / "config.json").write_text("{}")
+
+    original = model.save_pretrained
+
+    def with_adapter(out: str) -> None:
+        original(out)
+        (Path(out) / "adapter").mkdir()
+        (Path(out) / "adapter" / "weights.bin").write_bytes(b"x")
+        Path(out, "adapter", "weights.bin").chmod(0o600)
+
+    model.save_pretrained = with_adapter  # type: ignore[method-assign]
+    export_model(model, folder, task, result.checkpoint)
+    said = json.loads((folder / "dione.json").read_text())
+    assert {"config.json", "adapter"} <= set(said["files"])
+    assert (folder / "adapter" / "weights.bin").stat().st_mode & 0o777 == mode
+    export_model(load_trained(other, trained.checkpoint), folder, other, trained.checkpoint)
+    assert sorted(p.name for p in folder.iterdir()) == ["dione.json", "model.safetensors",
+                                                        "tokenizer.json"]
 
 
 def test_export_of_a_plain_model_is_a_state_dict(tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -299,8 +301,13 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
     # An earlier export's files go (a GPT-2's generation_config.json stayed beside a
     # BERT's weights); files of the user's (a tokenizer copied in) stay.
     for name in _earlier_export(out):
-        (out / name).unlink(missing_ok=True)
-    others = {p.name for p in out.iterdir()}
+        if (out / name).is_dir() and not (out / name).is_symlink():
+            shutil.rmtree(out / name)  # a save_pretrained's folder (a PEFT adapter's)
+        else:
+            (out / name).unlink(missing_ok=True)
+    # What is there now, and as it was: a file of the same name this export writes over
+    # (a config.json of the user's) is this export's from then on.
+    others = {p.name: _stamp(p) for p in out.iterdir()}
     save_pretrained = getattr(model, "save_pretrained", None)
     extra: dict[str, Any] = {}
     if callable(save_pretrained):
@@ -317,7 +324,8 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
         if extra:
             torch.save(extra, out / EXTRA_STATE_FILE)
     progress = read_progress(checkpoint)
-    written = sorted({p.name for p in out.iterdir()} - others - {PROVENANCE_FILE})
+    written = sorted(p.name for p in out.iterdir() if p.name != PROVENANCE_FILE
+                     and (p.name not in others or others[p.name] != _stamp(p)))
     write_whole(out / PROVENANCE_FILE, json.dumps({
         "task": task.name, "step": progress.step, "technique": progress.technique,
         **({"chosen": chosen} if chosen else {}),
@@ -340,10 +348,36 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
     }, indent=1) + "\n", 0o666)  # shared as the user's umask has it
     # safetensors writes its file readable by its owner only (save_pretrained's too); an
     # export is to be shared as the provenance beside it is (the user's umask).
+    shared = (out / PROVENANCE_FILE).stat().st_mode & 0o777
     for name in written:
-        if (out / name).is_file():
-            (out / name).chmod((out / PROVENANCE_FILE).stat().st_mode & 0o777)
+        _share(out / name, shared)
     return out
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """A file's size and modification time (None: a folder), to tell a file written over
+    from one left as it was."""
+    if path.is_dir():
+        return None
+    found = path.lstat()
+    return found.st_size, found.st_mtime_ns
+
+
+def _share(path: Path, mode: int) -> None:
+    """``path`` (a folder: all it holds) readable as ``mode`` says; folders also
+    searchable where readable."""
+    if path.is_symlink():
+        return
+    if not path.is_dir():
+        path.chmod(mode)
+        return
+    searchable = mode | ((mode & 0o444) >> 2)
+    path.chmod(searchable)
+    for root, folders, files in os.walk(path):
+        for name in folders:
+            Path(root, name).chmod(searchable)
+        for name in files:
+            Path(root, name).chmod(mode)
 
 
 def _recipe(task: Task) -> dict[str, Any]:
@@ -363,8 +397,10 @@ def _earlier_export(out: Path) -> list[str]:
         listed = json.loads((out / PROVENANCE_FILE).read_text()).get("files")
     except (OSError, ValueError, AttributeError):
         listed = None
-    if isinstance(listed, list):
-        return [str(n) for n in listed if "/" not in str(n) and str(n) not in ("", ".", "..")]
+    if isinstance(listed, list):  # names of this folder only (the file may be edited)
+        return [n for n in listed if isinstance(n, str)
+                and n not in ("", ".", "..", PROVENANCE_FILE)
+                and not any(c in n for c in "/\\\x00")]
     known = {WEIGHTS_FILE, EXTRA_STATE_FILE, "config.json", "generation_config.json",
              "model.safetensors.index.json"}
     return [p.name for p in out.glob("*") if p.name in known
