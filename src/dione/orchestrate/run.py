@@ -14,11 +14,12 @@ task's last checkpoint; running it again (``dione resume``) continues from there
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dione.launch.local import LOCAL, Launcher, warm_up
 from dione.orchestrate.additions import TaskInbox
@@ -32,12 +33,14 @@ from dione.profile.results import ProfileEvent
 from dione.spec.cluster import Cluster, ClusterError
 from dione.spec.task import Task
 from dione.spec.validate import Problem
-from dione.state.store import RunStore
+from dione.state.store import STORE_FILE, RunStore
 from dione.state.summaries import best_kept, exactness_of, leaderboard, summaries
 
 __all__ = ["RunDirError", "RunEvent", "RunOptions", "RunResult", "TaskResult", "claim_run_dir",
            "run_workload"]
 
+
+_T = TypeVar("_T")
 
 @dataclass
 class TaskResult:
@@ -69,12 +72,26 @@ class TaskResult:
     best_checkpoint: str | None = None
     # The task's hyperparameters (``grid``'s axes), as the leaderboards show them.
     hyperparameters: dict[str, Any] = field(default_factory=dict)
-    # Its history, as Optuna's intermediate values or a Ray Tune result's metrics: (step,
-    # loss) of every step trained, and per metric (step, value) of every evaluation.
-    # Left out of repr: a long run's million steps.
-    losses: list[tuple[int, float]] = field(default_factory=list, repr=False)
-    evaluations: dict[str, list[tuple[int, float]]] = field(default_factory=dict,
-                                                            repr=False)
+    # The run directory its history is read from, when asked for.
+    run_dir: Path | None = field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def losses(self) -> list[tuple[int, float]]:
+        """(step, loss) of every step it trained, as Optuna's intermediate values or a Ray
+        Tune result's metrics; read from the run directory when first asked for (a
+        sweep of long tasks held every step of every task in memory)."""
+        return self._history(lambda store: store.losses(self.task), [])
+
+    @functools.cached_property
+    def evaluations(self) -> dict[str, list[tuple[int, float]]]:
+        """Per metric, (step, value) of every evaluation, read as ``losses`` is."""
+        return self._history(lambda store: store.evaluations(self.task), {})
+
+    def _history(self, read: Callable[[RunStore], _T], none: _T) -> _T:
+        if self.run_dir is None or not (self.run_dir / STORE_FILE).is_file():
+            return none
+        with RunStore(self.run_dir) as store:
+            return read(store)
 
     @property
     def exactness(self) -> str:
@@ -133,8 +150,6 @@ def _results(tasks: Sequence[Task], run_dir: Path) -> list[TaskResult]:
         recorded = {s.task: s for s in summaries(store, [t.name for t in tasks])}
         best = {t.name: found[0] for t in tasks if not isinstance(
             found := best_kept(store, t.name, (t.keep_best, t.best_mode())), str)}
-        history = {t.name: (store.losses(t.name), store.evaluations(t.name)) for t in tasks
-                   if t.name in recorded}
     return [TaskResult(
         task=s.task, status=s.status, techniques=s.techniques, devices=s.device_counts,
         seconds=s.seconds, steps=s.steps, total_steps=s.total_steps, final_loss=s.final_loss,
@@ -142,10 +157,10 @@ def _results(tasks: Sequence[Task], run_dir: Path) -> list[TaskResult]:
         statistical=s.statistical, evaluated_at=s.evaluated_at,
         best_step=best[t.name].step if t.name in best else None,
         best_checkpoint=best[t.name].path if t.name in best else None,
-        hyperparameters=dict(t.hyperparameters), losses=history[t.name][0],
-        evaluations=history[t.name][1])
+        hyperparameters=dict(t.hyperparameters), run_dir=run_dir.resolve())
         if (s := recorded.get(t.name)) is not None else TaskResult(
-            t.name, "pending", hyperparameters=dict(t.hyperparameters))
+            t.name, "pending", hyperparameters=dict(t.hyperparameters),
+            run_dir=run_dir.resolve())
         for t in tasks]
 
 
