@@ -611,7 +611,7 @@ def test_out_of_memory_and_crash_are_recorded_and_the_rest_completes(tmp_path: P
     why = only.task("big").why_no_option()
     assert "\n" not in why and why.startswith(
         "no configuration fits: out of memory under every option tried: single x1"), why
-    assert "raise --memory-cap" in why
+    assert "raise the memory cap (--memory-cap)" in why
     # Without the cap, what ran out of memory under it is measured afresh, not served
     # (single alone: ddp and fsdp of this model would only add seconds).
     with Catalog(tmp_path / "catalog.sqlite") as catalog:

@@ -109,8 +109,10 @@ class TaskProfile:
         failed = [r for r in self.trials if not r.feasible]
         if failed and all(r.status == "oom" for r in failed):
             head = "no configuration fits: out of memory under every option tried"
-            fix = ("; raise --memory-cap or use larger devices, or make the batch or the "
-                   "model smaller (a pipeline splits it: allow gpipe or 1f1b)")
+            capped = any("memory cap" in (r.reason or "") for r in failed)
+            fix = ("; " + ("raise the memory cap (--memory-cap)" if capped else
+                           "give devices with more memory") + ", or make the batch or the "
+                   "model smaller")
         else:
             head, fix = "no configuration fits: every trial failed or was skipped", ""
         return (head + (": " + "; ".join(reasons[:12]) if reasons else "")
