@@ -141,6 +141,7 @@ def test_the_simulated_report_is_marked_simulated(
     assert (out / "report" / "gantt.png").is_file()
     status = dione("status", str(out))
     assert status.returncode == 0 and "SIMULATED" in status.stdout
+    assert "exact" not in status.stdout  # nothing trained: no how (it said exact)
 
 
 def test_a_simulation_says_where_it_stands_while_a_plan_is_solved(

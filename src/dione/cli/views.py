@@ -299,11 +299,12 @@ def _say_report(run_dir: Path, more: str = "") -> None:
 def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Sequence[Any],
                  launcher: str, additions: Sequence[Any] = (),
                  invalid: Mapping[str, Sequence[str]] | None = None,
-                 best: Mapping[str, int] | None = None) -> None:
+                 best: Mapping[str, int] | None = None, simulated: bool = False) -> None:
     """A run's tasks as its store has them, with the slices running now, what ``dione
     add`` asked of it that it has not taken (or refused), the workload's tasks
     validation refused (never started), and the step of each checkpoint kept for being
-    best (``best``: keep_best's, where it is not the task's last)."""
+    best (``best``: keep_best's, where it is not the task's last); ``simulated``: by
+    ``dione simulate``, which trains nothing (no "trained" to say)."""
     refused = f", {len(invalid)} invalid (never started)" if invalid else ""
     # Each way a task ended besides done, counted (a sweep's stopped tasks ended as asked).
     ended = "".join(f", {n} {status}" for status in ("stopped", "diverged", "failed")
@@ -320,7 +321,7 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
                       "-" if t.final_loss is None else figure(t.final_loss),
                       ", ".join(f"{k}={figure(v)}" for k, v in t.evaluation.items())
                       + (f" (step {t.evaluated_at})" if t.evaluated_before else "") or "-",
-                      "-" if not t.steps and not now
+                      "-" if simulated or (not t.steps and not now)
                       else "INEXACT" if t.inexact or any(s.inexactness for s in now)
                       else t.exactness,
                       "; ".join(f"{s.technique} on {s.node}:{s.device_ids} steps "

@@ -71,7 +71,9 @@ def command(args: argparse.Namespace) -> int:
                     f"profile ended (or never started); {go_on}")
     else:
         launcher = "no launcher running"
-    if (run_dir / SIMULATED_FILE).is_file():
+    simulated = (run_dir / SIMULATED_FILE).is_file()
+    if simulated:
         launcher = "SIMULATED on a virtual cluster (dione simulate): nothing trained"
-    print_status(run_dir, tasks, len(plans), running, launcher, additions, invalid, best)
+    print_status(run_dir, tasks, len(plans), running, launcher, additions, invalid, best,
+                 simulated)
     return 0
