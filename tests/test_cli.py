@@ -704,6 +704,15 @@ def test_validate_warns_of_a_rule_judging_its_metric_the_other_way(
     said = " ".join(out.split())
     assert status == 0 and "warning: c: eval_every=8 is at or past its last step (8): it " \
         "evaluates only at its end" in said, said
+    # A Patience that needs more rungs than the task has: said, not refused.
+    file.write_text(DOUBTFUL_RULE.replace("from dione import Asha,", "from dione import Asha, "
+                                          "Patience,")
+                    .replace('task("c", Asha(metric="accuracy", min_steps=2, mode="max"))',
+                             'task("c", Patience(min_steps=4, every=4, patience=3))'))
+    status, out, _ = in_process(capsys, "validate", str(file))
+    said = " ".join(out.split())
+    assert status == 0 and "warning: c: it judges at 1 rung(s) before the task's last step " \
+        "(8)" in said, said
 
 
 def test_a_mistyped_flag_is_named_by_its_command_with_the_nearest_one(

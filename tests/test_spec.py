@@ -306,3 +306,11 @@ def test_tasks_alike_share_a_key() -> None:
     looped["self"] = looped
     held = sweep(model=functools.partial(torch.nn.Linear, looped))
     assert task_key(held, fields) == ("unkeyed", id(held))
+
+
+def test_a_task_name_is_a_folder_name_and_nothing_more() -> None:
+    """It names the task's folders: a trailing newline passed the pattern's "$" (review)."""
+    assert validate_workload([digits_task("ok-name_1.2=3+4")]) == []
+    for bad in ("a\n", "ünï", "a/b", "../x", ".hidden", "x" * 101, "a b"):
+        said = " ".join(str(p) for p in validate_workload([digits_task(bad)]))
+        assert "must be 1-100 ASCII letters, digits or ._=+-" in said, (bad, said)

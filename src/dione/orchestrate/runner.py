@@ -92,7 +92,7 @@ class Runner:
         self.store.recover_interrupted()
         # What a warning questioned once: rules' directions, keep_best doubts, and the
         # tasks whose slices' evaluations lacked their keep_best metric.
-        self._doubted: set[str | tuple[str, str]] = set()
+        self._doubted: set[str | tuple[str, ...] | tuple[str, str, int]] = set()
         records = {}
         for task in tasks:
             try:
@@ -156,6 +156,11 @@ class Runner:
                 self._doubted.add(repr(rule))
                 self.emit(RunEvent("stopping_rule_doubtful", f"{task.name} (and the tasks "
                                    f"that share its rule): {doubt}", task.name))
+        idle = rule.never_stops(total) if rule is not None else None
+        if idle and ("idle", repr(rule), total) not in self._doubted:  # once a rule
+            self._doubted.add(("idle", repr(rule), total))
+            self.emit(RunEvent("stopping_rule_doubtful", f"{task.name} (and the tasks of "
+                               f"its length that share its rule): {idle}", task.name))
         late = late_evaluation(task, total)
         if late:
             self.emit(RunEvent("eval_every_doubtful", f"{task.name}: {late}", task.name))

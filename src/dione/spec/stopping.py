@@ -78,8 +78,9 @@ class StoppingRule(ABC):
         """The steps, before ``total``, at which a task is judged."""
 
     def never_stops(self, total: int) -> str | None:
-        """Why the rule can stop no task of ``total`` steps, however it learns, with the
-        fix (None: it can)."""
+        """Why the rule can stop no task of ``total`` steps for its metric's values (only
+        for one that is not finite), with the fix (None: it can): a warning, since a run
+        may have started with it."""
         return None
 
     def next_rung(self, done: int, total: int) -> int | None:
@@ -309,8 +310,9 @@ class Patience(StoppingRule):
         if self.threshold is not None or not rungs or rungs > self.patience:
             return None
         return (f"it judges at {rungs} rung(s) before the task's last step ({total}), and "
-                f"a want of patience shows only from {self.patience + 1}: it can never "
-                "stop the task: lower patience, every or min_steps, or give a threshold")
+                f"a want of patience shows only from {self.patience + 1}: it stops the "
+                "task only where its value is not finite: lower patience, every or "
+                "min_steps, or give a threshold")
 
     def decide(self, rung: int, value: float, recorded: Sequence[float],
                task: str = "", history: Sequence[float] = ()) -> Decision:

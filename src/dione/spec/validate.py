@@ -28,7 +28,7 @@ __all__ = ["Problem", "WorkloadError", "build_model", "check_task", "checked_tas
            "keep_best_doubts", "late_evaluation", "repeated_names", "split_valid",
            "training_loss_doubt", "validate_workload"]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}")  # fullmatch: "$" let "a\n" in
 _FACTORIES = ("model", "data", "loss", "optimizer", "evaluate", "lr_scheduler", "collate_fn",
               "loss_items")
 
@@ -424,7 +424,7 @@ def _checked_task(
     def bad(field: str, message: str) -> None:
         problems.append(Problem(name, field, message))
 
-    if not isinstance(task.name, str) or not _NAME.match(task.name):
+    if not isinstance(task.name, str) or not _NAME.fullmatch(task.name):
         bad("name", "must be 1-100 ASCII letters, digits or ._=+- and start with a letter or "
             "digit (it names the task's folder)")
     if not isinstance(task.batch_size, int) or isinstance(task.batch_size, bool) \
@@ -487,10 +487,7 @@ def _checked_task(
                     and not task.stopping.rungs(steps)):
                 bad("stopping", f"it has no rung before the task's last step ({steps}), so "
                     "it would never judge: lower its min_steps, or leave the rule out")
-            elif (not task.stopping.mistakes() and isinstance(steps, int)
-                  and not isinstance(steps, bool) and steps > 1
-                  and (never := task.stopping.never_stops(steps)) is not None):
-                bad("stopping", never)
+
     every = task.eval_every
     if every is not None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:

@@ -57,6 +57,11 @@ def command(args: argparse.Namespace) -> int:
         doubt = rule and rule.metric != "loss" and doubtful_direction(rule.metric, rule.mode)
         if doubt:
             doubted.setdefault(doubt, []).append(task.name)
+        steps = task.steps
+        idle = rule and isinstance(steps, int) and not isinstance(steps, bool) and \
+            not rule.mistakes() and rule.never_stops(steps)
+        if idle:
+            doubted.setdefault(idle, []).append(task.name)
     for task in tasks:  # evaluates at its end anyway: eval_every does nothing
         late = late_evaluation(task)
         if late:
