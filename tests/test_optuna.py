@@ -242,6 +242,8 @@ def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Pa
     for failed in study.get_trials():
         assert "optimize(metric=...) judges 'acc', which its evaluate does not return" in \
             failed.user_attrs["dione_error"], failed.user_attrs
+        assert "name one of those as optimize's metric, or return it from evaluate, then " \
+            "call optimize again with retry_failed=True" in failed.user_attrs["dione_error"]
     with pytest.raises(ValueError, match="no trial of this run is left to train"):
         dione.optuna.optimize(study, build, n_trials=2, metric="accuracy", **options)
     result = dione.optuna.optimize(study, build, n_trials=2, metric="accuracy",

@@ -55,6 +55,7 @@ class OptunaPruning(StoppingRule):
 
     judged_by = "optimize(metric=...)"
     metric_fix = "optimize's metric"
+    retry = "call optimize again with retry_failed=True"
 
     def __init__(self, study: Any, trials: dict[str, Any], report_every: int,
                  metric: str = "loss", loss_window: int = 5,

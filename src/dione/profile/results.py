@@ -189,9 +189,12 @@ def evaluation_mistake(task: Task, evaluated: TrialEvaluation | None) -> str | N
     missing = _missing_metrics(task, evaluated.metrics)
     if not missing:
         return None
+    rule = task.stopping
+    named = f" as {rule.metric_fix}" if rule is not None and any(
+        part == "rule" for part, _ in missing) else ""
     return (f"{_said(task, missing)} (it returned {_listed(evaluated.metrics)} in its "
-            "profiling trial): name one of those, or return it from evaluate, then resume "
-            "(nothing was trained)")
+            f"profiling trial): name one of those{named}, or return it from evaluate, then "
+            f"{rule.retry if rule is not None else 'resume'} (nothing was trained)")
 
 
 def remembered_mistake(task: Task, metrics: tuple[str, ...] | None) -> str | None:

@@ -62,6 +62,7 @@ class StoppingRule(ABC):
     # is made by optimize's metric argument, not written by the user).
     judged_by: ClassVar[str] = "its stopping rule"
     metric_fix: ClassVar[str] = "the rule's metric"
+    retry: ClassVar[str] = "resume"  # what trains a task refused for it again
 
     @property
     def waits_at_rungs(self) -> bool:
