@@ -532,8 +532,8 @@ def test_the_live_table_says_how_each_task_trained_only_once_it_trained(
                       "c": TaskRecord(c, 12, 4, TaskStatus.PENDING, inexact=True)}, [])
     console = Console(record=True, width=120)
     console.print(LiveProgress.render(state))
-    rows = {line.split()[1]: line.split()[-2] for line in console.export_text().splitlines()
-            if line.split()[1:2] in (["a"], ["b"], ["c"])}
+    rows = {line.split()[0]: line.split()[-1] for line in console.export_text().splitlines()
+            if line.split()[0:1] in (["a"], ["b"], ["c"])}
     assert rows == {"a": "-", "b": "exact", "c": "INEXACT"}
 
 
@@ -558,8 +558,8 @@ def test_the_live_table_keeps_names_apart_and_figures_whole_on_a_narrow_terminal
     console = Console(record=True, width=80)
     console.print(LiveProgress.render(RunState(records, plan)))
     text = console.export_text()
-    cells = ["".join(line.split("│")[1].strip() for line in text.splitlines()
-                     if line.startswith("│"))]
+    cells = ["".join(line.split("│")[0].strip() for line in text.splitlines()[3:]
+                     if "│" in line)]
     for name in names:  # folded onto lines, whole
         assert name in cells[0], text
     assert text.count("1.2346") == 3 and text.count("20/60") == 3, text
@@ -596,11 +596,43 @@ def test_the_live_table_of_a_sweep_shows_what_runs_first_and_fits_the_terminal()
     console.print(LiveProgress.render(RunState(records, plan), rows=10))
     lines = console.export_text().splitlines()
     assert lines[0].startswith("elapsed") and "2 running, 26 pending, 20 done" in lines[0]
-    shown = [line.split("│")[1].strip() for line in lines if line.startswith("│")]
-    # Running first, then pending by planned start (the later-listed start sooner).
+    shown = [line.split("│")[0].strip() for line in lines[3:] if "│" in line]
+    # Running first, then pending by planned start (the later-listed start sooner); the
+    # last row says what it stands for in the name's column (in status it took the
+    # width the names needed on 80 columns: review).
     assert shown == ["t40", "t41", "t47", "t46", "t45", "t44", "t43", "t42", "t39",
-                     "... 39 more"], lines
-    assert "19 pending, 20 done" in lines[-2], lines  # what the last row stands for
+                     "... 39 more: 19 pending, 20 done"], lines
+
+
+def test_the_live_table_of_a_grid_on_80_by_24_names_its_tasks_and_fits(tmp_path) -> None:
+    """A grid's long names on 80 columns: the last row's counts took the status column's
+    width and left the names none; each row folded over lines, so the table ran off the
+    screen. Each shown name is whole, the last column whole, and it fits the height."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from dione.orchestrate.progress import LiveProgress
+    from dione.orchestrate.records import RunState, TaskRecord, TaskStatus
+    from dione.plan.plan import Assignment
+    from helpers import digits_task
+
+    names = [f"d-lr0.0001-width128-batch_size64-seed{i}" for i in range(48)]
+    records = {n: TaskRecord(digits_task(n), 1200, 0, TaskStatus.PENDING) for n in names}
+    plan = [Assignment(n, "single", {}, "vm", (0,), float(i), float(i + 1))
+            for i, n in enumerate(names)]
+    out = io.StringIO()
+    console = Console(file=out, width=80, height=24, force_terminal=True)
+    with LiveProgress(console) as live:
+        live.update(RunState(records, plan))
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue()).splitlines()
+    table = [line for line in drawn if "│" in line]
+    assert table and len(drawn) <= 24 - 8 + 2, drawn
+    assert all(line.rstrip().endswith(("-", "trained", "│")) or "exact" in line
+               for line in table), drawn
+    cells = "".join(line.split("│")[0].strip() for line in table[1:])
+    assert names[0] in cells and "more:" in cells, drawn
 
 
 def test_a_results_table_too_wide_for_the_terminal_reads_as_lines(monkeypatch) -> None:
