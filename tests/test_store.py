@@ -308,6 +308,21 @@ def test_status_counts_each_way_a_task_ended(capsys: pytest.CaptureFixture[str])
     # A count as a count (it read 242.0000); a small whole value keeps its decimals,
     # as losses and accuracies of 1.0 beside others of four.
     assert (figure(242.0), figure(1.0), figure(242.5)) == ("242", "1.0000", "242.5000")
+    # A grid's long names on 80 columns: a line per task, each name whole (the table
+    # cut all 48 to "d-lr0.…", and piped to a file at their varying ends).
+    from rich.console import Console
+
+    from dione.cli import views
+
+    names = [f"d-lr0.0001-width128-batch_size64-seed{i}" for i in range(3)]
+    narrow = Console(record=True, width=80)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(views, "console", narrow)
+        print_status(Path("run"), [TaskSummary(n, "done", 8, 8, evaluation={
+            "accuracy": 0.9, "test_loss": 0.3}) for n in names], 1, [], "no launcher running")
+    lines = narrow.export_text().splitlines()
+    for name in names:
+        assert any(line.startswith(f"{name}: status done") for line in lines), lines
 
 
 def test_an_unreadable_add_request_is_refused_and_the_others_go_on(tmp_path: Path) -> None:

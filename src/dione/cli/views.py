@@ -309,14 +309,14 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
     # Each way a task ended besides done, counted (a sweep's stopped tasks ended as asked).
     ended = "".join(f", {n} {status}" for status in ("stopped", "diverged", "failed")
                     if (n := sum(t.status == status for t in tasks)))
-    table = Table(title=f"{run_dir}: {sum(t.status == 'done' for t in tasks)} of {len(tasks)} "
-                  f"task(s) done{ended}{refused}, {plans} plan(s) adopted; {launcher}")
-    for column in ("task", "status", "steps", "techniques", "final loss", "evaluation",
-                   "trained", "running now"):
-        table.add_column(column)
+    title = (f"{run_dir}: {sum(t.status == 'done' for t in tasks)} of {len(tasks)} "
+             f"task(s) done{ended}{refused}, {plans} plan(s) adopted; {launcher}")
+    columns = ["task", "status", "steps", "techniques", "final loss", "evaluation",
+               "trained", "running now"]
+    rows = []
     for t in tasks:
         now = [s for s in running if s.task == t.task]
-        table.add_row(t.task, t.status, f"{t.steps}/{t.total_steps}",
+        rows.append([t.task, t.status, f"{t.steps}/{t.total_steps}",
                       ", ".join(t.techniques) or "-",
                       "-" if t.final_loss is None else figure(t.final_loss),
                       ", ".join(f"{k}={figure(v)}" for k, v in t.evaluation.items())
@@ -326,8 +326,10 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
                       else t.exactness,
                       "; ".join(f"{s.technique} on {s.node}:{s.device_ids} steps "
                                 f"{s.start_step}-{s.end_step} for "
-                                f"{time.time() - s.started_at:.0f} s" for s in now) or "-")
-    console.print(table)
+                                f"{time.time() - s.started_at:.0f} s" for s in now) or "-"])
+    # A line per task where the table would not fit (a grid's 48 names read "d-lr0.…"
+    # alike on 80 columns, and piped to a file).
+    _print_rows(title, columns, rows, left=columns)
     for t in tasks:  # why each failed, diverged or was not evaluated (stopped: the report)
         if t.error and t.status != "stopped":
             console.print(f"{t.task} ({t.status}): {error_line(t.error)}", markup=False)

@@ -147,8 +147,10 @@ class SimulatedLaunching:
                                                 "(simulated)", "node_lost"))
         elif self.failures_left.get(name, 0) > 0:
             self.failures_left[name] -= 1
+            # A transient failure (a rank lost), retried up to --max-failures: not an
+            # exception the task raises, which a retry from the same step raises again.
             self.clock.at(began + seconds, lambda: fail(
-                f"{where}: an injected failure (simulated)", "raised"))
+                f"{where}: an injected failure (simulated)", "exit"))
         else:
             self.clock.at(began + seconds, finish)
         return future
