@@ -898,3 +898,15 @@ def test_learning_curves_of_a_sweep_name_each_panels_best(tmp_path: Path) -> Non
     draw_curves(tasks, lines, {n: {"accuracy": p} for n, p in lines.items()},
                 tmp_path / "curves.png", lower={"loss": True, "accuracy": False})
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_a_plan_counts_the_slice_starts_slice_steps_makes(tmp_path: Path) -> None:
+    """A task cut every --slice-steps pays a slice's start at each cut: the plan of 12
+    slices was the plan of one (3.4 s planned, 8.9 s taken: review)."""
+    with virtual_runner(tmp_path / "one") as (runner, _):
+        record = next(iter(runner.state.records.values()))
+        assert runner.planned_restarts(record, 0) == 0  # 20 steps, no forced end
+    with virtual_runner(tmp_path / "cut", replace(OPTIONS, slice_steps=3)) as (runner, _):
+        record = next(iter(runner.state.records.values()))
+        assert runner.planned_restarts(record, 0) == 6  # slices 0-3 ... 18-20
+        assert runner.planned_restarts(record, 10) == 3  # 10-13, 13-16, 16-19, 19-20

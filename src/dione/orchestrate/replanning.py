@@ -87,6 +87,7 @@ class Replanner:
         self._solving: Future[PlanCandidate] | None = None
         self._wanted: Callable[[], tuple[PlanningProblem, float] | None] | None = None
         self._wanted_owed = False
+        self._wanted_quick = True
         self._lock = threading.Lock()
         self.solves = 0
         self.seconds = 0.0  # spent solving re-plans (beside execution)
@@ -97,41 +98,44 @@ class Replanner:
         self.owed_units = 0.0
 
     def ask(self, snapshot: Callable[[], tuple[PlanningProblem, float] | None],
-            owed: bool = False) -> None:
+            owed: bool = False, quick: bool = False) -> None:
         """Plan again from ``snapshot()`` (the problem now and its time; None: nothing to
         plan): at once if no solve runs, else as soon as the running one ends. ``owed``:
         the solve is counted apart from the budgeted ones (a request served together
-        with an owed one is owed)."""
+        with an owed one is owed); ``quick``: by greedy, in milliseconds (an owed solve
+        past its own budget; one served with a request that is not quick is not)."""
         with self._lock:
             if self._solving is None:
-                self._start(snapshot, owed)
+                self._start(snapshot, owed, quick)
             else:
                 self._wanted = snapshot
                 self._wanted_owed |= owed
+                self._wanted_quick &= quick
 
     def _start(self, snapshot: Callable[[], tuple[PlanningProblem, float] | None],
-               owed: bool) -> None:
+               owed: bool, quick: bool = False) -> None:
         taken = snapshot()  # on the loop's thread: the state does not move under it
         if taken is None:
             return
         problem, at = taken
         if self.beside:
-            self._solving = self._pool.submit(self._solve, problem, at, owed)
+            self._solving = self._pool.submit(self._solve, problem, at, owed, quick)
         else:
             done: Future[PlanCandidate] = Future()
             try:
-                done.set_result(self._solve(problem, at, owed))
+                done.set_result(self._solve(problem, at, owed, quick))
             except Exception as err:
                 done.set_exception(err)
             self._solving = done
 
-    def _solve(self, problem: PlanningProblem, at: float, owed: bool) -> PlanCandidate:
+    def _solve(self, problem: PlanningProblem, at: float, owed: bool,
+               quick: bool = False) -> PlanCandidate:
         began = time.perf_counter()
         units = 0.0
         try:
             # One thread beside execution: the gangs keep the other cores.
             plan, fell_back = solve_or_fall_back(
-                problem, self.solver, self.limit,
+                problem, "greedy" if quick else self.solver, self.limit,
                 1 if self.beside or self.deterministic else None, self.deterministic,
                 self.hasten)
             units = float(plan.notes.get("deterministic_spent", 0.0))
@@ -156,7 +160,8 @@ class Replanner:
             if self._wanted is not None:
                 wanted, self._wanted = self._wanted, None
                 owed, self._wanted_owed = self._wanted_owed, False
-                self._start(wanted, owed)
+                quick, self._wanted_quick = self._wanted_quick, True
+                self._start(wanted, owed, quick)
             return candidate
 
     @property
