@@ -278,11 +278,12 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
     assert ("judges 'accuracy' at step 6, but its evaluation there failed: RuntimeError: "
             "no held-out split") in raises
     from dione.cli.views import print_results
+    from dione.state.summaries import figure
 
     capsys.readouterr()
     print_results(result, tmp_path / "run")  # `dione run`'s closing table says it too
-    assert "evaluation failed: noted: RuntimeError: no held-out split" in " ".join(
-        capsys.readouterr().out.split())
+    closing = " ".join(capsys.readouterr().out.split())
+    assert "evaluation failed: noted: RuntimeError: no held-out split" in closing
     assert "overflow: evaluated at step 6, ppl is inf (not recorded)" in [
         e.message for e in events if e.kind == "evaluation_not_finite"]
     failed = [e.message for e in events if e.kind == "evaluation_failed"]
@@ -295,6 +296,10 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
     ranked = [row.split(" | ")[1] for row in board.splitlines()[2:] if row.startswith("| ")]
     assert [t.task for t in result.leaderboard("accuracy")] == ranked
     assert len(ranked) >= 2 and result.best("accuracy") == result.task(ranked[0])
+    # ... and the closing lines name it (a 48-task grid's table, in grid order, did not).
+    best = result.task(ranked[0])
+    assert f"best by accuracy (higher is better): {ranked[0]} " \
+        f"{figure(best.evaluation['accuracy'])}" in closing, closing
     with pytest.raises(ValueError, match=r"no task of run .* has a value of 'acc'; its "
                        r"metrics: accuracy, test_loss"):
         result.best("acc")

@@ -277,7 +277,8 @@ def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path
     rule = Asha(metric="loss", min_steps=6, eta=2, loss_window=3)
     rates = {"fast": 3e-2, "slow": 1e-6, "mid": 3e-3, "stuck": 1e-7}
     tasks = [replace(digits_task(name, steps=24, stopping=rule),
-                     optimizer=functools.partial(torch.optim.Adam, lr=lr))
+                     optimizer=functools.partial(torch.optim.Adam, lr=lr),
+                     hyperparameters={"lr": lr})
              for name, lr in rates.items()]
     events: list[RunEvent] = []
     asked_owed: list[int] = []  # after which event a re-plan was asked past the budget
@@ -357,6 +358,7 @@ def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path
         row = found[name]
         assert row["error"] == "" and ("stopped by ASHA" in row["stop_reason"]) == (
             status == "stopped"), row
+        assert float(row["config/lr"]) == rates[name]  # each axis a column, as Ray Tune's
     assert found["bad"]["status"] == "invalid" and found["bad"]["error"] == "lr: must be > 0"
 
 

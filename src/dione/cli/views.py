@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dione.cli.console import console
-from dione.state.summaries import error_line, figure
+from dione.state.summaries import error_line, figure, lower_is_better
 
 __all__ = ["live_steps", "print_profile", "print_results", "print_sequential_results",
            "print_status", "profile_lines", "profile_progress"]
@@ -202,6 +202,7 @@ def print_results(result: Any, run_dir: Path) -> None:
              t.exactness if t.steps else "-"]  # no step trained: no how
             for t in result.tasks]
     _print_rows(title, columns, rows, left=("status", "techniques", "trained"))
+    _say_leaders(result, metrics)
     _say_inexact(result.tasks)
     _say_best(run_dir, {t.task: t.best_step for t in result.tasks
                         if t.best_step is not None and t.best_step != t.steps})
@@ -212,6 +213,22 @@ def print_results(result: Any, run_dir: Path) -> None:
                                f"does not evaluate it again: `dione.load(RUN_DIR, "
                                f"{t.task!r})` gives the trained model to evaluate)"))
     _say_report(run_dir, f"; plans: {run_dir / 'plans'}")
+
+
+def _say_leaders(result: Any, metrics: Sequence[str]) -> None:
+    """A line per evaluated metric naming the task the report ranks first, with its
+    value and hyperparameters: a 48-task grid's table, in grid order, named none."""
+    for metric in metrics:
+        best = result.best(metric)
+        if best is None or metric not in best.evaluation:
+            continue
+        how = ", ".join(f"{k}={v}" for k, v in best.hyperparameters.items())
+        order = "lower" if lower_is_better(metric, result.directions) else "higher"
+        early = (f", {best.status} at step {best.steps} of {best.total_steps}"
+                 if best.steps < best.total_steps else "")
+        console.print(Text(f"best by {metric} ({order} is better): {best.task} "
+                           f"{figure(best.evaluation[metric])}{early}"
+                           + (f" ({how})" if how else "")))
 
 
 def _say_best(run_dir: Path, best: Mapping[str, int]) -> None:

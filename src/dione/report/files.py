@@ -179,11 +179,15 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
     if gone:  # a task its launcher left unfinished waits for `dione resume`
         tasks = as_left(tasks)
     metrics = sorted({m for t in tasks for m in t.evaluation})
+    # Each hyperparameter its own column too, as a Ray Tune result's config/lr (a JSON
+    # column alone asked a reader to parse it to sort or group a sweep).
+    axes = sorted({k for t in tasks for k in t.hyperparameters})
     with open(folder / "summary.csv", "w", newline="") as out:
         writer = csv.writer(out)
         writer.writerow(["task", "status", "steps", "total_steps", "techniques", "devices",
                          "seconds", "final_loss", *metrics, "evaluated_at_step",
-                         "hyperparameters", "trained", "error", "stop_reason", "simulated"])
+                         "hyperparameters", *(f"config/{k}" for k in axes), "trained",
+                         "error", "stop_reason", "simulated"])
         for t in tasks:
             # A stopping rule's reason is no error (a script counting errors counted
             # every loser a rule stopped).
@@ -194,15 +198,17 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
                              *(t.evaluation.get(m, "") for m in metrics),
                              "" if t.evaluated_at is None else t.evaluated_at,
                              # a simulation trains nothing: no how
-                             json.dumps(t.hyperparameters), "" if simulated else t.trained,
+                             json.dumps(t.hyperparameters),
+                             *(t.hyperparameters.get(k, "") for k in axes),
+                             "" if simulated else t.trained,
                              "" if t.status == "stopped" else said,
                              said if t.status == "stopped" else "", mark])
         # Tasks validation left out: a script reading this file saw a clean run.
         for name, problems in invalid.items():
             if name not in {t.task for t in tasks}:
                 writer.writerow([name, "invalid", 0, "", "", "", "0.00", "",
-                                 *("" for _ in metrics), "", "{}", "", "; ".join(problems),
-                                 "", mark])
+                                 *("" for _ in metrics), "", "{}", *("" for _ in axes), "",
+                                 "; ".join(problems), "", mark])
     (folder / "summary.md").write_text(_markdown(tasks, metrics, plans, slices, zero,
                                                  simulated, invalid, directions, run_dir,
                                                  kept_best))
