@@ -910,3 +910,28 @@ def test_a_plan_counts_the_slice_starts_slice_steps_makes(tmp_path: Path) -> Non
         record = next(iter(runner.state.records.values()))
         assert runner.planned_restarts(record, 0) == 6  # slices 0-3 ... 18-20
         assert runner.planned_restarts(record, 10) == 3  # 10-13, 13-16, 16-19, 19-20
+
+
+def test_a_gantt_chart_of_more_tasks_than_colours_numbers_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """48 tasks: colours repeated, no legend, one bar labelled. Each task has a number,
+    on the bars that have room and in a list under the chart, in the workload's order."""
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from dione.report.gantt import draw_gantt
+    from dione.state.store import SliceRecord
+
+    order = [f"d-lr{i}" for i in range(48)]
+    slices = [SliceRecord(i, task, "single", {}, "n", [i % 2], 0, 10, "done", float(i // 2),
+                          float(i // 2 + 1), None, None, {}, None)
+              for i, task in enumerate(order)]
+    said: list[str] = []
+    for cls in (Axes, Figure):
+        text = cls.text
+        monkeypatch.setattr(cls, "text", lambda self, x, y, s, *a, _text=text, **k: (
+            said.append(str(s)), _text(self, x, y, s, *a, **k))[1])
+    draw_gantt(None, slices, 0.0, tmp_path / "gantt.png", order=order)
+    listed = "\n".join(s for s in said if "d-lr" in s).splitlines()
+    assert listed[:2] == ["1 d-lr0", "2 d-lr1"] and len(listed) == 48, listed
+    assert {str(n) for n in range(1, 49)} <= set(said)  # each bar has room for its number

@@ -21,6 +21,7 @@ MAX_DEVICE_ROWS = 64
 MAX_HEIGHT = 40.0
 MAX_LABELS = 400  # per panel: past this, labels cost more time than they tell
 LEGEND_TASKS = 20  # past this, colours repeat: a legend would name several tasks alike
+NUMBERED_TASKS = 120  # past this, a list of the tasks' numbers is taller than the chart
 Bar = tuple[str, int, str, str, float, float, str]  # node, device, task, technique, ...
 
 
@@ -34,9 +35,10 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
     run's start; the last slice of a task its rule stopped (``ended``: task -> status)
     marked with an x at its end; a label where its bar has room for it, and a legend of
     the tasks' colours (as the learning curves colour them: ``order``, the workload's)
-    up to 20 tasks; a dashed line where the run was resumed (``resumed``: seconds from
-    the run's start of each session after the first); a simulated run's says so in both
-    titles."""
+    up to 20 tasks; past that (colours repeat), up to 120, each task a number, on its
+    bars and in a list under the chart; a dashed line where the run was resumed
+    (``resumed``: seconds from the run's start of each session after the first); a
+    simulated run's says so in both titles."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -66,14 +68,21 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
     colour = {t: c for t, c in task_colours(order, tasks).items() if t in tasks}
     row_inches = min(0.5, max(0.05, (MAX_HEIGHT - 2.2) / 2 / max(1, len(layout.rows))))
     legend = 0 < len(colour) <= LEGEND_TASKS  # short slices leave most bars unlabelled
-    legend_inches = 0.2 + 0.2 * math.ceil(len(colour) / 4) if legend else 0.0
+    # Past it, a number per task tells bars of one colour apart, and fits bars a name
+    # does not (48 tasks: one bar was labelled, the colours repeated, no legend).
+    numbers = {} if legend or not colour or len(colour) > NUMBERED_TASKS else {
+        t: i + 1 for i, t in enumerate([t for t in order if t in colour]
+                                       + sorted(t for t in colour if t not in order))}
+    listed = [f"{n} {t}" for t, n in sorted(numbers.items(), key=lambda item: item[1])]
+    legend_inches = (0.2 + 0.2 * math.ceil(len(colour) / 4) if legend
+                     else 0.2 + 0.13 * math.ceil(len(listed) / 3) if listed else 0.0)
     height = 2.2 + row_inches * len(layout.rows) * 2 + legend_inches
     figure, axes = plt.subplots(2, 1, sharex=True, squeeze=True, figsize=(11, height))
     mark = "SIMULATED: " if simulated else ""
     for ax, bars, title in ((axes[0], planned, f"{mark}{which}"),
                             (axes[1], actual, f"{mark}actual" + (" (virtual cluster)"
                                                                  if simulated else ""))):
-        _draw_bars(ax, bars, layout, span, colour, row_inches)
+        _draw_bars(ax, bars, layout, span, colour, row_inches, numbers)
         if not bars:  # every task failed or was refused before a plan, or a slice ran
             said = ("no plan was adopted" if plan is None else "the plan assigned nothing") \
                 if bars is planned else "no slice ran"
@@ -107,6 +116,12 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
         figure.legend(handles=[Patch(facecolor=c, edgecolor="black", label=t)
                                for t, c in colour.items()], loc="lower center",
                       ncol=min(4, len(colour)), fontsize=7, frameon=False)
+    if listed:
+        rows = math.ceil(len(listed) / 3)
+        for column in range(3):
+            figure.text(0.02 + 0.33 * column, (legend_inches - 0.1) / height,
+                        "\n".join(listed[column * rows:(column + 1) * rows]),
+                        fontsize=6, va="top", family="monospace")
     figure.tight_layout(rect=(0, legend_inches / height, 1, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -150,9 +165,11 @@ class _Layout:
 
 
 def _draw_bars(ax: Any, bars: Sequence[Bar], layout: _Layout, span: float,
-               colour: Mapping[str, Any], row_inches: float) -> None:
+               colour: Mapping[str, Any], row_inches: float,
+               numbers: Mapping[str, int] | None = None) -> None:
     """The bars as two collections (drawn whole, not one artist per bar: thousands of
-    slices took most of a minute), cut ones hatched; labels where they have room."""
+    slices took most of a minute), cut ones hatched; labels where they have room (a
+    task's number, where ``numbers`` gives one)."""
     from matplotlib.collections import PolyCollection
 
     shapes: dict[bool, tuple[list[list[tuple[float, float]]], list[Any]]] = {
@@ -167,7 +184,9 @@ def _draw_bars(ax: Any, bars: Sequence[Bar], layout: _Layout, span: float,
                       (start, top + height)])
         faces.append(colour[task])
         # Room for it: wide enough (narrower labels overlapped) and a row of its own.
-        if end - start > 0.06 * span and not layout.by_node and row_inches >= 0.3:
+        if numbers and end - start > 0.015 * span and row_inches >= 0.1:
+            labels.append((start + (end - start) / 2, top + height / 2, str(numbers[task])))
+        elif end - start > 0.06 * span and not layout.by_node and row_inches >= 0.3:
             labels.append((start + (end - start) / 2, top + height / 2, f"{task}\n{technique}"))
     for cut, (verts, faces) in shapes.items():
         if verts:
