@@ -365,6 +365,8 @@ def test_ctrl_c_stops_every_gang_and_leaves_a_resumable_run(
     out, _ = run.communicate(timeout=120)
     assert run.returncode == code, out
     assert said in out
+    # ... and what continues it (it named nothing to do next: review).
+    assert f"checkpoints kept; `dione resume {run_dir}` continues it" in " ".join(out.split())
     with RunStore(run_dir) as store:
         statuses = [s.status for s in store.slices()]
         cut = {s.task for s in store.slices() if s.status == "interrupted"}

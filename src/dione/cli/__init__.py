@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 
 from dione.cli.commands import COMMANDS
 from dione.cli.console import complain, errors
@@ -46,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as err:  # Terminated too
         return _stopped(err, _STOPPED.get(args.command, "every gang was stopped, "
-                                          "checkpoints kept"))
+                                          "checkpoints kept" + _continues(args)))
 
 
 # What a stop leaves where it is not a run's gangs and checkpoints.
@@ -55,6 +56,23 @@ _STOPPED = {
     "profile": "every trial was stopped; those that ended are in the catalog, and the "
                "next profile runs the others",
 }
+
+
+def _continues(args: argparse.Namespace) -> str:
+    """"; X continues it" for a stopped run's directory, as `dione status` names X (the
+    message named nothing to do next)."""
+    if args.command not in ("run", "resume", "train"):
+        return ""
+    from dione.cli.inputs import default_run_dir
+    from dione.state.store import how_to_continue
+
+    given = getattr(args, "run_dir", None) or getattr(args, "out", None)
+    run_dir = Path(given) if given else default_run_dir(args.workload)
+    if not run_dir.is_dir():
+        return ""
+    if args.command == "train":  # its own folder, or a run's: the same command again
+        return "; the same `dione train` continues it from them"
+    return f"; {how_to_continue(run_dir)} continues it"
 
 
 def _stopped(stop: KeyboardInterrupt, left: str) -> int:
