@@ -61,9 +61,10 @@ VIRTUAL_TICK = 30.0
 # deterministic time it spent (measured: about 5 s of one thread), so that the
 # re-planning budget holds in a simulation without reading the wall clock.
 VIRTUAL_SECONDS_PER_UNIT = 5.0
-# Owed re-plans (a stop freed devices) are solved at once whatever the budget, by the
-# run's solver up to this many times the re-planning share, then by greedy.
-OWED_SHARE = 4.0
+# Owed re-plans (a stop freed devices) are solved at once whatever the budget: by the
+# run's solver while they have taken at most this share of the run's time so far, then
+# by greedy (a simulated sweep's, at 5 s a unit, stay far below it).
+OWED_SHARE = 0.25
 
 
 # How a run whose task failed for a fixable cause goes on, from each way of starting it.
@@ -597,9 +598,8 @@ class Runner:
         are not held to the budget nor counted in it: on a sweep whose stops each owed
         one, they spent it, and the survivors then stayed at the widths they started at
         (a 50-task ASHA sweep on 4 simulated nodes: 38 owed solves, then 1 of 202 asked).
-        Owed solves past ``OWED_SHARE`` times that share of the run's estimated length
-        are greedy's (milliseconds): a 48-task sweep of seconds-long tasks spent 8 of its
-        11 s solving them on 2 cores."""
+        Owed solves past ``OWED_SHARE`` of the run's time are greedy's (milliseconds): a
+        48-task sweep of seconds-long tasks spent 8 of its 11 s solving them on 2 cores."""
         if not self.options.replan and not owed:
             return
         replanner = self.replanner
@@ -611,10 +611,7 @@ class Runner:
             return
         owed_spent = (VIRTUAL_SECONDS_PER_UNIT * replanner.owed_units if self.virtual
                       else replanner.owed_seconds)
-        # Of the whole run as estimated (not its time so far: a sweep's first rung stops
-        # many tasks at once, early, and each owes a solve).
-        whole = max(self.now(), self.state.estimated_finish, 0.0)
-        quick = owed and owed_spent + expected > OWED_SHARE * self.options.replan_share * whole
+        quick = owed and owed_spent + expected > OWED_SHARE * max(self.now(), 0.0)
         replanner.ask(self._snapshot, owed, quick)
 
     def _adopt(self, candidate: PlanCandidate, first: bool = False) -> None:
