@@ -271,6 +271,9 @@ def test_what_keep_best_may_not_do_is_said() -> None:
     assert str(evaluation_mistake(two, returned)).startswith(
         "its stopping rule judges 'acc' and keep_best names 'f1', neither of which its "
         "evaluate returns")
+    # The fix names both places (it said "as the rule's metric" alone: review).
+    assert "name one of those as the rule's metric and keep_best, or return it" in str(
+        evaluation_mistake(two, returned))
     assert str(remembered_mistake(two, ("accuracy",))).endswith(
         "if it still does, the rule fails the task at its first rung and keep_best keeps "
         "nothing; stop, fix it and resume (`--reprofile` runs it again)")

@@ -289,6 +289,14 @@ def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Pa
                           **{**options, "run_dir": str(tmp_path / "skips")})
     assert [t.state for t in skips.get_trials()] == [optuna.trial.TrialState.PRUNED,
                                                       optuna.trial.TrialState.COMPLETE]
+    # Every configuration skipped: said as such (it read "each failed before", and
+    # pointed at retry_failed, which proposes no pruned trial again).
+    every = optuna.create_study(direction="maximize")
+    for _ in range(2):
+        every.enqueue_trial({"lr": 0.03})
+    with pytest.raises(ValueError, match=r"make_task pruned every trial of this run"):
+        dione.optuna.optimize(every, skipping, n_trials=2, metric="accuracy",
+                              **{**options, "run_dir": str(tmp_path / "every")})
 
 
 def test_a_trial_whose_name_another_task_took_fails_saying_so(tmp_path: Path) -> None:

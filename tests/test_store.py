@@ -308,6 +308,16 @@ def test_status_counts_each_way_a_task_ended(capsys: pytest.CaptureFixture[str])
     # A count as a count (it read 242.0000); a small whole value keeps its decimals,
     # as losses and accuracies of 1.0 beside others of four.
     assert (figure(242.0), figure(1.0), figure(242.5)) == ("242", "1.0000", "242.5000")
+    assert figure(242) == "242"  # an int (int.is_integer is Python 3.12's)
+    # Two CUDA errors end with one note: the exception's own line tells them apart (a
+    # task failed "twice with the same error" on two different faults: review).
+    from dione.state.summaries import exception_line
+
+    cuda = ("Traceback ...\nRuntimeError: CUDA error: {}\nCUDA kernel errors might be "
+            "asynchronously reported\nCompile with `TORCH_USE_CUDA_DSA` to enable it.")
+    assert exception_line(cuda.format("an illegal memory access")) != \
+        exception_line(cuda.format("unspecified launch failure"))
+    assert exception_line("Traceback ...\nValueError: boom") == "ValueError: boom"
     # A grid's long names on 80 columns: a line per task, each name whole (the table
     # cut all 48 to "d-lr0.…", and piped to a file at their varying ends).
     from rich.console import Console
@@ -458,3 +468,12 @@ def test_the_best_of_a_run_result_is_the_report_s_rank_one(tmp_path: Path) -> No
     assert [t.task for t in result.leaderboard("accuracy")] == ["failed", "stopped"]
     best = result.best("accuracy")
     assert best is not None and best.task == "stopped"
+
+
+def test_a_hyperparameter_cell_is_json_where_it_is_not_text_or_a_number() -> None:
+    """summary.csv's config/NAME: a dict read as Python's repr beside the JSON column, a
+    None as a missing value (review)."""
+    from dione.report.files import _cell
+
+    assert [_cell(v) for v in ({"name": "adam"}, [1, 2], True, None, 0.1, 3, "x")] == [
+        '{"name": "adam"}', "[1, 2]", "true", "null", 0.1, 3, "x"]

@@ -294,24 +294,27 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
 
     tasks: list[Task] = []
     sent: set[str] = set()  # the tasks given to the live run through the inbox
-    unbuilt: list[str] = []  # the errors of the trials that failed before any was built
+    # The trials whose tasks failed to build before any was built, with their errors.
+    unbuilt: list[tuple[int, str]] = []
 
     def same_mistake(name: str, trial: Any, err: BaseException) -> None:
-        """ValueError where the first two trials' tasks failed alike, none built before:
-        a mistake every trial shares (report_every past the task's end, a typo in
+        """ValueError where two trials' tasks failed alike in a row, none built before: a
+        mistake every trial shares (report_every past the task's end, a typo in
         ``make_task``) is said then, not as ``n_trials`` failed trials; one trial's
-        configuration failing alone (a parameter that cannot work) is that trial's."""
+        configuration failing alone (a parameter that cannot work) is that trial's, and
+        a pruned one (optuna.TrialPruned) none's."""
         if tasks or sent or isinstance(err, optuna.TrialPruned):
             return
-        unbuilt.append(f"{type(err).__name__}: {err}".replace(name, "{task}"))
-        if len(unbuilt) >= 2 and unbuilt[-1] == unbuilt[-2]:
+        unbuilt.append((trial.number, f"{type(err).__name__}: {err}".replace(name, "{task}")))
+        if len(unbuilt) >= 2 and unbuilt[-1][1] == unbuilt[-2][1]:
             raise ValueError(
-                f"the first two trials' tasks could not be built, alike ({type(err).__name__}: "
-                f"{err}): a mistake every trial would share, so no more trials were asked "
-                f"and nothing was trained; trial {trial.number} and the one before it are "
-                "told FAIL: fix the cause, then call optimize again (with retry_failed=True "
-                "their parameters are proposed again; a configuration make_task cannot "
-                "build is skipped where it raises optuna.TrialPruned)") from err
+                f"trials {unbuilt[-2][0]} and {unbuilt[-1][0]} could not build their tasks, "
+                f"alike ({type(err).__name__}: {err}), and no trial's task was built: a "
+                "mistake every trial would share, so no more trials were asked and nothing "
+                "was trained; both are told FAIL: fix the cause, then call optimize again "
+                "(with retry_failed=True their parameters are proposed again; a "
+                "configuration make_task cannot build is skipped where it raises "
+                "optuna.TrialPruned)") from err
 
     def take(name: str, trial: Any) -> None:
         """The trial's task built for the run, or its trial failed (the user's function:
@@ -388,6 +391,11 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     if not tasks:
         errors = "; ".join(f"trial {t.number}: {t.user_attrs[_BUILD_ERROR]}" for t in trials
                            if _BUILD_ERROR in t.user_attrs)
+        if not errors and trials and _pruned(study) >= {t.number for t in trials}:
+            raise ValueError(  # none failed: make_task skipped every configuration asked
+                f"make_task pruned every trial of this run (optuna.TrialPruned: "
+                f"{len(trials)} of n_trials={n_trials}): nothing to train; widen the "
+                "search space, or raise n_trials for the sampler to propose others")
         raise ValueError(
             f"no trial of this run is left to train ({errors or 'each failed before'}): "
             "fix what the errors name, then call optimize again with retry_failed=True "
@@ -521,3 +529,11 @@ def _tell_ended(study: Any, trials: Sequence[Any], run_dir: str, metric: str,
 
 def _finished(study: Any) -> set[int]:
     return {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
+
+
+def _pruned(study: Any) -> set[int]:
+    """The numbers of the study's trials told PRUNED."""
+    import optuna
+
+    return {t.number for t in study.get_trials(deepcopy=False)
+            if t.state == optuna.trial.TrialState.PRUNED}

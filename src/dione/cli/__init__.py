@@ -70,9 +70,22 @@ def _continues(args: argparse.Namespace) -> str:
     run_dir = Path(given) if given else default_run_dir(args.workload)
     if not run_dir.is_dir():
         return ""
+    if args.command == "run" and not _started_from(run_dir, args.workload):
+        return ""  # runs/<name> of another workload of that name, not this command's
     if args.command == "train":  # its own folder, or a run's: the same command again
         return "; the same `dione train` continues it from them"
     return f"; {how_to_continue(run_dir)} continues it"
+
+
+def _started_from(run_dir: Path, workload: str) -> bool:
+    """Whether ``run_dir``'s run.json names ``workload`` (this command's run)."""
+    import json
+
+    try:
+        saved = json.loads((run_dir / "run.json").read_text()).get("workload")
+        return Path(str(saved)).resolve() == Path(workload).resolve()
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _stopped(stop: KeyboardInterrupt, left: str) -> int:

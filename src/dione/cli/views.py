@@ -226,9 +226,17 @@ def _say_leaders(result: Any, metrics: Sequence[str]) -> None:
         order = "lower" if lower_is_better(metric, result.directions) else "higher"
         early = (f", {best.status} at step {best.steps} of {best.total_steps}"
                  if best.steps < best.total_steps else "")
-        console.print(Text(f"best by {metric} ({order} is better): {best.task} "
-                           f"{figure(best.evaluation[metric])}{early}"
-                           + (f" ({how})" if how else "")))
+        shown = figure(best.evaluation[metric])
+        # A tie as the leaderboard reads one (values that print alike share its rank).
+        tied = [t.task for t in result.leaderboard(metric) if t is not best
+                and t.status != "failed" and metric in t.evaluation
+                and (t.steps < t.total_steps) == (best.steps < best.total_steps)
+                and figure(t.evaluation[metric]) == shown]
+        console.print(Text(f"best by {metric} ({order} is better): {best.task} {shown}{early}"
+                           + (f" ({how})" if how else "")
+                           + (f"; tied with {', '.join(tied[:3])}"
+                              + (f" and {len(tied) - 3} more" if len(tied) > 3 else "")
+                              if tied else "")))
 
 
 def _say_best(run_dir: Path, best: Mapping[str, int]) -> None:

@@ -48,7 +48,7 @@ from dione.spec.task import Task
 from dione.spec.validate import keep_best_doubts, late_evaluation
 from dione.state.disk import DiskFull
 from dione.state.store import BEAT_SECONDS, RunStore
-from dione.state.summaries import error_line
+from dione.state.summaries import error_line, exception_line
 from dione.techniques.registry import get_technique
 
 __all__ = ["Runner"]
@@ -1002,8 +1002,10 @@ class Runner:
                            "there (or give --storage a larger disk), then `dione resume "
                            f"{quote(str(self.store.run_dir))}`")
         record.failures += 1
-        raised = (start, error_line(str(err))) if err.reason == "raised" and start is not None \
-            else None
+        # The exception's own line, with its type (a traceback's last line can be a
+        # note every error of its kind ends with: CUDA's "Compile with ...").
+        raised = ((start, f"{err.error_type}: {exception_line(str(err))}")
+                  if err.reason == "raised" and start is not None else None)
         again, record.last_raised = raised is not None and raised == record.last_raised, raised
         if err.reason == "diverged":  # the store already says so, with the step
             record.status = TaskStatus.DIVERGED
@@ -1016,7 +1018,7 @@ class Runner:
         elif again:  # a bug of the task's: a third try (Ray: a cold actor) would fail alike
             self._give_up(record, str(err), f"{name} failed twice from step {start} with the "
                           f"same error, which a retry would raise again: fix the task, then "
-                          f"resume: {str(err).splitlines()[0]}")
+                          f"{_RESUME}: {str(err).splitlines()[0]}")
         elif record.failures >= self.options.max_failures:
             self._give_up(record, str(err), f"{name} failed {record.failures} times; giving "
                           f"up: {err}")

@@ -190,8 +190,9 @@ def evaluation_mistake(task: Task, evaluated: TrialEvaluation | None) -> str | N
     if not missing:
         return None
     rule = task.stopping
-    named = f" as {rule.metric_fix}" if rule is not None and any(
-        part == "rule" for part, _ in missing) else ""
+    fixes = [rule.metric_fix if part == "rule" and rule is not None else "keep_best"
+             for part, _ in missing]
+    named = f" as {' and '.join(fixes)}" if fixes != ["keep_best"] else ""
     return (f"{_said(task, missing)} (it returned {_listed(evaluated.metrics)} in its "
             f"profiling trial): name one of those{named}, or return it from evaluate, then "
             f"{rule.retry if rule is not None else 'resume'} (nothing was trained)")

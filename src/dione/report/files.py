@@ -199,7 +199,8 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
                              "" if t.evaluated_at is None else t.evaluated_at,
                              # a simulation trains nothing: no how
                              json.dumps(t.hyperparameters),
-                             *(t.hyperparameters.get(k, "") for k in axes),
+                             *(_cell(t.hyperparameters[k]) if k in t.hyperparameters
+                               else "" for k in axes),
                              "" if simulated else t.trained,
                              "" if t.status == "stopped" else said,
                              said if t.status == "stopped" else "", mark])
@@ -446,3 +447,14 @@ def _row(cells: list[str]) -> str:
 def _exactness(task: TaskSummary) -> str:
     """The "trained" cell: exact, statistical (dropout) or **inexact** (opted in)."""
     return "**inexact**" if task.inexact else task.exactness
+
+
+def _cell(value: Any) -> Any:
+    """A hyperparameter as a CSV cell: text and numbers as they are, anything else (a
+    dict, a list, True, None) as JSON, as the hyperparameters column beside it writes it."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return value
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)

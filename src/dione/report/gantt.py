@@ -184,7 +184,8 @@ def _draw_bars(ax: Any, bars: Sequence[Bar], layout: _Layout, span: float,
                       (start, top + height)])
         faces.append(colour[task])
         # Room for it: wide enough (narrower labels overlapped) and a row of its own.
-        if numbers and end - start > 0.015 * span and row_inches >= 0.1:
+        if numbers and end - start > 0.015 * span and not layout.by_node \
+                and row_inches >= 0.1:
             labels.append((start + (end - start) / 2, top + height / 2, str(numbers[task])))
         elif end - start > 0.06 * span and not layout.by_node and row_inches >= 0.3:
             labels.append((start + (end - start) / 2, top + height / 2, f"{task}\n{technique}"))

@@ -5,6 +5,7 @@ single would trained. The report, `dione status` and a run's result all read the
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
@@ -157,9 +158,20 @@ def figure(value: float) -> str:
     number of 10 or more as one (a count of 242 read "242.0000")."""
     if value != 0 and abs(value) < 5e-4:
         return f"{value:.3e}"
-    if math.isfinite(value) and value.is_integer() and abs(value) >= 10:
+    if math.isfinite(value) and float(value).is_integer() and abs(value) >= 10:
         return f"{int(value)}"
     return f"{value:.4f}"
+
+
+def exception_line(error: str) -> str:
+    """The line of a traceback that names its last exception ("RuntimeError: CUDA
+    error: ..."), not what follows it (CUDA's messages all end alike); else its last."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    return next((line for line in reversed(lines) if _EXCEPTION.match(line)),
+                lines[-1] if lines else error)
+
+
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b:?")
 
 
 def error_line(error: str) -> str:
