@@ -94,6 +94,11 @@ def test_exact_techniques_evaluate_as_single_at_every_point(tmp_path) -> None:
         assert history.evaluations["accuracy"] == found[t], t
         assert [step for step, _ in history.losses] == list(range(1, 13)), t
         assert history.losses[-1][1] == history.final_loss, t
+    # Read from the run directory when asked: one moved away is said, not read as no
+    # history (it returned [] silently: review).
+    gone = dataclasses.replace(result.task("by-single"), run_dir=tmp_path / "moved")
+    with pytest.raises(FileNotFoundError, match="holds no run store now"):
+        gone.losses  # noqa: B018 (the property reads)
     for t in TECHNIQUES[1:]:
         assert [step for step, _ in found[t]] == [4, 8, 12], t
         # Accuracy over the 360 held-out digits: reduction order may move at most one

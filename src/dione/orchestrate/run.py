@@ -88,8 +88,17 @@ class TaskResult:
         return self._history(lambda store: store.evaluations(self.task), {})
 
     def _history(self, read: Callable[[RunStore], _T], none: _T) -> _T:
-        if self.run_dir is None or not (self.run_dir / STORE_FILE).is_file():
+        """What ``read`` finds in the run's store (``none`` for a result made by hand);
+        a run directory moved or deleted since is said, not read as no history. (Not in
+        ``dataclasses.asdict``; what a later session of the run added is read too.)"""
+        if self.run_dir is None:
             return none
+        if not (self.run_dir / STORE_FILE).is_file():
+            raise FileNotFoundError(
+                f"task {self.task!r}'s history is read from its run directory "
+                f"{self.run_dir}, which holds no run store now (moved or deleted): read it "
+                "before moving the directory, or give the new place (dataclasses.replace("
+                "result, run_dir=NEW))")
         with RunStore(self.run_dir) as store:
             return read(store)
 
