@@ -635,6 +635,19 @@ def test_the_live_table_of_a_grid_on_80_by_24_names_its_tasks_and_fits(tmp_path)
                for line in table), drawn
     cells = "".join(line.split("│")[0].strip() for line in table[1:])
     assert names[0] in cells and "more:" in cells, drawn
+    # Narrower: the least needed columns go, the figures stay whole (cropped, 72 columns
+    # read "tr" for "trained", 60 lost the ETAs).
+    for width, header in ((72, ["task", "status", "technique", "devices", "step", "loss",
+                                "ETA s"]),
+                          (64, ["task", "status", "devices", "step", "loss", "ETA s"])):
+        out = io.StringIO()
+        console = Console(file=out, width=width, height=24, force_terminal=True)
+        with LiveProgress(console) as live:
+            live.update(RunState(records, plan))
+        drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue()).splitlines()
+        heads = next(line for line in drawn if "status" in line)
+        assert [h.strip() for h in heads.split("│")] == header, drawn
+        assert max(len(line) for line in drawn) <= width
 
 
 def test_a_results_table_too_wide_for_the_terminal_reads_as_lines(monkeypatch) -> None:

@@ -70,59 +70,91 @@ class LiveProgress:
                                          pad=False)
 
     @staticmethod
-    def render(state: RunState, rows: int | None = None) -> Group:
+    def render(state: RunState, rows: int | None = None) -> _Frame:
         """The summary line, then a row per task: running ones first, then those the
         plan starts soonest, then ended ones; at most ``rows`` (the rest
-        counted in a last row)."""
-        clock = now() - state.clock_zero
-        # No outer border: 80 columns hold the figures and a part of the name.
-        table = Table(expand=False, box=box.MINIMAL, pad_edge=False)
-        longest = max((len(name) for name in state.records), default=4)
-        for column in ("task", "status", "technique", "devices", "step", "loss", "ETA s",
-                       "trained"):
-            # On a narrow terminal the name folds (a grid's points differ at its end:
-            # cut, three read "gpt2-lr0…"), and keeps a width of its own (the other
-            # columns took all 80 and left it none); the figures keep their width.
-            table.add_column(column, justify="right" if column in ("step", "loss", "ETA s")
-                             else "left", overflow="fold",
-                             no_wrap=column not in ("task", "devices"),
-                             min_width=min(longest, 12) if column == "task" else None)
-        plan = {a.task: a for a in state.plan}
-        place = {name: i for i, name in enumerate(state.records)}
-        order = sorted(state.records, key=lambda name: _shown_first(
-            state.records[name], plan.get(name), place[name]))
-        shown = order if rows is None or len(order) <= rows else order[:max(1, rows - 1)]
-        for name in shown:
-            record = state.records[name]
-            running = record.running
-            # An ended task holds no devices (it showed its stale plan's until a re-plan).
-            where = (running.assignment if running
-                     else None if record.status.ended else plan.get(name))
-            step = record.done_steps
-            if running is not None and 0 in running.progress:
-                step = running.progress[0].get("step", step)
-            eta = "-"
-            if record.status in ("running", "pending") and where is not None:
-                end = running.predicted_end if running else where.end
-                eta = f"{max(0.0, end - clock):.0f}"
-            loss = record.last_loss
-            table.add_row(
-                name, str(record.status), where.technique if where else "-",
-                f"{where.node}:{','.join(map(str, where.device_ids))}" if where else "-",
-                f"{step}/{record.total}", "-" if loss is None else f"{loss:.4f}", eta,
-                "INEXACT" if record.inexact
-                else "-" if running is None and not record.done_steps else "exact")
-        hidden = order[len(shown):]
-        if hidden:  # said in the name's column, which folds (in status it took the width)
-            table.add_row(f"... {len(hidden)} more: "
-                          f"{_counts(state.records[n] for n in hidden)}",
-                          "", "", "", "", "", "", "")
-        left = any(not r.status.ended for r in state.records.values())
-        counts = _counts(state.records.values())
-        finish = Text(f"elapsed {clock:.0f} s, estimated finish at "
-                      f"{state.estimated_finish:.0f} s; {counts}" if left
-                      else f"elapsed {clock:.0f} s, nothing left to train; {counts}")
-        return Group(finish, table)
+        counted in a last row); laid out for the width it is drawn at."""
+        return _Frame(state, rows)
+
+
+_COLUMNS = ("task", "status", "technique", "devices", "step", "loss", "ETA s", "trained")
+# Left out in turn where the width is short: the figures and the name come first.
+_DROPPED = ((), ("trained",), ("trained", "technique"), ("trained", "technique", "ETA s"))
+
+
+class _Frame:
+    """The live table of ``state``, laid out for the console's width when drawn."""
+
+    def __init__(self, state: RunState, rows: int | None) -> None:
+        self.state = state
+        self.rows = rows
+
+    def __rich_console__(self, console: Console, options: Any) -> Any:
+        yield _frame(self.state, self.rows, options.max_width)
+
+
+def _frame(state: RunState, rows: int | None, width: int) -> Group:
+    clock = now() - state.clock_zero
+    plan = {a.task: a for a in state.plan}
+    place = {name: i for i, name in enumerate(state.records)}
+    order = sorted(state.records, key=lambda name: _shown_first(
+        state.records[name], plan.get(name), place[name]))
+    shown = order if rows is None or len(order) <= rows else order[:max(1, rows - 1)]
+    cells: list[tuple[str, ...]] = []
+    for name in shown:
+        record = state.records[name]
+        running = record.running
+        # An ended task holds no devices (it showed its stale plan's until a re-plan).
+        where = (running.assignment if running
+                 else None if record.status.ended else plan.get(name))
+        step = record.done_steps
+        if running is not None and 0 in running.progress:
+            step = running.progress[0].get("step", step)
+        eta = "-"
+        if record.status in ("running", "pending") and where is not None:
+            end = running.predicted_end if running else where.end
+            eta = f"{max(0.0, end - clock):.0f}"
+        loss = record.last_loss
+        cells.append((
+            name, str(record.status), where.technique if where else "-",
+            f"{where.node}:{','.join(map(str, where.device_ids))}" if where else "-",
+            f"{step}/{record.total}", "-" if loss is None else f"{loss:.4f}", eta,
+            "INEXACT" if record.inexact
+            else "-" if running is None and not record.done_steps else "exact"))
+    hidden = order[len(shown):]
+    if hidden:  # said in the name's column, which folds (in status it took the width)
+        cells.append((f"... {len(hidden)} more: "
+                      f"{_counts(state.records[n] for n in hidden)}", *[""] * 7))
+    # The name keeps a width of its own (the figures took all 80 columns and left it
+    # none), and folds (a grid's points differ at its end: cut, three read "gpt2-lr0…");
+    # the figures keep theirs, the least needed columns left out where they do not fit
+    # (cropped, a 72-column terminal read "tr" for "trained").
+    longest = max((len(name) for name in state.records), default=4)
+
+    def needed(columns: tuple[str, ...]) -> int:
+        return sum(max([len(c), *(len(row[_COLUMNS.index(c)]) for row in cells)]) + 3
+                   for c in columns if c != "task")
+
+    for dropped in _DROPPED:
+        columns = tuple(c for c in _COLUMNS if c not in dropped)
+        if needed(columns) + min(longest, 12) <= width:
+            break
+    name_width = max(4, min(longest, 12, width - needed(columns) - 1))
+    # No outer border: 80 columns hold the figures and a part of the name.
+    table = Table(expand=False, box=box.MINIMAL, pad_edge=False)
+    for column in columns:
+        table.add_column(column, justify="right" if column in ("step", "loss", "ETA s")
+                         else "left", overflow="fold",
+                         no_wrap=column not in ("task", "devices"),
+                         min_width=name_width if column == "task" else None)
+    for row in cells:
+        table.add_row(*(row[_COLUMNS.index(c)] for c in columns))
+    left = any(not r.status.ended for r in state.records.values())
+    counts = _counts(state.records.values())
+    finish = Text(f"elapsed {clock:.0f} s, estimated finish at "
+                  f"{state.estimated_finish:.0f} s; {counts}" if left
+                  else f"elapsed {clock:.0f} s, nothing left to train; {counts}")
+    return Group(finish, table)
 
 
 def _shown_first(record: Any, planned: Any, index: int) -> tuple[int, float, int]:
