@@ -78,13 +78,13 @@ def _continues(args: argparse.Namespace) -> str:
 
 
 def _started_from(run_dir: Path, workload: str) -> bool:
-    """Whether ``run_dir``'s run.json names ``workload`` (this command's run)."""
-    import json
+    """Whether ``run_dir``'s run.json names ``workload`` (this command's run), as `dione
+    run` records it (``same_workload`` compares so)."""
+    from dione.cli.saved_run import load_saved_run
 
     try:
-        saved = json.loads((run_dir / "run.json").read_text()).get("workload")
-        return Path(str(saved)).resolve() == Path(workload).resolve()
-    except (OSError, ValueError, AttributeError):
+        return load_saved_run(run_dir).workload == str(Path(workload).resolve())
+    except BadInput:  # none, or damaged
         return False
 
 

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dione.cli.console import console
-from dione.state.summaries import error_line, figure, lower_is_better
+from dione.state.summaries import error_line, figure, lower_is_better, rank_key
 
 __all__ = ["live_steps", "print_profile", "print_results", "print_sequential_results",
            "print_status", "profile_lines", "profile_progress"]
@@ -227,11 +227,8 @@ def _say_leaders(result: Any, metrics: Sequence[str]) -> None:
         early = (f", {best.status} at step {best.steps} of {best.total_steps}"
                  if best.steps < best.total_steps else "")
         shown = figure(best.evaluation[metric])
-        # A tie as the leaderboard reads one (values that print alike share its rank).
-        tied = [t.task for t in result.leaderboard(metric) if t is not best
-                and t.status != "failed" and metric in t.evaluation
-                and (t.steps < t.total_steps) == (best.steps < best.total_steps)
-                and figure(t.evaluation[metric]) == shown]
+        tied = [t.task for t in result.leaderboard(metric) if t is not best  # its rank
+                and t.status != "failed" and rank_key(t, metric) == rank_key(best, metric)]
         console.print(Text(f"best by {metric} ({order} is better): {best.task} {shown}{early}"
                            + (f" ({how})" if how else "")
                            + (f"; tied with {', '.join(tied[:3])}"

@@ -3,6 +3,7 @@ reads (the plan, the estimated finish)."""
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from enum import Enum
@@ -86,10 +87,18 @@ class TaskRecord:
         """How many times the task evaluates after step ``after``, up to ``until``."""
         return sum(1 for s in self.task.evaluation_steps(self.total) if after < s <= until)
 
-    def restarts(self, after: int, until: int) -> int:
+    def restarts(self, after: int, until: int, every: int | None = None) -> int:
         """How many slices must end after step ``after``, before ``until``, and start
-        again (its evaluations and rungs between)."""
-        return sum(1 for s in self.task.slice_ends(self.total) if after < s < until)
+        again: at its evaluations and rungs between, and (``every``: ``slice_steps``)
+        each stretch between those cut every so many steps."""
+        ends = sorted(s for s in self.task.slice_ends(self.total) if after < s < until)
+        if not every:
+            return len(ends)
+        slices, at = 0, after
+        for end in [*ends, until]:
+            slices += math.ceil((end - at) / every)
+            at = end
+        return max(0, slices - 1)
 
     @property
     def name(self) -> str:

@@ -47,7 +47,7 @@ from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
 from dione.spec.validate import keep_best_doubts, late_evaluation
 from dione.state.disk import DiskFull
-from dione.state.store import BEAT_SECONDS, RunStore
+from dione.state.store import RunStore
 from dione.state.summaries import error_line, exception_line
 from dione.techniques.registry import get_technique
 
@@ -124,7 +124,7 @@ class Runner:
         self.first_solve_seconds = 0.0  # the first plan's solve, on every core
         self.first_solve_units = 0.0  # its CP-SAT deterministic time (virtual runs)
         self.slices_launched = 0  # in this session
-        self._beaten = 0.0  # when the store last had this launcher's beat
+        self._beat = self.store.beat_every()  # the store hears this launcher lives
         self.virtual = virtual
         self.tick = VIRTUAL_TICK if virtual else TICK
         self.replanner = Replanner(options.solver, options.replan_time_limit,
@@ -438,18 +438,9 @@ class Runner:
         after ``done`` (at its evaluations and rungs, and every ``slice_steps``): each
         costs a slice's start. (Slices of ``slice_seconds``, whose steps differ by option,
         are not counted: by default each start is at most a twentieth of its slice.)"""
-        until = done + self.planned_steps(record, done)
-        every = self.options.slice_steps
-        if not every:
-            return record.restarts(done, until)
-        # Each stretch between the ends its rule and evaluations force is cut every
-        # `slice_steps` (a plan of 12 slices was the plan of one: 3.4 s for 8.9).
-        slices, at = 0, done
-        for end in sorted({s for s in record.task.slice_ends(record.total)
-                           if done < s < until} | {until}):
-            slices += math.ceil((end - at) / every)
-            at = end
-        return max(0, slices - 1)
+        # (`slice_steps` counted: a plan of 12 slices was the plan of one, 3.4 s for 8.9)
+        return record.restarts(done, done + self.planned_steps(record, done),
+                               self.options.slice_steps)
 
     def pinned_end(self, record: TaskRecord) -> float:
         """Run-clock time a running task ends if its later slices follow on its devices
@@ -1160,9 +1151,8 @@ class Runner:
                 elif done:
                     self._estimate()
                 self.view(self.state)
-                if not self.virtual and clock.now() - self._beaten >= BEAT_SECONDS:
-                    self._beaten = clock.now()
-                    self.store.beat()  # a kill -9 cuts its slices short here, not earlier
+                if not self.virtual:
+                    self._beat()  # a kill -9 cuts its slices short here, not earlier
         except BaseException:
             for record in self.state.records.values():  # every gang stops; their
                 if record.running is not None:  # slices are recorded interrupted

@@ -30,6 +30,7 @@ from dione.state.summaries import (
     figure,
     leaderboard,
     lower_is_better,
+    rank_key,
     summaries,
 )
 
@@ -197,16 +198,16 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
                              "" if t.final_loss is None else repr(t.final_loss),
                              *(t.evaluation.get(m, "") for m in metrics),
                              "" if t.evaluated_at is None else t.evaluated_at,
-                             # a simulation trains nothing: no how
                              json.dumps(t.hyperparameters),
                              *(_cell(t.hyperparameters[k]) if k in t.hyperparameters
                                else "" for k in axes),
-                             "" if simulated else t.trained,
+                             "" if simulated else t.trained,  # a simulation trains none
                              "" if t.status == "stopped" else said,
                              said if t.status == "stopped" else "", mark])
         # Tasks validation left out: a script reading this file saw a clean run.
+        listed = {t.task for t in tasks}
         for name, problems in invalid.items():
-            if name not in {t.task for t in tasks}:
+            if name not in listed:
                 writer.writerow([name, "invalid", 0, "", "", "", "0.00", "",
                                  *("" for _ in metrics), "", "{}", *("" for _ in axes), "",
                                  "; ".join(problems), "", mark])
@@ -344,7 +345,7 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
             # a rank: exact techniques differ from single in the last bits (reduction
             # order, ~1e-7), and "4.0368" ranked 1, 1 and 3 read as a difference. A
             # failed task is listed with its last value, unranked: no rule judged it.
-            key = (t.steps < t.total_steps, figure(t.evaluation[metric]))
+            key = rank_key(t, metric)
             if t.status != "failed":
                 place += 1
                 rank, previous = (rank if key == previous else place), key
