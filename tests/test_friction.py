@@ -185,6 +185,44 @@ def test_a_model_with_extra_state_that_is_no_tensor_is_exported(tmp_path: Path) 
             torch.testing.assert_close(value, trained.state_dict()[name], rtol=0, atol=0)
 
 
+def test_an_export_whose_save_fails_leaves_the_earlier_export_as_it_was(
+        tmp_path: Path) -> None:
+    """The earlier export's files were deleted before the new save, which could fail
+    (a full disk, a save_pretrained raising): the folder then held no model at all."""
+    from safetensors.torch import load_file
+
+    from dione.launch import local_placement, run_slice
+    from dione.spec.cluster import Node
+    from dione.state.export import export_model, load_trained
+
+    task = digits_task(steps=2)
+    result = run_slice(task, "single", tmp_path / "run", local_placement(Node("n", 1, "cpu"),
+                                                                         [0]))
+    trained = load_trained(task, result.checkpoint)
+    folder = export_model(trained, tmp_path / "out", task, result.checkpoint)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    class Failing(torch.nn.Module):
+        def save_pretrained(self, where: str) -> None:
+            Path(where, "config.json").write_text("{}")
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        export_model(Failing(), folder, task, result.checkpoint)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    weights = load_file(folder / "model.safetensors")
+    for name, value in trained.state_dict().items():
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=0)
+    # An export killed part way leaves its staging folder: the next export takes it
+    # away, and into an otherwise empty folder one is not refused for it.
+    (folder / ".dione-export-killed").mkdir()
+    export_model(trained, folder, task, result.checkpoint)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(before)
+    (tmp_path / "fresh" / ".dione-export-killed").mkdir(parents=True)
+    export_model(trained, tmp_path / "fresh", task, result.checkpoint)
+    assert sorted(p.name for p in (tmp_path / "fresh").iterdir()) == sorted(before)
+
+
 def test_a_tuple_output_gives_its_first_item_as_the_loss_and_a_missing_one_says_why(
 ) -> None:
     task = digits_task(loss=None)

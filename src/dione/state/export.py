@@ -13,6 +13,7 @@ import json
 import math
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,6 +51,7 @@ __all__ = [
 WEIGHTS_FILE = "model.safetensors"
 PROVENANCE_FILE = "dione.json"
 EXTRA_STATE_FILE = "extra_state.pt"  # non-tensor extra state: torch.load(weights_only=True)
+_STAGING = ".dione-export-"  # a folder an export saves into before its files replace any
 
 
 class ExportError(ValueError):
@@ -282,7 +284,8 @@ def evaluation_at(run_dir: str | Path, task: str, step: int) -> dict[str, float]
 def check_export_folder(out: Path) -> None:
     """ExportError where ``out`` holds files and no earlier export (``dione.json``): an
     export writes its files over those of the same names."""
-    if out.is_dir() and any(out.iterdir()) and not (out / PROVENANCE_FILE).is_file():
+    if (out.is_dir() and not (out / PROVENANCE_FILE).is_file()
+            and any(not p.name.startswith(_STAGING) for p in out.iterdir())):
         raise ExportError(f"{out} is not empty and holds no earlier export ({PROVENANCE_FILE}): "
                           "give a new or empty folder (-o), so that nothing of yours is "
                           "written over")
@@ -298,34 +301,25 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
     out = Path(folder)
     check_export_folder(out)
     out.mkdir(parents=True, exist_ok=True)
-    # An earlier export's files go (a GPT-2's generation_config.json stayed beside a
-    # BERT's weights); files of the user's (a tokenizer copied in) stay.
-    for name in _earlier_export(out):
-        if (out / name).is_dir() and not (out / name).is_symlink():
-            shutil.rmtree(out / name)  # a save_pretrained's folder (a PEFT adapter's)
-        else:
-            (out / name).unlink(missing_ok=True)
-    # What is there now, and as it was: a file of the same name this export writes over
-    # (a config.json of the user's) is this export's from then on.
-    others = {p.name: _stamp(p) for p in out.iterdir()}
-    save_pretrained = getattr(model, "save_pretrained", None)
-    extra: dict[str, Any] = {}
-    if callable(save_pretrained):
-        save_pretrained(str(out))
-    else:
-        from safetensors.torch import save_model
-
-        state = model.state_dict()
-        # A module's get_extra_state may return anything (a vocabulary, a config):
-        # safetensors holds tensors only, so what is not one goes to a file of its own.
-        extra = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
-        save_model(cast(nn.Module, _Tensors(state, extra)) if extra else model,
-                   str(out / WEIGHTS_FILE))
-        if extra:
-            torch.save(extra, out / EXTRA_STATE_FILE)
+    for left in out.glob(f"{_STAGING}*"):  # of an export killed part way
+        shutil.rmtree(left, ignore_errors=True)
+    # Saved beside the folder's files first: a save that fails (a disk full, a model's
+    # save_pretrained raising) leaves the earlier export as it was.
+    staging = Path(tempfile.mkdtemp(prefix=_STAGING, dir=out))
+    try:
+        extra = _save(model, staging)
+        written = sorted(p.name for p in staging.iterdir())
+        # An earlier export's files go (a GPT-2's generation_config.json stayed beside a
+        # BERT's weights); files of the user's (a tokenizer copied in) stay, but for one
+        # of a name this export writes (a config.json of the user's), which is this
+        # export's from then on.
+        for name in {*_earlier_export(out), *written}:
+            _remove(out / name)
+        for name in written:
+            os.replace(staging / name, out / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     progress = read_progress(checkpoint)
-    written = sorted(p.name for p in out.iterdir() if p.name != PROVENANCE_FILE
-                     and (p.name not in others or others[p.name] != _stamp(p)))
     write_whole(out / PROVENANCE_FILE, json.dumps({
         "task": task.name, "step": progress.step, "technique": progress.technique,
         **({"chosen": chosen} if chosen else {}),
@@ -336,7 +330,7 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
         "checkpoint": str(Path(checkpoint).resolve()), "weights": WEIGHTS_FILE,
         **({"extra_state": EXTRA_STATE_FILE, "extra_state_keys": sorted(extra)}
            if extra else {}),
-        "hugging_face": callable(save_pretrained), "exported_at": time.time(),
+        "hugging_face": _hugging_face(model), "exported_at": time.time(),
         "files": written,  # what the next export into this folder replaces
         # How it was trained, beside what trained it: the recipe a reader of the weights
         # needs where the run directory is not at hand.
@@ -354,13 +348,35 @@ def export_model(model: nn.Module, folder: str | Path, task: Task,
     return out
 
 
-def _stamp(path: Path) -> tuple[int, int] | None:
-    """A file's size and modification time (None: a folder), to tell a file written over
-    from one left as it was."""
-    if path.is_dir():
-        return None
-    found = path.lstat()
-    return found.st_size, found.st_mtime_ns
+def _save(model: nn.Module, folder: Path) -> dict[str, Any]:
+    """``model``'s weights into ``folder``: ``save_pretrained``'s files for a model that
+    has it, else ``model.safetensors``; the non-tensor extra state written apart."""
+    if _hugging_face(model):
+        model.save_pretrained(str(folder))  # type: ignore[operator]
+        return {}
+    from safetensors.torch import save_model
+
+    state = model.state_dict()
+    # A module's get_extra_state may return anything (a vocabulary, a config):
+    # safetensors holds tensors only, so what is not one goes to a file of its own.
+    extra = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
+    save_model(cast(nn.Module, _Tensors(state, extra)) if extra else model,
+               str(folder / WEIGHTS_FILE))
+    if extra:
+        torch.save(extra, folder / EXTRA_STATE_FILE)
+    return extra
+
+
+def _hugging_face(model: nn.Module) -> bool:
+    return callable(getattr(model, "save_pretrained", None))
+
+
+def _remove(path: Path) -> None:
+    """A file, link or folder (a save_pretrained's: a PEFT adapter's) gone, if there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _share(path: Path, mode: int) -> None:
