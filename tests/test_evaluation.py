@@ -371,8 +371,9 @@ def test_an_evaluate_that_fails_in_its_profiling_trial_is_said_before_training(
     said = [e.message for e in events if e.kind == "evaluation_failed"]
     assert said[0] == ("alone: its evaluation failed in its profiling trial (RuntimeError: "
                        "no held-out split): it will fail where the task evaluates, its "
-                       "training kept; stop, fix evaluate, then resume before the task "
-                       "ends (an evaluation that failed is not run again)"), said
+                       "training kept; fix evaluate, then `dione evaluate RUN_DIR` once the "
+                       "run ended records it at the task's end (one at a rung is not run "
+                       "again: stop and resume before it)"), said
     kinds = [e.kind for e in events]
     assert kinds.index("evaluation_failed") < kinds.index("slice_started")
 
@@ -426,3 +427,68 @@ def test_an_evaluate_that_returns_no_dict_of_numbers_is_named() -> None:
     task = dataclasses.replace(digits_task("e"),
                                evaluate=lambda model: {"a": torch.tensor(0.5), "b": 2})
     assert evaluate_model(task, task.model()) == {"a": 0.5, "b": 2.0}
+
+
+def test_dione_evaluate_records_a_fixed_evaluation_of_a_finished_task(
+        tmp_path, capsys) -> None:
+    """A final evaluation that failed stayed failed: resume does not evaluate a done
+    task again, and the advice was to load the model and evaluate it by hand (the
+    leaderboard and report never had it). `dione evaluate` runs the fixed evaluate on
+    the final weights and records it as the run would have."""
+    from dione.cli import main
+    from dione.spec.workload import load_workload
+    from helpers import TEST_NODE
+
+    head = UNJUDGEABLE.split("workload = ")[0]
+    broken_file, fixed_file = tmp_path / "broken.py", tmp_path / "fixed.py"
+    broken_file.write_text(head + 'workload = Workload([task("alone", evaluate=broken), '
+                           'task("fine", evaluate=digits_accuracy), task("plain")])\n')
+    fixed_file.write_text(head + 'workload = Workload([task("alone", evaluate=digits_accuracy'
+                          '), task("fine", evaluate=digits_accuracy), task("plain")])\n')
+    run_dir = tmp_path / "run"
+    result = run_workload(list(load_workload(broken_file)), Cluster([TEST_NODE]), run_dir,
+                          RunOptions(catalog=str(tmp_path / "catalog.sqlite"), time_limit=5.0,
+                                     trial=TrialOptions(warmup_steps=1, measure_steps=2)))
+    assert [t.status for t in result.tasks] == ["done"] * 3
+    with RunStore(run_dir) as store:
+        assert store.task("alone").error.startswith("evaluation failed")
+        fine = store.evaluation("fine")
+    from dione.report import write_report
+
+    assert "evaluation failed" in (write_report(run_dir) / "summary.csv").read_text()
+    capsys.readouterr()
+    # Still broken: said, exit 1, nothing recorded; "fine" has its evaluation already.
+    assert main(["evaluate", str(run_dir), "--workload", str(broken_file)]) == 1
+    out, err = capsys.readouterr()
+    assert "evaluation failed: alone: RuntimeError: no held-out split" in err
+    assert "fine" not in out and "0 of 1 task(s) evaluated" in out
+    with RunStore(run_dir) as store:
+        assert store.task("alone").error.startswith("evaluation failed")
+        assert store.evaluations("alone") == {}
+    assert main(["evaluate", str(run_dir), "--workload", str(fixed_file)]) == 0
+    out, _ = capsys.readouterr()
+    assert "alone at step 12: accuracy" in out and "1 of 1 task(s) evaluated" in out
+    with RunStore(run_dir) as store:
+        assert store.task("alone").error is None
+        assert set(store.evaluations("alone")) == {"accuracy", "test_loss"}
+        assert [s for s, _ in store.evaluations("alone")["accuracy"]] == [12]
+    summary = (run_dir / "report" / "summary.csv").read_text()
+    assert "evaluation failed" not in summary
+    # Nothing left to evaluate; a task named is evaluated again, as the run did.
+    assert main(["evaluate", str(run_dir), "--workload", str(fixed_file)]) == 0
+    assert "every done task" in capsys.readouterr().out
+    assert main(["evaluate", str(run_dir), "fine", "--workload", str(fixed_file)]) == 0
+    with RunStore(run_dir) as store:
+        assert store.evaluation("fine") == fine
+    # From Python the same: a task named, its result said.
+    import dione
+
+    again = dione.evaluate(run_dir, "alone", workload=fixed_file)
+    assert [(r.task, r.step, r.error) for r in again] == [("alone", 12, None)]
+    with RunStore(run_dir) as store:
+        assert store.evaluation("alone") == again[0].evaluation
+    assert main(["evaluate", str(run_dir), "plain", "nobody", "--workload",
+                 str(fixed_file)]) == 2
+    assert "the run has no task 'nobody'" in capsys.readouterr().err
+    assert main(["evaluate", str(run_dir), "plain", "--workload", str(fixed_file)]) == 2
+    assert "task 'plain' has no evaluate" in capsys.readouterr().err

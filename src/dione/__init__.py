@@ -410,6 +410,51 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
                       stacklevel=2)
     return model
 
+def evaluate(run_dir: str | os.PathLike[str], tasks: Sequence[str] = (), *,
+             workload: Any = None, device: str = "cpu") -> list[Any]:
+    """Evaluate done tasks of a run that has ended on their final weights, in this
+    process on ``device``, and record each as the run would have (then its report is
+    written again): ``tasks`` by name, or every done task whose final evaluation failed
+    (a bug in ``evaluate``, fixed since) or never ran. ``workload`` (a file, a Workload
+    or a list of tasks) defaults to the file each task was started or added with. Each
+    result has ``task``, ``step``, ``evaluation`` (its metrics) and ``error`` (the
+    traceback where its evaluate raised again: that task is left as it was, the others
+    are evaluated all the same)."""
+    from dione.orchestrate.evaluate_again import evaluate_again, to_evaluate
+    from dione.report import write_report
+    from dione.spec import load_workload
+    from dione.spec.task import Task
+    from dione.state.export import workload_of_task
+
+    _argument_types(workload=workload, run_dir=run_dir)
+    if isinstance(tasks, str):
+        tasks = [tasks]
+    run_dir = os.fspath(run_dir)
+    names = to_evaluate(run_dir, list(tasks))
+    if isinstance(workload, Task):
+        workload = [workload]
+    loaded: dict[str, Any] = {}
+    chosen = []
+    for name in names:
+        given = workload
+        if given is None or isinstance(given, (str, os.PathLike)):
+            file = os.fspath(given or workload_of_task(run_dir, name))
+            if file not in loaded:
+                loaded[file] = load_workload(file)
+            given = loaded[file]
+        found = [t for t in given if t.name == name]
+        if not found:
+            raise KeyError(f"the workload has no task {name!r}; its tasks: "
+                           + ", ".join(t.name for t in given))
+        chosen.append(found[0])
+    if not tasks:  # of those never evaluated, the ones with nothing to evaluate
+        chosen = [t for t in chosen if t.evaluate is not None]
+    done = evaluate_again(run_dir, chosen, device)
+    if done:
+        write_report(run_dir)
+    return done
+
+
 __all__ = [
     "Asha",
     "Cluster",
@@ -429,6 +474,7 @@ __all__ = [
     "Technique",
     "Workload",
     "__version__",
+    "evaluate",
     "get_technique",
     "grid",
     "load",

@@ -420,6 +420,16 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--step", type=positive_int,
                        help="take the task's checkpoint at this step (one it keeps)")
 
+    evaluate = command("evaluate", "evaluate a finished run's done tasks again on their "
+                       "final weights: those whose final evaluation failed or never ran "
+                       "(fix evaluate first), or the tasks named")
+    evaluate.add_argument("run_dir")
+    evaluate.add_argument("task", nargs="*", help="tasks to evaluate (again), done ones")
+    evaluate.add_argument("--workload", help="the workload file with the fixed evaluate "
+                          "(default: the one each task was started or added with)")
+    evaluate.add_argument("--device", default="cpu",
+                          help="the device to evaluate on: cpu (default), cuda, cuda:1")
+
     techniques = command("techniques", "list registered techniques and knobs")
     techniques.add_argument("workload", nargs="?",
                             help="a workload file: its own registered techniques listed too")

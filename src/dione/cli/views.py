@@ -209,9 +209,9 @@ def print_results(result: Any, run_dir: Path) -> None:
     for t in result.tasks:  # trained, but its last evaluation failed: an earlier's marked
         if t.status == "done" and t.error:
             console.print(Text(f"evaluation failed: {t.task}: {error_line(t.error)} (its "
-                               "training stands; the report lists each failure; a resume "
-                               f"does not evaluate it again: `dione.load(RUN_DIR, "
-                               f"{t.task!r})` gives the trained model to evaluate)"))
+                               "training stands; the report lists each failure; fix "
+                               f"evaluate, then `dione evaluate {quote(str(run_dir))}` "
+                               "evaluates it and records it)"))
     _say_report(run_dir, f"; plans: {run_dir / 'plans'}")
 
 

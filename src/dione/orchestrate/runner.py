@@ -213,9 +213,10 @@ class Runner:
             last = profile.evaluated.error.strip().splitlines()[-1]
             self.emit(RunEvent("evaluation_failed", f"{record.name}: its evaluation failed "
                                f"in its profiling trial ({last}): it will fail where the task "
-                               "evaluates, its training kept; stop, fix evaluate, then resume "
-                               "before the task ends (an evaluation that failed is not run "
-                               "again)",
+                               "evaluates, its training kept; fix evaluate, then `dione "
+                               "evaluate RUN_DIR` once the run ended records it at the "
+                               "task's end (one at a rung is not run again: stop and resume "
+                               "before it)",
                                record.name))
         # Diverged only where a trial ran as this very task: a task of its speed group
         # whose trials all diverged as others never ran (failed: a resume profiles it).

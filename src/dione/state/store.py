@@ -867,6 +867,15 @@ class RunStore(SQLiteFile):
         """A kept checkpoint path as the folder it names now."""
         return stored if Path(stored).is_absolute() else str(self.run_dir.resolve() / stored)
 
+    def record_evaluation(self, task: str, step: int, metrics: Mapping[str, float]) -> None:
+        """``task``'s metrics at ``step`` evaluated apart from a slice (``dione
+        evaluate``): any recorded there before replaced; a value not finite kept out."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM evaluations WHERE task = ? AND step = ?", (task, step))
+            db.executemany("INSERT INTO evaluations VALUES (?, ?, ?, ?)",
+                           [(task, step, k, float(v)) for k, v in metrics.items()
+                            if math.isfinite(v)])
+
     def evaluations(self, task: str) -> dict[str, list[tuple[int, float]]]:
         """Per metric, (step, value) of every evaluation of the task, by step."""
         found: dict[str, list[tuple[int, float]]] = {}

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from dione.cli.commands import (
     add,
+    evaluate,
     export,
     plan,
     profile,
@@ -36,5 +37,6 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "validate": validate.command,
     "plan": plan.command,
     "export": export.command,
+    "evaluate": evaluate.command,
     "techniques": techniques.command,
 }

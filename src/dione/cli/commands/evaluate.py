@@ -1,0 +1,64 @@
+"""``dione evaluate``: a run's finished tasks evaluated again on their final weights
+(those whose final evaluation failed or never ran, or the tasks named)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from dione.cli.console import complain, console
+from dione.cli.errors import EXIT_FAILED, BadInput
+from dione.cli.inputs import load
+
+if TYPE_CHECKING:
+    from dione.spec.workload import Workload
+
+__all__ = ["command"]
+
+
+def command(args: argparse.Namespace) -> int:
+    from dione.orchestrate.evaluate_again import EvaluationAgain, evaluate_again, to_evaluate
+    from dione.state.export import ExportError, workload_of_task
+    from dione.state.lock import RunDirBusy
+    from dione.state.summaries import error_line, figure
+
+    try:
+        workloads: dict[str, Workload] = {}
+        tasks = []
+        for name in to_evaluate(args.run_dir, args.task):
+            file = args.workload or workload_of_task(args.run_dir, name)
+            if file not in workloads:
+                workloads[file] = load(file)
+            tasks.append(workloads[file].task(name))
+        if not args.task:  # of those never evaluated, the ones with nothing to evaluate
+            tasks = [t for t in tasks if t.evaluate is not None]
+        if not tasks:
+            console.print(f"every done task of {args.run_dir} that evaluates has its final "
+                          "evaluation; name tasks to evaluate them again")
+            return 0
+    except (ValueError, ExportError) as err:
+        raise BadInput(str(err)) from None
+    except KeyError as err:
+        raise BadInput(f"{err.args[0]}; give the workload the run was started with "
+                       "(--workload)") from None
+
+    def told(outcome: EvaluationAgain) -> None:
+        if outcome.error is not None:
+            complain("evaluation failed", f"{outcome.task}: {error_line(outcome.error)}")
+            return
+        metrics = ", ".join(f"{k} {figure(v)}" for k, v in sorted(outcome.evaluation.items()))
+        console.print(f"{outcome.task} at step {outcome.step}: {metrics or 'no metric'}")
+
+    try:
+        outcomes = evaluate_again(args.run_dir, tasks, args.device, told)
+    except RunDirBusy as err:
+        raise BadInput(str(err)) from None
+    except (ValueError, ExportError) as err:
+        raise BadInput(str(err)) from None
+    from dione.report import write_report
+
+    folder = write_report(args.run_dir)
+    failed = [o.task for o in outcomes if o.error is not None]
+    console.print(f"{len(outcomes) - len(failed)} of {len(outcomes)} task(s) evaluated and "
+                  f"recorded; report: {folder / 'index.html'}")
+    return EXIT_FAILED if failed else 0

@@ -1,0 +1,99 @@
+"""A run's finished tasks evaluated again after it: those whose final evaluation failed
+(a bug in ``evaluate`` fixed since) or never ran, on the weights of their final
+checkpoint, recorded in the run store as the run would have recorded them."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dione.spec.task import Task
+from dione.state.checkpoint import read_progress
+from dione.state.export import load_trained, trained_checkpoint
+from dione.state.lock import RunLock
+from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore
+from dione.techniques.evaluate import evaluate_model
+
+__all__ = ["EvaluationAgain", "evaluate_again", "to_evaluate"]
+
+FAILED = "evaluation failed"  # how the store's error of a done task says so (runner's)
+
+
+@dataclass
+class EvaluationAgain:
+    """One task evaluated again: at which step, its metrics, or why it failed."""
+
+    task: str
+    step: int
+    evaluation: dict[str, float] = field(default_factory=dict)
+    error: str | None = None  # the traceback, where its evaluate raised again
+
+
+def to_evaluate(run_dir: str | Path, names: Sequence[str] = ()) -> list[str]:
+    """The tasks ``evaluate_again`` takes: ``names`` once each is done in the run, else
+    every done task whose final evaluation failed or is missing (ValueError naming the
+    problem and the fix otherwise)."""
+    run = Path(run_dir)
+    if not (run / STORE_FILE).is_file():
+        raise ValueError(f"{run} is not a dione run directory (no {STORE_FILE}); give the "
+                         "folder `dione run --out` (dione.run's run_dir) wrote")
+    if (run / SIMULATED_FILE).is_file():
+        raise ValueError(f"{run} is a simulated run (`dione simulate`): no task trained "
+                         "there, so there are no weights to evaluate")
+    with RunStore(run) as store:
+        tasks = {t.name: t for t in store.tasks()}
+        if names:
+            unknown = [n for n in names if n not in tasks]
+            if unknown:
+                raise ValueError(f"the run has no task {', '.join(map(repr, unknown))}; its "
+                                 f"tasks: {', '.join(tasks) or 'none'}")
+            undone = [f"{n} ({tasks[n].status})" for n in names if tasks[n].status != "done"]
+            if undone:
+                raise ValueError(
+                    f"task(s) {', '.join(undone)} not done: their final weights are not "
+                    "trained yet (resume the run) or never will be (stopped, diverged, "
+                    "failed); dione.load(RUN_DIR, TASK, latest=True) gives the newest "
+                    "weights of one to evaluate by hand")
+            return list(dict.fromkeys(names))
+        return [name for name, t in tasks.items() if t.status == "done" and (
+            (t.error or "").startswith(FAILED)
+            or store.latest_evaluation(name)[0] != t.total_steps)]
+
+
+def evaluate_again(run_dir: str | Path, tasks: Sequence[Task], device: str = "cpu",
+                   told: Callable[[EvaluationAgain], None] | None = None
+                   ) -> list[EvaluationAgain]:
+    """Each of ``tasks`` (done in the run; ``to_evaluate`` says which) evaluated on its
+    final checkpoint's weights in this process, on ``device``; its metrics recorded at
+    its last step (an earlier figure there replaced) and its failed evaluation cleared.
+    One whose evaluate raises again is left as it was, its traceback returned: the
+    others are evaluated all the same. ``told`` hears each as it is done."""
+    import torch
+
+    done = []
+    # Held as a run holds it: a resume started meanwhile would evaluate beside us, and
+    # `dione status` says the run is in use.
+    with RunLock(run_dir):
+        for task in tasks:
+            if task.evaluate is None:
+                raise ValueError(f"task {task.name!r} has no evaluate in the workload given: "
+                                 "give it an evaluate(model) returning its metrics, or "
+                                 "give the workload that has one (--workload)")
+            checkpoint = trained_checkpoint(run_dir, task.name)
+            outcome = EvaluationAgain(task.name, read_progress(checkpoint).step)
+            try:
+                model = load_trained(task, checkpoint).to(torch.device(device))
+                outcome.evaluation = evaluate_model(task, model)
+            except Exception as err:  # the user's evaluate: any error, said with its task
+                outcome.error = "".join(traceback.format_exception(type(err), err,
+                                                                   err.__traceback__))
+            else:
+                with RunStore(run_dir) as store:
+                    store.record_evaluation(task.name, outcome.step, outcome.evaluation)
+                    store.set_task_status(task.name, "done", None)
+            done.append(outcome)
+            if told is not None:
+                told(outcome)
+    return done
