@@ -369,13 +369,14 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
     statistical = [t for t in tasks if t.statistical and not t.inexact]
     if statistical:
         lines += ["", "## Trained as single would in distribution, not bit for bit", "",
-                  "These tasks draw at random as they train (dropout, a collate function's "
-                  "masking, a data set's batch fetch), and some of their steps trained on a "
-                  "batch split over devices or parts, each drawing its own: the same "
-                  "training as single in distribution, not the same draws "
+                  "Some steps of these tasks trained on a batch split over devices, "
+                  "stages or parts, where what they draw at random (dropout, noise in a "
+                  "forward, a collate function's masking, a data set's fetch) each part "
+                  "draws apart, or where bf16 or fp16 rounds each part apart: the same "
+                  "training as single in distribution, not the same numbers "
                   "(`techniques=('single',)` trains alike under any plan that does not "
-                  "accumulate, which it does only where memory runs out; each line says "
-                  "what draws).", ""]
+                  "accumulate, which it does only where memory runs out, and whose data set "
+                  "keeps no generator of its own; each line says why).", ""]
         lines += [f"- {t.task}: " + "; ".join(t.statistical) for t in statistical]
     if kept_best:
         lines += ["", "## Best checkpoints kept (keep_best)", "",

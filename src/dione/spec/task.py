@@ -142,6 +142,14 @@ class Task:
     # random numbers, seeded per share of a split batch: a share drawn otherwise than
     # single's (random masking).
     fetch_draws: bool = field(default=False, repr=False, compare=False)
+    # Whether its training forward draws from torch's, Python's or NumPy's generators
+    # (dropout, noise, a drop path): each share or stage of a split batch draws from
+    # its own stream.
+    forward_draws: bool = field(default=False, repr=False, compare=False)
+    # Whether its data set draws from a generator of its own (not seeded per item as
+    # the global ones are): an item depends on what its process fetched before, so a
+    # share, a stage or a resumed slice draws otherwise than single uninterrupted.
+    stateful_items: bool = field(default=False, repr=False, compare=False)
 
     def total_steps(self, dataset_size: int) -> int:
         """Steps to train: ``steps`` as given, or ``epochs`` over a data set of that size."""

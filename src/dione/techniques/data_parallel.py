@@ -36,6 +36,7 @@ from dione.techniques.base import Knobs, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource
 from dione.techniques.context import SliceContext
 from dione.techniques.exactness import (
+    resumed_draws,
     split_batch_exactness,
     split_inexactness,
     split_rounding,
@@ -140,11 +141,13 @@ class DataParallelTechnique(Technique):
             ctx.step_done(total / parts if parts > 1 else total, scheduler)
         checkpoint = ctx.save(model, optimizer, scheduler)
         outcome = ctx.outcome(checkpoint)
-        if ctx.world > 1 or parts > 1:
-            # the user's names, not the wrapper's
-            note = split_batch_exactness(bare, task) or split_rounding(task)
-            if note:
-                outcome.extra["exactness"] = note
+        # the user's names, not the wrapper's; a slice resumed from a new data set
+        # draws otherwise where the data set keeps a generator of its own
+        note = (split_batch_exactness(bare, task) or split_rounding(task)
+                if ctx.world > 1 or parts > 1 else
+                resumed_draws(task) if ctx.spec.start_step > 0 else None)
+        if note:
+            outcome.extra["exactness"] = note
         if self.shards_memory:  # no rank holds it whole: all evaluate it together
             ctx.evaluate_sharded(outcome, model)
         else:  # every rank holds the whole model, unwrapped: rank 0 evaluates it

@@ -32,7 +32,8 @@ from torch import nn
 
 from dione.spec.task import Task
 
-__all__ = ["batch_norm_layers", "dropout_layers", "split_batch_exactness", "split_buffers",
+__all__ = ["batch_norm_layers", "dropout_layers", "resumed_draws", "split_batch_exactness",
+           "split_buffers",
            "split_draws", "split_inexactness", "split_rounding", "split_statistics",
            "structure_only"]
 
@@ -59,19 +60,41 @@ def batch_norm_layers(model: nn.Module) -> list[str]:
             if isinstance(module, nn.modules.batchnorm._BatchNorm)]
 
 
-def split_batch_exactness(model: nn.Module, task: Task | None = None) -> str | None:
+def split_batch_exactness(model: nn.Module, task: Task | None = None,
+                          fetched_in_shares: bool = True) -> str | None:
     """Why training ``model`` (of ``task``) on shares or parts of the batch is
-    statistically, not bitwise, single's (None: nothing keeps it from being so).
-    BatchNorm is not said here: it is different training (``split_statistics``)."""
+    statistically, not bitwise, single's (None: nothing keeps it from being so);
+    ``fetched_in_shares``: each share or part is fetched apart (not a pipeline's whole
+    batch). BatchNorm is not said here: it is different training (``split_statistics``)."""
     dropout = dropout_layers(model)
     if dropout:
         return (f"statistical, not bitwise: dropout in {_some(dropout)} draws other masks "
                 "than single")
-    if task is not None and task.fetch_draws:
+    if task is not None and task.forward_draws:  # found by drawing, not by a layer's name
+        return ("statistical, not bitwise: its training forward draws random numbers (not "
+                "in a dropout layer: noise, a drop path), each share, part or stage from "
+                "its own stream, not single's")
+    stateful = resumed_draws(task)
+    if stateful:
+        return stateful
+    if task is not None and task.fetch_draws and fetched_in_shares:
         return ("statistical, not bitwise: its batch fetch (the data set's __getitems__ or "
                 "the task's collate_fn) draws random numbers, seeded per share of the "
                 "batch, not per sample")
     return None
+
+
+def resumed_draws(task: Task | None) -> str | None:
+    """Why ``task``'s items are not single's uninterrupted ones wherever a process
+    fetches them from a data set of its own (a share, a stage, a resumed slice), or
+    None: its data set draws from a generator of its own."""
+    if task is None or not task.stateful_items:
+        return None
+    return ("statistical, not bitwise: its data set draws from a generator of its own (a "
+            "NumPy default_rng or torch.Generator it keeps), so an item depends on what its "
+            "process fetched before; every share, stage and resumed slice fetches from a "
+            "data set of its own (draw from torch's, Python's or NumPy's global generators, "
+            "which dione seeds per item, for the same items everywhere)")
 
 
 def split_rounding(task: Task) -> str | None:

@@ -48,8 +48,25 @@ from dione.techniques.registry import techniques
 __all__ = ["pipeline_refusals", "probe_task", "with_refusals"]
 
 # probe_task's outcome: refusals by technique, buffers written, parameters unused, draws.
-Probed = tuple[dict[str, str], tuple[tuple[str, ...], tuple[str, ...]],
-               tuple[tuple[str, ...], tuple[str, ...]], bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class Probed:
+    """What a probe found of a task: the pipelines that cannot train it (with why), and
+    what makes a split batch train otherwise than single (the ``Task`` fields of the
+    same names)."""
+
+    refused: dict[str, str] = dataclasses.field(default_factory=dict)
+    buffers_written: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    unused_parameters: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    fetch_draws: bool = False
+    forward_draws: bool = False
+    stateful_items: bool = False
+
+    def found(self) -> bool:
+        """Whether it found anything to put in the task."""
+        return bool(self.refused or any(self.buffers_written) or any(self.unused_parameters)
+                    or self.fetch_draws or self.forward_draws or self.stateful_items)
 
 
 # A model up to this size is built for real and run stage by stage (as validation does).
@@ -200,7 +217,7 @@ def pipeline_refusals(task: Task, pipelines: Sequence[PipelineTechnique] | None 
                       ) -> dict[str, str]:
     """Pipeline techniques (default: every registered one the task allows) that cannot
     train ``task``, with why: tried on its first batches, in this process, on the CPU."""
-    return probe_task(task, pipelines)[0]
+    return probe_task(task, pipelines).refused
 
 
 def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
@@ -219,11 +236,14 @@ def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
                    and task.allows(t.name) for t in techniques())
     written_how: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
     unused: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    forward_draws = False
     dataset: Any = task.data()
     # Single's accumulation collates each part: a collate that draws masks otherwise.
     fetch_draws = _fetch_draws(task, dataset)
+    # A resumed slice fetches from a new data set: single's too.
+    stateful = _stateful_items(task, dataset)
     if not pipelines and not parallel:
-        return {}, written_how, unused, fetch_draws
+        return Probed(fetch_draws=fetch_draws, stateful_items=stateful)
     source = BatchSource(dataset, task.batch_size, task.seed, collate=task.collate_fn)
     refused: dict[str, str] = {}
     varying = _varying_shapes(task, source, len(dataset)) if pipelines else None
@@ -245,8 +265,9 @@ def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
         by_data, every_call = (_written_by(task, model, batch, other) if exact or parallel
                                else ([], []))
         written_how = (tuple(by_data), tuple(every_call))
+        always, at_random, forward_draws = _unused(task, model, batch)
         if parallel:
-            unused = _unused(task, model, batch)
+            unused = (always, at_random)
             if unused[1] and task.allows("fsdp"):
                 refused["fsdp"] = (
                     f"task {task.name!r}: its training forward leaves parameters out at "
@@ -265,7 +286,7 @@ def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
                        "step, on placeholder inputs: different training, not rounding; use "
                        "another technique (single trains it as written)")
             refused.update({t.name: problem for t in exact})
-    return refused, written_how, unused, fetch_draws
+    return Probed(refused, written_how, unused, fetch_draws, forward_draws, stateful)
 
 
 def _fetch_draws(task: Task, dataset: Any) -> bool:
@@ -293,8 +314,27 @@ def _fetch_draws(task: Task, dataset: Any) -> bool:
                    else a == b for a, b in zip(first, second, strict=True))
 
 
+def _stateful_items(task: Task, dataset: Any) -> bool:
+    """Whether the data set's item at the stream's first position differs when fetched
+    again, under the same seeds: its draws come from a generator of its own (a NumPy
+    ``default_rng`` kept in the data set), not from the global ones dione seeds per
+    item, so an item depends on what the process fetched before it (a share of a split
+    batch, a resumed slice: each fetches from a data set of its own)."""
+    indices = SampleOrder(len(dataset), task.seed).indices(0, 1)
+    try:
+        first, second = (tree_flatten(plain_batch(_fetch(dataset, indices, task.seed, 0,
+                                                         task.collate_fn)))[0]
+                         for _ in range(2))
+    except Exception:  # its trials say why it cannot fetch; nothing known here
+        return False
+    if len(first) != len(second):
+        return True
+    return not all(_same(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                   else a == b for a, b in zip(first, second, strict=True))
+
+
 def _unused(task: Task, model: nn.Module, batch: Any, draws: int = 4
-            ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+            ) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
     """The trainable parameters a training forward of ``model`` (a fresh copy each
     draw) on ``batch`` leaves out of its loss's graph in each of ``draws`` seeded draws,
     and in some only (a layer skipped with probability 1/2 shows in four draws 7 times
@@ -302,8 +342,10 @@ def _unused(task: Task, model: nn.Module, batch: Any, draws: int = 4
     NumPy's generator: no dropout, no LayerDrop). The graph is read, never run
     backward: a parameter whose module runs but whose output does not reach the loss (a
     head computed for a logged number) counts, and one another module reads directly
-    (MultiheadAttention's out_proj) does not."""
+    (MultiheadAttention's out_proj) does not. Third: whether the forward drew random
+    numbers from those generators at all (noise, a drop path, dropout)."""
     left_out = []
+    drew = False
     # Python's and NumPy's draws are put back by the caller (with_refusals, validation).
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         for draw in range(draws):
@@ -313,20 +355,21 @@ def _unused(task: Task, model: nn.Module, batch: Any, draws: int = 4
             try:
                 loss = loss_of(copied, task, batch)
             except Exception:  # its trials say why it cannot train; nothing known
-                return (), ()
+                return (), (), False
             if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
-                return (), ()  # nothing to train here: its trials say so
+                return (), (), False  # nothing to train here: its trials say so
             reached = _leaves(loss.grad_fn)
             left_out.append({n for n, p in copied.named_parameters()
                              if p.requires_grad and id(p) not in reached})
             del loss, copied
-            drew = not (torch.equal(before[0], torch.get_rng_state())
-                        and before[1] == random.getstate()
-                        and bool((before[2] == _numpy_draws()).all()))
-            if not drew:  # no random draw in its forward: another would be the same
+            now = not (torch.equal(before[0], torch.get_rng_state())
+                       and before[1] == random.getstate()
+                       and bool((before[2] == _numpy_draws()).all()))
+            drew = drew or now
+            if not now:  # no random draw in its forward: another would be the same
                 break
     always = set.intersection(*left_out)
-    return tuple(sorted(always)), tuple(sorted(set.union(*left_out) - always))
+    return tuple(sorted(always)), tuple(sorted(set.union(*left_out) - always)), drew
 
 
 def _numpy_draws() -> Any:
@@ -371,11 +414,13 @@ def with_refusals(tasks: Iterable[Task]) -> list[Task]:
                     # Under a name of its own, put in each task's messages below.
                     seen[key] = probe_task(dataclasses.replace(task, name=_NAME_SLOT))
             except Exception:
-                seen[key] = {}, ((), ()), ((), ()), False
-        refused, written, unused, fetch_draws = seen[key]
-        refused = {t: m.replace(_NAME_SLOT, task.name) for t, m in refused.items()}
+                seen[key] = Probed()
+        probed = seen[key]
+        refused = {t: m.replace(_NAME_SLOT, task.name) for t, m in probed.refused.items()}
         result.append(dataclasses.replace(
             task, refused_techniques={**task.refused_techniques, **refused},
-            buffers_written=written, unused_parameters=unused, fetch_draws=fetch_draws)
-            if refused or any(written) or any(unused) or fetch_draws else task)
+            buffers_written=probed.buffers_written,
+            unused_parameters=probed.unused_parameters, fetch_draws=probed.fetch_draws,
+            forward_draws=probed.forward_draws, stateful_items=probed.stateful_items)
+            if probed.found() else task)
     return result
