@@ -78,6 +78,11 @@ def test_the_python_api_says_what_it_does_and_a_finished_run_keeps_its_makespan(
     assert "trial single x1" in printed and "[planned]" in printed
     assert "[finished]" in printed
     assert {type(e).__name__ for e in heard} == {"ProfileEvent", "RunEvent"}
+    # One callback reads both (a ProfileEvent had no message: the README's callback,
+    # `lambda e: e.message`, ended every run in profiling: review).
+    trials = [e for e in heard if type(e).__name__ == "ProfileEvent"]
+    assert all(e.message.startswith(("trial ", "not tried: ")) for e in trials), trials
+    assert any(e.data.get("status") == "ok" and e.data["step_seconds"] > 0 for e in trials)
     # A callback's numbers as numbers (it had only the message's text to parse: review).
     [finished] = [e for e in heard if e.kind == "slice_finished"]
     assert finished.data["end_step"] == 6 and finished.data["done"] is True
@@ -104,11 +109,35 @@ def test_the_python_api_says_what_it_does_and_a_finished_run_keeps_its_makespan(
     dione.run(cell, devices="cpu:1", run_dir=str(tmp_path / "cell"), quiet=True, **options)
     NOTEBOOK_LR = 5.0
     heard.clear()
-    dione.run(cell, devices="cpu:1", run_dir=str(tmp_path / "cell"), quiet=True,
-              on_event=heard.append, **options)
+    with pytest.warns(UserWarning, match="training_changed"):
+        dione.run(cell, devices="cpu:1", run_dir=str(tmp_path / "cell"), quiet=True,
+                  on_event=heard.append, **options)
     changed = [e.message for e in heard if e.kind == "training_changed"]
     assert changed and changed[0].startswith(
         "cell: optimizer reads: NOTEBOOK_LR=0.01 -> NOTEBOOK_LR=5.0 since the run recorded it")
+    # The task is done: no step read the new rate, so its results are the old one's,
+    # said so, and said again next time (the new value was recorded, and the next call
+    # said nothing); quiet, as a Python warning (it was said to on_event only: review).
+    assert "the task has ended (done), every step of it trained with the recorded value" \
+        in changed[0]
+    with pytest.warns(UserWarning, match=r"\[training_changed\] cell: optimizer reads: "
+                      r"NOTEBOOK_LR=0.01 -> NOTEBOOK_LR=5.0"):
+        dione.run(cell, devices="cpu:1", run_dir=str(tmp_path / "cell"), quiet=True,
+                  **options)
+    NOTEBOOK_LR = 0.01
+    # The warm workers the runs left go when asked, their starter thread too (a
+    # notebook had no public way: review); the next run starts new ones.
+    import threading
+
+    from dione.launch.pool import local_pool
+
+    dione.shutdown()
+    pool = local_pool()
+    assert not pool._idle and pool._fork_server is None
+    for thread in threading.enumerate():
+        if thread.name.startswith("dione-starter"):
+            thread.join(10)
+            assert not thread.is_alive()
 
 
 def test_exported_hyperparameters_keep_their_json_types(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """dione: train many deep-learning models at once, finishing the whole batch early."""
 
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -116,6 +117,11 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
         raise ClusterError(str(err).replace("--devices ", "devices=")) from None
     if cluster is not None:
         tasks, problems = _trainable(tasks, problems, cluster.nodes[0], inbox)
+        from dione.spec.devices import shared_cores
+
+        crowded = shared_cores(cluster.nodes[0].kind, cluster.nodes[0].devices)
+        if crowded is not None:  # a warning, as dione run gives it
+            warnings.warn(crowded, stacklevel=2)
     if workload_file is not None:  # `dione resume`, `export` and `dione.load` read it
         _record_run(workload_file, run_dir, run_options, devices, ray, tensorboard, mlflow,
                     env)
@@ -160,16 +166,16 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
                 trouble = report_after_run(run_dir, None, stopped=True)
             except Exception as failed:
                 trouble = f"the report could not be written ({type(failed).__name__}: {failed})"
-            if trouble and not quiet:
-                print(f"warning: the stopped run's {trouble.removeprefix('the ')}")
+            if trouble:
+                warnings.warn(f"the stopped run's {trouble.removeprefix('the ')}",
+                              stacklevel=2)
         if isinstance(err, RunDirError) and "(--out)" in str(err):  # this call's words
             raise RunDirError(str(err).replace("(--out)", "(run_dir=)")) from None
         raise
     troubles = page.close()
     problem = report_after_run(run_dir, [t.task for t in result.tasks])
     for trouble in [*troubles, *([problem] if problem else [])]:
-        if not quiet:
-            print(f"warning: {trouble}")
+        warnings.warn(trouble, stacklevel=2)
     result.invalid = [str(p) for p in problems]  # a bad task stops only itself
     return result
 
@@ -322,6 +328,9 @@ def _said(on_event: Callable[[Any], None] | None, quiet: bool
     def run_event(event: Any) -> None:
         if not quiet:
             console.print(f"[{event.kind}] {event.message}", markup=False, highlight=False)
+        elif event.kind in WARNED or event.kind.endswith("_doubtful"):
+            # What may make a result other than it reads: quiet hides progress, not this.
+            warnings.warn(f"[{event.kind}] {event.message}", stacklevel=2)
         if on_event is not None:
             on_event(event)
 
@@ -332,6 +341,20 @@ def _said(on_event: Callable[[Any], None] | None, quiet: bool
             on_event(event)
 
     return run_event, profile_event
+
+
+# Events a quiet run still says (as warnings): each may make a result other than it reads.
+WARNED = ("training_changed", "evaluation_failed", "task_failed", "task_refused")
+
+
+def shutdown() -> None:
+    """End this process's warm workers, which ``dione.run`` keeps between runs (a
+    second run starts its slices in a fraction of a second), with their memory (on
+    GPUs, their CUDA contexts): a notebook frees them so; the next run starts new ones.
+    They end with the process anyway."""
+    from dione.launch.pool import shutdown_local_pool
+
+    shutdown_local_pool()
 
 
 def _argument_types(*, workload: Any = None, run_dir: Any = "", on_event: Any = None,
@@ -402,8 +425,6 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
     # (xpipe) must not pass for one trained as single would in a comparison.
     model.dione_trained = trained = loaded_provenance(run_dir, task, checkpoint)
     if trained.get("exactness") == "inexact":
-        import warnings
-
         spans = "; ".join(trained["inexact"])
         warnings.warn(f"task {task!r} (step {trained['step']}) trained inexactly, not as "
                       f"single would ({spans}): its model.dione_trained says how",
@@ -484,5 +505,6 @@ __all__ = [
     "run",
     "samples",
     "shifted_tokens",
+    "shutdown",
     "tokens",
 ]

@@ -55,19 +55,13 @@ def valid_tasks(workload_file: str, devices: str | None, what: str,
 
 
 def _say_shared_cores(cluster: Any, launcher: Any) -> None:
-    """Warn where this machine's CPU slots outnumber its cores: a trial is timed with
-    its slot's core to itself, and tasks side by side then share cores, so they run
-    slower than planned (2 tasks on cpu:2 ran 2.3x their plan on 2 busy cores; cpu:4
-    on 2 cores shares the catalog rows of cpu:2)."""
-    from dione.spec.devices import available_cores
+    """Warn where this machine's CPU slots outnumber its cores (``shared_cores``)."""
+    from dione.spec.devices import shared_cores
 
     node = cluster.nodes[0]
-    cores = len(available_cores())
-    if launcher is None and node.kind == "cpu" and node.devices > cores:
-        complain("warning", f"{node.devices} CPU slots on {cores} core(s): tasks side by side "
-                 "share cores and run slower than their trials (each timed with a core to "
-                 "itself), so plans are optimistic until re-planning sees the slices' pace; "
-                 f"--devices cpu:{cores} plans what this machine runs")
+    said = shared_cores(node.kind, node.devices) if launcher is None else None
+    if said is not None:
+        complain("warning", said.replace("devices cpu:", "--devices cpu:"))
 
 
 def say_problem_notes(problem: Any, left_out: Sequence[str]) -> None:

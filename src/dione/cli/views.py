@@ -293,7 +293,8 @@ def _say_inexact(tasks: Sequence[Any]) -> None:
     if statistical:
         console.print(Text("(statistical: single's training in distribution, not bit for "
                            "bit; techniques=('single',) trains alike under any plan that "
-                           "does not accumulate, which it does only where memory runs out)"))
+                           "does not accumulate, which it does only where memory runs out, "
+                           "and whose data set keeps no generator of its own)"))
 
 
 def print_sequential_results(outcomes: Sequence[Any], run_dir: Path) -> None:

@@ -332,6 +332,13 @@ class WorkerPool:
         for spawner in spawners:
             if spawner is not None:
                 spawner.close(_TERMINATE_GRACE_SECONDS)
+        # Its thread ends too (a notebook's dione.shutdown() left it); the next start
+        # makes another.
+        with self._lock:
+            starter = self._starter
+            self._starter = ThreadPoolExecutor(max_workers=1,
+                                               thread_name_prefix="dione-starter")
+        starter.shutdown(wait=False)
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None

@@ -44,7 +44,9 @@ _T = TypeVar("_T")
 
 @dataclass
 class TaskResult:
-    """How one task ended: what trained it, its final loss, metrics and checkpoint."""
+    """How one task ended: what trained it (``techniques`` in turn, each on
+    ``devices[i]`` devices: counts, not device ids), its final loss, metrics and
+    checkpoint."""
 
     task: str
     status: str  # done | stopped | failed | diverged | pending | paused (at a rung)
@@ -130,7 +132,12 @@ class RunResult:
     directions: dict[str, str] = field(default_factory=dict)
 
     def task(self, name: str) -> TaskResult:
-        return next(t for t in self.tasks if t.task == name)
+        """The result of task ``name`` (KeyError naming the tasks there are)."""
+        found = next((t for t in self.tasks if t.task == name), None)
+        if found is None:
+            raise KeyError(f"the run has no task {name!r}; its tasks: "
+                           + (", ".join(t.task for t in self.tasks) or "none"))
+        return found
 
     def leaderboard(self, metric: str) -> list[TaskResult]:
         """These results ranked by ``metric``, best first, as the report's leaderboard

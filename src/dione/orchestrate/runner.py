@@ -66,6 +66,7 @@ VIRTUAL_SECONDS_PER_UNIT = 5.0
 # by greedy (a simulated sweep's, at 5 s a unit, stay far below it).
 OWED_SHARE = 0.25
 
+ENDED = ("done", "stopped", "diverged")  # a task of these statuses never trains again
 
 # How a run whose task failed for a fixable cause goes on, from each way of starting it.
 _RESUME = ("`dione resume` the run (from Python: dione.run again; dione.optuna: optimize "
@@ -148,8 +149,15 @@ class Runner:
         (with ``settle``) ended where profiling found no way to train it."""
         total = self.profile.task(task.name).total_steps
         settings = training_settings(task)
-        for said in read_changes(task.name, self.store.changed_settings(task.name, settings)):
+        before = self.store.task(task.name)
+        ended = before.status if before is not None and before.status in ENDED else None
+        for said in read_changes(task.name, self.store.changed_settings(task.name, settings),
+                                 ended):
             self.emit(RunEvent("training_changed", said, task.name))  # a number it reads
+        if ended:  # no step read the new value: the old stays recorded, and said again
+            recorded = self.store.training_settings(task.name)
+            settings = {**settings, **{k: v for k, v in recorded.items()
+                                       if k in READ_SETTINGS}}
         self.store.register_task(task.name, total, task.batch_size, task.hyperparameters,
                                  settings, said_only=READ_SETTINGS)
         rule = task.stopping

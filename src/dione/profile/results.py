@@ -179,6 +179,41 @@ class ProfileEvent:
     total: int = 0  # trials to run in this profile
     node: str | None = None  # where a trial ``started``
 
+    # As a RunEvent has them, so that one on_event callback reads both.
+    @property
+    def task(self) -> str | None:
+        """The task, where the trial is one task's alone (None: a speed group's)."""
+        return self.tasks[0] if len(self.tasks) == 1 else None
+
+    @property
+    def message(self) -> str:
+        """The event in words, one line."""
+        tasks = ", ".join(self.tasks[:3]) + (f" and {len(self.tasks) - 3} more"
+                                             if len(self.tasks) > 3 else "")
+        if self.kind == "not_tried":
+            return f"not tried: {self.label} for {tasks}: {self.reason}"
+        if self.record is None:
+            said = {"started": "started" + (f" on {self.node}" if self.node else "")}.get(
+                self.kind, f"{self.kind}: {self.reason}" if self.reason else self.kind)
+            return f"trial {self.label} ({tasks}): {said}"
+        record = self.record
+        pace = f", {record.step_seconds * 1000:.1f} ms/step" if record.step_seconds else ""
+        why = ("" if record.feasible or not record.reason
+               else f": {record.reason.strip().splitlines()[0][:300]}")
+        return f"trial {self.label} ({tasks}): {self.kind}, {record.status}{pace}{why}"
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The numbers: the tasks, trials in this profile, the node, and a trial's
+        status, seconds per step and peak memory where it has them."""
+        record = self.record
+        return {"tasks": list(self.tasks), "total": self.total,
+                **({"node": self.node} if self.node else {}),
+                **({"technique": record.technique, "devices": record.devices,
+                    "knobs": dict(record.knobs), "status": record.status,
+                    "step_seconds": record.step_seconds,
+                    "peak_memory_bytes": record.peak_memory_bytes} if record else {})}
+
 
 def evaluation_mistake(task: Task, evaluated: TrialEvaluation | None) -> str | None:
     """The metric ``task``'s stopping rule judges, or its ``keep_best`` names, where its

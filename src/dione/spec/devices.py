@@ -31,6 +31,20 @@ def local_device_kind() -> DeviceKind:
     return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "cpu"
 
 
+def shared_cores(kind: str, slots: int) -> str | None:
+    """A warning where ``slots`` CPU devices outnumber this machine's cores (None: they
+    do not): a trial is timed with its slot's core to itself, and tasks side by side
+    then share cores, so they run slower than planned (2 tasks on cpu:2 ran 2.3x their
+    plan on 2 busy cores; cpu:4 on 2 cores shares the catalog rows of cpu:2)."""
+    cores = len(available_cores())
+    if kind != "cpu" or slots <= cores:
+        return None
+    return (f"{slots} CPU slots on {cores} core(s): tasks side by side share cores and run "
+            "slower than their trials (each timed with a core to itself), so plans are "
+            f"optimistic until re-planning sees the slices' pace; devices cpu:{cores} plans "
+            "what this machine runs")
+
+
 def available_cores() -> list[int]:
     """The CPU cores this process may run on (its affinity mask, not the machine's total)."""
     if hasattr(os, "sched_getaffinity"):

@@ -41,11 +41,15 @@ def training_settings(task: Task) -> dict[str, str]:
     }
 
 
-def read_changes(task: str, changed: list[str]) -> list[str]:
+def read_changes(task: str, changed: list[str], ended: str | None = None) -> list[str]:
     """Of a store's changed settings (``RunStore.changed_settings``), what to say of
-    those in ``READ_SETTINGS``: one line each (the run and ``dione train`` say them)."""
-    return [f"{task}: {change} since the run recorded it: steps trained from now read the "
-            "new value (a new run directory trains it anew)"
+    those in ``READ_SETTINGS``: one line each (the run and ``dione train`` say them);
+    ``ended``: the status of a task that trains no more (done, stopped, diverged)."""
+    then = (f"the task has ended ({ended}), every step of it trained with the recorded "
+            "value: its results are not the new value's (another task name or a new run "
+            "directory trains it with that)" if ended else
+            "steps trained from now read the new value (a new run directory trains it anew)")
+    return [f"{task}: {change} since the run recorded it: {then}"
             for change in changed if change.split(":")[0] in READ_SETTINGS]
 
 

@@ -163,6 +163,9 @@ def workload_of_run(run_dir: str | Path) -> str:
     """The workload file ``dione run`` started ``run_dir`` with (from its run.json)."""
     saved = Path(run_dir) / "run.json"
     _not_simulated(Path(run_dir))
+    if not saved.exists() and not (Path(run_dir) / STORE_FILE).is_file():
+        raise ExportError(f"{run_dir} is not a dione run directory (no {STORE_FILE}); give "
+                          "the folder `dione run --out` (or dione.run's run_dir) wrote")
     if trained_by_train(run_dir):
         raise ExportError(f"{run_dir} was written by `dione train`, which records no "
                           "workload: give it (--workload FILE; dione.load(..., workload=FILE))")
@@ -188,7 +191,8 @@ def workload_of_task(run_dir: str | Path, task: str) -> str:
     """The workload file that defines ``task`` of ``run_dir``: the one ``dione add``
     added it from, else the one the run was started with."""
     if not Path(run_dir).is_dir():
-        raise ExportError(f"{run_dir} does not exist; give the run directory that `dione run "
+        what = "is a file, not a folder" if Path(run_dir).exists() else "does not exist"
+        raise ExportError(f"{run_dir} {what}; give the run directory that `dione run "
                           "--out` (or dione.run's run_dir) wrote")
     if (Path(run_dir) / STORE_FILE).is_file():
         with RunStore(run_dir) as store:
