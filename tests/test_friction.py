@@ -452,3 +452,31 @@ def test_a_notebook_s_mistakes_and_a_raising_callback_leave_the_process_clean(
     assert result.tasks[0].status == "done" and isinstance(result, dione.RunResult)
     # A results table's columns without parsing names; a path a notebook's chdir keeps.
     assert result.tasks[0].hyperparameters == {"lr": 0.01} and result.run_dir.is_absolute()
+
+
+def test_loading_from_a_run_that_has_not_got_there_yet_says_so(tmp_path: Path) -> None:
+    """dione.load polled while a run starts said "its tasks: none" (read as a wrong
+    name) and "no checkpoint on disk"; a file or a folder of runs given as the run
+    directory read as missing, or as a run without run.json (review)."""
+    from dione.orchestrate.run import RunResult, TaskResult
+    from dione.state.export import ExportError, trained_checkpoint, workload_of_task
+    from dione.state.store import RunStore
+
+    run = tmp_path / "run"
+    with RunStore(run):
+        pass
+    with pytest.raises(ExportError, match=r"its tasks: none yet \(a run records its tasks "
+                       "once it has profiled them"):
+        trained_checkpoint(run, "t", latest=True)
+    with RunStore(run) as store:
+        store.register_task("t", 10, 4)
+    with pytest.raises(ExportError, match="has no checkpoint yet: none of its slices has "
+                       "ended"):
+        trained_checkpoint(run, "t", latest=True)
+    (tmp_path / "file.py").write_text("")
+    with pytest.raises(ExportError, match=r"file\.py is a file, not a folder"):
+        workload_of_task(tmp_path / "file.py", "t")
+    with pytest.raises(ExportError, match="is not a dione run directory"):
+        workload_of_task(tmp_path, "t")
+    with pytest.raises(KeyError, match="the run has no task 'u'; its tasks: t"):
+        RunResult(run, [TaskResult("t", "done")], 0.0, 0.0, 0, 0.0).task("u")

@@ -75,7 +75,8 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
         checkpoint = store.latest_checkpoint(task) if record is not None else None
     if record is None:
         raise ExportError(f"run {run} has no task {task!r}; its tasks: "
-                          f"{', '.join(names) or 'none'}")
+                          + (", ".join(names) if names else "none yet (a run records its "
+                             "tasks once it has profiled them: it may be profiling still)"))
     if record.status in ("stopped", "diverged") and checkpoint is None:
         anew = ("change what made it diverge (a lower learning rate, say) and train it "
                 "anew" if record.status == "diverged" else "train its configuration anew")
@@ -94,6 +95,9 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
                else "dione.run (or dione.optuna.optimize) again with this run directory")
         raise ExportError(f"task {task!r} is {record.status}, not done{step}: finish it with "
                           f"{how}, or {latest_fix}")
+    if checkpoint is None and record.status in ("pending", "running", "paused"):
+        raise ExportError(f"task {task!r} of run {run} has no checkpoint yet: none of its "
+                          "slices has ended; ask again once one has")
     if checkpoint is None or not Path(checkpoint.path).is_dir():
         raise ExportError(f"task {task!r} of run {run} has no checkpoint on disk"
                           + (f" (the store names {checkpoint.path})" if checkpoint else ""))
