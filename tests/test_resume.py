@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import random
@@ -258,6 +259,16 @@ def test_random_draws_a_name_check_misses_are_recorded_statistical(tmp_path: Pat
     assert "its training forward draws random numbers" in ddp.extra["exactness"]
     gpipe = train_in_slices(noisy, [("gpipe", TWO, STEPS)], tmp_path / "gpipe")[0]
     assert "its training forward draws random numbers" in gpipe.extra["exactness"]
+    # Where the probe did not look (a task only single trains, a model too large to
+    # probe), the slice sees its forward draw: single's accumulation too.
+    unprobed = dataclasses.replace(noisy, techniques=("single",), forward_draws=False)
+    parted = run_slice(unprobed, "single", tmp_path / "parted",
+                       local_placement(TEST_NODE, ONE), knobs={"accumulation": 2}, steps=STEPS)
+    assert "its training forward draws random numbers" in parted.extra["exactness"]
+    plain_parted = run_slice(plain, "single", tmp_path / "plain-parted",
+                             local_placement(TEST_NODE, ONE), knobs={"accumulation": 2},
+                             steps=STEPS)
+    assert "exactness" not in plain_parted.extra
 
     own, problems = valid_task(digits_task("own", steps=STEPS, data=_OwnGenerator))
     assert problems == [] and own.stateful_items

@@ -36,6 +36,8 @@ from dione.techniques.base import Knobs, SliceOutcome, Technique
 from dione.techniques.batches import BatchSource
 from dione.techniques.context import SliceContext
 from dione.techniques.exactness import (
+    drew_since,
+    generator_states,
     resumed_draws,
     split_batch_exactness,
     split_inexactness,
@@ -124,6 +126,10 @@ class DataParallelTechnique(Technique):
         counting = item_counting(task, bare) if ctx.world * parts > 1 else None
         model = self.wrap(bare, ctx)
         optimizer, scheduler = ctx.start_training(model)
+        # Whether the forward draws random numbers, seen in the slice's first: a split
+        # batch draws per share then, whatever the layer (validation's probe sees only
+        # models it can build, of tasks that allow more than single).
+        drew, watched = False, ctx.world * parts == 1
         for step in range(spec.start_step, spec.end_step):
             optimizer.zero_grad(set_to_none=True)
             total = torch.zeros((), device=ctx.device)
@@ -132,9 +138,12 @@ class DataParallelTechnique(Technique):
             for part, batch in enumerate(batches):
                 batch = ctx.to_device(batch)
                 sync = part == parts - 1
+                before = None if watched else generator_states(ctx.device)
                 with (contextlib.nullcontext() if sync else self.without_sync(model)):
                     with ctx.autocast():
                         loss = loss_of(model, task, batch, shares[part])
+                    if before is not None:
+                        drew, watched = drew_since(before, ctx.device), True
                     ctx.backward(loss / parts if parts > 1 else loss)
                 total = total + loss.detach().float()
             ctx.apply_update(optimizer, model.parameters())
@@ -143,7 +152,7 @@ class DataParallelTechnique(Technique):
         outcome = ctx.outcome(checkpoint)
         # the user's names, not the wrapper's; a slice resumed from a new data set
         # draws otherwise where the data set keeps a generator of its own
-        note = (split_batch_exactness(bare, task) or split_rounding(task)
+        note = (split_batch_exactness(bare, task, drew=drew) or split_rounding(task)
                 if ctx.world > 1 or parts > 1 else
                 resumed_draws(task) if ctx.spec.start_step > 0 else None)
         if note:

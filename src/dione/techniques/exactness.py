@@ -25,14 +25,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import random
 from collections.abc import Callable, Iterator
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from dione.spec.task import Task
 
-__all__ = ["batch_norm_layers", "dropout_layers", "resumed_draws", "split_batch_exactness",
+__all__ = ["batch_norm_layers", "drew_since", "dropout_layers", "generator_states",
+           "resumed_draws", "split_batch_exactness",
            "split_buffers",
            "split_draws", "split_inexactness", "split_rounding", "split_statistics",
            "structure_only"]
@@ -61,20 +65,24 @@ def batch_norm_layers(model: nn.Module) -> list[str]:
 
 
 def split_batch_exactness(model: nn.Module, task: Task | None = None,
-                          fetched_in_shares: bool = True) -> str | None:
+                          fetched_in_shares: bool = True, drew: bool = False,
+                          single_items: bool = False) -> str | None:
     """Why training ``model`` (of ``task``) on shares or parts of the batch is
     statistically, not bitwise, single's (None: nothing keeps it from being so);
     ``fetched_in_shares``: each share or part is fetched apart (not a pipeline's whole
-    batch). BatchNorm is not said here: it is different training (``split_statistics``)."""
+    batch); ``drew``: the slice saw its forward draw (``drew_since``); ``single_items``:
+    its processes fetch single's items in single's order (a pipeline from step 0). BatchNorm
+    is not said here: it is different training (``split_statistics``)."""
     dropout = dropout_layers(model)
     if dropout:
         return (f"statistical, not bitwise: dropout in {_some(dropout)} draws other masks "
                 "than single")
-    if task is not None and task.forward_draws:  # found by drawing, not by a layer's name
+    # Found by drawing, not by a layer's name: in validation's probe, or by the slice.
+    if drew or (task is not None and task.forward_draws):
         return ("statistical, not bitwise: its training forward draws random numbers (not "
                 "in a dropout layer: noise, a drop path), each share, part or stage from "
                 "its own stream, not single's")
-    stateful = resumed_draws(task)
+    stateful = None if single_items else resumed_draws(task)
     if stateful:
         return stateful
     if task is not None and task.fetch_draws and fetched_in_shares:
@@ -84,17 +92,35 @@ def split_batch_exactness(model: nn.Module, task: Task | None = None,
     return None
 
 
+def generator_states(device: torch.device) -> tuple[Any, ...]:
+    """The states of the generators a forward may draw from: torch's host one and
+    ``device``'s, Python's and NumPy's (compared by ``drew_since``)."""
+    states: list[Any] = [torch.get_rng_state(), random.getstate(),
+                         np.random.get_state()[1].copy()]  # type: ignore[index]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    return tuple(states)
+
+
+def drew_since(before: tuple[Any, ...], device: torch.device) -> bool:
+    """Whether any of those generators drew since ``before`` (``generator_states``)."""
+    after = generator_states(device)
+    return not all(bool((a == b).all()) if not isinstance(a, tuple) else a == b
+                   for a, b in zip(before, after, strict=True))
+
+
 def resumed_draws(task: Task | None) -> str | None:
     """Why ``task``'s items are not single's uninterrupted ones wherever a process
-    fetches them from a data set of its own (a share, a stage, a resumed slice), or
-    None: its data set draws from a generator of its own."""
+    fetches them from a data set of its own (a share, a stage, a resumed slice), its
+    data set (or collate_fn) drawing from a generator of its own (None: it does not)."""
     if task is None or not task.stateful_items:
         return None
-    return ("statistical, not bitwise: its data set draws from a generator of its own (a "
-            "NumPy default_rng or torch.Generator it keeps), so an item depends on what its "
-            "process fetched before; every share, stage and resumed slice fetches from a "
-            "data set of its own (draw from torch's, Python's or NumPy's global generators, "
-            "which dione seeds per item, for the same items everywhere)")
+    return ("statistical, not bitwise: its data set (or collate_fn) draws from a generator "
+            "of its own (a NumPy default_rng or torch.Generator it keeps), so an item "
+            "depends on what its process fetched before; every share, stage and resumed "
+            "slice fetches from a data set of its own (draw from torch's, Python's or "
+            "NumPy's global generators, which dione seeds per item, for the same items "
+            "everywhere)")
 
 
 def split_rounding(task: Task) -> str | None:

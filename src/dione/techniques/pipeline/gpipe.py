@@ -290,7 +290,8 @@ class PipelineTechnique(Technique):
         partition, note = self._partition(model, plan, ctx, sample)
         shared = shared_weights(model, plan, partition, task.name)
         exactness = split_batch_exactness(  # the whole model's, before the cut
-            model, task, fetched_in_shares=False) or (
+            model, task, fetched_in_shares=False,
+            single_items=ctx.spec.start_step == 0) or (
             split_rounding(task) if ctx.knobs["micro_batches"] > 1 else None)
         cut_stage(model, plan, partition, ctx.rank)
         if ctx.knobs.get("activation_checkpointing"):
