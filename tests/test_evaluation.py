@@ -456,6 +456,9 @@ def test_dione_evaluate_records_a_fixed_evaluation_of_a_finished_task(
     from dione.report import write_report
 
     assert "evaluation failed" in (write_report(run_dir) / "summary.csv").read_text()
+    assert "## Evaluations that failed" in (run_dir / "report" / "summary.md").read_text()
+    with RunStore(run_dir) as store:
+        heard = store.last_heard()
     capsys.readouterr()
     # Still broken: said, exit 1, nothing recorded; "fine" has its evaluation already.
     assert main(["evaluate", str(run_dir), "--workload", str(broken_file)]) == 1
@@ -474,6 +477,11 @@ def test_dione_evaluate_records_a_fixed_evaluation_of_a_finished_task(
         assert [s for s, _ in store.evaluations("alone")["accuracy"]] == [12]
     summary = (run_dir / "report" / "summary.csv").read_text()
     assert "evaluation failed" not in summary
+    # The report agrees with itself, and no time moved: a killed run's slices end
+    # where the store last heard it (a review saw one run on to the evaluate's time).
+    assert "## Evaluations that failed" not in (run_dir / "report" / "summary.md").read_text()
+    with RunStore(run_dir) as store:
+        assert store.last_heard() == heard
     # Nothing left to evaluate; a task named is evaluated again, as the run did.
     assert main(["evaluate", str(run_dir), "--workload", str(fixed_file)]) == 0
     assert "every done task" in capsys.readouterr().out
@@ -487,8 +495,18 @@ def test_dione_evaluate_records_a_fixed_evaluation_of_a_finished_task(
     assert [(r.task, r.step, r.error) for r in again] == [("alone", 12, None)]
     with RunStore(run_dir) as store:
         assert store.evaluation("alone") == again[0].evaluation
+    # A metric that is not finite is kept out, the one recorded before left.
+    nan_file = tmp_path / "nan.py"
+    nan_file.write_text(head + 'workload = Workload([task("fine", evaluate=diverged)])\n')
+    assert main(["evaluate", str(run_dir), "fine", "--workload", str(nan_file)]) == 0
+    out = capsys.readouterr().out
+    assert "(accuracy nan: not finite, not recorded)" in out and "gave no finite" in out
+    with RunStore(run_dir) as store:
+        assert store.evaluation("fine") == fine
+    # One named task with nothing to evaluate: none is evaluated (not half of them).
+    assert main(["evaluate", str(run_dir), "fine", "plain", "--workload",
+                 str(fixed_file)]) == 2
+    assert "task(s) 'plain' have no evaluate" in capsys.readouterr().err
     assert main(["evaluate", str(run_dir), "plain", "nobody", "--workload",
                  str(fixed_file)]) == 2
     assert "the run has no task 'nobody'" in capsys.readouterr().err
-    assert main(["evaluate", str(run_dir), "plain", "--workload", str(fixed_file)]) == 2
-    assert "task 'plain' has no evaluate" in capsys.readouterr().err

@@ -4,6 +4,7 @@ checkpoint, recorded in the run store as the run would have recorded them."""
 
 from __future__ import annotations
 
+import math
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,12 @@ class EvaluationAgain:
     step: int
     evaluation: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # the traceback, where its evaluate raised again
+
+    @property
+    def not_finite(self) -> list[str]:
+        """Its metrics that are NaN or infinite: not recorded (a loser's, as a run
+        keeps them out), the value recorded before left."""
+        return sorted(k for k, v in self.evaluation.items() if not math.isfinite(v))
 
 
 def to_evaluate(run_dir: str | Path, names: Sequence[str] = ()) -> list[str]:
@@ -67,21 +74,23 @@ def evaluate_again(run_dir: str | Path, tasks: Sequence[Task], device: str = "cp
                    ) -> list[EvaluationAgain]:
     """Each of ``tasks`` (done in the run; ``to_evaluate`` says which) evaluated on its
     final checkpoint's weights in this process, on ``device``; its metrics recorded at
-    its last step (an earlier figure there replaced) and its failed evaluation cleared.
+    its last step (an earlier figure there replaced; one not finite kept out) and its
+    failed evaluation cleared where one was recorded.
     One whose evaluate raises again is left as it was, its traceback returned: the
     others are evaluated all the same. ``told`` hears each as it is done."""
     import torch
 
+    lacking = [t.name for t in tasks if t.evaluate is None]
+    if lacking:  # before any is evaluated: none half done
+        raise ValueError(f"task(s) {', '.join(map(repr, lacking))} have no evaluate in the "
+                         "workload given: give each an evaluate(model) returning its "
+                         "metrics, or give the workload that has one (--workload)")
     done = []
     # Held as a run holds it: a resume started meanwhile would evaluate beside us, and
     # `dione status` says the run is in use.
     with RunLock(run_dir):
-        for task in tasks:
-            if task.evaluate is None:
-                raise ValueError(f"task {task.name!r} has no evaluate in the workload given: "
-                                 "give it an evaluate(model) returning its metrics, or "
-                                 "give the workload that has one (--workload)")
-            checkpoint = trained_checkpoint(run_dir, task.name)
+        checkpoints = [trained_checkpoint(run_dir, task.name) for task in tasks]
+        for task, checkpoint in zip(tasks, checkpoints, strict=True):
             outcome = EvaluationAgain(task.name, read_progress(checkpoint).step)
             try:
                 model = load_trained(task, checkpoint).to(torch.device(device))
@@ -92,7 +101,6 @@ def evaluate_again(run_dir: str | Path, tasks: Sequence[Task], device: str = "cp
             else:
                 with RunStore(run_dir) as store:
                     store.record_evaluation(task.name, outcome.step, outcome.evaluation)
-                    store.set_task_status(task.name, "done", None)
             done.append(outcome)
             if told is not None:
                 told(outcome)

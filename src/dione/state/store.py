@@ -869,12 +869,20 @@ class RunStore(SQLiteFile):
 
     def record_evaluation(self, task: str, step: int, metrics: Mapping[str, float]) -> None:
         """``task``'s metrics at ``step`` evaluated apart from a slice (``dione
-        evaluate``): any recorded there before replaced; a value not finite kept out."""
+        evaluate``), each replacing its value recorded there before (one not finite is
+        kept out, as a slice's is, and leaves that one); the failed evaluation its task
+        and that step's slice recorded is cleared, but no time is touched (a run killed
+        before reads its slices' ends from the times the store heard it last)."""
+        finite = {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
         with self._transaction() as db:
-            db.execute("DELETE FROM evaluations WHERE task = ? AND step = ?", (task, step))
-            db.executemany("INSERT INTO evaluations VALUES (?, ?, ?, ?)",
-                           [(task, step, k, float(v)) for k, v in metrics.items()
-                            if math.isfinite(v)])
+            db.executemany("INSERT OR REPLACE INTO evaluations VALUES (?, ?, ?, ?)",
+                           [(task, step, k, v) for k, v in finite.items()])
+            if finite:
+                db.execute("UPDATE tasks SET error = NULL WHERE name = ? AND error LIKE "
+                           "'evaluation failed%'", (task,))
+                # A done slice's error is its evaluation's (finish_slice).
+                db.execute("UPDATE slices SET error = NULL WHERE task = ? AND end_step = ? "
+                           "AND status = 'done'", (task, step))
 
     def evaluations(self, task: str) -> dict[str, list[tuple[int, float]]]:
         """Per metric, (step, value) of every evaluation of the task, by step."""

@@ -46,8 +46,11 @@ def command(args: argparse.Namespace) -> int:
         if outcome.error is not None:
             complain("evaluation failed", f"{outcome.task}: {error_line(outcome.error)}")
             return
-        metrics = ", ".join(f"{k} {figure(v)}" for k, v in sorted(outcome.evaluation.items()))
-        console.print(f"{outcome.task} at step {outcome.step}: {metrics or 'no metric'}")
+        metrics = ", ".join(f"{k} {figure(v)}" for k, v in sorted(outcome.evaluation.items())
+                            if k not in outcome.not_finite)
+        unfinite = ", ".join(f"{k} {outcome.evaluation[k]}" for k in outcome.not_finite)
+        console.print(f"{outcome.task} at step {outcome.step}: {metrics or 'no metric'}"
+                      + (f" ({unfinite}: not finite, not recorded)" if unfinite else ""))
 
     try:
         outcomes = evaluate_again(args.run_dir, tasks, args.device, told)
@@ -59,6 +62,9 @@ def command(args: argparse.Namespace) -> int:
 
     folder = write_report(args.run_dir)
     failed = [o.task for o in outcomes if o.error is not None]
-    console.print(f"{len(outcomes) - len(failed)} of {len(outcomes)} task(s) evaluated and "
-                  f"recorded; report: {folder / 'index.html'}")
+    kept = [o for o in outcomes if o.error is None and len(o.not_finite) < len(o.evaluation)]
+    console.print(f"{len(kept)} of {len(outcomes)} task(s) evaluated and recorded"
+                  + (f" ({len(outcomes) - len(failed) - len(kept)} gave no finite metric)"
+                     if len(outcomes) - len(failed) > len(kept) else "")
+                  + f"; report: {folder / 'index.html'}")
     return EXIT_FAILED if failed else 0
