@@ -480,3 +480,21 @@ def test_loading_from_a_run_that_has_not_got_there_yet_says_so(tmp_path: Path) -
         workload_of_task(tmp_path, "t")
     with pytest.raises(KeyError, match="the run has no task 'u'; its tasks: t"):
         RunResult(run, [TaskResult("t", "done")], 0.0, 0.0, 0, 0.0).task("u")
+
+
+def test_a_workload_is_checked_from_python_as_dione_validate_checks_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A notebook had no way to check a sweep without training it (review): validate
+    returns what `dione validate` prints, problems with their task and field."""
+    from dione.spec.stopping import Patience
+
+    found = dione.validate([digits_task("good", steps=4),
+                            digits_task("bad", steps=4, batch_size=0),
+                            digits_task("idle", steps=4, stopping=Patience(patience=9))],
+                           devices="cpu:2")
+    assert not found.ok and found.tasks == ["good", "idle"]
+    assert [(p.task, p.field) for p in found.problems] == [("bad", "batch_size")]
+    assert any("idle" in names for names in found.warnings.values())
+    assert any(line.startswith("warning: idle: it judges at") for line in found.lines())
+    with pytest.raises(TypeError, match="item 0 is a str"):
+        dione.validate({"a": digits_task("a")})  # type: ignore[arg-type]

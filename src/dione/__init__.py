@@ -93,16 +93,7 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
                          f"not {devices!r}")
     if not isinstance(quiet, bool):
         raise TypeError(f"quiet must be True or False, not {quiet!r}")
-    from dione.spec.task import Task
-
-    workload = [workload] if isinstance(workload, Task) else list(workload)
-    strays = [f"item {i} is a {type(t).__name__}" for i, t in enumerate(workload)
-              if not isinstance(t, Task)]
-    if strays:  # a dict gave its keys: an AttributeError on the first
-        raise TypeError("workload must be a workload file's path, a dione.Workload or a list "
-                        f"of dione.Task: {'; '.join(strays[:3])}"
-                        + ("; a dict's tasks are list(d.values())" if any(
-                            "str" in s for s in strays) else ""))
+    workload = _tasks_of(workload)
     _known_options(options)
     tasks, problems = valid_tasks(workload)
     if inbox is not None:  # the run waits for the inbox's tasks: it may start with none
@@ -178,6 +169,23 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
         warnings.warn(trouble, stacklevel=2)
     result.invalid = [str(p) for p in problems]  # a bad task stops only itself
     return result
+
+
+def _tasks_of(workload: Any) -> list[Any]:
+    """``workload`` (a Workload, a list of tasks, a task) as a list of tasks; TypeError
+    naming the items that are none (a dict gave its keys: an AttributeError on the
+    first)."""
+    from dione.spec.task import Task
+
+    tasks: list[Any] = [workload] if isinstance(workload, Task) else list(workload)
+    strays = [f"item {i} is a {type(t).__name__}" for i, t in enumerate(tasks)
+              if not isinstance(t, Task)]
+    if strays:
+        raise TypeError("workload must be a workload file's path, a dione.Workload or a list "
+                        f"of dione.Task: {'; '.join(strays[:3])}"
+                        + ("; a dict's tasks are list(d.values())" if any(
+                            "str" in s for s in strays) else ""))
+    return tasks
 
 
 def _some_valid(tasks: Sequence[Any], problems: Sequence[Any], inbox: Any) -> None:
@@ -432,6 +440,29 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
                       stacklevel=2)
     return model
 
+def validate(workload: Any, *, devices: str | None = None) -> Any:
+    """Check ``workload`` (a Workload, a list of tasks, a task, or a workload file's
+    path) as ``dione validate`` does, training nothing: a ``Validation`` with the
+    ``tasks`` a run would train, every ``problem`` that leaves one out (each with its
+    ``task``, ``field`` and ``message``; ``ok`` where there is none), per technique and
+    reason the tasks it will not train (``refused``), ``warnings`` with their tasks,
+    and ``lines()``, all said as the command says them. ``devices`` as ``dione.run``'s
+    (default: what this machine gives a run)."""
+    from dione.spec import load_workload, local_cluster
+    from dione.techniques.checking import check_workload
+
+    _argument_types(workload=workload)
+    if devices is not None and not isinstance(devices, str):
+        raise ValueError(f"devices must be text as --devices takes it ('cpu:2', 'cuda:4'), "
+                         f"not {devices!r}")
+    if isinstance(workload, (str, os.PathLike)):
+        workload = load_workload(os.fspath(workload))
+    workload = _tasks_of(workload)
+    node = local_cluster(devices).nodes[0]
+    return check_workload(workload, node.devices if devices is not None else None,
+                          node.kind, node.devices)[1]
+
+
 def evaluate(run_dir: str | os.PathLike[str], tasks: Sequence[str] = (), *,
              workload: Any = None, device: str = "cpu") -> list[Any]:
     """Evaluate done tasks of a run that has ended on their final weights, in this
@@ -508,4 +539,5 @@ __all__ = [
     "shifted_tokens",
     "shutdown",
     "tokens",
+    "validate",
 ]

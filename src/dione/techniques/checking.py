@@ -1,0 +1,116 @@
+"""A workload checked before anything starts, as ``dione validate`` and ``dione.validate``
+report it: every problem at once, the techniques that will not train a task and why,
+and the warnings of what would make a run other than it reads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dione.spec.task import Task
+from dione.spec.validate import Problem
+from dione.techniques.validation import profiled_widths, trained_by_none, valid_tasks
+
+__all__ = ["Validation", "check_workload"]
+
+
+@dataclass
+class Validation:
+    """What checking a workload found: the tasks a run would train, each problem that
+    leaves one out (with its fix), per technique the tasks it will not train and why,
+    and warnings, each with the tasks it is of."""
+
+    tasks: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)  # each: task, field, message
+    refused: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    warnings: dict[str, list[str]] = field(default_factory=dict)
+    devices: int = 0  # the width it was judged for
+    odd_batches: list[str] = field(default_factory=list)  # not a multiple of devices
+
+    @property
+    def ok(self) -> bool:
+        """Whether every task is valid (refusals and warnings aside)."""
+        return not self.problems
+
+    def lines(self) -> list[str]:
+        """What was found, a line each (no problems: those are raised or listed apart)."""
+        said = [f"{technique} will not train {', '.join(names)}: {why}"
+                for (technique, why), names in self.refused.items()]
+        said += [f"warning: {', '.join(names)}: {doubt}"
+                 for doubt, names in self.warnings.items()]
+        if self.odd_batches:
+            said.append(f"data parallelism over all {self.devices} devices will not train "
+                        f"{', '.join(self.odd_batches)}: the batch size is not a multiple "
+                        f"of {self.devices}; plans give them fewer devices")
+        return said
+
+
+def check_workload(workload: Iterable[Task], devices: int | None, kind: Any,
+                   widest: int) -> tuple[list[Task], Validation]:
+    """The valid tasks of ``workload`` and what checking it found, judged for a node of
+    ``widest`` devices of ``kind`` (``devices``: the width given, if one was)."""
+    from dione.spec.batch import split_problem
+    from dione.spec.metrics import doubtful_direction
+    from dione.spec.validate import keep_best_doubts, late_evaluation, training_loss_doubt
+
+    tasks, problems = valid_tasks(workload, devices)
+    # A task every technique it allows refuses would fail after profiling ("no
+    # configuration fits"): a problem of its own, as a run finds it.
+    tasks, untrainable = trained_by_none(tasks, widest, kind)
+    problems += untrainable
+    found = Validation([t.name for t in tasks], problems, devices=devices or widest)
+    for task in tasks:  # what will not train a task that is otherwise fine, by reason
+        said = {**task.refused_techniques, **_model_refusals(task, widest, kind)}
+        for technique, reason in said.items():
+            why = reason.replace(f"task {task.name!r}: ", "")
+            found.refused.setdefault((technique, why), []).append(task.name)
+    for task in tasks:  # a stopping rule judging its metric the other way, or idle
+        rule = task.stopping
+        steps = task.steps
+        for doubt in (rule and rule.metric != "loss"
+                      and doubtful_direction(rule.metric, rule.mode),
+                      rule and isinstance(steps, int) and not isinstance(steps, bool)
+                      and not rule.mistakes() and rule.never_stops(steps)):
+            if doubt:
+                found.warnings.setdefault(doubt, []).append(task.name)
+    for task in tasks:  # evaluates at its end anyway (eval_every does nothing); keep_best
+        for doubt in [late_evaluation(task), *keep_best_doubts(task),
+                      training_loss_doubt(task)]:
+            if doubt:
+                found.warnings.setdefault(doubt, []).append(task.name)
+    if devices is not None:  # allowed single: trained on fewer devices, not refused
+        found.odd_batches = [t.name for t in tasks
+                             if split_problem(t.batch_size, devices, "devices")]
+    return tasks, found
+
+
+def _model_refusals(task: Any, devices: int, kind: Any) -> dict[str, str]:
+    """Techniques (the task allows) that will not train it on ``devices`` devices for
+    what its model is (BatchNorm under a split batch, a pipeline's cut), as their own
+    checks say; not what is said elsewhere (a batch that does not divide, a technique
+    the task must opt in to). One that trains it on fewer devices is said to refuse
+    only the wider ones (gpipe in 2 stages but not 4)."""
+    from dione.spec.batch import split_problem
+    from dione.techniques.registry import techniques
+
+    found = {}
+    for technique in techniques():
+        knobs = technique.resolve({})
+        if (not task.allows(technique.name) or technique.name in task.refused_techniques
+                or (technique.inexactness(knobs) is not None and not task.allow_inexact)):
+            continue
+        count = profiled_widths(technique, devices)[-1]  # its widest (single's only)
+        parts, what = technique.batch_parts(count, knobs)
+        odd = split_problem(task.batch_size, parts, what, task.name) if isinstance(
+            parts, int) else None
+        reasons = [r for r in technique.check(task, count, {}, kind) if r != odd]
+        if reasons and technique.knob_settings(task, count, kind):
+            continue  # its defaults do not fit, another setting of it does
+        if reasons:
+            narrower = [c for c in profiled_widths(technique, devices)
+                        if c < count and technique.knob_settings(task, c, kind)]
+            found[technique.name] = (f"not on {count} devices (it does on "
+                                     f"{', '.join(map(str, narrower))}): " if narrower
+                                     else "") + "; ".join(reasons)
+    return found
