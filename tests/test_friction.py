@@ -121,9 +121,10 @@ def test_the_python_api_says_what_it_does_and_a_finished_run_keeps_its_makespan(
     assert "the task has ended (done), every step of it trained with the recorded value" \
         in changed[0]
     with pytest.warns(UserWarning, match=r"\[training_changed\] cell: optimizer reads: "
-                      r"NOTEBOOK_LR=0.01 -> NOTEBOOK_LR=5.0"):
+                      r"NOTEBOOK_LR=0.01 -> NOTEBOOK_LR=5.0") as said:
         dione.run(cell, devices="cpu:1", run_dir=str(tmp_path / "cell"), quiet=True,
                   **options)
+    assert said[0].filename == __file__  # the line that ran it, not dione's
     NOTEBOOK_LR = 0.01
     # The warm workers the runs left go when asked, their starter thread too (a
     # notebook had no public way: review); the next run starts new ones.

@@ -338,7 +338,7 @@ def _said(on_event: Callable[[Any], None] | None, quiet: bool
             console.print(f"[{event.kind}] {event.message}", markup=False, highlight=False)
         elif event.kind in WARNED or event.kind.endswith("_doubtful"):
             # What may make a result other than it reads: quiet hides progress, not this.
-            warnings.warn(f"[{event.kind}] {event.message}", stacklevel=2)
+            warnings.warn(f"[{event.kind}] {event.message}", stacklevel=_outside_dione())
         if on_event is not None:
             on_event(event)
 
@@ -354,6 +354,18 @@ def _said(on_event: Callable[[Any], None] | None, quiet: bool
 # Events a quiet run still says (as warnings): each may make a result other than it reads.
 WARNED = ("training_changed", "evaluation_failed", "task_failed", "task_refused",
           "stopping_rule_failed", "checkpoint_quarantined")
+
+
+def _outside_dione() -> int:
+    """The stack level of the first caller outside dione (the user's dione.run line), for
+    a warning said deep inside a run; beyond the stack, Python names ``sys``."""
+    import sys
+
+    frame: Any = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "dione":
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def shutdown() -> None:
