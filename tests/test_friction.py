@@ -285,6 +285,17 @@ def test_routine_skips_are_said_once_per_technique() -> None:
     assert len(printed) == 3
     assert sum("only trade speed for memory" in line for line in printed) == 2
     assert "over the profiling budget" in printed[-1]
+    # A notebook's next run says them no more (six lines at every call: review).
+    said: set[str] = set()
+    printed.clear()
+    views.console.print = lambda text, *a, **k: printed.append(str(text))  # type: ignore
+    try:
+        for _ in range(2):
+            show = profile_lines(said)
+            show(ProfileEvent("skipped", "fsdp x2 a", ("t",), reason=reason))
+    finally:
+        views.console.print = original  # type: ignore[method-assign]
+    assert len(printed) == 1 and said == {"fsdp"}
 
 
 def test_the_hf_example_names_tasks_that_exist() -> None:

@@ -325,13 +325,18 @@ class _LivePage:
         return self._troubles + closed
 
 
+# Techniques whose routine profiling skips this process has printed: a notebook's runs
+# said the same six lines at every call (review).
+_ROUTINE_SAID: set[str] = set()
+
+
 def _said(on_event: Callable[[Any], None] | None, quiet: bool
           ) -> tuple[Callable[[Any], None], Callable[[Any], None]]:
     """(run events, profile events) to ``on_event`` and, unless ``quiet``, a line each."""
     from dione.cli.console import console
     from dione.cli.views import profile_lines
 
-    lines = profile_lines()
+    lines = profile_lines(_ROUTINE_SAID)
 
     def run_event(event: Any) -> None:
         if not quiet:

@@ -53,11 +53,13 @@ def _task_list(names: Sequence[str], shown: int = 4) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def profile_lines() -> Callable[[Any], None]:
+def profile_lines(routine: set[str] | None = None) -> Callable[[Any], None]:
     """A callback printing one line per finished, skipped or not-tried trial; a trial
-    that failed with its reason (the first line of its error), once per reason."""
+    that failed with its reason (the first line of its error), once per reason.
+    ``routine``: the techniques whose routine skips were said before (a notebook's
+    earlier runs: said once a session, not at every run), added to as they are said."""
     reasons: set[str] = set()
-    routine: set[str] = set()  # techniques whose routine skips were said once
+    routine = set() if routine is None else routine
 
     def failure(record: Any) -> str:
         reason = (record.reason or "").strip().splitlines()
