@@ -150,11 +150,14 @@ class DataParallelTechnique(Technique):
             ctx.step_done(total / parts if parts > 1 else total, scheduler)
         checkpoint = ctx.save(model, optimizer, scheduler)
         outcome = ctx.outcome(checkpoint)
-        # the user's names, not the wrapper's; a slice resumed from a new data set
-        # draws otherwise where the data set keeps a generator of its own
-        note = (split_batch_exactness(bare, task, drew=drew) or split_rounding(task)
-                if ctx.world > 1 or parts > 1 else
-                resumed_draws(task) if ctx.spec.start_step > 0 else None)
+        if ctx.world > 1 or parts > 1:  # the user's names, not the wrapper's
+            note = split_batch_exactness(
+                bare, task, drew=drew,
+                # One process fetching single's items in single's order (accumulation from
+                # the first step): a generator its data set keeps draws as single's.
+                single_items=ctx.world == 1 and spec.start_step == 0) or split_rounding(task)
+        else:  # a resumed slice fetches from a new data set: its own generator anew
+            note = resumed_draws(task) if spec.start_step > 0 else None
         if note:
             outcome.extra["exactness"] = note
         if self.shards_memory:  # no rank holds it whole: all evaluate it together
