@@ -27,11 +27,15 @@ class AdoptedPlan:
     clock_zero: float  # time.time() of run-clock 0 in the session that adopted it
     run_clock: tuple[Assignment, ...]
     problem: PlanningProblem
+    # How far its tasks were planned: "full" (to their ends), "rung" (to each one's next
+    # rung, where a stopping rule decides) or "expected" (the steps a rule leaves
+    # expected): its makespan is the sweep's end only under "full".
+    horizon: str = "full"
 
     def to_json(self) -> dict[str, Any]:
         return {**self.plan.to_json(), "at": self.at, "clock_zero": self.clock_zero,
                 "assignments_run_clock": [_run_clock_json(a) for a in self.run_clock],
-                "problem": self.problem.to_json()}
+                "problem": self.problem.to_json(), "horizon": self.horizon}
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> AdoptedPlan:
@@ -40,7 +44,8 @@ class AdoptedPlan:
             return AdoptedPlan(plan, float(data["at"]), float(data["clock_zero"]),
                                tuple(assignment_from_json(a)
                                      for a in data["assignments_run_clock"]),
-                               PlanningProblem.from_json(data["problem"]))
+                               PlanningProblem.from_json(data["problem"]),
+                               str(data.get("horizon", "full")))  # older files: full
         except (KeyError, TypeError) as err:
             raise ValueError(f"not an adopted plan: {type(err).__name__}: {err}") from None
 
@@ -50,6 +55,11 @@ def _run_clock_json(a: Assignment) -> dict[str, Any]:
     return {"task": a.task, "technique": a.technique, "knobs": dict(a.knobs),
             "devices": a.devices, "node": a.node, "device_ids": list(a.device_ids),
             "start": a.start, "end": a.end}
+
+
+# What a plan's makespan covers, said after it where it is not the sweep's end.
+HORIZON_WORDS = {"rung": "to each task's next rung, where its stopping rule decides",
+                 "expected": "the steps each task's stopping rule leaves expected"}
 
 
 def write_plan(path: Path, adopted: AdoptedPlan) -> None:

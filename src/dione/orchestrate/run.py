@@ -130,6 +130,9 @@ class RunResult:
     replan_seconds: float = 0.0  # their solver time, beside execution
     # Metric -> "min"/"max", as the run's stopping rules or Optuna study judge them.
     directions: dict[str, str] = field(default_factory=dict)
+    # How far the first plan counted its tasks (``AdoptedPlan.horizon``): its makespan is
+    # the sweep's end only where this is "full".
+    planned_horizon: str = "full"
 
     def task(self, name: str) -> TaskResult:
         """The result of task ``name`` (KeyError naming the tasks there are)."""
@@ -275,4 +278,5 @@ def _run_claimed(
     return RunResult(run_dir.resolve(), _results(taken, run_dir), makespan,
                      runner.first_planned or 0.0, runner.plans_adopted, profile_seconds,
                      slices=runner.slices_launched, replans=runner.replanner.solves,
-                     replan_seconds=runner.replanner.seconds, directions=directions)
+                     replan_seconds=runner.replanner.seconds, directions=directions,
+                     planned_horizon=runner.first_horizon)

@@ -16,7 +16,7 @@ import math
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +29,13 @@ from dione.orchestrate.additions import Intake, Profiling, TaskInbox, request_me
 from dione.orchestrate.estimates import Estimates, planning_nodes
 from dione.orchestrate.launching import SliceLaunching, SliceStarter, launchable
 from dione.orchestrate.options import RunDirError, RunEvent, RunOptions
-from dione.orchestrate.plans import AdoptedPlan, next_plan_file, plan_files, write_plan
+from dione.orchestrate.plans import (
+    HORIZON_WORDS,
+    AdoptedPlan,
+    next_plan_file,
+    plan_files,
+    write_plan,
+)
 from dione.orchestrate.records import RunningSlice, RunState, TaskRecord, TaskStatus
 from dione.orchestrate.replanning import (
     PlanCandidate,
@@ -122,6 +128,7 @@ class Runner:
         self._fewest: dict[str, int] = {}  # task -> the fewest devices an option takes
         self.plans_adopted = len(plan_files(run_dir))
         self.first_planned: float | None = None
+        self.first_horizon = "full"  # how far the first plan counted its tasks
         self.first_solve_seconds = 0.0  # the first plan's solve, on every core
         self.first_solve_units = 0.0  # its CP-SAT deterministic time (virtual runs)
         self.slices_launched = 0  # in this session
@@ -423,15 +430,31 @@ class Runner:
         better = sum(v < own if rule.mode == "min" else v > own for v in values.values())
         return -len(passed) + 0.999 * better / len(values)
 
+    def horizon(self, records: Iterable[TaskRecord]) -> str:
+        """How far a plan of ``records`` counts their steps: "full" where it counts every
+        task to its end, else the stopping horizon that cut one short ("rung",
+        "expected")."""
+        for record in records:
+            if record.status in (TaskStatus.PENDING, TaskStatus.RUNNING):
+                horizon = self._horizon_of(record)
+                if horizon != "full":
+                    return horizon
+        return "full"
+
+    def _horizon_of(self, record: TaskRecord) -> str:
+        """The stopping horizon the planner counts ``record``'s steps by."""
+        rule = record.task.stopping
+        horizon = self.options.stopping_horizon
+        if horizon == "auto":
+            horizon = "rung" if rule is not None and rule.pausing else "full"
+        return "full" if rule is None else horizon
+
     def planned_steps(self, record: TaskRecord, done: int) -> int:
         """The steps after ``done`` the planner counts for a task: all of them; under
         ``stopping_horizon="expected"``, what its stopping rule leaves expected; under
         ``"rung"`` (and ``"auto"`` for a pausing rule), those to its next rung (all that
         are left after the last)."""
-        rule = record.task.stopping
-        horizon = self.options.stopping_horizon
-        if horizon == "auto":
-            horizon = "rung" if rule is not None and rule.pausing else "full"
+        rule, horizon = record.task.stopping, self._horizon_of(record)
         if rule is None or horizon == "full":
             return record.total - done
         if horizon == "rung":
@@ -647,18 +670,21 @@ class Runner:
                         and r.running.assignment.node in alive]
         self.state.plan = assignments
         self._estimate()
+        horizon = self.horizon(records.values())
         if self.first_planned is None:
-            self.first_planned = self.state.estimated_finish
+            self.first_planned, self.first_horizon = self.state.estimated_finish, horizon
         write_plan(next_plan_file(self.run_dir), AdoptedPlan(
             candidate.plan, candidate.at, self.state.clock_zero, tuple(assignments),
-            candidate.problem))
+            candidate.problem, horizon))
         self.plans_adopted += 1
         plan = candidate.plan
+        covers = f" ({HORIZON_WORDS[horizon]})" if horizon in HORIZON_WORDS else ""
         self.emit(RunEvent("planned" if first else "replanned",
                            f"{plan.solver} ({plan.status}): finish at "
-                           f"{self.state.estimated_finish:.1f} s",
+                           f"{self.state.estimated_finish:.1f} s{covers}",
                            data={"finish": self.state.estimated_finish,
-                                 "solver": plan.solver, "status": plan.status}))
+                                 "solver": plan.solver, "status": plan.status,
+                                 "horizon": horizon}))
 
     def _drifted(self) -> bool:
         """Whether a running slice's pace puts its end off the plan by more than 5%

@@ -50,6 +50,7 @@ class SimulationResult:
     replans: int
     replan_seconds: float  # wall seconds the re-plans' solves took
     wall_seconds: float  # the whole simulation's
+    planned_horizon: str = "full"  # how far the first plan counted (AdoptedPlan.horizon)
 
 
 def current_practice(problem: PlanningProblem, cluster: Cluster, scenario: Scenario) -> float:
@@ -186,7 +187,7 @@ def simulate_profile(
         return SimulationResult(
             run_dir, runner.now(), runner.first_planned or 0.0, baseline, statuses,
             runner.slices_launched, runner.plans_adopted, runner.replanner.solves,
-            runner.replanner.seconds, time.perf_counter() - began)
+            runner.replanner.seconds, time.perf_counter() - began, runner.first_horizon)
 
 
 def _fresh(run_dir: Path) -> None:
