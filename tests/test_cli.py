@@ -159,6 +159,23 @@ def test_train_refuses_what_cannot_work(tmp_path: Path,
     assert status == 2 and "the model factory raised" in stderr
 
 
+def test_train_beats_as_it_trains(tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`dione train` never told the store it lived: a slice a kill -9 cut short ended at
+    its own start (0 s) in status and the report, where a run's ends at its last beat."""
+    from dione.state.store import RunStore
+
+    file = tmp_path / "long.py"
+    file.write_text(BAD_FIELDS.replace("workload = Workload([", "workload = Workload([\n"
+                                       "    task('long', steps=60),\n    #"))
+    status, _, err = in_process(capsys, "train", str(file), "--task", "long", "--technique",
+                                "single", "--out", str(tmp_path / "run"))
+    assert status == 0, err
+    with RunStore(tmp_path / "run") as store:
+        [trained] = store.slices("long")
+        assert trained.started_at < store._run_value("heard")["at"] <= trained.ended_at
+
+
 def test_train_prints_losses_and_resumes(tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     file = tmp_path / "good.py"

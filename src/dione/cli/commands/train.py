@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from dione.cli.console import complain, console
 from dione.cli.errors import EXIT_FAILED, BadInput
@@ -19,6 +20,7 @@ def command(args: argparse.Namespace) -> int:
     from dione.launch.slice import SliceError, SliceRequest, local_placement, run_request
     from dione.spec.cluster import ClusterError, Node, local_cluster
     from dione.spec.validate import WorkloadError
+    from dione.state.store import RunStore
     from dione.techniques import get_technique
     from dione.techniques.validation import valid_task
 
@@ -64,12 +66,20 @@ def command(args: argparse.Namespace) -> int:
                       "only where it ends the task")
     run_dir = Path(args.out) if args.out else default_run_dir(args.workload)
     clean_stale_scratch()  # what killed launchers left in $TMPDIR, as profiling removes it
-    with claimed(run_dir):
+    with claimed(run_dir), RunStore(run_dir) as store:
         try:
             request = SliceRequest(task, technique, local_placement(node, range(count)),
                                    run_dir, knobs=knobs, steps=args.steps,
                                    timeout=args.timeout)
-            result = run_request(request, on_progress=live_steps())
+            # The store hears it live as a run's launcher beats: a slice a kill -9 cuts
+            # short ends at the last beat, not at its own start (it read 0 s).
+            live, beat = live_steps(), store.beat_every()
+
+            def heard(rank: int, record: dict[str, Any]) -> None:
+                live(rank, record)
+                beat()
+
+            result = run_request(request, store=store, on_progress=heard)
         except SliceError as err:
             if err.reason == "trained":  # not a failure: said, and done
                 console.print(str(err))
