@@ -510,3 +510,59 @@ def test_a_workload_is_checked_from_python_as_dione_validate_checks_it(
     assert any(line.startswith("warning: idle: it judges at") for line in found.lines())
     with pytest.raises(TypeError, match="item 0 is a str"):
         dione.validate({"a": digits_task("a")})  # type: ignore[arg-type]
+
+
+OWN_DDP = """
+import functools, torch
+from dione import Task, Workload, register
+from dione.techniques.ddp import DDP
+
+
+class Quiet(DDP):
+    '''A data-parallel loop of the user's that says nothing of how it trained.'''
+    name = "quiet-ddp"
+
+    def train(self, ctx):
+        outcome = super().train(ctx)
+        outcome.extra.pop("exactness", None)
+        return outcome
+
+
+register(Quiet())
+workload = Workload([Task(name="dropped", model=lambda: torch.nn.Sequential(
+    torch.nn.Linear(64, 16), torch.nn.Dropout(0.3), torch.nn.ReLU(), torch.nn.Linear(16, 10)),
+    data=__import__("dione.zoo", fromlist=["digits_train"]).digits_train,
+    loss=torch.nn.functional.cross_entropy, optimizer=functools.partial(torch.optim.SGD,
+                                                                        lr=0.1),
+    batch_size=8, steps=2)])
+"""
+
+
+def test_a_users_technique_is_labelled_keyed_and_reloaded_as_its_own(tmp_path: Path) -> None:
+    """A review's technique of its own: a loop that said nothing of dropout was recorded
+    exact (built-in ddp says statistical); the catalog keyed its trials by name alone
+    (an edited technique, or one registered as a built-in's name, was served other
+    trials); and its workload file, edited, could not be loaded again in the process."""
+    from dione.launch import local_placement, run_slice
+    from dione.profile.fingerprint import technique_identity
+    from dione.spec.cluster import Node
+    from dione.spec.workload import load_workload
+    from dione.techniques.registry import _REGISTRY, get_technique
+
+    file = tmp_path / "own.py"
+    file.write_text(OWN_DDP)
+    try:
+        [task] = load_workload(file)
+        mine = get_technique("quiet-ddp")
+        before = technique_identity(mine)
+        assert technique_identity(get_technique("ddp")) == "ddp"  # catalogs keep their keys
+        assert before.startswith("quiet-ddp (workload own.py.Quiet, ")
+        result = run_slice(task, "quiet-ddp", tmp_path / "run",
+                           local_placement(Node("n", 2, "cpu"), [0, 1]))
+        assert result.extra["exactness"].startswith("statistical, not bitwise: dropout in 1")
+        file.write_text(OWN_DDP + "\n# edited\n")
+        load_workload(file)  # it raised "a technique named 'quiet-ddp' is registered"
+        assert get_technique("quiet-ddp") is not mine
+        assert technique_identity(get_technique("quiet-ddp")) != before
+    finally:  # the registry is the process's: no later test profiles it
+        _REGISTRY.pop("quiet-ddp", None)

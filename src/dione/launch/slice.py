@@ -36,6 +36,7 @@ from dione.state.checkpoint import (
 from dione.state.sqlite import StateFileError
 from dione.state.store import CheckpointRecord, RunStore
 from dione.techniques.base import SliceOutcome, SliceSpec, Technique
+from dione.techniques.exactness import unsaid_split
 from dione.techniques.registry import get_technique
 
 __all__ = [
@@ -271,6 +272,7 @@ def run_request(
             raise
         seconds = clock.now() - began
         _refuse_divergence(db, slice_id, spec, outcomes[0], latest, where, warnings)
+        _say_unsaid_split(method, task, devices, knobs, inexactness, outcomes[0])
         return _record_finished(db, slice_id, request, spec, method.name, outcomes, seconds,
                                 warnings, inexactness)
     finally:
@@ -387,6 +389,22 @@ def _refuse_divergence(db: RunStore, slice_id: int, spec: SliceSpec, lead: Slice
     db.diverge_slice(slice_id, lead.losses[:diverged + 1],
                      lead.step_seconds[:diverged + 1], message)
     raise SliceError(message, "diverged")
+
+
+def _say_unsaid_split(method: Technique, task: Task, devices: int, knobs: dict[str, Any],
+                      inexactness: Any, lead: SliceOutcome) -> None:
+    """A technique of the user's that split the batch (over devices, or in parts or
+    micro-batches) and said nothing of how it trained: what dione knows that keeps it
+    from single's numbers (dropout, draws, rounding) put in its outcome, as a built-in's
+    loop says it (it was recorded exact: review). Its own claim of exactness is its."""
+    if type(method).__module__.startswith("dione.") or inexactness is not None \
+            or lead.extra.get("exactness"):
+        return
+    parts = [knobs.get(k) for k in ("accumulation", "micro_batches")]
+    if devices > 1 or any(isinstance(v, int) and v > 1 for v in parts):
+        note = unsaid_split(task)
+        if note:
+            lead.extra["exactness"] = note
 
 
 def _record_finished(db: RunStore, slice_id: int, request: SliceRequest, spec: SliceSpec,

@@ -31,7 +31,7 @@ from dione.spec.validate import build_model
 from dione.spec.workload import loaded_workload_files
 
 __all__ = ["callable_name", "code_digest", "device_description", "module_name",
-           "speed_signature", "trial_fingerprint"]
+           "speed_signature", "technique_identity", "trial_fingerprint"]
 
 # Optimizer settings that change the work of a step (not its numbers).
 _OPTIMIZER_SPEED_KEYS = ("foreach", "fused", "amsgrad", "nesterov", "capturable",
@@ -326,6 +326,25 @@ def device_description(kind: DeviceKind, threads: int) -> str:
     except OSError:
         pass
     return f"{model}; {threads} thread(s) per slot"
+
+
+def technique_identity(technique: Any) -> str:
+    """What keys a technique's trials in the catalog: a built-in's name (dione's version
+    is keyed apart); a user's technique, its name with its class and the digest of the
+    file that defines it, so that one edited since, or another class registered under a
+    built-in's name, is timed anew rather than served another's trials (review)."""
+    kind = type(technique)
+    if kind.__module__.startswith("dione."):
+        return str(technique.name)
+    import inspect
+
+    try:
+        path = inspect.getsourcefile(kind) or ""
+        with open(path, "rb") as file:
+            digest = hashlib.sha256(file.read()).hexdigest()[:16]
+    except (OSError, TypeError):  # defined where no file holds it: its name alone
+        digest = "no source"
+    return f"{technique.name} ({module_name(kind)}.{kind.__qualname__}, {digest})"
 
 
 def trial_fingerprint(

@@ -17,6 +17,7 @@ from dione.profile.fingerprint import (
     code_digest,
     module_name,
     speed_signature,
+    technique_identity,
     trial_fingerprint,
 )
 from dione.profile.results import NotApplicable, Skipped, TaskProfile
@@ -191,9 +192,10 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
                         "; ".join(reasons) or f"{technique.name} proposes no setting"))
                     continue
                 resolved = [technique.resolve(s) for s in settings]
+                identity = technique_identity(technique)
                 fingerprints = {
                     _knobs_key(k): trial_fingerprint(
-                        signature, technique.name, k, count, node.kind, threads,
+                        signature, identity, k, count, node.kind, threads,
                         memory_cap_bytes)
                     for k in resolved}
                 for knobs in resolved:
@@ -213,5 +215,5 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
                         group, [task.name], technique.shards_memory, lighter, code=code,
                         evaluations=[] if eval_key is None else [(eval_key, task.evaluate)],
                         uncapped=None if memory_cap_bytes is None else trial_fingerprint(
-                            signature, technique.name, knobs, count, node.kind, threads))
+                            signature, identity, knobs, count, node.kind, threads))
     return WantedTrials(profiles, wanted, by_task)

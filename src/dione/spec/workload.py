@@ -133,11 +133,14 @@ def grid(prefix: str, build: Callable[..., Task], **axes: Sequence[Any]) -> list
 _LOADED: dict[str, tuple[str, str]] = {}
 
 
+WORKLOAD_MODULE_PREFIX = "dione_workload_"  # a workload file's module: this, then its digest
+
+
 def _module_name(file: Path, source: str) -> str:
     """A name of the file's path and text: a file loaded again after an edit is a
     module of its own, so the tasks loaded before keep the functions they had."""
     digest = hashlib.sha1(f"{file.resolve()}\0{source}".encode()).hexdigest()[:12]
-    return f"dione_workload_{digest}"
+    return f"{WORKLOAD_MODULE_PREFIX}{digest}"
 
 
 def loaded_workload_files() -> dict[str, str]:

@@ -39,7 +39,7 @@ __all__ = ["batch_norm_layers", "drew_since", "dropout_layers", "generator_state
            "resumed_draws", "split_batch_exactness",
            "split_buffers",
            "split_draws", "split_inexactness", "split_rounding", "split_statistics",
-           "structure_only"]
+           "structure_only", "unsaid_split"]
 
 
 def dropout_layers(model: nn.Module) -> list[str]:
@@ -121,6 +121,31 @@ def resumed_draws(task: Task | None) -> str | None:
             "slice fetches from a data set of its own (draw from torch's, Python's or "
             "NumPy's global generators, which dione seeds per item, for the same items "
             "everywhere)")
+
+
+@functools.lru_cache(maxsize=256)
+def _dropout_of(factory: Callable[[], nn.Module]) -> tuple[str, ...]:
+    """``dropout_layers`` of the model ``factory`` builds, on the meta device (none
+    where it cannot be built so)."""
+    try:
+        with structure_only():
+            return tuple(dropout_layers(factory()))
+    except Exception:
+        return ()
+
+
+def unsaid_split(task: Task) -> str | None:
+    """Why a technique of the user's that split ``task``'s batch and said nothing of
+    it (no ``extra["exactness"]``) trained statistically, not bitwise, as single (None:
+    nothing dione knows of keeps it from being exact): what a built-in's loop says."""
+    try:
+        dropout = list(_dropout_of(task.model))
+    except TypeError:  # a factory that is not hashable
+        dropout = []
+    if dropout:
+        return (f"statistical, not bitwise: dropout in {_some(dropout)} draws other masks "
+                "than single")
+    return split_batch_exactness(nn.Module(), task) or split_rounding(task)
 
 
 def split_rounding(task: Task) -> str | None:

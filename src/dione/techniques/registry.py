@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+
+from dione.spec.workload import WORKLOAD_MODULE_PREFIX
 from dione.techniques.base import Technique
 
 __all__ = ["get_technique", "register", "technique_names", "techniques"]
@@ -10,8 +13,13 @@ _REGISTRY: dict[str, Technique] = {}
 
 
 def _kind(technique: Technique) -> tuple[str, str]:
-    # By name, not identity: loading the same workload file again makes a new class object.
-    return type(technique).__module__, type(technique).__qualname__
+    # By name, not identity: loading the same workload file again makes a new class
+    # object, and one edited since a module of another name (its digest is in it): a
+    # workload file's class is known by the file's path.
+    module = type(technique).__module__
+    if module.startswith(WORKLOAD_MODULE_PREFIX):
+        module = str(getattr(sys.modules.get(module), "__file__", None) or module)
+    return module, type(technique).__qualname__
 
 
 def register(technique: Technique, *, replace: bool = False) -> Technique:
