@@ -124,7 +124,7 @@ class Technique(ABC):
                 reasons.append(f"{self.name} has no knob {knob!r} (its knobs: {known})")
             elif type(value) is not type(self.knobs[knob]):
                 reasons.append(
-                    f"{self.name} knob {knob!r} takes a {type(self.knobs[knob]).__name__}, "
+                    f"{self.name} knob {knob!r} takes {_a(type(self.knobs[knob]).__name__)}, "
                     f"not {value!r}"
                 )
         parts, what = self.batch_parts(devices, self.resolve(knobs))
@@ -170,3 +170,8 @@ class Technique(ABC):
 
     def __repr__(self) -> str:
         return f"<technique {self.name}>"
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its article: "an int", "a bool"."""
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"

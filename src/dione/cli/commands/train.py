@@ -107,8 +107,7 @@ def command(args: argparse.Namespace) -> int:
         console.print(f"trained INEXACT (not as single would; the task opted in): "
                       f"{result.inexactness}")
     elif result.extra.get("exactness"):
-        console.print(f"trained statistically as single would, not bitwise: "
-                      f"{result.extra['exactness']}")
+        console.print(f"trained {result.extra['exactness']}")  # "statistical, not bitwise: ..."
     else:
         console.print("trained exact (as single would)")
     if result.evaluation:
