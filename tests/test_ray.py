@@ -425,6 +425,27 @@ def test_ray_env_reaches_the_launcher_the_cli_makes(cluster: Any,
         ours.shutdown()
 
 
+def test_connecting_keeps_the_handlers_that_stop_a_run_cleanly(cluster: Any) -> None:
+    """ray.init put its own SIGTERM handler in place of dione's: a `dione run --ray`
+    sent SIGTERM aborted (exit 134, Ray's C++ dump), no report written (review)."""
+    import subprocess
+    import sys
+
+    probe = ("import signal\n"
+             "from dione.launch.ray_launcher import RayLauncher\n"
+             "def ours(*_): pass\n"
+             "signal.signal(signal.SIGTERM, ours)\n"
+             "signal.signal(signal.SIGINT, ours)\n"
+             f"launcher = RayLauncher({cluster.address!r})\n"
+             "kept = [signal.getsignal(s) is ours for s in (signal.SIGTERM, signal.SIGINT)]\n"
+             "launcher.shutdown()\n"
+             "print('kept', kept)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "kept [True, True]" in done.stdout, done.stdout
+
+
 @pytest.mark.parametrize(
     ("launcher", "expected"),
     [({"FAULT": "raise"}, "rank 1 (device 1) raised ValueError: injected failure on rank 1"),

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import signal
 import socket
 import threading
 import time
@@ -363,6 +364,22 @@ def _reachable(address: str | None, seconds: float = 10.0) -> None:
             "start` printed (--ray HOST:PORT), or --ray auto on a node of the cluster") from None
 
 
+@contextlib.contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """SIGINT's and SIGTERM's handlers as they were before the block: ``ray.init`` puts
+    its own on SIGTERM, which aborted a run (exit 134, a C++ dump) where dione's stops it
+    cleanly, its report written, exit 143 (review)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
 class RayLauncher:
     """Runs gangs on the nodes of a Ray cluster; one per run (``shutdown`` at its end)."""
 
@@ -374,8 +391,9 @@ class RayLauncher:
         if not self.ray.is_initialized():
             _reachable(address)
             try:
-                self.ray.init(address=address, log_to_driver=False,
-                              logging_level="ERROR", configure_logging=False)
+                with _signal_handlers_kept():
+                    self.ray.init(address=address, log_to_driver=False,
+                                  logging_level="ERROR", configure_logging=False)
             except (ConnectionError, RuntimeError, ValueError) as err:
                 raise ClusterError(f"cannot connect to a Ray cluster at {address!r}: {err}; "
                                    "where something answers there, Ray's own lines above say "
