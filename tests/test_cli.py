@@ -938,3 +938,28 @@ def test_status_of_a_run_stopped_while_profiling_says_why_it_holds_no_task(
     said = " ".join(out.split())
     assert status == 0 and "no task recorded: the run stopped before its profile ended" \
         in said and "calling dione.run (or dione.optuna.optimize) again" in said, said
+
+
+def test_resume_takes_a_ray_clusters_new_address(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A Ray head started again on another port: resume had no --ray (read as
+    --ray-env), and its own error advised --ray HOST:PORT; run.json had to be edited by
+    hand (review). A run of this machine's devices is not moved to Ray."""
+    import json
+    import socket
+
+    file = tmp_path / "w.py"
+    file.write_text(BAD_FIELDS.replace("workload = Workload([", "workload = Workload([\n"
+                                       "    task('lone', steps=2),\n    #"))
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    for name, ray in (("ray", "127.0.0.1:9"), ("local", None)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps(
+            {"workload": str(file), "devices": None, "ray": ray, "options": {}}))
+    status, err = refused(capsys, "resume", str(tmp_path / "ray"), "--ray",
+                          f"127.0.0.1:{port}")
+    assert status == 2 and f"cannot reach a Ray cluster at '127.0.0.1:{port}'" in err, err
+    status, err = refused(capsys, "resume", str(tmp_path / "local"), "--ray", "auto")
+    assert status == 2 and "trained on this machine's devices, not on a Ray cluster" in err

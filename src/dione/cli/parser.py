@@ -285,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
         flag.add_to(resume)
     for flag in _PROFILE:
         flag.add_to(resume)
+    resume.add_argument("--ray", metavar="ADDRESS",
+                        help="for a Ray run: its cluster's address now, if it moved (a head "
+                        "started again elsewhere; run.json then records it)")
     resume.add_argument("--ray-env", action="append", metavar="NAME[=VALUE]",
                         help="for a Ray run: the variables its Ray workers get, in place of "
                         "those it was started with (repeat for more)")

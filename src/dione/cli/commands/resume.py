@@ -33,15 +33,21 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput(f"{workload}, the workload this run started with, is not there: if "
                        f"it moved, give its new place with `dione resume {quote(str(run_dir))} "
                        "--workload NEW.py`")
+    if args.ray is not None and saved.ray is None:
+        raise BadInput(f"{run_dir} trained on this machine's devices, not on a Ray cluster: "
+                       "resume it without --ray (a run stays on the kind of cluster it "
+                       "started on)")
+    ray = args.ray or saved.ray
     tensorboard, mlflow = dashboard_places(args.tensorboard, args.mlflow)
-    run = dataclasses.replace(saved, workload=workload,
+    run = dataclasses.replace(saved, workload=workload, ray=ray,
                               options=run_options(vars(args), base=saved.options),
                               tensorboard=tensorboard or saved.tensorboard,
                               mlflow=mlflow or saved.mlflow,
                               ray_env=tuple(args.ray_env or saved.ray_env))
     console.print(f"resuming {run_dir} ({workload})")
-    # A workload that moved is recorded at its new place, for the next resume and export;
-    # the options given now are not: the next resume starts again from the saved ones.
-    moved = dataclasses.replace(saved, workload=workload) if workload != saved.workload \
-        else None
+    # A workload or a cluster that moved is recorded at its new place, for the next
+    # resume and export; the options given now are not: the next resume starts again
+    # from the saved ones.
+    moved = dataclasses.replace(saved, workload=workload, ray=ray) if (
+        workload, ray) != (saved.workload, saved.ray) else None
     return execute(workload, run, run_dir, record=moved, replacing=saved.workload)
