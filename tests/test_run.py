@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -670,3 +671,46 @@ def test_a_results_table_too_wide_for_the_terminal_reads_as_lines(monkeypatch) -
         assert ("digits-mlp-lr0.0001-batch_size16: status done, techniques single, devices "
                 "1, seconds 0.2, final loss 2.2736, accuracy 0.2444, test_loss 2.2829, "
                 "trained exact" in text) != table, text
+
+
+def test_the_same_error_twice_on_one_node_of_several_is_retried_not_failed() -> None:
+    """A Ray node that failed every slice it got: the task's retry landed there again
+    and the task was failed as its own bug ("fix the task"), though a resume then
+    trained it on the other node unchanged (review). Twice on one node of several is
+    retried, said as the node's doing; twice on two nodes, or where no other node can
+    hold the task, is the task's."""
+    from types import SimpleNamespace
+
+    from dione.launch.slice import SliceError
+    from dione.orchestrate.options import RunEvent
+    from dione.orchestrate.records import TaskRecord, TaskStatus
+    from dione.orchestrate.runner import Runner
+    from helpers import digits_task
+
+    events: list[RunEvent] = []
+    given_up: list[str] = []
+
+    def runner(nodes: list[Node]) -> Any:
+        fake = SimpleNamespace(options=RunOptions(max_failures=5), cluster=Cluster(nodes),
+                               emit=events.append, _fewest_devices=lambda name: 1,
+                               _give_up=lambda record, error, said: given_up.append(said))
+        fake._elsewhere = lambda record, node: Runner._elsewhere(fake, record, node)
+        return fake
+
+    def fail(fake: Any, record: TaskRecord, node: str) -> None:
+        Runner._failed(fake, record, SliceError("rank 0 raised OSError: bad disk", "raised",
+                                                "OSError"), 0, node)
+
+    two = runner([Node("a", 2, "cpu"), Node("b", 2, "cpu")])
+    record = TaskRecord(digits_task("t"), 10, 0, TaskStatus.PENDING)
+    fail(two, record, "a")
+    fail(two, record, "a")
+    assert not given_up and record.status == TaskStatus.PENDING
+    assert "the same error on node a again: the node may be at fault" in events[-1].message
+    fail(two, record, "b")  # the same on another node: the task's own
+    assert len(given_up) == 1 and "failed twice from step 0" in given_up[0]
+    alone = runner([Node("a", 2, "cpu")])
+    record = TaskRecord(digits_task("u"), 10, 0, TaskStatus.PENDING)
+    fail(alone, record, "a")
+    fail(alone, record, "a")  # no other node to blame: the task's
+    assert len(given_up) == 2

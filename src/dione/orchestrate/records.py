@@ -75,9 +75,10 @@ class TaskRecord:
     done_steps: int
     status: TaskStatus
     failures: int = 0
-    # The step its last failed slice started from and the exception it raised there: the
-    # same again is the task's own bug, which no retry mends.
-    last_raised: tuple[int, str] | None = None
+    # The step its last failed slice started from, the exception it raised there and the
+    # node: the same again (on another node, or where no other can hold it) is the
+    # task's own bug, which no retry mends.
+    last_raised: tuple[int, str, str] | None = None
     last_loss: float | None = None
     # Some of its steps trained (or train now) under a technique that is not exact.
     inexact: bool = False

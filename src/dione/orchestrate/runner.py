@@ -761,7 +761,7 @@ class Runner:
             if err.reason == "node_lost":  # not the task's fault: plan it anew elsewhere
                 self._lose_node(running.assignment.node, record, err)
                 return True
-            return self._failed(record, err, running.start_step)
+            return self._failed(record, err, running.start_step, running.assignment.node)
         for warning in result.warnings:
             self.emit(RunEvent("checkpoint_quarantined", warning, name))
         for doubt in result.doubts:  # once a task: it would say the same at every slice
@@ -1013,10 +1013,12 @@ class Runner:
         self.emit(RunEvent("task_failed", said, record.name))
         self._ended(record, {})
 
-    def _failed(self, record: TaskRecord, err: SliceError, start: int | None = None) -> bool:
-        """A slice that failed (from step ``start``): the task retried, or ended
-        (diverged, a failure no retry can mend, the same exception from the same step
-        twice, or too many failures)."""
+    def _failed(self, record: TaskRecord, err: SliceError, start: int | None = None,
+                node: str = "") -> bool:
+        """A slice that failed (from step ``start``, on ``node``): the task retried, or
+        ended (diverged, a failure no retry can mend, the same exception from the same
+        step twice, on two nodes or where no other node holds it, or too many
+        failures)."""
         name = record.name
         if err.disk_full is not None:
             # Every task's next checkpoint would fail there too: the run stops, each
@@ -1030,9 +1032,14 @@ class Runner:
         record.failures += 1
         # The exception's own line, with its type (a traceback's last line can be a
         # note every error of its kind ends with: CUDA's "Compile with ...").
-        raised = ((start, f"{err.error_type}: {exception_line(str(err))}")
+        raised = ((start, f"{err.error_type}: {exception_line(str(err))}", node)
                   if err.reason == "raised" and start is not None else None)
-        again, record.last_raised = raised is not None and raised == record.last_raised, raised
+        previous, record.last_raised = record.last_raised, raised
+        same = raised is not None and previous is not None and raised[:2] == previous[:2]
+        # Twice on one node of several: the node may be at fault (a review's broken node
+        # failed a task that a resume then trained elsewhere), retried as any failure.
+        again = same and raised is not None and previous is not None and (
+            raised[2] != previous[2] or not self._elsewhere(record, node))
         if err.reason == "diverged":  # the store already says so, with the step
             record.status = TaskStatus.DIVERGED
             self.emit(RunEvent("task_diverged", str(err).splitlines()[0], name))
@@ -1050,10 +1057,18 @@ class Runner:
                           f"up: {err}")
         else:
             record.status = TaskStatus.PENDING
+            suspect = (f", the same error on node {node} again: the node may be at fault"
+                       if same else "")
             self.emit(RunEvent("slice_failed", f"{name} failed (attempt {record.failures} of "
-                               f"{self.options.max_failures}), will retry: "
+                               f"{self.options.max_failures}{suspect}), will retry: "
                                f"{str(err).splitlines()[0]}", name))
         return True
+
+    def _elsewhere(self, record: TaskRecord, node: str) -> bool:
+        """Whether a node of the cluster other than ``node`` can hold one of the task's
+        options (its fewest devices)."""
+        fewest = self._fewest_devices(record.name)
+        return any(n.name != node and n.devices >= fewest for n in self.cluster)
 
     def _lose_node(self, node: str, record: TaskRecord, err: SliceError) -> None:
         """A node left the cluster under a running slice: the task goes back to pending
