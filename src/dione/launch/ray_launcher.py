@@ -364,6 +364,10 @@ def _reachable(address: str | None, seconds: float = 10.0) -> None:
             "start` printed (--ray HOST:PORT), or --ray auto on a node of the cluster") from None
 
 
+# How long a node's devices may take to be reserved before the run says who holds them.
+GROUP_READY_SECONDS = 120.0
+
+
 @contextlib.contextmanager
 def _signal_handlers_kept() -> Iterator[None]:
     """SIGINT's and SIGTERM's handlers as they were before the block: ``ray.init`` puts
@@ -477,11 +481,16 @@ class RayLauncher:
                                                             self._ids[node.name]}]
                                     * node.devices)
             try:
-                self.ray.get(group.ready(), timeout=120)
+                self.ray.get(group.ready(), timeout=GROUP_READY_SECONDS)
             except Exception as err:
                 _remove_group(group)
-                raise ClusterError(f"cannot reserve the {node.devices} devices of node "
-                                   f"{node.name} on Ray: {err}") from None
+                timed_out = type(err).__name__ == "GetTimeoutError"
+                raise ClusterError(
+                    f"cannot reserve the {node.devices} devices of node {node.name} on Ray"
+                    + (f": Ray gave none in {GROUP_READY_SECONDS:.0f} s, so other jobs hold "
+                       "them (a node's devices are counted whole, free or not): `ray status` "
+                       "says what is free; end those jobs, or start a node for dione"
+                       if timed_out else f": {err}")) from None
             self._groups[node.name] = group
         return self._groups[node.name]
 
