@@ -397,10 +397,12 @@ def _say_unsaid_split(method: Technique, task: Task, devices: int, knobs: dict[s
     micro-batches) and said nothing of how it trained: what dione knows that keeps it
     from single's numbers (dropout, draws, rounding) put in its outcome, as a built-in's
     loop says it (it was recorded exact: review). Its own claim of exactness is its."""
-    if type(method).__module__.startswith("dione.") or inexactness is not None \
+    # A built-in's loop (a subclass of one that keeps its train too) says it itself.
+    if type(method).train.__module__.startswith("dione.") or inexactness is not None \
             or lead.extra.get("exactness"):
         return
-    parts = [knobs.get(k) for k in ("accumulation", "micro_batches")]
+    resolved = method.resolve(knobs)  # its defaults too
+    parts = [resolved.get(k) for k in ("accumulation", "micro_batches")]
     if devices > 1 or any(isinstance(v, int) and v > 1 for v in parts):
         note = unsaid_split(task)
         if note:

@@ -330,21 +330,31 @@ def device_description(kind: DeviceKind, threads: int) -> str:
 
 def technique_identity(technique: Any) -> str:
     """What keys a technique's trials in the catalog: a built-in's name (dione's version
-    is keyed apart); a user's technique, its name with its class and the digest of the
-    file that defines it, so that one edited since, or another class registered under a
-    built-in's name, is timed anew rather than served another's trials (review)."""
+    is keyed apart); a user's technique, its name with its class and a digest of the
+    class's own code, so that one edited since, or another class registered under a
+    built-in's name, is timed anew rather than served another's trials, while an edit
+    elsewhere in its file (a learning rate) keeps its trials (reviews)."""
     kind = type(technique)
     if kind.__module__.startswith("dione."):
         return str(technique.name)
     import inspect
 
-    try:
-        path = inspect.getsourcefile(kind) or ""
-        with open(path, "rb") as file:
-            digest = hashlib.sha256(file.read()).hexdigest()[:16]
-    except (OSError, TypeError):  # defined where no file holds it: its name alone
-        digest = "no source"
+    try:  # its source, where a file holds it
+        code = inspect.getsource(kind)
+    except (OSError, TypeError):  # a notebook's or `python -`'s: its methods' code
+        code = repr(sorted((name, _code_of(value)) for name, value in vars(kind).items()))
+    digest = hashlib.sha256(code.encode()).hexdigest()[:16]
     return f"{technique.name} ({module_name(kind)}.{kind.__qualname__}, {digest})"
+
+
+def _code_of(value: Any) -> str:
+    """A class attribute as its code says it: a function's bytecode and constants, a
+    plain value's repr (no memory address)."""
+    function = getattr(value, "__func__", value)
+    code = getattr(function, "__code__", None)
+    if code is not None:
+        return f"{code.co_code.hex()} {code.co_consts!r:.2000}"
+    return type(value).__name__ if " at 0x" in repr(value) else repr(value)
 
 
 def trial_fingerprint(

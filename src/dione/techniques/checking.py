@@ -91,7 +91,6 @@ def _model_refusals(task: Any, devices: int, kind: Any) -> dict[str, str]:
     checks say; not what is said elsewhere (a batch that does not divide, a technique
     the task must opt in to). One that trains it on fewer devices is said to refuse
     only the wider ones (gpipe in 2 stages but not 4)."""
-    from dione.spec.batch import split_problem
     from dione.techniques.registry import techniques
 
     found = {}
@@ -100,17 +99,30 @@ def _model_refusals(task: Any, devices: int, kind: Any) -> dict[str, str]:
         if (not task.allows(technique.name) or technique.name in task.refused_techniques
                 or (technique.inexactness(knobs) is not None and not task.allow_inexact)):
             continue
-        count = profiled_widths(technique, devices)[-1]  # its widest (single's only)
-        parts, what = technique.batch_parts(count, knobs)
-        odd = split_problem(task.batch_size, parts, what, task.name) if isinstance(
-            parts, int) else None
-        reasons = [r for r in technique.check(task, count, {}, kind) if r != odd]
-        if reasons and technique.knob_settings(task, count, kind):
-            continue  # its defaults do not fit, another setting of it does
-        if reasons:
-            narrower = [c for c in profiled_widths(technique, devices)
-                        if c < count and technique.knob_settings(task, c, kind)]
-            found[technique.name] = (f"not on {count} devices (it does on "
-                                     f"{', '.join(map(str, narrower))}): " if narrower
-                                     else "") + "; ".join(reasons)
+        try:
+            said = _refusal(technique, task, devices, kind, knobs)
+        except Exception as err:  # a technique of the user's: said, as profiling says it
+            said = (f"{technique.name}'s knob_settings or check raised "
+                    f"{type(err).__name__}: {err}")
+        if said:
+            found[technique.name] = said
     return found
+
+
+def _refusal(technique: Any, task: Any, devices: int, kind: Any,
+             knobs: dict[str, Any]) -> str | None:
+    """Why ``technique`` will not train ``task`` on up to ``devices`` devices (None: it
+    will, with some setting)."""
+    from dione.spec.batch import split_problem
+
+    count = profiled_widths(technique, devices)[-1]  # its widest (single's only)
+    parts, what = technique.batch_parts(count, knobs)
+    odd = split_problem(task.batch_size, parts, what, task.name) if isinstance(
+        parts, int) else None
+    reasons = [r for r in technique.check(task, count, {}, kind) if r != odd]
+    if not reasons or technique.knob_settings(task, count, kind):
+        return None  # its defaults fit, or another setting of it does
+    narrower = [c for c in profiled_widths(technique, devices)
+                if c < count and technique.knob_settings(task, c, kind)]
+    return (f"not on {count} devices (it does on {', '.join(map(str, narrower))}): "
+            if narrower else "") + "; ".join(reasons)
