@@ -281,6 +281,9 @@ def test_random_draws_a_name_check_misses_are_recorded_statistical(tmp_path: Pat
     assert "a generator of its own" in parts[1].extra["exactness"]
     ddp = train_in_slices(own, [("ddp", TWO, STEPS)], tmp_path / "own-ddp")[0]
     assert "a generator of its own" in ddp.extra["exactness"]
+    # A pipeline draws for a sample batch before it trains: not single's from step 0.
+    gpipe = train_in_slices(own, [("gpipe", TWO, STEPS)], tmp_path / "own-gpipe")[0]
+    assert "a generator of its own" in gpipe.extra["exactness"]
     # One process from the first step fetches single's items in single's order.
     accumulated = run_slice(own, "single", tmp_path / "own-parted",
                             local_placement(TEST_NODE, ONE), knobs={"accumulation": 2},

@@ -487,7 +487,7 @@ class RayLauncher:
                 timed_out = type(err).__name__ == "GetTimeoutError"
                 raise ClusterError(
                     f"cannot reserve the {node.devices} devices of node {node.name} on Ray"
-                    + (f": Ray gave none in {GROUP_READY_SECONDS:.0f} s, so other jobs hold "
+                    + (f": Ray gave none in {GROUP_READY_SECONDS:.0f} s; other jobs may hold "
                        "them (a node's devices are counted whole, free or not): `ray status` "
                        "says what is free; end those jobs, or start a node for dione"
                        if timed_out else f": {err}")) from None

@@ -437,7 +437,9 @@ class Runner:
         for record in records:
             if record.status in (TaskStatus.PENDING, TaskStatus.RUNNING):
                 horizon = self._horizon_of(record)
-                if horizon != "full":
+                done = record.done_steps
+                # Past its last rung a task is planned to its end: no shorter horizon.
+                if horizon != "full" and self.planned_steps(record, done) < record.total - done:
                     return horizon
         return "full"
 

@@ -71,8 +71,8 @@ def split_batch_exactness(model: nn.Module, task: Task | None = None,
     statistically, not bitwise, single's (None: nothing keeps it from being so);
     ``fetched_in_shares``: each share or part is fetched apart (not a pipeline's whole
     batch); ``drew``: the slice saw its forward draw (``drew_since``); ``single_items``:
-    its processes fetch single's items in single's order (a pipeline from step 0). BatchNorm
-    is not said here: it is different training (``split_statistics``)."""
+    its one process fetches single's items in single's order (accumulation from step 0).
+    BatchNorm is not said here: it is different training (``split_statistics``)."""
     dropout = dropout_layers(model)
     if dropout:
         return (f"statistical, not bitwise: dropout in {_some(dropout)} draws other masks "
