@@ -395,6 +395,11 @@ def test_an_unreachable_ray_address_is_refused_in_seconds(
                      str(tmp_path / "run"))
     assert code == 2 and "cannot reach a Ray cluster at '127.0.0.1:1'" in said
     assert time.monotonic() - began < 60  # it waited over five minutes
+    # A Ray Client address too (33 s of Ray's retries: review).
+    code, said = run(capsys, "run", str(workload), "--ray", "ray://127.0.0.1:1", "--out",
+                     str(tmp_path / "run"))
+    assert code == 2 and "cannot reach a Ray cluster at 'ray://127.0.0.1:1'" in said, said
+    assert "Ray Client server answers on port 10001" in " ".join(said.split())
 
 
 @pytest.mark.parametrize("ending", ["import os\nos._exit(0)\n", "import sys\nsys.exit(0)\n"])

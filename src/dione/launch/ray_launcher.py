@@ -349,20 +349,31 @@ class _RayMember:
 
 
 def _reachable(address: str | None, seconds: float = 10.0) -> None:
-    """A ``HOST:PORT`` address that nothing answers at is refused in seconds (``ray.init``
-    kept retrying it for over five minutes); ``auto`` and ``ray://`` go to Ray as given."""
-    if not address or address == "auto" or "://" in address or ":" not in address:
+    """A ``HOST:PORT`` or ``ray://HOST[:PORT]`` (Ray Client, port 10001 by default)
+    address that nothing answers at is refused in seconds (``ray.init`` kept retrying a
+    cluster's for over five minutes, a client's for 33 s: review); ``auto`` and other
+    schemes go to Ray as given."""
+    if not address or address == "auto":
         return
-    host, _, port = address.rpartition(":")
+    target = address.removeprefix("ray://")
+    if target != address and ":" not in target.rstrip("/"):
+        target = target.rstrip("/") + f":{RAY_CLIENT_PORT}"
+    if "://" in target or ":" not in target:
+        return
+    host, _, port = target.rstrip("/").rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=seconds):
             return
     except (OSError, ValueError) as err:
+        start = (f"a head's Ray Client server answers on port {RAY_CLIENT_PORT} (`ray start "
+                 "--head`)" if target != address else f"`ray start --head --port {port}`")
         raise ClusterError(
             f"cannot reach a Ray cluster at {address!r} ({getattr(err, 'strerror', None) or err}"
-            f"): start one there (`ray start --head --port {port}`) or give the address `ray "
-            "start` printed (--ray HOST:PORT), or --ray auto on a node of the cluster") from None
+            f"): start one there ({start}) or give the address `ray start` printed (--ray "
+            "HOST:PORT), or --ray auto on a node of the cluster") from None
 
+
+RAY_CLIENT_PORT = 10001  # Ray Client's port, where a ray:// address names none
 
 # How long a node's devices may take to be reserved before the run says who holds them.
 GROUP_READY_SECONDS = 120.0
