@@ -23,11 +23,9 @@ import contextlib
 import copy
 import dataclasses
 import math
-import random
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Any, cast
+from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
@@ -40,15 +38,13 @@ from dione.spec.sameness import task_key
 from dione.spec.task import Task
 from dione.techniques.batches import BatchSource, SampleOrder, _fetch
 from dione.techniques.data_parallel import DataParallelTechnique
+from dione.techniques.exactness import drew_since, generator_states
 from dione.techniques.pipeline.gpipe import PipelineTechnique
 from dione.techniques.pipeline.partition import partition_model, stage_plan
 from dione.techniques.pipeline.stages import StageModule, batch_fields, cut_stage
 from dione.techniques.registry import techniques
 
 __all__ = ["pipeline_refusals", "probe_task", "with_refusals"]
-
-# probe_task's outcome: refusals by technique, buffers written, parameters unused, draws.
-
 
 @dataclasses.dataclass(frozen=True)
 class Probed:
@@ -71,6 +67,7 @@ class Probed:
 
 # A model up to this size is built for real and run stage by stage (as validation does).
 _PROBE_BYTES = 1 << 30
+_HOST = torch.device("cpu")  # where a probe's forwards run
 # Batches compared for their shapes (a batch a collator pads is as long as its longest).
 _SHAPE_BATCHES = 3
 
@@ -303,15 +300,9 @@ def _fetch_draws(task: Task, dataset: Any) -> bool:
         if getattr(dataset, "__getitems__", None) is None or (
                 isinstance(dataset, Subset) and not hasattr(dataset.dataset, "__getitems__")):
             return False
-        first, second = (tree_flatten(plain_batch(_fetch(dataset, indices, task.seed, at,
-                                                         task.collate_fn)))[0]
-                         for at in (0, count))
+        return _differ(*(_flat_fetch(task, dataset, indices, at) for at in (0, count)))
     except Exception:  # its trials say why it cannot fetch; nothing known here
         return False
-    if len(first) != len(second):
-        return True
-    return not all(_same(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-                   else a == b for a, b in zip(first, second, strict=True))
 
 
 def _stateful_items(task: Task, dataset: Any) -> bool:
@@ -322,11 +313,20 @@ def _stateful_items(task: Task, dataset: Any) -> bool:
     batch, a resumed slice: each fetches from a data set of its own)."""
     indices = SampleOrder(len(dataset), task.seed).indices(0, 1)
     try:
-        first, second = (tree_flatten(plain_batch(_fetch(dataset, indices, task.seed, 0,
-                                                         task.collate_fn)))[0]
-                         for _ in range(2))
+        return _differ(*(_flat_fetch(task, dataset, indices, 0) for _ in range(2)))
     except Exception:  # its trials say why it cannot fetch; nothing known here
         return False
+
+
+def _flat_fetch(task: Task, dataset: Any, indices: torch.Tensor, at: int) -> list[Any]:
+    """The items at ``indices`` fetched and collated as stream position ``at`` fetches
+    them, flattened to their leaves."""
+    return tree_flatten(plain_batch(_fetch(dataset, indices, task.seed, at,
+                                           task.collate_fn)))[0]
+
+
+def _differ(first: list[Any], second: list[Any]) -> bool:
+    """Whether two fetches' leaves (``_flat_fetch``) differ: in number, or in a value."""
     if len(first) != len(second):
         return True
     return not all(_same(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
@@ -350,7 +350,7 @@ def _unused(task: Task, model: nn.Module, batch: Any, draws: int = 4
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         for draw in range(draws):
             torch.manual_seed(task.seed + draw)
-            before = torch.get_rng_state(), random.getstate(), _numpy_draws()
+            before = generator_states(_HOST)
             copied = copy.deepcopy(model).train()  # a model that changes as it runs
             try:
                 loss = loss_of(copied, task, batch)
@@ -362,19 +362,12 @@ def _unused(task: Task, model: nn.Module, batch: Any, draws: int = 4
             left_out.append({n for n, p in copied.named_parameters()
                              if p.requires_grad and id(p) not in reached})
             del loss, copied
-            now = not (torch.equal(before[0], torch.get_rng_state())
-                       and before[1] == random.getstate()
-                       and bool((before[2] == _numpy_draws()).all()))
+            now = drew_since(before, _HOST)
             drew = drew or now
             if not now:  # no random draw in its forward: another would be the same
                 break
     always = set.intersection(*left_out)
     return tuple(sorted(always)), tuple(sorted(set.union(*left_out) - always)), drew
-
-
-def _numpy_draws() -> Any:
-    """NumPy's global generator's state words (its legacy state's key)."""
-    return cast(Any, np.random.get_state())[1]
 
 
 def _leaves(root: Any) -> set[int]:
