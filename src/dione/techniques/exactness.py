@@ -25,21 +25,19 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import random
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import NamedTuple
 
-import numpy as np
 import torch
 from torch import nn
 
+from dione.spec.draws import global_draws
 from dione.spec.task import Task
 
 __all__ = ["batch_norm_layers", "drew_since", "dropout_layers", "generator_states",
-           "resumed_draws", "split_batch_exactness",
-           "split_buffers",
-           "split_draws", "split_inexactness", "split_rounding", "split_statistics",
-           "structure_only", "unsaid_split"]
+           "resumed_draws", "split_batch_exactness", "split_buffers", "split_draws",
+           "split_inexactness", "split_rounding", "split_statistics", "structure_only",
+           "unsaid_split"]
 
 
 def dropout_layers(model: nn.Module) -> list[str]:
@@ -73,10 +71,9 @@ def split_batch_exactness(model: nn.Module, task: Task | None = None,
     batch); ``drew``: the slice saw its forward draw (``drew_since``); ``single_items``:
     its one process fetches single's items in single's order (accumulation from step 0).
     BatchNorm is not said here: it is different training (``split_statistics``)."""
-    dropout = dropout_layers(model)
+    dropout = _dropout_note(dropout_layers(model))
     if dropout:
-        return (f"statistical, not bitwise: dropout in {_some(dropout)} draws other masks "
-                "than single")
+        return dropout
     # Found by drawing, not by a layer's name: in validation's probe, or by the slice.
     if drew or (task is not None and task.forward_draws):
         return ("statistical, not bitwise: its training forward draws random numbers (not "
@@ -92,21 +89,24 @@ def split_batch_exactness(model: nn.Module, task: Task | None = None,
     return None
 
 
-def generator_states(device: torch.device) -> tuple[Any, ...]:
-    """The states of the generators a forward may draw from: torch's host one and
-    ``device``'s, Python's and NumPy's (compared by ``drew_since``)."""
-    states: list[Any] = [torch.get_rng_state(), random.getstate(),
-                         np.random.get_state()[1].copy()]  # type: ignore[index]
-    if device.type == "cuda":
-        states.append(torch.cuda.get_rng_state(device))
-    return tuple(states)
+def _dropout_note(layers: list[str]) -> str | None:
+    """Why dropout in ``layers`` trains a split batch statistically (None: none)."""
+    if not layers:
+        return None
+    return f"statistical, not bitwise: dropout in {_some(layers)} draws other masks than single"
 
 
-def drew_since(before: tuple[Any, ...], device: torch.device) -> bool:
+def generator_states(device: torch.device) -> tuple[object, ...]:
+    """The states of the generators a forward may draw from (``global_draws``': torch's
+    host one, Python's and NumPy's; and ``device``'s, a GPU), compared by
+    ``drew_since``."""
+    own = (bytes(torch.cuda.get_rng_state(device).numpy()),) if device.type == "cuda" else ()
+    return (*global_draws(), *own)
+
+
+def drew_since(before: tuple[object, ...], device: torch.device) -> bool:
     """Whether any of those generators drew since ``before`` (``generator_states``)."""
-    after = generator_states(device)
-    return not all(bool((a == b).all()) if not isinstance(a, tuple) else a == b
-                   for a, b in zip(before, after, strict=True))
+    return generator_states(device) != before
 
 
 def resumed_draws(task: Task | None) -> str | None:
@@ -123,29 +123,16 @@ def resumed_draws(task: Task | None) -> str | None:
             "everywhere)")
 
 
-@functools.lru_cache(maxsize=256)
-def _dropout_of(factory: Callable[[], nn.Module]) -> tuple[str, ...]:
-    """``dropout_layers`` of the model ``factory`` builds, on the meta device (none
-    where it cannot be built so)."""
-    try:
-        with structure_only():
-            return tuple(dropout_layers(factory()))
-    except Exception:
-        return ()
-
-
 def unsaid_split(task: Task) -> str | None:
     """Why a technique of the user's that split ``task``'s batch and said nothing of
     it (no ``extra["exactness"]``) trained statistically, not bitwise, as single (None:
     nothing dione knows of keeps it from being exact): what a built-in's loop says."""
-    try:
-        dropout = list(_dropout_of(task.model))
-    except TypeError:  # a factory that is not hashable
+    try:  # its dropout layers as the structure has them (a built model's are read)
+        dropout = _structure_of(task.model).dropout
+    except Exception:  # a factory that is not hashable, or builds nothing here
         dropout = []
-    if dropout:
-        return (f"statistical, not bitwise: dropout in {_some(dropout)} draws other masks "
-                "than single")
-    return split_batch_exactness(nn.Module(), task) or split_rounding(task)
+    return _dropout_note(dropout) or split_batch_exactness(nn.Module(), task) \
+        or split_rounding(task)
 
 
 def split_rounding(task: Task) -> str | None:
@@ -200,18 +187,33 @@ def _environment_kept() -> Iterator[None]:
             os.environ.update(environment)
 
 
+class _Structure(NamedTuple):
+    """What a model's structure says of how a split batch trains it."""
+
+    synced: list[str]  # batch statistics SyncBatchNorm syncs over ranks
+    plain: list[str]  # the others
+    dropout: list[str]
+
+
 @functools.lru_cache(maxsize=256)
-def _norms_of(factory: Callable[[], nn.Module]) -> tuple[list[str], list[str]]:
-    """``_split_norms`` of the model ``factory`` builds: its structure only, or, where
-    a factory cannot run on the meta device (it reads a weight), the model on the host,
+def _structure_of(factory: Callable[[], nn.Module]) -> _Structure:
+    """``_Structure`` of the model ``factory`` builds: its structure only, or, where a
+    factory cannot run on the meta device (it reads a weight), the model on the host,
     once (a twin task that opted in could otherwise share a trial under ddp that this
     one cannot train)."""
     try:
         with structure_only():
-            return _split_norms(factory())
+            model = factory()
     except Exception:
         with _environment_kept(), torch.random.fork_rng(devices=[]):
-            return _split_norms(factory())
+            model = factory()
+    return _Structure(*_split_norms(model), dropout_layers(model))
+
+
+def _norms_of(factory: Callable[[], nn.Module]) -> tuple[list[str], list[str]]:
+    """``_split_norms`` of the model ``factory`` builds (``_structure_of``)."""
+    found = _structure_of(factory)
+    return found.synced, found.plain
 
 
 def split_statistics(task: Task, devices: int, accumulation: int,
