@@ -180,7 +180,7 @@ def print_profile(profile: Any) -> None:
 
 def print_results(result: Any, run_dir: Path) -> None:
     """A run's table of per-task results, and where its report went."""
-    from dione.orchestrate.plans import HORIZON_WORDS, read_plans
+    from dione.orchestrate.plans import horizon_said, read_plans
 
     metrics = sorted({k for t in result.tasks for k in t.evaluation})
     try:  # a resumed run's figures are this session's; the report counts them all
@@ -192,11 +192,9 @@ def print_results(result: Any, run_dir: Path) -> None:
         title = (f"results ({run_dir}): nothing trained this session; the run's recorded "
                  f"makespan {result.makespan:.1f} s")
     else:
-        covers = (f" ({HORIZON_WORDS[result.planned_horizon]})"
-                  if result.planned_horizon in HORIZON_WORDS else "")
         title = (f"results ({run_dir}): makespan {result.makespan:.1f} s, first plan "
-                 f"{result.planned_makespan:.1f} s{covers}{which}, {result.plans_adopted} "
-                 "plan(s), "
+                 f"{result.planned_makespan:.1f} s{horizon_said(result.planned_horizon)}"
+                 f"{which}, {result.plans_adopted} plan(s), "
                  f"profiling {result.profile_seconds:.0f} s")
     columns = ["task", "status", "techniques", "devices", "seconds", "final loss", *metrics,
                "trained"]

@@ -62,6 +62,13 @@ HORIZON_WORDS = {"rung": "to each task's next rung, where its stopping rule deci
                  "expected": "the steps each task's stopping rule leaves expected"}
 
 
+def horizon_said(horizon: str, pattern: str = " ({})") -> str:
+    """``pattern`` holding what a plan of ``horizon`` covers (``HORIZON_WORDS``), said
+    after its makespan; empty for one planned to the sweep's end."""
+    words = HORIZON_WORDS.get(horizon)
+    return pattern.format(words) if words else ""
+
+
 def write_plan(path: Path, adopted: AdoptedPlan) -> None:
     """Write ``adopted`` to ``path`` whole or not at all (a launcher killed mid-write
     leaves no half a plan for ``report``, ``status`` and ``resume`` to trip on)."""

@@ -30,8 +30,8 @@ from dione.orchestrate.estimates import Estimates, planning_nodes
 from dione.orchestrate.launching import SliceLaunching, SliceStarter, launchable
 from dione.orchestrate.options import RunDirError, RunEvent, RunOptions
 from dione.orchestrate.plans import (
-    HORIZON_WORDS,
     AdoptedPlan,
+    horizon_said,
     next_plan_file,
     plan_files,
     write_plan,
@@ -680,10 +680,9 @@ class Runner:
             candidate.problem, horizon))
         self.plans_adopted += 1
         plan = candidate.plan
-        covers = f" ({HORIZON_WORDS[horizon]})" if horizon in HORIZON_WORDS else ""
         self.emit(RunEvent("planned" if first else "replanned",
                            f"{plan.solver} ({plan.status}): finish at "
-                           f"{self.state.estimated_finish:.1f} s{covers}",
+                           f"{self.state.estimated_finish:.1f} s{horizon_said(horizon)}",
                            data={"finish": self.state.estimated_finish,
                                  "solver": plan.solver, "status": plan.status,
                                  "horizon": horizon}))
@@ -1037,11 +1036,12 @@ class Runner:
         raised = ((start, f"{err.error_type}: {exception_line(str(err))}", node)
                   if err.reason == "raised" and start is not None else None)
         previous, record.last_raised = record.last_raised, raised
-        same = raised is not None and previous is not None and raised[:2] == previous[:2]
-        # Twice on one node of several: the node may be at fault (a review's broken node
-        # failed a task that a resume then trained elsewhere), retried as any failure.
-        again = same and raised is not None and previous is not None and (
-            raised[2] != previous[2] or not self._elsewhere(record, node))
+        same = again = False
+        if raised is not None and previous is not None and raised[:2] == previous[:2]:
+            # Twice on one node of several: the node may be at fault (a review's broken
+            # node failed a task that a resume then trained elsewhere), retried.
+            same = True
+            again = raised[2] != previous[2] or not self._elsewhere(record, node)
         if err.reason == "diverged":  # the store already says so, with the step
             record.status = TaskStatus.DIVERGED
             self.emit(RunEvent("task_diverged", str(err).splitlines()[0], name))

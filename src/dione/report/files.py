@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dione.orchestrate.plans import HORIZON_WORDS, AdoptedPlan, read_plans
+from dione.orchestrate.plans import AdoptedPlan, horizon_said, read_plans
 from dione.state.private import private_dir
 from dione.state.store import (
     SIMULATED_FILE,
@@ -313,8 +313,8 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
         # 100 s, ended 1,500 s" reads as drift.
         covers = (f" (it placed {len(placed)} of the {len(tasks)} tasks; the others were "
                   "planned later)" if len(placed) < len(tasks) else "")
-        if first.horizon in HORIZON_WORDS:  # not the sweep's end: no miss to read
-            covers += f" (planned {HORIZON_WORDS[first.horizon]}, not to the sweep's end)"
+        # Not the sweep's end: no miss to read.
+        covers += horizon_said(first.horizon, " (planned {}, not to the sweep's end)")
         lines.append(f"Planned makespan (first plan, {first.plan.solver}, {first.plan.status}): "
                      f"{first.plan.makespan + first.at:.1f} s{covers}; plans adopted: "
                      f"{len(plans)}.")

@@ -63,7 +63,7 @@ class _Progress:
 def command(args: argparse.Namespace) -> int:
     from dione.orchestrate.estimates import planning_nodes
     from dione.orchestrate.options import RunOptions
-    from dione.orchestrate.plans import HORIZON_WORDS
+    from dione.orchestrate.plans import horizon_said
     from dione.plan import ProblemError, load_problem
     from dione.simulate import Scenario, ScenarioError, load_scenario, parse_cluster, simulate
 
@@ -121,8 +121,7 @@ def command(args: argparse.Namespace) -> int:
     ratio = (f" (not comparable: {len(unfinished)} task(s) did not finish here)" if unfinished
              else f" ({result.makespan / result.current_practice:.2f} of it)"
              if result.current_practice > 0 else "")
-    covers = (f", {HORIZON_WORDS[result.planned_horizon]}"
-              if result.planned_horizon in HORIZON_WORDS else "")
+    covers = horizon_said(result.planned_horizon, ", {}")
     console.print(f"makespan {result.makespan:.1f} s (first plan: "
                   f"{result.planned_makespan:.1f} s{covers}); current practice "
                   f"{result.current_practice:.1f} s{ratio}"
