@@ -457,6 +457,7 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
                       stacklevel=2)
     return model
 
+
 def validate(workload: Any, *, devices: str | None = None) -> Any:
     """Check ``workload`` (a Workload, a list of tasks, a task, or a workload file's
     path) as ``dione validate`` does, training nothing: a ``Validation`` with the
@@ -490,7 +491,9 @@ def evaluate(run_dir: str | os.PathLike[str], tasks: Sequence[str] = (), *,
     result has ``task``, ``step``, ``evaluation`` (its metrics) and ``error`` (the
     traceback where its evaluate raised again: that task is left as it was, the others
     are evaluated all the same)."""
-    from dione.orchestrate.evaluate_again import evaluate_again, to_evaluate
+    import functools
+
+    from dione.orchestrate.evaluate_again import evaluate_again, tasks_to_evaluate
     from dione.report import write_report
     from dione.spec import load_workload
     from dione.spec.task import Task
@@ -500,26 +503,17 @@ def evaluate(run_dir: str | os.PathLike[str], tasks: Sequence[str] = (), *,
     if isinstance(tasks, str):
         tasks = [tasks]
     run_dir = os.fspath(run_dir)
-    names = to_evaluate(run_dir, list(tasks))
     if isinstance(workload, Task):
         workload = [workload]
-    loaded: dict[str, Any] = {}
-    chosen = []
-    for name in names:
-        given = workload
-        if given is None or isinstance(given, (str, os.PathLike)):
-            file = os.fspath(given or workload_of_task(run_dir, name))
-            if file not in loaded:
-                loaded[file] = load_workload(file)
-            given = loaded[file]
-        found = [t for t in given if t.name == name]
-        if not found:
-            raise KeyError(f"the workload has no task {name!r}; its tasks: "
-                           + ", ".join(t.name for t in given))
-        chosen.append(found[0])
-    if not tasks:  # of those never evaluated, the ones with nothing to evaluate
-        chosen = [t for t in chosen if t.evaluate is not None]
-    done = evaluate_again(run_dir, chosen, device)
+    loaded = functools.cache(load_workload)  # each workload file once
+
+    def workload_for(name: str) -> Any:
+        if workload is not None and not isinstance(workload, (str, os.PathLike)):
+            return workload
+        return loaded(os.fspath(workload or workload_of_task(run_dir, name)))
+
+    done = evaluate_again(run_dir, tasks_to_evaluate(run_dir, list(tasks), workload_for),
+                          device)
     if done:
         write_report(run_dir)
     return done

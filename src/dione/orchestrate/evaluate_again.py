@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +17,7 @@ from dione.state.lock import RunLock
 from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore
 from dione.techniques.evaluate import evaluate_model
 
-__all__ = ["EvaluationAgain", "evaluate_again", "to_evaluate"]
+__all__ = ["EvaluationAgain", "evaluate_again", "tasks_to_evaluate", "to_evaluate"]
 
 FAILED = "evaluation failed"  # how the store's error of a done task says so (runner's)
 
@@ -67,6 +67,22 @@ def to_evaluate(run_dir: str | Path, names: Sequence[str] = ()) -> list[str]:
         return [name for name, t in tasks.items() if t.status == "done" and (
             (t.error or "").startswith(FAILED)
             or store.latest_evaluation(name)[0] != t.total_steps)]
+
+
+def tasks_to_evaluate(run_dir: str | Path, names: Sequence[str],
+                      workload_for: Callable[[str], Iterable[Task]]) -> list[Task]:
+    """The tasks ``evaluate_again`` takes (``to_evaluate``'s), each found in the workload
+    ``workload_for(name)`` gives; with no ``names``, only those that evaluate (KeyError
+    naming the workload's tasks where one is not there)."""
+    chosen = []
+    for name in to_evaluate(run_dir, names):
+        given = list(workload_for(name))
+        found = next((t for t in given if t.name == name), None)
+        if found is None:
+            raise KeyError(f"the workload has no task {name!r}; its tasks: "
+                           + ", ".join(t.name for t in given))
+        chosen.append(found)
+    return chosen if names else [t for t in chosen if t.evaluate is not None]
 
 
 def evaluate_again(run_dir: str | Path, tasks: Sequence[Task], device: str = "cpu",

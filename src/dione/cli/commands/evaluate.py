@@ -4,34 +4,29 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import functools
 
 from dione.cli.console import complain, console
 from dione.cli.errors import EXIT_FAILED, BadInput
 from dione.cli.inputs import load
 
-if TYPE_CHECKING:
-    from dione.spec.workload import Workload
-
 __all__ = ["command"]
 
 
 def command(args: argparse.Namespace) -> int:
-    from dione.orchestrate.evaluate_again import EvaluationAgain, evaluate_again, to_evaluate
+    from dione.orchestrate.evaluate_again import (
+        EvaluationAgain,
+        evaluate_again,
+        tasks_to_evaluate,
+    )
     from dione.state.export import ExportError, workload_of_task
     from dione.state.lock import RunDirBusy
     from dione.state.summaries import error_line, figure
 
+    loaded = functools.cache(load)  # each workload file once
     try:
-        workloads: dict[str, Workload] = {}
-        tasks = []
-        for name in to_evaluate(args.run_dir, args.task):
-            file = args.workload or workload_of_task(args.run_dir, name)
-            if file not in workloads:
-                workloads[file] = load(file)
-            tasks.append(workloads[file].task(name))
-        if not args.task:  # of those never evaluated, the ones with nothing to evaluate
-            tasks = [t for t in tasks if t.evaluate is not None]
+        tasks = tasks_to_evaluate(args.run_dir, args.task, lambda name: loaded(
+            args.workload or workload_of_task(args.run_dir, name)))
         if not tasks:
             console.print(f"every done task of {args.run_dir} that evaluates has its final "
                           "evaluation; name tasks to evaluate them again")
