@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import signal
 import socket
 import threading
 import time
@@ -43,6 +42,7 @@ import cloudpickle
 
 from dione.launch.gang import Lost, Placement, watch_gang, workload_sources
 from dione.launch.local import OnProgress, collective_timeout
+from dione.launch.signals import stop_handlers_kept
 from dione.launch.worker import RESTORE_SECONDS, Job, rendezvous_path
 from dione.spec.cluster import ClusterError, Node
 from dione.spec.devices import threads_per_slot
@@ -379,22 +379,6 @@ RAY_CLIENT_PORT = 10001  # Ray Client's port, where a ray:// address names none
 GROUP_READY_SECONDS = 120.0
 
 
-@contextlib.contextmanager
-def _signal_handlers_kept() -> Iterator[None]:
-    """SIGINT's and SIGTERM's handlers as they were before the block: ``ray.init`` puts
-    its own on SIGTERM, which aborted a run (exit 134, a C++ dump) where dione's stops it
-    cleanly, its report written, exit 143 (review)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-
-
 class RayLauncher:
     """Runs gangs on the nodes of a Ray cluster; one per run (``shutdown`` at its end)."""
 
@@ -406,7 +390,9 @@ class RayLauncher:
         if not self.ray.is_initialized():
             _reachable(address)
             try:
-                with _signal_handlers_kept():
+                # ray.init puts its own handler on SIGTERM, which aborted a run (exit
+                # 134, a C++ dump) where dione's stops it cleanly, exit 143 (review).
+                with stop_handlers_kept():
                     self.ray.init(address=address, log_to_driver=False,
                                   logging_level="ERROR", configure_logging=False)
             except (ConnectionError, RuntimeError, ValueError) as err:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import threading
 from collections.abc import Iterator
 from types import FrameType
+
+from dione.launch.signals import stop_handlers_kept
 
 __all__ = ["Signals", "Terminated", "interruptible"]
 
@@ -40,14 +41,8 @@ def interruptible() -> Iterator[Signals]:
     """For the block: SIGINT raises KeyboardInterrupt and SIGTERM raises Terminated (on
     the main thread; elsewhere signals cannot be handled and nothing changes)."""
     seen = Signals()
-    if threading.current_thread() is not threading.main_thread():
+    with stop_handlers_kept() as main:
+        if main:
+            signal.signal(signal.SIGINT, seen.interrupt)
+            signal.signal(signal.SIGTERM, seen.terminate)
         yield seen
-        return
-    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGINT, seen.interrupt)
-    signal.signal(signal.SIGTERM, seen.terminate)
-    try:
-        yield seen
-    finally:
-        for signum, handler in zip((signal.SIGINT, signal.SIGTERM), before, strict=True):
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
