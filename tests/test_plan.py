@@ -616,7 +616,7 @@ def test_the_same_option_twice_and_bad_numbers_are_refused_with_the_fix() -> Non
     twice = problem_of({"a": [(1, 10.0), (1, 5.0)]}, {"n0": 1})
     assert twice.mistakes() == [
         "task 'a', option 1: the same as option 0 (single {} on 1 devices); a plan names "
-        "an option by these, so keep one of them"]
+        "an option by these and its node's kind, so keep one of them"]
     with pytest.raises(ProblemError, match="the same as option 0"):
         PlanningProblem.from_json(twice.to_json())
     held = {**SMALL.to_json(), "busy": [{"task": "r", "node": "n0", "device_ids": [True],
@@ -705,18 +705,26 @@ def test_a_nodes_first_free_time_bounds_every_start_there(
 
 
 def test_a_problem_says_what_its_plans_do_not_see() -> None:
-    """Nodes of several kinds are planned alike, and nodes wider than every option are
-    never filled by one task: both said (a CPU profile simulated on nodes of 8 gave GPU
+    """Options of no kind on nodes of several kinds take one time on every kind, options
+    of a kind no node has are never used, and nodes wider than every option are never
+    filled by one task: all said (a CPU profile simulated on nodes of 8 gave GPU
     answers with no word of it); a node's kind must be a name."""
-    def problem(kinds: tuple[str | None, ...], devices: int) -> PlanningProblem:
+    def problem(kinds: tuple[str | None, ...], devices: int,
+                option_kind: str | None = None) -> PlanningProblem:
         return PlanningProblem(
             tuple(NodeSpec(f"n{i}", devices, kind) for i, kind in enumerate(kinds)),
-            (TaskOptions("t", (Option("ddp", 2, 10.0),)),))
+            (TaskOptions("t", (Option("ddp", 2, 10.0, kind=option_kind),
+                               Option("ddp", 2, 20.0, kind="A100"))),))
 
-    assert problem(("H100", "H100"), 2).caveats() == []
+    assert problem(("H100", "A100"), 2, "H100").caveats() == []
     said = problem(("H100", "A100"), 8).caveats()
-    assert len(said) == 2 and said[0].startswith("nodes of kinds A100, H100 are planned alike")
+    assert len(said) == 2 and said[0].startswith(
+        "nodes of kinds A100, H100, and options of no kind (of t): each such option takes "
+        "the same seconds on every kind")
     assert said[1].startswith("the widest option planned takes 2 device(s), the nodes up to 8")
+    assert problem(("H100", "H100"), 2, "H100").caveats() == [
+        "options of kind A100 are never used: no node is of that kind (the nodes' kinds: "
+        "H100)"]
     knobbed = PlanningProblem((NodeSpec("n0", 2),), (
         TaskOptions("t", (Option("1f1b", 2, 10.0, {"microbatches": 8}),
                           Option("1f1b", 4, 6.0, {"microbatches": 8}),
@@ -750,3 +758,112 @@ def test_a_list_schedule_looks_at_one_empty_node_of_each_size(
     # Each task on the smallest node free at once, in node order (n0, n3, ... of 4).
     assert [node for _, _, node, _ in placed] == [f"n{3 * i}" for i in range(20)]
     assert makespan == 29.0 and len(asked) <= 20 * (20 + 1 + 2)  # not 20 x 900
+
+
+# -- nodes of several kinds ------------------------------------------------------------
+
+
+@st.composite
+def kinded_problems(draw: st.DrawFn) -> PlanningProblem:
+    """Nodes of kinds A and B (or none), each task with options of A, B or no kind, at
+    least one of which fits some node."""
+    nodes = tuple(NodeSpec(f"n{i}", draw(st.sampled_from([1, 2, 4])),
+                           draw(st.sampled_from(["A", "B", None])))
+                  for i in range(draw(st.integers(1, 3))))
+    tasks = []
+    for i in range(draw(st.integers(1, 6))):
+        options = {}
+        for _ in range(draw(st.integers(1, 4))):
+            devices = draw(st.sampled_from([1, 2, 4]))
+            kind = draw(st.sampled_from(["A", "B", None]))
+            if not any(d == devices and (k is None or kind is None or k == kind)
+                       for d, k in options):  # a plan could not tell them apart
+                options[(devices, kind)] = draw(st.floats(1.0, 1000.0))
+        made = tuple(Option("ddp" if d > 1 else "single", d, s, kind=k)
+                     for (d, k), s in options.items())
+        if any(o.fits(n) for o in made for n in nodes):
+            tasks.append(TaskOptions(f"t{i}", made))
+    if not tasks:  # one that fits the first node
+        tasks.append(TaskOptions("t", (Option("single", 1, 5.0, kind=nodes[0].kind),)))
+    return PlanningProblem(nodes, tuple(tasks)).check()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kinded_problems())
+def test_every_solver_runs_each_option_on_nodes_of_its_kind(problem: PlanningProblem) -> None:
+    """check_plan refuses an option on a node of another kind, so a valid plan ran each
+    where its seconds were measured; the bound holds, and cpsat <= greedy <= current
+    practice as on nodes alike."""
+    bound = lower_bound(problem)
+    plans = {s: solve(problem, s, time_limit=2, threads=1)
+             for s in ("sequential", "greedy", "cpsat", "saturn-milp", "spread")}
+    for name, plan in plans.items():
+        if name == "saturn-milp" and not plan.assignments:
+            continue
+        assert check_plan(plan, problem) == [], name
+        assert plan.makespan >= bound * (1 - 1e-9) - 1e-6, name
+    assert plans["cpsat"].makespan <= plans["greedy"].makespan + 1e-6
+    assert plans["greedy"].makespan <= plans["sequential"].makespan + 1e-6
+
+
+def test_a_task_runs_where_its_kind_is_fastest_and_a_plan_elsewhere_is_refused() -> None:
+    """One H100 node and one A100 node of a device each: a is 3x slower on A100, b 1.2x;
+    the plan puts a on the H100 and b on the A100 (12 s; planned alike, with one time
+    per option, no plan can tell the nodes apart). An assignment on a node of another
+    kind than its option's is not one of its options."""
+    problem = PlanningProblem.from_json({
+        "cluster": {"nodes": [{"name": "h", "devices": 1, "kind": "H100"},
+                              {"name": "a", "devices": 1, "kind": "A100"}]},
+        "tasks": [{"name": "a", "options": [
+                      {"technique": "single", "devices": 1, "seconds": 10, "kind": "H100"},
+                      {"technique": "single", "devices": 1, "seconds": 30, "kind": "A100"}]},
+                  {"name": "b", "options": [
+                      {"technique": "single", "devices": 1, "seconds": 10, "kind": "H100"},
+                      {"technique": "single", "devices": 1, "seconds": 12, "kind": "A100"}]}]})
+    assert PlanningProblem.from_json(problem.to_json()) == problem
+    for solver in ("cpsat", "greedy", "saturn-milp"):
+        plan = solve(problem, solver, time_limit=5, threads=1)
+        assert check_plan(plan, problem) == [], solver
+        assert (plan.assignment("a").node, plan.assignment("b").node) == ("h", "a"), solver
+        assert plan.makespan == pytest.approx(12.0), solver
+    assert lower_bound(problem) <= 12.0
+    wrong = Plan("hand", "feasible", 30.0, 0.0, (
+        Assignment("a", "single", {}, "a", (0,), 0.0, 30.0),
+        Assignment("b", "single", {}, "h", (0,), 0.0, 10.0)))
+    assert check_plan(wrong, problem) == []  # a's A100 option, b's H100 one: valid
+    swapped = replace(wrong, assignments=(
+        Assignment("a", "single", {}, "a", (0,), 0.0, 10.0),
+        Assignment("b", "single", {}, "h", (0,), 0.0, 10.0)))
+    assert "task 'a': runs 10 s, but its option takes 30 s" in check_plan(swapped, problem)
+    only_h100 = replace(problem, tasks=(
+        TaskOptions("a", (Option("single", 1, 10.0, kind="H100"),)),))
+    assert check_plan(replace(wrong, assignments=wrong.assignments[:1]), only_h100) == [
+        "task 'a': single {} on 1 devices is not one of its options on nodes of kind A100"]
+
+
+def test_kinds_in_a_problem_file_are_checked_with_the_fix() -> None:
+    def problem(options: list[dict[str, object]], kinds: tuple[str | None, ...] = ("H100",)
+                ) -> PlanningProblem:
+        return PlanningProblem.from_json({
+            "cluster": {"nodes": [{"name": f"n{i}", "devices": 2,
+                                   **({"kind": k} if k else {})}
+                                  for i, k in enumerate(kinds)]},
+            "tasks": [{"name": "t", "options": options}]})
+
+    with pytest.raises(ProblemError, match=r"option 0: kind must be the name of a node kind "
+                       r"\(\"H100\"\) its seconds hold on, not 3"):
+        problem([{"technique": "single", "devices": 1, "seconds": 1, "kind": 3}])
+    with pytest.raises(ProblemError, match="no option fits any node: its options are for "
+                       "nodes of kind A100, the cluster's nodes are of kind H100 "):
+        problem([{"technique": "single", "devices": 1, "seconds": 1, "kind": "A100"}])
+    with pytest.raises(ProblemError, match="the cluster's nodes are of no kind"):
+        problem([{"technique": "single", "devices": 1, "seconds": 1, "kind": "A100"}],
+                (None,))
+    # One time for every kind and one for H100: on an H100 node a plan cannot tell
+    # which; one per kind is what kinds are for.
+    with pytest.raises(ProblemError, match=r"option 1: the same as option 0 .* of kind H100"):
+        problem([{"technique": "single", "devices": 1, "seconds": 1},
+                 {"technique": "single", "devices": 1, "seconds": 2, "kind": "H100"}])
+    assert len(problem([{"technique": "single", "devices": 1, "seconds": 1, "kind": "A100"},
+                        {"technique": "single", "devices": 1, "seconds": 2, "kind": "H100"}],
+                       ("H100", "A100")).tasks[0].options) == 2

@@ -935,3 +935,46 @@ def test_a_gantt_chart_of_more_tasks_than_colours_numbers_them(
     listed = "\n".join(s for s in said if "d-lr" in s).splitlines()
     assert listed[:2] == ["1 d-lr0", "2 d-lr1"] and len(listed) == 48, listed
     assert {str(n) for n in range(1, 49)} <= set(said)  # each bar has room for its number
+
+
+def test_a_cluster_of_two_kinds_runs_each_task_at_its_kinds_times(tmp_path: Path) -> None:
+    """Options per node kind (a problem profiled on H100 and on A100 nodes): every slice
+    runs on a node of its option's kind at that kind's pace (its steps' times are that
+    option's), current practice counts the kinds too, the report says each node's kind,
+    and when the only A100 node is lost a task with A100 options alone fails with the
+    kind named while the others finish on the H100."""
+    def task(name: str, h100: float | None, a100: float) -> TaskOptions:
+        return TaskOptions(name, tuple(
+            [Option("ddp", 2, h100, kind="H100")] * (h100 is not None)
+            + [Option("ddp", 2, a100, kind="A100")]))
+
+    problem = PlanningProblem(
+        (NodeSpec("h", 2, "H100"), NodeSpec("a", 2, "A100")),
+        (task("fast-on-h", 100.0, 300.0), task("alike", 120.0, 130.0),
+         task("a-only", None, 200.0))).check()
+    result = simulate(problem, tmp_path / "run", steps=20, options=OPTIONS)
+    assert set(result.statuses.values()) == {"done"}
+    seconds = {(t.name, o.kind): o.seconds for t in problem.tasks for o in t.options}
+    with RunStore(tmp_path / "run") as store:
+        slices = store.slices()
+        for s in slices:
+            kind = {"h": "H100", "a": "A100"}[s.node]
+            assert (s.task, kind) in seconds, (s.task, s.node)
+            step = seconds[(s.task, kind)] / 20
+            assert store.slice_step_seconds(s.id) == pytest.approx(
+                [step] * (s.end_step - s.start_step))
+    assert {s.node for s in slices if s.task == "a-only"} == {"a"}
+    # Current practice, each task in turn on a whole node where it ends first:
+    # fast-on-h on h (100), alike on a (130), a-only on a after it (330).
+    assert current_practice(problem, problem_cluster(problem), Scenario()) == \
+        pytest.approx(330.0)
+    assert result.current_practice == pytest.approx(330.0)
+    simulated = json.loads((tmp_path / "run" / "simulated.json").read_text())
+    assert [n.get("kind") for n in simulated["cluster"]] == ["H100", "A100"]
+    lost = simulate(problem, tmp_path / "lost", steps=20, options=OPTIONS,
+                    scenario=Scenario(node_losses={"a": 1.0}))
+    assert lost.statuses == {"fast-on-h": "done", "alike": "done", "a-only": "failed"}
+    with RunStore(tmp_path / "lost") as store:
+        error = next(t.error for t in store.tasks() if t.name == "a-only")
+    assert error is not None and "need at least 2 devices on one node of kind A100, and " \
+        "the widest such node left has 0" in error

@@ -34,8 +34,8 @@ AUTO_SLICE_FLOOR_SECONDS = 300.0
 # pace varies by some 10% on a shared machine) is no slowdown of the task.
 SLOWDOWN_SEEN = 1.25
 
-# (technique, devices) -> the mean step time this task measured so, if it ran so.
-Measured = Callable[[str, int], "float | None"]
+# (technique, devices, node kind) -> the mean step time this task measured so, if it ran so.
+Measured = Callable[[str, int, "str | None"], "float | None"]
 
 
 def auto_slice_seconds(start_up_seconds: float) -> float:
@@ -46,7 +46,7 @@ def auto_slice_seconds(start_up_seconds: float) -> float:
 
 def planning_nodes(cluster: Cluster) -> tuple[NodeSpec, ...]:
     """The cluster's nodes as a planning problem names them."""
-    return tuple(NodeSpec(n.name, n.devices, n.kind) for n in cluster)
+    return tuple(NodeSpec(n.name, n.devices, n.planned_kind) for n in cluster)
 
 
 def option_seconds(profile: TaskProfile, option: ProfiledOption, steps: int, resumed: bool,
@@ -78,9 +78,9 @@ def task_options(profile: TaskProfile, steps: int | None = None, resumed: bool =
     return TaskOptions(profile.task, tuple(
         PlannedOption(o.technique, o.devices, round(max(0.001, option_seconds(
             profile, o, remaining, resumed,
-            measured(o.technique, o.devices) if measured else None, evaluations,
+            measured(o.technique, o.devices, o.kind) if measured else None, evaluations,
             restarts)), 3),
-            dict(o.knobs))
+            dict(o.knobs), o.kind)
         for o in profile.options))
 
 
@@ -113,50 +113,64 @@ class Estimates:
     measured (kept as running means, so a re-plan costs no store query per option)."""
 
     profile: Profile
-    _steps: dict[tuple[str, str, int], _Steps] = field(default_factory=dict)
-    _of_task: dict[str, set[tuple[str, str, int]]] = field(default_factory=dict)
+    # (task, technique, devices, kind of the option's nodes: None where it has none)
+    _steps: dict[tuple[str, str, int, str | None], _Steps] = field(default_factory=dict)
+    _of_task: dict[str, set[tuple[str, str, int, str | None]]] = field(default_factory=dict)
 
     @classmethod
     def of_run(cls, profile: Profile, store: RunStore) -> Estimates:
         """Estimates with every step time the run's store holds (each slice's first step,
         which pays for warm-up, left out)."""
         estimates = cls(profile)
+        kinds = {n.name: n.planned_kind for n in profile.cluster}
         for record in store.slices():
             if record.status == "done":
                 estimates.measured_slice(record.task, record.technique,
                                          len(record.device_ids),
-                                         store.slice_step_seconds(record.id))
+                                         store.slice_step_seconds(record.id),
+                                         kinds.get(record.node))
         return estimates
 
+    def _option_kind(self, task: str, technique: str, devices: int,
+                     node_kind: str | None) -> str | None:
+        """The kind of the option a slice on a node of ``node_kind`` ran (None: the
+        task's options have no kind, or none is that node's)."""
+        option = self.profile.task(task).option(technique, devices, node_kind)
+        return None if option is None else option.kind
+
     def measured_slice(self, task: str, technique: str, devices: int,
-                       step_seconds: list[float]) -> None:
-        """A finished slice's step times (its first, the warm-up, left out)."""
-        key = (task, technique, devices)
+                       step_seconds: list[float], node_kind: str | None = None) -> None:
+        """A finished slice's step times (its first, the warm-up, left out), on a node
+        of ``node_kind``."""
+        key = (task, technique, devices, self._option_kind(task, technique, devices,
+                                                            node_kind))
         self._steps.setdefault(key, _Steps()).add(step_seconds[1:])
         self._of_task.setdefault(task, set()).add(key)
 
-    def measured_step(self, task: str, technique: str, devices: int) -> float | None:
-        found = self._steps.get((task, technique, devices))
+    def measured_step(self, task: str, technique: str, devices: int,
+                      kind: str | None = None) -> float | None:
+        found = self._steps.get((task, technique, devices, kind))
         return None if found is None else found.mean
 
-    def expected_step(self, task: str, technique: str, devices: int) -> float | None:
+    def expected_step(self, task: str, technique: str, devices: int,
+                      kind: str | None = None) -> float | None:
         """The task's step time under an option: as it measured there, else the
         profile's scaled by how much slower (or faster) than profiled the task ran under
         the options it did run (a task slower than profiled is so under every
         technique: a re-plan that moved it to an option it had not tried took that one
         at its profiled speed, and the task hopped from option to option, slower each
         time than planned); None where it ran under none."""
-        own = self.measured_step(task, technique, devices)
+        own = self.measured_step(task, technique, devices, kind)
         if own is not None:
             return own
         profile = self.profile.task(task)
         measured = profiled = 0.0
         for key in self._of_task.get(task, ()):
-            steps, ran = self._steps[key], profile.option(key[1], key[2])
+            steps, ran = self._steps[key], profile.option(key[1], key[2], key[3])
             if steps.mean is not None and ran is not None and ran.record.step_seconds:
                 measured += steps.total
                 profiled += steps.count * ran.record.step_seconds
-        option = profile.option(technique, devices)
+        option = profile.option(technique, devices, kind)
         if not profiled or option is None or not option.record.step_seconds:
             return None
         ratio = measured / profiled
@@ -167,14 +181,15 @@ class Estimates:
     def option_seconds(self, task: str, option: ProfiledOption, steps: int,
                        resumed: bool, evaluations: int, restarts: int = 0) -> float:
         return option_seconds(self.profile.task(task), option, steps, resumed,
-                              self.expected_step(task, option.technique, option.devices),
+                              self.expected_step(task, option.technique, option.devices,
+                                                 option.kind),
                               evaluations, restarts)
 
     def task_options(self, task: str, steps: int, resumed: bool,
                      evaluations: int, restarts: int = 0) -> TaskOptions:
         return task_options(self.profile.task(task), steps, resumed,
-                            lambda technique, devices: self.expected_step(task, technique,
-                                                                          devices),
+                            lambda technique, devices, kind: self.expected_step(
+                                task, technique, devices, kind),
                             evaluations, restarts)
 
     def slice_steps(self, option: ProfiledOption, remaining: int, slice_steps: int | None,

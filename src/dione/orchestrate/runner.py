@@ -45,8 +45,13 @@ from dione.orchestrate.replanning import (
 )
 from dione.plan.plan import Assignment
 from dione.plan.problem import Busy, PlanningProblem
-from dione.profile.results import Profile, evaluation_mistake, remembered_mistake
-from dione.spec.cluster import Cluster, ClusterError
+from dione.profile.results import (
+    Profile,
+    ProfiledOption,
+    evaluation_mistake,
+    remembered_mistake,
+)
+from dione.spec.cluster import Cluster, ClusterError, Node
 from dione.spec.metrics import doubtful_direction
 from dione.spec.settings import READ_SETTINGS, read_changes, training_settings
 from dione.spec.stopping import Decision, StoppingRule
@@ -125,7 +130,8 @@ class Runner:
         self.estimates = Estimates.of_run(profile, self.store)
         # Nodes this run has known: another that the launcher reports later joined.
         self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]}
-        self._fewest: dict[str, int] = {}  # task -> the fewest devices an option takes
+        # task -> per kind of node its options are for (None: any), the fewest devices
+        self._fewest: dict[str, dict[str | None, int]] = {}
         self.plans_adopted = len(plan_files(run_dir))
         self.first_planned: float | None = None
         self.first_horizon = "full"  # how far the first plan counted its tasks
@@ -353,8 +359,7 @@ class Runner:
                 return running.predicted_end
             return now + max(0.0, now - running.began - running.predicted_seconds)
         step, pace, heard = progress
-        option = self.profile.task(record.name).option(running.assignment.technique,
-                                                       running.assignment.devices)
+        option = self.profiled_option(running.assignment)
         tail = option.record.save_seconds if option is not None else 0.0
         if running.evaluates:
             tail += self.profile.task(record.name).evaluation_seconds
@@ -483,8 +488,7 @@ class Runner:
         assert running is not None
         end = self.predicted_slice_end(record)
         after = record.total - running.end_step
-        option = self.profile.task(record.name).option(running.assignment.technique,
-                                                       running.assignment.devices)
+        option = self.profiled_option(running.assignment)
         if after > 0 and option is not None:
             end += self.estimates.option_seconds(
                 record.name, option, self.planned_steps(record, running.end_step), True,
@@ -513,17 +517,30 @@ class Runner:
     def _pending_that_fit(self) -> list[TaskRecord]:
         """Pending tasks some node of the cluster can hold. Another one (its nodes were
         lost) waits out of the plan, in case a node that holds it joins (Ray)."""
-        widest = max((n.devices for n in self.cluster), default=0)
+        widest: dict[str | None, int] = {}  # per kind of node, and of all (None)
+        for n in self.cluster:
+            for kind in (None, n.planned_kind):
+                widest[kind] = max(widest.get(kind, 0), n.devices)
         return [r for r in self.state.with_status(TaskStatus.PENDING)
-                if self._fewest_devices(r.name) <= widest]
+                if any(widest.get(kind, 0) >= fewest
+                       for kind, fewest in self._fewest_devices(r.name).items())]
 
-    def _fewest_devices(self, task: str) -> int:
-        """The fewest devices any option of ``task`` takes (asked at every turn of the
-        loop for every pending task: 10% of a 1,000-task simulation's time, unkept)."""
+    def _fewest_devices(self, task: str) -> dict[str | None, int]:
+        """Per kind of node ``task``'s options are for (None: any node), the fewest
+        devices one of them takes (asked at every turn of the loop for every pending
+        task: 10% of a 1,000-task simulation's time, unkept)."""
         if task not in self._fewest:
-            self._fewest[task] = min((o.devices for o in self.profile.task(task).options),
-                                     default=sys.maxsize)
+            fewest: dict[str | None, int] = {}
+            for o in self.profile.task(task).options:
+                fewest[o.kind] = min(fewest.get(o.kind, sys.maxsize), o.devices)
+            self._fewest[task] = fewest
         return self._fewest[task]
+
+    def _holds(self, node: Node, task: str) -> bool:
+        """Whether ``node`` can hold one of ``task``'s options."""
+        fewest = self._fewest_devices(task)
+        return node.devices >= min(fewest.get(None, sys.maxsize),
+                                   fewest.get(node.planned_kind, sys.maxsize))
 
     def _fail_the_unplaceable(self) -> bool:
         """Give up the pending tasks no node left can hold (the run cannot wait for ever
@@ -533,9 +550,17 @@ class Runner:
         stranded = [r for r in self.state.with_status(TaskStatus.PENDING)
                     if r.name not in placeable]
         for record in stranded:
-            least = min(o.devices for o in self.profile.task(record.name).options)
+            fewest = self._fewest_devices(record.name)
+            least = min(fewest.values())
+            kinds = sorted(k for k in fewest if k is not None)
+            of_kind = f" of kind {', '.join(kinds)}" if kinds and None not in fewest else ""
+            if of_kind:  # the widest node of those kinds
+                widest = max((n.devices for n in self.cluster if n.planned_kind in kinds),
+                             default=0)
+            such = "such " if of_kind else ""
             message = (f"{record.name} cannot be placed: its options need at least {least} "
-                       f"devices on one node, and the widest node left has {widest}; "
+                       f"devices on one node{of_kind}, and the widest {such}node left has "
+                       f"{widest}; "
                        + ("simulate again with such a node kept (a scenario without its "
                           "loss)" if self.virtual else "resume the run once such a node "
                           "is back"))
@@ -717,9 +742,18 @@ class Runner:
 
     # -- execution -------------------------------------------------------------------
 
+    def node_kind(self, node: str) -> str | None:
+        """The kind a planning problem gives ``node`` (None: no longer in the cluster)."""
+        return next((n.planned_kind for n in self.cluster if n.name == node), None)
+
+    def profiled_option(self, a: Assignment) -> ProfiledOption | None:
+        """The profile's option ``a`` runs: its technique and width on its node's kind."""
+        return self.profile.task(a.task).option(a.technique, a.devices,
+                                                self.node_kind(a.node))
+
     def launch(self, a: Assignment) -> Future[SliceResult]:
         record = self.state.records[a.task]
-        option = self.profile.task(a.task).option(a.technique, a.devices)
+        option = self.profiled_option(a)
         assert option is not None
         steps = self.estimates.slice_steps(option, record.remaining, self.options.slice_steps,
                                            self.options.slice_seconds)
@@ -781,7 +815,8 @@ class Runner:
                                + " (not recorded)", name))
         record.done_steps = result.end_step
         self.estimates.measured_slice(name, result.technique, running.assignment.devices,
-                                      result.step_seconds)
+                                      result.step_seconds,
+                                      self.node_kind(running.assignment.node))
         if result.losses:
             record.last_loss = result.losses[-1]
         ended = result.end_step >= record.total
@@ -1069,8 +1104,7 @@ class Runner:
     def _elsewhere(self, record: TaskRecord, node: str) -> bool:
         """Whether a node of the cluster other than ``node`` can hold one of the task's
         options (its fewest devices)."""
-        fewest = self._fewest_devices(record.name)
-        return any(n.name != node and n.devices >= fewest for n in self.cluster)
+        return any(n.name != node and self._holds(n, record.name) for n in self.cluster)
 
     def _lose_node(self, node: str, record: TaskRecord, err: SliceError) -> None:
         """A node left the cluster under a running slice: the task goes back to pending

@@ -15,14 +15,12 @@ __all__ = ["energetic_bound", "lower_bound", "min_device_seconds", "min_seconds"
 
 def min_seconds(task: TaskOptions, problem: PlanningProblem) -> float:
     """The task's fastest option that fits some node."""
-    widest = max(n.devices for n in problem.nodes)
-    return min(o.seconds for o in task.options if o.devices <= widest)
+    return min(o.seconds for o in problem.fitting_any_node(task))
 
 
 def min_device_seconds(task: TaskOptions, problem: PlanningProblem) -> float:
     """The task's least device-time (devices x seconds) over options that fit some node."""
-    widest = max(n.devices for n in problem.nodes)
-    return min(o.device_seconds for o in task.options if o.devices <= widest)
+    return min(o.device_seconds for o in problem.fitting_any_node(task))
 
 
 def work_within_bound(options: Sequence[Sequence[Option]], capacity: int, held: float = 0.0
@@ -84,8 +82,7 @@ def lower_bound(problem: PlanningProblem) -> float:
     bound = max([bound] + [b.until for b in problem.busy])
     area = sum(min_device_seconds(t, problem) for t in tasks) + sum(busy_area.values())
     bound = max(bound, area / problem.total_devices)
-    widest = max(n.devices for n in problem.nodes)
-    fitting = [[o for o in t.options if o.devices <= widest] for t in tasks]
+    fitting = [problem.fitting_any_node(t) for t in tasks]
     bound = max(bound, work_within_bound(fitting, problem.total_devices,
                                          sum(busy_area.values())))
     for width in sorted({n.devices for n in problem.nodes})[:-1]:
@@ -111,11 +108,10 @@ def _overloaded(problem: PlanningProblem, makespan: float, lengths_kept: int) ->
     overlap the middle of the plan. Windows start at 0 or M - L and end at M or L for
     the options' lengths L (``lengths_kept`` of them at most, spread over the range).
     """
-    widest = max(n.devices for n in problem.nodes)
     options = []
     for task in problem.tasks:
-        fitting = [(o.devices, o.seconds) for o in task.options
-                   if o.devices <= widest and o.seconds <= makespan]
+        fitting = [(o.devices, o.seconds) for o in problem.fitting_any_node(task)
+                   if o.seconds <= makespan]
         if not fitting:
             return True
         options.append(fitting)

@@ -77,9 +77,10 @@ def identical_groups(problem: PlanningProblem) -> list[list[str]]:
     Two such tasks can swap their whole assignments (option, node, start) and the plan
     stays valid with the same makespan, as with the learning-rate variants of a grid.
     """
-    groups: dict[tuple[float, tuple[tuple[int, float], ...]], list[str]] = defaultdict(list)
+    groups: dict[tuple[float, tuple[tuple[int, float, str | None], ...]], list[str]] = \
+        defaultdict(list)
     for task in problem.tasks:
-        options = tuple((o.devices, o.seconds) for o in useful_options(task))
+        options = tuple((o.devices, o.seconds, o.kind) for o in useful_options(task))
         groups[(task.release, options)].append(task.name)
     return [names for names in groups.values() if len(names) > 1]
 
@@ -120,7 +121,7 @@ def build_model(problem: PlanningProblem, horizon: float, symmetry: bool = True
         for i, option in enumerate(usable):
             length = ticks(option.seconds, tick)
             for node in problem.nodes:
-                if option.devices > node.devices:
+                if not option.fits(node):
                     continue
                 chosen = model.new_bool_var(f"{task.name} {i} {node.name}")
                 interval = model.new_optional_fixed_size_interval_var(
@@ -206,9 +207,9 @@ def _sorted_within_groups(problem: PlanningProblem, placed: Sequence[Placement]
         slots = sorted((by_task[n] for n in members), key=lambda p: (p[3], p[0]))
         options = {n: useful_options(problem.task(n)) for n in members}
         for name, (owner, option, node, start) in zip(members, slots, strict=True):
-            # The same position in the same (devices, seconds) list: an equal option.
-            index = [(o.devices, o.seconds) for o in options[owner]].index(
-                (option.devices, option.seconds))
+            # The same position in the same (devices, seconds, kind) list: an equal option.
+            index = [(o.devices, o.seconds, o.kind) for o in options[owner]].index(
+                (option.devices, option.seconds, option.kind))
             result[name] = (name, options[name][index], node, start)
     return [result[p[0]] for p in placed]
 
@@ -230,12 +231,12 @@ def _nodes_by_load(problem: PlanningProblem, placed: Sequence[Placement], tick: 
 
 
 def _identical_nodes(problem: PlanningProblem) -> list[list[NodeSpec]]:
-    """Nodes of the same size with nothing running, in problem order."""
+    """Nodes of the same size and kind with nothing running, in problem order."""
     held = {b.node for b in problem.busy}
-    groups: dict[int, list[NodeSpec]] = defaultdict(list)
+    groups: dict[tuple[int, str | None], list[NodeSpec]] = defaultdict(list)
     for node in problem.nodes:
         if node.name not in held:
-            groups[node.devices].append(node)
+            groups[(node.devices, node.kind)].append(node)
     return list(groups.values())
 
 

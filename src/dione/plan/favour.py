@@ -50,7 +50,8 @@ def favoured(plan: Plan, problem: PlanningProblem) -> Plan:
     choice: dict[str, Option] = {}
     for a in plan.assignments:
         task = tasks.get(a.task)
-        chosen = None if task is None else matching_option(a, task.options)
+        chosen = None if task is None else matching_option(a, task.options,
+                                                           problem.node(a.node))
         if chosen is None:
             return plan  # not a plan of this problem's options: left as it is
         choice[a.task] = chosen

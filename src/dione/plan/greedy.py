@@ -79,17 +79,17 @@ def list_schedule(
         option = choice[name]
         ready = release.get(name, 0.0)
         best: tuple[float, int, float, str] | None = None
-        empty: set[int] = set()  # sizes of nodes with nothing on them, one seen
+        empty: set[tuple[int, str | None]] = set()  # nodes with nothing on them, one seen
         for node in problem.nodes:
-            if option.devices > node.devices:
+            if not option.fits(node):
                 continue
             if lines[node.name].empty:
-                # Every node with nothing on it of one size gives the same end, and the
-                # first such wins a tie: the others need no look (a cluster of hundreds
-                # of nodes took most of a re-plan's time here).
-                if node.devices in empty:
+                # Every node with nothing on it of one size (and kind) gives the same
+                # end, and the first such wins a tie: the others need no look (a cluster
+                # of hundreds of nodes took most of a re-plan's time here).
+                if (node.devices, node.kind) in empty:
                     continue
-                empty.add(node.devices)
+                empty.add((node.devices, node.kind))
             need = demand(option, node.devices)
             if best is not None and \
                     max(lines[node.name].first_free(need), ready) + option.seconds \
@@ -127,8 +127,7 @@ def placements_plan(
 
 def fitting_any_node(task: TaskOptions, problem: PlanningProblem) -> list[Option]:
     """The task's options that some node of ``problem`` can hold."""
-    widest = max(n.devices for n in problem.nodes)
-    return [o for o in task.options if o.devices <= widest]
+    return problem.fitting_any_node(task)
 
 
 _ORDERS: tuple[Callable[[Option], tuple[float, ...]], ...] = (
@@ -138,23 +137,25 @@ _ORDERS: tuple[Callable[[Option], tuple[float, ...]], ...] = (
 )
 
 
-def _node_sizes(problem: PlanningProblem) -> list[int]:
-    """The nodes' device counts, each once, smallest first (more than one: mixed nodes)."""
-    return sorted({n.devices for n in problem.nodes})
+def _mixed(problem: PlanningProblem) -> bool:
+    """Whether the nodes differ in size or kind."""
+    return len({(n.devices, n.kind) for n in problem.nodes}) > 1
 
 
 def _orders(problem: PlanningProblem, choice: dict[str, Option]) -> list[list[str]]:
     names = [t.name for t in problem.tasks]
     orders = [sorted(names, key=lambda n: (*order(choice[n]), n)) for order in _ORDERS]
-    sizes = _node_sizes(problem)
-    if len(sizes) > 1:
-        # On nodes of different sizes, the tasks fewest devices can hold first (then
-        # longest first): placed early, they are not left waiting for the large nodes
-        # that narrow tasks took.
-        room = {d: sum(n.devices for n in problem.nodes if n.devices >= d) for d in sizes}
+    if _mixed(problem):
+        # On nodes of different sizes or kinds, the tasks fewest devices can hold first
+        # (then longest first): placed early, they are not left waiting for the nodes
+        # that tasks others could hold took.
+        room: dict[tuple[int, str | None], int] = {}
 
         def holders(option: Option) -> int:
-            return room[min(d for d in sizes if d >= option.devices)]
+            key = (option.devices, option.kind)
+            if key not in room:
+                room[key] = sum(n.devices for n in problem.nodes if option.fits(n))
+            return room[key]
 
         orders.append(sorted(names, key=lambda n: (holders(choice[n]), -choice[n].seconds, n)))
     return orders
@@ -272,7 +273,7 @@ def _affordable_targets(problem: PlanningProblem, work: int) -> tuple[float, ...
 
 def _trial_work(problem: PlanningProblem) -> int:
     """Task placements one trial evaluates: every order, every task, every node."""
-    orders = len(_ORDERS) + (len(_node_sizes(problem)) > 1)
+    orders = len(_ORDERS) + _mixed(problem)
     return orders * len(problem.tasks) * len(problem.nodes)
 
 
@@ -282,7 +283,7 @@ def _improve(problem: PlanningProblem, choice: dict[str, Option], placed: list[P
     that shortens the plan (first improvement wins, then start over)."""
     tasks = {t.name: t for t in problem.tasks}
     max_trials = work // _trial_work(problem)
-    mixed = len(_node_sizes(problem)) > 1
+    mixed = _mixed(problem)
     trials = 0
     improved = True
     while improved and trials < max_trials:
@@ -294,12 +295,14 @@ def _improve(problem: PlanningProblem, choice: dict[str, Option], placed: list[P
         last = [name for _, name in ends[:3]]
         longest = sorted(tasks, key=lambda n: -choice[n].seconds)[:10]
         for name in dict.fromkeys(last + longest):
-            # Faster options, and on nodes of different sizes narrower ones too: a
-            # task that only the large nodes can hold may end sooner on a small one.
+            # Faster options, and on nodes of different sizes or kinds narrower ones
+            # and those of other kinds too: a task that only the large (or fast) nodes
+            # can hold may end sooner on a small (or slow) one.
             current = choice[name]
             others = sorted((o for o in fitting_any_node(tasks[name], problem)
                              if o.seconds < current.seconds
-                             or (mixed and o.devices < current.devices)),
+                             or (mixed and (o.devices < current.devices
+                                            or o.kind != current.kind))),
                             key=lambda o: o.device_seconds)
             for option in others:
                 trial = {**choice, name: option}

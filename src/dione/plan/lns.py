@@ -191,7 +191,7 @@ def _round(problem: PlanningProblem, placed: Sequence[Placement], free: set[str]
         for i, candidate in enumerate(usable[name]):
             length = ticks(candidate.seconds, tick)
             for target in problem.nodes:
-                if candidate.devices > target.devices or (scope is not None
+                if not candidate.fits(target) or (scope is not None
                                                           and target.name not in scope):
                     continue
                 chosen = model.new_bool_var(f"{name} {i} {target.name}")

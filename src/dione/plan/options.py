@@ -27,23 +27,30 @@ def ticks(seconds: float, tick: float) -> int:
 
 def useful_options(task: TaskOptions) -> list[Option]:
     """The options not dominated by another (as fast or faster on as few or fewer
-    devices): a plan using a dominated option can swap in its dominator and stay valid."""
+    devices, on every node it may use): a plan using a dominated option can swap in its
+    dominator and stay valid."""
     kept: list[Option] = []
-    for option in sorted(task.options, key=lambda o: (o.devices, o.seconds)):
-        if not any(k.devices <= option.devices and k.seconds <= option.seconds for k in kept):
+    # Options of no kind first among equals: they fit every node of the others' kinds.
+    for option in sorted(task.options, key=lambda o: (o.devices, o.seconds, o.kind is not None)):
+        if not any(_dominates(k, option) for k in kept):
             kept.append(option)
     return kept
 
 
+def _dominates(first: Option, second: Option) -> bool:
+    return (first.devices <= second.devices and first.seconds <= second.seconds
+            and first.on_kind_of(second))
+
+
 def fitting_options(task: TaskOptions, makespan: float, devices: int) -> list[Option]:
     """The useful options a plan ending by ``makespan`` on nodes of at most ``devices``
-    devices could give the task."""
+    devices could give the task (of any kind: bounds relax kinds away)."""
     return [o for o in useful_options(task) if o.devices <= devices and o.seconds <= makespan]
 
 
 def useful_for(useful: Sequence[Option], option: Option) -> Option:
     """The useful option a plan would swap in for ``option`` (itself if useful)."""
-    return min((o for o in useful if o.devices <= option.devices and o.seconds <= option.seconds),
+    return min((o for o in useful if _dominates(o, option)),
                key=lambda o: (o.seconds, o.devices))
 
 

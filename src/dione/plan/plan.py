@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dione.plan.problem import Option, PlanningProblem
+from dione.plan.problem import NodeSpec, Option, PlanningProblem
 
 __all__ = [
     "Assignment",
@@ -123,11 +123,14 @@ def load_plan(path: str | Path) -> Plan:
     return Plan.from_json(json.loads(Path(path).read_text()))
 
 
-def matching_option(assignment: Assignment, options: Sequence[Option]) -> Option | None:
-    """The option of ``options`` that ``assignment`` runs (None: none of them)."""
+def matching_option(assignment: Assignment, options: Sequence[Option],
+                    node: NodeSpec | None = None) -> Option | None:
+    """The option of ``options`` that ``assignment`` runs on ``node`` (its kind's, where
+    options differ by kind; None: none of them)."""
     knobs = json.dumps(dict(assignment.knobs), sort_keys=True)
     for option in options:
-        if option.key() == (assignment.technique, knobs, assignment.devices):
+        if option.key()[:3] == (assignment.technique, knobs, assignment.devices) and (
+                node is None or option.kind in (None, node.kind)):
             return option
     return None
 
@@ -160,10 +163,12 @@ def check_plan(plan: Plan, problem: PlanningProblem) -> list[str]:
     for a in plan.assignments:
         where = f"task {a.task!r}"
         if a.task in tasks:
-            option = matching_option(a, tasks[a.task].options)
+            option = matching_option(a, tasks[a.task].options, nodes.get(a.node))
             if option is None:
+                kind = getattr(nodes.get(a.node), "kind", None)
                 reasons.append(f"{where}: {a.technique} {dict(a.knobs)} on {a.devices} devices "
-                               "is not one of its options")
+                               f"is not one of its options"
+                               f"{f' on nodes of kind {kind}' if kind else ''}")
             # The tolerance, plus what rounding end - start can lose far from time 0.
             elif abs((a.end - a.start) - option.seconds) > TIME_TOLERANCE * max(
                     1.0, option.seconds) + 4 * math.ulp(abs(a.end)):

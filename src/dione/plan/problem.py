@@ -55,7 +55,9 @@ class NodeSpec:
 
     name: str
     devices: int
-    kind: str | None = None  # carried for the reader of the file; solvers ignore it
+    # Its devices' kind ("H100"): an option measured on one kind fits only its nodes
+    # (``Option.kind``); an option of no kind fits every node.
+    kind: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "devices": self.devices,
@@ -64,23 +66,37 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class Option:
-    """One way to train a task: a technique with knobs on ``devices`` devices of one node."""
+    """One way to train a task: a technique with knobs on ``devices`` devices of one node
+    (of ``kind``, where its seconds were measured on one kind of several)."""
 
     technique: str
     devices: int
     seconds: float
     knobs: Mapping[str, Any] = field(default_factory=dict)
+    # The node kind its seconds hold on ("A100"): a cluster of several kinds gives each
+    # kind its own options (times and memory differ); None: every node alike.
+    kind: str | None = None
 
     @property
     def device_seconds(self) -> float:
         return self.devices * self.seconds
 
-    def key(self) -> tuple[str, str, int]:
-        return self.technique, json.dumps(dict(self.knobs), sort_keys=True), self.devices
+    def key(self) -> tuple[str, str, int, str | None]:
+        return (self.technique, json.dumps(dict(self.knobs), sort_keys=True), self.devices,
+                self.kind)
+
+    def fits(self, node: NodeSpec) -> bool:
+        """Whether a plan may run it on ``node``: enough devices, of its kind."""
+        return self.devices <= node.devices and self.kind in (None, node.kind)
+
+    def on_kind_of(self, other: Option) -> bool:
+        """Whether it fits every node of ``other``'s kind (same kind, or no kind)."""
+        return self.kind is None or self.kind == other.kind
 
     def to_json(self) -> dict[str, Any]:
         return {"technique": self.technique, "knobs": dict(self.knobs),
-                "devices": self.devices, "seconds": self.seconds}
+                "devices": self.devices, "seconds": self.seconds,
+                **({"kind": self.kind} if self.kind is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -97,7 +113,7 @@ class TaskOptions:
     priority: float = 0.0
 
     def fitting(self, node: NodeSpec) -> list[Option]:
-        return [o for o in self.options if o.devices <= node.devices]
+        return [o for o in self.options if o.fits(node)]
 
 
 @dataclass(frozen=True)
@@ -133,6 +149,10 @@ class PlanningProblem:
                 return t
         raise KeyError(name)
 
+    def fitting_any_node(self, task: TaskOptions) -> list[Option]:
+        """``task``'s options that some node can hold (wide enough, of their kind)."""
+        return [o for o in task.options if any(o.fits(n) for n in self.nodes)]
+
     @property
     def total_devices(self) -> int:
         return sum(n.devices for n in self.nodes)
@@ -160,7 +180,6 @@ class PlanningProblem:
         reasons += _used_twice("cluster: node name", [n.name for n in self.nodes])
         if not self.tasks:
             reasons.append("tasks: must be a non-empty list")
-        widest = max((n.devices for n in self.nodes), default=0)
         for task in self.tasks:
             where = f"task {task.name!r}"
             if not task.options:
@@ -173,7 +192,7 @@ class PlanningProblem:
             if not bad:
                 reasons += _same_option_twice(where, task.options)
             if not bad and self.nodes:
-                reasons += _fits_no_node(where, task.options, widest)
+                reasons += _fits_no_node(where, task.options, self.nodes)
             reasons += _release_mistakes(where, task.release)
             reasons += _priority_mistakes(where, task.priority)
         reasons += [f"task {n!r}: the name is used twice"
@@ -224,15 +243,23 @@ class PlanningProblem:
                 for (technique, knob), names in sorted(found.items())]
 
     def caveats(self) -> list[str]:
-        """What a planner (or a simulation) of this problem does not see: nodes of
-        several kinds (an option's seconds hold on every node alike), and nodes wider
-        than every option (several tasks share a node, none takes all of it)."""
+        """What a planner (or a simulation) of this problem does not see: options of no
+        kind on nodes of several kinds (their seconds hold on every node alike), options
+        of a kind no node has (never used), and nodes wider than every option (several
+        tasks share a node, none takes all of it)."""
         said = []
         kinds = sorted({n.kind for n in self.nodes if n.kind})
-        if len(kinds) > 1:
-            said.append(f"nodes of kinds {', '.join(kinds)} are planned alike: each option "
-                        "has one time for every node; profile each kind apart and give the "
-                        "slower ones' times, or plan them as separate problems")
+        alike = [t.name for t in self.tasks if any(o.kind is None for o in t.options)]
+        if len(kinds) > 1 and alike:
+            said.append(f"nodes of kinds {', '.join(kinds)}, and options of no kind (of "
+                        f"{_some(alike)}): each such option takes the same seconds on every "
+                        "kind; give the options of each kind apart (\"kind\": the node kind "
+                        "it was measured on)")
+        unused = sorted({o.kind for t in self.tasks for o in t.options if o.kind}
+                        - set(kinds))
+        if unused:
+            said.append(f"options of kind {', '.join(unused)} are never used: no node is of "
+                        f"that kind (the nodes' kinds: {', '.join(kinds) or 'none given'})")
         widest = max((o.devices for t in self.tasks for o in t.options), default=0)
         nodes = max((n.devices for n in self.nodes), default=0)
         if widest and nodes > widest:
@@ -246,12 +273,17 @@ class PlanningProblem:
         """The problem without its tasks that no option lets any node hold, and why each
         was left out (a task too wide for the cluster must not keep the others from
         being planned, as in a run)."""
-        widest = max((n.devices for n in self.nodes), default=0)
-        said = {t.name: _fits_no_node(f"task {t.name!r}", t.options, widest)
+        said = {t.name: _fits_no_node(f"task {t.name!r}", t.options, self.nodes)
                 for t in self.tasks}
         kept = tuple(t for t in self.tasks if not said[t.name])
         return (replace(self, tasks=kept),
                 [f"{reason[0]}: left out" for reason in said.values() if reason])
+
+
+def _some(names: Sequence[str]) -> str:
+    """Up to three names, and how many more."""
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(names[:3]) + more
 
 
 def _unknown(where: str, item: Mapping[str, Any], allowed: set[str]) -> list[str]:
@@ -310,22 +342,35 @@ def _option_mistakes(where: str, technique: Any, devices: Any, seconds: Any) -> 
 
 def _same_option_twice(where: str, options: Sequence[Option]) -> list[str]:
     """Options a plan could not tell apart (a plan names an option by technique, knobs
-    and devices): each must be there once, with one length."""
-    first: dict[tuple[str, str, int], int] = {}
+    and devices, and its node's kind): each must be there once, with one length."""
+    first: dict[tuple[str, str, int], list[tuple[int, Option]]] = {}
     reasons = []
     for j, option in enumerate(options):
-        k = first.setdefault(option.key(), j)
-        if k != j:
+        alike = first.setdefault(option.key()[:3], [])
+        k = next((k for k, o in alike if o.on_kind_of(option) or option.on_kind_of(o)), None)
+        alike.append((j, option))
+        if k is not None:
+            kind = f" of kind {option.kind}" if option.kind else ""
             reasons.append(f"{where}, option {j}: the same as option {k} ({option.technique} "
-                           f"{dict(option.knobs)} on {option.devices} devices); a plan "
-                           "names an option by these, so keep one of them")
+                           f"{dict(option.knobs)} on {option.devices} devices{kind}); a plan "
+                           "names an option by these and its node's kind, so keep one of "
+                           "them")
     return reasons
 
 
-def _fits_no_node(where: str, options: Iterable[Option], widest: int) -> list[str]:
+def _fits_no_node(where: str, options: Iterable[Option], nodes: Sequence[NodeSpec]
+                  ) -> list[str]:
     options = list(options)
-    if any(o.devices <= widest for o in options):
+    if any(o.fits(n) for o in options for n in nodes):
         return []
+    widest = max((n.devices for n in nodes), default=0)
+    if any(o.devices <= widest for o in options):  # wide enough, of no node's kind
+        kinds = sorted({o.kind for o in options if o.kind})
+        have = sorted({n.kind for n in nodes if n.kind})
+        return [f"{where}: no option fits any node: its options are for nodes of kind "
+                f"{', '.join(kinds)}, the cluster's nodes are "
+                f"{'of kind ' + ', '.join(have) if have else 'of no kind'} (give each node "
+                "its kind, or the task options of the cluster's kinds)"]
     return [f"{where}: no option fits any node (the widest has {widest} devices, the "
             f"narrowest option needs {min(o.devices for o in options)})"]
 
@@ -408,20 +453,25 @@ def _parse_option(where: str, item: Any, reasons: list[str]) -> Option | None:
         return None
     # "source": where the option's seconds come from (a profile, a paper); read by people,
     # ignored by the planner.
-    bad = _unknown(where, item, {"technique", "knobs", "devices", "seconds", "source"})
+    bad = _unknown(where, item, {"technique", "knobs", "devices", "seconds", "source",
+                                 "kind"})
     if not isinstance(item.get("source", ""), str):
         bad.append(f"{where}: source must be text (where the seconds come from)")
     technique: Any = item.get("technique")
     devices: Any = item.get("devices")
     seconds: Any = item.get("seconds")
     knobs: Any = item.get("knobs", {})
+    kind: Any = item.get("kind")
     bad += _option_mistakes(where, technique, devices, seconds)
     if not isinstance(knobs, Mapping):
         bad.append(f"{where}: knobs must be an object")
+    if kind is not None and (not isinstance(kind, str) or not kind):
+        bad.append(f"{where}: kind must be the name of a node kind (\"H100\") its seconds "
+                   f"hold on, not {kind!r}")
     reasons += bad
     if bad:
         return None
-    return Option(technique, devices, float(seconds), dict(knobs))
+    return Option(technique, devices, float(seconds), dict(knobs), kind)
 
 
 def _parse(data: Any, nodes_instead: Sequence[NodeSpec] | None = None,
@@ -441,7 +491,6 @@ def _parse(data: Any, nodes_instead: Sequence[NodeSpec] | None = None,
     if not isinstance(raw_tasks, list) or not raw_tasks:
         reasons.append("tasks: must be a non-empty list")
         raw_tasks = []
-    widest = max((n.devices for n in nodes), default=0)
     for i, raw in enumerate(raw_tasks):
         if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str) \
                 or not raw["name"]:
@@ -466,7 +515,7 @@ def _parse(data: Any, nodes_instead: Sequence[NodeSpec] | None = None,
         if len(valid) == len(options):
             reasons += _same_option_twice(where, valid)
             if nodes and fitting:
-                reasons += _fits_no_node(where, valid, widest)
+                reasons += _fits_no_node(where, valid, nodes)
             tasks.append(TaskOptions(name, valid, float(release), float(priority)))
     # Of every named task, those with mistakes too (a name used twice was said only once
     # the other mistakes were fixed).

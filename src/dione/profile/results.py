@@ -26,6 +26,9 @@ class ProfiledOption:
     knobs: dict[str, Any]
     devices: int
     record: TrialRecord
+    # The node kind it was measured on, where a (simulated) cluster's kinds each have
+    # options of their own (``dione.plan.problem.Option.kind``); None: every node.
+    kind: str | None = None
 
     def seconds(self, steps: int, resumed: bool = False, evaluation: float = 0.0) -> float:
         """Predicted seconds to train ``steps`` steps in one slice (and evaluate)."""
@@ -137,9 +140,11 @@ class TaskProfile:
             result.append((technique, "; ".join(dict.fromkeys(parts))))
         return result
 
-    def option(self, technique: str, devices: int) -> ProfiledOption | None:
-        return next((o for o in self.options
-                     if o.technique == technique and o.devices == devices), None)
+    def option(self, technique: str, devices: int, kind: str | None = None
+               ) -> ProfiledOption | None:
+        """Its option of ``technique`` on ``devices`` devices for a node of ``kind``."""
+        return next((o for o in self.options if o.technique == technique
+                     and o.devices == devices and o.kind in (None, kind)), None)
 
 
 @dataclass

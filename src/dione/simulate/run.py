@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dione import clock
+from dione.orchestrate.estimates import planning_nodes
 from dione.orchestrate.options import (
     RUN_DIR_ENTRIES,
     SIMULATION_OPTIONS,
@@ -63,6 +64,7 @@ def current_practice(problem: PlanningProblem, cluster: Cluster, scenario: Scena
     next free node that holds it. When the last task ends; a task no node holds is left
     out (the plan fails it too)."""
     sizes = {n.name: n.devices for n in cluster}
+    nodes = dict(zip(sizes, planning_nodes(cluster), strict=True))
     free = {n.name: float(scenario.node_joins.get(n.name, 0.0)) for n in cluster}
     lost = {n.name: float(scenario.node_losses.get(n.name, math.inf)) for n in cluster}
     end = 0.0
@@ -70,10 +72,10 @@ def current_practice(problem: PlanningProblem, cluster: Cluster, scenario: Scena
         left, ready = 1.0, 0.0  # the share of its work not done, and from when
         while left > 1e-12:
             holding = [n for n in free if max(free[n], ready) < lost[n]
-                       and any(o.devices <= sizes[n] for o in task.options)]
+                       and task.fitting(nodes[n])]
             if not holding:
                 break  # no node (left) holds it
-            lengths = {n: min(o.seconds for o in task.options if o.devices <= sizes[n])
+            lengths = {n: min(o.seconds for o in task.fitting(nodes[n]))
                        * scenario.task_slowdown.get(task.name, 1.0)
                        * scenario.node_slowdown.get(n, 1.0) for n in holding}
             # (min keeps the first of equal keys: the cluster's order, not the names')
@@ -122,14 +124,12 @@ def simulate(
                         f"{type(cluster).__name__} and {type(scenario).__name__}")
     scenario = scenario or Scenario()
     # The problem's own words for its nodes (A100), where they are the cluster.
-    kinds = {n.name: n.kind for n in problem.nodes if n.kind} if cluster is None else {}
     cluster = cluster or problem_cluster(problem)
     tasks, profile = problem_workload(problem, steps, cluster, stopping)
     result = simulate_profile(tasks, profile, run_dir, cluster=cluster, scenario=scenario,
                               options=options, on_event=on_event,
                               baseline=current_practice(problem, cluster, scenario),
-                              left_out=left_out,
-                              node_kinds=kinds)
+                              left_out=left_out)
     if report:
         from dione.report import write_report
 
@@ -148,14 +148,12 @@ def simulate_profile(
     on_event: Callable[[RunEvent], None] | None = None,
     baseline: float = 0.0,
     left_out: Mapping[str, str] | None = None,
-    node_kinds: Mapping[str, str] | None = None,
 ) -> SimulationResult:
     """Run ``tasks`` as ``profile`` predicts them (a real workload's, from the catalog, or
     a problem's) on ``cluster``, as ``scenario`` says, on a virtual clock. ``baseline``:
     current practice's makespan on the same (0: not computed), kept with the run for
     its report."""
     scenario = scenario or Scenario()
-    node_kinds = node_kinds or {}  # the problem's words for its nodes (A100), for the report
     scenario.check([n.name for n in cluster], [t.name for t in tasks])
     options = options or SIMULATION_OPTIONS
     # Never cancelled as stalled: a simulated slice takes exactly the time drawn for it.
@@ -168,7 +166,7 @@ def simulate_profile(
         write_private(run_dir / SIMULATED_FILE, json.dumps(
             {"scenario": scenario.to_json(), "tasks": len(tasks),
              "cluster": [{"name": n.name, "devices": n.devices,
-                          **({"kind": node_kinds[n.name]} if n.name in node_kinds else {})}
+                          **({"kind": n.model} if n.model else {})}
                          for n in cluster],
              **({"current_practice": baseline} if baseline else {})},
             indent=1) + "\n")

@@ -40,25 +40,27 @@ def problem_workload(problem: PlanningProblem, steps: int, cluster: Cluster,
     for t in problem.tasks:
         tasks.append(Task(name=t.name, model=_never, data=_never, optimizer=_never,
                           batch_size=1, steps=steps, stopping=stopping))
-        # A profile keeps one option per technique and width: its fastest knobs.
-        fastest: dict[tuple[str, int], PlannedOption] = {}
+        # A profile keeps one option per technique, width and node kind: its fastest knobs.
+        fastest: dict[tuple[str, int, str | None], PlannedOption] = {}
         for o in t.options:
-            key = (o.technique, o.devices)
+            key = (o.technique, o.devices, o.kind)
             if key not in fastest or o.seconds < fastest[key].seconds:
                 fastest[key] = o
         options = [ProfiledOption(o.technique, dict(o.knobs), o.devices, TrialRecord(
-            fingerprint=f"simulated:{t.name}:{o.technique}:{o.devices}",
+            fingerprint=f"simulated:{t.name}:{o.technique}:{o.devices}"
+                        + (f":{o.kind}" if o.kind else ""),
             technique=o.technique, knobs=dict(o.knobs), devices=o.devices,
-            device="simulated", status="ok", step_seconds=o.seconds / steps,
-            measured_steps=steps, trial_seconds=o.seconds)) for o in fastest.values()]
+            device=o.kind or "simulated", status="ok", step_seconds=o.seconds / steps,
+            measured_steps=steps, trial_seconds=o.seconds), o.kind)
+            for o in fastest.values()]
         profiles.append(TaskProfile(task=t.name, group=t.name, total_steps=steps,
                                     options=options))
     return tasks, Profile(cluster=cluster, tasks=profiles)
 
 
 def problem_cluster(problem: PlanningProblem) -> Cluster:
-    """The problem's own nodes, as accelerator nodes."""
-    return Cluster([Node(n.name, n.devices, "cuda") for n in problem.nodes])
+    """The problem's own nodes, as accelerator nodes of their kinds."""
+    return Cluster([Node(n.name, n.devices, "cuda", model=n.kind) for n in problem.nodes])
 
 
 def parse_cluster(text: str) -> Cluster:

@@ -27,12 +27,19 @@ class ClusterError(ValueError):
 
 @dataclass(frozen=True)
 class Node:
-    """One machine: ``devices`` devices of one kind; ``cores`` CPU cores they share."""
+    """One machine: ``devices`` devices of one kind; ``cores`` CPU cores they share;
+    ``model``: its accelerators' name ("H100"), where a (simulated) cluster mixes them."""
 
     name: str
     devices: int
     kind: DeviceKind = "cpu"
     cores: int | None = None
+    model: str | None = None
+
+    @property
+    def planned_kind(self) -> str:
+        """The kind a planning problem gives it: options measured on it fit its like."""
+        return self.model or self.kind
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -76,13 +83,15 @@ class Cluster:
 
     def to_json(self) -> dict[str, Any]:
         """The ``cluster`` object of a problem JSON."""
-        return {"nodes": [{"name": n.name, "devices": n.devices, "kind": n.kind} for n in self]}
+        return {"nodes": [{"name": n.name, "devices": n.devices, "kind": n.kind,
+                           **({"model": n.model} if n.model else {})} for n in self]}
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> Cluster:
         try:
             return Cluster(
-                Node(str(n["name"]), int(n["devices"]), cast(DeviceKind, n.get("kind", "cpu")))
+                Node(str(n["name"]), int(n["devices"]), cast(DeviceKind, n.get("kind", "cpu")),
+                     model=n.get("model"))
                 for n in data["nodes"]
             )
         except (KeyError, TypeError) as err:
