@@ -45,6 +45,7 @@ __getattr__ = lazy_exports(__name__, {
     # What dione.run returns, takes and tells on_event, for help() and type hints.
     **dict.fromkeys(("RunEvent", "RunOptions", "RunResult", "TaskResult"),
                    "dione.orchestrate"),
+    "ProfileEvent": "dione.profile",
 })
 
 
@@ -56,9 +57,10 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     """Profile, plan and train every task of ``workload`` (a Workload, a list of tasks, a
     task, or a workload file's path) on this machine (``devices`` as ``--devices``), or on the Ray
     cluster at ``ray`` (an address as ``ray.init`` takes it, e.g. ``"auto"``), as ``dione
-    run`` does; ``options`` are ``dione.orchestrate.RunOptions`` fields. Each event (a
-    ``ProfileEvent`` while profiling, then a ``RunEvent`` per plan, slice and task) goes
-    to ``on_event``, and, unless ``quiet``, is printed as one line, as ``dione run``
+    run`` does, into ``run_dir`` (default ``runs/dione``; the command's is
+    ``runs/<workload name>``); ``options`` are ``dione.orchestrate.RunOptions`` fields.
+    Each event (a ``ProfileEvent`` while profiling, then a ``RunEvent`` per plan, slice
+    and task) goes to ``on_event``, and, unless ``quiet``, is printed as one line, as ``dione run``
     prints it off a terminal; an exception ``on_event`` raises stops the run (its gangs
     stopped, its report written, as Ctrl-C does) and reaches the caller. Returns the
     ``RunResult``: per task its status, final loss, evaluation and checkpoint; invalid
@@ -526,6 +528,7 @@ __all__ = [
     "Node",
     "Patience",
     "PausingAsha",
+    "ProfileEvent",
     "RunEvent",
     "RunOptions",
     "RunResult",

@@ -275,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # No defaults in resume's help: an absent flag keeps what the run was started with.
     resume = command("resume", "finish a run that was stopped or killed, with the options "
-                     "it was started with (a flag given here replaces the saved value)",
+                     "it was started with (a flag given here overrides the saved value "
+                     "for this resume only)",
                      argparse.HelpFormatter)
     resume.add_argument("run_dir")
     resume.add_argument("--workload", type=_absolute,

@@ -65,7 +65,7 @@ def claim_run_dir(run_dir: str | Path) -> RunLock:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How ``run_workload`` profiles, plans, slices and re-plans."""
+    """How a run (``dione.run``, ``dione run``) profiles, plans, slices and re-plans."""
 
     solver: str = "cpsat"
     time_limit: float = 10.0  # seconds for the first plan

@@ -41,6 +41,7 @@ def register(technique: Technique, *, replace: bool = False) -> Technique:
 
 
 def get_technique(name: str) -> Technique:
+    """The registered technique called ``name`` (KeyError naming those registered)."""
     try:
         return _REGISTRY[name]
     except KeyError:

@@ -55,13 +55,14 @@ def _with_sources(data: dict[str, Any], profile: Any, args: argparse.Namespace,
     import torch
 
     from dione._version import __version__
+    from dione.profile.catalog import default_catalog_path
 
     trial = options.trial
     devices = sorted({o.record.device for t in profile.tasks for o in t.options})
     data["sources"] = {"profile": (
         f"dione profile {args.workload} at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}: dione "
         f"{__version__}, torch {torch.__version__}, {'; '.join(devices) or 'no device'}, "
-        f"catalog {options.catalog or 'the default'}; trials of {trial.warmup_steps} "
+        f"catalog {options.catalog or default_catalog_path()}; trials of {trial.warmup_steps} "
         f"warm-up and {trial.measure_steps} timed steps ({profile.trials_run} run now, "
         f"{profile.trials_cached} from the catalog, each with the steps it timed); an "
         "option's seconds: fixed + warm-up excess + steps x mean step, and the "
