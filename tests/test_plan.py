@@ -867,3 +867,21 @@ def test_kinds_in_a_problem_file_are_checked_with_the_fix() -> None:
     assert len(problem([{"technique": "single", "devices": 1, "seconds": 1, "kind": "A100"},
                         {"technique": "single", "devices": 1, "seconds": 2, "kind": "H100"}],
                        ("H100", "A100")).tasks[0].options) == 2
+
+
+def test_a_list_schedule_runs_a_task_on_another_kind_where_it_ends_sooner() -> None:
+    """Greedy chooses an option per task (the fewest device-seconds: here every task's
+    H100 one); placing it, the same technique and width on an A100 node counts too,
+    which ends y at 150 s rather than after x on the H100 at 200 s."""
+    def task(name: str, h100: float, a100: float) -> TaskOptions:
+        return TaskOptions(name, (Option("single", 1, h100, kind="H100"),
+                                  Option("single", 1, a100, kind="A100")))
+
+    problem = PlanningProblem((NodeSpec("h", 1, "H100"), NodeSpec("a", 1, "A100")),
+                              (task("x", 100.0, 300.0), task("y", 100.0, 150.0)))
+    choice = {t.name: t.options[0] for t in problem.tasks}
+    placed, makespan = list_schedule(problem, choice, ["x", "y"])
+    assert makespan == 150.0
+    assert [(name, option.kind, node, start) for name, option, node, start in placed] == [
+        ("x", "H100", "h", 0.0), ("y", "A100", "a", 0.0)]
+    assert solve(problem, "greedy").makespan == 150.0

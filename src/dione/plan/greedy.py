@@ -69,18 +69,26 @@ def list_schedule(
     demand: Callable[[Option, int], int] = lambda option, _: option.devices,
 ) -> tuple[list[Placement], float]:
     """Place tasks in ``order``, each at the node and time where its chosen option ends
-    earliest; ``demand(option, node devices)`` is the devices it blocks. Returns the
-    placements and their makespan."""
+    earliest (on nodes of several kinds, the same technique, knobs and width on each
+    kind it has an option for); ``demand(option, node devices)`` is the devices it
+    blocks. Returns the placements and their makespan."""
     lines = _timelines(problem)
     placed: list[Placement] = []
     makespan = max((b.until for b in problem.busy), default=0.0)
     release = problem.releases()
+    tasks = {t.name: t for t in problem.tasks} if len({n.kind for n in problem.nodes}) > 1 \
+        else {}
     for name in order:
-        option = choice[name]
+        chosen = choice[name]
+        # Per node kind, the option it runs there (one of no kind: every node's).
+        twins = {o.kind: o for o in tasks[name].options
+                 if o.technique == chosen.technique and o.devices == chosen.devices
+                 and o.knobs == chosen.knobs} if tasks and chosen.kind else {}
         ready = release.get(name, 0.0)
-        best: tuple[float, int, float, str] | None = None
+        best: tuple[float, int, float, str, Option] | None = None
         empty: set[tuple[int, str | None]] = set()  # nodes with nothing on them, one seen
         for node in problem.nodes:
+            option = twins.get(node.kind, chosen) if twins else chosen
             if not option.fits(node):
                 continue
             if lines[node.name].empty:
@@ -101,11 +109,11 @@ def list_schedule(
             # tasks that only they can hold.
             if best is None or end < best[0] - 1e-9 or \
                     (end <= best[0] + 1e-9 and node.devices < best[1]):
-                best = (end, node.devices, start, node.name)
+                best = (end, node.devices, start, node.name, option)
         if best is None:
-            raise ValueError(f"task {name!r}: option {option.technique} on {option.devices} "
+            raise ValueError(f"task {name!r}: option {chosen.technique} on {chosen.devices} "
                              "devices fits no node")
-        end, _, start, node_name = best
+        end, _, start, node_name, option = best
         lines[node_name].reserve(start, end, demand(option, problem.node(node_name).devices))
         placed.append((name, option, node_name, start))
         makespan = max(makespan, end)
