@@ -8,6 +8,8 @@ orchestrator at scale (1,000 tasks on 64 nodes, drift, two nodes lost, one joini
         --nodes 2,4                                       # dione alone, drift rows
     python benchmarks/cluster_sim.py --instances benchmarks/cluster_tables/llama2-sweep.json
                                           # option tables from published figures
+    python benchmarks/cluster_sim.py --kinds benchmarks/cluster_tables/llama2-mixed.json
+                                          # nodes of two kinds, options per kind
 
 The workloads are the planner's synthetic families (``benchmarks/planner/instances``:
 fine-tunes of GPT-style models of 0.3-6.7B parameters under single, DDP, FSDP and
@@ -38,12 +40,14 @@ import random
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from dione.orchestrate.options import RunOptions
 from dione.plan import load_problem
 from dione.plan.problem import PlanningProblem
 from dione.simulate import Scenario, current_practice, parse_cluster, simulate
+from dione.simulate.workload import problem_cluster
 
 INSTANCES = Path(__file__).parent / "planner" / "instances"
 
@@ -55,8 +59,9 @@ def drift(problem: PlanningProblem, seed: int) -> Scenario:
                     spread=0.1, seed=seed)
 
 
-def run(problem: PlanningProblem, nodes: int, scenario: Scenario, way: str,
+def run(problem: PlanningProblem, nodes: int | None, scenario: Scenario, way: str,
         folder: Path) -> dict[str, float]:
+    """One way's simulated run on ``nodes`` nodes of 8 (None: the problem's own)."""
     if way == "saturn":
         options = RunOptions(solver="saturn-milp", time_limit=10.0, replan_time_limit=10.0,
                              replan_rule="saturn", replan_interval=1000.0)
@@ -66,7 +71,8 @@ def run(problem: PlanningProblem, nodes: int, scenario: Scenario, way: str,
         options = RunOptions(solver="cpsat", time_limit=1.0, replan_time_limit=0.2,
                              replan_interval=1000.0, replan_share=0.005)
     began = time.perf_counter()
-    result = simulate(problem, folder / f"{way}-{nodes}", cluster=parse_cluster(f"{nodes}x8"),
+    result = simulate(problem, folder / f"{way}-{nodes}",
+                      cluster=parse_cluster(f"{nodes}x8") if nodes else None,
                       scenario=scenario, steps=100, options=options, report=False)
     assert set(result.statuses.values()) == {"done"}, result.statuses
     return {"makespan": result.makespan, "planned": result.planned_makespan,
@@ -103,6 +109,50 @@ def comparison(names: list[str], counts: list[int]) -> None:
               f"{min(ratios[drifted]):.3f}-{max(ratios[drifted]):.3f}); dione / Saturn "
               f"median {statistics.median(against[drifted]):.3f} (range "
               f"{min(against[drifted]):.3f}-{max(against[drifted]):.3f})")
+
+
+def kinds(name: str) -> None:
+    """A problem whose nodes are of several kinds, each option given per kind: current
+    practice, Saturn and dione planning each kind apart, against dione told nothing of
+    kinds (before kinds were planned: the first kind's options for every node, the
+    other kinds' nodes as slow as their options are in the file, which the planner
+    learns only from the slices it measures)."""
+    problem = load_problem(name)
+    first = problem.nodes[0].kind
+    alike = PlanningProblem(
+        tuple(replace(n, kind=None) for n in problem.nodes),
+        tuple(replace(t, options=tuple(replace(o, kind=None) for o in t.options
+                                       if o.kind == first)) for t in problem.tasks))
+    slow: dict[str, float] = {}
+    # Each kind's seconds over the first kind's, alike for every option (to the 0.1 s the
+    # file rounds seconds to).
+    for node in problem.nodes:
+        ratios = {round(o.seconds / f.seconds, 3) for t in problem.tasks for o in t.options
+                  for f in t.options if o.kind == node.kind and f.kind == first
+                  and o.key()[:3] == f.key()[:3]}
+        assert len(ratios) == 1, f"{node.kind}: no one ratio to {first} ({sorted(ratios)})"
+        if ratios != {1.0}:
+            slow[node.name] = ratios.pop()
+    print(f"{Path(name).name}: {len(problem.tasks)} tasks on "
+          f"{', '.join(f'{n.name} ({n.kind}, {n.devices})' for n in problem.nodes)}; "
+          f"told nothing of kinds, the nodes {slow} times slower than planned")
+    print("| drift | current practice s | Saturn s | dione s | dione told nothing of kinds s "
+          "| dione / current practice | dione / Saturn | dione / told nothing |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    with tempfile.TemporaryDirectory() as tmp:
+        for drifted in (False, True):
+            scenario = drift(problem, 7) if drifted else Scenario()
+            blind = replace(scenario, node_slowdown={**scenario.node_slowdown, **slow})
+            folder = Path(tmp) / str(drifted)
+            cluster = problem_cluster(problem)
+            base = current_practice(problem, cluster, scenario)
+            saturn = run(problem, None, scenario, "saturn", folder)
+            ours = run(problem, None, scenario, "dione", folder)
+            told = run(alike, None, blind, "dione", folder / "alike")
+            print(f"| {'yes' if drifted else 'no'} | {base:.0f} | {saturn['makespan']:.0f} "
+                  f"| {ours['makespan']:.0f} | {told['makespan']:.0f} "
+                  f"| {ours['makespan'] / base:.3f} | {ours['makespan'] / saturn['makespan']:.3f}"
+                  f" | {ours['makespan'] / told['makespan']:.3f} |", flush=True)
 
 
 def dione_drift(names: list[str], counts: list[int]) -> None:
@@ -156,11 +206,15 @@ def main() -> None:
     parser.add_argument("--dione-drift", action="store_true",
                         help="dione's way alone on the drift rows (an A/B of the orchestrator "
                         "at two commits, by PYTHONPATH)")
+    parser.add_argument("--kinds", metavar="PROBLEM",
+                        help="a problem of several node kinds on its own cluster")
     parser.add_argument("--scale", action="store_true")
     parser.add_argument("--scale-instance", default="large-1.json.gz")
     args = parser.parse_args()
     if args.scale:
         scale(args.scale_instance)
+    elif args.kinds:
+        kinds(args.kinds)
     elif args.dione_drift:
         dione_drift(args.instances.split(","), [int(n) for n in args.nodes.split(",")])
     else:

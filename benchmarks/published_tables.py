@@ -1,5 +1,6 @@
 """Option tables for a real cluster from published figures: a Llama 2 fine-tuning sweep
-on nodes of 8 H100-80GB GPUs, each option's seconds with its source in the file.
+on nodes of 8 H100-80GB GPUs, each option's seconds with its source in the file; and the
+same sweep on a cluster of H100 and A100-80GB nodes, each option given per node kind.
 
     python benchmarks/published_tables.py    # rewrites benchmarks/cluster_tables/
 
@@ -70,6 +71,15 @@ SOURCES = {
     "megatron-v1": "NVIDIA ADLR, MegatronLM's Supercharged V1.0 (https://nv-adlr.github.io/"
                    "MegatronLMV1), Table 1: 2-way model parallelism at 90.7% of linear "
                    "scaling (V100; taken for H100 here: an assumption)",
+    "a100": "NVIDIA A100 Tensor Core GPU datasheet (SXM, 80 GB): 312 TFLOPS of dense "
+            "BF16, 80 GB of HBM2e, NVLink 600 GB/s per GPU; against the H100 SXM "
+            "datasheet's 989 TFLOPS of dense BF16 (1,979 is with sparsity)",
+    "assumed-a100": "this file's assumption for A100 nodes, not published: the same "
+                    "model FLOPs utilisation as the H100's, so the per-GPU compute rate "
+                    "is the H100's times 312/989 (the datasheets' dense BF16; the NeMo "
+                    "anchors are FP8, so A100 options are if anything slower still); "
+                    "all-reduce bus bandwidth 240 GB/s (0.8 of NVLink's 300 GB/s one "
+                    "way); memory and its rules as on the H100 (80 GB, 72 usable)",
     "assumed": "this file's assumptions, not published: 72 GB of the 80 usable (CUDA "
                "context, NCCL buffers, fragmentation); all-reduce bus bandwidth 360 GB/s "
                "(0.8 of NVLink's 450 GB/s one way); DDP hides communication behind the "
@@ -83,6 +93,9 @@ MEMORY = 72 * GiB
 BUS = 360e9
 SEQ = 4096
 NODE = 8
+# An A100's compute rate as a share of the H100's, and its all-reduce bus ("a100").
+A100_SHARE = 312 / 989
+A100_BUS = 240e9
 
 
 @dataclass(frozen=True)
@@ -124,8 +137,10 @@ def recompute_factor(kind: str) -> float:
 
 
 def step_time(model: Model, kind: str, rate: float, batch: int, technique: str,
-              devices: int, checkpointed: bool = False, data_parallel: int = 0) -> float:
-    """Seconds of one step of ``batch`` sequences at a per-GPU compute rate (tokens/s)."""
+              devices: int, checkpointed: bool = False, data_parallel: int = 0,
+              bus: float = BUS) -> float:
+    """Seconds of one step of ``batch`` sequences at a per-GPU compute rate (tokens/s),
+    collectives at ``bus`` bytes/s."""
     compute = batch * SEQ / (devices * rate)
     if checkpointed:
         compute *= recompute_factor(kind)
@@ -138,16 +153,16 @@ def step_time(model: Model, kind: str, rate: float, batch: int, technique: str,
         if dp == 1:
             return piped
         volume = 2 * (dp - 1) / dp * 2 * model.trainable(kind) / stages
-        return piped + max(0.0, volume / BUS - 2 / 3 * piped)
+        return piped + max(0.0, volume / bus - 2 / 3 * piped)
     if devices == 1:
         return compute
     share = 2 * (devices - 1) / devices
     if technique == "fsdp":
         # Gathers of every weight in both passes, reduce-scatter of the trainable ones.
         volume = share / 2 * 2 * model.params * 2 + share / 2 * 2 * model.trainable(kind)
-        return compute + max(0.0, volume / BUS - compute)
+        return compute + max(0.0, volume / bus - compute)
     # ddp (and the anchors' data parallelism, whose distributed optimizer moves as much)
-    return compute + max(0.0, share * 2 * model.trainable(kind) / BUS - 2 / 3 * compute)
+    return compute + max(0.0, share * 2 * model.trainable(kind) / bus - 2 / 3 * compute)
 
 
 def compute_rate(model: Model, kind: str) -> float:
@@ -178,11 +193,18 @@ def memory(model: Model, kind: str, technique: str, devices: int, checkpointed: 
     return model.state_bytes(kind) / devices + held * act / devices
 
 
-def options(model: Model, kind: str, batch: int, tokens: float) -> list[dict[str, Any]]:
+def options(model: Model, kind: str, batch: int, tokens: float,
+            gpu: str | None = None) -> list[dict[str, Any]]:
+    """The task's options on H100 nodes, or on nodes of ``gpu`` ("A100": derived from
+    the H100's by "assumed-a100"), each then of that node kind."""
     rate = compute_rate(model, kind)
+    bus = BUS
     published, tp, pp = model.anchors[kind]
     anchor = (f"nemo ({published:,} tokens/s/GPU at TP{tp} PP{pp}) -> compute rate "
               f"{rate:,.0f} tokens/s/GPU")
+    if gpu == "A100":
+        rate, bus = rate * A100_SHARE, A100_BUS
+        anchor += f" on H100 -> {rate:,.0f} on A100 (a100, assumed-a100)"
     steps = tokens / (batch * SEQ)
     found = []
     for technique in ("single", "ddp", "fsdp", "gpipe", "1f1b"):
@@ -195,7 +217,7 @@ def options(model: Model, kind: str, batch: int, tokens: float) -> list[dict[str
                 if memory(model, kind, technique, devices, checkpointed, batch) > MEMORY:
                     continue
                 seconds = steps * step_time(model, kind, rate, batch, technique, devices,
-                                            checkpointed)
+                                            checkpointed, bus=bus)
                 rules = {"single": "", "ddp": "; ddp, zero, assumed",
                          "fsdp": "; zero, assumed", "gpipe": "; gpipe",
                          "1f1b": "; 1f1b"}[technique]
@@ -211,14 +233,16 @@ def options(model: Model, kind: str, batch: int, tokens: float) -> list[dict[str
                     else share)
                 found.append({"technique": technique, "knobs": knobs, "devices": devices,
                               "seconds": round(seconds, 1),
+                              **({"kind": gpu} if gpu else {}),
                               "source": f"derived from {anchor}{rules}; memory: "
                                         f"llama2, zero, korthikanti, h100"})
     return found
 
 
-def sweep() -> dict[str, Any]:
+def sweep(gpus: tuple[str | None, ...] = (None,)) -> dict[str, Any]:
     """The sweep: every size's fine-tunes over learning rates and global batches, one
-    epoch of a 200M-token dataset each (the sweep's shape is this file's choice)."""
+    epoch of a 200M-token dataset each (the sweep's shape is this file's choice); each
+    task's options on nodes of each of ``gpus`` (None: H100, of no kind)."""
     tasks = []
     grids = {("llama2-7b", "sft"): (["1e-5", "2e-5", "5e-5"], [32, 128]),
              ("llama2-13b", "sft"): (["1e-5", "2e-5", "5e-5"], [32, 128]),
@@ -228,7 +252,8 @@ def sweep() -> dict[str, Any]:
     by_name = {m.name: m for m in MODELS}
     for (name, kind), (rates, batches) in grids.items():
         for batch in batches:
-            table = options(by_name[name], kind, batch, 200e6)
+            table = [o for gpu in gpus for o in options(by_name[name], kind, batch, 200e6,
+                                                        gpu)]
             for lr in rates:
                 tasks.append({"name": f"{name}-{kind}-lr{lr}-b{batch}", "options": table})
     return {"sources": SOURCES, "tasks": tasks}
@@ -241,6 +266,19 @@ def main() -> None:
     problem = {"cluster": {"nodes": [{"name": f"n{i}", "devices": NODE, "kind": "H100"}
                                      for i in range(2)]}, **workload}
     (OUT / "llama2-sweep.json").write_text(json.dumps(problem, indent=1) + "\n")
+    # Two H100 nodes and two A100 nodes, each option given per kind.
+    mixed = {"cluster": {"nodes": [{"name": f"{gpu.lower()}-{i}", "devices": NODE,
+                                    "kind": gpu}
+                                   for gpu in ("H100", "A100") for i in range(2)]},
+             **sweep(("H100", "A100"))}
+    (OUT / "llama2-mixed.json").write_text(json.dumps(mixed, indent=1) + "\n")
+    ratios = [a["seconds"] / h["seconds"] for t in mixed["tasks"]
+              for h in t["options"] if h["kind"] == "H100"
+              for a in t["options"] if a["kind"] == "A100"
+              and (a["technique"], a["devices"], a["knobs"]) == (h["technique"],
+                                                                 h["devices"], h["knobs"])]
+    print(f"llama2-mixed: A100 over H100 seconds, per option: {min(ratios):.3f}-"
+          f"{max(ratios):.3f}")
     for task in workload["tasks"][::3]:
         fastest = min(task["options"], key=lambda o: o["seconds"])
         least = min(task["options"], key=lambda o: o["seconds"] * o["devices"])
