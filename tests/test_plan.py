@@ -885,3 +885,18 @@ def test_a_list_schedule_runs_a_task_on_another_kind_where_it_ends_sooner() -> N
     assert [(name, option.kind, node, start) for name, option, node, start in placed] == [
         ("x", "H100", "h", 0.0), ("y", "A100", "a", 0.0)]
     assert solve(problem, "greedy").makespan == 150.0
+
+
+def test_the_area_bound_counts_slow_nodes_as_slow() -> None:
+    """Three tasks of 100 s on an H100 or 300 s on an A100, a node of one device each:
+    the plain area bound took all three at 100 s over both nodes (150 s); split over
+    the kinds as a linear program, no plan ends before 225 s (2.25 tasks' work on the
+    H100, 0.75 on the A100); the best plan ends at 300 s."""
+    problem = PlanningProblem(
+        (NodeSpec("h", 1, "H100"), NodeSpec("a", 1, "A100")),
+        tuple(TaskOptions(f"t{i}", (Option("single", 1, 100.0, kind="H100"),
+                                    Option("single", 1, 300.0, kind="A100")))
+              for i in range(3)))
+    assert lower_bound(problem) == pytest.approx(225.0, rel=1e-6)
+    assert lower_bound(problem) <= 225.0
+    assert solve(problem, "cpsat", time_limit=5, threads=1).makespan == pytest.approx(300.0)

@@ -15,17 +15,14 @@ The pair constraints grow as tasks^2 x devices, which is why it does not scale.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 import time
-from collections.abc import Iterator
 
 import highspy
 import numpy as np
 
 from dione.plan.bounds import lower_bound
 from dione.plan.greedy import sequential
+from dione.plan.highs import quiet_highs
 from dione.plan.plan import Assignment, Plan, left_shift
 from dione.plan.problem import Option, PlanningProblem
 
@@ -158,10 +155,7 @@ def saturn_milp(problem: PlanningProblem, time_limit: float = 10.0,
         width = indices_block.shape[1]
         pair_starts.append(offset + width * np.arange(indices_block.shape[0]))
         offset += indices_block.size
-    with _quiet_stdout():  # HiGHS prints its banner as it is made, before any option
-        highs = highspy.Highs()  # type: ignore[no-untyped-call]
-    highs.setOptionValue("output_flag", False)
-    highs.setOptionValue("log_to_console", False)
+    highs = quiet_highs()
     if threads:
         highs.setOptionValue("threads", int(threads))
     highs.setOptionValue("random_seed", 1)
@@ -212,18 +206,3 @@ def saturn_milp(problem: PlanningProblem, time_limit: float = 10.0,
     return Plan("saturn-milp", "optimal" if optimal else "feasible", ends,
                 milp_bound, tuple(assignments),
                 time.perf_counter() - began, notes)
-
-
-@contextlib.contextmanager
-def _quiet_stdout() -> Iterator[None]:
-    """Send what C code writes to standard output meanwhile to /dev/null: ``dione plan``
-    writes its plan there, and a banner before it would make the output not JSON."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
