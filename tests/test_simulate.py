@@ -243,6 +243,12 @@ def test_bad_scenarios_and_clusters_are_named() -> None:
     with pytest.raises(ValueError, match="NODESxDEVICES"):
         parse_cluster("")  # `--cluster ""` took the problem's own cluster, unsaid
     assert [n.devices for n in parse_cluster("2X8")] == [8, 8]
+    assert [(n.name, n.devices, n.planned_kind) for n in parse_cluster("H100:2x8, A100:4")] \
+        == [("n0", 8, "H100"), ("n1", 8, "H100"), ("n2", 4, "A100")]
+    with pytest.raises(ValueError, match=r"kind first where options differ by kind"):
+        parse_cluster("2xH100")
+    with pytest.raises(ValueError, match="at least one node"):
+        parse_cluster("H100:0x8")
     with pytest.raises(ScenarioError, match=r"seed: must be a number or text"):
         Scenario(seed=[1, 2])  # type: ignore[arg-type]  # a traceback mid-run, before
     with pytest.raises(ScenarioError, match=r"curves: must be the path"):
@@ -978,3 +984,29 @@ def test_a_cluster_of_two_kinds_runs_each_task_at_its_kinds_times(tmp_path: Path
         error = next(t.error for t in store.tasks() if t.name == "a-only")
     assert error is not None and "need at least 2 devices on one node of kind A100, and " \
         "the widest such node left has 0" in error
+
+
+def test_simulate_on_a_cluster_of_kinds_given_on_the_command_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--cluster H100:1x2,A100:1x2` gives nodes their kinds; a cluster of no kind
+    leaves every kinded task out, said once for all of them with the fix."""
+    def task(name: str) -> dict[str, object]:
+        return {"name": name, "options": [
+            {"technique": "ddp", "devices": 2, "seconds": 100.0, "kind": "H100"},
+            {"technique": "ddp", "devices": 2, "seconds": 300.0, "kind": "A100"}]}
+
+    problem = tmp_path / "p.json"
+    problem.write_text(json.dumps({"cluster": {"nodes": [{"name": "x", "devices": 2}]},
+                                   "tasks": [task(f"t{i}") for i in range(5)]}))
+    code, out, _ = in_process(capsys, "simulate", str(problem), "--cluster",
+                              "H100:1x2,A100:1x2", "--steps", "10", "--out",
+                              str(tmp_path / "run"), "--no-replan")
+    assert code == 0 and "5 tasks, 5 done" in out
+    with RunStore(tmp_path / "run") as store:
+        assert {s.node for s in store.slices()} == {"n0", "n1"}
+    code, _, err = in_process(capsys, "simulate", str(problem), "--cluster", "1x2", "--out",
+                              str(tmp_path / "none"))
+    assert code == 2
+    assert err.count("no option fits any node") == 1
+    assert "5 tasks ('t0', 't1', 't2' and 2 more): no option fits any node: its options " \
+        "are for nodes of kind A100, H100" in err and "--cluster H100:2x8,A100:2x8" in err

@@ -67,8 +67,20 @@ def _say_shared_cores(cluster: Any, launcher: Any) -> None:
 def say_problem_notes(problem: Any, left_out: Sequence[str]) -> None:
     """What a plan or a simulation of a problem file does not see or cannot use (its
     caveats, knobs its techniques do not take), and the tasks it left out, said."""
-    for reason in left_out:  # the others are planned, as a run trains the others
-        complain("warning", reason)
+    # The others are planned, as a run trains the others; tasks left out for one reason
+    # said once (a cluster of the wrong kinds left out every task of a sweep, a line each).
+    by_reason: dict[str, list[str]] = {}
+    for reason in left_out:
+        name, _, why = reason.partition(": ")
+        by_reason.setdefault(why if why else reason, []).append(name)
+    for why, names in by_reason.items():
+        if len(names) > 3:
+            shown = ", ".join(n.removeprefix("task ") for n in names[:3])
+            complain("warning", f"{len(names)} tasks ({shown} and {len(names) - 3} more): "
+                     f"{why}")
+        else:
+            for name in names:
+                complain("warning", f"{name}: {why}")
     for caveat in problem.caveats():  # of what is planned: those left out, said first
         complain("note", caveat)
     for knob in problem.unknown_knobs():

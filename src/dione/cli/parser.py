@@ -373,8 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "real orchestrator (plans, re-plans, slices, failures, report), on a "
                        "simulated clock: nothing trains")
     simulate.add_argument("problem", help="a problem JSON (dione profile -o writes one)")
-    simulate.add_argument("--cluster", help="NODESxDEVICES (4x8) or devices per node (8,8,4); "
-                          "default: the problem's nodes")
+    simulate.add_argument("--cluster", help="NODESxDEVICES (4x8) or devices per node (8,8,4), "
+                          "each part with its nodes' kind first where options have kinds "
+                          "(H100:2x8,A100:2x8); default: the problem's nodes")
     simulate.add_argument("--scenario", help="a JSON file: task_slowdown, node_slowdown, "
                           "spread, seed, failures, node_losses, node_joins, curve, curves (see "
                           "dione.simulate.Scenario)")

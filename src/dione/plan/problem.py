@@ -370,7 +370,8 @@ def _fits_no_node(where: str, options: Iterable[Option], nodes: Sequence[NodeSpe
         return [f"{where}: no option fits any node: its options are for nodes of kind "
                 f"{', '.join(kinds)}, the cluster's nodes are "
                 f"{'of kind ' + ', '.join(have) if have else 'of no kind'} (give each node "
-                "its kind, or the task options of the cluster's kinds)"]
+                "its kind: in the problem's cluster, or `--cluster H100:2x8,A100:2x8`; or "
+                "the task options of the cluster's kinds)"]
     return [f"{where}: no option fits any node (the widest has {widest} devices, the "
             f"narrowest option needs {min(o.devices for o in options)})"]
 

@@ -64,17 +64,24 @@ def problem_cluster(problem: PlanningProblem) -> Cluster:
 
 
 def parse_cluster(text: str) -> Cluster:
-    """``NxD`` (N nodes of D devices each: ``4x8``), or ``D,D,...`` (one node each)."""
-    found = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    """``NxD`` (N nodes of D devices each: ``4x8``), or ``D,D,...`` (one node each); each
+    part may name its nodes' kind first (``H100:2x8,A100:2x8``: two nodes of each)."""
+    sizes: list[tuple[str | None, int]] = []
     try:
-        if found:
-            count, devices = int(found.group(1)), int(found.group(2))
+        for part in text.split(","):
+            found = re.fullmatch(r"\s*(?:([A-Za-z][\w.-]*)\s*:)?\s*(?:(\d+)\s*[xX]\s*)?"
+                                 r"(\d+)\s*", part)
+            if not found:
+                raise ValueError(part)
+            count = int(found.group(2) or 1)
             if count < 1:
                 raise ClusterError("at least one node")
-            return Cluster([Node(f"n{i}", devices, "cuda") for i in range(count)])
-        sizes = [int(part) for part in text.split(",")]
-        return Cluster([Node(f"n{i}", devices, "cuda") for i, devices in enumerate(sizes)])
+            sizes += [(found.group(1), int(found.group(3)))] * count
+        return Cluster([Node(f"n{i}", devices, "cuda", model=kind)
+                        for i, (kind, devices) in enumerate(sizes)])
     except (ValueError, ClusterError) as err:
-        said = "" if "invalid literal" in str(err) else f": {err}"  # int()'s words: none
+        said = f": {err}" if isinstance(err, ClusterError) else ""
         raise ValueError(f"--cluster {text!r}: give NODESxDEVICES (4x8: four nodes of 8 "
-                         f"devices) or devices per node (8,8,4){said}") from None
+                         f"devices) or devices per node (8,8,4), each part with its nodes' "
+                         f"kind first where options differ by kind (H100:2x8,A100:2x8)"
+                         f"{said}") from None

@@ -94,8 +94,8 @@ def command(args: argparse.Namespace) -> int:
                      if part)
                  + " in the problem are not simulated (`dione plan` honours them)")
     if not problem.tasks:
-        raise BadInput(f"{args.problem}: no task fits the cluster; give a wider one "
-                       "(--cluster)")
+        raise BadInput(f"{args.problem}: no task fits the cluster; give a wider one, or "
+                       "nodes of the options' kinds (--cluster, above)")
     name = Path(args.problem).name.split(".")[0]
     out = Path(args.out or Path("runs") / f"simulate-{name}")
     options = RunOptions(solver=args.solver, time_limit=args.time_limit,
