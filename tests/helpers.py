@@ -17,6 +17,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -240,3 +242,34 @@ def check_real_timeline(timeline: Timeline) -> None:
             if span.action.kind == "B" and k < len(timeline.spans) - 1:
                 assert span.start >= ends[(k + 1, span.action)]
     assert timeline.render(timeline.makespan / 60).count("\n") == len(timeline.spans) - 1
+
+
+@contextmanager
+def read_only(folder: Path) -> Iterator[Path]:
+    """``folder`` where nothing can be written: a read-only bind mount of it as root (who
+    may write whatever its permissions), its permissions taken away otherwise."""
+    if os.geteuid() != 0:
+        entries = [folder, *folder.rglob("*")]
+        modes = {p: p.stat().st_mode for p in entries}
+        for p in entries:
+            p.chmod(modes[p] & ~0o222)
+        try:
+            yield folder
+        finally:
+            for p in entries:
+                p.chmod(modes[p])
+        return
+    view = folder.with_name(folder.name + "-read-only")
+    view.mkdir()
+    try:
+        for command in (["mount", "--bind", str(folder), str(view)],
+                        ["mount", "-o", "remount,bind,ro", str(view)]):
+            if subprocess.run(command, capture_output=True).returncode != 0:
+                subprocess.run(["umount", str(view)], capture_output=True)
+                pytest.skip("root who may not mount: no folder here is read-only to root")
+        try:
+            yield view
+        finally:
+            subprocess.run(["umount", str(view)], check=True)
+    finally:
+        view.rmdir()

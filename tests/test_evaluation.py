@@ -510,3 +510,11 @@ def test_dione_evaluate_records_a_fixed_evaluation_of_a_finished_task(
     assert main(["evaluate", str(run_dir), "plain", "nobody", "--workload",
                  str(fixed_file)]) == 2
     assert "the run has no task 'nobody'" in capsys.readouterr().err
+    # A read-only copy of the run: said, exit 2 (a traceback from the lock before).
+    from helpers import read_only
+
+    with read_only(run_dir) as archived:
+        assert main(["evaluate", str(archived), "alone", "--workload", str(fixed_file)]) == 2
+        err = capsys.readouterr().err
+        assert "cannot record evaluations in" in err and "copy it somewhere writable" in err
+        assert "Traceback" not in err

@@ -24,7 +24,7 @@ from dione.launch.slice import SliceError
 from dione.state.lock import RunDirBusy, RunLock, lock_holder
 from dione.state.sqlite import StateFileError
 from dione.state.store import RunStore
-from helpers import TEST_NODE, digits_task
+from helpers import TEST_NODE, digits_task, read_only
 
 WORKLOAD = '''
 import functools, os, torch
@@ -54,37 +54,6 @@ def trained(tmp_path: Path) -> tuple[Path, Path]:
     assert dione_main(["train", str(workload), "--task", "d", "--technique", "single",
                        "--steps", "4", "--out", str(run_dir)]) == 0
     return workload, run_dir
-
-
-@contextmanager
-def read_only(folder: Path) -> Iterator[Path]:
-    """``folder`` where nothing can be written: a read-only bind mount of it as root (who
-    may write whatever its permissions), its permissions taken away otherwise."""
-    if os.geteuid() != 0:
-        entries = [folder, *folder.rglob("*")]
-        modes = {p: p.stat().st_mode for p in entries}
-        for p in entries:
-            p.chmod(modes[p] & ~0o222)
-        try:
-            yield folder
-        finally:
-            for p in entries:
-                p.chmod(modes[p])
-        return
-    view = folder.with_name(folder.name + "-read-only")
-    view.mkdir()
-    try:
-        for command in (["mount", "--bind", str(folder), str(view)],
-                        ["mount", "-o", "remount,bind,ro", str(view)]):
-            if subprocess.run(command, capture_output=True).returncode != 0:
-                subprocess.run(["umount", str(view)], capture_output=True)
-                pytest.skip("root who may not mount: no folder here is read-only to root")
-        try:
-            yield view
-        finally:
-            subprocess.run(["umount", str(view)], check=True)
-    finally:
-        view.rmdir()
 
 
 def test_a_read_only_run_directory_is_read_where_it_is(

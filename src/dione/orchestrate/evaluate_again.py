@@ -104,7 +104,15 @@ def evaluate_again(run_dir: str | Path, tasks: Sequence[Task], device: str = "cp
     done = []
     # Held as a run holds it: a resume started meanwhile would evaluate beside us, and
     # `dione status` says the run is in use.
-    with RunLock(run_dir):
+    lock = RunLock(run_dir)
+    try:
+        lock.acquire()
+    except OSError as err:  # a read-only copy of a run: its store cannot take a figure
+        raise ValueError(f"cannot record evaluations in {run_dir}: {err.strerror or err} "
+                         f"({err.filename or run_dir}); the run's directory must be "
+                         "writable: copy it somewhere writable (cp -a) and evaluate the "
+                         "copy") from None
+    with lock:
         checkpoints = [trained_checkpoint(run_dir, task.name) for task in tasks]
         for task, checkpoint in zip(tasks, checkpoints, strict=True):
             outcome = EvaluationAgain(task.name, read_progress(checkpoint).step)

@@ -59,7 +59,9 @@ def claim_run_dir(run_dir: str | Path) -> RunLock:
     except OSError as err:
         where = err.filename or run_dir
         raise RunDirError(f"cannot use run directory {run_dir}: {err.strerror or err} "
-                          f"({where}); give a directory you can write (--out)") from None
+                          f"({where}); give a directory you can write (--out for a new "
+                          "run; a run to resume: copy it somewhere writable with cp -a "
+                          "and resume the copy)") from None
     return lock
 
 
