@@ -616,7 +616,8 @@ def test_the_same_option_twice_and_bad_numbers_are_refused_with_the_fix() -> Non
     twice = problem_of({"a": [(1, 10.0), (1, 5.0)]}, {"n0": 1})
     assert twice.mistakes() == [
         "task 'a', option 1: the same as option 0 (single {} on 1 devices); a plan names "
-        "an option by these and its node's kind, so keep one of them"]
+        "an option by these and its node's kind, so keep one of them (or give each kind "
+        "its own)"]
     with pytest.raises(ProblemError, match="the same as option 0"):
         PlanningProblem.from_json(twice.to_json())
     held = {**SMALL.to_json(), "busy": [{"task": "r", "node": "n0", "device_ids": [True],
@@ -851,7 +852,7 @@ def test_kinds_in_a_problem_file_are_checked_with_the_fix() -> None:
             "tasks": [{"name": "t", "options": options}]})
 
     with pytest.raises(ProblemError, match=r"option 0: kind must be the name of a node kind "
-                       r"\(\"H100\"\) its seconds hold on, not 3"):
+                       r"\(\"H100\", no spaces around it\) its seconds hold on, not 3"):
         problem([{"technique": "single", "devices": 1, "seconds": 1, "kind": 3}])
     with pytest.raises(ProblemError, match="no option fits any node: its options are for "
                        "nodes of kind A100, the cluster's nodes are of kind H100 "):
@@ -861,7 +862,8 @@ def test_kinds_in_a_problem_file_are_checked_with_the_fix() -> None:
                 (None,))
     # One time for every kind and one for H100: on an H100 node a plan cannot tell
     # which; one per kind is what kinds are for.
-    with pytest.raises(ProblemError, match=r"option 1: the same as option 0 .* of kind H100"):
+    with pytest.raises(ProblemError, match=r"option 1: the same as option 0 .*; of kind none "
+                       r"and H100: one of no kind fits the other's nodes too"):
         problem([{"technique": "single", "devices": 1, "seconds": 1},
                  {"technique": "single", "devices": 1, "seconds": 2, "kind": "H100"}])
     assert len(problem([{"technique": "single", "devices": 1, "seconds": 1, "kind": "A100"},
@@ -900,3 +902,42 @@ def test_the_area_bound_counts_slow_nodes_as_slow() -> None:
     assert lower_bound(problem) == pytest.approx(225.0, rel=1e-6)
     assert lower_bound(problem) <= 225.0
     assert solve(problem, "cpsat", time_limit=5, threads=1).makespan == pytest.approx(300.0)
+
+
+def test_kinds_a_review_found_wanting() -> None:
+    """A current plan re-timed at a re-plan takes each assignment's own kind's seconds
+    (it took whichever kind's option was listed last: every re-plan of a simulation on
+    two kinds was adopted); a twin of another kind has its own knobs; a kind with
+    spaces around it is refused, one differing in case named; a task too wide for its
+    kind's nodes is told so; an assignment on an unknown node is not also timed."""
+    from dione.orchestrate.replanning import retimed_end
+
+    nodes = (NodeSpec("h0", 8, "H100"), NodeSpec("a0", 8, "A100"))
+    ddp = (Option("ddp", 8, 100.0, kind="H100"), Option("ddp", 8, 300.0, kind="A100"))
+    problem = PlanningProblem(nodes, tuple(TaskOptions(t, ddp) for t in ("t1", "t2", "t4")))
+    plan = [Assignment("t1", "ddp", {}, "h0", tuple(range(8)), 0.0, 100.0),
+            Assignment("t2", "ddp", {}, "h0", tuple(range(8)), 100.0, 200.0),
+            Assignment("t4", "ddp", {}, "a0", tuple(range(8)), 0.0, 300.0)]
+    assert retimed_end(plan, problem, 0.0) == 300.0
+    # Each kind's ddp with knobs of its own: spread (no improvement pass) used h0 alone.
+    knobbed = PlanningProblem(nodes, tuple(TaskOptions(f"t{i}", (
+        Option("ddp", 8, 100.0, {"accumulation": 1}, kind="H100"),
+        Option("ddp", 8, 120.0, {"accumulation": 2}, kind="A100"))) for i in range(8)))
+    assert solve(knobbed, "spread").makespan == pytest.approx(480.0)
+    with pytest.raises(ProblemError, match=r"kind must be a name \(\"H100\", no spaces"):
+        PlanningProblem.from_json({"cluster": {"nodes": [{"name": "n", "devices": 1,
+                                                          "kind": "H100 "}]},
+                                   "tasks": [{"name": "t", "options": [
+                                       {"technique": "single", "devices": 1, "seconds": 1}]}]})
+    cased = PlanningProblem((NodeSpec("n", 1, "h100"),), (TaskOptions("t", (
+        Option("single", 1, 1.0), Option("single", 1, 1.0, {"accumulation": 2},
+                                          kind="H100"))),))
+    assert "kinds are compared as written: 'H100' is not 'h100'" in cased.caveats()[0]
+    narrow = PlanningProblem((NodeSpec("a0", 4, "A100"), NodeSpec("h0", 8, "H100")),
+                             (TaskOptions("t", (Option("ddp", 8, 1.0, kind="A100"),)),))
+    assert narrow.mistakes() == [
+        "task 't': no option fits any node (the widest node of kind A100 has 4 devices, "
+        "the narrowest option of that kind needs 8)"]
+    astray = Plan("hand", "feasible", 300.0, 0.0, (
+        *plan[:2], Assignment("t4", "ddp", {}, "a9", tuple(range(8)), 0.0, 300.0)))
+    assert check_plan(astray, problem) == ["task 't4': unknown node 'a9'"]

@@ -91,7 +91,7 @@ def test_the_problem_from_profile_to_run_is_typed_and_round_trips(tmp_path: Path
     assert [(t.name, [(o.technique, o.devices) for o in t.options]) for t in problem] == [
         ("a", [("single", 1), ("ddp", 2)])]
     assert problem.task("a").options[0].seconds == pytest.approx(1.0 + 12 * 0.01 + 0.5)
-    assert problem.nodes[0].kind == TEST_NODE.kind
+    assert problem.nodes[0].kind == TEST_NODE.model  # an accelerator's name, none here
     assert PlanningProblem.from_json(json.loads(json.dumps(problem.to_json()))) == problem
 
     runner = Runner([task], CLUSTER, tmp_path / "run", profile, RunOptions(time_limit=2.0),

@@ -243,7 +243,7 @@ def test_bad_scenarios_and_clusters_are_named() -> None:
     with pytest.raises(ValueError, match="NODESxDEVICES"):
         parse_cluster("")  # `--cluster ""` took the problem's own cluster, unsaid
     assert [n.devices for n in parse_cluster("2X8")] == [8, 8]
-    assert [(n.name, n.devices, n.planned_kind) for n in parse_cluster("H100:2x8, A100:4")] \
+    assert [(n.name, n.devices, n.model) for n in parse_cluster("H100:2x8, A100:4")] \
         == [("n0", 8, "H100"), ("n1", 8, "H100"), ("n2", 4, "A100")]
     with pytest.raises(ValueError, match=r"kind first where options differ by kind"):
         parse_cluster("2xH100")
@@ -982,8 +982,8 @@ def test_a_cluster_of_two_kinds_runs_each_task_at_its_kinds_times(tmp_path: Path
     assert lost.statuses == {"fast-on-h": "done", "alike": "done", "a-only": "failed"}
     with RunStore(tmp_path / "lost") as store:
         error = next(t.error for t in store.tasks() if t.name == "a-only")
-    assert error is not None and "need at least 2 devices on one node of kind A100, and " \
-        "the widest such node left has 0" in error
+    assert error is not None and "need at least 2 devices on a node of kind A100, and " \
+        "none is left" in error
 
 
 def test_simulate_on_a_cluster_of_kinds_given_on_the_command_line(

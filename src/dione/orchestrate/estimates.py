@@ -46,7 +46,7 @@ def auto_slice_seconds(start_up_seconds: float) -> float:
 
 def planning_nodes(cluster: Cluster) -> tuple[NodeSpec, ...]:
     """The cluster's nodes as a planning problem names them."""
-    return tuple(NodeSpec(n.name, n.devices, n.planned_kind) for n in cluster)
+    return tuple(NodeSpec(n.name, n.devices, n.model) for n in cluster)
 
 
 def option_seconds(profile: TaskProfile, option: ProfiledOption, steps: int, resumed: bool,
@@ -122,7 +122,7 @@ class Estimates:
         """Estimates with every step time the run's store holds (each slice's first step,
         which pays for warm-up, left out)."""
         estimates = cls(profile)
-        kinds = {n.name: n.planned_kind for n in profile.cluster}
+        kinds = {n.name: n.model for n in profile.cluster}
         for record in store.slices():
             if record.status == "done":
                 estimates.measured_slice(record.task, record.technique,

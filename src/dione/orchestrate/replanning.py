@@ -181,8 +181,10 @@ def retimed_end(plan: list[Assignment], problem: PlanningProblem, at: float) -> 
     """When ``plan`` would finish under ``problem``'s estimates (each device keeps its
     order, each task starts once its devices are free and not before ``at`` plus its
     release); None if it no longer covers the problem's tasks."""
-    seconds = {(t.name, o.technique, o.devices): o.seconds
+    # Per (task, technique, devices, kind of node: None for an option every node takes).
+    seconds = {(t.name, o.technique, o.devices, o.kind): o.seconds
                for t in problem.tasks for o in t.options}
+    kinds = {n.name: n.kind for n in problem.nodes}
     free: dict[tuple[str, int], float] = {}
     for busy in problem.busy:
         for device in busy.device_ids:
@@ -194,7 +196,9 @@ def retimed_end(plan: list[Assignment], problem: PlanningProblem, at: float) -> 
     for a in sorted(plan, key=lambda a: a.start):
         if a.task not in pending:
             continue
-        key = (a.task, a.technique, a.devices)
+        key = (a.task, a.technique, a.devices, kinds.get(a.node))
+        if key not in seconds:  # the task's option of no kind, if it has one
+            key = (a.task, a.technique, a.devices, None)
         if key not in seconds:
             return None
         devices = [(a.node, d) for d in a.device_ids]

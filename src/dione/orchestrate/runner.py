@@ -98,6 +98,8 @@ class Runner:
         same inputs give the same plans. ``inbox``: tasks a caller adds while it runs
         (``dione add``'s requests in the store are taken either way)."""
         self.cluster = cluster
+        # Every node's kind, those lost too (a slice there may still end well).
+        self.node_kinds = {n.name: n.model for n in cluster}
         self.launcher = launcher
         self.run_dir = run_dir
         self.profile = profile
@@ -519,7 +521,7 @@ class Runner:
         lost) waits out of the plan, in case a node that holds it joins (Ray)."""
         widest: dict[str | None, int] = {}  # per kind of node, and of all (None)
         for n in self.cluster:
-            for kind in (None, n.planned_kind):
+            for kind in (None, n.model):
                 widest[kind] = max(widest.get(kind, 0), n.devices)
         return [r for r in self.state.with_status(TaskStatus.PENDING)
                 if any(widest.get(kind, 0) >= fewest
@@ -540,27 +542,27 @@ class Runner:
         """Whether ``node`` can hold one of ``task``'s options."""
         fewest = self._fewest_devices(task)
         return node.devices >= min(fewest.get(None, sys.maxsize),
-                                   fewest.get(node.planned_kind, sys.maxsize))
+                                   fewest.get(node.model, sys.maxsize))
 
     def _fail_the_unplaceable(self) -> bool:
         """Give up the pending tasks no node left can hold (the run cannot wait for ever
         with nothing else to do); whether there were any."""
-        widest = max((n.devices for n in self.cluster), default=0)
         placeable = {r.name for r in self._pending_that_fit()}
         stranded = [r for r in self.state.with_status(TaskStatus.PENDING)
                     if r.name not in placeable]
         for record in stranded:
-            fewest = self._fewest_devices(record.name)
-            least = min(fewest.values())
-            kinds = sorted(k for k in fewest if k is not None)
-            of_kind = f" of kind {', '.join(kinds)}" if kinds and None not in fewest else ""
-            if of_kind:  # the widest node of those kinds
-                widest = max((n.devices for n in self.cluster if n.planned_kind in kinds),
-                             default=0)
-            such = "such " if of_kind else ""
-            message = (f"{record.name} cannot be placed: its options need at least {least} "
-                       f"devices on one node{of_kind}, and the widest {such}node left has "
-                       f"{widest}; "
+            needs = []  # per kind of node its options are for (None: any node)
+            for kind, fewest in sorted(self._fewest_devices(record.name).items(),
+                                       key=lambda item: (item[0] is not None, item[0] or "")):
+                widest = max((n.devices for n in self.cluster
+                              if kind is None or n.model == kind), default=0)
+                where = "one node" if kind is None else f"a node of kind {kind}"
+                left = ((f"the widest node left has {widest}" if kind is None
+                         else f"the widest left has {widest}") if widest
+                        else "none is left" if kind else "no node is left")
+                needs.append(f"at least {fewest} devices on {where}, and {left}")
+            message = (f"{record.name} cannot be placed: its options need "
+                       + "; or ".join(needs) + "; "
                        + ("simulate again with such a node kept (a scenario without its "
                           "loss)" if self.virtual else "resume the run once such a node "
                           "is back"))
@@ -588,6 +590,7 @@ class Runner:
             return
         self.known |= {n.name for n in joined}
         self.cluster = Cluster([*self.cluster, *joined])
+        self.node_kinds.update((n.name, n.model) for n in joined)
         for node in joined:
             self.emit(RunEvent("node_joined", f"node {node.name} ({node.devices} {node.kind} "
                                "device(s)) joined the cluster; the plan now uses it"))
@@ -743,8 +746,8 @@ class Runner:
     # -- execution -------------------------------------------------------------------
 
     def node_kind(self, node: str) -> str | None:
-        """The kind a planning problem gives ``node`` (None: no longer in the cluster)."""
-        return next((n.planned_kind for n in self.cluster if n.name == node), None)
+        """The kind a planning problem gives ``node`` (None: none given)."""
+        return self.node_kinds.get(node)
 
     def profiled_option(self, a: Assignment) -> ProfiledOption | None:
         """The profile's option ``a`` runs: its technique and width on its node's kind."""

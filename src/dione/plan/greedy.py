@@ -80,10 +80,15 @@ def list_schedule(
         else {}
     for name in order:
         chosen = choice[name]
-        # Per node kind, the option it runs there (one of no kind: every node's).
-        twins = {o.kind: o for o in tasks[name].options
-                 if o.technique == chosen.technique and o.devices == chosen.devices
-                 and o.knobs == chosen.knobs} if tasks and chosen.kind else {}
+        # Per node kind, the option it runs there (one of no kind: every node's): the
+        # same technique and width, at that kind's fastest knobs.
+        twins: dict[str | None, Option] = {}
+        if tasks and chosen.kind:
+            for o in tasks[name].options:
+                if o.technique == chosen.technique and o.devices == chosen.devices and (
+                        o.kind not in twins or o.seconds < twins[o.kind].seconds):
+                    twins[o.kind] = o
+            twins[chosen.kind] = chosen
         ready = release.get(name, 0.0)
         best: tuple[float, int, float, str, Option] | None = None
         empty: set[tuple[int, str | None]] = set()  # nodes with nothing on them, one seen

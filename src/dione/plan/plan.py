@@ -162,10 +162,10 @@ def check_plan(plan: Plan, problem: PlanningProblem) -> list[str]:
             occupancy[(b.node, device)].append((0.0, b.until, f"running task {b.task!r}"))
     for a in plan.assignments:
         where = f"task {a.task!r}"
-        if a.task in tasks:
-            option = matching_option(a, tasks[a.task].options, nodes.get(a.node))
+        if a.task in tasks and a.node in nodes:  # (an unknown node is said below)
+            option = matching_option(a, tasks[a.task].options, nodes[a.node])
             if option is None:
-                kind = getattr(nodes.get(a.node), "kind", None)
+                kind = nodes[a.node].kind
                 reasons.append(f"{where}: {a.technique} {dict(a.knobs)} on {a.devices} devices "
                                f"is not one of its options"
                                f"{f' on nodes of kind {kind}' if kind else ''}")

@@ -258,8 +258,13 @@ class PlanningProblem:
         unused = sorted({o.kind for t in self.tasks for o in t.options if o.kind}
                         - set(kinds))
         if unused:
+            # Kinds are names compared as written: a node of "h100" holds no "H100" option.
+            near = [f"{u!r} is not {k!r}" for u in unused for k in kinds
+                    if u.casefold() == k.casefold()]
             said.append(f"options of kind {', '.join(unused)} are never used: no node is of "
-                        f"that kind (the nodes' kinds: {', '.join(kinds) or 'none given'})")
+                        f"that kind (the nodes' kinds: {', '.join(kinds) or 'none given'})"
+                        + (f"; kinds are compared as written: {', '.join(near)}"
+                           if near else ""))
         widest = max((o.devices for t in self.tasks for o in t.options), default=0)
         nodes = max((n.devices for n in self.nodes), default=0)
         if widest and nodes > widest:
@@ -347,14 +352,18 @@ def _same_option_twice(where: str, options: Sequence[Option]) -> list[str]:
     reasons = []
     for j, option in enumerate(options):
         alike = first.setdefault(option.key()[:3], [])
-        k = next((k for k, o in alike if o.on_kind_of(option) or option.on_kind_of(o)), None)
+        k, other = next(((k, o) for k, o in alike
+                         if o.on_kind_of(option) or option.on_kind_of(o)), (None, None))
         alike.append((j, option))
-        if k is not None:
-            kind = f" of kind {option.kind}" if option.kind else ""
+        if k is not None and other is not None:
+            kinds = ("" if option.kind == other.kind else
+                     f"; of kind {other.kind or 'none'} and {option.kind or 'none'}: one of "
+                     "no kind fits the other's nodes too")
+            kind = f" of kind {option.kind}" if option.kind and not kinds else ""
             reasons.append(f"{where}, option {j}: the same as option {k} ({option.technique} "
-                           f"{dict(option.knobs)} on {option.devices} devices{kind}); a plan "
-                           "names an option by these and its node's kind, so keep one of "
-                           "them")
+                           f"{dict(option.knobs)} on {option.devices} devices{kind}{kinds}); "
+                           "a plan names an option by these and its node's kind, so keep "
+                           "one of them (or give each kind its own)")
     return reasons
 
 
@@ -363,17 +372,26 @@ def _fits_no_node(where: str, options: Iterable[Option], nodes: Sequence[NodeSpe
     options = list(options)
     if any(o.fits(n) for o in options for n in nodes):
         return []
-    widest = max((n.devices for n in nodes), default=0)
-    if any(o.devices <= widest for o in options):  # wide enough, of no node's kind
-        kinds = sorted({o.kind for o in options if o.kind})
-        have = sorted({n.kind for n in nodes if n.kind})
-        return [f"{where}: no option fits any node: its options are for nodes of kind "
-                f"{', '.join(kinds)}, the cluster's nodes are "
-                f"{'of kind ' + ', '.join(have) if have else 'of no kind'} (give each node "
-                "its kind: in the problem's cluster, or `--cluster H100:2x8,A100:2x8`; or "
-                "the task options of the cluster's kinds)"]
-    return [f"{where}: no option fits any node (the widest has {widest} devices, the "
-            f"narrowest option needs {min(o.devices for o in options)})"]
+    # Options whose kind some node has are too wide for those nodes; else no kind fits.
+    kinded = [(o, [n for n in nodes if o.kind in (None, n.kind)]) for o in options]
+    sized = [(o, of_kind) for o, of_kind in kinded if of_kind]
+    if sized:
+        narrowest = min(o.devices for o, _ in sized)
+        widest = max(n.devices for _, of_kind in sized for n in of_kind)
+        kinds = {o.kind for o, _ in sized}
+        if None in kinds:
+            return [f"{where}: no option fits any node (the widest has {widest} devices, "
+                    f"the narrowest option needs {narrowest})"]
+        named = ", ".join(sorted(k for k in kinds if k))
+        return [f"{where}: no option fits any node (the widest node of kind {named} has "
+                f"{widest} devices, the narrowest option of that kind needs {narrowest})"]
+    wanted = sorted({o.kind for o in options if o.kind})
+    have = sorted({n.kind for n in nodes if n.kind})
+    return [f"{where}: no option fits any node: its options are for nodes of kind "
+            f"{', '.join(wanted)}, the cluster's nodes are "
+            f"{'of kind ' + ', '.join(have) if have else 'of no kind'} (give each node "
+            "its kind: in the problem's cluster, or `--cluster H100:2x8,A100:2x8`; or "
+            "the task options of the cluster's kinds)"]
 
 
 def _priority_mistakes(where: str, priority: Any) -> list[str]:
@@ -440,9 +458,10 @@ def _parse_nodes(data: Any, reasons: list[str]) -> list[NodeSpec]:
             reasons.append(wrong)
         elif isinstance(devices, int):
             kind = node.get("kind")
-            if kind is not None and (not isinstance(kind, str) or not kind):
-                reasons.append(f"cluster node {name!r}: kind must be a name (\"H100\"), not "
-                               f"{kind!r}")
+            if kind is not None and (not isinstance(kind, str) or not kind.strip()
+                                     or kind != kind.strip()):
+                reasons.append(f"cluster node {name!r}: kind must be a name (\"H100\", no "
+                               f"spaces around it), not {kind!r}")
             nodes.append(NodeSpec(name, devices, kind if isinstance(kind, str) else None))
     reasons += _used_twice("cluster: node name", [n.name for n in nodes])
     return nodes
@@ -466,9 +485,10 @@ def _parse_option(where: str, item: Any, reasons: list[str]) -> Option | None:
     bad += _option_mistakes(where, technique, devices, seconds)
     if not isinstance(knobs, Mapping):
         bad.append(f"{where}: knobs must be an object")
-    if kind is not None and (not isinstance(kind, str) or not kind):
-        bad.append(f"{where}: kind must be the name of a node kind (\"H100\") its seconds "
-                   f"hold on, not {kind!r}")
+    if kind is not None and (not isinstance(kind, str) or not kind.strip()
+                             or kind != kind.strip()):
+        bad.append(f"{where}: kind must be the name of a node kind (\"H100\", no spaces "
+                   f"around it) its seconds hold on, not {kind!r}")
     reasons += bad
     if bad:
         return None

@@ -95,7 +95,7 @@ class SimulatedLaunching:
         a = running.assignment
         name, start, end = record.name, running.start_step, running.end_step
         task_profile = self.profile.task(name)
-        option = task_profile.option(a.technique, a.devices, node.planned_kind)
+        option = task_profile.option(a.technique, a.devices, node.model)
         assert option is not None
         trial = option.record
         assert trial.step_seconds is not None  # a profile's options are feasible

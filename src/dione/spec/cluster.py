@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from dione.spec.devices import (
     CPU_SLOTS_PER_CORE,
@@ -28,18 +28,14 @@ class ClusterError(ValueError):
 @dataclass(frozen=True)
 class Node:
     """One machine: ``devices`` devices of one kind; ``cores`` CPU cores they share;
-    ``model``: its accelerators' name ("H100"), where a (simulated) cluster mixes them."""
+    ``model``: its accelerators' name ("H100"), where a (simulated) cluster mixes them:
+    a planning problem's node kind, which options measured on one kind must match."""
 
     name: str
     devices: int
     kind: DeviceKind = "cpu"
     cores: int | None = None
     model: str | None = None
-
-    @property
-    def planned_kind(self) -> str:
-        """The kind a planning problem gives it: options measured on it fit its like."""
-        return self.model or self.kind
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -81,23 +77,6 @@ class Cluster:
     def max_devices(self) -> int:
         return max(n.devices for n in self.nodes)
 
-    def to_json(self) -> dict[str, Any]:
-        """The ``cluster`` object of a problem JSON."""
-        return {"nodes": [{"name": n.name, "devices": n.devices, "kind": n.kind,
-                           **({"model": n.model} if n.model else {})} for n in self]}
-
-    @staticmethod
-    def from_json(data: Mapping[str, Any]) -> Cluster:
-        try:
-            return Cluster(
-                Node(str(n["name"]), int(n["devices"]), cast(DeviceKind, n.get("kind", "cpu")),
-                     model=n.get("model"))
-                for n in data["nodes"]
-            )
-        except (KeyError, TypeError) as err:
-            raise ClusterError(
-                'a cluster is {"nodes": [{"name": "n0", "devices": 8}]}; ' f"missing {err}"
-            ) from None
 
 
 _DEVICES = re.compile(r"^(?:(cpu|cuda):)?(\d+)$")
