@@ -518,3 +518,49 @@ def test_dione_evaluate_records_a_fixed_evaluation_of_a_finished_task(
         err = capsys.readouterr().err
         assert "cannot record evaluations in" in err and "copy it somewhere writable" in err
         assert "Traceback" not in err
+
+
+HUNG = '''
+import functools, time, torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+
+def hangs(model):
+    time.sleep(3600)
+    return {"never": 1.0}
+
+
+workload = Workload([Task(name="h", model=functools.partial(digits_mlp, hidden=16, depth=1),
+                          data=digits_train, loss=torch.nn.functional.cross_entropy,
+                          optimizer=functools.partial(torch.optim.Adam, lr=1e-2),
+                          batch_size=16, steps=4, evaluate=hangs)])
+'''
+
+
+def test_an_evaluate_that_hangs_keeps_the_training_it_follows(tmp_path) -> None:
+    """An evaluate that never returns, its gang stopped by the slice's timeout: the
+    slice had trained and saved, and that stands (it was thrown away, the slice trained
+    again from its start three times, and no message named the evaluation: review);
+    the evaluation is recorded failed, naming the hang and `dione evaluate`."""
+    from dione.launch import local_placement, run_slice
+    from dione.spec.workload import load_workload
+    from helpers import TEST_NODE
+
+    file = tmp_path / "hung.py"
+    file.write_text(HUNG)
+    [task] = list(load_workload(file))
+    run_dir = tmp_path / "run"
+    result = run_slice(task, "ddp", run_dir, local_placement(TEST_NODE, [0, 1]),
+                       evaluate=True, timeout=20)
+    assert result.end_step == 4 and result.checkpoint is not None and len(result.losses) == 4
+    assert result.evaluation == {}
+    assert "its evaluate did not return: " in result.evaluation_error
+    assert "after the slice trained and saved step 4: the training is kept" in \
+        result.evaluation_error and f"dione evaluate {run_dir} h" in result.evaluation_error
+    with RunStore(run_dir) as store:
+        [record] = store.slices()
+        assert record.status == "done" and record.end_step == 4
+        assert store.latest_checkpoint("h").step == 4
+        assert store.task("h").status == "done"
+        assert store.task("h").error.startswith("evaluation failed")

@@ -258,18 +258,31 @@ def run_request(
             on_begin(slice_id, folder)
         where = (f"{method.name} on {placement.node} devices "
                  f"{list(placement.device_ids)}")
+        trained: list[SliceOutcome] = []  # rank 0's outcome once trained and saved
+
+        def heard(rank: int, record: dict[str, Any]) -> None:
+            if "trained" in record:
+                trained.append(record["trained"])
+            elif on_progress is not None:
+                on_progress(rank, record)
+
         try:
             outcomes = (launcher or LOCAL).run_gang(spec, placement, folder, request.timeout,
-                                                    cancel, on_progress)
+                                                    cancel, heard)
         except GangError as err:
-            message = (f"task {task.name!r}, steps {start}-{end}, {where}: {err}"
-                       + "".join(f"\n{w}" for w in warnings))
-            db.fail_slice(slice_id, message)
-            raise SliceError(message, err.reason, err.error_type) from err
+            if trained and err.reason in EVALUATION_LOST:  # ended in its evaluation
+                outcomes = [_evaluation_lost(trained[-1], str(err), request, end)]
+            else:
+                message = (f"task {task.name!r}, steps {start}-{end}, {where}: {err}"
+                           + "".join(f"\n{w}" for w in warnings))
+                db.fail_slice(slice_id, message)
+                raise SliceError(message, err.reason, err.error_type) from err
         except BaseException as err:
             why = getattr(cancel, "reason", None) or type(err).__name__
-            db.fail_slice(slice_id, f"interrupted: {why}", status="interrupted")
-            raise
+            if not (trained and why.startswith(STALLED)):  # ended by the user: as it was
+                db.fail_slice(slice_id, f"interrupted: {why}", status="interrupted")
+                raise
+            outcomes = [_evaluation_lost(trained[-1], why, request, end)]
         seconds = clock.now() - began
         _refuse_divergence(db, slice_id, spec, outcomes[0], latest, where, warnings)
         _say_unsaid_split(method, task, devices, knobs, inexactness, outcomes[0])
@@ -364,6 +377,26 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
         cut=db.cut(task.name, len(placement.device_ids)),
     )
     return spec, latest, warnings
+
+
+# A gang that ended so once it trained and saved: its evaluation hung or its process
+# died (a node lost may have taken the checkpoint with it: that is retried as before).
+EVALUATION_LOST = ("timeout", "signal", "exit", "raised")
+# How the orchestrator's cancel of a stalled slice begins its reason.
+STALLED = "stalled"
+
+
+def _evaluation_lost(lead: SliceOutcome, why: str, request: SliceRequest, end: int
+                     ) -> SliceOutcome:
+    """``lead`` (rank 0's outcome as it trained and saved) with its evaluation failed for
+    ``why``: the slice is recorded as trained, the evaluation as not done."""
+    first = why.strip().splitlines()[0] if why.strip() else "it ended"
+    lead.extra["evaluation_error"] = (
+        f"its evaluate did not return: {first} (after the slice trained and saved step "
+        f"{end}: the training is kept); an evaluate that hangs or runs this long: fix it (its "
+        "rank logs hold what it printed), then `dione evaluate "
+        f"{request.run_dir} {request.task.name}`")
+    return lead
 
 
 def _refuse_divergence(db: RunStore, slice_id: int, spec: SliceSpec, lead: SliceOutcome,

@@ -392,6 +392,7 @@ def run_job(job: Job, report: Report | None = None) -> tuple[str, Any]:
         if (rank == 0 and spec.evaluate and not ctx.evaluated
                 and outcome.checkpoint is not None):
             # A technique (a user's) that evaluated no live model: its checkpoint.
+            ctx.trained(outcome)  # (its ranks ended: the launcher hears it all the same)
             try:  # a broken evaluation must not lose the training it follows
                 began = time.perf_counter()
                 outcome.evaluation = evaluate_checkpoint(spec.task, outcome.checkpoint,

@@ -24,7 +24,7 @@ from shlex import quote
 
 from dione import clock
 from dione.launch.local import GangInterrupted, Launcher
-from dione.launch.slice import SliceError, SliceResult
+from dione.launch.slice import STALLED, SliceError, SliceResult
 from dione.orchestrate.additions import Intake, Profiling, TaskInbox, request_message
 from dione.orchestrate.estimates import Estimates, planning_nodes
 from dione.orchestrate.launching import SliceLaunching, SliceStarter, launchable
@@ -1149,7 +1149,7 @@ class Runner:
                     f"{options.stall_grace:g} s: stalled, cancelled (--stall-factor "
                     "changes the bound)")
                 self.emit(RunEvent("slice_cancelled", running.stalled, record.name))
-                running.cancel.reason = f"stalled: {running.stalled}"
+                running.cancel.reason = f"{STALLED}: {running.stalled}"
                 running.cancel.set()
             elif (not running.stall_warned
                   and elapsed > options.stall_warning * predicted + options.stall_grace / 2):
