@@ -518,6 +518,13 @@ def test_dione_evaluate_records_a_fixed_evaluation_of_a_finished_task(
         err = capsys.readouterr().err
         assert "cannot record evaluations in" in err and "copy it somewhere writable" in err
         assert "Traceback" not in err
+    # A run a launcher trains now: said first ("every done task has its evaluation", or
+    # "resume the run", of one that runs, before).
+    from dione.state.lock import RunLock
+
+    with RunLock(run_dir):
+        assert main(["evaluate", str(run_dir), "--workload", str(fixed_file)]) == 2
+        assert "is being trained now by a dione launcher" in capsys.readouterr().err
 
 
 HUNG = '''

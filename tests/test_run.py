@@ -692,8 +692,9 @@ def test_the_same_error_twice_on_one_node_of_several_is_retried_not_failed() -> 
 
     def runner(nodes: list[Node]) -> Any:
         fake = SimpleNamespace(options=RunOptions(max_failures=5), cluster=Cluster(nodes),
-                               emit=events.append, _fewest_devices=lambda name: 1,
+                               emit=events.append, _fewest_devices=lambda name: {None: 1},
                                _give_up=lambda record, error, said: given_up.append(said))
+        fake._holds = lambda node, name: Runner._holds(fake, node, name)
         fake._elsewhere = lambda record, node: Runner._elsewhere(fake, record, node)
         return fake
 

@@ -411,3 +411,91 @@ def test_loading_takes_one_task_keeps_the_caller_s_random_state_and_names_a_chan
     code, said = run(capsys, "export", str(run_dir), "d", "--latest", "--workload",
                      str(workload), "-o", str(run_dir.parent / "out"))
     assert code == 2 and "does not fit the task's model" in said and "Traceback" not in said
+
+
+def test_a_done_task_whose_final_checkpoint_is_lost_trains_its_last_steps_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A done task's final checkpoint deleted: export gave the one before as the trained
+    model, unsaid, and resume left it so; changed on disk: export said resume would set
+    it aside and train again, and resume did nothing. Now export refuses with the way
+    out, and resume trains the last steps again, from the newest intact checkpoint, to
+    the same weights."""
+    import shutil
+
+    workload = tmp_path / "workload.py"
+    workload.write_text(WORKLOAD)
+    run_dir = tmp_path / "run"
+    catalog = str(tmp_path / "catalog.sqlite")
+    code, said = run(capsys, "run", str(workload), "--devices", "cpu:1", "--out",
+                     str(run_dir), "--slice-steps", "4", "--catalog", catalog,
+                     "--warmup-steps", "1", "--measure-steps", "2")
+    assert code == 0, said
+    final = run_dir / "checkpoints" / "d" / "step-00000008"
+    weights = sorted(p.read_bytes() for p in final.glob("*.distcp"))
+    for damage in ("deleted", "changed"):
+        copy = tmp_path / damage
+        shutil.copytree(run_dir, copy)
+        lost = copy / "checkpoints" / "d" / "step-00000008"
+        if damage == "deleted":
+            shutil.rmtree(lost)
+        else:
+            payload = next(lost.glob("*.distcp"))
+            payload.write_bytes(payload.read_bytes()[:-8] + b"\0" * 8)
+        code, said = run(capsys, "export", str(copy), "d", "-o", str(tmp_path / f"x-{damage}"))
+        assert code == 2, said
+        assert ("is done, but its final checkpoint (step 8) is no longer on disk; its "
+                "newest is at step 4" in said if damage == "deleted"
+                else "does not match the digest" in said), said
+        code, said = run(capsys, "resume", str(copy), "--catalog", catalog)
+        assert code == 0, said
+        assert "d: done, but its final checkpoint (step 8) is " in said, said
+        assert "its steps from 4 train again" in said, said
+        with RunStore(copy) as store:
+            assert store.task("d").status == "done"
+            assert store.latest_checkpoint("d").step == 8
+        assert sorted(p.read_bytes() for p in lost.glob("*.distcp")) == weights
+
+
+def test_a_resume_with_a_workload_lacking_a_task_says_so_and_reports_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run resumed with a workload file that no longer defines one of its tasks (not
+    ended) left that task out unsaid, exit 0, and out of the report it wrote."""
+    workload = tmp_path / "workload.py"
+    workload.write_text(WORKLOAD)
+    run_dir = tmp_path / "run"
+    catalog = str(tmp_path / "catalog.sqlite")
+    code, said = run(capsys, "run", str(workload), "--devices", "cpu:1", "--out",
+                     str(run_dir), "--catalog", catalog, "--warmup-steps", "1",
+                     "--measure-steps", "2")
+    assert code == 0, said
+    with RunStore(run_dir) as store:  # a task of the run that has not trained yet
+        store.register_task("other", 8, 16, {}, {})
+    code, said = run(capsys, "resume", str(run_dir), "--catalog", catalog)
+    assert code == 0, said
+    assert "1 task(s) of the run are not in the workload given and are left as they are, " \
+        "untrained: other (pending)" in said, said
+    assert "other" in (run_dir / "report" / "summary.csv").read_text()
+
+
+def test_a_store_on_a_full_disk_is_said_full_not_damaged(tmp_path: Path) -> None:
+    """On a disk still full, SQLite cannot create its journal beside the store and says
+    "disk I/O error": that was read as damage (restore the file from a copy, or train
+    again: the run thrown away, its file intact). A real full disk: a small tmpfs."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("a tmpfs cannot be mounted here (root only): a real full disk is the test")
+    try:
+        with RunStore(disk / "run") as store:
+            store.register_task("a", 8, 16, {}, {})
+        with open(disk / "filler", "wb") as filler, pytest.raises(OSError):
+            while True:
+                filler.write(b"\0" * 65536)
+        with pytest.raises(StateFileError) as said, RunStore(disk / "run") as store:
+            store.register_task("b", 8, 16, {}, {})
+        assert "its disk is full, the file likely intact: free space on that disk" in \
+            str(said.value)
+        assert "restore the file from a copy" not in str(said.value)
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

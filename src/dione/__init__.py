@@ -166,7 +166,7 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
             raise RunDirError(str(err).replace("(--out)", "(run_dir=)")) from None
         raise
     troubles = page.close()
-    problem = report_after_run(run_dir, [t.task for t in result.tasks])
+    problem = report_after_run(run_dir, None)  # every task of the run, not only these
     for trouble in [*troubles, *([problem] if problem else [])]:
         warnings.warn(trouble, stacklevel=2)
     result.invalid = [str(p) for p in problems]  # a bad task stops only itself
@@ -360,7 +360,7 @@ def _said(on_event: Callable[[Any], None] | None, quiet: bool
 
 # Events a quiet run still says (as warnings): each may make a result other than it reads.
 WARNED = ("training_changed", "evaluation_failed", "task_failed", "task_refused",
-          "stopping_rule_failed", "checkpoint_quarantined")
+          "stopping_rule_failed", "checkpoint_quarantined", "task_left_out")
 
 
 def _outside_dione() -> int:

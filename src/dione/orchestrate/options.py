@@ -180,7 +180,8 @@ class RunEvent:
     - slices: ``slice_started``, ``slice_finished``, ``slice_failed``, ``slice_slow``,
       ``slice_cancelled``, ``checkpoint_quarantined``;
     - tasks: ``task_added``, ``task_readded``, ``task_refused``, ``task_stopped``,
-      ``task_diverged``, ``task_failed``, ``training_changed``;
+      ``task_diverged``, ``task_failed``, ``training_changed``, ``task_left_out`` (tasks
+      of the run a resume's workload no longer defines);
     - evaluations and stopping rules: ``rung_passed``, ``rung_waiting``,
       ``rung_unjudged``, ``rung_retrained``, ``evaluation_failed``,
       ``evaluation_doubtful``, ``evaluation_not_finite``, ``keep_best_doubtful``,

@@ -57,8 +57,9 @@ from dione.spec.settings import READ_SETTINGS, read_changes, training_settings
 from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
 from dione.spec.validate import keep_best_doubts, late_evaluation
+from dione.state.checkpoint import CheckpointError, quarantine, verify_checkpoint
 from dione.state.disk import DiskFull
-from dione.state.store import RunStore
+from dione.state.store import CheckpointRecord, RunStore
 from dione.state.summaries import error_line, exception_line
 from dione.techniques.registry import get_technique
 
@@ -150,6 +151,23 @@ class Runner:
         # A simulated run has no one to add tasks: its inputs are fixed.
         self.intake = None if virtual else Intake(self.store, inbox, Profiling(
             options.catalog, options.trial, launcher, options.storage))
+        self._say_left_out(tasks)
+
+    def _say_left_out(self, tasks: Sequence[Task]) -> None:
+        """Tasks of the run, not ended, that the workload given no longer defines (a
+        resume with another file): left as they are, and said (they were dropped, the
+        command said nothing and exited 0: review)."""
+        given = {t.name for t in tasks} | {
+            n for a in self.store.additions("waiting", "taken") for n in a.names}
+        absent = [t for t in self.store.tasks() if t.name not in given
+                  and t.status not in ("done", "stopped", "diverged", "failed", "invalid")]
+        if absent:
+            listed = ", ".join(f"{t.name} ({t.status})" for t in absent[:5])
+            more = f" and {len(absent) - 5} more" if len(absent) > 5 else ""
+            self.emit(RunEvent("task_left_out", f"{len(absent)} task(s) of the run are not in "
+                               f"the workload given and are left as they are, untrained: "
+                               f"{listed}{more}; give the workload that defines them "
+                               "(`dione resume RUN_DIR --workload FILE`) to train them", None))
 
     def _read_decisions(self, tasks: Sequence[Task]) -> None:
         """The store's decisions of the stopping rules of ``tasks`` not read before."""
@@ -199,8 +217,13 @@ class Runner:
         latest = self.store.latest_checkpoint(task.name)
         done = latest.step if latest else 0
         stored = self.store.task(task.name)
+        marked_done = stored is not None and stored.status == "done"
+        if marked_done and latest is not None:
+            done = self._final_checkpoint(task.name, latest, total)
         status = TaskStatus.PENDING
-        if (stored is not None and stored.status == "done") or done >= total:
+        # (Done with no checkpoint on disk at all: kept done, not trained from scratch
+        # unasked; a --storage not mounted looks so.)
+        if done >= total or (marked_done and latest is None):
             status = TaskStatus.DONE
         elif stored is not None and stored.status == "stopped":
             status = TaskStatus.STOPPED  # its rule stopped it: it never trains again
@@ -213,6 +236,31 @@ class Runner:
         if settle:
             self._settle_profiled(record)
         return record
+
+    def _final_checkpoint(self, name: str, latest: CheckpointRecord, total: int) -> int:
+        """The step a done task's weights are kept at: its final checkpoint's, where that
+        is on disk and intact; else (deleted, or changed since: it was exported and
+        evaluated as it was, or an older one as the trained model, unsaid, and a resume
+        left it so: review) the newest intact one's, the bad one set aside and the task
+        pending again, to train its last steps anew."""
+        found: CheckpointRecord | None = latest
+        if latest.step < total:
+            why = "no longer on disk"
+        else:
+            try:
+                verify_checkpoint(latest.path)
+                return latest.step
+            except CheckpointError as err:
+                moved = quarantine(latest.path) if Path(latest.path).is_dir() else None
+                self.store.forget_checkpoints(name, [latest.path])
+                why = f"not to be trusted ({err}){f'; moved to {moved}' if moved else ''}"
+                found = self.store.latest_checkpoint(name)
+        step = found.step if found is not None else 0
+        self.store.set_task_status(name, "pending")
+        self.emit(RunEvent("checkpoint_quarantined", f"{name}: done, but its final "
+                           f"checkpoint (step {total}) is {why}: its steps from {step} "
+                           "train again", name))
+        return step
 
     def _settle_profiled(self, record: TaskRecord) -> None:
         """What a pending task's profile says before it trains: failed where its trial's

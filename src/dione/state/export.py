@@ -101,6 +101,16 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
     if checkpoint is None or not Path(checkpoint.path).is_dir():
         raise ExportError(f"task {task!r} of run {run} has no checkpoint on disk"
                           + (f" (the store names {checkpoint.path})" if checkpoint else ""))
+    if record.status == "done" and not latest and checkpoint.step < record.total_steps:
+        # Its final checkpoint's folder went (deleted, or a disk lost): an older one is
+        # no trained model (it was exported as one, unsaid: review).
+        how = (f"`dione resume {quote(str(run))}` trains its last steps again from step "
+               f"{checkpoint.step}" if (run / "run.json").is_file() else
+               "train it again to its end")
+        raise ExportError(f"task {task!r} is done, but its final checkpoint (step "
+                          f"{record.total_steps}) is no longer on disk; its newest is at step "
+                          f"{checkpoint.step}: {how}, or export that one as it is (--step "
+                          f"{checkpoint.step}; --latest)")
     return _intact(Path(checkpoint.path))
 
 

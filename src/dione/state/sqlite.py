@@ -27,9 +27,23 @@ def _busy(err: BaseException) -> bool:
     return "locked" in str(err) or "busy" in str(err)
 
 
+def _nearly_full(folder: Path) -> bool:
+    """Whether ``folder``'s disk has almost no room left (SQLite says "disk I/O error"
+    where it cannot create its journal files on a full disk)."""
+    import shutil
+
+    try:
+        return shutil.disk_usage(folder).free < 16 * 2**20
+    except OSError:
+        return False
+
+
 def _damaged(path: Path, what: str, fix: str, err: BaseException) -> StateFileError:
-    if "full" in str(err):
-        fix = "free space on that disk, then go on (`dione resume` for a run)"
+    if "full" in str(err) or ("disk I/O error" in str(err) and _nearly_full(path.parent)):
+        # (A resume on a disk still full read "disk I/O error" and was told to restore the
+        # file, which was intact: review.)
+        fix = ("its disk is full, the file likely intact: free space on that disk, then "
+               "go on (`dione resume` for a run)")
     elif "readonly" in str(err) or "read-only" in str(err):
         # Intact, but where this user may not write (an archived run, a read-only mount,
         # another user's file): it was read from a copy, and this needs to write.

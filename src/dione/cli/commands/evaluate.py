@@ -20,9 +20,14 @@ def command(args: argparse.Namespace) -> int:
         tasks_to_evaluate,
     )
     from dione.state.export import ExportError, workload_of_task
-    from dione.state.lock import RunDirBusy
+    from dione.state.lock import RunDirBusy, lock_holder
     from dione.state.summaries import error_line, figure
 
+    holder = lock_holder(args.run_dir)
+    if holder is not None and holder.alive:  # said first: what is done is still moving
+        raise BadInput(f"{args.run_dir} is being trained now by a dione launcher (pid "
+                       f"{holder.pid} on host {holder.host}): evaluate its tasks once it "
+                       "ends (a run evaluates each task it finishes itself)")
     loaded = functools.cache(load)  # each workload file once
     try:
         tasks = tasks_to_evaluate(args.run_dir, args.task, lambda name: loaded(

@@ -116,7 +116,7 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
                     # showed the live page's last rewrite, up to 30 s before the stop);
                     # every task of the store: those `dione add` gave it too
                     report_after_run(run_dir, None, stopped=True)
-        problem = report_after_run(run_dir, [t.task for t in result.tasks])
+        problem = report_after_run(run_dir, None)  # every task of the run, not only these
         if problem:
             complain("warning", problem)
     print_results(result, run_dir)
