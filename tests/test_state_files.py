@@ -475,6 +475,20 @@ def test_a_resume_with_a_workload_lacking_a_task_says_so_and_reports_it(
     assert "1 task(s) of the run are not in the workload given and are left as they are, " \
         "untrained: other (pending)" in said, said
     assert "other" in (run_dir / "report" / "summary.csv").read_text()
+    # What a Ctrl-C says it left: before anything trained, nothing (it said gangs were
+    # stopped and checkpoints kept); once every task ended, a report cut short.
+    import argparse
+
+    from dione.cli import _left
+
+    with RunStore(run_dir) as store:
+        store.set_task_status("other", "failed", "left out")
+    assert _left(argparse.Namespace(command="resume", run_dir=str(run_dir))) == (
+        f"every task had ended; the stop cut the report short: `dione report {run_dir}` "
+        "writes it")
+    assert _left(argparse.Namespace(command="run", out=str(tmp_path / "new"),
+                                    workload=str(workload))) == \
+        "it stopped before any task trained: nothing to keep"
 
 
 def test_a_store_on_a_full_disk_is_said_full_not_damaged(tmp_path: Path) -> None:

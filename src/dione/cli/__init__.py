@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+from shlex import quote
 
 from dione.cli.commands import COMMANDS
 from dione.cli.console import complain, errors
@@ -46,8 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "readable by you): run dione as the user who owns it, or use a copy")
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as err:  # Terminated too
-        return _stopped(err, _STOPPED.get(args.command, "every gang was stopped, "
-                                          "checkpoints kept" + _continues(args)))
+        return _stopped(err, _STOPPED.get(args.command) or _left(args))
 
 
 # What a stop leaves where it is not a run's gangs and checkpoints.
@@ -58,23 +58,46 @@ _STOPPED = {
 }
 
 
-def _continues(args: argparse.Namespace) -> str:
-    """"; X continues it" for a stopped run's directory, as `dione status` names X (the
-    message named nothing to do next)."""
+def _left(args: argparse.Namespace) -> str:
+    """What a stopped command left, and what continues it: "; X continues it" for a
+    stopped run's directory, as `dione status` names X (the message named nothing to do
+    next); said otherwise where nothing had trained yet (it said gangs were stopped and
+    checkpoints kept, of a run that had none) or every task had ended (the stop cut its
+    report short, and `dione report` finishes that: review)."""
+    kept = "every gang was stopped, checkpoints kept"
     if args.command not in ("run", "resume", "train"):
-        return ""
+        return kept
     from dione.cli.inputs import default_run_dir
-    from dione.state.store import how_to_continue
+    from dione.state.store import STORE_FILE, how_to_continue
 
     given = getattr(args, "run_dir", None) or getattr(args, "out", None)
     run_dir = Path(given) if given else default_run_dir(args.workload)
+    if args.command == "run" and not (run_dir / STORE_FILE).is_file():
+        return "it stopped before any task trained: nothing to keep"
     if not run_dir.is_dir():
-        return ""
+        return kept
     if args.command == "run" and not _started_from(run_dir, args.workload):
-        return ""  # runs/<name> of another workload of that name, not this command's
+        return kept  # runs/<name> of another workload of that name, not this command's
     if args.command == "train":  # its own folder, or a run's: the same command again
-        return "; the same `dione train` continues it from them"
-    return f"; {how_to_continue(run_dir)} continues it"
+        return kept + "; the same `dione train` continues it from them"
+    if _all_ended(run_dir):
+        return (f"every task had ended; the stop cut the report short: `dione report "
+                f"{quote(str(run_dir))}` writes it")
+    return f"{kept}; {how_to_continue(run_dir)} continues it"
+
+
+def _all_ended(run_dir: Path) -> bool:
+    """Whether the run's store holds tasks, each ended (done, stopped, failed...)."""
+    from dione.state.sqlite import StateFileError
+    from dione.state.store import RunStore
+
+    try:
+        with RunStore(run_dir) as store:
+            tasks = store.tasks()
+    except (StateFileError, OSError):
+        return False
+    return bool(tasks) and all(t.status in ("done", "stopped", "diverged", "failed")
+                               for t in tasks)
 
 
 def _started_from(run_dir: Path, workload: str) -> bool:
