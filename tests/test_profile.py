@@ -1028,3 +1028,36 @@ def test_the_catalog_remembers_an_evaluations_metric_names_by_its_partials_argum
         catalog.put_evaluation_seconds("k", 0.6)  # timed again, its names not said
         assert catalog.evaluation_seconds("k") == 0.6
         assert catalog.evaluation_metrics("k", evaluation_arguments(acc)) is None
+
+
+def test_nodes_of_two_accelerator_models_are_profiled_each_as_its_kind(
+        tmp_path: Path) -> None:
+    """A cluster whose nodes name two models (Ray's accelerator_type: A100 and H100
+    nodes) was profiled on its first node's and every node planned alike: now each
+    model's nodes run their own trials (kept apart in the catalog), each option is of
+    its model's kind, and the problem gives each node its kind."""
+    from dione.launch.ray_launcher import accelerator_model
+    from dione.profile.catalog import Catalog
+    from dione.spec.cluster import Cluster
+
+    assert accelerator_model({"GPU": 8.0, "CPU": 96.0, "accelerator_type:A100": 1.0}) == "A100"
+    assert accelerator_model({"CPU": 2.0}) is None
+    nodes = [replace(TEST_NODE, name="x", devices=1, model="X"),
+             replace(TEST_NODE, name="y", devices=1, model="Y")]
+    tasks = [digits_task(f"t{i}", steps=6, techniques=("single",)) for i in range(2)]
+    options = TrialOptions(warmup_steps=1, measure_steps=2)
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        profile = profile_workload(tasks, Cluster(nodes), catalog, options=options)
+        assert (profile.trials_run, profile.trials_cached) == (2, 0)  # one a model
+        assert [(o.technique, o.kind) for o in profile.tasks[0].options] == [
+            ("single", "X"), ("single", "Y")]
+        assert [o.record.device.split(";")[0] for o in profile.tasks[0].options] == ["X", "Y"]
+        problem = profile_problem(profile)
+        assert [n.kind for n in problem.nodes] == ["X", "Y"]
+        assert [o.kind for o in problem.tasks[1].options] == ["X", "Y"]
+        again = profile_workload(tasks, Cluster(nodes), catalog, options=options)
+        assert (again.trials_run, again.trials_cached) == (0, 2)
+        # One model's nodes alone take their own trials, not the other's.
+        only = profile_workload(tasks, Cluster(nodes[1:]), catalog, options=options)
+        assert [o.kind for o in only.tasks[0].options] == [None]
+        assert only.tasks[0].options[0].record.device.startswith("Y;")

@@ -34,7 +34,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,13 @@ _ABANDONED_SECONDS = 60.0
 # The names of Ray gangs' folders; a local gang's (``dione-gang-<pid>-*``, see
 # ``scratch``) never match, and are its launcher's to remove.
 GANG_PREFIX = "dione-raygang-"
+
+
+def accelerator_model(resources: Mapping[str, float]) -> str | None:
+    """The GPU model Ray names among a node's resources (``accelerator_type:A100``), if
+    one: nodes of several models are profiled and planned each as a kind of its own."""
+    models = [k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")]
+    return models[0] if len(models) == 1 else None
 
 
 class RayNotInstalled(ClusterError):
@@ -444,7 +451,7 @@ class RayLauncher:
             name = f"{info.get('NodeManagerHostname', 'node')}-{info['NodeID'][:6]}"
             self._ids[name] = info["NodeID"]
             found.append((info["NodeID"], Node(name, gpus or cpus, "cuda" if gpus else "cpu",
-                                               max(cpus, 1))))
+                                               max(cpus, 1), accelerator_model(resources))))
         if not found:
             raise ClusterError("the Ray cluster has no alive node with CPUs or GPUs")
         return found

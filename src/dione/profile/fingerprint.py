@@ -360,6 +360,7 @@ def _code_of(value: Any) -> str:
 def trial_fingerprint(
     signature: Mapping[str, Any], technique: str, knobs: Mapping[str, Any], devices: int,
     kind: DeviceKind, threads: int, memory_cap_bytes: int | None = None,
+    model: str | None = None,
 ) -> str:
     """A hex digest of everything that decides one trial's speed, and whether it fits:
     under a memory cap (``--memory-cap``) a trial that fits the device may not."""
@@ -374,6 +375,8 @@ def trial_fingerprint(
     }
     if memory_cap_bytes is not None:  # only where set: uncapped catalogs keep their keys
         key["memory_cap_bytes"] = memory_cap_bytes
+    if model is not None:  # a node's accelerator model, where the cluster names one
+        key["model"] = model
     text = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -110,17 +110,61 @@ def profile_workload(
     the catalog unless ``reprofile``; never raises for a failing trial or task (but
     DiskFull where the checkpoints' disk is full: every trial would fail so). Trials
     run side by side on every node of the same kind and threads per device (they share
-    catalog entries), each where its devices are free.
+    catalog entries), each where its devices are free. A cluster whose nodes name
+    several accelerator models (``Node.model``: a Ray cluster of A100 and H100 nodes)
+    is profiled on each model's nodes in turn, each option then of its model's kind
+    (speed and memory differ by model: one was taken for all).
     ``storage``: where trials write their checkpoints, a folder every node can reach
     (default: a private folder on this machine)."""
+    models = list(dict.fromkeys(n.model for n in cluster))
+    if len(models) < 2 or None in models:  # one kind (a node of no model: all alike)
+        return _profile_alike(tasks, cluster, catalog, options, reprofile, budget,
+                              parallel, scratch, on_event, launcher, storage)
+    parts = []
+    for model in models:
+        nodes = Cluster([n for n in cluster if n.model == model])
+        parts.append(_profile_alike(tasks, nodes, catalog, options, reprofile, budget,
+                                    parallel, scratch, on_event, launcher, storage))
+    return _merged(cluster, parts)
+
+
+def _merged(cluster: Cluster, parts: Sequence[Profile]) -> Profile:
+    """Profiles of one workload on each model's nodes as one: each task's options of
+    every model, each of its model's kind; its trials, skips and evaluation's time
+    (the longest) of all."""
+    merged = []
+    for first in parts[0].tasks:
+        each = [(p.cluster.nodes[0].model, p.task(first.task)) for p in parts]
+        options = [dataclasses.replace(o, kind=model) for model, t in each for o in t.options]
+        merged.append(dataclasses.replace(
+            first, options=options, trials=[r for _, t in each for r in t.trials],
+            skipped=[s for _, t in each for s in t.skipped],
+            not_applicable=[s for _, t in each for s in t.not_applicable],
+            evaluation_seconds=max(t.evaluation_seconds for _, t in each),
+            error=None if options else next((t.error for _, t in each if t.error), None)))
+    return Profile(cluster, merged, sum(p.trials_run for p in parts),
+                   sum(p.trials_cached for p in parts), sum(p.seconds for p in parts),
+                   frozenset().union(*(p.from_catalog for p in parts)))
+
+
+def _profile_alike(
+    tasks: Sequence[Task], cluster: Cluster, catalog: Catalog,
+    options: TrialOptions | None, reprofile: bool, budget: float | None, parallel: bool,
+    scratch: str | Path | None, on_event: Callable[[ProfileEvent], None] | None,
+    launcher: Launcher, storage: str | Path | None,
+) -> Profile:
+    """``profile_workload`` on nodes taken to be alike."""
     options = options or TrialOptions()
     began = time.monotonic()
     node = cluster.nodes[0]
     # The threads a slot gets where the trials run (a Ray node's cores, not this machine's).
     threads = launcher.placement(node, [0]).threads if node.kind == "cpu" else 1
     alike = [n for n in cluster if n.kind == node.kind and n.devices >= node.devices
+             and n.model == node.model
              and (n.kind != "cpu" or launcher.placement(n, [0]).threads == threads)]
     device = device_description(node.kind, threads)
+    if node.model:  # the node's own model (a driver without its GPU says only "cuda")
+        device = f"{node.model}; {device}"
     emit = on_event or (lambda event: None)
     found = wanted_trials(tasks, node, threads, device, catalog, reprofile,
                           options.memory_cap_bytes)

@@ -196,7 +196,7 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
                 fingerprints = {
                     _knobs_key(k): trial_fingerprint(
                         signature, identity, k, count, node.kind, threads,
-                        memory_cap_bytes)
+                        memory_cap_bytes, node.model)
                     for k in resolved}
                 for knobs in resolved:
                     fingerprint = fingerprints[_knobs_key(knobs)]
@@ -215,5 +215,6 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
                         group, [task.name], technique.shards_memory, lighter, code=code,
                         evaluations=[] if eval_key is None else [(eval_key, task.evaluate)],
                         uncapped=None if memory_cap_bytes is None else trial_fingerprint(
-                            signature, identity, knobs, count, node.kind, threads))
+                            signature, identity, knobs, count, node.kind, threads,
+                            model=node.model))
     return WantedTrials(profiles, wanted, by_task)
