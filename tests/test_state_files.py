@@ -489,6 +489,12 @@ def test_a_resume_with_a_workload_lacking_a_task_says_so_and_reports_it(
     assert _left(argparse.Namespace(command="run", out=str(tmp_path / "new"),
                                     workload=str(workload))) == \
         "it stopped before any task trained: nothing to keep"
+    # A run.json edited by hand: said as its value, not as a --devices never given.
+    saved = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**saved, "devices": "cpu:zz"}))
+    code, said = run(capsys, "resume", str(run_dir))
+    assert code == 2 and "run.json records devices 'cpu:zz', which dione cannot read" in \
+        said, said
 
 
 def test_a_store_on_a_full_disk_is_said_full_not_damaged(tmp_path: Path) -> None:

@@ -77,7 +77,10 @@ def load_saved_run(run_dir: Path) -> SavedRun:
 
         how = (TRAIN_FOLDER.format(run=quote(str(run_dir))) if trained_by_train(run_dir) else
                "it was trained from Python with task objects (dione.run(tasks), "
-               "dione.optuna): call that again to go on" if (run_dir / STORE_FILE).is_file()
+               "dione.optuna): call that again to go on; or, started by `dione run` and "
+               "its run.json lost: `dione run WORKLOAD --out "
+               f"{quote(str(run_dir))}` goes on from its checkpoints"
+               if (run_dir / STORE_FILE).is_file()
                else "it was not started by `dione run`")
         raise BadInput(f"{run_dir} has no run.json: {how} (give the run directory that "
                        "`dione run --out` wrote)")

@@ -62,7 +62,7 @@ def command(args: argparse.Namespace) -> int:
                            f"elsewhere{own}") from None
         raise BadInput(f"{args.run_dir} cannot be reported ({type(err).__name__}: {err}); "
                        "`dione status` says what it can still read") from None
-    except (ValueError, sqlite3.Error) as err:
+    except (ValueError, sqlite3.Error) as err:  # (a store damaged: said by StateFileError)
         raise BadInput(f"{args.run_dir} cannot be reported ({type(err).__name__}: {err}); "
                        "`dione status` says what it can still read") from None
     console.print(shortened((folder / "summary.md").read_text()), markup=False)

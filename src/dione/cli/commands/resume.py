@@ -38,6 +38,15 @@ def command(args: argparse.Namespace) -> int:
                        "resume it without --ray (a run stays on the kind of cluster it "
                        "started on)")
     ray = args.ray or saved.ray
+    if saved.devices is not None and ray is None:  # the user gave no --devices: say whose
+        from dione.spec.cluster import ClusterError, parse_devices
+
+        try:
+            parse_devices(saved.devices)
+        except ClusterError as err:
+            raise BadInput(f"{run_dir}/run.json records devices {saved.devices!r}, which "
+                           f"dione cannot read ({err}); put back the value the run was "
+                           "started with (cpu:4, cuda:2)") from None
     tensorboard, mlflow = dashboard_places(args.tensorboard, args.mlflow)
     run = dataclasses.replace(saved, workload=workload, ray=ray,
                               options=run_options(vars(args), base=saved.options),
