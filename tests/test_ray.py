@@ -410,6 +410,42 @@ class TestOnWarmActors:
             if joined is not None:
                 remove_node(cluster, launcher, joined)
 
+    def test_nodes_of_two_models_are_profiled_and_planned_each_as_its_kind(
+            self, launcher: RayLauncher, cluster: Any, tmp_path: Path) -> None:
+        """Two nodes Ray names as of two GPU models (its accelerator_type resource): each
+        model's nodes run trials of their own, the plans give each node its kind and
+        each option a kind, and every task's final evaluation comes back (rank 0 sends
+        its outcome ahead of evaluating, over Ray's stream too)."""
+        from dione.orchestrate.plans import read_plans
+        from dione.zoo.digits import digits_accuracy
+
+        added: list[Any] = []
+        try:
+            for model in ("X", "Y"):
+                added.append(cluster.add_node(num_cpus=2,
+                                              resources={f"accelerator_type:{model}": 1}))
+            cluster.wait_for_nodes()
+            nodes = [dione_node(launcher.nodes(), a) for a in added]
+            assert [n.model for n in nodes] == ["X", "Y"]
+            tasks = [digits_task(f"k{i}", steps=8, techniques=("single",),
+                                 evaluate=digits_accuracy) for i in range(3)]
+            result = run_workload(
+                tasks, Cluster(nodes), tmp_path / "run",
+                RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                           solver="greedy", slice_steps=4, time_limit=5.0),
+                launcher=launcher)
+            assert all(t.status == "done" and "accuracy" in t.evaluation
+                       for t in result.tasks), result.tasks
+            problem = read_plans(tmp_path / "run")[0].problem
+            assert problem is not None
+            assert [n.kind for n in problem.nodes] == ["X", "Y"]
+            assert {o.kind for t in problem.tasks for o in t.options} == {"X", "Y"}
+            with RunStore(tmp_path / "run") as store:
+                assert {s.node for s in store.slices()} <= {n.name for n in nodes}
+        finally:
+            for node in added:
+                remove_node(cluster, launcher, node)
+
 
 def test_ray_env_reaches_the_launcher_the_cli_makes(cluster: Any,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
