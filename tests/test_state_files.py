@@ -441,6 +441,10 @@ def test_a_done_task_whose_final_checkpoint_is_lost_trains_its_last_steps_again(
         else:
             payload = next(lost.glob("*.distcp"))
             payload.write_bytes(payload.read_bytes()[:-8] + b"\0" * 8)
+        if damage == "deleted":  # said where the run is looked at, too
+            code, said = run(capsys, "status", str(copy))
+            assert "its final checkpoint (step 8) is not on disk; its newest is at step 4: " \
+                "`dione resume` trains its last steps again" in said, said
         code, said = run(capsys, "export", str(copy), "d", "-o", str(tmp_path / f"x-{damage}"))
         assert code == 2, said
         assert ("is done, but its final checkpoint (step 8) is no longer on disk; its "
@@ -454,6 +458,30 @@ def test_a_done_task_whose_final_checkpoint_is_lost_trains_its_last_steps_again(
             assert store.task("d").status == "done"
             assert store.latest_checkpoint("d").step == 8
         assert sorted(p.read_bytes() for p in lost.glob("*.distcp")) == weights
+    # Every checkpoint gone (a --storage not mounted looks so): kept done, and said.
+    bare = tmp_path / "bare"
+    shutil.copytree(run_dir, bare)
+    shutil.rmtree(bare / "checkpoints" / "d")
+    code, said = run(capsys, "resume", str(bare), "--catalog", catalog)
+    assert code == 0 and "d: done, but none of its checkpoints is on disk" in said, said
+    code, said = run(capsys, "export", str(bare), "d", "-o", str(tmp_path / "x-bare"))
+    assert code == 2 and "not mounted (--storage)? Mount it" in said, said
+    # Read whole once: a resume after finds it unchanged by its files' sizes and times
+    # and reads it no more (every resume read every done task's final checkpoint whole).
+    import dione.orchestrate.runner as runner_module
+
+    read: list[str] = []
+    verify = runner_module.verify_checkpoint
+    runner_module.verify_checkpoint = lambda path: (read.append(str(path)), verify(path))[1]
+    try:
+        code, said = run(capsys, "resume", str(tmp_path / "changed"), "--catalog", catalog)
+        assert code == 0 and read == [], (said, read)
+        payload = next(lost.glob("*.distcp"))  # changed since: read again, and set aside
+        payload.write_bytes(payload.read_bytes()[:-8] + b"\1" * 8)
+        code, said = run(capsys, "resume", str(tmp_path / "changed"), "--catalog", catalog)
+        assert code == 0 and len(read) == 1 and "not to be trusted" in said, said
+    finally:
+        runner_module.verify_checkpoint = verify
 
 
 def test_a_resume_with_a_workload_lacking_a_task_says_so_and_reports_it(
@@ -462,18 +490,27 @@ def test_a_resume_with_a_workload_lacking_a_task_says_so_and_reports_it(
     ended) left that task out unsaid, exit 0, and out of the report it wrote."""
     workload = tmp_path / "workload.py"
     workload.write_text(WORKLOAD)
+    both = tmp_path / "both.py"  # "d" and "other", each trained a slice of 4 steps
+    both.write_text(WORKLOAD + 'workload = Workload([*workload, Task(name="other", '
+                    'model=functools.partial(digits_mlp, hidden=hidden, depth=1), '
+                    'data=digits_train, loss=torch.nn.functional.cross_entropy, '
+                    'optimizer=functools.partial(torch.optim.Adam, lr=1e-2), '
+                    'batch_size=16, steps=8, techniques=("single",))])\n')
     run_dir = tmp_path / "run"
     catalog = str(tmp_path / "catalog.sqlite")
-    code, said = run(capsys, "run", str(workload), "--devices", "cpu:1", "--out",
+    code, said = run(capsys, "run", str(both), "--devices", "cpu:1", "--out",
                      str(run_dir), "--catalog", catalog, "--warmup-steps", "1",
-                     "--measure-steps", "2")
+                     "--measure-steps", "2", "--slice-steps", "4")
     assert code == 0, said
-    with RunStore(run_dir) as store:  # a task of the run that has not trained yet
-        store.register_task("other", 8, 16, {}, {})
-    code, said = run(capsys, "resume", str(run_dir), "--catalog", catalog)
+    with RunStore(run_dir) as store:  # stopped mid-way, its slices recorded
+        store.set_task_status("other", "pending")
+    code, said = run(capsys, "resume", str(run_dir), "--catalog", catalog, "--workload",
+                     str(workload))
     assert code == 0, said
     assert "1 task(s) of the run are not in the workload given and are left as they are, " \
         "untrained: other (pending)" in said, said
+    # The file given, beside the run's own still there: for this resume only.
+    assert json.loads((run_dir / "run.json").read_text())["workload"] == str(both.resolve())
     assert "other" in (run_dir / "report" / "summary.csv").read_text()
     # What a Ctrl-C says it left: before anything trained, nothing (it said gangs were
     # stopped and checkpoints kept); once every task ended, a report cut short.
@@ -489,6 +526,10 @@ def test_a_resume_with_a_workload_lacking_a_task_says_so_and_reports_it(
     assert _left(argparse.Namespace(command="run", out=str(tmp_path / "new"),
                                     workload=str(workload))) == \
         "it stopped before any task trained: nothing to keep"
+    RunStore(tmp_path / "profiling").close()  # a run stopped while profiling: no task yet
+    assert _left(argparse.Namespace(command="run", out=str(tmp_path / "profiling"),
+                                    workload=str(workload))).startswith(
+        "it stopped while profiling, before any task trained")
     # A run.json edited by hand: said as its value, not as a --devices never given.
     saved = json.loads((run_dir / "run.json").read_text())
     (run_dir / "run.json").write_text(json.dumps({**saved, "devices": "cpu:zz"}))

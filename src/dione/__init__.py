@@ -360,7 +360,8 @@ def _said(on_event: Callable[[Any], None] | None, quiet: bool
 
 # Events a quiet run still says (as warnings): each may make a result other than it reads.
 WARNED = ("training_changed", "evaluation_failed", "task_failed", "task_refused",
-          "stopping_rule_failed", "checkpoint_quarantined", "task_left_out")
+          "stopping_rule_failed", "checkpoint_quarantined", "checkpoint_missing",
+          "task_left_out")
 
 
 def _outside_dione() -> int:

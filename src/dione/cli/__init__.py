@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 from shlex import quote
+from typing import Any
 
 from dione.cli.commands import COMMANDS
 from dione.cli.console import complain, errors
@@ -74,6 +75,9 @@ def _left(args: argparse.Namespace) -> str:
     run_dir = Path(given) if given else default_run_dir(args.workload)
     if args.command == "run" and not (run_dir / STORE_FILE).is_file():
         return "it stopped before any task trained: nothing to keep"
+    if args.command == "run" and _tasks(run_dir) == []:  # stopped while profiling
+        return ("it stopped while profiling, before any task trained: the trials that "
+                "ended are in the catalog, and the same `dione run` starts again from them")
     if not run_dir.is_dir():
         return kept
     if args.command == "run" and not _started_from(run_dir, args.workload):
@@ -86,18 +90,23 @@ def _left(args: argparse.Namespace) -> str:
     return f"{kept}; {how_to_continue(run_dir)} continues it"
 
 
-def _all_ended(run_dir: Path) -> bool:
-    """Whether the run's store holds tasks, each ended (done, stopped, failed...)."""
+def _tasks(run_dir: Path) -> list[Any] | None:
+    """The run store's tasks (None: it cannot be read)."""
     from dione.state.sqlite import StateFileError
     from dione.state.store import RunStore
 
     try:
         with RunStore(run_dir) as store:
-            tasks = store.tasks()
+            return store.tasks()
     except (StateFileError, OSError):
-        return False
+        return None
+
+
+def _all_ended(run_dir: Path) -> bool:
+    """Whether the run's store holds tasks, each ended (done, stopped, failed...)."""
+    tasks = _tasks(run_dir)
     return bool(tasks) and all(t.status in ("done", "stopped", "diverged", "failed")
-                               for t in tasks)
+                               for t in tasks or ())
 
 
 def _started_from(run_dir: Path, workload: str) -> bool:

@@ -29,6 +29,7 @@ from dione.spec.settings import READ_SETTINGS, read_changes, training_settings
 from dione.spec.task import Task
 from dione.state.checkpoint import (
     CorruptCheckpoint,
+    file_times,
     prune_checkpoints,
     quarantine,
     verify_checkpoint,
@@ -258,32 +259,53 @@ def run_request(
             on_begin(slice_id, folder)
         where = (f"{method.name} on {placement.node} devices "
                  f"{list(placement.device_ids)}")
-        trained: list[SliceOutcome] = []  # rank 0's outcome once trained and saved
+        # Rank 0's outcome once trained and saved, while its evaluation runs (a real
+        # slice's: a trial that cannot evaluate is timed out, as it was, never cached).
+        evaluating: list[SliceOutcome] = []
 
         def heard(rank: int, record: dict[str, Any]) -> None:
             if "trained" in record:
-                trained.append(record["trained"])
+                if request.trial is None:
+                    evaluating.append(record["trained"])
+            elif "evaluated" in record:  # whatever ends the gang now, not its evaluate
+                evaluating.clear()
             elif on_progress is not None:
                 on_progress(rank, record)
 
         try:
             outcomes = (launcher or LOCAL).run_gang(spec, placement, folder, request.timeout,
                                                     cancel, heard)
+            seconds = clock.now() - began
         except GangError as err:
-            if trained and err.reason in EVALUATION_LOST:  # ended in its evaluation
-                outcomes = [_evaluation_lost(trained[-1], str(err), request, end)]
-            else:
+            if not (evaluating and err.reason in EVALUATION_LOST):
                 message = (f"task {task.name!r}, steps {start}-{end}, {where}: {err}"
                            + "".join(f"\n{w}" for w in warnings))
                 db.fail_slice(slice_id, message)
                 raise SliceError(message, err.reason, err.error_type) from err
+            ended = {"timeout": f"stopped by the slice's timeout of {request.timeout:g} s",
+                     "signal": "its process was killed", "exit": "its process exited"}
+            outcomes = [_evaluation_lost(evaluating[-1], ended.get(
+                err.reason, f"its process failed: {str(err).strip().splitlines()[0]}"),
+                request, end)]
+            seconds = _trained_seconds(outcomes[0], clock.now() - began)
         except BaseException as err:
             why = getattr(cancel, "reason", None) or type(err).__name__
-            if not (trained and why.startswith(STALLED)):  # ended by the user: as it was
+            lead = evaluating[-1] if evaluating else None
+            if lead is None or not all(math.isfinite(x) for x in lead.losses):
                 db.fail_slice(slice_id, f"interrupted: {why}", status="interrupted")
                 raise
-            outcomes = [_evaluation_lost(trained[-1], why, request, end)]
-        seconds = clock.now() - began
+            # Stopped in its evaluation: its training stands (recorded; the evaluation
+            # owed), whether the run goes on (a stall) or stops (Ctrl-C: a resume found
+            # the task untrained and trained the slice again, review).
+            stalled = why.startswith(STALLED)
+            lead = _evaluation_lost(lead, "cancelled as stalled, far past its prediction"
+                                    if stalled else f"interrupted ({why})", request, end)
+            result = _record_finished(db, slice_id, request, spec, method.name, [lead],
+                                      _trained_seconds(lead, clock.now() - began),
+                                      warnings, inexactness)
+            if stalled:
+                return result
+            raise
         _refuse_divergence(db, slice_id, spec, outcomes[0], latest, where, warnings)
         _say_unsaid_split(method, task, devices, knobs, inexactness, outcomes[0])
         return _record_finished(db, slice_id, request, spec, method.name, outcomes, seconds,
@@ -379,24 +401,29 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
     return spec, latest, warnings
 
 
-# A gang that ended so once it trained and saved: its evaluation hung or its process
-# died (a node lost may have taken the checkpoint with it: that is retried as before).
+# A gang that ended so once it trained and saved, before its evaluation returned: the
+# evaluation hung or its process died (a node lost may have taken the checkpoint with
+# it: that is retried as before).
 EVALUATION_LOST = ("timeout", "signal", "exit", "raised")
+EVALUATION_LOST_SAID = "its evaluate did not return"
 # How the orchestrator's cancel of a stalled slice begins its reason.
 STALLED = "stalled"
 
 
 def _evaluation_lost(lead: SliceOutcome, why: str, request: SliceRequest, end: int
                      ) -> SliceOutcome:
-    """``lead`` (rank 0's outcome as it trained and saved) with its evaluation failed for
-    ``why``: the slice is recorded as trained, the evaluation as not done."""
-    first = why.strip().splitlines()[0] if why.strip() else "it ended"
+    """``lead`` (rank 0's outcome as it trained and saved), its evaluation marked failed
+    for ``why`` (in place): the slice is recorded as trained, the evaluation as owed."""
     lead.extra["evaluation_error"] = (
-        f"its evaluate did not return: {first} (after the slice trained and saved step "
-        f"{end}: the training is kept); an evaluate that hangs or runs this long: fix it (its "
-        "rank logs hold what it printed), then `dione evaluate "
-        f"{request.run_dir} {request.task.name}`")
+        f"{EVALUATION_LOST_SAID}: {why}; the slice had trained and saved step {end}, which "
+        "is kept; an evaluate that hangs or runs this long: fix it (its rank logs hold "
+        f"what it printed), then `dione evaluate {request.run_dir} {request.task.name}`")
     return lead
+
+
+def _trained_seconds(lead: SliceOutcome, since_begun: float) -> float:
+    """A slice's seconds to its checkpoint (not the hung evaluation after it)."""
+    return float(lead.timings.get("saved", since_begun))
 
 
 def _refuse_divergence(db: RunStore, slice_id: int, spec: SliceSpec, lead: SliceOutcome,
@@ -457,6 +484,12 @@ def _record_finished(db: RunStore, slice_id: int, request: SliceRequest, spec: S
                     {**lead.timings, "wall": seconds}, max(peak), lead.evaluation,
                     evaluation_error and f"evaluation failed:\n{evaluation_error}",
                     lead.extra.get("exactness"))
+    registered = db.task(task.name)
+    if lead.checkpoint is not None and registered is not None \
+            and spec.end_step >= registered.total_steps:
+        # A task's final checkpoint, just written with its digests: a resume need not
+        # read it whole to trust it while its files stay as they are now.
+        db.keep_verified(lead.checkpoint, file_times(lead.checkpoint))
     doubts: list[str] = []
     best = _best_to_keep(db, task, lead.evaluation, evaluation_error, spec.end_step, doubts)
     gone = prune_checkpoints(db.checkpoint_root(request.storage), task.name,

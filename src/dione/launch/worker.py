@@ -392,7 +392,8 @@ def run_job(job: Job, report: Report | None = None) -> tuple[str, Any]:
         if (rank == 0 and spec.evaluate and not ctx.evaluated
                 and outcome.checkpoint is not None):
             # A technique (a user's) that evaluated no live model: its checkpoint.
-            ctx.trained(outcome)  # (its ranks ended: the launcher hears it all the same)
+            # (The other ranks have returned; rank 0 still reports to the launcher.)
+            ctx.trained(outcome)
             try:  # a broken evaluation must not lose the training it follows
                 began = time.perf_counter()
                 outcome.evaluation = evaluate_checkpoint(spec.task, outcome.checkpoint,
@@ -400,6 +401,8 @@ def run_job(job: Job, report: Report | None = None) -> tuple[str, Any]:
                 outcome.timings["evaluate_seconds"] = time.perf_counter() - began
             except Exception as err:
                 note_evaluation_error(outcome, err)
+            finally:
+                ctx.evaluation_ended()
         return "result", outcome
     except BaseException as err:  # the launcher reads the record: report everything
         traceback.print_exc()

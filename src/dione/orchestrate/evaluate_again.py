@@ -108,10 +108,14 @@ def evaluate_again(run_dir: str | Path, tasks: Sequence[Task], device: str = "cp
     try:
         lock.acquire()
     except OSError as err:  # a read-only copy of a run: its store cannot take a figure
+        import errno
+
+        fix = ("the run's directory must be writable: copy it somewhere writable (cp -a) "
+               "and evaluate the copy" if err.errno in (errno.EROFS, errno.EACCES,
+                                                        errno.EPERM)
+               else "fix that, then evaluate again")
         raise ValueError(f"cannot record evaluations in {run_dir}: {err.strerror or err} "
-                         f"({err.filename or run_dir}); the run's directory must be "
-                         "writable: copy it somewhere writable (cp -a) and evaluate the "
-                         "copy") from None
+                         f"({err.filename or run_dir}); {fix}") from None
     with lock:
         checkpoints = [trained_checkpoint(run_dir, task.name) for task in tasks]
         for task, checkpoint in zip(tasks, checkpoints, strict=True):

@@ -178,7 +178,7 @@ class RunEvent:
     - the run: ``profiled``, ``planned``, ``replanned``, ``planner_fell_back``,
       ``node_lost``, ``node_joined``, ``finished``;
     - slices: ``slice_started``, ``slice_finished``, ``slice_failed``, ``slice_slow``,
-      ``slice_cancelled``, ``checkpoint_quarantined``;
+      ``slice_cancelled``, ``checkpoint_quarantined``, ``checkpoint_missing``;
     - tasks: ``task_added``, ``task_readded``, ``task_refused``, ``task_stopped``,
       ``task_diverged``, ``task_failed``, ``training_changed``, ``task_left_out`` (tasks
       of the run a resume's workload no longer defines);

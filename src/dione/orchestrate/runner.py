@@ -57,7 +57,12 @@ from dione.spec.settings import READ_SETTINGS, read_changes, training_settings
 from dione.spec.stopping import Decision, StoppingRule
 from dione.spec.task import Task
 from dione.spec.validate import keep_best_doubts, late_evaluation
-from dione.state.checkpoint import CheckpointError, quarantine, verify_checkpoint
+from dione.state.checkpoint import (
+    CheckpointError,
+    file_times,
+    quarantine,
+    verify_checkpoint,
+)
 from dione.state.disk import DiskFull
 from dione.state.store import CheckpointRecord, RunStore
 from dione.state.summaries import error_line, exception_line
@@ -220,6 +225,12 @@ class Runner:
         marked_done = stored is not None and stored.status == "done"
         if marked_done and latest is not None:
             done = self._final_checkpoint(task.name, latest, total)
+        elif marked_done and self.store.checkpoints(task.name):
+            self.emit(RunEvent("checkpoint_missing", f"{task.name}: done, but none of its "
+                               "checkpoints is on disk (a --storage not mounted?): kept "
+                               "done, its weights out of reach; mount its storage and "
+                               "resume, or train it anew in a new run directory",
+                               task.name))
         status = TaskStatus.PENDING
         # (Done with no checkpoint on disk at all: kept done, not trained from scratch
         # unasked; a --storage not mounted looks so.)
@@ -247,8 +258,12 @@ class Runner:
         if latest.step < total:
             why = "no longer on disk"
         else:
+            files = file_times(latest.path)
+            if self.store.verified_checkpoints().get(latest.path) == files:
+                return latest.step  # read whole before, unchanged since: not read again
             try:
                 verify_checkpoint(latest.path)
+                self.store.keep_verified(latest.path, files)
                 return latest.step
             except CheckpointError as err:
                 moved = quarantine(latest.path) if Path(latest.path).is_dir() else None

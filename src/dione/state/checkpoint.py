@@ -56,6 +56,7 @@ __all__ = [
     "CorruptCheckpoint",
     "Progress",
     "checkpoint_path",
+    "file_times",
     "latest_on_disk",
     "load_checkpoint",
     "load_model_weights",
@@ -163,6 +164,21 @@ def verify_checkpoint(path: str | Path) -> None:
         else:
             continue
         raise CorruptCheckpoint(f"checkpoint {folder}: file {name} {problem}", folder, name)
+
+
+def file_times(path: str | Path) -> list[list[Any]]:
+    """Each file of a checkpoint folder with its size and change time, in name order: what
+    ``verify_checkpoint`` read whole, to tell later that nothing changed since (a full
+    read of every done task's final checkpoint at each resume: 0.5 TB for 50 large
+    models, review)."""
+    folder = Path(path)
+    found = []
+    for file in sorted(folder.rglob("*")):
+        if file.is_file():
+            info = file.stat()
+            found.append([str(file.relative_to(folder)), info.st_size, info.st_mtime_ns,
+                          info.st_ctime_ns])
+    return found
 
 
 def quarantine(folder: str | Path) -> Path:

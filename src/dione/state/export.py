@@ -100,7 +100,9 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
                           "slices has ended; ask again once one has")
     if checkpoint is None or not Path(checkpoint.path).is_dir():
         raise ExportError(f"task {task!r} of run {run} has no checkpoint on disk"
-                          + (f" (the store names {checkpoint.path})" if checkpoint else ""))
+                          + (f" (the store names {checkpoint.path})" if checkpoint else "")
+                          + ": its checkpoints' disk not mounted (--storage)? Mount it; "
+                          "else the weights are gone: train the task anew")
     if record.status == "done" and not latest and checkpoint.step < record.total_steps:
         # Its final checkpoint's folder went (deleted, or a disk lost): an older one is
         # no trained model (it was exported as one, unsaid: review).

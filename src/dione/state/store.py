@@ -715,6 +715,16 @@ class RunStore(SQLiteFile):
         """``add_directions``'s metrics and their directions (empty: none recorded)."""
         return {str(k): str(v) for k, v in self._run_value("directions").items()}
 
+    def verified_checkpoints(self) -> dict[str, Any]:
+        """Per checkpoint folder verified whole against its digests, its files' sizes and
+        times then (``keep_verified``): unchanged since, it need not be read again."""
+        return self._run_value("verified_checkpoints")
+
+    def keep_verified(self, path: str, files: Any) -> None:
+        """Record that ``path`` matched its digests with its files as ``files`` says."""
+        self._set_run_value("verified_checkpoints",
+                            {**self.verified_checkpoints(), path: files})
+
     def _set_run_value(self, key: str, value: Mapping[str, Any]) -> None:
         """A JSON object kept under ``key`` in the run's own table."""
         with self._transaction() as db:

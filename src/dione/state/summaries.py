@@ -125,13 +125,20 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
             trained = max(s.end_step for s in done)
         status = ("paused" if record.status == "pending" and record.name in paused
                   else record.status)
+        error = record.error
+        if record.status == "done" and trained < record.total_steps and any(
+                s.checkpoint for s in done):  # (said: it read "done 30/40", no word why)
+            error = (f"its final checkpoint (step {record.total_steps}) is not on disk"
+                     + (f"; its newest is at step {trained}: `dione resume` trains its last "
+                        "steps again" if latest else ": its storage not mounted?")
+                     + (f"\n{error}" if error else ""))
         evaluated_at, evaluation = store.latest_evaluation(record.name)
         result.append(TaskSummary(
             record.name, status, trained, record.total_steps,
             techniques_in_turn(slices), devices,
             sum((s.ended_at or s.started_at) - s.started_at for s in done),
             loss, evaluation,
-            dict(record.hyperparameters), record.error, latest.path if latest else None,
+            dict(record.hyperparameters), error, latest.path if latest else None,
             sorted({len(s.device_ids) for s in done}), inexact_spans(slices),
             bool(slices) and slices[-1].status in ("interrupted", "running"),
             inexact_spans(slices, "statistical"), evaluated_at,

@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import resource
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -228,9 +228,15 @@ class SliceContext:
         then costs the training nothing (a hung evaluate threw away the slice it
         followed, three times over, and no message named it: review)."""
         if self.rank == 0 and self.on_progress is not None and outcome.checkpoint:
-            self.on_progress({"step": self.spec.end_step, "trained": dataclasses.replace(
+            self.on_progress({"trained": dataclasses.replace(
                 outcome, evaluation={}, timings=dict(outcome.timings),
                 extra=dict(outcome.extra))})
+
+    def evaluation_ended(self) -> None:
+        """Tell the launcher, from rank 0, that the evaluation returned (or raised, said
+        in the outcome): what ends the gang after it is not the evaluation's doing."""
+        if self.rank == 0 and self.on_progress is not None:
+            self.on_progress({"evaluated": True})
 
     def evaluate(self, outcome: SliceOutcome, model: nn.Module | None) -> None:
         """The task's evaluation of the live trained model, into rank 0's ``outcome``,
@@ -240,11 +246,10 @@ class SliceContext:
         None)."""
         if not self.spec.evaluate:
             return
-        self.evaluated = True
-        self.trained(outcome)
-        if model is not None and self.rank == 0:
-            self._evaluate_on_rank0(outcome, model, time.perf_counter(),
-                                    import_clock.seconds())
+        with self._evaluating(outcome):
+            if model is not None and self.rank == 0:
+                self._evaluate_on_rank0(outcome, model, time.perf_counter(),
+                                        import_clock.seconds())
 
     def evaluate_sharded(self, outcome: SliceOutcome, model: nn.Module) -> None:
         """Evaluate fsdp's live sharded model (collective, where the slice asks for an
@@ -256,18 +261,17 @@ class SliceContext:
         raised alike on every rank goes into ``outcome``; the training is kept."""
         if not self.spec.evaluate:
             return
-        self.evaluated = True
-        self.trained(outcome)
-        began, imported = time.perf_counter(), import_clock.seconds()
-        try:
-            metrics = evaluate_model(self.task, model)
-        except Exception as err:
+        with self._evaluating(outcome):
+            began, imported = time.perf_counter(), import_clock.seconds()
+            try:
+                metrics = evaluate_model(self.task, model)
+            except Exception as err:
+                if self.rank == 0:
+                    note_evaluation_error(outcome, err)
+                return
             if self.rank == 0:
-                note_evaluation_error(outcome, err)
-            return
-        if self.rank == 0:
-            outcome.evaluation = metrics
-            outcome.timings["evaluate_seconds"] = _without_imports(began, imported)
+                outcome.evaluation = metrics
+                outcome.timings["evaluate_seconds"] = _without_imports(began, imported)
 
     def evaluate_stages(self, outcome: SliceOutcome, model: nn.Module) -> None:
         """Evaluate a pipeline's model, which no rank holds whole (collective, where the
@@ -277,21 +281,31 @@ class SliceContext:
         evaluating it) goes into ``outcome``; the training is kept."""
         if not self.spec.evaluate:
             return
+        with self._evaluating(outcome):
+            began, imported = time.perf_counter(), import_clock.seconds()
+            model.zero_grad(set_to_none=True)  # trained and saved: room for the whole model
+            try:
+                state = stages_on_rank0(model, self.rank, self.world)
+                whole = (None if state is None
+                         else model_from_state(self.task, state, self.device))
+            except Exception as err:
+                if self.rank == 0:
+                    note_evaluation_error(outcome, err)
+                return
+            del state
+            if whole is not None:  # rank 0: its seconds count the gathering too
+                self._evaluate_on_rank0(outcome, whole, began, imported)
+
+    @contextlib.contextmanager
+    def _evaluating(self, outcome: SliceOutcome) -> Iterator[None]:
+        """Around an evaluation: the launcher told first that the slice trained and saved
+        (``trained``), after that the evaluation returned (``evaluation_ended``)."""
         self.evaluated = True
         self.trained(outcome)
-        began, imported = time.perf_counter(), import_clock.seconds()
-        model.zero_grad(set_to_none=True)  # trained and saved: room for the whole model
         try:
-            state = stages_on_rank0(model, self.rank, self.world)
-            whole = (None if state is None
-                     else model_from_state(self.task, state, self.device))
-        except Exception as err:
-            if self.rank == 0:
-                note_evaluation_error(outcome, err)
-            return
-        del state
-        if whole is not None:  # rank 0: its seconds count the gathering too
-            self._evaluate_on_rank0(outcome, whole, began, imported)
+            yield
+        finally:
+            self.evaluation_ended()
 
     def _evaluate_on_rank0(self, outcome: SliceOutcome, model: nn.Module,
                            began: float, imported: float) -> None:

@@ -56,7 +56,10 @@ def command(args: argparse.Namespace) -> int:
     console.print(f"resuming {run_dir} ({workload})")
     # A workload or a cluster that moved is recorded at its new place, for the next
     # resume and export; the options given now are not: the next resume starts again
-    # from the saved ones.
-    moved = dataclasses.replace(saved, workload=workload, ray=ray) if (
-        workload, ray) != (saved.workload, saved.ray) else None
+    # from the saved ones. A workload given while the saved one is still there is this
+    # resume's only (recorded, a refused one, of other steps, was the next resume's too).
+    workload_moved = workload != saved.workload and not Path(saved.workload).is_file()
+    moved = dataclasses.replace(saved, workload=workload if workload_moved else
+                                saved.workload, ray=ray) if (
+        workload_moved or ray != saved.ray) else None
     return execute(workload, run, run_dir, record=moved, replacing=saved.workload)
