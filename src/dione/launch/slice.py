@@ -300,6 +300,7 @@ def run_request(
             stalled = why.startswith(STALLED)
             lead = _evaluation_lost(lead, "cancelled as stalled, far past its prediction"
                                     if stalled else f"interrupted ({why})", request, end)
+            _say_unsaid_split(method, task, devices, knobs, inexactness, lead)
             result = _record_finished(db, slice_id, request, spec, method.name, [lead],
                                       _trained_seconds(lead, clock.now() - began),
                                       warnings, inexactness)
