@@ -607,4 +607,4 @@ def test_an_evaluate_that_hangs_keeps_the_training_it_follows(tmp_path) -> None:
 
     with pytest.raises(SliceError, match="ran past its timeout"):
         run_slice(task, "single", tmp_path / "trial", local_placement(TEST_NODE, [0]),
-                  timeout=20, trial=TrialProbe(evaluate=True))
+                  timeout=10, trial=TrialProbe(evaluate=True))
