@@ -212,6 +212,27 @@ def test_asking_stops_after_its_time_and_load_gives_the_best_by_the_studys_direc
     last = dione.optuna.load(study, build, 0, run_dir=run_dir)
     assert _score(best)["score"] == pytest.approx(scores[4], rel=1e-6)
     assert _score(last)["score"] == pytest.approx(scores[12], rel=1e-6)
+    # The trial itself (study.best_trial), from the run directory it recorded; another
+    # run directory's trial of that number refused (its weights were loaded, unsaid).
+    own = dione.optuna.load(study, build, study.trials[0])
+    assert _score(own)["score"] == pytest.approx(scores[12], rel=1e-6)
+    with pytest.raises(ValueError, match=r"was trained in .*, not elsewhere"):
+        dione.optuna.load(study, build, 0, run_dir="elsewhere")
+    # Another study (a new one, or one deleted and made again: trial 0 again) into this
+    # run directory was told this one's results, nothing trained: refused, nothing asked.
+    fresh = optuna.create_study(direction="maximize")
+    with pytest.raises(ValueError, match="trains the trials of another study"):
+        dione.optuna.optimize(fresh, build, n_trials=2, report_every=4, metric="score",
+                              run_dir=run_dir, devices="cpu:2", quiet=True)
+    # Optuna's own optimize arguments (and typos) refused before a trial is asked: they
+    # were refused by dione.run, every trial left RUNNING in the study.
+    with pytest.raises(TypeError, match=r"optimize takes no callbacks \(Optuna's "):
+        dione.optuna.optimize(fresh, build, n_trials=2, report_every=4, metric="score",
+                              run_dir=str(tmp_path / "other"), callbacks=[print])
+    with pytest.raises(TypeError, match="did you mean 'time_limit'"):
+        dione.optuna.optimize(fresh, build, n_trials=2, report_every=4, metric="score",
+                              run_dir=str(tmp_path / "other"), time_limt=3)
+    assert fresh.trials == []
 
 
 def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Path) -> None:

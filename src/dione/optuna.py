@@ -235,6 +235,8 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
         raise ValueError("stop_asking_after stops the asking of new trials, and with "
                          "in_flight=None all n_trials are asked before training starts: "
                          "give in_flight=k (at most k trials training at once) with it")
+    _run_arguments(run)  # before any trial is asked: a typo left n_trials RUNNING
+    _claim(study, run_dir)
     began = time.monotonic()
     where = str(Path(run_dir).resolve())
     trials = _asked_before(study, where)
@@ -425,24 +427,90 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     return result
 
 
-def load(study: Any, make_task: Callable[[Any], Task], trial: int, *,
-         run_dir: str = "runs/optuna", latest: bool = False, best: bool = False,
+# What Optuna's study.optimize takes that optimize does not, and what stands for it.
+_OPTUNA_ONLY = {
+    "callbacks": "look at the study after the call, or follow the run with on_event=f",
+    "n_jobs": "in_flight=k trains k trials at once, on the devices the plan gives each",
+    "catch": "a trial whose task fails fails alone; the others go on",
+    "gc_after_trial": "each trial trains in processes of its own",
+    "show_progress_bar": "the run prints its progress (quiet=True: none)",
+}
+# The study a run directory trains, recorded by optimize in the run's store.
+_STUDY_ATTR = "dione_study"
+
+
+def _run_arguments(run: Mapping[str, Any]) -> None:
+    """``optimize``'s keywords for ``dione.run``, checked before any trial is asked:
+    Optuna's own optimize arguments said as such, and any other unknown one named."""
+    import inspect
+
+    import dione
+
+    optuna_only = [k for k in run if k in _OPTUNA_ONLY]
+    if optuna_only:
+        raise TypeError("optimize takes no " + "; no ".join(
+            f"{k} (Optuna's study.optimize argument: {_OPTUNA_ONLY[k]})" for k in optuna_only))
+    own = set(inspect.signature(dione.run).parameters) - {"workload", "options"}
+    dione._known_options({k: v for k, v in run.items() if k not in own})
+
+
+def _claim(study: Any, run_dir: str) -> None:
+    """Record ``study`` as the one ``run_dir`` trains, or refuse it where another study
+    has it: a run's task ``trial-N`` is its study's trial N, and a new study (or one
+    deleted and made again) starts at trial 0 too, so it was told the old study's
+    results for other parameters, nothing trained (review)."""
+    import uuid
+
+    from dione.state.store import RunStore
+
+    ident = study.user_attrs.get(_STUDY_ATTR)
+    if ident is None:
+        ident = uuid.uuid4().hex
+        study.set_user_attr(_STUDY_ATTR, ident)
+    with RunStore(run_dir) as store:
+        owner = store.optuna_study()
+        if owner and owner.get("id") != ident:
+            raise ValueError(
+                f"{run_dir} trains the trials of another study ({owner.get('name')!r}): its "
+                f"tasks trial-0, trial-1, ... are that study's, not study "
+                f"{study.study_name!r}'s; give this study a run_dir of its own "
+                "(optimize(..., run_dir=...))")
+        if not owner:
+            store.set_optuna_study({"id": ident, "name": study.study_name})
+
+
+def load(study: Any, make_task: Callable[[Any], Task], trial: Any, *,
+         run_dir: str | None = None, latest: bool = False, best: bool = False,
          step: int | None = None) -> Any:
     """The trained model of trial number ``trial`` of ``study`` in ``run_dir``: its task
     built again by ``make_task`` from the trial's parameters, its weights loaded as
     ``dione.load`` loads them (``latest``: the newest checkpoint of a trial pruned or
     not finished; ``best``: where the task's ``keep_best`` metric was best, by the
-    metric and direction the run pruned by; ``step``: one it keeps at that step). A run
+    metric and direction the run pruned by; ``step``: one it keeps at that step).
+    ``trial``: its number, or the trial itself (``study.best_trial``); ``run_dir``: the
+    run directory that trained it (default: the one the trial recorded). A run
     ``optimize`` trained has no workload file to load from."""
     import optuna
 
     import dione
 
-    found = [t for t in study.get_trials(deepcopy=False) if t.number == trial]
+    number = getattr(trial, "number", trial)
+    found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
     if not found:
-        raise KeyError(f"study {study.study_name!r} has no trial {trial!r}")
-    built = make_task(optuna.trial.FixedTrial(found[0].params, number=trial))
-    name = str(found[0].user_attrs.get(_TASK, f"trial-{trial}"))
+        raise KeyError(f"study {study.study_name!r} has no trial {number!r}")
+    recorded = found[0].user_attrs.get(_RUN)
+    if run_dir is None:
+        if recorded is None:
+            raise ValueError(f"trial {number} of study {study.study_name!r} records no run "
+                             "directory (it was not trained by dione.optuna.optimize): give "
+                             "run_dir=")
+        run_dir = str(recorded)
+    elif recorded is not None and str(Path(run_dir).resolve()) != recorded:
+        raise ValueError(f"trial {number} of study {study.study_name!r} was trained in "
+                         f"{recorded}, not {run_dir}: another run's trial-{number} holds "
+                         "other weights (leave run_dir out to load from its own)")
+    built = make_task(optuna.trial.FixedTrial(found[0].params, number=number))
+    name = str(found[0].user_attrs.get(_TASK, f"trial-{number}"))
     return dione.load(run_dir, name, workload=[replace(built, name=name)], latest=latest,
                       best=best, step=step)
 

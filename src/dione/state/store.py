@@ -715,6 +715,14 @@ class RunStore(SQLiteFile):
         """``add_directions``'s metrics and their directions (empty: none recorded)."""
         return {str(k): str(v) for k, v in self._run_value("directions").items()}
 
+    def optuna_study(self) -> dict[str, Any]:
+        """The Optuna study whose trials the run trains (``dione.optuna``): its id and
+        name; empty where none was recorded."""
+        return self._run_value("optuna_study")
+
+    def set_optuna_study(self, study: Mapping[str, Any]) -> None:
+        self._set_run_value("optuna_study", study)
+
     def verified_checkpoints(self) -> dict[str, Any]:
         """Per checkpoint folder verified whole against its digests, its files' sizes and
         times then (``keep_verified``): unchanged since, it need not be read again."""
