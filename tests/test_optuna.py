@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -233,6 +234,36 @@ def test_asking_stops_after_its_time_and_load_gives_the_best_by_the_studys_direc
         dione.optuna.optimize(fresh, build, n_trials=2, report_every=4, metric="score",
                               run_dir=str(tmp_path / "other"), time_limt=3)
     assert fresh.trials == []
+
+
+def test_an_interrupted_study_says_which_trials_wait_to_resume(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Optuna's optimize fails an interrupted trial; dione's keeps it RUNNING, to resume
+    with its training, and now says so (a bare KeyboardInterrupt said nothing)."""
+    import sys
+
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    study = optuna.create_study(direction="maximize")
+
+    def build(trial: optuna.trial.Trial) -> dione.Task:
+        lr = trial.suggest_float("lr", 1e-2, 2e-2)
+        return digits_task("digits", steps=12, techniques=("single",), evaluate=_score,
+                           optimizer=functools.partial(torch.optim.Adam, lr=lr))
+
+    def stop(event: Any) -> None:
+        if event.kind == "slice_started":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        dione.optuna.optimize(study, build, n_trials=2, report_every=4, metric="score",
+                              run_dir=str(tmp_path / "run"), devices="cpu:2", quiet=True,
+                              on_event=stop, catalog=str(tmp_path / "catalog.sqlite"),
+                              trial=TrialOptions(warmup_steps=1, measure_steps=2))
+    assert "interrupted: trial(s) 0, 1 stay RUNNING in the study, their training kept" in \
+        capsys.readouterr().out
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.RUNNING] * 2
 
 
 def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Path) -> None:

@@ -463,9 +463,9 @@ def test_a_done_task_whose_final_checkpoint_is_lost_trains_its_last_steps_again(
     shutil.copytree(run_dir, bare)
     shutil.rmtree(bare / "checkpoints" / "d")
     code, said = run(capsys, "resume", str(bare), "--catalog", catalog)
-    assert code == 0 and "d: done, but none of its checkpoints is on disk" in said, said
+    assert code == 0 and "d: done, but none of its checkpoints is on disk (deleted)" in said, said
     code, said = run(capsys, "export", str(bare), "d", "-o", str(tmp_path / "x-bare"))
-    assert code == 2 and "not mounted (--storage)? Mount it" in said, said
+    assert code == 2 and "deleted; its weights are gone: train the task anew" in said, said
     # Read whole once: a resume after finds it unchanged by its files' sizes and times
     # and reads it no more (every resume read every done task's final checkpoint whole).
     import dione.orchestrate.runner as runner_module

@@ -405,6 +405,14 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
             "proposed again)")
     try:
         result = dione.run(tasks, run_dir=run_dir, inbox=inbox, **run)
+    except KeyboardInterrupt:  # Optuna fails an interrupted trial; these wait to resume
+        open_trials = sorted(t.number for t in _asked_before(study, where)
+                             if t.number not in _finished(study))
+        if open_trials:
+            print(f"interrupted: trial(s) {', '.join(map(str, open_trials))} stay RUNNING "
+                  f"in the study, their training kept; optimize(..., run_dir="
+                  f"{run_dir!r}) with this study resumes them")
+        raise
     finally:
         if inbox is not None:
             inbox.close()

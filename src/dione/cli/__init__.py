@@ -85,8 +85,12 @@ def _left(args: argparse.Namespace) -> str:
     if args.command == "train":  # its own folder, or a run's: the same command again
         return kept + "; the same `dione train` continues it from them"
     if _all_ended(run_dir):
+        owed = [t.name for t in _tasks(run_dir) or ()
+                if (t.error or "").startswith("evaluation failed")]
         return (f"every task had ended; the stop cut the report short: `dione report "
-                f"{quote(str(run_dir))}` writes it")
+                f"{quote(str(run_dir))}` writes it"
+                + (f"; {', '.join(owed)} owe their evaluation: `dione evaluate "
+                   f"{quote(str(run_dir))}`" if owed else ""))
     return f"{kept}; {how_to_continue(run_dir)} continues it"
 
 

@@ -282,24 +282,27 @@ def run_request(
                            + "".join(f"\n{w}" for w in warnings))
                 db.fail_slice(slice_id, message)
                 raise SliceError(message, err.reason, err.error_type) from err
-            ended = {"timeout": f"stopped by the slice's timeout of {request.timeout:g} s",
-                     "signal": "its process was killed", "exit": "its process exited"}
-            outcomes = [_evaluation_lost(evaluating[-1], ended.get(
-                err.reason, f"its process failed: {str(err).strip().splitlines()[0]}"),
-                request, end)]
+            ended = (f"stopped by the slice's timeout of {request.timeout or 0:g} s"
+                     if err.reason == "timeout" else
+                     "its process was killed" if err.reason == "signal" else
+                     "its process exited" if err.reason == "exit" else
+                     f"its process failed: {str(err).strip().splitlines()[0]}")
+            outcomes = [_evaluation_lost(evaluating[-1], ended, request, end)]
             seconds = _trained_seconds(outcomes[0], clock.now() - began)
         except BaseException as err:
             why = getattr(cancel, "reason", None) or type(err).__name__
             lead = evaluating[-1] if evaluating else None
+            stalled = why.startswith(STALLED)
+            if lead is not None and stalled:  # a loss not finite: diverged, not retried
+                _refuse_divergence(db, slice_id, spec, lead, latest, where, warnings)
             if lead is None or not all(math.isfinite(x) for x in lead.losses):
                 db.fail_slice(slice_id, f"interrupted: {why}", status="interrupted")
                 raise
             # Stopped in its evaluation: its training stands (recorded; the evaluation
             # owed), whether the run goes on (a stall) or stops (Ctrl-C: a resume found
             # the task untrained and trained the slice again, review).
-            stalled = why.startswith(STALLED)
             lead = _evaluation_lost(lead, "cancelled as stalled, far past its prediction"
-                                    if stalled else f"interrupted ({why})", request, end)
+                                    if stalled else None, request, end)
             _say_unsaid_split(method, task, devices, knobs, inexactness, lead)
             result = _record_finished(db, slice_id, request, spec, method.name, [lead],
                                       _trained_seconds(lead, clock.now() - began),
@@ -411,14 +414,18 @@ EVALUATION_LOST_SAID = "its evaluate did not return"
 STALLED = "stalled"
 
 
-def _evaluation_lost(lead: SliceOutcome, why: str, request: SliceRequest, end: int
+def _evaluation_lost(lead: SliceOutcome, why: str | None, request: SliceRequest, end: int
                      ) -> SliceOutcome:
     """``lead`` (rank 0's outcome as it trained and saved), its evaluation marked failed
-    for ``why`` (in place): the slice is recorded as trained, the evaluation as owed."""
+    for ``why`` (in place; None: the run was stopped meanwhile): the slice is recorded as
+    trained, the evaluation as owed."""
+    again = f"`dione evaluate {request.run_dir} {request.task.name}`"
     lead.extra["evaluation_error"] = (
         f"{EVALUATION_LOST_SAID}: {why}; the slice had trained and saved step {end}, which "
         "is kept; an evaluate that hangs or runs this long: fix it (its rank logs hold "
-        f"what it printed), then `dione evaluate {request.run_dir} {request.task.name}`")
+        f"what it printed), then {again}" if why is not None else
+        f"its evaluation was cut short by the run's stop; the slice had trained and saved "
+        f"step {end}, which is kept: {again} evaluates it")
     return lead
 
 

@@ -226,10 +226,11 @@ class Runner:
         if marked_done and latest is not None:
             done = self._final_checkpoint(task.name, latest, total)
         elif marked_done and self.store.checkpoints(task.name):
+            fix = ("its --storage not mounted? Mount it and resume" if
+                   self.store.checkpoints_elsewhere(task.name) else "deleted")
             self.emit(RunEvent("checkpoint_missing", f"{task.name}: done, but none of its "
-                               "checkpoints is on disk (a --storage not mounted?): kept "
-                               "done, its weights out of reach; mount its storage and "
-                               "resume, or train it anew in a new run directory",
+                               f"checkpoints is on disk ({fix}): kept done, its weights out "
+                               "of reach; else train it anew in a new run directory",
                                task.name))
         status = TaskStatus.PENDING
         # (Done with no checkpoint on disk at all: kept done, not trained from scratch

@@ -14,9 +14,11 @@ get the schedule simulator's step time beside the measured one (``simulated``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from dione.launch.local import LOCAL, Launcher, warm_up
 from dione.profile.catalog import Catalog, TrialRecord
@@ -120,10 +122,12 @@ def profile_workload(
     if len(models) < 2 or None in models:  # one kind (a node of no model: all alike)
         return _profile_alike(tasks, cluster, catalog, options, reprofile, budget,
                               parallel, scratch, on_event, launcher, storage)
-    parts = []
+    parts: list[Profile] = []
     for model in models:
         nodes = Cluster([n for n in cluster if n.model == model])
-        parts.append(_profile_alike(tasks, nodes, catalog, options, reprofile, budget,
+        # One budget for the whole profiling: each model's trials get what is left.
+        left = None if budget is None else max(0.0, budget - sum(p.seconds for p in parts))
+        parts.append(_profile_alike(tasks, nodes, catalog, options, reprofile, left,
                                     parallel, scratch, on_event, launcher, storage))
     return _merged(cluster, parts)
 
@@ -134,17 +138,29 @@ def _merged(cluster: Cluster, parts: Sequence[Profile]) -> Profile:
     (the longest) of all."""
     merged = []
     for first in parts[0].tasks:
-        each = [(p.cluster.nodes[0].model, p.task(first.task)) for p in parts]
+        each = [(p.cluster.nodes[0].model, t) for p in parts
+                for t in p.tasks if t.task == first.task]
         options = [dataclasses.replace(o, kind=model) for model, t in each for o in t.options]
+        found = functools.partial(_first_set, [t for _, t in each])
         merged.append(dataclasses.replace(
             first, options=options, trials=[r for _, t in each for r in t.trials],
             skipped=[s for _, t in each for s in t.skipped],
             not_applicable=[s for _, t in each for s in t.not_applicable],
+            # (One evaluation time for the task: the slowest model's, so that no plan
+            # counts on a fast one where it runs on a slow one.)
             evaluation_seconds=max(t.evaluation_seconds for _, t in each),
-            error=None if options else next((t.error for _, t in each if t.error), None)))
+            diverged_trial=found("diverged_trial"), evaluated=found("evaluated"),
+            cached_metrics=found("cached_metrics"),
+            error=None if options else found("error")))
     return Profile(cluster, merged, sum(p.trials_run for p in parts),
                    sum(p.trials_cached for p in parts), sum(p.seconds for p in parts),
                    frozenset().union(*(p.from_catalog for p in parts)))
+
+
+def _first_set(profiles: Sequence[TaskProfile], field: str) -> Any:
+    """The first of ``profiles``' values of ``field`` that is set (a divergence, or an
+    evaluation trial that failed, on one model's nodes alone is the task's too)."""
+    return next((getattr(t, field) for t in profiles if getattr(t, field) is not None), None)
 
 
 def _profile_alike(

@@ -73,6 +73,7 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
         record = store.task(task)
         names = [t.name for t in store.tasks()]
         checkpoint = store.latest_checkpoint(task) if record is not None else None
+        elsewhere = record is not None and store.checkpoints_elsewhere(task)
     if record is None:
         raise ExportError(f"run {run} has no task {task!r}; its tasks: "
                           + (", ".join(names) if names else "none yet (a run records its "
@@ -101,13 +102,16 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
     if checkpoint is None or not Path(checkpoint.path).is_dir():
         raise ExportError(f"task {task!r} of run {run} has no checkpoint on disk"
                           + (f" (the store names {checkpoint.path})" if checkpoint else "")
-                          + ": its checkpoints' disk not mounted (--storage)? Mount it; "
-                          "else the weights are gone: train the task anew")
+                          + (": its checkpoints' disk not mounted (--storage)? Mount it; "
+                             "else the weights are gone: train the task anew" if elsewhere
+                             else ": deleted; its weights are gone: train the task anew"))
     if record.status == "done" and not latest and checkpoint.step < record.total_steps:
         # Its final checkpoint's folder went (deleted, or a disk lost): an older one is
         # no trained model (it was exported as one, unsaid: review).
         how = (f"`dione resume {quote(str(run))}` trains its last steps again from step "
                f"{checkpoint.step}" if (run / "run.json").is_file() else
+               f"`dione train WORKLOAD --task {quote(task)} --out {quote(str(run))}` trains "
+               "its last steps again" if trained_by_train(run) else
                "train it again to its end")
         raise ExportError(f"task {task!r} is done, but its final checkpoint (step "
                           f"{record.total_steps}) is no longer on disk; its newest is at step "

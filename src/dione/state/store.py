@@ -715,6 +715,13 @@ class RunStore(SQLiteFile):
         """``add_directions``'s metrics and their directions (empty: none recorded)."""
         return {str(k): str(v) for k, v in self._run_value("directions").items()}
 
+    def checkpoints_elsewhere(self, task: str) -> bool:
+        """Whether ``task``'s checkpoints were written outside the run directory (a
+        ``--storage``: one not mounted looks like checkpoints gone)."""
+        root = self.run_dir.resolve()
+        return any(not Path(c.path).resolve().is_relative_to(root)
+                   for c in self.checkpoints(task))
+
     def optuna_study(self) -> dict[str, Any]:
         """The Optuna study whose trials the run trains (``dione.optuna``): its id and
         name; empty where none was recorded."""

@@ -128,9 +128,12 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
         error = record.error
         if record.status == "done" and trained < record.total_steps and any(
                 s.checkpoint for s in done):  # (said: it read "done 30/40", no word why)
+            gone = (": its storage (--storage) not mounted?"
+                    if store.checkpoints_elsewhere(record.name)
+                    else ": deleted; its weights are gone")
             error = (f"its final checkpoint (step {record.total_steps}) is not on disk"
                      + (f"; its newest is at step {trained}: `dione resume` trains its last "
-                        "steps again" if latest else ": its storage not mounted?")
+                        "steps again" if latest else gone)
                      + (f"\n{error}" if error else ""))
         evaluated_at, evaluation = store.latest_evaluation(record.name)
         result.append(TaskSummary(
