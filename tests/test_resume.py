@@ -146,6 +146,17 @@ def test_checkpoints_go_to_the_storage_and_the_store_stays_in_the_run(tmp_path: 
     with RunStore(run_dir) as store:
         latest = store.latest_checkpoint("stored")
         assert latest is not None and Path(latest.path).is_relative_to(shared.resolve())
+    # The storage moved away (not mounted): the run is refused, not begun again in an
+    # empty storage made anew (a later move back nested the checkpoints under it).
+    from dione.orchestrate import RunOptions, run_workload
+    from dione.orchestrate.options import RunDirError
+    from dione.spec.cluster import Cluster
+
+    shared.rename(tmp_path / "away")
+    with pytest.raises(RunDirError, match=r"its storage .* which is not there"):
+        run_workload([task], Cluster([TEST_NODE]), run_dir,
+                     RunOptions(catalog=str(tmp_path / "catalog.sqlite"), storage=str(shared)))
+    assert not shared.exists()
 
 
 

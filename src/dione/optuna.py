@@ -311,12 +311,13 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
         if len(unbuilt) >= 2 and unbuilt[-1][1] == unbuilt[-2][1]:
             raise ValueError(
                 f"trials {unbuilt[-2][0]} and {unbuilt[-1][0]} could not build their tasks, "
-                f"alike ({type(err).__name__}: {err}), and no trial's task was built: a "
-                "mistake every trial would share, so no more trials were asked and nothing "
-                "was trained; both are told FAIL: fix the cause, then call optimize again "
-                "(with retry_failed=True their parameters are proposed again; a "
-                "configuration make_task cannot build is skipped where it raises "
-                "optuna.TrialPruned)") from err
+                f"alike ({type(err).__name__}: {err}), and no trial's task was built: "
+                "taken for a mistake every trial would share, so no more trials were asked "
+                "and nothing was trained; both are told FAIL. If only some configurations "
+                "cannot be built (a region of the search space), raise optuna.TrialPruned "
+                "for them in make_task: each is then skipped and the study goes on. Else "
+                "fix the cause and call optimize again (retry_failed=True proposes these "
+                "parameters again)") from err
 
     def take(name: str, trial: Any) -> None:
         """The trial's task built for the run, or its trial failed (the user's function:

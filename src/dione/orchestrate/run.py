@@ -226,9 +226,24 @@ def run_workload(
         launcher = LOCAL
     with claim_run_dir(run_dir):
         with RunStore(run_dir) as store:  # this start's: a task fixed since is not listed
+            _storage_there(store, options.storage)
             store.set_invalid(invalid_by_task(invalid))
         return _run_claimed(tasks, cluster, run_dir, options, on_event, on_profile_event, view,
                             launcher, inbox)
+
+
+def _storage_there(store: RunStore, storage: str | None) -> None:
+    """Refuse a run whose checkpoints were written to ``storage`` (``--storage``) while
+    that folder is not there (unmounted, moved): it was made again, empty, and a later
+    mount or move back nested the checkpoints under it (review)."""
+    if storage is None or Path(storage).exists():
+        return
+    root = Path(storage).resolve()
+    if any(Path(c.path).resolve().is_relative_to(root)
+           for t in store.tasks() for c in store.checkpoints(t.name)):
+        raise RunDirError(f"the run's checkpoints are in its storage {storage}, which is "
+                          "not there (not mounted, or moved): mount it or put it back, "
+                          "then go on; to train anew, use a new run directory")
 
 
 def invalid_by_task(invalid: Sequence[Problem]) -> dict[str, list[str]]:
