@@ -575,8 +575,8 @@ def test_an_evaluate_that_hangs_keeps_the_training_it_follows(tmp_path) -> None:
         assert store.latest_checkpoint("h").step == 4
         assert store.task("h").status == "done"
         assert store.task("h").error.startswith("evaluation failed")
-        # Its time is the training's, to the checkpoint, not the hang's 20 s.
-        assert record.timings["wall"] < 20
+        # Its time is the training's, to the checkpoint, not the hang's after it.
+        assert record.timings["wall"] == record.timings["saved"]
     # Ctrl-C in the evaluation: the stop goes on, the training it followed recorded (a
     # resume found the task untrained and trained the slice again: review).
     import threading

@@ -409,7 +409,6 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
 # evaluation hung or its process died (a node lost may have taken the checkpoint with
 # it: that is retried as before).
 EVALUATION_LOST = ("timeout", "signal", "exit", "raised")
-EVALUATION_LOST_SAID = "its evaluate did not return"
 # How the orchestrator's cancel of a stalled slice begins its reason.
 STALLED = "stalled"
 
@@ -421,7 +420,7 @@ def _evaluation_lost(lead: SliceOutcome, why: str | None, request: SliceRequest,
     trained, the evaluation as owed."""
     again = f"`dione evaluate {request.run_dir} {request.task.name}`"
     lead.extra["evaluation_error"] = (
-        f"{EVALUATION_LOST_SAID}: {why}; the slice had trained and saved step {end}, which "
+        f"its evaluate did not return: {why}; the slice had trained and saved step {end}, which "
         "is kept; an evaluate that hangs or runs this long: fix it (its rank logs hold "
         f"what it printed), then {again}" if why is not None else
         f"its evaluation was cut short by the run's stop; the slice had trained and saved "

@@ -23,7 +23,6 @@ from dataclasses import replace
 from dione.plan.greedy import (
     PLACEMENTS_PER_UNIT,
     Placement,
-    fitting_any_node,
     list_schedule,
     placements_plan,
 )
@@ -68,7 +67,7 @@ def favoured(plan: Plan, problem: PlanningProblem) -> Plan:
     current = placed if makespan <= cap else None
     for task in favourites:
         ends = {name: start + option.seconds for name, option, _, start in current or []}
-        fitting = fitting_any_node(task, problem)
+        fitting = problem.fitting_any_node(task)
         cheapest = min(o.device_seconds for o in fitting)
         faster = sorted((o for o in fitting if o.seconds < choice[task.name].seconds
                          and o.device_seconds <= AREA_SLACK * cheapest),

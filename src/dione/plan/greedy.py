@@ -28,14 +28,13 @@ from dataclasses import dataclass
 
 from dione.plan.bounds import lower_bound
 from dione.plan.plan import Plan, assign_device_ids, left_shift
-from dione.plan.problem import Option, PlanningProblem, TaskOptions
+from dione.plan.problem import Option, PlanningProblem
 from dione.plan.timeline import NodeTimeline
 
 __all__ = [
     "GREEDY_WORK",
     "GreedyResult",
     "Placement",
-    "fitting_any_node",
     "greedy",
     "greedy_placements",
     "list_schedule",
@@ -138,11 +137,6 @@ def placements_plan(
                 solve_seconds=time.perf_counter() - began, notes=notes or {})
 
 
-def fitting_any_node(task: TaskOptions, problem: PlanningProblem) -> list[Option]:
-    """The task's options that some node of ``problem`` can hold."""
-    return problem.fitting_any_node(task)
-
-
 _ORDERS: tuple[Callable[[Option], tuple[float, ...]], ...] = (
     lambda o: (-o.seconds,),  # longest first
     lambda o: (-o.device_seconds,),  # most work first
@@ -199,7 +193,7 @@ def allotment(problem: PlanningProblem, target: float) -> dict[str, Option]:
     (the fastest option where none is that short)."""
     choice = {}
     for task in problem.tasks:
-        fits = fitting_any_node(task, problem)
+        fits = problem.fitting_any_node(task)
         short = [o for o in fits if o.seconds <= target]
         choice[task.name] = (min(short, key=lambda o: (o.device_seconds, o.seconds)) if short
                              else min(fits, key=lambda o: (o.seconds, o.device_seconds)))
@@ -312,7 +306,7 @@ def _improve(problem: PlanningProblem, choice: dict[str, Option], placed: list[P
             # and those of other kinds too: a task that only the large (or fast) nodes
             # can hold may end sooner on a small (or slow) one.
             current = choice[name]
-            others = sorted((o for o in fitting_any_node(tasks[name], problem)
+            others = sorted((o for o in problem.fitting_any_node(tasks[name])
                              if o.seconds < current.seconds
                              or (mixed and (o.devices < current.devices
                                             or o.kind != current.kind))),
@@ -353,7 +347,7 @@ def spread(problem: PlanningProblem) -> Plan:
                 // max(1, len(problem.tasks) + len(running)))
     choice = {}
     for task in problem.tasks:
-        fits = fitting_any_node(task, problem)
+        fits = problem.fitting_any_node(task)
         family = ([o for o in fits if o.technique in DATA_PARALLEL]
                   or [o for o in fits if o.technique == "fsdp"] or fits)
         base = min(family, key=lambda o: (o.devices * o.seconds, o.devices)).devices
