@@ -941,3 +941,44 @@ def test_kinds_a_review_found_wanting() -> None:
     astray = Plan("hand", "feasible", 300.0, 0.0, (
         *plan[:2], Assignment("t4", "ddp", {}, "a9", tuple(range(8)), 0.0, 300.0)))
     assert check_plan(astray, problem) == ["task 't4': unknown node 'a9'"]
+
+
+def test_no_solver_places_a_task_on_a_node_it_avoids() -> None:
+    """A task that failed twice alike on a node avoids it (the runner says so in the
+    problem): every solver places it on the others, even where that node would end it
+    first, and the checker refuses a plan that puts it there. Identical nodes are no
+    longer interchangeable (cpsat's symmetry breaking), nor are tasks that avoid
+    different nodes."""
+    problem = PlanningProblem.from_json({
+        "cluster": {"nodes": [{"name": "n0", "devices": 2}, {"name": "n1", "devices": 2}]},
+        "tasks": [{"name": f"t{i}", "avoid": ["n0"] if i < 3 else [], "options": [
+            {"technique": "single", "devices": 1, "seconds": 10},
+            {"technique": "ddp", "devices": 2, "seconds": 6}]} for i in range(4)]})
+    assert problem.task("t0").avoid == frozenset({"n0"})
+    assert PlanningProblem.from_json(problem.to_json()) == problem
+    for solver in ("cpsat", "greedy", "saturn-milp", "sequential", "spread"):
+        plan = solve(problem, solver, time_limit=5, threads=1)
+        assert check_plan(plan, problem) == [], solver
+        assert {plan.assignment(t).node for t in ("t0", "t1", "t2")} == {"n1"}, solver
+    # Two side by side on n1, then the third on both of its devices; t3 alone on n0.
+    assert solve(problem, "cpsat", time_limit=5, threads=1).makespan == pytest.approx(16.0)
+    there = Plan("hand", "feasible", 10.0, 0.0, (
+        Assignment("t0", "single", {}, "n0", (0,), 0.0, 10.0),
+        Assignment("t1", "single", {}, "n1", (0,), 0.0, 10.0),
+        Assignment("t2", "single", {}, "n1", (1,), 0.0, 10.0),
+        Assignment("t3", "single", {}, "n0", (1,), 0.0, 10.0)))
+    assert check_plan(there, problem) == ["task 't0': placed on node n0, which it avoids"]
+    with pytest.raises(ProblemError, match=r"task 't': avoid names 'n9', not a node of the "
+                       r"cluster \(its nodes: n0, n1\)"):
+        PlanningProblem.from_json({**problem.to_json(), "tasks": [
+            {"name": "t", "avoid": ["n9"], "options": [
+                {"technique": "single", "devices": 1, "seconds": 1}]}]})
+    with pytest.raises(ProblemError, match=r"task 't': its options fit only nodes it avoids "
+                       r"\(n0, n1\); take those out of its avoid list"):
+        PlanningProblem.from_json({**problem.to_json(), "tasks": [
+            {"name": "t", "avoid": ["n1", "n0"], "options": [
+                {"technique": "single", "devices": 1, "seconds": 1}]}]})
+    with pytest.raises(ProblemError, match=r"avoid must be a list of node names"):
+        PlanningProblem.from_json({**problem.to_json(), "tasks": [
+            {"name": "t", "avoid": "n0", "options": [
+                {"technique": "single", "devices": 1, "seconds": 1}]}]})

@@ -122,6 +122,30 @@ def test_injected_failures_are_retried_and_a_hopeless_task_fails_alone(tmp_path:
     assert result.statuses == {"t0": "done", "t1": "done", "t2": "failed", "t3": "done"}
 
 
+def test_a_faulty_node_fails_each_task_twice_at_most_and_then_none(tmp_path: Path) -> None:
+    """A broken node raises the same error for every slice it is given: a task that
+    failed there twice alike is retried on another node (it was put back there at once,
+    its old assignment still in the plan, and failed for good at its third try), and
+    once two tasks have, no task is planned there."""
+    problem = PlanningProblem(
+        (NodeSpec("n0", 2), NodeSpec("n1", 2), NodeSpec("n2", 2)),
+        tuple(TaskOptions(f"t{i}", (Option("single", 1, 100.0 + 20.0 * i),
+                                    Option("ddp", 2, 60.0 + 12.0 * i))) for i in range(6)))
+    events: list[RunEvent] = []
+    result = simulate(problem, tmp_path / "run", scenario=Scenario(faulty_nodes=["n1"]),
+                      steps=20, options=OPTIONS, on_event=events.append)
+    assert set(result.statuses.values()) == {"done"}
+    with RunStore(tmp_path / "run") as store:
+        slices = store.slices()
+    failed = [s for s in slices if s.status == "failed"]
+    assert failed and all(s.node == "n1" and "ECC" in (s.error or "") for s in failed)
+    # Two tasks failed there twice each, then no task was given it.
+    per_task = [sum(s.task == name for s in failed) for name in result.statuses]
+    assert sorted(n for n in per_task if n) == [2, 2]
+    said = [e.message for e in events if "no task is planned there" in e.message]
+    assert len(said) == 1 and "node n1" in said[0]
+
+
 def test_the_simulated_report_is_marked_simulated(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
@@ -187,7 +211,7 @@ def test_a_simulation_says_what_it_left_out_and_what_its_baseline_leaves_out(
     assert "3 tasks, 2 done, 1 left out (no node holds them)" in said
     with open(out / "report" / "summary.csv") as rows:  # a script sees it too
         assert "invalid" in {row["status"] for row in csv.DictReader(rows)}
-    assert "not its failures, spread or stopping rules" in said
+    assert "not its failures, faulty nodes, spread or stopping rules" in said
     # A task that failed for good: its work was never done, so the makespan is no saving
     # against current practice, which trains it (it read 0.20 of it, and exited 0).
     scenario.write_text(json.dumps({"failures": {"t0": 3}}))
@@ -253,6 +277,13 @@ def test_bad_scenarios_and_clusters_are_named() -> None:
         Scenario(seed=[1, 2])  # type: ignore[arg-type]  # a traceback mid-run, before
     with pytest.raises(ScenarioError, match=r"curves: must be the path"):
         Scenario(curves=5)  # type: ignore[arg-type]
+    with pytest.raises(ScenarioError, match=r"faulty_nodes: must be a list of node names"):
+        Scenario(faulty_nodes="n1")
+    with pytest.raises(ScenarioError, match=r"faulty_nodes\['n7'\]: the cluster has no such "
+                       r"node"):
+        Scenario(faulty_nodes=["n7"]).check(["n0", "n1"], [])
+    with pytest.raises(ScenarioError, match=r"every node is faulty"):
+        Scenario(faulty_nodes=["n0", "n1"]).check(["n0", "n1"], [])
 
 
 def test_a_curves_file_with_a_bad_curve_names_it(tmp_path: Path) -> None:

@@ -79,6 +79,9 @@ class TaskRecord:
     # node: the same again (on another node, or where no other can hold it) is the
     # task's own bug, which no retry mends.
     last_raised: tuple[int, str, str] | None = None
+    # Nodes it failed on twice alike (the node may be at fault): its retries are planned
+    # on the others while one of them holds it.
+    avoid: set[str] = field(default_factory=set)
     last_loss: float | None = None
     # Some of its steps trained (or train now) under a technique that is not exact.
     inexact: bool = False

@@ -16,6 +16,7 @@ import math
 import shutil
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
@@ -462,10 +463,11 @@ class Runner:
         its own slice ends (50 tasks under ASHA on 4 simulated nodes: 32% of the
         devices busy over the last half of the run)."""
         now = self.now()
+        shunned = self._shunned()
         tasks = [replace(self.estimates.task_options(
             r.name, self.planned_steps(r, r.done_steps), r.done_steps > 0,
             self.planned_evaluations(r, r.done_steps), self.planned_restarts(r, r.done_steps)),
-            priority=self.promotion_priority(r))
+            priority=self.promotion_priority(r), avoid=self._avoided(r, shunned))
                  for r in self._pending_that_fit()]
         nodes = {n.name for n in self.cluster}
         busy = []
@@ -480,7 +482,7 @@ class Runner:
                     r.name, self.planned_steps(r, running.end_step), True,
                     self.planned_evaluations(r, running.end_step),
                     self.planned_restarts(r, running.end_step)), release=until,
-                    priority=self.promotion_priority(r)))
+                    priority=self.promotion_priority(r), avoid=self._avoided(r, shunned)))
             busy.append(Busy(r.name, a.node, a.device_ids, until))
         return PlanningProblem(planning_nodes(self.cluster), tuple(tasks), tuple(busy)), now
 
@@ -601,6 +603,33 @@ class Runner:
                 fewest[o.kind] = min(fewest.get(o.kind, sys.maxsize), o.devices)
             self._fewest[task] = fewest
         return self._fewest[task]
+
+    def _avoided(self, record: TaskRecord, shunned: frozenset[str]) -> frozenset[str]:
+        """The nodes of the cluster ``record``'s task avoids, while another node holds
+        it (a suspect node beats none): those it failed on twice alike, and ``shunned``
+        (``_shunned``)."""
+        avoid = frozenset(n.name for n in self.cluster
+                          if n.name in record.avoid or n.name in shunned)
+        if not avoid:
+            return frozenset()
+        others = [n for n in self.cluster if n.name not in avoid]
+        return avoid if any(self._holds(n, record.name) for n in others) else frozenset()
+
+    def _steer_off(self, shunned: frozenset[str]) -> None:
+        """Take out of the plan each pending task's assignment on a node it now avoids:
+        the task is then uncovered and owed a re-plan that places it elsewhere (kept,
+        its retry would start at once where it failed)."""
+        records = self.state.records
+        self.state.plan = [
+            a for a in self.state.plan
+            if records[a.task].status != TaskStatus.PENDING
+            or a.node not in self._avoided(records[a.task], shunned)]
+
+    def _shunned(self) -> frozenset[str]:
+        """Nodes two tasks failed on twice alike: every task avoids them (a broken
+        accelerator fails each task it is given, twice, before that task moves)."""
+        suspects = Counter(n for r in self.state.records.values() for n in r.avoid)
+        return frozenset(n for n, count in suspects.items() if count >= 2)
 
     def _holds(self, node: Node, task: str) -> bool:
         """Whether ``node`` can hold one of ``task``'s options."""
@@ -1161,8 +1190,16 @@ class Runner:
                           f"up: {err}")
         else:
             record.status = TaskStatus.PENDING
-            suspect = (f", the same error on node {node} again: the node may be at fault"
-                       if same else "")
+            suspect = ""
+            if same:  # (not again: another node holds it)
+                record.avoid.add(node)
+                shunned = self._shunned()
+                suspect = (f", the same error on node {node} again: the node may be at "
+                           "fault; retried on another" + (
+                               ", and no task is planned there while others hold them "
+                               "(tasks failed there alike twice)" if node in shunned
+                               else ""))
+                self._steer_off(shunned)
             self.emit(RunEvent("slice_failed", f"{name} failed (attempt {record.failures} of "
                                f"{self.options.max_failures}{suspect}), will retry: "
                                f"{str(err).splitlines()[0]}", name))

@@ -72,16 +72,16 @@ class SpaseModel:
 
 def identical_groups(problem: PlanningProblem) -> list[list[str]]:
     """Tasks the planner cannot tell apart (the same useful devices and seconds, the
-    same release), in problem order; groups of two or more only.
+    same release, the same nodes avoided), in problem order; groups of two or more only.
 
     Two such tasks can swap their whole assignments (option, node, start) and the plan
     stays valid with the same makespan, as with the learning-rate variants of a grid.
     """
-    groups: dict[tuple[float, tuple[tuple[int, float, str | None], ...]], list[str]] = \
-        defaultdict(list)
+    groups: dict[tuple[float, frozenset[str], tuple[tuple[int, float, str | None], ...]],
+                 list[str]] = defaultdict(list)
     for task in problem.tasks:
         options = tuple((o.devices, o.seconds, o.kind) for o in useful_options(task))
-        groups[(task.release, options)].append(task.name)
+        groups[(task.release, task.avoid, options)].append(task.name)
     return [names for names in groups.values() if len(names) > 1]
 
 
@@ -121,7 +121,7 @@ def build_model(problem: PlanningProblem, horizon: float, symmetry: bool = True
         for i, option in enumerate(usable):
             length = ticks(option.seconds, tick)
             for node in problem.nodes:
-                if not option.fits(node):
+                if not task.may_run(option, node):
                     continue
                 chosen = model.new_bool_var(f"{task.name} {i} {node.name}")
                 interval = model.new_optional_fixed_size_interval_var(
@@ -231,8 +231,9 @@ def _nodes_by_load(problem: PlanningProblem, placed: Sequence[Placement], tick: 
 
 
 def _identical_nodes(problem: PlanningProblem) -> list[list[NodeSpec]]:
-    """Nodes of the same size and kind with nothing running, in problem order."""
-    held = {b.node for b in problem.busy}
+    """Nodes of the same size and kind with nothing running and no task avoiding them,
+    in problem order."""
+    held = {b.node for b in problem.busy} | {n for t in problem.tasks for n in t.avoid}
     groups: dict[tuple[int, str | None], list[NodeSpec]] = defaultdict(list)
     for node in problem.nodes:
         if node.name not in held:

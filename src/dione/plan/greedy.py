@@ -77,6 +77,7 @@ def list_schedule(
     release = problem.releases()
     tasks = {t.name: t for t in problem.tasks} if len({n.kind for n in problem.nodes}) > 1 \
         else {}
+    avoided = {t.name: t.avoid for t in problem.tasks if t.avoid}
     for name in order:
         chosen = choice[name]
         # Per node kind, the option it runs there (one of no kind: every node's): the
@@ -93,7 +94,7 @@ def list_schedule(
         empty: set[tuple[int, str | None]] = set()  # nodes with nothing on them, one seen
         for node in problem.nodes:
             option = twins.get(node.kind, chosen) if twins else chosen
-            if not option.fits(node):
+            if not option.fits(node) or node.name in avoided.get(name, ()):
                 continue
             if lines[node.name].empty:
                 # Every node with nothing on it of one size (and kind) gives the same

@@ -186,12 +186,12 @@ def _round(problem: PlanningProblem, placed: Sequence[Placement], free: set[str]
                                     option.devices))
             ends.append(start + length)
             continue
-        usable[name] = useful_options(problem.task(name))
+        usable[name] = useful_options(task := problem.task(name))
         present, lengths = [], []
         for i, candidate in enumerate(usable[name]):
             length = ticks(candidate.seconds, tick)
             for target in problem.nodes:
-                if not candidate.fits(target) or (scope is not None
+                if not task.may_run(candidate, target) or (scope is not None
                                                           and target.name not in scope):
                     continue
                 chosen = model.new_bool_var(f"{name} {i} {target.name}")

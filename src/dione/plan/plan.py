@@ -169,6 +169,8 @@ def check_plan(plan: Plan, problem: PlanningProblem) -> list[str]:
                 reasons.append(f"{where}: {a.technique} {dict(a.knobs)} on {a.devices} devices "
                                f"is not one of its options"
                                f"{f' on nodes of kind {kind}' if kind else ''}")
+            elif a.node in tasks[a.task].avoid:
+                reasons.append(f"{where}: placed on node {a.node}, which it avoids")
             # The tolerance, plus what rounding end - start can lose far from time 0.
             elif abs((a.end - a.start) - option.seconds) > TIME_TOLERANCE * max(
                     1.0, option.seconds) + 4 * math.ulp(abs(a.end)):

@@ -112,9 +112,16 @@ class TaskOptions:
     # Below 0: a task the plan favours, lower first (``plan.favour``: a pausing stopping
     # rule's promoted tasks, the highest rung and the best there first); 0: none.
     priority: float = 0.0
+    # Nodes it may not be placed on: one where it failed twice alike (the node may be at
+    # fault; the runner retries it elsewhere while another node holds it).
+    avoid: frozenset[str] = frozenset()
 
     def fitting(self, node: NodeSpec) -> list[Option]:
-        return [o for o in self.options if o.fits(node)]
+        return [o for o in self.options if self.may_run(o, node)]
+
+    def may_run(self, option: Option, node: NodeSpec) -> bool:
+        """Whether a plan may run ``option`` of this task on ``node``."""
+        return option.fits(node) and node.name not in self.avoid
 
 
 @dataclass(frozen=True)
@@ -152,6 +159,8 @@ class PlanningProblem:
 
     def fitting_any_node(self, task: TaskOptions) -> list[Option]:
         """``task``'s options that some node can hold (wide enough, of their kind)."""
+        if task.avoid:
+            return [o for o in task.options if any(task.may_run(o, n) for n in self.nodes)]
         widest = self._widest_by_kind
         return [o for o in task.options if o.devices <= widest.get(o.kind, 0)]
 
@@ -204,7 +213,8 @@ class PlanningProblem:
             if not bad:
                 reasons += _same_option_twice(where, task.options)
             if not bad and self.nodes:
-                reasons += _fits_no_node(where, task.options, self.nodes)
+                reasons += _fits_no_node(where, task.options, self.nodes, task.avoid)
+            reasons += _avoid_mistakes(where, task.avoid, self.nodes)
             reasons += _release_mistakes(where, task.release)
             reasons += _priority_mistakes(where, task.priority)
         reasons += [f"task {n!r}: the name is used twice"
@@ -227,7 +237,8 @@ class PlanningProblem:
             "cluster": {"nodes": [n.to_json() for n in self.nodes]},
             "tasks": [{"name": t.name, "options": [o.to_json() for o in t.options],
                        **({"release": t.release} if t.release else {}),
-                       **({"priority": t.priority} if t.priority else {})}
+                       **({"priority": t.priority} if t.priority else {}),
+                       **({"avoid": sorted(t.avoid)} if t.avoid else {})}
                       for t in self.tasks],
         }
         if self.busy:
@@ -290,7 +301,7 @@ class PlanningProblem:
         """The problem without its tasks that no option lets any node hold, and why each
         was left out (a task too wide for the cluster must not keep the others from
         being planned, as in a run)."""
-        said = {t.name: _fits_no_node(f"task {t.name!r}", t.options, self.nodes)
+        said = {t.name: _fits_no_node(f"task {t.name!r}", t.options, self.nodes, t.avoid)
                 for t in self.tasks}
         kept = tuple(t for t in self.tasks if not said[t.name])
         return (replace(self, tasks=kept),
@@ -379,11 +390,22 @@ def _same_option_twice(where: str, options: Sequence[Option]) -> list[str]:
     return reasons
 
 
-def _fits_no_node(where: str, options: Iterable[Option], nodes: Sequence[NodeSpec]
-                  ) -> list[str]:
+def _avoid_mistakes(where: str, avoid: frozenset[str], nodes: Sequence[NodeSpec]
+                    ) -> list[str]:
+    """A task's ``avoid`` naming a node the cluster lacks (a typo would avoid nothing)."""
+    unknown = sorted(avoid - {n.name for n in nodes})
+    return [f"{where}: avoid names {', '.join(map(repr, unknown))}, not a node of the "
+            f"cluster (its nodes: {', '.join(n.name for n in nodes)})"] if unknown else []
+
+
+def _fits_no_node(where: str, options: Iterable[Option], nodes: Sequence[NodeSpec],
+                  avoid: frozenset[str] = frozenset()) -> list[str]:
     options = list(options)
-    if any(o.fits(n) for o in options for n in nodes):
+    if any(o.fits(n) for o in options for n in nodes if n.name not in avoid):
         return []
+    if any(o.fits(n) for o in options for n in nodes):
+        return [f"{where}: its options fit only nodes it avoids "
+                f"({', '.join(sorted(avoid))}); take those out of its avoid list"]
     # Options whose kind some node has are too wide for those nodes; else no kind fits.
     kinded = [(o, [n for n in nodes if o.kind in (None, n.kind)]) for o in options]
     sized = [(o, of_kind) for o, of_kind in kinded if of_kind]
@@ -531,10 +553,15 @@ def _parse(data: Any, nodes_instead: Sequence[NodeSpec] | None = None,
             continue
         name = raw["name"]
         where = f"task {name!r}"
-        reasons += _unknown(where, raw, {"name", "options", "release", "priority"})
+        reasons += _unknown(where, raw, {"name", "options", "release", "priority", "avoid"})
         release = raw.get("release", 0.0)
         priority = raw.get("priority", 0.0)
+        avoid = raw.get("avoid", [])
         bad = _release_mistakes(where, release) + _priority_mistakes(where, priority)
+        if not isinstance(avoid, list) or not all(isinstance(n, str) for n in avoid):
+            bad.append(f'{where}: avoid must be a list of node names (["n1"]), not {avoid!r}')
+        elif nodes:
+            bad += _avoid_mistakes(where, frozenset(avoid), nodes)
         if bad:
             reasons += bad
             continue
@@ -548,8 +575,9 @@ def _parse(data: Any, nodes_instead: Sequence[NodeSpec] | None = None,
         if len(valid) == len(options):
             reasons += _same_option_twice(where, valid)
             if nodes and fitting:
-                reasons += _fits_no_node(where, valid, nodes)
-            tasks.append(TaskOptions(name, valid, float(release), float(priority)))
+                reasons += _fits_no_node(where, valid, nodes, frozenset(avoid))
+            tasks.append(TaskOptions(name, valid, float(release), float(priority),
+                                     frozenset(avoid)))
     # Of every named task, those with mistakes too (a name used twice was said only once
     # the other mistakes were fixed).
     reasons += [f"task {n!r}: the name is used twice" for n in _twice(

@@ -97,7 +97,7 @@ def saturn_milp(problem: PlanningProblem, time_limit: float = 10.0,
         for node in problem.nodes:
             per_node: dict[int, float] = {}
             for o, option in enumerate(task.options):
-                if option.fits(node):
+                if task.may_run(option, node):
                     var = cols.add(0.0, 1.0, integer=True)
                     choice[(t, o, node.name)] = var
                     terms[var] = 1.0

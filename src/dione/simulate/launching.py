@@ -117,9 +117,9 @@ class SimulatedLaunching:
                 f"{list(a.device_ids)}"
         lost_at = self.scenario.node_losses.get(a.node)
 
-        def fail(message: str, reason: str) -> None:
+        def fail(message: str, reason: str, error_type: str | None = None) -> None:
             self.store.fail_slice(slice_id, message)
-            future.set_exception(SliceError(message, reason))
+            future.set_exception(SliceError(message, reason, error_type))
 
         def finish() -> None:
             losses = self.scenario.losses(name, record.total, start, end,
@@ -142,7 +142,14 @@ class SimulatedLaunching:
                                         "seconds": before + k * step,
                                         "seconds_per_step": step, "heard_at": at}
                 self.clock.at(at, functools.partial(running.progress.__setitem__, 0, said))
-        if lost_at is not None and lost_at < began + seconds:
+        if a.node in self.scenario.faulty_nodes:
+            # As a broken accelerator fails: the same exception from the same step, at
+            # the slice's start, however often the node is given it.
+            self.clock.at(began + before, lambda: fail(
+                f"{where}: failed\nRuntimeError: CUDA error: uncorrectable ECC error "
+                f"encountered (simulated: node {a.node} is faulty)", "raised",
+                "RuntimeError"))
+        elif lost_at is not None and lost_at < began + seconds:
             self.clock.at(lost_at, lambda: fail(f"{where}: node {a.node} was lost "
                                                 "(simulated)", "node_lost"))
         elif self.failures_left.get(name, 0) > 0:

@@ -36,6 +36,8 @@ class Scenario:
     seconds into the run at which a node leaves (its running slices fail with it).
     ``node_joins``: seconds into the run at which a node of the cluster joins it (absent
     before; planned from the next re-plan on, as a Ray node that joins).
+    ``faulty_nodes``: nodes whose every slice raises the same error as it starts (a
+    broken accelerator: unlike a node lost, the node stays and takes slices).
     ``curve``: the per-step losses reported (``exponential``: from 2 + U(0, 2) down
     towards U(0.2, 1) with a time constant of a third of the task's steps, per task
     from ``seed``: early and final losses barely agree in rank, a hard case for early
@@ -52,6 +54,7 @@ class Scenario:
     failures: Mapping[str, int] = field(default_factory=dict)
     node_losses: Mapping[str, float] = field(default_factory=dict)
     node_joins: Mapping[str, float] = field(default_factory=dict)
+    faulty_nodes: Sequence[str] = ()
     curve: str = "exponential"
     curves: str | None = None
 
@@ -61,6 +64,10 @@ class Scenario:
                  f"{getattr(self, name)!r}" for name in maps
                  if not isinstance(getattr(self, name), Mapping)])
         reasons = []
+        if isinstance(self.faulty_nodes, str) or not isinstance(self.faulty_nodes, Sequence) \
+                or not all(isinstance(n, str) for n in self.faulty_nodes):
+            reasons.append(f'faulty_nodes: must be a list of node names (["n1"]), not '
+                           f"{self.faulty_nodes!r}")
         for name in ("task_slowdown", "node_slowdown"):
             reasons += [f"{name}[{key!r}]: must be a positive number, not {value!r}"
                         for key, value in getattr(self, name).items() if not _positive(value)]
@@ -107,8 +114,12 @@ class Scenario:
         the start."""
         reasons = [f"{field_name}[{key!r}]: the cluster has no such node (its nodes: "
                    f"{', '.join(names)})"
-                   for field_name in ("node_slowdown", "node_losses", "node_joins")
+                   for field_name in ("node_slowdown", "node_losses", "node_joins",
+                                      "faulty_nodes")
                    for key in getattr(self, field_name) if key not in names]
+        if names and all(n in self.faulty_nodes for n in names):
+            reasons.append("faulty_nodes: every node is faulty, so every task would fail; "
+                           "leave at least one node out")
         if names and all(self.node_joins.get(n, 0.0) > 0 for n in names):
             reasons.append("node_joins: every node joins after the start; leave at least "
                            "one out")

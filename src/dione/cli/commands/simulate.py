@@ -126,8 +126,9 @@ def command(args: argparse.Namespace) -> int:
                   f"{result.planned_makespan:.1f} s{covers}); current practice "
                   f"{result.current_practice:.1f} s{ratio}"
                   + (" - which plays the scenario's slowdowns, node losses and joins, but "
-                     "not its failures, spread or stopping rules"
-                     if scenario.failures or scenario.spread else ""))
+                     "not its failures, faulty nodes, spread or stopping rules"
+                     if scenario.failures or scenario.spread or scenario.faulty_nodes
+                     else ""))
     console.print(f"{result.slices} slices, {result.plans_adopted} plan(s) adopted, "
                   f"{result.replans} re-plans solved in {result.replan_seconds:.1f} s; "
                   f"simulated in {result.wall_seconds:.1f} s")
