@@ -575,8 +575,13 @@ def test_an_evaluate_that_hangs_keeps_the_training_it_follows(tmp_path) -> None:
         assert store.latest_checkpoint("h").step == 4
         assert store.task("h").status == "done"
         assert store.task("h").error.startswith("evaluation failed")
-        # Its time is the training's, to the checkpoint, not the hang's after it.
+        # Its time is the training's, to the checkpoint, not the hang's after it, and
+        # so is the task's in the results table, `dione status` and the report.
         assert record.timings["wall"] == record.timings["saved"]
+        from dione.state.summaries import summaries
+
+        [summary] = summaries(store)
+        assert summary.seconds == record.timings["wall"] < record.ended_at - record.started_at
     # Ctrl-C in the evaluation: the stop goes on, the training it followed recorded (a
     # resume found the task untrained and trained the slice again: review).
     import threading
@@ -623,6 +628,15 @@ def test_an_evaluate_that_hangs_keeps_the_training_it_follows(tmp_path) -> None:
     assert killed.evaluation_error.startswith(
         "its evaluate did not return: its process was killed; the slice had trained and "
         "saved step 4")
+    # An evaluate that calls sys.exit: its process ends, not said as returned (it was,
+    # and the slice failed, its training thrown away: review).
+    exits = tmp_path / "exits.py"
+    exits.write_text(HUNG.replace("time.sleep(3600)", "raise SystemExit(3)"))
+    [leaves] = list(load_workload(exits))
+    left = run_slice(leaves, "single", tmp_path / "exited", local_placement(TEST_NODE, [0]),
+                     evaluate=True)
+    assert left.checkpoint is not None and left.evaluation == {}
+    assert left.evaluation_error.startswith("its evaluate did not return: ")
     # A profiling trial's evaluation that hangs times the trial out, as before: kept as a
     # finished slice, the hang was cached as the option's start-up (300 s a slice).
     from dione.launch.slice import SliceError, TrialProbe

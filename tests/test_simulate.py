@@ -650,6 +650,35 @@ def test_a_slice_past_its_prediction_with_no_pace_heard_is_not_expected_to_end_a
         assert busy.until == pytest.approx(late)
 
 
+def test_a_slice_stalled_in_its_evaluation_is_said_so(tmp_path: Path) -> None:
+    """A slice whose rank 0 said it trained and saved, now past its prediction: the
+    warning and the cancel say its evaluation stalls and that its training is kept
+    (they said it would be retried, as a slice stalled in training is)."""
+    options = RunOptions(**{**OPTIONS.__dict__, "stall_grace": 0.0})
+    events: list[RunEvent] = []
+    with virtual_runner(tmp_path, options, Scenario(task_slowdown={"t0": 100.0})) as (
+            runner, virtual):
+        runner.emit = events.append  # type: ignore[method-assign]
+        runner.plan_now()
+        for a in launchable(runner.state.plan, runner.state.records):
+            runner.launch(a)
+        running = runner.state.records["t0"].running
+        assert running is not None
+        running.in_evaluation = True  # as SliceLaunching hears it from rank 0
+        predicted = running.predicted_seconds
+        virtual.wait_any([], options.stall_warning * predicted * 1.01)
+        runner.check_stalls()
+        virtual.wait_any([], options.stall_factor * predicted)
+        runner.check_stalls()
+    said = [e.message for e in events if e.task == "t0"
+            and e.kind in ("slice_slow", "slice_cancelled")]
+    assert len(said) == 2, said
+    assert "in its evaluation (trained and saved): stalled? (at 10 times it the " \
+        "evaluation is cancelled and owed, the training kept)" in said[0]
+    assert "stalled in its evaluation, cancelled: its training is kept, its evaluation " \
+        "owed" in said[1]
+
+
 def test_a_pausing_rules_promoted_tasks_come_first_in_the_problem_best_first(
         tmp_path: Path) -> None:
     """Li et al.'s ASHA hands out promotions before new configurations, from the highest

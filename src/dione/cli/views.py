@@ -26,6 +26,9 @@ def live_steps() -> Callable[[int, dict[str, Any]], None]:
     latest: dict[int, dict[str, Any]] = {}
 
     def show(rank: int, record: dict[str, Any]) -> None:
+        if record.get("evaluating"):
+            console.print(Text("  ... trained and saved; evaluating"))
+            return
         latest[rank] = record
         if rank != 0:
             return

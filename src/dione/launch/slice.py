@@ -267,6 +267,8 @@ def run_request(
             if "trained" in record:
                 if request.trial is None:
                     evaluating.append(record["trained"])
+                    if on_progress is not None:  # (a stall now is the evaluation's)
+                        on_progress(rank, {"evaluating": True})
             elif "evaluated" in record:  # whatever ends the gang now, not its evaluate
                 evaluating.clear()
             elif on_progress is not None:
@@ -421,8 +423,11 @@ def _evaluation_lost(lead: SliceOutcome, why: str | None, request: SliceRequest,
     again = f"`dione evaluate {request.run_dir} {request.task.name}`"
     lead.extra["evaluation_error"] = (
         f"its evaluate did not return: {why}; the slice had trained and saved step {end}, which "
-        "is kept; an evaluate that hangs or runs this long: fix it (its rank logs hold "
-        f"what it printed), then {again}" if why is not None else
+        "is kept; " + ("an evaluate that ends its process (SystemExit, os._exit)"
+                       if "raised" in why or "exited" in why
+                       else "an evaluate that hangs or runs this long")
+        + f": fix it (its rank logs hold what it printed), then {again}"
+        if why is not None else
         f"its evaluation was cut short by the run's stop; the slice had trained and saved "
         f"step {end}, which is kept: {again} evaluates it")
     return lead

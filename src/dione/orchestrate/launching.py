@@ -72,6 +72,9 @@ class SliceLaunching:
         a = running.assignment
 
         def heard(rank: int, said: dict[str, Any]) -> None:
+            if said.get("evaluating"):  # trained and saved: its evaluation runs
+                running.in_evaluation = True
+                return
             # When it was heard: the steps left count from then, not from the loop's turn.
             running.progress[rank] = {**said, "heard_at": clock.now()}
 

@@ -63,6 +63,7 @@ class RunningSlice:
     planned_ahead: bool = False  # a re-plan was asked as its end neared (its task goes on)
     at_rung: bool = False  # it ends at a rung of its task's stopping rule
     evaluates: bool = False  # it evaluates where it ends (eval_every, a rung, the end)
+    in_evaluation: bool = False  # it trained and saved; its evaluation runs now
     stalled: str | None = None  # why the loop cancelled it (it ran far past its prediction)
 
 

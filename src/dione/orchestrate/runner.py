@@ -1247,18 +1247,27 @@ class Runner:
                     f"{record.name}: its slice (steps {running.start_step}-"
                     f"{running.end_step}) ran {elapsed:.0f} s against a prediction of "
                     f"{predicted:.1f} s, past {options.stall_factor:g} times it and "
-                    f"{options.stall_grace:g} s: stalled, cancelled (--stall-factor "
-                    "changes the bound)")
+                    f"{options.stall_grace:g} s: "
+                    + ("stalled in its evaluation, cancelled: its training is kept, its "
+                       "evaluation owed" if running.in_evaluation else "stalled, cancelled")
+                    + " (--stall-factor changes the bound)")
                 self.emit(RunEvent("slice_cancelled", running.stalled, record.name))
                 running.cancel.reason = f"{STALLED}: {running.stalled}"
                 running.cancel.set()
             elif (not running.stall_warned
                   and elapsed > options.stall_warning * predicted + options.stall_grace / 2):
                 running.stall_warned = True
+                factor = options.stall_factor
                 self.emit(RunEvent("slice_slow", f"{record.name}: its slice has run "
                                    f"{elapsed:.0f} s against a prediction of {predicted:.1f} "
-                                   "s: stalled? (it is cancelled and retried at "
-                                   f"{options.stall_factor} times it)", record.name))
+                                   + ("s, in its evaluation (trained and saved): stalled? "
+                                      if running.in_evaluation else "s: stalled? ")
+                                   + ("(no stall factor: it is not cancelled)" if factor is None
+                                      else f"(at {factor:g} times it the evaluation is "
+                                      "cancelled and owed, the training kept)"
+                                      if running.in_evaluation else
+                                      f"(it is cancelled and retried at {factor:g} times it)"),
+                                   record.name))
 
     def _placeable(self, a: Assignment, at: float) -> bool:
         """Whether a plan solved from the state at ``at`` may place ``a``'s task: it is

@@ -139,7 +139,9 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
         result.append(TaskSummary(
             record.name, status, trained, record.total_steps,
             techniques_in_turn(slices), devices,
-            sum((s.ended_at or s.started_at) - s.started_at for s in done),
+            # A slice's own seconds: to its checkpoint where its evaluation hung after.
+            sum(s.timings.get("wall", (s.ended_at or s.started_at) - s.started_at)
+                for s in done),
             loss, evaluation,
             dict(record.hyperparameters), error, latest.path if latest else None,
             sorted({len(s.device_ids) for s in done}), inexact_spans(slices),

@@ -302,10 +302,10 @@ class SliceContext:
         (``trained``), after that the evaluation returned (``evaluation_ended``)."""
         self.evaluated = True
         self.trained(outcome)
-        try:
-            yield
-        finally:
-            self.evaluation_ended()
+        yield  # an evaluate's Exception is in the outcome; what passes through (its
+        # SystemExit, a collective's failure) ends the process: not said as returned,
+        # so the launcher keeps the training and owes the evaluation (review)
+        self.evaluation_ended()
 
     def _evaluate_on_rank0(self, outcome: SliceOutcome, model: nn.Module,
                            began: float, imported: float) -> None:
