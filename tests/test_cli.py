@@ -709,8 +709,10 @@ def test_validate_warns_of_a_rule_judging_its_metric_the_other_way(
     status, out, _ = in_process(capsys, "validate", str(file))
     said = " ".join(out.split())
     assert status == 0 and "no problems" in said, said
-    assert said.count("warning:") == 1 and "warning: a, b: its stopping rule judges " \
+    assert said.count("with mode=") == 1 and "warning: a, b: its stopping rule judges " \
         "'accuracy' with mode='min'" in said and "Set mode='max'" in said, said
+    # c, alone under its ASHA, is never stopped by it: said too.
+    assert "warning: c: its stopping rule compares a task with those before it" in said
     assert doubtful_direction("val_loss", "max") and not doubtful_direction("val_loss", "min")
     assert direction_by_name("throughput") is None and not doubtful_direction("x", "max")
     # An eval_every at or past the last step does nothing (accepted silently).

@@ -147,6 +147,14 @@ def test_a_malformed_pruning_rule_is_named_as_every_rule_is() -> None:
     assert rule.mode == "max"
     assert dione.optuna.OptunaPruning(study, {}, report_every=5,
                                       metric="accuracy").mistakes() == []
+    # A study maximizing a metric whose name says lower is better: the warning's fix is
+    # the study's direction (it said "Set mode='min' on the rule": no rule of the user's).
+    from dione.spec.metrics import doubtful_direction
+
+    doubting = dione.optuna.OptunaPruning(study, {}, report_every=5, metric="test_loss")
+    doubt = doubtful_direction(doubting.metric, doubting.mode, doubting.mode_fix)
+    assert doubt is not None and doubt.endswith(
+        "Create the study with direction='minimize' if lower is better")
     # A study maximizing the training loss stops the best trials: named, with its fix.
     (said,) = dione.optuna.OptunaPruning(study, {}, report_every=5).mistakes()
     assert "create the study with direction='minimize'" in said

@@ -703,6 +703,35 @@ def test_a_pausing_rules_promoted_tasks_come_first_in_the_problem_best_first(
         assert sorted(priority, key=lambda n: priority[n]) == ["t2", "t1", "t0", "t3"]
 
 
+def test_a_rule_that_compares_with_ended_tasks_has_its_begun_tasks_planned_first(
+        tmp_path: Path) -> None:
+    """dione.optuna's rule (Optuna's pruners count completed trials): a resume planned
+    new trials beside half-trained ones, which then had none completed to compare with,
+    and the worst trained to its end (review). Begun tasks come first, the furthest
+    first, and a plan starts them before the new ones where its makespan allows."""
+    from dione.spec.stopping import Median
+
+    class BegunFirst(Median):
+        begun_first = True
+
+    rule = BegunFirst(min_steps=5)
+    with virtual_runner(tmp_path) as (runner, _):
+        records = runner.state.records
+        for name, done in (("t0", 0), ("t1", 0), ("t2", 4), ("t3", 10)):
+            records[name].task = replace(records[name].task, stopping=rule)
+            records[name].done_steps = done
+        problem, _ = runner.problem()
+        priority = {t.name: t.priority for t in problem.tasks}
+        assert priority == {"t0": 0.0, "t1": 0.0, "t2": -1.2, "t3": -1.5}
+        # On one node of two devices, one device each, the begun two start first.
+        one_node = replace(problem, nodes=problem.nodes[:1], tasks=tuple(
+            replace(t, options=tuple(o for o in t.options if o.devices == 1))
+            for t in problem.tasks))
+        plan, _ = solve_or_fall_back(one_node, "cpsat", 1.0, 1, True, hasten=True)
+        starts = {a.task: a.start for a in plan.assignments}
+        assert max(starts["t2"], starts["t3"]) < min(starts["t0"], starts["t1"])
+
+
 def test_a_simulation_into_the_directory_of_an_earlier_one_starts_afresh(
         tmp_path: Path) -> None:
     """The same problem again into one directory found every task done and reported a

@@ -601,3 +601,28 @@ def test_a_run_records_each_judged_metric_s_direction_and_questions_a_doubtful_o
     assert len(doubts) == 1 and "Set mode='max'" in doubts[0].message, doubts
     with RunStore(tmp_path / "run") as store:
         assert store.directions() == {"val_accuracy": "min"}
+
+
+def test_a_rule_that_compares_tasks_shared_by_too_few_is_questioned(tmp_path: Path) -> None:
+    """ASHA alone at a rung lets its task on, and the median rule judges none until
+    ``min_tasks`` recorded before: a rule shared by fewer stops nothing while each rung
+    cuts a slice (a review's one-task sweep), said by validate and as a run starts."""
+    import dione
+    from dione.spec.stopping import too_few_to_compare
+
+    assert too_few_to_compare(Asha(min_steps=5), 1) is not None
+    assert too_few_to_compare(Asha(min_steps=5), 2) is None
+    assert too_few_to_compare(Median(min_steps=5), 3) is not None  # 3 before the judged
+    assert too_few_to_compare(Median(min_steps=5, min_tasks=1), 2) is None
+    assert too_few_to_compare(Patience(min_steps=5), 1) is None  # judges a task alone
+    events: list[RunEvent] = []
+    simulate(small_problem(1), tmp_path / "run", steps=30, options=SIMULATED,
+             stopping=Asha(min_steps=10), on_event=events.append)
+    said = [e.message for e in events if e.kind == "stopping_rule_doubtful"]
+    assert len(said) == 1 and said[0].startswith("t0: its stopping rule compares a task "
+                                                 "with those before it"), said
+    found = dione.validate([digits_task(n, steps=40, stopping=rule) for n, rule in (
+        ("a", Median(min_steps=10)), ("b", Median(min_steps=10)),
+        ("c", Asha(min_steps=10)), ("d", Asha(min_steps=10)))])
+    [(doubt, names)] = [(d, n) for d, n in found.warnings.items() if "compares" in d]
+    assert names == ["a", "b"] and "4 or more tasks share it" in doubt

@@ -53,8 +53,11 @@ class OptunaPruning(StoppingRule):
     task reports its metric to its trial and stops where ``should_prune()`` says. The
     study lives in the launcher only: the rule travels to workers without it."""
 
+    begun_first = True  # as Optuna's optimize: a trial begun runs on before new ones
     judged_by = "optimize(metric=...)"
     metric_fix = "optimize's metric"
+    # (Optuna's direction, not a mode: "min" is "minimize".)
+    mode_fix = "create the study with direction='{mode}imize'"
     retry = "call optimize again with retry_failed=True"
 
     def __init__(self, study: Any, trials: dict[str, Any], report_every: int,

@@ -55,7 +55,7 @@ from dione.profile.results import (
 from dione.spec.cluster import Cluster, ClusterError, Node
 from dione.spec.metrics import doubtful_direction
 from dione.spec.settings import READ_SETTINGS, read_changes, training_settings
-from dione.spec.stopping import Decision, StoppingRule
+from dione.spec.stopping import Decision, StoppingRule, too_few_to_compare
 from dione.spec.task import Task
 from dione.spec.validate import keep_best_doubts, late_evaluation
 from dione.state.checkpoint import (
@@ -158,6 +158,22 @@ class Runner:
         self.intake = None if virtual else Intake(self.store, inbox, Profiling(
             options.catalog, options.trial, launcher, options.storage))
         self._say_left_out(tasks)
+        self._say_too_few(tasks)
+
+    def _say_too_few(self, tasks: Sequence[Task]) -> None:
+        """A rule that compares tasks, shared by too few of them to stop any: said once
+        (each rung still cuts a slice; a review's one-task sweep paid for nothing)."""
+        sharing: dict[str, list[Task]] = {}
+        for task in tasks:
+            if task.stopping is not None:
+                sharing.setdefault(repr(task.stopping), []).append(task)
+        for alike in sharing.values():
+            rule = alike[0].stopping
+            lonely = rule and too_few_to_compare(rule, len(alike))
+            if lonely:
+                names = ", ".join(t.name for t in alike)
+                self.emit(RunEvent("stopping_rule_doubtful", f"{names}: {lonely}",
+                                   alike[0].name))
 
     def _say_left_out(self, tasks: Sequence[Task]) -> None:
         """Tasks of the run, not ended, that the workload given no longer defines (a
@@ -202,7 +218,7 @@ class Runner:
         rule = task.stopping
         if rule is not None and rule.metric != "loss":  # the leaderboards rank by it
             self.store.add_directions({rule.metric: rule.mode})
-            doubt = doubtful_direction(rule.metric, rule.mode)
+            doubt = doubtful_direction(rule.metric, rule.mode, rule.mode_fix)
             if doubt and repr(rule) not in self._doubted:  # once a rule, not once a task
                 self._doubted.add(repr(rule))
                 self.emit(RunEvent("stopping_rule_doubtful", f"{task.name} (and the tasks "
@@ -491,8 +507,12 @@ class Runner:
         a pausing rule, as Li et al.'s ASHA hands out work, promotions before new
         configurations, from the highest rung down, and at a rung the best there first
         (a likely winner's long future starts sooner, and the next rung is reached best
-        first, so fewer are promoted there for arriving early); 0 for every other task."""
+        first, so fewer are promoted there for arriving early); under a rule that
+        favours its tasks begun (``begun_first``), those, the furthest first; 0 for every
+        other task."""
         rule = record.task.stopping
+        if rule is not None and rule.begun_first and record.done_steps > 0:
+            return -1.0 - record.done_steps / max(1, record.total)
         if rule is None or not rule.pausing:
             return 0.0
         passed = [step for step in rule.rungs(record.total) if step <= record.done_steps]

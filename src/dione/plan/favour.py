@@ -82,8 +82,13 @@ def favoured(plan: Plan, problem: PlanningProblem) -> Plan:
             if makespan <= cap and end < ends.get(task.name, float("inf")) * 0.99:
                 choice, current, changed = trial, placed, changed + 1
                 break
-    if current is None or not changed:
+    if current is None:
         return plan
+    if not changed:  # the priority order alone, where it ends a favoured task sooner
+        before = {a.task: a.end for a in plan.assignments}
+        if all(start + option.seconds >= before[name] - 1e-6
+               for name, option, _, start in current if tasks[name].priority < 0):
+            return plan
     work = built * len(problem.tasks) * len(problem.nodes)
     spent = float(plan.notes.get("deterministic_spent", 0.0)) + work / PLACEMENTS_PER_UNIT
     result = placements_plan(plan.solver, plan.status, problem, current, began,

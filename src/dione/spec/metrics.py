@@ -26,14 +26,20 @@ def direction_by_name(metric: str) -> str | None:
     return None if lower == higher else "min" if lower else "max"
 
 
-def doubtful_direction(metric: str, mode: str) -> str | None:
+def doubtful_direction(metric: str, mode: str, fix: str = "set mode={mode!r} on the rule"
+                       ) -> str | None:
     """Why a rule judging ``metric`` with ``mode`` likely stops the best tasks (its name
-    says the other way), with the fix; None where the name agrees or says nothing."""
+    says the other way), with the fix (``fix``, formatted with the other ``mode``: what
+    the rule's maker sets); None where the name agrees or says nothing."""
     by_name = direction_by_name(metric)
     if by_name is None or by_name == mode:
         return None
     better = "higher" if by_name == "max" else "lower"
     return (f"its stopping rule judges {metric!r} with mode={mode!r} ("
             f"{'lower' if mode == 'min' else 'higher'} is better), but a {better} "
-            f"{metric} is usually better: the rule would stop the best tasks. Set "
-            f"mode={by_name!r} on the rule if {better} is better")
+            f"{metric} is usually better: the rule would stop the best tasks. "
+            f"{_capitalised(fix.format(mode=by_name))} if {better} is better")
+
+
+def _capitalised(text: str) -> str:
+    return text[:1].upper() + text[1:]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 __all__ = ["Asha", "Decision", "Median", "Patience", "PausingAsha", "StoppingRule",
-           "SuccessiveHalving", "common_mistakes"]
+           "SuccessiveHalving", "common_mistakes", "too_few_to_compare"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,17 @@ class StoppingRule(ABC):
     # Paused: a task that reaches a rung waits (holding no device) until
     # ``decide_paused`` promotes or stops it, asked again as others reach the rung.
     pausing: ClassVar[bool] = False
+    # Its tasks begun come first in each plan, the furthest first (``plan.favour``): a
+    # rule that compares with the tasks that ended (Optuna's pruners count completed
+    # trials) judged a resume's new tasks, planned beside the half-trained ones, against
+    # none, and let the worst run to its end (review).
+    begun_first: ClassVar[bool] = False
     # What names the rule's metric, in messages that ask to fix it (dione.optuna's rule
     # is made by optimize's metric argument, not written by the user).
     judged_by: ClassVar[str] = "its stopping rule"
     metric_fix: ClassVar[str] = "the rule's metric"
+    # How the user makes it judge with another mode (formatted with ``mode``).
+    mode_fix: ClassVar[str] = "set mode={mode!r} on the rule"
     retry: ClassVar[str] = "resume"  # what trains a task refused for it again
 
     @property
@@ -83,6 +90,11 @@ class StoppingRule(ABC):
         for one that is not finite), with the fix (None: it can): a warning, since a run
         may have started with it."""
         return None
+
+    def least_tasks(self) -> int:
+        """The fewest tasks sharing the rule for it to stop one for its metric's values
+        (a rule that compares a task with those before it at a rung stops none alone)."""
+        return 1
 
     def next_rung(self, done: int, total: int) -> int | None:
         """The first rung after step ``done`` (None: none is left)."""
@@ -161,6 +173,9 @@ class _Halving(StoppingRule):
 @dataclass(frozen=True)
 class Asha(_Halving):
     """Asynchronous successive halving; see the module's docstring."""
+
+    def least_tasks(self) -> int:
+        return 2  # the first at a rung goes on
 
     def decide(self, rung: int, value: float, recorded: Sequence[float],
                task: str = "", history: Sequence[float] = ()) -> Decision:
@@ -251,6 +266,9 @@ class Median(StoppingRule):
     def mistakes(self) -> list[str]:
         """Each way the rule is malformed (empty: none), with the fix."""
         return common_mistakes(self, "min_steps", "every", "min_tasks")
+
+    def least_tasks(self) -> int:
+        return self.min_tasks + 1  # min_tasks recorded before the one judged
 
     def rungs(self, total: int) -> list[int]:
         """The steps, before ``total``, at which a task is judged."""
@@ -410,6 +428,20 @@ def _whole(value: object, least: int) -> bool:
 def _number(value: object) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value))
+
+
+def too_few_to_compare(rule: StoppingRule, sharing: int) -> str | None:
+    """Why ``rule``, shared by ``sharing`` tasks, stops none (it compares a task with
+    those before it at a rung: ASHA and the median rule alone judge nothing), with the
+    fix; None where it can stop one."""
+    least = rule.least_tasks()
+    if sharing >= least:
+        return None
+    return (f"its stopping rule compares a task with those before it at a rung and stops "
+            f"one only where {least} or more tasks share it (alike in every field; here "
+            f"{sharing}), or where a metric is not finite, while each rung still ends a "
+            "slice: give more tasks the same rule, or leave it out, unless tasks will be "
+            "added to the run")
 
 
 def common_mistakes(rule: StoppingRule, *whole: str,
