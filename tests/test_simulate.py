@@ -115,6 +115,24 @@ def test_a_lost_node_leaves_every_task_done_on_the_others(tmp_path: Path) -> Non
     assert lost and all("was lost" in (s.error or "") for s in lost)
 
 
+def test_current_practice_loses_what_a_lost_node_held_since_its_last_checkpoint(
+        tmp_path: Path) -> None:
+    """The baseline kept every second a lost node had trained, while the run loses its
+    slice: the `sequential` solver's own simulated run (current practice, planned)
+    ended after it, and re-planning was shown worse than doing nothing (review). Both
+    now lose the same work, at the run's slice length."""
+    problem = PlanningProblem((NodeSpec("n0", 4), NodeSpec("n1", 4)), tuple(
+        TaskOptions(name, (Option("ddp", 4, 1000.0),)) for name in ("A", "B")))
+    scenario = Scenario(node_losses={"n1": 500.0})
+    for slice_seconds in (None, 1000.0):
+        options = replace(OPTIONS, solver="sequential", slice_seconds=slice_seconds)
+        result = simulate(problem, tmp_path / f"run-{slice_seconds}", scenario=scenario,
+                          steps=100, options=options, report=False)
+        # B's slice from step 30 (300 s slices) or from its start is lost at 500 s.
+        assert result.makespan == pytest.approx(1700.0 if slice_seconds is None else 2000.0)
+        assert result.current_practice == pytest.approx(result.makespan)
+
+
 def test_injected_failures_are_retried_and_a_hopeless_task_fails_alone(tmp_path: Path) -> None:
     result = simulate(small_problem(4), tmp_path / "run",
                       scenario=Scenario(failures={"t0": 1, "t2": 5}), steps=20,

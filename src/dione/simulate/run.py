@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dione import clock
-from dione.orchestrate.estimates import planning_nodes
+from dione.orchestrate.estimates import auto_slice_seconds, planning_nodes
 from dione.orchestrate.options import (
     RUN_DIR_ENTRIES,
     SIMULATION_OPTIONS,
@@ -54,15 +54,22 @@ class SimulationResult:
     planned_horizon: str = "full"  # how far the first plan counted (AdoptedPlan.horizon)
 
 
-def current_practice(problem: PlanningProblem, cluster: Cluster, scenario: Scenario) -> float:
+def current_practice(problem: PlanningProblem, cluster: Cluster, scenario: Scenario,
+                     steps: int = 100, options: RunOptions | None = None) -> float:
     """Saturn's baseline: each task in turn (in the problem's order) on a whole node, at
     its fastest option there, the node where it ends first (of those where it ends as
     early, the smallest, then the first in the cluster's order: the ``sequential``
     solver's rule), slowed as the scenario slows it (its spread and failures left out); a node
-    serves from its join to its loss, and
-    a task its node's loss cuts short goes on (from a checkpoint, as dione's do) on the
-    next free node that holds it. When the last task ends; a task no node holds is left
-    out (the plan fails it too)."""
+    serves from its join to its loss, and a task its node's loss cuts short goes on
+    from its last checkpoint on the next free node that holds it. It checkpoints as a
+    simulated run of ``steps`` steps a task under ``options`` does, where each slice
+    ends (``slice_steps``, or about ``slice_seconds`` of profiled time): what it did
+    since is lost with the node, as the run's slice is (it kept every second of it, so
+    the ``sequential`` solver's own run ended after it: review). When the last task
+    ends; a task no node holds is left out (the plan fails it too)."""
+    options = options or RunOptions()
+    # (The simulated options start no process and load nothing: the run's default slice.)
+    every_seconds = options.slice_seconds or auto_slice_seconds(0.0)
     sizes = {n.name: n.devices for n in cluster}
     nodes = dict(zip(sizes, planning_nodes(cluster), strict=True))
     free = {n.name: float(scenario.node_joins.get(n.name, 0.0)) for n in cluster}
@@ -86,8 +93,11 @@ def current_practice(problem: PlanningProblem, cluster: Cluster, scenario: Scena
             finish = start + left * seconds
             if finish <= lost[node]:
                 free[node], left, end = finish, 0.0, max(end, finish)
-            else:  # the node is lost under it: what it did stands, the rest moves on
-                left -= (lost[node] - start) / seconds
+            else:  # the node is lost under it: to its last checkpoint, the rest moves on
+                step = min(o.seconds for o in task.fitting(nodes[node])) / steps
+                between = options.slice_steps or max(1, math.ceil(every_seconds / step))
+                done = math.floor((lost[node] - start) / seconds * steps + 1e-9)
+                left -= (done - done % between) / steps
                 free[node] = ready = lost[node]
     return end
 
@@ -128,7 +138,8 @@ def simulate(
     tasks, profile = problem_workload(problem, steps, cluster, stopping)
     result = simulate_profile(tasks, profile, run_dir, cluster=cluster, scenario=scenario,
                               options=options, on_event=on_event,
-                              baseline=current_practice(problem, cluster, scenario),
+                              baseline=current_practice(problem, cluster, scenario, steps,
+                                                        options),
                               left_out=left_out)
     if report:
         from dione.report import write_report
