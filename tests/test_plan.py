@@ -418,13 +418,13 @@ def test_every_solver_returns_valid_plans(problem: PlanningProblem) -> None:
     plans = {s: solve(problem, s, time_limit=2, threads=1)
              for s in ("sequential", "greedy", "cpsat", "saturn-milp", "spread")}
     for name, plan in plans.items():
-        if name == "saturn-milp" and not plan.assignments:
-            continue  # HiGHS may find nothing in its time: it then says so, plan-less
+        # (saturn-milp too: it starts from current practice's plan, so it has one.)
         assert check_plan(plan, problem) == [], name
         assert plan.makespan >= bound * (1 - 1e-9) - 1e-6, name
     assert plans["cpsat"].makespan <= plans["greedy"].makespan + 1e-6
     # Never after current practice either: its plan is one of greedy's candidates.
     assert plans["greedy"].makespan <= plans["sequential"].makespan + 1e-6
+    assert plans["saturn-milp"].makespan <= plans["sequential"].makespan + 1e-6
 
 
 def test_running_tasks_keep_their_devices() -> None:
@@ -799,12 +799,12 @@ def test_every_solver_runs_each_option_on_nodes_of_its_kind(problem: PlanningPro
     plans = {s: solve(problem, s, time_limit=2, threads=1)
              for s in ("sequential", "greedy", "cpsat", "saturn-milp", "spread")}
     for name, plan in plans.items():
-        if name == "saturn-milp" and not plan.assignments:
-            continue
         assert check_plan(plan, problem) == [], name
         assert plan.makespan >= bound * (1 - 1e-9) - 1e-6, name
     assert plans["cpsat"].makespan <= plans["greedy"].makespan + 1e-6
     assert plans["greedy"].makespan <= plans["sequential"].makespan + 1e-6
+    # (saturn-milp's HiGHS failed every solve here, its threads refused: review.)
+    assert plans["saturn-milp"].makespan <= plans["sequential"].makespan + 1e-6
 
 
 def test_a_task_runs_where_its_kind_is_fastest_and_a_plan_elsewhere_is_refused() -> None:
@@ -982,3 +982,18 @@ def test_no_solver_places_a_task_on_a_node_it_avoids() -> None:
         PlanningProblem.from_json({**problem.to_json(), "tasks": [
             {"name": "t", "avoid": "n0", "options": [
                 {"technique": "single", "devices": 1, "seconds": 1}]}]})
+
+
+def test_saturns_milp_starts_from_current_practice_and_ends_no_later() -> None:
+    """HiGHS found no plan of the Llama 2 sweep's 26 tasks on one H100 and two A100
+    nodes in 30 s, and a run fell back to greedy unsaid (a review): given current
+    practice's plan as a start, as a Gurobi user gives one, it returns a plan."""
+    data = json.loads((Path(__file__).parent.parent / "benchmarks" / "cluster_tables"
+                       / "llama2-mixed.json").read_text())
+    data["cluster"] = {"nodes": [{"name": "h0", "devices": 8, "kind": "H100"},
+                                 {"name": "a0", "devices": 8, "kind": "A100"},
+                                 {"name": "a1", "devices": 8, "kind": "A100"}]}
+    problem = PlanningProblem.from_json(data)
+    plan = solve(problem, "saturn-milp", time_limit=1.0, threads=1)
+    assert plan.assignments and check_plan(plan, problem) == []
+    assert plan.makespan <= solve(problem, "sequential").makespan + 1e-6

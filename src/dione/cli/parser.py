@@ -389,10 +389,12 @@ def build_parser() -> argparse.ArgumentParser:
                           default=SIMULATION_OPTIONS.time_limit,
                           help="the first plan's cpsat deterministic time (a unit takes "
                           "about 5 s of one thread for tens of tasks, 45 s for 200 on 16 "
-                          "nodes): the same inputs give the same plans")
+                          "nodes): the same inputs give the same plans; the other solvers' "
+                          "wall seconds (saturn-milp: give it 10 or more)")
     simulate.add_argument("--replan-time-limit", type=positive_float,
                           default=SIMULATION_OPTIONS.replan_time_limit,
-                          help="each re-plan's cpsat deterministic time")
+                          help="each re-plan's cpsat deterministic time (the other solvers' "
+                          "wall seconds)")
     simulate.add_argument("--replan-interval", type=positive_float,
                           default=SIMULATION_OPTIONS.replan_interval,
                           help="virtual seconds between re-plans without a slice end")

@@ -23,7 +23,7 @@ import numpy as np
 from dione.plan.bounds import lower_bound
 from dione.plan.greedy import sequential
 from dione.plan.highs import quiet_highs
-from dione.plan.plan import Assignment, Plan, left_shift
+from dione.plan.plan import Assignment, Plan, left_shift, matching_option
 from dione.plan.problem import Option, PlanningProblem
 
 __all__ = ["MAX_ROWS", "saturn_milp"]
@@ -71,8 +71,9 @@ class _Rows:
 def saturn_milp(problem: PlanningProblem, time_limit: float = 10.0,
                 threads: int | None = None) -> Plan:
     """Solve Saturn's formulation with HiGHS for ``time_limit`` s, not counting the time
-    to build the model (reported apart); status unknown and no assignments when it
-    finds no plan, or the model is too large to build."""
+    to build the model (reported apart), from current practice's plan; status unknown
+    and no assignments when it finds no plan, or the model is too large to build.
+    ``threads``: taken for the solvers' common signature, not used (below)."""
     began = time.perf_counter()
     bound = lower_bound(problem)
     tasks = problem.tasks
@@ -84,7 +85,8 @@ def saturn_milp(problem: PlanningProblem, time_limit: float = 10.0,
                     time.perf_counter() - began,
                     {"reason": f"not built: {rows_needed:,} pair constraints "
                                f"(tasks^2 x devices) exceed {MAX_ROWS:,}"})
-    big_m = sequential(problem).makespan  # no optimal plan ends later than this one
+    current = sequential(problem)
+    big_m = current.makespan  # no optimal plan ends later than this one
     cols, rows = _Columns(), _Rows()
     makespan = cols.add(0.0, big_m, cost=1.0)
     choice: dict[tuple[int, int, str], int] = {}
@@ -126,9 +128,10 @@ def saturn_milp(problem: PlanningProblem, time_limit: float = 10.0,
                     for d in length]
     blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     count = len(device_keys)
+    order: dict[tuple[int, int], int] = {}
     for t in range(len(tasks)):
         for u in range(t + 1, len(tasks)):
-            before = cols.add(0.0, 1.0, integer=True)
+            before = order[(t, u)] = cols.add(0.0, 1.0, integer=True)
             for first, second, sign in ((t, u, 1.0), (u, t, -1.0)):
                 # S_first + D_first - S_second + sign M y + M a_first + M a_second
                 #   <= 3M (t before u: sign +) or 2M (u before t: sign -)
@@ -156,8 +159,9 @@ def saturn_milp(problem: PlanningProblem, time_limit: float = 10.0,
         pair_starts.append(offset + width * np.arange(indices_block.shape[0]))
         offset += indices_block.size
     highs = quiet_highs()
-    if threads:
-        highs.setOptionValue("threads", int(threads))
+    # ``threads`` is not passed on: HiGHS runs one scheduler per process, and a count
+    # other than the one it started with (a bound's LP had started it) failed every
+    # solve at once, "Not Set", so each virtual run (one thread) fell back to greedy.
     highs.setOptionValue("random_seed", 1)
     n = len(cols.lower)
     highs.addVars(n, np.array(cols.lower), np.array(cols.upper))
@@ -175,6 +179,7 @@ def saturn_milp(problem: PlanningProblem, time_limit: float = 10.0,
     highs.setOptionValue("time_limit", float(max(0.1, time_limit)))
     highs.addRows(len(lower), lower, upper, len(indices), starts.astype(np.int32),
                   indices.astype(np.int32), values)
+    _start_from(highs, n, problem, current, makespan, start, choice, occupy, order)
     highs.run()
     info = highs.getInfo()
     status = highs.getModelStatus()
@@ -206,3 +211,30 @@ def saturn_milp(problem: PlanningProblem, time_limit: float = 10.0,
     return Plan("saturn-milp", "optimal" if optimal else "feasible", ends,
                 milp_bound, tuple(assignments),
                 time.perf_counter() - began, notes)
+
+
+def _start_from(highs: highspy.Highs, columns: int, problem: PlanningProblem, plan: Plan,
+                makespan: int, start: list[int], choice: dict[tuple[int, int, str], int],
+                occupy: dict[tuple[int, str, int], int], order: dict[tuple[int, int], int]
+                ) -> None:
+    """Give HiGHS ``plan`` (current practice's) as a feasible start, as a Gurobi user
+    gives a MIP start: with none, HiGHS found no plan of 26 tasks on 3 nodes of two
+    kinds in 30 s, and the baseline was greedy's plan unsaid (review)."""
+    value = np.zeros(columns)
+    value[makespan] = plan.makespan
+    at = {}
+    for t, task in enumerate(problem.tasks):
+        a = plan.assignment(task.name)
+        chosen = matching_option(a, task.options, problem.node(a.node))
+        if chosen is None:
+            return  # (not one of its options: no start given)
+        value[choice[(t, task.options.index(chosen), a.node)]] = 1.0
+        for g in a.device_ids:
+            value[occupy[(t, a.node, g)]] = 1.0
+        value[start[t]] = at[t] = a.start
+    for (t, u), var in order.items():
+        value[var] = 1.0 if at[t] <= at[u] else 0.0
+    solution = highspy.HighsSolution()
+    solution.col_value = list(value)
+    solution.value_valid = True
+    highs.setSolution(solution)

@@ -29,7 +29,9 @@ class _Progress:
 
     def __init__(self) -> None:
         self.began = self.last = time.monotonic()
-        self.seen = {"slice_finished": 0, "planned": 0, "replanned": 0}
+        self.seen = {"slice_finished": 0, "planned": 0, "replanned": 0,
+                     "planner_fell_back": 0}
+        self.fell_back = ""  # the first solve that found no plan, and why
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._quiet, name="dione-simulate-progress",
@@ -39,6 +41,8 @@ class _Progress:
     def heard(self, event: RunEvent) -> None:
         if event.kind in self.seen:
             self.seen[event.kind] += 1
+        if event.kind == "planner_fell_back" and not self.fell_back:
+            self.fell_back = event.message
         self._say("")
 
     def _quiet(self) -> None:
@@ -111,6 +115,12 @@ def command(args: argparse.Namespace) -> int:
         raise BadInput(str(err)) from None
     finally:
         progress.close()
+    fell_back = progress.seen["planner_fell_back"]
+    if fell_back:  # (the figures below are greedy's there: said first, not only in the report)
+        complain("warning", progress.fell_back
+                 + (f" ({fell_back} solves fell back so)" if fell_back > 1 else "")
+                 + ": give --time-limit and --replan-time-limit more (wall seconds for "
+                 "every solver but cpsat)")
     done = sum(1 for s in result.statuses.values() if s == "done")
     console.print(f"SIMULATED (virtual cluster, no task trained): "
                   f"{len(result.statuses) + len(dropped)} tasks, {done} done"
