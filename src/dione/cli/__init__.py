@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from shlex import quote
@@ -10,7 +12,13 @@ from typing import Any
 
 from dione.cli.commands import COMMANDS
 from dione.cli.console import complain, errors
-from dione.cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED, BadInput
+from dione.cli.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    BadInput,
+)
 from dione.cli.parser import build_parser
 
 __all__ = ["main"]
@@ -49,6 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as err:  # Terminated too
         return _stopped(err, _STOPPED.get(args.command) or _left(args))
+    except BrokenPipeError:  # `dione plan x.json | head`: the reader left; no traceback
+        # Python flushes stdout at exit, into the closed pipe again: point it elsewhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
 
 
 # What a stop leaves where it is not a run's gangs and checkpoints.

@@ -382,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--steps", type=positive_int, default=100,
                           help="steps per task (each option's seconds spread over them)")
     simulate.add_argument("--out", type=_given,
-                          help="run directory (default: runs/simulate-<problem>)")
+                          help="run directory (default: runs/simulate-<problem>, and "
+                          "-<cluster> with --cluster)")
     simulate.add_argument("--solver", default=_solve_default("solver"), choices=tuple(SOLVERS),
                           help="the planner for the first plan and every re-plan")
     simulate.add_argument("--time-limit", type=positive_float,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -10,7 +11,7 @@ import numpy as np
 from dione.plan.highs import quiet_highs
 from dione.plan.problem import NodeSpec, Option, PlanningProblem, TaskOptions
 
-__all__ = ["energetic_bound", "lower_bound", "min_device_seconds", "min_seconds",
+__all__ = ["energetic_bound", "lower_bound", "min_device_seconds", "min_seconds", "on_grid",
            "work_within_bound"]
 
 
@@ -97,6 +98,24 @@ def lower_bound(problem: PlanningProblem) -> float:
             need = sum(min_device_seconds(t, problem) for t in needy)
             need += sum(busy_area[n.name] for n in wide)
             bound = max(bound, need / sum(n.devices for n in wide))
+    return on_grid(problem, bound)
+
+
+def on_grid(problem: PlanningProblem, bound: float) -> float:
+    """``bound`` raised to the next multiple of the problem's seconds' resolution (their
+    tenths, say), where no task is released late and nothing runs: an optimal plan then
+    starts each task at 0 or as others end, so its makespan is a sum of options'
+    seconds, on that grid. (The Llama 2 sweep's plans of seconds in tenths met a bound of
+    30,659.5625 s at 30,659.6 s: "feasible, gap 0.00%", the whole time limit spent on the
+    proof: review.)"""
+    if problem.busy or any(t.release for t in problem.tasks):
+        return bound
+    seconds = [o.seconds for t in problem.tasks for o in t.options]
+    for digits in range(4):  # whole seconds to milliseconds, as profiles round them
+        scale = 10.0 ** digits
+        if all(abs(s * scale - round(s * scale)) <= 1e-6 + 1e-12 * s * scale
+               for s in seconds):  # (a float's error, not a fraction of the grid)
+            return max(bound, math.ceil(bound * scale - 1e-6) / scale)
     return bound
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from dione.plan.bounds import energetic_bound, lower_bound
+from dione.plan.bounds import energetic_bound, lower_bound, on_grid
 from dione.plan.budget import Budget, cp_solver
 from dione.plan.greedy import greedy_placements, placements_plan
 from dione.plan.lanes import lane_bound
@@ -403,9 +403,10 @@ def cpsat(problem: PlanningProblem, time_limit: float = 10.0, threads: int | Non
         return greedy_plan("optimal", "greedy meets the lower bound")
     if size <= 4 * MAX_INTERVALS:
         notes["energetic_bound"], analytic = raised_bounds(problem, analytic, start.makespan)
-        notes["lane_bound"] = analytic
+        analytic = notes["lane_bound"] = on_grid(problem, analytic)
         if start.makespan <= analytic * (1 + 1e-9):
-            return greedy_plan("optimal", "greedy meets the energetic or lane lower bound")
+            return greedy_plan("optimal", "greedy meets the energetic or lane lower bound",
+                               analytic)  # (the default is the bound before they raised it)
     if budget.left() <= 0.05:
         return greedy_plan("feasible", "greedy used the whole time limit; CP-SAT did not run")
     bound, best, source = analytic, list(placed), "greedy"
@@ -414,7 +415,7 @@ def cpsat(problem: PlanningProblem, time_limit: float = 10.0, threads: int | Non
             problem, placed, start.makespan, budget.left() * whole_model_share, workers,
             budget, symmetry, analytic)
         notes["cpsat_status"] = status
-        bound = max(bound, found_bound)
+        bound = max(bound, on_grid(problem, found_bound))
         if found is None:
             notes["whole_model"] = f"CP-SAT found no plan ({status})"
         else:

@@ -288,8 +288,17 @@ class PlanningProblem:
                         f"that kind (the nodes' kinds: {', '.join(kinds) or 'none given'})"
                         + (f"; kinds are compared as written: {', '.join(near)}"
                            if near else ""))
+        idle = [n for n in self.nodes
+                if not any(o.fits(n) for t in self.tasks for o in t.options)]
+        if idle and len(idle) < len(self.nodes):  # (none used: every task is left out)
+            shown = ", ".join(f"{n.name} ({n.kind + ', ' if n.kind else ''}{n.devices})"
+                              for n in idle[:5]) + (", ..." if len(idle) > 5 else "")
+            said.append(f"{len(idle)} node(s) can run no task, and stay idle: {shown}; no "
+                        "option is of their kind, or narrow enough (give the tasks options "
+                        "for them: profile on such a node)")
+        usable = [n for n in self.nodes if n not in idle]
         widest = max((o.devices for t in self.tasks for o in t.options), default=0)
-        nodes = max((n.devices for n in self.nodes), default=0)
+        nodes = max((n.devices for n in usable), default=0)
         if widest and nodes > widest:
             said.append(f"the widest option planned takes {widest} device(s), the nodes up to "
                         f"{nodes}: tasks share nodes, and none is planned wider than its "
@@ -420,10 +429,13 @@ def _fits_no_node(where: str, options: Iterable[Option], nodes: Sequence[NodeSpe
         return [f"{where}: no option fits any node (the widest node of kind {named} has "
                 f"{widest} devices, the narrowest option of that kind needs {narrowest})"]
     wanted = sorted({o.kind for o in options if o.kind})
-    have = sorted({n.kind for n in nodes if n.kind})
+    have = sorted({n.kind or "none" for n in nodes})
+    near = [f"{k!r} is not {w!r}" for w in wanted for k in have if k.casefold() == w.casefold()]
     return [f"{where}: no option fits any node: its options are for nodes of kind "
             f"{', '.join(wanted)}, the cluster's nodes are "
-            f"{'of kind ' + ', '.join(have) if have else 'of no kind'} (give each node "
+            f"{'of kind ' + ', '.join(have) if have != ['none'] else 'of no kind'}"
+            + (f" (kinds are compared as written: {', '.join(near)})" if near else "")
+            + " (give each node "
             "its kind: in the problem's cluster, or `--cluster H100:2x8,A100:2x8`; or "
             "the task options of the cluster's kinds)"]
 

@@ -77,6 +77,8 @@ def parse_cluster(text: str) -> Cluster:
             if count < 1:
                 raise ClusterError("at least one node")
             sizes += [(found.group(1), int(found.group(3)))] * count
+        if len({kind is None for kind, _ in sizes}) > 1:  # (H100:4,4: the 4 of no kind)
+            raise ClusterError("give every part its nodes' kind, or none")
         return Cluster([Node(f"n{i}", devices, "cuda", model=kind)
                         for i, (kind, devices) in enumerate(sizes)])
     except (ValueError, ClusterError) as err:

@@ -58,9 +58,9 @@ def command(args: argparse.Namespace) -> int:
             return EXIT_FAILED
         console.print(f"{plan_file}: a valid plan of {problem_file}, makespan "
                       f"{plan.makespan:.1f} s" + (
-                          f", without the {len(left_out)} task(s) no node holds (above)"
-                          if left_out else ""))
-        return 0
+                          f", without the {len(left_out)} task(s) no node holds (above; "
+                          "exit status 1)" if left_out else ""))
+        return EXIT_FAILED if left_out else 0
     try:
         plan = solve(problem, args.solver, args.time_limit, args.threads,
                      args.deterministic_time)
@@ -76,11 +76,13 @@ def command(args: argparse.Namespace) -> int:
     text = json.dumps(plan.to_json(), indent=1)
     summary = (f"{plan.solver}: {plan.status}, makespan {plan.makespan:.1f} s, lower bound "
                f"{plan.lower_bound:.1f} s (gap {plan.gap:.2%}), solved in "
-               f"{plan.solve_seconds:.2f} s")
+               f"{plan.solve_seconds:.2f} s" + (
+                   f"; {len(left_out)} task(s) no node holds are not in it (above: exit "
+                   "status 1, as a run fails them)" if left_out else ""))
     if output is not None:
         write_output(output, text + "\n")
         console.print(summary)
     else:
-        print(text)  # plain: the plan JSON must reach a pipe unstyled and unfolded
+        print(text, flush=True)  # plain: the JSON must reach a pipe unstyled, unfolded
         errors.print(summary)
-    return 0
+    return EXIT_FAILED if left_out else 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import threading
 import time
 from pathlib import Path
@@ -82,7 +83,9 @@ def command(args: argparse.Namespace) -> int:
         loaded = load_problem(args.problem, planning_nodes(cluster) if cluster else None,
                               fitting=False, techniques=technique_names())
     except (OSError, ProblemError) as err:
-        raise BadInput(f"{args.problem}: {err}") from None
+        hint = ("; or give the cluster as --cluster 4x8 (it stands in for the file's)"
+                if cluster is None and "cluster: must be" in str(err) else "")
+        raise BadInput(f"{args.problem}: {err}{hint}") from None
     problem, left_out = loaded.left_out()
     kept = {t.name for t in problem.tasks}
     dropped = dict(zip([t.name for t in loaded.tasks if t.name not in kept], left_out,
@@ -98,10 +101,18 @@ def command(args: argparse.Namespace) -> int:
                      if part)
                  + " in the problem are not simulated (`dione plan` honours them)")
     if not problem.tasks:
-        raise BadInput(f"{args.problem}: no task fits the cluster; give a wider one, or "
-                       "nodes of the options' kinds (--cluster, above)")
+        raise BadInput(f"{args.problem}: no task fits the cluster (why, for each, above): give "
+                       "nodes wide enough and of the options' kinds (--cluster)")
     name = Path(args.problem).name.split(".")[0]
-    out = Path(args.out or Path("runs") / f"simulate-{name}")
+    # The cluster in the default name: "2 nodes against 4" keeps both (the second
+    # replaced the first, unsaid: review).
+    on = ("-" + re.sub(r"[^A-Za-z0-9.]+", "-", args.cluster.strip()).strip("-")
+          if args.cluster else "")
+    out = Path(args.out or Path("runs") / f"simulate-{name}{on}")
+    from dione.state.store import SIMULATED_FILE
+
+    if (out / SIMULATED_FILE).is_file():
+        console.print(f"replacing the earlier simulation in {out} (--out keeps each apart)")
     options = RunOptions(solver=args.solver, time_limit=args.time_limit,
                          replan_time_limit=args.replan_time_limit, replan=not args.no_replan,
                          replan_interval=args.replan_interval,
