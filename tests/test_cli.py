@@ -653,8 +653,10 @@ def test_a_task_no_node_holds_is_left_out_of_plan_and_simulate_and_said(
                                                 "seconds": 10}]},
                   {"name": "b", "options": [{"technique": "single", "devices": 1,
                                              "seconds": 10}]}]}))
-    status, _, err = in_process(capsys, "plan", str(problem), "-o", str(tmp_path / "plan.json"))
-    assert status == 0, err
+    status, out, err = in_process(capsys, "plan", str(problem), "-o",
+                                  str(tmp_path / "plan.json"))
+    # Written, and exit 1 as a run that fails the task (0 read as a plan of everything).
+    assert status == 1 and "1 task(s) no node holds are not in it" in out + err, err
     assert "task 'wide': no option fits any node (the widest has 2 devices, the narrowest " \
         "option needs 16): left out" in " ".join(err.split())
     written = json.loads((tmp_path / "plan.json").read_text())
@@ -663,7 +665,7 @@ def test_a_task_no_node_holds_is_left_out_of_plan_and_simulate_and_said(
     # ... and checked against the same file, it passes (the check refused the file).
     status, out, err = in_process(capsys, "plan", "--check", str(tmp_path / "plan.json"),
                                   str(problem))
-    assert status == 0 and "left out" in err, err
+    assert status == 1 and "left out" in err, err
     assert "a valid plan" in out and "without the 1 task(s) no node holds" in out
     status, out, err = in_process(capsys, "simulate", str(problem), "--out",
                                   str(tmp_path / "sim"))

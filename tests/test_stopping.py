@@ -615,6 +615,8 @@ def test_a_rule_that_compares_tasks_shared_by_too_few_is_questioned(tmp_path: Pa
     assert too_few_to_compare(Median(min_steps=5), 3) is not None  # 3 before the judged
     assert too_few_to_compare(Median(min_steps=5, min_tasks=1), 2) is None
     assert too_few_to_compare(Patience(min_steps=5), 1) is None  # judges a task alone
+    assert too_few_to_compare(PausingAsha(min_steps=5), 1) is not None
+    assert too_few_to_compare(SuccessiveHalving(min_steps=5), 1) is not None
     events: list[RunEvent] = []
     simulate(small_problem(1), tmp_path / "run", steps=30, options=SIMULATED,
              stopping=Asha(min_steps=10), on_event=events.append)

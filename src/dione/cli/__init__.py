@@ -14,7 +14,6 @@ from dione.cli.commands import COMMANDS
 from dione.cli.console import complain, errors
 from dione.cli.errors import (
     EXIT_BAD_INPUT,
-    EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     BadInput,
@@ -22,6 +21,8 @@ from dione.cli.errors import (
 from dione.cli.parser import build_parser
 
 __all__ = ["main"]
+
+EXIT_BROKEN_PIPE = 141  # as a shell reports a process SIGPIPE ended (128 + 13)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `dione plan x.json | head`: the reader left; no traceback
         # Python flushes stdout at exit, into the closed pipe again: point it elsewhere.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_FAILED
+        return EXIT_BROKEN_PIPE
 
 
 # What a stop leaves where it is not a run's gangs and checkpoints.

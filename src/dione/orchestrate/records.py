@@ -83,6 +83,10 @@ class TaskRecord:
     # Nodes it failed on twice alike (the node may be at fault): its retries are planned
     # on the others while one of them holds it.
     avoid: set[str] = field(default_factory=set)
+    # Its failures per node, and how many were forgiven as a faulty node's doing (at
+    # most ``max_failures``: a bug every task shares looks like faulty nodes too).
+    failed_on: dict[str, int] = field(default_factory=dict)
+    forgiven: int = 0
     last_loss: float | None = None
     # Some of its steps trained (or train now) under a technique that is not exact.
     inexact: bool = False

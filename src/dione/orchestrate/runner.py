@@ -16,7 +16,6 @@ import math
 import shutil
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
@@ -135,6 +134,11 @@ class Runner:
         self.curves: dict[tuple[str, str], list[float]] = {}
         self.waiting: dict[tuple[str, int], dict[str, float]] = {}
         self.rules: set[str] = set()
+        # (node, exception line) -> {task: run-clock time it raised it there}, and when
+        # each node last ended a slice well: two tasks failing alike on a node that has
+        # trained nothing since show the node at fault (``_shunned``).
+        self.raised_on: dict[tuple[str, str], dict[str, float]] = {}
+        self.trained_on: dict[str, float] = {}
         self._read_decisions(tasks)
         self.estimates = Estimates.of_run(profile, self.store)
         # Nodes this run has known: another that the launcher reports later joined.
@@ -646,10 +650,32 @@ class Runner:
             or a.node not in self._avoided(records[a.task], shunned)]
 
     def _shunned(self) -> frozenset[str]:
-        """Nodes two tasks failed on twice alike: every task avoids them (a broken
-        accelerator fails each task it is given, twice, before that task moves)."""
-        suspects = Counter(n for r in self.state.records.values() for n in r.avoid)
-        return frozenset(n for n, count in suspects.items() if count >= 2)
+        """Nodes at fault, which every task avoids: two tasks raised the same exception
+        there since it last ended a slice well (a broken accelerator fails each task it
+        is given; a task's own bug fails it anywhere, and others train there)."""
+        faulty = set()
+        for (node, _), tasks in self.raised_on.items():
+            well = self.trained_on.get(node, -math.inf)
+            if sum(at > well for at in tasks.values()) >= 2:
+                faulty.add(node)
+        return frozenset(faulty)
+
+    def _note_raised(self, record: TaskRecord, raised: tuple[int, str, str] | None
+                     ) -> str | None:
+        """Keep who raised what where; the node, where this shows it at fault now (then
+        every task's failures there are forgiven, up to ``max_failures`` a task)."""
+        if raised is None:
+            return None
+        _, line, node = raised
+        before = self._shunned()
+        self.raised_on.setdefault((node, line), {})[record.name] = self.now()
+        if node in before or node not in self._shunned():
+            return None
+        for r in self.state.records.values():
+            take = min(r.failed_on.pop(node, 0), self.options.max_failures - r.forgiven)
+            r.failures -= take
+            r.forgiven += take
+        return node
 
     def _holds(self, node: Node, task: str) -> bool:
         """Whether ``node`` can hold one of ``task``'s options."""
@@ -913,6 +939,7 @@ class Runner:
                 self._lose_node(running.assignment.node, record, err)
                 return True
             return self._failed(record, err, running.start_step, running.assignment.node)
+        self.trained_on[running.assignment.node] = self.now()
         for warning in result.warnings:
             self.emit(RunEvent("checkpoint_quarantined", warning, name))
         for doubt in result.doubts:  # once a task: it would say the same at every slice
@@ -1182,13 +1209,20 @@ class Runner:
                            "there (or give --storage a larger disk), then `dione resume "
                            f"{quote(str(self.store.run_dir))}`")
         record.failures += 1
+        if node:
+            record.failed_on[node] = record.failed_on.get(node, 0) + 1
         # The exception's own line, with its type (a traceback's last line can be a
         # note every error of its kind ends with: CUDA's "Compile with ...").
         raised = ((start, f"{err.error_type}: {exception_line(str(err))}", node)
                   if err.reason == "raised" and start is not None else None)
         previous, record.last_raised = record.last_raised, raised
+        faulty = self._note_raised(record, raised)
+        shunned = self._shunned()
         same = again = False
-        if raised is not None and previous is not None and raised[:2] == previous[:2]:
+        # Not where a node at fault raised either (the same error on two faulty nodes
+        # read as the task's own bug, and a healthy third node never trained it: review).
+        if raised is not None and previous is not None and raised[:2] == previous[:2] \
+                and raised[2] not in shunned and previous[2] not in shunned:
             # Twice on one node of several: the node may be at fault (a review's broken
             # node failed a task that a resume then trained elsewhere), retried.
             same = True
@@ -1211,14 +1245,15 @@ class Runner:
         else:
             record.status = TaskStatus.PENDING
             suspect = ""
-            if same:  # (not again: another node holds it)
+            if faulty:
+                suspect = (f", the same error as another task on node {node}, which has "
+                           "trained nothing since: the node is at fault, left out of every "
+                           "task's plan while others hold them, its failures not counted")
+            elif same:  # (not again: another node holds it)
                 record.avoid.add(node)
-                shunned = self._shunned()
                 suspect = (f", the same error on node {node} again: the node may be at "
-                           "fault; retried on another" + (
-                               ", and no task is planned there while others hold them "
-                               "(tasks failed there alike twice)" if node in shunned
-                               else ""))
+                           "fault; retried on another")
+            if faulty or same:
                 self._steer_off(shunned)
             self.emit(RunEvent("slice_failed", f"{name} failed (attempt {record.failures} of "
                                f"{self.options.max_failures}{suspect}), will retry: "

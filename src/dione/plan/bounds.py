@@ -113,9 +113,11 @@ def on_grid(problem: PlanningProblem, bound: float) -> float:
     seconds = [o.seconds for t in problem.tasks for o in t.options]
     for digits in range(4):  # whole seconds to milliseconds, as profiles round them
         scale = 10.0 ** digits
-        if all(abs(s * scale - round(s * scale)) <= 1e-6 + 1e-12 * s * scale
-               for s in seconds):  # (a float's error, not a fraction of the grid)
-            return max(bound, math.ceil(bound * scale - 1e-6) / scale)
+        # (A float's error, not a fraction of the grid: 100.0000009 s is off it.)
+        if all(abs(s * scale - round(s * scale)) <= 1e-9 * max(1.0, s * scale)
+               for s in seconds):
+            # (A bound's own rounding, a linear program's tolerance, is not a step up.)
+            return max(bound, math.ceil(bound * scale * (1 - 1e-9) - 1e-9) / scale)
     return bound
 
 

@@ -544,7 +544,8 @@ def _parse_option(where: str, item: Any, reasons: list[str]) -> Option | None:
 def _parse(data: Any, nodes_instead: Sequence[NodeSpec] | None = None,
            fitting: bool = True, techniques: Collection[str] | None = None) -> PlanningProblem:
     """``nodes_instead``: the cluster to plan on in place of the file's (which may then
-    be left out); ``fitting=False``: a task that fits no node is kept (``left_out``
+    be left out; its tasks' ``avoid`` lists name the file's nodes: kept, unchecked);
+    ``fitting=False``: a task that fits no node is kept (``left_out``
     takes it out with its reason); ``techniques``: the names an option may have (None:
     any, as a plan needs none to run)."""
     reasons: list[str] = []
@@ -572,7 +573,7 @@ def _parse(data: Any, nodes_instead: Sequence[NodeSpec] | None = None,
         bad = _release_mistakes(where, release) + _priority_mistakes(where, priority)
         if not isinstance(avoid, list) or not all(isinstance(n, str) for n in avoid):
             bad.append(f'{where}: avoid must be a list of node names (["n1"]), not {avoid!r}')
-        elif nodes:
+        elif nodes and not nodes_instead:  # (it names the file's nodes, not those)
             bad += _avoid_mistakes(where, frozenset(avoid), nodes)
         if bad:
             reasons += bad

@@ -120,6 +120,11 @@ class Scenario:
         if names and all(n in self.faulty_nodes for n in names):
             reasons.append("faulty_nodes: every node is faulty, so every task would fail; "
                            "leave at least one node out")
+        elif names and all(n in self.faulty_nodes for n in names
+                           if self.node_joins.get(n, 0.0) <= 0.0):
+            reasons.append("faulty_nodes: every node there at the start is faulty, so every "
+                           "task would fail before a node joins (a real run fails so too: "
+                           "it cannot wait for nodes it does not know of); leave one out")
         if names and all(self.node_joins.get(n, 0.0) > 0 for n in names):
             reasons.append("node_joins: every node joins after the start; leave at least "
                            "one out")

@@ -165,6 +165,8 @@ class _Halving(StoppingRule):
     def promoted_share(self) -> float:
         return 1 / self.eta
 
+    def least_tasks(self) -> int:
+        return 2  # the first at a rung goes on, and a lone task is kept
     def rungs(self, total: int) -> list[int]:
         """The steps, before ``total``, at which a task is judged."""
         return _geometric(self.min_steps, self.eta, total)
@@ -173,9 +175,6 @@ class _Halving(StoppingRule):
 @dataclass(frozen=True)
 class Asha(_Halving):
     """Asynchronous successive halving; see the module's docstring."""
-
-    def least_tasks(self) -> int:
-        return 2  # the first at a rung goes on
 
     def decide(self, rung: int, value: float, recorded: Sequence[float],
                task: str = "", history: Sequence[float] = ()) -> Decision:

@@ -6,6 +6,7 @@ import argparse
 import re
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -86,6 +87,13 @@ def command(args: argparse.Namespace) -> int:
         hint = ("; or give the cluster as --cluster 4x8 (it stands in for the file's)"
                 if cluster is None and "cluster: must be" in str(err) else "")
         raise BadInput(f"{args.problem}: {err}{hint}") from None
+    avoiding = [t.name for t in loaded.tasks if t.avoid]
+    if avoiding:  # a run's nodes where its tasks failed: not this simulation's
+        complain("warning", f"the avoid lists of {len(avoiding)} task(s) "
+                 f"({', '.join(avoiding[:4])}{', ...' if len(avoiding) > 4 else ''}) in the "
+                 "problem are not simulated: each task may run on every node (`dione plan` "
+                 "honours them; a simulated run's tasks avoid the nodes they fail on)")
+    loaded = replace(loaded, tasks=tuple(replace(t, avoid=frozenset()) for t in loaded.tasks))
     problem, left_out = loaded.left_out()
     kept = {t.name for t in problem.tasks}
     dropped = dict(zip([t.name for t in loaded.tasks if t.name not in kept], left_out,
