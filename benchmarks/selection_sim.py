@@ -152,6 +152,11 @@ def main() -> None:
                                                         "stopping_horizon": horizon}))
                 found[way] = (result.makespan, picked(run_dir))
                 bounds[nodes, way] = (result.makespan, lower_bound(problem, run_dir, cluster))
+            if "grid" not in found:  # (it raised KeyError: a way alone is a run of its own)
+                print(f"| {nodes} | - | " + " | ".join(f"{found[w][0]:.0f} s" for w in others)
+                      + " | " + " | ".join(f"{found[w][1][0]} ({found[w][1][1]:.4f})"
+                                           for w in ways) + " |", flush=True)
+                continue
             grid = found["grid"][0]
             print(f"| {nodes} | {grid:.0f} | "
                   + " | ".join(f"{found[w][0] / grid:.3f}" for w in others) + " | "
