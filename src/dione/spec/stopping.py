@@ -88,7 +88,11 @@ class StoppingRule(ABC):
     def never_stops(self, total: int) -> str | None:
         """Why the rule can stop no task of ``total`` steps for its metric's values (only
         for one that is not finite), with the fix (None: it can): a warning, since a run
-        may have started with it."""
+        may have started with it. Here: no rung before its end (refused, it split a
+        Hyperband-like grid of lengths under one rule; it trains unjudged: review)."""
+        if total > 1 and not self.rungs(total):
+            return (f"it has no rung before the task's last step ({total}): it trains to "
+                    "its end unjudged (lower min_steps to judge it)")
         return None
 
     def least_tasks(self) -> int:
@@ -325,7 +329,9 @@ class Patience(StoppingRule):
 
     def never_stops(self, total: int) -> str | None:
         rungs = len(self.rungs(total))
-        if self.threshold is not None or not rungs or rungs > self.patience:
+        if not rungs:
+            return super().never_stops(total)
+        if self.threshold is not None or rungs > self.patience:
             return None
         return (f"it judges at {rungs} rung(s) before the task's last step ({total}), and "
                 f"a want of patience shows only from {self.patience + 1}: it stops the "

@@ -481,12 +481,6 @@ def _checked_task(
             if task.stopping.metric != "loss" and task.evaluate is None:
                 bad("stopping", f"its metric {task.stopping.metric!r} comes from evaluate(), "
                     "which the task does not define: give evaluate, or use metric='loss'")
-            steps = task.steps
-            if (not task.stopping.mistakes() and isinstance(steps, int)
-                    and not isinstance(steps, bool) and steps > 1
-                    and not task.stopping.rungs(steps)):
-                bad("stopping", f"it has no rung before the task's last step ({steps}), so "
-                    "it would never judge: lower its min_steps, or leave the rule out")
 
     every = task.eval_every
     if every is not None:
