@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -693,9 +694,12 @@ def test_the_same_error_twice_on_one_node_of_several_is_retried_not_failed() -> 
     def runner(nodes: list[Node]) -> Any:
         fake = SimpleNamespace(options=RunOptions(max_failures=5), cluster=Cluster(nodes),
                                emit=events.append, _fewest_devices=lambda name: {None: 1},
-                               _give_up=lambda record, error, said: given_up.append(said))
-        fake._holds = lambda node, name: Runner._holds(fake, node, name)
-        fake._elsewhere = lambda record, node: Runner._elsewhere(fake, record, node)
+                               _give_up=lambda record, error, said: given_up.append(said),
+                               raised_on={}, trained_on={}, now=lambda: 0.0,
+                               state=SimpleNamespace(records={}, plan=[]))
+        for method in ("_holds", "_elsewhere", "_note_raised", "_shunned", "_steer_off",
+                       "_avoided"):
+            setattr(fake, method, functools.partial(getattr(Runner, method), fake))
         return fake
 
     def fail(fake: Any, record: TaskRecord, node: str) -> None:
@@ -703,7 +707,7 @@ def test_the_same_error_twice_on_one_node_of_several_is_retried_not_failed() -> 
                                                 "OSError"), 0, node)
 
     two = runner([Node("a", 2, "cpu"), Node("b", 2, "cpu")])
-    record = TaskRecord(digits_task("t"), 10, 0, TaskStatus.PENDING)
+    record = two.state.records["t"] = TaskRecord(digits_task("t"), 10, 0, TaskStatus.PENDING)
     fail(two, record, "a")
     fail(two, record, "a")
     assert not given_up and record.status == TaskStatus.PENDING
@@ -711,7 +715,29 @@ def test_the_same_error_twice_on_one_node_of_several_is_retried_not_failed() -> 
     fail(two, record, "b")  # the same on another node: the task's own
     assert len(given_up) == 1 and "failed twice from step 0" in given_up[0]
     alone = runner([Node("a", 2, "cpu")])
-    record = TaskRecord(digits_task("u"), 10, 0, TaskStatus.PENDING)
+    record = alone.state.records["u"] = TaskRecord(digits_task("u"), 10, 0,
+                                                   TaskStatus.PENDING)
     fail(alone, record, "a")
     fail(alone, record, "a")  # no other node to blame: the task's
     assert len(given_up) == 2
+    # Two tasks raising the same error on a node that trained nothing since: the node is
+    # at fault, their failures there forgiven, and the same error again on another node
+    # is not read as a task's own bug (with two faulty nodes of three, tasks failed for
+    # good that the third could train: review).
+    three = runner([Node("a", 2, "cpu"), Node("b", 2, "cpu"), Node("c", 2, "cpu")])
+    first, second = (TaskRecord(digits_task(n), 10, 0, TaskStatus.PENDING) for n in "vw")
+    three.state.records.update(v=first, w=second)
+    fail(three, first, "a")
+    fail(three, second, "a")
+    assert "the node is at fault" in events[-1].message
+    assert (first.failures, second.failures) == (0, 0)
+    fail(three, first, "b")
+    fail(three, first, "b")  # twice on b: b may be at fault, retried (a is known bad)
+    assert len(given_up) == 2 and first.status == TaskStatus.PENDING
+    # A task's own error on a node that trains others well: twice there is retried
+    # (another node holds it), then once elsewhere is the task's.
+    three.trained_on["c"] = 1.0
+    three.now = lambda: 2.0
+    fail(three, second, "c")
+    fail(three, second, "c")
+    assert len(given_up) == 2 and "the same error on node c again" in events[-1].message

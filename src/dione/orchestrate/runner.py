@@ -1387,9 +1387,13 @@ class Runner:
                         continue
                     break
                 intake = self.intake.waitable() if self.intake is not None else []
-                done = [f for f in clock.wait_any(
-                            [*futures, *self.replanner.waitable(), *intake], self.tick)
-                        if f in futures]
+                ended = clock.wait_any([*futures, *self.replanner.waitable(), *intake],
+                                       self.tick)
+                # In launch order, not the set's (its order is the futures' addresses: two
+                # slices ending at one virtual instant were taken in either order, and a
+                # re-plan asked between them saw one or the other still running, so a
+                # simulation's plans differed from one run to the next).
+                done = [f for f in futures if f in ended]
                 depart = False
                 for future in done:
                     depart |= self.finished(futures.pop(future), future)
