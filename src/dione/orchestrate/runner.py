@@ -1255,9 +1255,11 @@ class Runner:
                            "fault; retried on another")
             if faulty or same:
                 self._steer_off(shunned)
-            self.emit(RunEvent("slice_failed", f"{name} failed (attempt {record.failures} of "
-                               f"{self.options.max_failures}{suspect}), will retry: "
-                               f"{str(err).splitlines()[0]}", name))
+            # (Forgiven, a count of attempts would read "attempt 0 of 3".)
+            counted = "" if faulty else (f"attempt {record.failures} of "
+                                         f"{self.options.max_failures}")
+            self.emit(RunEvent("slice_failed", f"{name} failed ({counted}{suspect.lstrip(', ')}"
+                               f"), will retry: {str(err).splitlines()[0]}", name))
         return True
 
     def _elsewhere(self, record: TaskRecord, node: str) -> bool:
