@@ -631,7 +631,8 @@ def test_an_evaluate_that_hangs_keeps_the_training_it_follows(tmp_path) -> None:
     # An evaluate that calls sys.exit: its process ends, not said as returned (it was,
     # and the slice failed, its training thrown away: review).
     exits = tmp_path / "exits.py"
-    exits.write_text(HUNG.replace("time.sleep(3600)", "raise SystemExit(3)"))
+    exits.write_text(HUNG.replace("PIDFILE", str(tmp_path / "exits.pid"))
+                     .replace("time.sleep(3600)", "raise SystemExit(3)"))
     [leaves] = list(load_workload(exits))
     left = run_slice(leaves, "single", tmp_path / "exited", local_placement(TEST_NODE, [0]),
                      evaluate=True)
