@@ -393,16 +393,14 @@ def run_job(job: Job, report: Report | None = None) -> tuple[str, Any]:
                 and outcome.checkpoint is not None):
             # A technique (a user's) that evaluated no live model: its checkpoint.
             # (The other ranks have returned; rank 0 still reports to the launcher.)
-            ctx.trained(outcome)
-            try:  # a broken evaluation must not lose the training it follows
-                began = time.perf_counter()
-                outcome.evaluation = evaluate_checkpoint(spec.task, outcome.checkpoint,
-                                                         ctx.device)
-                outcome.timings["evaluate_seconds"] = time.perf_counter() - began
-            except Exception as err:
-                note_evaluation_error(outcome, err)
-            finally:
-                ctx.evaluation_ended()
+            with ctx.evaluating(outcome):  # (a SystemExit there: not said as returned)
+                try:  # a broken evaluation must not lose the training it follows
+                    began = time.perf_counter()
+                    outcome.evaluation = evaluate_checkpoint(spec.task, outcome.checkpoint,
+                                                             ctx.device)
+                    outcome.timings["evaluate_seconds"] = time.perf_counter() - began
+                except Exception as err:
+                    note_evaluation_error(outcome, err)
         return "result", outcome
     except BaseException as err:  # the launcher reads the record: report everything
         traceback.print_exc()

@@ -246,7 +246,7 @@ class SliceContext:
         None)."""
         if not self.spec.evaluate:
             return
-        with self._evaluating(outcome):
+        with self.evaluating(outcome):
             if model is not None and self.rank == 0:
                 self._evaluate_on_rank0(outcome, model, time.perf_counter(),
                                         import_clock.seconds())
@@ -261,7 +261,7 @@ class SliceContext:
         raised alike on every rank goes into ``outcome``; the training is kept."""
         if not self.spec.evaluate:
             return
-        with self._evaluating(outcome):
+        with self.evaluating(outcome):
             began, imported = time.perf_counter(), import_clock.seconds()
             try:
                 metrics = evaluate_model(self.task, model)
@@ -281,7 +281,7 @@ class SliceContext:
         evaluating it) goes into ``outcome``; the training is kept."""
         if not self.spec.evaluate:
             return
-        with self._evaluating(outcome):
+        with self.evaluating(outcome):
             began, imported = time.perf_counter(), import_clock.seconds()
             model.zero_grad(set_to_none=True)  # trained and saved: room for the whole model
             try:
@@ -297,7 +297,7 @@ class SliceContext:
                 self._evaluate_on_rank0(outcome, whole, began, imported)
 
     @contextlib.contextmanager
-    def _evaluating(self, outcome: SliceOutcome) -> Iterator[None]:
+    def evaluating(self, outcome: SliceOutcome) -> Iterator[None]:
         """Around an evaluation: the launcher told first that the slice trained and saved
         (``trained``), after that the evaluation returned (``evaluation_ended``)."""
         self.evaluated = True
