@@ -697,8 +697,8 @@ def test_the_same_error_twice_on_one_node_of_several_is_retried_not_failed() -> 
                                _give_up=lambda record, error, said: given_up.append(said),
                                raised_on={}, trained_on={}, now=lambda: 0.0,
                                state=SimpleNamespace(records={}, plan=[]))
-        for method in ("_holds", "_elsewhere", "_note_raised", "_shunned", "_steer_off",
-                       "_avoided"):
+        for method in ("_holds", "_elsewhere", "_note_raised", "_shunned", "_at_fault",
+                       "_steer_off", "_avoided"):
             setattr(fake, method, functools.partial(getattr(Runner, method), fake))
         return fake
 

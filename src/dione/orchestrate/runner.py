@@ -54,7 +54,7 @@ from dione.profile.results import (
 from dione.spec.cluster import Cluster, ClusterError, Node
 from dione.spec.metrics import doubtful_direction
 from dione.spec.settings import READ_SETTINGS, read_changes, training_settings
-from dione.spec.stopping import Decision, StoppingRule, too_few_to_compare
+from dione.spec.stopping import Decision, StoppingRule, too_few_sharing
 from dione.spec.task import Task
 from dione.spec.validate import keep_best_doubts, late_evaluation
 from dione.state.checkpoint import (
@@ -167,17 +167,9 @@ class Runner:
     def _say_too_few(self, tasks: Sequence[Task]) -> None:
         """A rule that compares tasks, shared by too few of them to stop any: said once
         (each rung still cuts a slice; a review's one-task sweep paid for nothing)."""
-        sharing: dict[str, list[Task]] = {}
-        for task in tasks:
-            if task.stopping is not None:
-                sharing.setdefault(repr(task.stopping), []).append(task)
-        for alike in sharing.values():
-            rule = alike[0].stopping
-            lonely = rule and too_few_to_compare(rule, len(alike))
-            if lonely:
-                names = ", ".join(t.name for t in alike)
-                self.emit(RunEvent("stopping_rule_doubtful", f"{names}: {lonely}",
-                                   alike[0].name))
+        for lonely, names in too_few_sharing(tasks):
+            self.emit(RunEvent("stopping_rule_doubtful", f"{', '.join(names)}: {lonely}",
+                               names[0]))
 
     def _say_left_out(self, tasks: Sequence[Task]) -> None:
         """Tasks of the run, not ended, that the workload given no longer defines (a
@@ -653,12 +645,13 @@ class Runner:
         """Nodes at fault, which every task avoids: two tasks raised the same exception
         there since it last ended a slice well (a broken accelerator fails each task it
         is given; a task's own bug fails it anywhere, and others train there)."""
-        faulty = set()
-        for (node, _), tasks in self.raised_on.items():
-            well = self.trained_on.get(node, -math.inf)
-            if sum(at > well for at in tasks.values()) >= 2:
-                faulty.add(node)
-        return frozenset(faulty)
+        return frozenset(node for node, _ in self.raised_on if self._at_fault(node))
+
+    def _at_fault(self, node: str) -> bool:
+        """Whether two tasks raised one exception on ``node`` since it last trained well."""
+        well = self.trained_on.get(node, -math.inf)
+        return any(sum(at > well for at in tasks.values()) >= 2
+                   for (where, _), tasks in self.raised_on.items() if where == node)
 
     def _note_raised(self, record: TaskRecord, raised: tuple[int, str, str] | None
                      ) -> str | None:
@@ -667,9 +660,9 @@ class Runner:
         if raised is None:
             return None
         _, line, node = raised
-        before = self._shunned()
+        before = self._at_fault(node)
         self.raised_on.setdefault((node, line), {})[record.name] = self.now()
-        if node in before or node not in self._shunned():
+        if before or not self._at_fault(node):
             return None
         for r in self.state.records.values():
             take = min(r.failed_on.pop(node, 0), self.options.max_failures - r.forgiven)
@@ -1244,22 +1237,21 @@ class Runner:
                           f"up: {err}")
         else:
             record.status = TaskStatus.PENDING
-            suspect = ""
+            # (Forgiven, a count of attempts would read "attempt 0 of 3".)
+            said = [] if faulty else [f"attempt {record.failures} of "
+                                      f"{self.options.max_failures}"]
             if faulty:
-                suspect = (f", the same error as another task on node {node}, which has "
-                           "trained nothing since: the node is at fault, left out of every "
-                           "task's plan while others hold them, its failures not counted")
+                said.append(f"the same error as another task on node {node}, which has "
+                            "trained nothing since: the node is at fault, left out of every "
+                            "task's plan while others hold them, its failures not counted")
             elif same:  # (not again: another node holds it)
                 record.avoid.add(node)
-                suspect = (f", the same error on node {node} again: the node may be at "
-                           "fault; retried on another")
+                said.append(f"the same error on node {node} again: the node may be at "
+                            "fault; retried on another")
             if faulty or same:
                 self._steer_off(shunned)
-            # (Forgiven, a count of attempts would read "attempt 0 of 3".)
-            counted = "" if faulty else (f"attempt {record.failures} of "
-                                         f"{self.options.max_failures}")
-            self.emit(RunEvent("slice_failed", f"{name} failed ({counted}{suspect.lstrip(', ')}"
-                               f"), will retry: {str(err).splitlines()[0]}", name))
+            self.emit(RunEvent("slice_failed", f"{name} failed ({', '.join(said)}), will "
+                               f"retry: {str(err).splitlines()[0]}", name))
         return True
 
     def _elsewhere(self, record: TaskRecord, node: str) -> bool:

@@ -390,9 +390,11 @@ def cpsat(problem: PlanningProblem, time_limit: float = 10.0, threads: int | Non
     # work in the same units.
     notes["greedy_units"] = start.units
 
-    def greedy_plan(status: str, why: str, bound: float = analytic) -> Plan:
+    def greedy_plan(status: str, why: str) -> Plan:
+        """Greedy's plan, with the bound as raised so far (``analytic`` read now: a
+        default argument kept the value before the energetic and lane bounds)."""
         notes["deterministic_spent"] = budget.spent + start.units
-        return placements_plan("cpsat", status, problem, placed, began, bound,
+        return placements_plan("cpsat", status, problem, placed, began, analytic,
                                {**notes, "plan_from": "greedy", "why": why})
 
     def finish(best: Sequence[Placement], source: str, status: str, bound: float) -> Plan:
@@ -405,8 +407,7 @@ def cpsat(problem: PlanningProblem, time_limit: float = 10.0, threads: int | Non
         notes["energetic_bound"], analytic = raised_bounds(problem, analytic, start.makespan)
         analytic = notes["lane_bound"] = on_grid(problem, analytic)
         if start.makespan <= analytic * (1 + 1e-9):
-            return greedy_plan("optimal", "greedy meets the energetic or lane lower bound",
-                               analytic)  # (the default is the bound before they raised it)
+            return greedy_plan("optimal", "greedy meets the energetic or lane lower bound")
     if budget.left() <= 0.05:
         return greedy_plan("feasible", "greedy used the whole time limit; CP-SAT did not run")
     bound, best, source = analytic, list(placed), "greedy"

@@ -75,16 +75,15 @@ def list_schedule(
     placed: list[Placement] = []
     makespan = max((b.until for b in problem.busy), default=0.0)
     release = problem.releases()
-    tasks = {t.name: t for t in problem.tasks} if len({n.kind for n in problem.nodes}) > 1 \
-        else {}
-    avoided = {t.name: t.avoid for t in problem.tasks if t.avoid}
+    tasks = {t.name: t for t in problem.tasks}
+    kinds = len({n.kind for n in problem.nodes}) > 1
     for name in order:
-        chosen = choice[name]
+        chosen, task = choice[name], tasks[name]
         # Per node kind, the option it runs there (one of no kind: every node's): the
         # same technique and width, at that kind's fastest knobs.
         twins: dict[str | None, Option] = {}
-        if tasks and chosen.kind:
-            for o in tasks[name].options:
+        if kinds and chosen.kind:
+            for o in task.options:
                 if o.technique == chosen.technique and o.devices == chosen.devices and (
                         o.kind not in twins or o.seconds < twins[o.kind].seconds):
                     twins[o.kind] = o
@@ -94,7 +93,7 @@ def list_schedule(
         empty: set[tuple[int, str | None]] = set()  # nodes with nothing on them, one seen
         for node in problem.nodes:
             option = twins.get(node.kind, chosen) if twins else chosen
-            if not option.fits(node) or node.name in avoided.get(name, ()):
+            if not task.may_run(option, node):
                 continue
             if lines[node.name].empty:
                 # Every node with nothing on it of one size (and kind) gives the same

@@ -28,10 +28,13 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from dione.spec.task import Task
 
 __all__ = ["Asha", "Decision", "Median", "Patience", "PausingAsha", "StoppingRule",
-           "SuccessiveHalving", "common_mistakes", "too_few_to_compare"]
+           "SuccessiveHalving", "common_mistakes", "too_few_sharing", "too_few_to_compare"]
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,7 @@ class _Halving(StoppingRule):
 
     def least_tasks(self) -> int:
         return 2  # the first at a rung goes on, and a lone task is kept
+
     def rungs(self, total: int) -> list[int]:
         """The steps, before ``total``, at which a task is judged."""
         return _geometric(self.min_steps, self.eta, total)
@@ -433,6 +437,22 @@ def _whole(value: object, least: int) -> bool:
 def _number(value: object) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value))
+
+
+def too_few_sharing(tasks: Sequence[Task]) -> list[tuple[str, list[str]]]:
+    """For each well-formed rule of ``tasks`` that compares tasks and that too few of
+    them share to stop any (``too_few_to_compare``): why, and those tasks' names."""
+    sharing: dict[str, list[Task]] = {}
+    for task in tasks:
+        if task.stopping is not None and not task.stopping.mistakes():
+            sharing.setdefault(repr(task.stopping), []).append(task)
+    found = []
+    for alike in sharing.values():
+        rule = alike[0].stopping
+        lonely = rule and too_few_to_compare(rule, len(alike))
+        if lonely:
+            found.append((lonely, [t.name for t in alike]))
+    return found
 
 
 def too_few_to_compare(rule: StoppingRule, sharing: int) -> str | None:

@@ -52,7 +52,7 @@ def check_workload(workload: Iterable[Task], devices: int | None, kind: Any,
     ``widest`` devices of ``kind`` (``devices``: the width given, if one was)."""
     from dione.spec.batch import split_problem
     from dione.spec.metrics import doubtful_direction
-    from dione.spec.stopping import too_few_to_compare
+    from dione.spec.stopping import too_few_sharing
     from dione.spec.validate import keep_best_doubts, late_evaluation, training_loss_doubt
 
     tasks, problems = valid_tasks(workload, devices)
@@ -75,14 +75,8 @@ def check_workload(workload: Iterable[Task], devices: int | None, kind: Any,
                       and not rule.mistakes() and rule.never_stops(steps)):
             if doubt:
                 found.warnings.setdefault(doubt, []).append(task.name)
-    sharing: dict[str, list[Task]] = {}
-    for task in tasks:  # a rule that compares tasks, with too few to compare
-        if task.stopping is not None and not task.stopping.mistakes():
-            sharing.setdefault(repr(task.stopping), []).append(task)
-    for alike in sharing.values():
-        lonely = alike[0].stopping and too_few_to_compare(alike[0].stopping, len(alike))
-        if lonely:
-            found.warnings.setdefault(lonely, []).extend(t.name for t in alike)
+    for lonely, names in too_few_sharing(tasks):  # a rule that compares too few tasks
+        found.warnings.setdefault(lonely, []).extend(names)
     for task in tasks:  # evaluates at its end anyway (eval_every does nothing); keep_best
         for doubt in [late_evaluation(task), *keep_best_doubts(task),
                       training_loss_doubt(task)]:
