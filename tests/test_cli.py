@@ -736,6 +736,69 @@ def test_validate_warns_of_a_rule_judging_its_metric_the_other_way(
         "(8)" in said, said
 
 
+MISNAMED_METRICS = '''
+import functools, torch
+from dione import Asha, Task, Workload
+from dione.zoo import digits_mlp, digits_train
+from dione.zoo.digits import digits_accuracy
+
+calls = []
+
+def counted(model):
+    calls.append(1)
+    print("evaluated", len(calls))
+    return digits_accuracy(model)
+
+def broken(model):
+    return {"accuracy": "high"}
+
+def task(name, **extra):
+    return Task(**{"name": name, "model": digits_mlp, "data": digits_train,
+                   "loss": torch.nn.functional.cross_entropy, "evaluate": counted,
+                   "optimizer": functools.partial(torch.optim.SGD, lr=0.1),
+                   "batch_size": 16, "steps": 8, **extra})
+
+workload = Workload([task("a", stopping=Asha(metric="acuracy", min_steps=2, mode="max")),
+                     task("b", keep_best="val_loss", keep_best_mode="min"),
+                     task("c", keep_best="accuracy"),
+                     task("d", evaluate=broken, eval_every=4)])
+'''
+
+
+def test_validate_runs_each_evaluate_once_and_names_a_metric_it_does_not_return(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stopping rule's or keep_best's metric evaluate does not return was found by the
+    run's profiling trial, not by `dione validate`: now each evaluate function runs once
+    on an untrained model there, a misnamed metric is the task's problem (with the name
+    it likely meant), an evaluate that fails a warning (a run trains the task)."""
+    import dione
+
+    file = tmp_path / "metrics.py"
+    file.write_text(MISNAMED_METRICS)
+    status, out, err = in_process(capsys, "validate", str(file))
+    said = " ".join(err.split())
+    assert status == 2 and "2 problem(s)" in said, said
+    assert "task 'a', field 'stopping': its stopping rule judges 'acuracy', which its " \
+        "evaluate does not return (it returned 'accuracy', 'test_loss' on its untrained " \
+        "model): did you mean 'accuracy'? Else name one of those as the rule's metric, " \
+        "or return it from evaluate" in said, said
+    assert "task 'b', field 'keep_best': keep_best names 'val_loss', which its evaluate " \
+        "does not return" in said and "'c'" not in said, said
+    assert out.count("evaluated") == 1, out  # a, b and c share one evaluate function
+    file.write_text(MISNAMED_METRICS.replace('metric="acuracy"', 'metric="accuracy"')
+                    .replace('keep_best="val_loss"', 'keep_best="test_loss"'))
+    status, out, _ = in_process(capsys, "validate", str(file))
+    said = " ".join(out.split())
+    assert status == 0 and "4 task(s), no problems" in said, said
+    assert "evaluate of a, b and 1 more returned 'accuracy', 'test_loss' on an untrained " \
+        "model" in said, said
+    assert "warning: d: evaluate raised TypeError: evaluate of task 'd' returned " \
+        "'accuracy': 'high', which is not a number" in said and "a run trains it but its " \
+        "evaluations fail" in said and "(at " not in said, said
+    found = dione.validate(str(file))  # from Python: the same
+    assert found.ok and found.evaluated and any("'d'" in w for w in found.warnings), found
+
+
 def test_a_mistyped_flag_is_named_by_its_command_with_the_nearest_one(
         capsys: pytest.CaptureFixture[str]) -> None:
     """It printed the top-level usage ("dione: error: unrecognized arguments")."""

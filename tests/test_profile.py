@@ -34,10 +34,10 @@ from dione.profile import (
 )
 from dione.profile.catalog import TrialRecord
 from dione.profile.choice import choose_options, trial_runs
-from dione.profile.results import same_function
 from dione.profile.simulated import cross_check, is_pipeline, simulated_step_seconds
 from dione.profile.trials import evaluation_arguments
 from dione.spec.cluster import Cluster
+from dione.spec.sameness import same_function
 from dione.spec.workload import load_workload
 from dione.zoo.digits import digits_accuracy
 from helpers import TEST_NODE, digits_task, in_process

@@ -3,18 +3,16 @@ progress events a caller's display follows."""
 
 from __future__ import annotations
 
-import functools
-import types
 from dataclasses import dataclass, field
 from typing import Any
 
 from dione.profile.catalog import TrialRecord
 from dione.spec.cluster import Cluster
+from dione.spec.evaluated import listed_metrics, metric_mistake, missing_metrics, missing_said
 from dione.spec.task import Task
 
 __all__ = ["NotApplicable", "Profile", "ProfileEvent", "ProfiledOption", "Skipped",
-           "TaskProfile", "TrialEvaluation", "evaluation_mistake", "remembered_mistake",
-           "same_function"]
+           "TaskProfile", "TrialEvaluation", "evaluation_mistake", "remembered_mistake"]
 
 
 @dataclass(frozen=True)
@@ -226,82 +224,25 @@ def evaluation_mistake(task: Task, evaluated: TrialEvaluation | None) -> str | N
     seconds, not at the task's first rung (nor, for keep_best, never)."""
     if evaluated is None or evaluated.error:
         return None
-    missing = _missing_metrics(task, evaluated.metrics)
-    if not missing:
+    mistake = metric_mistake(task, evaluated.metrics, "in its profiling trial")
+    if mistake is None:
         return None
     rule = task.stopping
-    fixes = [rule.metric_fix if part == "rule" and rule is not None else "keep_best"
-             for part, _ in missing]
-    named = f" as {' and '.join(fixes)}" if fixes != ["keep_best"] else ""
-    return (f"{_said(task, missing)} (it returned {_listed(evaluated.metrics)} in its "
-            f"profiling trial): name one of those{named}, or return it from evaluate, then "
-            f"{rule.retry if rule is not None else 'resume'} (nothing was trained)")
+    return (f"{mistake}, then {rule.retry if rule is not None else 'resume'} (nothing was "
+            "trained)")
 
 
 def remembered_mistake(task: Task, metrics: tuple[str, ...] | None) -> str | None:
     """As ``evaluation_mistake``, where no trial ran the evaluation this time and the
     catalog remembers the ``metrics`` it returned when it was timed: a warning, since
     evaluate may have changed since (None: nothing to say)."""
-    missing = [] if metrics is None else _missing_metrics(task, metrics)
+    missing = [] if metrics is None else missing_metrics(task, metrics)
     if not missing:
         return None
     then = " and ".join(("the rule fails the task at its first rung" if part == "rule"
                          else "keep_best keeps nothing") for part, _ in missing)
-    return (f"{_said(task, missing)} (it returned {_listed(metrics or ())} when the catalog "
-            f"timed it): if it still does, {then}; stop, fix it and resume (`--reprofile` "
-            "runs it again)")
+    return (f"{missing_said(task, missing)} (it returned {listed_metrics(metrics or ())} "
+            f"when the catalog timed it): if it still does, {then}; stop, fix it and resume "
+            "(`--reprofile` runs it again)")
 
 
-def _missing_metrics(task: Task, returned: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(part, metric) for each of "rule" (its stopping rule's metric, unless the training
-    loss) and "keep_best" that names a metric ``returned`` lacks: both at once, so that
-    one fix is not followed by another refusal."""
-    rule = task.stopping
-    named = [("rule", rule.metric if rule is not None and rule.metric != "loss" else None),
-             ("keep_best", task.keep_best)]
-    return [(part, metric) for part, metric in named
-            if metric is not None and metric not in returned]
-
-
-def _said(task: Task, missing: list[tuple[str, str]]) -> str:
-    """What names the missing metric(s), as a sentence's start."""
-    judged_by = task.stopping.judged_by if task.stopping is not None else ""
-    said = {"rule": f"{judged_by} judges {{!r}}", "keep_best": "keep_best names {!r}"}
-    if len(missing) == 2 and missing[0][1] == missing[1][1]:
-        return (f"{judged_by} judges {missing[0][1]!r} and keep_best names it, which "
-                "its evaluate does not return")
-    which = "which its evaluate does not return" if len(missing) == 1 else \
-        "neither of which its evaluate returns"
-    return " and ".join(said[part].format(metric) for part, metric in missing) + f", {which}"
-
-
-def _listed(metrics: tuple[str, ...]) -> str:
-    return ", ".join(repr(m) for m in metrics) or "no metric"
-
-
-def same_function(one: Any, other: Any) -> bool:
-    """Whether two callables are one function: the same object, partials of one function
-    with equal arguments, one method of one object, or functions of one code with equal
-    defaults and captured values (a sweep's ``lambda m: evaluate(m, split)`` made per
-    task); not two objects of one class, nor two closures of one factory that captured
-    other values, which may each return other metrics."""
-    if one is other:
-        return True
-    try:
-        if isinstance(one, functools.partial) and isinstance(other, functools.partial):
-            return bool(same_function(one.func, other.func) and one.args == other.args
-                        and one.keywords == other.keywords)
-        if isinstance(one, types.MethodType) and isinstance(other, types.MethodType):
-            # ``evaluator.evaluate`` read once per task: a new bound method each time
-            return one.__self__ is other.__self__ and same_function(one.__func__,
-                                                                    other.__func__)
-        if isinstance(one, types.FunctionType) and isinstance(other, types.FunctionType):
-            cells = [(a.cell_contents, b.cell_contents) for a, b in
-                     zip(one.__closure__ or (), other.__closure__ or (), strict=True)]
-            return bool(one.__code__ is other.__code__ and one.__globals__ is other.__globals__
-                        and one.__defaults__ == other.__defaults__
-                        and one.__kwdefaults__ == other.__kwdefaults__
-                        and all(a is b or a == b for a, b in cells))
-    except Exception:  # values that cannot be compared (arrays), empty cells: not the same
-        return False
-    return False

@@ -19,10 +19,11 @@ from dione.launch.scratch import clean_stale_scratch, scratch_dir
 from dione.profile.catalog import Catalog, TrialRecord
 from dione.profile.choice import merged_runs
 from dione.profile.options import TrialOptions
-from dione.profile.results import ProfileEvent, TaskProfile, TrialEvaluation, same_function
+from dione.profile.results import ProfileEvent, TaskProfile, TrialEvaluation
 from dione.profile.trial import run_trial
 from dione.profile.trials import PendingTrial, evaluation_arguments
 from dione.spec.cluster import Node
+from dione.spec.sameness import same_function
 from dione.techniques.registry import get_technique
 
 __all__ = ["ProfilingSession", "run_trials"]

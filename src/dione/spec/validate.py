@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import inspect
 import math
+import os
 import re
 import sys
 import traceback
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,8 +26,9 @@ from dione.spec.stopping import StoppingRule
 from dione.spec.task import PRECISIONS, ItemCounter, Task
 from dione.spec.workload import Workload
 
-__all__ = ["Problem", "WorkloadError", "build_model", "check_task", "checked_task",
-           "keep_best_doubts", "late_evaluation", "repeated_names", "split_valid",
+__all__ = ["REAL_FORWARD_BYTES", "Problem", "WorkloadError", "build_model", "check_task",
+           "checked_task", "exception_line", "in_a_group", "keep_best_doubts",
+           "late_evaluation", "repeated_names", "split_valid",
            "training_loss_doubt", "validate_workload"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}")  # fullmatch: "$" let "a\n" in
@@ -55,8 +58,12 @@ class WorkloadError(ValueError):
         super().__init__(f"the workload has {len(self.problems)} problem(s):\n{lines}")
 
 
-def _exception_line(err: BaseException) -> str:
-    frames = traceback.extract_tb(err.__traceback__)
+def exception_line(err: BaseException) -> str:
+    """``err`` in one line, with where it was raised: the last frame outside dione's
+    own code (dione's own message, of what a user's function returned, names no line)."""
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not os.path.abspath(f.filename).startswith(ours + os.sep)]
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     return f"{type(err).__name__}: {err}{where}"
 
@@ -73,24 +80,33 @@ def build_model(factory: Callable[[], nn.Module]) -> nn.Module:
 
 # A model up to this size is built for real to try one batch through it (meta tensors
 # cannot run models that read a tensor's value, as Hugging Face's masks do).
-_REAL_FORWARD_BYTES = 1 << 30
+REAL_FORWARD_BYTES = 1 << 30
 
 
 def _forward_problems(task: Task, model: nn.Module, dataset: Any, resolved: dict[str, Any]
                       ) -> list[Problem]:
     """``_try_forward`` inside a one-process gloo group when none exists: the task's code
     runs in a gang, where it may ask torch.distributed for its rank."""
+    with in_a_group():
+        return _try_forward(task, model, dataset, resolved)
+
+
+@contextlib.contextmanager
+def in_a_group() -> Iterator[None]:
+    """A one-process gloo group around the block when none exists (and torch has them):
+    for a task's code run here that asks torch.distributed for its rank, as in a gang."""
     import torch.distributed as dist
 
     if dist.is_initialized() or not dist.is_available():
-        return _try_forward(task, model, dataset, resolved)
+        yield
+        return
     store = dist.HashStore()  # type: ignore[attr-defined]  # exported untyped by torch
     # The group installs torch's exception hook ("[rank0]: " before every traceback
     # line), and it stays after the group is gone: keep the process's own.
     hook = sys.excepthook
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        return _try_forward(task, model, dataset, resolved)
+        yield
     finally:
         dist.destroy_process_group()
         sys.excepthook = hook
@@ -105,7 +121,7 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
     from dione.spec.batch import call_model, own_loss, split_target
 
     size = sum(p.numel() * p.element_size() for p in model.parameters())
-    if size > _REAL_FORWARD_BYTES:
+    if size > REAL_FORWARD_BYTES:
         return []  # too big to try here; a worker reports the same error by rank
     try:
         items = [dataset[i] for i in range(min(2, task.batch_size, len(dataset)))]
@@ -113,7 +129,7 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
         inputs, target = split_target(task, batch)
     except Exception as err:
         return [Problem(task.name, "data", f"a batch of its items cannot be made: "
-                        f"{_exception_line(err)}")]
+                        f"{exception_line(err)}")]
     torch.manual_seed(task.seed)
     real = task.model()
     try:
@@ -132,13 +148,13 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
                 return [Problem(task.name, "loss", f"none given, so the model gets the "
                                 f"whole batch (model(*batch), its {len(batch)} parts) and "
                                 f"must return its loss, but it takes the inputs alone "
-                                f"({_exception_line(err)}); give the task a loss=, e.g. "
+                                f"({exception_line(err)}); give the task a loss=, e.g. "
                                 "torch.nn.functional.cross_entropy")]
         return [Problem(task.name, "data", f"the model cannot take a batch of this data "
                         f"({type(inputs).__name__}"
                         + (f" with fields {', '.join(map(str, inputs))}"
                            if isinstance(inputs, dict) else "")
-                        + f"): {_exception_line(err)}")]
+                        + f"): {exception_line(err)}")]
     try:
         with torch.no_grad():
             loss = (own_loss(task, output, batch) if task.loss is None
@@ -150,7 +166,7 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
                                if isinstance(loss, torch.Tensor) else ""))]
     except Exception as err:
         field = "loss"
-        message = str(err) if task.loss is None else f"raised {_exception_line(err)}"
+        message = str(err) if task.loss is None else f"raised {exception_line(err)}"
         return [Problem(task.name, field, message)]
     resolved["loss_items"], problems = _loss_items(task, real, dataset)
     return problems
@@ -273,7 +289,7 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
             except Exception as err:
                 if probe is items:
                     return task.loss_items, [Problem(task.name, "loss", (
-                        f"fails on half of a batch: {_exception_line(err)}"))]
+                        f"fails on half of a batch: {exception_line(err)}"))]
                 continue  # the loss cannot take masked labels: try the data as it is
             if fits:
                 chosen = own if own in fits else fits[0]
@@ -308,7 +324,7 @@ def _check_picklable(task: Task) -> list[Problem]:
                     Problem(
                         task.name,
                         field,
-                        f"cannot be pickled for worker processes ({_exception_line(err)}); "
+                        f"cannot be pickled for worker processes ({exception_line(err)}); "
                         "use a module-level function, functools.partial or a lambda that "
                         "captures no open files, locks or processes",
                     )
@@ -359,7 +375,7 @@ def _check_scheduler(task: Task, optimizer: torch.optim.Optimizer,
     try:
         scheduler = task.lr_scheduler(optimizer)
     except Exception as err:
-        bad("lr_scheduler", f"the scheduler factory raised {_exception_line(err)}; it is "
+        bad("lr_scheduler", f"the scheduler factory raised {exception_line(err)}; it is "
             "called with the optimizer alone, e.g. functools.partial(StepLR, step_size=10)")
         return
     missing = [m for m in ("step", "state_dict", "load_state_dict")
@@ -528,7 +544,7 @@ def _checked_task(
     except _Said as said:
         bad("model", str(said))
     except Exception as err:
-        bad("model", f"the model factory raised {_exception_line(err)}")
+        bad("model", f"the model factory raised {exception_line(err)}")
     if model is not None:
         try:
             optimizer = task.optimizer(model.parameters())
@@ -541,7 +557,7 @@ def _checked_task(
                 if task.lr_scheduler is not None:
                     _check_scheduler(task, optimizer, bad)
         except Exception as err:
-            bad("optimizer", f"the optimizer factory raised {_exception_line(err)}")
+            bad("optimizer", f"the optimizer factory raised {exception_line(err)}")
         if task.split_points:
             modules = {n for n, _ in model.named_modules()}
             for point in task.split_points:
@@ -576,7 +592,7 @@ def _checked_task(
     except _Said as said:
         bad("data", str(said))
     except Exception as err:
-        bad("data", f"the data factory (or indexing its result) raised {_exception_line(err)}")
+        bad("data", f"the data factory (or indexing its result) raised {exception_line(err)}")
     if problems or resolved.get("loss_items", task.loss_items) is task.loss_items:
         return task, problems
     return replace(task, loss_items=resolved["loss_items"]), problems

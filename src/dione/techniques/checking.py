@@ -27,6 +27,7 @@ class Validation:
     warnings: dict[str, list[str]] = field(default_factory=dict)
     devices: int = 0  # the width it was judged for
     odd_batches: list[str] = field(default_factory=list)  # not a multiple of devices
+    evaluated: list[str] = field(default_factory=list)  # what each evaluate returned
 
     @property
     def ok(self) -> bool:
@@ -35,7 +36,8 @@ class Validation:
 
     def lines(self) -> list[str]:
         """What was found, a line each (no problems: those are raised or listed apart)."""
-        said = [f"{technique} will not train {', '.join(names)}: {why}"
+        said = list(self.evaluated)
+        said += [f"{technique} will not train {', '.join(names)}: {why}"
                 for (technique, why), names in self.refused.items()]
         said += [f"warning: {', '.join(names)}: {doubt}"
                  for doubt, names in self.warnings.items()]
@@ -61,6 +63,7 @@ def check_workload(workload: Iterable[Task], devices: int | None, kind: Any,
     tasks, untrainable = trained_by_none(tasks, widest, kind)
     problems += untrainable
     found = Validation([t.name for t in tasks], problems, devices=devices or widest)
+    tasks = _check_evaluations(tasks, found, kind)
     for task in tasks:  # what will not train a task that is otherwise fine, by reason
         said = {**task.refused_techniques, **_model_refusals(task, widest, kind)}
         for technique, reason in said.items():
@@ -86,6 +89,73 @@ def check_workload(workload: Iterable[Task], devices: int | None, kind: Any,
         found.odd_batches = [t.name for t in tasks
                              if split_problem(t.batch_size, devices, "devices")]
     return tasks, found
+
+
+def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[Task]:
+    """Each of the tasks' ``evaluate`` functions run once, on its first task's model as
+    its seed builds it (untrained), as Lightning's sanity check runs validation before
+    training: a metric a task's stopping rule or ``keep_best`` names that it does not
+    return is the task's problem (a run would fail it after profiling); an evaluate that
+    raises, a warning (a run trains the task, its evaluations failing). Not for a model
+    too big to build here. Returns the tasks without a problem."""
+    import time
+
+    import torch
+
+    from dione.spec.evaluated import listed_metrics, metric_mistake, missing_metrics
+    from dione.spec.sameness import same_function
+    from dione.spec.validate import REAL_FORWARD_BYTES, build_model, exception_line, in_a_group
+    from dione.techniques.evaluate import evaluate_model, fresh_model
+
+    groups: list[list[Task]] = []  # tasks of one evaluate function
+    for task in tasks:
+        if task.evaluate is not None:
+            alike = next((g for g in groups if same_function(g[0].evaluate, task.evaluate)),
+                         None)
+            if alike is not None:
+                alike.append(task)
+            else:
+                groups.append([task])
+    refused: set[str] = set()
+    for alike in groups:
+        first, names = alike[0], _names(alike)
+        try:
+            size = sum(p.numel() * p.element_size()
+                       for p in build_model(first.model).parameters())
+        except Exception:
+            continue  # a model that cannot be built: its own problem, said by validation
+        if size > REAL_FORWARD_BYTES:
+            continue
+        device = torch.device("cuda" if kind == "cuda" and torch.cuda.is_available() else "cpu")
+        began = time.perf_counter()
+        try:
+            with in_a_group():
+                returned = tuple(evaluate_model(first, fresh_model(first).to(device)))
+        except Exception as err:
+            found.warnings.setdefault(
+                f"evaluate raised {exception_line(err)} on {first.name}'s untrained model: "
+                f"a run trains {'them' if len(alike) > 1 else 'it'} but "
+                f"{'their' if len(alike) > 1 else 'its'} evaluations fail (a stopping rule "
+                "on an evaluated metric cannot judge them); fix evaluate", []).extend(
+                t.name for t in alike)
+            continue
+        found.evaluated.append(f"evaluate of {names} returned {listed_metrics(returned)} "
+                               f"on an untrained model ({time.perf_counter() - began:.1f} s)")
+        for task in alike:
+            mistake = metric_mistake(task, returned, "on its untrained model")
+            if mistake is not None:
+                part = missing_metrics(task, returned)[0][0]
+                found.problems.append(Problem(task.name, "stopping" if part == "rule"
+                                              else "keep_best", mistake))
+                refused.add(task.name)
+    found.tasks = [name for name in found.tasks if name not in refused]
+    return [t for t in tasks if t.name not in refused]
+
+
+def _names(tasks: list[Task]) -> str:
+    """A few tasks' names, and how many more."""
+    more = f" and {len(tasks) - 2} more" if len(tasks) > 2 else ""
+    return ", ".join(t.name for t in tasks[:2]) + more
 
 
 def _model_refusals(task: Any, devices: int, kind: Any) -> dict[str, str]:

@@ -21,7 +21,7 @@ from dione.state.checkpoint import load_model_weights
 if TYPE_CHECKING:
     from dione.techniques.base import SliceOutcome
 
-__all__ = ["evaluate_checkpoint", "evaluate_model", "model_from_state",
+__all__ = ["evaluate_checkpoint", "evaluate_model", "fresh_model", "model_from_state",
            "note_evaluation_error", "stages_on_rank0"]
 
 
@@ -41,7 +41,7 @@ def evaluate_checkpoint(task: Task, checkpoint: str, device: torch.device) -> di
     model of its own; the same numbers as the live model's."""
     if task.evaluate is None:
         return {}
-    model = _fresh_model(task).to(device)
+    model = fresh_model(task).to(device)
     load_model_weights(checkpoint, model)
     return evaluate_model(task, model)
 
@@ -101,12 +101,12 @@ def stages_on_rank0(model: nn.Module, rank: int, world: int) -> dict[str, Any] |
 def model_from_state(task: Task, state: dict[str, Any], device: torch.device) -> nn.Module:
     """The task's model as the user defined it, holding ``state`` (every name, strictly),
     on ``device``."""
-    model = _fresh_model(task)
+    model = fresh_model(task)
     model.load_state_dict(state)
     return model.to(device)
 
 
-def _fresh_model(task: Task) -> nn.Module:
+def fresh_model(task: Task) -> nn.Module:
     """The task's model as its seed initialises it (on the host), torch's generators
     left as they were."""
     with _own_generators():
