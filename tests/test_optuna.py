@@ -274,36 +274,58 @@ def test_an_interrupted_study_says_which_trials_wait_to_resume(
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.RUNNING] * 2
 
 
+class _FirstTwoItems(torch.utils.data.Dataset[Any]):
+    """The digits, of which only the first two items (those validation tries) load: a
+    task of it fails in its run, not before."""
+
+    def __init__(self) -> None:
+        from dione.zoo.digits import digits_train
+
+        self.items = digits_train()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> Any:
+        if index >= 2:
+            raise OSError(f"item {index} cannot be read")
+        return self.items[index]
+
+
 def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Path) -> None:
-    """A metric the evaluation does not return fails every trial (FAIL). Calling optimize
-    again trained them again and crashed reporting to finished trials; now they are not
-    trained again, and with ``retry_failed=True`` (the metric fixed) each configuration is
-    a new trial, trained and told; a second retry proposes none twice. A report_every
-    past the task's end is named as such, not as the user's function's fault."""
+    """Data that cannot be read fails every trial (FAIL). Calling optimize again trained
+    them again and crashed reporting to finished trials; now they are not trained again,
+    and with ``retry_failed=True`` (the data fixed) each configuration is a new trial,
+    trained and told; a second retry proposes none twice. A report_every past the task's
+    end is named as such, not as the user's function's fault."""
+    import sys
+
+    import cloudpickle
+
     from dione.zoo.digits import digits_accuracy
 
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # _FirstTwoItems
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     study = optuna.create_study(storage=storage, study_name="typo", direction="maximize",
                                 pruner=optuna.pruners.NopPruner())
     for lr in (0.01, 0.02):
         study.enqueue_trial({"lr": lr})
+    broken = [True]
 
     def build(trial: optuna.trial.Trial) -> dione.Task:
         lr = trial.suggest_float("lr", 1e-3, 3e-2, log=True)
         return digits_task("digits", steps=8, techniques=("single",), evaluate=digits_accuracy,
-                           optimizer=functools.partial(torch.optim.Adam, lr=lr))
+                           optimizer=functools.partial(torch.optim.Adam, lr=lr),
+                           **({"data": _FirstTwoItems} if broken[0] else {}))
 
     options = dict(report_every=4, run_dir=str(tmp_path / "run"), devices="cpu:2",
                    quiet=True, catalog=str(tmp_path / "catalog.sqlite"), time_limit=2.0,
                    trial=TrialOptions(warmup_steps=1, measure_steps=2))
-    dione.optuna.optimize(study, build, n_trials=2, metric="acc", **options)
+    dione.optuna.optimize(study, build, n_trials=2, metric="accuracy", **options)
     assert [t.state for t in study.get_trials()] == [optuna.trial.TrialState.FAIL] * 2
-    # Why, in the study (it was only in `dione status`): before any step trained.
-    for failed in study.get_trials():
-        assert "optimize(metric=...) judges 'acc', which its evaluate does not return" in \
-            failed.user_attrs["dione_error"], failed.user_attrs
-        assert "name one of those as optimize's metric, or return it from evaluate, then " \
-            "call optimize again with retry_failed=True" in failed.user_attrs["dione_error"]
+    for failed in study.get_trials():  # why, in the study (it was only in `dione status`)
+        assert "OSError: item" in failed.user_attrs["dione_error"], failed.user_attrs
+    broken[0] = False
     with pytest.raises(ValueError, match="no trial of this run is left to train"):
         dione.optuna.optimize(study, build, n_trials=2, metric="accuracy", **options)
     result = dione.optuna.optimize(study, build, n_trials=2, metric="accuracy",
@@ -358,6 +380,49 @@ def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Pa
     with pytest.raises(ValueError, match=r"make_task pruned every trial of this run"):
         dione.optuna.optimize(every, skipping, n_trials=2, metric="accuracy",
                               **{**options, "run_dir": str(tmp_path / "every")})
+
+
+def test_a_metric_the_evaluation_does_not_return_stops_optimize_at_the_first_trial(
+        tmp_path: Path) -> None:
+    """optimize(metric=...) that evaluate does not return failed every trial, each after
+    its profiling (n_trials FAIL); now the first task's evaluate is run once as it is
+    built, and optimize stops there: one trial FAIL, the name it likely meant said, and
+    retry_failed=True with the metric fixed trains that configuration."""
+    from dione.zoo.digits import digits_accuracy
+
+    study = optuna.create_study(direction="maximize")
+    for lr in (0.01, 0.02):
+        study.enqueue_trial({"lr": lr})
+
+    def build(trial: optuna.trial.Trial) -> dione.Task:
+        lr = trial.suggest_float("lr", 1e-3, 3e-2, log=True)
+        return digits_task("digits", steps=8, techniques=("single",), evaluate=digits_accuracy,
+                           optimizer=functools.partial(torch.optim.Adam, lr=lr))
+
+    options = dict(report_every=4, run_dir=str(tmp_path / "run"), devices="cpu:2",
+                   quiet=True, catalog=str(tmp_path / "catalog.sqlite"), time_limit=2.0,
+                   trial=TrialOptions(warmup_steps=1, measure_steps=2))
+    with pytest.raises(ValueError) as said:
+        dione.optuna.optimize(study, build, n_trials=4, metric="acuracy", in_flight=2,
+                              **options)
+    message = " ".join(str(said.value).split())
+    assert "optimize(metric=...) judges 'acuracy', which its evaluate does not return (it " \
+        "returned 'accuracy', 'test_loss' on its untrained model): did you mean " \
+        "'accuracy'? Else name one of those as optimize's metric" in message, message
+    assert "trial 0 is told FAIL, no more trials were asked and nothing was trained" \
+        in message, message
+    (failed, waiting) = study.get_trials()  # the second enqueued, not asked
+    assert failed.state == optuna.trial.TrialState.FAIL
+    assert waiting.state == optuna.trial.TrialState.WAITING
+    assert failed.user_attrs["dione_error"].startswith("optimize(metric=...) judges 'acuracy'")
+    with RunStore(tmp_path / "run") as store:  # nothing trained
+        assert store.slices() == []
+    dione.optuna.optimize(study, build, n_trials=2, metric="accuracy", retry_failed=True,
+                          **options)
+    states = [t.state for t in study.get_trials()]
+    assert states == [optuna.trial.TrialState.FAIL] + [optuna.trial.TrialState.COMPLETE] * 2
+    assert [t.params for t in study.get_trials()[1:]
+            if t.user_attrs.get("dione_retry_of") == 0] == [failed.params]
 
 
 def test_a_trial_whose_name_another_task_took_fails_saying_so(tmp_path: Path) -> None:

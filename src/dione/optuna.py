@@ -282,6 +282,11 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
         _, problems = valid_tasks([task])
         if problems:
             raise ValueError("; ".join(str(p) for p in problems))
+        if not evaluated:  # the first task built: its evaluate run once, here
+            evaluated.append(name)
+            mistake = _metric_mistake(task)
+            if mistake is not None:
+                raise _SharedMistake(mistake)
         return task
 
     def failed(trial: Any, err: BaseException | str) -> None:
@@ -299,6 +304,7 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
 
     tasks: list[Task] = []
     sent: set[str] = set()  # the tasks given to the live run through the inbox
+    evaluated: list[str] = []  # the task whose evaluate was run once at its build
     # The trials whose tasks failed to build before any was built, with their errors.
     unbuilt: list[tuple[int, str]] = []
 
@@ -328,8 +334,14 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
         try:
             tasks.append(build(name, trial))
         except Exception as err:
-            failed(trial, err)
+            failed(trial, str(err) if isinstance(err, _SharedMistake) else err)
             del by_task[name]
+            if isinstance(err, _SharedMistake):
+                raise ValueError(
+                    f"{err}: taken for a mistake every trial shares, so trial "
+                    f"{trial.number} is told FAIL, no more trials were asked and nothing "
+                    "was trained; fix it and call optimize again (retry_failed=True "
+                    f"proposes trial {trial.number}'s parameters again)") from None
             same_mistake(name, trial, err)
 
     for name, trial in list(by_task.items()):
@@ -437,6 +449,26 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
               "be built): once the cause is fixed, optimize(..., retry_failed=True) trains "
               "their configurations again")
     return result
+
+
+class _SharedMistake(ValueError):
+    """A mistake of the metric optimize judges (or the task's keep_best names), found by
+    running the first task's evaluate once: every trial's, not one configuration's."""
+
+
+def _metric_mistake(task: Task) -> str | None:
+    """Why ``task`` cannot be judged by its rule: a metric it names that its evaluate,
+    run once on its untrained model here, does not return (None: it does, or that could
+    not be run here: then the run's profiling trial says so)."""
+    from dione.spec.evaluated import metric_mistake
+    from dione.techniques.checking import untrained_evaluation
+
+    try:
+        returned = untrained_evaluation(task)
+    except Exception:  # its evaluate fails: said by the run, which trains it anyway
+        return None
+    return None if returned is None else metric_mistake(task, returned,
+                                                       "on its untrained model")
 
 
 # What Optuna's study.optimize takes that optimize does not, and what stands for it.

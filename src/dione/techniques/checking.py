@@ -12,7 +12,7 @@ from dione.spec.task import Task
 from dione.spec.validate import Problem
 from dione.techniques.validation import profiled_widths, trained_by_none, valid_tasks
 
-__all__ = ["Validation", "check_workload"]
+__all__ = ["Validation", "check_workload", "untrained_evaluation"]
 
 
 @dataclass
@@ -92,20 +92,16 @@ def check_workload(workload: Iterable[Task], devices: int | None, kind: Any,
 
 
 def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[Task]:
-    """Each of the tasks' ``evaluate`` functions run once, on its first task's model as
-    its seed builds it (untrained), as Lightning's sanity check runs validation before
-    training: a metric a task's stopping rule or ``keep_best`` names that it does not
-    return is the task's problem (a run would fail it after profiling); an evaluate that
-    raises, a warning (a run trains the task, its evaluations failing). Not for a model
-    too big to build here. Returns the tasks without a problem."""
+    """Each of the tasks' ``evaluate`` functions run once (``untrained_evaluation``):
+    a metric a task's stopping rule or ``keep_best`` names that it does not return is the
+    task's problem (a run would fail it after profiling); an evaluate that raises, a
+    warning (a run trains the task, its evaluations failing). Returns the tasks without
+    a problem."""
     import time
-
-    import torch
 
     from dione.spec.evaluated import listed_metrics, metric_mistake, missing_metrics
     from dione.spec.sameness import same_function
-    from dione.spec.validate import REAL_FORWARD_BYTES, build_model, exception_line, in_a_group
-    from dione.techniques.evaluate import evaluate_model, fresh_model
+    from dione.spec.validate import exception_line
 
     groups: list[list[Task]] = []  # tasks of one evaluate function
     for task in tasks:
@@ -119,18 +115,9 @@ def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[
     refused: set[str] = set()
     for alike in groups:
         first, names = alike[0], _names(alike)
-        try:
-            size = sum(p.numel() * p.element_size()
-                       for p in build_model(first.model).parameters())
-        except Exception:
-            continue  # a model that cannot be built: its own problem, said by validation
-        if size > REAL_FORWARD_BYTES:
-            continue
-        device = torch.device("cuda" if kind == "cuda" and torch.cuda.is_available() else "cpu")
         began = time.perf_counter()
         try:
-            with in_a_group():
-                returned = tuple(evaluate_model(first, fresh_model(first).to(device)))
+            returned = untrained_evaluation(first, kind)
         except Exception as err:
             found.warnings.setdefault(
                 f"evaluate raised {exception_line(err)} on {first.name}'s untrained model: "
@@ -138,6 +125,8 @@ def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[
                 f"{'their' if len(alike) > 1 else 'its'} evaluations fail (a stopping rule "
                 "on an evaluated metric cannot judge them); fix evaluate", []).extend(
                 t.name for t in alike)
+            continue
+        if returned is None:
             continue
         found.evaluated.append(f"evaluate of {names} returned {listed_metrics(returned)} "
                                f"on an untrained model ({time.perf_counter() - began:.1f} s)")
@@ -150,6 +139,30 @@ def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[
                 refused.add(task.name)
     found.tasks = [name for name in found.tasks if name not in refused]
     return [t for t in tasks if t.name not in refused]
+
+
+def untrained_evaluation(task: Task, kind: Any = "cpu") -> tuple[str, ...] | None:
+    """The metrics ``task``'s ``evaluate`` returns, run once here on its model as its
+    seed builds it (untrained), as Lightning's sanity check runs validation before
+    training; on the first GPU where ``kind`` is "cuda" and one is here. None: no
+    evaluate, or a model too big to build here (or that cannot be built: its own
+    problem, said by validation). Raises what evaluate raises."""
+    import torch
+
+    from dione.spec.validate import REAL_FORWARD_BYTES, build_model, in_a_group
+    from dione.techniques.evaluate import evaluate_model, fresh_model
+
+    if task.evaluate is None:
+        return None
+    try:
+        size = sum(p.numel() * p.element_size() for p in build_model(task.model).parameters())
+    except Exception:
+        return None
+    if size > REAL_FORWARD_BYTES:
+        return None
+    device = torch.device("cuda" if kind == "cuda" and torch.cuda.is_available() else "cpu")
+    with in_a_group():
+        return tuple(evaluate_model(task, fresh_model(task).to(device)))
 
 
 def _names(tasks: list[Task]) -> str:
