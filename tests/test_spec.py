@@ -121,7 +121,26 @@ def test_misspelt_task_fields_are_named_together_with_the_likely_field() -> None
     said = str(caught.value)
     assert said.startswith("Task got 3 unknown field(s): 'step' (did you mean 'steps'?), "
                            "'allow_inexcat' (did you mean 'allow_inexact'?), 'colour';")
-    assert "its fields: allow_inexact, batch_size," in said and "refused_techniques" not in said
+    assert "its fields: name, model, data, optimizer, batch_size," in said
+    assert "refused_techniques" not in said
+    # A peer tool's keyword (Ray Tune's, Optuna's, a trainer's) with dione's for it; the
+    # stopping rules too (they said Python's "unexpected keyword argument" alone).
+    from dione import Median, PausingAsha
+
+    with pytest.raises(TypeError) as caught:
+        Task(name="t", model=digits_mlp, data=digits_train, optimizer=torch.optim.SGD,
+             batch_size=4, steps=4, lr=0.1)
+    assert "'lr' (use optimizer=functools.partial(torch.optim.AdamW, lr=...))" in str(
+        caught.value)
+    with pytest.raises(TypeError) as caught:
+        PausingAsha(metric="accuracy", grace_period=2, reduction_factor=3, mdoe="max")
+    assert str(caught.value) == (
+        "PausingAsha got 3 unknown field(s): 'grace_period' (use min_steps: Ray Tune's "
+        "grace_period), 'reduction_factor' (use eta: Ray Tune's and Optuna's "
+        "reduction_factor), 'mdoe' (did you mean 'mode'?); its fields: metric, mode, "
+        "min_steps, eta, loss_window")
+    with pytest.raises(TypeError, match="'n_warmup_steps' \\(use min_steps: Optuna's"):
+        Median(n_warmup_steps=2)
 
 
 def test_messages_say_what_to_do() -> None:

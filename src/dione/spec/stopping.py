@@ -30,6 +30,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from dione.spec.keywords import named_keywords
+
 if TYPE_CHECKING:
     from dione.spec.task import Task
 
@@ -180,6 +182,7 @@ class _Halving(StoppingRule):
         return _geometric(self.min_steps, self.eta, total)
 
 
+@named_keywords
 @dataclass(frozen=True)
 class Asha(_Halving):
     """Asynchronous successive halving; see the module's docstring."""
@@ -205,6 +208,7 @@ class Asha(_Halving):
                            f"before it (cutoff {cutoff:.4g})"))
 
 
+@named_keywords
 @dataclass(frozen=True)
 class PausingAsha(_Halving):
     """ASHA as Li et al. define it (MLSys 2020, Algorithm 2: promotions, not stops): a
@@ -253,6 +257,7 @@ class PausingAsha(_Halving):
         return decisions
 
 
+@named_keywords
 @dataclass(frozen=True)
 class Median(StoppingRule):
     """The median rule (Golovin et al., "Google Vizier", KDD 2017; Optuna's
@@ -300,6 +305,7 @@ class Median(StoppingRule):
                            "before it"))
 
 
+@named_keywords
 @dataclass(frozen=True)
 class Patience(StoppingRule):
     """Early stopping on the task's own curve (as Keras' and Lightning's
@@ -365,6 +371,7 @@ class Patience(StoppingRule):
                            f"{self.min_delta:g}: stopped for want of patience"))
 
 
+@named_keywords
 @dataclass(frozen=True)
 class SuccessiveHalving(_Halving):
     """Synchronous successive halving (Jamieson & Talwalkar, AISTATS 2016; the ``SHA``

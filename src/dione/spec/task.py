@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dione.spec.keywords import named_keywords
 from dione.spec.stopping import StoppingRule
 
 __all__ = [
@@ -45,6 +46,7 @@ ItemCounter = Callable[[Any], "int | torch.Tensor"]
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
+@named_keywords
 @dataclass(frozen=True)
 class Task:
     """One model to train; its training is defined here, never by the technique.
@@ -207,30 +209,3 @@ class Task:
         from torch.utils.data._utils.collate import default_collate
 
         return default_collate(items)  # type: ignore[no-untyped-call]
-
-
-def _fields_checked(init: Callable[..., None]) -> Callable[..., None]:
-    """``Task.__init__`` that names every unknown keyword at once, each with the field it
-    is likely a typo of (the dataclass's own said only the first, in Python's words: a
-    misspelt ``allow_inexact`` went unsaid behind a misspelt ``steps``)."""
-    import difflib
-    import functools
-    from dataclasses import fields
-
-    known = {f.name for f in fields(Task) if f.init}
-    public = sorted(f.name for f in fields(Task) if f.init and f.repr and f.name != "_")
-
-    @functools.wraps(init)
-    def checked(self: Task, *args: Any, **kwargs: Any) -> None:
-        unknown = [k for k in kwargs if k not in known]
-        if unknown:
-            said = [f"{k!r}" + (f" (did you mean {close[0]!r}?)" if (
-                close := difflib.get_close_matches(k, public, 1)) else "") for k in unknown]
-            raise TypeError(f"Task got {len(unknown)} unknown field(s): {', '.join(said)}; "
-                            f"its fields: {', '.join(public)}")
-        init(self, *args, **kwargs)
-
-    return checked
-
-
-type.__setattr__(Task, "__init__", _fields_checked(Task.__init__))
