@@ -799,6 +799,61 @@ def test_validate_runs_each_evaluate_once_and_names_a_metric_it_does_not_return(
     assert found.ok and found.evaluated and any("'d'" in w for w in found.warnings), found
 
 
+EXPLODING = '''
+import functools, torch
+from torch import nn
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+class Exploding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner, self.calls = digits_mlp(hidden=16, depth=1), 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.training and self.calls > 6:  # past validation's and profiling's batches
+            raise RuntimeError(f"forward exploded at call {self.calls}")
+        return self.inner(x)
+
+def task(name, model):
+    return Task(name=name, model=model, data=digits_train, techniques=("single",),
+                loss=torch.nn.functional.cross_entropy, batch_size=16, steps=10,
+                optimizer=functools.partial(torch.optim.Adam, lr=1e-2))
+
+workload = Workload([task("fine", functools.partial(digits_mlp, hidden=16, depth=1)),
+                     task("bomb", Exploding)])
+'''
+
+
+def test_a_failed_task_names_the_log_that_holds_its_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A task failing in its worker was said with "(its traceback: above, and in the
+    report)", and neither held it: only the slice's rank log does, which names the
+    user's line. The closing line and the report name that log."""
+    from dione.state.store import RunStore
+
+    file = tmp_path / "exploding.py"
+    file.write_text(EXPLODING)
+    run = tmp_path / "run"
+    status, out, err = in_process(capsys, "run", str(file), "--out", str(run), "--devices",
+                                  "cpu:2", "--catalog", str(tmp_path / "catalog.sqlite"),
+                                  "--warmup-steps", "1", "--measure-steps", "2")
+    said = " ".join(err.split())
+    assert status == 1 and "task bomb failed" in said, out + err
+    assert "above, and in the report" not in said
+    log = Path(said.split("(its traceback: ")[1].split(")")[0])
+    assert log.is_file() and log.parent.parent == run / "logs", log
+    text = log.read_text()
+    assert "Traceback (most recent call last)" in text and "exploding.py" in text
+    assert "RuntimeError: forward exploded" in text
+    summary = (run / "report" / "summary.md").read_text()
+    failed = summary.split("## Failed and diverged tasks")[1]
+    assert f"(traceback: `{log.relative_to(run)}`)" in failed, failed
+    with RunStore(run) as store:
+        assert {t.name: t.status for t in store.tasks()} == {"fine": "done", "bomb": "failed"}
+
+
 def test_a_mistyped_flag_is_named_by_its_command_with_the_nearest_one(
         capsys: pytest.CaptureFixture[str]) -> None:
     """It printed the top-level usage ("dione: error: unrecognized arguments")."""

@@ -779,7 +779,7 @@ def test_a_rule_that_compares_with_ended_tasks_has_its_begun_tasks_planned_first
 
 
 def test_a_simulation_into_the_directory_of_an_earlier_one_starts_afresh(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The same problem again into one directory found every task done and reported a
     makespan of 0 s; another problem's tasks were mixed into the report. Now an earlier
     simulation's files go first; a directory where a run trained is refused."""
@@ -821,6 +821,21 @@ def test_a_simulation_into_the_directory_of_an_earlier_one_starts_afresh(
     assert main(["resume", str(tmp_path / "run")]) == 2
     assert main(["export", str(tmp_path / "run"), "t0", "-o", str(tmp_path / "x")]) == 2
     assert main(["resume", str(tmp_path / "nowhere")]) == 2
+    # A run that trains, into a simulation's folder: refused (its real slices read as
+    # simulated, and its weights could not be exported); a task added to it too (it was
+    # asked, and no resume could ever take it).
+    import dione as package
+    from helpers import digits_task
+
+    with pytest.raises(RunDirError, match=r"holds a simulation .* a run that trains would "
+                       r"mix with it"):
+        package.run([digits_task("t0")], run_dir=str(tmp_path / "run"), quiet=True)
+    capsys.readouterr()
+    assert main(["add", str(tmp_path / "run"), str(tmp_path / "more.py")]) == 2
+    assert "is a simulated run (`dione simulate`): no task is added to it" in " ".join(
+        capsys.readouterr().err.split())
+    with RunStore(tmp_path / "run") as store:
+        assert [t.name for t in store.tasks()] == ["t0", "t1"] and not store.additions()
 
 
 def test_current_practice_counts_node_sizes_losses_and_joins() -> None:

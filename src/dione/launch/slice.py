@@ -34,6 +34,7 @@ from dione.state.checkpoint import (
     quarantine,
     verify_checkpoint,
 )
+from dione.state.slice_logs import log_folder
 from dione.state.sqlite import StateFileError
 from dione.state.store import CheckpointRecord, RunStore
 from dione.techniques.base import SliceOutcome, SliceSpec, Technique
@@ -342,11 +343,6 @@ def _best_to_keep(db: RunStore, task: Task, evaluation: dict[str, float],
                       "kept for being best; name one of those")
     found = db.best_checkpoint(task.name, metric, mode)
     return found[0] if found else None
-
-
-def log_folder(run_dir: Path, slice_id: int, task: str) -> Path:
-    """Where slice ``slice_id`` of ``task`` keeps its ranks' output."""
-    return run_dir / "logs" / f"slice-{slice_id:06d}-{task}"
 
 
 def _prune_logs(run_dir: Path, task: str, db: RunStore, keep: int) -> None:

@@ -31,12 +31,19 @@ RUN_DIR_ENTRIES = frozenset({
     "tensorboard"})
 
 
-def claim_run_dir(run_dir: str | Path) -> RunLock:
+def claim_run_dir(run_dir: str | Path, simulated: bool = False) -> RunLock:
     """Create ``run_dir`` private to this user (or check an existing one) and take its
     lock for this launcher; RunDirError saying why not and what to do (an existing folder
     that is not a run's: dione writes over files of its own names and a simulation
-    redone clears its folder, so a project folder given as --out would lose files)."""
+    redone clears its folder, so a project folder given as --out would lose files; a
+    simulation's folder, for a run that trains (``simulated`` False): its real slices
+    read as simulated, its weights not exportable)."""
     folder = Path(run_dir)
+    if not simulated and (folder / SIMULATED_FILE).is_file():
+        raise RunDirError(f"{folder} holds a simulation (`dione simulate`, {SIMULATED_FILE}"
+                          "): a run that trains would mix with it, its slices read as "
+                          "simulated and its weights not exported; give another --out (or "
+                          "remove the simulation's folder)")
     if folder.is_dir() and not (folder / STORE_FILE).exists():
         try:
             # Hidden files (.DS_Store, NFS's .nfs*, .gitkeep) and dione's own half-written

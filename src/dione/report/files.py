@@ -15,6 +15,7 @@ from typing import Any
 
 from dione.orchestrate.plans import AdoptedPlan, horizon_said, read_plans
 from dione.state.private import private_dir
+from dione.state.slice_logs import failure_log
 from dione.state.store import (
     SIMULATED_FILE,
     STORE_FILE,
@@ -417,8 +418,13 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
     failed = [t for t in tasks if t.status in ("failed", "diverged")]
     if failed:
         lines += ["", "## Failed and diverged tasks", ""]
-        lines += [f"- {t.task} ({t.status}): "
-                  f"{(t.error or '').splitlines()[0] if t.error else ''}" for t in failed]
+        for t in failed:
+            log = (failure_log(run_dir, slices, t.task)
+                   if run_dir is not None and t.status == "failed" else None)
+            lines.append(f"- {t.task} ({t.status}): "
+                         f"{(t.error or '').splitlines()[0] if t.error else ''}"
+                         + (f" (traceback: `{log.relative_to(run_dir)}`)"
+                            if log is not None and run_dir is not None else ""))
     if invalid and simulated:
         lines += ["", "## Tasks left out, never started", "",
                   "No node of the simulated cluster holds these tasks of the problem:", ""]

@@ -179,7 +179,7 @@ def simulate_profile(
     run_dir = Path(run_dir)
     began = time.perf_counter()
     virtual = VirtualClock()
-    with claim_run_dir(run_dir), clock.using(virtual):
+    with claim_run_dir(run_dir, simulated=True), clock.using(virtual):
         _fresh(run_dir)
         write_private(run_dir / SIMULATED_FILE, json.dumps(
             {"scenario": scenario.to_json(), "tasks": len(tasks),

@@ -126,15 +126,29 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
         console.print(f"MLflow: mlflow ui --backend-store-uri {run.mlflow}")
     # A task its stopping rule stopped ended as asked (its reason is in the results).
     failed = [t for t in result.tasks if t.status not in ("done", "stopped")]
+    logs = _failure_logs(run_dir, [t.task for t in failed if t.status == "failed"])
     for t in failed:
         error = str(t.error or "")
         begins = f"task {t.task!r} {t.status}: "  # a divergence's message does
-        # A traceback once (its event said it whole as it came): its last line here.
-        last = error_line(error) + (" (its traceback: above, and in the report)"
-                                    if len(error.strip().splitlines()) > 1 else "")
+        # Its last line here; the traceback, which names the user's line, in its log.
+        last = error_line(error) + (f" (its traceback: {logs[t.task]})" if t.task in logs
+                                    else "")
         complain(f"task {t.task} {t.status}", last.removeprefix(begins))
     _say_left_out(problems)
     return EXIT_FAILED if failed or problems else 0
+
+
+def _failure_logs(run_dir: Path, names: Sequence[str]) -> dict[str, Path]:
+    """Per failed task, the log of its newest failed slice that holds the traceback."""
+    from dione.state.slice_logs import failure_log
+    from dione.state.store import RunStore
+
+    if not names:
+        return {}
+    with RunStore(run_dir) as store:
+        slices = store.slices()
+    return {name: log for name in names
+            if (log := failure_log(run_dir, slices, name)) is not None}
 
 
 def _say_left_out(problems: Sequence[Any]) -> None:
