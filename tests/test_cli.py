@@ -761,7 +761,9 @@ def task(name, **extra):
 workload = Workload([task("a", stopping=Asha(metric="acuracy", min_steps=2, mode="max")),
                      task("b", keep_best="val_loss", keep_best_mode="min"),
                      task("c", keep_best="accuracy"),
-                     task("d", evaluate=broken, eval_every=4)])
+                     task("d", evaluate=broken, eval_every=4),
+                     task("e", evaluate=broken, stopping=Asha(metric="accuracy", min_steps=2,
+                                                              mode="max"))])
 '''
 
 
@@ -777,20 +779,27 @@ def test_validate_runs_each_evaluate_once_and_names_a_metric_it_does_not_return(
     file.write_text(MISNAMED_METRICS)
     status, out, err = in_process(capsys, "validate", str(file))
     said = " ".join(err.split())
-    assert status == 2 and "2 problem(s)" in said, said
+    assert status == 2 and "3 problem(s)" in said, said
     assert "task 'a', field 'stopping': its stopping rule judges 'acuracy', which its " \
         "evaluate does not return (it returned 'accuracy', 'test_loss' on its untrained " \
         "model): did you mean 'accuracy'? Else name one of those as the rule's metric, " \
         "or return it from evaluate" in said, said
     assert "task 'b', field 'keep_best': keep_best names 'val_loss', which its evaluate " \
         "does not return" in said and "'c'" not in said, said
+    # An evaluate that raises, for a task whose rule judges what it returns: a run
+    # would train it to its first rung to fail there.
+    assert "task 'e', field 'evaluate': its evaluate raised TypeError: evaluate of task " \
+        "'d' returned 'accuracy': 'high', which is not a number" in said, said
+    assert "and its stopping rule judges 'accuracy' from it, so no rung could judge the " \
+        "task: fix evaluate" in said, said
     assert out.count("evaluated") == 1, out  # a, b and c share one evaluate function
     file.write_text(MISNAMED_METRICS.replace('metric="acuracy"', 'metric="accuracy"')
-                    .replace('keep_best="val_loss"', 'keep_best="test_loss"'))
+                    .replace('keep_best="val_loss"', 'keep_best="test_loss"')
+                    .replace('task("e", evaluate=broken, ', 'task("e", '))
     status, out, _ = in_process(capsys, "validate", str(file))
     said = " ".join(out.split())
-    assert status == 0 and "4 task(s), no problems" in said, said
-    assert "evaluate of a, b and 1 more returned 'accuracy', 'test_loss' on an untrained " \
+    assert status == 0 and "5 task(s), no problems" in said, said
+    assert "evaluate of a, b and 2 more returned 'accuracy', 'test_loss' on an untrained " \
         "model" in said, said
     assert "warning: d: evaluate raised TypeError: evaluate of task 'd' returned " \
         "'accuracy': 'high', which is not a number" in said and "a run trains it but its " \

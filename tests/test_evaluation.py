@@ -201,6 +201,7 @@ workload = '''
 
 UNJUDGEABLE = """
 import functools
+import os
 import torch
 from dione import Asha, Task, Workload
 from dione.zoo import digits_mlp, digits_train
@@ -209,6 +210,12 @@ from dione.zoo.digits import digits_accuracy
 
 def broken(model):
     raise RuntimeError("no held-out split")
+
+
+def broken_later(model):  # fine in its profiling trial, broken once the test says so
+    if os.path.exists(os.path.join(os.path.dirname(__file__), "broken-now")):
+        raise RuntimeError("the held-out split went away")
+    return digits_accuracy(model)
 
 
 def overflowed(model):  # a perplexity beside the judged metric: inf early in a sweep
@@ -232,6 +239,8 @@ workload = Workload([
                                                          min_steps=6, eta=2)),
     task("raises", evaluate=broken, stopping=Asha(metric="accuracy", mode="max",
                                                   min_steps=6, eta=2)),
+    task("later", evaluate=broken_later, stopping=Asha(metric="accuracy", mode="max",
+                                                       min_steps=6, eta=2)),
     task("noted", evaluate=broken, eval_every=6),  # no rule judges it
     task("good", evaluate=digits_accuracy, stopping=Asha(metric="accuracy", mode="max",
                                                          min_steps=6, eta=2)),
@@ -257,19 +266,29 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
     file = tmp_path / "unjudgeable.py"
     file.write_text(UNJUDGEABLE)
     events: list[RunEvent] = []
+
+    def heard(event: RunEvent) -> None:  # "later"'s evaluate breaks once it trains
+        events.append(event)
+        if event.kind == "slice_started" and event.task == "later":
+            (tmp_path / "broken-now").touch()
+
     result = run_workload(list(load_workload(file)), Cluster([TEST_NODE]), tmp_path / "run",
                           RunOptions(catalog=str(tmp_path / "catalog.sqlite"), time_limit=5.0,
                                      trial=TrialOptions(warmup_steps=1, measure_steps=2)),
-                          on_event=events.append)
+                          on_event=heard)
     statuses = {t.task: t.status for t in result.tasks}
     # A metric that is not finite is a loser's, not a broken evaluate's: one beside the
     # judged metric is left out (it failed the task), the judged one stops its task.
-    assert statuses == {"typo": "failed", "raises": "failed", "noted": "done", "good": "done",
-                        "overflow": "done", "nan": "stopped"}
+    assert statuses == {"typo": "failed", "raises": "failed", "later": "failed",
+                        "noted": "done", "good": "done", "overflow": "done", "nan": "stopped"}
     with RunStore(tmp_path / "run") as store:
         typo, raises = store.task("typo").error, store.task("raises").error
+        later = store.task("later").error
         judged = {d[0] for d in store.decisions()}
-        assert "typo" not in judged and "raises" not in judged  # never judged
+        assert not judged & {"typo", "raises", "later"}  # never judged
+        # An evaluate that raised in its profiling trial, under a rule judging what it
+        # returns: failed before training (it trained to its first rung to fail there).
+        assert store.slices("raises") == []
         assert "ppl" not in store.evaluations("overflow")
         assert [d[4] for d in store.decisions() if d[0] == "nan"] == [
             "accuracy is nan at step 6"]
@@ -280,8 +299,12 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
             "returned 'accuracy', 'test_loss' in its profiling trial)") in typo
     with RunStore(tmp_path / "run") as store:
         assert store.slices("typo") == []
+    assert raises == (
+        "its evaluate raised RuntimeError: no held-out split in its profiling trial, and its "
+        "stopping rule judges 'accuracy' from it, so no rung could judge the task: fix "
+        "evaluate, then resume (nothing was trained)")
     assert ("judges 'accuracy' at step 6, but its evaluation there failed: RuntimeError: "
-            "no held-out split") in raises
+            "the held-out split went away") in later
     from dione.cli.views import print_results
     from dione.state.summaries import figure
 
@@ -334,20 +357,22 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
     file.write_text(UNJUDGEABLE.replace('metric="acc"', 'metric="accuracy"')
                     .replace('task("raises", evaluate=broken', 'task("raises", '
                              'evaluate=digits_accuracy'))
+    (tmp_path / "broken-now").unlink()
     events.clear()
     again = run_workload(list(load_workload(file)), Cluster([TEST_NODE]), tmp_path / "run",
                          RunOptions(catalog=str(tmp_path / "catalog.sqlite"), time_limit=5.0,
                                     trial=TrialOptions(warmup_steps=1, measure_steps=2)),
                          on_event=events.append)
     retrained = {e.task for e in events if e.kind == "rung_retrained"}
-    assert retrained == {"raises"}, [e.message for e in events]
+    assert retrained == {"later"}, [e.message for e in events]
     assert {t.task: t.status for t in again.tasks}["typo"] in ("done", "stopped")
     with RunStore(tmp_path / "run") as store:
-        for name in ("typo", "raises"):
+        for name in ("typo", "raises", "later"):
             assert [d[1] for d in store.decisions() if d[0] == name][:1] == [6], name
             assert store.evaluation(name).get("accuracy") is not None
-        again_from = [s.start_step for s in store.slices("raises")][1]
+        again_from = [s.start_step for s in store.slices("later")][1]
         assert again_from == 0  # its only checkpoint was the rung's: from the start
+        assert store.slices("raises")[0].start_step == 0
 
 
 def test_an_evaluate_that_fails_in_its_profiling_trial_is_said_before_training(

@@ -52,6 +52,7 @@ from dione.profile.results import (
     remembered_mistake,
 )
 from dione.spec.cluster import Cluster, ClusterError, Node
+from dione.spec.evaluated import judging_failed_evaluation
 from dione.spec.metrics import doubtful_direction
 from dione.spec.settings import READ_SETTINGS, read_changes, training_settings
 from dione.spec.stopping import Decision, StoppingRule, too_few_sharing
@@ -309,8 +310,15 @@ class Runner:
         if doubt is not None:  # evaluate may have changed since: said, not failed
             self.emit(RunEvent("evaluation_doubtful", f"{record.name}: {doubt}", record.name))
         if profile.evaluated is not None and profile.evaluated.error:
-            # Said now, not first at a rung or the end: its training stands either way.
             last = profile.evaluated.error.strip().splitlines()[-1]
+            unjudged = judging_failed_evaluation(record.task, last, "in its profiling trial")
+            if unjudged is not None:  # it trained to its first rung, to fail there
+                rule = record.task.stopping
+                assert rule is not None
+                why = f"{unjudged}, then {rule.retry} (nothing was trained)"
+                self._give_up(record, why, f"{record.name}: {why}")
+                return
+            # Said now, not first at a rung or the end: its training stands either way.
             self.emit(RunEvent("evaluation_failed", f"{record.name}: its evaluation failed "
                                f"in its profiling trial ({last}): it will fail where the task "
                                "evaluates, its training kept; fix evaluate, then `dione "

@@ -7,7 +7,8 @@ import difflib
 
 from dione.spec.task import Task
 
-__all__ = ["listed_metrics", "metric_mistake", "missing_metrics", "missing_said"]
+__all__ = ["judging_failed_evaluation", "listed_metrics", "metric_mistake", "missing_metrics",
+           "missing_said"]
 
 
 def missing_metrics(task: Task, returned: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -55,3 +56,15 @@ def metric_mistake(task: Task, returned: tuple[str, ...], where: str) -> str | N
     meant = f"did you mean {' and '.join(map(repr, dict.fromkeys(near)))}? Else " if near else ""
     return (f"{missing_said(task, missing)} (it returned {listed_metrics(returned)} "
             f"{where}): {meant}name one of those{named}, or return it from evaluate")
+
+
+def judging_failed_evaluation(task: Task, error: str, where: str) -> str | None:
+    """Why ``task`` cannot be judged where its evaluate raised ``error`` (``where``: when
+    it did), if its stopping rule judges a metric evaluate returns: it would train to its
+    first rung and fail there; None where its rule judges the training loss, or it has
+    none (its training stands without evaluations)."""
+    rule = task.stopping
+    if rule is None or rule.metric == "loss":
+        return None
+    return (f"its evaluate raised {error} {where}, and {rule.judged_by} judges "
+            f"{rule.metric!r} from it, so no rung could judge the task: fix evaluate")

@@ -94,12 +94,18 @@ def check_workload(workload: Iterable[Task], devices: int | None, kind: Any,
 def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[Task]:
     """Each of the tasks' ``evaluate`` functions run once (``untrained_evaluation``):
     a metric a task's stopping rule or ``keep_best`` names that it does not return is the
-    task's problem (a run would fail it after profiling); an evaluate that raises, a
-    warning (a run trains the task, its evaluations failing). Returns the tasks without
-    a problem."""
+    task's problem (a run would fail it after profiling), and so is an evaluate that
+    raises for a task whose rule judges an evaluated metric; for another task that is a
+    warning (a run trains it, its evaluations failing). Returns the tasks without a
+    problem."""
     import time
 
-    from dione.spec.evaluated import listed_metrics, metric_mistake, missing_metrics
+    from dione.spec.evaluated import (
+        judging_failed_evaluation,
+        listed_metrics,
+        metric_mistake,
+        missing_metrics,
+    )
     from dione.spec.sameness import same_function
     from dione.spec.validate import exception_line
 
@@ -119,12 +125,22 @@ def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[
         try:
             returned = untrained_evaluation(first, kind)
         except Exception as err:
-            found.warnings.setdefault(
-                f"evaluate raised {exception_line(err)} on {first.name}'s untrained model: "
-                f"a run trains {'them' if len(alike) > 1 else 'it'} but "
-                f"{'their' if len(alike) > 1 else 'its'} evaluations fail (a stopping rule "
-                "on an evaluated metric cannot judge them); fix evaluate", []).extend(
-                t.name for t in alike)
+            line = exception_line(err)
+            unjudged = []  # those a rule judges on an evaluated metric: a run fails them
+            for task in alike:
+                why = judging_failed_evaluation(task, line, "on its untrained model" if (
+                    task is first) else f"on {first.name}'s untrained model (one function)")
+                if why is not None:
+                    found.problems.append(Problem(task.name, "evaluate", why))
+                    refused.add(task.name)
+                    unjudged.append(task)
+            rest = [t for t in alike if t not in unjudged]
+            if rest:
+                found.warnings.setdefault(
+                    f"evaluate raised {line} on {first.name}'s untrained model: a run "
+                    f"trains {'them' if len(rest) > 1 else 'it'} but "
+                    f"{'their' if len(rest) > 1 else 'its'} evaluations fail; fix evaluate",
+                    []).extend(t.name for t in rest)
             continue
         if returned is None:
             continue
