@@ -724,7 +724,7 @@ def test_validate_warns_of_a_rule_judging_its_metric_the_other_way(
     status, out, _ = in_process(capsys, "validate", str(file))
     said = " ".join(out.split())
     assert status == 0 and "warning: c: eval_every=8 is at or past its last step (8): it " \
-        "evaluates only at its end" in said, said
+        "evaluates only at its stopping rule's rungs (2, 6) and its end" in said, said
     # A Patience that needs more rungs than the task has: said, not refused.
     file.write_text(DOUBTFUL_RULE.replace("from dione import Asha,", "from dione import Asha, "
                                           "Patience,")

@@ -733,5 +733,8 @@ def late_evaluation(task: Task, total: int | None = None) -> str | None:
     if (not isinstance(every, int) or isinstance(every, bool) or every < 1
             or not isinstance(steps, int) or isinstance(steps, bool) or every < steps):
         return None
-    return (f"eval_every={every} is at or past its last step ({steps}): it evaluates only "
-            "at its end; give eval_every a number of steps below that")
+    rungs = [step for step in task.evaluation_steps(steps) if step < steps]
+    where = (f"only at its stopping rule's rungs ({', '.join(map(str, rungs[:4]))}"
+             f"{', ...' if len(rungs) > 4 else ''}) and its end" if rungs else "only at its end")
+    return (f"eval_every={every} is at or past its last step ({steps}): it evaluates "
+            f"{where}; give eval_every a number of steps below that")
