@@ -680,6 +680,48 @@ def test_a_task_no_node_holds_is_left_out_of_plan_and_simulate_and_said(
     assert status == 1 and "left out" in err and "2 tasks, 1 done, 1 left out" in out
     status, err = refused(capsys, "plan", str(bare))  # plan reads the file's own cluster
     assert status == 2 and "cluster: must be" in err
+    # A scenario may name the task left out (it read "the workload has no such task").
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps({"task_slowdown": {"wide": 2, "b": 2}}))
+    status, out, err = in_process(capsys, "simulate", str(problem), "--scenario",
+                                  str(scenario), "--out", str(tmp_path / "sim"))
+    assert status == 1 and "2 tasks, 1 done, 1 left out" in out, err
+    scenario.write_text(json.dumps({"task_slowdown": {"c": 2}}))
+    status, err = refused(capsys, "simulate", str(problem), "--scenario", str(scenario),
+                          "--out", str(tmp_path / "sim"))
+    assert status == 2 and "task_slowdown['c']: no task has this name (the tasks: b, " \
+        "wide)" in err, err
+    # The files of --check swapped: said as such (it listed the plan's fields as a
+    # problem's mistakes).
+    status, err = refused(capsys, "plan", "--check", str(problem), str(tmp_path / "plan.json"))
+    assert status == 2 and "plan.json is a plan, not a problem: --check takes the plan " \
+        "first" in " ".join(err.split()), err
+
+
+def test_a_folder_is_named_as_what_it_is_and_an_invalid_task_as_never_trained(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`dione validate FOLDER` said the folder did not exist; `dione simulate --out FILE`
+    advised resuming a run; exporting a task validation refused said the run had no
+    such task."""
+    from dione.state.store import RunStore
+
+    status, err = refused(capsys, "validate", str(tmp_path))
+    assert status == 2 and "is a folder, not a workload file" in err, err
+    (tmp_path / "file.txt").write_text("mine")
+    status, err = refused(capsys, "simulate", str(Path(__file__).parent.parent / "benchmarks"
+                                                  / "cluster_tables" / "llama2-sweep.json"),
+                          "--out", str(tmp_path / "file.txt"))
+    assert status == 2 and "give a directory you can write (--out)" in " ".join(
+        err.split()) and "resume" not in err, err
+    assert (tmp_path / "file.txt").read_text() == "mine"
+    with RunStore(tmp_path / "run") as store:  # as a run leaves one task it refused
+        store.register_task("good", 8, 16)
+        store.set_invalid({"bad": ["optimizer: lr must be > 0, not -1"]})
+    status, err = refused(capsys, "export", str(tmp_path / "run"), "bad", "-o",
+                          str(tmp_path / "out"))
+    assert status == 2 and "task 'bad' of run" in err and "was invalid and never trained " \
+        "(optimizer: lr must be > 0, not -1): fix it, then `dione resume` the run" in " ".join(
+            err.split()), err
 
 
 DOUBTFUL_RULE = '''

@@ -273,7 +273,8 @@ def test_a_simulation_says_what_it_left_out_and_what_its_baseline_leaves_out(
     scenario.write_text(json.dumps({"failures": {"t0": 1}}))
     summary = (out / "report" / "summary.md").read_text()
     assert "wide" in summary and "Tasks left out, never started" in summary
-    assert "without the scenario's failures and spread" in summary
+    assert "without the scenario's failures, faulty nodes and spread, and no stopping " \
+        "rule" in summary
     assert "n0 (2 A100 devices), n1 (2 devices)" in summary
     # The Python API writes the report as the command does, and names a wrong argument.
     result = simulate(problem, tmp_path / "api", steps=10)

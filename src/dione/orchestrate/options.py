@@ -66,9 +66,10 @@ def claim_run_dir(run_dir: str | Path, simulated: bool = False) -> RunLock:
     except OSError as err:
         where = err.filename or run_dir
         raise RunDirError(f"cannot use run directory {run_dir}: {err.strerror or err} "
-                          f"({where}); give a directory you can write (--out for a new "
-                          "run; a run to resume: copy it somewhere writable with cp -a "
-                          "and resume the copy)") from None
+                          f"({where}); give a directory you can write " + (
+                              "(--out)" if simulated else "(--out for a new run; a run to "
+                              "resume: copy it somewhere writable with cp -a and resume "
+                              "the copy)")) from None
     return lock
 
 

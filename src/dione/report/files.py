@@ -75,7 +75,8 @@ def _simulated_setting(run_dir: Path | None) -> list[str]:
     if setting.get("current_practice"):
         lines.append(f"Current practice (each task in turn on the next free whole node, "
                      f"to its end; the same cluster, slowdowns, node losses and joins, "
-                     f"without the scenario's failures and spread): "
+                     f"without the scenario's failures, faulty nodes and spread, and no "
+                     f"stopping rule): "
                      f"{setting['current_practice']:.1f} s.")
     return [*lines, ""]
 

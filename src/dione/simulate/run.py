@@ -172,7 +172,9 @@ def simulate_profile(
     current practice's makespan on the same (0: not computed), kept with the run for
     its report."""
     scenario = scenario or Scenario()
-    scenario.check([n.name for n in cluster], [t.name for t in tasks])
+    # A task of the problem no node holds is left out and said so: a scenario naming it
+    # names no task the problem lacks.
+    scenario.check([n.name for n in cluster], [t.name for t in tasks], list(left_out or ()))
     options = options or SIMULATION_OPTIONS
     # Never cancelled as stalled: a simulated slice takes exactly the time drawn for it.
     options = replace(options, stall_factor=None)

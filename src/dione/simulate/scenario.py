@@ -104,10 +104,12 @@ class Scenario:
                 reasons.append(f"curves: {err}")
         _refuse(reasons)
 
-    def check(self, nodes: Sequence[str], tasks: Sequence[str]) -> None:
+    def check(self, nodes: Sequence[str], tasks: Sequence[str],
+              left_out: Sequence[str] = ()) -> None:
         """ScenarioError naming at once each node and task the scenario names that the
-        cluster or the workload lacks, and each way its nodes' times cannot be played."""
-        _refuse(self.node_mistakes(nodes) + self.task_mistakes(tasks))
+        cluster or the workload lacks (``left_out``: tasks it has that are not run, which
+        the scenario may name), and each way its nodes' times cannot be played."""
+        _refuse(self.node_mistakes(nodes) + self.task_mistakes([*tasks, *left_out]))
 
     def node_mistakes(self, names: Sequence[str]) -> list[str]:
         """Where the scenario names a node the cluster lacks, or every node joins after
@@ -146,7 +148,7 @@ class Scenario:
         would leave the scenario silently unplayed)."""
         known = set(names)
         shown = ", ".join(sorted(known)[:10]) + (", ..." if len(known) > 10 else "")
-        return [f"{field_name}[{key!r}]: the workload has no such task (its tasks: {shown})"
+        return [f"{field_name}[{key!r}]: no task has this name (the tasks: {shown})"
                 for field_name in ("task_slowdown", "failures")
                 for key in getattr(self, field_name) if key not in known]
 

@@ -195,6 +195,9 @@ def load_workload(path: str | Path) -> Workload:
     travel by value. Keep the file cheap to import: every worker imports it.
     """
     file = Path(path)
+    if file.is_dir():
+        raise WorkloadFileError(f"{str(file)!r} is a folder, not a workload file: give the "
+                                "Python file that defines `workload`")
     if not file.is_file():
         raise WorkloadFileError(f"workload file {str(file)!r} does not exist")
     try:

@@ -74,6 +74,10 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
         names = [t.name for t in store.tasks()]
         checkpoint = store.latest_checkpoint(task) if record is not None else None
         elsewhere = record is not None and store.checkpoints_elsewhere(task)
+        invalid = store.invalid().get(task) if record is None else None
+    if invalid:
+        raise ExportError(f"task {task!r} of run {run} was invalid and never trained "
+                          f"({'; '.join(invalid)}): fix it, then `dione resume` the run")
     if record is None:
         raise ExportError(f"run {run} has no task {task!r}; its tasks: "
                           + (", ".join(names) if names else "none yet (a run records its "

@@ -33,6 +33,10 @@ def command(args: argparse.Namespace) -> int:
         # plan of them checked: a plan `dione plan` wrote of the same file passes).
         problem = load_problem(problem_file, fitting=False)
     except ProblemError as err:
+        if args.check and _is_plan(problem_file):
+            raise BadInput(f"{problem_file} is a plan, not a problem: --check takes the plan "
+                           "first, then the problem it plans (dione plan --check PLAN.json "
+                           "PROBLEM.json)") from None
         raise BadInput(f"{problem_file}: {err}") from None
     problem, left_out = problem.left_out()
     say_problem_notes(problem, left_out)
@@ -86,3 +90,13 @@ def command(args: argparse.Namespace) -> int:
         print(text, flush=True)  # plain: the JSON must reach a pipe unstyled, unfolded
         errors.print(summary)
     return EXIT_FAILED if left_out else 0
+
+
+def _is_plan(path: str) -> bool:
+    """Whether ``path`` holds a plan's JSON (its assignments), as `dione plan -o` writes."""
+    try:
+        with open(path) as file:
+            data = json.load(file)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "assignments" in data and "tasks" not in data
