@@ -127,6 +127,52 @@ def test_a_half_written_reply_is_no_report(tmp_path: Path) -> None:
 # -- diverging tasks --------------------------------------------------------------------
 
 
+NAN_LOSS = """
+import functools, os, torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+def loss(output, target):  # not finite while the file beside this one says so
+    value = torch.nn.functional.cross_entropy(output, target)
+    if os.path.exists(os.path.join(os.path.dirname(__file__), "broken-loss")):
+        return value * float("nan")
+    return value
+
+def task(name, loss):
+    return Task(name=name, model=functools.partial(digits_mlp, hidden=16, depth=1),
+                data=digits_train, loss=loss, batch_size=16, steps=6, techniques=("single",),
+                optimizer=functools.partial(torch.optim.Adam, lr=1e-2))
+
+workload = Workload([task("fine", torch.nn.functional.cross_entropy), task("nan", loss)])
+"""
+
+
+def test_a_task_that_diverged_in_its_profiling_trial_is_profiled_again_on_resume(
+        tmp_path: Path) -> None:
+    """It trained no step: fixed (its loss, not a setting the run records) and resumed,
+    it was profiled again, its trial passed, and it stayed diverged (review). Now that
+    trial judges it: it trains; unfixed, it diverges again as before."""
+    (tmp_path / "broken-loss").touch()
+    workload = tmp_path / "nan.py"
+    workload.write_text(NAN_LOSS)
+    common = ["--devices", "cpu:2", "--catalog", str(tmp_path / "catalog.sqlite"),
+              "--warmup-steps", "1", "--measure-steps", "2"]
+    assert dione_main(["run", str(workload), "--out", str(tmp_path / "run"), *common]) == 1
+    with RunStore(tmp_path / "run") as store:
+        assert {t.name: t.status for t in store.tasks()} == {"fine": "done", "nan": "diverged"}
+        assert store.slices("nan") == []
+        said = store.task("nan").error or ""
+    assert said.startswith("diverged in its profiling trial"), said
+    assert dione_main(["resume", str(tmp_path / "run")]) == 1  # unfixed: as before
+    with RunStore(tmp_path / "run") as store:
+        assert store.task("nan").status == "diverged" and store.slices("nan") == []
+    (tmp_path / "broken-loss").unlink()
+    assert dione_main(["resume", str(tmp_path / "run")]) == 0
+    with RunStore(tmp_path / "run") as store:
+        assert {t.name: t.status for t in store.tasks()} == {"fine": "done", "nan": "done"}
+        assert [s.start_step for s in store.slices("nan")][:1] == [0]
+
+
 def test_diverging_tasks_end_diverged_and_the_others_go_on(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`dione run` and `resume` in the test's process (no interpreter and spawner of

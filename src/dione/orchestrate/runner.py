@@ -254,8 +254,15 @@ class Runner:
         elif stored is not None and stored.status == "stopped":
             status = TaskStatus.STOPPED  # its rule stopped it: it never trains again
         elif stored is not None and stored.status == "diverged":
-            # Training it on would repeat the divergence: the user must change it.
-            status = TaskStatus.DIVERGED
+            if self.store.slices(task.name):
+                # Training it on would repeat the divergence: the user must change it.
+                status = TaskStatus.DIVERGED
+            else:
+                # Diverged in its profiling trial, no step trained: the trial it has now
+                # judges it (a loss or data fixed since: a resume profiled it again, the
+                # trial passed, and it stayed diverged; unchanged, the catalog's trial
+                # diverges it again).
+                self.store.set_task_status(task.name, "pending")
         inexact = any(s.status in ("done", "diverged") and s.inexactness is not None
                       for s in self.store.slices(task.name))
         record = TaskRecord(task, total, done, status, inexact=inexact)
@@ -344,7 +351,9 @@ class Runner:
             ran = trial.extra["diverged_as"]
             said = (f"diverged in its profiling trial ({trial.technique} x{trial.devices}"
                     + (f", which diverged as each of {', '.join(ran)}; the last: "
-                       if len(ran) > 1 else "): ") + why)
+                       if len(ran) > 1 else "): ") + why
+                    + "; it trained no step: fix what made it diverge (a loss or data "
+                    "problem, a learning rate), then resume, which profiles it again")
             record.status = TaskStatus.DIVERGED
             self.store.set_task_status(record.name, "diverged", said)
             self.emit(RunEvent("task_diverged", f"{record.name} {said}", record.name))
