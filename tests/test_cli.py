@@ -901,6 +901,10 @@ def test_a_failed_task_names_the_log_that_holds_its_traceback(
     summary = (run / "report" / "summary.md").read_text()
     failed = summary.split("## Failed and diverged tasks")[1]
     assert f"(traceback: `{log.relative_to(run)}`)" in failed, failed
+    # Its row shows what its attempts held (it read 0.0 s on no device).
+    (row,) = [r for r in summary.splitlines() if r.startswith("| bomb | failed |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4] != "-" and float(cells[5]) > 0, row
     with RunStore(run) as store:
         assert {t.name: t.status for t in store.tasks()} == {"fine": "done", "bomb": "failed"}
 

@@ -112,8 +112,12 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
             continue
         slices = store.slices(record.name)
         done = [s for s in slices if s.status == "done"]
+        # A failed task's row shows what its attempts held (it read 0.0 s on no device).
+        held = done if record.status != "failed" else [
+            s for s in slices if s.status in ("done", "failed")]
         devices: list[str] = []
-        for s in (s for s in slices if s.status in ("done", "diverged")):  # both trained
+        for s in (s for s in slices if s.status in ("done", "diverged")
+                  or (record.status == "failed" and s.status == "failed")):
             where = f"{s.node}:{','.join(map(str, s.device_ids))}"
             if where not in devices:
                 devices.append(where)
@@ -141,7 +145,7 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
             techniques_in_turn(slices), devices,
             # A slice's own seconds: to its checkpoint where its evaluation hung after.
             sum(s.timings.get("wall", (s.ended_at or s.started_at) - s.started_at)
-                for s in done),
+                for s in held),
             loss, evaluation,
             dict(record.hyperparameters), error, latest.path if latest else None,
             sorted({len(s.device_ids) for s in done}), inexact_spans(slices),
