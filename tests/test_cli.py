@@ -470,7 +470,8 @@ import contextlib, sys
 from dione.cli import main
 with contextlib.suppress(SystemExit):
     main(["--help"])
-codes = [main(["plan", {str(problem)!r}, "--solver", "greedy", "-o", {str(tmp_path / "p.json")!r}]),
+codes = [main(["plan", {str(problem)!r}, "--solver", "greedy", "--cluster", "2x8", "-o",
+               {str(tmp_path / "p.json")!r}]),
          main(["status", {str(tmp_path / "run")!r}]), main(["report", {str(tmp_path / "run")!r}])]
 print("exit", codes, "torch" in sys.modules)
 '''
@@ -679,7 +680,20 @@ def test_a_task_no_node_holds_is_left_out_of_plan_and_simulate_and_said(
                                   "--out", str(tmp_path / "sim1"))
     assert status == 1 and "left out" in err and "2 tasks, 1 done, 1 left out" in out
     status, err = refused(capsys, "plan", str(bare))  # plan reads the file's own cluster
-    assert status == 2 and "cluster: must be" in err
+    assert status == 2 and "cluster: must be" in err and "or give the cluster as --cluster" \
+        in " ".join(err.split())
+    # ... or the one --cluster gives (simulate had it; plan did not): both tasks fit there,
+    # and the plan is checked on that cluster too.
+    status, out, err = in_process(capsys, "plan", str(bare), "--cluster", "1x16", "-o",
+                                  str(tmp_path / "plan16.json"))
+    assert status == 0, err
+    planned = json.loads((tmp_path / "plan16.json").read_text())["assignments"]
+    assert sorted((a["task"], a["node"]) for a in planned) == [("b", "n0"), ("wide", "n0")]
+    status, out, err = in_process(capsys, "plan", "--check", str(tmp_path / "plan16.json"),
+                                  str(problem), "--cluster", "1x16")
+    assert status == 0 and "a valid plan" in out, err
+    status, err = refused(capsys, "plan", str(bare), "--cluster", "4x0")
+    assert status == 2 and "a node has at least one device" in err, err
     # A scenario may name the task left out (it read "the workload has no such task").
     scenario = tmp_path / "scenario.json"
     scenario.write_text(json.dumps({"task_slowdown": {"wide": 2, "b": 2}}))

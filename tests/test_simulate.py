@@ -318,6 +318,8 @@ def test_bad_scenarios_and_clusters_are_named() -> None:
         parse_cluster("2xH100")
     with pytest.raises(ValueError, match="at least one node"):
         parse_cluster("H100:0x8")
+    with pytest.raises(ValueError, match="a node has at least one device"):
+        parse_cluster("4x0")
     with pytest.raises(ScenarioError, match=r"seed: must be a number or text"):
         Scenario(seed=[1, 2])  # type: ignore[arg-type]  # a traceback mid-run, before
     with pytest.raises(ScenarioError, match=r"curves: must be the path"):
@@ -556,8 +558,8 @@ def test_a_node_that_joins_later_is_planned_from_then_on(tmp_path: Path) -> None
         simulate(small_problem(), tmp_path / "gone", steps=40, options=OPTIONS,
                  scenario=Scenario(node_losses={"n0": 100.0, "n1": 200.0}))
     # A task the workload lacks (a misspelt name) is refused as a node is.
-    with pytest.raises(ScenarioError, match=r"task_slowdown\['nosuch'\]: the workload has no "
-                       r"such task \(its tasks: t0, t1"):
+    with pytest.raises(ScenarioError, match=r"task_slowdown\['nosuch'\]: no task has this "
+                       r"name \(the tasks: t0, t1"):
         simulate(small_problem(), tmp_path / "typo", steps=40, options=OPTIONS,
                  scenario=Scenario(task_slowdown={"nosuch": 4.0}))
     # Nodes and tasks said at once (they came in two rounds), and a file's unknown

@@ -365,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "busy machine (the time limit then stops nothing; measured here: a "
                       "unit took about 5 s on one thread, and 20-45 s on two interleaved "
                       "threads)")
+    plan.add_argument("--cluster", help="plan on this cluster instead of the problem's: "
+                      "NODESxDEVICES (4x8) or devices per node (8,8,4), each part with its "
+                      "nodes' kind first where options have kinds (H100:2x8,A100:2x8)")
     plan.add_argument("-o", "--output", help="write the plan JSON here (default: stdout)")
 
     from dione.orchestrate.options import SIMULATION_OPTIONS

@@ -3,14 +3,14 @@ profile (step time = seconds / steps), and a task that is never trained stands f
 
 from __future__ import annotations
 
-import re
 from typing import Any, NoReturn
 
+from dione.plan.cluster_text import parse_nodes
 from dione.plan.problem import Option as PlannedOption
 from dione.plan.problem import PlanningProblem
 from dione.profile.catalog import TrialRecord
 from dione.profile.results import Profile, ProfiledOption, TaskProfile
-from dione.spec.cluster import Cluster, ClusterError, Node
+from dione.spec.cluster import Cluster, Node
 from dione.spec.stopping import StoppingRule
 from dione.spec.task import Task
 from dione.techniques.registry import technique_names
@@ -64,26 +64,6 @@ def problem_cluster(problem: PlanningProblem) -> Cluster:
 
 
 def parse_cluster(text: str) -> Cluster:
-    """``NxD`` (N nodes of D devices each: ``4x8``), or ``D,D,...`` (one node each); each
-    part may name its nodes' kind first (``H100:2x8,A100:2x8``: two nodes of each)."""
-    sizes: list[tuple[str | None, int]] = []
-    try:
-        for part in text.split(","):
-            found = re.fullmatch(r"\s*(?:([A-Za-z][\w.-]*)\s*:)?\s*(?:(\d+)\s*[xX]\s*)?"
-                                 r"(\d+)\s*", part)
-            if not found:
-                raise ValueError(part)
-            count = int(found.group(2) or 1)
-            if count < 1:
-                raise ClusterError("at least one node")
-            sizes += [(found.group(1), int(found.group(3)))] * count
-        if len({kind is None for kind, _ in sizes}) > 1:  # (H100:4,4: the 4 of no kind)
-            raise ClusterError("give every part its nodes' kind, or none")
-        return Cluster([Node(f"n{i}", devices, "cuda", model=kind)
-                        for i, (kind, devices) in enumerate(sizes)])
-    except (ValueError, ClusterError) as err:
-        said = f": {err}" if isinstance(err, ClusterError) else ""
-        raise ValueError(f"--cluster {text!r}: give NODESxDEVICES (4x8: four nodes of 8 "
-                         f"devices) or devices per node (8,8,4), each part with its nodes' "
-                         f"kind first where options differ by kind (H100:2x8,A100:2x8)"
-                         f"{said}") from None
+    """``--cluster``'s text (``dione.plan.cluster_text.parse_nodes``) as accelerator
+    nodes of their kinds."""
+    return Cluster([Node(n.name, n.devices, "cuda", model=n.kind) for n in parse_nodes(text)])

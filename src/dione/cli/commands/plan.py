@@ -15,6 +15,7 @@ __all__ = ["command"]
 
 def command(args: argparse.Namespace) -> int:
     from dione.plan import ProblemError, check_plan, load_plan, load_problem, solve
+    from dione.plan.cluster_text import parse_nodes
     from dione.plan.problem import BUILT_IN_TECHNIQUES
 
     if args.check and args.output:
@@ -29,15 +30,22 @@ def command(args: argparse.Namespace) -> int:
             raise BadInput("give one PROBLEM.json (or --check PLAN.json PROBLEM.json)")
         problem_file, plan_file = args.files[0], None
     try:
+        nodes = parse_nodes(args.cluster) if args.cluster is not None else None
+    except ValueError as err:
+        raise BadInput(str(err)) from None
+    try:
         # The tasks no node can hold are left out, said, and the others planned (or a
-        # plan of them checked: a plan `dione plan` wrote of the same file passes).
-        problem = load_problem(problem_file, fitting=False)
+        # plan of them checked: a plan `dione plan` wrote of the same file passes);
+        # --cluster stands in for the file's cluster, which may then be left out.
+        problem = load_problem(problem_file, nodes, fitting=False)
     except ProblemError as err:
         if args.check and _is_plan(problem_file):
             raise BadInput(f"{problem_file} is a plan, not a problem: --check takes the plan "
                            "first, then the problem it plans (dione plan --check PLAN.json "
                            "PROBLEM.json)") from None
-        raise BadInput(f"{problem_file}: {err}") from None
+        hint = ("; or give the cluster as --cluster 4x8 (it stands in for the file's)"
+                if nodes is None and "cluster: must be" in str(err) else "")
+        raise BadInput(f"{problem_file}: {err}{hint}") from None
     problem, left_out = problem.left_out()
     say_problem_notes(problem, left_out)
     unknown = sorted({o.technique for t in problem.tasks for o in t.options}
