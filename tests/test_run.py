@@ -575,6 +575,29 @@ def test_the_live_table_keeps_names_apart_and_figures_whole_on_a_narrow_terminal
     assert "nothing left to train" in console.export_text()
 
 
+def test_the_live_table_left_on_screen_is_the_runs_end() -> None:
+    """An update within 0.4 s of the last drawn one is skipped, and none was drawn at the
+    end: the run's last frame showed a task "pending 80/90" after "[finished]" (review)."""
+    import io
+
+    from rich.console import Console
+
+    from dione.orchestrate.progress import LiveProgress
+    from dione.orchestrate.records import RunState, TaskRecord, TaskStatus
+    from helpers import digits_task
+
+    record = TaskRecord(digits_task("t"), 90, 80, TaskStatus.PENDING)
+    state = RunState({"t": record}, [])
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=100, height=30)
+    with LiveProgress(console) as live:
+        live.update(state)  # drawn
+        record.done_steps, record.status = 90, TaskStatus.DONE
+        live.update(state)  # within 0.4 s: skipped
+    last = screen.getvalue().rsplit("task", 1)[-1]  # the last frame drawn
+    assert "90/90" in last and "80/90" not in last, screen.getvalue()
+
+
 def test_the_live_table_of_a_sweep_shows_what_runs_first_and_fits_the_terminal() -> None:
     """48 tasks on 24 lines: rich cropped the table from the bottom, so the first tasks
     by name showed all run long, never the running ones nor the finish estimate, which

@@ -992,6 +992,23 @@ def test_a_gantt_chart_with_nothing_to_draw_says_so(tmp_path: Path,
     assert (tmp_path / "gantt.png").stat().st_size > 0
 
 
+def test_a_diverged_task_keeps_the_loss_axis_logarithmic_and_is_marked_at_its_last_loss(
+        tmp_path: Path) -> None:
+    """A loss of 1.6e10 then NaN (review): the NaN kept the axis linear, every healthy
+    line flat at 0, and the diverged mark was drawn at NaN, nowhere."""
+    from dione.report.curves import draw_curves, log_scaled
+    from dione.state.summaries import TaskSummary
+
+    losses = {"wild": [(1, 2.3), (2, 1.57e10), (3, float("nan"))],
+              "calm": [(s, 2.3 - s / 10) for s in range(1, 4)]}
+    assert log_scaled({t: [(s, v) for s, v in p if v == v] for t, p in losses.items()})
+    assert log_scaled(losses)  # the NaN is no reason against it
+    assert not log_scaled({"calm": losses["calm"]})
+    draw_curves([TaskSummary("wild", "diverged", 2, 3), TaskSummary("calm", "done", 3, 3)],
+                losses, {}, tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").stat().st_size > 0
+
+
 def test_a_task_has_one_colour_in_the_gantt_chart_and_the_learning_curves(
         tmp_path: Path) -> None:
     """The Gantt chart coloured tasks alphabetically, the curves in the workload's

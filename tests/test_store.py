@@ -477,3 +477,48 @@ def test_a_hyperparameter_cell_is_json_where_it_is_not_text_or_a_number() -> Non
 
     assert [_cell(v) for v in ({"name": "adam"}, [1, 2], True, None, 0.1, 3, "x")] == [
         '{"name": "adam"}', "[1, 2]", "true", "null", 0.1, 3, "x"]
+
+
+def test_dashboards_close_with_the_statuses_and_final_values_the_report_shows(
+        tmp_path: Path) -> None:
+    """After a kill the dashboards said "running" and "pending" where the report said
+    "interrupted"; a task whose last evaluation failed had its earlier value logged as
+    final (ranked against the others' final ones); an error's first line alone read
+    "evaluation failed:" (review)."""
+    from dione.state.summaries import (
+        TaskSummary,
+        closing_summaries,
+        final_results,
+        short_error,
+    )
+
+    with RunStore(tmp_path / "run") as store:  # a launcher killed mid-slice leaves this
+        store.register_task("a", 8, 16)
+        store.set_task_status("a", "running")
+        store.register_task("b", 8, 16)
+        store.set_task_status("b", "done")
+        assert [(t.task, t.status) for t in closing_summaries(store)] == [
+            ("a", "interrupted"), ("b", "done")]
+    earlier = TaskSummary("c", "done", 8, 8, final_loss=0.5, evaluation={"accuracy": 0.7},
+                          evaluated_at=4)
+    assert final_results(earlier) == {"final/loss": 0.5}
+    last = TaskSummary("d", "done", 8, 8, final_loss=0.5, evaluation={"accuracy": 0.7},
+                       evaluated_at=8)
+    assert final_results(last) == {"final/accuracy": 0.7, "final/loss": 0.5}
+    assert short_error("evaluation failed:\nTraceback (most recent call last):\n  File "
+                       "\"w.py\", line 3, in evaluate\nValueError: no split") == \
+        "evaluation failed: ValueError: no split"
+    assert short_error("task 'x' failed: boom\nmore") == "task 'x' failed: boom"
+
+
+def test_a_pipe_in_a_cell_stays_in_its_cell_in_the_summary_and_the_page() -> None:
+    """A hyperparameter "cosine|warmup" split its leaderboard row into one more cell, in
+    summary.md and on the page (review)."""
+    from dione.report.files import _row
+    from dione.report.page import _markdown_tables
+
+    row = _row(["1", "t", '{"schedule": "cosine|warmup"}', "exact"])
+    assert row == '| 1 | t | {"schedule": "cosine\\|warmup"} | exact |'
+    page = _markdown_tables("| rank | task | hyperparameters | trained |\n"
+                            "| --- | --- | --- | --- |\n" + row)
+    assert page.count("<td>") == 4 and "cosine|warmup" in page, page

@@ -29,6 +29,7 @@ class LiveProgress:
         self.live = Live(console=console, refresh_per_second=2, transient=False) \
             if console.is_terminal else None
         self._last = 0.0
+        self._state: RunState | None = None  # the newest given, drawn or not
 
     def __enter__(self) -> LiveProgress:
         if self.live is not None:
@@ -37,6 +38,8 @@ class LiveProgress:
 
     def __exit__(self, *exc: Any) -> None:
         if self.live is not None:
+            if self._state is not None:  # the frame left on screen is the run's end (an
+                self._draw(self._state)  # update skipped within 0.4 s showed "pending")
             self.live.__exit__(*exc)
 
     def event(self, message: str) -> None:
@@ -46,10 +49,15 @@ class LiveProgress:
     def update(self, state: RunState) -> None:
         if self.live is None:
             return
+        self._state = state
         now = time.time()
         if now - self._last < 0.4:
             return
         self._last = now
+        self._draw(state)
+
+    def _draw(self, state: RunState) -> None:
+        assert self.live is not None
         # The lines that fit under the events above it: rich crops a taller table from
         # the bottom, and a sweep's running tasks were never on screen. A name folded
         # over lines takes as many: the rows are counted from a first rendering.

@@ -46,9 +46,11 @@ def draw_curves(tasks: Sequence[TaskSummary], losses: Mapping[str, Sequence[tupl
     panels = ["loss", *metrics]
     # A task whose loss spiked (a learning rate too high) squashed every other line flat
     # near zero: where the losses span more than 100 times, the loss axis is logarithmic.
-    positive = [v for points in losses.values() for _, v in points if v > 0]
-    log_loss = bool(positive) and max(positive) > 100 * min(positive) and all(
-        v > 0 for points in losses.values() for _, v in points)
+    # A diverged task's last loss is NaN or infinite: drawn to its last finite value,
+    # where its mark goes (a NaN kept the axis linear and put the mark nowhere).
+    losses = {task: [(s, v) for s, v in points if math.isfinite(v)]
+              for task, points in losses.items()}
+    log_loss = log_scaled(losses)
     figure, axes = plt.subplots(len(panels), 1, figsize=(10, 3.2 * len(panels)),
                                 squeeze=False)
     colours = task_colours([t.task for t in tasks])  # as the Gantt chart's
@@ -101,6 +103,15 @@ def draw_curves(tasks: Sequence[TaskSummary], losses: Mapping[str, Sequence[tupl
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+def log_scaled(losses: Mapping[str, Sequence[tuple[int, float]]]) -> bool:
+    """Whether the loss panel is logarithmic: the finite losses span more than 100 times
+    and are all positive (a task whose loss spiked squashed every other line flat)."""
+    finite = [v for points in losses.values() for _, v in points if math.isfinite(v)]
+    positive = [v for v in finite if v > 0]
+    return bool(positive) and len(positive) == len(finite) and max(positive) > 100 * min(
+        positive)
 
 
 def _best(lines: Mapping[str, Sequence[tuple[int, float]]], lower: bool) -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dione.orchestrate.plans import AdoptedPlan, horizon_said, read_plans
+from dione.state.lock import launcher_gone
 from dione.state.private import private_dir
 from dione.state.slice_logs import failure_log
 from dione.state.store import (
@@ -32,6 +33,7 @@ from dione.state.summaries import (
     leaderboard,
     lower_is_better,
     rank_key,
+    short_error,
     summaries,
 )
 
@@ -79,14 +81,6 @@ def _simulated_setting(run_dir: Path | None) -> list[str]:
                      f"stopping rule): "
                      f"{setting['current_practice']:.1f} s.")
     return [*lines, ""]
-
-
-def _launcher_gone(run_dir: Path) -> bool:
-    """Whether no launcher holds the run now (it ended, or was killed)."""
-    from dione.state.lock import lock_holder
-
-    holder = lock_holder(run_dir)
-    return holder is None or not holder.alive
 
 
 def _as_left(s: SliceRecord, store: RunStore, heard: float) -> SliceRecord:
@@ -141,7 +135,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
     folder = private_dir(run_dir / "report" if into is None else into)
     wanted = None if names is None else [getattr(n, "name", n) for n in names]
     plans = read_plans(run_dir)
-    gone = stopped or _launcher_gone(run_dir)
+    gone = stopped or launcher_gone(run_dir)
     simulated = (run_dir / SIMULATED_FILE).is_file()
     # Each CSV row says whether it was measured or simulated: the files of a real run and
     # of its simulation, read together for comparison, are told apart row by row.
@@ -163,7 +157,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
                                  " ".join(map(str, s.device_ids)), s.start_step, s.end_step,
                                  f"{s.started_at - zero:.3f}",
                                  "" if s.ended_at is None else f"{s.ended_at - zero:.3f}",
-                                 s.status, _short(s.error), mark])
+                                 s.status, short_error(s.error), mark])
         _write_metrics(store, folder / "metrics.csv", wanted, written, mark)
         tasks = summaries(store, wanted)
         invalid = store.invalid()
@@ -194,7 +188,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
         for t in tasks:
             # A stopping rule's reason is no error (a script counting errors counted
             # every loser a rule stopped).
-            said = (t.error or "").splitlines()[0] if t.error else ""
+            said = short_error(t.error)
             writer.writerow([t.task, t.status, t.steps, t.total_steps, " ".join(t.techniques),
                              " ".join(t.devices), f"{t.seconds:.2f}",
                              "" if t.final_loss is None else repr(t.final_loss),
@@ -356,11 +350,11 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
             at = f"from step {t.evaluated_at}; " if t.evaluated_before else ""
             early = (f" ({at}{t.status} at step {t.steps} of {t.total_steps})"
                      if t.steps < t.total_steps else "")
-            lines.append(f"| {'-' if t.status == 'failed' else rank} | {t.task} | "
-                         f"{figure(t.evaluation[metric])}{early} | "
-                         f"{json.dumps(t.hyperparameters)} | "
-                         f"{'-' if simulated else _exactness(t)} |")
-        lines += [f"| - | {t.task} | {reason} | {json.dumps(t.hyperparameters)} | - |"
+            lines.append(_row(['-' if t.status == 'failed' else str(rank), t.task,
+                               f"{figure(t.evaluation[metric])}{early}",
+                               json.dumps(t.hyperparameters),
+                               '-' if simulated else _exactness(t)]))
+        lines += [_row(["-", t.task, reason, json.dumps(t.hyperparameters), "-"])
                   for t in tasks if (reason := _unranked(t, metric))]
     inexact = [t for t in tasks if t.inexact]
     if inexact:
@@ -423,7 +417,7 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
             log = (failure_log(run_dir, slices, t.task)
                    if run_dir is not None and t.status == "failed" else None)
             lines.append(f"- {t.task} ({t.status}): "
-                         f"{(t.error or '').splitlines()[0] if t.error else ''}"
+                         f"{short_error(t.error)}"
                          + (f" (traceback: `{log.relative_to(run_dir)}`)"
                             if log is not None and run_dir is not None else ""))
     if invalid and simulated:
@@ -441,18 +435,10 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
     return "\n".join(lines) + "\n"
 
 
-def _short(error: str | None) -> str:
-    """An error in one line: its first, and its last where the first only introduces
-    a traceback (``evaluation failed:``)."""
-    if not error:
-        return ""
-    first = error.strip().splitlines()[0]
-    return f"{first} {error_line(error)}" if first.endswith(":") else first
-
-
 def _row(cells: list[str]) -> str:
-    """A Markdown table row of exactly these cells."""
-    return "| " + " | ".join(cells) + " |"
+    """A Markdown table row of exactly these cells (a "|" in one escaped: a learning
+    rate schedule's "a|b" in a hyperparameter split its row into one more cell)."""
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
 def _exactness(task: TaskSummary) -> str:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from dione.report.dashboards import RunTasks
 from dione.state.store import SIMULATED_FILE, RunStore
-from dione.state.summaries import summaries
+from dione.state.summaries import closing_summaries, final_results, short_error
 
 if TYPE_CHECKING:  # imported by `dione report`, which starts without torch
     from dione.spec.task import Task
@@ -249,17 +249,19 @@ class MlflowExport:
         """Log each task's final results and status, and end the runs."""
         self.update(final=True)
         with RunStore(self.run_dir) as store:
-            tasks = summaries(store)
+            tasks = closing_summaries(store)
         for t in tasks:
             run_id = self._child(t.task, t.hyperparameters)
-            results = [(_key(f"final/{k}"), v, t.steps) for k, v in t.evaluation.items()]
-            if t.final_loss is not None:
-                results.append(("final/loss", t.final_loss, t.steps))
+            results = [(_key(k), v, t.steps) for k, v in final_results(t).items()]
             self._log(t.task, results, {"trained": _value(t.trained or "-")})
             self.client.set_tag(run_id, "dione.status", t.status)
+            if t.evaluated_before and t.evaluation:
+                self.client.set_tag(run_id, "dione.final_evaluation",
+                                    f"failed: its last values, of step {t.evaluated_at}, "
+                                    "are in its history, not final/")
             if t.error:  # a stopped task's "error" is its rule's reason, not a failure
                 self.client.set_tag(run_id, "dione.stop_reason" if t.status == "stopped"
-                                    else "dione.error", t.error.splitlines()[0][:5000])
+                                    else "dione.error", short_error(t.error)[:5000])
             self.client.set_terminated(run_id, _TERMINAL.get(t.status, "KILLED"))
         ended = all(t.status in _TERMINAL for t in tasks)
         self.client.set_terminated(self.parent, "FINISHED" if ended else "KILLED")

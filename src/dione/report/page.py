@@ -8,6 +8,7 @@ import contextlib
 import html
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -68,7 +69,9 @@ def _markdown_tables(text: str) -> str:
         if line.startswith("|"):
             if items:
                 flush()
-            cells = [_inline(c.strip()) for c in line.strip().strip("|").split("|")]
+            # Split at the pipes that part cells, not the escaped ones ("\\|") a cell holds.
+            cells = [_inline(c.strip().replace("\\|", "|"))
+                     for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
             if not all(set(c) <= {"-", ":", " "} for c in cells):
                 table.append(cells)
             continue

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from dione.report.dashboards import RunTasks
 from dione.state.store import SIMULATED_FILE, RunStore
-from dione.state.summaries import summaries
+from dione.state.summaries import closing_summaries, final_results, short_error
 
 if TYPE_CHECKING:  # imported by `dione report`, which starts without torch
     from dione.spec.task import Task
@@ -167,14 +167,16 @@ class TensorBoardExport:
         """Write each task's status, hyperparameters and final results; let go."""
         self.update()
         with RunStore(self.run_dir) as store:
-            tasks = summaries(store)
+            tasks = closing_summaries(store)
         for t in tasks:
             writer = self._writer(t.task)
+            earlier = (f"; its last evaluation failed, so no final/ metric (its values of "
+                       f"step {t.evaluated_at} are in its scalars)" if t.evaluated_before
+                       and t.evaluation else "")
             writer.add_text("status", f"{t.status} at step {t.steps} of {t.total_steps}"
-                            + (f": {t.error.splitlines()[0]}" if t.error else ""), t.steps)
-            results = {f"final/{k}": v for k, v in t.evaluation.items()}
-            if t.final_loss is not None:
-                results["final/loss"] = t.final_loss
+                            + (f": {short_error(t.error)}" if t.error else "") + earlier,
+                            t.steps)
+            results = final_results(t)
             self._write_hparams(writer, {k: _hparam(v) for k, v in t.hyperparameters.items()}
                                 or {"task": t.task}, results, t.status)
         for writer in self._writers.values():

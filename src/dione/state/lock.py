@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
-__all__ = ["LOCK_FILE", "LockHolder", "RunDirBusy", "RunLock", "lock_holder", "pid_alive"]
+__all__ = ["LOCK_FILE", "LockHolder", "RunDirBusy", "RunLock", "launcher_gone", "lock_holder",
+           "pid_alive"]
 
 LOCK_FILE = "lock"
 
@@ -76,6 +77,12 @@ def _holder_record(run_dir: Path) -> dict[str, Any] | None:
 
 def _directory(run_dir: Path) -> int:
     return os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def launcher_gone(run_dir: str | Path) -> bool:
+    """Whether no launcher holds the run now (it ended, or was killed)."""
+    holder = lock_holder(run_dir)
+    return holder is None or not holder.alive
 
 
 def lock_holder(run_dir: str | Path) -> LockHolder | None:

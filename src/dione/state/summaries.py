@@ -12,9 +12,9 @@ from typing import Any, Protocol, TypeVar
 
 from dione.state.store import CheckpointRecord, RunStore, SliceRecord, best_evaluation
 
-__all__ = ["TaskSummary", "as_left", "best_kept", "error_line", "exactness_of", "figure",
-           "inexact_spans", "leaderboard", "lower_is_better", "summaries",
-           "techniques_in_turn"]
+__all__ = ["TaskSummary", "as_left", "best_kept", "closing_summaries", "error_line",
+           "exactness_of", "figure", "final_results", "inexact_spans", "leaderboard",
+           "lower_is_better", "short_error", "summaries", "techniques_in_turn"]
 
 
 @dataclass
@@ -112,12 +112,12 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
             continue
         slices = store.slices(record.name)
         done = [s for s in slices if s.status == "done"]
-        # A failed task's row shows what its attempts held (it read 0.0 s on no device).
-        held = done if record.status != "failed" else [
-            s for s in slices if s.status in ("done", "failed")]
+        # The slices that trained it (a diverged one too: its steps to the divergence),
+        # and a failed task's attempts (its row read 0.0 s on no device).
+        held = [s for s in slices if s.status in ("done", "diverged")
+                or (record.status == "failed" and s.status == "failed")]
         devices: list[str] = []
-        for s in (s for s in slices if s.status in ("done", "diverged")
-                  or (record.status == "failed" and s.status == "failed")):
+        for s in held:
             where = f"{s.node}:{','.join(map(str, s.device_ids))}"
             if where not in devices:
                 devices.append(where)
@@ -155,6 +155,28 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
     return result
 
 
+def closing_summaries(store: RunStore) -> list[TaskSummary]:
+    """The run's tasks as a dashboard records them when it closes: as its launcher left
+    them (``as_left``) where none holds the run now (they read "running" or "pending"
+    after a kill or Ctrl-C, where the report said "interrupted")."""
+    from dione.state.lock import launcher_gone
+
+    tasks = summaries(store)
+    return as_left(tasks) if launcher_gone(store.run_dir) else tasks
+
+
+def final_results(task: TaskSummary) -> dict[str, float]:
+    """A task's results as a dashboard's "final/" metrics: its final loss, and its last
+    evaluation only where that was of the weights it trained to (one of earlier weights,
+    a later evaluation having failed, would be ranked against the others' final ones:
+    the report lists such a task apart)."""
+    results = {} if task.evaluated_before else {f"final/{k}": v
+                                                 for k, v in task.evaluation.items()}
+    if task.final_loss is not None:
+        results["final/loss"] = task.final_loss
+    return results
+
+
 def as_left(tasks: Sequence[TaskSummary], by_slices: bool = False) -> list[TaskSummary]:
     """The tasks as a run whose launcher is gone left them: one it was training (the
     store still says ``running``: the launcher was killed) or had begun and not ended
@@ -188,6 +210,15 @@ def exception_line(error: str) -> str:
 
 
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b:?")
+
+
+def short_error(error: str | None) -> str:
+    """An error in one line: its first, and its last where the first only introduces
+    a traceback (``evaluation failed:``, whose first line alone said nothing)."""
+    if not error or not error.strip():
+        return ""
+    first = error.strip().splitlines()[0]
+    return f"{first} {error_line(error)}" if first.endswith(":") else first
 
 
 def error_line(error: str) -> str:
