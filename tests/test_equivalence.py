@@ -150,6 +150,17 @@ def test_batch_norm_under_a_split_batch_is_inexact_and_trains_only_by_opt_in(
     synced = replace(task, model=functools.partial(_batch_norm_mlp, synced=True))
     assert ddp.check(synced, 2, {}, "cpu") == []
     assert ddp.check(synced, 2, {"accumulation": 2}, "cpu")
+    # Validated for GPUs, its batch goes through the CPU with a plain norm in its place
+    # (torch's SyncBatchNorm refuses a CPU tensor under validation's one-process group:
+    # every such task was refused, "the model cannot take a batch of this data"); for
+    # CPU devices, where torch cannot train it once a slice's group exists, it is
+    # refused, saying so (review).
+    from dione.spec.validate import check_task
+
+    assert check_task(synced, 2, kind="cuda") == []
+    (problem,) = check_task(synced, 2, kind="cpu")
+    assert problem.field == "model" and "its SyncBatchNorm layers (1) train on GPUs only " \
+        "in torch, and these devices are CPUs: use torch.nn.BatchNorm" in problem.message
     # An instance norm tracking running statistics averages each share's into them.
     tracking = replace(task, model=lambda: nn.Sequential(
         nn.Unflatten(1, (1, 64)), nn.InstanceNorm1d(1, track_running_stats=True),

@@ -122,6 +122,16 @@ def test_a_half_written_reply_is_no_report(tmp_path: Path) -> None:
                              Placement("n", "cpu", (0, 1), 1))
     assert error.rank == 1 and error.reason == "exit"
     assert "exited with status 1" in str(error) and "ValueError: boom" in str(error)
+    # gloo aborting on ranks that ran different collectives (fsdp, a parameter only some
+    # batches use: review) is said as such, not only as a signal.
+    (tmp_path / "rank0.log").write_text(
+        "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  "
+        "[enforce fail at gloo/transport/tcp/pair.cc:510] op.preamble.length <= "
+        "op.nbytes. 580 vs 308. Is there a distributed collective mismatch?\n")
+    error = describe_failure(tmp_path, {}, {0: Lost("signal", "was killed by SIGABRT")},
+                             spec, Placement("n", "cpu", (0, 1), 1))
+    assert "Its ranks ran different collectives: a layer or parameter used by some batches " \
+        "and not others (a branch on the data) desynchronises ddp" in str(error), str(error)
 
 
 # -- diverging tasks --------------------------------------------------------------------

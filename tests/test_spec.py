@@ -333,3 +333,39 @@ def test_a_task_name_is_a_folder_name_and_nothing_more() -> None:
     for bad in ("a\n", "ünï", "a/b", "../x", ".hidden", "x" * 101, "a b"):
         said = " ".join(str(p) for p in validate_workload([digits_task(bad)]))
         assert "must be 1-100 ASCII letters, digits or ._=+-" in said, (bad, said)
+
+
+class _Centred(torch.nn.Module):
+    """A model whose output for a sample depends on its batch: it subtracts the batch's
+    mean (in eval mode too, unlike BatchNorm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.linear(x)
+        return out - out.mean(0, keepdim=True)
+
+
+def _spread_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the outputs less their batch's mean: the loss, not the model,
+    ties a sample to its batch."""
+    return torch.nn.functional.cross_entropy(output - output.mean(0, keepdim=True), target)
+
+
+def test_a_batch_tied_model_is_named_as_the_model_and_a_batch_tied_loss_as_the_loss() -> None:
+    """A model that couples a sample to its batch was refused as "field 'loss'", its fix
+    loss_items, which cannot mend a model (review)."""
+    from dione.spec.validate import check_task
+
+    centred = digits_task("centred", model=_Centred)
+    (problem,) = check_task(centred, 2, kind="cpu")
+    assert problem.field == "model" and "its output for a sample depends on the other " \
+        "samples of its batch" in problem.message and "techniques=('single',)" in \
+        problem.message, problem
+    spread = digits_task("spread", loss=_spread_loss)
+    (problem,) = check_task(spread, 2, kind="cpu")
+    assert problem.field == "loss" and "do not combine to the whole batch's loss" in \
+        problem.message, problem
+    assert check_task(replace(centred, techniques=("single",)), 2, kind="cpu") == []

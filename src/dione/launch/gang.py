@@ -137,6 +137,13 @@ def workload_sources() -> dict[str, tuple[str, str]]:
     return loaded_workload_sources()
 
 
+# Said where a rank's log shows its ranks ran different collectives (gloo aborts so).
+_MISMATCH = (" Its ranks ran different collectives: a layer or parameter used by some "
+             "batches and not others (a branch on the data) desynchronises {}, whose ranks "
+             "must run the same collectives at every step; leave it out of the task's "
+             "techniques.")
+
+
 def describe_failure(
     folder: Path, errors: dict[int, dict[str, Any]], lost: dict[int, Lost],
     spec: SliceSpec, placement: Placement,
@@ -154,6 +161,8 @@ def describe_failure(
         rank = died[0]
         tail = _log_tail(folder / f"rank{rank}.log")
         return GangError(f"{who(rank)} {lost[rank].what}; the gang was stopped."
+                         + (_MISMATCH.format(spec.technique.name) if "collective mismatch"
+                            in (tail or "") else "")
                          + (f"\nlast lines of its log:\n{tail}" if tail else ""),
                          rank, lost[rank].reason)
     own = [r for r in errors if not errors[r]["communication"]] or list(errors)

@@ -131,7 +131,7 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
         return [Problem(task.name, "data", f"a batch of its items cannot be made: "
                         f"{exception_line(err)}")]
     torch.manual_seed(task.seed)
-    real = task.model()
+    real = _unsynced(task.model())
     try:
         with torch.no_grad():
             output = call_model(real, task, inputs)
@@ -225,6 +225,66 @@ def _combines(task: Task, model: nn.Module, counter: Any, items: list[Any],
         math.isfinite(expected) and math.isfinite(combined))
 
 
+def _model_couples(task: Task, model: nn.Module, items: list[Any]) -> bool:
+    """Whether ``model``'s outputs for the first half of ``items`` differ alone from in
+    the batch of all of them (in its current mode): the model, not its loss, ties a
+    sample to the others. False where that cannot be told (the halves pad otherwise,
+    an output with no batch dimension)."""
+    from dione.spec.batch import call_model, split_target
+
+    half = len(items) // 2
+    try:
+        with torch.no_grad():
+            whole = _batch_tensor(call_model(model, task, split_target(
+                task, task.collate(items))[0]), len(items))
+            alone = _batch_tensor(call_model(model, task, split_target(
+                task, task.collate(items[:half]))[0]), half)
+    except Exception:
+        return False
+    if whole is None or alone is None or whole.shape[1:] != alone.shape[1:]:
+        return False
+    return not torch.allclose(whole[:half], alone, rtol=1e-4, atol=1e-5)
+
+
+def _batch_tensor(output: Any, size: int) -> torch.Tensor | None:
+    """The first floating tensor of ``output`` (a tensor, a tuple, a dict or a Hugging
+    Face output) whose first dimension is the batch's ``size``."""
+    values = (output.values() if isinstance(output, Mapping)
+              else output if isinstance(output, (tuple, list)) else [output])
+    for value in values:
+        if (isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim()
+                and value.shape[0] == size):
+            return value
+    return None
+
+
+class _PlainBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """A SyncBatchNorm's computation in one process (any input rank, as its own)."""
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        pass
+
+
+def _unsynced(model: nn.Module) -> nn.Module:
+    """``model`` with each SyncBatchNorm replaced by a plain batch norm of the same
+    weights and statistics: in one process the same computation, but one that runs on
+    the CPU, where validation tries a batch (torch's SyncBatchNorm refuses a CPU tensor
+    under its one-process group, which refused every such model, a GPU run's too)."""
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, nn.SyncBatchNorm):
+                plain = _PlainBatchNorm(child.num_features, child.eps, child.momentum,
+                                        child.affine, child.track_running_stats)
+                plain.load_state_dict(child.state_dict())
+                plain.train(child.training)
+                setattr(module, child_name, plain)
+    if isinstance(model, nn.SyncBatchNorm):  # the model itself: in a holder, taken out
+        holder = nn.Sequential(model)
+        _unsynced(holder)
+        return holder[0]
+    return model
+
+
 def _loss_items(task: Task, model: nn.Module, dataset: Any
                 ) -> tuple[ItemCounter | None, list[Problem]]:
     """What the task's loss averages over (``dione.spec.batch.item_counting``'s rule, or
@@ -297,6 +357,14 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
             break
     finally:
         model.train()
+    if _model_couples(task, model, items):
+        return task.loss_items, [Problem(task.name, "model", (
+            f"its output for a sample depends on the other samples of its batch (the first "
+            f"{len(items) // 2} samples alone give other outputs than in a batch of "
+            f"{len(items)}: a batch statistic, a routing capacity), so every technique that "
+            "splits the batch (ddp, fsdp, pipelines, accumulation) would train differently "
+            "from single: give it techniques=('single',), or allow_inexact=True to train it "
+            "so all the same"))]
     counted = ("the items its loss_items counts" if task.loss_items is not None
                else "its samples nor its tokens (labels that are not -100)")
     return task.loss_items, [Problem(task.name, "loss", (
@@ -540,6 +608,15 @@ def _checked_task(
             model = None
         elif not any(p.requires_grad for p in model.parameters()):
             bad("model", "the model has no trainable parameters")
+            model = None
+        elif kind != "cuda" and (synced := [n or "the model" for n, m in model.named_modules()
+                                            if isinstance(m, nn.SyncBatchNorm)]):
+            # torch's SyncBatchNorm refuses a CPU tensor once torch.distributed is
+            # initialised, which every slice is (single's gang of one too).
+            bad("model", f"its SyncBatchNorm layers ({', '.join(synced[:3])}"
+                f"{', ...' if len(synced) > 3 else ''}) train on GPUs only in torch, and "
+                "these devices are CPUs: use torch.nn.BatchNorm here (single trains it as "
+                "single would; ddp and fsdp only with allow_inexact=True)")
             model = None
     except _Said as said:
         bad("model", str(said))
