@@ -199,9 +199,9 @@ def print_results(result: Any, run_dir: Path) -> None:
                  f"{result.planned_makespan:.1f} s{horizon_said(result.planned_horizon)}"
                  f"{which}, {result.plans_adopted} plan(s), "
                  f"profiling {result.profile_seconds:.0f} s")
-    columns = ["task", "status", "techniques", "devices", "seconds", "final loss", *metrics,
-               "trained"]
-    rows = [[t.task, t.status, ", ".join(t.techniques) or "-",
+    columns = ["task", "status", "steps", "techniques", "devices", "seconds", "final loss",
+               *metrics, "trained"]
+    rows = [[t.task, t.status, f"{t.steps}/{t.total_steps}", ", ".join(t.techniques) or "-",
              ", ".join(map(str, t.devices)) or "-", f"{t.seconds:.1f}",
              "-" if t.final_loss is None else figure(t.final_loss),
              *(_evaluated(t, m) for m in metrics),

@@ -148,7 +148,7 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
                 for s in held),
             loss, evaluation,
             dict(record.hyperparameters), error, latest.path if latest else None,
-            sorted({len(s.device_ids) for s in done}), inexact_spans(slices),
+            sorted({len(s.device_ids) for s in held}), inexact_spans(slices),
             bool(slices) and slices[-1].status in ("interrupted", "running"),
             inexact_spans(slices, "statistical"), evaluated_at,
             frozenset(store.evaluations(record.name))))
