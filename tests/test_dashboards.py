@@ -182,3 +182,33 @@ def test_the_live_page_says_when_it_was_written_and_when_it_has_gone_stale(
     assert '<meta http-equiv="refresh"' not in text.split("<noscript>")[0]
     final = write_page(tmp_path / "report").read_text()  # as a finished run writes it
     assert "Written " in final and "<script>" not in final and "refresh" not in final
+
+
+def test_an_mlflow_parent_run_ends_as_the_run_exits(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose task failed exits 1; its MLflow parent run read FINISHED (review). A
+    killed run's tasks read "running" there, where the report said interrupted."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with RunStore(tmp_path / "run") as store:
+        for name, status in (("a", "done"), ("b", "failed")):
+            store.register_task(name, 6, 16)
+            store.set_task_status(name, status, "RuntimeError: boom" if status == "failed"
+                                  else None)
+        run_id = store.run_id
+    export = mlflow_runs.MlflowExport(tmp_path / "run", uri,
+                                      tasks=[digits_task("a"), digits_task("b")])
+    export.close()
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("dione")
+    (parent,) = client.search_runs([experiment.experiment_id],
+                                   f"tags.`dione.run_id` = '{run_id}'")
+    assert parent.info.status == "FAILED"
+    with RunStore(tmp_path / "run") as store:
+        store.set_task_status("b", "running")  # as a kill -9 leaves it
+    again = mlflow_runs.MlflowExport(tmp_path / "run", uri,
+                                     tasks=[digits_task("a"), digits_task("b")])
+    again.close()
+    child = client.get_run(again._children["b"])
+    assert child.data.tags["dione.status"] == "interrupted"
+    assert client.get_run(again.parent).info.status == "KILLED"

@@ -263,5 +263,8 @@ class MlflowExport:
                 self.client.set_tag(run_id, "dione.stop_reason" if t.status == "stopped"
                                     else "dione.error", short_error(t.error)[:5000])
             self.client.set_terminated(run_id, _TERMINAL.get(t.status, "KILLED"))
+        # As the run's exit status: a task failed or diverged, FAILED (it read FINISHED
+        # where `dione run` exited 1); one left unfinished, KILLED.
         ended = all(t.status in _TERMINAL for t in tasks)
-        self.client.set_terminated(self.parent, "FINISHED" if ended else "KILLED")
+        self.client.set_terminated(self.parent, "KILLED" if not ended else "FAILED" if any(
+            _TERMINAL[t.status] == "FAILED" for t in tasks) else "FINISHED")
