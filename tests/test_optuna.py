@@ -423,6 +423,19 @@ def test_a_metric_the_evaluation_does_not_return_stops_optimize_at_the_first_tri
     assert states == [optuna.trial.TrialState.FAIL] + [optuna.trial.TrialState.COMPLETE] * 2
     assert [t.params for t in study.get_trials()[1:]
             if t.user_attrs.get("dione_retry_of") == 0] == [failed.params]
+    # Into a simulation's folder: refused before a trial is asked (the run refused it
+    # after all were, each left RUNNING: a review).
+    from dione.orchestrate.options import RunOptions
+    from dione.simulate import simulate
+    from helpers import small_problem
+
+    simulate(small_problem(2), tmp_path / "sim", steps=10, report=False,
+             options=RunOptions(time_limit=1.0))
+    fresh = optuna.create_study(direction="maximize")
+    with pytest.raises(ValueError, match="holds a simulation"):
+        dione.optuna.optimize(fresh, build, n_trials=2, metric="accuracy",
+                              **{**options, "run_dir": str(tmp_path / "sim")})
+    assert fresh.get_trials() == []
 
 
 def test_a_trial_whose_name_another_task_took_fails_saying_so(tmp_path: Path) -> None:

@@ -369,3 +369,17 @@ def test_a_batch_tied_model_is_named_as_the_model_and_a_batch_tied_loss_as_the_l
     assert problem.field == "loss" and "do not combine to the whole batch's loss" in \
         problem.message, problem
     assert check_task(replace(centred, techniques=("single",)), 2, kind="cpu") == []
+    # Dropout makes two forwards differ in training mode: compared in eval mode, a summed
+    # loss is the loss's problem still (it was said as the model's: a review).
+    dropped = digits_task("dropped", model=_dropped, loss=_summed)
+    (problem,) = check_task(dropped, 2, kind="cpu")
+    assert problem.field == "loss", problem
+
+
+def _dropped() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Dropout(0.5),
+                               torch.nn.Linear(32, 10))
+
+
+def _summed(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(output, target, reduction="sum")

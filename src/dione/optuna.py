@@ -460,9 +460,11 @@ def _metric_mistake(task: Task) -> str | None:
     """Why ``task`` cannot be judged by its rule: a metric it names that its evaluate,
     run once on its untrained model here, does not return (None: it does, or that could
     not be run here: then the run's profiling trial says so)."""
-    from dione.spec.evaluated import metric_mistake
+    from dione.spec.evaluated import metric_mistake, missing_metrics
     from dione.techniques.checking import untrained_evaluation
 
+    if not missing_metrics(task, ()):  # it names no evaluated metric: nothing to check
+        return None
     try:
         returned = untrained_evaluation(task)
     except Exception:  # its evaluate fails: said by the run, which trains it anyway
@@ -505,8 +507,12 @@ def _claim(study: Any, run_dir: str) -> None:
     results for other parameters, nothing trained (review)."""
     import uuid
 
-    from dione.state.store import RunStore
+    from dione.state.store import SIMULATED_FILE, RunStore
 
+    if (Path(run_dir) / SIMULATED_FILE).is_file():  # before a trial is asked (the run
+        # refused it after every trial was asked, each left RUNNING for good)
+        raise ValueError(f"{run_dir} holds a simulation (`dione simulate`): trials that "
+                         "train would mix with it; give optimize a run_dir of its own")
     ident = study.user_attrs.get(_STUDY_ATTR)
     if ident is None:
         ident = uuid.uuid4().hex

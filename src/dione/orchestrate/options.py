@@ -42,8 +42,8 @@ def claim_run_dir(run_dir: str | Path, simulated: bool = False) -> RunLock:
     if not simulated and (folder / SIMULATED_FILE).is_file():
         raise RunDirError(f"{folder} holds a simulation (`dione simulate`, {SIMULATED_FILE}"
                           "): a run that trains would mix with it, its slices read as "
-                          "simulated and its weights not exported; give another --out (or "
-                          "remove the simulation's folder)")
+                          "simulated and its weights not exported; give another folder "
+                          "(--out)")
     if folder.is_dir() and not (folder / STORE_FILE).exists():
         try:
             # Hidden files (.DS_Store, NFS's .nfs*, .gitkeep) and dione's own half-written

@@ -254,14 +254,18 @@ class Runner:
         elif stored is not None and stored.status == "stopped":
             status = TaskStatus.STOPPED  # its rule stopped it: it never trains again
         elif stored is not None and stored.status == "diverged":
-            if self.store.slices(task.name):
+            group = self.profile.task(task.name).group
+            if self.store.slices(task.name) or any(
+                    p.group == group and p.task != task.name for p in self.profile.tasks):
                 # Training it on would repeat the divergence: the user must change it.
+                # (One that shares its trials with others, a sweep's rate among rates,
+                # would take theirs, which say nothing of its own: kept so.)
                 status = TaskStatus.DIVERGED
             else:
-                # Diverged in its profiling trial, no step trained: the trial it has now
-                # judges it (a loss or data fixed since: a resume profiled it again, the
-                # trial passed, and it stayed diverged; unchanged, the catalog's trial
-                # diverges it again).
+                # Diverged in its profiling trial, no step trained, and no other task's
+                # trial stands for it: the trial it has now judges it (a loss or data
+                # fixed since: a resume profiled it again, the trial passed, and it
+                # stayed diverged; unchanged, its trial diverges again, never cached).
                 self.store.set_task_status(task.name, "pending")
         inexact = any(s.status in ("done", "diverged") and s.inexactness is not None
                       for s in self.store.slices(task.name))
@@ -352,8 +356,10 @@ class Runner:
             said = (f"diverged in its profiling trial ({trial.technique} x{trial.devices}"
                     + (f", which diverged as each of {', '.join(ran)}; the last: "
                        if len(ran) > 1 else "): ") + why
-                    + "; it trained no step: fix what made it diverge (a loss or data "
-                    "problem, a learning rate), then resume, which profiles it again")
+                    + "; it trained no step: fix what made it diverge (a learning rate, "
+                    "a loss or data problem), then resume (which profiles it again where "
+                    "it shares its trials with no other task) or train it under a new "
+                    "name")
             record.status = TaskStatus.DIVERGED
             self.store.set_task_status(record.name, "diverged", said)
             self.emit(RunEvent("task_diverged", f"{record.name} {said}", record.name))

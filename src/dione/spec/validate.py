@@ -59,11 +59,16 @@ class WorkloadError(ValueError):
 
 
 def exception_line(err: BaseException) -> str:
-    """``err`` in one line, with where it was raised: the last frame outside dione's
-    own code (dione's own message, of what a user's function returned, names no line)."""
+    """``err`` in one line, with where it was raised: the last frame of the user's code
+    (not dione's, whose own message of what a user's function returned names no line,
+    nor an installed package's, torch's own line where the user's called it), else the
+    last outside dione."""
     ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     frames = [f for f in traceback.extract_tb(err.__traceback__)
               if not os.path.abspath(f.filename).startswith(ours + os.sep)]
+    own = [f for f in frames if not any(part in ("site-packages", "dist-packages")
+                                        for part in f.filename.split(os.sep))]
+    frames = own or frames
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     return f"{type(err).__name__}: {err}{where}"
 
@@ -227,12 +232,14 @@ def _combines(task: Task, model: nn.Module, counter: Any, items: list[Any],
 
 def _model_couples(task: Task, model: nn.Module, items: list[Any]) -> bool:
     """Whether ``model``'s outputs for the first half of ``items`` differ alone from in
-    the batch of all of them (in its current mode): the model, not its loss, ties a
-    sample to the others. False where that cannot be told (the halves pad otherwise,
-    an output with no batch dimension)."""
+    the batch of all of them, in eval mode (dropout would make any two forwards differ):
+    the model, not its loss, ties a sample to the others. False where that cannot be
+    told (the halves pad otherwise, an output with no batch dimension)."""
     from dione.spec.batch import call_model, split_target
 
     half = len(items) // 2
+    training = model.training
+    model.eval()
     try:
         with torch.no_grad():
             whole = _batch_tensor(call_model(model, task, split_target(
@@ -241,6 +248,8 @@ def _model_couples(task: Task, model: nn.Module, items: list[Any]) -> bool:
                 task, task.collate(items[:half]))[0]), half)
     except Exception:
         return False
+    finally:
+        model.train(training)
     if whole is None or alone is None or whole.shape[1:] != alone.shape[1:]:
         return False
     return not torch.allclose(whole[:half], alone, rtol=1e-4, atol=1e-5)
@@ -608,15 +617,6 @@ def _checked_task(
             model = None
         elif not any(p.requires_grad for p in model.parameters()):
             bad("model", "the model has no trainable parameters")
-            model = None
-        elif kind != "cuda" and (synced := [n or "the model" for n, m in model.named_modules()
-                                            if isinstance(m, nn.SyncBatchNorm)]):
-            # torch's SyncBatchNorm refuses a CPU tensor once torch.distributed is
-            # initialised, which every slice is (single's gang of one too).
-            bad("model", f"its SyncBatchNorm layers ({', '.join(synced[:3])}"
-                f"{', ...' if len(synced) > 3 else ''}) train on GPUs only in torch, and "
-                "these devices are CPUs: use torch.nn.BatchNorm here (single trains it as "
-                "single would; ddp and fsdp only with allow_inexact=True)")
             model = None
     except _Said as said:
         bad("model", str(said))

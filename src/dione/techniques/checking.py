@@ -94,9 +94,9 @@ def check_workload(workload: Iterable[Task], devices: int | None, kind: Any,
 def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[Task]:
     """Each of the tasks' ``evaluate`` functions run once (``untrained_evaluation``):
     a metric a task's stopping rule or ``keep_best`` names that it does not return is the
-    task's problem (a run would fail it after profiling), and so is an evaluate that
-    raises for a task whose rule judges an evaluated metric; for another task that is a
-    warning (a run trains it, its evaluations failing). Returns the tasks without a
+    task's problem (a run would fail it after profiling); an evaluate that raises here is
+    a warning (it may need what only the run's devices have; the run fails a task whose
+    rule judges an evaluated metric where it raises there). Returns the tasks without a
     problem."""
     import time
 
@@ -125,22 +125,27 @@ def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[
         try:
             returned = untrained_evaluation(first, kind)
         except Exception as err:
+            # A warning, not a problem: evaluate may need what only the run's devices
+            # or nodes have (a GPU, a file on the cluster), and the run checks it there.
             line = exception_line(err)
-            unjudged = []  # those a rule judges on an evaluated metric: a run fails them
-            for task in alike:
-                why = judging_failed_evaluation(task, line, "on its untrained model" if (
-                    task is first) else f"on {first.name}'s untrained model (one function)")
-                if why is not None:
-                    found.problems.append(Problem(task.name, "evaluate", why))
-                    refused.add(task.name)
-                    unjudged.append(task)
-            rest = [t for t in alike if t not in unjudged]
+            judged = [t for t in alike if judging_failed_evaluation(t, line, "") is not None]
+            if judged:
+                found.warnings.setdefault(
+                    f"evaluate raised {line} on {first.name}'s untrained model here: where "
+                    "it does so on the run's devices too, a run fails "
+                    + ("them before they train (their" if len(judged) > 1 else
+                       "it before it trains (its")
+                    + " stopping rule judges what evaluate returns); fix evaluate, unless "
+                    "it needs what only the cluster has", []).extend(
+                    t.name for t in judged)
+            rest = [t for t in alike if t not in judged]
             if rest:
                 found.warnings.setdefault(
-                    f"evaluate raised {line} on {first.name}'s untrained model: a run "
+                    f"evaluate raised {line} on {first.name}'s untrained model here: a run "
                     f"trains {'them' if len(rest) > 1 else 'it'} but "
-                    f"{'their' if len(rest) > 1 else 'its'} evaluations fail; fix evaluate",
-                    []).extend(t.name for t in rest)
+                    f"{'their' if len(rest) > 1 else 'its'} evaluations fail where it does "
+                    "so on the run's devices too; fix evaluate, unless it needs what only "
+                    "the cluster has", []).extend(t.name for t in rest)
             continue
         if returned is None:
             continue

@@ -37,7 +37,7 @@ from dione.spec.task import Task
 __all__ = ["batch_norm_layers", "drew_since", "dropout_layers", "generator_states",
            "resumed_draws", "split_batch_exactness", "split_buffers", "split_draws",
            "split_inexactness", "split_rounding", "split_statistics", "structure_only",
-           "unsaid_split"]
+           "synced_norm_layers", "unsaid_split"]
 
 
 def dropout_layers(model: nn.Module) -> list[str]:
@@ -214,6 +214,15 @@ def _norms_of(factory: Callable[[], nn.Module]) -> tuple[list[str], list[str]]:
     """``_split_norms`` of the model ``factory`` builds (``_structure_of``)."""
     found = _structure_of(factory)
     return found.synced, found.plain
+
+
+def synced_norm_layers(task: Task) -> list[str]:
+    """The names of ``task``'s model's SyncBatchNorm layers, from its structure (empty
+    where it has none, or it cannot be built here)."""
+    try:
+        return _norms_of(task.model)[0]
+    except Exception:
+        return []
 
 
 def split_statistics(task: Task, devices: int, accumulation: int,

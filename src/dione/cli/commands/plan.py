@@ -67,6 +67,10 @@ def command(args: argparse.Namespace) -> int:
         if reasons:
             for reason in reasons:
                 complain("invalid", reason)
+            if nodes is None and any("unknown node" in r or "has no device" in r
+                                     for r in reasons):
+                complain("hint", "a plan made with --cluster is checked with the same "
+                         "--cluster (its nodes are n0, n1, ...)")
             return EXIT_FAILED
         console.print(f"{plan_file}: a valid plan of {problem_file}, makespan "
                       f"{plan.makespan:.1f} s" + (
