@@ -219,8 +219,12 @@ def test_asking_stops_after_its_time_and_load_gives_the_best_by_the_studys_direc
     assert max(scores, key=lambda s: scores[s]) == 4 and scores[4] > scores[12]
     best = dione.optuna.load(study, build, 0, run_dir=run_dir, best=True)
     last = dione.optuna.load(study, build, 0, run_dir=run_dir)
-    assert _score(best)["score"] == pytest.approx(scores[4], rel=1e-6)
-    assert _score(last)["score"] == pytest.approx(scores[12], rel=1e-6)
+    # Evaluated here with this process's threads, there with the worker's: the sums'
+    # order differs (1.04e-6 apart once in a fresh clone's CI); the steps' scores are
+    # far further apart than that.
+    assert abs(scores[4] - scores[12]) > 1e-3 * abs(scores[4])
+    assert _score(best)["score"] == pytest.approx(scores[4], rel=1e-5)
+    assert _score(last)["score"] == pytest.approx(scores[12], rel=1e-5)
     # The trial itself (study.best_trial), from the run directory it recorded; another
     # run directory's trial of that number refused (its weights were loaded, unsaid).
     own = dione.optuna.load(study, build, study.trials[0])

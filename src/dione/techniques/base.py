@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from dione.spec.batch import split_problem
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
-from dione.techniques.exactness import synced_norm_layers
 
 if TYPE_CHECKING:
     from dione.techniques.context import SliceContext
@@ -133,12 +132,6 @@ class Technique(ABC):
                    if isinstance(parts, int) else None)
         if problem is not None:
             reasons.append(problem)
-        synced = synced_norm_layers(task) if kind != "cuda" else []
-        if synced:  # judged per node kind: a Ray run's launcher may have no GPU itself
-            reasons.append(f"its SyncBatchNorm layers ({', '.join(synced[:3])}"
-                           f"{', ...' if len(synced) > 3 else ''}) train on GPUs only in "
-                           "torch (a slice runs under torch.distributed, where it refuses a "
-                           "CPU tensor): for CPU devices use torch.nn.BatchNorm")
         return reasons
 
     def inexactness(self, knobs: Knobs) -> str | None:

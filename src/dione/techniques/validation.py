@@ -10,6 +10,7 @@ from dione.spec.draws import draws_kept
 from dione.spec.task import Task
 from dione.spec.validate import Problem, checked_task, split_valid
 from dione.techniques.base import Technique
+from dione.techniques.exactness import synced_norm_layers
 from dione.techniques.pipeline.probe import with_refusals
 from dione.techniques.registry import technique_names, techniques
 
@@ -63,6 +64,14 @@ def trained_by_none(tasks: Iterable[Task], devices: int, kind: DeviceKind
     configuration fits", and ``dione validate`` said "no problems")."""
     kept, problems = [], []
     for task in tasks:
+        synced = synced_norm_layers(task) if kind != "cuda" else []
+        if synced:  # by the nodes' kind: a Ray run's launcher may have no GPU itself
+            problems.append(Problem(task.name, "model", (
+                f"its SyncBatchNorm layers ({', '.join(synced[:3])}"
+                f"{', ...' if len(synced) > 3 else ''}) train on GPUs only in torch (a "
+                "slice runs under torch.distributed, where it refuses a CPU tensor), and "
+                "these nodes' devices are CPUs: for them use torch.nn.BatchNorm")))
+            continue
         allowed = [t for t in techniques() if task.allows(t.name)]
         if any(_proposes(t, task, c, kind) for t in allowed
                for c in profiled_widths(t, devices)):
