@@ -467,8 +467,8 @@ def _metric_mistake(task: Task) -> str | None:
         return None
     try:
         returned = untrained_evaluation(task)
-    except Exception:  # its evaluate fails: said by the run, which trains it anyway
-        return None
+    except Exception:  # it fails here (maybe for want of the run's devices): the run's
+        return None  # profiling trial judges it where it trains
     return None if returned is None else metric_mistake(task, returned,
                                                        "on its untrained model")
 
