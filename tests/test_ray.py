@@ -404,6 +404,9 @@ class TestOnWarmActors:
             new = next(n.name for n in launcher.nodes()
                        if joined.node_id.startswith(n.name.rsplit("-", 1)[1]))
             assert any(e.kind == "node_joined" and new in e.message for e in events)
+            # Several nodes and no storage: said (checkpoints resume across nodes only in
+            # a shared run directory; a review saw nothing said).
+            assert any(e.kind == "storage_unset" for e in events)
             with RunStore(tmp_path / "run") as store:
                 assert any(s.node == new and s.status == "done" for s in store.slices())
         finally:

@@ -224,6 +224,14 @@ def run_workload(
                 "--ray ADDRESS (Python: dione.run(..., ray=ADDRESS)); without Ray, dione "
                 "trains on this machine only, as one node")
         launcher = LOCAL
+    if len(cluster.nodes) > 1 and options.storage is None and on_event is not None:
+        # Each node writes its checkpoints where it runs: a task moved to another node
+        # resumes only where the run directory is one folder they all share (review).
+        on_event(RunEvent("storage_unset", f"{len(cluster.nodes)} nodes and no --storage "
+                          f"(storage=): each node writes checkpoints into {run_dir} as it "
+                          "sees it, so a task resumes on another node only where that "
+                          "folder is shared by them all (NFS, a shared volume); else give "
+                          "--storage a shared folder"))
     with claim_run_dir(run_dir):
         with RunStore(run_dir) as store:  # this start's: a task fixed since is not listed
             _storage_there(store, options.storage)
