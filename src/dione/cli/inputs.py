@@ -12,8 +12,8 @@ from typing import Any
 from dione.cli.console import complain
 from dione.cli.errors import BadInput
 
-__all__ = ["claimed", "default_run_dir", "load", "ray_environment", "ray_launcher",
-           "say_problem_notes", "valid_tasks"]
+__all__ = ["claimed", "default_run_dir", "load", "problem_refused", "ray_environment",
+           "ray_launcher", "say_problem_notes", "valid_tasks"]
 
 
 def load(path: str) -> Any:
@@ -62,6 +62,14 @@ def _say_shared_cores(cluster: Any, launcher: Any) -> None:
     said = shared_cores(node.kind, node.devices) if launcher is None else None
     if said is not None:
         complain("warning", said.replace("devices cpu:", "--devices cpu:"))
+
+
+def problem_refused(path: str, err: Exception, cluster_given: bool) -> BadInput:
+    """A problem file's mistakes as a command says them; where it lacks a cluster and
+    none was given, that ``--cluster`` can give one."""
+    hint = ("; or give the cluster as --cluster 4x8 (it stands in for the file's)"
+            if not cluster_given and "cluster: must be" in str(err) else "")
+    return BadInput(f"{path}: {err}{hint}")
 
 
 def say_problem_notes(problem: Any, left_out: Sequence[str]) -> None:

@@ -246,6 +246,7 @@ class Runner:
                                f"checkpoints is on disk ({fix}): kept done, its weights out "
                                "of reach; else train it anew in a new run directory",
                                task.name))
+        slices = self.store.slices(task.name)
         status = TaskStatus.PENDING
         # (Done with no checkpoint on disk at all: kept done, not trained from scratch
         # unasked; a --storage not mounted looks so.)
@@ -255,7 +256,7 @@ class Runner:
             status = TaskStatus.STOPPED  # its rule stopped it: it never trains again
         elif stored is not None and stored.status == "diverged":
             group = self.profile.task(task.name).group
-            if self.store.slices(task.name) or any(
+            if slices or any(
                     p.group == group and p.task != task.name for p in self.profile.tasks):
                 # Training it on would repeat the divergence: the user must change it.
                 # (One that shares its trials with others, a sweep's rate among rates,
@@ -268,7 +269,7 @@ class Runner:
                 # stayed diverged; unchanged, its trial diverges again, never cached).
                 self.store.set_task_status(task.name, "pending")
         inexact = any(s.status in ("done", "diverged") and s.inexactness is not None
-                      for s in self.store.slices(task.name))
+                      for s in slices)
         record = TaskRecord(task, total, done, status, inexact=inexact)
         if settle:
             self._settle_profiled(record)

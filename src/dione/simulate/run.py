@@ -33,7 +33,8 @@ from dione.spec.task import Task
 from dione.state.private import write_private
 from dione.state.store import SIMULATED_FILE
 
-__all__ = ["SimulationResult", "current_practice", "simulate", "simulate_profile"]
+__all__ = ["SimulationResult", "current_practice", "simulate", "simulate_profile",
+           "without_avoid_lists"]
 
 
 @dataclass
@@ -135,11 +136,7 @@ def simulate(
                         "scenario=Scenario(...) or load_scenario(path), not "
                         f"{type(cluster).__name__} and {type(scenario).__name__}")
     scenario = scenario or Scenario()
-    # Avoid lists name where a run's tasks failed: a simulated task avoids the nodes it
-    # fails on itself (a list kept here bound current practice and the left out, not
-    # the run: review).
-    problem = replace(problem, tasks=tuple(replace(t, avoid=frozenset())
-                                           for t in problem.tasks))
+    problem = without_avoid_lists(problem)
     # The problem's own words for its nodes (A100), where they are the cluster.
     cluster = cluster or problem_cluster(problem)
     tasks, profile = problem_workload(problem, steps, cluster, stopping)
@@ -153,6 +150,13 @@ def simulate(
 
         write_report(run_dir)
     return result
+
+
+def without_avoid_lists(problem: PlanningProblem) -> PlanningProblem:
+    """``problem`` with no task avoiding a node: avoid lists name where a run's tasks
+    failed, and a simulated task avoids the nodes it fails on itself (a list kept bound
+    current practice and the left out, not the run: review)."""
+    return replace(problem, tasks=tuple(replace(t, avoid=frozenset()) for t in problem.tasks))
 
 
 def simulate_profile(

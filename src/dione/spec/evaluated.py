@@ -7,8 +7,8 @@ import difflib
 
 from dione.spec.task import Task
 
-__all__ = ["judging_failed_evaluation", "listed_metrics", "metric_mistake", "missing_metrics",
-           "missing_said"]
+__all__ = ["judged_on_evaluation", "judging_failed_evaluation", "listed_metrics",
+           "metric_mistake", "missing_metrics", "missing_said"]
 
 
 def missing_metrics(task: Task, returned: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -64,7 +64,13 @@ def judging_failed_evaluation(task: Task, error: str, where: str) -> str | None:
     first rung and fail there; None where its rule judges the training loss, or it has
     none (its training stands without evaluations)."""
     rule = task.stopping
-    if rule is None or rule.metric == "loss":
+    if rule is None or not judged_on_evaluation(task):
         return None
     return (f"its evaluate raised {error} {where}, and {rule.judged_by} judges "
             f"{rule.metric!r} from it, so no rung could judge the task: fix evaluate")
+
+
+def judged_on_evaluation(task: Task) -> bool:
+    """Whether ``task``'s stopping rule judges a metric its evaluate returns (not the
+    training loss)."""
+    return task.stopping is not None and task.stopping.metric != "loss"

@@ -27,8 +27,8 @@ from dione.spec.task import PRECISIONS, ItemCounter, Task
 from dione.spec.workload import Workload
 
 __all__ = ["REAL_FORWARD_BYTES", "Problem", "WorkloadError", "build_model", "check_task",
-           "checked_task", "exception_line", "in_a_group", "keep_best_doubts",
-           "late_evaluation", "repeated_names", "split_valid",
+           "checked_task", "in_a_group", "keep_best_doubts", "late_evaluation",
+           "raised_line", "repeated_names", "split_valid",
            "training_loss_doubt", "validate_workload"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}")  # fullmatch: "$" let "a\n" in
@@ -58,7 +58,7 @@ class WorkloadError(ValueError):
         super().__init__(f"the workload has {len(self.problems)} problem(s):\n{lines}")
 
 
-def exception_line(err: BaseException) -> str:
+def raised_line(err: BaseException) -> str:
     """``err`` in one line, with where it was raised: the last frame of the user's code
     (not dione's, whose own message of what a user's function returned names no line,
     nor an installed package's, torch's own line where the user's called it), else the
@@ -134,7 +134,7 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
         inputs, target = split_target(task, batch)
     except Exception as err:
         return [Problem(task.name, "data", f"a batch of its items cannot be made: "
-                        f"{exception_line(err)}")]
+                        f"{raised_line(err)}")]
     torch.manual_seed(task.seed)
     real = _unsynced(task.model())
     try:
@@ -153,13 +153,13 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
                 return [Problem(task.name, "loss", f"none given, so the model gets the "
                                 f"whole batch (model(*batch), its {len(batch)} parts) and "
                                 f"must return its loss, but it takes the inputs alone "
-                                f"({exception_line(err)}); give the task a loss=, e.g. "
+                                f"({raised_line(err)}); give the task a loss=, e.g. "
                                 "torch.nn.functional.cross_entropy")]
         return [Problem(task.name, "data", f"the model cannot take a batch of this data "
                         f"({type(inputs).__name__}"
                         + (f" with fields {', '.join(map(str, inputs))}"
                            if isinstance(inputs, dict) else "")
-                        + f"): {exception_line(err)}")]
+                        + f"): {raised_line(err)}")]
     try:
         with torch.no_grad():
             loss = (own_loss(task, output, batch) if task.loss is None
@@ -171,7 +171,7 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
                                if isinstance(loss, torch.Tensor) else ""))]
     except Exception as err:
         field = "loss"
-        message = str(err) if task.loss is None else f"raised {exception_line(err)}"
+        message = str(err) if task.loss is None else f"raised {raised_line(err)}"
         return [Problem(task.name, field, message)]
     resolved["loss_items"], problems = _loss_items(task, real, dataset)
     return problems
@@ -358,7 +358,7 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
             except Exception as err:
                 if probe is items:
                     return task.loss_items, [Problem(task.name, "loss", (
-                        f"fails on half of a batch: {exception_line(err)}"))]
+                        f"fails on half of a batch: {raised_line(err)}"))]
                 continue  # the loss cannot take masked labels: try the data as it is
             if fits:
                 chosen = own if own in fits else fits[0]
@@ -401,7 +401,7 @@ def _check_picklable(task: Task) -> list[Problem]:
                     Problem(
                         task.name,
                         field,
-                        f"cannot be pickled for worker processes ({exception_line(err)}); "
+                        f"cannot be pickled for worker processes ({raised_line(err)}); "
                         "use a module-level function, functools.partial or a lambda that "
                         "captures no open files, locks or processes",
                     )
@@ -452,7 +452,7 @@ def _check_scheduler(task: Task, optimizer: torch.optim.Optimizer,
     try:
         scheduler = task.lr_scheduler(optimizer)
     except Exception as err:
-        bad("lr_scheduler", f"the scheduler factory raised {exception_line(err)}; it is "
+        bad("lr_scheduler", f"the scheduler factory raised {raised_line(err)}; it is "
             "called with the optimizer alone, e.g. functools.partial(StepLR, step_size=10)")
         return
     missing = [m for m in ("step", "state_dict", "load_state_dict")
@@ -621,7 +621,7 @@ def _checked_task(
     except _Said as said:
         bad("model", str(said))
     except Exception as err:
-        bad("model", f"the model factory raised {exception_line(err)}")
+        bad("model", f"the model factory raised {raised_line(err)}")
     if model is not None:
         try:
             optimizer = task.optimizer(model.parameters())
@@ -634,7 +634,7 @@ def _checked_task(
                 if task.lr_scheduler is not None:
                     _check_scheduler(task, optimizer, bad)
         except Exception as err:
-            bad("optimizer", f"the optimizer factory raised {exception_line(err)}")
+            bad("optimizer", f"the optimizer factory raised {raised_line(err)}")
         if task.split_points:
             modules = {n for n, _ in model.named_modules()}
             for point in task.split_points:
@@ -669,7 +669,7 @@ def _checked_task(
     except _Said as said:
         bad("data", str(said))
     except Exception as err:
-        bad("data", f"the data factory (or indexing its result) raised {exception_line(err)}")
+        bad("data", f"the data factory (or indexing its result) raised {raised_line(err)}")
     if problems or resolved.get("loss_items", task.loss_items) is task.loss_items:
         return task, problems
     return replace(task, loss_items=resolved["loss_items"]), problems

@@ -101,13 +101,13 @@ def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[
     import time
 
     from dione.spec.evaluated import (
-        judging_failed_evaluation,
+        judged_on_evaluation,
         listed_metrics,
         metric_mistake,
         missing_metrics,
     )
     from dione.spec.sameness import same_function
-    from dione.spec.validate import exception_line
+    from dione.spec.validate import raised_line
 
     groups: list[list[Task]] = []  # tasks of one evaluate function
     for task in tasks:
@@ -127,8 +127,8 @@ def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[
         except Exception as err:
             # A warning, not a problem: evaluate may need what only the run's devices
             # or nodes have (a GPU, a file on the cluster), and the run checks it there.
-            line = exception_line(err)
-            judged = [t for t in alike if judging_failed_evaluation(t, line, "") is not None]
+            line = raised_line(err)
+            judged = [t for t in alike if judged_on_evaluation(t)]
             if judged:
                 found.warnings.setdefault(
                     f"evaluate raised {line} on {first.name}'s untrained model here: where "

@@ -37,7 +37,7 @@ from dione.spec.task import Task
 __all__ = ["batch_norm_layers", "drew_since", "dropout_layers", "generator_states",
            "resumed_draws", "split_batch_exactness", "split_buffers", "split_draws",
            "split_inexactness", "split_rounding", "split_statistics", "structure_only",
-           "synced_norm_layers", "unsaid_split"]
+           "synced_norms_on_cpu", "unsaid_split"]
 
 
 def dropout_layers(model: nn.Module) -> list[str]:
@@ -216,13 +216,16 @@ def _norms_of(factory: Callable[[], nn.Module]) -> tuple[list[str], list[str]]:
     return found.synced, found.plain
 
 
-def synced_norm_layers(task: Task) -> list[str]:
-    """The names of ``task``'s model's SyncBatchNorm layers, from its structure (empty
-    where it has none, or it cannot be built here)."""
+def synced_norms_on_cpu(task: Task) -> str | None:
+    """Why ``task`` cannot train on CPU devices: its model's SyncBatchNorm layers, from
+    its structure (None where it has none, or it cannot be built here)."""
     try:
-        return _norms_of(task.model)[0]
+        synced = _norms_of(task.model)[0]
     except Exception:
-        return []
+        return None
+    return (f"its SyncBatchNorm layers ({_some(synced)}) train on GPUs only in torch (a "
+            "slice runs under torch.distributed, where it refuses a CPU tensor), and these "
+            "nodes' devices are CPUs: for them use torch.nn.BatchNorm") if synced else None
 
 
 def split_statistics(task: Task, devices: int, accumulation: int,

@@ -10,7 +10,7 @@ from dione.spec.draws import draws_kept
 from dione.spec.task import Task
 from dione.spec.validate import Problem, checked_task, split_valid
 from dione.techniques.base import Technique
-from dione.techniques.exactness import synced_norm_layers
+from dione.techniques.exactness import synced_norms_on_cpu
 from dione.techniques.pipeline.probe import with_refusals
 from dione.techniques.registry import technique_names, techniques
 
@@ -64,13 +64,9 @@ def trained_by_none(tasks: Iterable[Task], devices: int, kind: DeviceKind
     configuration fits", and ``dione validate`` said "no problems")."""
     kept, problems = [], []
     for task in tasks:
-        synced = synced_norm_layers(task) if kind != "cuda" else []
+        synced = synced_norms_on_cpu(task) if kind != "cuda" else None
         if synced:  # by the nodes' kind: a Ray run's launcher may have no GPU itself
-            problems.append(Problem(task.name, "model", (
-                f"its SyncBatchNorm layers ({', '.join(synced[:3])}"
-                f"{', ...' if len(synced) > 3 else ''}) train on GPUs only in torch (a "
-                "slice runs under torch.distributed, where it refuses a CPU tensor), and "
-                "these nodes' devices are CPUs: for them use torch.nn.BatchNorm")))
+            problems.append(Problem(task.name, "model", synced))
             continue
         allowed = [t for t in techniques() if task.allows(t.name)]
         if any(_proposes(t, task, c, kind) for t in allowed

@@ -8,7 +8,7 @@ import json
 
 from dione.cli.console import complain, console, errors
 from dione.cli.errors import EXIT_FAILED, BadInput
-from dione.cli.inputs import output_file, say_problem_notes, write_output
+from dione.cli.inputs import output_file, problem_refused, say_problem_notes, write_output
 
 __all__ = ["command"]
 
@@ -43,9 +43,7 @@ def command(args: argparse.Namespace) -> int:
             raise BadInput(f"{problem_file} is a plan, not a problem: --check takes the plan "
                            "first, then the problem it plans (dione plan --check PLAN.json "
                            "PROBLEM.json)") from None
-        hint = ("; or give the cluster as --cluster 4x8 (it stands in for the file's)"
-                if nodes is None and "cluster: must be" in str(err) else "")
-        raise BadInput(f"{problem_file}: {err}{hint}") from None
+        raise problem_refused(problem_file, err, nodes is not None) from None
     problem, left_out = problem.left_out()
     say_problem_notes(problem, left_out)
     unknown = sorted({o.technique for t in problem.tasks for o in t.options}

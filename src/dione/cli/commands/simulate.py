@@ -6,13 +6,12 @@ import argparse
 import re
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dione.cli.console import complain, console
 from dione.cli.errors import EXIT_FAILED, BadInput
-from dione.cli.inputs import say_problem_notes
+from dione.cli.inputs import problem_refused, say_problem_notes
 
 if TYPE_CHECKING:
     from dione.orchestrate.options import RunEvent
@@ -72,6 +71,7 @@ def command(args: argparse.Namespace) -> int:
     from dione.orchestrate.plans import horizon_said
     from dione.plan import ProblemError, load_problem
     from dione.simulate import Scenario, ScenarioError, load_scenario, parse_cluster, simulate
+    from dione.simulate.run import without_avoid_lists
 
     try:
         cluster = parse_cluster(args.cluster) if args.cluster is not None else None
@@ -84,16 +84,14 @@ def command(args: argparse.Namespace) -> int:
         loaded = load_problem(args.problem, planning_nodes(cluster) if cluster else None,
                               fitting=False, techniques=technique_names())
     except (OSError, ProblemError) as err:
-        hint = ("; or give the cluster as --cluster 4x8 (it stands in for the file's)"
-                if cluster is None and "cluster: must be" in str(err) else "")
-        raise BadInput(f"{args.problem}: {err}{hint}") from None
+        raise problem_refused(args.problem, err, cluster is not None) from None
     avoiding = [t.name for t in loaded.tasks if t.avoid]
     if avoiding:  # a run's nodes where its tasks failed: not this simulation's
         complain("warning", f"the avoid lists of {len(avoiding)} task(s) "
                  f"({', '.join(avoiding[:4])}{', ...' if len(avoiding) > 4 else ''}) in the "
                  "problem are not simulated: each task may run on every node (`dione plan` "
                  "honours them; a simulated run's tasks avoid the nodes they fail on)")
-    loaded = replace(loaded, tasks=tuple(replace(t, avoid=frozenset()) for t in loaded.tasks))
+    loaded = without_avoid_lists(loaded)  # before left_out reads them
     problem, left_out = loaded.left_out()
     kept = {t.name for t in problem.tasks}
     dropped = dict(zip([t.name for t in loaded.tasks if t.name not in kept], left_out,
