@@ -552,6 +552,97 @@ workload = Workload([Task(name=name, model=functools.partial(digits_mlp, hidden=
 """
 
 
+def _hold_node(node: Node) -> Any:
+    """Another job's placement group holding every device of ``node`` (granted)."""
+    from ray.util import placement_group
+
+    node_id = next(n["NodeID"] for n in ray.nodes()
+                   if n["NodeID"].startswith(node.name.rsplit("-", 1)[1]))
+    group = placement_group([{"CPU": 1.0}] * node.devices, strategy="STRICT_PACK",
+                            bundle_label_selector=[{"ray.io/node-id": node_id}]
+                            * node.devices)
+    ray.get(group.ready(), timeout=60)
+    return group
+
+
+def test_a_node_another_job_holds_is_left_out_then_joins_once_free(
+        launcher: RayLauncher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node whose devices another Ray job held failed the whole run at its start,
+    free nodes beside it (review): the run now trains on the free ones, says which is
+    held, and plans the held one once Ray grants it its devices."""
+    from ray.util import remove_placement_group
+
+    monkeypatch.setattr(ray_launcher, "GROUP_READY_SECONDS", 3.0)
+    nodes = launcher.nodes()
+    held = nodes[1]
+    other_job: Any = _hold_node(held)
+    events: list[RunEvent] = []
+
+    def on_event(event: RunEvent) -> None:
+        # The other job ends while the run loop waits at its first slice's start, and
+        # Ray grants the run's request for the node before the loop goes on: tasks are
+        # still queued behind the first ones when the next re-plan sees it.
+        nonlocal other_job
+        events.append(event)
+        if event.kind == "slice_started" and other_job is not None:
+            remove_placement_group(other_job)
+            other_job = None
+            deadline = time.monotonic() + 60
+            while held.name not in {n.name for n in launcher.alive_nodes() or []}:
+                assert time.monotonic() < deadline, "Ray never granted the freed node"
+                time.sleep(0.2)
+
+    try:
+        tasks = [digits_task(f"b{i}", steps=100, batch_size=16, techniques=("single",))
+                 for i in range(6)]
+        result = run_workload(
+            tasks, Cluster(nodes), tmp_path / "run",
+            RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,
+                       solver="greedy", slice_steps=20, time_limit=5.0),
+            launcher=launcher, on_event=on_event)
+    finally:
+        if other_job is not None:
+            remove_placement_group(other_job)
+    assert all(t.status == "done" for t in result.tasks)
+    busy = [e.message for e in events if e.kind == "node_busy"]
+    assert len(busy) == 1 and held.name in busy[0] and "other jobs may hold" in busy[0]
+    assert any(e.kind == "node_joined" and held.name in e.message for e in events)
+    with RunStore(tmp_path / "run") as store:
+        ran_on = {s.node for s in store.slices() if s.status == "done"}
+    assert ran_on == {nodes[0].name, held.name}
+    # Trials ran on the free node only: nothing waited on the held one.
+    assert not any(e.kind == "slice_failed" for e in events)
+
+
+def test_waiting_for_a_held_nodes_devices_holds_up_no_other_node(
+        launcher: RayLauncher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait for a node's devices held the launcher's lock (up to 120 s): the other
+    nodes' warm-ups, gangs and hand-backs waited behind it (review). A slice now runs
+    on a free node meanwhile, and the waiting node is used once Ray grants it."""
+    from ray.util import remove_placement_group
+
+    monkeypatch.setattr(ray_launcher, "GROUP_READY_SECONDS", 120.0)
+    free, held = launcher.nodes()
+    other_job = _hold_node(held)
+    waiting = threading.Thread(target=launcher.warm_up, args=(held,))
+    try:
+        waiting.start()
+        deadline = time.monotonic() + 60
+        while held.name in {n.name for n in launcher.alive_nodes() or []}:  # not asked yet
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        launcher.warm_up(free)
+        result = run_slice(digits_task(steps=2), "single", tmp_path / "slice",
+                           launcher.placement(free, [0]), launcher=launcher, timeout=120)
+        assert len(result.losses) == 2
+        assert waiting.is_alive()  # still waiting for the held node's devices
+    finally:
+        remove_placement_group(other_job)
+        waiting.join(60)
+    assert not waiting.is_alive()
+    assert held.name in {n.name for n in launcher.alive_nodes() or []}
+
+
 def test_a_device_a_gang_holds_is_waited_for_not_given_a_second_actor(
         launcher: RayLauncher, tmp_path: Path) -> None:
     """A task added to a live run profiles beside the run's gangs: its warm-up started

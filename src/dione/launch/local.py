@@ -34,7 +34,7 @@ from dione.launch.neighbours import training_here
 from dione.launch.pool import WarmWorker, local_pool
 from dione.launch.scratch import scratch_dir
 from dione.launch.worker import Job
-from dione.spec.cluster import Node
+from dione.spec.cluster import Node, NodeBusyError
 from dione.spec.devices import available_cores, cores_for_slot, threads_per_slot
 from dione.state.private import private_dir
 from dione.techniques.base import SliceOutcome, SliceSpec
@@ -183,3 +183,28 @@ def warm_up(launcher: Launcher, nodes: Sequence[Node]) -> None:
     start takes seconds; one node after another would add them up)."""
     with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
         list(pool.map(launcher.warm_up, nodes))
+
+
+def warm_up_free(launcher: Launcher, nodes: Sequence[Node]) -> tuple[list[Node],
+                                                                      list[NodeBusyError]]:
+    """Warm the nodes as ``warm_up`` does; the nodes warmed, and why each other one was
+    not: another job holds its devices. Where every node is held, the first one's error
+    is raised (nothing to train on)."""
+    pool = ThreadPoolExecutor(max_workers=max(1, len(nodes)))
+    warming = [(node, pool.submit(launcher.warm_up, node)) for node in nodes]
+    warm, busy = [], []
+    try:
+        for node, done in warming:
+            try:
+                done.result()
+            except NodeBusyError as err:
+                busy.append(err)
+            else:
+                warm.append(node)
+    finally:
+        # Not waiting for a node's devices on Ctrl-C or SIGTERM (minutes): the caller's
+        # ``launcher.shutdown`` withdraws the request, which ends that wait.
+        pool.shutdown(wait=False, cancel_futures=True)
+    if not warm and busy:
+        raise busy[0]
+    return warm, busy

@@ -44,7 +44,7 @@ from dione.launch.gang import Lost, Placement, watch_gang, workload_sources
 from dione.launch.local import OnProgress, collective_timeout
 from dione.launch.signals import stop_handlers_kept
 from dione.launch.worker import RESTORE_SECONDS, Job, rendezvous_path
-from dione.spec.cluster import ClusterError, Node
+from dione.spec.cluster import ClusterError, Node, NodeBusyError
 from dione.spec.devices import threads_per_slot
 from dione.techniques.base import SliceOutcome, SliceSpec
 
@@ -412,6 +412,13 @@ class RayLauncher:
         self._released = threading.Condition(self._lock)  # a device's gang ended
         self._ids: dict[str, str] = {}  # dione node name -> Ray node id
         self._groups: dict[str, Any] = {}  # node name -> placement group
+        # Nodes whose placement group Ray has not granted yet (another job holds their
+        # devices): node name -> (group, its ready reference). Kept asked for, so Ray
+        # grants it once they are free; the node joins the run then (``alive_nodes``).
+        self._waiting: dict[str, tuple[Any, Any]] = {}
+        # One lock per node for its reservation: the wait for one node's devices holds
+        # up neither the other nodes' nor the gangs handing devices back (``_lock``).
+        self._reserving: dict[str, threading.Lock] = {}
         self._idle: dict[tuple[str, int], Any] = {}  # (node, device) -> actor
         self._busy: set[Any] = set()
         # (node, device) whose actor a gang holds or is being given (a device's actor
@@ -457,8 +464,25 @@ class RayLauncher:
         return found
 
     def alive_nodes(self) -> list[Node] | None:
-        """The nodes alive now: a run plans a node that joined at its next re-plan."""
-        return [node for _, node in self._alive()]  # the run keeps those of its kind
+        """The nodes alive now whose devices are not waited for: a run plans a node that
+        joined, or whose devices another job let go of, at its next re-plan."""
+        return [node for _, node in self._alive()  # the run keeps those of its kind
+                if not self._still_waited_for(node.name)]
+
+    def _still_waited_for(self, name: str) -> bool:
+        """Whether node ``name``'s placement group is asked for and not granted yet (one
+        granted since is taken as the node's)."""
+        with self._lock:
+            waiting = self._waiting.get(name)
+        if waiting is None:
+            return False
+        if not self.ray.wait([waiting[1]], num_returns=1, timeout=0)[0]:
+            return True
+        with self._lock:
+            if self._waiting.get(name) is waiting:
+                del self._waiting[name]
+                self._groups[name] = waiting[0]
+        return False
 
     def next_join(self) -> float | None:
         return None  # a node joins when someone starts it: nothing says when
@@ -475,28 +499,54 @@ class RayLauncher:
     # -- actors ----------------------------------------------------------------------
 
     def _group(self, node: Node) -> Any:
-        """The node's placement group: one bundle per device, all on that node."""
-        if node.name not in self._groups:
-            from ray.util import placement_group
-
-            bundle = {"GPU": 1.0} if node.kind == "cuda" else {"CPU": 1.0}
-            group = placement_group([bundle] * node.devices, strategy="STRICT_PACK",
-                                    bundle_label_selector=[{"ray.io/node-id":
-                                                            self._ids[node.name]}]
-                                    * node.devices)
+        """The node's placement group: one bundle per device, all on that node; waits up
+        to ``GROUP_READY_SECONDS`` for Ray to grant it (NodeBusyError past that: the
+        request stays, and the node can be used once Ray grants it)."""
+        with self._lock:
+            if node.name in self._groups:
+                return self._groups[node.name]
+            reserving = self._reserving.setdefault(node.name, threading.Lock())
+        with reserving:
+            with self._lock:
+                if node.name in self._groups:  # granted while this thread waited its turn
+                    return self._groups[node.name]
+                waiting = self._waiting.get(node.name)
+            if waiting is None:
+                waiting = self._ask_for_group(node)
+                with self._lock:
+                    self._waiting[node.name] = waiting
+            group, ready = waiting
             try:
-                self.ray.get(group.ready(), timeout=GROUP_READY_SECONDS)
+                self.ray.get(ready, timeout=GROUP_READY_SECONDS)
             except Exception as err:
-                _remove_group(group)
-                timed_out = type(err).__name__ == "GetTimeoutError"
-                raise ClusterError(
-                    f"cannot reserve the {node.devices} devices of node {node.name} on Ray"
-                    + (f": Ray gave none in {GROUP_READY_SECONDS:.0f} s; other jobs may hold "
-                       "them (a node's devices are counted whole, free or not): `ray status` "
-                       "says what is free; end those jobs, or start a node for dione"
-                       if timed_out else f": {err}")) from None
-            self._groups[node.name] = group
-        return self._groups[node.name]
+                if type(err).__name__ == "GetTimeoutError":  # still asked for, kept
+                    raise NodeBusyError(
+                        f"cannot reserve the {node.devices} devices of node {node.name} on "
+                        f"Ray: Ray gave none in {GROUP_READY_SECONDS:.0f} s; other jobs may "
+                        "hold them (a node's devices are counted whole, free or not): `ray "
+                        "status` says what is free; end those jobs, or start a node for "
+                        "dione", node.name) from None
+                with self._lock:
+                    self._waiting.pop(node.name, None)
+                with contextlib.suppress(Exception):  # removed already (shutdown)
+                    _remove_group(group)
+                raise ClusterError(f"cannot reserve the {node.devices} devices of node "
+                                   f"{node.name} on Ray: {err}") from None
+            with self._lock:
+                self._waiting.pop(node.name, None)
+                self._groups[node.name] = group
+            return group
+
+    def _ask_for_group(self, node: Node) -> tuple[Any, Any]:
+        """Ask Ray for the node's placement group; the group and its ready reference."""
+        from ray.util import placement_group
+
+        bundle = {"GPU": 1.0} if node.kind == "cuda" else {"CPU": 1.0}
+        group = placement_group([bundle] * node.devices, strategy="STRICT_PACK",
+                                bundle_label_selector=[{"ray.io/node-id":
+                                                        self._ids[node.name]}]
+                                * node.devices)
+        return group, group.ready()
 
     def _actor(self, node: Node, device: int, threads: int) -> Any:
         """The device's actor for a gang (the device is then the caller's until it gives
@@ -525,8 +575,7 @@ class RayLauncher:
             if self._restored(actor) or not self.node_alive(node):
                 return actor
             self._end([actor])  # half reset, or died: the next slice gets a fresh one
-        with self._lock:
-            group = self._group(node)
+        group = self._group(node)  # not under ``_lock``: it may wait for minutes
         env = {**self.env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                # A gang stays on its node: its ranks talk over loopback.
                "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
@@ -574,9 +623,13 @@ class RayLauncher:
         try:  # in device order: two gangs wanting two devices each never wait on each other
             for device in sorted(placement.device_ids):
                 taken[device] = self._actor(node, device, placement.threads)
-        except BaseException:  # the device that failed was given back by ``_actor``
+        except BaseException as err:  # the device that failed was given back by ``_actor``
             self._end(list(taken.values()))
             self._give_back({(node.name, device) for device in taken})
+            if isinstance(err, NodeBusyError):  # a node that joined, held by another job:
+                from dione.launch.gang import GangError  # the run plans on the others
+
+                raise GangError(str(err), None, "node_lost") from None
             raise
         members = [_RayMember(self, node, device, taken[device])
                    for device in placement.device_ids]
@@ -691,9 +744,10 @@ class RayLauncher:
         with self._lock:
             gone = [k for k in self._idle if k[0] == name]
             actors = [self._idle.pop(k) for k in gone]
-            group = self._groups.pop(name, None)
+            groups = [g for g in (self._groups.pop(name, None),
+                                  self._waiting.pop(name, (None,))[0]) if g is not None]
         self._end(actors)
-        if group is not None:
+        for group in groups:
             with contextlib.suppress(Exception):  # already gone with its node
                 _remove_group(group)
 
@@ -719,8 +773,9 @@ class RayLauncher:
         with self._lock:
             actors = [*self._idle.values(), *self._busy]
             self._idle.clear()
-            groups = list(self._groups.values())
+            groups = [*self._groups.values(), *(g for g, _ in self._waiting.values())]
             self._groups.clear()
+            self._waiting.clear()
         self.settle()  # a gang that ended meanwhile
         self._end(actors)
         for group in groups:

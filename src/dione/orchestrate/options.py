@@ -184,8 +184,9 @@ class RunEvent:
     gets each), by ``kind``; ``message`` says it in words, ``task`` names its task:
 
     - the run: ``profiled``, ``planned``, ``replanned``, ``planner_fell_back``,
-      ``node_lost``, ``node_joined``, ``finished``, ``storage_unset`` (several nodes and
-      no ``storage``);
+      ``node_lost``, ``node_joined``, ``node_busy`` (another job holds its devices: the
+      run starts without it), ``finished``, ``storage_unset`` (several nodes and no
+      ``storage``);
     - slices: ``slice_started``, ``slice_finished``, ``slice_failed``, ``slice_slow``,
       ``slice_cancelled``, ``checkpoint_quarantined``, ``checkpoint_missing``;
     - tasks: ``task_added``, ``task_readded``, ``task_refused``, ``task_stopped``,

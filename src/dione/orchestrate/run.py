@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dione.launch.local import LOCAL, Launcher, warm_up
+from dione.launch.local import LOCAL, Launcher, warm_up, warm_up_free
 from dione.orchestrate.additions import TaskInbox
 from dione.orchestrate.options import RunDirError, RunEvent, RunOptions, claim_run_dir
 from dione.orchestrate.plans import read_plans
@@ -254,6 +254,19 @@ def _storage_there(store: RunStore, storage: str | None) -> None:
                           "then go on; to train anew, use a new run directory")
 
 
+def _free_nodes(launcher: Launcher, cluster: Cluster,
+                emit: Callable[[RunEvent], None]) -> tuple[Cluster, list[str]]:
+    """The cluster's nodes whose devices the launcher could reserve, warmed (the
+    profile's trials and the run's slices start on warm workers), and the names of the
+    others, each held by another job and said, to join the run once its devices are
+    free (a run stopped at its start with free nodes beside it, a review)."""
+    warm, busy = warm_up_free(launcher, cluster.nodes)
+    for err in busy:
+        emit(RunEvent("node_busy", f"{err}; the run goes on without node {err.node}, "
+                      "which joins it at a re-plan once Ray grants its devices"))
+    return (Cluster(warm) if busy else cluster), [err.node for err in busy]
+
+
 def invalid_by_task(invalid: Sequence[Problem]) -> dict[str, list[str]]:
     """Validation's problems as the run store keeps them: by task, each "field: why"."""
     refused: dict[str, list[str]] = {}
@@ -271,6 +284,7 @@ def _run_claimed(
 ) -> RunResult:
     emit = on_event or (lambda event: None)
     began = time.perf_counter()
+    cluster, awaited = _free_nodes(launcher, cluster, emit)
     with RunStore(run_dir) as store:  # `dione status` says so meanwhile
         store.set_profiling(len(tasks))
     try:
@@ -287,8 +301,8 @@ def _run_claimed(
     emit(RunEvent("profiled", f"{profile.trials_run} trial(s) run, {profile.trials_cached} "
                   f"taken from the catalog, in {profile_seconds:.0f} s"))
     runner = Runner(tasks, cluster, run_dir, profile, options, emit, view or (lambda s: None),
-                    launcher, inbox=inbox)
-    warm_up(launcher, cluster.nodes)  # the trials measured slices on warm workers: so do they
+                    launcher, inbox=inbox, awaited=awaited)
+    warm_up(launcher, runner.cluster.nodes)  # workers a trial ended are started again
     try:
         runner.run()
     finally:

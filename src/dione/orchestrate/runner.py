@@ -98,12 +98,15 @@ class Runner:
                  profile: Profile, options: RunOptions,
                  on_event: Callable[[RunEvent], None], view: Callable[[RunState], None],
                  launcher: Launcher, *, launching: SliceStarter | None = None,
-                 virtual: bool = False, inbox: TaskInbox | None = None) -> None:
+                 virtual: bool = False, inbox: TaskInbox | None = None,
+                 awaited: Sequence[str] = ()) -> None:
         """``launching``: what starts slices (default: gangs on ``launcher``); ``virtual``:
         the run is simulated on a virtual clock (``dione.simulate``), so every solve runs at
         once on one thread within a deterministic time, and no rule reads solve times: the
         same inputs give the same plans. ``inbox``: tasks a caller adds while it runs
-        (``dione add``'s requests in the store are taken either way)."""
+        (``dione add``'s requests in the store are taken either way). ``awaited``: nodes
+        left out of ``cluster`` while another job holds their devices, which join the run
+        once ``launcher.alive_nodes`` lists them."""
         self.cluster = cluster
         # Every node's kind, those lost too (a slice there may still end well).
         self.node_kinds = {n.name: n.model for n in cluster}
@@ -143,7 +146,8 @@ class Runner:
         self._read_decisions(tasks)
         self.estimates = Estimates.of_run(profile, self.store)
         # Nodes this run has known: another that the launcher reports later joined.
-        self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]}
+        self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]
+                      if n.name not in awaited}
         # task -> per kind of node its options are for (None: any), the fewest devices
         self._fewest: dict[str, dict[str | None, int]] = {}
         self.plans_adopted = len(plan_files(run_dir))

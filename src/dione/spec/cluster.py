@@ -17,12 +17,21 @@ from dione.spec.devices import (
     max_cpu_slots,
 )
 
-__all__ = ["Cluster", "ClusterError", "Node", "check_cpu_slots", "local_cluster",
-           "parse_devices"]
+__all__ = ["Cluster", "ClusterError", "Node", "NodeBusyError", "check_cpu_slots",
+           "local_cluster", "parse_devices"]
 
 
 class ClusterError(ValueError):
     """A cluster description that cannot be used; the message says how to fix it."""
+
+
+class NodeBusyError(ClusterError):
+    """A node whose devices another job holds: the launcher could not reserve them in
+    time (a run goes on without it where other nodes are free)."""
+
+    def __init__(self, message: str, node: str) -> None:
+        super().__init__(message)
+        self.node = node
 
 
 @dataclass(frozen=True)
