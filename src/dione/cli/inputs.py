@@ -149,6 +149,9 @@ def ray_environment(items: Sequence[str]) -> dict[str, str]:
         if not _VARIABLE.fullmatch(name):
             raise BadInput(f"--ray-env {item!r}: give NAME=VALUE or NAME, NAME a variable "
                            "name (letters, digits, _)")
+        if name in _SET_BY_DIONE:
+            raise BadInput(f"--ray-env {name}: dione sets {name} in its Ray workers itself "
+                           f"({_SET_BY_DIONE[name]}): leave it out of --ray-env")
         if not given:
             if name not in os.environ:
                 raise BadInput(f"--ray-env {name}: {name} is not set in this shell; "
@@ -159,6 +162,14 @@ def ray_environment(items: Sequence[str]) -> dict[str, str]:
 
 
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+_THREADS = ("each device's process gets its node's cores shared among its devices "
+            "(torch.set_num_threads per slice, whatever this says)")
+_INTERFACE = ("a gang's ranks talk within their node, over loopback unless this shell "
+              "sets it (dione passes this shell's value)")
+# Variables the Ray launcher sets in each actor's environment, and why.
+_SET_BY_DIONE = {"OMP_NUM_THREADS": _THREADS, "MKL_NUM_THREADS": _THREADS,
+                 "GLOO_SOCKET_IFNAME": _INTERFACE, "NCCL_SOCKET_IFNAME": _INTERFACE}
 
 
 def default_run_dir(workload: str) -> Path:
