@@ -174,6 +174,56 @@ def test_every_technique_evaluates_its_live_model_as_its_checkpoint_would(
     assert result.evaluation["draw"] == again["draw"] == float(torch.rand(()))
 
 
+FROM_WEIGHTS = """
+import functools
+import torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+
+def norm(model):  # read from the weights, as a sweep logs a weight norm
+    return {"norm": sum(float(p.detach().pow(2).sum()) for p in model.parameters())}
+
+
+def used(model):  # a weight used as a plain tensor (under fsdp, a DTensor)
+    first = next(model.parameters())
+    return {"used": float((torch.ones(1, first.shape[1]) @ first.T).sum())}
+
+
+def task(name, evaluate):
+    return Task(name=name, model=functools.partial(digits_mlp, hidden=16, depth=1),
+                data=digits_train, loss=torch.nn.functional.cross_entropy,
+                optimizer=functools.partial(torch.optim.Adam, lr=1e-2), batch_size=16,
+                steps=3, evaluate=evaluate)
+
+
+workload = Workload([task("norm", norm), task("used", used)])
+"""
+
+
+def test_an_evaluation_read_from_fsdps_weights_gives_single_numbers(tmp_path) -> None:
+    """fsdp evaluates its sharded model on every rank: a weight norm read each rank's
+    shard (rank 0's half of each weight, recorded as the task's metric with no word),
+    and a weight used as a plain tensor raised under fsdp only (review). Where the
+    ranks disagree or evaluate raises there, the whole model is put together on rank 0
+    and evaluated as single's is: the numbers of the checkpoint's model."""
+    import torch
+
+    from dione.launch import local_placement, run_slice
+    from dione.spec.workload import load_workload
+    from dione.techniques.evaluate import evaluate_checkpoint
+    from helpers import TEST_NODE
+
+    file = tmp_path / "weights.py"
+    file.write_text(FROM_WEIGHTS)
+    for task in load_workload(file):
+        result = run_slice(task, "fsdp", tmp_path / task.name,
+                           local_placement(TEST_NODE, [0, 1]), evaluate=True, timeout=300)
+        assert result.evaluation_error is None, result.evaluation_error
+        again = evaluate_checkpoint(task, result.checkpoint, torch.device("cpu"))
+        assert result.evaluation == pytest.approx(again, rel=1e-6), task.name
+
+
 def test_an_evaluation_that_fails_under_fsdp_keeps_the_training(tmp_path) -> None:
     """An evaluation raising on every rank of fsdp's gang (after a forward through the
     sharded model, so after collectives) ends the slice with its checkpoint and the

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from dione.spec.batch import batch_map
 from dione.spec.devices import torch_device
@@ -30,6 +31,7 @@ from dione.techniques.evaluate import (
     evaluate_model,
     model_from_state,
     note_evaluation_error,
+    same_metrics,
     stages_on_rank0,
 )
 from dione.techniques.gradients import clip_gradients
@@ -263,15 +265,32 @@ class SliceContext:
             return
         with self.evaluating(outcome):
             began, imported = time.perf_counter(), import_clock.seconds()
-            try:
+            metrics: dict[str, float] | None = None
+            with contextlib.suppress(Exception):  # tried on the whole model below
                 metrics = evaluate_model(self.task, model)
+            answers: list[Any] = [None] * self.world
+            dist.all_gather_object(answers, metrics)
+            if metrics is not None and all(same_metrics(a, metrics) for a in answers):
+                if self.rank == 0:
+                    outcome.evaluation = metrics
+                    outcome.timings["evaluate_seconds"] = _without_imports(began, imported)
+                return
+            # The ranks disagree (a metric read from the weights, of which each rank
+            # holds a shard: a weight norm read rank 0's half, review) or evaluate
+            # raised on the sharded model (a weight used as a plain tensor): evaluated
+            # as the user defined the model, whole on rank 0, as ddp's is.
+            try:
+                state = get_model_state_dict(model, options=StateDictOptions(
+                    full_state_dict=True, cpu_offload=True))  # rank 0's only
+                whole = (model_from_state(self.task, state, self.device)
+                         if self.rank == 0 else None)
             except Exception as err:
                 if self.rank == 0:
-                    note_evaluation_error(outcome, err)
+                    note_evaluation_error(outcome, _sharded_disagreed(answers, err))
                 return
-            if self.rank == 0:
-                outcome.evaluation = metrics
-                outcome.timings["evaluate_seconds"] = _without_imports(began, imported)
+            del state
+            if whole is not None:
+                self._evaluate_on_rank0(outcome, whole, began, imported)
 
     def evaluate_stages(self, outcome: SliceOutcome, model: nn.Module) -> None:
         """Evaluate a pipeline's model, which no rank holds whole (collective, where the
@@ -351,6 +370,26 @@ class SliceContext:
             timings=timings,
             peak_memory_bytes=_peak_memory_bytes(self.device),
         )
+
+
+def _sharded_disagreed(answers: Sequence[dict[str, float] | None],
+                       err: BaseException) -> BaseException:
+    """Why fsdp's evaluation went to the whole model, which then failed with ``err``."""
+    if any(a is None for a in answers):
+        why = "evaluate raised on fsdp's sharded model"
+    else:
+        given = [a or {} for a in answers]
+        names = sorted({k for a in given for k in a
+                        if not same_metrics({k: a.get(k)}, {k: given[0].get(k)})})
+        shown = "; ".join(f"{k}: " + ", ".join(f"{a.get(k)!r} on rank {r}"
+                                                for r, a in enumerate(given))
+                          for k in names[:3])
+        why = (f"evaluate returned other numbers on the ranks of fsdp's sharded model "
+               f"({shown}): a metric read from the weights sees each rank's shard")
+    failed = RuntimeError(f"{why}; the whole model, put together on rank 0 to evaluate "
+                          f"it as single's is, failed: {err}")
+    failed.__cause__ = err
+    return failed
 
 
 def _without_imports(began: float, imported: float) -> float:

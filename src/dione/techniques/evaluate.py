@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from dione.techniques.base import SliceOutcome
 
 __all__ = ["evaluate_checkpoint", "evaluate_model", "fresh_model", "model_from_state",
-           "note_evaluation_error", "stages_on_rank0"]
+           "note_evaluation_error", "same_metrics", "stages_on_rank0"]
 
 
 @contextlib.contextmanager
@@ -73,6 +73,14 @@ def evaluate_model(task: Task, model: nn.Module) -> dict[str, float]:
                             "an int, a one-element tensor)") from None
         result[str(name)] = number
     return result
+
+
+def same_metrics(one: Mapping[str, Any] | None, other: Mapping[str, Any] | None) -> bool:
+    """Whether two evaluations gave the same metrics, to the bit (NaN alike)."""
+    if one is None or other is None or one.keys() != other.keys():
+        return False
+    return all(one[k] == other[k] or (one[k] != one[k] and other[k] != other[k])
+               for k in one)
 
 
 def stages_on_rank0(model: nn.Module, rank: int, world: int) -> dict[str, Any] | None:
