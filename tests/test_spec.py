@@ -354,6 +354,65 @@ def _spread_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(output - output.mean(0, keepdim=True), target)
 
 
+def _digits_by_label() -> torch.utils.data.TensorDataset:
+    """The digits sorted by label, as a folder of images per class lists them."""
+    data = digits_train()
+    x = torch.stack([data[i][0] for i in range(len(data))])
+    y = torch.tensor([int(data[i][1]) for i in range(len(data))])
+    order = torch.argsort(y, stable=True)
+    return torch.utils.data.TensorDataset(x[order], y[order])
+
+
+def _class_weighted(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    weight = torch.arange(1.0, 11.0, device=output.device)
+    return torch.nn.functional.cross_entropy(output, target, weight=weight)
+
+
+def _tags_longest_first() -> torch.utils.data.TensorDataset:
+    """Token tags padded with -100, sorted longest first (length-bucketed text): the
+    first samples carry no padding."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 20, (64, 12), generator=generator)
+    y = x % 3
+    for i, length in enumerate(torch.linspace(12, 2, 64).long().tolist()):
+        x[i, length:], y[i, length:] = 0, -100
+    return torch.utils.data.TensorDataset(x, y)
+
+
+class _Tagger(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(20, 8)
+        self.out = torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.embedding(x))
+
+
+def _token_cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(output.reshape(-1, 3), target.reshape(-1))
+
+
+def test_a_loss_is_checked_on_samples_spread_over_a_sorted_data_set() -> None:
+    """The loss was checked on a data set's first four samples: sorted by class, they
+    were alike, and a class-weighted loss (a mean over weights, not samples) passed to
+    train differently under ddp and accumulation, recorded exact; sorted longest first,
+    none was padded, and a token loss on -100 padding passed, counted by samples
+    (review). Samples spread over the data set see both."""
+    from dione.spec.validate import check_task
+
+    weighted = digits_task("weighted", data=_digits_by_label, loss=_class_weighted)
+    (problem,) = check_task(weighted, 2, kind="cpu")
+    assert problem.field == "loss" and "do not combine to the whole batch's loss" in \
+        problem.message, problem
+    tagged = digits_task("tagged", model=_Tagger, data=_tags_longest_first,
+                         loss=_token_cross_entropy)
+    (problem,) = check_task(tagged, 2, kind="cpu")
+    assert problem.field == "loss_items" and "its targets hold -100" in problem.message
+    # Plain cross-entropy on the sorted digits is a mean over samples: it passes.
+    assert check_task(digits_task("plain", data=_digits_by_label), 2, kind="cpu") == []
+
+
 def test_a_batch_tied_model_is_named_as_the_model_and_a_batch_tied_loss_as_the_loss() -> None:
     """A model that couples a sample to its batch was refused as "field 'loss'", its fix
     loss_items, which cannot mend a model (review)."""

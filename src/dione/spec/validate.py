@@ -297,12 +297,16 @@ def _unsynced(model: nn.Module) -> nn.Module:
 def _loss_items(task: Task, model: nn.Module, dataset: Any
                 ) -> tuple[ItemCounter | None, list[Problem]]:
     """What the task's loss averages over (``dione.spec.batch.item_counting``'s rule, or
-    another that fits the model better), checked on its first four samples: the halves
-    of a batch must combine to the whole batch's loss, as every technique that splits
-    the batch combines its parts. The first sample's token labels are half masked first,
-    so that samples count different numbers of tokens; a model or loss that takes
-    ``num_items_in_batch`` divides by the count it is given, so a rule that counts
-    otherwise than the model does not fit. Eval mode: dropout would make forwards differ.
+    another that fits the model better), checked on its first four samples and on four
+    spread over its data (its first and last among them: a data set sorted by class or
+    by length, as folders of images and length-bucketed text are, has four alike at its
+    start, and a class-weighted or padded loss passed, to train otherwise than single,
+    recorded exact): for each, the halves of a batch must combine to its loss, as
+    every technique that splits the batch combines its parts. The first sample's token
+    labels are half masked first, so that samples count different numbers of tokens; a
+    model or loss that takes ``num_items_in_batch`` divides by the count it is given, so
+    a rule that counts otherwise than the model does not fit. Eval mode: dropout would
+    make forwards differ.
 
     A loss of the task's own, on targets holding -100 (padding), that says neither what
     it averages over (``loss_items``) nor takes ``num_items_in_batch`` is a problem: a
@@ -310,7 +314,6 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
     cannot tell which it is (every token's loss is about the same)."""
     from dione.spec.batch import (
         IGNORE_INDEX,
-        collate_draws,
         item_counting,
         labels_of,
         samples,
@@ -321,7 +324,10 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
     size = min(task.batch_size, len(dataset))
     if task.techniques == ("single",) or size < 2:
         return task.loss_items, []  # nothing splits the batch
-    items = [dataset[i] for i in range(4 if size >= 4 else 2)]
+    count = 4 if size >= 4 else 2
+    first = list(range(count))
+    samplings = [[dataset[i] for i in at] for at in dict.fromkeys(
+        (tuple(first), tuple(_spread(len(dataset), count))))]
     guess = item_counting(task, model)
     own = guess.counter if guess is not None else samples
     if task.loss_items is not None:
@@ -332,7 +338,8 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
         candidates = [own, shifted_tokens]
     else:
         try:
-            padded = bool((labels_of(task.collate(items)) == IGNORE_INDEX).any())
+            padded = any(bool((labels_of(task.collate(items)) == IGNORE_INDEX).any())
+                         for items in samplings)
         except (ValueError, TypeError):
             padded = False
         if padded:
@@ -344,45 +351,66 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
                 "before) or loss_items=dione.samples, so that every technique that splits "
                 "the batch weighs its parts as single's mean does"))]
         candidates = [samples]
-    candidates = list(dict.fromkeys(candidates))
-    probes = [items] if candidates == [samples] else [_varied(items), items]
-    draws: bool | None = None  # once, not per candidate: it collates the items thrice
+    fits = list(dict.fromkeys(candidates))
     model.eval()
     try:
-        for probe in filter(None, probes):
-            try:
-                if draws is None:
-                    draws = collate_draws(task, items)
-                with torch.no_grad():
-                    fits = [c for c in candidates if _combines(task, model, c, probe, draws)]
-            except Exception as err:
-                if probe is items:
-                    return task.loss_items, [Problem(task.name, "loss", (
-                        f"fails on half of a batch: {raised_line(err)}"))]
-                continue  # the loss cannot take masked labels: try the data as it is
-            if fits:
-                chosen = own if own in fits else fits[0]
-                return (task.loss_items if chosen is own else chosen), []
-            break
+        for items in samplings:  # a rule must fit each
+            fitting = _fitting(task, model, fits, items)
+            if isinstance(fitting, Problem):
+                return task.loss_items, [fitting]
+            fits = [c for c in fits if c in fitting]
+            if not fits:
+                break
     finally:
         model.train()
-    if _model_couples(task, model, items):
+    if fits:
+        chosen = own if own in fits else fits[0]
+        return (task.loss_items if chosen is own else chosen), []
+    if any(_model_couples(task, model, items) for items in samplings):
         return task.loss_items, [Problem(task.name, "model", (
-            f"its output for a sample depends on the other samples of its batch (the first "
-            f"{len(items) // 2} samples alone give other outputs than in a batch of "
-            f"{len(items)}: a batch statistic, a routing capacity), so every technique that "
+            f"its output for a sample depends on the other samples of its batch (half of "
+            f"{count} of its samples alone give other outputs than in their batch: a batch "
+            "statistic, a routing capacity), so every technique that "
             "splits the batch (ddp, fsdp, pipelines, accumulation) would train differently "
             "from single: give it techniques=('single',), or allow_inexact=True to train it "
             "so all the same"))]
     counted = ("the items its loss_items counts" if task.loss_items is not None
                else "its samples nor its tokens (labels that are not -100)")
     return task.loss_items, [Problem(task.name, "loss", (
-        f"the halves of a batch of its first {len(items)} samples do not combine to the whole "
+        f"the halves of a batch of {count} of its samples do not combine to the whole "
         f"batch's loss: it is not a mean over {counted}, so every technique that splits the "
         "batch (ddp, fsdp, pipelines, accumulation) would train differently from single. If "
         "it averages over something else, give the task loss_items=(a function counting "
         "it in a batch); if it depends on the whole batch (in-batch negatives), give it "
         "techniques=('single',)"))]
+
+
+def _fitting(task: Task, model: nn.Module, candidates: list[Any],
+             items: list[Any]) -> list[Any] | Problem:
+    """The counting rules among ``candidates`` under which the halves of ``items``
+    combine to their batch's loss (tried with the first sample's labels half masked
+    first, then as they are where the loss cannot take that), or the loss's failure."""
+    from dione.spec.batch import collate_draws, samples
+
+    probes = [items] if candidates == [samples] else [_varied(items), items]
+    draws: bool | None = None  # once, not per candidate: it collates the items thrice
+    for probe in filter(None, probes):
+        try:
+            if draws is None:
+                draws = collate_draws(task, items)
+            with torch.no_grad():
+                return [c for c in candidates if _combines(task, model, c, probe, draws)]
+        except Exception as err:
+            if probe is items:
+                return Problem(task.name, "loss", (
+                    f"fails on half of a batch: {raised_line(err)}"))
+    return []
+
+
+def _spread(length: int, count: int) -> list[int]:
+    """``count`` positions of a data set of ``length`` samples, the first and the last
+    among them, evenly apart."""
+    return [round(i * (length - 1) / (count - 1)) for i in range(count)]
 
 
 def _check_picklable(task: Task) -> list[Problem]:
