@@ -38,6 +38,7 @@ from dione.techniques.context import SliceContext
 from dione.techniques.exactness import (
     drew_since,
     generator_states,
+    own_generator_draws,
     resumed_draws,
     split_batch_exactness,
     split_inexactness,
@@ -156,8 +157,10 @@ class DataParallelTechnique(Technique):
                 # One process fetching single's items in single's order (accumulation from
                 # the first step): a generator its data set keeps draws as single's.
                 single_items=ctx.world == 1 and spec.start_step == 0) or split_rounding(task)
-        else:  # a resumed slice fetches from a new data set: its own generator anew
-            note = resumed_draws(task) if spec.start_step > 0 else None
+        else:  # a resumed slice fetches from a new data set, builds a new model: their
+            # own generators anew
+            note = (resumed_draws(task) or own_generator_draws(bare)
+                    if spec.start_step > 0 else None)
         if note:
             outcome.extra["exactness"] = note
         if self.shards_memory:  # no rank holds it whole: all evaluate it together
