@@ -162,7 +162,7 @@ def test_exported_hyperparameters_keep_their_json_types(tmp_path: Path) -> None:
     assert saved["trained"] == {"techniques": ["single"], "exactness": "exact",
                                 "inexact": [], "statistical": [],
                                 "spans": [{"steps": [0, 2], "technique": "single",
-                                           "devices": 1}]}
+                                           "devices": 1, "knobs": {"accumulation": 1}}]}
     # And what its weights measured there (it was not written: a user had to find the
     # step in the run's tables).
     with RunStore(tmp_path / "run") as store:

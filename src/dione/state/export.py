@@ -255,17 +255,19 @@ def how_trained(run_dir: str | Path, task: str, step: int) -> dict[str, Any]:
 
 def _spans(slices: Sequence[SliceRecord], step: int) -> list[dict[str, Any]]:
     """Each stretch of steps up to ``step`` one technique trained on one device count
-    (the report's devices; techniques alone hid a move from 1 device to 8)."""
+    with one knob setting (the report's devices; techniques alone hid a move from 1
+    device to 8, and the spans an accumulation or micro-batch count: a review)."""
     spans: list[dict[str, Any]] = []
     for s in slices:
         end = min(s.end_step, step)
         if (spans and spans[-1]["technique"] == s.technique
                 and spans[-1]["devices"] == len(s.device_ids)
+                and spans[-1]["knobs"] == s.knobs
                 and spans[-1]["steps"][1] == s.start_step):
             spans[-1]["steps"][1] = end
         else:
             spans.append({"steps": [s.start_step, end], "technique": s.technique,
-                          "devices": len(s.device_ids)})
+                          "devices": len(s.device_ids), "knobs": dict(s.knobs)})
     return spans
 
 
