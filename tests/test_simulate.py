@@ -140,6 +140,26 @@ def test_injected_failures_are_retried_and_a_hopeless_task_fails_alone(tmp_path:
     assert result.statuses == {"t0": "done", "t1": "done", "t2": "failed", "t3": "done"}
 
 
+def test_a_task_far_slower_than_profiled_is_cancelled_as_a_run_cancels_it(
+        tmp_path: Path) -> None:
+    """A simulated slice was never cancelled as stalled: a task 20 times slower than
+    profiled ran to its end, where a run cancels it past 10 times its prediction, retries
+    it and fails it (review). The stall rule now plays as in a run, and says why."""
+    slow = Scenario(task_slowdown={"t1": 20.0})
+    result = simulate(small_problem(4), tmp_path / "run", scenario=slow, steps=20,
+                      options=OPTIONS, report=False)
+    assert result.statuses == {"t0": "done", "t1": "failed", "t2": "done", "t3": "done"}
+    assert "stalled, cancelled" in result.errors["t1"]
+    with RunStore(tmp_path / "run") as store:
+        tried = [s for s in store.slices("t1") if s.status == "interrupted"]
+    assert len(tried) == OPTIONS.max_failures
+    # A higher bound lets it run to its end, as --stall-factor does a run.
+    tolerant = replace(OPTIONS, stall_factor=30.0)
+    result = simulate(small_problem(4), tmp_path / "tolerant", scenario=slow, steps=20,
+                      options=tolerant, report=False)
+    assert set(result.statuses.values()) == {"done"} and result.errors == {}
+
+
 def test_faulty_nodes_are_found_and_left_and_a_healthy_one_trains_every_task(
         tmp_path: Path) -> None:
     """A broken node raises the same error for every slice it is given. Two tasks

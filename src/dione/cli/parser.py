@@ -414,6 +414,12 @@ def build_parser() -> argparse.ArgumentParser:
                           default=SIMULATION_OPTIONS.max_failures,
                           help="a task whose slices failed this often is failed (the "
                           "scenario's failures beyond it fail the task, as in a run)")
+    simulate.add_argument("--stall-factor", type=positive_float,
+                          default=SIMULATION_OPTIONS.stall_factor,
+                          help="a slice running past this many times its prediction (and "
+                          f"{SIMULATION_OPTIONS.stall_grace:g} s) is cancelled and retried, "
+                          "as in a run (a task the scenario slows that much fails after "
+                          "--max-failures tries)")
 
     export = command("export", "write a finished task's trained weights as safetensors "
                      "(Hugging Face models: save_pretrained output)")

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from numbers import Integral
 from pathlib import Path
 from typing import Any
 
+from dione.launch.gang import GangInterrupted
 from dione.launch.local import Placement
 from dione.launch.slice import SliceError, SliceResult
-from dione.orchestrate.records import RunningSlice, TaskRecord
+from dione.orchestrate.records import Cancel, RunningSlice, TaskRecord
 from dione.profile.results import Profile
 from dione.simulate.scenario import Scenario
 from dione.simulate.virtual_clock import VirtualClock
@@ -118,10 +119,25 @@ class SimulatedLaunching:
         lost_at = self.scenario.node_losses.get(a.node)
 
         def fail(message: str, reason: str, error_type: str | None = None) -> None:
+            if future.done():  # cancelled as stalled before
+                return
             self.store.fail_slice(slice_id, message)
             future.set_exception(SliceError(message, reason, error_type))
 
+        def interrupted() -> None:
+            """Cancelled by the run loop (stalled, far past its prediction), as a real
+            gang is: the slice recorded interrupted, nothing of it kept."""
+            if future.done():
+                return
+            self.store.fail_slice(slice_id, f"interrupted: {running.cancel.reason}",
+                                  status="interrupted")
+            future.set_exception(GangInterrupted(running.cancel.reason))
+
+        running.cancel = _VirtualCancel(lambda: self.clock.at(self.clock.now(), interrupted))
+
         def finish() -> None:
+            if future.done():
+                return
             losses = self.scenario.losses(name, record.total, start, end,
                                           self.curves.get(name))
             self.store.finish_slice(slice_id, losses, [step] * (end - start), None,
@@ -141,7 +157,7 @@ class SimulatedLaunching:
                 said: dict[str, Any] = {"step": start + k, "loss": None,
                                         "seconds": before + k * step,
                                         "seconds_per_step": step, "heard_at": at}
-                self.clock.at(at, functools.partial(running.progress.__setitem__, 0, said))
+                self.clock.at(at, functools.partial(_heard, future, running, said))
         if a.node in self.scenario.faulty_nodes:
             # As a broken accelerator fails: the same exception from the same step, at
             # the slice's start, however often the node is given it.
@@ -164,3 +180,22 @@ class SimulatedLaunching:
 
     def close(self) -> None:
         self.store.close()
+
+
+class _VirtualCancel(Cancel):
+    """A slice's cancel event that ends its simulated slice when set."""
+
+    def __init__(self, on_set: Callable[[], None]) -> None:
+        super().__init__()
+        self._on_set = on_set
+
+    def set(self) -> None:
+        if not self.is_set():
+            super().set()
+            self._on_set()
+
+
+def _heard(future: Future[SliceResult], running: RunningSlice, said: dict[str, Any]) -> None:
+    """A simulated rank's progress report, as long as its slice runs."""
+    if not future.done():
+        running.progress[0] = said

@@ -123,7 +123,8 @@ def command(args: argparse.Namespace) -> int:
                          replan_time_limit=args.replan_time_limit, replan=not args.no_replan,
                          replan_interval=args.replan_interval,
                          replan_share=args.replan_share,
-                         slice_seconds=args.slice_seconds, max_failures=args.max_failures)
+                         slice_seconds=args.slice_seconds, max_failures=args.max_failures,
+                         stall_factor=args.stall_factor)
     progress = _Progress()
     try:
         result = simulate(problem, out, cluster=cluster, scenario=scenario, steps=args.steps,
@@ -160,8 +161,9 @@ def command(args: argparse.Namespace) -> int:
                   f"{result.replans} re-plans solved in {result.replan_seconds:.1f} s; "
                   f"simulated in {result.wall_seconds:.1f} s")
     for task, status in sorted(result.statuses.items()):
-        if status != "done":
-            console.print(f"  {task}: {status}")
+        if status != "done":  # with why, as the report says it (not only there: review)
+            why = result.errors.get(task)
+            console.print(f"  {task}: {status}" + (f" - {why}" if why else ""))
     console.print(f"report: {out / 'report' / 'index.html'}")
     # A task no node holds fails the sweep as an invalid task fails a run (exit 0 read as
     # a sweep that fits the cluster).
