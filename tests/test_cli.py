@@ -747,6 +747,22 @@ def test_a_folder_is_named_as_what_it_is_and_an_invalid_task_as_never_trained(
             err.split()), err
 
 
+def test_a_plan_of_deterministic_time_is_the_same_on_any_machine(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`dione plan --deterministic-time` solved on every core: its plan depended on the
+    machine's cores, and was not the first plan `dione simulate` adopts on the same
+    inputs, solved on one thread (review). It takes one thread unless told more."""
+    problem = str(ROOT / "benchmarks" / "cluster_tables" / "llama2-sweep.json")
+    plans = []
+    for threads in ((), ("--threads", "1")):
+        out = tmp_path / f"plan{len(threads)}.json"
+        status, _, _ = in_process(capsys, "plan", problem, "--cluster", "4x8",
+                                  "--deterministic-time", "1", *threads, "-o", str(out))
+        assert status == 0
+        plans.append(json.loads(out.read_text())["assignments"])
+    assert plans[0] == plans[1]
+
+
 DOUBTFUL_RULE = '''
 import functools, torch
 from dione import Asha, Task, Workload

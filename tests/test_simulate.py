@@ -247,7 +247,7 @@ def test_a_simulation_says_where_it_stands_while_a_plan_is_solved(
         time.sleep(0.1)
         said += capsys.readouterr().out
     progress.close()
-    assert "0 slices ended, 0 plan(s) adopted (still working: a plan being solved)" in \
+    assert "0 slices ended, 0 plan(s) adopted (still working)" in \
         " ".join(said.split())
 
 

@@ -358,13 +358,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the planner")
     plan.add_argument("--time-limit", type=positive_float, default=_solve_default("time_limit"),
                       help="seconds")
-    plan.add_argument("--threads", type=positive_int, help="solver threads (default: every core)")
+    plan.add_argument("--threads", type=positive_int, help="solver threads (default: every "
+                      "core; one with --deterministic-time)")
     plan.add_argument("--deterministic-time", type=positive_float, metavar="UNITS",
                       help="cpsat only: bound the search by CP-SAT's deterministic time "
-                      "instead of the clock, so the same problem gives the same plan on a "
-                      "busy machine (the time limit then stops nothing; measured here: a "
-                      "unit took about 5 s on one thread, and 20-45 s on two interleaved "
-                      "threads)")
+                      "instead of the clock, on one thread unless --threads says more, so "
+                      "the same problem gives the same plan on any machine, busy or not, "
+                      "and the first plan `dione simulate --time-limit UNITS` adopts (the "
+                      "time limit then stops nothing; measured here: a unit took about 5 s "
+                      "on one thread, and 20-45 s on two interleaved threads)")
     plan.add_argument("--cluster", help="plan on this cluster instead of the problem's: "
                       "NODESxDEVICES (4x8) or devices per node (8,8,4), each part with its "
                       "nodes' kind first where options have kinds (H100:2x8,A100:2x8)")

@@ -76,7 +76,10 @@ def command(args: argparse.Namespace) -> int:
                           "exit status 1)" if left_out else ""))
         return EXIT_FAILED if left_out else 0
     try:
-        plan = solve(problem, args.solver, args.time_limit, args.threads,
+        # Deterministic time on every core gave a plan that depends on the machine's
+        # cores (and not simulate's first plan, solved on one thread: review).
+        threads = args.threads or (1 if args.deterministic_time is not None else None)
+        plan = solve(problem, args.solver, args.time_limit, threads,
                      args.deterministic_time)
     except ValueError as err:
         raise BadInput(str(err)) from None

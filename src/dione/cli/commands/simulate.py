@@ -48,7 +48,7 @@ class _Progress:
 
     def _quiet(self) -> None:
         while not self._stop.wait(1.0):
-            self._say(" (still working: a plan being solved)")
+            self._say(" (still working)")
 
     def _say(self, note: str) -> None:
         with self._lock:
