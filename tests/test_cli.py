@@ -763,6 +763,19 @@ def test_a_plan_of_deterministic_time_is_the_same_on_any_machine(
     assert plans[0] == plans[1]
 
 
+def test_a_cluster_of_another_kind_than_the_files_is_noted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--cluster A100:2x8` on a problem of H100 nodes whose options name no kind
+    planned A100 nodes with H100 seconds, unsaid (review)."""
+    problem = str(ROOT / "benchmarks" / "cluster_tables" / "llama2-sweep.json")
+    for cluster, noted in (("A100:2x8", True), ("2x8", False)):
+        status, _, err = in_process(capsys, "plan", problem, "--cluster", cluster,
+                                    "--time-limit", "1", "-o", str(tmp_path / "plan.json"))
+        said = " ".join(err.split())
+        assert status == 0 and ("were measured on the file's H100 nodes: on --cluster's "
+                                "A100 nodes they take the same seconds" in said) == noted
+
+
 DOUBTFUL_RULE = '''
 import functools, torch
 from dione import Asha, Task, Workload

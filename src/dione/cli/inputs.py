@@ -72,6 +72,25 @@ def problem_refused(path: str, err: Exception, cluster_given: bool) -> BadInput:
     return BadInput(f"{path}: {err}{hint}")
 
 
+def say_kinds_replaced(path: str, problem: Any) -> None:
+    """Where ``--cluster`` gave ``problem`` nodes of a kind the file's nodes are not, and
+    options of no kind stand for them: note that those take the seconds measured on the
+    file's nodes (A100 nodes planned with H100 times, unsaid: review)."""
+    from dione.plan import ProblemError, load_problem
+
+    try:
+        given = {n.kind for n in load_problem(path, fitting=False).nodes if n.kind}
+    except (OSError, ProblemError):  # a file of no cluster: nothing to compare
+        return
+    new = sorted({n.kind for n in problem.nodes if n.kind} - given)
+    alike = [t.name for t in problem.tasks if any(o.kind is None for o in t.options)]
+    if given and new and alike:
+        complain("note", f"the options of no kind (of {len(alike)} task(s)) were measured "
+                 f"on the file's {', '.join(sorted(given))} nodes: on --cluster's "
+                 f"{', '.join(new)} nodes they take the same seconds; give each kind's "
+                 "options apart (\"kind\") for the plan to tell them apart")
+
+
 def say_problem_notes(problem: Any, left_out: Sequence[str]) -> None:
     """What a plan or a simulation of a problem file does not see or cannot use (its
     caveats, knobs its techniques do not take), and the tasks it left out, said."""

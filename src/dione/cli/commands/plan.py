@@ -8,7 +8,13 @@ import json
 
 from dione.cli.console import complain, console, errors
 from dione.cli.errors import EXIT_FAILED, BadInput
-from dione.cli.inputs import output_file, problem_refused, say_problem_notes, write_output
+from dione.cli.inputs import (
+    output_file,
+    problem_refused,
+    say_kinds_replaced,
+    say_problem_notes,
+    write_output,
+)
 
 __all__ = ["command"]
 
@@ -46,6 +52,8 @@ def command(args: argparse.Namespace) -> int:
         raise problem_refused(problem_file, err, nodes is not None) from None
     problem, left_out = problem.left_out()
     say_problem_notes(problem, left_out)
+    if nodes is not None:
+        say_kinds_replaced(problem_file, problem)
     unknown = sorted({o.technique for t in problem.tasks for o in t.options}
                      - set(BUILT_IN_TECHNIQUES))
     if unknown:  # planned (a user's own registered technique may bear the name), said

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from dione.cli.console import complain, console
 from dione.cli.errors import EXIT_FAILED, BadInput
-from dione.cli.inputs import problem_refused, say_problem_notes
+from dione.cli.inputs import problem_refused, say_kinds_replaced, say_problem_notes
 
 if TYPE_CHECKING:
     from dione.orchestrate.options import RunEvent
@@ -97,6 +97,8 @@ def command(args: argparse.Namespace) -> int:
     dropped = dict(zip([t.name for t in loaded.tasks if t.name not in kept], left_out,
                        strict=True))
     say_problem_notes(problem, left_out)
+    if cluster is not None:
+        say_kinds_replaced(args.problem, problem)
     released = [t.name for t in problem.tasks if t.release]
     if released or problem.busy:  # a snapshot of a live run's problem, say
         complain("warning", "the simulation starts every task at 0 s on idle devices: "
