@@ -115,6 +115,18 @@ def test_a_lost_node_leaves_every_task_done_on_the_others(tmp_path: Path) -> Non
     assert lost and all("was lost" in (s.error or "") for s in lost)
 
 
+def test_a_node_lost_at_the_start_is_never_planned(tmp_path: Path) -> None:
+    """A node the scenario loses at 0 s was planned, each slice there failing at once
+    (review): the run starts without it."""
+    result = simulate(small_problem(), tmp_path / "run",
+                      scenario=Scenario(node_losses={"n1": 0.0}), steps=20, options=OPTIONS,
+                      report=False)
+    assert set(result.statuses.values()) == {"done"}
+    with RunStore(tmp_path / "run") as store:
+        assert {s.node for s in store.slices()} == {"n0"}
+        assert all(s.status == "done" for s in store.slices())
+
+
 def test_current_practice_loses_what_a_lost_node_held_since_its_last_checkpoint(
         tmp_path: Path) -> None:
     """The baseline kept every second a lost node had trained, while the run loses its
@@ -183,6 +195,9 @@ def test_faulty_nodes_are_found_and_left_and_a_healthy_one_trains_every_task(
             slices = store.slices()
         failed = [s for s in slices if s.status == "failed"]
         assert failed and all(s.node in faulty and "ECC" in (s.error or "") for s in failed)
+        # Its first line, which the timeline shows, says why (it read "...: failed").
+        assert all("on a faulty node (simulated)" in (s.error or "").splitlines()[0]
+                   for s in failed)
         said = [e.message for e in events if "the node is at fault" in e.message]
         assert len(said) == len(faulty), said
         # Once found, a faulty node is given nothing more.
@@ -307,6 +322,13 @@ def test_a_simulation_says_what_it_left_out_and_what_its_baseline_leaves_out(
                         ({"options": {"time_limit": 1}}, "options must be a RunOptions")):
         with pytest.raises(TypeError, match=said):
             simulate(**{"problem": problem, "run_dir": tmp_path / "bad", **wrong})
+    # A wrong scenario is named as the scenario, not blamed on cluster=None (review);
+    # steps=0 is a bad value, not a bad type.
+    with pytest.raises(TypeError, match=r"scenario=Scenario\(\.\.\.\) or load_scenario"
+                       r"\(path\), not dict"):
+        simulate(problem, tmp_path / "bad", scenario={"spread": 0.1})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="steps must be a whole number >= 1, not 0"):
+        simulate(problem, tmp_path / "bad", steps=0)
 
 
 def test_current_practice_runs_each_task_on_a_whole_node_in_turn() -> None:

@@ -411,7 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "the virtual run; each takes real seconds to simulate")
     simulate.add_argument("--slice-seconds", type=positive_float,
                           help="aim for slices of this many virtual seconds (default: 5 min)")
-    simulate.add_argument("--no-replan", action="store_true", help="keep the first plan")
+    simulate.add_argument("--no-replan", action="store_true", help="keep the first plan: "
+                          "a node that joins later stays unused; a lost node's work is still "
+                          "planned again on the others")
     simulate.add_argument("--max-failures", type=positive_int,
                           default=SIMULATION_OPTIONS.max_failures,
                           help="a task whose slices failed this often is failed (the "

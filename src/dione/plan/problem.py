@@ -423,11 +423,12 @@ def _fits_no_node(where: str, options: Iterable[Option], nodes: Sequence[NodeSpe
         widest = max(n.devices for _, of_kind in sized for n in of_kind)
         kinds = {o.kind for o, _ in sized}
         if None in kinds:
-            return [f"{where}: no option fits any node (the widest has {widest} devices, "
-                    f"the narrowest option needs {narrowest})"]
+            return [f"{where}: no option fits any node (the widest has {widest} "
+                    f"device{'s' * (widest != 1)}, the narrowest option needs {narrowest})"]
         named = ", ".join(sorted(k for k in kinds if k))
         return [f"{where}: no option fits any node (the widest node of kind {named} has "
-                f"{widest} devices, the narrowest option of that kind needs {narrowest})"]
+                f"{widest} device{'s' * (widest != 1)}, the narrowest option of that kind "
+                f"needs {narrowest})"]
     wanted = sorted({o.kind for o in options if o.kind})
     have = sorted({n.kind or "none" for n in nodes})
     near = [f"{k!r} is not {w!r}" for w in wanted for k in have if k.casefold() == w.casefold()]

@@ -68,8 +68,10 @@ class VirtualCluster:
         return min(later, default=None)
 
     def present_at_start(self) -> list[Node]:
-        """The nodes the run starts with (those the scenario has join later left out)."""
-        return [n for n in self.nodes if self.scenario.node_joins.get(n.name, 0.0) <= 0]
+        """The nodes the run starts with (those the scenario has join later, or lost at
+        its start, left out: one lost at 0 s was planned, its slices failing at once)."""
+        return [n for n in self.nodes if self.scenario.node_joins.get(n.name, 0.0) <= 0
+                and not self.lost(n.name)]
 
     def shutdown(self) -> None:
         return None
@@ -162,9 +164,9 @@ class SimulatedLaunching:
             # As a broken accelerator fails: the same exception from the same step, at
             # the slice's start, however often the node is given it.
             self.clock.at(began + before, lambda: fail(
-                f"{where}: failed\nRuntimeError: CUDA error: uncorrectable ECC error "
-                f"encountered (simulated: node {a.node} is faulty)", "raised",
-                "RuntimeError"))
+                f"{where}: failed on a faulty node (simulated)\nRuntimeError: CUDA error: "
+                f"uncorrectable ECC error encountered (simulated: node {a.node} is faulty)",
+                "raised", "RuntimeError"))
         elif lost_at is not None and lost_at < began + seconds:
             self.clock.at(lost_at, lambda: fail(f"{where}: node {a.node} was lost "
                                                 "(simulated)", "node_lost"))

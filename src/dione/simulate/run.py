@@ -128,15 +128,19 @@ def simulate(
     if not isinstance(problem, PlanningProblem):
         raise TypeError(f"simulate takes a PlanningProblem (dione.plan.load_problem(path)), "
                         f"not {type(problem).__name__}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    if isinstance(steps, bool) or not isinstance(steps, int):
         raise TypeError(f"steps must be a whole number >= 1, not {steps!r}")
+    if steps < 1:
+        raise ValueError(f"steps must be a whole number >= 1, not {steps!r}")
     if options is not None and not isinstance(options, RunOptions):
         raise TypeError(f"options must be a RunOptions (dione.orchestrate.RunOptions(...)), "
                         f"not {type(options).__name__}")
-    if isinstance(cluster, str) or not isinstance(scenario, (Scenario, type(None))):
-        raise TypeError("simulate takes cluster=parse_cluster('4x8') (a Cluster) and "
-                        "scenario=Scenario(...) or load_scenario(path), not "
-                        f"{type(cluster).__name__} and {type(scenario).__name__}")
+    if isinstance(cluster, str) or not isinstance(cluster, (Cluster, type(None))):
+        raise TypeError("simulate takes cluster=parse_cluster('4x8') (a Cluster), not "
+                        f"{type(cluster).__name__}")
+    if not isinstance(scenario, (Scenario, type(None))):
+        raise TypeError("simulate takes scenario=Scenario(...) or load_scenario(path), not "
+                        f"{type(scenario).__name__}")
     scenario = scenario or Scenario()
     problem = without_avoid_lists(problem)
     # The problem's own words for its nodes (A100), where they are the cluster.

@@ -100,7 +100,7 @@ def command(args: argparse.Namespace) -> int:
         plan = dataclasses.replace(plan, notes={**plan.notes, "left_out": list(left_out)})
     text = json.dumps(plan.to_json(), indent=1)
     summary = (f"{plan.solver}: {plan.status}, makespan {plan.makespan:.1f} s, lower bound "
-               f"{plan.lower_bound:.1f} s (gap {plan.gap:.2%}), solved in "
+               f"{plan.lower_bound:.1f} s (gap {max(plan.gap, 0.0):.2%}), solved in "
                f"{plan.solve_seconds:.2f} s" + (
                    f"; {len(left_out)} task(s) no node holds are not in it (above: exit "
                    "status 1, as a run fails them)" if left_out else ""))
