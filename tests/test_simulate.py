@@ -150,6 +150,10 @@ def test_injected_failures_are_retried_and_a_hopeless_task_fails_alone(tmp_path:
                       scenario=Scenario(failures={"t0": 1, "t2": 5}), steps=20,
                       options=OPTIONS)
     assert result.statuses == {"t0": "done", "t1": "done", "t2": "failed", "t3": "done"}
+    # Current practice trains every task to its end: the report says the two do not
+    # compare, as the command does (it gave the figure alone: review).
+    assert "(not comparable: 1 task(s) did not finish here" in " ".join(
+        (tmp_path / "run" / "report" / "summary.md").read_text().split())
 
 
 def test_a_task_far_slower_than_profiled_is_cancelled_as_a_run_cancels_it(
@@ -637,6 +641,11 @@ def test_a_task_only_a_later_node_can_hold_waits_for_it(tmp_path: Path) -> None:
     # run's 380 s read as drift).
     assert "it placed 1 of the 2 tasks; the others were planned later" in \
         (run.run_dir / "report" / "summary.md").read_text()
+    # And the command's closing line, from the same plan (it said the first plan's 50 s
+    # alone: review).
+    from dione.cli.commands.simulate import _first_placed
+
+    assert _first_placed(run.run_dir) == 1
 
 
 def test_owed_replans_are_solved_past_the_budget_and_not_counted_in_it(

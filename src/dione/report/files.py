@@ -58,9 +58,10 @@ def _sessions(plans: Sequence[AdoptedPlan], slices: Sequence[Any], zero: float) 
             "`dione resume` printed)."]
 
 
-def _simulated_setting(run_dir: Path | None) -> list[str]:
+def _simulated_setting(run_dir: Path | None, unfinished: int = 0) -> list[str]:
     """A simulated run's cluster, scenario and current practice (from its
-    SIMULATED_FILE), as lines of the summary."""
+    SIMULATED_FILE), as lines of the summary; ``unfinished``: tasks the run did not
+    finish (current practice trains each to its end: no saving to read)."""
     try:
         setting = json.loads((run_dir / SIMULATED_FILE).read_text()) if run_dir else {}
     except (OSError, ValueError):
@@ -79,7 +80,9 @@ def _simulated_setting(run_dir: Path | None) -> list[str]:
                      f"to its end; the same cluster, slowdowns, node losses and joins, "
                      f"without the scenario's failures, faulty nodes and spread, and no "
                      f"stopping rule): "
-                     f"{setting['current_practice']:.1f} s.")
+                     f"{setting['current_practice']:.1f} s"
+                     + (f" (not comparable: {unfinished} task(s) did not finish here, as "
+                        "`dione simulate` says)" if unfinished else "") + ".")
     return [*lines, ""]
 
 
@@ -300,7 +303,8 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
     if simulated:
         lines += [f"A virtual cluster ran this (`dione simulate`): no task trained; times are "
                   f"virtual seconds and losses follow a curve, as {SIMULATED_FILE} says.", ""]
-        lines += _simulated_setting(run_dir)
+        lines += _simulated_setting(run_dir, sum(
+            1 for t in tasks if t.status not in ("done", "stopped")))
     ended = [s.ended_at - zero for s in slices if s.ended_at is not None]
     if plans:
         first = plans[0]

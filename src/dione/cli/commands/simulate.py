@@ -65,6 +65,14 @@ class _Progress:
         self._thread.join(timeout=5)
 
 
+def _first_placed(run_dir: Path) -> int | None:
+    """How many tasks the run's first plan placed (None: no plan was adopted)."""
+    from dione.orchestrate.plans import read_plans
+
+    plans = read_plans(run_dir)
+    return len({a.task for a in plans[0].plan.assignments}) if plans else None
+
+
 def command(args: argparse.Namespace) -> int:
     from dione.orchestrate.estimates import planning_nodes
     from dione.orchestrate.options import RunOptions
@@ -152,6 +160,9 @@ def command(args: argparse.Namespace) -> int:
              else f" ({result.makespan / result.current_practice:.2f} of it)"
              if result.current_practice > 0 else "")
     covers = horizon_said(result.planned_horizon, ", {}")
+    placed = _first_placed(out)
+    if placed is not None and placed < len(result.statuses):  # as the report says it
+        covers += f", placing {placed} of the {len(result.statuses)} tasks"
     console.print(f"makespan {result.makespan:.1f} s (first plan: "
                   f"{result.planned_makespan:.1f} s{covers}); current practice "
                   f"{result.current_practice:.1f} s{ratio}"
