@@ -176,6 +176,23 @@ def test_a_task_far_slower_than_profiled_is_cancelled_as_a_run_cancels_it(
     assert set(result.statuses.values()) == {"done"} and result.errors == {}
 
 
+def test_a_node_on_which_two_tasks_stall_is_left_and_the_others_train_them(
+        tmp_path: Path) -> None:
+    """A node a thousand times slow stalls every slice: each task there was cancelled
+    and retried there until it failed, as no exception showed the node at fault (a
+    simulate review). Two tasks stalled on a node that trained nothing since now show
+    it, as two alike exceptions do: it is left, and the other node trains them all."""
+    events: list[RunEvent] = []
+    result = simulate(small_problem(4), tmp_path / "run", steps=20, options=OPTIONS,
+                      scenario=Scenario(node_slowdown={"n1": 1000.0}), report=False,
+                      on_event=events.append)
+    assert set(result.statuses.values()) == {"done"}, result.errors
+    assert any("stalled as another task on node n1, which has trained nothing since: the "
+               "node is at fault" in e.message for e in events)
+    with RunStore(tmp_path / "run") as store:
+        assert {s.node for s in store.slices() if s.status == "done"} == {"n0"}
+
+
 def test_faulty_nodes_are_found_and_left_and_a_healthy_one_trains_every_task(
         tmp_path: Path) -> None:
     """A broken node raises the same error for every slice it is given. Two tasks

@@ -954,7 +954,8 @@ class Runner:
         except GangInterrupted:
             if running.stalled is None:
                 raise  # the run is stopping: its gangs were cancelled
-            return self._failed(record, SliceError(running.stalled, "stalled"))
+            return self._failed(record, SliceError(running.stalled, "stalled"),
+                                running.start_step, running.assignment.node)
         except SliceError as err:
             if err.reason == "node_lost":  # not the task's fault: plan it anew elsewhere
                 self._lose_node(running.assignment.node, record, err)
@@ -1237,7 +1238,13 @@ class Runner:
         raised = ((start, f"{err.error_type}: {exception_line(str(err))}", node)
                   if err.reason == "raised" and start is not None else None)
         previous, record.last_raised = record.last_raised, raised
-        faulty = self._note_raised(record, raised)
+        # A stall is a node's evidence too: two tasks stalled on a node that trained
+        # nothing since (a hung or crawling device) show it at fault, as two alike
+        # exceptions do; a task that stalls anywhere fails by its retries alone (a node
+        # a thousand times slow failed every task planned there: a simulate review).
+        stalled = ((start, STALLED, node) if err.reason == "stalled" and node
+                   and start is not None else None)
+        faulty = self._note_raised(record, raised or stalled)
         shunned = self._shunned()
         same = again = False
         # Not where a node at fault raised either (the same error on two faulty nodes
@@ -1269,9 +1276,10 @@ class Runner:
             said = [] if faulty else [f"attempt {record.failures} of "
                                       f"{self.options.max_failures}"]
             if faulty:
-                said.append(f"the same error as another task on node {node}, which has "
-                            "trained nothing since: the node is at fault, left out of every "
-                            "task's plan while others hold them, its failures not counted")
+                said.append(f"{'stalled as' if stalled else 'the same error as'} another "
+                            f"task on node {node}, which has trained nothing since: the node "
+                            "is at fault, left out of every task's plan while others hold "
+                            "them, its failures not counted")
             elif same:  # (not again: another node holds it)
                 record.avoid.add(node)
                 said.append(f"the same error on node {node} again: the node may be at "
