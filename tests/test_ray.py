@@ -595,6 +595,11 @@ def test_a_node_another_job_holds_is_left_out_then_joins_once_free(
     try:
         tasks = [digits_task(f"b{i}", steps=100, batch_size=16, techniques=("single",))
                  for i in range(6)]
+        # `dione profile` alike: its trials run on the free node (it failed at its start).
+        with Catalog(str(tmp_path / "catalog.sqlite")) as catalog:
+            profiled = profile_workload(tasks, Cluster(nodes), catalog, options=QUICK,
+                                        launcher=launcher)
+        assert profiled.trials_run > 0
         result = run_workload(
             tasks, Cluster(nodes), tmp_path / "run",
             RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK,

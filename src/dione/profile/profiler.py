@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dione.launch.local import LOCAL, Launcher, warm_up
+from dione.launch.local import LOCAL, Launcher, warm_up_free
 from dione.profile.catalog import Catalog, TrialRecord
 from dione.profile.choice import choose_options, repeats_due
 from dione.profile.fingerprint import device_description
@@ -210,8 +210,9 @@ def _profile_alike(
         else:
             pending.append(trial)
     if pending:
-        # A trial times a slice on warm workers, as the run will: none pays a start.
-        warm_up(launcher, alike)
+        # A trial times a slice on warm workers, as the run will: none pays a start. A
+        # node another job holds is left to the others (`dione profile --ray` failed).
+        alike, _ = warm_up_free(launcher, alike)
     setting = ProfilingSession(
         nodes=alike, catalog=catalog, options=options, group_of=found.group_of(),
         profiles=profiles, emit=emit, began=began, budget=budget, parallel=parallel,
@@ -221,7 +222,8 @@ def _profile_alike(
     untimed = _evaluations_untimed(tasks, profiles, by_task, wanted, results, catalog)
     if untimed:
         if not pending:
-            warm_up(launcher, alike)
+            alike, _ = warm_up_free(launcher, alike)
+            setting = dataclasses.replace(setting, nodes=alike)
         # Runs again of trials there are: one skipped (over the budget) is no skip.
         ran, skipped = run_trials(untimed, results, setting, counted)
         trials_run += ran
