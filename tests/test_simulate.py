@@ -191,6 +191,21 @@ def test_a_node_on_which_two_tasks_stall_is_left_and_the_others_train_them(
                "node is at fault" in e.message for e in events)
     with RunStore(tmp_path / "run") as store:
         assert {s.node for s in store.slices() if s.status == "done"} == {"n0"}
+    # Two tasks slow everywhere (their own doing) on healthy nodes: once each stalls on
+    # a second node its stalls are taken back, and none is forgiven (they kept healthy
+    # nodes out to the end, with two tries more each: a regression review).
+    slow = Scenario(task_slowdown={"t1": 30.0, "t2": 30.0})
+    result = simulate(small_problem(6), tmp_path / "slow", steps=20, options=OPTIONS,
+                      scenario=slow, report=False)
+    assert {t for t, s in result.statuses.items() if s != "done"} == {"t1", "t2"}
+    with RunStore(tmp_path / "slow") as store:
+        slices = store.slices()
+    for task in ("t1", "t2"):
+        assert sum(s.task == task and s.status == "interrupted" for s in slices) == \
+            OPTIONS.max_failures
+    last_stall = max(s.ended_at or 0.0 for s in slices if s.status == "interrupted")
+    assert {s.node for s in slices if s.status == "done" and s.started_at < last_stall} \
+        == {"n0", "n1"}
 
 
 def test_faulty_nodes_are_found_and_left_and_a_healthy_one_trains_every_task(

@@ -681,10 +681,22 @@ class Runner:
         return any(sum(at > well for at in tasks.values()) >= 2
                    for (where, _), tasks in self.raised_on.items() if where == node)
 
-    def _note_raised(self, record: TaskRecord, raised: tuple[int, str, str] | None
-                     ) -> str | None:
-        """Keep who raised what where; the node, where this shows it at fault now (then
-        every task's failures there are forgiven, up to ``max_failures`` a task)."""
+    def _stalled_elsewhere(self, task: str, node: str) -> bool:
+        """Whether ``task`` stalled on a node other than ``node`` too: then its stalls
+        are its own, taken back as evidence against any node."""
+        elsewhere = any(task in tasks for (where, line), tasks in self.raised_on.items()
+                        if line == STALLED and where != node)
+        if elsewhere:
+            for (_, line), tasks in self.raised_on.items():
+                if line == STALLED:
+                    tasks.pop(task, None)
+        return elsewhere
+
+    def _note_raised(self, record: TaskRecord, raised: tuple[int, str, str] | None,
+                     forgive: bool = True) -> str | None:
+        """Keep who raised what where; the node, where this shows it at fault now (then,
+        where ``forgive``, every task's failures there are forgiven, up to
+        ``max_failures`` a task)."""
         if raised is None:
             return None
         _, line, node = raised
@@ -692,7 +704,7 @@ class Runner:
         self.raised_on.setdefault((node, line), {})[record.name] = self.now()
         if before or not self._at_fault(node):
             return None
-        for r in self.state.records.values():
+        for r in self.state.records.values() if forgive else ():
             take = min(r.failed_on.pop(node, 0), self.options.max_failures - r.forgiven)
             r.failures -= take
             r.forgiven += take
@@ -1240,11 +1252,14 @@ class Runner:
         previous, record.last_raised = record.last_raised, raised
         # A stall is a node's evidence too: two tasks stalled on a node that trained
         # nothing since (a hung or crawling device) show it at fault, as two alike
-        # exceptions do; a task that stalls anywhere fails by its retries alone (a node
-        # a thousand times slow failed every task planned there: a simulate review).
+        # exceptions do (a node a thousand times slow failed every task planned there:
+        # a simulate review). Not forgiven: a task slow everywhere keeps its tries, and
+        # once it stalls on a second node its stalls are its own, no node's (two slow
+        # tasks kept healthy nodes out to the end: a regression review).
         stalled = ((start, STALLED, node) if err.reason == "stalled" and node
-                   and start is not None else None)
-        faulty = self._note_raised(record, raised or stalled)
+                   and start is not None and len(self.cluster.nodes) > 1
+                   and not self._stalled_elsewhere(record.name, node) else None)
+        faulty = self._note_raised(record, raised or stalled, forgive=stalled is None)
         shunned = self._shunned()
         same = again = False
         # Not where a node at fault raised either (the same error on two faulty nodes
@@ -1279,7 +1294,7 @@ class Runner:
                 said.append(f"{'stalled as' if stalled else 'the same error as'} another "
                             f"task on node {node}, which has trained nothing since: the node "
                             "is at fault, left out of every task's plan while others hold "
-                            "them, its failures not counted")
+                            "them" + ("" if stalled else ", its failures not counted"))
             elif same:  # (not again: another node holds it)
                 record.avoid.add(node)
                 said.append(f"the same error on node {node} again: the node may be at "
