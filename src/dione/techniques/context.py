@@ -29,9 +29,9 @@ from dione.techniques import import_clock
 from dione.techniques.base import SliceOutcome, SliceSpec
 from dione.techniques.evaluate import (
     evaluate_model,
+    metrics_agree,
     model_from_state,
     note_evaluation_error,
-    same_metrics,
     stages_on_rank0,
 )
 from dione.techniques.gradients import clip_gradients
@@ -259,18 +259,22 @@ class SliceContext:
         gathering each unit's weights as its forward needs them, as in training, so no
         rank ever holds the whole model (a model sharded because it fits no device
         would not fit for its evaluation either). The ranks draw the same data from
-        the task's seed and compute the same numbers; rank 0 keeps them. An error
-        raised alike on every rank goes into ``outcome``; the training is kept."""
+        the task's seed and compute the same numbers; rank 0 keeps them. Where they
+        differ beyond rounding or evaluate raised, the whole model is evaluated on rank
+        0 instead; an error there goes into ``outcome``; the training is kept."""
         if not self.spec.evaluate:
             return
         with self.evaluating(outcome):
             began, imported = time.perf_counter(), import_clock.seconds()
             metrics: dict[str, float] | None = None
-            with contextlib.suppress(Exception):  # tried on the whole model below
+            raised: Exception | None = None
+            try:
                 metrics = evaluate_model(self.task, model)
+            except Exception as err:  # tried on the whole model below
+                raised = err
             answers: list[Any] = [None] * self.world
             dist.all_gather_object(answers, metrics)
-            if metrics is not None and all(same_metrics(a, metrics) for a in answers):
+            if metrics is not None and all(metrics_agree(a, metrics) for a in answers):
                 if self.rank == 0:
                     outcome.evaluation = metrics
                     outcome.timings["evaluate_seconds"] = _without_imports(began, imported)
@@ -279,6 +283,7 @@ class SliceContext:
             # holds a shard: a weight norm read rank 0's half, review) or evaluate
             # raised on the sharded model (a weight used as a plain tensor): evaluated
             # as the user defined the model, whole on rank 0, as ddp's is.
+            model.zero_grad(set_to_none=True)  # trained and saved: room for the whole model
             try:
                 state = get_model_state_dict(model, options=StateDictOptions(
                     full_state_dict=True, cpu_offload=True))  # rank 0's only
@@ -286,7 +291,7 @@ class SliceContext:
                          if self.rank == 0 else None)
             except Exception as err:
                 if self.rank == 0:
-                    note_evaluation_error(outcome, _sharded_disagreed(answers, err))
+                    note_evaluation_error(outcome, _sharded_disagreed(answers, err, raised))
                 return
             del state
             if whole is not None:
@@ -372,15 +377,17 @@ class SliceContext:
         )
 
 
-def _sharded_disagreed(answers: Sequence[dict[str, float] | None],
-                       err: BaseException) -> BaseException:
-    """Why fsdp's evaluation went to the whole model, which then failed with ``err``."""
+def _sharded_disagreed(answers: Sequence[dict[str, float] | None], err: BaseException,
+                       raised: BaseException | None) -> BaseException:
+    """Why fsdp's evaluation went to the whole model, which then failed with ``err``;
+    ``raised``: what evaluate raised on this rank's sharded model (None: nothing)."""
     if any(a is None for a in answers):
-        why = "evaluate raised on fsdp's sharded model"
+        why = "evaluate raised on fsdp's sharded model" + (
+            f" ({type(raised).__name__}: {raised})" if raised is not None else " on a rank")
     else:
         given = [a or {} for a in answers]
         names = sorted({k for a in given for k in a
-                        if not same_metrics({k: a.get(k)}, {k: given[0].get(k)})})
+                        if not metrics_agree({k: a.get(k)}, {k: given[0].get(k)})})
         shown = "; ".join(f"{k}: " + ", ".join(f"{a.get(k)!r} on rank {r}"
                                                 for r, a in enumerate(given))
                           for k in names[:3])

@@ -6,6 +6,7 @@ technique that does none of these (a user's)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import traceback
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -21,8 +22,15 @@ from dione.state.checkpoint import load_model_weights
 if TYPE_CHECKING:
     from dione.techniques.base import SliceOutcome
 
-__all__ = ["evaluate_checkpoint", "evaluate_model", "fresh_model", "model_from_state",
-           "note_evaluation_error", "same_metrics", "stages_on_rank0"]
+__all__ = [
+    "evaluate_checkpoint",
+    "evaluate_model",
+    "fresh_model",
+    "metrics_agree",
+    "model_from_state",
+    "note_evaluation_error",
+    "stages_on_rank0",
+]
 
 
 @contextlib.contextmanager
@@ -75,12 +83,13 @@ def evaluate_model(task: Task, model: nn.Module) -> dict[str, float]:
     return result
 
 
-def same_metrics(one: Mapping[str, Any] | None, other: Mapping[str, Any] | None) -> bool:
-    """Whether two evaluations gave the same metrics, to the bit (NaN alike)."""
+def metrics_agree(one: Mapping[str, Any] | None, other: Mapping[str, Any] | None) -> bool:
+    """Whether two evaluations gave the same metrics up to rounding (relative 1e-5: a
+    GPU's reductions may differ in the last bits from run to run; NaN alike)."""
     if one is None or other is None or one.keys() != other.keys():
         return False
-    return all(one[k] == other[k] or (one[k] != one[k] and other[k] != other[k])
-               for k in one)
+    return all(math.isclose(one[k], other[k], rel_tol=1e-5, abs_tol=1e-12)
+               or (one[k] != one[k] and other[k] != other[k]) for k in one)
 
 
 def stages_on_rank0(model: nn.Module, rank: int, world: int) -> dict[str, Any] | None:
