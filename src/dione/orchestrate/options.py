@@ -185,7 +185,8 @@ class RunEvent:
 
     - the run: ``profiled``, ``planned``, ``replanned``, ``planner_fell_back``,
       ``node_lost``, ``node_joined``, ``node_busy`` (another job holds its devices: the
-      run starts without it), ``finished``, ``storage_unset`` (several nodes and no
+      run starts without it), ``node_unmeasured`` (a node of a model the run did not
+      profile joined: not planned), ``finished``, ``storage_unset`` (several nodes and no
       ``storage``);
     - slices: ``slice_started``, ``slice_finished``, ``slice_failed``, ``slice_slow``,
       ``slice_cancelled``, ``checkpoint_quarantined``, ``checkpoint_missing``;

@@ -756,8 +756,22 @@ class Runner:
         """Add the nodes that joined the cluster since (of the kind the profile measured,
         whose options stand for every such node)."""
         kind = self.cluster.nodes[0].kind
-        joined = [n for n in self.launcher.alive_nodes() or []
-                  if n.name not in self.known and n.kind == kind]
+        measured = set(self.node_kinds.values())
+        new = [n for n in self.launcher.alive_nodes() or []
+               if n.name not in self.known and n.kind == kind]
+        # A node of a model no node of the run's profile was (an A100 beside H100s)
+        # would be planned with the others' seconds and memory: left to a resume, which
+        # profiles it (a regression review). A simulated problem's options stand for the
+        # nodes its file says they do.
+        unmeasured = [] if self.virtual else [n for n in new if n.model not in measured]
+        for node in unmeasured:
+            self.known.add(node.name)
+            self.emit(RunEvent("node_unmeasured", f"node {node.name} ({node.model}) joined "
+                               "the cluster, but this run profiled "
+                               f"{', '.join(sorted(str(m) for m in measured))} nodes only: "
+                               "it is not planned; `dione resume` the run to profile and "
+                               "use it"))
+        joined = [n for n in new if n not in unmeasured]
         if not joined:
             return
         self.known |= {n.name for n in joined}
