@@ -388,6 +388,11 @@ def test_resume_keeps_the_saved_options_and_applies_the_flags_given(
     assert resumed[-1] == started
     assert main(["resume", str(run_dir), "--ray-env", "DIONE_B=2"]) == 0  # in their place
     assert resumed[-1] == dataclasses.replace(started, ray_env=("DIONE_B=2",))
+    # Recorded by a dione that took a variable it sets itself (and replaced it unsaid):
+    # left out and said, not refused with no flag to clear it (a regression review).
+    dataclasses.replace(started, ray_env=("OMP_NUM_THREADS=8", "DIONE_A=1")).write(run_dir)
+    assert main(["resume", str(run_dir)]) == 0
+    assert resumed[-1].ray_env == ("DIONE_A=1",)
 
 
 def test_ray_env_passes_variables_to_ray_workers_and_is_checked(

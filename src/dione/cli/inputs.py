@@ -159,6 +159,18 @@ def ray_launcher(address: str | None, devices: str | None,
         raise BadInput(str(err)) from None
 
 
+def saved_ray_env(run_dir: Path, items: Sequence[str]) -> list[str]:
+    """A run's recorded ``--ray-env`` items, less those naming a variable dione sets in
+    its workers itself (recorded by a dione that took them and replaced them unsaid: a
+    resume refused them, and no flag clears the record: a regression review), said."""
+    dropped = [i for i in items if i.partition("=")[0] in _SET_BY_DIONE]
+    if dropped:
+        complain("warning", f"{run_dir}/run.json records --ray-env {', '.join(dropped)}: "
+                 "dione sets those in its Ray workers itself, so they are left out (they "
+                 "never took effect)")
+    return [i for i in items if i not in dropped]
+
+
 def ray_environment(items: Sequence[str]) -> dict[str, str]:
     """``--ray-env`` items as variables: NAME=VALUE as given, NAME with this process's
     value; BadInput naming the item and the fix where one is neither."""

@@ -11,7 +11,7 @@ from shlex import quote
 from dione.cli.commands.run import execute
 from dione.cli.console import console
 from dione.cli.errors import BadInput
-from dione.cli.inputs import claimed
+from dione.cli.inputs import claimed, saved_ray_env
 from dione.cli.parser import run_options
 from dione.cli.saved_run import dashboard_places, load_saved_run
 from dione.state.store import how_to_continue
@@ -48,11 +48,12 @@ def command(args: argparse.Namespace) -> int:
                            f"dione cannot read ({err}); put back the value the run was "
                            "started with (cpu:4, cuda:2)") from None
     tensorboard, mlflow = dashboard_places(args.tensorboard, args.mlflow)
+    ray_env = tuple(args.ray_env or saved_ray_env(run_dir, saved.ray_env))
     run = dataclasses.replace(saved, workload=workload, ray=ray,
                               options=run_options(vars(args), base=saved.options),
                               tensorboard=tensorboard or saved.tensorboard,
                               mlflow=mlflow or saved.mlflow,
-                              ray_env=tuple(args.ray_env or saved.ray_env))
+                              ray_env=ray_env)
     console.print(f"resuming {run_dir} ({workload})")
     # A workload or a cluster that moved is recorded at its new place, for the next
     # resume and export; the options given now are not: the next resume starts again
