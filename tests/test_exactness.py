@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import random
 import subprocess
 import sys
 from dataclasses import replace
@@ -786,3 +787,15 @@ def test_a_model_drawing_from_a_generator_of_its_own_is_recorded_as_statistical(
     assert resumed.start_step == 2
     assert "which every rank, stage and resumed slice starts anew" in \
         resumed.extra["exactness"]
+    # Kept in a list, or by a helper object that is no module, it is found too (a
+    # regression review); a model of no generator of its own is not flagged.
+    from dione.techniques.exactness import own_generator_draws
+
+    listed, helped = nn.Module(), nn.Module()
+    listed.generators = [torch.Generator()]
+    helped.helper = functools.partial(int)  # no __dict__ of generators: not flagged
+    assert own_generator_draws(listed) and not own_generator_draws(helped)
+    helped.helper = type("Helper", (), {})()
+    helped.helper.rng = random.Random(0)
+    assert own_generator_draws(helped)
+    assert not own_generator_draws(digits_task("plain").model())

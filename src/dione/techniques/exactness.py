@@ -123,8 +123,26 @@ def _model_generators(model: nn.Module) -> list[str]:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         kinds += [numpy.random.Generator, numpy.random.RandomState]
+    generator = tuple(kinds)
+
+    def holds(value: object, depth: int = 0) -> bool:
+        """A generator, or one in a list, tuple or dict, or an attribute of a helper
+        object that is no module (its modules are looked at as modules)."""
+        if isinstance(value, generator):
+            return True
+        if depth > 1 or isinstance(value, (nn.Module, torch.Tensor, str, bytes)):
+            return False
+        if isinstance(value, (list, tuple, set)):
+            return any(holds(v, depth + 1) for v in value)
+        if isinstance(value, dict):
+            return any(holds(v, depth + 1) for v in value.values())
+        attributes = getattr(value, "__dict__", None)
+        return isinstance(attributes, dict) and not isinstance(value, type) and any(
+            holds(v, depth + 1) for v in attributes.values())
+
     return [name or "the model" for name, module in model.named_modules()
-            if any(isinstance(v, tuple(kinds)) for v in vars(module).values())]
+            if any(holds(v) for k, v in vars(module).items()
+                   if k not in ("_parameters", "_buffers", "_modules"))]
 
 
 def own_generator_draws(model: nn.Module) -> str | None:
