@@ -65,6 +65,14 @@ def test_a_study_of_eight_trials_with_a_median_pruner_runs_through_dione(
             assert mine == trial.intermediate_values
     pruned = [n for n, t in trials.items() if t.state == optuna.trial.TrialState.PRUNED]
     assert pruned  # the median of completed trials stopped some: each was told on its end
+    # A pruned trial's weights: its newest checkpoint, asked for in this function's
+    # words (the refusal named the command line's --latest: a review).
+    from dione.state.export import ExportError
+
+    number = trials[pruned[0]].number
+    with pytest.raises(ExportError, match=r"dione\.optuna\.load\(\.\.\., latest=True\)"):
+        dione.optuna.load(study, build, number)
+    assert dione.optuna.load(study, build, number, latest=True) is not None
     assert study.best_trial.params["lr"] >= 0.01  # the pick: a learning rate that learns
 
     # Again with the same study and run: nothing trains, nothing is asked or told twice.
@@ -329,6 +337,11 @@ def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Pa
     assert [t.state for t in study.get_trials()] == [optuna.trial.TrialState.FAIL] * 2
     for failed in study.get_trials():  # why, in the study (it was only in `dione status`)
         assert "OSError: item" in failed.user_attrs["dione_error"], failed.user_attrs
+        # The driver's own fix first (the run's said `dione resume`, which an Optuna
+        # run's directory does not take: a review).
+        assert failed.user_attrs["dione_error"].startswith(
+            "under dione.optuna: fix the cause, then call optimize again with "
+            "retry_failed=True")
     broken[0] = False
     with pytest.raises(ValueError, match="no trial of this run is left to train"):
         dione.optuna.optimize(study, build, n_trials=2, metric="accuracy", **options)
@@ -500,3 +513,31 @@ def test_a_trial_whose_name_another_task_took_fails_saying_so(tmp_path: Path) ->
                               catalog=str(tmp_path / "catalog.sqlite"),
                               trial=TrialOptions(warmup_steps=1, measure_steps=2))
     assert [t.state for t in other.get_trials()] == [optuna.trial.TrialState.RUNNING]
+
+
+def test_retrying_failed_trials_keeps_a_diverged_ones_place(tmp_path: Path) -> None:
+    """A diverged trial is not proposed again by ``retry_failed=True``, and it keeps its
+    place among the n_trials: a new configuration took it, unsaid (a review); its
+    dione_error gives the driver's fix, not the run's (`dione add`)."""
+    from dione.zoo.digits import digits_accuracy
+
+    study = optuna.create_study(direction="maximize")
+    for lr in (0.01, 1e12):  # the second diverges
+        study.enqueue_trial({"lr": lr})
+
+    def build(trial: optuna.trial.Trial) -> dione.Task:
+        lr = trial.suggest_float("lr", 1e-3, 1e13, log=True)
+        return digits_task("digits", steps=8, techniques=("single",), evaluate=digits_accuracy,
+                           optimizer=functools.partial(torch.optim.SGD, lr=lr, momentum=0.9))
+
+    options = dict(report_every=4, run_dir=str(tmp_path / "run"), devices="cpu:2",
+                   quiet=True, catalog=str(tmp_path / "catalog.sqlite"), time_limit=2.0,
+                   trial=TrialOptions(warmup_steps=1, measure_steps=2), metric="accuracy")
+    dione.optuna.optimize(study, build, n_trials=2, **options)
+    ok, diverged = study.get_trials()
+    assert ok.state == optuna.trial.TrialState.COMPLETE
+    assert diverged.state == optuna.trial.TrialState.FAIL
+    assert diverged.user_attrs["dione_error"].startswith(
+        "under dione.optuna: a diverged trial is not trained again")
+    dione.optuna.optimize(study, build, n_trials=2, retry_failed=True, **options)
+    assert len(study.get_trials()) == 2

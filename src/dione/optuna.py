@@ -115,7 +115,7 @@ class OptunaPruning(StoppingRule):
         if trial is not None and trial.number not in _finished(self.study):
             try:
                 if status in ("failed", "diverged") and self.run_dir is not None:
-                    _note_error(trial, _store_error(self.run_dir, task))
+                    _note_error(trial, _store_error(self.run_dir, task), status)
                 _tell(self.study, trial, self.metric, status, loss, evaluation)
             finally:  # told or not (the storage failed), its place in flight is free
                 if self.on_told is not None:
@@ -131,11 +131,18 @@ def _store_error(run_dir: str, task: str) -> str | None:
     return None if record is None else record.error
 
 
-def _note_error(trial: Any, error: str | None) -> None:
+def _note_error(trial: Any, error: str | None, status: str = "failed") -> None:
     """Keep why a trial's task failed in its ``dione_error`` (an Optuna user reads the
-    study, not ``dione status``), unless a reason is kept already."""
+    study, not ``dione status``), unless a reason is kept already; the driver's own fix
+    first (the run's said `dione resume`, or `dione add` under a new name, which an
+    Optuna run has no workload file for: a review)."""
     if error and _BUILD_ERROR not in trial.user_attrs:
-        trial.set_user_attr(_BUILD_ERROR, error[:5000])
+        fix = ("under dione.optuna: a diverged trial is not trained again; narrow the "
+               "search space (a lower learning rate) for the trials asked next"
+               if status == "diverged" else
+               "under dione.optuna: fix the cause, then call optimize again with "
+               "retry_failed=True (it proposes this trial's parameters again)")
+        trial.set_user_attr(_BUILD_ERROR, f"{fix}. What the run says: {error}"[:5000])
 
 
 def _tell(study: Any, trial: Any, metric: str, status: str, loss: float | None,
@@ -252,9 +259,13 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     _tell_ended(study, trials, run_dir, metric, checked.loss_window)
     failed_before = _failed(study, trials)
     if retry_failed:  # each proposed again (Optuna asks enqueued trials first)
-        trials = [t for t in trials if t.number not in failed_before]
         for params, number in _to_retry(study, run_dir, failed_before):
             study.enqueue_trial(params, user_attrs={"dione_retry_of": number})
+        # A retried trial's place is its retry's; a diverged one, not retried, keeps its
+        # own (a new configuration took it, unsaid: a review).
+        replaced = {t.user_attrs.get("dione_retry_of")
+                    for t in study.get_trials(deepcopy=False)}
+        trials = [t for t in trials if t.number not in replaced]
     told = _finished(study)
     want = n_trials if in_flight is None else min(n_trials, max(
         len(trials), in_flight + sum(t.number in told for t in trials)))
@@ -559,10 +570,17 @@ def load(study: Any, make_task: Callable[[Any], Task], trial: Any, *,
         raise ValueError(f"trial {number} of study {study.study_name!r} was trained in "
                          f"{recorded}, not {run_dir}: another run's trial-{number} holds "
                          "other weights (leave run_dir out to load from its own)")
+    from dione.state.export import ExportError
+
     built = make_task(optuna.trial.FixedTrial(found[0].params, number=number))
     name = str(found[0].user_attrs.get(_TASK, f"trial-{number}"))
-    return dione.load(run_dir, name, workload=[replace(built, name=name)], latest=latest,
-                      best=best, step=step)
+    try:
+        return dione.load(run_dir, name, workload=[replace(built, name=name)],
+                          latest=latest, best=best, step=step)
+    except ExportError as err:  # in this function's words (it named the CLI's: a review)
+        raise ExportError(str(err).replace(
+            "(--latest; dione.load(..., latest=True))",
+            "(dione.optuna.load(..., latest=True))")) from None
 
 
 def _failed(study: Any, trials: Sequence[Any]) -> set[int]:
@@ -639,7 +657,7 @@ def _tell_ended(study: Any, trials: Sequence[Any], run_dir: str, metric: str,
         trial = by_task.get(summary.task)
         if trial is not None and trial.number not in told:
             if summary.status in ("failed", "diverged"):
-                _note_error(trial, summary.error)
+                _note_error(trial, summary.error, summary.status)
             mean = means[summary.task]
             _tell(study, trial, metric, summary.status,
                   summary.final_loss if mean is None else mean, summary.evaluation)
