@@ -20,7 +20,7 @@ LEARNING_RATES = [0.01, 1e-5, 0.02, 2e-5, 0.005, 1e-5, 0.03, 3e-5]
 
 
 def test_a_study_of_eight_trials_with_a_median_pruner_runs_through_dione(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     study = optuna.create_study(
         storage=storage, study_name="lr", direction="minimize",
@@ -75,12 +75,16 @@ def test_a_study_of_eight_trials_with_a_median_pruner_runs_through_dione(
     assert dione.optuna.load(study, build, number, latest=True) is not None
     assert study.best_trial.params["lr"] >= 0.01  # the pick: a learning rate that learns
 
-    # Again with the same study and run: nothing trains, nothing is asked or told twice.
+    # Again with the same study and run: nothing trains, nothing is asked or told twice,
+    # and that is said (a makespan alone was printed: a review).
+    capsys.readouterr()
     again = dione.optuna.optimize(
         optuna.load_study(study_name="lr", storage=storage), build, n_trials=8,
-        report_every=4, run_dir=str(run_dir), devices="cpu:2", quiet=True,
+        report_every=4, run_dir=str(run_dir), devices="cpu:2",
         catalog=str(tmp_path / "catalog.sqlite"), time_limit=2.0)
     assert {t.task: t.status for t in again.tasks} == statuses
+    assert "nothing trained this call: each trial's task of this run had ended " \
+        "(n_trials=8, and the run holds 8 trials" in " ".join(capsys.readouterr().out.split())
     assert len(optuna.load_study(study_name="lr", storage=storage).trials) == 8
 
 

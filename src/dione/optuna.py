@@ -450,6 +450,10 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     for name, trial in by_task.items():
         if name not in in_run and trial.number not in told:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    if not result.slices and not run.get("quiet"):  # (it printed a makespan alone)
+        print(f"nothing trained this call: each trial's task of this run had ended "
+              f"(n_trials={n_trials}, and the run holds {len(trials)} trials: a larger "
+              "n_trials asks new ones)")
     if timed_out and not run.get("quiet"):
         print(f"stop_asking_after={stop_asking_after:g} s passed with {timed_out[0]} of "
               f"n_trials={n_trials} trial(s) asked; calling optimize again asks the rest")
