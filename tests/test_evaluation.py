@@ -224,6 +224,30 @@ def test_an_evaluation_read_from_fsdps_weights_gives_single_numbers(tmp_path) ->
         assert result.evaluation == pytest.approx(again, rel=1e-6), task.name
 
 
+def test_ranks_whose_metrics_differ_by_rounding_decide_alike(tmp_path) -> None:
+    """Metrics within rounding of rank 0's on one rank and not on another: each rank
+    compared the others with its own, under a tolerance, so rank 1 kept its numbers
+    while ranks 0 and 2 gathered the whole model, a collective rank 1 never joined,
+    and the gang hung to its timeout (a regression review). Every rank now judges rank
+    0's answer against each, alike."""
+    from dione.launch import local_placement, run_slice
+    from dione.spec.workload import load_workload
+    from helpers import THREE
+
+    file = tmp_path / "rounding.py"
+    file.write_text(FROM_WEIGHTS.replace(
+        'workload = Workload([task("norm", norm), task("used", used)])',
+        "def by_rank(model):  # 1.0 on rank 0, as the whole model there gives\n"
+        "    import torch.distributed as dist\n"
+        "    return {'m': 1.0 + 9e-6 * (dist.get_rank() if dist.is_initialized() else 0)}\n"
+        "\n\nworkload = Workload([task('rounding', by_rank)])"))
+    [task] = list(load_workload(file))
+    task = dataclasses.replace(task, batch_size=18)  # three shares
+    result = run_slice(task, "fsdp", tmp_path / "run", local_placement(THREE, [0, 1, 2]),
+                       evaluate=True, timeout=120)
+    assert result.evaluation_error is None and result.evaluation == {"m": 1.0}
+
+
 def test_an_evaluation_that_fails_under_fsdp_keeps_the_training(tmp_path) -> None:
     """An evaluation raising on every rank of fsdp's gang (after a forward through the
     sharded model, so after collectives) ends the slice with its checkpoint and the
