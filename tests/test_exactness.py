@@ -799,3 +799,5 @@ def test_a_model_drawing_from_a_generator_of_its_own_is_recorded_as_statistical(
     helped.helper.rng = random.Random(0)
     assert own_generator_draws(helped)
     assert not own_generator_draws(digits_task("plain").model())
+    helped.helper = torch  # a module held: torch's own generator is not the model's
+    assert not own_generator_draws(helped)

@@ -208,6 +208,22 @@ def test_a_node_on_which_two_tasks_stall_is_left_and_the_others_train_them(
         == {"n0", "n1"}
 
 
+def test_a_task_that_stalled_on_two_nodes_never_counts_against_a_node_again(
+        tmp_path: Path) -> None:
+    """Its stalls were taken back when it stalled on a second node, but a stall back on
+    the first counted anew: two tasks that had each stalled on both nodes showed n0 at
+    fault (a regression review). Such a task's stalls are its own for good."""
+    options = replace(OPTIONS, max_failures=6)
+    with virtual_runner(tmp_path, options) as (runner, _):
+        for task, node in (("t0", "n0"), ("t1", "n1"), ("t0", "n1"), ("t1", "n0"),
+                           ("t0", "n0"), ("t1", "n0")):
+            runner._failed(runner.state.records[task],
+                           SliceError(f"{task}: stalled", "stalled"), 0, node)
+            assert runner._shunned() == frozenset(), (task, node)
+        assert runner.stalls_own == {"t0", "t1"}
+        assert [runner.state.records[t].failures for t in ("t0", "t1")] == [3, 3]
+
+
 def test_faulty_nodes_are_found_and_left_and_a_healthy_one_trains_every_task(
         tmp_path: Path) -> None:
     """A broken node raises the same error for every slice it is given. Two tasks

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -250,6 +251,7 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     began = time.monotonic()
     where = str(Path(run_dir).resolve())
     trials = _asked_before(study, where)
+    held = len(trials)  # the trials this run held before this call
     # A trial whose task name a `dione add` took first is not told that task's outcome:
     # it fails, saying so.
     for trial, why in _taken_by_another(study, trials, run_dir):
@@ -450,10 +452,11 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     for name, trial in by_task.items():
         if name not in in_run and trial.number not in told:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    if not result.slices and not run.get("quiet"):  # (it printed a makespan alone)
+    if not result.slices and not run.get("quiet") and len(_asked_before(study, where)) \
+            == held:  # (it printed a makespan alone)
         print(f"nothing trained this call: each trial's task of this run had ended "
-              f"(n_trials={n_trials}, and the run holds {len(trials)} trials: a larger "
-              "n_trials asks new ones)")
+              f"(n_trials={n_trials}, and the run holds {held} trials: a larger n_trials "
+              "asks new ones)")
     if timed_out and not run.get("quiet"):
         print(f"stop_asking_after={stop_asking_after:g} s passed with {timed_out[0]} of "
               f"n_trials={n_trials} trial(s) asked; calling optimize again asks the rest")
@@ -582,9 +585,10 @@ def load(study: Any, make_task: Callable[[Any], Task], trial: Any, *,
         return dione.load(run_dir, name, workload=[replace(built, name=name)],
                           latest=latest, best=best, step=step)
     except ExportError as err:  # in this function's words (it named the CLI's: a review)
-        raise ExportError(str(err).replace(
-            "(--latest; dione.load(..., latest=True))",
-            "(dione.optuna.load(..., latest=True))")) from None
+        said = str(err).replace("(--latest; dione.load(..., latest=True))",
+                                "(dione.optuna.load(..., latest=True))")
+        said = re.sub(r"\(--step (\d+); --latest\)", r"(step=\1; latest=True)", said)
+        raise ExportError(said.replace("(--step)", "(step=)")) from None
 
 
 def _failed(study: Any, trials: Sequence[Any]) -> set[int]:

@@ -142,6 +142,7 @@ class Runner:
         # each node last ended a slice well: two tasks failing alike on a node that has
         # trained nothing since show the node at fault (``_shunned``).
         self.raised_on: dict[tuple[str, str], dict[str, float]] = {}
+        self.stalls_own: set[str] = set()  # tasks that stalled on two nodes: their own
         self.trained_on: dict[str, float] = {}
         self._read_decisions(tasks)
         self.estimates = Estimates.of_run(profile, self.store)
@@ -682,15 +683,17 @@ class Runner:
                    for (where, _), tasks in self.raised_on.items() if where == node)
 
     def _stalled_elsewhere(self, task: str, node: str) -> bool:
-        """Whether ``task`` stalled on a node other than ``node`` too: then its stalls
-        are its own, taken back as evidence against any node."""
-        elsewhere = any(task in tasks for (where, line), tasks in self.raised_on.items()
-                        if line == STALLED and where != node)
-        if elsewhere:
+        """Whether ``task`` stalled on a node other than ``node`` too, now or before:
+        then its stalls are its own, taken back as evidence against any node and never
+        counted again (a stall back on the first node counted anew: a review)."""
+        if task not in self.stalls_own and any(
+                task in tasks for (where, line), tasks in self.raised_on.items()
+                if line == STALLED and where != node):
+            self.stalls_own.add(task)
             for (_, line), tasks in self.raised_on.items():
                 if line == STALLED:
                     tasks.pop(task, None)
-        return elsewhere
+        return task in self.stalls_own
 
     def _note_raised(self, record: TaskRecord, raised: tuple[int, str, str] | None,
                      forgive: bool = True) -> str | None:
@@ -766,6 +769,7 @@ class Runner:
         unmeasured = [] if self.virtual else [n for n in new if n.model not in measured]
         for node in unmeasured:
             self.known.add(node.name)
+            self.launcher.forget_node(node.name)  # its devices, if reserved, let go
             self.emit(RunEvent("node_unmeasured", f"node {node.name} ({node.model}) joined "
                                "the cluster, but this run profiled "
                                f"{', '.join(sorted(str(m) for m in measured))} nodes only: "
@@ -1302,8 +1306,8 @@ class Runner:
         else:
             record.status = TaskStatus.PENDING
             # (Forgiven, a count of attempts would read "attempt 0 of 3".)
-            said = [] if faulty else [f"attempt {record.failures} of "
-                                      f"{self.options.max_failures}"]
+            said = [] if faulty and not stalled else [f"attempt {record.failures} of "
+                                                      f"{self.options.max_failures}"]
             if faulty:
                 said.append(f"{'stalled as' if stalled else 'the same error as'} another "
                             f"task on node {node}, which has trained nothing since: the node "

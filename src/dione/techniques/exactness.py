@@ -27,6 +27,7 @@ import functools
 import os
 import random
 import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -130,13 +131,17 @@ def _model_generators(model: nn.Module) -> list[str]:
         object that is no module (its modules are looked at as modules)."""
         if isinstance(value, generator):
             return True
-        if depth > 1 or isinstance(value, (nn.Module, torch.Tensor, str, bytes)):
-            return False
+        if depth > 1 or isinstance(value, (nn.Module, torch.Tensor, str, bytes,
+                                           types.ModuleType)):
+            return False  # (a module held, `torch` itself, holds torch's own generator)
         if isinstance(value, (list, tuple, set)):
             return any(holds(v, depth + 1) for v in value)
         if isinstance(value, dict):
             return any(holds(v, depth + 1) for v in value.values())
-        attributes = getattr(value, "__dict__", None)
+        try:
+            attributes = getattr(value, "__dict__", None)
+        except Exception:  # a proxy or a __getattr__ that raises: nothing to read
+            return False
         return isinstance(attributes, dict) and not isinstance(value, type) and any(
             holds(v, depth + 1) for v in attributes.values())
 

@@ -22,6 +22,8 @@ def command(args: argparse.Namespace) -> int:
     try:
         tasks, problems, cluster = valid_tasks(args.workload, args.devices, "profiled",
                                                launcher)
+        if launcher is not None:  # a node another job holds: profiled on the others
+            cluster = _free(launcher, cluster)
         profile = _profile(tasks, cluster, options, not args.serial, launcher)
     finally:
         if launcher is not None:
@@ -42,6 +44,22 @@ def command(args: argparse.Namespace) -> int:
         complain("no feasible option", f"task {name}: every configuration failed or was "
                  "skipped; see the table")
     return EXIT_FAILED if unprofiled or problems else 0
+
+
+def _free(launcher: Any, cluster: Any) -> Any:
+    """The Ray cluster's nodes whose devices Ray grants, those it does not said: where
+    the widest was held, the profile measured on it alone and failed (a review)."""
+    from dione.cli.errors import BadInput
+    from dione.launch.local import warm_up_free
+    from dione.spec.cluster import Cluster, ClusterError
+
+    try:
+        warm, busy = warm_up_free(launcher, cluster.nodes)
+    except ClusterError as err:
+        raise BadInput(str(err)) from None
+    for held in busy:
+        complain("warning", f"{held}; profiled without node {held.node}")
+    return Cluster(warm) if busy else cluster
 
 
 def _with_sources(data: dict[str, Any], profile: Any, args: argparse.Namespace,
