@@ -38,6 +38,7 @@ from dione.techniques.context import SliceContext
 from dione.techniques.exactness import (
     drew_since,
     generator_states,
+    model_generator_states,
     own_generator_draws,
     resumed_draws,
     split_batch_exactness,
@@ -131,6 +132,9 @@ class DataParallelTechnique(Technique):
         # batch draws per share then, whatever the layer (validation's probe sees only
         # models it can build, of tasks that allow more than single).
         drew, watched = False, ctx.world * parts == 1
+        # The generators the model keeps of its own: whether the slice drew from them
+        # (one that only initialised the weights leaves training exact).
+        own_before = model_generator_states(bare)
         for step in range(spec.start_step, spec.end_step):
             optimizer.zero_grad(set_to_none=True)
             total = torch.zeros((), device=ctx.device)
@@ -149,6 +153,7 @@ class DataParallelTechnique(Technique):
                 total = total + loss.detach().float()
             ctx.apply_update(optimizer, model.parameters())
             ctx.step_done(total / parts if parts > 1 else total, scheduler)
+        own_drew = model_generator_states(bare) != own_before
         checkpoint = ctx.save(model, optimizer, scheduler)
         outcome = ctx.outcome(checkpoint)
         if ctx.world > 1 or parts > 1:  # the user's names, not the wrapper's
@@ -156,10 +161,11 @@ class DataParallelTechnique(Technique):
                 bare, task, drew=drew,
                 # One process fetching single's items in single's order (accumulation from
                 # the first step): a generator its data set keeps draws as single's.
-                single_items=ctx.world == 1 and spec.start_step == 0) or split_rounding(task)
+                single_items=ctx.world == 1 and spec.start_step == 0,
+                own_drew=own_drew) or split_rounding(task)
         else:  # a resumed slice fetches from a new data set, builds a new model: their
             # own generators anew
-            note = (resumed_draws(task) or own_generator_draws(bare)
+            note = (resumed_draws(task) or own_generator_draws(bare, own_drew)
                     if spec.start_step > 0 else None)
         if note:
             outcome.extra["exactness"] = note

@@ -29,7 +29,7 @@ import random
 import sys
 import types
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -38,7 +38,7 @@ from dione.spec.draws import global_draws
 from dione.spec.task import Task
 
 __all__ = ["batch_norm_layers", "drew_since", "dropout_layers", "generator_states",
-           "own_generator_draws", "resumed_draws",
+           "model_generator_states", "own_generator_draws", "resumed_draws",
            "split_batch_exactness", "split_buffers", "split_draws", "split_inexactness",
            "split_rounding", "split_statistics", "structure_only", "synced_norms_on_cpu",
            "unsaid_split"]
@@ -68,17 +68,19 @@ def batch_norm_layers(model: nn.Module) -> list[str]:
 
 def split_batch_exactness(model: nn.Module, task: Task | None = None,
                           fetched_in_shares: bool = True, drew: bool = False,
-                          single_items: bool = False) -> str | None:
+                          single_items: bool = False,
+                          own_drew: bool | None = None) -> str | None:
     """Why training ``model`` (of ``task``) on shares or parts of the batch is
     statistically, not bitwise, single's (None: nothing keeps it from being so);
     ``fetched_in_shares``: each share or part is fetched apart (not a pipeline's whole
     batch); ``drew``: the slice saw its forward draw (``drew_since``); ``single_items``:
-    its one process fetches single's items in single's order (accumulation from step 0).
-    BatchNorm is not said here: it is different training (``split_statistics``)."""
+    its one process fetches single's items in single's order (accumulation from step 0);
+    ``own_drew``: whether the generators the model keeps drew in the slice (None: not
+    watched). BatchNorm is not said here: it is different training (``split_statistics``)."""
     dropout = _dropout_note(dropout_layers(model))
     if dropout:
         return dropout
-    kept = own_generator_draws(model)
+    kept = own_generator_draws(model, own_drew)
     if kept:
         return kept
     # Found by drawing, not by a layer's name: in validation's probe, or by the slice.
@@ -116,9 +118,9 @@ def drew_since(before: tuple[object, ...], device: torch.device) -> bool:
     return generator_states(device) != before
 
 
-def _model_generators(model: nn.Module) -> list[str]:
-    """The modules of ``model`` that keep a random generator of their own (a
-    torch.Generator, a NumPy Generator or RandomState, a random.Random): their draws
+def _model_generators(model: nn.Module) -> list[tuple[str, object]]:
+    """The random generators ``model`` keeps of its own (torch.Generator, a NumPy
+    Generator or RandomState, random.Random), each with its module's name: their draws
     follow neither dione's seeds nor its checkpoints."""
     kinds: list[type] = [torch.Generator, random.Random]
     numpy = sys.modules.get("numpy")
@@ -126,37 +128,59 @@ def _model_generators(model: nn.Module) -> list[str]:
         kinds += [numpy.random.Generator, numpy.random.RandomState]
     generator = tuple(kinds)
 
-    def holds(value: object, depth: int = 0) -> bool:
-        """A generator, or one in a list, tuple or dict, or an attribute of a helper
-        object that is no module (its modules are looked at as modules)."""
+    def held(value: object, depth: int = 0) -> list[object]:
+        """A generator, or those in a list, tuple or dict, or on a helper object that is
+        no module (its modules are looked at as modules)."""
         if isinstance(value, generator):
-            return True
+            return [value]
         if depth > 1 or isinstance(value, (nn.Module, torch.Tensor, str, bytes,
                                            types.ModuleType)):
-            return False  # (a module held, `torch` itself, holds torch's own generator)
+            return []  # (a module held, `torch` itself, holds torch's own generator)
         if isinstance(value, (list, tuple, set)):
-            return any(holds(v, depth + 1) for v in value)
+            return [g for v in value for g in held(v, depth + 1)]
         if isinstance(value, dict):
-            return any(holds(v, depth + 1) for v in value.values())
+            return [g for v in value.values() for g in held(v, depth + 1)]
         try:
             attributes = getattr(value, "__dict__", None)
         except Exception:  # a proxy or a __getattr__ that raises: nothing to read
-            return False
-        return isinstance(attributes, dict) and not isinstance(value, type) and any(
-            holds(v, depth + 1) for v in attributes.values())
+            return []
+        if not isinstance(attributes, dict) or isinstance(value, type):
+            return []
+        return [g for v in attributes.values() for g in held(v, depth + 1)]
 
-    return [name or "the model" for name, module in model.named_modules()
-            if any(holds(v) for k, v in vars(module).items()
-                   if k not in ("_parameters", "_buffers", "_modules"))]
+    return [(name or "the model", g) for name, module in model.named_modules()
+            for k, v in vars(module).items()
+            if k not in ("_parameters", "_buffers", "_modules") for g in held(v)]
 
 
-def own_generator_draws(model: nn.Module) -> str | None:
+def model_generator_states(model: nn.Module) -> list[object]:
+    """The states of the generators ``model`` keeps of its own, to compare: one that
+    moved between two readings drew."""
+    states: list[object] = []
+    for _, g in _model_generators(model):
+        if isinstance(g, torch.Generator):
+            states.append(bytes(g.get_state().numpy()))
+        elif isinstance(g, random.Random):
+            states.append(g.getstate())
+        elif hasattr(g, "bit_generator"):  # NumPy's Generator
+            states.append(repr(g.bit_generator.state))
+        else:  # NumPy's RandomState
+            kind, keys, *rest = cast(Any, g).get_state()
+            states.append((kind, keys.tobytes(), *rest))
+    return states
+
+
+def own_generator_draws(model: nn.Module, drew: bool | None = None) -> str | None:
     """Why ``model``'s training is statistically, not bitwise, single's uninterrupted
     wherever a process builds it anew (a rank, a stage, a resumed slice): it keeps a
-    generator of its own (None: it does not). Each such process starts the generator
-    from its seed again, and no checkpoint keeps its state (a review measured 43% off
-    single's per-step losses under ddp, and a resume changing the final loss by 20%)."""
-    kept = _model_generators(model)
+    generator of its own (None: it does not, or ``drew`` says the slice drew nothing
+    from those it keeps: one used only to initialise the weights was flagged, a
+    review). Each such process starts the generator from its seed again, and no
+    checkpoint keeps its state (a review measured 43% off single's per-step losses under
+    ddp, and a resume changing the final loss by 20%)."""
+    if drew is False:
+        return None
+    kept = list(dict.fromkeys(name for name, _ in _model_generators(model)))
     if not kept:
         return None
     return (f"statistical, not bitwise: its model keeps a random generator of its own (in "
