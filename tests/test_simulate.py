@@ -818,6 +818,11 @@ def test_a_slice_stalled_in_its_evaluation_is_said_so(tmp_path: Path) -> None:
         runner.check_stalls()
         virtual.wait_any([], options.stall_factor * predicted)
         runner.check_stalls()
+        virtual.wait_any([], 1.0)
+        # Its training is kept and its evaluation owed, as a real slice's (the
+        # simulation failed it whole, to train it again: a regression review).
+        (kept,) = runner.store.slices("t0")
+        assert kept.status == "done" and kept.end_step == running.end_step
     said = [e.message for e in events if e.task == "t0"
             and e.kind in ("slice_slow", "slice_cancelled")]
     assert len(said) == 2, said

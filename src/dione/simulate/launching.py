@@ -128,8 +128,14 @@ class SimulatedLaunching:
 
         def interrupted() -> None:
             """Cancelled by the run loop (stalled, far past its prediction), as a real
-            gang is: the slice recorded interrupted, nothing of it kept."""
+            gang is: the slice recorded interrupted, nothing of it kept; in its
+            evaluation, its training kept and the evaluation owed, as a real slice's (it
+            was retried whole: a regression review)."""
             if future.done():
+                return
+            if running.in_evaluation:
+                finish(self.clock.now() - began, "the evaluation was cancelled as stalled, "
+                       "far past its prediction (simulated)")
                 return
             self.store.fail_slice(slice_id, f"interrupted: {running.cancel.reason}",
                                   status="interrupted")
@@ -137,18 +143,24 @@ class SimulatedLaunching:
 
         running.cancel = _VirtualCancel(lambda: self.clock.at(self.clock.now(), interrupted))
 
-        def finish() -> None:
+        def finish(took: float = seconds, evaluation_error: str | None = None) -> None:
             if future.done():
                 return
             losses = self.scenario.losses(name, record.total, start, end,
                                           self.curves.get(name))
             self.store.finish_slice(slice_id, losses, [step] * (end - start), None,
-                                    {"wall": seconds, "simulated": 1.0})
+                                    {"wall": took, "simulated": 1.0},
+                                    evaluation_error=evaluation_error)
             future.set_result(SliceResult(
                 slice_id=slice_id, task=name, technique=a.technique, start_step=start,
                 end_step=end, losses=losses, step_seconds=[step] * (end - start),
-                checkpoint=None, seconds=seconds, timings={"wall": seconds},
-                inexactness=technique.inexactness(knobs)))
+                checkpoint=None, seconds=took, timings={"wall": took},
+                evaluation_error=evaluation_error, inexactness=technique.inexactness(knobs)))
+
+        if running.evaluates and task_profile.evaluation_seconds > 0:
+            # Trained and saved: the evaluation runs now, as rank 0 tells a real run.
+            self.clock.at(began + before + (end - start) * step,
+                          functools.partial(_evaluating, future, running))
 
         # Progress as ranks report it (a real rank: at most once a second): the pace from
         # the second step, then every tenth of the slice, so the loop sees a slow slice.
@@ -195,6 +207,12 @@ class _VirtualCancel(Cancel):
         if not self.is_set():
             super().set()
             self._on_set()
+
+
+def _evaluating(future: Future[SliceResult], running: RunningSlice) -> None:
+    """A simulated slice's training done, its evaluation begun (as long as it runs)."""
+    if not future.done():
+        running.in_evaluation = True
 
 
 def _heard(future: Future[SliceResult], running: RunningSlice, said: dict[str, Any]) -> None:
