@@ -815,6 +815,18 @@ def test_a_model_drawing_from_a_generator_of_its_own_is_recorded_as_statistical(
     assert not own_generator_draws(digits_task("plain").model())
     helped.helper = torch  # a module held: torch's own generator is not the model's
     assert not own_generator_draws(helped)
+    # States that cannot be read as a Mersenne twister's are read otherwise, or taken
+    # as moved: a slice of such a model failed on every attempt (a regression review).
+    import numpy
+
+    from dione.techniques.exactness import model_generator_states
+
+    odd = nn.Module()
+    odd.system, odd.pcg = random.SystemRandom(), numpy.random.RandomState(numpy.random.PCG64(0))
+    first = model_generator_states(odd)
+    assert first != model_generator_states(odd)  # SystemRandom's: unreadable, moved
+    odd.system = None
+    assert model_generator_states(odd) == model_generator_states(odd)
     # One that only initialised the weights draws nothing in training: its slices are
     # exact (they were flagged: a regression review).
     quiet = digits_task("quiet", steps=4, model=_InitOnly)

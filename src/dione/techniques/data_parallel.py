@@ -154,6 +154,10 @@ class DataParallelTechnique(Technique):
             ctx.apply_update(optimizer, model.parameters())
             ctx.step_done(total / parts if parts > 1 else total, scheduler)
         own_drew = model_generator_states(bare) != own_before
+        if own_before and ctx.world > 1:  # any rank's draw (rank 0's outcome is kept)
+            drawn = torch.tensor(float(own_drew), device=ctx.device)
+            dist.all_reduce(drawn, op=dist.ReduceOp.MAX)
+            own_drew = bool(drawn.item())
         checkpoint = ctx.save(model, optimizer, scheduler)
         outcome = ctx.outcome(checkpoint)
         if ctx.world > 1 or parts > 1:  # the user's names, not the wrapper's

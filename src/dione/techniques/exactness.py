@@ -158,15 +158,17 @@ def model_generator_states(model: nn.Module) -> list[object]:
     moved between two readings drew."""
     states: list[object] = []
     for _, g in _model_generators(model):
-        if isinstance(g, torch.Generator):
-            states.append(bytes(g.get_state().numpy()))
-        elif isinstance(g, random.Random):
-            states.append(g.getstate())
-        elif hasattr(g, "bit_generator"):  # NumPy's Generator
-            states.append(repr(g.bit_generator.state))
-        else:  # NumPy's RandomState
-            kind, keys, *rest = cast(Any, g).get_state()
-            states.append((kind, keys.tobytes(), *rest))
+        try:
+            if isinstance(g, torch.Generator):
+                states.append(bytes(g.get_state().numpy()))
+            elif isinstance(g, random.Random):
+                states.append(g.getstate())
+            elif hasattr(g, "bit_generator"):  # NumPy's Generator
+                states.append(repr(g.bit_generator.state))
+            else:  # NumPy's RandomState, of any bit generator
+                states.append(repr(cast(Any, g).get_state(legacy=False)))
+        except Exception:  # a state that cannot be read (SystemRandom): taken as moved
+            states.append(object())
     return states
 
 
