@@ -106,8 +106,8 @@ class SimulatedLaunching:
         step = trial.step_seconds * factor
         before = (trial.fixed_seconds + trial.warmup_excess_seconds
                   + (trial.load_seconds if start > 0 else 0.0))
-        seconds = (before + (end - start) * step
-                   + (task_profile.evaluation_seconds if running.evaluates else 0.0))
+        trained = before + (end - start) * step  # its seconds to its save
+        seconds = trained + (task_profile.evaluation_seconds if running.evaluates else 0.0)
         technique = get_technique(a.technique)
         knobs = technique.resolve(a.knobs)
         slice_id = self.store.begin_slice(name, a.technique, knobs, a.node, a.device_ids,
@@ -134,7 +134,7 @@ class SimulatedLaunching:
             if future.done():
                 return
             if running.in_evaluation:
-                finish(self.clock.now() - began, "the evaluation was cancelled as stalled, "
+                finish(trained, "the evaluation was cancelled as stalled, "
                        "far past its prediction (simulated)")
                 return
             self.store.fail_slice(slice_id, f"interrupted: {running.cancel.reason}",
@@ -159,8 +159,7 @@ class SimulatedLaunching:
 
         if running.evaluates and task_profile.evaluation_seconds > 0:
             # Trained and saved: the evaluation runs now, as rank 0 tells a real run.
-            self.clock.at(began + before + (end - start) * step,
-                          functools.partial(_evaluating, future, running))
+            self.clock.at(began + trained, functools.partial(_evaluating, future, running))
 
         # Progress as ranks report it (a real rank: at most once a second): the pace from
         # the second step, then every tenth of the slice, so the loop sees a slow slice.
@@ -186,7 +185,9 @@ class SimulatedLaunching:
             self.failures_left[name] -= 1
             # A transient failure (a rank lost), retried up to --max-failures: not an
             # exception the task raises, which a retry from the same step raises again.
-            self.clock.at(began + seconds, lambda: fail(
+            # As its last step ends, before the save (at the slice's end it fell inside
+            # an evaluation, where a real slice that exits keeps its training: review).
+            self.clock.at(began + trained, lambda: fail(
                 f"{where}: an injected failure (simulated)", "exit"))
         else:
             self.clock.at(began + seconds, finish)
