@@ -11,6 +11,7 @@ from typing import Any
 
 from dione.cli.console import complain
 from dione.cli.errors import BadInput
+from dione.words import some
 
 __all__ = ["claimed", "default_run_dir", "load", "problem_refused", "ray_environment",
            "ray_launcher", "say_problem_notes", "valid_tasks"]
@@ -102,9 +103,8 @@ def say_problem_notes(problem: Any, left_out: Sequence[str]) -> None:
         by_reason.setdefault(why if why else reason, []).append(name)
     for why, names in by_reason.items():
         if len(names) > 3:
-            shown = ", ".join(n.removeprefix("task ") for n in names[:3])
-            complain("warning", f"{len(names)} tasks ({shown} and {len(names) - 3} more): "
-                     f"{why}")
+            shown = some([n.removeprefix("task ") for n in names])
+            complain("warning", f"{len(names)} tasks ({shown}): {why}")
         else:
             for name in names:
                 complain("warning", f"{name}: {why}")

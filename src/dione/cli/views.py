@@ -14,6 +14,7 @@ from rich.text import Text
 
 from dione.cli.console import console
 from dione.state.summaries import error_line, figure, lower_is_better, rank_key
+from dione.words import some
 
 __all__ = ["live_steps", "print_profile", "print_results", "print_sequential_results",
            "print_status", "profile_lines", "profile_progress"]
@@ -49,11 +50,6 @@ def live_steps() -> Callable[[int, dict[str, Any]], None]:
 
 # The end of the reason a memory-knob setting is skipped for (dione.profile.schedule).
 _ROUTINE_SKIP = "this one only trades speed for memory"
-
-
-def _task_list(names: Sequence[str], shown: int = 4) -> str:
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
 
 
 def profile_lines(routine: set[str] | None = None) -> Callable[[Any], None]:
@@ -93,10 +89,10 @@ def profile_lines(routine: set[str] | None = None) -> Callable[[Any], None]:
                        f"{', '.join(map(str, record.extra['beside']))}: slower than alone, "
                        "so not kept in the catalog)" if record.extra.get("beside") else "")
                     if record else f"skipped: {event.reason}")
-            console.print(Text(f"  trial {event.label} ({_task_list(event.tasks)}): "
+            console.print(Text(f"  trial {event.label} ({some(event.tasks, 4)}): "
                                f"{what}"))
         elif event.kind == "not_tried":
-            console.print(Text(f"  not tried: {event.label} for {_task_list(event.tasks)}: "
+            console.print(Text(f"  not tried: {event.label} for {some(event.tasks, 4)}: "
                                f"{event.reason}"))
 
     return show
@@ -178,7 +174,7 @@ def print_profile(profile: Any) -> None:
             not_tried.setdefault((technique, reason), []).append(task.task)
     console.print(table)
     for (technique, reason), names in not_tried.items():
-        console.print(Text(f"not tried: {technique} for {_task_list(names)}: {reason}"))
+        console.print(Text(f"not tried: {technique} for {some(names, 4)}: {reason}"))
 
 
 def print_results(result: Any, run_dir: Path) -> None:
@@ -237,9 +233,7 @@ def _say_leaders(result: Any, metrics: Sequence[str]) -> None:
                 and t.status != "failed" and rank_key(t, metric) == rank_key(best, metric)]
         console.print(Text(f"best by {metric} ({order} is better): {best.task} {shown}{early}"
                            + (f" ({how})" if how else "")
-                           + (f"; tied with {', '.join(tied[:3])}"
-                              + (f" and {len(tied) - 3} more" if len(tied) > 3 else "")
-                              if tied else "")))
+                           + (f"; tied with {some(tied)}" if tied else "")))
 
 
 def _say_best(run_dir: Path, best: Mapping[str, int]) -> None:

@@ -68,6 +68,7 @@ from dione.state.disk import DiskFull
 from dione.state.store import CheckpointRecord, RunStore
 from dione.state.summaries import error_line, exception_line
 from dione.techniques.registry import get_technique
+from dione.words import some
 
 __all__ = ["Runner"]
 
@@ -186,11 +187,10 @@ class Runner:
         absent = [t for t in self.store.tasks() if t.name not in given
                   and t.status not in ("done", "stopped", "diverged", "failed", "invalid")]
         if absent:
-            listed = ", ".join(f"{t.name} ({t.status})" for t in absent[:5])
-            more = f" and {len(absent) - 5} more" if len(absent) > 5 else ""
+            listed = some([f"{t.name} ({t.status})" for t in absent], 5)
             self.emit(RunEvent("task_left_out", f"{len(absent)} task(s) of the run are not in "
                                f"the workload given and are left as they are, untrained: "
-                               f"{listed}{more}; give the workload that defines them "
+                               f"{listed}; give the workload that defines them "
                                "(`dione resume RUN_DIR --workload FILE`) to train them", None))
 
     def _read_decisions(self, tasks: Sequence[Task]) -> None:

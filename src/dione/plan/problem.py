@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dione.words import some
+
 __all__ = [
     "BUILT_IN_KNOBS",
     "BUILT_IN_TECHNIQUES",
@@ -275,7 +277,7 @@ class PlanningProblem:
         alike = [t.name for t in self.tasks if any(o.kind is None for o in t.options)]
         if len(kinds) > 1 and alike:
             said.append(f"nodes of kinds {', '.join(kinds)}, and options of no kind (of "
-                        f"{_some(alike)}): each such option takes the same seconds on every "
+                        f"{some(alike)}): each such option takes the same seconds on every "
                         "kind; give the options of each kind apart (\"kind\": the node kind "
                         "it was measured on)")
         unused = sorted({o.kind for t in self.tasks for o in t.options if o.kind}
@@ -315,12 +317,6 @@ class PlanningProblem:
         kept = tuple(t for t in self.tasks if not said[t.name])
         return (replace(self, tasks=kept),
                 [f"{reason[0]}: left out" for reason in said.values() if reason])
-
-
-def _some(names: Sequence[str]) -> str:
-    """Up to three names, and how many more."""
-    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-    return ", ".join(names[:3]) + more
 
 
 def _unknown(where: str, item: Mapping[str, Any], allowed: set[str]) -> list[str]:

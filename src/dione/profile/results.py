@@ -10,6 +10,7 @@ from dione.profile.catalog import TrialRecord
 from dione.spec.cluster import Cluster
 from dione.spec.evaluated import listed_metrics, metric_mistake, missing_metrics, missing_said
 from dione.spec.task import Task
+from dione.words import some
 
 __all__ = ["NotApplicable", "Profile", "ProfileEvent", "ProfiledOption", "Skipped",
            "TaskProfile", "TrialEvaluation", "evaluation_mistake", "remembered_mistake"]
@@ -191,8 +192,7 @@ class ProfileEvent:
     @property
     def message(self) -> str:
         """The event in words, one line."""
-        tasks = ", ".join(self.tasks[:3]) + (f" and {len(self.tasks) - 3} more"
-                                             if len(self.tasks) > 3 else "")
+        tasks = some(self.tasks)
         if self.kind == "not_tried":
             return f"not tried: {self.label} for {tasks}: {self.reason}"
         if self.record is None:

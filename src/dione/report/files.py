@@ -36,6 +36,7 @@ from dione.state.summaries import (
     short_error,
     summaries,
 )
+from dione.words import some
 
 __all__ = ["MetricsWritten", "lower_is_better", "report_after_run", "write_report"]
 
@@ -69,10 +70,9 @@ def _simulated_setting(run_dir: Path | None, unfinished: int = 0) -> list[str]:
     lines = []
     nodes = setting.get("cluster") or []
     if nodes:
-        lines.append("Cluster: " + ", ".join(f"{n.get('name')} ({n.get('devices')} "
-                                             f"{n.get('kind') or ''} devices)".replace("  ", " ")
-                                             for n in nodes[:16])
-                     + (f" and {len(nodes) - 16} more" if len(nodes) > 16 else "") + ".")
+        lines.append("Cluster: " + some([f"{n.get('name')} ({n.get('devices')} "
+                                         f"{n.get('kind') or ''} devices)".replace("  ", " ")
+                                         for n in nodes], 16) + ".")
     scenario = {k: v for k, v in (setting.get("scenario") or {}).items() if v}
     lines.append(f"Scenario: {json.dumps(scenario, sort_keys=True) if scenario else 'none'}.")
     if setting.get("current_practice"):

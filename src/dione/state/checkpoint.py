@@ -49,6 +49,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from dione.state.private import private_dir
+from dione.words import some
 
 __all__ = [
     "CheckpointError",
@@ -457,7 +458,7 @@ def _refuse_left_out(folder: Path, model_state: Iterable[str], what: str, *,
     gone = sorted(key for key in saved if not any(
         key[:i] in names for i in [len(key), *(j for j, c in enumerate(key) if c == ".")]))
     if gone:
-        listed = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
+        listed = some(gone, 5)
         raise CheckpointMismatch(
             f"checkpoint {folder} holds {len(gone)} weight(s) the task's model no longer has "
             f"({listed}): the {what} changed since the slice that wrote it; train the changed "

@@ -11,6 +11,7 @@ from typing import Any
 from dione.spec.task import Task
 from dione.spec.validate import Problem
 from dione.techniques.validation import profiled_widths, trained_by_none, valid_tasks
+from dione.words import some
 
 __all__ = ["Validation", "check_workload", "untrained_evaluation"]
 
@@ -120,7 +121,7 @@ def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[
                 groups.append([task])
     refused: set[str] = set()
     for alike in groups:
-        first, names = alike[0], _names(alike)
+        first, names = alike[0], some([t.name for t in alike], 2)
         began = time.perf_counter()
         try:
             returned = untrained_evaluation(first, kind)
@@ -184,12 +185,6 @@ def untrained_evaluation(task: Task, kind: Any = "cpu") -> tuple[str, ...] | Non
     device = torch.device("cuda" if kind == "cuda" and torch.cuda.is_available() else "cpu")
     with in_a_group():
         return tuple(evaluate_model(task, fresh_model(task).to(device)))
-
-
-def _names(tasks: list[Task]) -> str:
-    """A few tasks' names, and how many more."""
-    more = f" and {len(tasks) - 2} more" if len(tasks) > 2 else ""
-    return ", ".join(t.name for t in tasks[:2]) + more
 
 
 def _model_refusals(task: Any, devices: int, kind: Any) -> dict[str, str]:

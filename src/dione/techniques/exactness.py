@@ -36,6 +36,7 @@ from torch import nn
 
 from dione.spec.draws import global_draws
 from dione.spec.task import Task
+from dione.words import some
 
 __all__ = ["batch_norm_layers", "drew_since", "dropout_layers", "generator_states",
            "model_generator_states", "own_generator_draws", "resumed_draws",
@@ -102,7 +103,7 @@ def _dropout_note(layers: list[str]) -> str | None:
     """Why dropout in ``layers`` trains a split batch statistically (None: none)."""
     if not layers:
         return None
-    return f"statistical, not bitwise: dropout in {_some(layers)} draws other masks than single"
+    return f"statistical, not bitwise: dropout in {some(layers)} draws other masks than single"
 
 
 def generator_states(device: torch.device) -> tuple[object, ...]:
@@ -186,7 +187,7 @@ def own_generator_draws(model: nn.Module, drew: bool | None = None) -> str | Non
     if not kept:
         return None
     return (f"statistical, not bitwise: its model keeps a random generator of its own (in "
-            f"{_some(kept)}), which every rank, stage and resumed slice starts anew and no "
+            f"{some(kept)}), which every rank, stage and resumed slice starts anew and no "
             "checkpoint keeps; draw from torch's global generator instead (no generator=), "
             "which dione seeds and checkpoints, for single's draws after a resume")
 
@@ -228,10 +229,6 @@ def split_rounding(task: Task) -> str | None:
     return (f"statistical, not bitwise: under {task.precision} autocast a share or part of "
             "the batch rounds its products apart from the whole batch's (per-step losses "
             "about 1e-3 from single's, against 1e-6 in fp32)")
-
-
-def _some(names: list[str]) -> str:
-    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def _split_norms(model: nn.Module) -> tuple[list[str], list[str]]:
@@ -305,7 +302,7 @@ def synced_norms_on_cpu(task: Task) -> str | None:
         synced = _norms_of(task.model)[0]
     except Exception:
         return None
-    return (f"its SyncBatchNorm layers ({_some(synced)}) train on GPUs only in torch (a "
+    return (f"its SyncBatchNorm layers ({some(synced)}) train on GPUs only in torch (a "
             "slice runs under torch.distributed, where it refuses a CPU tensor), and these "
             "nodes' devices are CPUs: for them use torch.nn.BatchNorm") if synced else None
 
@@ -330,7 +327,7 @@ def split_statistics(task: Task, devices: int, accumulation: int,
     split = (f"{devices} shares" if accumulation == 1 else
              f"{accumulation} accumulation parts" if devices == 1 else
              f"{devices} shares of {accumulation} parts")
-    return (f"the batch statistics in {_some(norms)} are each of the batch's {split}, not "
+    return (f"the batch statistics in {some(norms)} are each of the batch's {split}, not "
             "the whole batch's: different training, not rounding (a norm without batch "
             "statistics, LayerNorm or GroupNorm, trains alike however the batch is split)")
 
@@ -341,7 +338,7 @@ def split_draws(task: Task, devices: int, accumulation: int) -> str | None:
     at_random = task.unused_parameters[1]
     if not at_random or devices * accumulation <= 1:
         return None
-    return (f"its forward leaves parameters out at random ({_some(list(at_random))}: "
+    return (f"its forward leaves parameters out at random ({some(list(at_random))}: "
             f"layers skipped at random, as LayerDrop does): each of the batch's "
             f"{devices * accumulation} shares or parts draws its own, where single draws "
             "once for the whole batch: different training, not rounding")
@@ -353,11 +350,11 @@ def split_buffers(task: Task, devices: int, accumulation: int) -> str | None:
     that validation saw, or this split leaves them as single's)."""
     by_data, every_call = task.buffers_written
     if by_data and devices * accumulation > 1:
-        return (f"its forward writes buffers from the data ({_some(list(by_data))}): each "
+        return (f"its forward writes buffers from the data ({some(list(by_data))}): each "
                 f"of the batch's {devices * accumulation} shares or parts writes them from "
                 "its own samples, not the whole batch's: different training, not rounding")
     if every_call and accumulation > 1:
-        return (f"its forward writes buffers on every call ({_some(list(every_call))}): "
+        return (f"its forward writes buffers on every call ({some(list(every_call))}): "
                 f"{accumulation} accumulation parts write them {accumulation} times a "
                 "step, not once: different training, not rounding")
     return None
