@@ -132,7 +132,8 @@ def test_keep_best_is_checked_before_anything_trains() -> None:
         digits_task("mode-alone", evaluate=digits_accuracy, keep_best_mode="max"),
     ]))
     assert "no-evaluate" in said and "which the task does not define: give evaluate" in said
-    assert "'score' does not say whether lower or higher is better: give " \
+    assert "'score' does not say whether lower or higher is better: is it spelt as " \
+           "evaluate returns it (`dione validate` runs evaluate to see)? If so, give " \
            "keep_best_mode='min' or 'max'" in said
     assert "must be 'min' (lower is better), 'max' or None, not 'up'" in said
     assert "keep_best is not given" in said
@@ -149,6 +150,28 @@ def test_keep_best_is_checked_before_anything_trains() -> None:
     assert validate_workload(fine) == []
     assert [t.best_mode() for t in fine] == ["max", "max"]
     assert digits_task("min", keep_best="score", keep_best_mode="min").best_mode() == "min"
+
+
+def test_validate_says_a_misspelt_keep_best_is_misspelt_not_that_it_needs_a_mode() -> None:
+    # Told to give keep_best_mode, a user did, and only then heard the name was wrong
+    # (a review): validation runs evaluate, so it says so at once.
+    found = dione.validate([digits_task("typo", evaluate=digits_accuracy, keep_best="acuracy"),
+                            digits_task("unknown", evaluate=digits_accuracy,
+                                        keep_best="score")], devices="cpu:1")
+    said = {p.task: p.message for p in found.problems}
+    assert said["typo"].startswith(
+        "keep_best names 'acuracy', which its evaluate does not return (it returned "
+        "'accuracy', 'test_loss' on its untrained model): did you mean 'accuracy'?"), said
+    assert "score" in said["unknown"] and "not return" in said["unknown"], said
+    # A name evaluate does return, whose direction nothing says: the mode is the fix.
+    named = dione.validate([digits_task("named", evaluate=_scored, keep_best="score")],
+                           devices="cpu:1")
+    assert [p.field for p in named.problems] == ["keep_best"]
+    assert "does not say whether lower or higher is better" in named.problems[0].message
+
+
+def _scored(model: object) -> dict[str, float]:
+    return {"score": 1.0}
 
 
 def test_a_keep_best_metric_evaluate_does_not_return_is_named_from_its_trial() -> None:

@@ -26,14 +26,19 @@ from dione.spec.stopping import StoppingRule
 from dione.spec.task import PRECISIONS, ItemCounter, Task
 from dione.spec.workload import Workload
 
-__all__ = ["REAL_FORWARD_BYTES", "Problem", "WorkloadError", "build_model", "check_task",
-           "checked_task", "in_a_group", "keep_best_doubts", "late_evaluation",
-           "raised_line", "repeated_names", "split_valid",
+__all__ = ["REAL_FORWARD_BYTES", "UNKNOWN_DIRECTION", "Problem", "WorkloadError",
+           "build_model", "check_task", "checked_task", "in_a_group", "keep_best_doubts",
+           "late_evaluation", "raised_line", "repeated_names", "split_valid",
            "training_loss_doubt", "validate_workload"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}")  # fullmatch: "$" let "a\n" in
 _FACTORIES = ("model", "data", "loss", "optimizer", "evaluate", "lr_scheduler", "collate_fn",
               "loss_items")
+
+
+# What a keep_best whose direction nothing says is told: a misspelt name is told so
+# instead where evaluate is run to see (dione.techniques.checking).
+UNKNOWN_DIRECTION = "does not say whether lower or higher is better"
 
 
 @dataclass(frozen=True)
@@ -767,9 +772,10 @@ def _check_keep_best(task: Task, bad: Callable[[str, str], None]) -> None:
         rule = task.stopping.metric if task.stopping is not None else None
         near = rule if isinstance(rule, str) and rule != metric and difflib.get_close_matches(
             metric, [rule], n=1, cutoff=0.75) else None
-        bad("keep_best", f"its name {metric!r} does not say whether lower or higher is "
-            "better: " + (f"did you mean {near!r}, the stopping rule's metric? Else "
-                          if near else "") + "give keep_best_mode='min' or 'max'")
+        bad("keep_best", f"its name {metric!r} {UNKNOWN_DIRECTION}: "
+            + (f"did you mean {near!r}, the stopping rule's metric? Else "
+               if near else "is it spelt as evaluate returns it (`dione validate` runs "
+               "evaluate to see)? If so, ") + "give keep_best_mode='min' or 'max'")
 
 
 def split_valid(

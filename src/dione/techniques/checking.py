@@ -58,7 +58,9 @@ def check_workload(workload: Iterable[Task], devices: int | None, kind: Any,
     from dione.spec.stopping import too_few_sharing
     from dione.spec.validate import keep_best_doubts, late_evaluation, training_loss_doubt
 
+    workload = list(workload)
     tasks, problems = valid_tasks(workload, devices)
+    problems = [_misspelt_keep_best(p, workload, kind) for p in problems]
     # A task every technique it allows refuses would fail after profiling ("no
     # configuration fits"): a problem of its own, as a run finds it.
     tasks, untrainable = trained_by_none(tasks, widest, kind)
@@ -161,6 +163,26 @@ def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[
                 refused.add(task.name)
     found.tasks = [name for name in found.tasks if name not in refused]
     return [t for t in tasks if t.name not in refused]
+
+
+def _misspelt_keep_best(problem: Problem, workload: list[Task], kind: Any) -> Problem:
+    """``problem`` or, where it is that nothing says which way a task's keep_best is
+    better and its evaluate does not return that name, that (with the name it likely
+    meant): a misspelt keep_best was told to give keep_best_mode, and only once it had,
+    that the name was wrong (a review)."""
+    from dione.spec.evaluated import metric_mistake
+    from dione.spec.validate import UNKNOWN_DIRECTION
+
+    if problem.field != "keep_best" or UNKNOWN_DIRECTION not in problem.message:
+        return problem
+    task = next((t for t in workload if t.name == problem.task), None)
+    try:
+        returned = untrained_evaluation(task, kind) if task is not None else None
+    except Exception:
+        return problem  # its evaluate raised here: the direction is all there is to say
+    mistake = None if returned is None or task is None else metric_mistake(
+        task, returned, "on its untrained model")
+    return problem if mistake is None else Problem(problem.task, "keep_best", mistake)
 
 
 def untrained_evaluation(task: Task, kind: Any = "cpu") -> tuple[str, ...] | None:
