@@ -356,6 +356,21 @@ def test_help_shows_the_defaults_of_the_options(capsys: pytest.CaptureFixture[st
         assert shown in text
 
 
+def test_simulates_help_names_every_field_of_a_scenario(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import dataclasses
+
+    from dione.cli.parser import build_parser
+    from dione.simulate import Scenario
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["simulate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    said = text.split("--scenario SCENARIO a JSON file", 1)[1].split("--steps", 1)[0]
+    missing = [f.name for f in dataclasses.fields(Scenario) if f.name not in said]
+    assert not missing, said  # faulty_nodes was left out (a review)
+
+
 def test_resume_keeps_the_saved_options_and_applies_the_flags_given(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import dataclasses
@@ -594,6 +609,12 @@ def test_current_practice_says_it_applies_no_stopping_rule(
     status, out, _ = in_process(capsys, "export", str(tmp_path / "r"), "ruled-0", "-o",
                                 str(tmp_path / "out"))
     assert status == 0 and (tmp_path / "out" / "model.safetensors").is_file(), out
+    # A file of the user's beside it stays, and is not said to be written (a review).
+    (tmp_path / "out" / "tokenizer.json").write_text("{}")
+    status, out, _ = in_process(capsys, "export", str(tmp_path / "r"), "ruled-0", "-o",
+                                str(tmp_path / "out"))
+    assert status == 0 and (tmp_path / "out" / "tokenizer.json").read_text() == "{}", out
+    assert "(dione.json, model.safetensors)" in out and "tokenizer" not in out, out
     # Again over it, a symlink put at its dione.json: replaced, not followed (its target
     # was written over); a folder of other files is refused (written over as well).
     victim = tmp_path / "victim.txt"

@@ -382,8 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "each part with its nodes' kind first where options have kinds "
                           "(H100:2x8,A100:2x8); default: the problem's nodes")
     simulate.add_argument("--scenario", help="a JSON file: task_slowdown, node_slowdown, "
-                          "spread, seed, failures, node_losses, node_joins, curve, curves (see "
-                          "dione.simulate.Scenario)")
+                          "spread, seed, failures, node_losses, node_joins, faulty_nodes, "
+                          "curve, curves (see dione.simulate.Scenario)")
     simulate.add_argument("--steps", type=positive_int, default=100,
                           help="steps per task (each option's seconds spread over them)")
     simulate.add_argument("--out", type=_given,

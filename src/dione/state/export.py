@@ -37,6 +37,7 @@ from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, SliceRecord,
 from dione.state.summaries import best_kept, exactness_of, inexact_spans, techniques_in_turn
 
 __all__ = [
+    "PROVENANCE_FILE",
     "ExportError",
     "check_export_folder",
     "export_model",

@@ -12,9 +12,11 @@ __all__ = ["command"]
 
 
 def command(args: argparse.Namespace) -> int:
+    import json
     from pathlib import Path
 
     from dione.state.export import (
+        PROVENANCE_FILE,
         ExportError,
         check_export_folder,
         export_model,
@@ -54,6 +56,9 @@ def command(args: argparse.Namespace) -> int:
     except OSError as err:
         raise BadInput(f"cannot write {args.output}: {err.strerror or err}; give a folder "
                        "you can write (-o)") from None
-    files = ", ".join(sorted(p.name for p in folder.iterdir()))
+    # What this export wrote (its dione.json lists them), not the folder's other files:
+    # a tokenizer the user copied in read as written by the export (a review).
+    written = json.loads((folder / PROVENANCE_FILE).read_text())["files"]
+    files = ", ".join(sorted([*written, PROVENANCE_FILE]))
     console.print(f"task {task.name}: weights of {checkpoint} written to {folder} ({files})")
     return 0
