@@ -823,6 +823,10 @@ def test_a_slice_stalled_in_its_evaluation_is_said_so(tmp_path: Path) -> None:
         # simulation failed it whole, to train it again: a regression review).
         (kept,) = runner.store.slices("t0")
         assert kept.status == "done" and kept.end_step == running.end_step
+        # Its error reads as a real slice's, whose evaluation failed (it lacked the
+        # first line that `dione evaluate` and the views look for).
+        assert (kept.error or "").startswith("evaluation failed:\nthe evaluation was "
+                                             "cancelled as stalled"), kept.error
     said = [e.message for e in events if e.task == "t0"
             and e.kind in ("slice_slow", "slice_cancelled")]
     assert len(said) == 2, said

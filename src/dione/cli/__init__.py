@@ -82,7 +82,7 @@ def _left(args: argparse.Namespace) -> str:
     if args.command not in ("run", "resume", "train"):
         return kept
     from dione.cli.inputs import default_run_dir
-    from dione.state.store import STORE_FILE, how_to_continue
+    from dione.state.store import EVALUATION_FAILED, STORE_FILE, how_to_continue
 
     given = getattr(args, "run_dir", None) or getattr(args, "out", None)
     run_dir = Path(given) if given else default_run_dir(args.workload)
@@ -99,7 +99,7 @@ def _left(args: argparse.Namespace) -> str:
         return kept + "; the same `dione train` continues it from them"
     if _all_ended(run_dir):
         owed = [t.name for t in _tasks(run_dir) or ()
-                if (t.error or "").startswith("evaluation failed")]
+                if (t.error or "").startswith(EVALUATION_FAILED)]
         return (f"every task had ended; the stop cut the report short: `dione report "
                 f"{quote(str(run_dir))}` writes it"
                 + (f"; {', '.join(owed)} owe their evaluation: `dione evaluate "

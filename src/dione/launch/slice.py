@@ -490,7 +490,7 @@ def _record_finished(db: RunStore, slice_id: int, request: SliceRequest, spec: S
     peak = [o.peak_memory_bytes for o in outcomes]
     db.finish_slice(slice_id, lead.losses, lead.step_seconds, lead.checkpoint,
                     {**lead.timings, "wall": seconds}, max(peak), lead.evaluation,
-                    evaluation_error and f"evaluation failed:\n{evaluation_error}",
+                    evaluation_error,
                     lead.extra.get("exactness"))
     registered = db.task(task.name)
     if lead.checkpoint is not None and registered is not None \

@@ -14,12 +14,10 @@ from dione.spec.task import Task
 from dione.state.checkpoint import read_progress
 from dione.state.export import load_trained, trained_checkpoint
 from dione.state.lock import RunLock
-from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore
+from dione.state.store import EVALUATION_FAILED, SIMULATED_FILE, STORE_FILE, RunStore
 from dione.techniques.evaluate import evaluate_model
 
 __all__ = ["EvaluationAgain", "evaluate_again", "tasks_to_evaluate", "to_evaluate"]
-
-FAILED = "evaluation failed"  # how the store's error of a done task says so (runner's)
 
 
 @dataclass
@@ -65,7 +63,7 @@ def to_evaluate(run_dir: str | Path, names: Sequence[str] = ()) -> list[str]:
                     "weights of one to evaluate by hand")
             return list(dict.fromkeys(names))
         return [name for name, t in tasks.items() if t.status == "done" and (
-            (t.error or "").startswith(FAILED)
+            (t.error or "").startswith(EVALUATION_FAILED)
             or store.latest_evaluation(name)[0] != t.total_steps)]
 
 

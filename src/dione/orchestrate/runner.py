@@ -65,7 +65,7 @@ from dione.state.checkpoint import (
     verify_checkpoint,
 )
 from dione.state.disk import DiskFull
-from dione.state.store import CheckpointRecord, RunStore
+from dione.state.store import EVALUATION_FAILED, CheckpointRecord, RunStore
 from dione.state.summaries import error_line, exception_line
 from dione.techniques.registry import get_technique
 from dione.words import some
@@ -1018,7 +1018,7 @@ class Runner:
         record.status = TaskStatus.DONE if ended else TaskStatus.PENDING
         if ended:
             self.store.set_task_status(name, "done", result.evaluation_error and
-                                       f"evaluation failed:\n{result.evaluation_error}")
+                                       f"{EVALUATION_FAILED}:\n{result.evaluation_error}")
             self._ended(record, result.evaluation)
         elapsed = self.now() - running.began
         planned = running.predicted_end - running.began  # revised from its pace, if heard

@@ -37,10 +37,12 @@ from dione.state.sqlite import SQLiteFile, StateFileError
 # recorded as ending there (at 5 s, a slice of 2 s read as 0.03 s long).
 BEAT_SECONDS = 1.0
 
-__all__ = ["SIMULATED_FILE", "STORE_FILE", "Addition", "CheckpointRecord", "RunStore",
-           "SliceRecord", "TaskRecord", "best_evaluation", "how_to_continue"]
+__all__ = ["EVALUATION_FAILED", "SIMULATED_FILE", "STORE_FILE", "Addition", "CheckpointRecord",
+           "RunStore", "SliceRecord", "TaskRecord", "best_evaluation", "how_to_continue"]
 
 STORE_FILE = "dione.sqlite"
+# How the error of a slice or task whose evaluation failed (its training stands) starts.
+EVALUATION_FAILED = "evaluation failed"
 # Marks a run directory a simulation wrote (``dione simulate``): every view says so.
 SIMULATED_FILE = "simulated.json"
 # PRAGMA user_version of the schema below; older files are brought to it on open.
@@ -541,9 +543,11 @@ class RunStore(SQLiteFile):
     ) -> None:
         """In one transaction: the slice's metrics, checkpoint, evaluation and status
         (``evaluation_error``: why its evaluation failed, kept as the done slice's error
-        and the task's; its training stands; ``statistical``: how it trained as single
-        would in distribution only)."""
+        and the task's after ``EVALUATION_FAILED``; its training stands; ``statistical``:
+        how it trained as single would in distribution only)."""
         record = self.slice(slice_id)
+        # Said here once, so a simulated slice's reads as a real one's (it lacked it).
+        error = evaluation_error and f"{EVALUATION_FAILED}:\n{evaluation_error}"
         with self._transaction() as db:
             db.executemany(
                 "INSERT OR REPLACE INTO metrics (task, step, slice_id, loss, seconds)"
@@ -563,13 +567,13 @@ class RunStore(SQLiteFile):
                 "UPDATE slices SET status = 'done', ended_at = ?, checkpoint = ?, timings = ?,"
                 " peak_memory_bytes = ?, error = ?, statistical = ? WHERE id = ?",
                 (clock.now(), stored, json.dumps(dict(timings or {})), peak_memory_bytes,
-                 evaluation_error, statistical, slice_id),
+                 error, statistical, slice_id),
             )
             total = db.execute("SELECT total_steps FROM tasks WHERE name = ?",
                                (record.task,)).fetchone()[0]
             status = "done" if record.end_step >= total else "pending"
             db.execute("UPDATE tasks SET status = ?, error = ?, updated_at = ? WHERE name = ?",
-                       (status, evaluation_error, clock.now(), record.task))
+                       (status, error, clock.now(), record.task))
 
     def diverge_slice(
         self, slice_id: int, losses: Sequence[float], step_seconds: Sequence[float], error: str,
@@ -903,8 +907,8 @@ class RunStore(SQLiteFile):
             db.executemany("INSERT OR REPLACE INTO evaluations VALUES (?, ?, ?, ?)",
                            [(task, step, k, v) for k, v in finite.items()])
             if finite:
-                db.execute("UPDATE tasks SET error = NULL WHERE name = ? AND error LIKE "
-                           "'evaluation failed%'", (task,))
+                db.execute("UPDATE tasks SET error = NULL WHERE name = ? AND error LIKE ?",
+                           (task, f"{EVALUATION_FAILED}%"))
                 # A done slice's error is its evaluation's (finish_slice).
                 db.execute("UPDATE slices SET error = NULL WHERE task = ? AND end_step = ? "
                            "AND status = 'done'", (task, step))
