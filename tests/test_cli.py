@@ -356,6 +356,25 @@ def test_help_shows_the_defaults_of_the_options(capsys: pytest.CaptureFixture[st
         assert shown in text
 
 
+def test_dione_warnings_are_said_as_the_command_says_warnings(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A warning of dione's own (a Ray node's devices waited for) printed in Python's
+    form, with a file, a line number and a line of dione's source."""
+    import warnings
+
+    import dione.launch.ray_launcher as where
+    from dione.cli import _say_own_warnings
+
+    with warnings.catch_warnings(record=True) as elsewhere:  # Python's own way
+        warnings.simplefilter("always")
+        _say_own_warnings()
+        warnings.warn_explicit("waiting for node n1", UserWarning, where.__file__, 1)
+        warnings.warn_explicit("a library's", UserWarning, "/elsewhere/lib.py", 7)
+    said = capsys.readouterr().err
+    assert said == "warning: waiting for node n1\n", said
+    assert [str(w.message) for w in elsewhere] == ["a library's"]
+
+
 def test_simulates_help_names_every_field_of_a_scenario(
         capsys: pytest.CaptureFixture[str]) -> None:
     import dataclasses

@@ -638,23 +638,33 @@ def test_waiting_for_a_held_nodes_devices_holds_up_no_other_node(
     from ray.util import remove_placement_group
 
     monkeypatch.setattr(ray_launcher, "GROUP_READY_SECONDS", 120.0)
+    monkeypatch.setattr(ray_launcher, "GROUP_SAID_SECONDS", 1.0)
     free, held = launcher.nodes()
     other_job = _hold_node(held)
     waiting = threading.Thread(target=launcher.warm_up, args=(held,))
-    try:
-        waiting.start()
-        deadline = time.monotonic() + 60
-        while held.name in {n.name for n in launcher.alive_nodes() or []}:  # not asked yet
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        launcher.warm_up(free)
-        result = run_slice(digits_task(steps=2), "single", tmp_path / "slice",
-                           launcher.placement(free, [0]), launcher=launcher, timeout=120)
-        assert len(result.losses) == 2
-        assert waiting.is_alive()  # still waiting for the held node's devices
-    finally:
-        remove_placement_group(other_job)
-        waiting.join(60)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            waiting.start()
+            deadline = time.monotonic() + 60
+            while held.name in {n.name for n in launcher.alive_nodes() or []}:  # not asked
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            launcher.warm_up(free)
+            result = run_slice(digits_task(steps=2), "single", tmp_path / "slice",
+                               launcher.placement(free, [0]), launcher=launcher, timeout=120)
+            assert len(result.losses) == 2
+            assert waiting.is_alive()  # still waiting for the held node's devices
+            # The wait is said, not silent for two minutes (a review).
+            while not any(held.name in str(w.message) for w in said):
+                assert time.monotonic() < deadline, [str(w.message) for w in said]
+                time.sleep(0.1)
+        finally:
+            remove_placement_group(other_job)
+            waiting.join(60)
+    (wait,) = [str(w.message) for w in said if held.name in str(w.message)]
+    assert wait.startswith("waiting up to 119 s more for Ray to grant the 2 devices of node "
+                           f"{held.name}: none in 1 s; another job may hold them"), wait
     assert not waiting.is_alive()
     assert held.name in {n.name for n in launcher.alive_nodes() or []}
 

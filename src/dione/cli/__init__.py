@@ -33,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dione.state.sqlite import StateFileError
 
     parser = build_parser()
+    _say_own_warnings()
     try:
         args, extra = parser.parse_known_args(argv)
     except BadInput as err:  # a flag's value checked as it is parsed (an empty path)
@@ -62,6 +63,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Python flushes stdout at exit, into the closed pipe again: point it elsewhere.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+
+
+def _say_own_warnings() -> None:
+    """dione's own warnings (a Ray node's devices waited for, another dione on a node)
+    said as the command says its warnings, ``warning: ...``, not in Python's form with
+    a file, a line number and a line of dione's source; others' warnings as they were."""
+    import warnings
+
+    shown = warnings.showwarning
+    if getattr(shown, "dione", False):
+        return  # installed by an earlier main() in this process
+    own = Path(__file__).resolve().parents[1]
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        if Path(filename).resolve().is_relative_to(own):
+            complain("warning", str(message))
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    show.dione = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
 
 
 # What a stop leaves where it is not a run's gangs and checkpoints.

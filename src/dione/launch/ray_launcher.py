@@ -384,6 +384,8 @@ RAY_CLIENT_PORT = 10001  # Ray Client's port, where a ray:// address names none
 
 # How long a node's devices may take to be reserved before the run says who holds them.
 GROUP_READY_SECONDS = 120.0
+# Past this, the wait is said (a free node's are granted at once): a run sat silent.
+GROUP_SAID_SECONDS = 10.0
 
 
 class RayLauncher:
@@ -517,7 +519,7 @@ class RayLauncher:
                     self._waiting[node.name] = waiting
             group, ready = waiting
             try:
-                self.ray.get(ready, timeout=GROUP_READY_SECONDS)
+                self._wait_for_group(node, ready)
             except Exception as err:
                 if type(err).__name__ == "GetTimeoutError":  # still asked for, kept
                     raise NodeBusyError(
@@ -536,6 +538,25 @@ class RayLauncher:
                 self._waiting.pop(node.name, None)
                 self._groups[node.name] = group
             return group
+
+    def _wait_for_group(self, node: Node, ready: Any) -> None:
+        """Wait for Ray to grant the node's placement group (``ready``), up to
+        ``GROUP_READY_SECONDS``; a wait past ``GROUP_SAID_SECONDS`` is said at once (the
+        run sat silent for two minutes before it said the node was held: a review)."""
+        said = min(GROUP_SAID_SECONDS, GROUP_READY_SECONDS)
+        try:
+            self.ray.get(ready, timeout=said)
+            return
+        except Exception as err:
+            if type(err).__name__ != "GetTimeoutError" or said >= GROUP_READY_SECONDS:
+                raise
+        import warnings
+
+        warnings.warn(f"waiting up to {GROUP_READY_SECONDS - said:.0f} s more for Ray to "
+                      f"grant the {node.devices} devices of node {node.name}: none in "
+                      f"{said:.0f} s; another job may hold them (`ray status` says what "
+                      "is free)", stacklevel=2)
+        self.ray.get(ready, timeout=GROUP_READY_SECONDS - said)
 
     def _ask_for_group(self, node: Node) -> tuple[Any, Any]:
         """Ask Ray for the node's placement group; the group and its ready reference."""
