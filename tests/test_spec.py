@@ -161,6 +161,55 @@ def test_messages_say_what_to_do() -> None:
                "ideas" in m for m in messages)
 
 
+def test_a_model_factory_that_never_returns_leaves_out_its_tasks_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One task's model() that hung (a download, a lock) held up validation, and so the
+    whole run, for ever and silent (a review): it is said, its tasks (those built by the
+    same function at once) are left out past the deadline, and the others go on."""
+    import warnings
+
+    from dione.spec import deadline
+
+    monkeypatch.setattr(deadline, "SAID_SECONDS", 0.2)
+    monkeypatch.setattr(deadline, "DEADLINE_SECONDS", 0.6)
+    monkeypatch.setattr(deadline, "_hung", [])
+    release = threading.Event()
+
+    def stuck(width: int) -> torch.nn.Module:
+        release.wait(60)
+        return torch.nn.Linear(64, width)
+
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            problems = validate_workload(Workload([
+                digits_task("stuck-1", model=functools.partial(stuck, 10)),
+                digits_task("fine"),
+                digits_task("stuck-2", model=functools.partial(stuck, 12))]))
+    finally:
+        release.set()
+    by_task = {p.task: (p.field, p.message) for p in problems}
+    assert set(by_task) == {"stuck-1", "stuck-2"}, problems
+    assert by_task["stuck-1"] == ("model", "did not return in 1 s (a download or a lock "
+                                  "that never ends?): the task is left out, the others go "
+                                  "on; fix it, then resume or run it again")
+    assert by_task["stuck-2"][1].startswith("did not return in 1 s for another task built "
+                                            "by stuck")
+    assert [str(w.message) for w in said] == [
+        "task 'stuck-1': its model() has not returned in 0 s (a download? a lock?); the "
+        "task is left out if it has not by 1 s"]
+
+
+def test_a_workload_item_that_is_not_a_task_is_named_at_once() -> None:
+    """None among the tasks (a builder without its return) crashed validation deep
+    inside ('NoneType' object has no attribute 'name'), exit 1 (a review)."""
+    with pytest.raises(TypeError, match=r"item 2 of the workload's tasks is NoneType, not a "
+                       r"dione.Task \(does a function that builds a task lack its `return`"):
+        Workload([digits_task("a"), None])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="item 1 of the workload's tasks is str"):
+        Workload(["a"])  # type: ignore[list-item]
+
+
 def test_the_common_pytorch_mistakes_are_named_with_their_fix() -> None:
     """A module instance for the model factory was called (its forward ran without an
     input); a DataLoader or a generator for the dataset failed at indexing or len()."""

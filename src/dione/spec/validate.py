@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import inspect
 import math
 import os
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from dione.spec.batch import split_problem
+from dione.spec.deadline import FactoryHung, within_deadline
 from dione.spec.devices import DeviceKind, local_device_kind
 from dione.spec.metrics import direction_by_name
 from dione.spec.sameness import task_key
@@ -644,14 +646,15 @@ def _checked_task(
             raise _Said(f"is a {type(task.model).__name__} instance; give the function or "
                         "class that builds it (model=MyNet, or functools.partial(MyNet, "
                         "...)): each rank and slice builds its own")
-        model = build_model(task.model)
+        model = within_deadline(functools.partial(build_model, task.model), task.model,
+                                task.name, "model()")
         if not isinstance(model, nn.Module):
             bad("model", f"returned {type(model).__name__}, not a torch.nn.Module")
             model = None
         elif not any(p.requires_grad for p in model.parameters()):
             bad("model", "the model has no trainable parameters")
             model = None
-    except _Said as said:
+    except (_Said, FactoryHung) as said:
         bad("model", str(said))
     except Exception as err:
         bad("model", f"the model factory raised {raised_line(err)}")
@@ -674,7 +677,7 @@ def _checked_task(
                 if point not in modules:
                     bad("split_points", f"{point!r} is not a submodule of the model")
     try:
-        dataset: Any = task.data()
+        dataset: Any = within_deadline(task.data, task.data, task.name, "data()")
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise _Said(f"returned a {type(dataset).__name__}; give a function returning a "
                         "map-style dataset (len() and indexing: a torch Dataset such as "
@@ -699,7 +702,7 @@ def _checked_task(
                     problems += found
                     if seen is not None and not found:
                         seen[key] = dict(resolved)
-    except _Said as said:
+    except (_Said, FactoryHung) as said:
         bad("data", str(said))
     except Exception as err:
         bad("data", f"the data factory (or indexing its result) raised {raised_line(err)}")

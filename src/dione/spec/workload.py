@@ -36,7 +36,15 @@ class Workload:
     tasks: tuple[Task, ...]
 
     def __init__(self, tasks: Iterable[Task]) -> None:
-        object.__setattr__(self, "tasks", tuple(tasks))
+        tasks = tuple(tasks)
+        for i, task in enumerate(tasks):  # met later as "'NoneType' has no attribute 'name'"
+            if not isinstance(task, Task):
+                raise TypeError(
+                    f"item {i + 1} of the workload's tasks is {type(task).__name__}"
+                    f"{'' if task is None else f' ({task!r:.40})'}, not a dione.Task"
+                    + (" (does a function that builds a task lack its `return`?)"
+                       if task is None else "") + ": give Task objects only")
+        object.__setattr__(self, "tasks", tasks)
 
     def __iter__(self) -> Iterator[Task]:
         return iter(self.tasks)
