@@ -24,6 +24,7 @@ from dione.spec.workload import load_workload
 from dione.state.store import RunStore
 from helpers import (
     TEST_NODE,
+    digits_task,
     dione,
     in_process,
     started_dione,
@@ -338,3 +339,51 @@ def test_a_file_defining_a_name_twice_is_refused_by_dione_add_and_by_the_run(
     assert [r.id for r in requests] == [request]  # nothing more asked of the run
     arrival = _intake([], requests, {"other"}, None, None)  # type: ignore[arg-type]
     assert "defines more than one task named 'lr-0.03'" in arrival.requests_refused[request]
+
+
+def test_a_task_changed_since_the_run_recorded_it_is_left_out_alone(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One task edited between a run and its resume (another learning rate) refused the
+    whole resume, and the others stayed untrained (a review). That task alone is left as
+    it was, invalid this session, and said so; the others train."""
+    import dione
+
+    run, catalog = str(tmp_path / "run"), str(tmp_path / "catalog.sqlite")
+    first = [digits_task("a", steps=2), digits_task("b", steps=2)]
+    dione.run(first, devices="cpu:1", run_dir=run, quiet=True, catalog=catalog, trial=QUICK)
+    edited = [replace(first[0], optimizer=functools.partial(torch.optim.Adam, lr=0.1)),
+              first[1], digits_task("c", steps=2)]
+    events: list = []
+    result = dione.run(edited, devices="cpu:1", run_dir=run, quiet=True, catalog=catalog,
+                       trial=QUICK, on_event=events.append)
+    assert {t.task: t.status for t in result.tasks if t.task != "a"} == {"b": "done",
+                                                                          "c": "done"}
+    with RunStore(run) as store:
+        (why,) = store.invalid()["a"]
+        assert store.task("a").status == "done"  # its record stands, as it was
+    assert "with other training (optimizer: Adam(lr=0.01) -> Adam(lr=0.1))" in why, why
+    refused = [e.message for e in events if e.kind == "task_refused"]
+    assert len(refused) == 1 and refused[0].startswith("a: not trained this session: "), refused
+    # Given, if invalid: not "not in the workload given" (a review).
+    assert not any(e.kind == "task_left_out" for e in events)
+    assert result.invalid == [why]
+    # Status and the report say it trained before and is left as it was, not "never
+    # started".
+    status, out, _ = in_process(capsys, "status", run)
+    said = " ".join(out.split())
+    assert status == 0 and "1 invalid," in said and "a (invalid, left as it was): task " \
+        "'a' was recorded" in said and "never started" not in said, said
+    summary = (Path(run) / "report" / "summary.md").read_text()
+    assert "## Invalid tasks, left as they were" in summary
+    assert "- a (done at step 2, not trained since): task 'a' was recorded" in summary
+
+
+def test_the_problems_of_a_task_with_no_name_are_not_a_task_named_workload() -> None:
+    """A task named "" was listed as "workload", beside a task of that name (a review)."""
+    from dione.orchestrate.run import invalid_by_task
+    from dione.spec.validate import Problem
+
+    assert invalid_by_task([Problem("", "name", "must be ..."), Problem(None, "tasks", "x"),
+                            Problem("workload", "steps", "y")]) == {
+        "(a task with no name)": ["name: must be ..."], "(the workload)": ["tasks: x"],
+        "workload": ["steps: y"]}

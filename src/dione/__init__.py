@@ -169,7 +169,8 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     problem = report_after_run(run_dir, None)  # every task of the run, not only these
     for trouble in [*troubles, *([problem] if problem else [])]:
         warnings.warn(trouble, stacklevel=2)
-    result.invalid = [str(p) for p in problems]  # a bad task stops only itself
+    # A bad task stops only itself; a changed one's reason, from the run, after them.
+    result.invalid = [str(p) for p in problems] + result.invalid
     return result
 
 

@@ -328,7 +328,8 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
     validation refused (never started), and the step of each checkpoint kept for being
     best (``best``: keep_best's, where it is not the task's last); ``simulated``: by
     ``dione simulate``, which trains nothing (no "trained" to say)."""
-    refused = f", {len(invalid)} invalid (never started)" if invalid else ""
+    refused = (f", {len(invalid)} invalid" + ("" if set(invalid) & {t.task for t in tasks}
+                                             else " (never started)") if invalid else "")
     # Each way a task ended besides done, counted (a sweep's stopped tasks ended as asked).
     ended = "".join(f", {n} {status}" for status in ("stopped", "diverged", "failed")
                     if (n := sum(t.status == status for t in tasks)))
@@ -356,8 +357,10 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
     for t in tasks:  # why each failed, diverged or was not evaluated (stopped: the report)
         if t.error and t.status != "stopped":
             console.print(f"{t.task} ({t.status}): {error_line(t.error)}", markup=False)
-    for name, problems in (invalid or {}).items():
-        console.print(f"{name} (invalid, never started): {'; '.join(problems)}", markup=False)
+    recorded = {t.task for t in tasks}
+    for name, problems in (invalid or {}).items():  # one that trained before: as it was
+        said = "invalid, left as it was" if name in recorded else "invalid, never started"
+        console.print(f"{name} ({said}): {'; '.join(problems)}", markup=False)
     for request in additions:
         if request.state == "waiting":
             console.print(f"asked to add {', '.join(request.names)} (from "

@@ -124,7 +124,8 @@ class RunResult:
     planned_makespan: float
     plans_adopted: int
     profile_seconds: float
-    invalid: list[str] = field(default_factory=list)  # tasks left out, and why
+    # Tasks left out, and why: invalid, or changed since the run recorded them.
+    invalid: list[str] = field(default_factory=list)
     slices: int = 0  # launched in this session
     replans: int = 0  # re-plans solved beside execution (the first plan not counted)
     replan_seconds: float = 0.0  # their solver time, beside execution
@@ -271,8 +272,10 @@ def invalid_by_task(invalid: Sequence[Problem]) -> dict[str, list[str]]:
     """Validation's problems as the run store keeps them: by task, each "field: why"."""
     refused: dict[str, list[str]] = {}
     for problem in invalid:
-        refused.setdefault(problem.task or "workload", []).append(
-            f"{problem.field}: {problem.message}")
+        # Not "workload" for a task of no name: a task of that name read as refused.
+        name = ("(the workload)" if problem.task is None
+                else problem.task or "(a task with no name)")
+        refused.setdefault(name, []).append(f"{problem.field}: {problem.message}")
     return refused
 
 
@@ -316,4 +319,5 @@ def _run_claimed(
                      runner.first_planned or 0.0, runner.plans_adopted, profile_seconds,
                      slices=runner.slices_launched, replans=runner.replanner.solves,
                      replan_seconds=runner.replanner.seconds, directions=directions,
-                     planned_horizon=runner.first_horizon)
+                     planned_horizon=runner.first_horizon,
+                     invalid=list(runner.changed.values()))

@@ -123,12 +123,25 @@ class Runner:
         # tasks whose slices' evaluations lacked their keep_best metric.
         self._doubted: set[str | tuple[str, ...] | tuple[str, str, int]] = set()
         records = {}
+        changed: dict[str, str] = {}
         for task in tasks:
             try:
                 records[task.name] = self._record(task)
-            except ValueError as err:
-                self.store.close()
-                raise RunDirError(str(err)) from None
+            except ValueError as err:  # the store knows it with other training
+                changed[task.name] = str(err)
+        if changed and not records:  # nothing left to run: the command's error
+            self.store.close()
+            raise RunDirError(next(iter(changed.values())))
+        if changed:
+            # That task alone is left as it was, invalid this session: one edited task
+            # kept every other from resuming (a review).
+            self.store.set_invalid({**self.store.invalid(),
+                                    **{name: [why] for name, why in changed.items()}})
+            for name, why in changed.items():
+                self.emit(RunEvent("task_refused", f"{name}: not trained this session: "
+                                   f"{why}", name))
+        tasks = [t for t in tasks if t.name not in changed]
+        self.changed = changed  # task -> why it was left out (the result's ``invalid``)
         self.state = RunState(records, [], clock_zero=clock.now())
         # From the store's decisions (a resumed run decides as the uninterrupted one
         # would): who was judged at each rung of each rule, with what value, in the order
@@ -182,7 +195,9 @@ class Runner:
         """Tasks of the run, not ended, that the workload given no longer defines (a
         resume with another file): left as they are, and said (they were dropped, the
         command said nothing and exited 0: review)."""
-        given = {t.name for t in tasks} | {
+        # Those validation refused are given too, and said as invalid (they read as not
+        # in the workload, with another workload as the fix: a review).
+        given = {t.name for t in tasks} | set(self.store.invalid()) | {
             n for a in self.store.additions("waiting", "taken") for n in a.names}
         absent = [t for t in self.store.tasks() if t.name not in given
                   and t.status not in ("done", "stopped", "diverged", "failed", "invalid")]
@@ -1003,7 +1018,7 @@ class Runner:
                                f"{result.end_step} failed (its training stands): "
                                f"{error_line(result.evaluation_error)}", name))
         unfinite = {m: v for m, v in result.evaluation.items() if not math.isfinite(v)}
-        if unfinite:  # a loser's metric, not a broken evaluate: kept out of the store
+        if unfinite and not result.evaluation_error:  # a real slice's says it (its error)
             self.emit(RunEvent("evaluation_not_finite", f"{name}: evaluated at step "
                                f"{result.end_step}, " + ", ".join(
                                    f"{m} is {v}" for m, v in sorted(unfinite.items()))

@@ -429,13 +429,17 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                   "No node of the simulated cluster holds these tasks of the problem:", ""]
         lines += [f"- {name}: " + "; ".join(problems) for name, problems in invalid.items()]
     elif invalid:
-        lines += ["", "## Invalid tasks, never started", "",
+        recorded = {t.task: t for t in tasks}  # changed since: left as they were
+        lines += ["", "## Invalid tasks, never started" if not set(invalid) & set(recorded)
+                  else "## Invalid tasks, left as they were", "",
                   "Validation refused these tasks of the workload when the run (or its latest "
                   "resume) started; fix them, then "
                   + how_to_continue(run_dir) + " trains them."
                   if run_dir is not None else "Validation refused these tasks of the "
                   "workload when the run (or its latest resume) started.", ""]
-        lines += [f"- {name}: " + "; ".join(problems) for name, problems in invalid.items()]
+        lines += [f"- {name}" + (f" ({recorded[name].status} at step {recorded[name].steps}, "
+                                 "not trained since)" if name in recorded else "")
+                  + ": " + "; ".join(problems) for name, problems in invalid.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -135,7 +135,9 @@ def _execute_on(workload_file: str, run: SavedRun, run_dir: Path, record: SavedR
                                     else "")
         complain(f"task {t.task} {t.status}", last.removeprefix(begins))
     _say_left_out(problems)
-    return EXIT_FAILED if failed or problems else 0
+    for why in result.invalid:  # changed since the run recorded it: left as it was
+        complain("not trained this session", why)
+    return EXIT_FAILED if failed or problems or result.invalid else 0
 
 
 def _failure_logs(run_dir: Path, names: Sequence[str]) -> dict[str, Path]:
