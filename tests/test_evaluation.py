@@ -393,6 +393,11 @@ def test_a_rule_that_cannot_judge_fails_its_task_and_a_failed_evaluation_is_said
         "no held-out split" in failed
     summary = (write_report(tmp_path / "run") / "summary.md").read_text()
     assert "## Evaluations that failed" in summary
+    # An evaluation with no finite metric is a failed one, said where failures are: it
+    # read as never evaluated everywhere (a review); one finite metric stands.
+    assert "- nan at step 6: evaluate returned accuracy = nan, not finite, so not " \
+        "recorded" in summary
+    assert "- overflow at step" not in summary
     # The run's result ranks as the report does (a sweep's best without parsing it).
     board = summary.split("## Leaderboard by accuracy")[1].split("\n\n")[1]
     ranked = [row.split(" | ")[1] for row in board.splitlines()[2:] if row.startswith("| ")]

@@ -477,13 +477,28 @@ def _say_unsaid_split(method: Technique, task: Task, devices: int, knobs: dict[s
             lead.extra["exactness"] = note
 
 
+def _not_finite(evaluation: Mapping[str, float]) -> str | None:
+    """Why an evaluation none of whose metrics is finite counts as failed: the store
+    keeps no such figure, and the task read as never evaluated everywhere (a review).
+    One finite metric is an evaluation (a perplexity that overflowed beside an accuracy:
+    the run says so, and the accuracy ranks it)."""
+    odd = {m: v for m, v in evaluation.items() if not math.isfinite(v)}
+    if not odd or len(odd) < len(evaluation):
+        return None
+    return ("evaluate returned " + ", ".join(f"{m} = {v}" for m, v in sorted(odd.items()))
+            + ", not finite, so not recorded (a diverged model's figure, or a division by "
+            "zero in evaluate)")
+
+
 def _record_finished(db: RunStore, slice_id: int, request: SliceRequest, spec: SliceSpec,
                      technique: str, outcomes: list[SliceOutcome], seconds: float,
                      warnings: list[str], inexactness: Any) -> SliceResult:
     """Record a slice that trained to its end (its cut, steps, checkpoint, evaluation),
     prune the task's older checkpoints, and say what it did."""
     task, lead = spec.task, outcomes[0]
-    evaluation_error = lead.extra.get("evaluation_error")
+    evaluation_error = lead.extra.get("evaluation_error") or (
+        # A trial's is no failure: it says which metrics evaluate returns, that is all.
+        _not_finite(lead.evaluation) if request.trial is None else None)
     devices = len(spec.device_ids)
     if spec.cut is None and "cut" in lead.extra:  # decided now: kept for later slices
         db.keep_cut(task.name, devices, lead.extra["cut"], slice_id)
