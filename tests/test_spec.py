@@ -491,3 +491,22 @@ def _dropped() -> torch.nn.Module:
 
 def _summed(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(output, target, reduction="sum")
+
+
+def test_a_rule_judging_more_often_than_eval_every_asks_is_said() -> None:
+    """Patience's every=1 (its default) over eval_every=10: an evaluation, a rung and a
+    slice's end at every step, unsaid (a review)."""
+    from dione import Asha, Patience
+    from dione.spec.validate import rule_cadence_doubt
+
+    often = digits_task("t", eval_every=10, evaluate=lambda m: {"accuracy": 1.0},
+                        stopping=Patience(metric="accuracy", mode="max", patience=2))
+    assert rule_cadence_doubt(often) == (
+        "its stopping rule judges 'accuracy' every 1 step(s), more often than eval_every=10:"
+        " the task is evaluated at each of its rungs, and a slice ends at each; give the "
+        "rule every=10 to judge it as often as it is evaluated")
+    assert rule_cadence_doubt(replace(often, stopping=Patience(
+        metric="accuracy", mode="max", every=10))) is None
+    assert rule_cadence_doubt(replace(often, stopping=Patience())) is None  # the loss
+    assert rule_cadence_doubt(replace(often, stopping=Asha(metric="accuracy"))) is None
+    assert rule_cadence_doubt(replace(often, eval_every=None)) is None

@@ -57,7 +57,7 @@ from dione.spec.metrics import doubtful_direction
 from dione.spec.settings import READ_SETTINGS, read_changes, training_settings
 from dione.spec.stopping import Decision, StoppingRule, too_few_sharing
 from dione.spec.task import Task
-from dione.spec.validate import keep_best_doubts, late_evaluation
+from dione.spec.validate import keep_best_doubts, late_evaluation, rule_cadence_doubt
 from dione.state.checkpoint import (
     CheckpointError,
     file_times,
@@ -245,9 +245,9 @@ class Runner:
             self._doubted.add(("idle", repr(rule), total))
             self.emit(RunEvent("stopping_rule_doubtful", f"{task.name} (and the tasks of "
                                f"its length that share its rule): {idle}", task.name))
-        late = late_evaluation(task, total)
-        if late:
-            self.emit(RunEvent("eval_every_doubtful", f"{task.name}: {late}", task.name))
+        for late in (late_evaluation(task, total), rule_cadence_doubt(task)):
+            if late:
+                self.emit(RunEvent("eval_every_doubtful", f"{task.name}: {late}", task.name))
         for doubt in keep_best_doubts(task, total):  # once a doubt: a sweep's tasks share it
             if doubt not in self._doubted:
                 self._doubted.add(doubt)

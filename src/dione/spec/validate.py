@@ -30,7 +30,8 @@ from dione.spec.workload import Workload
 
 __all__ = ["REAL_FORWARD_BYTES", "UNKNOWN_DIRECTION", "Problem", "WorkloadError",
            "build_model", "check_task", "checked_task", "in_a_group", "keep_best_doubts",
-           "late_evaluation", "raised_line", "repeated_names", "split_valid",
+           "late_evaluation", "raised_line", "repeated_names", "rule_cadence_doubt",
+           "split_valid",
            "training_loss_doubt", "validate_workload"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}")  # fullmatch: "$" let "a\n" in
@@ -837,6 +838,21 @@ def training_loss_doubt(task: Task) -> str | None:
     return ("keep_best='loss' ranks what evaluate returns as 'loss', not the training "
             "loss (a stopping rule's metric='loss'): unless evaluate returns 'loss', name "
             "the held-out metric it returns (keep_best='test_loss')")
+
+
+def rule_cadence_doubt(task: Task) -> str | None:
+    """Why ``task``'s stopping rule evaluates it more often than its ``eval_every`` asks
+    (a rule's ``every``, 1 by default, over an eval_every of 10: an evaluation, a rung
+    and a slice's end at every step, unsaid: a review), with the fix; None where not."""
+    rule, asked = task.stopping, task.eval_every
+    every = getattr(rule, "every", None)
+    if (rule is None or rule.metric == "loss" or not isinstance(every, int)
+            or not isinstance(asked, int) or isinstance(asked, bool) or every >= asked):
+        return None
+    return (f"{rule.judged_by} judges {rule.metric!r} every {every} step(s), more often "
+            f"than eval_every={asked}: the task is evaluated at each of its rungs, and a "
+            f"slice ends at each; give the rule every={asked} to judge it as often as it "
+            "is evaluated")
 
 
 def late_evaluation(task: Task, total: int | None = None) -> str | None:

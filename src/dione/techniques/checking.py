@@ -56,7 +56,12 @@ def check_workload(workload: Iterable[Task], devices: int | None, kind: Any,
     from dione.spec.batch import split_problem
     from dione.spec.metrics import doubtful_direction
     from dione.spec.stopping import too_few_sharing
-    from dione.spec.validate import keep_best_doubts, late_evaluation, training_loss_doubt
+    from dione.spec.validate import (
+        keep_best_doubts,
+        late_evaluation,
+        rule_cadence_doubt,
+        training_loss_doubt,
+    )
 
     workload = list(workload)
     tasks, problems = valid_tasks(workload, devices)
@@ -84,8 +89,8 @@ def check_workload(workload: Iterable[Task], devices: int | None, kind: Any,
     for lonely, names in too_few_sharing(tasks):  # a rule that compares too few tasks
         found.warnings.setdefault(lonely, []).extend(names)
     for task in tasks:  # evaluates at its end anyway (eval_every does nothing); keep_best
-        for doubt in [late_evaluation(task), *keep_best_doubts(task),
-                      training_loss_doubt(task)]:
+        for doubt in [late_evaluation(task), rule_cadence_doubt(task),
+                      *keep_best_doubts(task), training_loss_doubt(task)]:
             if doubt:
                 found.warnings.setdefault(doubt, []).append(task.name)
     if devices is not None:  # allowed single: trained on fewer devices, not refused
