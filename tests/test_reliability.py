@@ -583,6 +583,10 @@ workload = Workload([Task(name="net", model=Net, data=digits_train,
         assert [r.status for r in broken.task("net").trials] == ["crash"]
         reason = broken.task("net").why_no_option()
         assert "no configuration fits" in reason and "a bug in forward" in reason
+        # Where in the user's code (its traceback was only in the catalog), and no
+        # technique the task never allowed beside it (a review).
+        assert f"ValueError: a bug in forward (at {file}:" in reason, reason
+        assert "allows only single" not in reason, reason
         again = profile_workload(list(load_workload(file)), Cluster([TEST_NODE]), catalog,
                                  options=options)
         assert again.trials_run == 0  # the same code: the cached crash stands

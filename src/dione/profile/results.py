@@ -10,6 +10,7 @@ from dione.profile.catalog import TrialRecord
 from dione.spec.cluster import Cluster
 from dione.spec.evaluated import listed_metrics, metric_mistake, missing_metrics, missing_said
 from dione.spec.task import Task
+from dione.state.summaries import error_line, raised_at
 from dione.words import some
 
 __all__ = ["NotApplicable", "Profile", "ProfileEvent", "ProfiledOption", "Skipped",
@@ -102,10 +103,16 @@ class TaskProfile:
     def why_no_option(self) -> str:
         """Why no configuration fits, from the trials' failures and the skips."""
         reasons = [f"{r.technique} x{r.devices}: {r.status}"
-                   + (f" ({(r.reason or '').strip().splitlines()[-1][:160]})" if r.reason else "")
+                   + (f" ({error_line(r.reason)[:160]}{raised_at(r.reason)})" if r.reason
+                      else "")
                    for r in self.trials if not r.feasible]
-        reasons += [f"{s.label}: {s.reason}" for s in self.skipped]
-        reasons += [f"{s.label}: {s.reason}" for s in self.not_applicable]
+        others = [f"{s.label}: {s.reason}" for s in self.skipped]
+        others += [f"{s.label}: {s.reason}" for s in self.not_applicable]
+        if reasons and others:  # a trial's failure alone: what was skipped or never
+            # applied buried it (seven such clauses after a crash: a review)
+            reasons.append(f"{len(others)} other setting(s) skipped or not applicable")
+        else:
+            reasons += others
         # One line: the closing lines, `dione status` and summary.csv show an error's
         # last line, and showed "(see `dione profile`)" alone.
         failed = [r for r in self.trials if not r.feasible]

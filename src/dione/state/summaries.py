@@ -8,6 +8,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from dione.state.store import CheckpointRecord, RunStore, SliceRecord, best_evaluation
@@ -225,6 +226,24 @@ def error_line(error: str) -> str:
     """An error's one line to show: a traceback's last (the exception and its message)."""
     lines = [line for line in error.strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else error
+
+
+# A traceback's frame line, as Python prints it.
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)', re.MULTILINE)
+
+
+def raised_at(error: str) -> str:
+    """Where a traceback's exception was raised in the user's code, " (at file:line)": its
+    last frame outside dione and installed packages (else outside dione); "" where it
+    names none. A trial's crash said its exception alone, and its traceback was kept only
+    in the catalog (a review)."""
+    ours = str(Path(__file__).resolve().parents[1])
+    frames = [(m["file"], m["line"]) for m in _FRAME.finditer(error)
+              if not m["file"].startswith(ours)]
+    own = [f for f in frames if not any(part in ("site-packages", "dist-packages")
+                                        for part in Path(f[0]).parts)]
+    frames = own or frames
+    return f" (at {frames[-1][0]}:{frames[-1][1]})" if frames else ""
 
 
 def lower_is_better(metric: str, directions: Mapping[str, str] | None = None) -> bool:
