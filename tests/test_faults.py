@@ -86,6 +86,12 @@ def test_faulty_worker_ends_the_gang(run_with_good_task, fault: str, expected: s
         (failed,) = store.slices("faulty")
         assert failed.status == "failed" and expected in failed.error
         assert store.checkpoints("faulty") == [] and store.task("faulty").status == "pending"
+    if fault == "hang":  # where it hung, in the log the error names (it was empty: review)
+        from dione.state.slice_logs import log_folder
+
+        hung = (log_folder(run_dir, failed.id, "faulty") / "rank1.log").read_text()
+        assert "(most recent call first)" in hung and " in loss\n" in hung, hung
+        assert "each running rank's stack at the stop is there" in err
     # The fault gone, the same task trains in the same run dir.
     status, out, err = in_process(capsys, *train)
     assert status == 0, err

@@ -227,10 +227,13 @@ def watch_gang(
     folder: Path, end: Callable[[], None], timeout: float | None = None,
     cancel: threading.Event | None = None,
     on_progress: Callable[[int, dict[str, Any]], None] | None = None,
+    write_stacks: Callable[[], None] | None = None,
 ) -> list[SliceOutcome]:
     """Send each member its job and wait for every outcome, passing each rank's
     progress to ``on_progress(rank, record)``; on the first failure, a timeout or a
-    cancel, ``end()`` the gang and raise GangError or GangInterrupted."""
+    cancel, ``end()`` the gang and raise GangError or GangInterrupted. Past its timeout,
+    or cancelled with a reason (a stall; a stop gives none), ``write_stacks()`` first
+    has the ranks write where they are into their logs."""
     world = len(members)
     heard = _hearing(folder, on_progress)
     replies: dict[int, tuple[str, Any]] = {}
@@ -249,14 +252,20 @@ def watch_gang(
             errors = {r: p for r, (kind, p) in replies.items() if kind == "error"}
             raise describe_failure(folder, errors, lost, spec, placement)
         if cancel is not None and cancel.is_set():
+            if write_stacks is not None and getattr(cancel, "reason", None):
+                write_stacks()
             end()
             raise GangInterrupted("the gang was asked to stop")
         if deadline is not None and time.monotonic() > deadline:
+            if write_stacks is not None:
+                write_stacks()
             end()
             running = [r for r in range(world) if r not in replies]
             raise GangError(
                 f"the gang ran past its timeout of {timeout:g} s and was stopped "
                 f"(ranks still running: {running}); raise the timeout if the slice "
                 "is just slow, else look for a hang in rank logs under "
-                f"{folder}", running[0] if running else None, "timeout")
+                f"{folder}" + (" (each running rank's stack at the stop is there)"
+                               if write_stacks is not None else ""),
+                running[0] if running else None, "timeout")
         time.sleep(_POLL_SECONDS)

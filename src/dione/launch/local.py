@@ -31,7 +31,7 @@ from dione.launch.gang import (
     workload_sources,
 )
 from dione.launch.neighbours import training_here
-from dione.launch.pool import WarmWorker, local_pool
+from dione.launch.pool import WarmWorker, local_pool, write_stacks
 from dione.launch.scratch import scratch_dir
 from dione.launch.worker import Job
 from dione.spec.cluster import Node, NodeBusyError
@@ -94,7 +94,8 @@ def _run_local_gang(spec: SliceSpec, placement: Placement, folder: str | Path,
                     collective_timeout())
                 for rank in range(len(workers))]
         outcomes = watch_gang(workers, jobs, spec, placement, folder,
-                              lambda: pool.end(workers), timeout, cancel, on_progress)
+                              lambda: pool.end(workers), timeout, cancel, on_progress,
+                              lambda: write_stacks(workers))
         pool.give_back(workers)
         return outcomes
     except BaseException:

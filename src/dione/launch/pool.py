@@ -61,6 +61,7 @@ _POLL_SECONDS = 0.02
 # How long a worker that stopped answering gets to show its exit status.
 _EXIT_GRACE_SECONDS = 5.0
 _KILLED_WAIT_SECONDS = 30.0  # for a killed worker to be reaped
+_STACKS_SECONDS = 1.0  # for a signalled worker to write its stacks (a few ms each)
 
 Slot = tuple[str, int]  # (device kind, device id)
 # How long a new spawner may take to import torch and dione on a loaded machine.
@@ -162,7 +163,10 @@ class WarmWorker:
             return Lost("exit", "stopped answering")
         if code < 0:
             return Lost("signal", f"was killed by {signal_name(code)}")
-        return Lost("exit", f"exited with status {code}")
+        # Mid-job, whatever the status: 0 read as success, and its log is empty (review).
+        return Lost("exit", f"exited with status {code} in the middle of its job (the "
+                    "task's code or a library it calls ended the process: os._exit, or "
+                    "exit() in C)")
 
 
 def _environ_fingerprint() -> int:
@@ -203,6 +207,19 @@ def _signal_group(process: WorkerProcess, sig: int) -> None:
     else:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, sig)
+
+
+def write_stacks(workers: Sequence[WarmWorker]) -> None:
+    """Have each worker still running write every thread's stack into its job's log
+    (``STACKS_SIGNAL``), before it is ended for a stall or a timeout; a moment for them
+    to."""
+    from dione.launch.worker import STACKS_SIGNAL
+
+    alive = [w for w in workers if w.alive()]
+    for w in alive:
+        _signal_group(w.process, STACKS_SIGNAL)
+    if alive:
+        time.sleep(_STACKS_SECONDS)
 
 
 def _end(workers: Sequence[WarmWorker]) -> None:

@@ -432,9 +432,18 @@ def redirected(path: str) -> contextlib.AbstractContextManager[None]:
     return redirect()
 
 
+# Sent to a rank the launcher is about to end as stalled or past its timeout: its every
+# thread's stack goes to its log (the job's stderr), so the error's log says where it
+# hung (it was empty: a review). Also a job's own children, which inherit it.
+STACKS_SIGNAL = signal.SIGUSR1
+
+
 def main(fd: int) -> int:
     die_with_parent()
+    import faulthandler
     from multiprocessing.connection import Connection
+
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)  # fd 2: the job's log
 
     import cloudpickle
     import torch

@@ -18,14 +18,16 @@ def log_folder(run_dir: Path, slice_id: int, task: str) -> Path:
 
 def failure_log(run_dir: Path, slices: Sequence[SliceRecord], task: str) -> Path | None:
     """The log holding the traceback of ``task``'s newest failed slice (of ``slices``,
-    the store's): its first rank's that has one, else its first rank's; None where no
-    failed slice left a log."""
-    for record in reversed([s for s in slices if s.task == task and s.status == "failed"]):
+    the store's), or cancelled as stalled (its ranks' stacks at the cancel): its first
+    rank's that has one, else its first rank's; None where no such slice left a log."""
+    for record in reversed([s for s in slices if s.task == task and (
+            s.status == "failed" or (s.status == "interrupted" and "stalled" in (s.error or "")))]):
         logs = sorted(log_folder(run_dir, record.id, task).glob("rank*.log"),
                       key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0)
         for log in logs:
             try:
-                if "Traceback (most recent call last)" in log.read_text(errors="replace"):
+                # A traceback's, or faulthandler's "(most recent call first)".
+                if "(most recent call " in log.read_text(errors="replace"):
                     return log
             except OSError:
                 continue
