@@ -263,9 +263,13 @@ def run_request(
         # Rank 0's outcome once trained and saved, while its evaluation runs (a real
         # slice's: a trial that cannot evaluate is timed out, as it was, never cached).
         evaluating: list[SliceOutcome] = []
+        trial_trained: list[bool] = []  # a trial's rank 0 trained and saved: evaluating
 
         def heard(rank: int, record: dict[str, Any]) -> None:
-            if "trained" in record:
+            if "evaluating" in record:  # one that keeps no checkpoint
+                trial_trained.append(True)
+            elif "trained" in record:
+                trial_trained.append(True)
                 if request.trial is None:
                     evaluating.append(record["trained"])
                     if on_progress is not None:  # (a stall now is the evaluation's)
@@ -281,7 +285,11 @@ def run_request(
             seconds = clock.now() - began
         except GangError as err:
             if not (evaluating and err.reason in EVALUATION_LOST):
+                # A trial that hung in evaluate was told to raise its timeout (a review).
+                hung = bool(request.trial is not None and trial_trained
+                            and err.reason == "timeout")
                 message = (f"task {task.name!r}, steps {start}-{end}, {where}: {err}"
+                           + (f"; {IN_EVALUATE}" if hung else "")
                            + "".join(f"\n{w}" for w in warnings))
                 db.fail_slice(slice_id, message)
                 raise SliceError(message, err.reason, err.error_type) from err
@@ -409,6 +417,8 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
 EVALUATION_LOST = ("timeout", "signal", "exit", "raised")
 # How the orchestrator's cancel of a stalled slice begins its reason.
 STALLED = "stalled"
+# What a trial past its timeout adds where rank 0 had trained and begun its evaluation.
+IN_EVALUATE = "it had trained: it ran out of time in the task's evaluate, which the trial times too"
 
 
 def _evaluation_lost(lead: SliceOutcome, why: str | None, request: SliceRequest, end: int

@@ -18,6 +18,7 @@ from typing import Any
 
 from dione.launch.local import LOCAL, Launcher
 from dione.launch.slice import (
+    IN_EVALUATE,
     OUTSIDE_THE_GANG,
     SliceError,
     SliceRequest,
@@ -119,7 +120,10 @@ def run_trial(
             raise
         status = _classify(err)
         reason = str(err)
-        if status == "timeout" and "; raise the timeout" in reason:
+        if status == "timeout" and IN_EVALUATE in reason:  # told to raise its timeout
+            reason = (reason.split("; raise the timeout")[0] + f"; {IN_EVALUATE}: fix "
+                      "evaluate if it hangs, else raise --trial-timeout")
+        elif status == "timeout" and "; raise the timeout" in reason:
             # Its rank logs go with the trial's folder (and the catalog keeps the text):
             # a way to see them, not a path that leads nowhere.
             reason = (reason.split("; raise the timeout")[0] + "; raise --trial-timeout "
