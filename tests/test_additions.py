@@ -268,6 +268,12 @@ def test_dione_add_names_what_is_wrong(tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     file = growing(tmp_path, [1e-2])
     status, said = add(capsys, str(tmp_path / "nothing"), str(file))
+    # A folder that is not there is said so (it read as one that is not a run's).
+    assert status == 2 and f"{tmp_path / 'nothing'} does not exist; start a run" in said, said
+    status, _, err = in_process(capsys, "status", str(tmp_path / "nothing"))
+    assert status == 2 and "nothing does not exist: give the folder `dione run --out` " \
+        "wrote" in " ".join(err.split()), err
+    status, said = add(capsys, str(tmp_path), str(file))
     assert status == 2 and "is not a dione run directory" in said, said
     run_dir = tmp_path / "run"
     with RunStore(run_dir) as store:

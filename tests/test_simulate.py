@@ -830,8 +830,9 @@ def test_a_slice_stalled_in_its_evaluation_is_said_so(tmp_path: Path) -> None:
     said = [e.message for e in events if e.task == "t0"
             and e.kind in ("slice_slow", "slice_cancelled")]
     assert len(said) == 2, said
-    assert "in its evaluation (trained and saved): stalled? (at 10 times it the " \
+    assert "in its evaluation (trained and saved): stalled? (at 10 times it and 0 s the " \
         "evaluation is cancelled and owed, the training kept)" in said[0]
+    assert "(--stall-factor and --stall-grace change the bound)" in said[1]  # a review
     assert "stalled in its evaluation, cancelled: its training is kept, its evaluation " \
         "owed" in said[1]
 

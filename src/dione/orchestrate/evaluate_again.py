@@ -14,7 +14,7 @@ from dione.spec.task import Task
 from dione.state.checkpoint import read_progress
 from dione.state.export import load_trained, trained_checkpoint
 from dione.state.lock import RunLock
-from dione.state.store import EVALUATION_FAILED, SIMULATED_FILE, STORE_FILE, RunStore
+from dione.state.store import EVALUATION_FAILED, SIMULATED_FILE, STORE_FILE, RunStore, not_a_run
 from dione.techniques.evaluate import evaluate_model
 
 __all__ = ["EvaluationAgain", "evaluate_again", "tasks_to_evaluate", "to_evaluate"]
@@ -42,7 +42,7 @@ def to_evaluate(run_dir: str | Path, names: Sequence[str] = ()) -> list[str]:
     problem and the fix otherwise)."""
     run = Path(run_dir)
     if not (run / STORE_FILE).is_file():
-        raise ValueError(f"{run} is not a dione run directory (no {STORE_FILE}); give the "
+        raise ValueError(f"{not_a_run(run)}; give the "
                          "folder `dione run --out` (dione.run's run_dir) wrote")
     if (run / SIMULATED_FILE).is_file():
         raise ValueError(f"{run} is a simulated run (`dione simulate`): no task trained "

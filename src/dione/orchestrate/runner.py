@@ -1383,7 +1383,7 @@ class Runner:
                     f"{options.stall_grace:g} s: "
                     + ("stalled in its evaluation, cancelled: its training is kept, its "
                        "evaluation owed" if running.in_evaluation else "stalled, cancelled")
-                    + " (--stall-factor changes the bound)")
+                    + " (--stall-factor and --stall-grace change the bound)")
                 self.emit(RunEvent("slice_cancelled", running.stalled, record.name))
                 running.cancel.reason = f"{STALLED}: {running.stalled}"
                 running.cancel.set()
@@ -1396,10 +1396,12 @@ class Runner:
                                    + ("s, in its evaluation (trained and saved): stalled? "
                                       if running.in_evaluation else "s: stalled? ")
                                    + ("(no stall factor: it is not cancelled)" if factor is None
-                                      else f"(at {factor:g} times it the evaluation is "
+                                      else f"(at {factor:g} times it and "
+                                      f"{options.stall_grace:g} s the evaluation is "
                                       "cancelled and owed, the training kept)"
                                       if running.in_evaluation else
-                                      f"(it is cancelled and retried at {factor:g} times it)"),
+                                      f"(it is cancelled and retried at {factor:g} times it "
+                                      f"and {options.stall_grace:g} s)"),
                                    record.name))
 
     def _placeable(self, a: Assignment, at: float) -> bool:

@@ -23,6 +23,7 @@ from dione.state.store import (
     RunStore,
     SliceRecord,
     how_to_continue,
+    not_a_run,
 )
 from dione.state.summaries import (
     TaskSummary,
@@ -134,7 +135,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
     interrupted, which still holds the run (read as one that is gone)."""
     run_dir = Path(run_dir)
     if not (run_dir / STORE_FILE).is_file():
-        raise FileNotFoundError(f"{run_dir} is not a dione run directory (no {STORE_FILE})")
+        raise FileNotFoundError(not_a_run(run_dir))
     folder = private_dir(run_dir / "report" if into is None else into)
     wanted = None if names is None else [getattr(n, "name", n) for n in names]
     plans = read_plans(run_dir)

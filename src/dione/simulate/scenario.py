@@ -202,10 +202,10 @@ def recorded_curves(source: str | Path) -> dict[str, list[float]]:
     ``{task: [loss, ...]}`` (ScenarioError naming what is wrong)."""
     path = Path(source)
     if path.is_dir():
-        from dione.state.store import STORE_FILE, RunStore
+        from dione.state.store import STORE_FILE, RunStore, not_a_run
 
         if not (path / STORE_FILE).is_file():
-            raise ScenarioError(f"{path} is not a dione run directory (no {STORE_FILE})")
+            raise ScenarioError(not_a_run(path))
         with RunStore(path) as store:
             found = {t.name: [loss for _, loss, _ in store.metrics(t.name)]
                      for t in store.tasks()}

@@ -686,7 +686,8 @@ def _checked_task(
                         "not a DataLoader or an iterator")
         size = len(dataset)
         if size < task.batch_size:
-            bad("data", f"has {size} samples, fewer than one batch of {task.batch_size}")
+            bad("data", f"has {size} samples, fewer than one batch of {task.batch_size}: "
+                "lower batch_size, or give more data")
         else:
             item = dataset[0]
             if isinstance(item, dict) or (task.loss is None and isinstance(item, (tuple, list))):

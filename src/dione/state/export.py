@@ -33,7 +33,14 @@ from dione.state.checkpoint import (
     verify_checkpoint,
 )
 from dione.state.private import write_whole
-from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, SliceRecord, trained_by_train
+from dione.state.store import (
+    SIMULATED_FILE,
+    STORE_FILE,
+    RunStore,
+    SliceRecord,
+    not_a_run,
+    trained_by_train,
+)
 from dione.state.summaries import best_kept, exactness_of, inexact_spans, techniques_in_turn
 
 __all__ = [
@@ -189,7 +196,7 @@ def workload_of_run(run_dir: str | Path) -> str:
     saved = Path(run_dir) / "run.json"
     _not_simulated(Path(run_dir))
     if not saved.exists() and not (Path(run_dir) / STORE_FILE).is_file():
-        raise ExportError(f"{run_dir} is not a dione run directory (no {STORE_FILE}); give "
+        raise ExportError(f"{not_a_run(run_dir)}; give "
                           "the folder `dione run --out` (or dione.run's run_dir) wrote")
     if trained_by_train(run_dir):
         raise ExportError(f"{run_dir} was written by `dione train`, which records no "

@@ -38,7 +38,8 @@ from dione.state.sqlite import SQLiteFile, StateFileError
 BEAT_SECONDS = 1.0
 
 __all__ = ["EVALUATION_FAILED", "SIMULATED_FILE", "STORE_FILE", "Addition", "CheckpointRecord",
-           "RunStore", "SliceRecord", "TaskRecord", "best_evaluation", "how_to_continue"]
+           "RunStore", "SliceRecord", "TaskRecord", "best_evaluation", "how_to_continue",
+           "not_a_run"]
 
 STORE_FILE = "dione.sqlite"
 # How the error of a slice or task whose evaluation failed (its training stands) starts.
@@ -938,6 +939,18 @@ class RunStore(SQLiteFile):
 
 TRAIN_FOLDER = ("it is a `dione train` folder: `dione train WORKLOAD --task TASK --out "
                 "{run}` trains a task on from its latest checkpoint")
+
+
+def not_a_run(run_dir: str | Path) -> str:
+    """Why ``run_dir`` holds no run store, as a message's start: it does not exist, it is
+    a file, or it lacks the store (a folder that was never there read as one that is not
+    a run's: a review)."""
+    path = Path(run_dir)
+    if not path.exists():
+        return f"{run_dir} does not exist"
+    if not path.is_dir():
+        return f"{run_dir} is a file, not a folder"
+    return f"{run_dir} is not a dione run directory (no {STORE_FILE})"
 
 
 def how_to_continue(run_dir: str | Path) -> str:

@@ -135,11 +135,14 @@ def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[
         except Exception as err:
             # A warning, not a problem: evaluate may need what only the run's devices
             # or nodes have (a GPU, a file on the cluster), and the run checks it there.
-            line = raised_line(err)
+            from dione.techniques.evaluate import EvaluateReturned
+
+            line = (str(err) if isinstance(err, EvaluateReturned)  # what it returned
+                    else f"evaluate raised {raised_line(err)}")
             judged = [t for t in alike if judged_on_evaluation(t)]
             if judged:
                 found.warnings.setdefault(
-                    f"evaluate raised {line} on {first.name}'s untrained model here: where "
+                    f"{line} on {first.name}'s untrained model here: where "
                     "it does so on the run's devices too, a run fails "
                     + ("them before they train (their" if len(judged) > 1 else
                        "it before it trains (its")
@@ -149,7 +152,7 @@ def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[
             rest = [t for t in alike if t not in judged]
             if rest:
                 found.warnings.setdefault(
-                    f"evaluate raised {line} on {first.name}'s untrained model here: a run "
+                    f"{line} on {first.name}'s untrained model here: a run "
                     f"trains {'them' if len(rest) > 1 else 'it'} but "
                     f"{'their' if len(rest) > 1 else 'its'} evaluations fail where it does "
                     "so on the run's devices too; fix evaluate, unless it needs what only "

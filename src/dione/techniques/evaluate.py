@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from dione.techniques.base import SliceOutcome
 
 __all__ = [
+    "EvaluateReturned",
     "evaluate_checkpoint",
     "evaluate_model",
     "fresh_model",
@@ -31,6 +32,11 @@ __all__ = [
     "note_evaluation_error",
     "stages_on_rank0",
 ]
+
+
+class EvaluateReturned(TypeError):
+    """A task's evaluate returned what dione cannot record (not a dict of numbers): said
+    as what it returned, not as an exception it raised (a review)."""
 
 
 @contextlib.contextmanager
@@ -68,7 +74,7 @@ def evaluate_model(task: Task, model: nn.Module) -> dict[str, float]:
         torch.manual_seed(task.seed)
         metrics = task.evaluate(model)
     if not isinstance(metrics, Mapping):
-        raise TypeError(f"evaluate of task {task.name!r} returned {type(metrics).__name__} "
+        raise EvaluateReturned(f"evaluate of task {task.name!r} returned {type(metrics).__name__} "
                         f"{metrics!r:.80}: it must return a dict of metric names to numbers, "
                         "e.g. {'accuracy': 0.93}")
     result = {}
@@ -76,7 +82,8 @@ def evaluate_model(task: Task, model: nn.Module) -> dict[str, float]:
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise TypeError(f"evaluate of task {task.name!r} returned {name!r}: {value!r:.80}, "
+            raise EvaluateReturned(f"evaluate of task {task.name!r} returned {name!r}: "
+                                   f"{value!r:.80}, "
                             "which is not a number: each metric must be a number (a float, "
                             "an int, a one-element tensor)") from None
         result[str(name)] = number

@@ -23,12 +23,12 @@ __all__ = ["command"]
 def command(args: argparse.Namespace) -> int:
     from dione.spec.validate import repeated_names
     from dione.state.lock import lock_holder
-    from dione.state.store import SIMULATED_FILE, STORE_FILE, AlreadyInRun, RunStore
+    from dione.state.store import SIMULATED_FILE, STORE_FILE, AlreadyInRun, RunStore, not_a_run
     from dione.techniques.validation import valid_tasks
 
     run_dir = Path(args.run_dir)
     if not (run_dir / STORE_FILE).is_file():
-        raise BadInput(f"{run_dir} is not a dione run directory (no {STORE_FILE}); start a "
+        raise BadInput(f"{not_a_run(run_dir)}; start a "
                        "run with `dione run WORKLOAD --out RUN_DIR` first")
     if (run_dir / SIMULATED_FILE).is_file():  # its inputs are fixed, and it never resumes
         raise BadInput(f"{run_dir} is a simulated run (`dione simulate`): no task is added "

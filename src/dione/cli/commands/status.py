@@ -17,12 +17,12 @@ def command(args: argparse.Namespace) -> int:
 
     from dione.orchestrate.plans import read_plans
     from dione.state.lock import lock_holder
-    from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore
+    from dione.state.store import SIMULATED_FILE, STORE_FILE, RunStore, not_a_run
     from dione.state.summaries import as_left, best_kept, summaries
 
     run_dir = Path(args.run_dir)
     if not (run_dir / STORE_FILE).is_file():
-        raise BadInput(f"{run_dir} is not a dione run directory (no {STORE_FILE})")
+        raise BadInput(f"{not_a_run(run_dir)}: give the folder `dione run --out` wrote")
     try:
         with RunStore(run_dir) as store:
             tasks = summaries(store)
