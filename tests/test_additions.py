@@ -377,11 +377,12 @@ def test_a_task_changed_since_the_run_recorded_it_is_left_out_alone(
     # started".
     status, out, _ = in_process(capsys, "status", run)
     said = " ".join(out.split())
-    assert status == 0 and "1 invalid," in said and "a (invalid, left as it was): task " \
-        "'a' was recorded" in said and "never started" not in said, said
+    assert status == 0 and "3 of 3 task(s) done, 1 left as it was (the workload given " \
+        "defines it otherwise)" in said and "a (invalid, left as it was): task 'a' was " \
+        "recorded" in said and "never started" not in said and "invalid (" not in said, said
     summary = (Path(run) / "report" / "summary.md").read_text()
-    assert "## Invalid tasks, left as they were" in summary
-    assert "- a (done at step 2, not trained since): task 'a' was recorded" in summary
+    assert "## Tasks left as they were" in summary and "never started" not in summary
+    assert "- a (done at step 2): task 'a' was recorded" in summary
 
 
 def test_the_problems_of_a_task_with_no_name_are_not_a_task_named_workload() -> None:

@@ -166,8 +166,9 @@ def test_validate_says_a_misspelt_keep_best_is_misspelt_not_that_it_needs_a_mode
     # A name evaluate does return, whose direction nothing says: the mode is the fix.
     named = dione.validate([digits_task("named", evaluate=_scored, keep_best="score")],
                            devices="cpu:1")
-    assert [p.field for p in named.problems] == ["keep_best"]
-    assert "does not say whether lower or higher is better" in named.problems[0].message
+    assert [p.message for p in named.problems] == [
+        "its name 'score' does not say whether lower or higher is better, and evaluate "
+        "returns it: give keep_best_mode='min' or 'max'"]
 
 
 def _scored(model: object) -> dict[str, float]:

@@ -545,3 +545,41 @@ def test_retrying_failed_trials_keeps_a_diverged_ones_place(tmp_path: Path) -> N
         "under dione.optuna: a diverged trial is not trained again")
     dione.optuna.optimize(study, build, n_trials=2, retry_failed=True, **options)
     assert len(study.get_trials()) == 2
+
+
+def test_a_trial_whose_task_changed_before_a_resume_stays_running(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """make_task edited for one trial between a stop and a resume: the run leaves that
+    task as it was (its training kept), and the trial was failed for good, no reason
+    kept (a regression review). It stays RUNNING, said, to resume once put back."""
+    from dione.zoo import digits_accuracy
+
+    study = optuna.create_study(direction="maximize")
+    edited = False
+
+    def build(trial: optuna.trial.Trial) -> dione.Task:
+        lr = trial.suggest_float("lr", 1e-2, 2e-2)
+        decay = 0.1 if edited and trial.number == 0 else 0.0
+        adam = functools.partial(torch.optim.Adam, lr=lr, weight_decay=decay)
+        return digits_task("digits", steps=12, techniques=("single",),
+                           evaluate=digits_accuracy, optimizer=adam)
+
+    def stop(event: Any) -> None:
+        if event.kind == "slice_finished":
+            raise KeyboardInterrupt
+
+    run = {"report_every": 4, "metric": "accuracy", "run_dir": str(tmp_path / "run"),
+           "devices": "cpu:2", "quiet": True, "catalog": str(tmp_path / "catalog.sqlite"),
+           "trial": TrialOptions(warmup_steps=1, measure_steps=2)}
+    with pytest.raises(KeyboardInterrupt):
+        dione.optuna.optimize(study, build, n_trials=2, on_event=stop, **run)
+    edited = True
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="trial-0: not trained this session"):
+        dione.optuna.optimize(study, build, n_trials=2, **run)
+    said = " ".join(capsys.readouterr().out.split())
+    assert [t.state.name for t in study.trials] == ["RUNNING", "COMPLETE"]
+    assert "trial 0 stays RUNNING, its training kept: task 'trial-0' was recorded" in said
+    edited = False  # put back: it resumes and completes
+    dione.optuna.optimize(study, build, n_trials=2, **run)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]

@@ -538,3 +538,26 @@ def test_a_preload_that_exits_or_sets_cuda_up_is_survived(tmp_path: Path) -> Non
         assert ended.preloading == "transformers" and not ended.alive()
     finally:
         ended.close(5)
+
+
+STACKS_AFTER_A_JOB = """
+import faulthandler, os, signal, sys
+from dione.launch.worker import STACKS_SIGNAL, Baseline
+faulthandler.register(STACKS_SIGNAL, all_threads=True)  # as a worker starts
+baseline = Baseline()
+signal.signal(STACKS_SIGNAL, lambda *a: None)  # a job's own handler
+baseline.restore()  # after the job
+os.kill(os.getpid(), STACKS_SIGNAL)  # a later job's stall: its stacks, not its death
+print("alive", flush=True)
+"""
+
+
+def test_a_job_that_set_its_own_stack_signal_handler_leaves_the_stacks_to_be_written(
+) -> None:
+    """The restore after a job put back SIG_DFL where the job had set its own SIGUSR1
+    handler (faulthandler's is not seen by signal.getsignal): the next stack request
+    killed the warm worker instead of writing its stacks (a regression review)."""
+    done = subprocess.run([sys.executable, "-c", STACKS_AFTER_A_JOB], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout == "alive\n", (done.returncode, done.stderr)
+    assert "(most recent call first)" in done.stderr

@@ -447,11 +447,24 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
             inbox.close()
     # Each task was told as it ended; one the store has ended untold is told now.
     _tell_ended(study, trials, run_dir, metric, rule.loss_window)
-    # A trial whose task the run never took (refused at the start or as it came).
+    # A trial whose task the run never took (refused at the start or as it came); one
+    # whose task changed since the run recorded it (make_task edited) was left as it
+    # was, its training kept: it stays RUNNING, to resume once make_task builds it as
+    # before (it was failed for good, no reason kept: a regression review).
+    from dione.state.store import RunStore
+
     told, in_run = _finished(study), {t.task for t in result.tasks}
+    with RunStore(run_dir) as store:
+        invalid = store.invalid()
+        changed = {name: why for name, (why, *_) in invalid.items()
+                   if name in by_task and store.task(name) is not None}
     for name, trial in by_task.items():
-        if name not in in_run and trial.number not in told:
+        if name not in in_run and name not in changed and trial.number not in told:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    for name, why in changed.items():  # said even when quiet: nothing else keeps it
+        print(f"trial {by_task[name].number} stays RUNNING, its training kept: {why}; "
+              "under dione.optuna: put make_task back as it was and call optimize again "
+              "to resume it, or give a new run_dir")
     if not result.slices and not run.get("quiet") and len(_asked_before(study, where)) \
             == held:  # (it printed a makespan alone)
         print(f"nothing trained this call: each trial's task of this run had ended "

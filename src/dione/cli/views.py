@@ -328,8 +328,11 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
     validation refused (never started), and the step of each checkpoint kept for being
     best (``best``: keep_best's, where it is not the task's last); ``simulated``: by
     ``dione simulate``, which trains nothing (no "trained" to say)."""
-    refused = (f", {len(invalid)} invalid" + ("" if set(invalid) & {t.task for t in tasks}
-                                             else " (never started)") if invalid else "")
+    left = {t.task for t in tasks} & set(invalid or {})  # a record of its own: counted
+    refused = (f", {len(invalid or {}) - len(left)} invalid (never started)"
+               if len(invalid or {}) > len(left) else "") + (
+        f", {len(left)} left as it was (the workload given defines it otherwise)"
+        if left else "")
     # Each way a task ended besides done, counted (a sweep's stopped tasks ended as asked).
     ended = "".join(f", {n} {status}" for status in ("stopped", "diverged", "failed")
                     if (n := sum(t.status == status for t in tasks)))

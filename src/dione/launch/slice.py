@@ -276,6 +276,7 @@ def run_request(
                         on_progress(rank, {"evaluating": True})
             elif "evaluated" in record:  # whatever ends the gang now, not its evaluate
                 evaluating.clear()
+                trial_trained.clear()
             elif on_progress is not None:
                 on_progress(rank, record)
 

@@ -199,6 +199,13 @@ class Baseline:
             for sig, handler in self.handlers.items():
                 if signal.getsignal(sig) is not handler and handler is not None:
                     signal.signal(sig, handler)
+                    if sig == STACKS_SIGNAL:  # the job's own handler took faulthandler's
+                        # place (which getsignal does not see): a later stack request
+                        # killed the worker (a regression review)
+                        import faulthandler
+
+                        faulthandler.unregister(STACKS_SIGNAL)  # it thinks itself there
+                        faulthandler.register(STACKS_SIGNAL, all_threads=True)
         gc.collect()
         if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             torch.cuda.empty_cache()
@@ -207,6 +214,11 @@ class Baseline:
 
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+# Sent to a rank the launcher is about to end as stalled or past its timeout: its every
+# thread's stack goes to its log (the job's stderr), so the error's log says where it
+# hung (it was empty: a review). Also a job's own children, which inherit it.
+STACKS_SIGNAL = signal.SIGUSR1
 
 
 # torch's global numeric switches a workload may flip, under torch.backends: the newer
@@ -430,12 +442,6 @@ def redirected(path: str) -> contextlib.AbstractContextManager[None]:
             os.close(saved[1])
 
     return redirect()
-
-
-# Sent to a rank the launcher is about to end as stalled or past its timeout: its every
-# thread's stack goes to its log (the job's stderr), so the error's log says where it
-# hung (it was empty: a review). Also a job's own children, which inherit it.
-STACKS_SIGNAL = signal.SIGUSR1
 
 
 def main(fd: int) -> int:

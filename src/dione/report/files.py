@@ -430,17 +430,24 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                   "No node of the simulated cluster holds these tasks of the problem:", ""]
         lines += [f"- {name}: " + "; ".join(problems) for name, problems in invalid.items()]
     elif invalid:
-        recorded = {t.task: t for t in tasks}  # changed since: left as they were
-        lines += ["", "## Invalid tasks, never started" if not set(invalid) & set(recorded)
-                  else "## Invalid tasks, left as they were", "",
-                  "Validation refused these tasks of the workload when the run (or its latest "
-                  "resume) started; fix them, then "
-                  + how_to_continue(run_dir) + " trains them."
-                  if run_dir is not None else "Validation refused these tasks of the "
-                  "workload when the run (or its latest resume) started.", ""]
-        lines += [f"- {name}" + (f" ({recorded[name].status} at step {recorded[name].steps}, "
-                                 "not trained since)" if name in recorded else "")
-                  + ": " + "; ".join(problems) for name, problems in invalid.items()]
+        recorded = {t.task: t for t in tasks}
+        fresh = {n: p for n, p in invalid.items() if n not in recorded}
+        if fresh:
+            lines += ["", "## Invalid tasks, never started", "",
+                      "Validation refused these tasks of the workload when the run (or its "
+                      "latest resume) started; fix them, then "
+                      + how_to_continue(run_dir) + " trains them."
+                      if run_dir is not None else "Validation refused these tasks of the "
+                      "workload when the run (or its latest resume) started.", ""]
+            lines += [f"- {name}: " + "; ".join(problems) for name, problems in fresh.items()]
+        if len(fresh) < len(invalid):  # a record of their own, not trained since
+            lines += ["", "## Tasks left as they were", "",
+                      "The workload given when the run (or its latest resume) started "
+                      "defines these tasks otherwise than the run recorded them, or "
+                      "validation refused them; their records stand, untrained since:", ""]
+            lines += [f"- {name} ({recorded[name].status} at step {recorded[name].steps}): "
+                      + "; ".join(problems) for name, problems in invalid.items()
+                      if name in recorded]
     return "\n".join(lines) + "\n"
 
 

@@ -4,11 +4,13 @@ silent; now it is said, and past the deadline its task alone is left out."""
 
 from __future__ import annotations
 
-import functools
+import signal
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
+
+from dione.spec.sameness import same_function
 
 __all__ = ["FactoryHung", "within_deadline"]
 
@@ -20,54 +22,66 @@ DEADLINE_SECONDS = 600.0
 
 T = TypeVar("T")
 
-# The functions behind factories that hung: a sweep's other tasks built by the same
-# function are left out at once, not each after the whole deadline.
-_hung: list[Any] = []
+
+class FactoryHung(BaseException):
+    """A task's factory did not return in time: the task's problem, said as is. Not an
+    Exception: a factory's own ``except Exception`` (or validation's meta-device build,
+    which tries again on the CPU) must not take it for its own error and go on."""
 
 
-class FactoryHung(Exception):
-    """A task's factory did not return in time: the task's problem, said as is."""
-
-
-def _function(factory: Any) -> Any:
-    """What a factory calls in the end: a partial's function (a sweep's tasks differ in
-    its arguments, and a download that hangs hangs for each)."""
-    while isinstance(factory, functools.partial):
-        factory = factory.func
-    return factory
-
-
-def within_deadline(call: Callable[[], T], factory: Any, task: str, what: str) -> T:
-    """``call()``, which calls ``factory`` (task ``task``'s ``what``: "model()"), run in
-    a thread of its own: its result or what it raised; FactoryHung where it has not
-    returned by ``DEADLINE_SECONDS`` (or an earlier task's factory of the same function
-    did not). The thread is left behind (Python cannot stop one): a daemon, it does not
-    hold the process at its exit."""
-    function = _function(factory)
-    if any(function is hung for hung in _hung):
+def within_deadline(call: Callable[[], T], factory: Any, task: str, what: str,
+                    hung: list[Any]) -> T:
+    """``call()``, which calls ``factory`` (task ``task``'s ``what``: "model()"), on this
+    thread (a factory may need the main thread: signal handlers, an event loop):
+    FactoryHung where it has not returned by ``DEADLINE_SECONDS``, or where a factory in
+    ``hung`` (this validation's that did not: the same function with the same
+    arguments, a sweep's tasks alike) is this one. Off the main thread, where no alarm
+    can stop it, the wait is only said."""
+    if any(same_function(factory, other) for other in hung):
         raise FactoryHung(f"did not return in {DEADLINE_SECONDS:.0f} s for another task "
-                          f"built by {getattr(function, '__name__', 'it')}: left out with it")
-    box: dict[str, Any] = {}
-
-    def run() -> None:
+                          "with the same factory: left out with it")
+    said = _Said(task, what)
+    if threading.current_thread() is not threading.main_thread() \
+            or not hasattr(signal, "setitimer"):
+        watch = threading.Timer(SAID_SECONDS, said)
+        watch.daemon = True
+        watch.start()
         try:
-            box["value"] = call()
-        except BaseException as err:  # re-raised in the caller's thread
-            box["error"] = err
+            return call()
+        finally:
+            watch.cancel()
 
-    thread = threading.Thread(target=run, name=f"dione-{what}-{task}", daemon=True)
-    thread.start()
-    thread.join(min(SAID_SECONDS, DEADLINE_SECONDS))
-    if thread.is_alive() and DEADLINE_SECONDS > SAID_SECONDS:
-        warnings.warn(f"task {task!r}: its {what} has not returned in {SAID_SECONDS:.0f} s "
-                      f"(a download? a lock?); the task is left out if it has not by "
-                      f"{DEADLINE_SECONDS:.0f} s", stacklevel=3)
-        thread.join(DEADLINE_SECONDS - SAID_SECONDS)
-    if thread.is_alive():
-        _hung.append(function)
+    def on_alarm(signum: int, frame: Any) -> None:
+        if not said.done and DEADLINE_SECONDS > SAID_SECONDS:
+            said()
+            signal.setitimer(signal.ITIMER_REAL, DEADLINE_SECONDS - SAID_SECONDS)
+            return
+        hung.append(factory)
         raise FactoryHung(f"did not return in {DEADLINE_SECONDS:.0f} s (a download or a "
                           "lock that never ends?): the task is left out, the others go on; "
                           "fix it, then resume or run it again")
-    if "error" in box:
-        raise box["error"]
-    return cast(T, box["value"])
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    earlier = signal.setitimer(signal.ITIMER_REAL, min(SAID_SECONDS, DEADLINE_SECONDS))
+    try:
+        return call()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+        if earlier[0] > 0:  # a timer of the caller's: set again (its time here not taken)
+            signal.setitimer(signal.ITIMER_REAL, *earlier)
+
+
+class _Said:
+    """Says, once, that a factory has not returned in ``SAID_SECONDS``."""
+
+    def __init__(self, task: str, what: str) -> None:
+        self.task, self.what, self.done = task, what, False
+
+    def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        warnings.warn(f"task {self.task!r}: its {self.what} has not returned in "
+                      f"{SAID_SECONDS:.0f} s (a download? a lock?); the task is left out "
+                      f"if it has not by {DEADLINE_SECONDS:.0f} s", stacklevel=2)

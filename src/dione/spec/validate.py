@@ -524,16 +524,18 @@ def check_task(
 def checked_task(
     task: Task, devices: int | None = None, techniques: Iterable[str] | None = None,
     kind: DeviceKind | None = None, inexact: Iterable[str] = (),
-    seen: dict[Hashable, dict[str, Any]] | None = None,
+    seen: dict[Hashable, dict[str, Any]] | None = None, hung: list[Any] | None = None,
 ) -> tuple[Task, list[Problem]]:
     """``check_task``'s problems, and the task as it will train: with the ``loss_items``
     validation found its loss to average over, where dione's own rule does not fit it
     (``_loss_items``). torch's random state is the caller's again after (validation
     builds models from the task's seed: a notebook's own draws went on from there).
     ``seen``: what a batch through the model found for tasks alike (``_FORWARD_FIELDS``)
-    checked before without a problem, kept for the next (one workload's)."""
+    checked before without a problem, kept for the next (one workload's); ``hung``: the
+    factories that did not return by their deadline (one workload's)."""
     with torch.random.fork_rng(devices=[]):
-        return _checked_task(task, devices, techniques, kind, inexact, seen)
+        return _checked_task(task, devices, techniques, kind, inexact, seen,
+                             [] if hung is None else hung)
 
 
 # What a batch through the model (``_try_forward``, ``_loss_items``) reads of a task.
@@ -544,7 +546,7 @@ _FORWARD_FIELDS = ("model", "data", "collate_fn", "loss", "loss_items", "batch_s
 def _checked_task(
     task: Task, devices: int | None, techniques: Iterable[str] | None,
     kind: DeviceKind | None, inexact: Iterable[str],
-    seen: dict[Hashable, dict[str, Any]] | None,
+    seen: dict[Hashable, dict[str, Any]] | None, hung: list[Any],
 ) -> tuple[Task, list[Problem]]:
     name = task.name if isinstance(task.name, str) else repr(task.name)
     problems: list[Problem] = []
@@ -648,7 +650,7 @@ def _checked_task(
                         "class that builds it (model=MyNet, or functools.partial(MyNet, "
                         "...)): each rank and slice builds its own")
         model = within_deadline(functools.partial(build_model, task.model), task.model,
-                                task.name, "model()")
+                                task.name, "model()", hung)
         if not isinstance(model, nn.Module):
             bad("model", f"returned {type(model).__name__}, not a torch.nn.Module")
             model = None
@@ -678,7 +680,7 @@ def _checked_task(
                 if point not in modules:
                     bad("split_points", f"{point!r} is not a submodule of the model")
     try:
-        dataset: Any = within_deadline(task.data, task.data, task.name, "data()")
+        dataset: Any = within_deadline(task.data, task.data, task.name, "data()", hung)
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise _Said(f"returned a {type(dataset).__name__}; give a function returning a "
                         "map-style dataset (len() and indexing: a torch Dataset such as "
@@ -750,8 +752,9 @@ def validate_workload(
         problems.append(Problem(None, "tasks", "the workload has no tasks"))
     problems += _name_problems(workload)
     known = list(techniques) if techniques is not None else None
+    hung: list[Any] = []  # factories past their deadline: tasks of the same left out
     for task in workload:
-        problems += check_task(task, devices, known, kind, list(inexact))
+        problems += checked_task(task, devices, known, kind, list(inexact), hung=hung)[1]
     return problems
 
 
@@ -795,8 +798,9 @@ def split_valid(
     known = list(techniques) if techniques is not None else None
     checked = []
     seen: dict[Hashable, dict[str, Any]] = {}  # a sweep's tasks alike: one model tried
+    hung: list[Any] = []  # factories past their deadline: tasks of the same left out
     for task in workload:
-        task, found = checked_task(task, devices, known, kind, list(inexact), seen)
+        task, found = checked_task(task, devices, known, kind, list(inexact), seen, hung)
         checked.append(task)
         problems += found
     bad = {p.task for p in problems}

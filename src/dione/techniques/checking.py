@@ -4,6 +4,7 @@ and the warnings of what would make a run other than it reads."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,7 +66,7 @@ def check_workload(workload: Iterable[Task], devices: int | None, kind: Any,
 
     workload = list(workload)
     tasks, problems = valid_tasks(workload, devices)
-    problems = [_misspelt_keep_best(p, workload, kind) for p in problems]
+    problems = _misspelt_keep_best(problems, workload, kind)
     # A task every technique it allows refuses would fail after profiling ("no
     # configuration fits"): a problem of its own, as a run finds it.
     tasks, untrainable = trained_by_none(tasks, widest, kind)
@@ -173,24 +174,49 @@ def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[
     return [t for t in tasks if t.name not in refused]
 
 
-def _misspelt_keep_best(problem: Problem, workload: list[Task], kind: Any) -> Problem:
-    """``problem`` or, where it is that nothing says which way a task's keep_best is
-    better and its evaluate does not return that name, that (with the name it likely
-    meant): a misspelt keep_best was told to give keep_best_mode, and only once it had,
-    that the name was wrong (a review)."""
+def _misspelt_keep_best(problems: list[Problem], workload: list[Task],
+                        kind: Any) -> list[Problem]:
+    """``problems``, each that nothing says which way a task's keep_best is better told
+    anew from what its evaluate returns on the untrained model: where it lacks the name,
+    that (with the name it likely meant; a misspelt keep_best was told to give
+    keep_best_mode, and only once it had, that the name was wrong: a review); where it
+    returns it, that the mode is the fix. Evaluated once per model and evaluate (a
+    sweep's), its model built under validation's deadline."""
+    from dione.spec.deadline import FactoryHung, within_deadline
     from dione.spec.evaluated import metric_mistake
+    from dione.spec.sameness import same_function
     from dione.spec.validate import UNKNOWN_DIRECTION
 
-    if problem.field != "keep_best" or UNKNOWN_DIRECTION not in problem.message:
-        return problem
-    task = next((t for t in workload if t.name == problem.task), None)
-    try:
-        returned = untrained_evaluation(task, kind) if task is not None else None
-    except Exception:
-        return problem  # its evaluate raised here: the direction is all there is to say
-    mistake = None if returned is None or task is None else metric_mistake(
-        task, returned, "on its untrained model")
-    return problem if mistake is None else Problem(problem.task, "keep_best", mistake)
+    tried: list[tuple[Task, tuple[str, ...] | None]] = []
+    hung: list[Any] = []
+    told = []
+    for problem in problems:
+        task = next((t for t in workload if t.name == problem.task), None)
+        if problem.field != "keep_best" or UNKNOWN_DIRECTION not in problem.message \
+                or task is None:
+            told.append(problem)
+            continue
+        alike = [r for t, r in tried if same_function(t.model, task.model)
+                 and same_function(t.evaluate, task.evaluate)]
+        returned = alike[0] if alike else None
+        if not alike:
+            try:
+                returned = within_deadline(functools.partial(untrained_evaluation, task, kind),
+                                           task.model, task.name, "model()", hung)
+            except (Exception, FactoryHung):  # raised or hung here: the mode is what to say
+                returned = None
+            tried.append((task, returned))
+        mistake = None if returned is None else metric_mistake(
+            task, returned, "on its untrained model")
+        if mistake is not None:
+            told.append(Problem(problem.task, "keep_best", mistake))
+        elif returned is not None:  # it returns that name: only the mode is missing
+            told.append(Problem(problem.task, "keep_best", f"its name {task.keep_best!r} "
+                                f"{UNKNOWN_DIRECTION}, and evaluate returns it: give "
+                                "keep_best_mode='min' or 'max'"))
+        else:
+            told.append(problem)
+    return told
 
 
 def untrained_evaluation(task: Task, kind: Any = "cpu") -> tuple[str, ...] | None:
