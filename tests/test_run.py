@@ -736,7 +736,7 @@ def test_the_same_error_twice_on_one_node_of_several_is_retried_not_failed() -> 
     assert not given_up and record.status == TaskStatus.PENDING
     assert "the same error on node a again: the node may be at fault" in events[-1].message
     fail(two, record, "b")  # the same on another node: the task's own
-    assert len(given_up) == 1 and "failed twice from step 0" in given_up[0]
+    assert len(given_up) == 1 and "failed twice in a slice from step 0" in given_up[0]
     alone = runner([Node("a", 2, "cpu")])
     record = alone.state.records["u"] = TaskRecord(digits_task("u"), 10, 0,
                                                    TaskStatus.PENDING)

@@ -168,7 +168,13 @@ def test_a_task_far_slower_than_profiled_is_cancelled_as_a_run_cancels_it(
     assert "stalled, cancelled" in result.errors["t1"]
     with RunStore(tmp_path / "run") as store:
         tried = [s for s in store.slices("t1") if s.status == "interrupted"]
+        from dione.state.summaries import summaries
+
+        (failed,) = [t for t in summaries(store) if t.task == "t1"]
     assert len(tried) == OPTIONS.max_failures
+    # Its devices' time is in its row (it read 0.0 s on no device: a review).
+    assert failed.seconds == pytest.approx(sum(s.ended_at - s.started_at for s in tried))
+    assert failed.seconds > 0 and failed.devices
     # A higher bound lets it run to its end, as --stall-factor does a run.
     tolerant = replace(OPTIONS, stall_factor=30.0)
     result = simulate(small_problem(4), tmp_path / "tolerant", scenario=slow, steps=20,

@@ -350,7 +350,7 @@ def test_a_model_changed_between_slices_is_named_and_not_retried(tmp_path: Path)
     changed = digits_task(steps=8, model=functools.partial(digits_mlp, hidden=48, depth=2))
     with pytest.raises(SliceError) as caught:
         run_slice(changed, "single", tmp_path, placement)
-    assert "does not fit the task's model and optimizer as they are now" in str(caught.value)
+    assert "does not fit the task's model or optimizer as they are now" in str(caught.value)
     assert not caught.value.retryable
 
 

@@ -1312,8 +1312,10 @@ class Runner:
                           "the disk, the permissions or the task change: "
                           f"{str(err).splitlines()[0]}")
         elif again:  # a bug of the task's: a third try (Ray: a cold actor) would fail alike
-            self._give_up(record, str(err), f"{name} failed twice from step {start} with the "
-                          f"same error, which a retry would raise again: fix the task, then "
+            # Its slices' start, not where it raised (read as the step it failed at).
+            self._give_up(record, str(err), f"{name} failed twice in a slice from step "
+                          f"{start} with the same error, which a retry would raise again: "
+                          "fix the task, then "
                           f"{_RESUME}: {str(err).splitlines()[0]}")
         elif record.failures >= self.options.max_failures:
             self._give_up(record, str(err), f"{name} failed {record.failures} times; giving "

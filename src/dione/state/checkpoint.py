@@ -380,8 +380,10 @@ def load_checkpoint(
         with _one_process_meant():
             dcp_load(state, checkpoint_id=folder, no_dist=not _grouped())
     except CheckpointException as err:
-        raise _mismatch(folder, err, "model and optimizer") from None
-    _refuse_left_out(folder, model_state, "model and optimizer", collective=_grouped())
+        # Either may be it (a layer of another shape fails both loads): "and" said the
+        # optimizer changed where only the model had (a review).
+        raise _mismatch(folder, err, "model or optimizer") from None
+    _refuse_left_out(folder, model_state, "model", collective=_grouped())  # weights only
     set_state_dict(model, optimizer, model_state_dict=cast(Any, state["model"]),
                    optim_state_dict=cast(Any, state["optim"]), options=_OPTIONS)
     if scheduler is not None and (folder / "scheduler.pt").is_file():
@@ -473,7 +475,7 @@ def _mismatch(folder: Path, err: CheckpointException, what: str) -> CheckpointMi
                        for e, _ in list(err.failures.values())[:1])
     return CheckpointMismatch(
         f"checkpoint {folder} does not fit the task's {what} as "
-        f"{'they are' if ' and ' in what else 'it is'} now ({causes}): "
+        f"{'they are' if ' or ' in what else 'it is'} now ({causes}): "
         f"the {what} changed since the slice that wrote it; train the changed task in a "
         "new run directory, or put the code back (export and load: give the workload the "
         "run trained)")

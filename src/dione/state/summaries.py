@@ -114,9 +114,11 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
         slices = store.slices(record.name)
         done = [s for s in slices if s.status == "done"]
         # The slices that trained it (a diverged one too: its steps to the divergence),
-        # and a failed task's attempts (its row read 0.0 s on no device).
+        # and a failed task's attempts (its row read 0.0 s on no device), those cancelled
+        # as stalled among them (183 s of devices read 0.0 s: a review).
         held = [s for s in slices if s.status in ("done", "diverged")
-                or (record.status == "failed" and s.status == "failed")]
+                or (record.status == "failed" and (s.status == "failed" or (
+                    s.status == "interrupted" and "stalled" in (s.error or ""))))]
         devices: list[str] = []
         for s in held:
             where = f"{s.node}:{','.join(map(str, s.device_ids))}"
