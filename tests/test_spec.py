@@ -519,3 +519,12 @@ def test_a_rule_judging_more_often_than_eval_every_asks_is_said() -> None:
     assert rule_cadence_doubt(replace(often, stopping=Patience())) is None  # the loss
     assert rule_cadence_doubt(replace(often, stopping=Asha(metric="accuracy"))) is None
     assert rule_cadence_doubt(replace(often, eval_every=None)) is None
+
+
+def test_data_of_text_is_said_to_be_the_datas_not_the_models() -> None:
+    """Items of ("hello", 0) read as "the model cannot take a batch" alone (a review)."""
+    texts = [("hello", 0)] * 32
+    (problem,) = validate_workload(Workload([digits_task("text", data=lambda: texts)]))
+    assert problem.field == "data" and problem.message.endswith(
+        "its inputs hold str, not tensors: give a collate_fn that makes tensors of them (a "
+        "tokenizer's), or a data set whose items are tensors"), problem

@@ -125,6 +125,17 @@ def in_a_group() -> Iterator[None]:
         sys.excepthook = hook
 
 
+def _not_tensors(inputs: Any) -> str | None:
+    """What of a collated batch's inputs is text or bytes, not a tensor (``str``), if
+    any: default_collate leaves strings as they are."""
+    parts = list(inputs.values()) if isinstance(inputs, dict) else (
+        list(inputs) if isinstance(inputs, (tuple, list)) else [inputs])
+    found = sorted({type(p).__name__ for p in parts if isinstance(p, (str, bytes))}
+                   | {type(q).__name__ for p in parts if isinstance(p, (tuple, list))
+                      for q in p if isinstance(q, (str, bytes))})
+    return ", ".join(found) or None
+
+
 def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str, Any]
                  ) -> list[Problem]:
     """Put a batch of two samples through the model and the loss, as training will (on
@@ -163,11 +174,17 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
                                 f"must return its loss, but it takes the inputs alone "
                                 f"({raised_line(err)}); give the task a loss=, e.g. "
                                 "torch.nn.functional.cross_entropy")]
+        texts = _not_tensors(inputs)
         return [Problem(task.name, "data", f"the model cannot take a batch of this data "
                         f"({type(inputs).__name__}"
                         + (f" with fields {', '.join(map(str, inputs))}"
                            if isinstance(inputs, dict) else "")
-                        + f"): {raised_line(err)}")]
+                        + f"): {raised_line(err)}"
+                        # Its items hold text, not tensors: the data's doing, not the
+                        # model's (a review read "the model cannot take").
+                        + (f"; its inputs hold {texts}, not tensors: give a collate_fn that "
+                           "makes tensors of them (a tokenizer's), or a data set whose "
+                           "items are tensors" if texts else ""))]
     try:
         with torch.no_grad():
             loss = (own_loss(task, output, batch) if task.loss is None
