@@ -377,8 +377,8 @@ def test_a_task_changed_since_the_run_recorded_it_is_left_out_alone(
     # started".
     status, out, _ = in_process(capsys, "status", run)
     said = " ".join(out.split())
-    assert status == 0 and "3 of 3 task(s) done, 1 left as it was (the workload given " \
-        "defines it otherwise)" in said and "a (invalid, left as it was): task 'a' was " \
+    assert status == 0 and "3 of 3 task(s) done, 1 left as it was (changed since the run " \
+        "recorded it, or invalid now)" in said and "a (invalid, left as it was): task 'a' was " \
         "recorded" in said and "never started" not in said and "invalid (" not in said, said
     summary = (Path(run) / "report" / "summary.md").read_text()
     assert "## Tasks left as they were" in summary and "never started" not in summary

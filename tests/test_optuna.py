@@ -583,3 +583,10 @@ def test_a_trial_whose_task_changed_before_a_resume_stays_running(
     edited = False  # put back: it resumes and completes
     dione.optuna.optimize(study, build, n_trials=2, **run)
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    # Changed again once told: a trial that ended is not said to stay RUNNING (review).
+    edited = True
+    capsys.readouterr()
+    with pytest.warns(UserWarning):
+        dione.optuna.optimize(study, build, n_trials=2, **run)
+    assert "stays RUNNING" not in capsys.readouterr().out
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]

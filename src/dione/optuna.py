@@ -457,7 +457,8 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     with RunStore(run_dir) as store:
         invalid = store.invalid()
         changed = {name: why for name, (why, *_) in invalid.items()
-                   if name in by_task and store.task(name) is not None}
+                   if name in by_task and by_task[name].number not in told
+                   and store.task(name) is not None}  # a told trial's stands as told
     for name, trial in by_task.items():
         if name not in in_run and name not in changed and trial.number not in told:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -465,8 +466,8 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
         print(f"trial {by_task[name].number} stays RUNNING, its training kept: {why}; "
               "under dione.optuna: put make_task back as it was and call optimize again "
               "to resume it, or give a new run_dir")
-    if not result.slices and not run.get("quiet") and len(_asked_before(study, where)) \
-            == held:  # (it printed a makespan alone)
+    if not result.slices and not run.get("quiet") and not changed \
+            and len(_asked_before(study, where)) == held:  # (it printed a makespan alone)
         print(f"nothing trained this call: each trial's task of this run had ended "
               f"(n_trials={n_trials}, and the run holds {held} trials: a larger n_trials "
               "asks new ones)")

@@ -331,7 +331,7 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
     left = {t.task for t in tasks} & set(invalid or {})  # a record of its own: counted
     refused = (f", {len(invalid or {}) - len(left)} invalid (never started)"
                if len(invalid or {}) > len(left) else "") + (
-        f", {len(left)} left as it was (the workload given defines it otherwise)"
+        f", {len(left)} left as it was (changed since the run recorded it, or invalid now)"
         if left else "")
     # Each way a task ended besides done, counted (a sweep's stopped tasks ended as asked).
     ended = "".join(f", {n} {status}" for status in ("stopped", "diverged", "failed")

@@ -199,13 +199,14 @@ class Baseline:
             for sig, handler in self.handlers.items():
                 if signal.getsignal(sig) is not handler and handler is not None:
                     signal.signal(sig, handler)
-                    if sig == STACKS_SIGNAL:  # the job's own handler took faulthandler's
-                        # place (which getsignal does not see): a later stack request
-                        # killed the worker (a regression review)
-                        import faulthandler
+            # faulthandler's stack writer, whatever the job did to it (its own handler, a
+            # library's save-and-restore of SIG_DFL, an unregister: getsignal sees none
+            # of it, and the next stack request killed the worker: regression reviews);
+            # unregistered first, as it keeps no second registration's handler.
+            import faulthandler
 
-                        faulthandler.unregister(STACKS_SIGNAL)  # it thinks itself there
-                        faulthandler.register(STACKS_SIGNAL, all_threads=True)
+            faulthandler.unregister(STACKS_SIGNAL)
+            faulthandler.register(STACKS_SIGNAL, all_threads=True)
         gc.collect()
         if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             torch.cuda.empty_cache()

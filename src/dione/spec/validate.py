@@ -20,12 +20,12 @@ import torch
 from torch import nn
 
 from dione.spec.batch import split_problem
-from dione.spec.deadline import FactoryHung, within_deadline
 from dione.spec.devices import DeviceKind, local_device_kind
 from dione.spec.metrics import direction_by_name
 from dione.spec.sameness import task_key
 from dione.spec.stopping import StoppingRule
 from dione.spec.task import PRECISIONS, ItemCounter, Task
+from dione.spec.waiting import watched
 from dione.spec.workload import Workload
 
 __all__ = ["REAL_FORWARD_BYTES", "UNKNOWN_DIRECTION", "Problem", "WorkloadError",
@@ -541,18 +541,16 @@ def check_task(
 def checked_task(
     task: Task, devices: int | None = None, techniques: Iterable[str] | None = None,
     kind: DeviceKind | None = None, inexact: Iterable[str] = (),
-    seen: dict[Hashable, dict[str, Any]] | None = None, hung: list[Any] | None = None,
+    seen: dict[Hashable, dict[str, Any]] | None = None,
 ) -> tuple[Task, list[Problem]]:
     """``check_task``'s problems, and the task as it will train: with the ``loss_items``
     validation found its loss to average over, where dione's own rule does not fit it
     (``_loss_items``). torch's random state is the caller's again after (validation
     builds models from the task's seed: a notebook's own draws went on from there).
     ``seen``: what a batch through the model found for tasks alike (``_FORWARD_FIELDS``)
-    checked before without a problem, kept for the next (one workload's); ``hung``: the
-    factories that did not return by their deadline (one workload's)."""
+    checked before without a problem, kept for the next (one workload's)."""
     with torch.random.fork_rng(devices=[]):
-        return _checked_task(task, devices, techniques, kind, inexact, seen,
-                             [] if hung is None else hung)
+        return _checked_task(task, devices, techniques, kind, inexact, seen)
 
 
 # What a batch through the model (``_try_forward``, ``_loss_items``) reads of a task.
@@ -563,7 +561,7 @@ _FORWARD_FIELDS = ("model", "data", "collate_fn", "loss", "loss_items", "batch_s
 def _checked_task(
     task: Task, devices: int | None, techniques: Iterable[str] | None,
     kind: DeviceKind | None, inexact: Iterable[str],
-    seen: dict[Hashable, dict[str, Any]] | None, hung: list[Any],
+    seen: dict[Hashable, dict[str, Any]] | None,
 ) -> tuple[Task, list[Problem]]:
     name = task.name if isinstance(task.name, str) else repr(task.name)
     problems: list[Problem] = []
@@ -666,15 +664,14 @@ def _checked_task(
             raise _Said(f"is a {type(task.model).__name__} instance; give the function or "
                         "class that builds it (model=MyNet, or functools.partial(MyNet, "
                         "...)): each rank and slice builds its own")
-        model = within_deadline(functools.partial(build_model, task.model), task.model,
-                                task.name, "model()", hung)
+        model = watched(functools.partial(build_model, task.model), task.name, "model()")
         if not isinstance(model, nn.Module):
             bad("model", f"returned {type(model).__name__}, not a torch.nn.Module")
             model = None
         elif not any(p.requires_grad for p in model.parameters()):
             bad("model", "the model has no trainable parameters")
             model = None
-    except (_Said, FactoryHung) as said:
+    except _Said as said:
         bad("model", str(said))
     except Exception as err:
         bad("model", f"the model factory raised {raised_line(err)}")
@@ -697,7 +694,7 @@ def _checked_task(
                 if point not in modules:
                     bad("split_points", f"{point!r} is not a submodule of the model")
     try:
-        dataset: Any = within_deadline(task.data, task.data, task.name, "data()", hung)
+        dataset: Any = watched(task.data, task.name, "data()")
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise _Said(f"returned a {type(dataset).__name__}; give a function returning a "
                         "map-style dataset (len() and indexing: a torch Dataset such as "
@@ -723,7 +720,7 @@ def _checked_task(
                     problems += found
                     if seen is not None and not found:
                         seen[key] = dict(resolved)
-    except (_Said, FactoryHung) as said:
+    except _Said as said:
         bad("data", str(said))
     except Exception as err:
         bad("data", f"the data factory (or indexing its result) raised {raised_line(err)}")
@@ -769,9 +766,8 @@ def validate_workload(
         problems.append(Problem(None, "tasks", "the workload has no tasks"))
     problems += _name_problems(workload)
     known = list(techniques) if techniques is not None else None
-    hung: list[Any] = []  # factories past their deadline: tasks of the same left out
     for task in workload:
-        problems += checked_task(task, devices, known, kind, list(inexact), hung=hung)[1]
+        problems += check_task(task, devices, known, kind, list(inexact))
     return problems
 
 
@@ -815,9 +811,8 @@ def split_valid(
     known = list(techniques) if techniques is not None else None
     checked = []
     seen: dict[Hashable, dict[str, Any]] = {}  # a sweep's tasks alike: one model tried
-    hung: list[Any] = []  # factories past their deadline: tasks of the same left out
     for task in workload:
-        task, found = checked_task(task, devices, known, kind, list(inexact), seen, hung)
+        task, found = checked_task(task, devices, known, kind, list(inexact), seen)
         checked.append(task)
         problems += found
     bad = {p.task for p in problems}

@@ -181,14 +181,13 @@ def _misspelt_keep_best(problems: list[Problem], workload: list[Task],
     that (with the name it likely meant; a misspelt keep_best was told to give
     keep_best_mode, and only once it had, that the name was wrong: a review); where it
     returns it, that the mode is the fix. Evaluated once per model and evaluate (a
-    sweep's), its model built under validation's deadline."""
-    from dione.spec.deadline import FactoryHung, within_deadline
+    sweep's), watched as validation's factories are."""
     from dione.spec.evaluated import metric_mistake
     from dione.spec.sameness import same_function
     from dione.spec.validate import UNKNOWN_DIRECTION
+    from dione.spec.waiting import watched
 
     tried: list[tuple[Task, tuple[str, ...] | None]] = []
-    hung: list[Any] = []
     told = []
     for problem in problems:
         task = next((t for t in workload if t.name == problem.task), None)
@@ -201,9 +200,9 @@ def _misspelt_keep_best(problems: list[Problem], workload: list[Task],
         returned = alike[0] if alike else None
         if not alike:
             try:
-                returned = within_deadline(functools.partial(untrained_evaluation, task, kind),
-                                           task.model, task.name, "model()", hung)
-            except (Exception, FactoryHung):  # raised or hung here: the mode is what to say
+                returned = watched(functools.partial(untrained_evaluation, task, kind),
+                                   task.name, "model() and evaluate on it")
+            except Exception:  # raised here: the mode is all there is to say
                 returned = None
             tried.append((task, returned))
         mistake = None if returned is None else metric_mistake(
