@@ -383,6 +383,18 @@ def test_a_task_changed_since_the_run_recorded_it_is_left_out_alone(
     summary = (Path(run) / "report" / "summary.md").read_text()
     assert "## Tasks left as they were" in summary and "never started" not in summary
     assert "- a (done at step 2): task 'a' was recorded" in summary
+    # A finished task whose model was edited (a notebook cell run again) was given the
+    # old model's results, unsaid: no slice ran to find its checkpoint did not fit (a
+    # review). Its model's shapes are recorded, and a change is said.
+    from dione.zoo import digits_mlp
+
+    narrow = replace(first[1], model=functools.partial(digits_mlp, hidden=16, depth=1))
+    with pytest.warns(UserWarning, match="b: not trained this session"):
+        again = dione.run([first[0], narrow, edited[2]], devices="cpu:1", run_dir=run,
+                          quiet=True, catalog=catalog, trial=QUICK)
+    (said,) = again.invalid
+    assert "model: Sequential of 3,466 parameters (shapes 6088d6c6d29b) -> Sequential of " \
+        "1,210 parameters (shapes 21c52d3c6b42)" in said, said
 
 
 def test_the_problems_of_a_task_with_no_name_are_not_a_task_named_workload() -> None:

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from dione.spec import Task, load_workload
-from dione.spec.settings import described, training_settings
+from dione.spec.settings import described, model_shapes, training_settings
+from dione.zoo import digits_mlp
 from helpers import digits_task
 
 SWEEP = '''
@@ -64,6 +65,14 @@ def test_settings_name_what_sets_the_training() -> None:
     assert settings == {"optimizer": "SGD(lr=0.1, momentum=0.9)", "lr_scheduler": "None",
                         "seed": "7", "precision": "'fp32'", "clip_grad_norm": "1.0",
                         "optimizer reads": "", "lr_scheduler reads": ""}
+    # The model by its parameters' shapes (the run records it beside them): a narrower
+    # one is another (a finished task's edited model was given the old one's results: a
+    # review); a new factory object of the same model, the same.
+    assert model_shapes(task.model) == "Sequential of 3,466 parameters (shapes 6088d6c6d29b)"
+    assert model_shapes(functools.partial(digits_mlp, hidden=16, depth=1)) == \
+        "Sequential of 1,210 parameters (shapes 21c52d3c6b42)"
+    assert model_shapes(functools.partial(digits_mlp, hidden=32, depth=2)) == \
+        model_shapes(task.model)
     # An object without a repr of its own is named by its type, not its address.
     holder = functools.partial(torch.optim.SGD, lr=0.1, foreach=object())
     assert "foreach=object" in training_settings(digits_task(optimizer=holder))["optimizer"]

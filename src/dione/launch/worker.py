@@ -206,7 +206,10 @@ class Baseline:
             import faulthandler
 
             faulthandler.unregister(STACKS_SIGNAL)
-            faulthandler.register(STACKS_SIGNAL, all_threads=True)
+            with contextlib.suppress(Exception):  # never the reason a restore fails
+                # fd 2, not sys.stderr (a job may leave a StringIO there, or None: the
+                # restore failed and retired the worker: a regression review)
+                faulthandler.register(STACKS_SIGNAL, file=2, all_threads=True)
         gc.collect()
         if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             torch.cuda.empty_cache()
@@ -450,7 +453,7 @@ def main(fd: int) -> int:
     import faulthandler
     from multiprocessing.connection import Connection
 
-    faulthandler.register(STACKS_SIGNAL, all_threads=True)  # fd 2: the job's log
+    faulthandler.register(STACKS_SIGNAL, file=2, all_threads=True)  # fd 2: the job's log
 
     import cloudpickle
     import torch

@@ -54,7 +54,7 @@ from dione.profile.results import (
 from dione.spec.cluster import Cluster, ClusterError, Node
 from dione.spec.evaluated import judging_failed_evaluation
 from dione.spec.metrics import doubtful_direction
-from dione.spec.settings import READ_SETTINGS, read_changes, training_settings
+from dione.spec.settings import READ_SETTINGS, model_shapes, read_changes, training_settings
 from dione.spec.stopping import Decision, StoppingRule, too_few_sharing
 from dione.spec.task import Task
 from dione.spec.validate import keep_best_doubts, late_evaluation, rule_cadence_doubt
@@ -119,6 +119,7 @@ class Runner:
         self.view = view
         self.store = RunStore(run_dir)
         self.store.recover_interrupted()
+        self.virtual = virtual
         # What a warning questioned once: rules' directions, keep_best doubts, and the
         # tasks whose slices' evaluations lacked their keep_best metric.
         self._doubted: set[str | tuple[str, ...] | tuple[str, str, int]] = set()
@@ -172,7 +173,6 @@ class Runner:
         self.first_solve_units = 0.0  # its CP-SAT deterministic time (virtual runs)
         self.slices_launched = 0  # in this session
         self._beat = self.store.beat_every()  # the store hears this launcher lives
-        self.virtual = virtual
         self.tick = VIRTUAL_TICK if virtual else TICK
         self.replanner = Replanner(options.solver, options.replan_time_limit,
                                    beside=not virtual, deterministic=virtual)
@@ -221,6 +221,11 @@ class Runner:
         (with ``settle``) ended where profiling found no way to train it."""
         total = self.profile.task(task.name).total_steps
         settings = training_settings(task)
+        # Built by validation already, here as there; a simulated task has no model (and
+        # a simulation no torch).
+        shapes = None if self.virtual else model_shapes(task.model)
+        if shapes is not None:  # one that cannot be built here is left to its slices
+            settings["model"] = shapes
         before = self.store.task(task.name)
         ended = before.status if before is not None and before.status in ENDED else None
         for said in read_changes(task.name, self.store.changed_settings(task.name, settings),
@@ -418,6 +423,11 @@ class Runner:
             except ValueError as err:  # the store knows it with other training
                 arrival.refused[task.name] = str(err)
                 continue
+            if self.changed.pop(task.name, None) is not None:  # given back as recorded:
+                # no longer left as it was (it read so after it trained: a review)
+                left = self.store.invalid()
+                left.pop(task.name, None)
+                self.store.set_invalid(left)
             added.append(record)
             # Only the inbox's own: a searcher reads a name there as its task taken, and
             # a `dione add` request's task of that name is not its (an Optuna trial whose

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import math
 import numbers
 import types
 from typing import Any
@@ -39,6 +40,45 @@ def training_settings(task: Task) -> dict[str, str]:
         "optimizer reads": _reads(task.optimizer),
         "lr_scheduler reads": _reads(task.lr_scheduler),
     }
+
+
+def model_shapes(factory: Any) -> str | None:
+    """What the model ``factory`` builds, as its parameters' shapes: its class, how many
+    parameters, and a digest of every name and shape (built on the meta device, as
+    validation builds it; once per factory object: a notebook's edit is a new one). A
+    finished task whose model was edited since (a notebook cell run again with a
+    narrower layer) was given the old model's results, unsaid: no slice ran to find the
+    checkpoint did not fit (a review). The run records it beside ``training_settings``,
+    having validated (built) the model: a slice alone does not build it here (a model
+    factory's side effects stay in the workers). None: it cannot be built here."""
+    try:
+        return _cached_shapes(factory)
+    except TypeError:  # an unhashable factory object: built each time
+        return _shapes(factory)
+
+
+@functools.lru_cache(maxsize=128)
+def _cached_shapes(factory: Any) -> str | None:
+    return _shapes(factory)
+
+
+def _shapes(factory: Any) -> str | None:
+    import hashlib
+
+    import torch
+
+    from dione.spec.draws import draws_kept
+    from dione.spec.validate import build_model
+
+    try:
+        with draws_kept(), torch.random.fork_rng(devices=[]):  # a CPU build draws
+            model = build_model(factory)
+        named = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+    except Exception:
+        return None
+    count = sum(math.prod(shape) for _, shape in named)
+    digest = hashlib.sha256(repr(named).encode()).hexdigest()[:12]
+    return f"{type(model).__name__} of {count:,} parameters (shapes {digest})"
 
 
 def read_changes(task: str, changed: list[str], ended: str | None = None) -> list[str]:

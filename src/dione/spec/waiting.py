@@ -25,10 +25,11 @@ def watched(call: Callable[[], T], task: str, what: str) -> T:
     """``call()`` (task ``task``'s ``what``: "model()"), on this thread; where it has not
     returned in ``SAID_SECONDS``, a warning says so (from a timer's thread)."""
 
-    def say() -> None:
-        warnings.warn(f"task {task!r}: its {what} has not returned in {SAID_SECONDS:.0f} s (a "
-                      "download? a lock?); validation waits for it: Ctrl-C stops the "
-                      "command, then fix it or leave the task out", stacklevel=2)
+    def say() -> None:  # from the timer's thread: said as from here, dione's own
+        warnings.warn_explicit(
+            f"task {task!r}: its {what} has not returned in {SAID_SECONDS:.0f} s (a "
+            "download? a lock?); validation waits for it: Ctrl-C stops the command, then "
+            "fix it or leave the task out", UserWarning, __file__, 0)
 
     timer = threading.Timer(SAID_SECONDS, say)
     timer.daemon = True

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
+
 from dione.spec.devices import DeviceKind, device_counts
 from dione.spec.draws import draws_kept
 from dione.spec.task import Task
@@ -27,7 +29,9 @@ def valid_tasks(tasks: Iterable[Task], devices: int | None = None,
     others; a bad task stops only itself."""
     from dione.spec.workload import Workload
 
-    with draws_kept():  # validation's forwards may draw (LayerDrop): not the caller's
+    # Validation's forwards draw and seed (LayerDrop; a pipeline's probe seeds torch):
+    # not the caller's generators (a notebook's every seed drew alike after: a review).
+    with draws_kept(), torch.random.fork_rng(devices=[]):
         valid, problems = split_valid(Workload(list(tasks)), devices, technique_names(),
                                       kind, _inexact())
         return with_refusals(valid), problems
@@ -36,7 +40,7 @@ def valid_tasks(tasks: Iterable[Task], devices: int | None = None,
 def valid_task(task: Task, kind: DeviceKind | None = None) -> tuple[Task, list[Problem]]:
     """One task as it will train (``dione.spec.validate.checked_task``) and its problems;
     where it has none, with its refused techniques."""
-    with draws_kept():
+    with draws_kept(), torch.random.fork_rng(devices=[]):
         task, problems = checked_task(task, None, technique_names(), kind, _inexact())
         return (task if problems else with_refusals([task])[0]), problems
 
