@@ -511,3 +511,20 @@ def test_data_of_text_is_said_to_be_the_datas_not_the_models() -> None:
     assert problem.field == "data" and problem.message.endswith(
         "its inputs hold str, not tensors: give a collate_fn that makes tensors of them (a "
         "tokenizer's), or a data set whose items are tensors"), problem
+
+
+def test_validation_leaves_the_callers_generators_as_they_were() -> None:
+    """dione.validate and dione.run left torch's generator seeded with the task's seed:
+    a notebook's every seed drew alike after (a review)."""
+    import random
+
+    from dione.techniques.validation import valid_tasks
+
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        expected = (torch.rand(1).item(), random.random())
+        torch.manual_seed(seed)
+        random.seed(seed)
+        valid_tasks([digits_task("t")])
+        assert (torch.rand(1).item(), random.random()) == expected
