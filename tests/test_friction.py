@@ -511,6 +511,9 @@ def test_a_workload_is_checked_from_python_as_dione_validate_checks_it(
     assert any(line.startswith("warning: idle: it judges at") for line in found.lines())
     with pytest.raises(TypeError, match="item 0 is a str"):
         dione.validate({"a": digits_task("a")})  # type: ignore[arg-type]
+    # In this call's words, not the command line's (a notebook review).
+    with pytest.raises(ValueError, match=r"^devices=cpu:999: "):
+        dione.validate([digits_task("a")], devices="cpu:999")
     # A technique of the user's whose knob_settings raises is said, as profiling says
     # it, not a crash of the whole check (another test's left in the registry did so).
     from dione.techniques.ddp import DDP

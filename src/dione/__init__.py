@@ -470,7 +470,7 @@ def validate(workload: Any, *, devices: str | None = None) -> Any:
     reason the tasks it will not train (``refused``), ``warnings`` with their tasks,
     and ``lines()``, all said as the command says them. ``devices`` as ``dione.run``'s
     (default: what this machine gives a run)."""
-    from dione.spec import load_workload, local_cluster
+    from dione.spec import ClusterError, load_workload, local_cluster
     from dione.techniques.checking import check_workload
 
     _argument_types(workload=workload)
@@ -480,7 +480,10 @@ def validate(workload: Any, *, devices: str | None = None) -> Any:
     if isinstance(workload, (str, os.PathLike)):
         workload = load_workload(os.fspath(workload))
     workload = _tasks_of(workload)
-    node = local_cluster(devices).nodes[0]
+    try:
+        node = local_cluster(devices).nodes[0]
+    except ClusterError as err:  # in this call's words, as dione.run's (a review)
+        raise ClusterError(str(err).replace("--devices ", "devices=")) from None
     return check_workload(workload, node.devices if devices is not None else None,
                           node.kind, node.devices)[1]
 
