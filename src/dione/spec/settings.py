@@ -45,21 +45,26 @@ def training_settings(task: Task) -> dict[str, str]:
 def model_shapes(factory: Any) -> str | None:
     """What the model ``factory`` builds, as its parameters' shapes: its class, how many
     parameters, and a digest of every name and shape (built on the meta device, as
-    validation builds it; once per factory object: a notebook's edit is a new one). A
+    validation builds it; once per factory: a grid's partials of one function with equal
+    arguments are one, a notebook's edited class another). A
     finished task whose model was edited since (a notebook cell run again with a
     narrower layer) was given the old model's results, unsaid: no slice ran to find the
     checkpoint did not fit (a review). The run records it beside ``training_settings``,
     having validated (built) the model: a slice alone does not build it here (a model
     factory's side effects stay in the workers). None: it cannot be built here."""
-    try:
-        return _cached_shapes(factory)
-    except TypeError:  # an unhashable factory object: built each time
-        return _shapes(factory)
+    from dione.spec.sameness import same_function
+
+    known = next((shapes for built, shapes in _BUILT if same_function(built, factory)), "")
+    if known != "":
+        return known
+    shapes = _shapes(factory)
+    _BUILT.append((factory, shapes))
+    del _BUILT[:-128]  # the latest factories: a long notebook's edits come and go
+    return shapes
 
 
-@functools.lru_cache(maxsize=128)
-def _cached_shapes(factory: Any) -> str | None:
-    return _shapes(factory)
+# (factory, its shapes) of this process, latest last: a sweep's tasks share a model.
+_BUILT: list[tuple[Any, str | None]] = []
 
 
 def _shapes(factory: Any) -> str | None:
