@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 import time
 from dataclasses import replace
@@ -393,8 +394,8 @@ def test_a_task_changed_since_the_run_recorded_it_is_left_out_alone(
         again = dione.run([first[0], narrow, edited[2]], devices="cpu:1", run_dir=run,
                           quiet=True, catalog=catalog, trial=QUICK)
     (said,) = again.invalid
-    assert "model: Sequential of 3,466 parameters (shapes 6088d6c6d29b) -> Sequential of " \
-        "1,210 parameters (shapes 21c52d3c6b42)" in said, said
+    assert re.search(r"model: Sequential of 3,466 parameters \(shapes \w+\) -> Sequential "
+                     r"of 1,210 parameters \(shapes \w+\)", said), said
 
 
 def test_the_problems_of_a_task_with_no_name_are_not_a_task_named_workload() -> None:

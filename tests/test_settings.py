@@ -4,8 +4,10 @@ in its file, other text for another learning rate."""
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +70,11 @@ def test_settings_name_what_sets_the_training() -> None:
     # The model by its parameters' shapes (the run records it beside them): a narrower
     # one is another (a finished task's edited model was given the old one's results: a
     # review); a new factory object of the same model, the same.
-    assert model_shapes(task.model) == "Sequential of 3,466 parameters (shapes 6088d6c6d29b)"
-    assert model_shapes(functools.partial(digits_mlp, hidden=16, depth=1)) == \
-        "Sequential of 1,210 parameters (shapes 21c52d3c6b42)"
-    assert model_shapes(functools.partial(digits_mlp, hidden=32, depth=2)) == \
-        model_shapes(task.model)
+    assert model_shapes(task).startswith("Sequential of 3,466 parameters (shapes ")
+    narrow = digits_task(model=functools.partial(digits_mlp, hidden=16, depth=1))
+    assert model_shapes(narrow).startswith("Sequential of 1,210 parameters (shapes ")
+    assert model_shapes(digits_task(model=functools.partial(digits_mlp, hidden=32, depth=2))
+                        ) == model_shapes(task)
     # An object without a repr of its own is named by its type, not its address.
     holder = functools.partial(torch.optim.SGD, lr=0.1, foreach=object())
     assert "foreach=object" in training_settings(digits_task(optimizer=holder))["optimizer"]
@@ -125,3 +127,46 @@ def test_what_a_function_or_an_object_reads_counts_and_what_changes_per_run_does
     now = {"lr": 0.01, "run": time.strftime("%H%M%S"), "started": time.time()}
     later = {**now, "run": "later", "started": now["started"] + 1}
     assert described(made(now)) == described(made(later)) == described(renamed(now))
+
+
+SET_HEADS = """
+import torch
+from dione.spec.settings import model_shapes
+from dione.spec.task import Task
+
+def heads():
+    return torch.nn.ModuleDict({k: torch.nn.Linear(4, 2) for k in {"alpha", "beta", "gamma"}})
+
+print(model_shapes(Task(name="t", model=heads, data=list, optimizer=list, batch_size=1,
+                        steps=1)))
+"""
+
+HIDDEN = 32  # a notebook's global, read by the factory below
+
+
+def _reads_hidden() -> torch.nn.Module:
+    return digits_mlp(hidden=HIDDEN, depth=1)
+
+
+def _random_width() -> torch.nn.Module:
+    return torch.nn.Linear(8, int(torch.randint(4, 64, ())))
+
+
+def test_a_models_shapes_are_the_same_wherever_the_same_model_is_built(
+        monkeypatch: Any) -> None:
+    """A resume in a new process refused an unchanged model whose names came from a set
+    (another order each process), or whose width a worker draws from the task's seed
+    (built here from the caller's generator); and a notebook's edited global went unseen
+    by a cache (a regression review)."""
+    said = {subprocess.run([sys.executable, "-c", SET_HEADS], capture_output=True,
+                           text=True, env={**os.environ, "PYTHONHASHSEED": seed},
+                           check=True).stdout for seed in ("1", "2", "3")}
+    assert len(said) == 1 and "ModuleDict of 30 parameters" in said.pop()
+    drawn = digits_task(model=_random_width, seed=5)
+    torch.manual_seed(0)
+    first = model_shapes(drawn)
+    torch.manual_seed(1)
+    assert model_shapes(replace(drawn, model=lambda: _random_width())) == first
+    wide = model_shapes(digits_task(model=_reads_hidden))
+    monkeypatch.setattr(sys.modules[__name__], "HIDDEN", 16)
+    assert model_shapes(digits_task(model=_reads_hidden)) != wide

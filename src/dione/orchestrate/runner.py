@@ -223,7 +223,7 @@ class Runner:
         settings = training_settings(task)
         # Built by validation already, here as there; a simulated task has no model (and
         # a simulation no torch).
-        shapes = None if self.virtual else model_shapes(task.model)
+        shapes = None if self.virtual else model_shapes(task)
         if shapes is not None:  # one that cannot be built here is left to its slices
             settings["model"] = shapes
         before = self.store.task(task.name)

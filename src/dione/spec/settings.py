@@ -42,32 +42,37 @@ def training_settings(task: Task) -> dict[str, str]:
     }
 
 
-def model_shapes(factory: Any) -> str | None:
-    """What the model ``factory`` builds, as its parameters' shapes: its class, how many
-    parameters, and a digest of every name and shape (built on the meta device, as
-    validation builds it; once per factory: a grid's partials of one function with equal
-    arguments are one, a notebook's edited class another). A
-    finished task whose model was edited since (a notebook cell run again with a
+def model_shapes(task: Task) -> str | None:
+    """What ``task``'s model factory builds, as its parameters' shapes: its class, how
+    many parameters, and a digest of every name and shape, sorted by name (a ModuleDict
+    from a set orders its names otherwise in each process), built on the meta device
+    from the task's seed as a worker builds it (a width drawn from torch's generator).
+    A finished task whose model was edited since (a notebook cell run again with a
     narrower layer) was given the old model's results, unsaid: no slice ran to find the
     checkpoint did not fit (a review). The run records it beside ``training_settings``,
     having validated (built) the model: a slice alone does not build it here (a model
-    factory's side effects stay in the workers). None: it cannot be built here."""
+    factory's side effects stay in the workers). Once per factory, seed and what the
+    factory reads from its module (a grid's equal partials are one; a notebook's global
+    changed, another). None: it cannot be built here."""
     from dione.spec.sameness import same_function
 
-    known = next((shapes for built, shapes in _BUILT if same_function(built, factory)), "")
+    factory, reads = task.model, _reads(task.model)
+    known = next((shapes for built, seed, read, shapes in _BUILT
+                  if seed == task.seed and read == reads and same_function(built, factory)),
+                 "")
     if known != "":
         return known
-    shapes = _shapes(factory)
-    _BUILT.append((factory, shapes))
-    del _BUILT[:-128]  # the latest factories: a long notebook's edits come and go
+    shapes = _shapes(factory, task.seed)
+    _BUILT.append((factory, task.seed, reads, shapes))
+    del _BUILT[:-16]  # the latest only: a notebook's old factories (and all they hold) go
     return shapes
 
 
-# (factory, its shapes) of this process, latest last: a sweep's tasks share a model.
-_BUILT: list[tuple[Any, str | None]] = []
+# (factory, seed, what it reads, its shapes) of this process, latest last.
+_BUILT: list[tuple[Any, Any, str, str | None]] = []
 
 
-def _shapes(factory: Any) -> str | None:
+def _shapes(factory: Any, seed: Any) -> str | None:
     import hashlib
 
     import torch
@@ -77,8 +82,9 @@ def _shapes(factory: Any) -> str | None:
 
     try:
         with draws_kept(), torch.random.fork_rng(devices=[]):  # a CPU build draws
+            torch.manual_seed(seed)
             model = build_model(factory)
-        named = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+        named = sorted((name, tuple(p.shape)) for name, p in model.named_parameters())
     except Exception:
         return None
     count = sum(math.prod(shape) for _, shape in named)
