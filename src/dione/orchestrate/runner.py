@@ -54,7 +54,7 @@ from dione.profile.results import (
 from dione.spec.cluster import Cluster, ClusterError, Node
 from dione.spec.evaluated import judging_failed_evaluation
 from dione.spec.metrics import doubtful_direction
-from dione.spec.settings import READ_SETTINGS, model_shapes, read_changes, training_settings
+from dione.spec.settings import SAID_SETTINGS, model_shapes, read_changes, training_settings
 from dione.spec.stopping import Decision, StoppingRule, too_few_sharing
 from dione.spec.task import Task
 from dione.spec.validate import keep_best_doubts, late_evaluation, rule_cadence_doubt
@@ -234,9 +234,9 @@ class Runner:
         if ended:  # no step read the new value: the old stays recorded, and said again
             recorded = self.store.training_settings(task.name)
             settings = {**settings, **{k: v for k, v in recorded.items()
-                                       if k in READ_SETTINGS}}
+                                       if k in SAID_SETTINGS}}
         self.store.register_task(task.name, total, task.batch_size, task.hyperparameters,
-                                 settings, said_only=READ_SETTINGS)
+                                 settings, said_only=SAID_SETTINGS)
         rule = task.stopping
         if rule is not None and rule.metric != "loss":  # the leaderboards rank by it
             self.store.add_directions({rule.metric: rule.mode})

@@ -11,7 +11,8 @@ from typing import Any
 
 from dione.spec.task import Task
 
-__all__ = ["READ_SETTINGS", "described", "read_changes", "training_settings"]
+__all__ = ["READ_SETTINGS", "SAID_SETTINGS", "described", "model_shapes", "read_changes",
+           "training_settings"]
 
 _SIMPLE = (bool, int, float, str, type(None))
 
@@ -21,6 +22,10 @@ _SIMPLE = (bool, int, float, str, type(None))
 # differ from process to process for no fault of the task (a time, a pid, a flag from
 # the environment), which would refuse every resume.
 READ_SETTINGS = ("optimizer reads", "lr_scheduler reads")
+# Said, not refused, where changed: those and the model's shapes the run records
+# (``model_shapes``). A false change must not keep a task from its resume; a model
+# truly changed fails at its checkpoint's load, or, for a task that has ended, is said.
+SAID_SETTINGS = (*READ_SETTINGS, "model")
 
 
 def training_settings(task: Task) -> dict[str, str]:
@@ -101,7 +106,7 @@ def read_changes(task: str, changed: list[str], ended: str | None = None) -> lis
             "directory trains it with that)" if ended else
             "steps trained from now read the new value (a new run directory trains it anew)")
     return [f"{task}: {change} since the run recorded it: {then}"
-            for change in changed if change.split(":")[0] in READ_SETTINGS]
+            for change in changed if change.split(":")[0] in SAID_SETTINGS]
 
 
 def described(value: Any) -> str:
