@@ -509,6 +509,8 @@ def test_a_workload_is_checked_from_python_as_dione_validate_checks_it(
     assert [(p.task, p.field) for p in found.problems] == [("bad", "batch_size")]
     assert any("idle" in names for names in found.warnings.values())
     assert any(line.startswith("warning: idle: it judges at") for line in found.lines())
+    assert found.lines()[0] == "problem: task 'bad', field 'batch_size': must be a positive " \
+        "integer, not 0"  # printed, an invalid workload's lines said nothing of it
     with pytest.raises(TypeError, match="item 0 is a str"):
         dione.validate({"a": digits_task("a")})  # type: ignore[arg-type]
     # In this call's words, not the command line's (a notebook review).

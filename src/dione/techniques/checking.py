@@ -37,8 +37,11 @@ class Validation:
         return not self.problems
 
     def lines(self) -> list[str]:
-        """What was found, a line each (no problems: those are raised or listed apart)."""
-        said = list(self.evaluated)
+        """What was found, a line each, problems first (`dione validate` refuses a
+        workload with any before it prints these; ``dione.validate``'s caller printed
+        ``lines()`` of an invalid one and saw nothing of them: a notebook review)."""
+        said = [f"problem: {problem}" for problem in self.problems]
+        said += self.evaluated
         said += [f"{technique} will not train {', '.join(names)}: {why}"
                 for (technique, why), names in self.refused.items()]
         said += [f"warning: {', '.join(names)}: {doubt}"
