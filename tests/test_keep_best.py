@@ -114,8 +114,8 @@ def test_the_best_evaluation_keeps_its_checkpoint_and_is_what_export_gives(
     status, out, err = in_process(capsys, "export", str(run), "plain", "-o",
                                   str(tmp_path / "plain"), "--best")
     assert status != 0
-    assert "names no keep_best metric" in out + err and "it keeps steps: 10, 12 (--step)" \
-        in out + err
+    assert "names no keep_best metric" in out + err and "it keeps steps: 10, 12 (--step; " \
+        "dione.load(..., step=))" in out + err
     with pytest.raises(ValueError, match="one of latest, best and step"):
         dione.load(run, "kept", best=True, step=2)
     with pytest.raises(ValueError, match="step must be 1 or more"):

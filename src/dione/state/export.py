@@ -128,7 +128,7 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
         raise ExportError(f"task {task!r} is done, but its final checkpoint (step "
                           f"{record.total_steps}) is no longer on disk; its newest is at step "
                           f"{checkpoint.step}: {how}, or export that one as it is (--step "
-                          f"{checkpoint.step}; --latest)")
+                          f"{checkpoint.step}; --latest; dione.load(..., latest=True))")
     return _intact(Path(checkpoint.path))
 
 
@@ -159,7 +159,8 @@ def kept_checkpoint(run_dir: str | Path, task: Task, *, best: bool = False,
             return _intact(Path(found.path)), {"by": "step"}
         chosen = best_kept(store, task.name, (task.keep_best, task.best_mode()))
     if isinstance(chosen, str):
-        raise ExportError(f"task {task.name!r} {chosen}; it keeps steps: {steps} (--step)")
+        raise ExportError(f"task {task.name!r} {chosen}; it keeps steps: {steps} (--step; "
+                          "dione.load(..., step=))")
     record, value, metric, mode = chosen
     return _intact(Path(record.path)), {"by": "best", "metric": metric, "mode": mode,
                                         "value": value}
