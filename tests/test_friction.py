@@ -609,3 +609,29 @@ def test_a_users_technique_is_labelled_keyed_and_reloaded_as_its_own(tmp_path: P
     finally:  # the registry is the process's: no later test profiles it
         _REGISTRY.pop("quiet-ddp", None)
         _REGISTRY.pop("plain-ddp", None)
+
+
+DRAWS_AFTER_A_RUN = """
+import random, sys, numpy, torch
+import dione
+from helpers import digits_task
+
+random.seed(3); torch.manual_seed(3); numpy.random.seed(3)
+expected = (random.random(), torch.rand(1).item(), numpy.random.rand())
+random.seed(3); torch.manual_seed(3); numpy.random.seed(3)
+dione.run([digits_task("t", steps=2)], devices="cpu:1", run_dir=sys.argv[1], quiet=True,
+          catalog=sys.argv[2])
+print((random.random(), torch.rand(1).item(), numpy.random.rand()) == expected)
+"""
+
+
+def test_a_run_leaves_a_notebooks_generators_as_they_were(tmp_path: Path) -> None:
+    """A notebook's draws after dione.run went on from elsewhere: validation seeded
+    torch's generator, and the first run's imports drew from Python's (a review). A
+    process of its own: the imports' draw comes once a process."""
+    done = subprocess.run(
+        [sys.executable, "-c", DRAWS_AFTER_A_RUN, str(tmp_path / "run"),
+         str(tmp_path / "catalog.sqlite")], capture_output=True, text=True, timeout=300,
+        cwd=Path(__file__).parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "True", done.stdout + done.stderr

@@ -49,6 +49,26 @@ __getattr__ = lazy_exports(__name__, {
 })
 
 
+def _keeps_draws(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` leaving the caller's global generators (torch's CPU, Python's,
+    NumPy's) as they were: a notebook's next draws go on as if it had not been called
+    (validation seeded torch's; the first run's imports drew from Python's: a notebook
+    review)."""
+    import functools
+
+    @functools.wraps(function)
+    def kept(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        from dione.spec.draws import draws_kept
+
+        with draws_kept(), torch.random.fork_rng(devices=[]):
+            return function(*args, **kwargs)
+
+    return kept
+
+
+@_keeps_draws
 def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione",
         ray: str | None = None, on_event: Callable[[Any], None] | None = None,
         quiet: bool = False, tensorboard: str | None = None,
@@ -114,7 +134,7 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
 
         crowded = shared_cores(cluster.nodes[0].kind, cluster.nodes[0].devices)
         if crowded is not None:  # a warning, as dione run gives it
-            warnings.warn(crowded, stacklevel=2)
+            warnings.warn(crowded, stacklevel=_outside_dione())
     if workload_file is not None:  # `dione resume`, `export` and `dione.load` read it
         _record_run(workload_file, run_dir, run_options, devices, ray, tensorboard, mlflow,
                     env)
@@ -161,14 +181,14 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
                 trouble = f"the report could not be written ({type(failed).__name__}: {failed})"
             if trouble:
                 warnings.warn(f"the stopped run's {trouble.removeprefix('the ')}",
-                              stacklevel=2)
+                              stacklevel=_outside_dione())
         if isinstance(err, RunDirError) and "(--out)" in str(err):  # this call's words
             raise RunDirError(str(err).replace("(--out)", "(run_dir=)")) from None
         raise
     troubles = page.close()
     problem = report_after_run(run_dir, None)  # every task of the run, not only these
     for trouble in [*troubles, *([problem] if problem else [])]:
-        warnings.warn(trouble, stacklevel=2)
+        warnings.warn(trouble, stacklevel=_outside_dione())
     # A bad task stops only itself; a changed one's reason, from the run, after them.
     result.invalid = [str(p) for p in problems] + result.invalid
     return result
@@ -462,6 +482,7 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
     return model
 
 
+@_keeps_draws
 def validate(workload: Any, *, devices: str | None = None) -> Any:
     """Check ``workload`` (a Workload, a list of tasks, a task, or a workload file's
     path) as ``dione validate`` does, training nothing: a ``Validation`` with the
