@@ -590,3 +590,18 @@ def test_a_trial_whose_task_changed_before_a_resume_stays_running(
         dione.optuna.optimize(study, build, n_trials=2, **run)
     assert "stays RUNNING" not in capsys.readouterr().out
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+
+
+def test_optuna_loads_errors_name_its_own_arguments() -> None:
+    """dione.optuna.load says an export error's fixes as its own arguments; the export's
+    texts changed (they name dione.load's beside the flags) and the rewrite missed them
+    (a last read of the change)."""
+    from dione.optuna import _in_own_words
+
+    assert _in_own_words("task 't' names no keep_best metric; it keeps steps: 10, 12 "
+                         "(--step; dione.load(..., step=))").endswith("12 (step=)")
+    assert _in_own_words("its newest is at step 4: train it again to its end, or export "
+                         "that one as it is (--step 4; --latest; dione.load(..., "
+                         "latest=True))").endswith("as it is (step=4; latest=True)")
+    assert _in_own_words("take its newest checkpoint as it is (--latest; dione.load(..., "
+                         "latest=True))").endswith("(dione.optuna.load(..., latest=True))")

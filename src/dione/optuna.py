@@ -599,10 +599,17 @@ def load(study: Any, make_task: Callable[[Any], Task], trial: Any, *,
         return dione.load(run_dir, name, workload=[replace(built, name=name)],
                           latest=latest, best=best, step=step)
     except ExportError as err:  # in this function's words (it named the CLI's: a review)
-        said = str(err).replace("(--latest; dione.load(..., latest=True))",
-                                "(dione.optuna.load(..., latest=True))")
-        said = re.sub(r"\(--step (\d+); --latest\)", r"(step=\1; latest=True)", said)
-        raise ExportError(said.replace("(--step)", "(step=)")) from None
+        raise ExportError(_in_own_words(str(err))) from None
+
+
+def _in_own_words(said: str) -> str:
+    """An export error's fixes as ``dione.optuna.load``'s arguments, not the CLI's flags
+    and ``dione.load``'s (``dione.state.export`` says both)."""
+    said = said.replace("(--latest; dione.load(..., latest=True))",
+                        "(dione.optuna.load(..., latest=True))")
+    said = re.sub(r"\(--step (\d+); --latest; dione\.load\(\.\.\., latest=True\)\)",
+                  r"(step=\1; latest=True)", said)
+    return said.replace("(--step; dione.load(..., step=))", "(step=)")
 
 
 def _failed(study: Any, trials: Sequence[Any]) -> set[int]:
