@@ -263,20 +263,18 @@ def run_request(
         # Rank 0's outcome once trained and saved, while its evaluation runs (a real
         # slice's: a trial that cannot evaluate is timed out, as it was, never cached).
         evaluating: list[SliceOutcome] = []
-        trial_trained: list[bool] = []  # a trial's rank 0 trained and saved: evaluating
+        in_evaluate: list[bool] = []  # rank 0 trained and saved, its evaluate not returned
 
         def heard(rank: int, record: dict[str, Any]) -> None:
-            if "evaluating" in record:  # one that keeps no checkpoint
-                trial_trained.append(True)
-            elif "trained" in record:
-                trial_trained.append(True)
+            if "trained" in record:
+                in_evaluate.append(True)
                 if request.trial is None:
                     evaluating.append(record["trained"])
                     if on_progress is not None:  # (a stall now is the evaluation's)
                         on_progress(rank, {"evaluating": True})
             elif "evaluated" in record:  # whatever ends the gang now, not its evaluate
                 evaluating.clear()
-                trial_trained.clear()
+                in_evaluate.clear()
             elif on_progress is not None:
                 on_progress(rank, record)
 
@@ -287,7 +285,7 @@ def run_request(
         except GangError as err:
             if not (evaluating and err.reason in EVALUATION_LOST):
                 # A trial that hung in evaluate was told to raise its timeout (a review).
-                hung = bool(request.trial is not None and trial_trained
+                hung = bool(request.trial is not None and in_evaluate
                             and err.reason == "timeout")
                 message = (f"task {task.name!r}, steps {start}-{end}, {where}: {err}"
                            + (f"; {IN_EVALUATE}" if hung else "")

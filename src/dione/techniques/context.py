@@ -233,9 +233,6 @@ class SliceContext:
             self.on_progress({"trained": dataclasses.replace(
                 outcome, evaluation={}, timings=dict(outcome.timings),
                 extra=dict(outcome.extra))})
-        elif self.rank == 0 and self.on_progress is not None:  # a trial's, which keeps no
-            # checkpoint: its evaluation runs now (a timeout then is evaluate's: a review)
-            self.on_progress({"evaluating": True})
 
     def evaluation_ended(self) -> None:
         """Tell the launcher, from rank 0, that the evaluation returned (or raised, said
