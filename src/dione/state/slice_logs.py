@@ -20,8 +20,8 @@ def failure_log(run_dir: Path, slices: Sequence[SliceRecord], task: str) -> Path
     """The log holding the traceback of ``task``'s newest failed slice (of ``slices``,
     the store's), or cancelled as stalled (its ranks' stacks at the cancel): its first
     rank's that has one, else its first rank's; None where no such slice left a log."""
-    for record in reversed([s for s in slices if s.task == task and (
-            s.status == "failed" or (s.status == "interrupted" and "stalled" in (s.error or "")))]):
+    for record in reversed([s for s in slices if s.task == task
+                            and (s.status == "failed" or s.stalled)]):
         logs = sorted(log_folder(run_dir, record.id, task).glob("rank*.log"),
                       key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0)
         for log in logs:

@@ -176,6 +176,12 @@ class SliceRecord:
     # How it trained as single would in distribution only (dropout masks of its own).
     statistical: str | None = None
 
+    @property
+    def stalled(self) -> bool:
+        """Cancelled as stalled (the run's cancel says so in its error; a stop does not):
+        an attempt of its task's, whose ranks' stacks are in its logs."""
+        return self.status == "interrupted" and "stalled" in (self.error or "")
+
 
 @dataclass(frozen=True)
 class Addition:

@@ -8,9 +8,9 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from dione.frames import user_frame
 from dione.state.store import CheckpointRecord, RunStore, SliceRecord, best_evaluation
 
 __all__ = ["TaskSummary", "as_left", "best_kept", "closing_summaries", "error_line",
@@ -117,8 +117,7 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
         # and a failed task's attempts (its row read 0.0 s on no device), those cancelled
         # as stalled among them (183 s of devices read 0.0 s: a review).
         held = [s for s in slices if s.status in ("done", "diverged")
-                or (record.status == "failed" and (s.status == "failed" or (
-                    s.status == "interrupted" and "stalled" in (s.error or ""))))]
+                or (record.status == "failed" and (s.status == "failed" or s.stalled))]
         devices: list[str] = []
         for s in held:
             where = f"{s.node}:{','.join(map(str, s.device_ids))}"
@@ -239,13 +238,8 @@ def raised_at(error: str) -> str:
     last frame outside dione and installed packages (else outside dione); "" where it
     names none. A trial's crash said its exception alone, and its traceback was kept only
     in the catalog (a review)."""
-    ours = str(Path(__file__).resolve().parents[1])
-    frames = [(m["file"], m["line"]) for m in _FRAME.finditer(error)
-              if not m["file"].startswith(ours)]
-    own = [f for f in frames if not any(part in ("site-packages", "dist-packages")
-                                        for part in Path(f[0]).parts)]
-    frames = own or frames
-    return f" (at {frames[-1][0]}:{frames[-1][1]})" if frames else ""
+    found = user_frame([(m["file"], int(m["line"])) for m in _FRAME.finditer(error)])
+    return f" (at {found[0]}:{found[1]})" if found else ""
 
 
 def lower_is_better(metric: str, directions: Mapping[str, str] | None = None) -> bool:
