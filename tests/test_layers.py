@@ -13,7 +13,7 @@ SOURCE = Path(dione.__file__).parent
 FLOW = ["spec", "state", "schedules", "techniques", "launch", "profile", "plan",
         "orchestrate", "report", "simulate", "cli"]
 # Under every part: any part may import these, and they import no part of the flow.
-GROUND = {"_lazy", "_version", "clock", "words"}
+GROUND = {"_lazy", "_version", "clock", "frames", "words"}
 # Pure: data and arithmetic that run where torch is not installed or not wanted (the
 # planner on a head node, the schedule simulator in a notebook).
 NO_TORCH = {"schedules", "plan"}

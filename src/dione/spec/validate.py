@@ -7,7 +7,6 @@ import difflib
 import functools
 import inspect
 import math
-import os
 import re
 import sys
 import traceback
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dione.frames import user_frame
 from dione.spec.batch import split_problem
 from dione.spec.devices import DeviceKind, local_device_kind
 from dione.spec.metrics import direction_by_name
@@ -71,13 +71,8 @@ def raised_line(err: BaseException) -> str:
     (not dione's, whose own message of what a user's function returned names no line,
     nor an installed package's, torch's own line where the user's called it), else the
     last outside dione."""
-    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frames = [f for f in traceback.extract_tb(err.__traceback__)
-              if not os.path.abspath(f.filename).startswith(ours + os.sep)]
-    own = [f for f in frames if not any(part in ("site-packages", "dist-packages")
-                                        for part in f.filename.split(os.sep))]
-    frames = own or frames
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    found = user_frame([(f.filename, f.lineno) for f in traceback.extract_tb(err.__traceback__)])
+    where = f" (at {found[0]}:{found[1]})" if found else ""
     return f"{type(err).__name__}: {err}{where}"
 
 
