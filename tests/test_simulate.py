@@ -702,6 +702,91 @@ def test_a_task_only_a_later_node_can_hold_waits_for_it(tmp_path: Path) -> None:
     assert _first_placed(run.run_dir) == 1
 
 
+def test_no_replan_keeps_the_nodes_the_run_started_with(tmp_path: Path) -> None:
+    """``--no-replan`` leaves a node that joins later unused, as its help says (it took
+    a task the first plan could not place, and a lost node's work: a review), and the
+    task only that node could hold fails naming the flag; re-planning uses it."""
+    problem = PlanningProblem(
+        (NodeSpec("n0", 2), NodeSpec("n1", 4)),
+        (TaskOptions("narrow", (Option("single", 1, 50.0),)),
+         TaskOptions("wide", (Option("ddp", 4, 80.0),))))
+    events: list[RunEvent] = []
+    kept = simulate(problem, tmp_path / "kept", steps=20, on_event=events.append,
+                    options=replace(OPTIONS, replan=False),
+                    scenario=Scenario(node_joins={"n1": 30.0}))
+    assert kept.statuses == {"narrow": "done", "wide": "failed"}
+    assert "a node that joins later is not used under --no-replan" in kept.errors["wide"]
+    assert any(e.kind == "node_joined" and "not used: --no-replan" in e.message
+               for e in events)
+    with RunStore(kept.run_dir) as store:
+        assert {s.node for s in store.slices()} == {"n0"}
+    # A lost node's work goes to the nodes there from the start, not the one that joined.
+    lost = simulate(small_problem(), tmp_path / "lost", steps=40,
+                    options=replace(OPTIONS, replan=False), cluster=parse_cluster("3x2"),
+                    scenario=Scenario(node_joins={"n2": 10.0}, node_losses={"n1": 100.0}))
+    assert all(s == "done" for s in lost.statuses.values())
+    with RunStore(lost.run_dir) as store:
+        assert "n2" not in {s.node for s in store.slices()}
+    replanned = simulate(problem, tmp_path / "replanned", steps=20, options=OPTIONS,
+                         scenario=Scenario(node_joins={"n1": 30.0}))
+    assert replanned.statuses == {"narrow": "done", "wide": "done"}
+
+
+def test_a_stall_factor_at_or_below_one_is_refused_everywhere(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A slice cancelled as stalled at 0.5 times its prediction failed every good task of
+    a simulation (a review): the option is refused, from Python and from each command
+    that takes it, and simulate takes --stall-grace, which its stall message names."""
+    for factor in (1.0, 0.5):
+        with pytest.raises(ValueError, match=r"stall_factor.*must be above 1"):
+            RunOptions(stall_factor=factor)
+    problem = tmp_path / "problem.json"
+    problem.write_text(json.dumps(small_problem().to_json()))
+    for command in (["simulate", str(problem)], ["run", "nosuch.py"]):
+        with pytest.raises(SystemExit) as exit_:  # argparse's
+            in_process(capsys, *command, "--stall-factor", "0.5")
+        assert exit_.value.code == 2 and "0.5 is not above 1" in capsys.readouterr().err
+    slow = simulate(small_problem(), tmp_path / "slow", steps=40,
+                    options=replace(OPTIONS, stall_grace=0.0, max_failures=1),
+                    scenario=Scenario(task_slowdown={"t0": 30.0}))
+    assert slow.statuses["t0"] == "failed"
+    status, out, _ = in_process(capsys, "simulate", str(problem), "--out", str(tmp_path / "cli"),
+                                "--scenario", str(_scenario_file(tmp_path, {
+                                    "task_slowdown": {"t0": 30.0}})),
+                                "--stall-grace", "0", "--max-failures", "1")
+    assert status == 1 and "t0: failed" in out and "--stall-grace" in out, out
+
+
+def _scenario_file(tmp_path: Path, scenario: dict[str, object]) -> Path:
+    file = tmp_path / "scenario.json"
+    file.write_text(json.dumps(scenario))
+    return file
+
+
+def test_simulate_says_what_a_scenario_set_past_the_end_and_what_is_no_problem_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A node loss set past the run's end never played, said (a digit's slip read as a
+    loss that cost nothing); a workload .py given for a problem names `dione profile`;
+    a problem's name keeps its dots in the default folder (sweep.v1 and sweep.v2 shared
+    one, the second replacing the first: a review)."""
+    assert Scenario(node_losses={"n1": 5e8, "n0": 10.0}).unplayed(100.0) == [
+        "node_losses['n1'] at 5e+08 s"]
+    monkeypatch.chdir(tmp_path)
+    problem = tmp_path / "sweep.v1.json"
+    problem.write_text(json.dumps(small_problem().to_json()))
+    status, out, err = in_process(capsys, "simulate", str(problem), "--scenario", str(
+        _scenario_file(tmp_path, {"node_losses": {"n1": 1e9}})))
+    assert status == 0, err
+    assert "node_losses['n1'] at 1e+09 s: at or after the run's end" in err + out
+    assert (tmp_path / "runs" / "simulate-sweep.v1" / "report").is_dir()
+    workload = tmp_path / "sweep.py"
+    workload.write_text("WORKLOAD = []\n")
+    for command in ("simulate", "plan"):
+        status, _, err = in_process(capsys, command, str(workload))
+        assert status == 2 and "is a workload, not a problem file: `dione profile" in err, err
+
+
 def test_owed_replans_are_solved_past_the_budget_and_not_counted_in_it(
         tmp_path: Path) -> None:
     """A re-plan a stop or a lost node owes is solved whatever re-planning has cost, and

@@ -7,6 +7,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from shlex import quote
 from typing import Any
 
 from dione.cli.console import complain
@@ -70,6 +71,9 @@ def problem_refused(path: str, err: Exception, cluster_given: bool) -> BadInput:
     none was given, that ``--cluster`` can give one."""
     hint = ("; or give the cluster as --cluster 4x8 (it stands in for the file's)"
             if not cluster_given and "cluster: must be" in str(err) else "")
+    if path.endswith(".py"):  # the workflow's first file for its second (review)
+        return BadInput(f"{path} is a workload, not a problem file: `dione profile {quote(path)} "
+                        "-o problem.json` measures it and writes one to give here")
     return BadInput(f"{path}: {err}{hint}")
 
 

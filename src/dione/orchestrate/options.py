@@ -127,6 +127,11 @@ class RunOptions:
             problem = rule(value) if rule is not None else None
             if problem:
                 raise ValueError(f"run option {name}={value!r}: {problem}")
+        if self.stall_factor is not None and self.stall_factor <= 1:
+            # Every slice that ran as predicted passed it, cancelled as stalled (review).
+            raise ValueError(f"run option stall_factor={self.stall_factor!r}: must be above "
+                             "1 (a slice running as predicted would be cancelled as "
+                             "stalled), or None never to cancel one")
         if not isinstance(self.trial, TrialOptions):
             raise ValueError(f"run option trial={self.trial!r}: must be a TrialOptions")
 

@@ -164,6 +164,7 @@ class Runner:
         # Nodes this run has known: another that the launcher reports later joined.
         self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]
                       if n.name not in awaited}
+        self.unused_joins: set[str] = set()  # nodes that joined under --no-replan
         # task -> per kind of node its options are for (None: any), the fewest devices
         self._fewest: dict[str, dict[str | None, int]] = {}
         self.plans_adopted = len(plan_files(run_dir))
@@ -761,9 +762,13 @@ class Runner:
                          else f"the widest left has {widest}") if widest
                         else "none is left" if kind else "no node is left")
                 needs.append(f"at least {fewest} devices on {where}, and {left}")
+            unused = not self.options.replan and (
+                bool(self.unused_joins) or self.launcher.next_join() is not None)
             message = (f"{record.name} cannot be placed: its options need "
                        + "; or ".join(needs) + "; "
-                       + ("simulate again with such a node kept (a scenario without its "
+                       + ("a node that joins later is not used under --no-replan: simulate "
+                          "without it" if unused and self.virtual else
+                          "simulate again with such a node kept (a scenario without its "
                           "loss)" if self.virtual else "resume the run once such a node "
                           "is back"))
             self._give_up(record, message, message)
@@ -774,7 +779,7 @@ class Runner:
         known to join (a simulated cluster's scenario says when; a real one cannot, and
         those tasks fail, to be resumed); whether there was one."""
         at = self.launcher.next_join()
-        if at is None:
+        if at is None or not self.options.replan:  # --no-replan: a joining node unused
             return False
         clock.wait_any([], max(0.0, at - clock.now()))
         self._join_new_nodes()
@@ -801,6 +806,18 @@ class Runner:
                                "it is not planned; `dione resume` the run to profile and "
                                "use it"))
         joined = [n for n in new if n not in unmeasured]
+        if joined and not self.options.replan:
+            # The first plan's nodes only, as --no-replan says: a run without re-planning
+            # measured against one with it gained the node too, understating what
+            # re-planning buys (a simulate review).
+            for node in joined:
+                self.known.add(node.name)
+                self.unused_joins.add(node.name)
+                self.launcher.forget_node(node.name)
+                self.emit(RunEvent("node_joined", f"node {node.name} ({node.devices} "
+                                   f"{node.kind} device(s)) joined the cluster; not used: "
+                                   "--no-replan keeps the nodes the run started with"))
+            return
         if not joined:
             return
         self.known |= {n.name for n in joined}

@@ -77,8 +77,11 @@ def _simulated_setting(run_dir: Path | None, unfinished: int = 0) -> list[str]:
     scenario = {k: v for k, v in (setting.get("scenario") or {}).items() if v}
     lines.append(f"Scenario: {json.dumps(scenario, sort_keys=True) if scenario else 'none'}.")
     if setting.get("current_practice"):
-        lines.append(f"Current practice (each task in turn on the next free whole node, "
-                     f"to its end; the same cluster, slowdowns, node losses and joins, "
+        # The rule `simulate.run.current_practice` plays: "the next free node" read
+        # otherwise where nodes differ in speed or kind (a review checked it by hand).
+        lines.append(f"Current practice (each task in turn on a whole node, the one where "
+                     f"it ends first, at its fastest option there, to its end; the same "
+                     f"cluster, slowdowns, node losses and joins, "
                      f"without the scenario's failures, faulty nodes and spread, and no "
                      f"stopping rule): "
                      f"{setting['current_practice']:.1f} s"

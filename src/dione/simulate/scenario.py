@@ -152,6 +152,13 @@ class Scenario:
                 for field_name in ("task_slowdown", "failures")
                 for key in getattr(self, field_name) if key not in known]
 
+    def unplayed(self, end: float) -> list[str]:
+        """The node losses and joins the scenario sets at or after ``end`` (the run's),
+        which never happened: each as ``node_losses['n1'] at 1e+09 s`` (a slip of a digit
+        read as a loss that cost nothing: review)."""
+        return [f"{name}[{node!r}] at {at:g} s" for name in ("node_losses", "node_joins")
+                for node, at in sorted(getattr(self, name).items()) if at >= end]
+
     def factor(self, task: str, node: str, rng: random.Random) -> float:
         """How much longer than profiled one slice of ``task`` on ``node`` takes."""
         spread = math.exp(rng.gauss(0.0, self.spread)) if self.spread > 0 else 1.0

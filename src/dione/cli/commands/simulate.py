@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from dione.cli.console import complain, console
 from dione.cli.errors import EXIT_FAILED, BadInput
 from dione.cli.inputs import problem_refused, say_kinds_replaced, say_problem_notes
+from dione.words import some
 
 if TYPE_CHECKING:
     from dione.orchestrate.options import RunEvent
@@ -119,7 +120,9 @@ def command(args: argparse.Namespace) -> int:
     if not problem.tasks:
         raise BadInput(f"{args.problem}: no task fits the cluster (why, for each, above): give "
                        "nodes wide enough and of the options' kinds (--cluster)")
-    name = Path(args.problem).name.split(".")[0]
+    # Only the file's type cut off: at its first dot, sweep.v1.json and sweep.v2.json
+    # shared one folder, the second replacing the first (review).
+    name = re.sub(r"(\.json)?(\.gz)?$", "", Path(args.problem).name) or "problem"
     # The cluster in the default name: "2 nodes against 4" keeps both (the second
     # replaced the first, unsaid: review).
     on = ("-" + re.sub(r"[^A-Za-z0-9.]+", "-", args.cluster.strip()).strip("-")
@@ -134,7 +137,7 @@ def command(args: argparse.Namespace) -> int:
                          replan_interval=args.replan_interval,
                          replan_share=args.replan_share,
                          slice_seconds=args.slice_seconds, max_failures=args.max_failures,
-                         stall_factor=args.stall_factor)
+                         stall_factor=args.stall_factor, stall_grace=args.stall_grace)
     progress = _Progress()
     try:
         result = simulate(problem, out, cluster=cluster, scenario=scenario, steps=args.steps,
@@ -170,6 +173,10 @@ def command(args: argparse.Namespace) -> int:
                      "not its failures, faulty nodes, spread or stopping rules"
                      if scenario.failures or scenario.spread or scenario.faulty_nodes
                      else ""))
+    unplayed = scenario.unplayed(result.makespan)
+    if unplayed:
+        complain("note", f"the scenario's {some(unplayed, 4)}: at or after the run's end "
+                 f"({result.makespan:.1f} s), never played")
     console.print(f"{result.slices} slices, {result.plans_adopted} plan(s) adopted, "
                   f"{result.replans} re-plans solved in {result.replan_seconds:.1f} s; "
                   f"simulated in {result.wall_seconds:.1f} s")
