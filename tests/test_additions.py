@@ -21,6 +21,7 @@ from dione.orchestrate import RunOptions, run_workload
 from dione.orchestrate.additions import TaskInbox
 from dione.profile import TrialOptions
 from dione.spec.cluster import Cluster
+from dione.spec.stopping import Asha
 from dione.spec.workload import load_workload
 from dione.state.store import RunStore
 from helpers import (
@@ -81,7 +82,9 @@ def test_tasks_added_from_python_are_trained_and_bad_ones_refused(tmp_path: Path
         # Once everything it had is done, the run still waits for the open inbox: a task
         # added then is trained too, and the run ends once the inbox is closed.
         ended.wait(300)
-        inbox.add(replace(rate(3e-1), batch_size=8))  # a speed the catalog does not know
+        # A speed the catalog does not know; a rule no other task shares, said as at a
+        # run's start (an addition said nothing: a review).
+        inbox.add(replace(rate(3e-1), batch_size=8, stopping=Asha(min_steps=4)))
         inbox.close()
 
     closer = threading.Thread(target=late)
@@ -103,6 +106,8 @@ def test_tasks_added_from_python_are_trained_and_bad_ones_refused(tmp_path: Path
     # batch size got its trials first.
     assert "(0 trial(s) run, 1 taken from the catalog)" in added[0].message, added
     assert "(0 trial(s)" not in added[1].message, added
+    [lonely] = [e for e in events if e.kind == "stopping_rule_doubtful"]
+    assert lonely.message.startswith("lr-0.3 (added to the run): its stopping rule compares")
     kinds = [e.kind for e in events]
     assert "replanned" in kinds[kinds.index("task_added"):] or \
         "planned" in kinds[kinds.index("task_added"):]

@@ -524,7 +524,13 @@ def test_an_evaluate_that_returns_no_dict_of_numbers_is_named() -> None:
 
     for returned, said in ((0.5, "returned float 0.5: it must return a dict of metric "
                                  "names to numbers"),
-                           ({"acc": "high"}, "returned 'acc': 'high', which is not a number")):
+                           ({"acc": "high"}, "returned 'acc': 'high', which is not a number"),
+                           # float() takes these: a rule ranked a flag, and a formatted
+                           # "0.500" passed where "50.0%" failed mid-run (a review).
+                           ({"acc": "0.5"}, "returned 'acc': '0.5', which is not a number"),
+                           ({"ok": True}, "returned 'ok': True, which is not a number"),
+                           ({"ok": torch.tensor(True)}, "returned 'ok': tensor\\(True\\), "
+                            "which is not a number")):
         task = dataclasses.replace(digits_task("e"), evaluate=lambda model, r=returned: r)
         with pytest.raises(TypeError, match=said):
             evaluate_model(task, task.model())

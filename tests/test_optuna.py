@@ -590,6 +590,68 @@ def test_a_trial_whose_task_changed_before_a_resume_stays_running(
         dione.optuna.optimize(study, build, n_trials=2, **run)
     assert "stays RUNNING" not in capsys.readouterr().out
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    # Another metric or cadence for the same study and run: refused before a trial is
+    # asked (a resume by test_loss told losses beside accuracies, one objective: review).
+    edited = False
+    for changed in ({"metric": "test_loss"}, {"report_every": 3}):
+        with pytest.raises(ValueError, match=r"were reported and told by metric='accuracy' "
+                           r"report_every=4; this call gives"):
+            dione.optuna.optimize(study, build, n_trials=3, **{**run, **changed})
+    assert len(study.trials) == 2
+
+
+class _Counted(torch.nn.Module):
+    """The digits MLP counting its training steps in a buffer (checkpointed with it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from dione.zoo import digits_mlp
+
+        self.net = digits_mlp(hidden=32, depth=2)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.steps += 1
+        return self.net(x)
+
+
+def _fails_at_the_end(model: torch.nn.Module) -> dict[str, float]:
+    from dione.zoo import digits_accuracy
+
+    if int(model.steps) >= 8:
+        raise RuntimeError("held-out data unavailable at the end")
+    return digits_accuracy(model)
+
+
+def test_a_trial_whose_last_evaluation_failed_says_why_in_the_study(tmp_path: Path) -> None:
+    """Trained to its end, its last evaluation raising: the trial is told FAIL (Optuna's
+    values are final) with why in dione_error and its weights kept; it was FAIL with no
+    reason, "done" in dione (a review)."""
+    import sys
+
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # _Counted
+    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.NopPruner())
+    study.enqueue_trial({"lr": 0.01})
+
+    def build(trial: optuna.trial.Trial) -> dione.Task:
+        lr = trial.suggest_float("lr", 1e-3, 3e-2, log=True)
+        return digits_task("digits", steps=8, techniques=("single",), model=_Counted,
+                           evaluate=_fails_at_the_end,
+                           optimizer=functools.partial(torch.optim.Adam, lr=lr))
+
+    with pytest.warns(UserWarning, match="evaluation at step 8 failed"):
+        dione.optuna.optimize(study, build, n_trials=1, report_every=4, metric="accuracy",
+                              run_dir=str(tmp_path / "run"), devices="cpu:2", quiet=True,
+                              catalog=str(tmp_path / "catalog.sqlite"),
+                              trial=TrialOptions(warmup_steps=1, measure_steps=2))
+    (trial,) = study.get_trials()
+    assert trial.state == optuna.trial.TrialState.FAIL and 4 in trial.intermediate_values
+    why = trial.user_attrs["dione_error"]
+    assert "its training ended and its weights are kept" in why, why
+    assert "held-out data unavailable at the end" in why, why
 
 
 def test_optuna_loads_errors_name_its_own_arguments() -> None:

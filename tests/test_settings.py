@@ -15,6 +15,7 @@ import torch
 
 from dione.spec import Task, load_workload
 from dione.spec.settings import described, model_shapes, training_settings
+from dione.spec.stopping import Asha
 from dione.zoo import digits_mlp
 from helpers import digits_task
 
@@ -66,7 +67,12 @@ def test_settings_name_what_sets_the_training() -> None:
     settings = training_settings(task)
     assert settings == {"optimizer": "SGD(lr=0.1, momentum=0.9)", "lr_scheduler": "None",
                         "seed": "7", "precision": "'fp32'", "clip_grad_norm": "1.0",
-                        "optimizer reads": "", "lr_scheduler reads": ""}
+                        "stopping rule": "None", "optimizer reads": "",
+                        "lr_scheduler reads": ""}
+    # The stopping rule as it keys its decisions (an edited rule on resume judged its
+    # rungs anew from nothing: a review).
+    assert training_settings(replace(task, stopping=Asha(min_steps=2, eta=2)))[
+        "stopping rule"] == "Asha(metric='loss', mode='min', min_steps=2, eta=2, loss_window=5)"
     # The model by its parameters' shapes (the run records it beside them): a narrower
     # one is another (a finished task's edited model was given the old one's results: a
     # review); a new factory object of the same model, the same.

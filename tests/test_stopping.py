@@ -361,6 +361,16 @@ def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path
             status == "stopped"), row
         assert float(row["config/lr"]) == rates[name]  # each axis a column, as Ray Tune's
     assert found["bad"]["status"] == "invalid" and found["bad"]["error"] == "lr: must be > 0"
+    # Resumed with the rule edited (eta 2 -> 3): refused whole, naming the change (a
+    # resume judged its rungs anew from nothing and stopped the sweep's best: a review).
+    from dione.orchestrate.options import RunDirError
+
+    edited = [replace(t, stopping=replace(rule, eta=3)) for t in tasks]
+    with pytest.raises(RunDirError, match=r"the stopping rule of fast, slow, mid, stuck "
+                       r"changed since the run recorded it \(Asha\(.*eta=2.*\) -> "
+                       r"Asha\(.*eta=3.*\)\): .*put the rule back"):
+        run_workload(edited, Cluster([TEST_NODE]), tmp_path / "run",
+                     RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK))
 
 
 def test_a_simulated_sweep_with_asha_stops_the_same_tasks_twice(tmp_path: Path) -> None:

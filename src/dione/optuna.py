@@ -117,6 +117,10 @@ class OptunaPruning(StoppingRule):
             try:
                 if status in ("failed", "diverged") and self.run_dir is not None:
                     _note_error(trial, _store_error(self.run_dir, task), status)
+                elif (status == "done" and self.metric != "loss" and self.run_dir is not None
+                      and self.metric not in evaluation):  # trained; its evaluation failed
+                    _note_error(trial, _store_error(self.run_dir, task) or (
+                        f"its last evaluation returned no {self.metric!r}"), "evaluation")
                 _tell(self.study, trial, self.metric, status, loss, evaluation)
             finally:  # told or not (the storage failed), its place in flight is free
                 if self.on_told is not None:
@@ -141,6 +145,13 @@ def _note_error(trial: Any, error: str | None, status: str = "failed") -> None:
         fix = ("under dione.optuna: a diverged trial is not trained again; narrow the "
                "search space (a lower learning rate) for the trials asked next"
                if status == "diverged" else
+               # Told FAIL with no reason where it read "done" in dione (a review).
+               "under dione.optuna: its training ended and its weights are kept "
+               "(dione.optuna.load(study, make_task, trial, run_dir=...) gives its model), "
+               "but its last evaluation gave no value of the metric, so the study was told "
+               "FAIL, which is final; once evaluate is fixed, optimize again with "
+               "retry_failed=True trains its configuration again from its start"
+               if status == "evaluation" else
                "under dione.optuna: fix the cause, then call optimize again with "
                "retry_failed=True (it proposes this trial's parameters again)")
         trial.set_user_attr(_BUILD_ERROR, f"{fix}. What the run says: {error}"[:5000])
@@ -247,7 +258,7 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
                          "in_flight=None all n_trials are asked before training starts: "
                          "give in_flight=k (at most k trials training at once) with it")
     _run_arguments(run)  # before any trial is asked: a typo left n_trials RUNNING
-    _claim(study, run_dir)
+    _claim(study, run_dir, metric, report_every)
     began = time.monotonic()
     where = str(Path(run_dir).resolve())
     trials = _asked_before(study, where)
@@ -476,10 +487,9 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
               f"n_trials={n_trials} trial(s) asked; calling optimize again asks the rest")
     retried = _to_retry(study, run_dir, _failed(study, trials) - failed_before)
     if retried and not run.get("quiet"):
-        print(f"{len(retried)} trial(s) of this call failed (why: `dione status "
-              f"{quote(str(run_dir))}`, or a trial's dione_error where its task could not "
-              "be built): once the cause is fixed, optimize(..., retry_failed=True) trains "
-              "their configurations again")
+        print(f"{len(retried)} trial(s) of this call failed (why: each trial's "
+              f"dione_error, or `dione status {quote(str(run_dir))}`): once the cause is "
+              "fixed, optimize(..., retry_failed=True) trains their configurations again")
     return result
 
 
@@ -532,11 +542,14 @@ def _run_arguments(run: Mapping[str, Any]) -> None:
     dione._known_options({k: v for k, v in run.items() if k not in own})
 
 
-def _claim(study: Any, run_dir: str) -> None:
-    """Record ``study`` as the one ``run_dir`` trains, or refuse it where another study
-    has it: a run's task ``trial-N`` is its study's trial N, and a new study (or one
-    deleted and made again) starts at trial 0 too, so it was told the old study's
-    results for other parameters, nothing trained (review)."""
+def _claim(study: Any, run_dir: str, metric: str, report_every: int) -> None:
+    """Record ``study`` as the one ``run_dir`` trains, by ``metric`` reported every
+    ``report_every`` steps, or refuse it where another study has it (a run's task
+    ``trial-N`` is its study's trial N, and a new study, or one deleted and made again,
+    starts at trial 0 too, so it was told the old study's results for other parameters,
+    nothing trained: review), or where this call judges by another metric or cadence (a
+    resume by test_loss told the study losses beside the accuracies told before, and
+    its maximizing best trial became the worst model: review)."""
     import uuid
 
     from dione.state.store import SIMULATED_FILE, RunStore
@@ -557,8 +570,28 @@ def _claim(study: Any, run_dir: str) -> None:
                 f"tasks trial-0, trial-1, ... are that study's, not study "
                 f"{study.study_name!r}'s; give this study a run_dir of its own "
                 "(optimize(..., run_dir=...))")
-        if not owner:
-            store.set_optuna_study({"id": ident, "name": study.study_name})
+        judged = {"metric": metric, "report_every": report_every}
+        before = {k: owner[k] for k in judged if k in owner}  # (an older dione's: none)
+        if before and before != {k: judged[k] for k in before} and _valued(study, run_dir):
+            raise ValueError(
+                f"{run_dir}'s trials were reported and told by "
+                + " ".join(f"{k}={v!r}" for k, v in before.items()) + "; this call gives "
+                + " ".join(f"{k}={judged[k]!r}" for k in before) + ": the study would rank "
+                "values of both as one objective, and its told values cannot be changed; "
+                "give optimize the same, or a new study and run_dir for the other")
+        if not owner or before != judged:  # (a metric no trial was valued by: replaced)
+            store.set_optuna_study({"id": ident, "name": study.study_name, **judged})
+
+
+def _valued(study: Any, run_dir: str) -> bool:
+    """Whether a trial of this run was reported to or told a value (a misspelt metric
+    that failed the first trial before anything trained may be fixed)."""
+    from optuna.trial import TrialState
+
+    where = str(Path(run_dir).resolve())
+    return any(t.user_attrs.get(_RUN) == where and (
+        t.state == TrialState.COMPLETE or t.intermediate_values)
+        for t in study.get_trials(deepcopy=False))
 
 
 def load(study: Any, make_task: Callable[[Any], Task], trial: Any, *,

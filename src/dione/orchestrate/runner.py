@@ -123,6 +123,10 @@ class Runner:
         # What a warning questioned once: rules' directions, keep_best doubts, and the
         # tasks whose slices' evaluations lacked their keep_best metric.
         self._doubted: set[str | tuple[str, ...] | tuple[str, str, int]] = set()
+        edited = self._edited_rule(tasks)
+        if edited:
+            self.store.close()
+            raise RunDirError(edited)
         records = {}
         changed: dict[str, str] = {}
         for task in tasks:
@@ -192,6 +196,18 @@ class Runner:
             self.emit(RunEvent("stopping_rule_doubtful", f"{', '.join(names)}: {lonely}",
                                names[0]))
 
+    def _say_too_few_added(self, added: set[str]) -> None:
+        """As ``_say_too_few``, for tasks added to the live run: a rule of theirs shared
+        by too few of the run's tasks, said once a rule (a run started so said it, an
+        addition did not: a review)."""
+        every = [r.task for r in self.state.records.values()]
+        for lonely, names in too_few_sharing(every) if added else ():
+            rule = repr(self.state.records[names[0]].task.stopping)
+            if added & set(names) and ("few", rule) not in self._doubted:
+                self._doubted.add(("few", rule))
+                self.emit(RunEvent("stopping_rule_doubtful", f"{', '.join(names)} (added "
+                                   f"to the run): {lonely}", names[0]))
+
     def _say_left_out(self, tasks: Sequence[Task]) -> None:
         """Tasks of the run, not ended, that the workload given no longer defines (a
         resume with another file): left as they are, and said (they were dropped, the
@@ -216,6 +232,26 @@ class Runner:
             for name, step, value, _, _ in self.store.decisions(rule):
                 self.curves.setdefault((rule, name), []).append(value)
                 self.judged.setdefault((rule, step), {})[name] = value
+
+    def _edited_rule(self, tasks: Sequence[Task]) -> str | None:
+        """Why the run cannot go on where a task that trained has another stopping rule
+        than the run recorded (None: none has). The whole run, not the task alone: a
+        rule judges its tasks together, and those not yet begun took the new rule while
+        the others were left out, two sweeps in one (a review's edit of eta 2 -> 4)."""
+        edits: dict[tuple[str, str], list[str]] = {}
+        for task in tasks:
+            recorded = self.store.training_settings(task.name).get("stopping rule")
+            now = training_settings(task)["stopping rule"]
+            if recorded is not None and recorded != now and self.store.slices(task.name):
+                edits.setdefault((recorded, now), []).append(task.name)
+        if not edits:
+            return None
+        (recorded, now), names = next(iter(edits.items()))
+        return (f"the stopping rule of {some(names, 4)} changed since the run recorded it "
+                f"({recorded} -> {now}): the run's decisions so far were made under the "
+                "recorded rule, and another would judge its rungs from nothing; put the "
+                "rule back to resume the run, or train under the new one in a new run "
+                "directory")
 
     def _record(self, task: Task, settle: bool = True) -> TaskRecord:
         """A task as the store has it: registered, trained to its latest checkpoint;
@@ -443,6 +479,7 @@ class Runner:
                                f"({arrival.trials}); planned at the next re-plan", task.name))
         for record in added:  # said after it was added (it read failed, then added)
             self._settle_profiled(record)
+        self._say_too_few_added({r.name for r in added})
         for name, why in arrival.refused.items():
             if self.intake.inbox is not None:
                 try:

@@ -35,13 +35,17 @@ def training_settings(task: Task) -> dict[str, str]:
     precision and the clipping; and (``READ_SETTINGS``) the numbers the two factories
     read from their module or object (a notebook's ``lr``). Written so that the same
     task gives the same text in any process (no memory addresses), and a changed
-    learning rate gives another."""
+    learning rate gives another; and its stopping rule."""
     return {
         "optimizer": _describe(task.optimizer),
         "lr_scheduler": _describe(task.lr_scheduler),
         "seed": repr(task.seed),
         "precision": repr(task.precision),
         "clip_grad_norm": repr(task.clip_grad_norm),
+        # Which steps it trains at all: a resume under an edited rule (eta 2 -> 4) judged
+        # the rungs anew from nothing recorded (decisions are keyed by the rule) and
+        # stopped the sweep's best after one comparison (a review).
+        "stopping rule": _rule(task.stopping),
         "optimizer reads": _reads(task.optimizer),
         "lr_scheduler reads": _reads(task.lr_scheduler),
     }
@@ -113,6 +117,14 @@ def described(value: Any) -> str:
     """``value`` (a function, a partial, a class, an object) as the same text in any
     process: what ``training_settings`` says of each setting."""
     return _describe(value)
+
+
+def _rule(rule: Any) -> str:
+    """A stopping rule as its ``repr`` (which keys its decisions in the store), but for
+    a memory address a rule of the user's own may show (another in every process)."""
+    import re
+
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(rule))
 
 
 def _describe(value: Any, depth: int = 0) -> str:

@@ -80,6 +80,10 @@ def evaluate_model(task: Task, model: nn.Module) -> dict[str, float]:
     result = {}
     for name, value in metrics.items():
         try:
+            # float() takes "0.5" and True: an f"{acc:.3f}" passed where f"{acc:.1%}"
+            # failed mid-run, and a flag was ranked as a metric (a review).
+            if isinstance(value, (str, bytes)) or _boolean(value):
+                raise TypeError
             number = float(value)
         except (TypeError, ValueError):
             raise EvaluateReturned(f"evaluate of task {task.name!r} returned {name!r}: "
@@ -88,6 +92,13 @@ def evaluate_model(task: Task, model: nn.Module) -> dict[str, float]:
                             "an int, a one-element tensor)") from None
         result[str(name)] = number
     return result
+
+
+def _boolean(value: object) -> bool:
+    """Whether ``value`` is True or False (Python's, NumPy's, a boolean tensor's)."""
+    dtype = getattr(value, "dtype", None)
+    return isinstance(value, bool) or (dtype is not None and str(dtype) in ("bool",
+                                                                          "torch.bool"))
 
 
 def metrics_agree(one: Mapping[str, Any] | None, other: Mapping[str, Any] | None) -> bool:
