@@ -73,6 +73,11 @@ def test_settings_name_what_sets_the_training() -> None:
     # rungs anew from nothing: a review).
     assert training_settings(replace(task, stopping=Asha(min_steps=2, eta=2)))[
         "stopping rule"] == "Asha(metric='loss', mode='min', min_steps=2, eta=2, loss_window=5)"
+    # A rule of the user's own by its class's name: its repr may differ from process to
+    # process (a workload module named after the file's text, an address, a set's order),
+    # which refused every resume (a regression review).
+    assert training_settings(replace(task, stopping=OwnRule()))["stopping rule"] == \
+        "OwnRule (the workload's own rule)"
     # The model by its parameters' shapes (the run records it beside them): a narrower
     # one is another (a finished task's edited model was given the old one's results: a
     # review); a new factory object of the same model, the same.
@@ -84,6 +89,10 @@ def test_settings_name_what_sets_the_training() -> None:
     # An object without a repr of its own is named by its type, not its address.
     holder = functools.partial(torch.optim.SGD, lr=0.1, foreach=object())
     assert "foreach=object" in training_settings(digits_task(optimizer=holder))["optimizer"]
+
+
+class OwnRule(Asha):
+    """A rule of the user's own (a subclass here: its repr is the dataclass's)."""
 
 
 LEARNING_RATE = 0.01  # a notebook's (or a module's) number, read by the lambda below

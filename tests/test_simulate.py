@@ -32,6 +32,7 @@ from dione.simulate import (
 )
 from dione.simulate.launching import SimulatedLaunching, VirtualCluster
 from dione.simulate.workload import problem_cluster, problem_workload
+from dione.spec.cluster import Cluster
 from dione.state.store import RunStore
 from helpers import dione, in_process, small_problem
 
@@ -715,7 +716,8 @@ def test_no_replan_keeps_the_nodes_the_run_started_with(tmp_path: Path) -> None:
                     options=replace(OPTIONS, replan=False),
                     scenario=Scenario(node_joins={"n1": 30.0}))
     assert kept.statuses == {"narrow": "done", "wide": "failed"}
-    assert "a node that joins later is not used under --no-replan" in kept.errors["wide"]
+    assert "a node that joins later would hold it, and is not used under --no-replan" in \
+        kept.errors["wide"]
     assert any(e.kind == "node_joined" and "not used: --no-replan" in e.message
                for e in events)
     with RunStore(kept.run_dir) as store:
@@ -730,6 +732,43 @@ def test_no_replan_keeps_the_nodes_the_run_started_with(tmp_path: Path) -> None:
     replanned = simulate(problem, tmp_path / "replanned", steps=20, options=OPTIONS,
                          scenario=Scenario(node_joins={"n1": 30.0}))
     assert replanned.statuses == {"narrow": "done", "wide": "done"}
+    # The flag is named only where a node it leaves unused would hold the task (it was
+    # for one no node can hold: a regression review).
+    narrow_join = PlanningProblem((NodeSpec("n0", 2), NodeSpec("n1", 2)), problem.tasks)
+    none_holds = simulate(narrow_join, tmp_path / "none", steps=20,
+                          options=replace(OPTIONS, replan=False),
+                          scenario=Scenario(node_joins={"n1": 30.0}))
+    assert none_holds.statuses["wide"] == "failed"
+    assert "--no-replan" not in none_holds.errors["wide"], none_holds.errors
+
+
+def test_no_replan_still_takes_the_runs_own_nodes_busy_at_its_start(tmp_path: Path) -> None:
+    """A node of the run's own cluster whose devices another job held at the start
+    (``node_busy``: it joins once free) joins under --no-replan too; only a node new to
+    the run is left unused (a regression review: the busy node never joined)."""
+    problem = small_problem(4)
+    full = problem_cluster(problem)
+    tasks, profile = problem_workload(problem, 20, full, None)
+    for awaited in ((), ("n1",)):
+        virtual = VirtualClock()
+        scenario = Scenario(node_joins={"n1": 50.0})
+        events: list[RunEvent] = []
+        run_dir = tmp_path / f"run{len(awaited)}"
+        with clock.using(virtual):
+            machines = VirtualCluster(virtual, scenario, list(full))
+            launching = SimulatedLaunching(run_dir, profile, virtual, scenario, machines)
+            runner = Runner(tasks, Cluster(list(full)[:1]), run_dir, profile,
+                            replace(OPTIONS, replan=False), events.append, lambda s: None,
+                            machines, launching=launching, virtual=True, awaited=awaited)
+            try:
+                virtual.wait_any([], 60.0)
+                runner._join_new_nodes()
+                assert [n.name for n in runner.cluster] == (["n0", "n1"] if awaited
+                                                            else ["n0"])
+                assert any(("not used" in e.message) != bool(awaited) for e in events
+                           if e.kind == "node_joined"), events
+            finally:
+                runner.store.close()
 
 
 def test_a_stall_factor_at_or_below_one_is_refused_everywhere(
@@ -737,15 +776,17 @@ def test_a_stall_factor_at_or_below_one_is_refused_everywhere(
     """A slice cancelled as stalled at 0.5 times its prediction failed every good task of
     a simulation (a review): the option is refused, from Python and from each command
     that takes it, and simulate takes --stall-grace, which its stall message names."""
-    for factor in (1.0, 0.5):
-        with pytest.raises(ValueError, match=r"stall_factor.*must be above 1"):
-            RunOptions(stall_factor=factor)
+    for factor, grace in ((0.5, 60.0), (1.0, 0.0)):
+        with pytest.raises(ValueError, match=r"stall_factor.*must be at least 1, and above "
+                           r"1 with no stall_grace"):
+            RunOptions(stall_factor=factor, stall_grace=grace)
+    RunOptions(stall_factor=1.0, stall_grace=600.0)  # the prediction and 10 minutes
     problem = tmp_path / "problem.json"
     problem.write_text(json.dumps(small_problem().to_json()))
     for command in (["simulate", str(problem)], ["run", "nosuch.py"]):
         with pytest.raises(SystemExit) as exit_:  # argparse's
             in_process(capsys, *command, "--stall-factor", "0.5")
-        assert exit_.value.code == 2 and "0.5 is not above 1" in capsys.readouterr().err
+        assert exit_.value.code == 2 and "0.5 is below 1" in capsys.readouterr().err
     slow = simulate(small_problem(), tmp_path / "slow", steps=40,
                     options=replace(OPTIONS, stall_grace=0.0, max_failures=1),
                     scenario=Scenario(task_slowdown={"t0": 30.0}))
@@ -779,12 +820,18 @@ def test_simulate_says_what_a_scenario_set_past_the_end_and_what_is_no_problem_f
         _scenario_file(tmp_path, {"node_losses": {"n1": 1e9}})))
     assert status == 0, err
     assert "node_losses['n1'] at 1e+09 s: at or after the run's end" in err + out
+    # Past dione's end but not current practice's: said to have played there (review).
+    status, out, err = in_process(capsys, "simulate", str(problem), "--scenario", str(
+        _scenario_file(tmp_path, {"node_losses": {"n1": 400}})), "--out", "late")
+    assert "never played in it; current practice, which ran to" in err + out, err + out
     assert (tmp_path / "runs" / "simulate-sweep.v1" / "report").is_dir()
     workload = tmp_path / "sweep.py"
     workload.write_text("WORKLOAD = []\n")
     for command in ("simulate", "plan"):
         status, _, err = in_process(capsys, command, str(workload))
         assert status == 2 and "is a workload, not a problem file: `dione profile" in err, err
+        status, _, err = in_process(capsys, command, "nosuch.py")  # what it said before
+        assert status == 2 and "is a workload" not in err, err
 
 
 def test_owed_replans_are_solved_past_the_budget_and_not_counted_in_it(

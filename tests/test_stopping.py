@@ -366,11 +366,16 @@ def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path
     from dione.orchestrate.options import RunDirError
 
     edited = [replace(t, stopping=replace(rule, eta=3)) for t in tasks]
-    with pytest.raises(RunDirError, match=r"the stopping rule of fast, slow, mid, stuck "
-                       r"changed since the run recorded it \(Asha\(.*eta=2.*\) -> "
+    again = RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK)
+    with pytest.raises(RunDirError, match=r"the stopping rule changed since the run "
+                       r"recorded it \(fast, slow, mid, stuck: Asha\(.*eta=2.*\) -> "
                        r"Asha\(.*eta=3.*\)\): .*put the rule back"):
-        run_workload(edited, Cluster([TEST_NODE]), tmp_path / "run",
-                     RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK))
+        run_workload(edited, Cluster([TEST_NODE]), tmp_path / "run", again)
+    # Taken off ("let the survivors finish") it judges nothing anew: not refused (it was:
+    # a regression review); the stopped stay stopped.
+    off = run_workload([replace(t, stopping=None) for t in tasks], Cluster([TEST_NODE]),
+                       tmp_path / "run", again)
+    assert {t.task: t.status for t in off.tasks} == statuses
 
 
 def test_a_simulated_sweep_with_asha_stops_the_same_tasks_twice(tmp_path: Path) -> None:

@@ -572,7 +572,10 @@ def _claim(study: Any, run_dir: str, metric: str, report_every: int) -> None:
                 "(optimize(..., run_dir=...))")
         judged = {"metric": metric, "report_every": report_every}
         before = {k: owner[k] for k in judged if k in owner}  # (an older dione's: none)
-        if before and before != {k: judged[k] for k in before} and _valued(study, run_dir):
+        # Once a trial trained or was valued (its rule's rungs, or a value told); the
+        # run's own refusal of the rule came later, in the words of a workload file.
+        if before and before != {k: judged[k] for k in before} and (
+                store.slices() or _valued(study, run_dir)):
             raise ValueError(
                 f"{run_dir}'s trials were reported and told by "
                 + " ".join(f"{k}={v!r}" for k, v in before.items()) + "; this call gives "

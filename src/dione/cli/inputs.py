@@ -71,7 +71,8 @@ def problem_refused(path: str, err: Exception, cluster_given: bool) -> BadInput:
     none was given, that ``--cluster`` can give one."""
     hint = ("; or give the cluster as --cluster 4x8 (it stands in for the file's)"
             if not cluster_given and "cluster: must be" in str(err) else "")
-    if path.endswith(".py"):  # the workflow's first file for its second (review)
+    # The workflow's first file for its second (review); not one missing, or a folder.
+    if path.endswith(".py") and Path(path).is_file() and "not JSON" in str(err):
         return BadInput(f"{path} is a workload, not a problem file: `dione profile {quote(path)} "
                         "-o problem.json` measures it and writes one to give here")
     return BadInput(f"{path}: {err}{hint}")

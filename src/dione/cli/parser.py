@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from dione.cli.errors import BadInput
 from dione.cli.values import (
-    above_one,
+    at_least_one,
     non_negative_float,
     non_negative_int,
     parse_bytes,
@@ -131,7 +131,7 @@ _RUN = (
                type=positive_float),
     OptionFlag("--stall-factor", "stall_factor", "a slice running past this many times its "
                "prediction (and --stall-grace seconds) is cancelled and retried",
-               type=above_one),
+               type=at_least_one),
     OptionFlag("--stall-grace", "stall_grace", "seconds a slice may run past its "
                "prediction's multiple before it is said slow or cancelled",
                type=non_negative_float),
@@ -419,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
                           default=SIMULATION_OPTIONS.max_failures,
                           help="a task whose slices failed this often is failed (the "
                           "scenario's failures beyond it fail the task, as in a run)")
-    simulate.add_argument("--stall-factor", type=above_one,
+    simulate.add_argument("--stall-factor", type=at_least_one,
                           default=SIMULATION_OPTIONS.stall_factor,
                           help="a slice running past this many times its prediction (and "
                           "--stall-grace seconds) is cancelled and retried, as in a run (a "

@@ -60,12 +60,12 @@ def positive_float(text: str) -> float:
     return value
 
 
-def above_one(text: str) -> float:
-    """An argparse type: a finite multiple above 1 (a bound a slice's prediction is
-    multiplied by: at 1 or less, slices running as predicted would pass it)."""
+def at_least_one(text: str) -> float:
+    """An argparse type: a finite multiple of at least 1 (a bound a slice's prediction
+    is multiplied by: below 1, slices running as predicted would pass it)."""
     value = _finite_float(text)
-    if value <= 1:
-        raise argparse.ArgumentTypeError(f"{text} is not above 1: a slice running as "
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is below 1: a slice running as "
                                          "predicted would pass it; give a multiple such "
                                          "as 10 (the default)")
     return value

@@ -144,6 +144,9 @@ class Launcher(Protocol):
         """When a node is known to join next, on ``dione.clock`` (None: none is known;
         only a simulated cluster knows its future)."""
 
+    def joining_later(self) -> list[Node]:
+        """The nodes known to join after now (a simulated cluster's; else none)."""
+
     def shutdown(self) -> None:
         """End every worker this launcher keeps."""
 
@@ -171,6 +174,9 @@ class LocalLauncher:
 
     def next_join(self) -> float | None:
         return None
+
+    def joining_later(self) -> list[Node]:
+        return []
 
     def shutdown(self) -> None:
         return None  # the pool is the process's, shared by its runs; it ends at exit

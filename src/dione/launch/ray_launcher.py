@@ -489,6 +489,9 @@ class RayLauncher:
     def next_join(self) -> float | None:
         return None  # a node joins when someone starts it: nothing says when
 
+    def joining_later(self) -> list[Node]:
+        return []
+
     def node_alive(self, node: Node) -> bool:
         node_id = self._ids.get(node.name)
         return any(n["NodeID"] == node_id and n.get("Alive") for n in self.ray.nodes())

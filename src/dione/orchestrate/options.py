@@ -127,11 +127,14 @@ class RunOptions:
             problem = rule(value) if rule is not None else None
             if problem:
                 raise ValueError(f"run option {name}={value!r}: {problem}")
-        if self.stall_factor is not None and self.stall_factor <= 1:
-            # Every slice that ran as predicted passed it, cancelled as stalled (review).
-            raise ValueError(f"run option stall_factor={self.stall_factor!r}: must be above "
-                             "1 (a slice running as predicted would be cancelled as "
-                             "stalled), or None never to cancel one")
+        if self.stall_factor is not None and (self.stall_factor < 1 or (
+                self.stall_factor == 1 and self.stall_grace == 0)):
+            # Every slice that ran as predicted passed it, cancelled as stalled (a review;
+            # 1 and a grace, "the prediction plus 10 minutes", is a bound: another).
+            raise ValueError(f"run option stall_factor={self.stall_factor!r}: must be at "
+                             "least 1, and above 1 with no stall_grace (a slice running as "
+                             "predicted would be cancelled as stalled), or None never to "
+                             "cancel one")
         if not isinstance(self.trial, TrialOptions):
             raise ValueError(f"run option trial={self.trial!r}: must be a TrialOptions")
 

@@ -54,7 +54,13 @@ from dione.profile.results import (
 from dione.spec.cluster import Cluster, ClusterError, Node
 from dione.spec.evaluated import judging_failed_evaluation
 from dione.spec.metrics import doubtful_direction
-from dione.spec.settings import SAID_SETTINGS, model_shapes, read_changes, training_settings
+from dione.spec.settings import (
+    RULE_SETTING,
+    SAID_SETTINGS,
+    model_shapes,
+    read_changes,
+    training_settings,
+)
 from dione.spec.stopping import Decision, StoppingRule, too_few_sharing
 from dione.spec.task import Task
 from dione.spec.validate import keep_best_doubts, late_evaluation, rule_cadence_doubt
@@ -168,7 +174,10 @@ class Runner:
         # Nodes this run has known: another that the launcher reports later joined.
         self.known = {n.name for n in [*cluster, *(launcher.alive_nodes() or [])]
                       if n.name not in awaited}
-        self.unused_joins: set[str] = set()  # nodes that joined under --no-replan
+        # The run's own nodes, busy at its start: they join as soon as they are free,
+        # --no-replan or not (it keeps the nodes the run started with: a review).
+        self.awaited = set(awaited)
+        self.unused_joins: dict[str, Node] = {}  # nodes that joined under --no-replan
         # task -> per kind of node its options are for (None: any), the fewest devices
         self._fewest: dict[str, dict[str | None, int]] = {}
         self.plans_adopted = len(plan_files(run_dir))
@@ -240,18 +249,21 @@ class Runner:
         the others were left out, two sweeps in one (a review's edit of eta 2 -> 4)."""
         edits: dict[tuple[str, str], list[str]] = {}
         for task in tasks:
-            recorded = self.store.training_settings(task.name).get("stopping rule")
-            now = training_settings(task)["stopping rule"]
-            if recorded is not None and recorded != now and self.store.slices(task.name):
+            recorded = self.store.training_settings(task.name).get(RULE_SETTING)
+            now = training_settings(task)[RULE_SETTING]
+            # A rule taken off or put on judges nothing anew from nothing: not refused
+            # (a review: "let the survivors finish" was).
+            if recorded not in (None, now, "None") and now != "None" \
+                    and self.store.slices(task.name):
                 edits.setdefault((recorded, now), []).append(task.name)
         if not edits:
             return None
-        (recorded, now), names = next(iter(edits.items()))
-        return (f"the stopping rule of {some(names, 4)} changed since the run recorded it "
-                f"({recorded} -> {now}): the run's decisions so far were made under the "
-                "recorded rule, and another would judge its rungs from nothing; put the "
-                "rule back to resume the run, or train under the new one in a new run "
-                "directory")
+        changes = "; ".join(f"{some(names, 4)}: {recorded} -> {now}"  # each (a review)
+                            for (recorded, now), names in edits.items())
+        return (f"the stopping rule changed since the run recorded it ({changes}): the "
+                "run's decisions so far were made under the recorded rule, and another "
+                "would judge its rungs from nothing; put the rule back to resume the run, "
+                "or train under the new one in a new run directory")
 
     def _record(self, task: Task, settle: bool = True) -> TaskRecord:
         """A task as the store has it: registered, trained to its latest checkpoint;
@@ -273,7 +285,7 @@ class Runner:
             settings = {**settings, **{k: v for k, v in recorded.items()
                                        if k in SAID_SETTINGS}}
         self.store.register_task(task.name, total, task.batch_size, task.hyperparameters,
-                                 settings, said_only=SAID_SETTINGS)
+                                 settings, said_only=(*SAID_SETTINGS, RULE_SETTING))
         rule = task.stopping
         if rule is not None and rule.metric != "loss":  # the leaderboards rank by it
             self.store.add_directions({rule.metric: rule.mode})
@@ -799,12 +811,16 @@ class Runner:
                          else f"the widest left has {widest}") if widest
                         else "none is left" if kind else "no node is left")
                 needs.append(f"at least {fewest} devices on {where}, and {left}")
-            unused = not self.options.replan and (
-                bool(self.unused_joins) or self.launcher.next_join() is not None)
+            # Only where a node left unused could hold it (review: it blamed the flag for
+            # a task no node of the cluster can hold).
+            unused = not self.options.replan and any(
+                self._holds(n, record.name)
+                for n in [*self.unused_joins.values(), *self.launcher.joining_later()])
             message = (f"{record.name} cannot be placed: its options need "
                        + "; or ".join(needs) + "; "
-                       + ("a node that joins later is not used under --no-replan: simulate "
-                          "without it" if unused and self.virtual else
+                       + ("a node that joins later would hold it, and is not used under "
+                          "--no-replan: simulate without that flag to use it"
+                          if unused and self.virtual else
                           "simulate again with such a node kept (a scenario without its "
                           "loss)" if self.virtual else "resume the run once such a node "
                           "is back"))
@@ -817,7 +833,7 @@ class Runner:
         those tasks fail, to be resumed); whether there was one."""
         at = self.launcher.next_join()
         if at is None or not self.options.replan:  # --no-replan: a joining node unused
-            return False
+            return False  # (the run's own busy nodes: a real run, which knows no future)
         clock.wait_any([], max(0.0, at - clock.now()))
         self._join_new_nodes()
         return True
@@ -843,18 +859,18 @@ class Runner:
                                "it is not planned; `dione resume` the run to profile and "
                                "use it"))
         joined = [n for n in new if n not in unmeasured]
-        if joined and not self.options.replan:
-            # The first plan's nodes only, as --no-replan says: a run without re-planning
+        if not self.options.replan:
+            # The run's own nodes only, as --no-replan says: a run without re-planning
             # measured against one with it gained the node too, understating what
             # re-planning buys (a simulate review).
-            for node in joined:
+            for node in [n for n in joined if n.name not in self.awaited]:
+                joined.remove(node)
                 self.known.add(node.name)
-                self.unused_joins.add(node.name)
+                self.unused_joins[node.name] = node
                 self.launcher.forget_node(node.name)
                 self.emit(RunEvent("node_joined", f"node {node.name} ({node.devices} "
                                    f"{node.kind} device(s)) joined the cluster; not used: "
                                    "--no-replan keeps the nodes the run started with"))
-            return
         if not joined:
             return
         self.known |= {n.name for n in joined}

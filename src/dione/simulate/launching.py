@@ -67,6 +67,11 @@ class VirtualCluster:
         later = [at for at in self.scenario.node_joins.values() if at > now]
         return min(later, default=None)
 
+    def joining_later(self) -> list[Node]:
+        """The nodes the scenario has join after now."""
+        now = self.clock.now()
+        return [n for n in self.nodes if self.scenario.node_joins.get(n.name, 0.0) > now]
+
     def present_at_start(self) -> list[Node]:
         """The nodes the run starts with (those the scenario has join later, or lost at
         its start, left out: one lost at 0 s was planned, its slices failing at once)."""

@@ -174,9 +174,13 @@ def command(args: argparse.Namespace) -> int:
                      if scenario.failures or scenario.spread or scenario.faulty_nodes
                      else ""))
     unplayed = scenario.unplayed(result.makespan)
-    if unplayed:
+    if unplayed:  # (current practice, still running then, may have played it: a review)
+        baseline = scenario.unplayed(result.current_practice)
         complain("note", f"the scenario's {some(unplayed, 4)}: at or after the run's end "
-                 f"({result.makespan:.1f} s), never played")
+                 f"({result.makespan:.1f} s), never played in it"
+                 + ("" if len(baseline) == len(unplayed) else
+                    f"; current practice, which ran to {result.current_practice:.1f} s, "
+                    "played " + ("it" if len(unplayed) == 1 else "some")))
     console.print(f"{result.slices} slices, {result.plans_adopted} plan(s) adopted, "
                   f"{result.replans} re-plans solved in {result.replan_seconds:.1f} s; "
                   f"simulated in {result.wall_seconds:.1f} s")
