@@ -15,7 +15,6 @@ import torch
 
 from dione.spec import Task, load_workload
 from dione.spec.settings import described, model_shapes, training_settings
-from dione.spec.stopping import Asha
 from dione.zoo import digits_mlp
 from helpers import digits_task
 
@@ -67,17 +66,7 @@ def test_settings_name_what_sets_the_training() -> None:
     settings = training_settings(task)
     assert settings == {"optimizer": "SGD(lr=0.1, momentum=0.9)", "lr_scheduler": "None",
                         "seed": "7", "precision": "'fp32'", "clip_grad_norm": "1.0",
-                        "stopping rule": "None", "optimizer reads": "",
-                        "lr_scheduler reads": ""}
-    # The stopping rule as it keys its decisions (an edited rule on resume judged its
-    # rungs anew from nothing: a review).
-    assert training_settings(replace(task, stopping=Asha(min_steps=2, eta=2)))[
-        "stopping rule"] == "Asha(metric='loss', mode='min', min_steps=2, eta=2, loss_window=5)"
-    # A rule of the user's own by its class's name: its repr may differ from process to
-    # process (a workload module named after the file's text, an address, a set's order),
-    # which refused every resume (a regression review).
-    assert training_settings(replace(task, stopping=OwnRule()))["stopping rule"] == \
-        "OwnRule (the workload's own rule)"
+                        "optimizer reads": "", "lr_scheduler reads": ""}
     # The model by its parameters' shapes (the run records it beside them): a narrower
     # one is another (a finished task's edited model was given the old one's results: a
     # review); a new factory object of the same model, the same.
@@ -89,10 +78,6 @@ def test_settings_name_what_sets_the_training() -> None:
     # An object without a repr of its own is named by its type, not its address.
     holder = functools.partial(torch.optim.SGD, lr=0.1, foreach=object())
     assert "foreach=object" in training_settings(digits_task(optimizer=holder))["optimizer"]
-
-
-class OwnRule(Asha):
-    """A rule of the user's own (a subclass here: its repr is the dataclass's)."""
 
 
 LEARNING_RATE = 0.01  # a notebook's (or a module's) number, read by the lambda below

@@ -367,15 +367,25 @@ def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path
 
     edited = [replace(t, stopping=replace(rule, eta=3)) for t in tasks]
     again = RunOptions(catalog=str(tmp_path / "catalog.sqlite"), trial=QUICK)
-    with pytest.raises(RunDirError, match=r"the stopping rule changed since the run "
-                       r"recorded it \(fast, slow, mid, stuck: Asha\(.*eta=2.*\) -> "
-                       r"Asha\(.*eta=3.*\)\): .*put the rule back"):
+    refused = (r"the stopping rule changed since the run judged by it \(fast, slow, mid, "
+               r"stuck: Asha\(.*eta=2.*\) -> Asha\(.*eta=3.*\)\): .*put the rule back")
+    with pytest.raises(RunDirError, match=refused):
         run_workload(edited, Cluster([TEST_NODE]), tmp_path / "run", again)
     # Taken off ("let the survivors finish") it judges nothing anew: not refused (it was:
-    # a regression review); the stopped stay stopped.
+    # a regression review); the stopped stay stopped; put back edited, still refused
+    # (the decisions say under which rule they were made: a review took the rule off
+    # once to pass the check).
     off = run_workload([replace(t, stopping=None) for t in tasks], Cluster([TEST_NODE]),
                        tmp_path / "run", again)
     assert {t.task: t.status for t in off.tasks} == statuses
+    with pytest.raises(RunDirError, match=refused):
+        run_workload(edited, Cluster([TEST_NODE]), tmp_path / "run", again)
+    # The same rule of a workload file's own class, the file's text edited (its module's
+    # name follows the text) or in another process (an address): no edit.
+    from dione.orchestrate.runner import _comparable
+
+    assert _comparable("<dione_workload_9aa2f7013ef7.Plain object at 0x7f01>") == \
+        _comparable("<dione_workload_6cd12b488e6a.Plain object at 0x7e99>")
 
 
 def test_a_simulated_sweep_with_asha_stops_the_same_tasks_twice(tmp_path: Path) -> None:

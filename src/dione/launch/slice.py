@@ -25,7 +25,7 @@ from dione.launch.local import (
     Placement,
     local_placement,
 )
-from dione.spec.settings import READ_SETTINGS, RULE_SETTING, read_changes, training_settings
+from dione.spec.settings import READ_SETTINGS, read_changes, training_settings
 from dione.spec.task import Task
 from dione.state.checkpoint import (
     CorruptCheckpoint,
@@ -372,7 +372,7 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
     warnings = read_changes(task.name, db.changed_settings(task.name, settings))
     try:
         db.register_task(task.name, total, task.batch_size, task.hyperparameters, settings,
-                         said_only=(*READ_SETTINGS, RULE_SETTING))
+                         said_only=READ_SETTINGS)
     except ValueError as err:  # the run directory holds the task trained otherwise
         raise SliceError(str(err), "refused") from None
     record = db.task(task.name)

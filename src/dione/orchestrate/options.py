@@ -131,10 +131,12 @@ class RunOptions:
                 self.stall_factor == 1 and self.stall_grace == 0)):
             # Every slice that ran as predicted passed it, cancelled as stalled (a review;
             # 1 and a grace, "the prediction plus 10 minutes", is a bound: another).
-            raise ValueError(f"run option stall_factor={self.stall_factor!r}: must be at "
-                             "least 1, and above 1 with no stall_grace (a slice running as "
-                             "predicted would be cancelled as stalled), or None never to "
-                             "cancel one")
+            raise ValueError(f"run option stall_factor={self.stall_factor!r} with "
+                             f"stall_grace={self.stall_grace!r} (--stall-factor, "
+                             "--stall-grace; a resume keeps its run's unless given): "
+                             "stall_factor must be at least 1, and above 1 with no "
+                             "stall_grace (a slice running as predicted would be cancelled "
+                             "as stalled), or None never to cancel one")
         if not isinstance(self.trial, TrialOptions):
             raise ValueError(f"run option trial={self.trial!r}: must be a TrialOptions")
 

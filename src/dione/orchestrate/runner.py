@@ -54,13 +54,7 @@ from dione.profile.results import (
 from dione.spec.cluster import Cluster, ClusterError, Node
 from dione.spec.evaluated import judging_failed_evaluation
 from dione.spec.metrics import doubtful_direction
-from dione.spec.settings import (
-    RULE_SETTING,
-    SAID_SETTINGS,
-    model_shapes,
-    read_changes,
-    training_settings,
-)
+from dione.spec.settings import SAID_SETTINGS, model_shapes, read_changes, training_settings
 from dione.spec.stopping import Decision, StoppingRule, too_few_sharing
 from dione.spec.task import Task
 from dione.spec.validate import keep_best_doubts, late_evaluation, rule_cadence_doubt
@@ -243,27 +237,28 @@ class Runner:
                 self.judged.setdefault((rule, step), {})[name] = value
 
     def _edited_rule(self, tasks: Sequence[Task]) -> str | None:
-        """Why the run cannot go on where a task that trained has another stopping rule
-        than the run recorded (None: none has). The whole run, not the task alone: a
-        rule judges its tasks together, and those not yet begun took the new rule while
-        the others were left out, two sweeps in one (a review's edit of eta 2 -> 4)."""
+        """Why the run cannot go on where a task its rule judged has another rule now, one
+        the store holds none of its decisions under (None: none has). The whole run, not
+        the task alone: a rule judges its tasks together, and a resume under an edited
+        one (eta 2 -> 4) judged its rungs anew from nothing and stopped the sweep's best
+        after one comparison (a review). A rule taken off judges nothing: not refused."""
         edits: dict[tuple[str, str], list[str]] = {}
         for task in tasks:
-            recorded = self.store.training_settings(task.name).get(RULE_SETTING)
-            now = training_settings(task)[RULE_SETTING]
-            # A rule taken off or put on judges nothing anew from nothing: not refused
-            # (a review: "let the survivors finish" was).
-            if recorded not in (None, now, "None") and now != "None" \
-                    and self.store.slices(task.name):
-                edits.setdefault((recorded, now), []).append(task.name)
+            if task.stopping is None:
+                continue
+            now = repr(task.stopping)
+            before = self.store.decided_rules(task.name)
+            if before and _comparable(now) not in {_comparable(r) for r in before}:
+                edits.setdefault((" or ".join(sorted(before)), now), []).append(task.name)
         if not edits:
             return None
-        changes = "; ".join(f"{some(names, 4)}: {recorded} -> {now}"  # each (a review)
-                            for (recorded, now), names in edits.items())
-        return (f"the stopping rule changed since the run recorded it ({changes}): the "
+        changes = "; ".join(f"{some(names, 4)}: {before} -> {now}"  # each (a review)
+                            for (before, now), names in edits.items())
+        return (f"the stopping rule changed since the run judged by it ({changes}): the "
                 "run's decisions so far were made under the recorded rule, and another "
                 "would judge its rungs from nothing; put the rule back to resume the run, "
-                "or train under the new one in a new run directory")
+                "or train under the new one in a new run directory (a rule of your own "
+                "that did not change: give it a repr the same in every process)")
 
     def _record(self, task: Task, settle: bool = True) -> TaskRecord:
         """A task as the store has it: registered, trained to its latest checkpoint;
@@ -285,7 +280,7 @@ class Runner:
             settings = {**settings, **{k: v for k, v in recorded.items()
                                        if k in SAID_SETTINGS}}
         self.store.register_task(task.name, total, task.batch_size, task.hyperparameters,
-                                 settings, said_only=(*SAID_SETTINGS, RULE_SETTING))
+                                 settings, said_only=SAID_SETTINGS)
         rule = task.stopping
         if rule is not None and rule.metric != "loss":  # the leaderboards rank by it
             self.store.add_directions({rule.metric: rule.mode})
@@ -467,6 +462,10 @@ class Runner:
         again = {n for r in arrival.requests if r.state == "taken" for n in r.names}
         added: list[TaskRecord] = []
         for task in arrival.tasks:
+            edited = self._edited_rule([task])  # as a resume is refused (a review)
+            if edited:
+                arrival.refused[task.name] = edited
+                continue
             try:
                 record = self.state.records[task.name] = self._record(task, settle=False)
             except ValueError as err:  # the store knows it with other training
@@ -1599,3 +1598,12 @@ def _exact(technique: str) -> bool:
         return bool(get_technique(technique).exact)
     except (KeyError, ValueError):
         return False
+
+
+def _comparable(rule: str) -> str:
+    """A rule's repr without what differs from process to process for the same rule: an
+    object's address, the module a workload file is imported as (named after its
+    text: a comment added to the file changed it, a false edit: a review)."""
+    import re
+
+    return re.sub(r" at 0x[0-9a-fA-F]+|dione_workload_[0-9a-f]+\.", "", rule)

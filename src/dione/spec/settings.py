@@ -11,8 +11,8 @@ from typing import Any
 
 from dione.spec.task import Task
 
-__all__ = ["READ_SETTINGS", "RULE_SETTING", "SAID_SETTINGS", "described", "model_shapes",
-           "read_changes", "training_settings"]
+__all__ = ["READ_SETTINGS", "SAID_SETTINGS", "described", "model_shapes", "read_changes",
+           "training_settings"]
 
 _SIMPLE = (bool, int, float, str, type(None))
 
@@ -26,9 +26,6 @@ READ_SETTINGS = ("optimizer reads", "lr_scheduler reads")
 # (``model_shapes``). A false change must not keep a task from its resume; a model
 # truly changed fails at its checkpoint's load, or, for a task that has ended, is said.
 SAID_SETTINGS = (*READ_SETTINGS, "model")
-# The task's stopping rule: recorded anew, not refused task by task (a rule judges its
-# tasks together: the run refuses one replaced by another as a whole, ``Runner``).
-RULE_SETTING = "stopping rule"
 
 
 def training_settings(task: Task) -> dict[str, str]:
@@ -38,17 +35,13 @@ def training_settings(task: Task) -> dict[str, str]:
     precision and the clipping; and (``READ_SETTINGS``) the numbers the two factories
     read from their module or object (a notebook's ``lr``). Written so that the same
     task gives the same text in any process (no memory addresses), and a changed
-    learning rate gives another; and its stopping rule."""
+    learning rate gives another."""
     return {
         "optimizer": _describe(task.optimizer),
         "lr_scheduler": _describe(task.lr_scheduler),
         "seed": repr(task.seed),
         "precision": repr(task.precision),
         "clip_grad_norm": repr(task.clip_grad_norm),
-        # Which steps it trains at all: a resume under an edited rule (eta 2 -> 4) judged
-        # the rungs anew from nothing recorded (decisions are keyed by the rule) and
-        # stopped the sweep's best after one comparison (a review).
-        RULE_SETTING: _rule(task.stopping),
         "optimizer reads": _reads(task.optimizer),
         "lr_scheduler reads": _reads(task.lr_scheduler),
     }
@@ -120,17 +113,6 @@ def described(value: Any) -> str:
     """``value`` (a function, a partial, a class, an object) as the same text in any
     process: what ``training_settings`` says of each setting."""
     return _describe(value)
-
-
-def _rule(rule: Any) -> str:
-    """A stopping rule as its ``repr`` (which keys its decisions in the store), where it
-    is one of dione's (fields of numbers and names); a rule of the user's own by its
-    class's name only: its repr may differ from process to process (an object's shows
-    its workload module, named after the file's text, and its address; a set's order
-    follows string hashing), and a false change refused every resume (a review)."""
-    if rule is None or type(rule).__module__.startswith("dione."):
-        return repr(rule)
-    return f"{type(rule).__qualname__} (the workload's own rule)"
 
 
 def _describe(value: Any, depth: int = 0) -> str:

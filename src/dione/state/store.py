@@ -465,6 +465,11 @@ class RunStore(SQLiteFile):
             () if rule is None else (rule,))
         return [(t, step, _loss(v), bool(stop), reason) for t, step, v, stop, reason in rows]
 
+    def decided_rules(self, task: str) -> set[str]:
+        """The stopping rules (their reprs) under which ``task`` was judged."""
+        return {rule for (rule,) in self._db.execute(
+            "SELECT DISTINCT rule FROM decisions WHERE task = ?", (task,))}
+
     # -- tasks added to a live run (``dione add``) ---------------------------------------
 
     def add_tasks(self, workload: str, names: Sequence[str], *,

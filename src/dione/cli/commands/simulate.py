@@ -132,12 +132,15 @@ def command(args: argparse.Namespace) -> int:
 
     if (out / SIMULATED_FILE).is_file():
         console.print(f"replacing the earlier simulation in {out} (--out keeps each apart)")
-    options = RunOptions(solver=args.solver, time_limit=args.time_limit,
-                         replan_time_limit=args.replan_time_limit, replan=not args.no_replan,
-                         replan_interval=args.replan_interval,
-                         replan_share=args.replan_share,
-                         slice_seconds=args.slice_seconds, max_failures=args.max_failures,
-                         stall_factor=args.stall_factor, stall_grace=args.stall_grace)
+    try:
+        options = RunOptions(solver=args.solver, time_limit=args.time_limit,
+                             replan_time_limit=args.replan_time_limit,
+                             replan=not args.no_replan, replan_interval=args.replan_interval,
+                             replan_share=args.replan_share,
+                             slice_seconds=args.slice_seconds, max_failures=args.max_failures,
+                             stall_factor=args.stall_factor, stall_grace=args.stall_grace)
+    except ValueError as err:  # flags wrong together (a traceback: a review)
+        raise BadInput(str(err)) from None
     progress = _Progress()
     try:
         result = simulate(problem, out, cluster=cluster, scenario=scenario, steps=args.steps,
@@ -176,11 +179,11 @@ def command(args: argparse.Namespace) -> int:
     unplayed = scenario.unplayed(result.makespan)
     if unplayed:  # (current practice, still running then, may have played it: a review)
         baseline = scenario.unplayed(result.current_practice)
+        played = [u for u in unplayed if u not in baseline]
         complain("note", f"the scenario's {some(unplayed, 4)}: at or after the run's end "
                  f"({result.makespan:.1f} s), never played in it"
-                 + ("" if len(baseline) == len(unplayed) else
-                    f"; current practice, which ran to {result.current_practice:.1f} s, "
-                    "played " + ("it" if len(unplayed) == 1 else "some")))
+                 + (f"; current practice, which ran to {result.current_practice:.1f} s, "
+                    f"played {some(played, 4)}" if played else ""))
     console.print(f"{result.slices} slices, {result.plans_adopted} plan(s) adopted, "
                   f"{result.replans} re-plans solved in {result.replan_seconds:.1f} s; "
                   f"simulated in {result.wall_seconds:.1f} s")
