@@ -85,6 +85,7 @@ WAYS = {
     "paused": ("paused", True, "full", "cpsat"),
     "paused-spread": ("paused", True, "full", "spread"),
     "paused-rung": ("paused", True, "rung", "cpsat"),
+    "paused-rung-greedy": ("paused", True, "rung", "greedy"),
     "paused-expected": ("paused", True, "expected", "cpsat"),
     "sh-kept": ("sh", False, "full", "cpsat"),
     "sh-replanned": ("sh", True, "full", "cpsat"),
@@ -96,6 +97,7 @@ TITLES = {"kept": "ASHA, first plan kept", "spread": "ASHA, freed devices spread
           "paused": "pausing ASHA re-planned",
           "paused-spread": "pausing ASHA, freed devices spread evenly",
           "paused-rung": "pausing ASHA re-planned, to the next rung",
+          "paused-rung-greedy": "pausing ASHA re-planned to the next rung by greedy",
           "paused-expected": "pausing ASHA re-planned, expected horizon",
           "sh-kept": "SH, first plan kept", "sh-replanned": "SH re-planned"}
 
