@@ -212,3 +212,23 @@ def test_an_mlflow_parent_run_ends_as_the_run_exits(tmp_path: Path,
     child = client.get_run(again._children["b"])
     assert child.data.tags["dione.status"] == "interrupted"
     assert client.get_run(again.parent).info.status == "KILLED"
+    # Closed by the command that ran it, which still holds the run (after Ctrl-C): as
+    # the report says it too (it read "pending" there: a review). A task stopped at a
+    # rung after its last evaluation failed none (it was tagged so, and the tag stayed
+    # once a resume ended it).
+    from dione.state.lock import RunLock
+
+    with RunStore(tmp_path / "run") as store:
+        store.register_task("c", 6, 16)
+        slice_id = store.begin_slice("c", "single", {}, "n0", [0], 0, 4)
+        store.finish_slice(slice_id, [1.0] * 4, [0.1] * 4, None, evaluation={"acc": 0.5})
+        slice_id = store.begin_slice("c", "single", {}, "n0", [0], 4, 6)
+        store.finish_slice(slice_id, [1.0] * 2, [0.1] * 2, None)
+        store.set_task_status("c", "stopped", "stopped by ASHA")
+    with RunLock(tmp_path / "run"):
+        held = mlflow_runs.MlflowExport(tmp_path / "run", uri, tasks=[
+            digits_task("a"), digits_task("b"), digits_task("c")])
+        held.client.set_tag(held._child("c", {}), "dione.final_evaluation", "failed: ...")
+        held.close()
+    assert client.get_run(held._children["b"]).data.tags["dione.status"] == "interrupted"
+    assert "dione.final_evaluation" not in client.get_run(held._children["c"]).data.tags

@@ -236,7 +236,12 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(
     # ... ended at the last step it kept (none: a kill keeps a slice's steps only at its
     # end), not at its planned end.
     assert all(rows[i]["end_step"] == rows[i]["start_step"] for i in cut_short), rows
-    assert "## Slices cut short" in (killed_dir / "report" / "summary.md").read_text()
+    summary = (killed_dir / "report" / "summary.md").read_text()
+    assert "## Slices cut short" in summary
+    # It says at the top that the run did not finish and what continues it (it read as
+    # a finished run's page, its leaders as the sweep's: a review).
+    assert "**Not finished**: the run stopped with" in summary and \
+        f"`dione resume {killed_dir}` continues it" in summary, summary[:600]
 
     # Resumed from elsewhere: a run directory can move (to shared storage, say).
     moved_dir = tmp_path / "moved"

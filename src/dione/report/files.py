@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from shlex import quote
 from typing import Any
 
 from dione.orchestrate.plans import AdoptedPlan, horizon_said, read_plans
@@ -309,6 +310,14 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
                   f"virtual seconds and losses follow a curve, as {SIMULATED_FILE} says.", ""]
         lines += _simulated_setting(run_dir, sum(
             1 for t in tasks if t.status not in ("done", "stopped")))
+    halted = [t.task for t in tasks if t.status == "interrupted"]  # (a run left so)
+    if halted:  # it read as a finished run's page, its leaders provisional unsaid (review)
+        left = sum(1 for t in tasks if t.status in ("interrupted", "pending", "paused"))
+        lines += [f"**Not finished**: the run stopped with {left} of its {len(tasks)} tasks "
+                  f"not ended ({len(halted)} interrupted mid-way); the tables and leaderboards "
+                  "below are as far as each trained"
+                  + (f"; `dione resume {quote(str(run_dir))}` continues it" if run_dir
+                     else "") + ".", ""]
     ended = [s.ended_at - zero for s in slices if s.ended_at is not None]
     if plans:
         first = plans[0]

@@ -159,12 +159,20 @@ def summaries(store: RunStore, names: Sequence[str] | None = None) -> list[TaskS
 
 def closing_summaries(store: RunStore) -> list[TaskSummary]:
     """The run's tasks as a dashboard records them when it closes: as its launcher left
-    them (``as_left``) where none holds the run now (they read "running" or "pending"
-    after a kill or Ctrl-C, where the report said "interrupted")."""
-    from dione.state.lock import launcher_gone
+    them (``as_left``) where none holds the run now, or this process does (the command
+    that ran it closes its dashboards before it lets go of the run: after Ctrl-C they
+    read "pending" where the report said "interrupted", a review); they read "running"
+    or "pending" after a kill or Ctrl-C otherwise."""
+    import os
+    import socket
+
+    from dione.state.lock import lock_holder
 
     tasks = summaries(store)
-    return as_left(tasks) if launcher_gone(store.run_dir) else tasks
+    holder = lock_holder(store.run_dir)
+    live_elsewhere = holder is not None and holder.alive and (
+        holder.pid, holder.host) != (os.getpid(), socket.gethostname())
+    return tasks if live_elsewhere else as_left(tasks)
 
 
 def final_results(task: TaskSummary) -> dict[str, float]:
