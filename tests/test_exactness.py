@@ -106,6 +106,37 @@ def test_a_padded_loss_of_the_tasks_own_must_say_what_it_averages(tmp_path: Path
                                **LOSS_TOLERANCE)
 
 
+def test_a_task_that_allows_only_single_is_exact_under_accumulation_or_refused_it(
+        tmp_path: Path) -> None:
+    """Validation skipped a single-only task's loss: accumulation weighed a padded token
+    mean's parts as samples, and a loss taking num_items_in_batch was given unshifted
+    tokens, each recorded exact (a review: losses 3e-2 and 8% from single's). Now the
+    same check runs without refusing the task: a counting rule that fits is taken, and
+    where none can be told, accumulation is inexact (refused unless opted in)."""
+    def token_loss(output, target):  # a mean over the targets that are not -100
+        return nn.functional.cross_entropy(output.logits.flatten(0, 1), target.flatten())
+
+    unsaid, problems = valid_task(padded_lm(loss=token_loss, techniques=("single",)))
+    assert problems == [] and "its targets hold -100" in unsaid.split_loss
+    assert "its batch split into 2 parts trains otherwise than single" in \
+        get_technique("single").task_inexactness(unsaid, 1, {"accumulation": 2})
+    with pytest.raises(Exception, match="trains otherwise than single"):
+        train(unsaid, "single", tmp_path / "unsaid", accumulation=2)
+
+    def shifted_sum(output, labels, num_items_in_batch=None):  # predicts the next token
+        logits, shifted = output.logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten()
+        total = nn.functional.cross_entropy(logits, shifted, reduction="sum")
+        return total / (num_items_in_batch or (shifted != -100).sum())
+
+    checked, problems = valid_task(padded_lm(loss=shifted_sum, techniques=("single",)))
+    assert problems == [] and checked.split_loss is None
+    assert checked.loss_items is dione.shifted_tokens
+    whole = train(checked, "single", tmp_path / "whole")
+    parts = train(checked, "single", tmp_path / "parts", accumulation=2)
+    torch.testing.assert_close(torch.tensor(parts.losses), torch.tensor(whole.losses),
+                               **LOSS_TOLERANCE)
+
+
 def test_xpipe_trains_a_task_only_if_it_opts_in(tmp_path: Path) -> None:
     xpipe = get_technique("xpipe")
     task = digits_task(steps=3)

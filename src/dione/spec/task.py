@@ -140,6 +140,10 @@ class Task:
     # draw: a head only evaluation uses; in some draws only: layers skipped at random).
     unused_parameters: tuple[tuple[str, ...], tuple[str, ...]] = field(
         default=((), ()), repr=False, compare=False)
+    # Why its loss does not combine over parts of a batch, for a task that allows only
+    # single (validation found it; None: it does, or was not looked at): accumulation
+    # then trains otherwise than single (it was recorded exact: a review).
+    split_loss: str | None = field(default=None, repr=False, compare=False)
     # Whether its batch fetch (the data set's ``__getitems__``, its ``collate_fn``) draws
     # random numbers, seeded per share of a split batch: a share drawn otherwise than
     # single's (random masking).

@@ -194,8 +194,29 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
         message = str(err) if task.loss is None else f"raised {raised_line(err)}"
         return [Problem(task.name, field, message)]
     resolved["loss_items"], problems = _loss_items(task, real, dataset)
+    if task.techniques == ("single",):
+        # Nothing but accumulation splits its batch: what keeps its loss from combining
+        # over parts makes accumulation inexact, no problem of the task (in-batch
+        # negatives are why a task allows only single).
+        resolved["split_loss"] = next((_SPLIT_LOSS[p.field] for p in problems
+                                       if p.field in _SPLIT_LOSS), None)
+        return []
     return problems
 
+
+# Why a task that allows only single trains otherwise under accumulation, by the field
+# whose problem validation found (of another task, a refusal).
+_SPLIT_LOSS = {
+    "loss_items": "its targets hold -100 (padding), and its loss says neither what it "
+                  "averages over (loss_items=dione.tokens, dione.shifted_tokens or "
+                  "dione.samples) nor takes num_items_in_batch, so the parts cannot be "
+                  "weighed as single's mean; give loss_items, or leave accumulation at 1",
+    "loss": "the halves of a batch do not combine to the whole batch's loss (it is not a "
+            "mean over its samples or tokens: in-batch negatives?); leave accumulation at "
+            "1, or give loss_items= where it averages over what that counts",
+    "model": "its output for a sample depends on the other samples of its batch; leave "
+             "accumulation at 1",
+}
 
 # The largest relative difference between the halves' combined loss and the whole
 # batch's that float32 rounding explains (measured: below 1e-6 on the zoo's models).
@@ -342,7 +363,7 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
     from dione.spec.batch import tokens as token_count
 
     size = min(task.batch_size, len(dataset))
-    if task.techniques == ("single",) or size < 2:
+    if size < 2:
         return task.loss_items, []  # nothing splits the batch
     count = 4 if size >= 4 else 2
     first = list(range(count))
@@ -719,9 +740,11 @@ def _checked_task(
         bad("data", str(said))
     except Exception as err:
         bad("data", f"the data factory (or indexing its result) raised {raised_line(err)}")
-    if problems or resolved.get("loss_items", task.loss_items) is task.loss_items:
+    if problems or (resolved.get("loss_items", task.loss_items) is task.loss_items
+                    and not resolved.get("split_loss")):
         return task, problems
-    return replace(task, loss_items=resolved["loss_items"]), problems
+    return replace(task, loss_items=resolved.get("loss_items", task.loss_items),
+                   split_loss=resolved.get("split_loss")), problems
 
 
 def _allows(task: Task, technique: str) -> bool:

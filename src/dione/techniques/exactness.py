@@ -41,8 +41,8 @@ from dione.words import some
 __all__ = ["batch_norm_layers", "drew_since", "dropout_layers", "generator_states",
            "model_generator_states", "own_generator_draws", "resumed_draws",
            "split_batch_exactness", "split_buffers", "split_draws", "split_inexactness",
-           "split_rounding", "split_statistics", "structure_only", "synced_norms_on_cpu",
-           "unsaid_split"]
+           "split_loss", "split_rounding", "split_statistics", "structure_only",
+           "synced_norms_on_cpu", "unsaid_split"]
 
 
 def dropout_layers(model: nn.Module) -> list[str]:
@@ -368,4 +368,15 @@ def split_inexactness(task: Task, devices: int, accumulation: int,
     ``split_statistics`` takes it."""
     return (split_statistics(task, devices, accumulation, model)
             or split_buffers(task, devices, accumulation)
-            or split_draws(task, devices, accumulation))
+            or split_draws(task, devices, accumulation)
+            or split_loss(task, devices, accumulation))
+
+
+def split_loss(task: Task, devices: int, accumulation: int) -> str | None:
+    """How splitting ``task``'s batch trains otherwise than single where validation
+    found its loss does not combine over parts (``Task.split_loss``; a task that allows
+    only single, refused nothing for it)."""
+    if task.split_loss is None or devices * accumulation <= 1:
+        return None
+    return (f"its batch split into {devices * accumulation} parts trains otherwise than "
+            f"single: {task.split_loss}")
