@@ -90,6 +90,26 @@ def test_dynamic_padding_trains_as_single_under_ddp_and_is_refused_by_fixed_shap
     assert len(asynchronous.losses) == STEPS
 
 
+def _pad_left(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Each batch left-padded to its longest item (Llama's usual padding side)."""
+    longest = max(len(item["input_ids"]) for item in items)
+    fill = {"input_ids": 0, "attention_mask": 0, "labels": -100}
+    return {name: torch.stack([nn.functional.pad(item[name], (longest - len(item[name]), 0),
+                                                 value=value) for item in items])
+            for name, value in fill.items()}
+
+
+def test_left_padding_to_each_batchs_longest_is_refused_naming_the_collator() -> None:
+    """A sample's positions move with its batch mates' lengths there: refused, as before,
+    but the message blamed the loss's averaging, whose fix (loss_items) cannot help (a
+    review); it names the collator and what fixes it."""
+    task = padded_lm(name="left", data=RaggedWindows, collate_fn=_pad_left)
+    _, problems = valid_task(task)
+    assert [p.field for p in problems] == ["data"]
+    assert "pads a half otherwise than the whole" in problems[0].message
+    assert "pad on the right or to a fixed length" in problems[0].message
+
+
 def test_a_padded_loss_of_the_tasks_own_must_say_what_it_averages(tmp_path: Path) -> None:
     def token_loss(output, target):  # a mean over the targets that are not -100
         return nn.functional.cross_entropy(output.logits.flatten(0, 1), target.flatten())

@@ -216,6 +216,9 @@ _SPLIT_LOSS = {
             "1, or give loss_items= where it averages over what that counts",
     "model": "its output for a sample depends on the other samples of its batch; leave "
              "accumulation at 1",
+    "data": "its collate_fn pads a part of a batch otherwise than the whole, and the "
+            "parts' losses do not combine to the whole's (left padding?); leave "
+            "accumulation at 1, or pad on the right or to a fixed length",
 }
 
 # The largest relative difference between the halves' combined loss and the whole
@@ -417,6 +420,17 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
             "so all the same"))]
     counted = ("the items its loss_items counts" if task.loss_items is not None
                else "its samples nor its tokens (labels that are not -100)")
+    if any(_pads_apart(task, items) for items in samplings):
+        # The collator, not the loss: a sample's positions move with its batch mates
+        # under left padding to the longest (a review was told to fix its loss).
+        return task.loss_items, [Problem(task.name, "data", (
+            f"the halves of a batch of {count} of its samples do not combine to the whole "
+            "batch's loss, and its collate_fn pads a half otherwise than the whole (to "
+            "each batch's longest item): where padding moves a sample's positions (left "
+            "padding, positions counted from the padded start), every technique that "
+            "splits the batch (ddp, fsdp, pipelines, accumulation) would train "
+            "differently from single; pad on the right or to a fixed length, or give the "
+            "model position ids from the attention mask"))]
     return task.loss_items, [Problem(task.name, "loss", (
         f"the halves of a batch of {count} of its samples do not combine to the whole "
         f"batch's loss: it is not a mean over {counted}, so every technique that splits the "
@@ -424,6 +438,25 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
         "it averages over something else, give the task loss_items=(a function counting "
         "it in a batch); if it depends on the whole batch (in-batch negatives), give it "
         "techniques=('single',)"))]
+
+
+def _pads_apart(task: Task, items: list[Any]) -> bool:
+    """Whether collating either half of ``items`` gives tensors of other shapes than
+    collating all of them (beyond the batch dimension): a collator that pads each batch
+    to its longest item."""
+    from torch.utils._pytree import tree_flatten
+
+    middle = len(items) // 2
+    try:
+        whole = tree_flatten(task.collate(items))[0]
+        halves = [tree_flatten(task.collate(part))[0] for part in (items[:middle],
+                                                                    items[middle:])]
+    except Exception:
+        return False
+    return any(len(whole) == len(half) and any(
+        isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim()
+        and a.shape[1:] != b.shape[1:] for a, b in zip(whole, half, strict=True))
+        for half in halves)
 
 
 def _fitting(task: Task, model: nn.Module, candidates: list[Any],
