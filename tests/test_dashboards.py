@@ -232,3 +232,28 @@ def test_an_mlflow_parent_run_ends_as_the_run_exits(tmp_path: Path,
         held.close()
     assert client.get_run(held._children["b"]).data.tags["dione.status"] == "interrupted"
     assert "dione.final_evaluation" not in client.get_run(held._children["c"]).data.tags
+
+
+def test_an_unfinished_runs_report_says_what_continues_that_kind_of_run(
+        tmp_path: Path) -> None:
+    """The report of a run that stopped with a task mid-way says so at the top, with
+    what continues it: a run from Python is called again (`dione resume` refuses it,
+    which the first version named: a regression review), a simulation is redone."""
+    from dione.report import write_report
+    from dione.state.store import SIMULATED_FILE
+
+    for kind, said in (("train", "`dione train WORKLOAD --task TASK --out "),
+                       ("python", "calling dione.run (or dione.optuna.optimize) again with "
+                                  "this run directory continues it"),
+                       ("simulated", "`dione simulate` again redoes it")):
+        run_dir = tmp_path / kind
+        with RunStore(run_dir) as store:
+            store.register_task("a", 6, 16)
+            store.begin_slice("a", "single", {}, "n0", [0], 0, 6)  # as a kill leaves it
+        if kind != "train":  # a run's plans (a `dione train` folder has none)
+            (run_dir / "plans").mkdir()
+        if kind == "simulated":
+            (run_dir / SIMULATED_FILE).write_text("{}")
+        summary = (write_report(run_dir) / "summary.md").read_text()
+        assert "**Not finished**: the run stopped with 1 of its 1 tasks not ended" in summary
+        assert said in summary, summary[:800]

@@ -148,6 +148,17 @@ def test_a_task_that_allows_only_single_is_exact_under_accumulation_or_refused_i
         total = nn.functional.cross_entropy(logits, shifted, reduction="sum")
         return total / (num_items_in_batch or (shifted != -100).sum())
 
+    # A model's own sample mean on batches with no labels: the token counters cannot
+    # read such a batch, and their error refused accumulation to the sample count that
+    # fits (a regression review).
+    own = Task(name="ae", model=_AutoEncoder, data=_unlabelled, techniques=("single",),
+               optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=8,
+               steps=4, seed=1)
+    checked, problems = valid_task(own)
+    assert problems == [] and checked.split_loss is None
+    assert train(checked, "single", tmp_path / "ae2", accumulation=2).losses == \
+        pytest.approx(train(checked, "single", tmp_path / "ae1").losses, rel=1e-5)
+
     checked, problems = valid_task(padded_lm(loss=shifted_sum, techniques=("single",)))
     assert problems == [] and checked.split_loss is None
     assert checked.loss_items is dione.shifted_tokens
@@ -155,6 +166,22 @@ def test_a_task_that_allows_only_single_is_exact_under_accumulation_or_refused_i
     parts = train(checked, "single", tmp_path / "parts", accumulation=2)
     torch.testing.assert_close(torch.tensor(parts.losses), torch.tensor(whole.losses),
                                **LOSS_TOLERANCE)
+
+
+class _AutoEncoder(nn.Module):
+    """Returns its own mean reconstruction loss (batches hold no labels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encode, self.decode = nn.Linear(16, 4), nn.Linear(4, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((self.decode(self.encode(x)) - x) ** 2).mean()
+
+
+def _unlabelled() -> Dataset:
+    return torch.utils.data.TensorDataset(
+        torch.randn(64, 16, generator=torch.Generator().manual_seed(0)))
 
 
 def _prompt_masked() -> Dataset:

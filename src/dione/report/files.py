@@ -11,7 +11,6 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from shlex import quote
 from typing import Any
 
 from dione.orchestrate.plans import AdoptedPlan, horizon_said, read_plans
@@ -297,6 +296,13 @@ def _unranked(t: TaskSummary, metric: str) -> str | None:
     return None
 
 
+def _continues(run_dir: Path, simulated: bool) -> str:
+    """What goes on from where ``run_dir``'s run stopped, said as a clause."""
+    if simulated:
+        return "`dione simulate` again redoes it (a simulation does not resume)"
+    return f"{how_to_continue(run_dir)} continues it"
+
+
 def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
               plans: Sequence[AdoptedPlan], slices: Sequence[Any], zero: float,
               simulated: bool = False,
@@ -316,8 +322,9 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
         lines += [f"**Not finished**: the run stopped with {left} of its {len(tasks)} tasks "
                   f"not ended ({len(halted)} interrupted mid-way); the tables and leaderboards "
                   "below are as far as each trained"
-                  + (f"; `dione resume {quote(str(run_dir))}` continues it" if run_dir
-                     else "") + ".", ""]
+                  # What continues this kind of run (`dione resume` refused a train
+                  # folder, a Python run and a simulation: a review).
+                  + (f"; {_continues(run_dir, simulated)}" if run_dir else "") + ".", ""]
     ended = [s.ended_at - zero for s in slices if s.ended_at is not None]
     if plans:
         first = plans[0]

@@ -198,8 +198,11 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
         # Nothing but accumulation splits its batch: what keeps its loss from combining
         # over parts makes accumulation inexact, no problem of the task (in-batch
         # negatives are why a task allows only single).
-        resolved["split_loss"] = next((_SPLIT_LOSS[p.field] for p in problems
-                                       if p.field in _SPLIT_LOSS), None)
+        resolved["split_loss"] = next((
+            # Its own error where it raised (a review read "in-batch negatives?" there).
+            f"its loss (or model) {p.message}; leave accumulation at 1"
+            if p.message.startswith("fails on") else _SPLIT_LOSS[p.field]
+            for p in problems if p.field in _SPLIT_LOSS), None)
         return []
     return problems
 
@@ -466,19 +469,28 @@ def _fitting(task: Task, model: nn.Module, candidates: list[Any],
     first, then as they are where the loss cannot take that), or the loss's failure."""
     from dione.spec.batch import collate_draws, samples
 
-    probes = [items] if candidates == [samples] else [_varied(items), items]
+    probes = [p for p in ([items] if candidates == [samples] else [_varied(items), items])
+              if p]
     draws: bool | None = None  # once, not per candidate: it collates the items thrice
-    for probe in filter(None, probes):
-        try:
-            if draws is None:
-                draws = collate_draws(task, items)
-            with torch.no_grad():
-                return [c for c in candidates if _combines(task, model, c, probe, draws)]
-        except Exception as err:
-            if probe is items:
-                return Problem(task.name, "loss", (
-                    f"fails on half of a batch: {raised_line(err)}"))
-    return []
+    fits, error, raised = [], None, 0
+    # Each candidate alone: one whose counter cannot read the batch (tokens of a batch
+    # with no labels) is left out, not every other with it (a sample mean of the model's
+    # own was refused accumulation so: a regression review).
+    for candidate in candidates:
+        for probe in probes:
+            try:
+                if draws is None:
+                    draws = collate_draws(task, items)
+                with torch.no_grad():
+                    if _combines(task, model, candidate, probe, draws):
+                        fits.append(candidate)
+                break
+            except Exception as err:  # the labels as they are next, else it is out
+                error = err
+                raised += probe is probes[-1]
+    if raised == len(candidates) and error is not None:
+        return Problem(task.name, "loss", f"fails on half of a batch: {raised_line(error)}")
+    return fits
 
 
 def _spread(length: int, count: int) -> list[int]:
