@@ -58,11 +58,9 @@ def _keeps_draws(function: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(function)
     def kept(*args: Any, **kwargs: Any) -> Any:
-        import torch
+        from dione.spec.draws import generators_kept
 
-        from dione.spec.draws import draws_kept
-
-        with draws_kept(), torch.random.fork_rng(devices=[]):
+        with generators_kept():
             return function(*args, **kwargs)
 
     return kept

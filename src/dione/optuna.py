@@ -185,15 +185,18 @@ def _direction(study: Any) -> str:
         else "maximize"
 
 
+def _of_run(study: Any, run_dir: str) -> list[Any]:
+    """The study's trials (frozen) asked for the run in ``run_dir`` (resolved)."""
+    return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(_RUN) == run_dir]
+
+
 def _asked_before(study: Any, run_dir: str) -> list[Any]:
     """The trials an earlier call asked for this run (from the study's storage)."""
     import optuna
 
-    mine = [t for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get(_RUN) == run_dir]
     # A trial of the study's storage, again as the Trial the ask-and-tell interface
     # gives (Optuna names a stored trial by its private id only).
-    return [optuna.trial.Trial(study, t._trial_id) for t in mine]
+    return [optuna.trial.Trial(study, t._trial_id) for t in _of_run(study, run_dir)]
 
 
 def _ask(study: Any, run_dir: str) -> Any:
@@ -591,10 +594,8 @@ def _valued(study: Any, run_dir: str) -> bool:
     that failed the first trial before anything trained may be fixed)."""
     from optuna.trial import TrialState
 
-    where = str(Path(run_dir).resolve())
-    return any(t.user_attrs.get(_RUN) == where and (
-        t.state == TrialState.COMPLETE or t.intermediate_values)
-        for t in study.get_trials(deepcopy=False))
+    return any(t.state == TrialState.COMPLETE or t.intermediate_values
+               for t in _of_run(study, str(Path(run_dir).resolve())))
 
 
 def load(study: Any, make_task: Callable[[Any], Task], trial: Any, *,

@@ -286,7 +286,7 @@ def _unranked(t: TaskSummary, metric: str) -> str | None:
     it, or has no evaluation to speak of)."""
     if t.status == "diverged":
         return "diverged"
-    if t.status == "done" and t.evaluated_before:
+    if t.last_evaluation_failed:
         earlier = (f" (step {t.evaluated_at}'s: {figure(t.evaluation[metric])})"
                    if metric in t.evaluation else "")
         return (f"not ranked: nothing recorded at step {t.steps}, its evaluation failed "

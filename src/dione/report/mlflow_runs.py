@@ -255,13 +255,12 @@ class MlflowExport:
             results = [(_key(k), v, t.steps) for k, v in final_results(t).items()]
             self._log(t.task, results, {"trained": _value(t.trained or "-")})
             self.client.set_tag(run_id, "dione.status", t.status)
-            if t.status == "done" and t.evaluated_before and t.evaluation:  # (as the
-                # report's leaderboard: one stopped or interrupted between evaluations
-                # failed none, and a resume that ended it kept the tag: a review)
+            if t.last_evaluation_failed and t.evaluation:
                 self.client.set_tag(run_id, "dione.final_evaluation",
                                     f"failed: its last values, of step {t.evaluated_at}, "
                                     "are in its history, not final/")
             elif "dione.final_evaluation" in self.client.get_run(run_id).data.tags:
+                # (a resume that ended the task kept it: a review)
                 self.client.delete_tag(run_id, "dione.final_evaluation")
             if t.error:  # a stopped task's "error" is its rule's reason, not a failure
                 self.client.set_tag(run_id, "dione.stop_reason" if t.status == "stopped"

@@ -170,11 +170,9 @@ class TensorBoardExport:
             tasks = closing_summaries(store)
         for t in tasks:
             writer = self._writer(t.task)
-            # Done only: one stopped or interrupted between evaluations failed none (the
-            # report's leaderboard guards it so; a review).
             earlier = (f"; its last evaluation failed, so no final/ metric (its values of "
-                       f"step {t.evaluated_at} are in its scalars)" if t.status == "done"
-                       and t.evaluated_before and t.evaluation else "")
+                       f"step {t.evaluated_at} are in its scalars)"
+                       if t.last_evaluation_failed and t.evaluation else "")
             writer.add_text("status", f"{t.status} at step {t.steps} of {t.total_steps}"
                             + (f": {short_error(t.error)}" if t.error else "") + earlier,
                             t.steps)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["draws_kept", "global_draws", "seeded_draws"]
+__all__ = ["draws_kept", "generators_kept", "global_draws", "seeded_draws"]
 
 
 @contextlib.contextmanager
@@ -27,6 +27,14 @@ def draws_kept() -> Iterator[None]:
         random.setstate(python_state)
         if numpy is not None:
             numpy.random.set_state(numpy_state)
+
+
+@contextlib.contextmanager
+def generators_kept() -> Iterator[None]:
+    """All three global generators as they were before the block: torch's CPU one
+    (``fork_rng``), Python's and NumPy's (``draws_kept``)."""
+    with draws_kept(), torch.random.fork_rng(devices=[]):
+        yield
 
 
 def global_draws() -> tuple[bytes, object, bytes | None]:
@@ -49,5 +57,5 @@ def seeded_draws() -> Iterator[Callable[[int], None]]:
         if numpy is not None:  # all 63 bits, as two 32-bit words
             numpy.random.seed([seed & 0xFFFFFFFF, seed >> 32])
 
-    with draws_kept(), torch.random.fork_rng(devices=[]):
+    with generators_kept():
         yield seed_all

@@ -82,11 +82,11 @@ def _shapes(factory: Any, seed: Any) -> str | None:
 
     import torch
 
-    from dione.spec.draws import draws_kept
+    from dione.spec.draws import generators_kept
     from dione.spec.validate import build_model
 
     try:
-        with draws_kept(), torch.random.fork_rng(devices=[]):  # a CPU build draws
+        with generators_kept():  # a CPU build draws
             torch.manual_seed(seed)
             model = build_model(factory)
         named = sorted((name, tuple(p.shape)) for name, p in model.named_parameters())

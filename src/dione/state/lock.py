@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
-__all__ = ["LOCK_FILE", "LockHolder", "RunDirBusy", "RunLock", "launcher_gone", "lock_holder",
-           "pid_alive"]
+__all__ = ["LOCK_FILE", "LockHolder", "RunDirBusy", "RunLock", "held_elsewhere", "launcher_gone",
+           "lock_holder", "pid_alive"]
 
 LOCK_FILE = "lock"
 
@@ -83,6 +83,11 @@ def launcher_gone(run_dir: str | Path) -> bool:
     """Whether no launcher holds the run now (it ended, or was killed)."""
     holder = lock_holder(run_dir)
     return holder is None or not holder.alive
+
+
+def held_elsewhere(run_dir: str | Path) -> bool:
+    """Whether a live launcher other than this process holds the run now."""
+    return Path(run_dir).resolve() not in RunLock._held and not launcher_gone(run_dir)
 
 
 def lock_holder(run_dir: str | Path) -> LockHolder | None:

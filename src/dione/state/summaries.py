@@ -50,6 +50,12 @@ class TaskSummary:
         return self.evaluated_at is not None and self.evaluated_at < self.steps
 
     @property
+    def last_evaluation_failed(self) -> bool:
+        """Whether it trained to its end and its last evaluation failed, its metrics of
+        earlier weights (one stopped or interrupted between evaluations failed none)."""
+        return self.status == "done" and self.evaluated_before
+
+    @property
     def trained(self) -> str:
         """For the CSV and MLflow: exact, or inexact or statistical and how; nothing for
         a task that trained no step (the tables' "-": a task diverged at its first
@@ -163,16 +169,10 @@ def closing_summaries(store: RunStore) -> list[TaskSummary]:
     that ran it closes its dashboards before it lets go of the run: after Ctrl-C they
     read "pending" where the report said "interrupted", a review); they read "running"
     or "pending" after a kill or Ctrl-C otherwise."""
-    import os
-    import socket
-
-    from dione.state.lock import lock_holder
+    from dione.state.lock import held_elsewhere
 
     tasks = summaries(store)
-    holder = lock_holder(store.run_dir)
-    live_elsewhere = holder is not None and holder.alive and (
-        holder.pid, holder.host) != (os.getpid(), socket.gethostname())
-    return tasks if live_elsewhere else as_left(tasks)
+    return tasks if held_elsewhere(store.run_dir) else as_left(tasks)
 
 
 def final_results(task: TaskSummary) -> dict[str, float]:

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import torch
-
 from dione.spec.devices import DeviceKind, device_counts
-from dione.spec.draws import draws_kept
+from dione.spec.draws import generators_kept
 from dione.spec.task import Task
 from dione.spec.validate import Problem, checked_task, split_valid
 from dione.techniques.base import Technique
@@ -31,7 +29,7 @@ def valid_tasks(tasks: Iterable[Task], devices: int | None = None,
 
     # Validation's forwards draw and seed (LayerDrop; a pipeline's probe seeds torch):
     # not the caller's generators (a notebook's every seed drew alike after: a review).
-    with draws_kept(), torch.random.fork_rng(devices=[]):
+    with generators_kept():
         valid, problems = split_valid(Workload(list(tasks)), devices, technique_names(),
                                       kind, _inexact())
         return with_refusals(valid), problems
@@ -40,7 +38,7 @@ def valid_tasks(tasks: Iterable[Task], devices: int | None = None,
 def valid_task(task: Task, kind: DeviceKind | None = None) -> tuple[Task, list[Problem]]:
     """One task as it will train (``dione.spec.validate.checked_task``) and its problems;
     where it has none, with its refused techniques."""
-    with draws_kept(), torch.random.fork_rng(devices=[]):
+    with generators_kept():
         task, problems = checked_task(task, None, technique_names(), kind, _inexact())
         return (task if problems else with_refusals([task])[0]), problems
 
