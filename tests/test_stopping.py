@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import functools
 import sqlite3
+import sys
 from dataclasses import replace
 from pathlib import Path
 
+import cloudpickle
 import pytest
 import torch
 
@@ -28,6 +30,8 @@ from dione.spec.stopping import (
     PausingAsha,
     StoppingRule,
     SuccessiveHalving,
+    rule_key,
+    too_few_sharing,
 )
 from dione.spec.validate import validate_workload
 from dione.state.export import ExportError, status_in_run, trained_checkpoint
@@ -39,6 +43,16 @@ QUICK = TrialOptions(warmup_steps=1, measure_steps=2)
 # The simulated sweeps' run: short solves, minute slices, re-planned at each end.
 SIMULATED = RunOptions(time_limit=0.5, replan_time_limit=0.1, slice_seconds=60.0,
                        replan_interval=600.0)
+
+
+class OwnAsha(Asha):
+    """A rule of the user's own class with no repr of its own: its default repr holds the
+    object's address, another in each process and for each instance."""
+
+    __repr__ = object.__repr__
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # its class, in the workers
 
 
 def test_asha_decides_as_worked_by_hand() -> None:
@@ -382,10 +396,8 @@ def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path
         run_workload(edited, Cluster([TEST_NODE]), tmp_path / "run", again)
     # The same rule of a workload file's own class, the file's text edited (its module's
     # name follows the text) or in another process (an address): no edit.
-    from dione.orchestrate.runner import _comparable
-
-    assert _comparable("<dione_workload_9aa2f7013ef7.Plain object at 0x7f01>") == \
-        _comparable("<dione_workload_6cd12b488e6a.Plain object at 0x7e99>")
+    assert rule_key("<dione_workload_9aa2f7013ef7.Plain object at 0x7f01>") == \
+        rule_key("<dione_workload_6cd12b488e6a.Plain object at 0x7e99>")
 
 
 def test_a_simulated_sweep_with_asha_stops_the_same_tasks_twice(tmp_path: Path) -> None:
@@ -505,7 +517,11 @@ def test_a_store_of_the_version_before_takes_stopped_tasks(tmp_path: Path) -> No
     (SuccessiveHalving(metric="loss", min_steps=6, eta=2, loss_window=3), 2),
     # Killed at the first promotion, which comes once two tasks have reached the rung.
     (PausingAsha(metric="loss", min_steps=6, eta=2, loss_window=3), 1),
-], ids=["asha", "successive-halving", "pausing-asha"])
+    # A rule of the user's own class, built anew for the resume (as another process
+    # would): the decisions made before are found under it (they were keyed by its
+    # address, and a resume judged the rung anew without them).
+    (OwnAsha(metric="loss", min_steps=6, eta=2, loss_window=3), 2),
+], ids=["asha", "successive-halving", "pausing-asha", "own-class"])
 def test_a_rung_a_killed_run_left_undecided_is_judged_before_anything_trains_past_it(
         tmp_path: Path, monkeypatch, rule: StoppingRule, killed_at: int) -> None:
     """The launcher dies after a slice ended at a rung and before the decision was
@@ -541,6 +557,9 @@ def test_a_rung_a_killed_run_left_undecided_is_judged_before_anything_trains_pas
         before = {s.id for s in store.slices()}
     assert undecided, "no slice ended at a rung before the interruption"
 
+    if isinstance(rule, OwnAsha):  # each task its own instance, as a grid builds them
+        tasks = [replace(t, stopping=OwnAsha(metric="loss", min_steps=6, eta=2,
+                                             loss_window=3)) for t in tasks]
     events: list[RunEvent] = []
     result = run_workload(tasks, Cluster([TEST_NODE]), run_dir, options,
                           on_event=events.append)
@@ -548,6 +567,7 @@ def test_a_rung_a_killed_run_left_undecided_is_judged_before_anything_trains_pas
     assert set(statuses.values()) <= {"done", "stopped"}
     with RunStore(run_dir) as store:
         decisions = store.decisions()
+        assert store.decisions(rule_key(tasks[0].stopping)) == decisions  # one rule
         recorded: dict[int, list[float]] = {}
         for name, step, value, stop, _ in decisions:
             if rule.synchronous:  # each rung's cohort judged together
@@ -654,3 +674,17 @@ def test_a_rule_that_compares_tasks_shared_by_too_few_is_questioned(tmp_path: Pa
         ("c", Asha(min_steps=10)), ("d", Asha(min_steps=10)))])
     [(doubt, names)] = [(d, n) for d, n in found.warnings.items() if "compares" in d]
     assert names == ["a", "b"] and "4 or more tasks share it" in doubt
+
+
+def test_a_rule_of_the_user_s_own_class_is_keyed_by_its_class_and_fields() -> None:
+    """Instances alike in every field share a key (one rule: their tasks are compared),
+    whatever their addresses; another field value is another rule; a class with a repr
+    of its own is keyed by it, less a workload module's name."""
+    one, two = OwnAsha(min_steps=6, eta=2), OwnAsha(min_steps=6, eta=2)
+    assert repr(one) != repr(two) and rule_key(one) == rule_key(two)
+    assert rule_key(OwnAsha(min_steps=6, eta=3)) != rule_key(one)
+    assert rule_key(Asha(min_steps=6)) == repr(Asha(min_steps=6))
+    tasks = [digits_task(f"t{k}", steps=24, stopping=OwnAsha(min_steps=6, eta=2))
+             for k in range(3)]
+    assert too_few_sharing(tasks) == []  # each was a rule of its own, alone
+    assert len(too_few_sharing(tasks[:1])) == 1

@@ -55,7 +55,7 @@ from dione.spec.cluster import Cluster, ClusterError, Node
 from dione.spec.evaluated import judging_failed_evaluation
 from dione.spec.metrics import doubtful_direction
 from dione.spec.settings import SAID_SETTINGS, model_shapes, read_changes, training_settings
-from dione.spec.stopping import Decision, StoppingRule, too_few_sharing
+from dione.spec.stopping import Decision, StoppingRule, rule_key, too_few_sharing
 from dione.spec.task import Task
 from dione.spec.validate import keep_best_doubts, late_evaluation, rule_cadence_doubt
 from dione.state.checkpoint import (
@@ -205,7 +205,7 @@ class Runner:
         addition did not: a review)."""
         every = [r.task for r in self.state.records.values()]
         for lonely, names in too_few_sharing(every) if added else ():
-            rule = repr(self.state.records[names[0]].task.stopping)
+            rule = rule_key(self.state.records[names[0]].task.stopping)
             if added & set(names) and ("few", rule) not in self._doubted:
                 self._doubted.add(("few", rule))
                 self.emit(RunEvent("stopping_rule_doubtful", f"{', '.join(names)} (added "
@@ -230,7 +230,7 @@ class Runner:
 
     def _read_decisions(self, tasks: Sequence[Task]) -> None:
         """The store's decisions of the stopping rules of ``tasks`` not read before."""
-        for rule in {repr(t.stopping) for t in tasks if t.stopping is not None} - self.rules:
+        for rule in {rule_key(t.stopping) for t in tasks if t.stopping is not None} - self.rules:
             self.rules.add(rule)
             for name, step, value, _, _ in self.store.decisions(rule):
                 self.curves.setdefault((rule, name), []).append(value)
@@ -246,9 +246,9 @@ class Runner:
         for task in tasks:
             if task.stopping is None:
                 continue
-            now = repr(task.stopping)
+            now = rule_key(task.stopping)
             before = self.store.decided_rules(task.name)
-            if before and _comparable(now) not in {_comparable(r) for r in before}:
+            if before and now not in before:
                 edits.setdefault((" or ".join(sorted(before)), now), []).append(task.name)
         if not edits:
             return None
@@ -285,13 +285,13 @@ class Runner:
         if rule is not None and rule.metric != "loss":  # the leaderboards rank by it
             self.store.add_directions({rule.metric: rule.mode})
             doubt = doubtful_direction(rule.metric, rule.mode, rule.mode_fix)
-            if doubt and repr(rule) not in self._doubted:  # once a rule, not once a task
-                self._doubted.add(repr(rule))
+            if doubt and rule_key(rule) not in self._doubted:  # once a rule, not once a task
+                self._doubted.add(rule_key(rule))
                 self.emit(RunEvent("stopping_rule_doubtful", f"{task.name} (and the tasks "
                                    f"that share its rule): {doubt}", task.name))
         idle = rule.never_stops(total) if rule is not None else None
-        if idle and ("idle", repr(rule), total) not in self._doubted:  # once a rule
-            self._doubted.add(("idle", repr(rule), total))
+        if idle and ("idle", rule_key(rule), total) not in self._doubted:  # once a rule
+            self._doubted.add(("idle", rule_key(rule), total))
             self.emit(RunEvent("stopping_rule_doubtful", f"{task.name} (and the tasks of "
                                f"its length that share its rule): {idle}", task.name))
         for late in (late_evaluation(task, total), rule_cadence_doubt(task)):
@@ -615,7 +615,7 @@ class Runner:
         if rule is None or not rule.pausing:
             return 0.0
         passed = [step for step in rule.rungs(record.total) if step <= record.done_steps]
-        values = self.judged.get((repr(rule), passed[-1]), {}) if passed else {}
+        values = self.judged.get((rule_key(rule), passed[-1]), {}) if passed else {}
         if record.name not in values:
             return 0.0
         own = values[record.name]
@@ -1149,7 +1149,7 @@ class Runner:
         assert rule is not None
         record.status = TaskStatus.WAITING
         self.store.set_paused(record.name, step)  # `dione status` and the report say so
-        self.waiting.setdefault((repr(rule), step), {})[record.name] = value
+        self.waiting.setdefault((rule_key(rule), step), {})[record.name] = value
         self.emit(RunEvent("rung_waiting", f"{record.name}: {rule.metric} {value:.4g} at "
                            f"step {step}; it waits there "
                            + ("until it ranks among the best there or no longer can"
@@ -1163,7 +1163,7 @@ class Runner:
             name, step = key
             # Tasks that may still reach the rung (a pausing rule's paused lower down too).
             owed = [r for r in self.state.records.values()
-                    if r.task.stopping is not None and repr(r.task.stopping) == name
+                    if r.task.stopping is not None and rule_key(r.task.stopping) == name
                     and (r.status in (TaskStatus.PENDING, TaskStatus.RUNNING)
                          or (r.status == TaskStatus.WAITING and r.task.stopping.pausing))
                     and r.done_steps < step and step in r.task.stopping.rungs(r.total)]
@@ -1288,8 +1288,8 @@ class Runner:
         stopped the task (recorded with the rung, the value and the reason)."""
         rule = record.task.stopping
         assert rule is not None
-        recorded = list(self.judged.get((repr(rule), step), {}).values())
-        curve = self.curves.get((repr(rule), record.name), [])
+        recorded = list(self.judged.get((rule_key(rule), step), {}).values())
+        curve = self.curves.get((rule_key(rule), record.name), [])
         return self._apply(record, rule.decide(step, value, recorded, record.name, curve),
                            replan)
 
@@ -1298,9 +1298,9 @@ class Runner:
         rule = record.task.stopping
         assert rule is not None
         step, value = decision.rung, decision.value
-        self.curves.setdefault((repr(rule), record.name), []).append(value)
-        self.judged.setdefault((repr(rule), step), {})[record.name] = value
-        self.store.record_decision(record.name, repr(rule), step, rule.metric, value,
+        self.curves.setdefault((rule_key(rule), record.name), []).append(value)
+        self.judged.setdefault((rule_key(rule), step), {})[record.name] = value
+        self.store.record_decision(record.name, rule_key(rule), step, rule.metric, value,
                                    decision.stop, decision.reason)
         judged = {"step": step, "metric": rule.metric, "value": value}
         if not decision.stop:
@@ -1599,11 +1599,3 @@ def _exact(technique: str) -> bool:
     except (KeyError, ValueError):
         return False
 
-
-def _comparable(rule: str) -> str:
-    """A rule's repr without what differs from process to process for the same rule: an
-    object's address, the module a workload file is imported as (named after its
-    text: a comment added to the file changed it, a false edit: a review)."""
-    import re
-
-    return re.sub(r" at 0x[0-9a-fA-F]+|dione_workload_[0-9a-f]+\.", "", rule)

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from dione.spec.task import Task
 
 __all__ = ["Asha", "Decision", "Median", "Patience", "PausingAsha", "StoppingRule",
-           "SuccessiveHalving", "common_mistakes", "too_few_sharing", "too_few_to_compare"]
+           "SuccessiveHalving", "common_mistakes", "rule_key", "too_few_sharing",
+           "too_few_to_compare"]
 
 
 @dataclass(frozen=True)
@@ -446,13 +447,33 @@ def _number(value: object) -> bool:
             and math.isfinite(value))
 
 
+def rule_key(rule: object) -> str:
+    """What identifies a rule in every process: tasks of equal keys are judged together,
+    and a run's decisions are kept under it (a resume reads them back by it). Its repr,
+    less what differs from process to process for the same rule: an object's address,
+    the module a workload file is imported as (named after its text: a comment added to
+    the file changed it, a false edit: a review). A rule of a class with no repr of its
+    own is its class and fields (its default repr is an address: tasks built each with
+    their own instance were never compared, and a resume found no decision of it)."""
+    import re
+
+    if not isinstance(rule, str):
+        if type(rule).__repr__ is object.__repr__:
+            own = sorted(getattr(rule, "__dict__", {}).items())
+            fields = ", ".join(f"{k}={v!r}" for k, v in own)
+            rule = f"{type(rule).__module__}.{type(rule).__qualname__}({fields})"
+        else:
+            rule = repr(rule)
+    return re.sub(r" at 0x[0-9a-fA-F]+|dione_workload_[0-9a-f]+\.", "", rule)
+
+
 def too_few_sharing(tasks: Sequence[Task]) -> list[tuple[str, list[str]]]:
     """For each well-formed rule of ``tasks`` that compares tasks and that too few of
     them share to stop any (``too_few_to_compare``): why, and those tasks' names."""
     sharing: dict[str, list[Task]] = {}
     for task in tasks:
         if task.stopping is not None and not task.stopping.mistakes():
-            sharing.setdefault(repr(task.stopping), []).append(task)
+            sharing.setdefault(rule_key(task.stopping), []).append(task)
     found = []
     for alike in sharing.values():
         rule = alike[0].stopping

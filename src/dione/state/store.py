@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dione import clock
+from dione.spec.stopping import rule_key
 from dione.state.lock import pid_alive
 from dione.state.private import private_dir, private_file
 from dione.state.sqlite import SQLiteFile, StateFileError
@@ -457,17 +458,18 @@ class RunStore(SQLiteFile):
                            "WHERE name = ?", (reason, clock.now(), task))
 
     def decisions(self, rule: str | None = None) -> list[tuple[str, int, float, bool, str]]:
-        """(task, step, value, stop, reason) of every decision (of ``rule``), in the
-        order they were made."""
+        """(task, step, value, stop, reason) of every decision (of the rule of key
+        ``rule``, ``rule_key``), in the order they were made."""
         rows = self._db.execute(
-            "SELECT task, step, value, stop, reason FROM decisions"
-            + ("" if rule is None else " WHERE rule = ?") + " ORDER BY id",
-            () if rule is None else (rule,))
-        return [(t, step, _loss(v), bool(stop), reason) for t, step, v, stop, reason in rows]
+            "SELECT task, step, value, stop, reason, rule FROM decisions ORDER BY id")
+        # Keys compared as ``rule_key`` makes them: a store of the version before holds
+        # each rule's raw repr (an address in it, the workload module's name).
+        return [(t, step, _loss(v), bool(stop), reason)
+                for t, step, v, stop, reason, by in rows if rule is None or rule_key(by) == rule]
 
     def decided_rules(self, task: str) -> set[str]:
-        """The stopping rules (their reprs) under which ``task`` was judged."""
-        return {rule for (rule,) in self._db.execute(
+        """The keys of the stopping rules (``rule_key``) under which ``task`` was judged."""
+        return {rule_key(rule) for (rule,) in self._db.execute(
             "SELECT DISTINCT rule FROM decisions WHERE task = ?", (task,))}
 
     # -- tasks added to a live run (``dione add``) ---------------------------------------
