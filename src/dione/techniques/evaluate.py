@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+from dione.spec.draws import seeded_draws
 from dione.spec.task import Task
 from dione.state.checkpoint import load_model_weights
 
@@ -64,14 +65,17 @@ def evaluate_model(task: Task, model: nn.Module) -> dict[str, float]:
     """The task's evaluation of ``model`` in eval mode without gradients. A metric that
     is NaN or infinite (a perplexity that overflowed, a validation that diverged) is
     returned as it is: a stopping rule judging it stops the task as a loser, as Optuna
-    prunes it, and the store leaves it out. torch's random draws inside it start from the
-    task's seed, and torch's generators are left as they were: a sampled evaluation
-    gives the same numbers whichever technique trained the model."""
+    prunes it, and the store leaves it out. Random draws inside it (torch's, NumPy's,
+    Python's) start from the task's seed, and the generators are left as they were: a
+    sampled evaluation gives the same numbers whichever technique trained the model
+    (only torch's were seeded: one sampling with NumPy gave other numbers under fsdp,
+    and after a resume under another technique, than under single: a review)."""
     if task.evaluate is None:
         return {}
     model.eval()
-    with _own_generators(), torch.no_grad():
-        torch.manual_seed(task.seed)
+    with _own_generators(), seeded_draws() as seed_all, torch.no_grad():
+        torch.manual_seed(task.seed)  # every device's generator, as seed_all does not
+        seed_all(task.seed)
         metrics = task.evaluate(model)
     if not isinstance(metrics, Mapping):
         raise EvaluateReturned(f"evaluate of task {task.name!r} returned {type(metrics).__name__} "
