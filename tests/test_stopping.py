@@ -6,7 +6,8 @@ from __future__ import annotations
 import functools
 import sqlite3
 import sys
-from dataclasses import replace
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import cloudpickle
@@ -25,6 +26,7 @@ from dione.simulate import Scenario, simulate
 from dione.spec.cluster import Cluster
 from dione.spec.stopping import (
     Asha,
+    Decision,
     Median,
     Patience,
     PausingAsha,
@@ -50,6 +52,19 @@ class OwnAsha(Asha):
     object's address, another in each process and for each instance."""
 
     __repr__ = object.__repr__
+
+
+class _Learning(Asha):
+    """ASHA that records the tasks that ended (the ``ended`` hook), in an attribute: its
+    fields change as the run goes on, the rule does not."""
+
+    def __init__(self, **fields: object) -> None:
+        super().__init__(**fields)  # type: ignore[arg-type]
+        object.__setattr__(self, "ends", [])
+
+    def ended(self, task: str, status: str, loss: float | None,
+              evaluation: Mapping[str, float]) -> None:
+        self.ends.append(task)  # type: ignore[attr-defined]
 
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # its class, in the workers
@@ -136,8 +151,12 @@ def test_patience_decides_as_worked_by_hand() -> None:
 
 
 @pytest.mark.parametrize("rule", [Median(min_steps=10, every=20, min_tasks=2),
-                                  Patience(min_steps=10, every=10, patience=2, min_delta=0.2)],
-                         ids=["median", "patience"])
+                                  Patience(min_steps=10, every=10, patience=2, min_delta=0.2),
+                                  # Its key kept as its attributes change: each end changed
+                                  # it, and later tasks were judged as the first at their
+                                  # rungs (a review).
+                                  _Learning(min_steps=10, eta=3)],
+                         ids=["median", "patience", "learning"])
 def test_a_simulated_sweep_decides_as_its_rule_from_what_the_store_holds(
         tmp_path: Path, rule: StoppingRule) -> None:
     """The runner hands each rule the values recorded before at the rung and the task's
@@ -147,6 +166,9 @@ def test_a_simulated_sweep_decides_as_its_rule_from_what_the_store_holds(
                    stopping=rule)
     with RunStore(run.run_dir) as store:
         decisions = store.decisions()
+    raw = sqlite3.connect(run.run_dir / "dione.sqlite")
+    assert len(raw.execute("SELECT DISTINCT rule FROM decisions").fetchall()) == 1
+    raw.close()
     recorded: dict[int, list[float]] = {}
     curves: dict[str, list[float]] = {}
     for task, step, value, stop, _ in decisions:
@@ -688,3 +710,83 @@ def test_a_rule_of_the_user_s_own_class_is_keyed_by_its_class_and_fields() -> No
              for k in range(3)]
     assert too_few_sharing(tasks) == []  # each was a rule of its own, alone
     assert len(too_few_sharing(tasks[:1])) == 1
+    # A knob a subclass adds beside its base's repr, a rule of __slots__, a set's order
+    # (a review: each knob value judged together, every instance alike, another key in
+    # each process).
+    knob = [_Knob(grace=g, min_steps=6) for g in (0.0, 0.5)]
+    assert repr(knob[0]) == repr(knob[1]) and rule_key(knob[0]) != rule_key(knob[1])
+    assert rule_key(_Slotted(1, {"b", "a"})) != rule_key(_Slotted(2, {"a", "b"}))
+    assert rule_key(_Slotted(1, {"b", "a", "c"})).endswith("_Slotted(held={'a', 'b', 'c'}, "
+                                                           "window=1)")
+
+
+class _Knob(Asha):
+    """ASHA with a knob of its own, its repr Asha's (which leaves the knob out)."""
+
+    def __init__(self, grace: float, **fields: object) -> None:
+        super().__init__(**fields)  # type: ignore[arg-type]
+        object.__setattr__(self, "grace", grace)
+
+
+class _Slotted:
+    """A rule's fields in __slots__ (no __dict__), one a set."""
+
+    __slots__ = ("held", "window")
+
+    def __init__(self, window: int, held: set[str]) -> None:
+        self.window, self.held = window, held
+
+
+@dataclass(frozen=True)
+class _AshaRaising(Asha):
+    """ASHA that raises judging task ``culprit`` (a user's rule with a bug)."""
+
+    culprit: str = "t3"
+
+    def decide(self, rung: int, value: float, recorded: Sequence[float], task: str = "",
+               history: Sequence[float] = ()) -> Decision:
+        if task == self.culprit:
+            raise ValueError("a bug in the rule")
+        return super().decide(rung, value, recorded, task, history)
+
+
+@dataclass(frozen=True)
+class _HalvingRaising(SuccessiveHalving):
+    """Successive halving that raises judging its second rung's cohort."""
+
+    def decide_together(self, rung: int, values: Mapping[str, float]) -> dict[str, Decision]:
+        if rung > self.min_steps:
+            raise ValueError("a bug in the rule")
+        return super().decide_together(rung, values)
+
+
+@dataclass(frozen=True)
+class _PausingRaising(PausingAsha):
+    """Pausing ASHA that raises deciding its second rung's paused tasks."""
+
+    def decide_paused(self, rung: int, values: Mapping[str, float],
+                      waiting: Collection[str], to_come: int) -> dict[str, Decision]:
+        if rung > self.min_steps:
+            raise ValueError("a bug in the rule")
+        return super().decide_paused(rung, values, waiting, to_come)
+
+
+@pytest.mark.parametrize("rule", [_AshaRaising(min_steps=10, eta=3),
+                                  _HalvingRaising(min_steps=10, eta=3),
+                                  _PausingRaising(min_steps=10, eta=3)],
+                         ids=["decide", "decide_together", "decide_paused"])
+def test_a_rule_that_raises_fails_the_tasks_it_judged_and_the_run_goes_on(
+        tmp_path: Path, rule: StoppingRule) -> None:
+    """A stopping rule of the user's own that raises: the tasks it was judging fail,
+    saying the rule raised and how to go on; every other task ends as its rule says (it
+    ended the whole run with a traceback, an unrelated task's slice lost: a review)."""
+    run = simulate(small_problem(8), tmp_path / "run", scenario=Scenario(seed=5), steps=90,
+                   options=SIMULATED, stopping=rule)
+    failed = {t for t, s in run.statuses.items() if s == "failed"}
+    assert failed and set(run.statuses.values()) <= {"done", "stopped", "failed"}
+    assert "done" in run.statuses.values() or "stopped" in run.statuses.values()
+    with RunStore(run.run_dir) as store:
+        for name in failed:
+            error = store.task(name).error or ""
+            assert "its stopping rule" in error and "raised judging it at step" in error
+            assert "ValueError: a bug in the rule; fix the rule, then `dione resume`" in error

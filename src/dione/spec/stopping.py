@@ -449,22 +449,36 @@ def _number(value: object) -> bool:
 
 def rule_key(rule: object) -> str:
     """What identifies a rule in every process: tasks of equal keys are judged together,
-    and a run's decisions are kept under it (a resume reads them back by it). Its repr,
-    less what differs from process to process for the same rule: an object's address,
-    the module a workload file is imported as (named after its text: a comment added to
-    the file changed it, a false edit: a review). A rule of a class with no repr of its
-    own is its class and fields (its default repr is an address: tasks built each with
-    their own instance were never compared, and a resume found no decision of it)."""
+    and a run's decisions are kept under it (a resume reads them back by it). The repr
+    of a class that defines its own (a dataclass's: every built-in rule's), less what
+    differs from process to process for the same rule: an object's address, the module
+    a workload file is imported as (named after its text: a comment added to the file
+    changed it, a false edit: a review). Any other rule is its class and every attribute
+    (its default repr is an address: tasks built each with their own instance were never
+    compared, and a resume found no decision of it; an inherited repr leaves out what the
+    subclass added: another knob's value was judged together, and a resume with it edited
+    passed), sets in sorted order (their order differs from process to process)."""
     import re
 
     if not isinstance(rule, str):
-        if type(rule).__repr__ is object.__repr__:
-            own = sorted(getattr(rule, "__dict__", {}).items())
-            fields = ", ".join(f"{k}={v!r}" for k, v in own)
-            rule = f"{type(rule).__module__}.{type(rule).__qualname__}({fields})"
-        else:
+        cls = type(rule)
+        owner = next(c for c in cls.__mro__ if "__repr__" in vars(c))
+        if owner is cls and cls.__repr__ is not object.__repr__:
             rule = repr(rule)
+        else:
+            slots = [n for c in cls.__mro__ for n in vars(c).get("__slots__", ())
+                     if n not in ("__dict__", "__weakref__") and hasattr(rule, n)]
+            own = {**{n: getattr(rule, n) for n in slots}, **getattr(rule, "__dict__", {})}
+            fields = ", ".join(f"{k}={_stable(v)}" for k, v in sorted(own.items()))
+            rule = f"{cls.__module__}.{cls.__qualname__}({fields})"
     return re.sub(r" at 0x[0-9a-fA-F]+|dione_workload_[0-9a-f]+\.", "", rule)
+
+
+def _stable(value: object) -> str:
+    """``repr(value)``, a set's (and a frozenset's) items in sorted order."""
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(sorted(map(_stable, value))) + "}"
+    return repr(value)
 
 
 def too_few_sharing(tasks: Sequence[Task]) -> list[tuple[str, list[str]]]:
