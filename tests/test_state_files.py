@@ -297,6 +297,42 @@ def test_the_lock_cannot_be_bypassed_by_deleting_it_nor_followed_through_a_symli
     assert found is not None and not found.alive
 
 
+def test_another_thread_of_the_process_is_refused_the_run_directory(tmp_path: Path) -> None:
+    """The lock is re-entrant within a thread only: a second `dione.run` on the folder
+    from another thread of the process is refused, naming the thread (both trained the
+    same tasks into the same checkpoints, then one ended with a bare KeyError: a
+    review); once the first lets go, it is taken."""
+    import threading
+
+    import dione
+    from dione.orchestrate.options import RunDirError, claim_run_dir
+
+    run_dir = tmp_path / "run"
+    held, done = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with claim_run_dir(run_dir), claim_run_dir(run_dir):  # nested in its thread
+            held.set()
+            done.wait(60)
+
+    thread = threading.Thread(target=first, name="the-first-run")
+    thread.start()
+    try:
+        assert held.wait(60)
+        with pytest.raises(RunDirError, match="in use by another call in this process "
+                           r"\(thread the-first-run\); wait for it"):
+            claim_run_dir(run_dir)
+        with pytest.raises((RunDirError, ValueError), match="another call in this process"):
+            dione.run([digits_task("a", steps=2)], devices="cpu:1", run_dir=str(run_dir),
+                      quiet=True)
+    finally:
+        done.set()
+        thread.join(60)
+    with claim_run_dir(run_dir):
+        found = lock_holder(run_dir)
+        assert found is not None and found.alive and found.pid == os.getpid()
+
+
 def test_a_full_store_stops_with_a_sentence_and_a_full_disk_is_not_retried(
         tmp_path: Path) -> None:
     """SQLite's 'database or disk is full' (here: the file may not grow) is a

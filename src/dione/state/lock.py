@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,11 +118,13 @@ def lock_holder(run_dir: str | Path) -> LockHolder | None:
 
 class RunLock:
     """``with RunLock(run_dir):`` holds the run directory, or raises RunDirBusy naming
-    the live holder. Re-entrant within a process (the CLI holds it around the run
-    loop, which takes it too)."""
+    the live holder. Re-entrant within a thread (the CLI holds it around the run loop,
+    which takes it too); another thread of the process is refused as another process
+    is (two ``dione.run`` calls at once on one folder both trained it, each task twice
+    into the same checkpoints: a review)."""
 
-    # Run directories this process holds, with how many holders each has.
-    _held: ClassVar[dict[Path, int]] = {}
+    # Run directories this process holds: the thread that holds each, and how many times.
+    _held: ClassVar[dict[Path, tuple[int, int]]] = {}
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir).resolve()
@@ -131,7 +134,13 @@ class RunLock:
 
     def acquire(self) -> None:
         if self.run_dir in RunLock._held:
-            RunLock._held[self.run_dir] += 1
+            holder, count = RunLock._held[self.run_dir]
+            if holder != threading.get_ident():
+                raise RunDirBusy(
+                    f"{self.run_dir} is in use by another call in this process (thread "
+                    f"{_thread_name(holder)}); wait for it to finish, or use another run "
+                    "directory")
+            RunLock._held[self.run_dir] = (holder, count + 1)
             self._nested = True
             return
         fd = _directory(self.run_dir)
@@ -153,7 +162,7 @@ class RunLock:
             os.close(fd)
             raise
         self._fd = fd
-        RunLock._held[self.run_dir] = 1
+        RunLock._held[self.run_dir] = (threading.get_ident(), 1)
 
     def _write_holder(self) -> None:
         """Who holds it, in ``RUN_DIR/lock``: a symlink there is replaced, not followed
@@ -172,7 +181,8 @@ class RunLock:
 
     def release(self) -> None:
         if self._nested:
-            RunLock._held[self.run_dir] -= 1
+            holder, count = RunLock._held[self.run_dir]
+            RunLock._held[self.run_dir] = (holder, count - 1)
             self._nested = False
         elif self._fd is not None:
             del RunLock._held[self.run_dir]
@@ -190,3 +200,8 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _thread_name(ident: int) -> str:
+    """A thread of this process by name, where it still runs (else its ident)."""
+    return next((t.name for t in threading.enumerate() if t.ident == ident), str(ident))
