@@ -528,3 +528,46 @@ def test_validation_leaves_the_callers_generators_as_they_were() -> None:
         random.seed(seed)
         valid_tasks([digits_task("t")])
         assert (torch.rand(1).item(), random.random()) == expected
+
+
+class _Annealed(torch.nn.Module):
+    """Scales by a temperature annealed with its count of training calls, kept in a plain
+    attribute, a non-persistent buffer or a persistent one."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.calls: int | torch.Tensor
+        if kind == "attribute":
+            self.calls = 0
+        else:
+            self.register_buffer("calls", torch.zeros((), dtype=torch.long),
+                                 persistent=kind == "persistent")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls += 1
+        return x / max(0.3, 1.0 - 0.1 * float(self.calls))
+
+
+def _annealed_mlp(kind: str) -> torch.nn.Module:
+    mlp = digits_mlp(hidden=16, depth=2)
+    return torch.nn.Sequential(mlp[0], _Annealed(kind), mlp[1], mlp[2])
+
+
+@pytest.mark.parametrize("kind", ["attribute", "buffer", "persistent"])
+def test_state_a_forward_moves_outside_the_state_dict_is_refused(kind: str) -> None:
+    """A counter its forward moves in a plain attribute or a non-persistent buffer: no
+    checkpoint keeps it, so a resume (every slice after the first) started it anew and
+    trained 7e-2 off single, unmarked (a review); refused with the fix. In a persistent
+    buffer it is kept: no problem."""
+    from dione.spec.validate import check_task
+
+    task = digits_task("annealed", model=functools.partial(_annealed_mlp, kind))
+    found = check_task(task, 2, kind="cpu")
+    if kind == "persistent":
+        assert found == []
+        return
+    (problem,) = found
+    assert problem.field == "model" and "1.calls" in problem.message
+    assert "state that its state_dict does not hold" in problem.message
+    assert "register_buffer('calls'" in problem.message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import difflib
 import functools
 import inspect
@@ -27,6 +28,7 @@ from dione.spec.stopping import StoppingRule
 from dione.spec.task import PRECISIONS, ItemCounter, Task
 from dione.spec.waiting import watched
 from dione.spec.workload import Workload
+from dione.words import some
 
 __all__ = ["REAL_FORWARD_BYTES", "UNKNOWN_DIRECTION", "Problem", "WorkloadError",
            "build_model", "check_task", "checked_task", "in_a_group", "keep_best_doubts",
@@ -193,6 +195,9 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
         field = "loss"
         message = str(err) if task.loss is None else f"raised {raised_line(err)}"
         return [Problem(task.name, field, message)]
+    unkept = _unkept_state(task, real, batch)
+    if unkept:
+        return [unkept]
     resolved["loss_items"], problems = _loss_items(task, real, dataset)
     if task.techniques == ("single",):
         # Nothing but accumulation splits its batch: what keeps its loss from combining
@@ -205,6 +210,54 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
             for p in problems if p.field in _SPLIT_LOSS), None)
         return []
     return problems
+
+
+def _unkept_state(task: Task, model: nn.Module, batch: Any) -> Problem | None:
+    """A problem where each training forward of ``model`` (a copy) moves state that its
+    state_dict does not hold, a plain number attribute or a non-persistent buffer (an
+    annealing counter): a checkpoint cannot keep it, so every slice after the first
+    starts it anew, and a split batch moves it once per part. Moved on both of two calls:
+    a cache filled once is no counter. (It trained 7e-2 off single after a resume, under
+    the same technique, and under accumulation and pipelines, unmarked: a review.)"""
+    from dione.spec.batch import loss_of
+
+    copied = copy.deepcopy(model).train()
+
+    def state() -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for prefix, module in copied.named_modules():
+            at = f"{prefix}." if prefix else ""
+            found.update({at + n: v for n, v in vars(module).items()
+                          if type(v) in (int, float) and not n.startswith("__")})
+            found.update({at + n: b.detach().clone()
+                          for n, b in module.named_buffers(recurse=False)
+                          if n in module._non_persistent_buffers_set})
+        return found
+
+    def moved(a: dict[str, Any], b: dict[str, Any]) -> set[str]:
+        return {n for n in a if n in b and not (
+            torch.equal(a[n], b[n]) if isinstance(a[n], torch.Tensor) else a[n] == b[n])}
+
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            before = state()
+            loss_of(copied, task, batch)
+            once = state()
+            loss_of(copied, task, batch)
+            twice = state()
+    except Exception:
+        return None  # a forward that fails is said by the checks that need it
+    every_call = sorted(moved(before, once) & moved(once, twice))
+    if not every_call:
+        return None
+    return Problem(task.name, "model", (
+        f"its training forward changes state that its state_dict does not hold, on every "
+        f"call ({some(every_call, 3)}: a plain attribute or a non-persistent buffer): a "
+        "checkpoint cannot keep it, so every slice after the first (dione trains in "
+        "slices, cut where the plan says) would start it anew, and a batch split in parts "
+        "would move it once per part: the plan would change what the task learns; keep it "
+        "in a persistent buffer (self.register_buffer('calls', torch.zeros((), "
+        "dtype=torch.long))), which checkpoints hold"))
 
 
 # Why a task that allows only single trains otherwise under accumulation, by the field
@@ -375,6 +428,9 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
     first = list(range(count))
     samplings = [[dataset[i] for i in at] for at in dict.fromkeys(
         (tuple(first), tuple(_spread(len(dataset), count))))]
+    by_class = _by_class(task, model, samplings[0])
+    if by_class is not None:  # a class-weighted mean shows only where halves differ so
+        samplings.append(by_class)
     guess = item_counting(task, model)
     own = guess.counter if guess is not None else samples
     if task.loss_items is not None:
@@ -439,8 +495,52 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
         f"batch's loss: it is not a mean over {counted}, so every technique that splits the "
         "batch (ddp, fsdp, pipelines, accumulation) would train differently from single. If "
         "it averages over something else, give the task loss_items=(a function counting "
-        "it in a batch); if it depends on the whole batch (in-batch negatives), give it "
-        "techniques=('single',)"))]
+        "it in a batch; a class-weighted mean, cross_entropy's weight=W: lambda batch: "
+        "W[batch[1]].sum()); if it depends on the whole batch (in-batch negatives), give "
+        "it techniques=('single',)"))]
+
+
+# The most classes a class-weighted loss is tried on beside the first (each a sample).
+BY_CLASS = 15
+
+
+def _by_class(task: Task, model: nn.Module, items: list[Any]) -> list[Any] | None:
+    """Of a classifier's (input, class) items: a half of class 0 and a half of up to
+    ``BY_CLASS`` other classes spread over them, on the same inputs, so that a mean
+    weighted by class (cross_entropy's ``weight=``) differs between halves. Samples as
+    they come seldom show it: eight digits held five classes, and a weight on another
+    trained otherwise than single under every technique, recorded exact (a review).
+    None where the items are not such pairs or the model's output has no class axis."""
+    from dione.spec.batch import call_model, split_target
+
+    first = items[0]
+    if not (isinstance(first, (tuple, list)) and len(first) == 2):
+        return None
+    label = first[1]
+    if isinstance(label, torch.Tensor):
+        if label.dim() != 0 or label.is_floating_point() or label.dtype == torch.bool:
+            return None
+    elif not isinstance(label, int) or isinstance(label, bool):
+        return None
+    try:
+        with torch.no_grad():
+            output = _batch_tensor(call_model(model, task, split_target(
+                task, task.collate(items))[0]), len(items))
+    except Exception:
+        return None
+    if output is None or output.dim() != 2 or output.shape[1] < 2:
+        return None
+    classes = int(output.shape[1])
+    count = min(BY_CLASS, classes - 1)
+    others = sorted({1 + round(k * (classes - 2) / max(1, count - 1)) for k in range(count)})
+
+    def of_class(k: int, value: int) -> Any:
+        inputs = items[k % len(items)][0]
+        return (inputs, torch.tensor(value, dtype=label.dtype)
+                if isinstance(label, torch.Tensor) else value)
+
+    return ([of_class(k, 0) for k in range(len(others))]
+            + [of_class(k, c) for k, c in enumerate(others)])
 
 
 def _pads_apart(task: Task, items: list[Any]) -> bool:
