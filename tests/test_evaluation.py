@@ -491,7 +491,8 @@ def test_an_evaluate_that_fails_in_its_profiling_trial_is_said_before_training(
     said = [e.message for e in events if e.kind == "evaluation_failed"]
     assert said[0] == ("alone: its evaluation failed in its profiling trial (RuntimeError: "
                        "no held-out split): it will fail where the task evaluates, its "
-                       "training kept; fix evaluate, then `dione evaluate RUN_DIR` once the "
+                       "training kept; fix evaluate, then `dione evaluate RUN_DIR` (from "
+                       "Python: dione.evaluate(run_dir)) once the "
                        "run ended records it at the task's end (one at a rung is not run "
                        "again: stop and resume before it)"), said
     kinds = [e.kind for e in events]

@@ -670,3 +670,19 @@ def test_optuna_loads_errors_name_its_own_arguments() -> None:
                          "latest=True))").endswith("as it is (step=4; latest=True)")
     assert _in_own_words("take its newest checkpoint as it is (--latest; dione.load(..., "
                          "latest=True))").endswith("(dione.optuna.load(..., latest=True))")
+
+
+def test_a_rung_judged_again_is_not_reported_twice_to_the_study() -> None:
+    """A resume judges again a rung whose report reached the study before a kill (its
+    decision not recorded): Optuna warned the user of a step reported twice (a review).
+    The first report stands and nothing is said."""
+    import warnings
+
+    study = optuna.create_study(pruner=optuna.pruners.MedianPruner(n_startup_trials=0))
+    trial = study.ask()
+    rule = dione.optuna.OptunaPruning(study, {"t": trial}, report_every=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = rule.decide(3, 1.5, [], "t")
+        again = rule.decide(3, 1.5, [], "t")
+    assert first.stop == again.stop and study.trials[0].intermediate_values == {3: 1.5}

@@ -33,6 +33,7 @@ import json
 import math
 import re
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -99,7 +100,13 @@ class OptunaPruning(StoppingRule):
         trial = self.trials[task]
         if not math.isfinite(value):
             return Decision(rung, value, True, f"{self.metric} is {value} at step {rung}")
-        trial.report(value, rung)
+        with warnings.catch_warnings():
+            # A resume judges again a rung whose report reached the study before a kill
+            # and whose decision dione had not recorded: Optuna keeps the first report
+            # (the same value, the slice being exact) and warned the user of a step
+            # reported twice, something they did not do (a review).
+            warnings.filterwarnings("ignore", "The reported value is ignored because")
+            trial.report(value, rung)
         prune = bool(trial.should_prune())
         pruner = type(self.study.pruner).__name__
         return Decision(rung, value, prune,

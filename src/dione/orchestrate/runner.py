@@ -417,7 +417,8 @@ class Runner:
             self.emit(RunEvent("evaluation_failed", f"{record.name}: its evaluation failed "
                                f"in its profiling trial ({last}): it will fail where the task "
                                "evaluates, its training kept; fix evaluate, then `dione "
-                               "evaluate RUN_DIR` once the run ended records it at the "
+                               "evaluate RUN_DIR` (from Python: dione.evaluate(run_dir)) "
+                               "once the run ended records it at the "
                                "task's end (one at a rung is not run again: stop and resume "
                                "before it)",
                                record.name))

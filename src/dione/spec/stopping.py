@@ -470,7 +470,9 @@ def rule_key(rule: object) -> str:
                      if n not in ("__dict__", "__weakref__") and hasattr(rule, n)]
             own = {**{n: getattr(rule, n) for n in slots}, **getattr(rule, "__dict__", {})}
             fields = ", ".join(f"{k}={_stable(v)}" for k, v in sorted(own.items()))
-            rule = f"{cls.__module__}.{cls.__qualname__}({fields})"
+            # No module: the class of a workload file, run by `dione run` (a module named
+            # after the file's text) or imported by name from Python, is one rule.
+            rule = f"{cls.__qualname__}({fields})"
     return re.sub(r" at 0x[0-9a-fA-F]+|dione_workload_[0-9a-f]+\.", "", rule)
 
 
