@@ -331,6 +331,13 @@ def test_another_thread_of_the_process_is_refused_the_run_directory(tmp_path: Pa
     with claim_run_dir(run_dir):
         found = lock_holder(run_dir)
         assert found is not None and found.alive and found.pid == os.getpid()
+    # A thread that ended holding it (never released) does not hold it for ever: the
+    # folder was refused for the rest of the process, "wait for it to finish" (review).
+    leaked = threading.Thread(target=lambda: RunLock(run_dir).acquire(), name="leaks")
+    leaked.start()
+    leaked.join(60)
+    with claim_run_dir(run_dir):
+        pass
 
 
 def test_a_full_store_stops_with_a_sentence_and_a_full_disk_is_not_retried(

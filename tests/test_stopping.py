@@ -4,6 +4,7 @@ planned again at once, and a store that keeps the decisions."""
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
 import sys
 from collections.abc import Collection, Mapping, Sequence
@@ -32,6 +33,7 @@ from dione.spec.stopping import (
     PausingAsha,
     StoppingRule,
     SuccessiveHalving,
+    legacy_rule_key,
     rule_key,
     too_few_sharing,
 )
@@ -582,6 +584,12 @@ def test_a_rung_a_killed_run_left_undecided_is_judged_before_anything_trains_pas
     if isinstance(rule, OwnAsha):  # each task its own instance, as a grid builds them
         tasks = [replace(t, stopping=OwnAsha(metric="loss", min_steps=6, eta=2,
                                              loss_window=3)) for t in tasks]
+        # As the version before recorded them: the raw repr, an address in it (a
+        # regression review: such a run could not be resumed).
+        raw = sqlite3.connect(run_dir / "dione.sqlite")
+        raw.execute("UPDATE decisions SET rule = ?", (repr(rule),))
+        raw.commit()
+        raw.close()
     events: list[RunEvent] = []
     result = run_workload(tasks, Cluster([TEST_NODE]), run_dir, options,
                           on_event=events.append)
@@ -589,7 +597,8 @@ def test_a_rung_a_killed_run_left_undecided_is_judged_before_anything_trains_pas
     assert set(statuses.values()) <= {"done", "stopped"}
     with RunStore(run_dir) as store:
         decisions = store.decisions()
-        assert store.decisions(rule_key(tasks[0].stopping)) == decisions  # one rule
+        assert store.decisions({rule_key(tasks[0].stopping),  # one rule
+                                legacy_rule_key(tasks[0].stopping)}) == decisions
         recorded: dict[int, list[float]] = {}
         for name, step, value, stop, _ in decisions:
             if rule.synchronous:  # each rung's cohort judged together
@@ -705,7 +714,9 @@ def test_a_rule_of_the_user_s_own_class_is_keyed_by_its_class_and_fields() -> No
     one, two = OwnAsha(min_steps=6, eta=2), OwnAsha(min_steps=6, eta=2)
     assert repr(one) != repr(two) and rule_key(one) == rule_key(two)
     assert rule_key(OwnAsha(min_steps=6, eta=3)) != rule_key(one)
-    assert rule_key(Asha(min_steps=6)) == repr(Asha(min_steps=6))
+    assert rule_key(Asha(min_steps=6)) == rule_key(Asha(min_steps=6)) != rule_key(Asha())
+    # A run of the version before recorded the repr: found by legacy_rule_key.
+    assert legacy_rule_key(Asha(min_steps=6)) == repr(Asha(min_steps=6))
     tasks = [digits_task(f"t{k}", steps=24, stopping=OwnAsha(min_steps=6, eta=2))
              for k in range(3)]
     assert too_few_sharing(tasks) == []  # each was a rule of its own, alone
@@ -718,6 +729,25 @@ def test_a_rule_of_the_user_s_own_class_is_keyed_by_its_class_and_fields() -> No
     assert rule_key(_Slotted(1, {"b", "a"})) != rule_key(_Slotted(2, {"a", "b"}))
     assert rule_key(_Slotted(1, {"b", "a", "c"})).endswith("_Slotted(held={'a', 'b', 'c'}, "
                                                            "window=1)")
+    # Sets inside other values, a dict filled from a set: the same key under any hash
+    # seed (a regression review: a nested set's order followed PYTHONHASHSEED).
+    import subprocess
+
+    code = ("from dione.spec.stopping import Asha, rule_key\n"
+            "from dataclasses import dataclass\n"
+            "@dataclass(frozen=True)\nclass Tagged(Asha):\n    tags: object = None\n"
+            "print(rule_key(Tagged(tags=({'b', 'a', 'c'}, {k: 1 for k in {'x', 'y', 'z'}},"
+            " [frozenset({'q', 'r', 's'})]))))")
+    keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}, check=True,
+                           timeout=120).stdout for seed in ("1", "2", "3")}
+    assert len(keys) == 1 and "({'a', 'b', 'c'}, {'x': 1, 'y': 1, 'z': 1}" in keys.pop()
+    # Fixed as first made: a rule recording ended tasks keeps its key in the process (a
+    # notebook's second dione.run after Ctrl-C was refused as an edited rule).
+    learning = _Learning(min_steps=6)
+    first = rule_key(learning)
+    learning.ended("t0", "done", 1.0, {})
+    assert rule_key(learning) == first and "ends=[]" in first
 
 
 class _Knob(Asha):

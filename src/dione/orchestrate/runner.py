@@ -55,7 +55,13 @@ from dione.spec.cluster import Cluster, ClusterError, Node
 from dione.spec.evaluated import judging_failed_evaluation
 from dione.spec.metrics import doubtful_direction
 from dione.spec.settings import SAID_SETTINGS, model_shapes, read_changes, training_settings
-from dione.spec.stopping import Decision, StoppingRule, rule_key, too_few_sharing
+from dione.spec.stopping import (
+    Decision,
+    StoppingRule,
+    legacy_rule_key,
+    rule_key,
+    too_few_sharing,
+)
 from dione.spec.task import Task
 from dione.spec.validate import keep_best_doubts, late_evaluation, rule_cadence_doubt
 from dione.state.checkpoint import (
@@ -123,8 +129,6 @@ class Runner:
         # What a warning questioned once: rules' directions, keep_best doubts, and the
         # tasks whose slices' evaluations lacked their keep_best metric.
         self._doubted: set[str | tuple[str, ...] | tuple[str, str, int]] = set()
-        # id -> (rule, its key when the run first saw it): ``_rule_key``.
-        self._rule_keys: dict[int, tuple[object, str]] = {}
         edited = self._edited_rule(tasks)
         if edited:
             self.store.close()
@@ -207,7 +211,7 @@ class Runner:
         addition did not: a review)."""
         every = [r.task for r in self.state.records.values()]
         for lonely, names in too_few_sharing(every) if added else ():
-            rule = self._rule_key(self.state.records[names[0]].task.stopping)
+            rule = rule_key(self.state.records[names[0]].task.stopping)
             if added & set(names) and ("few", rule) not in self._doubted:
                 self._doubted.add(("few", rule))
                 self.emit(RunEvent("stopping_rule_doubtful", f"{', '.join(names)} (added "
@@ -230,22 +234,16 @@ class Runner:
                                f"{listed}; give the workload that defines them "
                                "(`dione resume RUN_DIR --workload FILE`) to train them", None))
 
-    def _rule_key(self, rule: object) -> str:
-        """``rule_key`` of ``rule`` as it was when the run first saw it: a rule that
-        learns from the tasks that ended (its ``ended`` hook) in attributes keeps its key
-        (it changed at each end: the rule's later tasks were judged as the first at
-        their rungs, and the run could not be resumed: a review)."""
-        known = self._rule_keys.get(id(rule))
-        if known is None or known[0] is not rule:
-            known = self._rule_keys[id(rule)] = (rule, rule_key(rule))
-        return known[1]
-
     def _read_decisions(self, tasks: Sequence[Task]) -> None:
-        """The store's decisions of the stopping rules of ``tasks`` not read before."""
-        keys = {self._rule_key(t.stopping) for t in tasks if t.stopping is not None}
-        for rule in keys - self.rules:
+        """The store's decisions of the stopping rules of ``tasks`` not read before (a run
+        of the version before keyed them by ``legacy_rule_key``)."""
+        keys = {rule_key(t.stopping): legacy_rule_key(t.stopping) for t in tasks
+                if t.stopping is not None}
+        for rule, legacy in keys.items():
+            if rule in self.rules:
+                continue
             self.rules.add(rule)
-            for name, step, value, _, _ in self.store.decisions(rule):
+            for name, step, value, _, _ in self.store.decisions({rule, legacy}):
                 self.curves.setdefault((rule, name), []).append(value)
                 self.judged.setdefault((rule, step), {})[name] = value
 
@@ -259,9 +257,9 @@ class Runner:
         for task in tasks:
             if task.stopping is None:
                 continue
-            now = self._rule_key(task.stopping)
+            now = rule_key(task.stopping)
             before = self.store.decided_rules(task.name)
-            if before and now not in before:
+            if before and not {now, legacy_rule_key(task.stopping)} & before:
                 edits.setdefault((" or ".join(sorted(before)), now), []).append(task.name)
         if not edits:
             return None
@@ -298,14 +296,14 @@ class Runner:
         if rule is not None and rule.metric != "loss":  # the leaderboards rank by it
             self.store.add_directions({rule.metric: rule.mode})
             doubt = doubtful_direction(rule.metric, rule.mode, rule.mode_fix)
-            key = self._rule_key(rule)
+            key = rule_key(rule)
             if doubt and key not in self._doubted:  # once a rule, not once a task
                 self._doubted.add(key)
                 self.emit(RunEvent("stopping_rule_doubtful", f"{task.name} (and the tasks "
                                    f"that share its rule): {doubt}", task.name))
         idle = rule.never_stops(total) if rule is not None else None
-        if idle and ("idle", self._rule_key(rule), total) not in self._doubted:  # once
-            self._doubted.add(("idle", self._rule_key(rule), total))
+        if idle and ("idle", rule_key(rule), total) not in self._doubted:  # once
+            self._doubted.add(("idle", rule_key(rule), total))
             self.emit(RunEvent("stopping_rule_doubtful", f"{task.name} (and the tasks of "
                                f"its length that share its rule): {idle}", task.name))
         for late in (late_evaluation(task, total), rule_cadence_doubt(task)):
@@ -630,7 +628,7 @@ class Runner:
         if rule is None or not rule.pausing:
             return 0.0
         passed = [step for step in rule.rungs(record.total) if step <= record.done_steps]
-        values = self.judged.get((self._rule_key(rule), passed[-1]), {}) if passed else {}
+        values = self.judged.get((rule_key(rule), passed[-1]), {}) if passed else {}
         if record.name not in values:
             return 0.0
         own = values[record.name]
@@ -1164,7 +1162,7 @@ class Runner:
         assert rule is not None
         record.status = TaskStatus.WAITING
         self.store.set_paused(record.name, step)  # `dione status` and the report say so
-        self.waiting.setdefault((self._rule_key(rule), step), {})[record.name] = value
+        self.waiting.setdefault((rule_key(rule), step), {})[record.name] = value
         self.emit(RunEvent("rung_waiting", f"{record.name}: {rule.metric} {value:.4g} at "
                            f"step {step}; it waits there "
                            + ("until it ranks among the best there or no longer can"
@@ -1179,7 +1177,7 @@ class Runner:
             # Tasks that may still reach the rung (a pausing rule's paused lower down too).
             owed = [r for r in self.state.records.values()
                     if r.task.stopping is not None
-                    and self._rule_key(r.task.stopping) == name
+                    and rule_key(r.task.stopping) == name
                     and (r.status in (TaskStatus.PENDING, TaskStatus.RUNNING)
                          or (r.status == TaskStatus.WAITING and r.task.stopping.pausing))
                     and r.done_steps < step and step in r.task.stopping.rungs(r.total)]
@@ -1314,8 +1312,8 @@ class Runner:
         stopped the task (recorded with the rung, the value and the reason)."""
         rule = record.task.stopping
         assert rule is not None
-        recorded = list(self.judged.get((self._rule_key(rule), step), {}).values())
-        curve = self.curves.get((self._rule_key(rule), record.name), [])
+        recorded = list(self.judged.get((rule_key(rule), step), {}).values())
+        curve = self.curves.get((rule_key(rule), record.name), [])
         try:
             decision = rule.decide(step, value, recorded, record.name, curve)
         except Exception as err:
@@ -1328,7 +1326,9 @@ class Runner:
         """A stopping rule (a user's) that raised judging ``records`` at rung ``step``:
         those tasks fail, their training to the rung kept, and the run goes on for every
         other (it ended the run, an unrelated task's slice lost: a review)."""
-        error = (f"{rule.judged_by} ({rule!r:.80}) raised judging it at step {step}: "
+        said = repr(rule)
+        said = said if len(said) <= 120 else said[:117] + "..."  # (cut unsaid: a review)
+        error = (f"{rule.judged_by} ({said}) raised judging it at step {step}: "
                  f"{type(err).__name__}: {err}; fix the rule, then {_RESUME}")
         for record in records:
             self._give_up(record, error, f"{record.name}: {error}")
@@ -1339,9 +1339,9 @@ class Runner:
         rule = record.task.stopping
         assert rule is not None
         step, value = decision.rung, decision.value
-        self.curves.setdefault((self._rule_key(rule), record.name), []).append(value)
-        self.judged.setdefault((self._rule_key(rule), step), {})[record.name] = value
-        self.store.record_decision(record.name, self._rule_key(rule), step, rule.metric, value,
+        self.curves.setdefault((rule_key(rule), record.name), []).append(value)
+        self.judged.setdefault((rule_key(rule), step), {})[record.name] = value
+        self.store.record_decision(record.name, rule_key(rule), step, rule.metric, value,
                                    decision.stop, decision.reason)
         judged = {"step": step, "metric": rule.metric, "value": value}
         if not decision.stop:

@@ -24,9 +24,13 @@ checkpoint that slice wrote).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+import re
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -36,7 +40,7 @@ if TYPE_CHECKING:
     from dione.spec.task import Task
 
 __all__ = ["Asha", "Decision", "Median", "Patience", "PausingAsha", "StoppingRule",
-           "SuccessiveHalving", "common_mistakes", "rule_key", "too_few_sharing",
+           "SuccessiveHalving", "common_mistakes", "legacy_rule_key", "rule_key", "too_few_sharing",
            "too_few_to_compare"]
 
 
@@ -448,40 +452,77 @@ def _number(value: object) -> bool:
             and math.isfinite(value))
 
 
+# id -> (a weak reference to the rule, or the rule where it takes none; its key): each
+# rule's key as first made in this process (``rule_key``).
+_FIRST_KEYS: dict[int, tuple[Callable[[], object], str]] = {}
+
+
 def rule_key(rule: object) -> str:
     """What identifies a rule in every process: tasks of equal keys are judged together,
-    and a run's decisions are kept under it (a resume reads them back by it). The repr
-    of a class that defines its own (a dataclass's: every built-in rule's), less what
-    differs from process to process for the same rule: an object's address, the module
-    a workload file is imported as (named after its text: a comment added to the file
-    changed it, a false edit: a review). Any other rule is its class and every attribute
-    (its default repr is an address: tasks built each with their own instance were never
-    compared, and a resume found no decision of it; an inherited repr leaves out what the
-    subclass added: another knob's value was judged together, and a resume with it edited
-    passed), sets in sorted order (their order differs from process to process)."""
-    import re
+    and a run's decisions are kept under it (a resume reads them back by it). A rule is
+    its class's name and every attribute, sets in sorted order (a set's order differs
+    from process to process), or its repr where its class (not a dataclass) writes one of
+    its own; either less what differs from process to process for one rule: an object's
+    address, the module a workload file is imported as (named after its text). Fixed
+    for each rule object when first made in the process: a rule that records the tasks
+    that ended (its ``ended`` hook) in attributes keeps its key (it changed at each end:
+    later tasks were judged as the first at their rungs, and a resume was refused).
+    Given a str (a key or repr the store holds), that text less the same."""
+    if isinstance(rule, str):
+        return _stripped(rule)
+    known = _FIRST_KEYS.get(id(rule))
+    if known is None or known[0]() is not rule:
+        try:
+            held: Callable[[], object] = weakref.ref(rule)
+        except TypeError:  # __slots__ without __weakref__: held, as a sweep's few rules
+            held = functools.partial(lambda kept: kept, rule)
+        known = _FIRST_KEYS[id(rule)] = (held, _stripped(_key_of(rule)))
+    return known[1]
 
-    if not isinstance(rule, str):
-        cls = type(rule)
-        owner = next(c for c in cls.__mro__ if "__repr__" in vars(c))
-        if owner is cls and cls.__repr__ is not object.__repr__:
-            rule = repr(rule)
-        else:
-            slots = [n for c in cls.__mro__ for n in vars(c).get("__slots__", ())
-                     if n not in ("__dict__", "__weakref__") and hasattr(rule, n)]
-            own = {**{n: getattr(rule, n) for n in slots}, **getattr(rule, "__dict__", {})}
-            fields = ", ".join(f"{k}={_stable(v)}" for k, v in sorted(own.items()))
-            # No module: the class of a workload file, run by `dione run` (a module named
-            # after the file's text) or imported by name from Python, is one rule.
-            rule = f"{cls.__qualname__}({fields})"
-    return re.sub(r" at 0x[0-9a-fA-F]+|dione_workload_[0-9a-f]+\.", "", rule)
+
+def legacy_rule_key(rule: object) -> str:
+    """The key a run recorded before ``rule_key`` (2026-12-07): the rule's repr, less an
+    address and a workload module's name; a resume of such a run finds its decisions
+    under it."""
+    return _stripped(repr(rule))
+
+
+def _key_of(rule: object) -> str:
+    """``rule_key`` before stripping: a repr of the class's own (not a dataclass's, which
+    leaves out a knob a subclass adds and writes a set in its process's order), else
+    the class's name and every attribute (of ``__slots__`` too), values as ``_stable``."""
+    cls = type(rule)
+    owner = next(c for c in cls.__mro__ if "__repr__" in vars(c))
+    if owner is not object and not dataclasses.is_dataclass(owner) and \
+            cls.__repr__ is not object.__repr__:
+        return repr(rule)
+    slots = [n for c in cls.__mro__ for n in vars(c).get("__slots__", ())
+             if n not in ("__dict__", "__weakref__") and hasattr(rule, n)]
+    own = {**{n: getattr(rule, n) for n in slots}, **getattr(rule, "__dict__", {})}
+    # No module: the class of a workload file, run by `dione run` (a module named after
+    # the file's text) or imported by name from Python, is one rule.
+    return f"{cls.__qualname__}(" + ", ".join(
+        f"{k}={_stable(v)}" for k, v in sorted(own.items())) + ")"
 
 
 def _stable(value: object) -> str:
-    """``repr(value)``, a set's (and a frozenset's) items in sorted order."""
+    """``repr(value)``, with each set's items (and each dict's keys) in sorted order, in
+    tuples, lists and dicts too."""
     if isinstance(value, (set, frozenset)):
         return "{" + ", ".join(sorted(map(_stable, value))) + "}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(sorted(f"{_stable(k)}: {_stable(v)}"
+                                      for k, v in value.items())) + "}"
+    if isinstance(value, (list, tuple)):
+        inside = ", ".join(map(_stable, value))
+        return (f"[{inside}]" if isinstance(value, list)
+                else f"({inside}{',' if len(value) == 1 else ''})")
     return repr(value)
+
+
+def _stripped(text: str) -> str:
+    """``text`` without an object's address or a workload module's name."""
+    return re.sub(r" at 0x[0-9a-fA-F]+|dione_workload_[0-9a-f]+\.", "", text)
 
 
 def too_few_sharing(tasks: Sequence[Task]) -> list[tuple[str, list[str]]]:

@@ -135,6 +135,10 @@ class RunLock:
     def acquire(self) -> None:
         if self.run_dir in RunLock._held:
             holder, count = RunLock._held[self.run_dir]
+            if holder != threading.get_ident() and not _alive(holder):
+                # Its thread ended holding it (a lock never released): this one takes
+                # it over rather than waiting for a thread that is gone (a review).
+                holder = threading.get_ident()
             if holder != threading.get_ident():
                 raise RunDirBusy(
                     f"{self.run_dir} is in use by another call in this process (thread "
@@ -200,6 +204,11 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _alive(ident: int) -> bool:
+    """Whether a thread of this process of that ident still runs."""
+    return any(t.ident == ident for t in threading.enumerate())
 
 
 def _thread_name(ident: int) -> str:

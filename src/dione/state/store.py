@@ -457,15 +457,19 @@ class RunStore(SQLiteFile):
                 db.execute("UPDATE tasks SET status = 'stopped', error = ?, updated_at = ? "
                            "WHERE name = ?", (reason, clock.now(), task))
 
-    def decisions(self, rule: str | None = None) -> list[tuple[str, int, float, bool, str]]:
-        """(task, step, value, stop, reason) of every decision (of the rule of key
-        ``rule``, ``rule_key``), in the order they were made."""
+    def decisions(self, rules: Collection[str] | None = None
+                  ) -> list[tuple[str, int, float, bool, str]]:
+        """(task, step, value, stop, reason) of every decision (of the rules of keys
+        ``rules``, as ``rule_key`` makes them), in the order they were made."""
+        if isinstance(rules, str):  # one key, not its characters
+            rules = {rules}
         rows = self._db.execute(
             "SELECT task, step, value, stop, reason, rule FROM decisions ORDER BY id")
-        # Keys compared as ``rule_key`` makes them: a store of the version before holds
-        # each rule's raw repr (an address in it, the workload module's name).
+        # Keys compared as ``rule_key`` makes them of the stored text: a store of the
+        # version before holds each rule's raw repr (an address, a workload module).
         return [(t, step, _loss(v), bool(stop), reason)
-                for t, step, v, stop, reason, by in rows if rule is None or rule_key(by) == rule]
+                for t, step, v, stop, reason, by in rows
+                if rules is None or rule_key(by) in rules]
 
     def decided_rules(self, task: str) -> set[str]:
         """The keys of the stopping rules (``rule_key``) under which ``task`` was judged."""
