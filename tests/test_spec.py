@@ -571,3 +571,52 @@ def test_state_a_forward_moves_outside_the_state_dict_is_refused(kind: str) -> N
     assert problem.field == "model" and "1.calls" in problem.message
     assert "state that its state_dict does not hold" in problem.message
     assert "register_buffer('calls'" in problem.message
+
+
+class _Diagnosed(torch.nn.Module):
+    """Keeps numbers no training reads: the last activation's norm (it moves with dropout
+    on every call), a NaN placeholder, and a lock that deepcopy cannot copy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropout = torch.nn.Dropout(0.5)
+        self.last_norm = 0.0
+        self.placeholder = float("nan")
+        self.guard = threading.Lock()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.dropout(x)
+        self.last_norm = float(x.norm())
+        return x
+
+
+def _diagnosed_mlp() -> torch.nn.Module:
+    mlp = digits_mlp(hidden=16, depth=2)
+    return torch.nn.Sequential(mlp[0], _Diagnosed(), mlp[1], mlp[2])
+
+
+def _four_kinds() -> torch.utils.data.TensorDataset:
+    generator = torch.Generator().manual_seed(0)
+    return torch.utils.data.TensorDataset(torch.randn(64, 8, generator=generator),
+                                          torch.arange(64) % 4)
+
+
+_CENTRES = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+
+
+def _centre_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return (output - _CENTRES.to(output.device)[target]).pow(2).sum(dim=1).mean()
+
+
+@pytest.mark.parametrize("case", ["diagnostics", "centres"])
+def test_state_no_training_reads_and_a_centre_loss_are_not_refused(case: str) -> None:
+    """A regression review's false refusals: numbers a forward keeps that change no loss
+    (a norm under dropout, a NaN placeholder) and a model deepcopy cannot copy (a lock);
+    a centre loss on a 16-wide embedding of 4 classes, taken for 16 classes' logits and
+    given labels past its 4 centres."""
+    from dione.spec.validate import check_task
+
+    task = (digits_task("diagnosed", model=_diagnosed_mlp) if case == "diagnostics" else
+            digits_task("centres", model=functools.partial(torch.nn.Linear, 8, 16),
+                        data=_four_kinds, loss=_centre_loss))
+    assert check_task(task, 2, kind="cpu") == []

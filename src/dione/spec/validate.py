@@ -215,13 +215,17 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
 def _unkept_state(task: Task, model: nn.Module, batch: Any) -> Problem | None:
     """A problem where each training forward of ``model`` (a copy) moves state that its
     state_dict does not hold, a plain number attribute or a non-persistent buffer (an
-    annealing counter): a checkpoint cannot keep it, so every slice after the first
-    starts it anew, and a split batch moves it once per part. Moved on both of two calls:
-    a cache filled once is no counter. (It trained 7e-2 off single after a resume, under
-    the same technique, and under accumulation and pipelines, unmarked: a review.)"""
+    annealing counter), and the loss moves with it: a checkpoint cannot keep it, so
+    every slice after the first starts it anew, and a split batch moves it once per part
+    (it trained 7e-2 off single after a resume, under the same technique, unmarked: a
+    review). Moved on both of two calls (a cache filled once is no counter), the loss
+    other on the same draws (a number kept for a diagnostic changes no training)."""
     from dione.spec.batch import loss_of
 
-    copied = copy.deepcopy(model).train()
+    try:
+        copied = copy.deepcopy(model).train()
+    except Exception:
+        return None  # a model that cannot be copied here is not looked into
 
     def state() -> dict[str, Any]:
         found: dict[str, Any] = {}
@@ -235,29 +239,42 @@ def _unkept_state(task: Task, model: nn.Module, batch: Any) -> Problem | None:
         return found
 
     def moved(a: dict[str, Any], b: dict[str, Any]) -> set[str]:
-        return {n for n in a if n in b and not (
-            torch.equal(a[n], b[n]) if isinstance(a[n], torch.Tensor) else a[n] == b[n])}
+        return {n for n in a if n in b and not _alike(a[n], b[n])}
+
+    def loss() -> torch.Tensor:
+        torch.manual_seed(task.seed)  # the same draws each call: only the state differs
+        return loss_of(copied, task, batch).detach()
 
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             before = state()
-            loss_of(copied, task, batch)
+            first = loss()
             once = state()
-            loss_of(copied, task, batch)
+            second = loss()
             twice = state()
     except Exception:
         return None  # a forward that fails is said by the checks that need it
     every_call = sorted(moved(before, once) & moved(once, twice))
-    if not every_call:
+    if not every_call or _alike(first, second):
         return None
     return Problem(task.name, "model", (
         f"its training forward changes state that its state_dict does not hold, on every "
-        f"call ({some(every_call, 3)}: a plain attribute or a non-persistent buffer): a "
-        "checkpoint cannot keep it, so every slice after the first (dione trains in "
-        "slices, cut where the plan says) would start it anew, and a batch split in parts "
-        "would move it once per part: the plan would change what the task learns; keep it "
-        "in a persistent buffer (self.register_buffer('calls', torch.zeros((), "
-        "dtype=torch.long))), which checkpoints hold"))
+        f"call, and its loss with it ({some(every_call, 3)}: a plain attribute or a "
+        "non-persistent buffer): a checkpoint cannot keep it, so every slice after the "
+        "first (dione trains in slices, cut where the plan says) would start it anew, and "
+        "a batch split in parts would move it once per part: the plan would change what "
+        "the task learns; keep it in a persistent buffer (self.register_buffer('calls', "
+        "torch.zeros((), dtype=torch.long))), which checkpoints hold"))
+
+
+def _alike(a: Any, b: Any) -> bool:
+    """Equal, NaN where the other is NaN (a number left NaN did not move)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if not a.is_floating_point():
+            return torch.equal(a, b)
+        return a.shape == b.shape and bool(torch.isclose(a, b, rtol=0, atol=0,
+                                                         equal_nan=True).all())
+    return bool(a == b or (a != a and b != b))
 
 
 # Why a task that allows only single trains otherwise under accumulation, by the field
@@ -428,7 +445,7 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
     first = list(range(count))
     samplings = [[dataset[i] for i in at] for at in dict.fromkeys(
         (tuple(first), tuple(_spread(len(dataset), count))))]
-    by_class = _by_class(task, model, samplings[0])
+    by_class = _by_class(task, model, samplings[0], dataset)
     if by_class is not None:  # a class-weighted mean shows only where halves differ so
         samplings.append(by_class)
     guess = item_counting(task, model)
@@ -500,18 +517,23 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
         "it techniques=('single',)"))]
 
 
-# The most classes a class-weighted loss is tried on beside the first (each a sample).
+# The most classes a class-weighted loss is tried on beside the first (each a sample),
+# and how many samples spread over the data set are looked at for the classes it holds.
 BY_CLASS = 15
+CLASS_LOOKS = 64
 
 
-def _by_class(task: Task, model: nn.Module, items: list[Any]) -> list[Any] | None:
-    """Of a classifier's (input, class) items: a half of class 0 and a half of up to
-    ``BY_CLASS`` other classes spread over them, on the same inputs, so that a mean
-    weighted by class (cross_entropy's ``weight=``) differs between halves. Samples as
-    they come seldom show it: eight digits held five classes, and a weight on another
-    trained otherwise than single under every technique, recorded exact (a review).
-    None where the items are not such pairs or the model's output has no class axis."""
-    from dione.spec.batch import call_model, split_target
+def _by_class(task: Task, model: nn.Module, items: list[Any], dataset: Any
+              ) -> list[Any] | None:
+    """Of a classifier's (input, class) items: a half of one class and a half of up to
+    ``BY_CLASS`` other classes, each seen among ``CLASS_LOOKS`` samples spread over
+    ``dataset``, on the same inputs, so that a mean weighted by class (cross_entropy's
+    ``weight=``) differs between halves. Samples as they come seldom show it: eight
+    digits held five classes, and a weight on another trained otherwise than single
+    under every technique, recorded exact (a review). None where the items are not such
+    pairs, fewer than two classes are seen, or the loss cannot take the batch so made
+    (classes beyond what it indexes, as a centre loss's: a regression review)."""
+    from dione.spec.batch import collated, loss_of
 
     first = items[0]
     if not (isinstance(first, (tuple, list)) and len(first) == 2):
@@ -523,24 +545,28 @@ def _by_class(task: Task, model: nn.Module, items: list[Any]) -> list[Any] | Non
     elif not isinstance(label, int) or isinstance(label, bool):
         return None
     try:
-        with torch.no_grad():
-            output = _batch_tensor(call_model(model, task, split_target(
-                task, task.collate(items))[0]), len(items))
+        seen = sorted({int(dataset[i][1]) for i in _spread(len(dataset), min(
+            CLASS_LOOKS, len(dataset)))})
     except Exception:
         return None
-    if output is None or output.dim() != 2 or output.shape[1] < 2:
+    if len(seen) < 2:
         return None
-    classes = int(output.shape[1])
-    count = min(BY_CLASS, classes - 1)
-    others = sorted({1 + round(k * (classes - 2) / max(1, count - 1)) for k in range(count)})
+    count = min(BY_CLASS, len(seen) - 1)
+    others = [seen[1 + round(k * (len(seen) - 2) / max(1, count - 1))] for k in range(count)]
 
     def of_class(k: int, value: int) -> Any:
         inputs = items[k % len(items)][0]
         return (inputs, torch.tensor(value, dtype=label.dtype)
                 if isinstance(label, torch.Tensor) else value)
 
-    return ([of_class(k, 0) for k in range(len(others))]
+    made = ([of_class(k, seen[0]) for k in range(len(others))]
             + [of_class(k, c) for k, c in enumerate(others)])
+    try:
+        with torch.no_grad():
+            loss_of(model, task, collated(task, made, task.seed))
+    except Exception:
+        return None
+    return made
 
 
 def _pads_apart(task: Task, items: list[Any]) -> bool:
