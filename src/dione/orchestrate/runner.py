@@ -129,6 +129,8 @@ class Runner:
         # What a warning questioned once: rules' directions, keep_best doubts, and the
         # tasks whose slices' evaluations lacked their keep_best metric.
         self._doubted: set[str | tuple[str, ...] | tuple[str, str, int]] = set()
+        # id -> (rule, its key when the run first saw it): ``_rule_key``.
+        self._rule_keys: dict[int, tuple[object, str]] = {}
         edited = self._edited_rule(tasks)
         if edited:
             self.store.close()
@@ -201,7 +203,7 @@ class Runner:
     def _say_too_few(self, tasks: Sequence[Task]) -> None:
         """A rule that compares tasks, shared by too few of them to stop any: said once
         (each rung still cuts a slice; a review's one-task sweep paid for nothing)."""
-        for lonely, names in too_few_sharing(tasks):
+        for lonely, names in too_few_sharing(tasks, self._rule_key):
             self.emit(RunEvent("stopping_rule_doubtful", f"{', '.join(names)}: {lonely}",
                                names[0]))
 
@@ -210,8 +212,8 @@ class Runner:
         by too few of the run's tasks, said once a rule (a run started so said it, an
         addition did not: a review)."""
         every = [r.task for r in self.state.records.values()]
-        for lonely, names in too_few_sharing(every) if added else ():
-            rule = rule_key(self.state.records[names[0]].task.stopping)
+        for lonely, names in too_few_sharing(every, self._rule_key) if added else ():
+            rule = self._rule_key(self.state.records[names[0]].task.stopping)
             if added & set(names) and ("few", rule) not in self._doubted:
                 self._doubted.add(("few", rule))
                 self.emit(RunEvent("stopping_rule_doubtful", f"{', '.join(names)} (added "
@@ -234,10 +236,21 @@ class Runner:
                                f"{listed}; give the workload that defines them "
                                "(`dione resume RUN_DIR --workload FILE`) to train them", None))
 
+    def _rule_key(self, rule: object) -> str:
+        """``rule_key`` of ``rule`` as it was when the run first saw it: a rule that
+        learns from the tasks that ended (its ``ended`` hook) in attributes keeps its key
+        through the run (it changed at each end: the rule's later tasks were judged as
+        the first at their rungs: a review). Per run, not per process: a rule edited
+        between two runs in one process is seen edited (a regression review)."""
+        known = self._rule_keys.get(id(rule))
+        if known is None or known[0] is not rule:
+            known = self._rule_keys[id(rule)] = (rule, rule_key(rule))
+        return known[1]
+
     def _read_decisions(self, tasks: Sequence[Task]) -> None:
         """The store's decisions of the stopping rules of ``tasks`` not read before (a run
         of the version before keyed them by ``legacy_rule_key``)."""
-        keys = {rule_key(t.stopping): legacy_rule_key(t.stopping) for t in tasks
+        keys = {self._rule_key(t.stopping): legacy_rule_key(t.stopping) for t in tasks
                 if t.stopping is not None}
         for rule, legacy in keys.items():
             if rule in self.rules:
@@ -257,7 +270,7 @@ class Runner:
         for task in tasks:
             if task.stopping is None:
                 continue
-            now = rule_key(task.stopping)
+            now = self._rule_key(task.stopping)
             before = self.store.decided_rules(task.name)
             if before and not {now, legacy_rule_key(task.stopping)} & before:
                 edits.setdefault((" or ".join(sorted(before)), now), []).append(task.name)
@@ -296,14 +309,14 @@ class Runner:
         if rule is not None and rule.metric != "loss":  # the leaderboards rank by it
             self.store.add_directions({rule.metric: rule.mode})
             doubt = doubtful_direction(rule.metric, rule.mode, rule.mode_fix)
-            key = rule_key(rule)
+            key = self._rule_key(rule)
             if doubt and key not in self._doubted:  # once a rule, not once a task
                 self._doubted.add(key)
                 self.emit(RunEvent("stopping_rule_doubtful", f"{task.name} (and the tasks "
                                    f"that share its rule): {doubt}", task.name))
         idle = rule.never_stops(total) if rule is not None else None
-        if idle and ("idle", rule_key(rule), total) not in self._doubted:  # once
-            self._doubted.add(("idle", rule_key(rule), total))
+        if idle and ("idle", self._rule_key(rule), total) not in self._doubted:  # once
+            self._doubted.add(("idle", self._rule_key(rule), total))
             self.emit(RunEvent("stopping_rule_doubtful", f"{task.name} (and the tasks of "
                                f"its length that share its rule): {idle}", task.name))
         for late in (late_evaluation(task, total), rule_cadence_doubt(task)):
@@ -628,7 +641,7 @@ class Runner:
         if rule is None or not rule.pausing:
             return 0.0
         passed = [step for step in rule.rungs(record.total) if step <= record.done_steps]
-        values = self.judged.get((rule_key(rule), passed[-1]), {}) if passed else {}
+        values = self.judged.get((self._rule_key(rule), passed[-1]), {}) if passed else {}
         if record.name not in values:
             return 0.0
         own = values[record.name]
@@ -1162,7 +1175,7 @@ class Runner:
         assert rule is not None
         record.status = TaskStatus.WAITING
         self.store.set_paused(record.name, step)  # `dione status` and the report say so
-        self.waiting.setdefault((rule_key(rule), step), {})[record.name] = value
+        self.waiting.setdefault((self._rule_key(rule), step), {})[record.name] = value
         self.emit(RunEvent("rung_waiting", f"{record.name}: {rule.metric} {value:.4g} at "
                            f"step {step}; it waits there "
                            + ("until it ranks among the best there or no longer can"
@@ -1177,7 +1190,7 @@ class Runner:
             # Tasks that may still reach the rung (a pausing rule's paused lower down too).
             owed = [r for r in self.state.records.values()
                     if r.task.stopping is not None
-                    and rule_key(r.task.stopping) == name
+                    and self._rule_key(r.task.stopping) == name
                     and (r.status in (TaskStatus.PENDING, TaskStatus.RUNNING)
                          or (r.status == TaskStatus.WAITING and r.task.stopping.pausing))
                     and r.done_steps < step and step in r.task.stopping.rungs(r.total)]
@@ -1312,8 +1325,8 @@ class Runner:
         stopped the task (recorded with the rung, the value and the reason)."""
         rule = record.task.stopping
         assert rule is not None
-        recorded = list(self.judged.get((rule_key(rule), step), {}).values())
-        curve = self.curves.get((rule_key(rule), record.name), [])
+        recorded = list(self.judged.get((self._rule_key(rule), step), {}).values())
+        curve = self.curves.get((self._rule_key(rule), record.name), [])
         try:
             decision = rule.decide(step, value, recorded, record.name, curve)
         except Exception as err:
@@ -1339,9 +1352,9 @@ class Runner:
         rule = record.task.stopping
         assert rule is not None
         step, value = decision.rung, decision.value
-        self.curves.setdefault((rule_key(rule), record.name), []).append(value)
-        self.judged.setdefault((rule_key(rule), step), {})[record.name] = value
-        self.store.record_decision(record.name, rule_key(rule), step, rule.metric, value,
+        self.curves.setdefault((self._rule_key(rule), record.name), []).append(value)
+        self.judged.setdefault((self._rule_key(rule), step), {})[record.name] = value
+        self.store.record_decision(record.name, self._rule_key(rule), step, rule.metric, value,
                                    decision.stop, decision.reason)
         judged = {"step": step, "metric": rule.metric, "value": value}
         if not decision.stop:

@@ -28,11 +28,10 @@ import dataclasses
 import functools
 import math
 import re
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dione.spec.keywords import named_keywords
 
@@ -40,7 +39,8 @@ if TYPE_CHECKING:
     from dione.spec.task import Task
 
 __all__ = ["Asha", "Decision", "Median", "Patience", "PausingAsha", "StoppingRule",
-           "SuccessiveHalving", "common_mistakes", "legacy_rule_key", "rule_key", "too_few_sharing",
+           "SuccessiveHalving", "attribute_key", "common_mistakes", "legacy_rule_key", "rule_key",
+           "too_few_sharing",
            "too_few_to_compare"]
 
 
@@ -159,6 +159,13 @@ class StoppingRule(ABC):
         """Told, in the launcher, as a task under this rule ends (``done``, ``stopped``,
         ``failed``, ``diverged``) with its last loss and evaluation: a rule that learns
         from finished tasks (a median over completed ones) records it here."""
+
+    def key(self) -> str:
+        """What tells this rule from another (``rule_key``): its class's name and every
+        attribute, or its repr where its class writes one of its own. A rule that keeps
+        what it learns in attributes (``ended``) leaves them out here, so that a run of
+        it resumed in the same process is not taken for an edited rule."""
+        return attribute_key(self)
 
 
 @dataclass(frozen=True)
@@ -452,32 +459,19 @@ def _number(value: object) -> bool:
             and math.isfinite(value))
 
 
-# id -> (a weak reference to the rule, or the rule where it takes none; its key): each
-# rule's key as first made in this process (``rule_key``).
-_FIRST_KEYS: dict[int, tuple[Callable[[], object], str]] = {}
-
-
 def rule_key(rule: object) -> str:
     """What identifies a rule in every process: tasks of equal keys are judged together,
-    and a run's decisions are kept under it (a resume reads them back by it). A rule is
-    its class's name and every attribute, sets in sorted order (a set's order differs
-    from process to process), or its repr where its class (not a dataclass) writes one of
-    its own; either less what differs from process to process for one rule: an object's
-    address, the module a workload file is imported as (named after its text). Fixed
-    for each rule object when first made in the process: a rule that records the tasks
-    that ended (its ``ended`` hook) in attributes keeps its key (it changed at each end:
-    later tasks were judged as the first at their rungs, and a resume was refused).
-    Given a str (a key or repr the store holds), that text less the same."""
+    and a run's decisions are kept under it (a resume reads them back by it). The rule's
+    own ``key()`` where it has one, else ``attribute_key`` (``StoppingRule.key``'s
+    default: its class's name and every attribute); either less what differs from
+    process to process for one rule: an object's address, the module a workload file is
+    imported as (named after its text). Given a str (a key or repr the store holds), that
+    text less the same. A run fixes each rule's key as it first sees it (``Runner``): a
+    rule that records what it learns in attributes keeps its key through the run."""
     if isinstance(rule, str):
         return _stripped(rule)
-    known = _FIRST_KEYS.get(id(rule))
-    if known is None or known[0]() is not rule:
-        try:
-            held: Callable[[], object] = weakref.ref(rule)
-        except TypeError:  # __slots__ without __weakref__: held, as a sweep's few rules
-            held = functools.partial(lambda kept: kept, rule)
-        known = _FIRST_KEYS[id(rule)] = (held, _stripped(_key_of(rule)))
-    return known[1]
+    key = getattr(rule, "key", None)
+    return _stripped(key() if callable(key) else attribute_key(rule))
 
 
 def legacy_rule_key(rule: object) -> str:
@@ -487,37 +481,92 @@ def legacy_rule_key(rule: object) -> str:
     return _stripped(repr(rule))
 
 
-def _key_of(rule: object) -> str:
-    """``rule_key`` before stripping: a repr of the class's own (not a dataclass's, which
-    leaves out a knob a subclass adds and writes a set in its process's order), else
-    the class's name and every attribute (of ``__slots__`` too), values as ``_stable``."""
+def attribute_key(rule: object) -> str:
+    """``StoppingRule.key``'s default: a repr of the class's own (not a dataclass's, which
+    leaves out a knob a subclass adds and writes a set in its process's order), else the
+    class's name and every attribute (of ``__slots__`` too), values as ``_stable``."""
     cls = type(rule)
     owner = next(c for c in cls.__mro__ if "__repr__" in vars(c))
     if owner is not object and not dataclasses.is_dataclass(owner) and \
             cls.__repr__ is not object.__repr__:
         return repr(rule)
-    slots = [n for c in cls.__mro__ for n in vars(c).get("__slots__", ())
-             if n not in ("__dict__", "__weakref__") and hasattr(rule, n)]
-    own = {**{n: getattr(rule, n) for n in slots}, **getattr(rule, "__dict__", {})}
     # No module: the class of a workload file, run by `dione run` (a module named after
     # the file's text) or imported by name from Python, is one rule.
+    return _of_attributes(rule, 0)
+
+
+def _of_attributes(value: object, depth: int) -> str:
+    """``value``'s class's name and its attributes (of ``__slots__`` too), sorted."""
+    cls = type(value)
+    slots = [n for c in cls.__mro__ for n in vars(c).get("__slots__", ())
+             if n not in ("__dict__", "__weakref__") and hasattr(value, n)]
+    own = {**{n: getattr(value, n) for n in slots}, **getattr(value, "__dict__", {})}
     return f"{cls.__qualname__}(" + ", ".join(
-        f"{k}={_stable(v)}" for k, v in sorted(own.items())) + ")"
+        f"{k}={_stable(v, depth + 1)}" for k, v in sorted(own.items())) + ")"
 
 
-def _stable(value: object) -> str:
-    """``repr(value)``, with each set's items (and each dict's keys) in sorted order, in
-    tuples, lists and dicts too."""
+def _stable(value: object, depth: int = 0) -> str:
+    """``value`` as text the same in every process and different for different values:
+    each set's items and each dict's keys sorted, numbers as floats (``eta=3`` is
+    ``eta=3.0``), a tensor or an array by its shape, type and a hash of its bytes (its
+    repr is cut with "..."), a function by its name, defaults and closure, an object or
+    a dataclass by its attributes (its repr may be an address, or write a set in its
+    process's order): inside tuples, lists, dicts and such objects, a few levels deep."""
+    if depth > _KEY_DEPTH:
+        return repr(value)
+    inner = functools.partial(_stable, depth=depth + 1)
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return repr(value)
+    if isinstance(value, (int, float)):
+        return repr(float(value)) if abs(value) < 2 ** 53 else repr(value)
     if isinstance(value, (set, frozenset)):
-        return "{" + ", ".join(sorted(map(_stable, value))) + "}"
+        return "{" + ", ".join(sorted(map(inner, value))) + "}"
     if isinstance(value, dict):
-        return "{" + ", ".join(sorted(f"{_stable(k)}: {_stable(v)}"
+        return "{" + ", ".join(sorted(f"{inner(k)}: {inner(v)}"
                                       for k, v in value.items())) + "}"
     if isinstance(value, (list, tuple)):
-        inside = ", ".join(map(_stable, value))
-        return (f"[{inside}]" if isinstance(value, list)
-                else f"({inside}{',' if len(value) == 1 else ''})")
+        items = ", ".join(map(inner, value))
+        return (f"[{items}]" if isinstance(value, list)
+                else f"{type(value).__qualname__}({items})")
+    if (hasattr(value, "tobytes") and hasattr(value, "shape")) or type(value).__name__ in (
+            "Tensor", "Parameter"):
+        return _array_key(value)
+    if isinstance(value, functools.partial):
+        return f"partial({inner(value.func)}, {inner(value.args)}, {inner(value.keywords)})"
+    code = getattr(value, "__code__", None)
+    if code is not None:  # a function: its closure and defaults tell two apart
+        cells = [c.cell_contents for c in getattr(value, "__closure__", None) or ()
+                 if _filled(c)]
+        return (f"{getattr(value, '__qualname__', '?')}({inner(cells)}, "
+                f"{inner(getattr(value, '__defaults__', None))})")
+    if dataclasses.is_dataclass(value) or type(value).__repr__ is object.__repr__:
+        return _of_attributes(value, depth)
     return repr(value)
+
+
+# How deep ``_stable`` looks into a rule's values (a rule's knobs are seldom nested).
+_KEY_DEPTH = 4
+
+
+def _array_key(value: Any) -> str:
+    """A tensor's or an array's shape, type and a hash of its bytes."""
+    import hashlib
+
+    try:
+        data = value.detach().cpu().contiguous().numpy() if hasattr(value, "detach") \
+            else value
+        digest = hashlib.sha1(data.tobytes()).hexdigest()[:16]
+    except Exception:  # not readable so: its repr, as before
+        return repr(value)
+    return f"{type(value).__name__}({tuple(value.shape)}, {value.dtype}, {digest})"
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 (an empty cell raises)
+    except ValueError:
+        return False
+    return True
 
 
 def _stripped(text: str) -> str:
@@ -525,13 +574,15 @@ def _stripped(text: str) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+|dione_workload_[0-9a-f]+\.", "", text)
 
 
-def too_few_sharing(tasks: Sequence[Task]) -> list[tuple[str, list[str]]]:
+def too_few_sharing(tasks: Sequence[Task], key: Callable[[object], str] = rule_key
+                    ) -> list[tuple[str, list[str]]]:
     """For each well-formed rule of ``tasks`` that compares tasks and that too few of
-    them share to stop any (``too_few_to_compare``): why, and those tasks' names."""
+    them share to stop any (``too_few_to_compare``): why, and those tasks' names; rules
+    told apart by ``key`` (a live run's: each rule's key as the run first saw it)."""
     sharing: dict[str, list[Task]] = {}
     for task in tasks:
         if task.stopping is not None and not task.stopping.mistakes():
-            sharing.setdefault(rule_key(task.stopping), []).append(task)
+            sharing.setdefault(key(task.stopping), []).append(task)
     found = []
     for alike in sharing.values():
         rule = alike[0].stopping
