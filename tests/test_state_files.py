@@ -337,7 +337,12 @@ def test_another_thread_of_the_process_is_refused_the_run_directory(tmp_path: Pa
     leaked.start()
     leaked.join(60)
     with claim_run_dir(run_dir):
-        pass
+        found = lock_holder(run_dir)
+        assert found is not None and found.alive
+    # ... and let go once the thread that took it over is done (the dead thread's hold
+    # and descriptor stayed: the folder was locked to every other process, a review).
+    found = lock_holder(run_dir)
+    assert found is not None and not found.alive
 
 
 def test_a_full_store_stops_with_a_sentence_and_a_full_disk_is_not_retried(

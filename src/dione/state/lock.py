@@ -116,57 +116,69 @@ def lock_holder(run_dir: str | Path) -> LockHolder | None:
                       float(record.get("since", 0.0)), alive)
 
 
+@dataclass
+class _Hold:
+    """This process's hold of a run directory: the thread that holds it, how many times
+    (each ``RunLock`` taken in it), and the locked descriptor the last release closes."""
+
+    thread: threading.Thread
+    count: int
+    fd: int
+
+
 class RunLock:
     """``with RunLock(run_dir):`` holds the run directory, or raises RunDirBusy naming
     the live holder. Re-entrant within a thread (the CLI holds it around the run loop,
     which takes it too); another thread of the process is refused as another process
     is (two ``dione.run`` calls at once on one folder both trained it, each task twice
-    into the same checkpoints: a review)."""
+    into the same checkpoints: a review), unless the thread that held it has ended (it
+    held the folder for the rest of the process: a review). The last release lets go."""
 
-    # Run directories this process holds: the thread that holds each, and how many times.
-    _held: ClassVar[dict[Path, tuple[int, int]]] = {}
+    # Run directories this process holds, and who holds each (under ``_guard``).
+    _held: ClassVar[dict[Path, _Hold]] = {}
+    _guard: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.path = self.run_dir / LOCK_FILE
-        self._fd: int | None = None
-        self._nested = False
+        self._holds = False  # this object's acquire counts in ``_held``
 
     def acquire(self) -> None:
-        if self.run_dir in RunLock._held:
-            holder, count = RunLock._held[self.run_dir]
-            if holder != threading.get_ident() and not _alive(holder):
-                # Its thread ended holding it (a lock never released): this one takes
-                # it over rather than waiting for a thread that is gone (a review).
-                holder = threading.get_ident()
-            if holder != threading.get_ident():
+        here = threading.current_thread()
+        with RunLock._guard:
+            hold = RunLock._held.get(self.run_dir)
+            if hold is not None:
+                if hold.thread is not here and hold.thread.is_alive():
+                    raise RunDirBusy(
+                        f"{self.run_dir} is in use by another call in this process "
+                        f"(thread {hold.thread.name}); wait for it to finish, or use "
+                        "another run directory")
+                if hold.thread is not here:  # it ended holding it: its holds are gone
+                    hold.thread, hold.count = here, 0
+                hold.count += 1
+                self._holds = True
+                return
+            fd = _directory(self.run_dir)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                record = _holder_record(self.run_dir) or {}
+                since = record.get("since")
+                when = (time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(since))
+                        if isinstance(since, (int, float)) else "")
                 raise RunDirBusy(
-                    f"{self.run_dir} is in use by another call in this process (thread "
-                    f"{_thread_name(holder)}); wait for it to finish, or use another run "
-                    "directory")
-            RunLock._held[self.run_dir] = (holder, count + 1)
-            self._nested = True
-            return
-        fd = _directory(self.run_dir)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            record = _holder_record(self.run_dir) or {}
-            since = record.get("since")
-            when = (time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(since))
-                    if isinstance(since, (int, float)) else "")
-            raise RunDirBusy(
-                f"{self.run_dir} is in use by another dione launcher (pid "
-                f"{record.get('pid', '?')} on host {record.get('host', '?')}{when}); wait for "
-                "it to finish or stop it, or use another run directory") from None
-        try:
-            self._write_holder()
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        RunLock._held[self.run_dir] = (threading.get_ident(), 1)
+                    f"{self.run_dir} is in use by another dione launcher (pid "
+                    f"{record.get('pid', '?')} on host {record.get('host', '?')}{when}); "
+                    "wait for it to finish or stop it, or use another run directory"
+                ) from None
+            try:
+                self._write_holder()
+            except BaseException:
+                os.close(fd)
+                raise
+            RunLock._held[self.run_dir] = _Hold(here, 1, fd)
+            self._holds = True
 
     def _write_holder(self) -> None:
         """Who holds it, in ``RUN_DIR/lock``: a symlink there is replaced, not followed
@@ -184,33 +196,26 @@ class RunLock:
                                    "since": time.time()}))
 
     def release(self) -> None:
-        if self._nested:
-            holder, count = RunLock._held[self.run_dir]
-            RunLock._held[self.run_dir] = (holder, count - 1)
-            self._nested = False
-        elif self._fd is not None:
-            del RunLock._held[self.run_dir]
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        with RunLock._guard:
+            if not self._holds:
+                return
+            self._holds = False
+            hold = RunLock._held.get(self.run_dir)
+            if hold is None:
+                return
+            hold.count -= 1
+            if hold.count <= 0:
+                del RunLock._held[self.run_dir]
+                fcntl.flock(hold.fd, fcntl.LOCK_UN)
+                os.close(hold.fd)
 
     def __enter__(self) -> RunLock:
         # ``with claim_run_dir(d):`` enters a lock already taken: taking it again nested
         # left it held after the block (a Python session that ran dione kept every run
         # directory locked, and `dione status` called its finished runs live).
-        if self._fd is None and not self._nested:
+        if not self._holds:
             self.acquire()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def _alive(ident: int) -> bool:
-    """Whether a thread of this process of that ident still runs."""
-    return any(t.ident == ident for t in threading.enumerate())
-
-
-def _thread_name(ident: int) -> str:
-    """A thread of this process by name, where it still runs (else its ident)."""
-    return next((t.name for t in threading.enumerate() if t.ident == ident), str(ident))
