@@ -537,15 +537,19 @@ class _Annealed(torch.nn.Module):
     def __init__(self, kind: str) -> None:
         super().__init__()
         self.calls: int | torch.Tensor
+        self.logged = 0  # a plain copy for logging ("mirrored"): no training reads it
         if kind == "attribute":
             self.calls = 0
+        elif kind == "tensor":  # a plain tensor attribute, no buffer at all
+            self.calls = torch.zeros(())
         else:
             self.register_buffer("calls", torch.zeros((), dtype=torch.long),
-                                 persistent=kind == "persistent")
+                                 persistent=kind in ("persistent", "mirrored"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
             self.calls += 1
+            self.logged = int(self.calls)
         return x / max(0.3, 1.0 - 0.1 * float(self.calls))
 
 
@@ -554,21 +558,23 @@ def _annealed_mlp(kind: str) -> torch.nn.Module:
     return torch.nn.Sequential(mlp[0], _Annealed(kind), mlp[1], mlp[2])
 
 
-@pytest.mark.parametrize("kind", ["attribute", "buffer", "persistent"])
+@pytest.mark.parametrize("kind", ["attribute", "buffer", "tensor", "persistent", "mirrored"])
 def test_state_a_forward_moves_outside_the_state_dict_is_refused(kind: str) -> None:
-    """A counter its forward moves in a plain attribute or a non-persistent buffer: no
-    checkpoint keeps it, so a resume (every slice after the first) started it anew and
-    trained 7e-2 off single, unmarked (a review); refused with the fix. In a persistent
-    buffer it is kept: no problem."""
+    """A counter its forward moves in a plain attribute, a non-persistent buffer or a
+    plain tensor: no checkpoint keeps it, so a resume (every slice after the first)
+    started it anew and trained 7e-2 off single, unmarked (a review); refused with the
+    fix. In a persistent buffer it is kept: no problem, even mirrored into a plain
+    number for logging (refused: a regression review)."""
     from dione.spec.validate import check_task
 
     task = digits_task("annealed", model=functools.partial(_annealed_mlp, kind))
     found = check_task(task, 2, kind="cpu")
-    if kind == "persistent":
+    if kind in ("persistent", "mirrored"):
         assert found == []
         return
     (problem,) = found
-    assert problem.field == "model" and "1.calls" in problem.message
+    assert problem.field == "model"
+    assert ("1.calls" in problem.message) == (kind != "tensor"), problem.message
     assert "state that its state_dict does not hold" in problem.message
     assert "register_buffer('calls'" in problem.message
 

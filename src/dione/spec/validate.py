@@ -213,58 +213,59 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
 
 
 def _unkept_state(task: Task, model: nn.Module, batch: Any) -> Problem | None:
-    """A problem where each training forward of ``model`` (a copy) moves state that its
-    state_dict does not hold, a plain number attribute or a non-persistent buffer (an
-    annealing counter), and the loss moves with it: a checkpoint cannot keep it, so
-    every slice after the first starts it anew, and a split batch moves it once per part
-    (it trained 7e-2 off single after a resume, under the same technique, unmarked: a
-    review). Moved on both of two calls (a cache filled once is no counter), the loss
-    other on the same draws (a number kept for a diagnostic changes no training)."""
+    """A problem where a resume trains ``model`` otherwise than going on would: after one
+    training forward (no step), a copy of the model as first built that loads its
+    state_dict, as a resume does, gives another loss on the same batch and draws than
+    the model itself. State a forward moves and no checkpoint keeps (a plain number
+    attribute, a non-persistent buffer: an annealing counter) then trains each slice
+    after the first otherwise (7e-2 off single, under the same technique, unmarked: a
+    review); what the loss does not read (a number kept for a diagnostic), a cache
+    filled alike, and state in persistent buffers are no problem."""
     from dione.spec.batch import loss_of
 
     try:
-        copied = copy.deepcopy(model).train()
+        going_on, resumed = copy.deepcopy(model).train(), copy.deepcopy(model).train()
     except Exception:
         return None  # a model that cannot be copied here is not looked into
+    numbers = _loose_numbers(going_on)
 
-    def state() -> dict[str, Any]:
-        found: dict[str, Any] = {}
-        for prefix, module in copied.named_modules():
-            at = f"{prefix}." if prefix else ""
-            found.update({at + n: v for n, v in vars(module).items()
-                          if type(v) in (int, float) and not n.startswith("__")})
-            found.update({at + n: b.detach().clone()
-                          for n, b in module.named_buffers(recurse=False)
-                          if n in module._non_persistent_buffers_set})
-        return found
-
-    def moved(a: dict[str, Any], b: dict[str, Any]) -> set[str]:
-        return {n for n in a if n in b and not _alike(a[n], b[n])}
-
-    def loss() -> torch.Tensor:
-        torch.manual_seed(task.seed)  # the same draws each call: only the state differs
-        return loss_of(copied, task, batch).detach()
+    def loss(of: nn.Module) -> torch.Tensor:
+        torch.manual_seed(task.seed)  # the same draws each time: only the state differs
+        return loss_of(of, task, batch).detach()
 
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
-            before = state()
-            first = loss()
-            once = state()
-            second = loss()
-            twice = state()
+            loss(going_on)
+            resumed.load_state_dict(going_on.state_dict())
+            if _alike(loss(going_on), loss(resumed)):
+                return None
     except Exception:
         return None  # a forward that fails is said by the checks that need it
-    every_call = sorted(moved(before, once) & moved(once, twice))
-    if not every_call or _alike(first, second):
-        return None
+    moved = sorted(n for n, v in _loose_numbers(going_on).items()
+                   if n in numbers and not _alike(v, numbers[n]))
     return Problem(task.name, "model", (
-        f"its training forward changes state that its state_dict does not hold, on every "
-        f"call, and its loss with it ({some(every_call, 3)}: a plain attribute or a "
-        "non-persistent buffer): a checkpoint cannot keep it, so every slice after the "
-        "first (dione trains in slices, cut where the plan says) would start it anew, and "
-        "a batch split in parts would move it once per part: the plan would change what "
-        "the task learns; keep it in a persistent buffer (self.register_buffer('calls', "
+        "its training forward changes state that its state_dict does not hold, and the "
+        "loss with it"
+        + (f" ({some(moved, 3)}: a plain attribute or a non-persistent buffer)" if moved
+           else "") + ": a checkpoint cannot keep it, so every slice after the first "
+        "(dione trains in slices, cut where the plan says) would start it anew, and a "
+        "batch split in parts would move it once per part: the plan would change what the "
+        "task learns; keep it in a persistent buffer (self.register_buffer('calls', "
         "torch.zeros((), dtype=torch.long))), which checkpoints hold"))
+
+
+def _loose_numbers(model: nn.Module) -> dict[str, Any]:
+    """The model's plain number attributes and non-persistent buffers, by name: what a
+    checkpoint does not keep, to name in a problem."""
+    found: dict[str, Any] = {}
+    for prefix, module in model.named_modules():
+        at = f"{prefix}." if prefix else ""
+        found.update({at + n: v for n, v in vars(module).items()
+                      if type(v) in (int, float) and not n.startswith("__")})
+        found.update({at + n: b.detach().clone()
+                      for n, b in module.named_buffers(recurse=False)
+                      if n in module._non_persistent_buffers_set})
+    return found
 
 
 def _alike(a: Any, b: Any) -> bool:
@@ -445,7 +446,8 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
     first = list(range(count))
     samplings = [[dataset[i] for i in at] for at in dict.fromkeys(
         (tuple(first), tuple(_spread(len(dataset), count))))]
-    by_class = _by_class(task, model, samplings[0], dataset)
+    by_class = (_by_class(task, model, samplings[0], dataset)
+                if _may_weigh_classes(task.loss) else None)
     if by_class is not None:  # a class-weighted mean shows only where halves differ so
         samplings.append(by_class)
     guess = item_counting(task, model)
@@ -520,7 +522,23 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
 # The most classes a class-weighted loss is tried on beside the first (each a sample),
 # and how many samples spread over the data set are looked at for the classes it holds.
 BY_CLASS = 15
-CLASS_LOOKS = 64
+CLASS_LOOKS = 32
+
+
+def _may_weigh_classes(loss: Any) -> bool:
+    """Whether ``loss`` may weigh samples by their class: any of the user's own, but not
+    torch's cross-entropy as it is (a grid's usual loss: looking for classes fetched 64
+    samples a task, and tripled validation's time: a regression review)."""
+    from torch.nn import functional
+
+    plain = (functional.cross_entropy, functional.nll_loss)
+    if loss is None or loss in plain:
+        return False
+    if isinstance(loss, functools.partial) and loss.func in plain:
+        return loss.keywords.get("weight") is not None
+    if isinstance(loss, (nn.CrossEntropyLoss, nn.NLLLoss)):
+        return loss.weight is not None
+    return True
 
 
 def _by_class(task: Task, model: nn.Module, items: list[Any], dataset: Any
