@@ -248,15 +248,23 @@ class Runner:
         return known[1]
 
     def _read_decisions(self, tasks: Sequence[Task]) -> None:
-        """The store's decisions of the stopping rules of ``tasks`` not read before (a run
-        of the version before keyed them by ``legacy_rule_key``)."""
-        keys = {self._rule_key(t.stopping): legacy_rule_key(t.stopping) for t in tasks
-                if t.stopping is not None}
-        for rule, legacy in keys.items():
+        """The store's decisions of the stopping rules of ``tasks`` not read before. A run
+        of the version before keyed them by ``legacy_rule_key``, which one text may give
+        rules that differ (a class of no repr: its address stripped), so those are read
+        for the tasks under the rule only, before its own (they were made before)."""
+        under: dict[str, tuple[str, set[str]]] = {}
+        for task in tasks:
+            if task.stopping is not None:
+                legacy, names = under.setdefault(self._rule_key(task.stopping),
+                                                 (legacy_rule_key(task.stopping), set()))
+                names.add(task.name)
+        for rule, (legacy, names) in under.items():
             if rule in self.rules:
                 continue
             self.rules.add(rule)
-            for name, step, value, _, _ in self.store.decisions({rule, legacy}):
+            before = [d for d in self.store.decisions({legacy}) if d[0] in names] \
+                if legacy != rule else []
+            for name, step, value, _, _ in [*before, *self.store.decisions({rule})]:
                 self.curves.setdefault((rule, name), []).append(value)
                 self.judged.setdefault((rule, step), {})[name] = value
 
