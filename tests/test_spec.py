@@ -626,3 +626,51 @@ def test_state_no_training_reads_and_a_centre_loss_are_not_refused(case: str) ->
             digits_task("centres", model=functools.partial(torch.nn.Linear, 8, 16),
                         data=_four_kinds, loss=_centre_loss))
     assert check_task(task, 2, kind="cpu") == []
+
+
+class _NumpyNoise(torch.nn.Module):
+    """Adds NumPy noise in training (a checkpoint keeps NumPy's state: a resume is exact)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import numpy
+
+        if self.training:
+            x = x + torch.from_numpy(numpy.random.normal(size=x.shape)).to(x.dtype)
+        return x
+
+
+class _ActNorm(torch.nn.Module):
+    """Glow's ActNorm: set up from the first batch it sees, the flag a plain bool."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.loc = torch.nn.Parameter(torch.zeros(width))
+        self.initialized = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.initialized:
+            with torch.no_grad():
+                self.loc.copy_(-x.mean(0))
+            self.initialized = True
+        return x + self.loc
+
+
+def _with(kind: str) -> torch.nn.Module:
+    mlp = digits_mlp(hidden=16, depth=2)
+    layer = _NumpyNoise() if kind == "numpy" else _ActNorm(16)
+    return torch.nn.Sequential(mlp[0], layer, mlp[1], mlp[2])
+
+
+@pytest.mark.parametrize("kind", ["numpy", "actnorm"])
+def test_a_resume_is_played_with_every_generator_and_on_another_batch(kind: str) -> None:
+    """A forward drawing from NumPy was refused (only torch was seeded for the two
+    forwards compared); an ActNorm set up from its first batch, its flag unkept, passed
+    (compared on the same batch, where a set-up anew looks alike): regression reviews."""
+    from dione.spec.validate import check_task
+
+    found = check_task(digits_task(kind, model=functools.partial(_with, kind)), 2, kind="cpu")
+    if kind == "numpy":
+        assert found == []
+        return
+    (problem,) = found
+    assert problem.field == "model" and "initialized" in problem.message

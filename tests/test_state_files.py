@@ -344,6 +344,39 @@ def test_another_thread_of_the_process_is_refused_the_run_directory(tmp_path: Pa
     found = lock_holder(run_dir)
     assert found is not None and not found.alive
 
+    def alive() -> bool:
+        found = lock_holder(run_dir)
+        return found is not None and found.alive
+
+    # A stale take's release (its thread ended, the folder taken over since) lets go of
+    # nothing; a `with` of an object already entered takes it again (third review).
+    stale = RunLock(run_dir)
+    ended = threading.Thread(target=stale.acquire)
+    ended.start()
+    ended.join(60)
+    with claim_run_dir(run_dir):
+        stale.release()
+        assert alive()
+    lock = RunLock(run_dir)
+    with lock:
+        with lock:
+            pass
+        assert alive()
+    assert not alive()
+    # A forked child holds nothing of its parent's: the folder is another's to it.
+    with RunLock(run_dir):
+        child = os.fork()
+        if child == 0:  # pragma: no cover (the child)
+            try:
+                RunLock(run_dir).acquire()
+            except RunDirBusy:
+                os._exit(3)
+            os._exit(0)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 3
+        assert alive()
+    assert not alive()
+
 
 def test_a_full_store_stops_with_a_sentence_and_a_full_disk_is_not_retried(
         tmp_path: Path) -> None:

@@ -757,6 +757,16 @@ def test_a_rule_of_the_user_s_own_class_is_keyed_by_its_class_and_fields() -> No
     assert rule_key(_Knob(grace=_Plain(1), min_steps=6)) != rule_key(
         _Knob(grace=_Plain(2), min_steps=6))
     assert rule_key(Asha(eta=3)) == rule_key(Asha(eta=3.0))
+    # Functions by their code too, bound methods by their object; NumPy's numbers as
+    # Python's (a third regression review).
+    import numpy
+
+    assert rule_key(_Knob(grace=lambda v: v, min_steps=6)) != rule_key(
+        _Knob(grace=lambda v: -v, min_steps=6))
+    assert rule_key(_Knob(grace=_Scorer(1).score, min_steps=6)) != rule_key(
+        _Knob(grace=_Scorer(-1).score, min_steps=6))
+    assert rule_key(_Knob(grace=numpy.int64(3), min_steps=6)) == rule_key(
+        _Knob(grace=3, min_steps=6))
     # An edit to the same object between two runs of one process is seen (a key kept per
     # object for the process missed it: a regression review).
     edited = _Plain(1)
@@ -786,6 +796,14 @@ class _Knob(Asha):
 
 def _scaled(factor: float) -> Callable[[float], float]:
     return lambda value: factor * value
+
+
+class _Scorer:
+    def __init__(self, sign: int) -> None:
+        self.sign = sign
+
+    def score(self, value: float) -> float:
+        return self.sign * value
 
 
 class _Plain:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -517,8 +518,9 @@ def _stable(value: object, depth: int = 0) -> str:
     inner = functools.partial(_stable, depth=depth + 1)
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return repr(value)
-    if isinstance(value, (int, float)):
-        return repr(float(value)) if abs(value) < 2 ** 53 else repr(value)
+    if isinstance(value, numbers.Real):  # NumPy's scalars too: np.int64(3) is 3
+        number = float(value)
+        return repr(number) if abs(number) < 2 ** 53 else repr(value)
     if isinstance(value, (set, frozenset)):
         return "{" + ", ".join(sorted(map(inner, value))) + "}"
     if isinstance(value, dict):
@@ -533,12 +535,14 @@ def _stable(value: object, depth: int = 0) -> str:
         return _array_key(value)
     if isinstance(value, functools.partial):
         return f"partial({inner(value.func)}, {inner(value.args)}, {inner(value.keywords)})"
+    if hasattr(value, "__self__") and hasattr(value, "__func__"):  # a bound method
+        return f"{inner(value.__func__)} of {inner(value.__self__)}"
     code = getattr(value, "__code__", None)
-    if code is not None:  # a function: its closure and defaults tell two apart
+    if code is not None:  # a function: its code, closure and defaults tell two apart
         cells = [c.cell_contents for c in getattr(value, "__closure__", None) or ()
                  if _filled(c)]
-        return (f"{getattr(value, '__qualname__', '?')}({inner(cells)}, "
-                f"{inner(getattr(value, '__defaults__', None))})")
+        return (f"{getattr(value, '__qualname__', '?')}[{_code_digest(code)}]"
+                f"({inner(cells)}, {inner(getattr(value, '__defaults__', None))})")
     if dataclasses.is_dataclass(value) or type(value).__repr__ is object.__repr__:
         return _of_attributes(value, depth)
     return repr(value)
@@ -559,6 +563,15 @@ def _array_key(value: Any) -> str:
     except Exception:  # not readable so: its repr, as before
         return repr(value)
     return f"{type(value).__name__}({tuple(value.shape)}, {value.dtype}, {digest})"
+
+
+def _code_digest(code: Any) -> str:
+    """A hash of a function's instructions and constants, its nested functions' alike,
+    not of where it lies (a line added above it in its file changes no rule)."""
+    import hashlib
+
+    consts = [_code_digest(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts]
+    return hashlib.sha1(code.co_code + repr(consts).encode()).hexdigest()[:12]
 
 
 def _filled(cell: Any) -> bool:

@@ -22,6 +22,7 @@ from torch import nn
 from dione.frames import user_frame
 from dione.spec.batch import split_problem
 from dione.spec.devices import DeviceKind, local_device_kind
+from dione.spec.draws import seeded_draws
 from dione.spec.metrics import direction_by_name
 from dione.spec.sameness import task_key
 from dione.spec.stopping import StoppingRule
@@ -153,6 +154,10 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
                         f"{raised_line(err)}")]
     torch.manual_seed(task.seed)
     real = _unsynced(task.model())
+    try:  # as first built, before any forward: what a resume builds (``_unkept_state``)
+        pristine: nn.Module | None = copy.deepcopy(real)
+    except Exception:
+        pristine = None  # a model that cannot be copied here is not looked into
     try:
         with torch.no_grad():
             output = call_model(real, task, inputs)
@@ -195,7 +200,12 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
         field = "loss"
         message = str(err) if task.loss is None else f"raised {raised_line(err)}"
         return [Problem(task.name, field, message)]
-    unkept = _unkept_state(task, real, batch)
+    try:  # another batch for what a resume sees next (an ActNorm set up by the first)
+        later = task.collate([dataset[i] for i in range(2, 4)]) if len(dataset) >= 4 \
+            else batch
+    except Exception:
+        later = batch
+    unkept = _unkept_state(task, pristine, batch, later) if pristine is not None else None
     if unkept:
         return [unkept]
     resolved["loss_items"], problems = _loss_items(task, real, dataset)
@@ -212,32 +222,37 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
     return problems
 
 
-def _unkept_state(task: Task, model: nn.Module, batch: Any) -> Problem | None:
-    """A problem where a resume trains ``model`` otherwise than going on would: after one
-    training forward (no step), a copy of the model as first built that loads its
-    state_dict, as a resume does, gives another loss on the same batch and draws than
-    the model itself. State a forward moves and no checkpoint keeps (a plain number
-    attribute, a non-persistent buffer: an annealing counter) then trains each slice
+def _unkept_state(task: Task, model: nn.Module, batch: Any, later: Any) -> Problem | None:
+    """A problem where a resume trains ``model`` (a copy as first built, no forward yet;
+    trained here) otherwise than going on would: after one
+    training forward on ``batch`` (no step), a copy of the model as first built that
+    loads its state_dict, as a resume does, gives another loss on ``later`` (another
+    batch: a layer set up from the first batch it sees, an ActNorm with a plain flag,
+    looks alike on the same one) and the same draws (torch's, NumPy's, Python's, as a
+    checkpoint restores them) than the model itself. State a forward moves and no
+    checkpoint keeps (a plain number attribute, a non-persistent buffer: an annealing
+    counter) then trains each slice
     after the first otherwise (7e-2 off single, under the same technique, unmarked: a
     review); what the loss does not read (a number kept for a diagnostic), a cache
     filled alike, and state in persistent buffers are no problem."""
     from dione.spec.batch import loss_of
 
+    going_on = model.train()  # the caller's copy, as first built
     try:
-        going_on, resumed = copy.deepcopy(model).train(), copy.deepcopy(model).train()
+        resumed = copy.deepcopy(model).train()
     except Exception:
         return None  # a model that cannot be copied here is not looked into
     numbers = _loose_numbers(going_on)
 
-    def loss(of: nn.Module) -> torch.Tensor:
-        torch.manual_seed(task.seed)  # the same draws each time: only the state differs
-        return loss_of(of, task, batch).detach()
-
     try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            loss(going_on)
+        with seeded_draws() as seed_all, torch.no_grad():
+            def loss(of: nn.Module, on: Any) -> torch.Tensor:
+                seed_all(task.seed)  # the same draws each time: only the state differs
+                return loss_of(of, task, on).detach()
+
+            loss(going_on, batch)
             resumed.load_state_dict(going_on.state_dict())
-            if _alike(loss(going_on), loss(resumed)):
+            if _alike(loss(going_on, later), loss(resumed, later)):
                 return None
     except Exception:
         return None  # a forward that fails is said by the checks that need it
@@ -261,7 +276,7 @@ def _loose_numbers(model: nn.Module) -> dict[str, Any]:
     for prefix, module in model.named_modules():
         at = f"{prefix}." if prefix else ""
         found.update({at + n: v for n, v in vars(module).items()
-                      if type(v) in (int, float) and not n.startswith("__")})
+                      if type(v) in (int, float, bool) and not n.startswith("__")})
         found.update({at + n: b.detach().clone()
                       for n, b in module.named_buffers(recurse=False)
                       if n in module._non_persistent_buffers_set})

@@ -118,11 +118,12 @@ def lock_holder(run_dir: str | Path) -> LockHolder | None:
 
 @dataclass
 class _Hold:
-    """This process's hold of a run directory: the thread that holds it, how many times
-    (each ``RunLock`` taken in it), and the locked descriptor the last release closes."""
+    """This process's hold of a run directory: the thread that holds it, the ``RunLock``
+    objects that took it there (one per take), and the locked descriptor the last
+    release closes."""
 
     thread: threading.Thread
-    count: int
+    takers: list[RunLock]
     fd: int
 
 
@@ -141,9 +142,15 @@ class RunLock:
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.path = self.run_dir / LOCK_FILE
-        self._holds = False  # this object's acquire counts in ``_held``
+        # Taken by ``acquire`` and not yet entered: the next ``with`` is that take's
+        # (``with claim_run_dir(d):``), not another.
+        self._adopt = False
 
     def acquire(self) -> None:
+        self._take()
+        self._adopt = True
+
+    def _take(self) -> None:
         here = threading.current_thread()
         with RunLock._guard:
             hold = RunLock._held.get(self.run_dir)
@@ -153,10 +160,9 @@ class RunLock:
                         f"{self.run_dir} is in use by another call in this process "
                         f"(thread {hold.thread.name}); wait for it to finish, or use "
                         "another run directory")
-                if hold.thread is not here:  # it ended holding it: its holds are gone
-                    hold.thread, hold.count = here, 0
-                hold.count += 1
-                self._holds = True
+                if hold.thread is not here:  # it ended holding it: its takes are gone
+                    hold.thread, hold.takers = here, []
+                hold.takers.append(self)
                 return
             fd = _directory(self.run_dir)
             try:
@@ -177,8 +183,7 @@ class RunLock:
             except BaseException:
                 os.close(fd)
                 raise
-            RunLock._held[self.run_dir] = _Hold(here, 1, fd)
-            self._holds = True
+            RunLock._held[self.run_dir] = _Hold(here, [self], fd)
 
     def _write_holder(self) -> None:
         """Who holds it, in ``RUN_DIR/lock``: a symlink there is replaced, not followed
@@ -196,15 +201,15 @@ class RunLock:
                                    "since": time.time()}))
 
     def release(self) -> None:
+        """Let go of one take of this object's; the folder once none is left (a take
+        of a thread that ended, since taken over, is gone: nothing to let go)."""
         with RunLock._guard:
-            if not self._holds:
-                return
-            self._holds = False
+            self._adopt = False
             hold = RunLock._held.get(self.run_dir)
-            if hold is None:
+            if hold is None or self not in hold.takers:
                 return
-            hold.count -= 1
-            if hold.count <= 0:
+            hold.takers.remove(self)
+            if not hold.takers:
                 del RunLock._held[self.run_dir]
                 fcntl.flock(hold.fd, fcntl.LOCK_UN)
                 os.close(hold.fd)
@@ -212,10 +217,23 @@ class RunLock:
     def __enter__(self) -> RunLock:
         # ``with claim_run_dir(d):`` enters a lock already taken: taking it again nested
         # left it held after the block (a Python session that ran dione kept every run
-        # directory locked, and `dione status` called its finished runs live).
-        if not self._holds:
-            self.acquire()
+        # directory locked, and `dione status` called its finished runs live); a ``with``
+        # of an object already entered takes it again (its inner exit let go of it).
+        if self._adopt:
+            self._adopt = False
+        else:
+            self._take()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _forget_holds() -> None:
+    """In a forked child: the parent's holds are the parent's (the child saw the folder
+    its own, and its release would have unlocked the parent's descriptor: a review)."""
+    RunLock._held = {}
+    RunLock._guard = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_forget_holds)
