@@ -993,8 +993,8 @@ def test_a_pausing_rules_promoted_tasks_come_first_in_the_problem_best_first(
         for name, done in (("t0", 5), ("t1", 5), ("t2", 10), ("t3", 0)):
             records[name].task = replace(records[name].task, stopping=rule)
             records[name].done_steps = done
-        runner.judged[(repr(rule), 5)] = {"t0": 2.0, "t1": 1.0, "t2": 1.5, "x": 3.0}
-        runner.judged[(repr(rule), 10)] = {"t2": 0.9}
+        runner.judged[(runner._rule_key(rule), 5)] = {"t0": 2.0, "t1": 1.0, "t2": 1.5, "x": 3.0}
+        runner.judged[(runner._rule_key(rule), 10)] = {"t2": 0.9}
         problem, _ = runner.problem()
         priority = {t.name: t.priority for t in problem.tasks}
         assert priority["t2"] == -2.0  # past two rungs, the best at the second
