@@ -40,9 +40,8 @@ if TYPE_CHECKING:
     from dione.spec.task import Task
 
 __all__ = ["Asha", "Decision", "Median", "Patience", "PausingAsha", "StoppingRule",
-           "SuccessiveHalving", "attribute_key", "common_mistakes", "legacy_rule_key", "rule_key",
-           "too_few_sharing",
-           "too_few_to_compare"]
+           "SuccessiveHalving", "attribute_key", "common_mistakes", "legacy_rule_key",
+           "rule_key", "too_few_sharing", "too_few_to_compare"]
 
 
 @dataclass(frozen=True)
