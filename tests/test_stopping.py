@@ -763,6 +763,8 @@ def test_a_rule_of_the_user_s_own_class_is_keyed_by_its_class_and_fields() -> No
 
     assert rule_key(_Knob(grace=lambda v: v, min_steps=6)) != rule_key(
         _Knob(grace=lambda v: -v, min_steps=6))
+    assert rule_key(_Knob(grace=lambda v: v.mean(), min_steps=6)) != rule_key(
+        _Knob(grace=lambda v: v.max(), min_steps=6))  # a name only (a fourth review)
     assert rule_key(_Knob(grace=_Scorer(1).score, min_steps=6)) != rule_key(
         _Knob(grace=_Scorer(-1).score, min_steps=6))
     assert rule_key(_Knob(grace=numpy.int64(3), min_steps=6)) == rule_key(

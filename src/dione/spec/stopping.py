@@ -565,12 +565,14 @@ def _array_key(value: Any) -> str:
 
 
 def _code_digest(code: Any) -> str:
-    """A hash of a function's instructions and constants, its nested functions' alike,
-    not of where it lies (a line added above it in its file changes no rule)."""
+    """A hash of a function's instructions, constants and the names they use (``v.mean``
+    and ``v.max`` differ in a name only: a regression review), its nested functions'
+    alike, not of where it lies (a line added above it in its file changes no rule)."""
     import hashlib
 
     consts = [_code_digest(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts]
-    return hashlib.sha1(code.co_code + repr(consts).encode()).hexdigest()[:12]
+    names = (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)
+    return hashlib.sha1(code.co_code + repr((consts, names)).encode()).hexdigest()[:12]
 
 
 def _filled(cell: Any) -> bool:
