@@ -231,10 +231,10 @@ def _unkept_state(task: Task, model: nn.Module, batch: Any, later: Any) -> Probl
     looks alike on the same one) and the same draws (torch's, NumPy's, Python's, as a
     checkpoint restores them) than the model itself. State a forward moves and no
     checkpoint keeps (a plain number attribute, a non-persistent buffer: an annealing
-    counter) then trains each slice
-    after the first otherwise (7e-2 off single, under the same technique, unmarked: a
-    review); what the loss does not read (a number kept for a diagnostic), a cache
-    filled alike, and state in persistent buffers are no problem."""
+    counter) then trains each slice after the first otherwise (7e-2 off single, under
+    the same technique, unmarked: a review); what the loss does not read (a number kept
+    for a diagnostic), a cache filled alike, and state in persistent buffers are no
+    problem."""
     from dione.spec.batch import loss_of
 
     going_on = model.train()  # the caller's copy, as first built
@@ -271,7 +271,7 @@ def _unkept_state(task: Task, model: nn.Module, batch: Any, later: Any) -> Probl
 
 
 # Training forwards before the resume played in memory: state that acts only from a
-# second call on (a warm-up counter) was missed after one (a regression review).
+# later call on (a warm-up counter) was missed after one (a regression review).
 FORWARDS_BEFORE_RESUME = 3
 
 
