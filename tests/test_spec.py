@@ -98,6 +98,8 @@ def test_every_problem_is_reported_at_once_with_task_and_field() -> None:
         digits_task("bad-split", split_points=("nowhere",)),
         digits_task("huge-batch", batch_size=4000),
         digits_task("bool-steps", steps=True),  # an int to Python, "steps 0-True" to a run
+        # Said in NumPy's words, as the loss's ("Seed must be between 0 and 2**32 - 1").
+        digits_task("negative-seed", seed=-1),
     ]
     found = problems_of(*tasks, devices=4)
     assert ("dup", "name") in found
@@ -110,7 +112,8 @@ def test_every_problem_is_reported_at_once_with_task_and_field() -> None:
     assert ("bad-split", "split_points") in found
     assert ("huge-batch", "data") in found
     assert ("bool-steps", "steps") in found
-    assert len(found) == 10  # the two "dup" tasks share one problem
+    assert ("negative-seed", "seed") in found
+    assert len(found) == 11  # the two "dup" tasks share one problem
 
 
 def test_misspelt_task_fields_are_named_together_with_the_likely_field() -> None:

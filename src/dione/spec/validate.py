@@ -823,6 +823,9 @@ def _checked_task(
         bad("epochs", f"must be a positive, finite number, not {task.epochs!r}")
     if not isinstance(task.seed, int) or isinstance(task.seed, bool):
         bad("seed", f"must be an integer, not {task.seed!r}")
+    elif not 0 <= task.seed < 2 ** 63:  # (NumPy's words said it, from a loss check)
+        bad("seed", f"must be from 0 to 2**63 - 1 (what torch's and NumPy's generators "
+            f"take), not {task.seed}")
     if not isinstance(task.hyperparameters, Mapping) or not all(
             isinstance(k, str) for k in task.hyperparameters):
         bad("hyperparameters", "must be a dict of names to values (the report's and the "
