@@ -31,7 +31,7 @@ from dione.spec.waiting import watched
 from dione.spec.workload import Workload
 from dione.words import some
 
-__all__ = ["REAL_FORWARD_BYTES", "UNKNOWN_DIRECTION", "Problem", "WorkloadError",
+__all__ = ["REAL_FORWARD_BYTES", "UNKNOWN_DIRECTION", "Problem", "WorkloadError", "alike",
            "build_model", "check_task", "checked_task", "in_a_group", "keep_best_doubts",
            "late_evaluation", "raised_line", "repeated_names", "rule_cadence_doubt",
            "split_valid",
@@ -253,12 +253,12 @@ def _unkept_state(task: Task, model: nn.Module, batch: Any, later: Any) -> Probl
             for _ in range(FORWARDS_BEFORE_RESUME):
                 loss(going_on, batch)
             resumed.load_state_dict(going_on.state_dict())
-            if _alike(loss(going_on, later), loss(resumed, later)):
+            if alike(loss(going_on, later), loss(resumed, later)):
                 return None
     except Exception:
         return None  # a forward that fails is said by the checks that need it
     moved = sorted(n for n, v in _loose_numbers(going_on).items()
-                   if n in numbers and not _alike(v, numbers[n]))
+                   if n in numbers and not alike(v, numbers[n]))
     return Problem(task.name, "model", (
         "its training forward changes state that its state_dict does not hold, and the "
         "loss with it"
@@ -289,8 +289,9 @@ def _loose_numbers(model: nn.Module) -> dict[str, Any]:
     return found
 
 
-def _alike(a: Any, b: Any) -> bool:
-    """Equal, NaN where the other is NaN (a number left NaN did not move)."""
+def alike(a: Any, b: Any) -> bool:
+    """Equal, NaN where the other is NaN (a number or a buffer left NaN did not move):
+    two tensors, or two plain values."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         if not a.is_floating_point():
             return torch.equal(a, b)

@@ -36,6 +36,7 @@ from dione.spec.batch import collate_draws, loss_of, plain_batch, slice_batch
 from dione.spec.draws import draws_kept
 from dione.spec.sameness import task_key
 from dione.spec.task import Task
+from dione.spec.validate import alike
 from dione.techniques.batches import BatchSource, SampleOrder, _fetch
 from dione.techniques.data_parallel import DataParallelTechnique
 from dione.techniques.exactness import drew_since, generator_states
@@ -184,15 +185,9 @@ def _written_by(task: Task, model: nn.Module, batch: Any, other: Any
         loss_of(copied, task, batch)
         second = dict(copied.named_buffers())
     by_data = [n for n, b in first.items()
-               if n in other_data and not _same(b, other_data[n].detach())]
+               if n in other_data and not alike(b, other_data[n].detach())]
     return by_data, [n for n, b in first.items() if n not in by_data
-                     and n in second and not _same(b, second[n].detach())]
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal, NaN where the other is NaN (a buffer left NaN is not written)."""
-    return torch.equal(a, b) or (a.shape == b.shape and a.is_floating_point() and bool(
-        torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).all()))
+                     and n in second and not alike(b, second[n].detach())]
 
 
 def _optimised(task: Task, model: nn.Module) -> dict[str, str]:
@@ -329,7 +324,7 @@ def _differ(first: list[Any], second: list[Any]) -> bool:
     """Whether two fetches' leaves (``_flat_fetch``) differ: in number, or in a value."""
     if len(first) != len(second):
         return True
-    return not all(_same(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+    return not all(alike(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
                    else a == b for a, b in zip(first, second, strict=True))
 
 
