@@ -56,9 +56,10 @@ class Decision:
 
 class StoppingRule(ABC):
     """What the orchestrator asks of a stopping rule: the steps a task is judged at (a
-    slice ends at each), and a decision there. ``rule_key`` names the rule (its repr,
-    where its class has one of its own): tasks whose rules have one key are judged
-    together, and the store keys decisions by it."""
+    slice ends at each), and a decision there. ``rule_key`` names the rule (``key()``:
+    its class's name and attributes, or its repr where its class, not a dataclass,
+    writes one): tasks whose rules have one key are judged together, and the store
+    keys decisions by it."""
 
     metric: str  # "loss" (the mean of the rung's last ``loss_window`` steps) or evaluate()'s
     mode: str  # "min" or "max"
