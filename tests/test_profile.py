@@ -568,6 +568,22 @@ def test_repeated_trials_keep_the_median_of_their_runs(tmp_path: Path) -> None:
         assert [len(o.record.extra["runs"]) for o in thrice.task("a").options] == [3, 3]
 
 
+def test_an_optimizer_that_cannot_step_dtensor_shards_leaves_fsdp_out_saying_why(
+        tmp_path: Path) -> None:
+    """torch's Adafactor steps plain tensors only: under fsdp its in-place pow_ on a row
+    norm failed with a message about DTensor placements alone. The trial is a crash
+    naming the optimizer and the fix, and the plan keeps single."""
+    task = digits_task("ada", techniques=("single", "fsdp"),
+                       optimizer=functools.partial(torch.optim.Adafactor, lr=1e-2))
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        profile = profile_workload([task], CLUSTER, catalog, options=QUICK)
+    crashed = next(r for r in profile.task("ada").trials if r.technique == "fsdp")
+    assert crashed.status == "crash"
+    assert "the optimizer Adafactor failed to step fsdp's parameters" in (crashed.reason or "")
+    assert "without 'fsdp'" in (crashed.reason or "")
+    assert [o.technique for o in profile.task("ada").options] == ["single"]
+
+
 def test_out_of_memory_and_crash_are_recorded_and_the_rest_completes(tmp_path: Path) -> None:
     file = tmp_path / "oom_and_crash.py"
     file.write_text(OOM_AND_CRASH)

@@ -63,6 +63,11 @@ class DataParallelTechnique(Technique):
         (every part of an accumulated step but the last)."""
         return contextlib.nullcontext()
 
+    def update(self, ctx: SliceContext, optimizer: torch.optim.Optimizer,
+               model: nn.Module) -> None:
+        """One optimizer step on the wrapped model's gradients."""
+        ctx.apply_update(optimizer, model.parameters())
+
     def batch_parts(self, devices: int, knobs: Knobs) -> tuple[int, str]:
         parts = knobs.get("accumulation", 1)
         if isinstance(parts, int) and parts > 1:
@@ -151,7 +156,7 @@ class DataParallelTechnique(Technique):
                         drew, watched = drew_since(before, ctx.device), True
                     ctx.backward(loss / parts if parts > 1 else loss)
                 total = total + loss.detach().float()
-            ctx.apply_update(optimizer, model.parameters())
+            self.update(ctx, optimizer, model)
             ctx.step_done(total / parts if parts > 1 else total, scheduler)
         own_drew = model_generator_states(bare) != own_before
         if own_before and ctx.world > 1:  # any rank's draw (rank 0's outcome is kept)

@@ -104,6 +104,21 @@ class FSDP(DataParallelTechnique):
                 model.set_requires_gradient_sync(True)  # type: ignore[operator]
         return unsynced()
 
+    def update(self, ctx: SliceContext, optimizer: torch.optim.Optimizer,
+               model: nn.Module) -> None:
+        try:
+            super().update(ctx, optimizer, model)
+        except (RuntimeError, NotImplementedError) as err:
+            # An optimizer written for plain tensors (Adafactor's in-place pow_ on a row
+            # norm) fails on DTensor shards with a message about placements only.
+            name = type(optimizer).__name__
+            raise RuntimeError(
+                f"the optimizer {name} failed to step fsdp's parameters, which are DTensor "
+                f"shards of each weight ({type(err).__name__}: {err}). If it steps under "
+                f"single, {name} does not support DTensor: leave fsdp out of the task's "
+                "techniques (techniques=(...) without 'fsdp'), or pick an optimizer that "
+                "does (torch's Adam, AdamW, SGD)") from err
+
     def wrap(self, model: nn.Module, ctx: SliceContext) -> nn.Module:
         mesh = init_device_mesh(ctx.device.type, (ctx.world,))
         offload: OffloadPolicy = (CPUOffloadPolicy() if ctx.knobs["cpu_offload"]
