@@ -126,6 +126,30 @@ def test_a_padded_loss_of_the_tasks_own_must_say_what_it_averages(tmp_path: Path
                                **LOSS_TOLERANCE)
 
 
+def test_out_of_memory_with_accumulation_refused_says_why_it_was_not_tried(
+        tmp_path: Path) -> None:
+    """A single-only task whose loss does not split ran out of memory at one pass: the
+    profile said to make the batch smaller, never that smaller passes were left out
+    because they train otherwise than single, nor how to allow them."""
+    from dione.profile import Catalog, TrialOptions, profile_workload
+    from dione.spec.cluster import Cluster, Node
+
+    def token_loss(output, target):
+        return nn.functional.cross_entropy(output.logits.flatten(0, 1), target.flatten())
+
+    unsaid, problems = valid_task(padded_lm(loss=token_loss, techniques=("single",)))
+    assert problems == [] and unsaid.split_loss is not None
+    options = TrialOptions(warmup_steps=1, measure_steps=1, memory_cap_bytes=2**16)
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        profile = profile_workload([unsaid], Cluster([Node("one", 1, "cpu")]), catalog,
+                                   options=options)
+    why = profile.task(unsaid.name).why_no_option()
+    assert why.startswith("no configuration fits: out of memory"), why
+    assert "smaller passes by accumulation were not tried: its batch split into 2 parts " \
+        "trains otherwise than single" in why
+    assert "set allow_inexact=True to allow it" in why
+
+
 def test_a_task_that_allows_only_single_is_exact_under_accumulation_or_refused_it(
         tmp_path: Path) -> None:
     """Validation skipped a single-only task's loss: accumulation weighed a padded token

@@ -93,6 +93,9 @@ class TaskProfile:
     evaluation_key: str | None = None  # tasks with this key share their evaluation's trial
     # The task's evaluate (a trial's evaluation judges the tasks whose evaluate is it).
     evaluate: Any = field(default=None, repr=False, compare=False)
+    # Why smaller passes (accumulation) were not tried: they would train otherwise than
+    # single (None: they were, or the task allows it, or no technique has them).
+    accumulation_refused: str | None = None
     # What this profiling's trial of the evaluation gave (None: not run this time; the
     # catalog gave its seconds, or the task has no evaluate).
     evaluated: TrialEvaluation | None = None
@@ -122,6 +125,9 @@ class TaskProfile:
             fix = ("; " + ("raise the memory cap (--memory-cap)" if capped else
                            "give devices with more memory") + ", or make the batch or the "
                    "model smaller")
+            if self.accumulation_refused is not None:  # the usual fix, not offered
+                fix += (f" (smaller passes by accumulation were not tried: "
+                        f"{self.accumulation_refused})")
         else:
             head, fix = "no configuration fits: every trial failed or was skipped", ""
         return (head + (": " + "; ".join(reasons[:12]) if reasons else "")

@@ -134,6 +134,20 @@ def _lighter_settings(knobs: Mapping[str, Any], technique: Technique,
     return [s for s in settings if dict(s) in candidates]
 
 
+def _accumulation_refused(task: Task, technique: Technique, count: int) -> str | None:
+    """Why ``technique`` on ``count`` devices does not split ``task``'s batch into
+    smaller passes (None: not for a reason of exactness)."""
+    if task.allow_inexact:
+        return None
+    try:
+        inexact = technique.task_inexactness(task, count,
+                                             technique.resolve({"accumulation": 2}))
+    except Exception:  # a user's technique: its knob_settings already said what it could
+        return None
+    return None if inexact is None else (
+        f"{inexact}; set allow_inexact=True to allow it")
+
+
 def _knobs_key(knobs: Mapping[str, Any]) -> str:
     return json.dumps(knobs, sort_keys=True, default=str)
 
@@ -192,6 +206,9 @@ def wanted_trials(tasks: Sequence[Task], node: Node, threads: int, device: str,
                         "; ".join(reasons) or f"{technique.name} proposes no setting"))
                     continue
                 resolved = [technique.resolve(s) for s in settings]
+                if (profile.accumulation_refused is None and "accumulation" in technique.knobs
+                        and all(k.get("accumulation", 1) == 1 for k in resolved)):
+                    profile.accumulation_refused = _accumulation_refused(task, technique, count)
                 identity = technique_identity(technique)
                 fingerprints = {
                     _knobs_key(k): trial_fingerprint(
