@@ -260,6 +260,12 @@ def sweep(gpus: tuple[str | None, ...] = (None,)) -> dict[str, Any]:
 
 
 def main() -> None:
+    import argparse
+
+    # No options: parsed so that --help says what the script writes, not writes it.
+    argparse.ArgumentParser(description="Writes option tables of a Llama 2 sweep from "
+                            f"published figures: {OUT}/llama2-sweep.json and "
+                            "llama2-mixed.json.").parse_args()
     OUT.mkdir(exist_ok=True)
     workload = sweep()
     # Two nodes here; benchmarks/cluster_sim.py runs it on 1, 2 and 4 (--nodes).

@@ -230,22 +230,25 @@ def main() -> None:
         found: dict[str, dict[str, Any]] = {}
         for i, way in enumerate(ways):
             run_dir = folder / f"{i}-{way}"  # a way may be asked more than once
+            # ... and each run of it is a row of its own (a dict keyed by the way kept
+            # the last run alone, and a figure quoted from the first was in no output).
+            label = way if way not in found else f"{way} #{ways[:i + 1].count(way)}"
             if way == "grid":
-                found[way] = dione_way(sweep(args.steps), run_dir, args.devices, catalog)
+                found[label] = dione_way(sweep(args.steps), run_dir, args.devices, catalog)
                 if args.save_curves:
                     save_curves(run_dir, Path(args.save_curves))
             elif way == "kept":
-                found[way] = dione_way(sweep(args.steps, rule), run_dir, args.devices,
+                found[label] = dione_way(sweep(args.steps, rule), run_dir, args.devices,
                                        catalog, replan=False)
             elif way == "replanned":
-                found[way] = dione_way(sweep(args.steps, rule), run_dir, args.devices,
+                found[label] = dione_way(sweep(args.steps, rule), run_dir, args.devices,
                                        catalog)
             elif way == "paused":  # Li et al.'s ASHA: paused at rungs, promoted
-                found[way] = dione_way(sweep(args.steps, PausingAsha(
+                found[label] = dione_way(sweep(args.steps, PausingAsha(
                     min_steps=MIN_STEPS, eta=ETA, loss_window=WINDOW)), run_dir,
                     args.devices, catalog)
             elif way == "expected":  # re-planned, each task at its expected length
-                found[way] = dione_way(sweep(args.steps, rule), run_dir, args.devices,
+                found[label] = dione_way(sweep(args.steps, rule), run_dir, args.devices,
                                        catalog, stopping_horizon="expected")
             elif way in ("ray", "ray-widest"):
                 import ray
@@ -254,13 +257,13 @@ def main() -> None:
                 ray.init(num_cpus=int(args.devices.split(":")[1]), include_dashboard=False,
                          log_to_driver=False)
                 try:
-                    found[way] = ray_way(args.steps, folder / way,
+                    found[label] = ray_way(args.steps, folder / way,
                                          widest_first=way == "ray-widest")
                 finally:
                     ray.shutdown()
             elif way == "optuna":
-                found[way] = optuna_way(args.steps, run_dir, args.devices, catalog)
-            print(f"{way}: {found[way]}", flush=True)
+                found[label] = optuna_way(args.steps, run_dir, args.devices, catalog)
+            print(f"{label}: {found[label]}", flush=True)
             if args.show_order and way in ("grid", "kept", "replanned", "paused",
                                                    "expected"):
                 print_order(run_dir)
