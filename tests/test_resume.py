@@ -78,6 +78,45 @@ def test_resume_under_another_technique(plan, tmp_path: Path) -> None:
                          final_parameters(task, whole.checkpoint))
 
 
+class _WithEvaluationHead(torch.nn.Module):
+    """The digits MLP and a head only evaluation would use: its parameters never get a
+    gradient, so the optimizer keeps no state for them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from dione.zoo import digits_mlp
+
+        self.net = digits_mlp(hidden=32, depth=2)
+        self.head = torch.nn.Linear(10, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def test_a_parameter_that_never_gets_a_gradient_resumes_under_every_technique(
+        tmp_path: Path) -> None:
+    """Every resume of such a model failed as "the model or optimizer changed since the
+    slice that wrote it": a fresh optimizer's state for the head, which the checkpoint
+    never held (a review)."""
+    from dione.techniques.validation import valid_task
+
+    task, problems = valid_task(digits_task(model=_WithEvaluationHead, steps=6))
+    assert problems == [] and task.unused_parameters[0]  # ddp is told to look for them
+    whole = train_in_slices(task, [("single", ONE, 6)], tmp_path / "whole")[0]
+    parts = joined(train_in_slices(
+        task, [("single", ONE, 2), ("ddp", TWO, 2), ("fsdp", TWO, 1), ("single", ONE, 1)],
+        tmp_path / "parts"))
+    assert_same_training(parts, final_parameters(task, parts.checkpoint), whole,
+                         final_parameters(task, whole.checkpoint))
+    # Without state, as training left it (not a step at learning rate 0's).
+    model = task.model()
+    optimizer = task.optimizer(model.parameters())
+    load_checkpoint(parts.checkpoint, model, optimizer, batch_size=task.batch_size,
+                    seed=task.seed)
+    assert not optimizer.state.get(model.head.weight)
+    assert float(optimizer.state[model.net[0][0].weight]["step"]) == 6
+
+
 def _adam_state(task, checkpoint: str) -> dict[str, dict[str, torch.Tensor]]:
     """The optimizer state in a checkpoint, as a plain one-process model sees it, by name."""
     model = task.model()

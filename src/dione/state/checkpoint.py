@@ -375,6 +375,7 @@ def load_checkpoint(
             f"now says {batch_size}: the task's training changed; use a new run directory"
         )
     model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
+    optim_state, unstepped = _unstepped_left_out(folder, optim_state)
     state = {"model": model_state, "optim": optim_state}
     try:
         with _one_process_meant():
@@ -384,6 +385,17 @@ def load_checkpoint(
         # optimizer changed where only the model had (a review).
         raise _mismatch(folder, err, "model or optimizer") from None
     _refuse_left_out(folder, model_state, "model", collective=_grouped())  # weights only
+    if unstepped:  # without the state get_state_dict gave them: none, as saved
+        # The names get_state_dict gives (a wrapper's prefixes, "module." of DDP, left
+        # out), by the rule it names them with.
+        from torch.distributed.checkpoint.state_dict import _get_fqns
+
+        optimizers = ([optimizer] if isinstance(optimizer, torch.optim.Optimizer)
+                      else list(optimizer))
+        for name, parameter in model.named_parameters(remove_duplicate=False):
+            if _get_fqns(model, name) & unstepped:
+                for each in optimizers:
+                    each.state.pop(parameter, None)
     set_state_dict(model, optimizer, model_state_dict=cast(Any, state["model"]),
                    optim_state_dict=cast(Any, state["optim"]), options=_OPTIONS)
     if scheduler is not None and (folder / "scheduler.pt").is_file():
@@ -433,6 +445,28 @@ def load_model_weights(path: str | Path, model: nn.Module) -> Progress:
     _refuse_left_out(folder, state["model"], "model", collective=False)
     model.load_state_dict(state["model"])
     return progress
+
+
+def _unstepped_left_out(folder: Path, optim_state: dict[str, Any]
+                        ) -> tuple[dict[str, Any], set[str]]:
+    """``optim_state`` without the state of parameters the checkpoint holds none of,
+    and their names. ``get_state_dict`` gives a fresh optimizer state for every
+    parameter (a step at learning rate 0); one that never had a gradient (a head only
+    evaluation uses, the copy in ``AveragedModel``) had none when it was saved, and each
+    resume failed as a changed optimizer. They are loaded without state, as training
+    left them."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    def owner(key: str) -> str | None:  # "state.<parameter>.<name>": the parameter
+        return key[len("state."):key.rindex(".")] if key.startswith("state.") else None
+
+    saved = {owner(key.removeprefix("optim.")) for key in
+             FileSystemReader(folder).read_metadata().state_dict_metadata
+             if key.startswith("optim.state.")}
+    unstepped = {name for name in map(owner, optim_state)
+                 if name is not None and name not in saved}
+    return ({key: value for key, value in optim_state.items()
+             if owner(key) not in unstepped}, unstepped)
 
 
 def _refuse_left_out(folder: Path, model_state: Iterable[str], what: str, *,
