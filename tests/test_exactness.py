@@ -26,7 +26,14 @@ from dione.state.store import RunStore
 from dione.techniques import get_technique
 from dione.techniques.validation import valid_task
 from dione.zoo import digits_train
-from helpers import LOSS_TOLERANCE, TEST_NODE, digits_task, train
+from helpers import (
+    LOSS_TOLERANCE,
+    TEST_NODE,
+    assert_same_training,
+    digits_task,
+    final_parameters,
+    train,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -498,6 +505,44 @@ def spectral_net() -> nn.Module:
                          nn.Linear(16, 10))
 
 
+class _AveragedInForward(nn.Module):
+    """The digits MLP with an average of its weights in torch's AveragedModel, updated
+    in the training forward (a recipe's EMA with no hook after the optimizer step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        self.net = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+        self.ema = AveragedModel(self.net, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.ema.update_parameters(self.net)
+        return self.net(x)
+
+
+def test_a_forward_writing_parameters_in_place_is_refused_by_fsdp_and_accumulation(
+        tmp_path: Path) -> None:
+    """fsdp dropped what the forward wrote into its gathered parameters: the average
+    stayed at its first value, 1.3e-2 from single's after 6 steps, recorded exact (a
+    review). The writes are found by the parameters' version counters (an average of
+    weights that have not moved is the weights); ddp keeps them, as single does."""
+    checked, problems = valid_task(digits_task(name="ema", model=_AveragedInForward))
+    assert problems == []
+    assert "its forward writes parameters in place (ema.module.0.weight" in \
+        checked.refused_techniques["fsdp"]
+    assert "keep such state in buffers" in checked.refused_techniques["fsdp"]
+    assert "writes buffers or parameters on every call" in \
+        get_technique("single").task_inexactness(checked, 1, {"accumulation": 2})
+    assert get_technique("ddp").task_inexactness(checked, 2, {"accumulation": 1}) is None
+    single = train(checked, "single", tmp_path / "single", steps=4)
+    ddp = train(checked, "ddp", tmp_path / "ddp", steps=4)
+    averaged = final_parameters(checked, ddp.checkpoint)  # the average's weights too
+    assert_same_training(ddp, averaged, single, final_parameters(checked, single.checkpoint))
+    assert not torch.equal(averaged["ema.module.0.weight"], averaged["net.0.weight"])
+
+
 @pytest.mark.parametrize("model", [averaging_net, spectral_net, act_norm_net])
 def test_a_forward_writing_buffers_is_refused_by_the_exact_pipelines(model) -> None:
     """torch's pipeline runtime runs each stage once more before the first step, on
@@ -507,7 +552,8 @@ def test_a_forward_writing_buffers_is_refused_by_the_exact_pipelines(model) -> N
     checked, problems = valid_task(digits_task(name="bufs", model=model, allow_inexact=True))
     assert problems == []
     assert set(checked.refused_techniques) == {"gpipe", "1f1b"}
-    assert "writes buffers as it trains" in checked.refused_techniques["gpipe"]
+    assert "writes buffers (or parameters in place) as it trains" in \
+        checked.refused_techniques["gpipe"]
     plain, _ = valid_task(digits_task(name="plain"))
     assert plain.refused_techniques == {}
 

@@ -354,7 +354,8 @@ def split_buffers(task: Task, devices: int, accumulation: int) -> str | None:
                 f"of the batch's {devices * accumulation} shares or parts writes them from "
                 "its own samples, not the whole batch's: different training, not rounding")
     if every_call and accumulation > 1:
-        return (f"its forward writes buffers on every call ({some(list(every_call))}): "
+        return (f"its forward writes buffers or parameters on every call "
+                f"({some(list(every_call))}): "
                 f"{accumulation} accumulation parts write them {accumulation} times a "
                 "step, not once: different training, not rounding")
     return None

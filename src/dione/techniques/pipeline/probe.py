@@ -190,6 +190,18 @@ def _written_by(task: Task, model: nn.Module, batch: Any, other: Any
                      and n in second and not alike(b, second[n].detach())]
 
 
+def _parameters_written(task: Task, model: nn.Module, batch: Any) -> list[str]:
+    """The parameters a training forward of ``model`` (a copy) writes in place: an
+    average of the weights kept in parameters (torch's AveragedModel updated in the
+    forward), an embedding's max_norm. Told by their version counters, not their
+    values: an average of weights that have not moved yet is the weights."""
+    copied = copy.deepcopy(model).train()
+    before = {n: p._version for n, p in copied.named_parameters()}
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        loss_of(copied, task, batch)
+    return [n for n, p in copied.named_parameters() if p._version != before[n]]
+
+
 def _optimised(task: Task, model: nn.Module) -> dict[str, str]:
     """The parameters the task's optimizer factory updates on ``model``, by name, each
     with its group's settings (learning rate, weight decay, ...) as text."""
@@ -256,6 +268,19 @@ def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
         exact = [t for t in pipelines if t.exact and t.name not in refused]
         by_data, every_call = (_written_by(task, model, batch, other) if exact or parallel
                                else ([], []))
+        # Written on every call, as far as splitting the batch goes (each part writes it
+        # once more); fsdp drops the writes with the gathered parameter at reshard.
+        in_place = _parameters_written(task, model, batch) if exact or parallel else []
+        every_call += [n for n in in_place if n not in by_data + every_call]
+        if in_place and parallel and task.allows("fsdp"):
+            refused["fsdp"] = (
+                f"task {task.name!r}: its forward writes parameters in place ("
+                f"{', '.join(in_place[:3])}{', ...' if len(in_place) > 3 else ''}: an "
+                "average of the weights kept in parameters, as torch's AveragedModel keeps "
+                "it, or an embedding's max_norm): fsdp gathers each parameter for the "
+                "forward and drops what the forward wrote into it when it reshards: "
+                "different training, not rounding; keep such state in buffers "
+                "(register_buffer), or use another technique")
         written_how = (tuple(by_data), tuple(every_call))
         always, at_random, forward_draws = _unused(task, model, batch)
         if parallel:
@@ -269,7 +294,8 @@ def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
                     "the gang; use another technique")
         written = (by_data + every_call) if exact else []
         if written:  # xpipe, inexact and opted into, trains on: no placeholder pass
-            problem = (f"task {task.name!r}: its forward writes buffers as it trains "
+            problem = (f"task {task.name!r}: its forward writes buffers (or parameters in "
+                       "place) as it trains "
                        f"({', '.join(written[:3])}{', ...' if len(written) > 3 else ''}: a "
                        "running average, a counter, spectral_norm's power iteration, an "
                        "initialisation from the first batch): a "
