@@ -543,6 +543,59 @@ def test_a_forward_writing_parameters_in_place_is_refused_by_fsdp_and_accumulati
     assert not torch.equal(averaged["ema.module.0.weight"], averaged["net.0.weight"])
 
 
+def _tagged_mlp() -> nn.Module:
+    """The digits MLP with its biases tagged for no weight decay, as recipes tag them."""
+    model = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+    for layer in (model[0], model[2]):
+        layer.bias.no_decay = True
+    return model
+
+
+def _by_tag(parameters):
+    kept = list(parameters)
+    return torch.optim.AdamW(
+        [{"params": [p for p in kept if not getattr(p, "no_decay", False)],
+          "weight_decay": 0.5},
+         {"params": [p for p in kept if getattr(p, "no_decay", False)], "weight_decay": 0.0}],
+        lr=1e-2)
+
+
+_BUILT_BIASES: set[int] = set()
+
+
+def _remembered_mlp() -> nn.Module:
+    """The same, its biases remembered by identity where the optimizer factory looks."""
+    model = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+    _BUILT_BIASES.update(id(layer.bias) for layer in (model[0], model[2]))
+    return model
+
+
+def _by_identity(parameters):
+    kept = list(parameters)
+    return torch.optim.AdamW(
+        [{"params": [p for p in kept if id(p) not in _BUILT_BIASES], "weight_decay": 0.5},
+         {"params": [p for p in kept if id(p) in _BUILT_BIASES], "weight_decay": 0.0}],
+        lr=1e-2)
+
+
+def test_fsdp_keeps_the_groups_an_optimizer_factory_picks_or_refuses_the_task(
+        tmp_path: Path) -> None:
+    """fsdp replaces each parameter with a DTensor shard: a tag on the biases was lost,
+    every bias took weight decay, 1.6e-3 from single from step 2, recorded exact (a
+    review). Its tags are carried to the shards; groups picked by the parameter objects
+    themselves stop the slice naming them."""
+    tagged = digits_task(name="tagged", model=_tagged_mlp, optimizer=_by_tag, steps=4)
+    single = train(tagged, "single", tmp_path / "single")
+    fsdp = train(tagged, "fsdp", tmp_path / "fsdp")
+    torch.testing.assert_close(torch.tensor(fsdp.losses), torch.tensor(single.losses),
+                               **LOSS_TOLERANCE)
+    remembered = digits_task(name="ids", model=_remembered_mlp, optimizer=_by_identity,
+                             steps=2)
+    with pytest.raises(Exception, match=r"puts 0.bias \(group 1 as built, group 0 under "
+                       r"fsdp\).* in other parameter groups under fsdp"):
+        train(remembered, "fsdp", tmp_path / "ids")
+
+
 @pytest.mark.parametrize("model", [averaging_net, spectral_net, act_norm_net])
 def test_a_forward_writing_buffers_is_refused_by_the_exact_pipelines(model) -> None:
     """torch's pipeline runtime runs each stage once more before the first step, on

@@ -53,6 +53,9 @@ class DataParallelTechnique(Technique):
     """A technique that differs from the others only in how it wraps the model."""
 
     knobs: ClassVar[Mapping[str, Any]] = {"accumulation": 1}
+    # Whether wrap puts new parameter objects in the model (fsdp's DTensor shards): the
+    # optimizer factory then sees other objects than on the model as built.
+    replaces_parameters: ClassVar[bool] = False
 
     @abstractmethod
     def wrap(self, model: nn.Module, ctx: SliceContext) -> nn.Module:
@@ -131,8 +134,12 @@ class DataParallelTechnique(Technique):
             raise ValueError(f"task {task.name!r}: {statistics}; it trains only as single "
                              "would unless it sets allow_inexact=True")
         counting = item_counting(task, bare) if ctx.world * parts > 1 else None
+        built = (groups_by_name(task.optimizer(bare.parameters()), bare)
+                 if self.replaces_parameters else None)
         model = self.wrap(bare, ctx)
         optimizer, scheduler = ctx.start_training(model)
+        if built is not None:
+            refuse_regrouped(task, self.name, built, groups_by_name(optimizer, model))
         # Whether the forward draws random numbers, seen in the slice's first: a split
         # batch draws per share then, whatever the layer (validation's probe sees only
         # models it can build, of tasks that allow more than single).
@@ -183,3 +190,34 @@ class DataParallelTechnique(Technique):
         else:  # every rank holds the whole model, unwrapped: rank 0 evaluates it
             ctx.evaluate(outcome, bare if ctx.rank == 0 else None)
         return outcome
+
+
+def groups_by_name(optimizer: torch.optim.Optimizer, model: nn.Module) -> dict[str, int]:
+    """The parameter group each of ``model``'s parameters is in, by name (none: not
+    optimised)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: i for i, group in enumerate(optimizer.param_groups)
+            for p in group["params"] if id(p) in names}
+
+
+def refuse_regrouped(task: Task, technique: str, built: Mapping[str, int],
+                     wrapped: Mapping[str, int]) -> None:
+    """ValueError where the optimizer factory groups the wrapped model's parameters
+    otherwise than the model's as built: it picks them by what the wrapper's new
+    parameter objects do not keep (their identity, an attribute of the user's that the
+    wrapper did not carry over), and would train them at other settings unnoticed."""
+    moved = sorted(n for n in built.keys() | wrapped.keys() if built.get(n) != wrapped.get(n))
+    if moved:
+        def where(groups: Mapping[str, int], name: str) -> str:
+            return f"group {groups[name]}" if name in groups else "no group"
+
+        said = ", ".join(f"{n} ({where(built, n)} as built, {where(wrapped, n)} under "
+                         f"{technique})" for n in moved[:3])
+        more = ", ..." if len(moved) > 3 else ""
+        raise ValueError(
+            f"task {task.name!r}: its optimizer factory puts {said}{more} "
+            f"in other parameter groups under {technique} than on the model as built: "
+            f"{technique} replaces each parameter with a shard of it, and the factory picks "
+            "them by something the shard does not keep (the parameter objects themselves?); "
+            "choose each group's parameters by what they are (p.dim(), their shape), or "
+            "leave the technique out")

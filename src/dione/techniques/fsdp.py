@@ -62,6 +62,7 @@ def _untied(units: list[nn.Module], model: nn.Module) -> list[nn.Module]:
 class FSDP(DataParallelTechnique):
     name = "fsdp"
     shards_memory = True
+    replaces_parameters = True
     memory_knobs = ("reshard_after_forward", "activation_checkpointing", "cpu_offload")
     knobs: ClassVar[Mapping[str, Any]] = {
         "reshard_after_forward": True, "activation_checkpointing": False, "cpu_offload": False,
@@ -124,12 +125,19 @@ class FSDP(DataParallelTechnique):
         offload: OffloadPolicy = (CPUOffloadPolicy() if ctx.knobs["cpu_offload"]
                                   else OffloadPolicy())
         reshard = bool(ctx.knobs["reshard_after_forward"])
+        # What the user set on a parameter (a tag its optimizer factory groups by: no
+        # weight decay for biases) is set on the shard that replaces it too.
+        marks = {name: dict(vars(p)) for name, p in model.named_parameters() if vars(p)}
         for unit in shard_units(model):
             if ctx.knobs["activation_checkpointing"]:
                 checkpoint_activations(unit)
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, offload_policy=offload)
         # The root's parameters are needed again at once in backward: never reshard them.
         fully_shard(model, mesh=mesh, reshard_after_forward=False, offload_policy=offload)
+        for name, parameter in model.named_parameters():
+            for key, value in marks.get(name, {}).items():
+                if not hasattr(parameter, key):
+                    setattr(parameter, key, value)
         if ctx.knobs["cpu_offload"]:
             torch.cuda.synchronize(ctx.device)
         return model

@@ -122,7 +122,8 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
             if stray:
                 return (f"task {task.name!r}: its optimizer factory, given pipeline stage "
                         f"{stage}'s parameters, picks {', '.join(sorted(stray)[:3])}, which "
-                        "it leaves out of the whole model's (it picks them by position?): a "
+                        "it leaves out of the whole model's (it picks them by position, or by an "
+                        "attribute set on them, which a stage's copy does not keep?): a "
                         "pipeline builds one optimizer per stage, so choose parameters by "
                         "what they are (p.dim(), p.requires_grad), or use another technique")
             # Groups built by position (the first N parameters at one rate) give a
@@ -134,9 +135,10 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
                 return (f"task {task.name!r}: its optimizer factory, given pipeline stage "
                         f"{stage}'s parameters, puts {', '.join(regrouped[:3])} in a group "
                         "of other settings than on the whole model (it builds its groups "
-                        "by position?): a pipeline builds one optimizer per stage, so "
-                        "choose each group's parameters by what they are (p.dim(), their "
-                        "shape), or use another technique")
+                        "by position, or by an attribute set on the parameters, which a "
+                        "stage's copy does not keep?): a pipeline builds one optimizer per "
+                        "stage, so choose each group's parameters by what they are (p.dim(), "
+                        "their shape), or use another technique")
             module = StageModule(cut, task, plan, partition, stage, structure,
                                  contextlib.nullcontext)
             try:
@@ -151,7 +153,8 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
     if left:
         return (f"task {task.name!r}: its optimizer factory updates "
                 f"{', '.join(sorted(left)[:3])} on the whole model but on no pipeline "
-                "stage (it picks parameters by position?): a pipeline builds one optimizer "
+                "stage (it picks parameters by position, or by an attribute set on them?): a "
+                "pipeline builds one optimizer "
                 "per stage, so choose parameters by what they are (p.dim(), "
                 "p.requires_grad), or use another technique")
     staged = float(received[0])
