@@ -208,13 +208,19 @@ def test_a_workload_item_that_is_not_a_task_is_named_at_once() -> None:
 def test_the_common_pytorch_mistakes_are_named_with_their_fix() -> None:
     """A module instance for the model factory was called (its forward ran without an
     input); a DataLoader or a generator for the dataset failed at indexing or len()."""
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, WeightedRandomSampler
 
     from dione.zoo import digits_mlp, digits_train
+
+    def weighted():  # a recipe's balanced sampling: its loader is refused, and its sampler
+        data = digits_train()
+        return DataLoader(data, batch_size=8,
+                          sampler=WeightedRandomSampler([1.0] * len(data), len(data)))
 
     messages = " ".join(str(p) for p in validate_workload(Workload([
         digits_task("instance", model=digits_mlp()),
         digits_task("loader", data=lambda: DataLoader(digits_train(), batch_size=8)),
+        digits_task("weighted", data=weighted),
         digits_task("generator", data=lambda: (x for x in digits_train())),
         digits_task("no-loss", loss=None)])))
     assert "task 'instance', field 'model': is a Sequential instance; give the function " \
@@ -222,6 +228,10 @@ def test_the_common_pytorch_mistakes_are_named_with_their_fix() -> None:
     assert "task 'loader', field 'data': returned a DataLoader; give a function returning " \
         "a map-style dataset" in messages
     assert "task 'generator', field 'data': returned a generator" in messages
+    assert messages.count("its sampler goes too") == 1
+    assert "not a DataLoader or an iterator; its sampler goes too (dione draws each epoch's " \
+        "order from the task's seed): draw a weighted or balanced selection into the data " \
+        "set itself" in messages
     # A loss left out reads as a loss left out, not as the data's problem.
     assert "task 'no-loss', field 'loss': none given, so the model gets the whole batch" \
         in messages and "give the task a loss=" in messages
@@ -303,8 +313,16 @@ def test_a_scheduler_that_cannot_be_built_is_a_problem_of_its_field() -> None:
         digits_task("broken", lr_scheduler=no_step_size),
         # Stepped by a metric: every trial crashed in step() (validation passed it).
         digits_task("plateau", lr_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau),
-        digits_task("fine", lr_scheduler=good)]), None, technique_names())]
-    assert len(messages) == 2
+        digits_task("fine", lr_scheduler=good),
+        # Sized for fewer steps than the task trains: raised at step 5 of 12 (a review).
+        digits_task("short", lr_scheduler=functools.partial(
+            torch.optim.lr_scheduler.OneCycleLR, max_lr=0.1, total_steps=4)),
+        digits_task("long-enough", lr_scheduler=functools.partial(
+            torch.optim.lr_scheduler.OneCycleLR, max_lr=0.1, total_steps=12))]),
+        None, technique_names())]
+    assert len(messages) == 3
+    assert "task 'short', field 'lr_scheduler': OneCycleLR is built for 4 steps, but the " \
+        "task trains 12: its step 5 would raise; build it with total_steps=12" in messages[2]
     assert "task 'broken', field 'lr_scheduler': the scheduler factory raised TypeError" in (
         messages[0]) and "step_size=10" in messages[0]
     assert "task 'plateau', field 'lr_scheduler': ReduceLROnPlateau.step() needs metrics" in (

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import RandomSampler, SequentialSampler
 
 from dione.frames import user_frame
 from dione.spec.batch import split_problem
@@ -753,6 +754,13 @@ def _check_scheduler(task: Task, optimizer: torch.optim.Optimizer,
             "optimizer step with no argument; use a schedule by step (StepLR, "
             "CosineAnnealingLR, LambdaLR, ...), and a stopping rule (stopping=) for "
             "decisions on a metric")
+    # OneCycleLR raises when stepped past its length, some way into the training.
+    length = getattr(scheduler, "total_steps", None)
+    if (isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR) and isinstance(length, int)
+            and isinstance(task.steps, int) and length < task.steps):
+        bad("lr_scheduler", f"OneCycleLR is built for {length} steps, but the task trains "
+            f"{task.steps}: its step {length + 1} would raise; build it with "
+            f"total_steps={task.steps}")
 
 
 def check_task(
@@ -929,7 +937,13 @@ def _checked_task(
             raise _Said(f"returned a {type(dataset).__name__}; give a function returning a "
                         "map-style dataset (len() and indexing: a torch Dataset such as "
                         "TensorDataset, or a list): dione batches and shards it itself, so "
-                        "not a DataLoader or an iterator")
+                        "not a DataLoader or an iterator"
+                        + ("; its sampler goes too (dione draws each epoch's order from the "
+                           "task's seed): draw a weighted or balanced selection into the data "
+                           "set itself, e.g. Subset(data, indices drawn once, seeded)"
+                           if getattr(dataset, "sampler", None) is not None
+                           and not isinstance(getattr(dataset, "sampler", None),
+                                              (SequentialSampler, RandomSampler)) else ""))
         size = len(dataset)
         if size < task.batch_size:
             bad("data", f"has {size} samples, fewer than one batch of {task.batch_size}: "
