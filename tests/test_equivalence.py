@@ -143,7 +143,7 @@ def test_batch_norm_under_a_split_batch_is_inexact_and_trains_only_by_opt_in(
     for technique, devices, knobs in ((ddp, 2, {}), (fsdp, 2, {}),
                                       (single, 1, {"accumulation": 2})):
         reasons = technique.check(task, devices, knobs, "cpu")
-        assert any("the batch statistics in 1 are each of the batch's" in r
+        assert any("the batch statistics in module '1' are each of the batch's" in r
                    and "allow_inexact=True" in r for r in reasons), reasons
     assert ddp.check(task, 1, {}, "cpu") == [] and single.check(task, 1, {}, "cpu") == []
     # torch's SyncBatchNorm shares the statistics over the ranks: only parts split them.
@@ -187,7 +187,7 @@ def test_batch_norm_under_a_split_batch_is_inexact_and_trains_only_by_opt_in(
     run_slice(opted, "ddp", tmp_path / "run", local_placement(TEST_NODE, [0, 1]))
     with RunStore(tmp_path / "run") as store:
         [record] = store.slices()
-    assert record.inexactness and "batch statistics in 1" in record.inexactness
+    assert record.inexactness and "batch statistics in module '1'" in record.inexactness
 
 
 def _tied_mlp() -> nn.Module:

@@ -590,7 +590,8 @@ def test_a_users_technique_is_labelled_keyed_and_reloaded_as_its_own(tmp_path: P
         assert before.startswith("quiet-ddp (workload own.py.Quiet, ")
         result = run_slice(task, "quiet-ddp", tmp_path / "run",
                            local_placement(Node("n", 2, "cpu"), [0, 1]))
-        assert result.extra["exactness"].startswith("statistical, not bitwise: dropout in 1")
+        assert result.extra["exactness"].startswith(
+            "statistical, not bitwise: dropout in module '1'")
         # A built-in's loop kept (a subclass that does not write its own): its word
         # stands, not dione's guess (the review's own-generator data read statistical).
         plain = run_slice(dataclasses.replace(task, model=digits_task().model,

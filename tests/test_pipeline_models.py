@@ -419,7 +419,7 @@ def test_what_pipelines_refuse_and_why() -> None:
                 optimizer=functools.partial(torch.optim.Adam, lr=1e-2), batch_size=8, steps=2)
     for technique in (gpipe, xp):
         reasons = technique.check(norm, 2, {}, "cpu")
-        assert any("normalises by batch statistics (1)" in r for r in reasons), reasons
+        assert any("normalises by batch statistics (module '1')" in r for r in reasons), reasons
 
 
 def test_dropout_is_said_to_be_statistically_equivalent(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ from torch import nn
 
 from dione.spec.draws import global_draws
 from dione.spec.task import Task
-from dione.words import some
+from dione.words import modules, some
 
 __all__ = ["batch_norm_layers", "drew_since", "dropout_layers", "generator_states",
            "model_generator_states", "own_generator_draws", "resumed_draws",
@@ -103,7 +103,8 @@ def _dropout_note(layers: list[str]) -> str | None:
     """Why dropout in ``layers`` trains a split batch statistically (None: none)."""
     if not layers:
         return None
-    return f"statistical, not bitwise: dropout in {some(layers)} draws other masks than single"
+    return (f"statistical, not bitwise: dropout in {modules(layers)} draws other masks "
+            "than single")
 
 
 def generator_states(device: torch.device) -> tuple[object, ...]:
@@ -327,7 +328,8 @@ def split_statistics(task: Task, devices: int, accumulation: int,
     split = (f"{devices} shares" if accumulation == 1 else
              f"{accumulation} accumulation parts" if devices == 1 else
              f"{devices} shares of {accumulation} parts")
-    return (f"the batch statistics in {some(norms)} are each of the batch's {split}, not "
+    return (f"the batch statistics in {modules(norms)} are each of the batch's {split}, "
+            "not "
             "the whole batch's: different training, not rounding (a norm without batch "
             "statistics, LayerNorm or GroupNorm, trains alike however the batch is split)")
 

@@ -103,6 +103,7 @@ from dione.techniques.pipeline.stages import (
     shared_weights,
 )
 from dione.techniques.recompute import checkpoint_activations
+from dione.words import modules
 
 __all__ = ["GPipe", "OneFOneB", "PipelineStagePart", "PipelineTechnique", "keep_stage",
            "micro_batch_counts"]
@@ -202,7 +203,7 @@ class PipelineTechnique(Technique):
         if norms:
             reasons.append(
                 f"task {task.name!r}: its model normalises by batch statistics ("
-                f"{', '.join(norms[:3])}{', ...' if len(norms) > 3 else ''}), which a "
+                f"{modules(norms)}), which a "
                 f"pipeline computes per micro-batch (and torch's runtime moves once more on "
                 f"placeholder inputs before the first step): not single's training; use "
                 "single, or a norm without batch statistics (LayerNorm, GroupNorm)")
