@@ -1297,22 +1297,34 @@ def test_a_task_has_one_colour_in_the_gantt_chart_and_the_learning_curves(
 
 def test_the_gantt_chart_marks_where_a_run_was_resumed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A kill and a resume left a gap in the chart only the summary explained."""
+    """A kill and a resume left a gap in the chart only the summary explained; and the
+    time the run stood still took the chart's width (a run resumed the next day was a
+    sliver of bars at each end: a review). The line marks the resume, and the actual
+    panel's axis leaves the time stood still out, saying so."""
     from matplotlib.axes import Axes
 
     from dione.report.gantt import draw_gantt
     from dione.state.store import SliceRecord
 
     lines: list[float] = []
-    axvline = Axes.axvline
+    limits: list[tuple[float, float]] = []
+    labels: list[str] = []
+    axvline, set_xlim, set_xlabel = Axes.axvline, Axes.set_xlim, Axes.set_xlabel
     monkeypatch.setattr(Axes, "axvline", lambda ax, x=0, *a, **k: (
         lines.append(x), axvline(ax, x, *a, **k))[1])
+    monkeypatch.setattr(Axes, "set_xlim", lambda ax, *a, **k: (
+        limits.append(a), set_xlim(ax, *a, **k))[1])
+    monkeypatch.setattr(Axes, "set_xlabel", lambda ax, text, *a, **k: (
+        labels.append(text), set_xlabel(ax, text, *a, **k))[1])
     slices = [SliceRecord(i, "t", "single", {}, "n", [0], 0, 10, status, start, end, None,
                           None, {}, None)
               for i, (status, start, end) in enumerate((("interrupted", 0.0, 4.0),
-                                                         ("done", 30.0, 40.0)))]
-    draw_gantt(None, slices, 0.0, tmp_path / "gantt.png", resumed=[29.5])
-    assert lines == [29.5]
+                                                         ("done", 86_400.0, 86_410.0)))]
+    draw_gantt(None, slices, 0.0, tmp_path / "gantt.png", resumed=[(86_400.0, 86_396.0)])
+    assert lines == [4.0]  # where the second session's bars begin
+    assert limits[-1] == (0, pytest.approx(14.0 * 1.01))
+    assert labels[-1] == ("seconds from the run's start, the 86396 s it stood still "
+                          "between sessions left out")
 
 
 def test_learning_curves_of_a_sweep_name_each_panels_best(tmp_path: Path) -> None:

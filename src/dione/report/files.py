@@ -42,17 +42,26 @@ from dione.words import some
 __all__ = ["MetricsWritten", "lower_is_better", "report_after_run", "write_report"]
 
 
+def _stood_still(plans: Sequence[AdoptedPlan], slices: Sequence[Any]
+                 ) -> list[tuple[float, float]]:
+    """Each session after the first: when it started, and for how long before it the
+    run stood still (from the last slice that ended before it)."""
+    stood = []
+    for start in sorted({p.clock_zero for p in plans})[1:]:
+        before = [s.ended_at for s in slices if s.ended_at is not None and s.started_at < start]
+        stood.append((start, max(0.0, start - max(before, default=start))))
+    return stood
+
+
 def _sessions(plans: Sequence[AdoptedPlan], slices: Sequence[Any], zero: float) -> list[str]:
     """Where the run was resumed, and the time it stood still between sessions (which
     the actual end above counts, and a session's own makespan, as `dione run` and
     `dione resume` print it, does not)."""
-    starts = sorted({p.clock_zero for p in plans})[1:]
-    if not starts:
+    stood = _stood_still(plans, slices)
+    if not stood:
         return []
-    idle = 0.0
-    for start in starts:
-        before = [s.ended_at for s in slices if s.ended_at is not None and s.started_at < start]
-        idle += max(0.0, start - max(before, default=start))
+    starts = [start for start, _ in stood]
+    idle = sum(seconds for _, seconds in stood)
     return [f"Resumed {len(starts)} time(s), at "
             + ", ".join(f"{start - zero:.1f} s" for start in starts)
             + f" from the first start; {idle:.1f} s of that stood still between sessions "
@@ -221,7 +230,7 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
 
     draw_gantt(plans[0] if plans else None, slices, zero, folder / "gantt.png", simulated,
                ended={t.task: t.status for t in tasks}, order=[t.task for t in tasks],
-               resumed=[start - zero for start in sorted({p.clock_zero for p in plans})[1:]])
+               resumed=[(start - zero, idle) for start, idle in _stood_still(plans, slices)])
     from dione.report.curves import draw_curves
     from dione.report.page import write_page
 

@@ -29,7 +29,7 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
                path: Path, simulated: bool = False,
                which: str = "plan (first adopted)",
                ended: Mapping[str, str] | None = None, order: Sequence[str] = (),
-               resumed: Sequence[float] = ()) -> None:
+               resumed: Sequence[tuple[float, float]] = ()) -> None:
     """Two panels, each with its time axis: the first adopted plan and the actual slices
     (failed or interrupted ones hatched, drawn at least a sliver wide), seconds from the
     run's start; the last slice of a task its rule stopped (``ended``: task -> status)
@@ -37,8 +37,10 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
     the tasks' colours (as the learning curves colour them: ``order``, the workload's)
     up to 20 tasks; past that (colours repeat), up to 120, each task a number, on its
     bars and in a list under the chart; a dashed line where the run was resumed
-    (``resumed``: seconds from the run's start of each session after the first); a
-    simulated run's says so in both titles."""
+    (``resumed``: each session after the first, its start in seconds from the run's and
+    the seconds the run stood still before it, left out of the actual panel's axis: a
+    run resumed the next day was a sliver of bars at each end); a simulated run's says so
+    in both titles."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -51,12 +53,15 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
             for device in a.device_ids:
                 planned.append((a.node, device, a.task, a.technique, a.start + offset,
                                 a.end + offset, "done"))
+    def live(at: float) -> float:  # seconds from the start, the time stood still out
+        return at - sum(idle for start, idle in resumed if at >= start)
+
     actual: list[Bar] = []
     for s in slices:
         end = s.ended_at if s.ended_at is not None else s.started_at
         for device in s.device_ids:
-            actual.append((s.node, device, s.task, s.technique, s.started_at - zero,
-                           end - zero, s.status))
+            actual.append((s.node, device, s.task, s.technique, live(s.started_at - zero),
+                           live(end - zero), s.status))
     last: dict[str, Any] = {}  # each task's last actual slice: where a stop is marked
     for s in slices:
         if s.status == "done" and (s.task not in last or s.end_step >= last[s.task].end_step):
@@ -91,12 +96,12 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
             if not (planned or actual):
                 ax.set_xticks([])  # no time passed on either: no axis of it
         if bars is actual:
-            for at in resumed:  # the gap before it stood still (killed, stopped)
-                ax.axvline(at, color="0.3", linestyle="--", linewidth=1)
-                ax.text(at, -0.42, " resumed", fontsize=7, va="top", color="0.3")
+            for start, _ in resumed:  # the gap before it stood still (killed, stopped)
+                ax.axvline(live(start), color="0.3", linestyle="--", linewidth=1)
+                ax.text(live(start), -0.42, " resumed", fontsize=7, va="top", color="0.3")
             for s in stops:
                 for device in s.device_ids:
-                    ax.plot((s.ended_at or s.started_at) - zero,
+                    ax.plot(live((s.ended_at or s.started_at) - zero),
                             layout.middle(s.node, device), marker="x", color="black",
                             markersize=7, markeredgewidth=2)
         layout.label_rows(ax, row_inches)
@@ -109,7 +114,10 @@ def draw_gantt(plan: AdoptedPlan | None, slices: Sequence[Any], zero: float,
                      fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(axis="x", labelbottom=True)  # a time axis under each panel
-        ax.set_xlabel("seconds from the run's start", fontsize=8)
+        stood = sum(idle for _, idle in resumed) if bars is actual else 0.0
+        ax.set_xlabel("seconds from the run's start" + (
+            f", the {stood:.0f} s it stood still between sessions left out" if stood else ""),
+            fontsize=8)
     if legend:
         from matplotlib.patches import Patch
 
