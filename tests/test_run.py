@@ -238,6 +238,7 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(
     assert all(rows[i]["end_step"] == rows[i]["start_step"] for i in cut_short), rows
     summary = (killed_dir / "report" / "summary.md").read_text()
     assert "## Slices cut short" in summary
+    assert "not trained again yet (`dione resume` trains it)" in summary
     # It says at the top that the run did not finish and what continues it (it read as
     # a finished run's page, its leaders as the sweep's: a review).
     assert "**Not finished**: the run stopped with" in summary and \
@@ -278,7 +279,10 @@ def test_killed_run_resumes_to_the_parameters_of_an_uninterrupted_run(
     with open(killed_dir / "report" / "timeline.csv") as timeline:
         rows = {int(r["slice"]): r for r in csv.DictReader(timeline)}
     assert all(rows[i]["end_step"] == rows[i]["start_step"] for i in cut_short), rows
-    assert "## Slices cut short" in (killed_dir / "report" / "summary.md").read_text()
+    summary = (killed_dir / "report" / "summary.md").read_text()
+    # In the past tense now: each was trained again ("when the run resumes", it said).
+    assert "## Slices cut short" in summary and "; trained again from step" in summary
+    assert "not trained again yet" not in summary
 
 
 def test_a_crash_is_retried_and_an_always_failing_task_is_reported(

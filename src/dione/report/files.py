@@ -221,7 +221,9 @@ def write_report(run_dir: str | Path, names: Sequence[Any] | None = None,
         for name, problems in invalid.items():
             if name not in listed:
                 writer.writerow([name, "invalid", 0, "", "", "", "0.00", "",
-                                 *("" for _ in metrics), "", "{}", *("" for _ in axes), "",
+                                 # Not known (a task validation refused): blank, not
+                                 # "{}", which read as a task of no hyperparameters.
+                                 *("" for _ in metrics), "", "", *("" for _ in axes), "",
                                  "; ".join(problems), "", mark])
     (folder / "summary.md").write_text(_markdown(tasks, metrics, plans, slices, zero,
                                                  simulated, invalid, directions, run_dir,
@@ -439,10 +441,20 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
         lines += ["", "## Slices cut short", "",
                   "The launcher stopped (killed, interrupted, or its machine lost) while "
                   "these slices trained; their steps after the last checkpoint are trained "
-                  "again when the run resumes (hatched in the Gantt chart):", ""]
+                  "again by a later slice (hatched in the Gantt chart):", ""]
+
+        def again(cut_slice: Any) -> str:  # said in the past once a later slice began
+            later = [s for s in slices if s.task == cut_slice.task
+                     and s.started_at > cut_slice.started_at]
+            if later:
+                first = min(later, key=lambda s: s.started_at)
+                return (f"; trained again from step {first.start_step} at "
+                        f"{first.started_at - zero:.1f} s")
+            return "; not trained again yet (`dione resume` trains it)"
+
         lines += [f"- {s.task}: from step {s.start_step} under {s.technique}, "
                   f"{s.started_at - zero:.1f}-{(s.ended_at or s.started_at) - zero:.1f} s"
-                  for s in sorted(cut, key=lambda s: s.started_at)]
+                  + again(s) for s in sorted(cut, key=lambda s: s.started_at)]
     failed = [t for t in tasks if t.status in ("failed", "diverged")]
     if failed:
         lines += ["", "## Failed and diverged tasks", ""]
