@@ -582,12 +582,19 @@ def test_fsdp_keeps_the_groups_an_optimizer_factory_picks_or_refuses_the_task(
         tmp_path: Path) -> None:
     """fsdp replaces each parameter with a DTensor shard: a tag on the biases was lost,
     every bias took weight decay, 1.6e-3 from single from step 2, recorded exact (a
-    review). Its tags are carried to the shards; groups picked by the parameter objects
-    themselves stop the slice naming them."""
+    review). Its tags are carried to the shards, and to a pipeline's stages; groups
+    picked by the parameter objects themselves stop the slice naming them."""
     tagged = digits_task(name="tagged", model=_tagged_mlp, optimizer=_by_tag, steps=4)
     single = train(tagged, "single", tmp_path / "single")
     fsdp = train(tagged, "fsdp", tmp_path / "fsdp")
     torch.testing.assert_close(torch.tensor(fsdp.losses), torch.tensor(single.losses),
+                               **LOSS_TOLERANCE)
+    # A pipeline's stages are built anew too (on meta, then on the device), and were
+    # refused as grouping "by position?".
+    checked, problems = valid_task(tagged)
+    assert problems == [] and "gpipe" not in checked.refused_techniques
+    gpipe = train(checked, "gpipe", tmp_path / "gpipe", micro_batches=2)
+    torch.testing.assert_close(torch.tensor(gpipe.losses), torch.tensor(single.losses),
                                **LOSS_TOLERANCE)
     remembered = digits_task(name="ids", model=_remembered_mlp, optimizer=_by_identity,
                              steps=2)

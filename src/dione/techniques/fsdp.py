@@ -22,6 +22,7 @@ from dione.spec.task import Task
 from dione.techniques.base import Knobs
 from dione.techniques.context import SliceContext
 from dione.techniques.data_parallel import DataParallelTechnique
+from dione.techniques.marks import marks_by_name, put_marks
 from dione.techniques.recompute import checkpoint_activations
 
 __all__ = ["FSDP", "shard_units"]
@@ -127,17 +128,14 @@ class FSDP(DataParallelTechnique):
         reshard = bool(ctx.knobs["reshard_after_forward"])
         # What the user set on a parameter (a tag its optimizer factory groups by: no
         # weight decay for biases) is set on the shard that replaces it too.
-        marks = {name: dict(vars(p)) for name, p in model.named_parameters() if vars(p)}
+        marks = marks_by_name(model)
         for unit in shard_units(model):
             if ctx.knobs["activation_checkpointing"]:
                 checkpoint_activations(unit)
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, offload_policy=offload)
         # The root's parameters are needed again at once in backward: never reshard them.
         fully_shard(model, mesh=mesh, reshard_after_forward=False, offload_policy=offload)
-        for name, parameter in model.named_parameters():
-            for key, value in marks.get(name, {}).items():
-                if not hasattr(parameter, key):
-                    setattr(parameter, key, value)
+        put_marks(model, marks)
         if ctx.knobs["cpu_offload"]:
             torch.cuda.synchronize(ctx.device)
         return model

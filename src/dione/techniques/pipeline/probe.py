@@ -40,6 +40,7 @@ from dione.spec.validate import alike
 from dione.techniques.batches import BatchSource, SampleOrder, _fetch
 from dione.techniques.data_parallel import DataParallelTechnique
 from dione.techniques.exactness import drew_since, generator_states
+from dione.techniques.marks import marks_by_name, put_marks
 from dione.techniques.pipeline.gpipe import PipelineTechnique
 from dione.techniques.pipeline.partition import partition_model, stage_plan
 from dione.techniques.pipeline.stages import StageModule, batch_fields, cut_stage
@@ -111,7 +112,9 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
         whole_optimised = _optimised(task, model)
         left = set(whole_optimised)  # updated on the whole model, on no stage yet
         for stage in range(partition.stages):
-            cut = cut_stage(copy.deepcopy(model), plan, partition, stage)
+            copied = copy.deepcopy(model)  # a parameter's deepcopy drops its own attributes
+            put_marks(copied, marks_by_name(model))  # ... which a rank's stage keeps
+            cut = cut_stage(copied, plan, partition, stage)
             try:
                 on_stage = _optimised(task, cut)
                 stray, left = set(on_stage) - set(whole_optimised), left - set(on_stage)

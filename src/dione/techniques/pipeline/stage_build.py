@@ -54,6 +54,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dione.spec.task import Task
+from dione.techniques.marks import carry_marks
 
 __all__ = ["Structure", "build_structure", "copy_initial_values", "device_bytes", "host_model",
            "materialise", "on_device_for_forward", "parameters_on_meta", "swapped_in",
@@ -70,7 +71,9 @@ def parameters_on_meta() -> Iterator[None]:
         original(self, name, param)
         held = self._parameters.get(name)
         if held is not None and not held.is_meta and type(held) is nn.Parameter:
-            self._parameters[name] = nn.Parameter(held.to("meta"), held.requires_grad)
+            moved = nn.Parameter(held.to("meta"), held.requires_grad)
+            carry_marks(held, moved)
+            self._parameters[name] = moved
 
     nn.Module.register_parameter = register  # type: ignore[method-assign]
     try:
@@ -112,6 +115,7 @@ def _all_on_meta(model: nn.Module) -> None:
                 continue
             if id(param) not in memo:
                 memo[id(param)] = nn.Parameter(param.detach().to("meta"), param.requires_grad)
+                carry_marks(param, memo[id(param)])
             module._parameters[name] = memo[id(param)]
 
 
@@ -168,6 +172,7 @@ def materialise(model: nn.Module, device: torch.device) -> None:
                     else tensor.detach().to(device))
             memo[id(tensor)] = (nn.Parameter(data, tensor.requires_grad)
                                 if isinstance(tensor, nn.Parameter) else data)
+            carry_marks(tensor, memo[id(tensor)])
         return memo[id(tensor)]
 
     for module in model.modules():
