@@ -117,6 +117,34 @@ def test_a_parameter_that_never_gets_a_gradient_resumes_under_every_technique(
     assert float(optimizer.state[model.net[0][0].weight]["step"]) == 6
 
 
+def _bias_free_first() -> torch.nn.Module:
+    """An MLP whose first pipeline stage holds no bias (its first layer has none)."""
+    return torch.nn.Sequential(
+        torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), torch.nn.ReLU()),
+        torch.nn.Linear(32, 10))
+
+
+def _no_decay_for_biases(parameters):
+    kept = list(parameters)
+    return torch.optim.AdamW([{"params": [p for p in kept if p.ndim >= 2], "weight_decay": 0.1},
+                              {"params": [p for p in kept if p.ndim < 2], "weight_decay": 0.0,
+                               "lr": 5e-3}], lr=1e-2)
+
+
+def test_a_stage_whose_share_of_a_parameter_group_is_empty_resumes(tmp_path: Path) -> None:
+    """The usual no-weight-decay recipe on a cut whose first stage holds no bias: that
+    stage's optimizer has an empty group, and every resume into it raised a bare
+    IndexError in torch's loader (a review)."""
+    task = digits_task(model=_bias_free_first, optimizer=_no_decay_for_biases, steps=4)
+    whole = train_in_slices(task, [("single", ONE, 4)], tmp_path / "whole")[0]
+    parts = joined([run_slice(task, technique, tmp_path / "parts",
+                              local_placement(TEST_NODE, devices), steps=2, knobs=knobs)
+                    for technique, devices, knobs in (("single", ONE, {}),
+                                                      ("1f1b", TWO, {"micro_batches": 2}))])
+    assert_same_training(parts, final_parameters(task, parts.checkpoint), whole,
+                         final_parameters(task, whole.checkpoint))
+
+
 def _adam_state(task, checkpoint: str) -> dict[str, dict[str, torch.Tensor]]:
     """The optimizer state in a checkpoint, as a plain one-process model sees it, by name."""
     model = task.model()

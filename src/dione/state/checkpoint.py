@@ -374,7 +374,28 @@ def load_checkpoint(
             f"{folder} was written with global batch size {progress.batch_size}, but the task "
             f"now says {batch_size}: the task's training changed; use a new run directory"
         )
-    model_state, optim_state = get_state_dict(model, optimizer, options=_OPTIONS)
+    optimizers = ([optimizer] if isinstance(optimizer, torch.optim.Optimizer)
+                  else list(optimizer))
+    with _empty_groups_aside(optimizers):
+        _load_states(folder, model, optimizers)
+    if scheduler is not None and (folder / "scheduler.pt").is_file():
+        scheduler.load_state_dict(_load_plain(folder / "scheduler.pt"))
+    if scaler is not None and (folder / "grad_scaler.pt").is_file():
+        scaler.load_state_dict(_load_plain(folder / "grad_scaler.pt"))
+    if restore_rng:
+        rank, world = _rank()
+        saved = folder / "rng" / f"rank{rank}.pt"
+        if world == progress.world and saved.is_file():
+            _set_rng_state(_load_plain(saved))
+        else:
+            reseed(seed, progress.step, rank)
+    return progress
+
+
+def _load_states(folder: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer]
+                 ) -> None:
+    """Collective: the model's and the optimizers' state from the checkpoint."""
+    model_state, optim_state = get_state_dict(model, optimizers, options=_OPTIONS)
     optim_state, unstepped = _unstepped_left_out(folder, optim_state)
     state = {"model": model_state, "optim": optim_state}
     try:
@@ -390,26 +411,30 @@ def load_checkpoint(
         # out), by the rule it names them with.
         from torch.distributed.checkpoint.state_dict import _get_fqns
 
-        optimizers = ([optimizer] if isinstance(optimizer, torch.optim.Optimizer)
-                      else list(optimizer))
         for name, parameter in model.named_parameters(remove_duplicate=False):
             if _get_fqns(model, name) & unstepped:
                 for each in optimizers:
                     each.state.pop(parameter, None)
-    set_state_dict(model, optimizer, model_state_dict=cast(Any, state["model"]),
+    set_state_dict(model, optimizers, model_state_dict=cast(Any, state["model"]),
                    optim_state_dict=cast(Any, state["optim"]), options=_OPTIONS)
-    if scheduler is not None and (folder / "scheduler.pt").is_file():
-        scheduler.load_state_dict(_load_plain(folder / "scheduler.pt"))
-    if scaler is not None and (folder / "grad_scaler.pt").is_file():
-        scaler.load_state_dict(_load_plain(folder / "grad_scaler.pt"))
-    if restore_rng:
-        rank, world = _rank()
-        saved = folder / "rng" / f"rank{rank}.pt"
-        if world == progress.world and saved.is_file():
-            _set_rng_state(_load_plain(saved))
-        else:
-            reseed(seed, progress.step, rank)
-    return progress
+
+
+@contextlib.contextmanager
+def _empty_groups_aside(optimizers: list[torch.optim.Optimizer]) -> Iterator[None]:
+    """The optimizers without their parameter groups that hold no parameter, put back
+    where they were after: a pipeline stage's share of a no-weight-decay recipe can hold
+    none of the biases, and torch's loader of a flattened state reads each group's
+    settings from its first parameter (IndexError on every resume into such a stage)."""
+    aside = [[(i, g) for i, g in enumerate(o.param_groups) if not g["params"]]
+             for o in optimizers]
+    for optimizer in optimizers:
+        optimizer.param_groups[:] = [g for g in optimizer.param_groups if g["params"]]
+    try:
+        yield
+    finally:
+        for optimizer, empty in zip(optimizers, aside, strict=True):
+            for index, group in empty:
+                optimizer.param_groups.insert(index, group)
 
 
 def _load_plain(path: Path) -> Any:
