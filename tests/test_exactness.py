@@ -522,12 +522,40 @@ class _AveragedInForward(nn.Module):
         return self.net(x)
 
 
+class _Constrained(nn.Module):
+    """A max-norm constraint written through ``.data`` in the forward (braindecode's
+    LinearWithConstraint): no version counter moves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden, self.out = nn.Linear(64, 16), nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.out.weight.data = torch.renorm(self.out.weight.data, p=2, dim=0, maxnorm=0.05)
+        return self.out(torch.relu(self.hidden(x)))
+
+
+class _MaxNormEmbedding(nn.Module):
+    """nn.Embedding(max_norm=...): each forward renormalises the rows its batch looks up,
+    in place: a share of the batch renormalises its own rows only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(17 * 64, 2, max_norm=0.5)  # 17 rows per pixel
+        self.out = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = (x * 16).round().long().clamp(0, 16) + 17 * torch.arange(64)
+        return self.out(self.embed(rows).flatten(1))
+
+
 def test_a_forward_writing_parameters_in_place_is_refused_by_fsdp_and_accumulation(
         tmp_path: Path) -> None:
     """fsdp dropped what the forward wrote into its gathered parameters: the average
     stayed at its first value, 1.3e-2 from single's after 6 steps, recorded exact (a
     review). The writes are found by the parameters' version counters (an average of
-    weights that have not moved is the weights); ddp keeps them, as single does."""
+    weights that have not moved is the weights), storage and values; ddp keeps those the
+    data does not move, as single does, and refuses those it does."""
     checked, problems = valid_task(digits_task(name="ema", model=_AveragedInForward))
     assert problems == []
     assert "its forward writes parameters in place (ema.module.0.weight" in \
@@ -536,6 +564,16 @@ def test_a_forward_writing_parameters_in_place_is_refused_by_fsdp_and_accumulati
     assert "writes buffers or parameters on every call" in \
         get_technique("single").task_inexactness(checked, 1, {"accumulation": 2})
     assert get_technique("ddp").task_inexactness(checked, 2, {"accumulation": 1}) is None
+    # Written through .data (a regression review: fsdp 0.25 off single after 4 steps),
+    # and from the data: under ddp each rank renormalised the rows of its own share.
+    constrained, problems = valid_task(digits_task(name="renorm", model=_Constrained))
+    assert problems == [] and "writes parameters in place (out.weight" in \
+        constrained.refused_techniques["fsdp"]
+    looked_up, problems = valid_task(digits_task(name="maxnorm", model=_MaxNormEmbedding))
+    assert problems == [] and "writes parameters in place (embed.weight" in \
+        looked_up.refused_techniques["fsdp"]
+    assert "its forward writes buffers or parameters from the data (embed.weight)" in \
+        get_technique("ddp").task_inexactness(looked_up, 2, {"accumulation": 1})
     single = train(checked, "single", tmp_path / "single", steps=4)
     ddp = train(checked, "ddp", tmp_path / "ddp", steps=4)
     averaged = final_parameters(checked, ddp.checkpoint)  # the average's weights too
@@ -791,12 +829,13 @@ def test_buffers_written_from_the_data_make_a_split_batch_inexact(tmp_path: Path
     ddp, fsdp, single = (get_technique(n) for n in ("ddp", "fsdp", "single"))
     for technique in (ddp, fsdp):
         reasons = technique.check(task, 2, {}, "cpu")
-        assert any("writes buffers from the data (1.mean, 2.mean)" in r and
+        assert any("writes buffers or parameters from the data (1.mean, 2.mean)" in r and
                    "unless it sets allow_inexact=True" in r for r in reasons), reasons
     assert ddp.check(task, 1, {}, "cpu") == [] and single.check(task, 1, {}, "cpu") == []
     opted, _ = valid_task(replace(task, name="ema-opted", allow_inexact=True))
     assert ddp.check(opted, 2, {}, "cpu") == []
-    assert "writes buffers from the data" in ddp.task_inexactness(opted, 2, {"accumulation": 1})
+    assert "writes buffers or parameters from the data" in \
+        ddp.task_inexactness(opted, 2, {"accumulation": 1})
     counter, _ = valid_task(digits_task(name="counter", model=counting_net))
     assert counter.buffers_written == ((), ("1.calls",))
     assert ddp.check(counter, 2, {}, "cpu") == []
@@ -806,7 +845,7 @@ def test_buffers_written_from_the_data_make_a_split_batch_inexact(tmp_path: Path
     assert plain.buffers_written == ((), ())
     from dione.launch.slice import SliceError
 
-    with pytest.raises(SliceError, match="writes buffers from the data"):
+    with pytest.raises(SliceError, match="writes buffers or parameters from the data"):
         train(task, "ddp", tmp_path / "run", devices=2)
 
 

@@ -352,7 +352,8 @@ def split_buffers(task: Task, devices: int, accumulation: int) -> str | None:
     that validation saw, or this split leaves them as single's)."""
     by_data, every_call = task.buffers_written
     if by_data and devices * accumulation > 1:
-        return (f"its forward writes buffers from the data ({some(list(by_data))}): each "
+        return (f"its forward writes buffers or parameters from the data "
+                f"({some(list(by_data))}): each "
                 f"of the batch's {devices * accumulation} shares or parts writes them from "
                 "its own samples, not the whole batch's: different training, not rounding")
     if every_call and accumulation > 1:

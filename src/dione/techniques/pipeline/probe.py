@@ -172,40 +172,43 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
 
 
 def _written_by(task: Task, model: nn.Module, batch: Any, other: Any
-                ) -> tuple[list[str], list[str]]:
-    """The buffers a training forward of ``model`` (copies of it) writes, BatchNorm's
-    aside (refused by name where it matters): those two batches leave different (a
-    running average, an ActNorm's initialisation from the first batch), and those the
-    second call moved alike (a counter, spectral_norm's power iteration). A cache filled
-    once from the shapes alone (rotary embeddings' tables) does not count: one copy runs
-    on ``batch`` twice, another on ``other`` (another batch of the same shape)."""
+                ) -> tuple[list[str], list[str], list[str]]:
+    """The buffers and parameters a training forward of ``model`` (copies of it) writes,
+    BatchNorm's buffers aside (refused by name where it matters): those two batches leave
+    different (a running average, an ActNorm's initialisation from the first batch, an
+    embedding's max_norm), and those the second call moved alike (a counter,
+    spectral_norm's power iteration); and, of both, the parameters. A cache filled once
+    from the shapes alone (rotary embeddings' tables) does not count: one copy runs on
+    ``batch`` twice, another on ``other`` (another batch of the same shape). A parameter
+    counts as written where its value, its storage or its version counter moved (an
+    average of weights that have not moved yet is the weights; a write through ``.data``
+    bumps no counter)."""
     copied, twin = copy.deepcopy(model).train(), copy.deepcopy(model).train()
     skip = {f"{m}.{n}" if m else n for m, module in copied.named_modules()
             if isinstance(module, nn.modules.batchnorm._BatchNorm)
             for n, _ in module.named_buffers(recurse=False)}
+    parameters = dict(copied.named_parameters())
+    before = {n: (p._version, p.data_ptr(), p.detach().clone()) for n, p in parameters.items()}
+
+    def state(module: nn.Module) -> dict[str, torch.Tensor]:
+        return {n: t for n, t in [*module.named_buffers(), *module.named_parameters()]
+                if n not in skip}
+
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         loss_of(copied, task, batch)
         loss_of(twin, task, other)
-        first = {n: b.detach().clone() for n, b in copied.named_buffers() if n not in skip}
-        other_data = dict(twin.named_buffers())
+        first = {n: b.detach().clone() for n, b in state(copied).items()}
+        other_data = state(twin)
         loss_of(copied, task, batch)
-        second = dict(copied.named_buffers())
-    by_data = [n for n, b in first.items()
-               if n in other_data and not alike(b, other_data[n].detach())]
-    return by_data, [n for n, b in first.items() if n not in by_data
-                     and n in second and not alike(b, second[n].detach())]
-
-
-def _parameters_written(task: Task, model: nn.Module, batch: Any) -> list[str]:
-    """The parameters a training forward of ``model`` (a copy) writes in place: an
-    average of the weights kept in parameters (torch's AveragedModel updated in the
-    forward), an embedding's max_norm. Told by their version counters, not their
-    values: an average of weights that have not moved yet is the weights."""
-    copied = copy.deepcopy(model).train()
-    before = {n: p._version for n, p in copied.named_parameters()}
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        loss_of(copied, task, batch)
-    return [n for n, p in copied.named_parameters() if p._version != before[n]]
+        second = state(copied)
+    written = [n for n, p in parameters.items()
+               if (p._version, p.data_ptr()) != before[n][:2] or not alike(first[n],
+                                                                          before[n][2])]
+    by_data = [n for n, b in first.items() if n in other_data and (
+        n not in parameters or n in written) and not alike(b, other_data[n].detach())]
+    every_call = [n for n, b in first.items() if n not in by_data and n not in parameters
+                  and n in second and not alike(b, second[n].detach())]
+    return by_data, every_call + [n for n in written if n not in by_data], written
 
 
 def _optimised(task: Task, model: nn.Module) -> dict[str, str]:
@@ -272,19 +275,17 @@ def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
         if problem is not None:
             refused.update({t.name: problem for t in pipelines if t.name not in refused})
         exact = [t for t in pipelines if t.exact and t.name not in refused]
-        by_data, every_call = (_written_by(task, model, batch, other) if exact or parallel
-                               else ([], []))
-        # Written on every call, as far as splitting the batch goes (each part writes it
-        # once more); fsdp drops the writes with the gathered parameter at reshard.
-        in_place = _parameters_written(task, model, batch) if exact or parallel else []
-        every_call += [n for n in in_place if n not in by_data + every_call]
+        by_data, every_call, in_place = (_written_by(task, model, batch, other)
+                                         if exact or parallel else ([], [], []))
+        # fsdp drops what a forward writes into a gathered parameter at reshard.
         if in_place and parallel and task.allows("fsdp"):
             refused["fsdp"] = (
                 f"task {task.name!r}: its forward writes parameters in place ("
                 f"{', '.join(in_place[:3])}{', ...' if len(in_place) > 3 else ''}: an "
                 "average of the weights kept in parameters, as torch's AveragedModel keeps "
-                "it, or an embedding's max_norm): fsdp gathers each parameter for the "
-                "forward and drops what the forward wrote into it when it reshards: "
+                "it, a max-norm constraint, an embedding's max_norm): fsdp gathers each "
+                "parameter for the forward and drops what the forward wrote into it when "
+                "it reshards: "
                 "different training, not rounding; keep such state in buffers "
                 "(register_buffer), or use another technique")
         written_how = (tuple(by_data), tuple(every_call))
