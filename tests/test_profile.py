@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from dione.launch.local import LOCAL
+from dione.launch.slice import SliceError
 from dione.orchestrate.estimates import profile_problem
 from dione.orchestrate.options import RunOptions
 from dione.orchestrate.plans import read_plans
@@ -40,7 +41,7 @@ from dione.spec.cluster import Cluster
 from dione.spec.sameness import same_function
 from dione.spec.workload import load_workload
 from dione.zoo.digits import digits_accuracy
-from helpers import TEST_NODE, digits_task, in_process
+from helpers import TEST_NODE, digits_task, in_process, train
 
 # The workers cannot import this test module: its functions travel by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -568,6 +569,13 @@ def test_repeated_trials_keep_the_median_of_their_runs(tmp_path: Path) -> None:
         assert [len(o.record.extra["runs"]) for o in thrice.task("a").options] == [3, 3]
 
 
+class _OutOfMemoryAdam(torch.optim.Adam):
+    """Adam whose step runs out of memory, as a GPU's would."""
+
+    def step(self, closure=None):  # type: ignore[override]
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+
+
 def test_an_optimizer_that_cannot_step_dtensor_shards_leaves_fsdp_out_saying_why(
         tmp_path: Path) -> None:
     """torch's Adafactor steps plain tensors only: under fsdp its in-place pow_ on a row
@@ -582,6 +590,13 @@ def test_an_optimizer_that_cannot_step_dtensor_shards_leaves_fsdp_out_saying_why
     assert "the optimizer Adafactor failed to step fsdp's parameters" in (crashed.reason or "")
     assert "without 'fsdp'" in (crashed.reason or "")
     assert [o.technique for o in profile.task("ada").options] == ["single"]
+    # Out of memory at the step is said as such, not blamed on DTensor (a regression
+    # review: every RuntimeError of the update was).
+    with pytest.raises(SliceError) as raised:
+        train(digits_task("oom", optimizer=functools.partial(_OutOfMemoryAdam, lr=1e-2),
+                          steps=2), "fsdp", tmp_path / "oom")
+    assert raised.value.error_type == "OutOfMemoryError"
+    assert "fsdp's parameters" not in str(raised.value)
 
 
 def test_out_of_memory_and_crash_are_recorded_and_the_rest_completes(tmp_path: Path) -> None:

@@ -60,6 +60,11 @@ def _untied(units: list[nn.Module], model: nn.Module) -> list[nn.Module]:
         units = [u for i, u in enumerate(units) if i not in tied]
 
 
+# What torch's errors about a DTensor say (its sharding propagation, placements, a mix
+# of plain tensors and DTensors).
+_DTENSOR_WORDS = ("DTensor", "placement", "Sharding propagation", "DeviceMesh")
+
+
 class FSDP(DataParallelTechnique):
     name = "fsdp"
     shards_memory = True
@@ -112,7 +117,11 @@ class FSDP(DataParallelTechnique):
             super().update(ctx, optimizer, model)
         except (RuntimeError, NotImplementedError) as err:
             # An optimizer written for plain tensors (Adafactor's in-place pow_ on a row
-            # norm) fails on DTensor shards with a message about placements only.
+            # norm) fails on DTensor shards with a message about placements only. Any
+            # other error (out of memory, the user's own) is said as it was.
+            if isinstance(err, torch.OutOfMemoryError) or not any(
+                    word in str(err) for word in _DTENSOR_WORDS):
+                raise
             name = type(optimizer).__name__
             raise RuntimeError(
                 f"the optimizer {name} failed to step fsdp's parameters, which are DTensor "
