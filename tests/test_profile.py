@@ -576,6 +576,20 @@ class _OutOfMemoryAdam(torch.optim.Adam):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
 
 
+class _MaxNormSGD(torch.optim.SGD):
+    """SGD with a max-norm constraint on each row after its step (renorm_, an operator
+    DTensor has no sharding strategy for, said bare by torch)."""
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = super().step(closure)
+        for group in self.param_groups:
+            for parameter in group["params"]:
+                if parameter.ndim == 2:
+                    parameter.renorm_(2, 0, 1.0)
+        return loss
+
+
 def test_an_optimizer_that_cannot_step_dtensor_shards_leaves_fsdp_out_saying_why(
         tmp_path: Path) -> None:
     """torch's Adafactor steps plain tensors only: under fsdp its in-place pow_ on a row
@@ -597,6 +611,10 @@ def test_an_optimizer_that_cannot_step_dtensor_shards_leaves_fsdp_out_saying_why
                           steps=2), "fsdp", tmp_path / "oom")
     assert raised.value.error_type == "OutOfMemoryError"
     assert "fsdp's parameters" not in str(raised.value)
+    with pytest.raises(SliceError, match="the optimizer _MaxNormSGD failed to step fsdp's "
+                       r"parameters.*aten.renorm_.default does not have a sharding strategy"):
+        train(digits_task("renorm", optimizer=functools.partial(_MaxNormSGD, lr=0.1),
+                          steps=2), "fsdp", tmp_path / "renorm")
 
 
 def test_out_of_memory_and_crash_are_recorded_and_the_rest_completes(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ in host memory; CUDA only).
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
@@ -61,8 +62,19 @@ def _untied(units: list[nn.Module], model: nn.Module) -> list[nn.Module]:
 
 
 # What torch's errors about a DTensor say (its sharding propagation, placements, a mix
-# of plain tensors and DTensors).
-_DTENSOR_WORDS = ("DTensor", "placement", "Sharding propagation", "DeviceMesh")
+# of plain tensors and DTensors, an operator with no sharding strategy).
+_DTENSOR_WORDS = ("DTensor", "placement", "Sharding propagation", "sharding strategy",
+                  "DeviceMesh")
+
+
+def _about_dtensor(err: BaseException) -> bool:
+    """Whether ``err`` is torch's about a DTensor: raised in its DTensor code, or saying
+    so (some leave it bare: "aten.renorm_.default does not have a sharding strategy")."""
+    import traceback
+
+    where = os.path.join("torch", "distributed", "tensor", "")
+    return any(where in frame.filename for frame in traceback.extract_tb(err.__traceback__)
+               ) or any(word in str(err) for word in _DTENSOR_WORDS)
 
 
 class FSDP(DataParallelTechnique):
@@ -119,8 +131,7 @@ class FSDP(DataParallelTechnique):
             # An optimizer written for plain tensors (Adafactor's in-place pow_ on a row
             # norm) fails on DTensor shards with a message about placements only. Any
             # other error (out of memory, the user's own) is said as it was.
-            if isinstance(err, torch.OutOfMemoryError) or not any(
-                    word in str(err) for word in _DTENSOR_WORDS):
+            if isinstance(err, torch.OutOfMemoryError) or not _about_dtensor(err):
                 raise
             name = type(optimizer).__name__
             raise RuntimeError(
