@@ -1327,6 +1327,17 @@ def test_the_gantt_chart_marks_where_a_run_was_resumed(
     assert limits[-1] == (0, pytest.approx(14.0 * 1.01))
     assert labels[-1] == ("seconds from the run's start, the 86396 s it stood still "
                           "between sessions left out")
+    # A session killed before any slice ended: its gap is from its own start, not
+    # counted again from the first session's last slice (180 s were said where 100 s
+    # passed, and the third session's bars fell before the axis: a regression review).
+    from types import SimpleNamespace
+
+    from dione.report.files import _stood_still
+
+    plans = [SimpleNamespace(clock_zero=at) for at in (0.0, 100.0, 200.0)]
+    done = [SimpleNamespace(started_at=1.0, ended_at=20.0),
+            SimpleNamespace(started_at=201.0, ended_at=210.0)]
+    assert _stood_still(plans, done) == [(100.0, 80.0), (200.0, 100.0)]
 
 
 def test_learning_curves_of_a_sweep_name_each_panels_best(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ redraws it at any time, for a running, finished or interrupted run.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -45,11 +46,14 @@ __all__ = ["MetricsWritten", "lower_is_better", "report_after_run", "write_repor
 def _stood_still(plans: Sequence[AdoptedPlan], slices: Sequence[Any]
                  ) -> list[tuple[float, float]]:
     """Each session after the first: when it started, and for how long before it the
-    run stood still (from the last slice that ended before it)."""
+    run stood still (from the last slice that ended before it, or the session before's
+    start where that is later: a session killed before any slice ended was counted
+    twice, and the chart drew the next session's bars before its start)."""
     stood = []
-    for start in sorted({p.clock_zero for p in plans})[1:]:
+    starts = sorted({p.clock_zero for p in plans})
+    for previous, start in itertools.pairwise(starts):
         before = [s.ended_at for s in slices if s.ended_at is not None and s.started_at < start]
-        stood.append((start, max(0.0, start - max(before, default=start))))
+        stood.append((start, max(0.0, start - max([*before, previous]))))
     return stood
 
 
