@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.data import Subset
 
@@ -194,21 +195,54 @@ def _written_by(task: Task, model: nn.Module, batch: Any, other: Any
         return {n: t for n, t in [*module.named_buffers(), *module.named_parameters()]
                 if n not in skip}
 
+    watch = _ParameterWrites(parameters)
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        loss_of(copied, task, batch)
+        try:
+            with watch:
+                loss_of(copied, task, batch)
+        except Exception:  # code the watch cannot run under: values and counters alone
+            copied = copy.deepcopy(model).train()
+            parameters = dict(copied.named_parameters())
+            watch.mutated.clear()
+            loss_of(copied, task, batch)
         loss_of(twin, task, other)
         first = {n: b.detach().clone() for n, b in state(copied).items()}
         other_data = state(twin)
         loss_of(copied, task, batch)
         second = state(copied)
-    written = [n for n, p in parameters.items()
-               if (p._version, p.data_ptr()) != before[n][:2] or not alike(first[n],
-                                                                          before[n][2])]
+    written = [n for n, p in parameters.items() if n in watch.mutated
+               or (p._version, p.data_ptr()) != before[n][:2]
+               or not alike(first[n], before[n][2])]
     by_data = [n for n, b in first.items() if n in other_data and (
         n not in parameters or n in written) and not alike(b, other_data[n].detach())]
     every_call = [n for n, b in first.items() if n not in by_data and n not in parameters
                   and n in second and not alike(b, second[n].detach())]
     return by_data, every_call + [n for n in written if n not in by_data], written
+
+
+class _ParameterWrites(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Watches a forward for operators that write into a parameter's memory (an
+    in-place op or an ``out=``, through ``.data`` too): a max-norm constraint writes
+    nothing while the weights are within it, yet a write it is (``mutated``: names)."""
+
+    def __init__(self, parameters: dict[str, nn.Parameter]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.storages = {p.untyped_storage().data_ptr(): n for n, p in parameters.items()}
+        self.mutated: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        for index, argument in enumerate(func._schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            value = args[index] if index < len(args) else kwargs.get(argument.name)
+            for tensor in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(tensor, torch.Tensor) and not tensor.is_meta:
+                    name = self.storages.get(tensor.untyped_storage().data_ptr())
+                    if name is not None:
+                        self.mutated.add(name)
+        return func(*args, **kwargs)
 
 
 def _optimised(task: Task, model: nn.Module) -> dict[str, str]:
