@@ -133,6 +133,52 @@ def test_a_padded_loss_of_the_tasks_own_must_say_what_it_averages(tmp_path: Path
                                **LOSS_TOLERANCE)
 
 
+class _Routed(nn.Module):
+    """Top-2 of 4 experts by a router started near uniform (std 0.02, as mixtures of
+    experts start), no capacity: each sample's output its own. ``aux``: the Switch
+    Transformer's load-balancing term over the batch's samples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(64, 4, bias=False)
+        nn.init.normal_(self.router.weight, std=0.02)
+        self.experts = nn.ModuleList(nn.Linear(64, 10) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        probabilities = self.router(x).softmax(-1)
+        weights, chosen = probabilities.topk(2, -1)
+        outputs = torch.stack([expert(x) for expert in self.experts], 1)
+        logits = (outputs.gather(1, chosen[..., None].expand(-1, -1, 10))
+                  * weights[..., None]).sum(1)
+        routed = nn.functional.one_hot(chosen, 4).float().sum(1).mean(0) / 2
+        return {"logits": logits, "aux": 4 * (routed * probabilities.mean(0)).sum()}
+
+
+def _balanced_loss(output: dict[str, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(output["logits"], target) + 0.01 * output["aux"]
+
+
+def test_a_batch_wide_term_small_at_first_is_refused_by_its_gradients(tmp_path: Path) -> None:
+    """A load-balancing loss over the batch on a router near uniform: the halves' losses
+    combined to the whole's within rounding (1e-5), validation passed, and ddp, fsdp and
+    accumulation trained the router 4% off single, recorded exact (a review). The
+    gradients tell it (1.6e-2 apart, against 2e-7 of rounding); allow_inexact=True trains
+    it so, recorded inexact (the refusal said so, and refused it all the same)."""
+    task = digits_task(name="routed", model=_Routed, loss=_balanced_loss, steps=2)
+    _, problems = valid_task(task)
+    assert [p.field for p in problems] == ["loss"]
+    assert "give losses that combine to the whole batch's, but gradients that do not " \
+        "(router.weight" in problems[0].message
+    opted, problems = valid_task(replace(task, allow_inexact=True))
+    assert problems == [] and "gradients of a batch's halves do not combine" in \
+        get_technique("ddp").task_inexactness(opted, 2, {"accumulation": 1})
+    ddp = train(opted, "ddp", tmp_path / "ddp")
+    assert ddp.inexactness and "gradients of a batch's halves" in ddp.inexactness
+    _, problems = valid_task(replace(task, name="plain", loss=lambda out, y: (
+        nn.functional.cross_entropy(out["logits"], y))))
+    assert problems == []  # without the term: each sample's own, exact
+
+
 def test_out_of_memory_with_accumulation_refused_says_why_it_was_not_tried(
         tmp_path: Path) -> None:
     """A single-only task whose loss does not split ran out of memory at one pass: the

@@ -210,14 +210,19 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
     if unkept:
         return [unkept]
     resolved["loss_items"], problems = _loss_items(task, real, dataset)
-    if task.techniques == ("single",):
+    # A batch its loss or model couples, where the task opted into inexact training (the
+    # refusal said allow_inexact=True would train it, and it did not: a review).
+    coupled = all(p.field in ("model", "loss") and not p.message.startswith("fails on")
+                  for p in problems)
+    if task.techniques == ("single",) or (task.allow_inexact and coupled):
         # Nothing but accumulation splits its batch: what keeps its loss from combining
         # over parts makes accumulation inexact, no problem of the task (in-batch
         # negatives are why a task allows only single).
         resolved["split_loss"] = next((
             # Its own error where it raised (a review read "in-batch negatives?" there).
             f"its loss (or model) {p.message}; leave accumulation at 1"
-            if p.message.startswith("fails on") else _SPLIT_LOSS[p.field]
+            if p.message.startswith("fails on") else
+            _SPLIT_GRADIENTS if _GRADIENTS_APART in p.message else _SPLIT_LOSS[p.field]
             for p in problems if p.field in _SPLIT_LOSS), None)
         return []
     return problems
@@ -318,6 +323,13 @@ _SPLIT_LOSS = {
             "accumulation at 1, or pad on the right or to a fixed length",
 }
 
+# What a problem of gradients that do not combine says, and what splitting the batch
+# does to such a task where it trains all the same.
+_GRADIENTS_APART = "but gradients that do not"
+_SPLIT_GRADIENTS = ("the gradients of a batch's halves do not combine to the whole batch's "
+                    "(a batch-wide term of its loss: a load-balancing loss?); leave "
+                    "accumulation at 1")
+
 # The largest relative difference between the halves' combined loss and the whole
 # batch's that float32 rounding explains (measured: below 1e-6 on the zoo's models).
 _SPLIT_TOLERANCE = 1e-4
@@ -345,6 +357,17 @@ def _combines(task: Task, model: nn.Module, counter: Any, items: list[Any],
     """Whether, counting items with ``counter``, the halves of ``items`` combine to the
     loss of all of them, as a technique combines its parts (``ItemShare``). ``draws``:
     the task's collate function draws random numbers (``collate_draws``)."""
+    whole, combined = _whole_and_halves(task, model, counter, items, draws)
+    expected, together = float(whole()), float(combined())
+    return math.isclose(together, expected, rel_tol=_SPLIT_TOLERANCE, abs_tol=1e-7) or not (
+        math.isfinite(expected) and math.isfinite(together))
+
+
+def _whole_and_halves(task: Task, model: nn.Module, counter: Any, items: list[Any],
+                      draws: bool) -> tuple[Callable[[], torch.Tensor],
+                                            Callable[[], torch.Tensor]]:
+    """The loss of all of ``items`` and the loss its halves combine to, as a technique
+    combines its parts (``ItemShare``, counting with ``counter``), each to compute."""
     from dione.spec.batch import (
         ItemCounting,
         ItemShare,
@@ -359,16 +382,49 @@ def _combines(task: Task, model: nn.Module, counter: Any, items: list[Any],
     # A collate function that draws (random masking) draws otherwise for each half: the
     # halves are the whole batch's rows, so that only the loss's averaging is compared.
     halves = ((slice_batch(whole, 0, half), slice_batch(whole, half, len(items)))
-              if draws else (task.collate(items[:half]),
-                                                  task.collate(items[half:])))
+              if draws else (task.collate(items[:half]), task.collate(items[half:])))
     counting: ItemCounting | None = item_counting(replace(task, loss_items=counter), model)
-    expected = float(loss_of(model, task, whole))
     total = counting.count(whole) if counting is not None else 0
-    parts = [loss_of(model, task, batch, None if counting is None else ItemShare(
-        counting.count(batch), total, 2, counting.keyword)) for batch in halves]
-    combined = float(sum(parts)) / 2
-    return math.isclose(combined, expected, rel_tol=_SPLIT_TOLERANCE, abs_tol=1e-7) or not (
-        math.isfinite(expected) and math.isfinite(combined))
+
+    def combined() -> torch.Tensor:
+        parts = [loss_of(model, task, batch, None if counting is None else ItemShare(
+            counting.count(batch), total, 2, counting.keyword)) for batch in halves]
+        return sum(parts) / 2  # type: ignore[return-value]
+
+    return (lambda: loss_of(model, task, whole)), combined
+
+
+# The largest difference, relative to its own size, between a parameter's gradient on a
+# whole batch and the one its halves combine to that float32 rounding explains
+# (measured: about 2e-7 on the zoo's models; a load-balancing term of weight 1e-3 over
+# the batch gave 1.6e-3 on its router).
+_GRADIENT_TOLERANCE = 1e-4
+
+
+def _gradients_apart(task: Task, model: nn.Module, counter: Any, items: list[Any],
+                     draws: bool) -> tuple[str, float] | None:
+    """The parameter whose gradient on ``items`` differs most from the one their halves
+    combine to, and by how much (relative), where beyond rounding (None: alike). The
+    losses may agree where the gradients do not: a batch-wide term small on a model as
+    built (a load-balancing loss on a router near uniform) moves it all the same."""
+    whole, combined = _whole_and_halves(task, model, counter, items, draws)
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not trained:
+        return None
+    with torch.enable_grad():
+        apart = [torch.autograd.grad(loss(), [p for _, p in trained], allow_unused=True)
+                 for loss in (whole, combined)]
+    sizes = [float(g.norm()) if g is not None else 0.0 for g in apart[0]]
+    floor = 1e-6 * math.sqrt(sum(size * size for size in sizes))
+    worst: tuple[str, float] | None = None
+    for (name, _), one, other, size in zip(trained, *apart, sizes, strict=True):
+        if one is None or other is None:
+            continue
+        gap = float((one - other).norm()) / (size + floor + 1e-30)
+        if gap > _GRADIENT_TOLERANCE and math.isfinite(gap) and (
+                worst is None or gap > worst[1]):
+            worst = (name, gap)
+    return worst
 
 
 def _model_couples(task: Task, model: nn.Module, items: list[Any]) -> bool:
@@ -510,7 +566,9 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
         model.train()
     if fits:
         chosen = own if own in fits else fits[0]
-        return (task.loss_items if chosen is own else chosen), []
+        found = task.loss_items if chosen is own else chosen
+        coupled = _coupled_gradients(task, model, chosen, samplings)
+        return found, [coupled] if coupled is not None else []
     if any(_model_couples(task, model, items) for items in samplings):
         return task.loss_items, [Problem(task.name, "model", (
             f"its output for a sample depends on the other samples of its batch (half of "
@@ -518,7 +576,7 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
             "statistic, a routing capacity), so every technique that "
             "splits the batch (ddp, fsdp, pipelines, accumulation) would train differently "
             "from single: give it techniques=('single',), or allow_inexact=True to train it "
-            "so all the same"))]
+            "so, recorded inexact"))]
     counted = ("the items its loss_items counts" if task.loss_items is not None
                else "its samples nor its tokens (labels that are not -100)")
     if any(_pads_apart(task, items) for items in samplings):
@@ -539,7 +597,40 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
         "it averages over something else, give the task loss_items=(a function counting "
         "it in a batch; a class-weighted mean, cross_entropy's weight=W: lambda batch: "
         "W[batch[1]].sum()); if it depends on the whole batch (in-batch negatives), give "
-        "it techniques=('single',)"))]
+        "it techniques=('single',), or allow_inexact=True to train it so, recorded "
+        "inexact"))]
+
+
+def _coupled_gradients(task: Task, model: nn.Module, counter: Any,
+                       samplings: list[list[Any]]) -> Problem | None:
+    """A problem where, on any of ``samplings``, a parameter's gradient on the batch is
+    not the one its halves combine to, though their losses combine (in eval mode)."""
+    from dione.spec.batch import collate_draws
+
+    training = model.training
+    model.eval()
+    try:
+        for items in samplings:
+            try:
+                apart = _gradients_apart(task, model, counter, items,
+                                         collate_draws(task, items))
+            except Exception:  # a loss autograd cannot differentiate here: its trials say
+                return None
+            if apart is not None:
+                name, gap = apart
+                return Problem(task.name, "loss", (
+                    f"the halves of a batch of {len(items)} of its samples give losses that "
+                    f"combine to the whole batch's, but gradients that do not ({name}: "
+                    f"{gap:.1e} apart, relative to its own): its loss couples the samples "
+                    "of a batch by a term small on the model as built (a load-balancing "
+                    "loss over the batch, a batch-wide regulariser), so every technique "
+                    "that splits the batch (ddp, fsdp, pipelines, accumulation) would "
+                    "train differently from single: give it techniques=('single',), or "
+                    "allow_inexact=True to train it so, recorded inexact"))
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(training)
+    return None
 
 
 # The most classes a class-weighted loss is tried on beside the first (each a sample),
