@@ -179,6 +179,39 @@ def test_a_batch_wide_term_small_at_first_is_refused_by_its_gradients(tmp_path: 
     assert problems == []  # without the term: each sample's own, exact
 
 
+class _SamplingVAE(nn.Module):
+    """A classifier through a VAE's latent, sampled in every mode (no `if training`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encode, self.decode = nn.Linear(64, 16), nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean, log_variance = self.encode(x).chunk(2, -1)
+        return self.decode(mean + (log_variance / 2).exp() * torch.randn_like(mean))
+
+
+def _noisy_weights(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Each sample's loss at a weight drawn in [0.5, 1.5): a loss that draws."""
+    each = nn.functional.cross_entropy(output, target, reduction="none")
+    return (each * (0.5 + torch.rand(len(target)))).mean()
+
+
+@pytest.mark.parametrize("drawing", ["model", "loss"])
+def test_a_model_or_loss_that_draws_in_every_mode_is_not_refused_as_coupling_its_batch(
+        drawing: str, tmp_path: Path) -> None:
+    """A batch and its halves drew otherwise, so a VAE sampling in every mode read as a
+    model tying samples together, and a loss drawing its weights as no mean (both
+    refused outright: a review). Validation holds the draws still; a split slice is
+    recorded statistical, as for dropout."""
+    task = (digits_task(name="vae", model=_SamplingVAE, steps=2) if drawing == "model"
+            else digits_task(name="noisy", loss=_noisy_weights, steps=2))
+    checked, problems = valid_task(task)
+    assert problems == []
+    ddp = train(checked, "ddp", tmp_path / "ddp")
+    assert ddp.extra["exactness"].startswith("statistical"), ddp.extra
+
+
 def test_out_of_memory_with_accumulation_refused_says_why_it_was_not_tried(
         tmp_path: Path) -> None:
     """A single-only task whose loss does not split ran out of memory at one pass: the
