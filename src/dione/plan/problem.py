@@ -10,6 +10,7 @@ import functools
 import gzip
 import json
 import math
+from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -330,7 +331,8 @@ def _number(value: Any) -> bool:
 
 
 def _twice(names: list[str]) -> list[str]:
-    return [n for n in sorted(set(names)) if names.count(n) > 1]
+    # Counted once (list.count per name took 20 s of a 20,000-node simulation).
+    return sorted(n for n, times in Counter(names).items() if times > 1)
 
 
 def _used_twice(what: str, names: list[str]) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import socket
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import cast
@@ -67,7 +68,7 @@ class Cluster:
         if not nodes:
             raise ClusterError("a cluster needs at least one node")
         names = [n.name for n in nodes]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = sorted(n for n, times in Counter(names).items() if times > 1)
         if dupes:
             raise ClusterError(f"node names must be unique; repeated: {', '.join(dupes)}")
         object.__setattr__(self, "nodes", nodes)
