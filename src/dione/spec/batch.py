@@ -204,10 +204,19 @@ class ItemShare:
     batch's, and into how many equal parts the batch is split (over ranks, micro-batches
     and accumulation parts), whose mean losses the technique averages."""
 
-    items: int
-    total: int
+    # Counts, whole where the counter counts (tokens, samples), fractional where it
+    # weighs (a class-weighted mean's weights: truncated to whole numbers, they were
+    # refused, though the refusal told the user to count them so).
+    items: float
+    total: float
     parts: int
     keyword: bool  # the model (or loss) takes num_items_in_batch
+
+
+def whole_if_whole(count: float) -> float:
+    """``count`` as an int where it is one (a token count given to a model as
+    num_items_in_batch stays an integer)."""
+    return int(count) if count.is_integer() else count
 
 
 @dataclass(frozen=True)
@@ -218,10 +227,10 @@ class ItemCounting:
     counter: ItemCounter
     keyword: bool
 
-    def count(self, batch: Any) -> int:
-        return int(self.counter(batch))
+    def count(self, batch: Any) -> float:
+        return whole_if_whole(float(self.counter(batch)))
 
-    def share(self, batch: Any, total: int, parts: int) -> ItemShare:
+    def share(self, batch: Any, total: float, parts: int) -> ItemShare:
         return ItemShare(self.count(batch), total, parts, self.keyword)
 
 

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dione.spec.batch import ItemCounting, ItemShare, item_counting, loss_of
+from dione.spec.batch import ItemCounting, ItemShare, item_counting, loss_of, whole_if_whole
 from dione.spec.devices import DeviceKind
 from dione.spec.task import Task
 from dione.techniques.base import Knobs, SliceOutcome, Technique
@@ -117,10 +117,11 @@ class DataParallelTechnique(Technique):
         if counting is None:
             return [None] * len(batches)
         counts = [counting.count(batch) for batch in batches]
-        total = torch.tensor(sum(counts), dtype=torch.int64, device=ctx.device)
+        total = torch.tensor(float(sum(counts)), dtype=torch.float64, device=ctx.device)
         if ctx.world > 1:
             dist.all_reduce(total)
-        return [ItemShare(n, int(total), ctx.world * parts, counting.keyword) for n in counts]
+        return [ItemShare(n, whole_if_whole(float(total)), ctx.world * parts,
+                          counting.keyword) for n in counts]
 
     def train(self, ctx: SliceContext) -> SliceOutcome:
         task, spec = ctx.task, ctx.spec

@@ -254,7 +254,7 @@ class StageModule(nn.Module):
         # share of the mini-batch's items (``count_items`` sets the mini-batch's).
         self.counting: ItemCounting | None = (
             item_counting(task, model) if self.last and partition.stages > 1 else None)
-        self.items_total = 0
+        self.items_total: float = 0
         self.parts = 1
         blocks = partition.layers(stage)
         self._entry, self._exit = blocks[0], blocks[-1]

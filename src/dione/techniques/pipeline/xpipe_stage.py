@@ -147,7 +147,7 @@ class XPipeStage:
         self.outgoing: dict[Message, torch.Tensor] = {}
         self.arrived: dict[Message, torch.Tensor] = {}
         self.chunks: dict[int, list[dict[str, torch.Tensor]]] = {}
-        self.totals: dict[int, int] = {}  # each mini-batch's counted items (a counted loss)
+        self.totals: dict[int, float] = {}  # each mini-batch's counted items (a counted loss)
         self.micro_losses: dict[int, list[torch.Tensor]] = {}
         # The record: (mini-batch, version seen, s predicted); prediction errors; spans.
         self.versions: list[tuple[int, int, int]] = []
