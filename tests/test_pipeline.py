@@ -32,12 +32,15 @@ FAULT = os.environ.get("FAULT", "none")
 
 class Faulty(nn.Linear):
     """The last layer: fails in its third forward that trains in a gang, i.e. inside
-    step 1 on stage 1 (validation's forwards run in the launcher, with no gang)."""
+    step 1 on stage 1 (validation's forwards run in the launcher, with no gang of two:
+    validation compares gradients, and a one-process group another test left in this
+    process read as a gang, and the test process killed itself)."""
 
     calls = 0
 
     def forward(self, x):
-        Faulty.calls += torch.is_grad_enabled() and torch.distributed.is_initialized()
+        Faulty.calls += (torch.is_grad_enabled() and torch.distributed.is_initialized()
+                         and torch.distributed.get_world_size() > 1)
         if Faulty.calls == 3:
             if FAULT == "raise":
                 raise ValueError("injected failure in the last stage")
