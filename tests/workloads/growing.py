@@ -15,8 +15,10 @@ from dione.zoo import digits_mlp, digits_train
 
 def held_loss(output, target):
     hold = os.environ.get("HOLD_FILE")
-    # Training only (validation computes the loss without gradients, in the launcher).
-    if hold and Path(hold).exists() and torch.is_grad_enabled():
+    # Training only, in a worker the spawner started (validation, in the launcher,
+    # computes gradients of the loss too: those of a batch and of its halves).
+    if (hold and Path(hold).exists() and torch.is_grad_enabled()
+            and os.environ.get("DIONE_LAUNCHER_PID")):
         Path(hold + ".held").touch()
         while Path(hold).exists():
             time.sleep(0.05)
