@@ -117,6 +117,19 @@ def test_a_model_that_lost_layers_since_its_checkpoint_is_refused(tmp_path: Path
     load_model_weights(folder, model_and_optimizer(1)[0])
 
 
+def test_a_checkpoint_whose_index_is_gone_is_refused_as_it_was(tmp_path: Path) -> None:
+    """Reading the checkpoint's index before loading it (for the parameters it holds no
+    optimizer state for) raised a bare FileNotFoundError where the index was gone:
+    the load says what it said before, a permanent mismatch naming the folder."""
+    from dione.state.checkpoint import CheckpointMismatch
+
+    model, optimizer = model_and_optimizer(0)
+    folder = save(tmp_path, 5, model, optimizer)
+    (folder / ".metadata").unlink()
+    with pytest.raises(CheckpointMismatch, match=f"checkpoint {folder} does not fit"):
+        load_checkpoint(folder, model, optimizer, batch_size=8, seed=0)
+
+
 def _load_on_rank_zero(rank: int, folder: str, rendezvous: str) -> None:
     """One of two ranks of a user's script: only rank 0 loads weights (dione.load)."""
     from datetime import timedelta

@@ -396,7 +396,12 @@ def _load_states(folder: Path, model: nn.Module, optimizers: list[torch.optim.Op
                  ) -> None:
     """Collective: the model's and the optimizers' state from the checkpoint."""
     model_state, optim_state = get_state_dict(model, optimizers, options=_OPTIONS)
-    optim_state, unstepped = _unstepped_left_out(folder, optim_state)
+    try:
+        saved: list[str] | None = _saved_keys(folder)  # read once for both checks
+    except Exception:  # unreadable: dcp_load says so below, as it did before the check
+        saved = None
+    optim_state, unstepped = (_unstepped_left_out(saved, optim_state) if saved is not None
+                              else (optim_state, set()))
     state = {"model": model_state, "optim": optim_state}
     try:
         with _one_process_meant():
@@ -405,7 +410,8 @@ def _load_states(folder: Path, model: nn.Module, optimizers: list[torch.optim.Op
         # Either may be it (a layer of another shape fails both loads): "and" said the
         # optimizer changed where only the model had (a review).
         raise _mismatch(folder, err, "model or optimizer") from None
-    _refuse_left_out(folder, model_state, "model", collective=_grouped())  # weights only
+    _refuse_left_out(folder, model_state, "model", collective=_grouped(),  # weights only
+                     saved=saved)
     if unstepped:  # without the state get_state_dict gave them: none, as saved
         # The names get_state_dict gives (a wrapper's prefixes, "module." of DDP, left
         # out), by the rule it names them with.
@@ -472,51 +478,54 @@ def load_model_weights(path: str | Path, model: nn.Module) -> Progress:
     return progress
 
 
-def _unstepped_left_out(folder: Path, optim_state: dict[str, Any]
+def _saved_keys(folder: Path) -> list[str]:
+    """The names of what the checkpoint in ``folder`` holds ("model.<name>", "optim.")."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    return list(FileSystemReader(folder).read_metadata().state_dict_metadata)
+
+
+def _unstepped_left_out(saved: Iterable[str], optim_state: dict[str, Any]
                         ) -> tuple[dict[str, Any], set[str]]:
-    """``optim_state`` without the state of parameters the checkpoint holds none of,
+    """``optim_state`` without the state of parameters the checkpoint (``saved``, its
+    keys) holds none of,
     and their names. ``get_state_dict`` gives a fresh optimizer state for every
     parameter (a step at learning rate 0); one that never had a gradient (a head only
     evaluation uses, the copy in ``AveragedModel``) had none when it was saved, and each
     resume failed as a changed optimizer. They are loaded without state, as training
     left them."""
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
-
     def owner(key: str) -> str | None:  # "state.<parameter>.<name>": the parameter
         return key[len("state."):key.rindex(".")] if key.startswith("state.") else None
 
-    saved = {owner(key.removeprefix("optim.")) for key in
-             FileSystemReader(folder).read_metadata().state_dict_metadata
-             if key.startswith("optim.state.")}
+    stepped = {owner(key.removeprefix("optim.")) for key in saved
+               if key.startswith("optim.state.")}
     unstepped = {name for name in map(owner, optim_state)
-                 if name is not None and name not in saved}
+                 if name is not None and name not in stepped}
     return ({key: value for key, value in optim_state.items()
              if owner(key) not in unstepped}, unstepped)
 
 
 def _refuse_left_out(folder: Path, model_state: Iterable[str], what: str, *,
-                     collective: bool) -> None:
+                     collective: bool, saved: Iterable[str] | None = None) -> None:
     """CheckpointMismatch where the checkpoint holds weights no rank's model has (the
     model lost layers or modules since the slice that wrote it). DCP loads only what the
     model asks for, so they would be dropped without a word: a model edited to fewer
     layers trained on, and was exported, as if it were the one the run trained.
     ``collective``: the gang's ranks each hold a part (a pipeline's stages), gathered
     here; never where one process loads alone (``dione.load`` in a user's torchrun
-    script would wait on ranks that never join it)."""
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
-
+    script would wait on ranks that never join it). ``saved``: the checkpoint's keys,
+    where the caller has read them."""
     names = set(model_state)
     world = _rank()[1] if collective else 1
     if world > 1:
         parts: list[Any] = [None] * world
         dist.all_gather_object(parts, sorted(names))
         names = set().union(*parts)
-    saved = [key.removeprefix("model.") for key in
-             FileSystemReader(folder).read_metadata().state_dict_metadata
-             if key.startswith("model.")]
+    weights = [key.removeprefix("model.") for key in
+               (_saved_keys(folder) if saved is None else saved) if key.startswith("model.")]
     # A name is the model's where it, or a prefix of it at a dot, is one of the model's
     # own (an entry that is not a tensor is stored flattened under its name).
-    gone = sorted(key for key in saved if not any(
+    gone = sorted(key for key in weights if not any(
         key[:i] in names for i in [len(key), *(j for j, c in enumerate(key) if c == ".")]))
     if gone:
         listed = some(gone, 5)
