@@ -220,13 +220,14 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
         # negatives are why a task allows only single).
         said = next((
             # Its own error where it raised (a review read "in-batch negatives?" there).
-            f"its loss (or model) {p.message}; leave accumulation at 1"
+            (f"its loss (or model) {p.message}", "leave accumulation at 1")
             if p.message.startswith("fails on") else
             _SPLIT_GRADIENTS if _GRADIENTS_APART in p.message else _SPLIT_LOSS[p.field]
             for p in problems if p.field in _SPLIT_LOSS), None)
-        # What the slices record (opted in) says what differs, not single's one fix.
-        resolved["split_loss"] = (said if said is None or task.techniques == ("single",)
-                                  else said.split("; leave accumulation at 1")[0])
+        # What the slices record where the task opted in says what differs, not single's
+        # fix.
+        resolved["split_loss"] = (None if said is None else "; ".join(said)
+                                  if task.techniques == ("single",) else said[0])
         return []
     return problems
 
@@ -310,28 +311,30 @@ def alike(a: Any, b: Any) -> bool:
 
 
 # Why a task that allows only single trains otherwise under accumulation, by the field
-# whose problem validation found (of another task, a refusal).
+# whose problem validation found (of another task, a refusal), and the fix: a task that
+# allows only single is told both, one opted into inexact training records the why.
 _SPLIT_LOSS = {
-    "loss_items": "its targets hold -100 (padding), and its loss says neither what it "
-                  "averages over (loss_items=dione.tokens, dione.shifted_tokens or "
-                  "dione.samples) nor takes num_items_in_batch, so the parts cannot be "
-                  "weighed as single's mean; give loss_items, or leave accumulation at 1",
-    "loss": "the halves of a batch do not combine to the whole batch's loss (it is not a "
-            "mean over its samples or tokens: in-batch negatives?); leave accumulation at "
-            "1, or give loss_items= where it averages over what that counts",
-    "model": "its output for a sample depends on the other samples of its batch; leave "
-             "accumulation at 1",
-    "data": "its collate_fn pads a part of a batch otherwise than the whole, and the "
-            "parts' losses do not combine to the whole's (left padding?); leave "
-            "accumulation at 1, or pad on the right or to a fixed length",
+    "loss_items": ("its targets hold -100 (padding), and its loss says neither what it "
+                   "averages over (loss_items=dione.tokens, dione.shifted_tokens or "
+                   "dione.samples) nor takes num_items_in_batch, so the parts cannot be "
+                   "weighed as single's mean", "give loss_items, or leave accumulation at 1"),
+    "loss": ("the halves of a batch do not combine to the whole batch's loss (it is not a "
+             "mean over its samples or tokens: in-batch negatives?)",
+             "leave accumulation at 1, or give loss_items= where it averages over what that "
+             "counts"),
+    "model": ("its output for a sample depends on the other samples of its batch",
+              "leave accumulation at 1"),
+    "data": ("its collate_fn pads a part of a batch otherwise than the whole, and the "
+             "parts' losses do not combine to the whole's (left padding?)",
+             "leave accumulation at 1, or pad on the right or to a fixed length"),
 }
 
 # What a problem of gradients that do not combine says, and what splitting the batch
 # does to such a task where it trains all the same.
 _GRADIENTS_APART = "but gradients that do not"
 _SPLIT_GRADIENTS = ("the gradients of a batch's halves do not combine to the whole batch's "
-                    "(a batch-wide term of its loss: a load-balancing loss?); leave "
-                    "accumulation at 1")
+                    "(a batch-wide term of its loss: a load-balancing loss?)",
+                    "leave accumulation at 1")
 
 # The largest relative difference between the halves' combined loss and the whole
 # batch's that float32 rounding explains (measured: below 1e-6 on the zoo's models).
@@ -689,7 +692,6 @@ def _coupled_gradients(task: Task, model: nn.Module, counter: Any,
                     "train differently from single: give it techniques=('single',), or "
                     "allow_inexact=True to train it so, recorded inexact"))
     finally:
-        model.zero_grad(set_to_none=True)
         model.train(training)
     return None
 
