@@ -329,8 +329,7 @@ def split_statistics(task: Task, devices: int, accumulation: int,
              f"{accumulation} accumulation parts" if devices == 1 else
              f"{devices} shares of {accumulation} parts")
     return (f"the batch statistics in {modules(norms)} are each of the batch's {split}, "
-            "not "
-            "the whole batch's: different training, not rounding (a norm without batch "
+            "not the whole batch's: different training, not rounding (a norm without batch "
             "statistics, LayerNorm or GroupNorm, trains alike however the batch is split)")
 
 

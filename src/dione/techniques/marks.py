@@ -15,9 +15,7 @@ def carry_marks(old: torch.Tensor, new: torch.Tensor) -> None:
     """Set on ``new`` each attribute of ``old``'s own that ``new`` lacks (a parameter's
     copy, moved to meta or a device or sharded, is a new object without them: a bias
     tagged for no weight decay took it)."""
-    for key, value in vars(old).items():
-        if not hasattr(new, key):
-            setattr(new, key, value)
+    _set_missing(new, vars(old))
 
 
 def marks_by_name(model: nn.Module) -> dict[str, dict[str, Any]]:
@@ -28,6 +26,11 @@ def marks_by_name(model: nn.Module) -> dict[str, dict[str, Any]]:
 def put_marks(model: nn.Module, marks: dict[str, dict[str, Any]]) -> None:
     """Set ``marks`` (``marks_by_name`` of the model before) on its parameters now."""
     for name, parameter in model.named_parameters():
-        for key, value in marks.get(name, {}).items():
-            if not hasattr(parameter, key):
-                setattr(parameter, key, value)
+        _set_missing(parameter, marks.get(name, {}))
+
+
+def _set_missing(target: torch.Tensor, attributes: dict[str, Any]) -> None:
+    """Each of ``attributes`` that ``target`` lacks, set on it."""
+    for key, value in attributes.items():
+        if not hasattr(target, key):
+            setattr(target, key, value)

@@ -39,7 +39,7 @@ from dione.spec.sameness import task_key
 from dione.spec.task import Task
 from dione.spec.validate import alike
 from dione.techniques.batches import BatchSource, SampleOrder, _fetch
-from dione.techniques.data_parallel import DataParallelTechnique
+from dione.techniques.data_parallel import DataParallelTechnique, groups_by_name
 from dione.techniques.exactness import drew_since, generator_states
 from dione.techniques.marks import marks_by_name, put_marks
 from dione.techniques.pipeline.gpipe import PipelineTechnique
@@ -200,8 +200,14 @@ def _written_by(task: Task, model: nn.Module, batch: Any, other: Any
     skip = {f"{m}.{n}" if m else n for m, module in copied.named_modules()
             if isinstance(module, nn.modules.batchnorm._BatchNorm)
             for n, _ in module.named_buffers(recurse=False)}
-    parameters = dict(copied.named_parameters())
-    before = {n: (p._version, p.data_ptr(), p.detach().clone()) for n, p in parameters.items()}
+    def as_they_are(module: nn.Module) -> tuple[dict[str, nn.Parameter],
+                                                 dict[str, tuple[int, int, torch.Tensor]]]:
+        """Its parameters, and each one's version, address and value now."""
+        held = dict(module.named_parameters())
+        return held, {n: (p._version, p.data_ptr(), p.detach().clone())
+                      for n, p in held.items()}
+
+    parameters, before = as_they_are(copied)
 
     def state(module: nn.Module) -> dict[str, torch.Tensor]:
         return {n: t for n, t in [*module.named_buffers(), *module.named_parameters()]
@@ -214,11 +220,9 @@ def _written_by(task: Task, model: nn.Module, batch: Any, other: Any
                 loss_of(copied, task, batch)
         except Exception:  # code the watch cannot run under: values and counters alone
             copied = copy.deepcopy(model).train()
-            parameters = dict(copied.named_parameters())
             # ... of the new copy (the old one's addresses read as every parameter
             # written: a regression review)
-            before = {n: (p._version, p.data_ptr(), p.detach().clone())
-                      for n, p in parameters.items()}
+            parameters, before = as_they_are(copied)
             watch.mutated.clear()
             loss_of(copied, task, batch)
         loss_of(twin, task, other)
@@ -264,10 +268,9 @@ class _ParameterWrites(TorchDispatchMode):  # type: ignore[no-untyped-call]
 def _optimised(task: Task, model: nn.Module) -> dict[str, str]:
     """The parameters the task's optimizer factory updates on ``model``, by name, each
     with its group's settings (learning rate, weight decay, ...) as text."""
-    names = {id(p): n for n, p in model.named_parameters()}
     optimizer = task.optimizer(model.parameters())
-    return {names[id(p)]: _group_settings(g) for g in optimizer.param_groups
-            for p in g["params"] if id(p) in names}
+    return {name: _group_settings(optimizer.param_groups[group])
+            for name, group in groups_by_name(optimizer, model).items()}
 
 
 def _group_settings(group: dict[str, Any]) -> str:
@@ -335,8 +338,7 @@ def probe_task(task: Task, pipelines: Sequence[PipelineTechnique] | None = None
                 "average of the weights kept in parameters, as torch's AveragedModel keeps "
                 "it, a max-norm constraint, an embedding's max_norm): fsdp gathers each "
                 "parameter for the forward and drops what the forward wrote into it when "
-                "it reshards: "
-                "different training, not rounding; keep such state in buffers "
+                "it reshards: different training, not rounding; keep such state in buffers "
                 "(register_buffer), or use another technique")
         written_how = (tuple(by_data), tuple(every_call))
         always, at_random, forward_draws = _unused(task, model, batch)
