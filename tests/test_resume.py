@@ -367,3 +367,36 @@ def test_random_draws_a_name_check_misses_are_recorded_statistical(tmp_path: Pat
                             local_placement(TEST_NODE, ONE), knobs={"accumulation": 2},
                             steps=STEPS)
     assert "exactness" not in accumulated.extra
+
+
+NOTEBOOK_LR = 0.05  # a notebook's rate, read by a task's optimizer lambda
+
+
+def _notebook_sgd(params):
+    return torch.optim.SGD(params, lr=NOTEBOOK_LR)
+
+
+def test_a_rate_edited_between_slices_is_said_to_stay_as_the_checkpoint_holds_it(
+        tmp_path: Path) -> None:
+    """A notebook's rate edited between two slices was said to be read by "steps trained
+    from now", and recorded, while the checkpoint's optimizer state put the old rate back:
+    the run said a rate the task never trained with (a review)."""
+    global NOTEBOOK_LR
+    task = digits_task(steps=STEPS, optimizer=_notebook_sgd)
+    (reference,) = train_in_slices(task, [("single", ONE, None)], tmp_path / "once")
+    try:
+        first = run_slice(task, "single", tmp_path / "edited", local_placement(TEST_NODE, ONE),
+                          steps=FIRST)
+        NOTEBOOK_LR = 5.0
+        rest = run_slice(task, "single", tmp_path / "edited", local_placement(TEST_NODE, ONE))
+    finally:
+        NOTEBOOK_LR = 0.05
+    (said,) = [w for w in rest.warnings if "optimizer reads" in w]
+    assert "NOTEBOOK_LR=0.05 -> NOTEBOOK_LR=5.0" in said and "the steps left train with it, " \
+        "as recorded" in said and "read the new value" not in said, said
+    # What it says is what it trained: the old rate to the end, and the store says so.
+    assert_same_training(joined([first, rest]),
+                         final_parameters(task, rest.checkpoint), reference,
+                         final_parameters(task, reference.checkpoint))
+    with RunStore(tmp_path / "edited") as store:
+        assert store.training_settings(task.name)["optimizer reads"] == "NOTEBOOK_LR=0.05"

@@ -25,7 +25,7 @@ from dione.launch.local import (
     Placement,
     local_placement,
 )
-from dione.spec.settings import READ_SETTINGS, read_changes, training_settings
+from dione.spec.settings import READ_SETTINGS, kept_as_recorded, read_changes, training_settings
 from dione.spec.task import Task
 from dione.state.checkpoint import (
     CorruptCheckpoint,
@@ -369,7 +369,12 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
     task, placement, trial = request.task, request.placement, request.trial
     total = total_steps(task) if request.total is None else request.total
     settings = training_settings(task)
-    warnings = read_changes(task.name, db.changed_settings(task.name, settings))
+    resumed = db.latest_checkpoint(task.name) is not None
+    warnings = read_changes(task.name, db.changed_settings(task.name, settings),
+                            resumed=resumed)
+    recorded = db.training_settings(task.name)
+    settings = {**settings, **{k: v for k, v in recorded.items()
+                               if k in kept_as_recorded(False, resumed)}}
     try:
         db.register_task(task.name, total, task.batch_size, task.hyperparameters, settings,
                          said_only=READ_SETTINGS)

@@ -54,7 +54,13 @@ from dione.profile.results import (
 from dione.spec.cluster import Cluster, ClusterError, Node
 from dione.spec.evaluated import judging_failed_evaluation
 from dione.spec.metrics import doubtful_direction
-from dione.spec.settings import SAID_SETTINGS, model_shapes, read_changes, training_settings
+from dione.spec.settings import (
+    SAID_SETTINGS,
+    kept_as_recorded,
+    model_shapes,
+    read_changes,
+    training_settings,
+)
 from dione.spec.stopping import (
     Decision,
     StoppingRule,
@@ -304,13 +310,14 @@ class Runner:
             settings["model"] = shapes
         before = self.store.task(task.name)
         ended = before.status if before is not None and before.status in ENDED else None
+        resumed = self.store.latest_checkpoint(task.name) is not None
         for said in read_changes(task.name, self.store.changed_settings(task.name, settings),
-                                 ended):
+                                 ended, resumed):
             self.emit(RunEvent("training_changed", said, task.name))  # a number it reads
-        if ended:  # no step read the new value: the old stays recorded, and said again
+        kept = kept_as_recorded(ended is not None, resumed)
+        if kept:  # no step reads the new value: the old stays recorded, and said again
             recorded = self.store.training_settings(task.name)
-            settings = {**settings, **{k: v for k, v in recorded.items()
-                                       if k in SAID_SETTINGS}}
+            settings = {**settings, **{k: v for k, v in recorded.items() if k in kept}}
         self.store.register_task(task.name, total, task.batch_size, task.hyperparameters,
                                  settings, said_only=SAID_SETTINGS)
         rule = task.stopping

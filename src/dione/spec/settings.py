@@ -11,8 +11,8 @@ from typing import Any
 
 from dione.spec.task import Task
 
-__all__ = ["READ_SETTINGS", "SAID_SETTINGS", "described", "model_shapes", "read_changes",
-           "training_settings"]
+__all__ = ["READ_SETTINGS", "SAID_SETTINGS", "described", "kept_as_recorded", "model_shapes",
+           "read_changes", "training_settings"]
 
 _SIMPLE = (bool, int, float, str, type(None))
 
@@ -97,16 +97,48 @@ def _shapes(factory: Any, seed: Any) -> str | None:
     return f"{type(model).__name__} of {count:,} parameters (shapes {digest})"
 
 
-def read_changes(task: str, changed: list[str], ended: str | None = None) -> list[str]:
+def read_changes(task: str, changed: list[str], ended: str | None = None,
+                 resumed: bool = False) -> list[str]:
     """Of a store's changed settings (``RunStore.changed_settings``), what to say of
     those in ``READ_SETTINGS``: one line each (the run and ``dione train`` say them);
-    ``ended``: the status of a task that trains no more (done, stopped, diverged)."""
-    then = (f"the task has ended ({ended}), every step of it trained with the recorded "
-            "value: its results are not the new value's (another task name or a new run "
-            "directory trains it with that)" if ended else
-            "steps trained from now read the new value (a new run directory trains it anew)")
-    return [f"{task}: {change} since the run recorded it: {then}"
-            for change in changed if change.split(":")[0] in SAID_SETTINGS]
+    ``ended``: the status of a task that trains no more (done, stopped, diverged);
+    ``resumed``: it has a checkpoint its next slice loads."""
+    said = []
+    for change in changed:
+        setting = change.split(":")[0]
+        if setting not in SAID_SETTINGS:
+            continue
+        if ended:
+            then = (f"the task has ended ({ended}), every step of it trained with the "
+                    "recorded value: its results are not the new value's (another task name "
+                    "or a new run directory trains it with that)")
+        elif resumed and setting == "optimizer reads":
+            then = ("the task resumes from its checkpoint, whose optimizer state puts the "
+                    "recorded value back (torch's load restores each group's lr, momentum, "
+                    "betas, ...): the steps left train with it, as recorded (another task "
+                    "name or a new run directory trains the new value)")
+        elif resumed and setting == "lr_scheduler reads":
+            then = ("the task resumes from its checkpoint, whose scheduler state puts back "
+                    "the arguments a scheduler keeps (StepLR's step_size, OneCycleLR's "
+                    "max_lr), as recorded; a function it calls (LambdaLR's) reads the new "
+                    "value for the steps left (a new run directory trains one value "
+                    "throughout)")
+        else:
+            then = "steps trained from now read the new value (a new run directory trains " \
+                "it anew)"
+        said.append(f"{task}: {change} since the run recorded it: {then}")
+    return said
+
+
+def kept_as_recorded(ended: bool, resumed: bool) -> tuple[str, ...]:
+    """The settings a store keeps as it recorded them though the task now reads another
+    value (``read_changes`` says which and why): all said ones of a task that has ended
+    (no step reads the new value), the optimizer's of one resuming from a checkpoint (it
+    puts the recorded value back). Recording the new value there wrote a rate the task
+    never trained with (a review)."""
+    if ended:
+        return SAID_SETTINGS
+    return ("optimizer reads",) if resumed else ()
 
 
 def described(value: Any) -> str:

@@ -14,6 +14,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from dataclasses import field as dc_field
 from typing import Any
 
 import torch
@@ -55,6 +56,10 @@ class Problem:
     task: str | None
     field: str
     message: str
+    # Where splitting a batch is what it is about: what the splitting techniques would
+    # train otherwise, as (why, fix), where that is not its field's (``_SPLIT_LOSS``) and
+    # the task trains so all the same (single's accumulation, an opt-in).
+    split: tuple[str, str] | None = dc_field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         where = f"task {self.task!r}" if self.task is not None else "workload"
@@ -212,18 +217,13 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
     resolved["loss_items"], problems = _loss_items(task, real, dataset)
     # A batch its loss or model couples, where the task opted into inexact training (the
     # refusal said allow_inexact=True would train it, and it did not: a review).
-    coupled = all(p.field in ("model", "loss") and not p.message.startswith("fails on")
-                  for p in problems)
+    coupled = all(p.field in ("model", "loss") and not _raised_on_half(p) for p in problems)
     if task.techniques == ("single",) or (task.allow_inexact and coupled):
         # Nothing but accumulation splits its batch: what keeps its loss from combining
         # over parts makes accumulation inexact, no problem of the task (in-batch
         # negatives are why a task allows only single).
-        said = next((
-            # Its own error where it raised (a review read "in-batch negatives?" there).
-            (f"its loss (or model) {p.message}", "leave accumulation at 1")
-            if p.message.startswith("fails on") else
-            _SPLIT_GRADIENTS if _GRADIENTS_APART in p.message else _SPLIT_LOSS[p.field]
-            for p in problems if p.field in _SPLIT_LOSS), None)
+        said = next((p.split or _SPLIT_LOSS[p.field]
+                     for p in problems if p.field in _SPLIT_LOSS), None)
         # What the slices record where the task opted in says what differs, not single's
         # fix.
         resolved["split_loss"] = (None if said is None else "; ".join(said)
@@ -329,9 +329,8 @@ _SPLIT_LOSS = {
              "leave accumulation at 1, or pad on the right or to a fixed length"),
 }
 
-# What a problem of gradients that do not combine says, and what splitting the batch
-# does to such a task where it trains all the same.
-_GRADIENTS_APART = "but gradients that do not"
+# What splitting the batch does to a task whose gradients do not combine, where it trains
+# all the same.
 _SPLIT_GRADIENTS = ("the gradients of a batch's halves do not combine to the whole batch's "
                     "(a batch-wide term of its loss: a load-balancing loss?)",
                     "leave accumulation at 1")
@@ -339,6 +338,14 @@ _SPLIT_GRADIENTS = ("the gradients of a batch's halves do not combine to the who
 # The largest relative difference between the halves' combined loss and the whole
 # batch's that float32 rounding explains (measured: below 1e-6 on the zoo's models).
 _SPLIT_TOLERANCE = 1e-4
+
+# What a loss that raises on a part of a batch is said to do.
+_FAILS_ON_HALF = "fails on half of a batch"
+
+
+def _raised_on_half(problem: Problem) -> bool:
+    """Whether ``problem`` is a loss (or model) raising on a part of a batch, no coupling."""
+    return problem.message.startswith(_FAILS_ON_HALF)
 
 
 def _varied(items: list[Any]) -> list[Any] | None:
@@ -519,7 +526,7 @@ def _loss_items(task: Task, model: nn.Module, dataset: Any
                      if all(math.isfinite(loss) for loss in held) else None)
     except Exception:
         found = None
-    if found is None or any(p.message.startswith("fails on") for p in found[1]):
+    if found is None or any(_raised_on_half(p) for p in found[1]):
         return _loss_items_checked(task, model, dataset)
     return found
 
@@ -690,7 +697,8 @@ def _coupled_gradients(task: Task, model: nn.Module, counter: Any,
                     "loss over the batch, a batch-wide regulariser), so every technique "
                     "that splits the batch (ddp, fsdp, pipelines, accumulation) would "
                     "train differently from single: give it techniques=('single',), or "
-                    "allow_inexact=True to train it so, recorded inexact"))
+                    "allow_inexact=True to train it so, recorded inexact"),
+                    split=_SPLIT_GRADIENTS)
     finally:
         model.train(training)
     return None
@@ -829,7 +837,10 @@ def _fitting(task: Task, model: nn.Module, candidates: list[Any],
                 error = err
                 raised += probe is probes[-1]
     if raised == len(candidates) and error is not None:
-        return Problem(task.name, "loss", f"fails on half of a batch: {raised_line(error)}")
+        message = f"{_FAILS_ON_HALF}: {raised_line(error)}"
+        # Its own error where it raised (a review read "in-batch negatives?" there).
+        return Problem(task.name, "loss", message,
+                       split=(f"its loss (or model) {message}", "leave accumulation at 1"))
     return fits
 
 
