@@ -572,3 +572,43 @@ def test_a_probe_batch_with_no_counted_token_does_not_refuse_the_pipelines() -> 
     assert _stage_problem(task, model, batch) is None
     batch["labels"] = torch.full_like(batch["labels"], -100)
     assert _stage_problem(task, model, batch) is None
+
+
+class _Experts(nn.Module):
+    """A mixture of four experts run side by side on every token, weighted by a router."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(8, 4)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(8, 16), nn.GELU(),
+                                                   nn.Linear(16, 8)) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights = self.router(x).softmax(-1)
+        return x + sum(weights[:, e:e + 1] * expert(x) for e, expert in enumerate(self.experts))
+
+
+class _MixtureNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.moe, self.head = nn.Linear(8, 8), _Experts(), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.moe(self.inp(x)))
+
+
+def test_a_mixtures_experts_taken_for_blocks_are_named_with_the_way_out() -> None:
+    """A model whose only list of modules is a mixture's experts was refused by the
+    pipelines with a tensor-size error alone (a review): the refusal names the list taken
+    for the blocks and the attribute that says which are."""
+    from dione.techniques.pipeline.probe import _stage_problem
+
+    generator = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(8, 8, generator=generator),
+                                          torch.randint(0, 4, (8,), generator=generator))
+    task = Task(name="mixture", model=_MixtureNet, data=lambda: data,
+                loss=nn.functional.cross_entropy,
+                optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=4, steps=2)
+    said = _stage_problem(task, _MixtureNet(), (data.tensors[0][:4], data.tensors[1][:4]))
+    assert said is not None and "it took moe.experts for the blocks its forward runs one " \
+        "after another" in said and "dione_stages attribute" in said, said

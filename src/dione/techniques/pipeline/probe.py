@@ -44,6 +44,7 @@ from dione.techniques.exactness import drew_since, generator_states
 from dione.techniques.marks import marks_by_name, put_marks
 from dione.techniques.pipeline.gpipe import PipelineTechnique
 from dione.techniques.pipeline.partition import partition_model, stage_plan
+from dione.techniques.pipeline.stage_plan import STAGES_ATTRIBUTE, StagePlan
 from dione.techniques.pipeline.stages import StageModule, batch_fields, cut_stage
 from dione.techniques.registry import techniques
 
@@ -92,6 +93,18 @@ def _varying_shapes(task: Task, source: BatchSource, dataset_size: int) -> str |
                     "tensors of the shape they had at the first step; pad every batch to "
                     "one length (e.g. padding='max_length'), or use another technique")
     return None
+
+
+def _read_as(plan: StagePlan, model: nn.Module) -> str:
+    """What a stage failure may come of where dione found the blocks itself: the list it
+    took for them, which may be one the forward does not run one after another (a
+    mixture's experts: a review read only a tensor-size error); "" where declared or
+    the model is an ``nn.Sequential``."""
+    if plan.sequential or getattr(model, STAGES_ATTRIBUTE, None) is not None:
+        return ""
+    return (f"it took {plan.container} for the blocks its forward runs one after another, "
+            "handing each the hidden state: a list of experts or heads it runs side by side "
+            "is none; or ")
 
 
 def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
@@ -150,9 +163,10 @@ def _stage_problem(task: Task, model: nn.Module, batch: Any) -> str | None:
             except Exception as err:
                 return (f"task {task.name!r}: its model cut into pipeline stages fails on "
                         f"stage {stage} ({partition.describe(stage)}): {type(err).__name__}: "
-                        f"{str(err).splitlines()[0] if str(err) else ''} (its forward may "
-                        "read into a module another stage holds); use another technique, or "
-                        "describe the model's stages (dione.techniques.pipeline.stage_plan)")
+                        f"{str(err).splitlines()[0] if str(err) else ''} ({_read_as(plan, model)}"
+                        "its forward may read into a module another stage holds); use another "
+                        "technique, or describe the model's stages with a "
+                        f"{STAGES_ATTRIBUTE} attribute (dione.techniques.pipeline.stage_plan)")
             received = (out,)
     if left:
         return (f"task {task.name!r}: its optimizer factory updates "
