@@ -198,15 +198,25 @@ def _noisy_weights(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (each * (0.5 + torch.rand(len(target)))).mean()
 
 
-@pytest.mark.parametrize("drawing", ["model", "loss"])
+def _sampled_negatives(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Each sample's loss against a negative class drawn for it alone (torch.multinomial,
+    as word2vec's negative sampling draws from its unigram table), held as a rrelu does."""
+    negative = torch.multinomial(torch.full((len(target), 10), 0.1), 1)
+    pushed = nn.functional.rrelu(output.gather(1, negative), training=True)
+    return nn.functional.cross_entropy(output, target) + pushed.mean()
+
+
+@pytest.mark.parametrize("drawing", ["model", "loss", "negatives"])
 def test_a_model_or_loss_that_draws_in_every_mode_is_not_refused_as_coupling_its_batch(
         drawing: str, tmp_path: Path) -> None:
     """A batch and its halves drew otherwise, so a VAE sampling in every mode read as a
     model tying samples together, and a loss drawing its weights as no mean (both
-    refused outright: a review). Validation holds the draws still; a split slice is
-    recorded statistical, as for dropout."""
+    refused outright: a review); multinomial and rrelu draws were not held, so a loss
+    sampling a negative per sample read so still. Validation holds the draws still; a
+    split slice is recorded statistical, as for dropout."""
     task = (digits_task(name="vae", model=_SamplingVAE, steps=2) if drawing == "model"
-            else digits_task(name="noisy", loss=_noisy_weights, steps=2))
+            else digits_task(name="noisy", loss=_noisy_weights, steps=2) if drawing == "loss"
+            else digits_task(name="negatives", loss=_sampled_negatives, steps=2))
     checked, problems = valid_task(task)
     assert problems == []
     ddp = train(checked, "ddp", tmp_path / "ddp")

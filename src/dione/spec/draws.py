@@ -74,6 +74,9 @@ class HeldDraws(TorchDispatchMode):  # type: ignore[no-untyped-call]
                            kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
+        if name in ("rrelu_with_noise", "rrelu_with_noise_") and (
+                args[4] if len(args) > 4 else kwargs.get("training", False)):
+            return _mean_rrelu(name, args, kwargs)
         out = func(*args, **kwargs)
         with torch.no_grad():
             if name in ("randn", "randn_like"):
@@ -127,7 +130,29 @@ class HeldDraws(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 out.copy_(args[0] / args[0].sum(-1, keepdim=True))
             elif name == "binomial":  # its mean, rounded
                 out.copy_((args[0] * args[1]).round())
+            elif name == "multinomial":  # the likeliest categories, in order
+                count = int(args[1])
+                again = args[2] if len(args) > 2 else kwargs.get("replacement", False)
+                out.copy_(args[0].argmax(-1, keepdim=True).expand_as(out) if again
+                          else args[0].topk(count, -1).indices)
             elif name == "native_dropout" and len(args) > 2 and args[2]:
                 out[0].copy_(args[0])
                 out[1].fill_(True)
         return out
+
+
+def _mean_rrelu(name: str, args: Any, kwargs: Any) -> torch.Tensor:
+    """A training rrelu at its mean slope, (lower + upper) / 2, on every negative input
+    (the slope its evaluation takes), its noise tensor written to say so."""
+    x: torch.Tensor = args[0]
+    noise: torch.Tensor = args[1]
+    low = float(args[2] if len(args) > 2 else kwargs.get("lower", 1 / 8))
+    high = float(args[3] if len(args) > 3 else kwargs.get("upper", 1 / 3))
+    with torch.no_grad():
+        slope = torch.where(x >= 0, 1.0, (low + high) / 2).to(x.dtype)
+        noise.copy_(slope)
+    if name == "rrelu_with_noise_":
+        with torch.no_grad():
+            return x.mul_(slope)
+    return x * slope
+
