@@ -400,8 +400,9 @@ def test_a_task_changed_since_the_run_recorded_it_is_left_out_alone(
         again = dione.run([first[0], narrow, edited[2]], devices="cpu:1", run_dir=run,
                           quiet=True, catalog=catalog, trial=QUICK)
     (said,) = [str(w.message) for w in caught if "model:" in str(w.message)]
-    assert re.search(r"b: model: Sequential of 3,466 parameters \(shapes \w+\) -> "
-                     r"Sequential of 1,210 parameters \(shapes \w+\) since the run recorded "
+    assert re.search(r"b: model: Sequential of 3,466 parameters \(shapes \w+, layers \w+\) "
+                     r"-> Sequential of 1,210 parameters \(shapes \w+, layers \w+\) since the "
+                     r"run recorded "
                      r"it: the task has ended \(done\)", said), said
     assert again.invalid == []
 

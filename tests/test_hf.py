@@ -20,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_model
 
+from dione.spec.settings import training_settings
 from dione.spec.task import Task
 from dione.spec.validate import check_task
 from dione.state.export import export_model, load_trained
@@ -234,6 +235,7 @@ def test_export_after_fsdp_loads_into_plain_and_pretrained_models(tmp_path: Path
     assert {"config.json", "model.safetensors"} <= set(said["files"])
     assert said["training"]["optimizer"].startswith("AdamW(") and \
         said["training"]["batch_size"] == task.batch_size, said["training"]
+    assert said["training"]["loss"] == training_settings(task)["loss"]  # it had none
     # Another task exported into the same folder: this export's files go, a file of
     # the user's (a tokenizer copied in) stays.
     (folder / "tokenizer.json").write_text("{}")

@@ -400,3 +400,19 @@ def test_a_rate_edited_between_slices_is_said_to_stay_as_the_checkpoint_holds_it
                          final_parameters(task, reference.checkpoint))
     with RunStore(tmp_path / "edited") as store:
         assert store.training_settings(task.name)["optimizer reads"] == "NOTEBOOK_LR=0.05"
+
+
+def test_a_loss_edited_between_slices_is_refused_naming_it(tmp_path: Path) -> None:
+    """A loss swapped for a label-smoothed one between sessions trained the steps left on
+    the other objective, unsaid, and the task was recorded done and exact (a review)."""
+    from dione.launch.slice import SliceError
+
+    task = digits_task(steps=STEPS)
+    run_slice(task, "single", tmp_path, local_placement(TEST_NODE, ONE), steps=FIRST)
+    smoothed = dataclasses.replace(task, loss=functools.partial(
+        torch.nn.functional.cross_entropy, label_smoothing=0.3))
+    with pytest.raises(SliceError, match=r"other training \(loss: cross_entropy.* -> "
+                       r"cross_entropy.*\(label_smoothing=0.3\)\).* or put the task back"):
+        run_slice(smoothed, "single", tmp_path, local_placement(TEST_NODE, ONE))
+    with RunStore(tmp_path) as store:
+        assert store.latest_checkpoint(task.name).step == FIRST

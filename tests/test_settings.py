@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -23,10 +24,12 @@ import functools, torch
 from dione import Task, Workload
 from dione.zoo import digits_mlp, digits_train
 
+def smoothed(output, target):
+    return torch.nn.functional.cross_entropy(output, target, label_smoothing=SMOOTHING)
+
 def task(lr, betas):
     # a closure, as a loop or a sampler's callback makes them
-    return Task(name=f"d{lr}", model=digits_mlp, data=digits_train,
-                loss=torch.nn.functional.cross_entropy,
+    return Task(name=f"d{lr}", model=digits_mlp, data=digits_train, loss=smoothed,
                 optimizer=lambda params: torch.optim.Adam(params, lr=lr, betas=betas),
                 lr_scheduler=functools.partial(torch.optim.lr_scheduler.StepLR, step_size=5),
                 batch_size=16, steps=4)
@@ -42,22 +45,34 @@ SETTINGS = ("import sys; from dione.spec import load_workload; "
 def test_settings_are_the_same_in_another_process_and_after_an_unrelated_edit(
         tmp_path: Path) -> None:
     file = tmp_path / "sweep.py"
-    file.write_text(SWEEP.replace("RATE", "0.001"))
+    file.write_text(SWEEP.replace("RATE", "0.001").replace("SMOOTHING", "0.1"))
     here = training_settings(_first(file))
     assert here["optimizer"] == "<lambda>[betas=(0.9, 0.99), lr=0.001]"
     assert here["lr_scheduler"] == "StepLR(step_size=5)"
+    # The workload's own loss with a digest of its code (one edited between sessions
+    # trained the steps left, unsaid: a review).
+    assert re.fullmatch(r"smoothed \(code \w{16}\)", here["loss"]), here["loss"]
     there = subprocess.run([sys.executable, "-c", SETTINGS, str(file)], capture_output=True,
                            text=True, timeout=120, check=True).stdout.strip()
     assert there == repr(here)  # no memory address, no module named by the file's digest
-    file.write_text("# a comment\n" + SWEEP.replace("RATE", "0.001"))
+    file.write_text("# a comment\n" + SWEEP.replace("RATE", "0.001").replace(
+        "SMOOTHING", "0.1"))
     assert training_settings(_first(file)) == here
-    file.write_text(SWEEP.replace("RATE", "0.003"))
+    file.write_text(SWEEP.replace("RATE", "0.003").replace("SMOOTHING", "0.1"))
     assert training_settings(_first(file))["optimizer"] != \
         here["optimizer"]
+    file.write_text(SWEEP.replace("RATE", "0.001").replace("SMOOTHING", "0.2"))
+    assert {k for k, v in training_settings(_first(file)).items() if v != here[k]} == {"loss"}
 
 
 def _first(file: Path) -> Task:
     return next(iter(load_workload(str(file))))
+
+
+def _tanh_mlp() -> torch.nn.Module:
+    model = digits_mlp()
+    model[0][1] = torch.nn.Tanh()
+    return model
 
 
 def test_settings_name_what_sets_the_training() -> None:
@@ -66,6 +81,8 @@ def test_settings_name_what_sets_the_training() -> None:
     settings = training_settings(task)
     assert settings == {"optimizer": "SGD(lr=0.1, momentum=0.9)", "lr_scheduler": "None",
                         "seed": "7", "precision": "'fp32'", "clip_grad_norm": "1.0",
+                        "loss": "cross_entropy[defaults=None, None, -100, None, 'mean', 0.0]",
+                        "loss_items": "None", "collate_fn": "None", "data": "digits_train",
                         "optimizer reads": "", "lr_scheduler reads": ""}
     # The model by its parameters' shapes (the run records it beside them): a narrower
     # one is another (a finished task's edited model was given the old one's results: a
@@ -75,6 +92,9 @@ def test_settings_name_what_sets_the_training() -> None:
     assert model_shapes(narrow).startswith("Sequential of 1,210 parameters (shapes ")
     assert model_shapes(digits_task(model=functools.partial(digits_mlp, hidden=32, depth=2))
                         ) == model_shapes(task)
+    # A layer changed, its shapes alike (a ReLU made a Tanh between sessions trained the
+    # steps left unsaid: a review).
+    assert model_shapes(digits_task(model=_tanh_mlp)) != model_shapes(task)
     # An object without a repr of its own is named by its type, not its address.
     holder = functools.partial(torch.optim.SGD, lr=0.1, foreach=object())
     assert "foreach=object" in training_settings(digits_task(optimizer=holder))["optimizer"]

@@ -6,9 +6,11 @@ import dis
 import functools
 import math
 import numbers
+import re
 import types
 from typing import Any
 
+from dione.spec.code import code_digest
 from dione.spec.task import Task
 
 __all__ = ["READ_SETTINGS", "SAID_SETTINGS", "described", "kept_as_recorded", "model_shapes",
@@ -29,19 +31,24 @@ SAID_SETTINGS = (*READ_SETTINGS, "model")
 
 
 def training_settings(task: Task) -> dict[str, str]:
-    """What sets how ``task`` learns, besides its code, its steps and its batch: the
+    """What sets how ``task`` learns, besides its model, its steps and its batch: the
     optimizer and scheduler with their arguments (a ``functools.partial``'s, or the
     values a closure holds: ``lambda p: AdamW(p, lr=lr)`` made in a loop), the seed, the
-    precision and the clipping; and (``READ_SETTINGS``) the numbers the two factories
-    read from their module or object (a notebook's ``lr``). Written so that the same
-    task gives the same text in any process (no memory addresses), and a changed
-    learning rate gives another."""
+    precision and the clipping; its loss, loss items, collator and data factory, with a
+    digest of their code where it is the user's (``_with_code``); and
+    (``READ_SETTINGS``) the numbers the two factories read from their module or object
+    (a notebook's ``lr``). Written so that the same task gives the same text in any
+    process (no memory addresses), and a changed learning rate gives another."""
     return {
         "optimizer": _describe(task.optimizer),
         "lr_scheduler": _describe(task.lr_scheduler),
         "seed": repr(task.seed),
         "precision": repr(task.precision),
         "clip_grad_norm": repr(task.clip_grad_norm),
+        # What it computes, and on what: a loss, a collator or a data factory edited
+        # between sessions trained the steps left, unsaid (a review).
+        **{name: _with_code(getattr(task, name))
+           for name in ("loss", "loss_items", "collate_fn", "data")},
         "optimizer reads": _reads(task.optimizer),
         "lr_scheduler reads": _reads(task.lr_scheduler),
     }
@@ -94,7 +101,14 @@ def _shapes(factory: Any, seed: Any) -> str | None:
         return None
     count = sum(math.prod(shape) for _, shape in named)
     digest = hashlib.sha256(repr(named).encode()).hexdigest()[:12]
-    return f"{type(model).__name__} of {count:,} parameters (shapes {digest})"
+    # Its layers as torch prints each (a ReLU made a Tanh), sorted by name as the shapes,
+    # and its classes' code where they are the user's (a forward edited), shaped alike:
+    # said on resume (a review).
+    printed = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(sorted(
+        (name, type(m).__qualname__, m.extra_repr()) for name, m in model.named_modules())))
+    layers = hashlib.sha256((printed + code_digest(
+        [type(m) for m in model.modules()], values=False)).encode()).hexdigest()[:12]
+    return f"{type(model).__name__} of {count:,} parameters (shapes {digest}, layers {layers})"
 
 
 def read_changes(task: str, changed: list[str], ended: str | None = None,
@@ -117,6 +131,10 @@ def read_changes(task: str, changed: list[str], ended: str | None = None,
                     "recorded value back (torch's load restores each group's lr, momentum, "
                     "betas, ...): the steps left train with it, as recorded (another task "
                     "name or a new run directory trains the new value)")
+        elif resumed and setting == "model":
+            then = ("the steps left train the model as it is now from its checkpoint's "
+                    "weights, and its results mix the two (another task name or a new run "
+                    "directory trains the new model from the start)")
         elif resumed and setting == "lr_scheduler reads":
             then = ("the task resumes from its checkpoint, whose scheduler state puts back "
                     "the arguments a scheduler keeps (StepLR's step_size, OneCycleLR's "
@@ -193,6 +211,18 @@ def _function(function: types.FunctionType, depth: int) -> str:
     if defaults:
         held.append(f"defaults={', '.join(defaults)}")
     return f"{function.__name__}[{', '.join(held)}]" if held else function.__name__
+
+
+def _with_code(value: Any) -> str:
+    """``value`` as ``_describe`` says it, with a digest of its code where that is the
+    user's own (a lambda's body, a workload's function and what it calls of the user's;
+    not the numbers it reads from its module, which may be a time or a pid)."""
+    target = value.func if isinstance(value, functools.partial) else value
+    if isinstance(target, types.MethodType):
+        target = target.__func__
+    root = target if isinstance(target, (types.FunctionType, type)) else type(target)
+    code = code_digest([root], values=False) if value is not None else ""
+    return f"{_describe(value)} (code {code})" if code else _describe(value)
 
 
 def _reads(value: Any) -> str:

@@ -437,9 +437,10 @@ def _share(path: Path, mode: int) -> None:
 
 def _recipe(task: Task) -> dict[str, Any]:
     """The task's optimizer and scheduler as the run store records them (with the
-    module's numbers they read), seed, precision, clipping and batch."""
+    module's numbers they read), its loss, seed, precision, clipping and batch."""
     settings = training_settings(task)
     return {"optimizer": settings["optimizer"], "lr_scheduler": settings["lr_scheduler"],
+            "loss": settings["loss"],
             **{k: v for k, v in settings.items() if k.endswith(" reads") and v},
             "seed": task.seed, "precision": task.precision,
             "clip_grad_norm": task.clip_grad_norm, "batch_size": task.batch_size}
