@@ -362,7 +362,8 @@ class RunStore(SQLiteFile):
                 raise ValueError(
                     f"task {name!r} was recorded in {self.run_dir} with {existing.total_steps} "
                     f"steps of batch {existing.batch_size}; it now says {total_steps} steps of "
-                    f"batch {batch_size}: use a new run directory for changed training"
+                    f"batch {batch_size}: use a new run directory (or another task name) "
+                    "for changed training, or put the task back as it was to resume it"
                 )
             if settings is not None:
                 recorded = self.training_settings(name)
