@@ -1110,3 +1110,19 @@ def test_nodes_of_two_accelerator_models_are_profiled_each_as_its_kind(
         only = profile_workload(tasks, Cluster(nodes[1:]), catalog, options=options)
         assert [o.kind for o in only.tasks[0].options] == [None]
         assert only.tasks[0].options[0].record.device.startswith("Y;")
+
+
+def test_a_crash_of_another_tasks_run_or_from_the_catalog_is_said_so() -> None:
+    """A group's crash read as each task's own, with no task named, and one the catalog
+    gave (the data fixed since, the code as it was) with no word of --reprofile."""
+    from dione.profile.results import TaskProfile
+
+    crash = TrialRecord("f", "single", {}, 1, "cpu", "crash", reason="OSError: bad item",
+                        extra={"crashed_as": ["bad", "good-a"], "from_catalog": True})
+    why = TaskProfile("good-a", "g", 4, trials=[crash]).why_no_option()
+    assert "single x1: crash as 'bad' (OSError: bad item)" in why, why
+    assert "`--reprofile` runs the trials again" in why, why
+    own = TaskProfile("bad", "g", 4, trials=[TrialRecord("f", "single", {}, 1, "cpu",
+                                                          "crash", reason="OSError: x")])
+    assert "crash (OSError: x)" in own.why_no_option() and "reprofile" not in \
+        own.why_no_option()

@@ -190,6 +190,51 @@ def test_a_task_that_diverged_in_its_profiling_trial_is_profiled_again_on_resume
         assert [s.start_step for s in store.slices("nan")][:1] == [0]
 
 
+BAD_DATA = """
+import functools, os, torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+
+class Broken(torch.utils.data.Dataset):
+    # A corrupt shard: its items fail where training reads them (validation, here in the
+    # launcher, reads them well), as a file on a disk of the workers' would.
+    def __init__(self):
+        self.inner = digits_train()
+    def __len__(self):
+        return len(self.inner)
+    def __getitem__(self, index):
+        if "DIONE_LAUNCHER_PID" in os.environ:
+            raise OSError(f"bad data at item {index}")
+        return self.inner[index]
+
+def task(name, data):
+    return Task(name=name, model=functools.partial(digits_mlp, hidden=16, depth=1),
+                data=data, loss=torch.nn.functional.cross_entropy, batch_size=16, steps=4,
+                techniques=("single",), optimizer=functools.partial(torch.optim.Adam, lr=1e-2))
+
+# One group: the same model, loss, optimizer and samples; the bad one listed first.
+workload = Workload([task("bad", Broken), task("good-a", digits_train),
+                     task("good-b", digits_train)])
+"""
+
+
+def test_a_task_whose_data_fails_its_groups_trial_fails_alone(tmp_path: Path) -> None:
+    """Its group's trials ran as it, first of the group, crashed on its data, and every
+    task of the group ended "no configuration fits" with its error, which named no task
+    (a review). A crash runs once again as the next task of the group: the others
+    train, and it fails in its own slices with its own error."""
+    workload = tmp_path / "bad_data.py"
+    workload.write_text(BAD_DATA)
+    assert dione_main(["run", str(workload), "--out", str(tmp_path / "run"), "--devices",
+                       "cpu:1", "--catalog", str(tmp_path / "catalog.sqlite"),
+                       "--warmup-steps", "1", "--measure-steps", "2"]) == 1
+    with RunStore(tmp_path / "run") as store:
+        assert {t.name: t.status for t in store.tasks()} == {
+            "bad": "failed", "good-a": "done", "good-b": "done"}
+        said = store.task("bad").error or ""
+    assert "OSError: bad data at item" in said and "no configuration fits" not in said, said
+
+
 def test_diverging_tasks_end_diverged_and_the_others_go_on(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`dione run` and `resume` in the test's process (no interpreter and spawner of

@@ -196,6 +196,8 @@ def _profile_alike(
         if cached is not None and cached.status == "crash" and cached.extra.get(
                 "code") != trial.code:
             cached = None  # it crashed under code that has changed since: try again
+        if cached is not None and cached.status == "crash":  # said so where it fails a task
+            cached = dataclasses.replace(cached, extra={**cached.extra, "from_catalog": True})
         if cached is not None and cached.status == "timeout" and float(cached.extra.get(
                 "timeout", 0.0)) < options.timeout:
             cached = None  # it ran out of a shorter time than it has now: try again

@@ -105,7 +105,7 @@ class TaskProfile:
 
     def why_no_option(self) -> str:
         """Why no configuration fits, from the trials' failures and the skips."""
-        reasons = [f"{r.technique} x{r.devices}: {r.status}"
+        reasons = [f"{r.technique} x{r.devices}: {r.status}" + self._as_others(r)
                    + (f" ({error_line(r.reason)[:160]}{raised_at(r.reason)})" if r.reason
                       else "")
                    for r in self.trials if not r.feasible]
@@ -130,9 +130,20 @@ class TaskProfile:
                         f"{self.accumulation_refused})")
         else:
             head, fix = "no configuration fits: every trial failed or was skipped", ""
+            if any(r.status == "crash" and r.extra.get("from_catalog") for r in failed):
+                # A data set fixed since, its code as it was, crashed from the catalog
+                # with no trial run and no word of how to run one (a review).
+                fix = ("; its crashes are the catalog's, recorded under the same code: "
+                       "`--reprofile` runs the trials again (a data set fixed since?)")
         return (head + (": " + "; ".join(reasons[:12]) if reasons else "")
                 + ("; ..." if len(reasons) > 12 else "") + fix
                 + " (`dione profile` shows each trial)")
+
+    def _as_others(self, record: TrialRecord) -> str:
+        """" as TASK" where a crash this task shares was of another task's run of the
+        trial (its data set or loss may be what raised), "" otherwise."""
+        names = [n for n in record.extra.get("crashed_as", ()) if n != self.task]
+        return f" as {', '.join(repr(n) for n in names)}" if names else ""
 
     def not_tried(self) -> list[tuple[str, str]]:
         """(technique, why) for each technique this task had no trial of at any device

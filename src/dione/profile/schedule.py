@@ -259,7 +259,19 @@ class _Pass:
                 stand_ins=trial.stand_ins[1:],
                 diverged_as=(*trial.diverged_as, trial.spec.task.name)))
             self.total += 1
+        elif record.status == "crash" and trial.stand_ins and not trial.repeat \
+                and not trial.crashed_as:
+            # Its task's own data or loss may have raised, not the configuration: a bad
+            # item in one task's data set failed every task sharing its trials, with that
+            # task's error (a review). Run once again as the next task; crashing there
+            # too, it is the configuration's.
+            self.queue.append(dataclasses.replace(
+                trial, spec=dataclasses.replace(trial.spec, task=trial.stand_ins[0]),
+                stand_ins=trial.stand_ins[1:], crashed_as=(trial.spec.task.name,)))
+            self.total += 1
         else:
+            if record.status == "crash":  # as which tasks: named where another's reads it
+                record.extra["crashed_as"] = [*trial.crashed_as, trial.spec.task.name]
             if record.status == "diverged":  # whose learning rates: those tasks diverged,
                 # the group's others never ran (their own profile says no option fits)
                 record.extra["diverged_as"] = [*trial.diverged_as, trial.spec.task.name]

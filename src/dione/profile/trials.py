@@ -54,6 +54,9 @@ class PendingTrial:
     # rate, which the fingerprint leaves out), it runs again as the next one.
     stand_ins: list[Task] = field(default_factory=list)
     diverged_as: tuple[str, ...] = ()  # the tasks it ran as before, each of which diverged
+    # The task it crashed as before (where it crashes once, it runs once again as the
+    # next task sharing it: that task's data set or loss may be what raised).
+    crashed_as: tuple[str, ...] = ()
     # An evaluation of each evaluate function of the tasks sharing it, (evaluation key,
     # evaluate), the first task's first: a trial of the same model and batch may time any
     # of them, so each is run (and what it returns checked) once, not only the first
