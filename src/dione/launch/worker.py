@@ -127,6 +127,9 @@ class Baseline:
     - the handlers of SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2, where jobs run on
       the main thread (a local worker; an actor's run elsewhere and cannot set them);
     - module hooks registered globally (``register_module_forward_hook`` and friends);
+    - torch's functions and classes a job patched with code of its own (a model factory
+      wrapping ``nn.Linear.forward``: every task the worker trained after it took the
+      patch, recorded exact; a review): ``_torch_code``;
     - CPU affinity; intra-op threads are set per job;
     - the process group (destroyed), garbage (collected; what the worker held before
       its first job is frozen, never collected), CUDA's cache and peak
@@ -160,6 +163,7 @@ class Baseline:
                          if threading.current_thread() is threading.main_thread() else {})
         self.hooks = {name: dict(getattr(torch.nn.modules.module, name))
                       for name in _GLOBAL_HOOKS}
+        self.code = _torch_code()
         # What the worker holds before its first job (Python, torch, dione; Ray in an
         # actor) is never garbage: keep it out of the collection each restore runs,
         # which over a Ray actor's 330,000 objects took 0.13 s of every slice.
@@ -184,6 +188,10 @@ class Baseline:
             hooks = getattr(torch.nn.modules.module, name)
             for key in [k for k in hooks if k not in saved]:
                 del hooks[key]
+        for (owner, name), value in self.code.items():
+            now = vars(owner).get(name)
+            if now is not value and _not_torchs(now):  # a job's own code put there
+                setattr(owner, name, value)
         if self.affinity is not None:
             os.sched_setaffinity(0, self.affinity)
         sys.path[:] = self.path
@@ -215,6 +223,44 @@ class Baseline:
             torch.cuda.empty_cache()
             for device in range(torch.cuda.device_count()):
                 torch.cuda.reset_peak_memory_stats(device)
+
+
+def _torch_code() -> dict[tuple[Any, str], Any]:
+    """What torch's namespaces a training script calls hold: (owner, name) -> value for
+    the functions of ``torch``, ``torch.nn``, ``torch.nn.functional`` and ``torch.nn.init``,
+    and the members of ``torch.Tensor`` and of every module and optimizer class of
+    ``torch.nn`` and ``torch.optim`` (some 3,500 entries: 4 ms to read, 3 ms to check)."""
+    import torch
+
+    owners: list[Any] = [torch, torch.nn, torch.nn.functional, torch.nn.init, torch.Tensor,
+                         torch.optim, torch.optim.lr_scheduler]
+    classes = {id(v): v for space in (torch.nn, torch.optim, torch.optim.lr_scheduler)
+               for v in vars(space).values()
+               if isinstance(v, type) and v.__module__.startswith("torch.")}
+    owners += classes.values()
+    return {(owner, name): value for owner in owners
+            for name, value in list(vars(owner).items())}
+
+
+def _not_torchs(value: Any) -> bool:
+    """Whether ``value`` is code from outside torch (a function, a method, a class or a
+    wrapper a job made), or torch's wrapper around such (an optimizer's ``step`` is
+    wrapped by torch's profiling hook when the first instance is made), not something
+    torch set up itself since the baseline."""
+    import torch
+
+    home = os.path.dirname(torch.__file__)
+    for _ in range(16):  # down a chain of functools.wraps wrappers
+        if isinstance(value, type):
+            return not value.__module__.startswith("torch")
+        function = getattr(value, "__func__", value)
+        code = getattr(function, "__code__", None)
+        if code is not None and not code.co_filename.startswith(home):
+            return True
+        value = getattr(function, "__wrapped__", None)
+        if value is None:
+            return False
+    return False
 
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
