@@ -1120,7 +1120,7 @@ def test_a_crash_of_another_tasks_run_or_from_the_catalog_is_said_so() -> None:
     crash = TrialRecord("f", "single", {}, 1, "cpu", "crash", reason="OSError: bad item",
                         extra={"crashed_as": ["bad", "good-a"], "from_catalog": True})
     why = TaskProfile("good-a", "g", 4, trials=[crash]).why_no_option()
-    assert "single x1: crash as 'bad' (OSError: bad item)" in why, why
+    assert "single x1: crash as 'bad' and 'good-a' (OSError: bad item)" in why, why
     assert "`--reprofile` runs the trials again" in why, why
     own = TaskProfile("bad", "g", 4, trials=[TrialRecord("f", "single", {}, 1, "cpu",
                                                           "crash", reason="OSError: x")])

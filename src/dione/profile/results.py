@@ -140,10 +140,13 @@ class TaskProfile:
                 + " (`dione profile` shows each trial)")
 
     def _as_others(self, record: TrialRecord) -> str:
-        """" as TASK" where a crash this task shares was of another task's run of the
-        trial (its data set or loss may be what raised), "" otherwise."""
-        names = [n for n in record.extra.get("crashed_as", ()) if n != self.task]
-        return f" as {', '.join(repr(n) for n in names)}" if names else ""
+        """" as TASK, ..." where a crash this task shares was of another task's run of
+        the trial (its data set or loss may be what raised): every task it crashed as, this
+        one too; "" otherwise."""
+        names = list(record.extra.get("crashed_as", ()))
+        if all(n == self.task for n in names):
+            return ""
+        return f" as {' and '.join(repr(n) for n in names)}"
 
     def not_tried(self) -> list[tuple[str, str]]:
         """(technique, why) for each technique this task had no trial of at any device
