@@ -323,6 +323,29 @@ def test_a_trial_its_task_diverges_is_timed_again_on_a_task_sharing_it(
         assert option.technique == "single" and option.record.status == "ok"
 
 
+def _hangs_in_workers(model):  # travels by value: the workers cannot import tests
+    """An evaluate that never returns where training runs (a spawned worker)."""
+    if "DIONE_LAUNCHER_PID" in os.environ:
+        time.sleep(3600)
+    return {"accuracy": 1.0}
+
+
+def test_an_evaluate_that_hangs_holds_up_one_trial_not_each(tmp_path: Path) -> None:
+    """Every trial of the task ran its evaluate, each hung the trial timeout in turn, and
+    no task trained for as long (a review). The first hang is the evaluation's failure,
+    said; the configuration is timed again without it; the other trials do not run it."""
+    task = digits_task("hangs", techniques=("single", "ddp"), evaluate=_hangs_in_workers)
+    with Catalog(tmp_path / "catalog.sqlite") as catalog:
+        found = profile_workload([task], Cluster([replace(TEST_NODE, devices=2)]), catalog,
+                                 options=replace(QUICK, timeout=20))
+    profile = found.task("hangs")
+    assert sorted((o.technique, o.devices) for o in profile.options) == [("ddp", 2),
+                                                                          ("single", 1)]
+    assert found.trials_run == 3  # the hung one, then again without its evaluation
+    assert profile.evaluated is not None and profile.evaluated.error is not None and \
+        "did not return within the trial's 20 s" in profile.evaluated.error
+
+
 def pick(model, metric):  # travels by value (below): the workers cannot import tests
     """An evaluate that returns one metric, named by its partial's argument."""
     from dione.zoo.digits import digits_accuracy

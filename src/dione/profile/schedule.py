@@ -238,6 +238,19 @@ class _Pass:
         if node.name in self.free:
             self.free[node.name] = sorted(self.free[node.name] + devices)
         self.run_count += 1
+        if record.status == "timeout" and evaluated is not None and not trial.for_evaluation:
+            # It trained, and hung in the evaluation it timed: that evaluation's failure
+            # goes to its tasks (no other trial runs it), and the configuration is timed
+            # again without it, nothing cached of this run.
+            if trial.evaluation_key is not None:
+                self._evaluated(trial, evaluated)
+            self.queue.append(dataclasses.replace(
+                trial, spec=dataclasses.replace(trial.spec, evaluate=False),
+                evaluation_key=None, evaluations=[]))
+            self.total += 1
+            setting.emit(ProfileEvent("finished", trial.spec.label, tuple(trial.tasks),
+                                      record, total=self.total))
+            return
         if trial.for_evaluation:  # its timing is not merged: a run per session, unbounded
             if trial.spec.evaluate and trial.evaluation_key is not None:
                 self._evaluated(trial, evaluated)

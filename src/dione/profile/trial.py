@@ -123,6 +123,13 @@ def run_trial(
         if status == "timeout" and IN_EVALUATE in reason:  # told to raise its timeout
             reason = (reason.split("; raise the timeout")[0] + f"; {IN_EVALUATE}: fix "
                       "evaluate if it hangs, else raise --trial-timeout")
+            # The evaluation's failure, for its tasks: no other trial runs it again (each
+            # of a task's trials hung the trial timeout in it, one after another, while
+            # no task trained: a review).
+            hung = TrialEvaluation(None, (), f"its evaluate did not return within the "
+                                   f"trial's {options.timeout:.0f} s (--trial-timeout): fix "
+                                   "evaluate if it hangs, else raise --trial-timeout")
+            return TrialRecord(**base, status=status, reason=_shorten(reason)), hung  # type: ignore[arg-type]
         elif status == "timeout" and "; raise the timeout" in reason:
             # Its rank logs go with the trial's folder (and the catalog keeps the text):
             # a way to see them, not a path that leads nowhere.
