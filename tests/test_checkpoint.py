@@ -222,3 +222,28 @@ def test_an_export_says_what_its_weights_measured_at_their_step_only(tmp_path: P
     assert [evaluation_at(tmp_path, "t", step) for step in (2, 4, 6, 3)] == [
         {"accuracy": 0.9}, {}, {"accuracy": 0.95}, {}]
     assert evaluation_at(tmp_path / "no-store", "t", 2) == {}
+
+
+def test_an_interrupted_task_is_called_so_by_export_as_by_status(tmp_path: Path) -> None:
+    """`dione status` said "interrupted" of a task a stopped run left mid-way, while
+    export's refusal and dione.json said "pending" (a review)."""
+    from dione.orchestrate import RunOptions, run_workload
+    from dione.profile import TrialOptions
+    from dione.spec.cluster import Cluster
+    from dione.state.export import status_in_run
+    from helpers import TEST_NODE, digits_task
+
+    def stop_after_a_slice(event) -> None:
+        if event.kind == "slice_finished":
+            raise KeyboardInterrupt
+
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run_workload([digits_task(steps=8, techniques=("single",))], Cluster([TEST_NODE]),
+                     run, RunOptions(catalog=str(tmp_path / "catalog.sqlite"), slice_steps=4,
+                                     trial=TrialOptions(warmup_steps=1, measure_steps=2)),
+                     on_event=stop_after_a_slice)
+    with pytest.raises(ExportError, match="task 'digits' is interrupted, not done; its "
+                       "newest checkpoint is at step 4"):
+        trained_checkpoint(run, "digits")
+    assert status_in_run(run, "digits")["status"] == "interrupted"

@@ -97,6 +97,7 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
                           f"it holds no weights to give and will not train again; {anew} "
                           "to get them")
     if record.status != "done" and not latest:
+        status = _as_left(run, task, record.status)
         step = f"; its newest checkpoint is at step {checkpoint.step}" if checkpoint else ""
         latest_fix = "take its newest checkpoint as it is (--latest; dione.load(..., latest=True))"
         if record.status in ("stopped", "diverged"):  # resume never trains it again
@@ -106,7 +107,7 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
                f"`dione train WORKLOAD --task {quote(task)} --out {quote(str(run))}`"
                if trained_by_train(run)
                else "dione.run (or dione.optuna.optimize) again with this run directory")
-        raise ExportError(f"task {task!r} is {record.status}, not done{step}: finish it with "
+        raise ExportError(f"task {task!r} is {status}, not done{step}: finish it with "
                           f"{how}, or {latest_fix}")
     if checkpoint is None and record.status in ("pending", "running", "paused"):
         raise ExportError(f"task {task!r} of run {run} has no checkpoint yet: none of its "
@@ -300,7 +301,8 @@ def status_in_run(run_dir: str | Path, task: str) -> dict[str, Any]:
         decisions = store.decisions() if record and record.status == "stopped" else []
     if record is None:
         return {}
-    said: dict[str, Any] = {"status": record.status, "total_steps": record.total_steps}
+    said: dict[str, Any] = {"status": _as_left(run_dir, task, record.status),
+                            "total_steps": record.total_steps}
     stop = next((d for d in reversed(decisions) if d[0] == task and d[3]), None)
     if stop is not None:
         _, step, value, _, reason = stop
@@ -433,6 +435,21 @@ def _share(path: Path, mode: int) -> None:
             Path(root, name).chmod(searchable)
         for name in files:
             Path(root, name).chmod(mode)
+
+
+def _as_left(run: str | Path, task: str, status: str) -> str:
+    """A task's status as `dione status` says it (``summaries.as_left``): ``interrupted``
+    where no launcher holds its run now and it was running (a kill), or pending with
+    steps trained or its last slice cut short (the export said "pending" of what status
+    called interrupted: a review)."""
+    from dione.state.lock import held_elsewhere
+    from dione.state.summaries import as_left, summaries
+
+    if status not in ("pending", "running") or held_elsewhere(run):
+        return status
+    with RunStore(run) as store:
+        found = summaries(store, [task])
+    return as_left(found, by_slices=trained_by_train(run))[0].status if found else status
 
 
 def _recipe(task: Task) -> dict[str, Any]:
