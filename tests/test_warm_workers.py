@@ -287,6 +287,10 @@ def meddling_model():
     warnings.simplefilter("ignore")
     os.umask(0o000)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    return digits_mlp(hidden=8, depth=1)
+
+
+def patching_model():
     # torch's code patched (every task the worker trained after took it: a review)
     linear = torch.nn.Linear.forward
 
@@ -327,7 +331,8 @@ def task(name, model):
                 batch_size=8, steps=2, seed=1)
 
 
-workload = Workload([task("meddling", meddling_model), task("checking", checking_model)])
+workload = Workload([task("meddling", meddling_model), task("checking", checking_model),
+                     task("patching", patching_model)])
 """
 
 
@@ -335,12 +340,66 @@ def test_a_slice_finds_the_switches_the_slice_before_flipped_put_back(
         tmp_path: Path) -> None:
     file = tmp_path / "meddling.py"
     file.write_text(MEDDLING)
-    meddling, checking = load_workload(file)
+    meddling, checking, patching = load_workload(file)
     placement = local_placement(TEST_NODE, [0])
     run_slice(meddling, "single", tmp_path, placement)
     [worker] = [w for w in local_pool().idle() if w.slot == ("cpu", 0)]
     run_slice(checking, "single", tmp_path, placement)  # raised SliceError before
     assert [w for w in local_pool().idle() if w.slot == ("cpu", 0)] == [worker]
+    # A worker whose job patched torch is replaced: the next task's job finds torch as
+    # it is (its losses changed, recorded exact, before: a review).
+    run_slice(patching, "single", tmp_path, placement)
+    run_slice(checking, "single", tmp_path / "again", placement)
+    assert [w for w in local_pool().idle() if w.slot == ("cpu", 0)] != [worker]
+
+
+# A workload whose helper module patches torch when it is imported: the patch must hold
+# in every slice of its task (a worker that put torch back kept the module imported, so
+# the next slice trained without the patch, recorded exact: a regression review).
+PATCHED_ON_IMPORT = """
+import functools
+import torch
+from dione import Task, Workload
+from dione.zoo import digits_mlp, digits_train
+import torch_patch  # noqa: F401  (beside this file)
+
+
+def patched_model():
+    if not getattr(torch.nn.ReLU.forward, "patched", False):
+        raise RuntimeError("the patch its helper module made on import is gone")
+    return digits_mlp(hidden=8, depth=1)
+
+
+workload = Workload([Task(name="patched", model=patched_model, data=digits_train,
+                          loss=torch.nn.functional.cross_entropy, optimizer=torch.optim.SGD,
+                          batch_size=8, steps=4, seed=1)])
+"""
+
+TORCH_PATCH = """
+import torch
+
+relu = torch.nn.ReLU.forward
+
+
+def forward(self, x):
+    return relu(self, x) * 2.0
+
+
+forward.patched = True
+torch.nn.ReLU.forward = forward
+"""
+
+
+def test_a_patch_a_workloads_module_makes_on_import_holds_in_its_every_slice(
+        tmp_path: Path) -> None:
+    (tmp_path / "torch_patch.py").write_text(TORCH_PATCH)
+    file = tmp_path / "patched.py"
+    file.write_text(PATCHED_ON_IMPORT)
+    (patched,) = load_workload(file)
+    placement = local_placement(TEST_NODE, [0])
+    first = run_slice(patched, "single", tmp_path / "run", placement, steps=2)
+    rest = run_slice(patched, "single", tmp_path / "run", placement)  # raised before
+    assert len(first.losses) == 2 and len(rest.losses) == 2
 
 
 # Tasks whose model factory swaps torch's registry of global module-registration hooks

@@ -129,7 +129,8 @@ class Baseline:
     - module hooks registered globally (``register_module_forward_hook`` and friends);
     - torch's functions and classes a job patched with code of its own (a model factory
       wrapping ``nn.Linear.forward``: every task the worker trained after it took the
-      patch, recorded exact; a review): ``_torch_code``;
+      patch, recorded exact; a review): not put back, the worker is replaced
+      (``_torch_code``);
     - CPU affinity; intra-op threads are set per job;
     - the process group (destroyed), garbage (collected; what the worker held before
       its first job is frozen, never collected), CUDA's cache and peak
@@ -188,10 +189,6 @@ class Baseline:
             hooks = getattr(torch.nn.modules.module, name)
             for key in [k for k in hooks if k not in saved]:
                 del hooks[key]
-        for (owner, name), value in self.code.items():
-            now = vars(owner).get(name)
-            if now is not value and _not_torchs(now):  # a job's own code put there
-                setattr(owner, name, value)
         if self.affinity is not None:
             os.sched_setaffinity(0, self.affinity)
         sys.path[:] = self.path
@@ -218,6 +215,16 @@ class Baseline:
                 # fd 2, not sys.stderr (a job may leave a StringIO there, or None: the
                 # restore failed and retired the worker: a regression review)
                 faulthandler.register(STACKS_SIGNAL, file=2, all_threads=True)
+        patched = sorted(f"{getattr(owner, '__name__', owner)}.{name}"
+                         for (owner, name), value in self.code.items()
+                         if (now := vars(owner).get(name)) is not value and _not_torchs(now))
+        if patched:
+            # Not put back: a module of the user's that patched torch on import stays
+            # imported and would not patch it again for its task's next job (a
+            # regression review). The worker is replaced (a fresh fork), as for any reset
+            # that fails, so no later job of another task sees the patch.
+            raise RuntimeError(f"a job patched torch's {', '.join(patched[:5])} with code of "
+                               "its own: this worker is replaced, so no later job sees it")
         gc.collect()
         if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             torch.cuda.empty_cache()
