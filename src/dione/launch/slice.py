@@ -263,11 +263,12 @@ def run_request(
         # Rank 0's outcome once trained and saved, while its evaluation runs (a real
         # slice's: a trial that cannot evaluate is timed out, as it was, never cached).
         evaluating: list[SliceOutcome] = []
-        in_evaluate: list[bool] = []  # rank 0 trained and saved, its evaluate not returned
+        # When rank 0 had trained and saved, its evaluate not returned since.
+        in_evaluate: list[float] = []
 
         def heard(rank: int, record: dict[str, Any]) -> None:
             if "trained" in record:
-                in_evaluate.append(True)
+                in_evaluate.append(clock.now())
                 if request.trial is None:
                     evaluating.append(record["trained"])
                     if on_progress is not None:  # (a stall now is the evaluation's)
@@ -284,9 +285,12 @@ def run_request(
             seconds = clock.now() - began
         except GangError as err:
             if not (evaluating and err.reason in EVALUATION_LOST):
-                # A trial that hung in evaluate was told to raise its timeout (a review).
+                # A trial that hung in evaluate was told to raise its timeout (a review):
+                # one whose evaluation ran at least half of it (a slow build and training
+                # with a quick evaluate after were blamed on evaluate: a regression review).
                 hung = bool(request.trial is not None and in_evaluate
-                            and err.reason == "timeout")
+                            and err.reason == "timeout"
+                            and clock.now() - in_evaluate[-1] >= 0.5 * (request.timeout or 0))
                 message = (f"task {task.name!r}, steps {start}-{end}, {where}: {err}"
                            + (f"; {IN_EVALUATE}" if hung else "")
                            + "".join(f"\n{w}" for w in warnings))
