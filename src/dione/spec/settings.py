@@ -6,6 +6,7 @@ import dis
 import functools
 import math
 import numbers
+import os
 import re
 import types
 from typing import Any
@@ -68,7 +69,9 @@ def model_shapes(task: Task) -> str | None:
     changed, another). None: it cannot be built here."""
     from dione.spec.sameness import same_function
 
-    factory, reads = task.model, _reads(task.model)
+    # What it reads and the code it calls (a notebook's model class edited and run again,
+    # the factory's cell not: its cached shapes were the old class's; a review).
+    factory, reads = task.model, (_reads(task.model), _code_of(task.model))
     known = next((shapes for built, seed, read, shapes in _BUILT
                   if seed == task.seed and read == reads and same_function(built, factory)),
                  "")
@@ -80,8 +83,8 @@ def model_shapes(task: Task) -> str | None:
     return shapes
 
 
-# (factory, seed, what it reads, its shapes) of this process, latest last.
-_BUILT: list[tuple[Any, Any, str, str | None]] = []
+# (factory, seed, what it reads and its code, its shapes) of this process, latest last.
+_BUILT: list[tuple[Any, Any, tuple[str, str], str | None]] = []
 
 
 def _shapes(factory: Any, seed: Any) -> str | None:
@@ -165,40 +168,63 @@ def described(value: Any) -> str:
     return _describe(value)
 
 
-def _describe(value: Any, depth: int = 0) -> str:
+def _describe(value: Any, depth: int = 0, portable: bool = False) -> str:
     """``value`` as stable text: simple values by repr (floats exactly), containers
     item by item, a partial with its arguments, a function by its name with the numbers
     its closure holds (``lambda p: Adam(p, lr=lr)`` made in a loop), a class by its
     name, anything else by its repr unless that holds a memory address (then its
-    type's name)."""
+    type's name). ``portable``: alike wherever the workload moved and however an object
+    was used: a path as ``<path>``, an object by its type (``_object``)."""
     if depth > 4:
         return "..."
+    if portable and (isinstance(value, os.PathLike)
+                     or (isinstance(value, str) and os.path.isabs(value))):
+        return "<path>"
     if isinstance(value, _SIMPLE):
         return repr(value)
     if isinstance(value, (list, tuple)):
-        inner = ", ".join(_describe(v, depth + 1) for v in value)
+        inner = ", ".join(_describe(v, depth + 1, portable) for v in value)
         return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{_describe(k, depth + 1)}: {_describe(v, depth + 1)}"
-                               for k, v in sorted(value.items(), key=lambda kv: repr(kv[0])))\
-            + "}"
+        return "{" + ", ".join(
+            f"{_describe(k, depth + 1, portable)}: {_describe(v, depth + 1, portable)}"
+            for k, v in sorted(value.items(), key=lambda kv: repr(kv[0]))) + "}"
     if isinstance(value, (set, frozenset)):  # in one order under any string hashing
-        return "{" + ", ".join(sorted(_describe(v, depth + 1) for v in value)) + "}"
+        return "{" + ", ".join(sorted(_describe(v, depth + 1, portable) for v in value)) + "}"
     if isinstance(value, functools.partial):
-        arguments = [_describe(a, depth + 1) for a in value.args] + [
-            f"{k}={_describe(v, depth + 1)}" for k, v in sorted(value.keywords.items())]
-        return f"{_describe(value.func, depth + 1)}({', '.join(arguments)})"
+        arguments = [_describe(a, depth + 1, portable) for a in value.args] + [
+            f"{k}={_describe(v, depth + 1, portable)}" for k, v in sorted(value.keywords.items())]
+        return f"{_describe(value.func, depth + 1, portable)}({', '.join(arguments)})"
     if isinstance(value, types.MethodType):
-        return f"{_describe(value.__self__, depth + 1)}.{value.__func__.__name__}"
+        return f"{_describe(value.__self__, depth + 1, portable)}.{value.__func__.__name__}"
     if isinstance(value, types.FunctionType):
-        return _function(value, depth)
+        return _function(value, depth, portable)
     if isinstance(value, type):
         return value.__qualname__
+    if portable:
+        return _object(value)
     text = repr(value)
     return type(value).__qualname__ if " at 0x" in text else text
 
 
-def _function(function: types.FunctionType, depth: int) -> str:
+def _object(value: Any) -> str:
+    """An object by its type, not its repr (a loss object counting its calls read as a
+    changed loss at every resume: a regression review); one of torch's modules (a loss
+    module) with its settings, which are its public attributes and buffers
+    (``CrossEntropyLoss(label_smoothing=0.5)`` read as ``CrossEntropyLoss()``)."""
+    kind = type(value)
+    if not (kind.__module__.startswith("torch.nn") and hasattr(value, "_buffers")):
+        return kind.__qualname__
+    import hashlib
+
+    settings = [f"{k}={_describe(v, 1, True)}" for k, v in sorted(vars(value).items())
+                if not k.startswith("_") and k != "training" and _read(v)]
+    settings += [f"{k}=#{hashlib.sha256(b.detach().cpu().numpy().tobytes()).hexdigest()[:8]}"
+                 for k, b in sorted(value._buffers.items()) if b is not None]
+    return f"{kind.__qualname__}({', '.join(settings)})"
+
+
+def _function(function: types.FunctionType, depth: int, portable: bool = False) -> str:
     """A function by its own name (a lambda's is ``<lambda>``; the names around it are
     left out, so renaming the function that made it changes nothing), with the numbers,
     strings, tuples and partials its closure holds (not a dict or an object, which may
@@ -206,8 +232,8 @@ def _function(function: types.FunctionType, depth: int) -> str:
     code = function.__code__
     cells = [(n, c.cell_contents) for n, c in zip(code.co_freevars, function.__closure__ or (),
                                                   strict=False) if _filled(c)]
-    held = [f"{n}={_describe(v, depth + 1)}" for n, v in sorted(cells) if _read(v)]
-    defaults = [_describe(d, depth + 1) for d in function.__defaults__ or ()]
+    held = [f"{n}={_describe(v, depth + 1, portable)}" for n, v in sorted(cells) if _read(v)]
+    defaults = [_describe(d, depth + 1, portable) for d in function.__defaults__ or ()]
     if defaults:
         held.append(f"defaults={', '.join(defaults)}")
     return f"{function.__name__}[{', '.join(held)}]" if held else function.__name__
@@ -217,12 +243,21 @@ def _with_code(value: Any) -> str:
     """``value`` as ``_describe`` says it, with a digest of its code where that is the
     user's own (a lambda's body, a workload's function and what it calls of the user's;
     not the numbers it reads from its module, which may be a time or a pid)."""
+    code = _code_of(value)
+    said = _describe(value, portable=True)
+    return f"{said} (code {code})" if code else said
+
+
+def _code_of(value: Any) -> str:
+    """A digest of the code ``value`` (a function, a partial, a class, a callable object)
+    runs, where it is the user's (``code_digest``, without the values it reads); ""."""
+    if value is None:
+        return ""
     target = value.func if isinstance(value, functools.partial) else value
     if isinstance(target, types.MethodType):
         target = target.__func__
     root = target if isinstance(target, (types.FunctionType, type)) else type(target)
-    code = code_digest([root], values=False) if value is not None else ""
-    return f"{_describe(value)} (code {code})" if code else _describe(value)
+    return code_digest([root], values=False)
 
 
 def _reads(value: Any) -> str:
