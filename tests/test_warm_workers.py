@@ -12,7 +12,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import cloudpickle
 import pytest
 import torch
 
@@ -391,14 +393,23 @@ torch.nn.ReLU.forward = forward
 
 
 def test_a_patch_a_workloads_module_makes_on_import_holds_in_its_every_slice(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dione.spec import workload as workloads
+
+    # Loading the workload here patches this process's torch too, and every later job
+    # imports each workload file this process loaded: both put back after the test.
+    monkeypatch.setattr(torch.nn.ReLU, "forward", torch.nn.ReLU.forward)
+    monkeypatch.setattr(workloads, "_LOADED", dict(workloads._LOADED))
     (tmp_path / "torch_patch.py").write_text(TORCH_PATCH)
     file = tmp_path / "patched.py"
     file.write_text(PATCHED_ON_IMPORT)
-    (patched,) = load_workload(file)
-    placement = local_placement(TEST_NODE, [0])
-    first = run_slice(patched, "single", tmp_path / "run", placement, steps=2)
-    rest = run_slice(patched, "single", tmp_path / "run", placement)  # raised before
+    try:
+        (patched,) = load_workload(file)
+        placement = local_placement(TEST_NODE, [0])
+        first = run_slice(patched, "single", tmp_path / "run", placement, steps=2)
+        rest = run_slice(patched, "single", tmp_path / "run", placement)  # raised before
+    finally:
+        sys.modules.pop("torch_patch", None)
     assert len(first.losses) == 2 and len(rest.losses) == 2
 
 
@@ -643,3 +654,44 @@ def test_a_job_that_set_its_own_stack_signal_handler_leaves_the_stacks_to_be_wri
     assert done.returncode == 0 and done.stdout == "alive\n" * 4, (done.returncode,
                                                                    done.stderr)
     assert done.stderr.count("(most recent call first)") == 4
+
+
+class _SlowSteps(torch.nn.Module):
+    """A model whose every forward takes a while: a slice of it is running for seconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.3)
+        return self.layer(x)
+
+
+def test_shutdown_beside_a_running_slice_leaves_its_workers_to_it(tmp_path: Path) -> None:
+    """dione.shutdown() in a notebook while a run trained in another thread closed the
+    spawner, which killed the slice's workers: each kill counted a failure of its task,
+    and the slices' logs went (a review). The busy workers are left to their gang."""
+    import threading
+    import warnings
+
+    import dione
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    task = digits_task("slow", model=_SlowSteps, steps=12)
+    done: list[Any] = []
+    slice_thread = threading.Thread(target=lambda: done.append(run_slice(
+        task, "single", tmp_path, local_placement(TEST_NODE, [0]), timeout=120)))
+    slice_thread.start()
+    deadline = time.monotonic() + 60
+    while not local_pool()._lent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert local_pool()._lent, "the slice never took its worker"
+    with warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always")
+        dione.shutdown()
+    slice_thread.join(120)
+    assert len(done) == 1 and len(done[0].losses) == 12
+    assert any("are training a run in this process now" in str(w.message) for w in heard)
+    dione.shutdown()  # once it has ended: all of it
+    assert local_pool()._fork_server is None

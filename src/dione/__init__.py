@@ -399,10 +399,16 @@ def shutdown() -> None:
     """End this process's warm workers, which ``dione.run`` keeps between runs (a
     second run starts its slices in a fraction of a second), with their memory (on
     GPUs, their CUDA contexts): a notebook frees them so; the next run starts new ones.
-    They end with the process anyway."""
+    They end with the process anyway. Workers a run training now in this process (in
+    another thread) holds are left to it, with what starts them, and said so."""
     from dione.launch.pool import shutdown_local_pool
 
-    shutdown_local_pool()
+    busy = shutdown_local_pool()
+    if busy:
+        warnings.warn(f"dione.shutdown(): {busy} worker(s) are training a run in this "
+                      "process now: they are left to it (and what forks workers, with "
+                      "them); the idle ones ended. Call dione.shutdown() again once that "
+                      "run has ended", stacklevel=2)
 
 
 def _argument_types(*, workload: Any = None, run_dir: Any = "", on_event: Any = None,

@@ -261,6 +261,8 @@ class WorkerPool:
         self._folder: Path | None = None
         self._fork_server: Spawner | None = None
         self._retired: list[Spawner] = []  # replaced, exiting once their workers end
+        # Taken by a gang, not given back or ended: id -> worker.
+        self._lent: dict[int, WarmWorker] = {}
         self.started = 0  # workers started so far (a measure of warmth)
         # Whether spawners import what this process has of PRELOADED_PACKAGES before they
         # fork (off once a preload set CUDA up in one, or ended or hung it).
@@ -295,6 +297,8 @@ class WorkerPool:
         except BaseException:
             _end(workers)
             raise
+        with self._lock:
+            self._lent.update((id(w), w) for w in workers)
         return workers
 
     def warm_up(self, kind: str, device_ids: Sequence[int], threads: int,
@@ -311,6 +315,7 @@ class WorkerPool:
         surplus = []
         with self._lock:
             for worker in workers:
+                self._lent.pop(id(worker), None)
                 worker.slices += 1
                 if worker.alive() and worker.slot not in self._idle:
                     self._idle[worker.slot] = worker
@@ -325,6 +330,9 @@ class WorkerPool:
 
     def end(self, workers: Sequence[WarmWorker]) -> None:
         """End workers that must not serve again (their gang failed or was stopped)."""
+        with self._lock:
+            for worker in workers:
+                self._lent.pop(id(worker), None)
         _end(workers)
 
     def spawner_pids(self) -> list[int]:
@@ -333,16 +341,19 @@ class WorkerPool:
         spawners = [*self._retired, self._fork_server]
         return [s.process.pid for s in spawners if s is not None and s.process.poll() is None]
 
-    def shutdown(self, keep_spawner: bool = False) -> None:
+    def shutdown(self, keep_spawner: bool = False) -> int:
         """End every idle worker (busy ones belong to their gang, which ends them), and
-        the spawner unless ``keep_spawner`` (the next slice then still forks fresh
-        workers without paying the imports again)."""
+        the spawner unless ``keep_spawner`` or a gang holds workers it forked (they die
+        with it: a notebook's dione.shutdown() beside a run in another thread killed its
+        slices, each counted a failure of its task, and took their logs; a review).
+        Returns how many busy workers were left to their gangs."""
         with self._lock:
             idle, self._idle = list(self._idle.values()), {}
+            busy = sum(1 for w in self._lent.values() if w.alive())
         _end(idle)
-        if keep_spawner:
+        if keep_spawner or busy:
             self._close_retired()
-            return
+            return busy
         with self._lock:
             spawners, self._retired = [*self._retired, self._fork_server], []
             self._fork_server = None
@@ -359,6 +370,7 @@ class WorkerPool:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+        return 0
 
     def _close_retired(self) -> None:
         """Close the replaced spawners whose workers have all ended (each exits then)."""
@@ -456,10 +468,10 @@ def local_pool() -> WorkerPool:
         return _POOL
 
 
-def shutdown_local_pool(keep_spawner: bool = False) -> None:
-    """End this process's idle warm workers (and its spawner, unless ``keep_spawner``);
-    the next slice starts new ones."""
+def shutdown_local_pool(keep_spawner: bool = False) -> int:
+    """End this process's idle warm workers (and its spawner, unless ``keep_spawner`` or
+    a gang holds workers); the next slice starts new ones. Returns how many busy workers
+    were left to their gangs."""
     with _POOL_LOCK:
         pool = _POOL
-    if pool is not None:
-        pool.shutdown(keep_spawner)
+    return pool.shutdown(keep_spawner) if pool is not None else 0
