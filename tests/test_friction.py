@@ -8,6 +8,7 @@ import functools
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -636,3 +637,39 @@ def test_a_run_leaves_a_notebooks_generators_as_they_were(tmp_path: Path) -> Non
         cwd=Path(__file__).parent)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "True", done.stdout + done.stderr
+
+
+ACTIVATION = nn.ReLU  # a workload's global its model reads: a notebook edits it
+
+
+def _activated_model() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), ACTIVATION(), nn.Linear(16, 10))
+
+
+def test_a_model_edited_since_its_run_is_said_on_load_and_refused_by_evaluate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ReLU made a Tanh after the run: dione.load gave the ReLU-trained weights in the
+    Tanh model, unsaid, and `dione evaluate` recorded the edited model's figures as the
+    run's, on its leaderboards (a review)."""
+    from dione.orchestrate.evaluate_again import evaluate_again
+    from dione.zoo import digits_accuracy
+
+    task = digits_task("act", steps=4, techniques=("single",), model=_activated_model,
+                       evaluate=digits_accuracy)
+    run = tmp_path / "run"
+    dione.run([task], devices="cpu:1", run_dir=str(run), quiet=True,
+              catalog=str(tmp_path / "catalog.sqlite"),
+              trial=TrialOptions(warmup_steps=1, measure_steps=2))
+    with RunStore(run) as store:
+        before = store.evaluations("act")
+    monkeypatch.setattr(sys.modules[__name__], "ACTIVATION", nn.Tanh)
+    with pytest.warns(UserWarning, match="task 'act''s model is not the one the run trained"):
+        dione.load(run, "act", workload=[task])
+    with pytest.raises(ValueError, match="is not the one the run trained"):
+        evaluate_again(run, [task])
+    with RunStore(run) as store:
+        assert store.evaluations("act") == before
+    monkeypatch.setattr(sys.modules[__name__], "ACTIVATION", nn.ReLU)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dione.load(run, "act", workload=[task])  # as it was: nothing said

@@ -447,6 +447,7 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
         kept_checkpoint,
         load_trained,
         loaded_provenance,
+        model_edited,
         trained_checkpoint,
         workload_of_task,
     )
@@ -475,6 +476,9 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
     checkpoint = (kept_checkpoint(run_dir, matching[0], best=best, step=step)[0]
                   if best or step is not None else trained_checkpoint(run_dir, task, latest))
     model: Any = load_trained(matching[0], checkpoint)
+    edited = model_edited(run_dir, matching[0])
+    if edited:
+        warnings.warn(edited, stacklevel=2)
     # How it was trained, as `dione export`'s dione.json says: a model trained inexactly
     # (xpipe) must not pass for one trained as single would in a comparison.
     model.dione_trained = trained = loaded_provenance(run_dir, task, checkpoint)

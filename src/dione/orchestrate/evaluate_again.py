@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dione.spec.task import Task
 from dione.state.checkpoint import read_progress
-from dione.state.export import load_trained, trained_checkpoint
+from dione.state.export import load_trained, model_edited, trained_checkpoint
 from dione.state.lock import RunLock
 from dione.state.store import EVALUATION_FAILED, SIMULATED_FILE, STORE_FILE, RunStore, not_a_run
 from dione.techniques.evaluate import evaluate_model
@@ -99,6 +99,9 @@ def evaluate_again(run_dir: str | Path, tasks: Sequence[Task], device: str = "cp
         raise ValueError(f"task(s) {', '.join(map(repr, lacking))} have no evaluate in the "
                          "workload given: give each an evaluate(model) returning its "
                          "metrics, or give the workload that has one (--workload)")
+    edited = [why for t in tasks if (why := model_edited(run_dir, t))]
+    if edited:  # its figures would be recorded as the trained model's
+        raise ValueError("; ".join(edited))
     done = []
     # Held as a run holds it: a resume started meanwhile would evaluate beside us, and
     # `dione status` says the run is in use.

@@ -71,7 +71,8 @@ def model_shapes(task: Task) -> str | None:
 
     # What it reads and the code it calls (a notebook's model class edited and run again,
     # the factory's cell not: its cached shapes were the old class's; a review).
-    factory, reads = task.model, (_reads(task.model), _code_of(task.model))
+    factory = task.model
+    reads = (_reads(factory), _code_of(factory) + _classes_read(factory))
     known = next((shapes for built, seed, read, shapes in _BUILT
                   if seed == task.seed and read == reads and same_function(built, factory)),
                  "")
@@ -258,6 +259,17 @@ def _code_of(value: Any) -> str:
         target = target.__func__
     root = target if isinstance(target, (types.FunctionType, type)) else type(target)
     return code_digest([root], values=False)
+
+
+def _classes_read(value: Any) -> str:
+    """The classes and functions ``value``'s code loads from its module, by their
+    module and name (a global ``ACTIVATION = nn.ReLU`` made ``nn.Tanh``)."""
+    target = value.func if isinstance(value, functools.partial) else value
+    if not isinstance(target, types.FunctionType):
+        return ""
+    found = (target.__globals__.get(name) for name in sorted(_global_names(target.__code__)))
+    return ",".join(f"{getattr(v, '__module__', '?')}.{v.__qualname__}" for v in found
+                    if isinstance(v, (type, types.FunctionType)))
 
 
 def _reads(value: Any) -> str:

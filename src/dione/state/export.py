@@ -51,6 +51,7 @@ __all__ = [
     "kept_checkpoint",
     "load_trained",
     "loaded_provenance",
+    "model_edited",
     "trained_checkpoint",
     "workload_of_run",
     "workload_of_task",
@@ -435,6 +436,28 @@ def _share(path: Path, mode: int) -> None:
             Path(root, name).chmod(searchable)
         for name in files:
             Path(root, name).chmod(mode)
+
+
+def model_edited(run_dir: str | Path, task: Task) -> str | None:
+    """Why ``task``'s model is not the one its run trained, where the run recorded it
+    (its parameter shapes, layers and the user's classes' code: ``model_shapes``) and it
+    reads otherwise now (a ReLU made a Tanh in the workload file); None where alike, not
+    recorded, or the model cannot be built here. A loaded model had the old weights in
+    the new layers, unsaid, and `dione evaluate` recorded its figures as the run's (a
+    review)."""
+    from dione.spec.settings import model_shapes
+
+    if not (Path(run_dir) / STORE_FILE).is_file():
+        return None
+    with RunStore(run_dir) as store:
+        recorded = store.training_settings(task.name).get("model")
+    now = model_shapes(task) if recorded else None
+    if not recorded or now is None or now == recorded:
+        return None
+    return (f"task {task.name!r}'s model is not the one the run trained (recorded "
+            f"{recorded}; the workload's now {now}): its weights were trained in the "
+            "recorded model; put the workload's model back as it was (or give the "
+            "workload the run trained)")
 
 
 def _as_left(run: str | Path, task: str, status: str) -> str:
