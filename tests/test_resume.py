@@ -411,7 +411,7 @@ def test_a_loss_edited_between_slices_is_refused_naming_it(tmp_path: Path) -> No
     run_slice(task, "single", tmp_path, local_placement(TEST_NODE, ONE), steps=FIRST)
     smoothed = dataclasses.replace(task, loss=functools.partial(
         torch.nn.functional.cross_entropy, label_smoothing=0.3))
-    with pytest.raises(SliceError, match=r"other training \(loss: cross_entropy.* -> "
+    with pytest.raises(SliceError, match=r"other training \(loss code: cross_entropy.* -> "
                        r"cross_entropy.*\(label_smoothing=0.3\)\).* or put the task back"):
         run_slice(smoothed, "single", tmp_path, local_placement(TEST_NODE, ONE))
     with RunStore(tmp_path) as store:

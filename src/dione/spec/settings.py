@@ -14,8 +14,8 @@ from typing import Any
 from dione.spec.code import code_digest
 from dione.spec.task import Task
 
-__all__ = ["READ_SETTINGS", "SAID_SETTINGS", "described", "kept_as_recorded", "model_shapes",
-           "read_changes", "training_settings"]
+__all__ = ["READ_SETTINGS", "SAID_SETTINGS", "described", "described_model", "kept_as_recorded",
+           "model_shapes", "read_changes", "training_settings"]
 
 _SIMPLE = (bool, int, float, str, type(None))
 
@@ -25,10 +25,15 @@ _SIMPLE = (bool, int, float, str, type(None))
 # differ from process to process for no fault of the task (a time, a pid, a flag from
 # the environment), which would refuse every resume.
 READ_SETTINGS = ("optimizer reads", "lr_scheduler reads")
-# Said, not refused, where changed: those and the model's shapes the run records
-# (``model_shapes``). A false change must not keep a task from its resume; a model
-# truly changed fails at its checkpoint's load, or, for a task that has ended, is said.
-SAID_SETTINGS = (*READ_SETTINGS, "model")
+# What a task computes and on what, in two parts: what its code is (``NAME code``:
+# refused where changed) and all it holds (``NAME``: said), paths and an object's
+# settings among them, which move with the workload's folder or count its calls.
+COMPUTED = ("loss", "loss_items", "collate_fn", "data")
+# Said, not refused, where changed: those, what the computed parts hold, and the
+# model's shapes the run records (``model_shapes``). A false change must not keep a
+# task from its resume; a model truly changed fails at its checkpoint's load, or, for a
+# task that has ended, is said.
+SAID_SETTINGS = (*READ_SETTINGS, *COMPUTED, "model")
 
 
 def training_settings(task: Task) -> dict[str, str]:
@@ -48,8 +53,8 @@ def training_settings(task: Task) -> dict[str, str]:
         "clip_grad_norm": repr(task.clip_grad_norm),
         # What it computes, and on what: a loss, a collator or a data factory edited
         # between sessions trained the steps left, unsaid (a review).
-        **{name: _with_code(getattr(task, name))
-           for name in ("loss", "loss_items", "collate_fn", "data")},
+        **{f"{name} code": _with_code(getattr(task, name)) for name in COMPUTED},
+        **{name: _describe(getattr(task, name), settings=True) for name in COMPUTED},
         "optimizer reads": _reads(task.optimizer),
         "lr_scheduler reads": _reads(task.lr_scheduler),
     }
@@ -89,8 +94,6 @@ _BUILT: list[tuple[Any, Any, tuple[str, str], str | None]] = []
 
 
 def _shapes(factory: Any, seed: Any) -> str | None:
-    import hashlib
-
     import torch
 
     from dione.spec.draws import generators_kept
@@ -99,10 +102,17 @@ def _shapes(factory: Any, seed: Any) -> str | None:
     try:
         with generators_kept():  # a CPU build draws
             torch.manual_seed(seed)
-            model = build_model(factory)
-        named = sorted((name, tuple(p.shape)) for name, p in model.named_parameters())
+            return described_model(build_model(factory))
     except Exception:
         return None
+
+
+def described_model(model: Any) -> str:
+    """A built model as ``model_shapes`` says it: its class, parameter count, a digest
+    of its parameters' names and shapes, and one of its layers and the user's code."""
+    import hashlib
+
+    named = sorted((name, tuple(p.shape)) for name, p in model.named_parameters())
     count = sum(math.prod(shape) for _, shape in named)
     digest = hashlib.sha256(repr(named).encode()).hexdigest()[:12]
     # Its layers as torch prints each (a ReLU made a Tanh), sorted by name as the shapes,
@@ -169,63 +179,89 @@ def described(value: Any) -> str:
     return _describe(value)
 
 
-def _describe(value: Any, depth: int = 0, portable: bool = False) -> str:
+def _describe(value: Any, depth: int = 0, portable: bool = False,
+              settings: bool = False) -> str:
     """``value`` as stable text: simple values by repr (floats exactly), containers
     item by item, a partial with its arguments, a function by its name with the numbers
     its closure holds (``lambda p: Adam(p, lr=lr)`` made in a loop), a class by its
     name, anything else by its repr unless that holds a memory address (then its
     type's name). ``portable``: alike wherever the workload moved and however an object
-    was used: a path as ``<path>``, an object by its type (``_object``)."""
+    was used: a path as ``<path>``, an object by its type (``_object``); ``settings``: an
+    object by its type and public settings."""
     if depth > 4:
         return "..."
+
+    def inner(part: Any) -> str:
+        return _describe(part, depth + 1, portable, settings)
+
     if portable and (isinstance(value, os.PathLike)
                      or (isinstance(value, str) and os.path.isabs(value))):
         return "<path>"
+    if isinstance(value, os.PathLike):
+        return repr(os.fspath(value))
     if isinstance(value, _SIMPLE):
         return repr(value)
     if isinstance(value, (list, tuple)):
-        inner = ", ".join(_describe(v, depth + 1, portable) for v in value)
-        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+        items = ", ".join(inner(v) for v in value)
+        return f"({items})" if isinstance(value, tuple) else f"[{items}]"
     if isinstance(value, dict):
         return "{" + ", ".join(
-            f"{_describe(k, depth + 1, portable)}: {_describe(v, depth + 1, portable)}"
+            f"{inner(k)}: {inner(v)}"
             for k, v in sorted(value.items(), key=lambda kv: repr(kv[0]))) + "}"
     if isinstance(value, (set, frozenset)):  # in one order under any string hashing
-        return "{" + ", ".join(sorted(_describe(v, depth + 1, portable) for v in value)) + "}"
+        return "{" + ", ".join(sorted(inner(v) for v in value)) + "}"
     if isinstance(value, functools.partial):
-        arguments = [_describe(a, depth + 1, portable) for a in value.args] + [
-            f"{k}={_describe(v, depth + 1, portable)}" for k, v in sorted(value.keywords.items())]
-        return f"{_describe(value.func, depth + 1, portable)}({', '.join(arguments)})"
+        arguments = [inner(a) for a in value.args] + [
+            f"{k}={inner(v)}" for k, v in sorted(value.keywords.items())]
+        return f"{inner(value.func)}({', '.join(arguments)})"
     if isinstance(value, types.MethodType):
-        return f"{_describe(value.__self__, depth + 1, portable)}.{value.__func__.__name__}"
+        return f"{inner(value.__self__)}.{value.__func__.__name__}"
     if isinstance(value, types.FunctionType):
-        return _function(value, depth, portable)
+        return _function(value, depth, portable, settings)
     if isinstance(value, type):
         return value.__qualname__
     if portable:
         return _object(value)
+    if settings:  # its public settings, as an object's own repr may not show them
+        return _object(value, every=True)
     text = repr(value)
     return type(value).__qualname__ if " at 0x" in text else text
 
 
-def _object(value: Any) -> str:
+def _object(value: Any, every: bool = False) -> str:
     """An object by its type, not its repr (a loss object counting its calls read as a
     changed loss at every resume: a regression review); one of torch's modules (a loss
-    module) with its settings, which are its public attributes and buffers
-    (``CrossEntropyLoss(label_smoothing=0.5)`` read as ``CrossEntropyLoss()``)."""
+    module), or any with ``every``, with its settings: its public numbers, flags and
+    text, and a torch module's buffers (``CrossEntropyLoss(label_smoothing=0.5)`` read
+    as ``CrossEntropyLoss()``)."""
     kind = type(value)
-    if not (kind.__module__.startswith("torch.nn") and hasattr(value, "_buffers")):
+    torchs = kind.__module__.startswith("torch.nn") and hasattr(value, "_buffers")
+    if not (torchs or every) or not hasattr(value, "__dict__"):
         return kind.__qualname__
-    import hashlib
-
-    settings = [f"{k}={_describe(v, 1, True)}" for k, v in sorted(vars(value).items())
+    settings = [f"{k}={_describe(v, 1, not every)}" for k, v in sorted(vars(value).items())
                 if not k.startswith("_") and k != "training" and _read(v)]
-    settings += [f"{k}=#{hashlib.sha256(b.detach().cpu().numpy().tobytes()).hexdigest()[:8]}"
-                 for k, b in sorted(value._buffers.items()) if b is not None]
+    if torchs:
+        settings += [f"{k}=#{_tensor_digest(b)}" for k, b in sorted(value._buffers.items())
+                     if b is not None]
     return f"{kind.__qualname__}({', '.join(settings)})"
 
 
-def _function(function: types.FunctionType, depth: int, portable: bool = False) -> str:
+def _tensor_digest(tensor: Any) -> str:
+    """A short digest of a tensor's values (its dtype and shape where it has none to
+    read: on the meta device; bfloat16 as its bytes)."""
+    import hashlib
+
+    import torch
+
+    try:
+        data = tensor.detach().cpu().contiguous().view(-1).view(dtype=torch.uint8).numpy()
+    except Exception:  # meta, or a dtype that cannot be viewed as bytes
+        return f"{tensor.dtype}{list(tensor.shape)}"
+    return hashlib.sha256(data.tobytes()).hexdigest()[:8]
+
+
+def _function(function: types.FunctionType, depth: int, portable: bool = False,
+              settings: bool = False) -> str:
     """A function by its own name (a lambda's is ``<lambda>``; the names around it are
     left out, so renaming the function that made it changes nothing), with the numbers,
     strings, tuples and partials its closure holds (not a dict or an object, which may
@@ -233,8 +269,9 @@ def _function(function: types.FunctionType, depth: int, portable: bool = False) 
     code = function.__code__
     cells = [(n, c.cell_contents) for n, c in zip(code.co_freevars, function.__closure__ or (),
                                                   strict=False) if _filled(c)]
-    held = [f"{n}={_describe(v, depth + 1, portable)}" for n, v in sorted(cells) if _read(v)]
-    defaults = [_describe(d, depth + 1, portable) for d in function.__defaults__ or ()]
+    held = [f"{n}={_describe(v, depth + 1, portable, settings)}" for n, v in sorted(cells)
+            if _read(v)]
+    defaults = [_describe(d, depth + 1, portable, settings) for d in function.__defaults__ or ()]
     if defaults:
         held.append(f"defaults={', '.join(defaults)}")
     return f"{function.__name__}[{', '.join(held)}]" if held else function.__name__
