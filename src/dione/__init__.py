@@ -476,7 +476,7 @@ def load(run_dir: str | os.PathLike[str], task: str, *, workload: Any = None,
     checkpoint = (kept_checkpoint(run_dir, matching[0], best=best, step=step)[0]
                   if best or step is not None else trained_checkpoint(run_dir, task, latest))
     model: Any = load_trained(matching[0], checkpoint)
-    edited = model_edited(run_dir, matching[0])
+    edited = model_edited(run_dir, matching[0], model)
     if edited:
         warnings.warn(edited, stacklevel=2)
     # How it was trained, as `dione export`'s dione.json says: a model trained inexactly

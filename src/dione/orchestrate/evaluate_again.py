@@ -99,9 +99,7 @@ def evaluate_again(run_dir: str | Path, tasks: Sequence[Task], device: str = "cp
         raise ValueError(f"task(s) {', '.join(map(repr, lacking))} have no evaluate in the "
                          "workload given: give each an evaluate(model) returning its "
                          "metrics, or give the workload that has one (--workload)")
-    edited = [why for t in tasks if (why := model_edited(run_dir, t))]
-    if edited:  # its figures would be recorded as the trained model's
-        raise ValueError("; ".join(edited))
+
     done = []
     # Held as a run holds it: a resume started meanwhile would evaluate beside us, and
     # `dione status` says the run is in use.
@@ -122,8 +120,11 @@ def evaluate_again(run_dir: str | Path, tasks: Sequence[Task], device: str = "cp
         for task, checkpoint in zip(tasks, checkpoints, strict=True):
             outcome = EvaluationAgain(task.name, read_progress(checkpoint).step)
             try:
-                model = load_trained(task, checkpoint).to(torch.device(device))
-                outcome.evaluation = evaluate_model(task, model)
+                model = load_trained(task, checkpoint)
+                edited = model_edited(run_dir, task, model)
+                if edited:  # its figures would be recorded as the trained model's
+                    raise ValueError(edited)
+                outcome.evaluation = evaluate_model(task, model.to(torch.device(device)))
             except Exception as err:  # the user's evaluate: any error, said with its task
                 outcome.error = "".join(traceback.format_exception(type(err), err,
                                                                    err.__traceback__))

@@ -438,20 +438,21 @@ def _share(path: Path, mode: int) -> None:
             Path(root, name).chmod(mode)
 
 
-def model_edited(run_dir: str | Path, task: Task) -> str | None:
+def model_edited(run_dir: str | Path, task: Task, model: nn.Module) -> str | None:
     """Why ``task``'s model is not the one its run trained, where the run recorded it
     (its parameter shapes, layers and the user's classes' code: ``model_shapes``) and it
     reads otherwise now (a ReLU made a Tanh in the workload file); None where alike, not
     recorded, or the model cannot be built here. A loaded model had the old weights in
     the new layers, unsaid, and `dione evaluate` recorded its figures as the run's (a
-    review)."""
-    from dione.spec.settings import model_shapes
+    review). ``model``: the task's, built (not built again here: a pretrained model's
+    factory reads its weights)."""
+    from dione.spec.settings import described_model
 
     if not (Path(run_dir) / STORE_FILE).is_file():
         return None
     with RunStore(run_dir) as store:
         recorded = store.training_settings(task.name).get("model")
-    now = model_shapes(task) if recorded else None
+    now = described_model(model) if recorded else None
     if not recorded or now is None or now == recorded:
         return None
     return (f"task {task.name!r}'s model is not the one the run trained (recorded "
@@ -464,11 +465,12 @@ def _as_left(run: str | Path, task: str, status: str) -> str:
     """A task's status as `dione status` says it (``summaries.as_left``): ``interrupted``
     where no launcher holds its run now and it was running (a kill), or pending with
     steps trained or its last slice cut short (the export said "pending" of what status
-    called interrupted: a review)."""
-    from dione.state.lock import held_elsewhere
+    called interrupted: a review). Not where a launcher holds the run, this process's
+    too (a notebook's run in another thread: a regression review)."""
+    from dione.state.lock import launcher_gone
     from dione.state.summaries import as_left, summaries
 
-    if status not in ("pending", "running") or held_elsewhere(run):
+    if status not in ("pending", "running") or not launcher_gone(run):
         return status
     with RunStore(run) as store:
         found = summaries(store, [task])
