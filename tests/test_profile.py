@@ -337,19 +337,19 @@ def test_an_evaluate_that_hangs_holds_up_one_trial_not_each(tmp_path: Path) -> N
     task = digits_task("hangs", techniques=("single", "ddp"), evaluate=_hangs_in_workers)
     with Catalog(tmp_path / "catalog.sqlite") as catalog:
         found = profile_workload([task], Cluster([replace(TEST_NODE, devices=2)]), catalog,
-                                 options=replace(QUICK, timeout=30))
+                                 options=replace(QUICK, timeout=20))
     profile = found.task("hangs")
     assert sorted((o.technique, o.devices) for o in profile.options) == [("ddp", 2),
                                                                           ("single", 1)]
     assert found.trials_run == 3  # the hung one, then again without its evaluation
     assert profile.evaluated is not None and profile.evaluated.error is not None and \
-        "did not return within the trial's 30 s" in profile.evaluated.error
+        "did not return within the trial's 20 s" in profile.evaluated.error
 
 
 def _built_slowly():  # travels by value
     """A model whose build takes most of a trial's time where training runs."""
     if "DIONE_LAUNCHER_PID" in os.environ:
-        time.sleep(8)
+        time.sleep(9)
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
 
 
@@ -357,16 +357,19 @@ def test_a_trial_out_of_time_after_a_slow_build_does_not_blame_a_quick_evaluate(
         tmp_path: Path) -> None:
     """Its evaluate had begun when the trial's timeout ended it, and was said to hang
     (its failure given to its tasks, a stopping rule's metric then missing) although the
-    build and training had taken the time (a regression review). An evaluation is said
-    to hang only where it ran half the trial's timeout."""
+    build and training had taken the time (a regression review); then, so blamed only
+    where it ran half the trial's timeout, the task had no option (the next review). It
+    had trained: the configuration is timed again without the evaluation, which another
+    trial times."""
     task = digits_task("slow", model=_built_slowly, techniques=("single",),
                        evaluate=_hangs_in_workers)
     with Catalog(tmp_path / "catalog.sqlite") as catalog:
         found = profile_workload([task], CLUSTER, catalog,
-                                 options=replace(QUICK, timeout=12))
-    [trial] = found.task("slow").trials
-    assert trial.status == "timeout" and "evaluate" not in (trial.reason or ""), trial.reason
-    assert found.task("slow").evaluated is None  # untimed, not failed
+                                 options=replace(QUICK, timeout=15))
+    profile = found.task("slow")
+    assert [(o.technique, o.record.status) for o in profile.options] == [("single", "ok")]
+    # The third, run to time the evaluation, ran out of time after the build as well.
+    assert found.trials_run == 3 and profile.evaluated is None  # untimed, not failed
 
 
 def pick(model, metric):  # travels by value (below): the workers cannot import tests

@@ -288,11 +288,12 @@ def run_request(
                 # A trial that hung in evaluate was told to raise its timeout (a review):
                 # one whose evaluation ran at least half of it (a slow build and training
                 # with a quick evaluate after were blamed on evaluate: a regression review).
-                hung = bool(request.trial is not None and in_evaluate
-                            and err.reason == "timeout"
-                            and clock.now() - in_evaluate[-1] >= 0.5 * (request.timeout or 0))
+                trained = bool(request.trial is not None and in_evaluate
+                               and err.reason == "timeout")
+                hung = trained and clock.now() - in_evaluate[-1] >= 0.5 * (request.timeout or 0)
                 message = (f"task {task.name!r}, steps {start}-{end}, {where}: {err}"
-                           + (f"; {IN_EVALUATE}" if hung else "")
+                           + (f"; {IN_EVALUATE}" if hung else f"; {TRAINED_FIRST}"
+                              if trained else "")
                            + "".join(f"\n{w}" for w in warnings))
                 db.fail_slice(slice_id, message)
                 raise SliceError(message, err.reason, err.error_type) from err
@@ -425,8 +426,10 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
 EVALUATION_LOST = ("timeout", "signal", "exit", "raised")
 # How the orchestrator's cancel of a stalled slice begins its reason.
 STALLED = "stalled"
-# What a trial past its timeout adds where rank 0 had trained and begun its evaluation.
+# What a trial past its timeout adds where rank 0 had trained and begun its evaluation:
+# one that ran half the timeout, or less (the build and training took the time).
 IN_EVALUATE = "it had trained: it ran out of time in the task's evaluate, which the trial times too"
+TRAINED_FIRST = "it had trained and saved before the evaluation it times began"
 
 
 def _evaluation_lost(lead: SliceOutcome, why: str | None, request: SliceRequest, end: int

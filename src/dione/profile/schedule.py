@@ -238,12 +238,17 @@ class _Pass:
         if node.name in self.free:
             self.free[node.name] = sorted(self.free[node.name] + devices)
         self.run_count += 1
-        if record.status == "timeout" and evaluated is not None and not trial.for_evaluation:
-            # It trained, and hung in the evaluation it timed: that evaluation's failure
-            # goes to its tasks (no other trial runs it), and the configuration is timed
-            # again without it, nothing cached of this run.
-            if trial.evaluation_key is not None:
+        if record.status == "timeout" and record.extra.get("trained") \
+                and not trial.for_evaluation:
+            # It trained, then ran out of time in the evaluation it timed: the
+            # configuration is timed again without it, nothing cached of this run. Where
+            # the evaluation hung (half the timeout), its failure goes to its tasks (no
+            # other trial runs it); otherwise another trial times it (a slow build had
+            # failed the task: a regression review).
+            if trial.evaluation_key is not None and evaluated is not None:
                 self._evaluated(trial, evaluated)
+            elif trial.evaluation_key is not None:
+                self._untimed(trial)
             self.queue.append(dataclasses.replace(
                 trial, spec=dataclasses.replace(trial.spec, evaluate=False),
                 evaluation_key=None, evaluations=[]))

@@ -20,6 +20,7 @@ from dione.launch.local import LOCAL, Launcher
 from dione.launch.slice import (
     IN_EVALUATE,
     OUTSIDE_THE_GANG,
+    TRAINED_FIRST,
     SliceError,
     SliceRequest,
     TrialProbe,
@@ -129,7 +130,11 @@ def run_trial(
             hung = TrialEvaluation(None, (), f"its evaluate did not return within the "
                                    f"trial's {options.timeout:.0f} s (--trial-timeout): fix "
                                    "evaluate if it hangs, else raise --trial-timeout")
-            return TrialRecord(**base, status=status, reason=_shorten(reason)), hung  # type: ignore[arg-type]
+            return TrialRecord(**base, status=status, reason=_shorten(reason),  # type: ignore[arg-type]
+                               extra={"trained": True}), hung
+        if status == "timeout" and TRAINED_FIRST in reason:  # timed again without it
+            return TrialRecord(**base, status=status, reason=_shorten(reason),  # type: ignore[arg-type]
+                               extra={"trained": True}), None
         elif status == "timeout" and "; raise the timeout" in reason:
             # Its rank logs go with the trial's folder (and the catalog keeps the text):
             # a way to see them, not a path that leads nowhere.
