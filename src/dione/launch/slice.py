@@ -25,7 +25,7 @@ from dione.launch.local import (
     Placement,
     local_placement,
 )
-from dione.spec.settings import READ_SETTINGS, kept_as_recorded, read_changes, training_settings
+from dione.spec.settings import SAID_SETTINGS, kept_as_recorded, read_changes, training_settings
 from dione.spec.task import Task
 from dione.state.checkpoint import (
     CorruptCheckpoint,
@@ -382,7 +382,7 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
                                if k in kept_as_recorded(False, resumed)}}
     try:
         db.register_task(task.name, total, task.batch_size, task.hyperparameters, settings,
-                         said_only=READ_SETTINGS)
+                         said_only=SAID_SETTINGS)
     except ValueError as err:  # the run directory holds the task trained otherwise
         raise SliceError(str(err), "refused") from None
     record = db.task(task.name)
