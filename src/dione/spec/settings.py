@@ -77,7 +77,7 @@ def model_shapes(task: Task) -> str | None:
     # What it reads and the code it calls (a notebook's model class edited and run again,
     # the factory's cell not: its cached shapes were the old class's; a review).
     factory = task.model
-    reads = (_reads(factory), _code_of(factory) + _classes_read(factory))
+    reads = (_reads(factory), _user_code(factory) + _classes_read(factory))
     known = next((shapes for built, seed, read, shapes in _BUILT
                   if seed == task.seed and read == reads and same_function(built, factory)),
                  "")
@@ -281,12 +281,12 @@ def _with_code(value: Any) -> str:
     """``value`` as ``_describe`` says it, with a digest of its code where that is the
     user's own (a lambda's body, a workload's function and what it calls of the user's;
     not the numbers it reads from its module, which may be a time or a pid)."""
-    code = _code_of(value)
+    code = _user_code(value)
     said = _describe(value, portable=True)
     return f"{said} (code {code})" if code else said
 
 
-def _code_of(value: Any) -> str:
+def _user_code(value: Any) -> str:
     """A digest of the code ``value`` (a function, a partial, a class, a callable object)
     runs, where it is the user's (``code_digest``, without the values it reads); ""."""
     if value is None:
