@@ -381,7 +381,10 @@ class RunStore(SQLiteFile):
                         f"({'; '.join(changed)}): use a new run directory (or another task "
                         "name) for changed training, or put the task back as it was to "
                         "resume it")
-                kept = {k: v for k, v in recorded.items() if k not in said_only}
+                # What the caller does not give stays (a slice records no model shapes:
+                # it dropped the run's, once the model was said, not refused).
+                kept = {k: v for k, v in recorded.items()
+                        if k not in said_only or k not in settings}
                 if {**settings, **kept} != recorded:  # an older dione's record; said_only
                     self._set_run_value(f"training:{name}", {**settings, **kept})
             return existing
