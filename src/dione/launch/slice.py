@@ -377,12 +377,9 @@ def _slice_spec(db: RunStore, request: SliceRequest, method: Technique, knobs: d
     resumed = db.latest_checkpoint(task.name) is not None
     warnings = read_changes(task.name, db.changed_settings(task.name, settings),
                             resumed=resumed)
-    recorded = db.training_settings(task.name)
-    settings = {**settings, **{k: v for k, v in recorded.items()
-                               if k in kept_as_recorded(False, resumed)}}
     try:
         db.register_task(task.name, total, task.batch_size, task.hyperparameters, settings,
-                         said_only=SAID_SETTINGS)
+                         said_only=SAID_SETTINGS, kept=kept_as_recorded(False, resumed))
     except ValueError as err:  # the run directory holds the task trained otherwise
         raise SliceError(str(err), "refused") from None
     record = db.task(task.name)

@@ -314,12 +314,10 @@ class Runner:
         for said in read_changes(task.name, self.store.changed_settings(task.name, settings),
                                  ended, resumed):
             self.emit(RunEvent("training_changed", said, task.name))  # a number it reads
-        kept = kept_as_recorded(ended is not None, resumed)
-        if kept:  # no step reads the new value: the old stays recorded, and said again
-            recorded = self.store.training_settings(task.name)
-            settings = {**settings, **{k: v for k, v in recorded.items() if k in kept}}
+        # Where no step reads the new value, the old stays recorded, and is said again.
         self.store.register_task(task.name, total, task.batch_size, task.hyperparameters,
-                                 settings, said_only=SAID_SETTINGS)
+                                 settings, said_only=SAID_SETTINGS,
+                                 kept=kept_as_recorded(ended is not None, resumed))
         rule = task.stopping
         if rule is not None and rule.metric != "loss":  # the leaderboards rank by it
             self.store.add_directions({rule.metric: rule.mode})

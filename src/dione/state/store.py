@@ -350,12 +350,14 @@ class RunStore(SQLiteFile):
         self, name: str, total_steps: int, batch_size: int,
         hyperparameters: Mapping[str, Any] | None = None,
         settings: Mapping[str, str] | None = None, said_only: Collection[str] = (),
+        kept: Collection[str] = (),
     ) -> TaskRecord:
         """Record a task, or check that a recorded one still has the same training: its
         steps, batch and ``settings`` (``dione.spec.settings.training_settings``: a
         notebook run again with another learning rate got the first rate's results),
         but for those in ``said_only``, which are recorded anew (the caller says the
-        change: ``changed_settings`` before)."""
+        change: ``changed_settings`` before), unless also in ``kept``: no step reads
+        their new value (``dione.spec.settings.kept_as_recorded``)."""
         existing = self.task(name)
         if existing is not None:
             if (existing.total_steps, existing.batch_size) != (total_steps, batch_size):
@@ -383,10 +385,10 @@ class RunStore(SQLiteFile):
                         "resume it")
                 # What the caller does not give stays (a slice records no model shapes:
                 # it dropped the run's, once the model was said, not refused).
-                kept = {k: v for k, v in recorded.items()
-                        if k not in said_only or k not in settings}
-                if {**settings, **kept} != recorded:  # an older dione's record; said_only
-                    self._set_run_value(f"training:{name}", {**settings, **kept})
+                stays = {k: v for k, v in recorded.items()
+                         if k not in said_only or k not in settings or k in kept}
+                if {**settings, **stays} != recorded:  # an older dione's record; said_only
+                    self._set_run_value(f"training:{name}", {**settings, **stays})
             return existing
         with self._transaction() as db:
             db.execute(
