@@ -301,12 +301,18 @@ def _user_code(value: Any) -> str:
 def _classes_read(value: Any) -> str:
     """The classes and functions ``value``'s code loads from its module, by their
     module and name (a global ``ACTIVATION = nn.ReLU`` made ``nn.Tanh``)."""
-    target = value.func if isinstance(value, functools.partial) else value
-    if not isinstance(target, types.FunctionType):
-        return ""
-    found = (target.__globals__.get(name) for name in sorted(_global_names(target.__code__)))
-    return ",".join(f"{getattr(v, '__module__', '?')}.{v.__qualname__}" for v in found
-                    if isinstance(v, (type, types.FunctionType)))
+    found = _globals_read(value.func if isinstance(value, functools.partial) else value)
+    return ",".join(f"{getattr(v, '__module__', '?')}.{v.__qualname__}"
+                    for _, v in sorted(found.items()) if isinstance(v, (type, types.FunctionType)))
+
+
+def _globals_read(function: Any) -> dict[str, Any]:
+    """The module globals ``function``'s code (and the functions nested in it) loads by
+    name, with their values now; none where it is not a function."""
+    if not isinstance(function, types.FunctionType):
+        return {}
+    return {name: function.__globals__[name] for name in _global_names(function.__code__)
+            if name in function.__globals__}
 
 
 def _reads(value: Any) -> str:
@@ -318,9 +324,7 @@ def _reads(value: Any) -> str:
     if isinstance(target, types.MethodType):
         target = target.__self__
     if isinstance(target, types.FunctionType):
-        for name in _global_names(target.__code__):
-            if name in target.__globals__:
-                found[name] = target.__globals__[name]
+        found = _globals_read(target)
     elif not isinstance(target, type) and hasattr(target, "__dict__"):
         found = dict(vars(target))
     return ", ".join(f"{n}={_describe(v)}" for n, v in sorted(found.items())

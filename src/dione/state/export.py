@@ -441,19 +441,20 @@ def _share(path: Path, mode: int) -> None:
 def model_edited(run_dir: str | Path, task: Task, model: nn.Module) -> str | None:
     """Why ``task``'s model is not the one its run trained, where the run recorded it
     (its parameter shapes, layers and the user's classes' code: ``model_shapes``) and it
-    reads otherwise now (a ReLU made a Tanh in the workload file); None where alike, not
-    recorded, or the model cannot be built here. A loaded model had the old weights in
-    the new layers, unsaid, and `dione evaluate` recorded its figures as the run's (a
-    review). ``model``: the task's, built (not built again here: a pretrained model's
-    factory reads its weights)."""
+    reads otherwise now (a ReLU made a Tanh in the workload file); None where alike or
+    not recorded. A loaded model had the old weights in the new layers, unsaid, and
+    `dione evaluate` recorded its figures as the run's (a review). ``model``: the task's,
+    built (not built again here: a pretrained model's factory reads its weights)."""
     from dione.spec.settings import described_model
 
     if not (Path(run_dir) / STORE_FILE).is_file():
         return None
     with RunStore(run_dir) as store:
         recorded = store.training_settings(task.name).get("model")
-    now = described_model(model) if recorded else None
-    if not recorded or now is None or now == recorded:
+    if not recorded:
+        return None
+    now = described_model(model)
+    if now == recorded:
         return None
     return (f"task {task.name!r}'s model is not the one the run trained (recorded "
             f"{recorded}; the workload's now {now}): its weights were trained in the "
