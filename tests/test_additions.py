@@ -305,6 +305,14 @@ def test_dione_add_names_what_is_wrong(tmp_path: Path,
     assert status == 1 and "invalid: task 'lr--1'" in said, said
     with RunStore(run_dir) as store:
         assert [a.names for a in store.additions()] == [["lr-0.03"]]
+        [request] = store.additions()
+    # A run that ends while `dione add` waits for it: said at once (it waited its whole
+    # 60 s and guessed the run was profiling them: a review).
+    from dione.cli.commands.add import _wait_for
+
+    began = time.monotonic()
+    assert _wait_for(run_dir, request.id, 60.0) == ("ended", None)
+    assert time.monotonic() - began < 30
 
 
 def test_two_adds_of_one_file_add_its_tasks_once_and_say_so_to_each(

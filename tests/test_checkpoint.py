@@ -247,3 +247,12 @@ def test_an_interrupted_task_is_called_so_by_export_as_by_status(tmp_path: Path)
                        "newest checkpoint is at step 4"):
         trained_checkpoint(run, "digits")
     assert status_in_run(run, "digits")["status"] == "interrupted"
+    # While a launcher holds the run: said so, and no `dione resume` offered (a review:
+    # it is refused while the run is live).
+    from dione.state.lock import RunLock
+
+    with RunLock(run), pytest.raises(ExportError, match=r"task 'digits' is pending, not "
+                                      r"done; its newest checkpoint is at step 4: a dione "
+                                      r"launcher is training the run now; wait for it") as live:
+        trained_checkpoint(run, "digits")
+    assert "dione resume" not in str(live.value)

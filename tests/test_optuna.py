@@ -245,8 +245,13 @@ def test_asking_stops_after_its_time_and_load_gives_the_best_by_the_studys_direc
         dione.optuna.load(study, build, 0, run_dir="elsewhere")
     # Another study (a new one, or one deleted and made again: trial 0 again) into this
     # run directory was told this one's results, nothing trained: refused, nothing asked.
-    fresh = optuna.create_study(direction="maximize")
-    with pytest.raises(ValueError, match="trains the trials of another study"):
+    fresh = optuna.create_study(direction="maximize",
+                                sampler=optuna.samplers.TPESampler(n_startup_trials=1))
+    # Its sampler (TPE, Optuna's default) learns from results none of which it would see
+    # with every trial asked at once: said (a review).
+    with pytest.warns(UserWarning, match=r"TPESampler proposes from the results it was "
+                      r"told.*give in_flight=k"), \
+            pytest.raises(ValueError, match="trains the trials of another study"):
         dione.optuna.optimize(fresh, build, n_trials=2, report_every=4, metric="score",
                               run_dir=run_dir, devices="cpu:2", quiet=True)
     # Optuna's own optimize arguments (and typos) refused before a trial is asked: they
@@ -257,7 +262,19 @@ def test_asking_stops_after_its_time_and_load_gives_the_best_by_the_studys_direc
     with pytest.raises(TypeError, match="did you mean 'time_limit'"):
         dione.optuna.optimize(fresh, build, n_trials=2, report_every=4, metric="score",
                               run_dir=str(tmp_path / "other"), time_limt=3)
+    from dione.spec import ClusterError
+
+    # Optuna's search budget was taken as each slice's limit, unsaid (a review); devices
+    # this machine lacks were found once every trial was asked, each left RUNNING.
+    with pytest.raises(TypeError, match=r"optimize takes no timeout \(.*stop_asking_after="
+                       r"SECONDS .*slice_timeout=SECONDS is each slice's limit"):
+        dione.optuna.optimize(fresh, build, n_trials=2, report_every=4, metric="score",
+                              run_dir=str(tmp_path / "other"), timeout=3600)
+    with pytest.raises(ClusterError, match=r"^devices=cpu:4096"):
+        dione.optuna.optimize(fresh, build, n_trials=2, report_every=4, metric="score",
+                              run_dir=str(tmp_path / "other"), devices="cpu:4096")
     assert fresh.trials == []
+    assert dione.optuna._run_arguments({"slice_timeout": 60.0}) == {"timeout": 60.0}
 
 
 def test_an_interrupted_study_says_which_trials_wait_to_resume(
@@ -404,6 +421,20 @@ def test_failed_trials_are_final_and_proposed_again_only_when_asked(tmp_path: Pa
     with pytest.raises(ValueError, match=r"make_task pruned every trial of this run"):
         dione.optuna.optimize(every, skipping, n_trials=2, metric="accuracy",
                               **{**options, "run_dir": str(tmp_path / "every")})
+    # A trial whose task never built has no weights: load says so (it raised the
+    # build's error again, naming no trial: a review).
+
+    def unbuildable(trial: optuna.trial.Trial) -> dione.Task:
+        trial.suggest_float("lr", 1e-3, 3e-2, log=True)
+        raise ValueError("optimizer 'bad' is not supported")
+
+    unbuilt = optuna.create_study(direction="maximize")
+    with pytest.raises(ValueError, match="optimizer 'bad' is not supported"):
+        dione.optuna.optimize(unbuilt, unbuildable, n_trials=2, metric="accuracy",
+                              **{**options, "run_dir": str(tmp_path / "unbuilt")})
+    with pytest.raises(ValueError, match=r"trial 0 of study .* failed and has no weights: "
+                       r"its task does not build \(ValueError: optimizer 'bad'"):
+        dione.optuna.load(unbuilt, unbuildable, 0, run_dir=str(tmp_path / "unbuilt"))
 
 
 def test_a_metric_the_evaluation_does_not_return_stops_optimize_at_the_first_trial(

@@ -314,7 +314,7 @@ def test_a_malformed_rule_is_named_by_validation() -> None:
 
 
 def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path,
-                                                                   monkeypatch) -> None:
+                                                                   monkeypatch, capsys) -> None:
     rule = Asha(metric="loss", min_steps=6, eta=2, loss_window=3)
     rates = {"fast": 3e-2, "slow": 1e-6, "mid": 3e-3, "stuck": 1e-7}
     tasks = [replace(digits_task(name, steps=24, stopping=rule),
@@ -389,6 +389,16 @@ def test_stopped_tasks_never_train_again_and_the_survivors_finish(tmp_path: Path
     report = write_report(tmp_path / "run")
     summary = (report / "summary.md").read_text()
     assert "## Stopped early" in summary and "stopped by ASHA" in summary
+    # Each stopped task's rung, value and reason, once each: in the report (it said the
+    # step twice) and in `dione status` (only the report had them: a review).
+    from dione.cli import main
+
+    capsys.readouterr()
+    assert main(["status", str(tmp_path / "run")]) == 0
+    listed = " ".join(capsys.readouterr().out.split())
+    for name in (n for n, status in statuses.items() if status == "stopped"):
+        assert f"- {name}: " in summary and f"- {name} at step" not in summary, summary
+        assert f"{name} (stopped): loss " in listed and "stopped by ASHA" in listed, listed
     # summary.csv: a rule's reason is no error, and a task left out has its row (a
     # script reading the file saw a clean run, and counted losers as errors).
     import csv

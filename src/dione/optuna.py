@@ -231,9 +231,10 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
     parameters (after the cause was fixed), in its place among the ``n_trials``.
     ``stop_asking_after``: past the ``in_flight`` trials the call starts with, no trial
     is asked once this many seconds have passed since it began (those asked train to
-    their end or their pruning), as Optuna's own ``timeout`` (``timeout`` here is
-    ``dione.run``'s, each slice's limit); with ``in_flight`` only, since otherwise every
-    trial is asked at once. A configuration ``make_task`` cannot build: raise
+    their end or their pruning), as Optuna's own ``timeout``; with ``in_flight`` only,
+    since otherwise every trial is asked at once. ``timeout`` is refused, being Optuna's
+    budget and ``dione.run``'s slice limit at once; ``slice_timeout``: each slice's limit
+    (``dione.run``'s ``timeout``). A configuration ``make_task`` cannot build: raise
     ``optuna.TrialPruned`` there (its trial is told PRUNED, as Optuna's optimize tells
     it); another exception fails its trial alone, but where the first two trials fail
     alike before any task was built (a mistake all share), the call stops there.
@@ -267,7 +268,13 @@ def optimize(study: Any, make_task: Callable[[Any], Task], n_trials: int, *,
         raise ValueError("stop_asking_after stops the asking of new trials, and with "
                          "in_flight=None all n_trials are asked before training starts: "
                          "give in_flight=k (at most k trials training at once) with it")
-    _run_arguments(run)  # before any trial is asked: a typo left n_trials RUNNING
+    run = _run_arguments(run)  # before any trial is asked: a typo left n_trials RUNNING
+    if in_flight is None and _learns_from_results(study, n_trials):
+        warnings.warn(
+            f"{type(study.sampler).__name__} proposes from the results it was told, and "
+            f"with in_flight=None all {n_trials} trials are asked before any is trained: "
+            "each comes from its random start-up; give in_flight=k (k trials training at "
+            "once, the next asked as each is told) for a search that learns", stacklevel=2)
     _claim(study, run_dir, metric, report_every)
     began = time.monotonic()
     where = str(Path(run_dir).resolve())
@@ -532,24 +539,50 @@ _OPTUNA_ONLY = {
     "catch": "a trial whose task fails fails alone; the others go on",
     "gc_after_trial": "each trial trains in processes of its own",
     "show_progress_bar": "the run prints its progress (quiet=True: none)",
+    # The one Optuna and dione.run both take, meaning each its own (a review: Optuna's
+    # search budget was taken as every slice's limit, unsaid).
+    "timeout": "give stop_asking_after=SECONDS (with in_flight) to stop asking after that "
+               "long; slice_timeout=SECONDS is each slice's limit (dione.run's timeout)",
 }
 # The study a run directory trains, recorded by optimize in the run's store.
 _STUDY_ATTR = "dione_study"
 
 
-def _run_arguments(run: Mapping[str, Any]) -> None:
+def _run_arguments(run: Mapping[str, Any]) -> dict[str, Any]:
     """``optimize``'s keywords for ``dione.run``, checked before any trial is asked:
-    Optuna's own optimize arguments said as such, and any other unknown one named."""
+    Optuna's own optimize arguments said as such, any other unknown one named, and the
+    devices asked for; returned as ``dione.run`` takes them (``slice_timeout`` as its
+    ``timeout``)."""
     import inspect
 
     import dione
+    from dione.spec import ClusterError, local_cluster
 
     optuna_only = [k for k in run if k in _OPTUNA_ONLY]
     if optuna_only:
         raise TypeError("optimize takes no " + "; no ".join(
             f"{k} (Optuna's study.optimize argument: {_OPTUNA_ONLY[k]})" for k in optuna_only))
+    run = dict(run)
+    if "slice_timeout" in run:
+        run["timeout"] = run.pop("slice_timeout")
     own = set(inspect.signature(dione.run).parameters) - {"workload", "options"}
     dione._known_options({k: v for k, v in run.items() if k not in own})
+    if run.get("ray") is None:  # a bad --devices was found after every trial was asked,
+        # each left RUNNING in the study (a review)
+        try:
+            local_cluster(run.get("devices"))
+        except ClusterError as err:  # in this call's words, as dione.run's
+            raise ClusterError(str(err).replace("--devices ", "devices=")) from None
+    return run
+
+
+def _learns_from_results(study: Any, n_trials: int) -> bool:
+    """Whether the study's sampler proposes from the trials told to it (TPE, Gaussian
+    process, CMA-ES) past its random start-up within ``n_trials``, which asking every
+    trial before any is told would waste."""
+    sampler = study.sampler
+    return type(sampler).__name__ in ("TPESampler", "GPSampler", "CmaEsSampler") and \
+        n_trials > getattr(sampler, "_n_startup_trials", 0)  # the first are random anyway
 
 
 def _claim(study: Any, run_dir: str, metric: str, report_every: int) -> None:
@@ -637,7 +670,16 @@ def load(study: Any, make_task: Callable[[Any], Task], trial: Any, *,
                          "other weights (leave run_dir out to load from its own)")
     from dione.state.export import ExportError
 
-    built = make_task(optuna.trial.FixedTrial(found[0].params, number=number))
+    try:
+        built = make_task(optuna.trial.FixedTrial(found[0].params, number=number))
+    except Exception as err:
+        if found[0].state != optuna.trial.TrialState.FAIL:
+            raise
+        # Its build's own error again said nothing of the trial having no weights (a
+        # review).
+        raise ValueError(f"trial {number} of study {study.study_name!r} failed and has no "
+                         f"weights: its task does not build ({type(err).__name__}: {err})"
+                         ) from err
     name = str(found[0].user_attrs.get(_TASK, f"trial-{number}"))
     try:
         return dione.load(run_dir, name, workload=[replace(built, name=name)],

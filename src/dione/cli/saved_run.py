@@ -65,7 +65,9 @@ def load_saved_run(run_dir: Path) -> SavedRun:
     if not run_dir.is_dir():
         what = "does not exist" if not run_dir.exists() else "is a file, not a folder"
         raise BadInput(f"{run_dir} {what}: give the run directory that `dione run --out` "
-                       "wrote")
+                       "wrote" + ("; a `dione run` stopped before it recorded anything "
+                                  "(while profiling) left none: run it again"
+                                  if not run_dir.exists() else ""))
     if not path.is_file():
         from dione.state.store import SIMULATED_FILE, STORE_FILE
 

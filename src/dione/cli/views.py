@@ -357,8 +357,9 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
     # A line per task where the table would not fit (a grid's 48 names read "d-lr0.…"
     # alike on 80 columns, and piped to a file).
     _print_rows(title, columns, rows, left=columns)
-    for t in tasks:  # why each failed, diverged or was not evaluated (stopped: the report)
-        if t.error and t.status != "stopped":
+    for t in tasks:  # why each failed, diverged, was stopped or was not evaluated (a
+        # stopped one's rung, value and rule were the report's alone: a review)
+        if t.error:
             console.print(f"{t.task} ({t.status}): {error_line(t.error)}", markup=False)
     recorded = {t.task for t in tasks}
     for name, problems in (invalid or {}).items():  # one that trained before: as it was

@@ -432,7 +432,9 @@ def _markdown(tasks: Sequence[TaskSummary], metrics: Sequence[str],
         lines += ["", "## Stopped early", "",
                   "Their stopping rule stopped these tasks at a rung; their last checkpoint "
                   "is kept (`dione export --latest`).", ""]
-        lines += [f"- {t.task} at step {t.steps}: {t.error or ''}" for t in stopped]
+        # The rule's reason names the step itself ("... at step 4 ranks ...").
+        lines += [f"- {t.task}: {t.error}" if t.error and f"step {t.steps}" in t.error
+                  else f"- {t.task} at step {t.steps}: {t.error or ''}" for t in stopped]
     unevaluated = [s for s in slices if s.status == "done" and s.error]
     if unevaluated:
         lines += ["", "## Evaluations that failed", "",

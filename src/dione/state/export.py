@@ -104,6 +104,12 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
         if record.status in ("stopped", "diverged"):  # resume never trains it again
             raise ExportError(f"task {task!r} is {record.status}, not done{step}, and will "
                               f"not train again: {latest_fix}")
+        from dione.state.lock import launcher_gone
+
+        if not launcher_gone(run):  # `dione resume` of it is refused (a review)
+            raise ExportError(f"task {task!r} is {status}, not done{step}: a dione launcher "
+                              f"is training the run now; wait for it to finish (`dione "
+                              f"status {quote(str(run))}` follows it), or {latest_fix}")
         how = (f"`dione resume {quote(str(run))}`" if (run / "run.json").is_file() else
                f"`dione train WORKLOAD --task {quote(task)} --out {quote(str(run))}`"
                if trained_by_train(run)

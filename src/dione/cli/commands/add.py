@@ -88,6 +88,10 @@ def command(args: argparse.Namespace) -> int:
                       "once taken")
         return done
     state, message = settled
+    if state == "ended":
+        console.print(f"the run ended before taking them; the request stands: `dione "
+                      f"resume {quote(str(run_dir))}` trains them with the rest")
+        return done
     if state == "refused":
         raise BadInput(f"the run refused them: {message}")
     console.print(f"the run took them: {message}")
@@ -95,15 +99,21 @@ def command(args: argparse.Namespace) -> int:
 
 
 def _wait_for(run_dir: Path, request: int, seconds: float) -> tuple[str, Any] | None:
-    """(state, message) once the run has settled ``request``; None if not in time."""
+    """(state, message) once the run has settled ``request``, ("ended", None) once its
+    launcher ended without (it waited the whole time and blamed profiling: a review);
+    None if not in time."""
+    from dione.state.lock import launcher_gone
     from dione.state.store import RunStore
 
     deadline = time.monotonic() + seconds
     while True:
+        gone = launcher_gone(run_dir)  # before the store's state: it may take them, then end
         with RunStore(run_dir) as store:
             found = next(a for a in store.additions() if a.id == request)
         if found.state != "waiting":
             return found.state, found.message
+        if gone:
+            return "ended", None
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.2)
