@@ -653,13 +653,13 @@ def test_current_practice_says_it_applies_no_stopping_rule(
     assert [p.name for p in (tmp_path / "other").iterdir()] == ["notes.txt"]
     status, err = refused(capsys, "resume", str(tmp_path / "r"))
     assert status == 2 and "is a current-practice run" in err
+    assert f"--current-practice --devices cpu:1 --out {tmp_path / 'r'}` continues it" in \
+        " ".join(err.split())
     # A run killed while profiling recorded nothing: said, not only the path blamed (a
     # review).
     status, err = refused(capsys, "resume", str(tmp_path / "never"))
     assert status == 2 and "a `dione run` stopped before it recorded anything (while " \
         "profiling) left none: run it again" in " ".join(err.split()), err
-    assert f"--current-practice --devices cpu:1 --out {tmp_path / 'r'}` continues it" in \
-        " ".join(err.split())
     # What status and the report name as what continues it: the same (they named the
     # resume refused here).
     from dione.state.store import how_to_continue
