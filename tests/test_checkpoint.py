@@ -256,3 +256,14 @@ def test_an_interrupted_task_is_called_so_by_export_as_by_status(tmp_path: Path)
                                       r"launcher is training the run now; wait for it") as live:
         trained_checkpoint(run, "digits")
     assert "dione resume" not in str(live.value)
+
+
+def test_a_task_that_never_saved_a_checkpoint_is_said_so_not_deleted(tmp_path: Path) -> None:
+    """A task that failed before its first checkpoint: export --latest said its weights
+    were "deleted; gone" (a review)."""
+    with RunStore(tmp_path) as store:
+        store.register_task("t", 6, 8)
+        store.set_task_status("t", "failed", "its data could not be read")
+    with pytest.raises(ExportError, match=r"task 't' of run .* is failed and never saved a "
+                       r"checkpoint: it has no weights to give$"):
+        trained_checkpoint(tmp_path, "t", latest=True)

@@ -332,6 +332,11 @@ def test_the_parser_writes_no_default_that_the_options_own() -> None:
                        r"slice's length is one or the other"):
         run_options(vars(parser.parse_args(["run", "w.py", "--slice-steps", "4",
                                             "--slice-seconds", "3"])))
+    # Re-planning off, its interval given: it did nothing, unsaid (a review).
+    with pytest.raises(BadInput, match=r"--no-replan and --replan-interval 5\.0: a run "
+                       r"that keeps its first plan re-plans at no interval"):
+        run_options(vars(parser.parse_args(["run", "w.py", "--no-replan",
+                                            "--replan-interval", "5"])))
     saved = RunOptions(slice_steps=4)
     resumed = run_options(vars(parser.parse_args(["resume", "r", "--slice-seconds", "3"])),
                           base=saved)
@@ -878,6 +883,16 @@ def test_validate_warns_of_a_rule_judging_its_metric_the_other_way(
     said = " ".join(out.split())
     assert status == 0 and "warning: c: it judges at 1 rung(s) before the task's last step " \
         "(8)" in said, said
+    # Beside a problem of another task, the warnings are said too (they waited until
+    # every problem was fixed: a review).
+    file.write_text(DOUBTFUL_RULE.replace('task("c", Asha(metric="accuracy", min_steps=2, '
+                                          'mode="max"))', 'task("c", Asha(metric="accuracy", '
+                                          'min_steps=0, mode="max"))'))
+    status, out, err = in_process(capsys, "validate", str(file))
+    said = " ".join(out.split())
+    assert status == 2 and "min_steps must be a whole number >= 1" in err, err
+    assert "besides the problems below:" in said and "warning: a, b: its stopping rule " \
+        "judges 'accuracy' with mode='min'" in said, said
 
 
 MISNAMED_METRICS = '''

@@ -176,6 +176,9 @@ def test_a_task_that_diverged_in_its_profiling_trial_is_profiled_again_on_resume
         assert store.slices("nan") == [] == store.slices("wild")
         said = store.task("nan").error or ""
     assert said.startswith("diverged in its profiling trial"), said
+    # Its advice once: resume it fixed (the slice's "a resume leaves a diverged task as
+    # it is" read beside it, one sentence saying both: a review).
+    assert "then resume" in said and "a resume leaves a diverged task" not in said, said
     assert dione_main(["resume", str(tmp_path / "run")]) == 1  # unfixed: as before
     with RunStore(tmp_path / "run") as store:
         assert {t.name: t.status for t in store.tasks()} == ended

@@ -123,7 +123,8 @@ def test_misspelt_task_fields_are_named_together_with_the_likely_field() -> None
         Task(name="t", model=digits_mlp, data=digits_train, optimizer=torch.optim.SGD,
              batch_size=4, step=4, allow_inexcat=True, colour="red")
     said = str(caught.value)
-    assert said.startswith("Task got 3 unknown field(s): 'step' (did you mean 'steps'?), "
+    assert said.startswith("Task(name='t') got 3 unknown field(s): 'step' (did you mean "
+                           "'steps'?), "
                            "'allow_inexcat' (did you mean 'allow_inexact'?), 'colour';")
     assert "its fields: name, model, data, optimizer, batch_size," in said
     assert "refused_techniques" not in said
@@ -145,6 +146,27 @@ def test_misspelt_task_fields_are_named_together_with_the_likely_field() -> None
         "min_steps, eta, loss_window")
     with pytest.raises(TypeError, match="'n_warmup_steps' \\(use min_steps: Optuna's"):
         Median(n_warmup_steps=2)
+
+
+
+def test_a_workload_file_that_raises_while_loading_says_its_line_and_the_task_once(
+        tmp_path: Path) -> None:
+    """A misspelt field said no task and no line, and the message twice around dione's
+    own frames (a review)."""
+    from dione.spec.workload import WorkloadFileError, load_workload
+
+    file = tmp_path / "typo.py"
+    file.write_text("import torch\nfrom dione import Task, Workload\n"
+                    "from dione.zoo import digits_mlp, digits_train\n"
+                    "workload = Workload([Task(name='b', model=digits_mlp, data=digits_train,\n"
+                    "    optimizer=torch.optim.SGD, batch_size=4, step=4)])\n")
+    with pytest.raises(WorkloadFileError) as caught:
+        load_workload(file)
+    said = str(caught.value)
+    assert said.startswith(f"{file}:4: raised TypeError while loading: Task(name='b') got 1 "
+                           "unknown field(s): 'step' (did you mean 'steps'?)"), said
+    assert said.count("unknown field") == 1 and "keywords.py" not in said, said
+    assert f'File "{file}", line 4, in <module>' in said, said
 
 
 def test_messages_say_what_to_do() -> None:
@@ -237,6 +259,37 @@ def test_the_common_pytorch_mistakes_are_named_with_their_fix() -> None:
         in messages and "give the task a loss=" in messages
 
 
+def _detached_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(output.detach(), target)
+
+
+def test_the_next_common_mistakes_are_named_with_their_fix() -> None:
+    """Each of these was said without its fix, or of another field, or passed (a
+    review): an optimizer made already, or named; a data set made already; a loss class
+    not made; a loss no gradient flows back from (it failed every trial as "no
+    configuration fits"); a float64 model on float32 data (said of the data)."""
+    made = torch.optim.Adam(digits_mlp().parameters(), lr=1e-3)
+    messages = " ".join(str(p) for p in validate_workload(Workload([
+        digits_task("made", optimizer=made),  # type: ignore[arg-type]
+        digits_task("named", optimizer="adam"),  # type: ignore[arg-type]
+        digits_task("data-made", data=digits_train()),  # type: ignore[arg-type]
+        digits_task("class", loss=torch.nn.CrossEntropyLoss),  # type: ignore[arg-type]
+        digits_task("detached", loss=_detached_loss),
+        digits_task("double", model=lambda: digits_mlp().double())])))
+    assert "task 'made', field 'optimizer': must be callable, not Adam: an optimizer made " \
+        "already holds one model's parameters" in messages
+    assert "optimizer=functools.partial(torch.optim.Adam, lr=1e-3)), not its name" in messages
+    assert "task 'data-made', field 'data': must be callable, not TensorDataset: give the " \
+        "function that builds the data set" in messages
+    assert "task 'class', field 'loss': is the class CrossEntropyLoss, called with the " \
+        "output and target as its settings; give an instance " \
+        "(loss=torch.nn.CrossEntropyLoss())" in messages
+    assert "task 'detached', field 'loss': the loss does not depend on the model's " \
+        "trainable parameters" in messages
+    assert "task 'double', field 'model': its parameters are float64 and the batch's " \
+        "inputs float32: build the model in float32" in messages
+
+
 def test_a_bad_task_does_not_stop_the_others() -> None:
     good, bad = digits_task("good"), digits_task("bad", steps=-1)
     valid, problems = split_valid(Workload([good, bad]), None, technique_names())
@@ -300,8 +353,12 @@ def test_devices_syntax() -> None:
     for bad in ("gpu:2", "four", "cpu:"):
         with pytest.raises(ClusterError, match=r"write e\.g\. 'cpu:4'"):
             parse_devices(bad)
-    with pytest.raises(ClusterError, match="the device count must be at least 1"):
+    with pytest.raises(ClusterError, match=r"the device count must be at least 1$"):
         parse_devices("cpu:0")
+    # torch's cuda:0 is a device's index; here it counts them (it read "at least 1" only).
+    with pytest.raises(ClusterError, match=r"at least 1; it is a number of devices, not an "
+                       r"index: cuda:1 is one GPU"):
+        parse_devices("cuda:0")
     cluster = local_cluster("cpu:3")
     assert [(n.kind, n.devices) for n in cluster] == [("cpu", 3)]
 

@@ -71,6 +71,14 @@ def test_changed_training_settings_are_refused_and_older_records_adopted(
         store.set_task_status("wild", "diverged", "its loss was nan")
         again = store.register_task("wild", 4, 8, settings={**first, "seed": "1"})
         assert again.status == "pending" and store.task("wild").status == "pending"
+        # One that diverged in training: put back, it diverges again, so that is not
+        # offered (it was: a review).
+        store.begin_slice("wild", "single", {}, "n0", [0], 0, 2)
+        store.set_task_status("wild", "diverged", "its loss was nan at step 2")
+        with pytest.raises(ValueError, match=r"seed: 1 -> 2\): use a new run directory \(or "
+                           r"another task name\) for changed training: a diverged task "
+                           r"trains again under a new name only$"):
+            store.register_task("wild", 4, 8, settings={**first, "seed": "2"})
 
 
 def test_a_checkpoint_whose_folder_is_gone_is_skipped(tmp_path: Path) -> None:
@@ -375,7 +383,7 @@ def test_status_says_why_a_request_was_refused_in_one_line(
         print_status(tmp_path, [], 0, [], "no launcher running",
                      store.additions("waiting", "refused"))
     said = capsys.readouterr().out
-    assert "w.py: raised RuntimeError while loading: boom in my file (its traceback: " \
+    assert "w.py:1: raised RuntimeError while loading: boom in my file (its traceback: " \
         "the launcher's output)" in " ".join(said.split()), said
     assert "Traceback" not in said
 

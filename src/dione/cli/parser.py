@@ -201,6 +201,11 @@ def run_options(values: Mapping[str, Any], base: RunOptions | None = None) -> Ru
                        "give one")
     if lengths & set(top):
         top = {**{k: None for k in lengths}, **top}
+    if top.get("replan") is False and "replan_interval" in top:  # it did nothing, unsaid
+        from dione.cli.errors import BadInput
+
+        raise BadInput(f"--no-replan and --replan-interval {top['replan_interval']}: a run "
+                       "that keeps its first plan re-plans at no interval; give one")
     try:
         return dataclasses.replace(base, **top, trial=dataclasses.replace(base.trial, **trial))
     except ValueError as err:  # flags that do not go together

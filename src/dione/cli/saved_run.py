@@ -126,6 +126,8 @@ def _flags_of_old_run(saved: dict[str, Any]) -> RunOptions:
     flags = dict(saved)
     if "no_replan" in flags:  # then a store_true flag; now --replan/--no-replan
         flags["replan"] = not flags.pop("no_replan")
+    if flags.get("replan") is False:  # saved beside it whatever was given
+        flags.pop("replan_interval", None)
     return run_options(flags)
 
 

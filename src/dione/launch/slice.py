@@ -452,6 +452,15 @@ def _trained_seconds(lead: SliceOutcome, since_begun: float) -> float:
     return float(lead.timings.get("saved", since_begun))
 
 
+# What a slice's divergence tells the user to do; a profiling trial's divergence, which
+# left nothing trained, is said otherwise (the runner cuts this off its reason: the two
+# read as one contradicting sentence, a review).
+DIVERGED_ADVICE = (". Lower the learning rate, or look for a loss or data problem, then "
+                   "train it again under a new task name (`dione add RUN_DIR WORKLOAD` for "
+                   "a run) or in a new run directory: a resume leaves a diverged task as it "
+                   "is")
+
+
 def _refuse_divergence(db: RunStore, slice_id: int, spec: SliceSpec, lead: SliceOutcome,
                        latest: CheckpointRecord | None, where: str,
                        warnings: list[str]) -> None:
@@ -468,10 +477,7 @@ def _refuse_divergence(db: RunStore, slice_id: int, spec: SliceSpec, lead: Slice
         f"{spec.start_step + diverged + 1} ({where}); its last finite checkpoint is "
         + (f"step {spec.start_step} ({latest.path})" if latest
            else "none (it had none before this slice)")
-        + ". Lower the learning rate, or look for a loss or data problem, then train it "
-        "again under a new task name (`dione add RUN_DIR WORKLOAD` for a run) or in a new "
-        "run directory: a resume leaves a diverged task as it is"
-        + "".join(f"\n{w}" for w in warnings))
+        + DIVERGED_ADVICE + "".join(f"\n{w}" for w in warnings))
     db.diverge_slice(slice_id, lead.losses[:diverged + 1],
                      lead.step_seconds[:diverged + 1], message)
     raise SliceError(message, "diverged")

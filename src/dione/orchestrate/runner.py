@@ -24,7 +24,7 @@ from shlex import quote
 
 from dione import clock
 from dione.launch.local import GangInterrupted, Launcher
-from dione.launch.slice import STALLED, SliceError, SliceResult
+from dione.launch.slice import DIVERGED_ADVICE, STALLED, SliceError, SliceResult
 from dione.orchestrate.additions import Intake, Profiling, TaskInbox, request_message
 from dione.orchestrate.estimates import Estimates, planning_nodes
 from dione.orchestrate.launching import SliceLaunching, SliceStarter, launchable
@@ -460,7 +460,8 @@ class Runner:
                 return
         if diverged and profile.error is None:
             trial = diverged[0]
-            why = (trial.reason or "its loss was not finite").strip().splitlines()[-1]
+            why = (trial.reason or "its loss was not finite").split(DIVERGED_ADVICE)[0]
+            why = why.strip().splitlines()[-1]
             ran = trial.extra["diverged_as"]
             said = (f"diverged in its profiling trial ({trial.technique} x{trial.devices}"
                     + (f", which diverged as each of {', '.join(ran)}; the last: "

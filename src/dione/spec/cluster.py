@@ -100,7 +100,11 @@ def parse_devices(text: str) -> tuple[DeviceKind, int]:
             f"--devices {text!r} is not understood; write e.g. 'cpu:4', 'cuda:2' or '4'"
         )
     if int(match.group(2)) < 1:
-        raise ClusterError(f"--devices {text!r}: the device count must be at least 1")
+        raise ClusterError(f"--devices {text!r}: the device count must be at least 1"
+                           # torch's cuda:0 names a device; here the number counts them
+                           + ("; it is a number of devices, not an index: cuda:1 is one "
+                              "GPU (CUDA_VISIBLE_DEVICES picks which)"
+                              if match.group(1) == "cuda" else ""))
     kind = cast(DeviceKind, match.group(1) or local_device_kind())
     return kind, int(match.group(2))
 

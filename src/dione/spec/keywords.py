@@ -58,7 +58,8 @@ def named_keywords(cls: C) -> C:
     def checked(self: Any, *args: Any, **kwargs: Any) -> None:
         unknown = [k for k in kwargs if k not in known]
         if unknown:
-            raise TypeError(f"{cls.__name__} got {len(unknown)} unknown field(s): "
+            named = f"(name={kwargs['name']!r})" if isinstance(kwargs.get("name"), str) else ""
+            raise TypeError(f"{cls.__name__}{named} got {len(unknown)} unknown field(s): "
                             f"{', '.join(_meant(k, public) for k in unknown)}; its fields: "
                             f"{', '.join(public)}")
         init(self, *args, **kwargs)

@@ -129,6 +129,47 @@ def in_a_group() -> Iterator[None]:
         sys.excepthook = hook
 
 
+def _dtypes_apart(model: nn.Module, inputs: Any) -> str | None:
+    """Where the model's parameters are of one floating type and the batch's floating
+    inputs of others only (a model made float64 on float32 data), said so."""
+    held = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    parts = list(inputs.values()) if isinstance(inputs, dict) else (
+        list(inputs) if isinstance(inputs, (tuple, list)) else [inputs])
+    given = {p.dtype for p in parts if isinstance(p, torch.Tensor) and p.is_floating_point()}
+    if len(held) != 1 or not given or held & given:
+        return None
+    [mine] = held
+    theirs = ", ".join(sorted(str(d).removeprefix("torch.") for d in given))
+    return (f"its parameters are {str(mine).removeprefix('torch.')} and the batch's inputs "
+            f"{theirs}: build the model in {theirs} (precision='bf16' trains in mixed "
+            "precision), or give data of its type")
+
+
+def _without_gradient(task: Task, model: nn.Module | None, inputs: Any, target: Any,
+                      batch: Any) -> Problem | None:
+    """A loss no gradient flows back from (computed from ``output.detach()``, or under
+    ``torch.no_grad``), on a model as first built: it failed training in each trial as
+    "no configuration fits", naming torch's autograd file (a review)."""
+    from dione.spec.batch import call_model, own_loss
+
+    if model is None or not any(p.requires_grad for p in model.parameters()):
+        return None
+    try:
+        with torch.enable_grad():
+            output = call_model(model, task, inputs)
+            loss = (own_loss(task, output, batch) if task.loss is None
+                    else task.loss(output, target))
+    except Exception:  # raised under autograd only: training will say it, by rank
+        return None
+    if not isinstance(loss, torch.Tensor) or loss.requires_grad:
+        return None
+    return Problem(task.name, "loss" if task.loss is not None else "model",
+                   "the loss does not depend on the model's trainable parameters (no "
+                   "gradient flows back: computed from a detached output, under "
+                   "torch.no_grad, or from inputs alone), so training cannot step: compute "
+                   "it from the model's output as it is")
+
+
 def _not_tensors(inputs: Any) -> str | None:
     """What of a collated batch's inputs is text or bytes, not a tensor (``str``), if
     any: default_collate leaves strings as they are."""
@@ -182,6 +223,10 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
                                 f"must return its loss, but it takes the inputs alone "
                                 f"({raised_line(err)}); give the task a loss=, e.g. "
                                 "torch.nn.functional.cross_entropy")]
+        mismatch = _dtypes_apart(real, inputs)
+        if mismatch:  # the model's doing, said of the data field (a review)
+            return [Problem(task.name, "model", f"{mismatch}; the forward raised "
+                            f"{raised_line(err)}")]
         texts = _not_tensors(inputs)
         return [Problem(task.name, "data", f"the model cannot take a batch of this data "
                         f"({type(inputs).__name__}"
@@ -206,6 +251,10 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
         field = "loss"
         message = str(err) if task.loss is None else f"raised {raised_line(err)}"
         return [Problem(task.name, field, message)]
+    ungraded = _without_gradient(task, copy.deepcopy(pristine) if pristine is not None
+                                 else None, inputs, target, batch)
+    if ungraded:
+        return [ungraded]
     try:  # another batch for what a resume sees next (an ActNorm set up by the first)
         later = task.collate([dataset[i] for i in range(2, 4)]) if len(dataset) >= 4 \
             else batch
@@ -1062,7 +1111,14 @@ def _checked_task(
         value = getattr(task, field)
         optional = field in ("evaluate", "lr_scheduler", "loss", "collate_fn", "loss_items")
         if not callable(value) and not (optional and value is None):
-            bad(field, f"must be callable, not {type(value).__name__}")
+            bad(field, f"must be callable, not {type(value).__name__}"
+                + _CALLABLE_FIX.get((field, _kind_of(value)), ""))
+        elif field == "loss" and isinstance(value, type) and issubclass(value, nn.Module):
+            # Called as CrossEntropyLoss(output, target), the tensors became its settings
+            # and torch's message spoke of a tensor's truth value (a review).
+            bad(field, f"is the class {value.__name__}, called with the output and target "
+                f"as its settings; give an instance (loss=torch.nn.{value.__name__}()) or a "
+                "function (torch.nn.functional's)")
     if task.techniques is not None:
         known = set(techniques or ())
         if isinstance(task.techniques, str) or not task.techniques:
@@ -1118,7 +1174,7 @@ def _checked_task(
     try:
         dataset: Any = watched(task.data, task.name, "data()")
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-            raise _Said(f"returned a {type(dataset).__name__}; give a function returning a "
+            raise _Said(f"returned {_a(type(dataset).__name__)}; give a function returning a "
                         "map-style dataset (len() and indexing: a torch Dataset such as "
                         "TensorDataset, or a list): dione batches and shards it itself, so "
                         "not a DataLoader or an iterator"
@@ -1163,6 +1219,38 @@ def _allows(task: Task, technique: str) -> bool:
     """``Task.allows``, for an allowlist not checked yet (a string: all; its own problem
     is said below)."""
     return isinstance(task.techniques, str) or task.allows(technique)
+
+
+def _a(name: str) -> str:
+    """``name`` after its article ("an Iterator", "a DataLoader")."""
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _kind_of(value: Any) -> str:
+    """What a non-callable factory field holds, for its fix: "optimizer" (an optimizer
+    made already), "dataset" (data made already), "text" or "other"."""
+    if isinstance(value, torch.optim.Optimizer):
+        return "optimizer"
+    if isinstance(value, str):
+        return "text"
+    if hasattr(value, "__getitem__") and hasattr(value, "__len__"):
+        return "dataset"
+    return "other"
+
+
+# What to give instead of a value where a factory goes (each said "must be callable"
+# alone, while a model made already had its fix: a review).
+_CALLABLE_FIX = {
+    ("optimizer", "optimizer"): ": an optimizer made already holds one model's parameters, "
+    "and each rank and slice builds its own model; give what makes it from the parameters "
+    "(optimizer=functools.partial(torch.optim.Adam, lr=1e-3))",
+    ("optimizer", "text"): ": give what makes the optimizer from the parameters "
+    "(optimizer=functools.partial(torch.optim.Adam, lr=1e-3)), not its name",
+    ("data", "dataset"): ": give the function that builds the data set (data=load_my_data, "
+    "or functools.partial(TensorDataset, x, y)), not the data set: each rank calls it",
+    ("loss", "text"): ": give the loss function (torch.nn.functional.cross_entropy) or a "
+    "module (torch.nn.CrossEntropyLoss()), not its name",
+}
 
 
 class _Said(Exception):

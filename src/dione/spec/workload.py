@@ -194,6 +194,9 @@ def _exit_refused(file: Path) -> Iterator[None]:
         os._exit = real
 
 
+_DIONE_SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
 def load_workload(path: str | Path) -> Workload:
     """Import a workload file (a Python file defining ``workload``) and return its workload.
 
@@ -240,9 +243,15 @@ def load_workload(path: str | Path) -> Workload:
         ) from None
     except Exception as err:
         sys.modules.pop(module_name, None)
-        trace = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+        # The file's line, and the frames outside dione under the message (it said the
+        # error twice around dione's own frames, and no line: a review).
+        frames = traceback.extract_tb(err.__traceback__)
+        line = next((f.lineno for f in reversed(frames) if f.filename == str(file)), None)
+        theirs = [f for f in frames if not f.filename.startswith(_DIONE_SOURCE)]
         raise WorkloadFileError(
-            f"{file}: raised {type(err).__name__} while loading: {err}\n{trace}"
+            f"{file}{'' if line is None else f':{line}'}: raised {type(err).__name__} while "
+            f"loading: {err}\nTraceback (most recent call last):\n"
+            + "".join(traceback.format_list(theirs))
         ) from None
     _LOADED[module_name] = (str(file.resolve()), source)
     if not hasattr(module, "workload"):

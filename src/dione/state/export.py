@@ -82,6 +82,7 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
         record = store.task(task)
         names = [t.name for t in store.tasks()]
         checkpoint = store.latest_checkpoint(task) if record is not None else None
+        ever_saved = record is not None and bool(store.checkpoints(task))
         elsewhere = record is not None and store.checkpoints_elsewhere(task)
         invalid = store.invalid().get(task) if record is None else None
     if invalid:
@@ -119,6 +120,11 @@ def trained_checkpoint(run_dir: str | Path, task: str, latest: bool = False) -> 
     if checkpoint is None and record.status in ("pending", "running", "paused"):
         raise ExportError(f"task {task!r} of run {run} has no checkpoint yet: none of its "
                           "slices has ended; ask again once one has")
+    if checkpoint is None and not ever_saved:
+        # It never saved one (it failed before): "deleted; its weights are gone" said
+        # otherwise (a review).
+        raise ExportError(f"task {task!r} of run {run} is {record.status} and never saved a "
+                          "checkpoint: it has no weights to give")
     if checkpoint is None or not Path(checkpoint.path).is_dir():
         raise ExportError(f"task {task!r} of run {run} has no checkpoint on disk"
                           + (f" (the store names {checkpoint.path})" if checkpoint else "")

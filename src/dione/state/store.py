@@ -381,8 +381,11 @@ class RunStore(SQLiteFile):
                     raise ValueError(
                         f"task {name!r} was recorded in {self.run_dir} with other training "
                         f"({'; '.join(changed)}): use a new run directory (or another task "
-                        "name) for changed training, or put the task back as it was to "
-                        "resume it")
+                        "name) for changed training"
+                        # Put back, a diverged task diverges again (a review).
+                        + (": a diverged task trains again under a new name only"
+                           if existing.status == "diverged" else
+                           ", or put the task back as it was to resume it"))
                 # What the caller does not give stays (a slice records no model shapes:
                 # it dropped the run's, once the model was said, not refused).
                 stays = {k: v for k, v in recorded.items()

@@ -28,6 +28,13 @@ def command(args: argparse.Namespace) -> int:
     _, found = check_workload(workload, node.devices if node is not None else None,
                               here.kind, here.devices)
     if found.problems:
+        # The warnings and notes too: they were held back until every problem was
+        # fixed, a second round of findings there all along (a review).
+        besides = found.lines()[len(found.problems):]  # lines() says the problems first
+        if besides:
+            console.print(f"{args.workload}: besides the problems below:")
+        for line in besides:
+            console.print(f"  {line}")
         raise BadInput(str(WorkloadError(found.problems)))
     console.print(f"{args.workload}: {len(workload)} task(s), no problems")
     for line in found.lines():
