@@ -689,11 +689,11 @@ def test_an_evaluate_that_hangs_keeps_the_training_it_follows(tmp_path) -> None:
     [task] = list(load_workload(file))
     run_dir = tmp_path / "run"
     result = run_slice(task, "ddp", run_dir, local_placement(TEST_NODE, [0, 1]),
-                       evaluate=True, timeout=20)
+                       evaluate=True, timeout=12)
     assert result.end_step == 4 and result.checkpoint is not None and len(result.losses) == 4
     assert result.evaluation == {}
     assert result.evaluation_error.startswith(
-        "its evaluate did not return: stopped by the slice's timeout of 20 s; the slice had "
+        "its evaluate did not return: stopped by the slice's timeout of 12 s; the slice had "
         "trained and saved step 4, which is kept")
     assert f"dione evaluate {run_dir} h" in result.evaluation_error
     with RunStore(run_dir) as store:

@@ -337,19 +337,19 @@ def test_an_evaluate_that_hangs_holds_up_one_trial_not_each(tmp_path: Path) -> N
     task = digits_task("hangs", techniques=("single", "ddp"), evaluate=_hangs_in_workers)
     with Catalog(tmp_path / "catalog.sqlite") as catalog:
         found = profile_workload([task], Cluster([replace(TEST_NODE, devices=2)]), catalog,
-                                 options=replace(QUICK, timeout=20))
+                                 options=replace(QUICK, timeout=14))
     profile = found.task("hangs")
     assert sorted((o.technique, o.devices) for o in profile.options) == [("ddp", 2),
                                                                           ("single", 1)]
     assert found.trials_run == 3  # the hung one, then again without its evaluation
     assert profile.evaluated is not None and profile.evaluated.error is not None and \
-        "did not return within the trial's 20 s" in profile.evaluated.error
+        "did not return within the trial's 14 s" in profile.evaluated.error
 
 
 def _built_slowly():  # travels by value
     """A model whose build takes most of a trial's time where training runs."""
     if "DIONE_LAUNCHER_PID" in os.environ:
-        time.sleep(9)
+        time.sleep(7)
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
 
 
@@ -365,7 +365,7 @@ def test_a_trial_out_of_time_after_a_slow_build_does_not_blame_a_quick_evaluate(
                        evaluate=_hangs_in_workers)
     with Catalog(tmp_path / "catalog.sqlite") as catalog:
         found = profile_workload([task], CLUSTER, catalog,
-                                 options=replace(QUICK, timeout=15))
+                                 options=replace(QUICK, timeout=11))
     profile = found.task("slow")
     assert [(o.technique, o.record.status) for o in profile.options] == [("single", "ok")]
     # The third, run to time the evaluation, ran out of time after the build as well.

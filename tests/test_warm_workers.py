@@ -28,15 +28,15 @@ from helpers import TEST_NODE, char_task, digits_task, workload_text
 
 # Three tasks, each always under its own exact technique, that take turns on the same
 # two device slots (and so the same two workers).
-# Seven slices each (two steps a slice, fsdp one): enough for every code path to have
-# run several times on each worker before its memory is watched (it was 50 slices:
-# the longest test of the suite, for no more paths).
+# Five slices each (two steps a slice, fsdp one): enough for every code path to have
+# run on each worker before its memory is watched, over the last nine (it was 50
+# slices, then 21: the longest test of the suite, for no more paths).
 PLAN = [
-    (digits_task("digits-single", steps=14), "single", [0]),
-    (digits_task("digits-ddp", steps=14, batch_size=32), "ddp", [0, 1]),
-    (char_task("char-fsdp", steps=7, batch_size=8), "fsdp", [0, 1]),
+    (digits_task("digits-single", steps=10), "single", [0]),
+    (digits_task("digits-ddp", steps=10, batch_size=32), "ddp", [0, 1]),
+    (char_task("char-fsdp", steps=5, batch_size=8), "fsdp", [0, 1]),
 ]
-SLICES = 21
+SLICES = 15
 
 
 def _rss_bytes(pid: int) -> int:
