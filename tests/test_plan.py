@@ -1015,3 +1015,18 @@ def test_a_bound_between_two_tenths_is_raised_to_the_next() -> None:
     # on one device had a bound of 301 s over a plan of 300.0000027 s).
     off = problem_of({n: [(1, 100.0000009)] for n in "abc"}, {"n0": 1})
     assert lower_bound(off) == pytest.approx(300.0000027, abs=1e-9)
+
+
+def test_current_practice_forced_to_a_technique_a_task_refuses_says_the_flag() -> None:
+    """`--current-practice --technique fsdp` on a task allowing single only read "no
+    technique of fsdp can train task 'a'" (a review): the flag is named, with its fix."""
+    from dione.launch.slice import SliceError
+    from dione.orchestrate.sequential import choose_technique
+    from helpers import digits_task
+
+    task = digits_task("a", techniques=("single",))
+    with pytest.raises(SliceError, match=r"^--technique fsdp cannot train task 'a' \(leave "
+                       r"--technique out for current practice's own choice\): "):
+        choose_technique(task, 2, "cpu", forced="fsdp")
+    technique, devices = choose_technique(task, 2, "cpu")
+    assert (technique.name, devices) == ("single", 1)

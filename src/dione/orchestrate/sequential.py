@@ -53,7 +53,9 @@ def choose_technique(
             if not technique.check(task, count, {}, kind):  # type: ignore[arg-type]
                 return technique, count
     reasons = get_technique(names[0]).check(task, devices, {}, kind)  # type: ignore[arg-type]
-    raise SliceError(f"no technique of {', '.join(names)} can train task {task.name!r}: "
+    raise SliceError((f"--technique {forced} cannot train task {task.name!r} (leave "
+                      "--technique out for current practice's own choice): " if forced else
+                      f"no technique of {', '.join(names)} can train task {task.name!r}: ")
                      + "; ".join(reasons))
 
 
