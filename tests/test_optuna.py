@@ -273,6 +273,9 @@ def test_asking_stops_after_its_time_and_load_gives_the_best_by_the_studys_direc
     with pytest.raises(ClusterError, match=r"^devices=cpu:4096"):
         dione.optuna.optimize(fresh, build, n_trials=2, report_every=4, metric="score",
                               run_dir=str(tmp_path / "other"), devices="cpu:4096")
+    with pytest.raises(ValueError, match=r"devices must be text as --devices takes it"):
+        dione.optuna.optimize(fresh, build, n_trials=2, report_every=4, metric="score",
+                              run_dir=str(tmp_path / "other"), devices=2)  # it crashed
     assert fresh.trials == []
     assert dione.optuna._run_arguments({"slice_timeout": 60.0}) == {"timeout": 60.0}
 

@@ -263,6 +263,26 @@ def _detached_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(output.detach(), target)
 
 
+def _masked_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """A tagging loss's guard: zero for a batch with no labelled item."""
+    kept = target != -100
+    if not kept.any():
+        return torch.zeros(())
+    return torch.nn.functional.cross_entropy(output[kept], target[kept])
+
+
+def _first_two_unlabelled() -> torch.utils.data.TensorDataset:
+    x, y = digits_train().tensors
+    y = y.clone()
+    y[:2] = -100
+    return torch.utils.data.TensorDataset(x, y)
+
+
+class _MyLoss(torch.nn.Module):
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(output, target)
+
+
 def test_the_next_common_mistakes_are_named_with_their_fix() -> None:
     """Each of these was said without its fix, or of another field, or passed (a
     review): an optimizer made already, or named; a data set made already; a loss class
@@ -284,10 +304,30 @@ def test_the_next_common_mistakes_are_named_with_their_fix() -> None:
     assert "task 'class', field 'loss': is the class CrossEntropyLoss, called with the " \
         "output and target as its settings; give an instance " \
         "(loss=torch.nn.CrossEntropyLoss())" in messages
-    assert "task 'detached', field 'loss': the loss does not depend on the model's " \
-        "trainable parameters" in messages
+    assert "task 'detached', field 'loss': it follows the model's output, but no " \
+        "gradient flows back through it" in messages
     assert "task 'double', field 'model': its parameters are float64 and the batch's " \
         "inputs float32: build the model in float32" in messages
+    # What the regression review of these found: a masked loss whose first two items
+    # hold no label (its guard's zero) refused; a width error said as the dtypes'; float64
+    # data (numpy's) on a float32 model told to make the model float64; a user's loss
+    # class named as torch's.
+    wide = torch.utils.data.TensorDataset(torch.randn(64, 65, dtype=torch.float64),
+                                          torch.zeros(64, dtype=torch.long))
+    numpy_made = torch.utils.data.TensorDataset(torch.randn(64, 64, dtype=torch.float64),
+                                                torch.zeros(64, dtype=torch.long))
+    problems = validate_workload(Workload([
+        digits_task("masked", data=_first_two_unlabelled, loss=_masked_loss,
+                    techniques=("single",)),
+        digits_task("wide", model=lambda: digits_mlp().double(), data=lambda: wide),
+        digits_task("numpy", data=lambda: numpy_made),
+        digits_task("mine", loss=_MyLoss)]))  # type: ignore[arg-type]
+    said = {p.task: str(p) for p in problems}
+    assert "masked" not in said, said
+    assert "task 'wide', field 'data': the model cannot take a batch" in said["wide"], said
+    assert "task 'numpy', field 'data': its inputs are float64 and the model's parameters " \
+        "float32: give the data as float32 (numpy makes float64" in said["numpy"], said
+    assert "give an instance (loss=_MyLoss())" in said["mine"], said
 
 
 def test_a_bad_task_does_not_stop_the_others() -> None:

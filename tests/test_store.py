@@ -530,3 +530,20 @@ def test_a_pipe_in_a_cell_stays_in_its_cell_in_the_summary_and_the_page() -> Non
     page = _markdown_tables("| rank | task | hyperparameters | trained |\n"
                             "| --- | --- | --- | --- |\n" + row)
     assert page.count("<td>") == 4 and "cosine|warmup" in page, page
+
+
+def test_status_gives_the_first_stopped_tasks_reasons_and_counts_the_rest(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stopped task's reason was the report's alone (a review); a line each made a
+    100-task sweep's status 90 lines longer (the regression review): the first five,
+    then a count pointing at the report."""
+    from dione.cli.views import print_status
+    from dione.state.summaries import TaskSummary
+
+    tasks = [TaskSummary(f"t{i}", "stopped", 4, 12, error=f"loss {i} at step 4 ranks {i} "
+                         "of 12: stopped by ASHA") for i in range(12)]
+    print_status(tmp_path, tasks, 1, [], "no launcher running")
+    said = capsys.readouterr().out
+    assert [f"t{i} (stopped): loss {i} at step 4" in said for i in range(12)] == \
+        [True] * 5 + [False] * 7, said
+    assert "... and 7 more stopped: each one's reason is in the report" in said

@@ -67,6 +67,13 @@ def _keeps_draws(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @_keeps_draws
+def _devices_text(devices: Any) -> None:
+    """Refuse ``devices`` that is not None or text as ``--devices`` takes it."""
+    if devices is not None and not isinstance(devices, str):
+        raise ValueError(f"devices must be text as --devices takes it ('cpu:2', 'cuda:4'), "
+                         f"not {devices!r}")
+
+
 def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione",
         ray: str | None = None, on_event: Callable[[Any], None] | None = None,
         quiet: bool = False, tensorboard: str | None = None,
@@ -108,9 +115,7 @@ def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione
     if isinstance(workload, (str, os.PathLike)):
         workload_file = os.fspath(workload)
         workload = load_workload(workload_file)
-    if devices is not None and not isinstance(devices, str):
-        raise ValueError(f"devices must be text as --devices takes it ('cpu:2', 'cuda:4'), "
-                         f"not {devices!r}")
+    _devices_text(devices)
     if not isinstance(quiet, bool):
         raise TypeError(f"quiet must be True or False, not {quiet!r}")
     workload = _tasks_of(workload)
@@ -503,9 +508,7 @@ def validate(workload: Any, *, devices: str | None = None) -> Any:
     from dione.techniques.checking import check_workload
 
     _argument_types(workload=workload)
-    if devices is not None and not isinstance(devices, str):
-        raise ValueError(f"devices must be text as --devices takes it ('cpu:2', 'cuda:4'), "
-                         f"not {devices!r}")
+    _devices_text(devices)
     if isinstance(workload, (str, os.PathLike)):
         workload = load_workload(os.fspath(workload))
     workload = _tasks_of(workload)

@@ -567,6 +567,7 @@ def _run_arguments(run: Mapping[str, Any]) -> dict[str, Any]:
         run["timeout"] = run.pop("slice_timeout")
     own = set(inspect.signature(dione.run).parameters) - {"workload", "options"}
     dione._known_options({k: v for k, v in run.items() if k not in own})
+    dione._devices_text(run.get("devices"))
     if run.get("ray") is None:  # a bad --devices was found after every trial was asked,
         # each left RUNNING in the study (a review)
         try:

@@ -319,6 +319,9 @@ def _say_report(run_dir: Path, more: str = "") -> None:
                   f"evaluations.csv){more}")
 
 
+_STOPS_SAID = 5  # stopped tasks whose reasons `dione status` gives, the rest counted
+
+
 def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Sequence[Any],
                  launcher: str, additions: Sequence[Any] = (),
                  invalid: Mapping[str, Sequence[str]] | None = None,
@@ -357,10 +360,16 @@ def print_status(run_dir: Path, tasks: Sequence[Any], plans: int, running: Seque
     # A line per task where the table would not fit (a grid's 48 names read "d-lr0.…"
     # alike on 80 columns, and piped to a file).
     _print_rows(title, columns, rows, left=columns)
+    stopped = [t for t in tasks if t.status == "stopped" and t.error]
     for t in tasks:  # why each failed, diverged, was stopped or was not evaluated (a
-        # stopped one's rung, value and rule were the report's alone: a review)
-        if t.error:
+        # stopped one's rung, value and rule were the report's alone: a review); a
+        # sweep's many stops, the first few (a line each made a 100-task sweep's
+        # status 90 lines longer: a regression review)
+        if t.error and (t.status != "stopped" or t in stopped[:_STOPS_SAID]):
             console.print(f"{t.task} ({t.status}): {error_line(t.error)}", markup=False)
+    if len(stopped) > _STOPS_SAID:
+        console.print(f"... and {len(stopped) - _STOPS_SAID} more stopped: each one's reason "
+                      f"is in the report ({run_dir / 'report' / 'summary.md'})")
     recorded = {t.task for t in tasks}
     for name, problems in (invalid or {}).items():  # one that trained before: as it was
         said = "invalid, left as it was" if name in recorded else "invalid, never started"

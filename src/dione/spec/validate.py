@@ -129,9 +129,14 @@ def in_a_group() -> Iterator[None]:
         sys.excepthook = hook
 
 
-def _dtypes_apart(model: nn.Module, inputs: Any) -> str | None:
-    """Where the model's parameters are of one floating type and the batch's floating
-    inputs of others only (a model made float64 on float32 data), said so."""
+def _dtypes_apart(model: nn.Module, inputs: Any, err: BaseException) -> Problem | None:
+    """Where the forward raised of types, and the model's parameters are of one floating
+    type while the batch's floating inputs are of others only (a float64 model on float32
+    data; float64 data, as numpy makes it, on a float32 model), that, said of the field
+    to change: it read as the data's problem, naming torch's file (a review)."""
+    said = str(err)
+    if not any(word in said for word in ("dtype", "scalar type", "Input type")):
+        return None  # another error (a width), not to be said as this one
     held = {p.dtype for p in model.parameters() if p.is_floating_point()}
     parts = list(inputs.values()) if isinstance(inputs, dict) else (
         list(inputs) if isinstance(inputs, (tuple, list)) else [inputs])
@@ -139,35 +144,53 @@ def _dtypes_apart(model: nn.Module, inputs: Any) -> str | None:
     if len(held) != 1 or not given or held & given:
         return None
     [mine] = held
+    name = str(mine).removeprefix("torch.")
     theirs = ", ".join(sorted(str(d).removeprefix("torch.") for d in given))
-    return (f"its parameters are {str(mine).removeprefix('torch.')} and the batch's inputs "
-            f"{theirs}: build the model in {theirs} (precision='bf16' trains in mixed "
-            "precision), or give data of its type")
+    if mine == torch.float32:  # the data's: float64 as numpy makes it, say
+        return Problem(None, "data", f"its inputs are {theirs} and the model's parameters "
+                       f"{name}: give the data as {name} (numpy makes float64: "
+                       "torch.from_numpy(x).float())")
+    return Problem(None, "model", f"its parameters are {name} and the batch's inputs "
+                   f"{theirs}: build the model in float32 (precision='bf16' trains in mixed "
+                   f"precision), or give data of {name}")
 
 
-def _without_gradient(task: Task, model: nn.Module | None, inputs: Any, target: Any,
-                      batch: Any) -> Problem | None:
-    """A loss no gradient flows back from (computed from ``output.detach()``, or under
-    ``torch.no_grad``), on a model as first built: it failed training in each trial as
-    "no configuration fits", naming torch's autograd file (a review)."""
-    from dione.spec.batch import call_model, own_loss
+def _without_gradient(task: Task, model: nn.Module | None, inputs: Any,
+                      target: Any) -> Problem | None:
+    """A loss that follows the model's output but no gradient flows back through (taken
+    from ``output.detach()``, ``.item()`` or numpy, or under ``torch.no_grad``), on a
+    model as first built: it failed training in each trial as "no configuration fits",
+    naming torch's autograd file (a review). Said only where the loss moves with the
+    output: one that does not here (a masked loss's zero for a batch with no labelled
+    item) may follow it on other batches (a regression review)."""
+    from dione.spec.batch import call_model
 
-    if model is None or not any(p.requires_grad for p in model.parameters()):
+    if model is None or task.loss is None or not any(p.requires_grad
+                                                     for p in model.parameters()):
         return None
     try:
         with torch.enable_grad():
             output = call_model(model, task, inputs)
-            loss = (own_loss(task, output, batch) if task.loss is None
-                    else task.loss(output, target))
-    except Exception:  # raised under autograd only: training will say it, by rank
+            loss = task.loss(output, target)
+        if not isinstance(output, torch.Tensor) or not output.is_floating_point() or \
+                not isinstance(loss, torch.Tensor) or loss.requires_grad:
+            return None
+        with torch.no_grad():
+            moved = task.loss(output.detach() * 1.5 + 0.25, target)
+        follows = isinstance(moved, torch.Tensor) and moved.numel() == 1 and bool(
+            torch.isfinite(moved).all()) and float(moved) != float(loss)
+    except Exception:  # raised otherwise here: training will say it, by rank
         return None
-    if not isinstance(loss, torch.Tensor) or loss.requires_grad:
+    if not follows:
         return None
-    return Problem(task.name, "loss" if task.loss is not None else "model",
-                   "the loss does not depend on the model's trainable parameters (no "
-                   "gradient flows back: computed from a detached output, under "
-                   "torch.no_grad, or from inputs alone), so training cannot step: compute "
-                   "it from the model's output as it is")
+    if not output.requires_grad:
+        return Problem(task.name, "model", "its output carries no gradient (its forward "
+                       "detaches it, or runs under torch.no_grad), so training cannot step: "
+                       "return the output as computed")
+    return Problem(task.name, "loss", "it follows the model's output, but no gradient flows "
+                   "back through it (taken from output.detach(), .item() or numpy, or under "
+                   "torch.no_grad), so training cannot step: compute it from the output "
+                   "with torch's operations")
 
 
 def _not_tensors(inputs: Any) -> str | None:
@@ -223,10 +246,10 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
                                 f"must return its loss, but it takes the inputs alone "
                                 f"({raised_line(err)}); give the task a loss=, e.g. "
                                 "torch.nn.functional.cross_entropy")]
-        mismatch = _dtypes_apart(real, inputs)
-        if mismatch:  # the model's doing, said of the data field (a review)
-            return [Problem(task.name, "model", f"{mismatch}; the forward raised "
-                            f"{raised_line(err)}")]
+        mismatch = _dtypes_apart(real, inputs, err)
+        if mismatch:
+            return [Problem(task.name, mismatch.field, f"{mismatch.message}; the forward "
+                            f"raised {raised_line(err)}")]
         texts = _not_tensors(inputs)
         return [Problem(task.name, "data", f"the model cannot take a batch of this data "
                         f"({type(inputs).__name__}"
@@ -252,7 +275,7 @@ def _try_forward(task: Task, model: nn.Module, dataset: Any, resolved: dict[str,
         message = str(err) if task.loss is None else f"raised {raised_line(err)}"
         return [Problem(task.name, field, message)]
     ungraded = _without_gradient(task, copy.deepcopy(pristine) if pristine is not None
-                                 else None, inputs, target, batch)
+                                 else None, inputs, target)
     if ungraded:
         return [ungraded]
     try:  # another batch for what a resume sees next (an ActNorm set up by the first)
@@ -1116,9 +1139,10 @@ def _checked_task(
         elif field == "loss" and isinstance(value, type) and issubclass(value, nn.Module):
             # Called as CrossEntropyLoss(output, target), the tensors became its settings
             # and torch's message spoke of a tensor's truth value (a review).
+            made = (f"torch.nn.{value.__name__}" if value.__module__.startswith("torch.")
+                    else value.__name__)
             bad(field, f"is the class {value.__name__}, called with the output and target "
-                f"as its settings; give an instance (loss=torch.nn.{value.__name__}()) or a "
-                "function (torch.nn.functional's)")
+                f"as its settings; give an instance (loss={made}()) or a function")
     if task.techniques is not None:
         known = set(techniques or ())
         if isinstance(task.techniques, str) or not task.techniques:
