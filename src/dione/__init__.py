@@ -66,7 +66,6 @@ def _keeps_draws(function: Callable[..., Any]) -> Callable[..., Any]:
     return kept
 
 
-@_keeps_draws
 def _devices_text(devices: Any) -> None:
     """Refuse ``devices`` that is not None or text as ``--devices`` takes it."""
     if devices is not None and not isinstance(devices, str):
@@ -74,6 +73,7 @@ def _devices_text(devices: Any) -> None:
                          f"not {devices!r}")
 
 
+@_keeps_draws
 def run(workload: Any, *, devices: str | None = None, run_dir: str = "runs/dione",
         ray: str | None = None, on_event: Callable[[Any], None] | None = None,
         quiet: bool = False, tensorboard: str | None = None,
