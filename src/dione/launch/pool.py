@@ -56,6 +56,22 @@ from dione.launch.worker import RESTORE_SECONDS
 
 __all__ = ["WarmWorker", "WorkerPool", "local_pool", "shutdown_local_pool"]
 
+# Why workers were replaced after a job, each said once per process: a workload that
+# patches torch when imported has its worker replaced after every slice (correct, and
+# slow: 29 workers for a 2-task run), and the reason was in the worker's log alone.
+_REPLACED_SAID: set[str] = set()
+
+
+def _say_replaced(record: Any) -> None:
+    """Warn, once per reason, that a worker could not be put back after a job."""
+    why = str(record.get("message", "")) if isinstance(record, dict) else str(record)
+    if why in _REPLACED_SAID:
+        return
+    _REPLACED_SAID.add(why)
+    warnings.warn(f"a warm worker is replaced after a job, as it could not be put back as "
+                  f"it started ({why}); where this follows every job, each slice pays a "
+                  "worker's start", stacklevel=2)
+
 _TERMINATE_GRACE_SECONDS = 3.0
 _POLL_SECONDS = 0.02
 # How long a worker that stopped answering gets to show its exit status.
@@ -126,6 +142,8 @@ class WarmWorker:
                     self.ready = True
                 elif kind in ("restored", "unrestored"):
                     self.restoring, self.unrestored = False, kind == "unrestored"
+                    if kind == "unrestored":
+                        _say_replaced(payload)
                 else:
                     return kind, payload
         except Exception:  # EOF, a reset connection, a truncated or unreadable pickle
@@ -279,7 +297,10 @@ class WorkerPool:
                     worker = self._idle.pop((kind, device), None)
                 # Its word on the last slice's reset is read only now: the launcher
                 # has moved on meanwhile, and a worker that could not reset is replaced
-                # here rather than fail the slice it would be given.
+                # here rather than fail the slice it would be given. Read first, as one
+                # that could not ends once it has said so (its reason went unsaid).
+                if worker is not None:
+                    worker.reply()
                 if worker is not None and (not worker.alive() or worker.environ != environ
                                            or worker.threads != threads
                                            or not worker.restored(RESTORE_SECONDS)):
