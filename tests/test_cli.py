@@ -938,7 +938,7 @@ def test_validate_runs_each_evaluate_once_and_names_a_metric_it_does_not_return(
     file.write_text(MISNAMED_METRICS)
     status, out, err = in_process(capsys, "validate", str(file))
     said = " ".join(err.split())
-    assert status == 2 and "2 problem(s)" in said, said
+    assert status == 2 and "4 problem(s)" in said, said  # d's and e's: below
     assert "task 'a', field 'stopping': its stopping rule judges 'acuracy', which its " \
         "evaluate does not return (it returned 'accuracy', 'test_loss' on its untrained " \
         "model): did you mean 'accuracy'? Else name one of those as the rule's metric, " \
@@ -948,22 +948,34 @@ def test_validate_runs_each_evaluate_once_and_names_a_metric_it_does_not_return(
     assert out.count("evaluated") == 1, out  # a, b and c share one evaluate function
     file.write_text(MISNAMED_METRICS.replace('metric="acuracy"', 'metric="accuracy"')
                     .replace('keep_best="val_loss"', 'keep_best="test_loss"'))
+    status, out, err = in_process(capsys, "validate", str(file))
+    said = " ".join((out + err).split())
+    assert "evaluate of a, b and 1 more returned 'accuracy', 'test_loss' on an untrained " \
+        "model" in said, said
+    # What it returned, not as an exception it raised (it was dione's check: a review),
+    # and a problem of each task whose evaluate returns it: no device makes a text a
+    # number (a warning let the run train them, each evaluation failing, exit 0: a
+    # review).
+    assert status == 2 and "2 problem(s)" in said and "task 'd', field 'evaluate': " \
+        "returned 'accuracy': 'high', which is not a number" in said and "task 'e', field " \
+        "'evaluate': returned 'accuracy'" in said and "(at " not in said, said
+    found = dione.validate(str(file))  # from Python: the same
+    assert not found.ok and found.evaluated and {p.task for p in found.problems} == {
+        "d", "e"}, found
+    # An evaluate that raises here is a warning: it may need what only the run's devices
+    # have (a GPU: a regression review); for a task whose rule judges what it returns, a
+    # run fails it before training where it raises there too.
+    file.write_text(MISNAMED_METRICS.replace('metric="acuracy"', 'metric="accuracy"')
+                    .replace('keep_best="val_loss"', 'keep_best="test_loss"')
+                    .replace('return {"accuracy": "high"}', 'raise OSError("no held-out '
+                             'split here")'))
     status, out, _ = in_process(capsys, "validate", str(file))
     said = " ".join(out.split())
     assert status == 0 and "5 task(s), no problems" in said, said
-    assert "evaluate of a, b and 1 more returned 'accuracy', 'test_loss' on an untrained " \
-        "model" in said, said
-    # What it returned, not as an exception it raised (it was dione's check: a review).
-    assert "warning: d: evaluate of task 'd' returned " \
-        "'accuracy': 'high', which is not a number" in said and "a run trains it but its " \
-        "evaluations fail" in said and "(at " not in said, said
-    # An evaluate that raises here, for a task whose rule judges what it returns: a run
-    # fails it before training where it raises there too; a warning here, since it may
-    # need what only the run's devices have (a GPU: a regression review).
-    assert "warning: e: evaluate of task 'd' returned" in said and "a run fails it before it " \
+    assert "warning: d: evaluate raised OSError: no held-out split here" in said and \
+        "a run trains it but its evaluations fail" in said, said
+    assert "warning: e: evaluate raised OSError" in said and "a run fails it before it " \
         "trains (its stopping rule judges what evaluate returns)" in said, said
-    found = dione.validate(str(file))  # from Python: the same
-    assert found.ok and found.evaluated and any("'d'" in w for w in found.warnings), found
 
 
 EXPLODING = '''

@@ -105,11 +105,11 @@ def check_workload(workload: Iterable[Task], devices: int | None, kind: Any,
 
 def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[Task]:
     """Each of the tasks' ``evaluate`` functions run once (``untrained_evaluation``):
-    a metric a task's stopping rule or ``keep_best`` names that it does not return is the
-    task's problem (a run would fail it after profiling); an evaluate that raises here is
-    a warning (it may need what only the run's devices have; the run fails a task whose
-    rule judges an evaluated metric where it raises there). Returns the tasks without a
-    problem."""
+    a metric a task's stopping rule or ``keep_best`` names that it does not return, or a
+    return that is no dict of numbers, is the task's problem (a run would fail it after
+    profiling); an evaluate that raises here is a warning (it may need what only the
+    run's devices have; the run fails a task whose rule judges an evaluated metric where
+    it raises there). Returns the tasks without a problem."""
     import time
 
     from dione.spec.evaluated import (
@@ -141,8 +141,17 @@ def _check_evaluations(tasks: list[Task], found: Validation, kind: Any) -> list[
             # or nodes have (a GPU, a file on the cluster), and the run checks it there.
             from dione.techniques.evaluate import EvaluateReturned
 
-            line = (str(err) if isinstance(err, EvaluateReturned)  # what it returned
-                    else f"evaluate raised {raised_line(err)}")
+            if isinstance(err, EvaluateReturned):
+                # What it returned is no dict of numbers: no device makes that right, so
+                # a problem of each task (a warning let the run train them, every
+                # evaluation failing, exit 0: a review).
+                what = str(err).split(" returned ", 1)[-1]  # it named the first task
+                for task in alike:
+                    found.problems.append(Problem(task.name, "evaluate",
+                                                  f"returned {what}"))
+                    refused.add(task.name)
+                continue
+            line = f"evaluate raised {raised_line(err)}"
             judged = [t for t in alike if judged_on_evaluation(t)]
             if judged:
                 found.warnings.setdefault(
