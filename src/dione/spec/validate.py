@@ -129,6 +129,12 @@ def in_a_group() -> Iterator[None]:
         sys.excepthook = hook
 
 
+def _parts(inputs: Any) -> list[Any]:
+    """A collated batch's inputs as a list: a dict's values, a tuple's items, or one."""
+    return list(inputs.values()) if isinstance(inputs, dict) else (
+        list(inputs) if isinstance(inputs, (tuple, list)) else [inputs])
+
+
 def _dtypes_apart(model: nn.Module, inputs: Any, err: BaseException) -> Problem | None:
     """Where the forward raised of types, and the model's parameters are of one floating
     type while the batch's floating inputs are of others only (a float64 model on float32
@@ -138,8 +144,7 @@ def _dtypes_apart(model: nn.Module, inputs: Any, err: BaseException) -> Problem 
     if not any(word in said for word in ("dtype", "scalar type", "Input type")):
         return None  # another error (a width), not to be said as this one
     held = {p.dtype for p in model.parameters() if p.is_floating_point()}
-    parts = list(inputs.values()) if isinstance(inputs, dict) else (
-        list(inputs) if isinstance(inputs, (tuple, list)) else [inputs])
+    parts = _parts(inputs)
     given = {p.dtype for p in parts if isinstance(p, torch.Tensor) and p.is_floating_point()}
     if len(held) != 1 or not given or held & given:
         return None
@@ -196,8 +201,7 @@ def _without_gradient(task: Task, model: nn.Module | None, inputs: Any,
 def _not_tensors(inputs: Any) -> str | None:
     """What of a collated batch's inputs is text or bytes, not a tensor (``str``), if
     any: default_collate leaves strings as they are."""
-    parts = list(inputs.values()) if isinstance(inputs, dict) else (
-        list(inputs) if isinstance(inputs, (tuple, list)) else [inputs])
+    parts = _parts(inputs)
     found = sorted({type(p).__name__ for p in parts if isinstance(p, (str, bytes))}
                    | {type(q).__name__ for p in parts if isinstance(p, (tuple, list))
                       for q in p if isinstance(q, (str, bytes))})
