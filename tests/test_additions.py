@@ -310,9 +310,8 @@ def test_dione_add_names_what_is_wrong(tmp_path: Path,
     # 60 s and guessed the run was profiling them: a review).
     from dione.cli.commands.add import _wait_for
 
-    began = time.monotonic()
+    # "ended", not None: None is what the whole wait's end gives.
     assert _wait_for(run_dir, request.id, 60.0) == ("ended", None)
-    assert time.monotonic() - began < 30
 
 
 def test_two_adds_of_one_file_add_its_tasks_once_and_say_so_to_each(
